@@ -1,0 +1,74 @@
+"""vargather: a property-tested reference all_gather for ragged PyTorch tensors.
+
+``all_gather_v(x, dim)`` returns ``cat_r x_r`` on every rank when the size of ``x``
+along ``dim`` differs from rank to rank, with an explicit gradient contract
+(``grad="sum"|"local"|"mean"``) and the same clear error on every rank for bad input.
+
+The pipeline, one private module per stage:
+``_metadata`` (exchange + validation -> ``Layout``) -> ``_padding`` -> ``_transport``
+-> ``_compaction`` -> ``_autograd``. ``vargather.oracle`` defines the right answer;
+``vargather.compat`` replaces the seed ``distributed.py`` that many repos copy.
+"""
+
+from __future__ import annotations
+
+from ._api import GatherResult as GatherResult
+from ._api import GradContract as GradContract
+from ._api import all_gather_v as all_gather_v
+from ._api import all_gather_v_with_layout as all_gather_v_with_layout
+from ._api import gather_layout as gather_layout
+from ._errors import ArgumentError as ArgumentError
+from ._errors import ArgumentMismatchError as ArgumentMismatchError
+from ._errors import CollectiveError as CollectiveError
+from ._errors import CollectiveTimeoutError as CollectiveTimeoutError
+from ._errors import DimError as DimError
+from ._errors import DTypeMismatchError as DTypeMismatchError
+from ._errors import GroupError as GroupError
+from ._errors import InputShapeError as InputShapeError
+from ._errors import InputTypeError as InputTypeError
+from ._errors import MismatchError as MismatchError
+from ._errors import PeerLostError as PeerLostError
+from ._errors import ProtocolMismatchError as ProtocolMismatchError
+from ._errors import RequiresGradMismatchError as RequiresGradMismatchError
+from ._errors import ShapeMismatchError as ShapeMismatchError
+from ._errors import SizesError as SizesError
+from ._errors import SizesMismatchError as SizesMismatchError
+from ._errors import SizesTypeError as SizesTypeError
+from ._errors import VarGatherError as VarGatherError
+from ._layout import Layout as Layout
+from ._metadata import CONTRACTS as CONTRACTS
+from ._metadata import GLOO_DTYPES as GLOO_DTYPES
+from ._transport import TRANSPORT_NAMES as TRANSPORT_NAMES
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CONTRACTS",
+    "GLOO_DTYPES",
+    "TRANSPORT_NAMES",
+    "ArgumentError",
+    "ArgumentMismatchError",
+    "CollectiveError",
+    "CollectiveTimeoutError",
+    "DTypeMismatchError",
+    "DimError",
+    "GatherResult",
+    "GradContract",
+    "GroupError",
+    "InputShapeError",
+    "InputTypeError",
+    "Layout",
+    "MismatchError",
+    "PeerLostError",
+    "ProtocolMismatchError",
+    "RequiresGradMismatchError",
+    "ShapeMismatchError",
+    "SizesError",
+    "SizesMismatchError",
+    "SizesTypeError",
+    "VarGatherError",
+    "__version__",
+    "all_gather_v",
+    "all_gather_v_with_layout",
+    "gather_layout",
+]

@@ -1,0 +1,77 @@
+"""Stage 5: autograd, the gather as a differentiable function with a chosen contract.
+
+Pipeline: metadata exchange -> padding -> transport -> compaction -> **autograd**.
+
+Forward, on rank r of W: ``out = cat(x_0, ..., x_{W-1}, dim)``, ``o_r = Σ_{s<r} n_s``.
+Every rank j then computes its own loss ``L_j`` from its ``out`` and hands back the
+upstream gradient ``g_j = dL_j/d out``. The contracts differ in which loss the
+returned ``dx_r`` is the gradient of:
+
+``sum`` (default)
+    ``dL/dx_r = Σ_j g_j[o_r : o_r + n_r]``, the exact gradient of ``L = Σ_j L_j``,
+    right whatever each rank computes. One reduce-scatter.
+``local``
+    ``dx_r = g_r[o_r : o_r + n_r]``, this rank's own slice (the seed's contract). It
+    equals the gradient of ``L_r`` with respect to ``x_r`` only, so it is the gradient
+    of the common loss only when every rank computes the identical loss, and then
+    DDP's gradient averaging turns it into ``1/W`` of the ``sum`` gradient. No
+    communication.
+``mean``
+    ``dx_r = (1/W) Σ_j g_j[o_r : o_r + n_r]``, the gradient of ``(1/W) Σ_j L_j``
+    (Horovod's). Under identical losses it equals ``local``.
+
+The backward is a collective under ``sum`` and ``mean``: every rank of the group must
+run it (the metadata exchange refuses ranks that disagree on ``requires_grad``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ._comm import GroupInfo
+from ._layout import Layout
+from ._transport import Transport
+
+__all__ = ["GatherPlan", "GatherVFunction"]
+
+
+@dataclass(frozen=True)
+class GatherPlan:
+    """Everything a validated gather needs, shared by its forward and backward."""
+
+    layout: Layout
+    info: GroupInfo
+    transport: Transport
+    contract: str
+
+
+class GatherVFunction(torch.autograd.Function):
+    """``out = cat_r x_r`` with the backward of ``plan.contract``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, plan: GatherPlan) -> torch.Tensor:
+        ctx.plan = plan
+        if plan.layout.total == 0:
+            # Every rank is empty and every rank knows it: nothing to move.
+            return x.new_empty(plan.layout.output_shape)
+        return plan.transport.gather(x, plan.layout, plan.info)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        plan: GatherPlan = ctx.plan
+        layout = plan.layout
+        if layout.total == 0:
+            return grad_output.new_zeros(layout.shard_shape(layout.rank)), None
+        if plan.contract == "local":
+            return grad_output.narrow(layout.dim, layout.local_offset, layout.local_size), None
+        grad = plan.transport.reduce_scatter_sum(grad_output, layout, plan.info)
+        if plan.contract == "mean":
+            grad = grad / layout.world_size
+        return grad, None

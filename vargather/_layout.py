@@ -1,0 +1,126 @@
+"""Stage 1 output: the ``Layout`` of a ragged gather, pure arithmetic, no communication.
+
+The metadata exchange (``_metadata``) produces a ``Layout``; padding, transport,
+compaction and autograd only read it. Every rank holds an equal ``Layout`` except for
+``rank``.
+
+The math, once. Rank ``r`` of ``W`` contributes ``x_r`` with ``n_r = x_r.shape[dim]``.
+The result is ``out = cat(x_0, ..., x_{W-1}, dim)``, so
+
+    o_r   = n_0 + ... + n_{r-1}      (offset of rank r's block; o_0 = 0)
+    total = n_0 + ... + n_{W-1}
+    out.narrow(dim, o_r, n_r) == x_r
+
+Every stage views a tensor of shape ``lead + (n,) + trail`` as the 3-d block
+``(pre, n, post)`` with ``pre = prod(lead)`` and ``post = prod(trail)``; for a
+contiguous tensor that view is free. When ``pre == 1`` the blocks of the ranks are
+adjacent in memory, which is what makes the copy-free paths possible.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["Layout"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where every rank's shard lands in the gathered tensor.
+
+    Attributes:
+        sizes: ``n_r`` for every rank of the group, in group-rank order.
+        dim: the gather dimension, normalized to ``0 <= dim < ndim``.
+        leading_shape: the dimensions before ``dim`` (equal on every rank).
+        trailing_shape: the dimensions after ``dim`` (equal on every rank).
+        dtype: the dtype of every shard and of the result.
+        rank: this process's rank within the group.
+        world_size: the number of ranks in the group.
+    """
+
+    sizes: tuple[int, ...]
+    dim: int
+    leading_shape: tuple[int, ...]
+    trailing_shape: tuple[int, ...]
+    dtype: torch.dtype
+    rank: int
+    world_size: int
+    offsets: tuple[int, ...] = field(init=False)
+    total: int = field(init=False)
+    max_size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) != self.world_size:
+            raise ValueError(
+                f"Layout: len(sizes)={len(self.sizes)} but world_size={self.world_size}"
+            )
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"Layout: rank={self.rank} outside [0, {self.world_size})")
+        if any(n < 0 for n in self.sizes):
+            raise ValueError(f"Layout: negative size in sizes={list(self.sizes)}")
+        if self.dim != len(self.leading_shape):
+            raise ValueError(
+                f"Layout: dim={self.dim} but leading_shape has {len(self.leading_shape)} dims"
+            )
+        offsets: list[int] = []
+        running = 0
+        for n in self.sizes:
+            offsets.append(running)
+            running += n
+        object.__setattr__(self, "offsets", tuple(offsets))
+        object.__setattr__(self, "total", running)
+        object.__setattr__(self, "max_size", max(self.sizes, default=0))
+
+    # -- derived quantities ---------------------------------------------------------
+
+    @property
+    def ndim(self) -> int:
+        return len(self.leading_shape) + 1 + len(self.trailing_shape)
+
+    @property
+    def pre(self) -> int:
+        """Product of the leading dimensions (1 when ``dim == 0``)."""
+        return math.prod(self.leading_shape)
+
+    @property
+    def post(self) -> int:
+        """Product of the trailing dimensions (1 when ``dim`` is the last)."""
+        return math.prod(self.trailing_shape)
+
+    @property
+    def local_size(self) -> int:
+        """``n_r`` of this rank."""
+        return self.sizes[self.rank]
+
+    @property
+    def local_offset(self) -> int:
+        """``o_r`` of this rank."""
+        return self.offsets[self.rank]
+
+    @property
+    def is_even(self) -> bool:
+        """Every rank contributes the same ``n``: no padding, maybe no copy."""
+        return all(n == self.sizes[0] for n in self.sizes)
+
+    @property
+    def padding_waste(self) -> float:
+        """Fraction of a padded ``W x max`` buffer that is padding (0 when even)."""
+        padded = self.world_size * self.max_size
+        return 0.0 if padded == 0 else 1.0 - self.total / padded
+
+    def shard_shape(self, rank: int) -> tuple[int, ...]:
+        """Shape of ``rank``'s input."""
+        return (*self.leading_shape, self.sizes[rank], *self.trailing_shape)
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        """Shape of the gathered result."""
+        return (*self.leading_shape, self.total, *self.trailing_shape)
+
+    def block(self, rank: int) -> slice:
+        """``slice(o_r, o_r + n_r)``: rank ``rank``'s block along ``dim``."""
+        start = self.offsets[rank]
+        return slice(start, start + self.sizes[rank])

@@ -1,0 +1,91 @@
+"""A drop-in replacement for the seed's ``distributed.py`` that many ML repos copy.
+
+Same names and conventions::
+
+    from vargather.compat import all_gather, all_gather_variable_dim, AllGather
+
+* ``all_gather_variable_dim(t, dim=0, sizes=None) -> (tensor, sizes)``: like the seed,
+  not differentiable (the seed's plain ``dist.all_gather`` cuts the graph).
+* ``AllGather.apply(x, dim, sizes) -> (tensor, sizes)`` and ``all_gather =
+  AllGather.apply``: differentiable with the seed's ``"local"`` contract (this rank's
+  own slice of its own upstream gradient), so existing training does not change
+  silently. Without torch.distributed, or in a one-rank world, returns ``(x, None)``
+  as the seed does.
+* ``pad_dim_to`` and ``exists``, the helpers the seed imported but never defined.
+
+Unlike the seed, every call is validated across ranks (dtype, ndim, other dims,
+sizes) and raises the same ``VarGatherError`` on every rank instead of aborting,
+hanging or reinterpreting bits. ``sizes`` is returned as a 1-d int64 tensor on the
+input's device, as the seed's was.
+
+``"local"`` is the right gradient only when every rank computes the identical loss
+from the gathered tensor; switch to ``vargather.all_gather_v(x, dim, grad="sum")``
+when each rank computes its own loss (see the README).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.nn import functional
+
+from ._api import all_gather_v_with_layout
+from ._layout import Layout
+
+__all__ = ["AllGather", "all_gather", "all_gather_variable_dim", "exists", "pad_dim_to"]
+
+T = TypeVar("T")
+
+
+def exists(val: object) -> bool:
+    """``val is not None``."""
+    return val is not None
+
+
+def pad_dim_to(t: torch.Tensor, length: int, dim: int = 0) -> torch.Tensor:
+    """Zero-pad ``t`` along ``dim`` to ``length`` (no-op when already that long)."""
+    pad_length = length - t.shape[dim]
+    if pad_length < 0:
+        raise ValueError(
+            f"pad_dim_to: length={length} is shorter than t.shape[{dim}]={t.shape[dim]}"
+        )
+    if pad_length == 0:
+        return t
+    zero_pairs = (-dim - 1) if dim < 0 else (t.ndim - dim - 1)
+    return functional.pad(t, (*((0, 0) * zero_pairs), 0, pad_length))
+
+
+def _sizes_tensor(layout: Layout, device: torch.device) -> torch.Tensor:
+    return torch.tensor(layout.sizes, dtype=torch.long, device=device)
+
+
+def all_gather_variable_dim(
+    t: torch.Tensor, dim: int = 0, sizes: Sequence[int] | torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather ``t`` along ``dim``; returns ``(gathered, sizes)``. Not differentiable."""
+    with torch.no_grad():
+        gathered, layout = all_gather_v_with_layout(t, dim, sizes=sizes, grad="local")
+    return gathered, _sizes_tensor(layout, t.device)
+
+
+class AllGather:
+    """The seed's autograd gather: ``AllGather.apply(x, dim, sizes) -> (tensor, sizes)``.
+
+    Backward (the seed's ``"local"`` contract): ``dx_r = g_r[o_r : o_r + n_r]``.
+    """
+
+    @staticmethod
+    def apply(
+        x: torch.Tensor, dim: int = 0, sizes: Sequence[int] | torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        is_dist = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        gathered, layout = all_gather_v_with_layout(x, dim, sizes=sizes, grad="local")
+        if not is_dist:
+            return gathered, None
+        return gathered, _sizes_tensor(layout, x.device)
+
+
+all_gather = AllGather.apply
