@@ -589,7 +589,7 @@ def validate_records(
             _disagreement(
                 "shape outside the gather dimension",
                 [rec.other_dims for rec in records],
-                lambda s: str(tuple(s)) if isinstance(s, tuple) else repr(s)),
+                lambda s: str(tuple(s)) if isinstance(s, tuple) else repr(s),
             ),
         ),
     ]
