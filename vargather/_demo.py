@@ -29,13 +29,14 @@ def _rank_main(
 ) -> None:
     import torch
     import torch.distributed as dist
+    from torch._C._distributed_c10d import FileStore  # the typed home of dist.FileStore
 
     from ._api import all_gather_v_with_layout
 
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
-        store=dist.FileStore(store_path, world_size),
+        store=FileStore(store_path, world_size),
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=30),
@@ -45,7 +46,8 @@ def _rank_main(
         x.requires_grad_(True)
         out, layout = all_gather_v_with_layout(x, 0, grad="sum")
         # Each rank computes its own loss: (rank + 1) * sum(out).
-        ((rank + 1) * out.sum()).backward()
+        loss = (rank + 1) * out.sum()
+        torch.autograd.backward(loss)
         assert x.grad is not None
         conn.send((out.detach().tolist(), list(layout.sizes), x.grad.tolist()))
     except BaseException as err:  # report, don't hang the parent
