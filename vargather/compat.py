@@ -68,7 +68,7 @@ def all_gather_variable_dim(
     """Gather ``t`` along ``dim``; returns ``(gathered, sizes)``. Not differentiable."""
     with torch.no_grad():
         gathered, layout = all_gather_v_with_layout(t, dim, sizes=sizes, grad="local")
-    return gathered, _sizes_tensor(layout, t.device)
+    return gathered.detach(), _sizes_tensor(layout, t.device)
 
 
 class AllGather:
