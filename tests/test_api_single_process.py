@@ -87,9 +87,12 @@ def test_compat_outside_a_distributed_world_matches_the_seed() -> None:
     assert sizes is None  # the seed's AllGather returns (x, None) when not distributed
     assert torch.equal(out, x)
     gathered, sizes_t = compat.all_gather_variable_dim(x, 1)
-    assert torch.equal(gathered, x) and not gathered.requires_grad
-    assert sizes_t.tolist() == [2] and sizes_t.dtype == torch.long
-    assert compat.exists(0) and not compat.exists(None)
+    assert torch.equal(gathered, x)
+    assert not gathered.requires_grad
+    assert sizes_t.tolist() == [2]
+    assert sizes_t.dtype == torch.long
+    assert compat.exists(0)
+    assert not compat.exists(None)
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1, -2])
