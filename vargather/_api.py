@@ -7,16 +7,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Literal, NamedTuple, TypeAlias
 
 import torch
 import torch.distributed as dist
 
 from ._autograd import GatherPlan, GatherVFunction
-from ._comm import GroupInfo, resolve_group
+from ._comm import GroupInfo, per_call_timeout_supported, resolve_group
 from ._errors import ArgumentError
 from ._layout import Layout
-from ._metadata import exchange_records, local_record, trusted_layout, validate_records
+from ._metadata import local_record, parse_timeout, plan_layout, trusted_layout
 from ._transport import TRANSPORT_NAMES, choose_transport
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
 GradContract: TypeAlias = Literal["sum", "local", "mean"]
 TransportName: TypeAlias = Literal["auto", "padded", "alltoallv"]
 Sizes: TypeAlias = "Sequence[int] | torch.Tensor | None"
+Timeout: TypeAlias = "float | timedelta | None"
 
 
 class GatherResult(NamedTuple):
@@ -47,12 +49,22 @@ def _plan(
     grad: object,
     transport: object,
     validate: object,
+    timeout: object = None,
 ) -> tuple[Layout, GroupInfo]:
-    if not isinstance(validate, bool):
-        # Raised locally: validate decides whether the exchange runs at all, so it
-        # cannot be reported through the exchange.
-        raise ArgumentError(f"validate must be a bool, got {type(validate).__name__}")
+    """Stage 1 for one call: every problem becomes the same error on every rank.
+
+    Only two kinds of problem are raised on this rank alone: an unusable ``group``
+    (``resolve_group``: without a group there is nobody to tell) and, with
+    ``validate=False``, whatever the local checks find (the exchange that would tell
+    the peers is exactly what was skipped).
+    """
     info = resolve_group(group)
+    try:
+        call_timeout = parse_timeout(timeout)
+    except ArgumentError:
+        call_timeout = None  # recorded by local_record, reported on every rank
+    if call_timeout is not None and info.communicates and per_call_timeout_supported(info):
+        info = info.with_timeout(call_timeout)
     record = local_record(
         x,
         dim,
@@ -61,11 +73,13 @@ def _plan(
         transport=transport,
         transports=TRANSPORT_NAMES,
         info=info,
+        validate=validate,
+        timeout=timeout,
     )
-    if sizes is not None and not validate:
+    if sizes is not None and validate is False:
         return trusted_layout(record, sizes, info, TRANSPORT_NAMES), info
-    records = exchange_records(record, info)
-    return validate_records(records, rank=info.rank, transports=TRANSPORT_NAMES), info
+    # A non-bool validate runs the exchange, which reports it on every rank.
+    return plan_layout(record, sizes, info, TRANSPORT_NAMES), info
 
 
 def gather_layout(
@@ -77,13 +91,14 @@ def gather_layout(
     grad: GradContract = "sum",
     transport: TransportName = "auto",
     validate: bool = True,
+    timeout: Timeout = None,
 ) -> Layout:
     """The ``Layout`` (sizes, offsets, total, ...) a gather of ``x`` would have.
 
     A collective (the metadata exchange) unless ``sizes`` is given with
     ``validate=False``; it raises exactly what ``all_gather_v`` would, on every rank.
     """
-    layout, _ = _plan(x, dim, sizes, group, grad, transport, validate)
+    layout, _ = _plan(x, dim, sizes, group, grad, transport, validate, timeout)
     return layout
 
 
@@ -96,9 +111,10 @@ def all_gather_v_with_layout(
     grad: GradContract = "sum",
     transport: TransportName = "auto",
     validate: bool = True,
+    timeout: Timeout = None,
 ) -> GatherResult:
     """``all_gather_v`` that also returns the gather's ``Layout``."""
-    layout, info = _plan(x, dim, sizes, group, grad, transport, validate)
+    layout, info = _plan(x, dim, sizes, group, grad, transport, validate, timeout)
     assert isinstance(x, torch.Tensor)  # validated by _plan on every rank
     if not info.communicates:
         return GatherResult(x, layout)
@@ -118,6 +134,7 @@ def all_gather_v(
     grad: GradContract = "sum",
     transport: TransportName = "auto",
     validate: bool = True,
+    timeout: Timeout = None,
 ) -> torch.Tensor:
     """Gather tensors whose size along ``dim`` differs per rank: ``cat_r x_r`` on every rank.
 
@@ -135,7 +152,14 @@ def all_gather_v(
         grad: the gradient contract, ``"sum"``, ``"local"`` or ``"mean"`` (see
             ``GatherVFunction``); must be the same on every rank.
         transport: ``"auto"``, ``"padded"`` or ``"alltoallv"``; same on every rank.
-        validate: run the metadata exchange even when ``sizes`` is given.
+        validate: run the metadata exchange even when ``sizes`` is given (the
+            default). ``validate=False`` with ``sizes`` trusts them and skips it: a
+            lie is then raised on the lying rank only, or not detected at all (see
+            ``docs/misuse.md``); it must be the same on every rank.
+        timeout: seconds (or a ``timedelta``) each collective of this call, and of
+            its backward, may wait for the peers, instead of the group's timeout. On
+            expiry every waiting rank raises ``CollectiveTimeoutError`` naming the
+            ranks that never arrived; the group is out of step afterwards.
 
     Returns:
         ``lead + (Σ_r n_r,) + trail``, rank 0's block first.
@@ -143,7 +167,17 @@ def all_gather_v(
     Raises:
         VarGatherError: a subclass naming the offending rank(s), raised on every rank
             of the group before any payload moves (see ``vargather._errors``).
+        GroupError: on this rank only, when ``group`` is unusable here.
+        CollectiveError: a peer never arrived (``CollectiveTimeoutError``) or died
+            (``PeerLostError``), naming it when the arrival census can.
     """
     return all_gather_v_with_layout(
-        x, dim, sizes=sizes, group=group, grad=grad, transport=transport, validate=validate
+        x,
+        dim,
+        sizes=sizes,
+        group=group,
+        grad=grad,
+        transport=transport,
+        validate=validate,
+        timeout=timeout,
     ).tensor

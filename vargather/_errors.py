@@ -12,6 +12,8 @@ what was expected and what was got.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 __all__ = [
     "ArgumentError",
     "ArgumentMismatchError",
@@ -35,7 +37,17 @@ __all__ = [
 
 
 class VarGatherError(Exception):
-    """Root of every error vargather raises."""
+    """Root of every error vargather raises.
+
+    ``ranks`` are the group ranks the error blames (the offending or missing ranks),
+    in increasing order; empty when no rank can be named. The message names them too.
+    """
+
+    ranks: tuple[int, ...]
+
+    def __init__(self, message: str, *, ranks: Iterable[int] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(sorted(set(ranks)))
 
 
 # --- problems with one rank's own arguments (reported on every rank) -------------
@@ -112,11 +124,14 @@ class CollectiveError(VarGatherError, RuntimeError):
 
 
 class CollectiveTimeoutError(CollectiveError, TimeoutError):
-    """A peer did not arrive within the group's timeout."""
+    """A peer did not arrive within the timeout (the call's ``timeout=`` or the
+    group's). ``ranks`` are the ranks that never arrived, when the arrival census
+    (``vargather._comm``) could tell. After it the group is out of step: re-create it."""
 
 
 class PeerLostError(CollectiveError, ConnectionError):
-    """A peer closed its connection mid-collective (it died or aborted)."""
+    """A peer closed its connection mid-collective (it died or aborted). ``ranks``
+    are the ranks that never arrived, when the arrival census could tell."""
 
 
 for _cls in (

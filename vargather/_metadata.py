@@ -2,44 +2,55 @@
 
 Pipeline: **metadata exchange** -> padding -> transport -> compaction -> autograd.
 
-Each rank encodes what it was called with (is it a tensor, ndim, dtype, full shape,
-``dim``, the gradient contract, the transport, caller-passed ``sizes``, and any
-problem found locally) into one fixed-length int64 vector, ``MetadataRecord``. One
-equal-size all_gather gives every rank the ``W x RECORD_LENGTH`` matrix of all
-records. ``validate_records`` then decides from that matrix alone, so every rank
-reaches the same verdict: either the same ``VarGatherError`` with the same message on
-every rank, before any payload moves, or the same ``Layout``.
+Each rank encodes what it was called with (is it a tensor, ndim, dtype, layout and
+device, full shape, ``dim``, the gradient contract, the transport, caller-passed
+``sizes``, and any problem found locally) into one fixed-length int64 vector,
+``MetadataRecord``. Encoding never raises, whatever the arguments: a rank that raised
+here would leave its peers waiting in the exchange. One equal-size all_gather gives
+every rank the ``W x RECORD_LENGTH`` matrix of all records. ``validate_records`` then
+decides from that matrix alone, so every rank reaches the same verdict: either the
+same ``VarGatherError`` with the same message on every rank, before any payload
+moves, or the same ``Layout``.
 
 What is checked, when the exchange runs (the default, ``validate=True``):
-  * locally, then reported on every rank: input is a tensor, ndim >= 1 and at most
-    ``MAX_NDIM``, ``dim`` an int in range, a dtype the backend carries, ``grad`` and
-    ``transport`` known, caller ``sizes`` well-formed (integers, ``>= 0``, length ``W``,
-    own entry equal to the local size);
+  * locally, then reported on every rank: input is a strided tensor on a device the
+    backend carries, ndim >= 1 and at most ``MAX_NDIM``, ``dim`` an integer in range,
+    a dtype the backend carries, ``grad``/``transport``/``validate``/``timeout``
+    valid, caller ``sizes`` well-formed (integers, 1-d, ``>= 0``, length ``W``, own
+    entry equal to the local size);
   * across ranks: the same ``grad``, ``transport``, normalized ``dim``, device type,
-    ndim, dtype and non-gathered dimensions; every rank's passed ``sizes`` equal to the
-    true sizes (compared through their length, sum, own entry and a 61-bit hash); the
-    same ``requires_grad`` under the communicating contracts ``sum`` and ``mean``.
+    ndim, dtype and non-gathered dimensions; every rank's passed ``sizes`` equal to
+    the true sizes (compared through their length and a 61-bit hash; when they
+    differ every rank knows it, and one more small all_gather of the passed lists
+    makes the message show them); the same ``requires_grad`` under the
+    communicating contracts ``sum`` and ``mean``.
 
 With ``sizes`` passed and ``validate=False`` the exchange is skipped (one collective
 less). Then only the local checks run, and a failing one raises **on that rank
-only**: its peers cannot know and wait in the payload collective until the group's
-timeout. Everything cross-rank is trusted: different dtypes or shapes are then the
-backend's business (gloo may abort the process or reinterpret bits, see FACTS).
-``validate`` itself must be the same on every rank.
+only**: its peers cannot know and wait in the payload collective until the timeout
+(``CollectiveTimeoutError``, naming the missing rank). Everything cross-rank is
+trusted: sizes that lie about *other* ranks, different dtypes or shapes are then the
+backend's business (gloo may abort the process, or the result is silently wrong;
+see FACTS). ``validate`` and whether ``sizes`` are passed must then agree on every
+rank: a rank that skips the exchange while a peer runs it issues a different
+collective. These lies cannot be detected without the exchange, which is what
+``validate=True`` is for.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import IntEnum
 from typing import Final
 
 import torch
 
-from ._comm import GroupInfo, all_gather_equal
+from ._comm import GroupInfo, all_gather_equal, per_call_timeout_supported
 from ._errors import (
     ArgumentError,
     ArgumentMismatchError,
@@ -62,6 +73,7 @@ __all__ = [
     "GLOO_DTYPES",
     "MAX_NDIM",
     "RECORD_LENGTH",
+    "STATUS_ERRORS",
     "MetadataRecord",
     "Status",
     "build_layout",
@@ -70,14 +82,20 @@ __all__ = [
     "exchange_records",
     "local_record",
     "normalize_sizes",
+    "parse_timeout",
+    "plan_layout",
+    "sizes_hash",
     "trusted_layout",
     "validate_records",
 ]
 
 MAGIC: Final = 0x76617267  # "varg"
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 MAX_NDIM: Final = 32
-TEXT_WORDS: Final = 4  # 32 ASCII bytes of detail text (a type or dtype name)
+TEXT_WORDS: Final = 8  # 64 ASCII bytes of detail text (a type name, a bad value)
+INT64_MIN: Final = -(1 << 63)
+INT64_MAX: Final = (1 << 63) - 1
+SIZES_SHOWN: Final = 64  # entries of each rank's passed sizes shown in a mismatch message
 
 CONTRACTS: Final = ("sum", "local", "mean")
 """Gradient contracts, in the order of their wire codes."""
@@ -108,10 +126,15 @@ GLOO_DTYPES: Final[frozenset[torch.dtype]] = frozenset(_DTYPES[:12])
 """Dtypes the gloo backend carries (measured on torch 2.13)."""
 
 _DEVICE_TYPES: Final = ("cpu", "cuda", "xpu", "mps", "meta", "hpu", "privateuseone")
+_BACKEND_DEVICES: Final[dict[str, frozenset[str]]] = {
+    "gloo": frozenset({"cpu", "cuda"}),
+    "nccl": frozenset({"cuda"}),
+}
+"""Device types each known backend carries; other backends are not checked."""
 
 
 class Status(IntEnum):
-    """What a rank found wrong with its own arguments (0 = nothing)."""
+    """What a rank found wrong with its own arguments (0 = nothing). Append only."""
 
     OK = 0
     NOT_TENSOR = 1
@@ -126,9 +149,15 @@ class Status(IntEnum):
     SIZES_OWN_ENTRY = 10
     BAD_CONTRACT = 11
     BAD_TRANSPORT = 12
+    SIZES_NOT_1D = 13
+    UNSUPPORTED_LAYOUT = 14
+    UNSUPPORTED_DEVICE = 15
+    BAD_VALIDATE = 16
+    BAD_TIMEOUT = 17
+    TIMEOUT_UNSUPPORTED = 18
 
 
-_STATUS_ERROR: Final[dict[Status, type[VarGatherError]]] = {
+STATUS_ERRORS: Final[dict[Status, type[VarGatherError]]] = {
     Status.NOT_TENSOR: InputTypeError,
     Status.ZERO_DIM: InputShapeError,
     Status.TOO_MANY_DIMS: InputShapeError,
@@ -141,7 +170,27 @@ _STATUS_ERROR: Final[dict[Status, type[VarGatherError]]] = {
     Status.SIZES_OWN_ENTRY: SizesError,
     Status.BAD_CONTRACT: ArgumentError,
     Status.BAD_TRANSPORT: ArgumentError,
+    Status.SIZES_NOT_1D: SizesError,
+    Status.UNSUPPORTED_LAYOUT: InputTypeError,
+    Status.UNSUPPORTED_DEVICE: InputTypeError,
+    Status.BAD_VALIDATE: ArgumentError,
+    Status.BAD_TIMEOUT: ArgumentError,
+    Status.TIMEOUT_UNSUPPORTED: ArgumentError,
 }
+"""The error class every rank raises for a rank's local problem."""
+
+
+def _saturate(value: int) -> int:
+    """``value`` clamped into int64 (user values such as ``dim`` can be any int)."""
+    return max(INT64_MIN, min(INT64_MAX, value))
+
+
+def _show_int(value: int) -> str:
+    if value == INT64_MAX:
+        return f"{value} (or more)"
+    if value == INT64_MIN:
+        return f"{value} (or less)"
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -150,7 +199,7 @@ class MetadataRecord:
 
     ``detail_a``/``detail_b`` and ``text`` carry what the error message needs for a
     non-OK ``status`` (an offending value, a type name). Sizes fields are -1 when no
-    ``sizes`` were passed.
+    ``sizes`` were passed. Every integer fits int64 (``local_record`` saturates).
     """
 
     status: Status
@@ -173,7 +222,7 @@ class MetadataRecord:
 
     @property
     def dtype(self) -> torch.dtype | None:
-        return _DTYPES[self.dtype_code - 1] if self.dtype_code > 0 else None
+        return _DTYPES[self.dtype_code - 1] if 0 < self.dtype_code <= len(_DTYPES) else None
 
     @property
     def sizes_passed(self) -> bool:
@@ -228,7 +277,7 @@ def _decode_text(words: Sequence[int]) -> str:
 
 
 def encode_record(record: MetadataRecord) -> list[int]:
-    """The record as ``RECORD_LENGTH`` int64 values."""
+    """The record as ``RECORD_LENGTH`` int64 values (saturated into int64)."""
     values = [
         MAGIC,
         PROTOCOL_VERSION,
@@ -249,7 +298,7 @@ def encode_record(record: MetadataRecord) -> list[int]:
         record.sizes_hash,
     ]
     shape = list(record.shape[:MAX_NDIM]) + [0] * (MAX_NDIM - min(len(record.shape), MAX_NDIM))
-    return values + _encode_text(record.text) + shape
+    return [_saturate(v) for v in values] + _encode_text(record.text) + shape
 
 
 def decode_record(values: Sequence[int], *, rank: int) -> MetadataRecord:
@@ -260,7 +309,8 @@ def decode_record(values: Sequence[int], *, rank: int) -> MetadataRecord:
             f"rank {rank} sent metadata vargather cannot read: expected magic {MAGIC:#x} "
             f"and protocol version {PROTOCOL_VERSION} in {RECORD_LENGTH} values, got "
             f"{got} in {len(values)} values (another vargather version, or another "
-            "collective issued on this group?)"
+            "collective issued on this group?)",
+            ranks=[rank],
         )
     f = dict(zip(_FIELDS, values, strict=False))
     ndim = int(f["ndim"])
@@ -268,7 +318,9 @@ def decode_record(values: Sequence[int], *, rank: int) -> MetadataRecord:
         status = Status(int(f["status"]))
     except ValueError:
         raise ProtocolMismatchError(
-            f"rank {rank} sent an unknown status code {f['status']}"
+            f"rank {rank} sent an unknown status code {f['status']}: expected one of "
+            f"0..{max(Status)} (another vargather version?)",
+            ranks=[rank],
         ) from None
     return MetadataRecord(
         status=status,
@@ -304,37 +356,69 @@ def sizes_hash(sizes: Sequence[int]) -> int:
     return h
 
 
+@dataclass(frozen=True)
+class _SizesProblem:
+    status: Status
+    a: int = 0
+    b: int = 0
+    text: str = ""
+
+
+def _describe_value(v: object) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"a tensor of dtype {str(v.dtype).removeprefix('torch.')} and shape {tuple(v.shape)}"
+    text = repr(v)
+    return f"{type(v).__name__} {text if len(text) <= 24 else text[:21] + '...'}"
+
+
+def _parse_sizes(sizes: object) -> tuple[int, ...] | _SizesProblem:
+    """Caller ``sizes`` as a tuple of ints, or what is wrong with them. Never raises."""
+    try:
+        if isinstance(sizes, torch.Tensor):
+            if sizes.is_floating_point() or sizes.is_complex() or sizes.dtype == torch.bool:
+                return _SizesProblem(Status.SIZES_NOT_INTEGERS, -1, 0, _describe_value(sizes))
+            if sizes.ndim != 1:
+                return _SizesProblem(Status.SIZES_NOT_1D, sizes.ndim, 0, _describe_value(sizes))
+            values = [int(v) for v in sizes.tolist()]
+        elif isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+            return _SizesProblem(Status.SIZES_NOT_INTEGERS, -1, 0, type(sizes).__name__)
+        else:
+            values = []
+            for i, v in enumerate(sizes):
+                if isinstance(v, bool) or (
+                    isinstance(v, torch.Tensor)
+                    and (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)
+                ):
+                    return _SizesProblem(Status.SIZES_NOT_INTEGERS, i, 0, _describe_value(v))
+                try:
+                    values.append(operator.index(v))
+                except Exception:
+                    return _SizesProblem(Status.SIZES_NOT_INTEGERS, i, 0, _describe_value(v))
+    except Exception as err:  # a Sequence whose iteration raises, a tensor on a dead device
+        return _SizesProblem(Status.SIZES_NOT_INTEGERS, -1, 0, f"{type(err).__name__} reading it")
+    for i, n in enumerate(values):
+        if n < 0:
+            return _SizesProblem(Status.SIZES_NEGATIVE, i, _saturate(n))
+    return tuple(values)
+
+
 def normalize_sizes(sizes: object) -> tuple[int, ...]:
     """Caller ``sizes`` (a sequence of ints or a 1-d integer tensor) as a tuple.
 
     Raises ``SizesTypeError`` for non-integers and ``SizesError`` for negative entries
     or a tensor that is not 1-d. Length is checked by the caller, who knows ``W``.
     """
-    if isinstance(sizes, torch.Tensor):
-        if sizes.is_floating_point() or sizes.is_complex() or sizes.dtype == torch.bool:
-            raise SizesTypeError(f"sizes must hold integers, got a tensor of dtype {sizes.dtype}")
-        if sizes.ndim != 1:
-            raise SizesError(f"sizes must be 1-d, got a tensor of shape {tuple(sizes.shape)}")
-        values = [int(v) for v in sizes.tolist()]
-    elif isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
-        raise SizesTypeError(
-            f"sizes must be a sequence of ints or a 1-d integer tensor, got {type(sizes).__name__}"
-        )
-    else:
-        values = []
-        for i, v in enumerate(sizes):
-            if isinstance(v, bool) or (isinstance(v, torch.Tensor) and v.is_floating_point()):
-                raise SizesTypeError(f"sizes[{i}] must be an int, got {v!r}")
-            try:
-                values.append(operator.index(v))
-            except TypeError:
-                raise SizesTypeError(
-                    f"sizes[{i}] must be an int, got {type(v).__name__} {v!r}"
-                ) from None
-    for i, n in enumerate(values):
-        if n < 0:
-            raise SizesError(f"sizes[{i}] must be >= 0, got {n}")
-    return tuple(values)
+    parsed = _parse_sizes(sizes)
+    if isinstance(parsed, _SizesProblem):
+        rec = _problem_record(parsed)
+        raise STATUS_ERRORS[parsed.status](_problem_text(rec, rank=None, transports=()))
+    return parsed
+
+
+def _problem_record(p: _SizesProblem) -> MetadataRecord:
+    return MetadataRecord(
+        p.status, p.a, p.b, p.text, 0, 0, 0, -1, 0, 0, False, 0, -1, -1, -1, -1, ()
+    )
 
 
 # --- building the local record -----------------------------------------------------
@@ -342,6 +426,27 @@ def normalize_sizes(sizes: object) -> tuple[int, ...]:
 
 def _code_of(value: str, table: Sequence[str]) -> int:
     return table.index(value) if value in table else -1
+
+
+def parse_timeout(timeout: object) -> timedelta | None:
+    """``timeout=`` as a positive ``timedelta`` (``None`` stays ``None``).
+
+    Accepts seconds (int or float) or a ``timedelta``; ``ArgumentError`` otherwise.
+    """
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise ArgumentError(
+            "timeout must be None, a number of seconds or a datetime.timedelta, got "
+            f"{_describe_value(timeout)}"
+        )
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ArgumentError(f"timeout must be a positive, finite duration, got {timeout!r}")
+    return timeout if isinstance(timeout, timedelta) else timedelta(seconds=seconds)
 
 
 def local_record(
@@ -353,77 +458,99 @@ def local_record(
     transport: object,
     transports: Sequence[str],
     info: GroupInfo,
+    validate: object = True,
+    timeout: object = None,
 ) -> MetadataRecord:
-    """Encode this rank's call, recording (not raising) whatever is wrong with it."""
+    """Encode this rank's call, recording (never raising) whatever is wrong with it."""
     status, detail_a, detail_b, text = Status.OK, 0, 0, ""
 
     def fail(s: Status, a: int = 0, b: int = 0, t: str = "") -> None:
         nonlocal status, detail_a, detail_b, text
         if status is Status.OK:  # keep the first problem found
-            status, detail_a, detail_b, text = s, a, b, t
+            status, detail_a, detail_b, text = s, _saturate(a), _saturate(b), t
 
-    is_tensor = isinstance(x, torch.Tensor)
-    shape: tuple[int, ...] = tuple(x.shape) if isinstance(x, torch.Tensor) else ()
-    ndim = len(shape)
+    shape: tuple[int, ...] = ()
     dtype_code = 0
     requires_grad = False
     device_code = 0
-    if isinstance(x, torch.Tensor):
-        dtype_code = _DTYPES.index(x.dtype) + 1 if x.dtype in _DTYPES else 0
-        requires_grad = x.requires_grad and torch.is_grad_enabled()
-        device_code = _code_of(x.device.type, _DEVICE_TYPES)
-    else:
+    usable = False  # a strided tensor whose shape can be read
+    if not isinstance(x, torch.Tensor):
         fail(Status.NOT_TENSOR, t=type(x).__name__)
+    else:
+        try:
+            if x.is_nested or x.layout != torch.strided:
+                fail(Status.UNSUPPORTED_LAYOUT, t="nested" if x.is_nested else str(x.layout))
+            else:
+                shape = tuple(int(n) for n in x.shape)
+                dtype_code = _DTYPES.index(x.dtype) + 1 if x.dtype in _DTYPES else 0
+                requires_grad = x.requires_grad and torch.is_grad_enabled()
+                device_code = _code_of(x.device.type, _DEVICE_TYPES)
+                usable = True
+        except Exception as err:  # an exotic tensor subclass whose metadata cannot be read
+            shape, usable = (), False
+            fail(Status.UNSUPPORTED_LAYOUT, t=f"{type(x).__name__} ({type(err).__name__})")
+    ndim = len(shape)
 
     contract_code = _code_of(contract, CONTRACTS) if isinstance(contract, str) else -1
     if contract_code < 0:
-        fail(Status.BAD_CONTRACT, t=repr(contract)[:32])
+        fail(Status.BAD_CONTRACT, t=repr(contract)[:64])
     transport_code = _code_of(transport, transports) if isinstance(transport, str) else -1
     if transport_code < 0:
-        fail(Status.BAD_TRANSPORT, t=repr(transport)[:32])
+        fail(Status.BAD_TRANSPORT, t=repr(transport)[:64])
+    if not isinstance(validate, bool):
+        fail(Status.BAD_VALIDATE, t=_describe_value(validate))
+    try:
+        parse_timeout(timeout)
+    except ArgumentError:
+        fail(Status.BAD_TIMEOUT, t=_describe_value(timeout))
+    else:
+        if timeout is not None and info.communicates and not per_call_timeout_supported(info):
+            fail(Status.TIMEOUT_UNSUPPORTED, t=info.backend[:64])
 
-    if is_tensor and ndim == 0:
+    if usable and ndim == 0:
         fail(Status.ZERO_DIM)
     elif ndim > MAX_NDIM:
         fail(Status.TOO_MANY_DIMS, ndim)
-    if (is_tensor and dtype_code == 0) or (
-        info.backend == "gloo" and isinstance(x, torch.Tensor) and x.dtype not in GLOO_DTYPES
-    ):
-        fail(Status.UNSUPPORTED_DTYPE, t=str(getattr(x, "dtype", "?")).removeprefix("torch."))
+    if isinstance(x, torch.Tensor) and usable:
+        dtype_name = str(x.dtype).removeprefix("torch.")
+        if dtype_code == 0 or (info.backend == "gloo" and x.dtype not in GLOO_DTYPES):
+            fail(Status.UNSUPPORTED_DTYPE, t=dtype_name)
+        carried = _BACKEND_DEVICES.get(info.backend)
+        if info.communicates and carried is not None and x.device.type not in carried:
+            fail(Status.UNSUPPORTED_DEVICE, t=x.device.type)
 
     raw_dim = 0
     normalized_dim = -1
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        fail(Status.DIM_NOT_INT, t=type(dim).__name__)
+    dim_int: int | None = None
+    if not isinstance(dim, bool):
+        try:
+            dim_int = operator.index(dim)  # type: ignore[arg-type]  # any __index__ type; failure handled below
+        except Exception:
+            dim_int = None
+    if dim_int is None:
+        fail(Status.DIM_NOT_INT, t=_describe_value(dim))
     else:
-        raw_dim = dim
-        if is_tensor and ndim > 0:
-            if -ndim <= dim < ndim:
-                normalized_dim = dim % ndim
+        raw_dim = _saturate(dim_int)
+        if usable and ndim > 0:
+            if -ndim <= dim_int < ndim:
+                normalized_dim = dim_int % ndim
             else:
-                fail(Status.DIM_OUT_OF_RANGE, dim, ndim)
+                fail(Status.DIM_OUT_OF_RANGE, dim_int, ndim)
 
     sizes_len = sizes_own = sizes_sum = sizes_hash_value = -1
     if sizes is not None:
-        try:
-            passed = normalize_sizes(sizes)
-        except SizesTypeError:
-            fail(Status.SIZES_NOT_INTEGERS, t=type(sizes).__name__)
-        except SizesError:
-            negative = next((i for i, v in enumerate(_loose_ints(sizes)) if v < 0), -1)
-            fail(
-                Status.SIZES_NEGATIVE,
-                negative,
-                _loose_ints(sizes)[negative] if negative >= 0 else 0,
-            )
+        parsed = _parse_sizes(sizes)
+        if isinstance(parsed, _SizesProblem):
+            fail(parsed.status, parsed.a, parsed.b, parsed.text)
         else:
-            sizes_len, sizes_sum, sizes_hash_value = len(passed), sum(passed), sizes_hash(passed)
-            if len(passed) != info.world_size:
-                fail(Status.SIZES_WRONG_LENGTH, len(passed), info.world_size)
+            sizes_len, sizes_sum = len(parsed), _saturate(sum(parsed))
+            sizes_hash_value = sizes_hash(parsed)
+            if len(parsed) != info.world_size:
+                fail(Status.SIZES_WRONG_LENGTH, len(parsed), info.world_size)
             else:
-                sizes_own = passed[info.rank]
-                if normalized_dim >= 0 and passed[info.rank] != shape[normalized_dim]:
-                    fail(Status.SIZES_OWN_ENTRY, passed[info.rank], shape[normalized_dim])
+                sizes_own = _saturate(parsed[info.rank])
+                if normalized_dim >= 0 and parsed[info.rank] != shape[normalized_dim]:
+                    fail(Status.SIZES_OWN_ENTRY, parsed[info.rank], shape[normalized_dim])
 
     return MetadataRecord(
         status=status,
@@ -446,107 +573,160 @@ def local_record(
     )
 
 
-def _loose_ints(sizes: object) -> list[int]:
-    """Best-effort integer view of malformed sizes, for error details only."""
-    if isinstance(sizes, torch.Tensor):
-        return [int(v) for v in sizes.flatten().tolist()]
-    if isinstance(sizes, Sequence):
-        out: list[int] = []
-        for v in sizes:
-            try:
-                out.append(int(v))
-            except (TypeError, ValueError):
-                out.append(0)
-        return out
-    return []
-
-
 # --- the exchange -----------------------------------------------------------------
 
 
 def exchange_records(record: MetadataRecord, info: GroupInfo) -> list[MetadataRecord]:
     """All ranks' records, in group-rank order: one equal-size all_gather.
 
-    In a world of one rank (or without torch.distributed) nothing is sent.
+    In a world of one rank (or without torch.distributed) nothing is sent. The
+    records travel on ``info.default_device()``: the CPU except on NCCL.
     """
     if not info.communicates:
         return [record]
     device = info.default_device()
     local = torch.tensor(encode_record(record), dtype=torch.int64, device=device)
     gathered = torch.empty(info.world_size * RECORD_LENGTH, dtype=torch.int64, device=device)
-    all_gather_equal(gathered, local, info)
+    all_gather_equal(gathered, local, info, what="all_gather (metadata exchange)")
     rows = gathered.view(info.world_size, RECORD_LENGTH).tolist()  # the one host sync
     return [decode_record(row, rank=r) for r, row in enumerate(rows)]
+
+
+def _exchange_passed_sizes(
+    passed: Sequence[int] | None, info: GroupInfo
+) -> list[tuple[int, list[int]]]:
+    """Every rank's passed sizes (length, first ``SIZES_SHOWN`` entries); -1: none.
+
+    Only on the error path, after every rank has found the same sizes mismatch.
+    """
+    shown = min(info.world_size, SIZES_SHOWN)
+    row = [-1] * (1 + shown)
+    if passed is not None:
+        row[0] = len(passed)
+        for i, n in enumerate(passed[:shown]):
+            row[1 + i] = _saturate(n)
+    device = info.default_device()
+    local = torch.tensor(row, dtype=torch.int64, device=device)
+    gathered = torch.empty(info.world_size * (1 + shown), dtype=torch.int64, device=device)
+    all_gather_equal(gathered, local, info, what="all_gather (sizes of a mismatch message)")
+    rows = gathered.view(info.world_size, 1 + shown).tolist()
+    return [(int(r[0]), [int(v) for v in r[1 : 1 + max(0, min(int(r[0]), shown))]]) for r in rows]
 
 
 # --- validation -------------------------------------------------------------------
 
 
-def _describe_local_problem(rank: int, rec: MetadataRecord, transports: Sequence[str]) -> str:
+def _problem_text(rec: MetadataRecord, *, rank: int | None, transports: Sequence[str]) -> str:
     s, a, b, t = rec.status, rec.detail_a, rec.detail_b, rec.text
+    at = f"sizes[{a}]" if a >= 0 else "sizes"
     messages: dict[Status, Callable[[], str]] = {
         Status.NOT_TENSOR: lambda: f"expected a torch.Tensor, got {t}",
         Status.ZERO_DIM: lambda: "expected a tensor with at least 1 dimension, got a 0-d tensor",
         Status.TOO_MANY_DIMS: lambda: f"expected at most {MAX_NDIM} dimensions, got {a}",
         Status.DIM_NOT_INT: lambda: f"expected dim to be an int, got {t}",
         Status.DIM_OUT_OF_RANGE: lambda: (
-            f"dim={a} is out of range: expected -{b} <= dim < {b} for a {b}-d tensor"
+            f"dim={_show_int(a)} is out of range: expected -{b} <= dim < {b} for a {b}-d tensor"
         ),
         Status.UNSUPPORTED_DTYPE: lambda: (
             f"dtype {t} cannot be gathered on this backend: expected one of "
             + ", ".join(sorted(str(d).removeprefix("torch.") for d in GLOO_DTYPES))
         ),
-        Status.SIZES_NOT_INTEGERS: lambda: f"sizes must hold integers, got {t}",
+        Status.SIZES_NOT_INTEGERS: lambda: f"sizes must hold integers, got {at} = {t}",
+        Status.SIZES_NOT_1D: lambda: f"sizes must be a 1-d integer tensor, got {t}",
         Status.SIZES_WRONG_LENGTH: lambda: f"expected len(sizes) == world size {b}, got {a}",
-        Status.SIZES_NEGATIVE: lambda: f"sizes must be >= 0, got sizes[{a}] = {b}",
+        Status.SIZES_NEGATIVE: lambda: f"sizes must be >= 0, got sizes[{a}] = {_show_int(b)}",
         Status.SIZES_OWN_ENTRY: lambda: (
-            f"sizes[{rank}] = {a} but its tensor has {b} along dim {rec.normalized_dim}"
+            f"expected sizes[{rank}] == {b} (its tensor's size along dim "
+            f"{rec.normalized_dim}), got sizes[{rank}] = {_show_int(a)}"
         ),
-        Status.BAD_CONTRACT: lambda: f"grad must be one of {', '.join(CONTRACTS)}, got {t}",
-        Status.BAD_TRANSPORT: lambda: f"transport must be one of {', '.join(transports)}, got {t}",
+        Status.BAD_CONTRACT: lambda: (
+            f"grad must be one of {', '.join(map(repr, CONTRACTS))}, got {t}"
+        ),
+        Status.BAD_TRANSPORT: lambda: (
+            f"transport must be one of {', '.join(map(repr, transports))}, got {t}"
+        ),
+        Status.UNSUPPORTED_LAYOUT: lambda: (
+            f"expected a dense (torch.strided) tensor, got a {t} tensor"
+        ),
+        Status.UNSUPPORTED_DEVICE: lambda: (
+            f"expected a tensor on a device this backend carries, got a {t} tensor"
+        ),
+        Status.BAD_VALIDATE: lambda: f"validate must be a bool, got {t}",
+        Status.BAD_TIMEOUT: lambda: (
+            f"timeout must be None, or a positive number of seconds or timedelta, got {t}"
+        ),
+        Status.TIMEOUT_UNSUPPORTED: lambda: (
+            f"a per-call timeout needs a backend whose timeout torch can read and set, "
+            f"got backend {t} (use the group's timeout: timeout=None)"
+        ),
     }
-    return f"rank {rank}: {messages[s]()}"
-
-
-def _majority(values: Sequence[object]) -> object:
-    """The value most ranks hold; ties go to the lowest rank's value."""
-    counts = Counter(values)
-    best = max(counts.values())
-    return next(v for v in values if counts[v] == best)
+    text = messages[s]()
+    return text if rank is None else f"rank {rank}: {text}"
 
 
 def _disagreement(
     what: str, values: Sequence[object], show: Callable[[object], str] = repr
-) -> str | None:
-    """``None`` when every rank agrees, else a message naming the odd ranks."""
-    expected = _majority(values)
-    odd = [r for r, v in enumerate(values) if v != expected]
-    if not odd:
+) -> tuple[str, list[int]] | None:
+    """``None`` when every rank agrees, else (a message, the ranks it blames).
+
+    When one value is held by more ranks than any other, it is the expected one and
+    the other ranks are blamed; on a tie (two ranks, for one) every rank is named.
+    """
+    counts = Counter(values)
+    if len(counts) == 1:
         return None
-    agree = [r for r, v in enumerate(values) if v == expected]
-    got = "; ".join(f"rank {r}: {show(values[r])}" for r in odd)
+    ranked = counts.most_common()
+    by_value: dict[object, list[int]] = {}
+    for r, v in enumerate(values):
+        by_value.setdefault(v, []).append(r)
+    if ranked[0][1] > ranked[1][1]:
+        expected = ranked[0][0]
+        odd = [r for r, v in enumerate(values) if v != expected]
+        got = "; ".join(
+            f"{show(v)} on rank(s) {ranks}" for v, ranks in by_value.items() if v != expected
+        )
+        return (
+            f"{what} differs across ranks: expected {show(expected)} (as on rank(s) "
+            f"{by_value[expected]}), got {got}",
+            odd,
+        )
+    got = "; ".join(f"{show(v)} on rank(s) {ranks}" for v, ranks in by_value.items())
     return (
-        f"{what} differs across ranks: expected {show(expected)} (as on rank(s) {agree}), got {got}"
+        f"{what} differs across ranks: expected one value on every rank, got {got}",
+        list(range(len(values))),
     )
 
 
 def validate_records(
     records: Sequence[MetadataRecord], *, rank: int, transports: Sequence[str]
 ) -> Layout:
-    """The gather's ``Layout``, or the error every rank raises identically."""
+    """The gather's ``Layout``, or the error every rank raises identically.
+
+    A pure function of ``records`` (``rank`` only picks this rank's view of the
+    layout): every rank reaches the same verdict, class and message.
+    """
     world = len(records)
     bad = [(r, rec) for r, rec in enumerate(records) if rec.status is not Status.OK]
     if bad:
         first = bad[0][1]
-        details = "; ".join(_describe_local_problem(r, rec, transports) for r, rec in bad)
-        raise _STATUS_ERROR[first.status](
-            f"all_gather_v: invalid arguments on rank(s) {[r for r, _ in bad]}: {details}"
+        details = "; ".join(_problem_text(rec, rank=r, transports=transports) for r, rec in bad)
+        raise STATUS_ERRORS[first.status](
+            f"all_gather_v: invalid arguments on rank(s) {[r for r, _ in bad]}: {details}",
+            ranks=[r for r, _ in bad],
         )
 
-    checks: list[tuple[type[VarGatherError], str | None]] = [
+    def dtype_name(c: object) -> str:
+        return str(_DTYPES[c - 1]) if isinstance(c, int) and 0 < c <= len(_DTYPES) else repr(c)
+
+    def device_name(c: object) -> str:
+        if isinstance(c, int) and 0 <= c < len(_DEVICE_TYPES):
+            return repr(_DEVICE_TYPES[c])
+        return "another device type"
+
+    checks: list[tuple[type[VarGatherError], Callable[[], tuple[str, list[int]] | None]]] = [
         (
             ArgumentMismatchError,
-            _disagreement(
+            lambda: _disagreement(
                 "gradient contract (grad=)",
                 [rec.contract_code for rec in records],
                 lambda c: repr(CONTRACTS[c]) if isinstance(c, int) else repr(c),
@@ -554,7 +734,7 @@ def validate_records(
         ),
         (
             ArgumentMismatchError,
-            _disagreement(
+            lambda: _disagreement(
                 "transport",
                 [rec.transport_code for rec in records],
                 lambda c: repr(transports[c]) if isinstance(c, int) else repr(c),
@@ -562,40 +742,34 @@ def validate_records(
         ),
         (
             ArgumentMismatchError,
-            _disagreement(
-                "device type",
-                [rec.device_code for rec in records],
-                lambda c: repr(_DEVICE_TYPES[c]) if isinstance(c, int) and c >= 0 else "other",
-            ),
+            lambda: _disagreement("device type", [rec.device_code for rec in records], device_name),
         ),
-        (ShapeMismatchError, _disagreement("ndim", [rec.ndim for rec in records])),
+        (ShapeMismatchError, lambda: _disagreement("ndim", [rec.ndim for rec in records])),
         (
             ArgumentMismatchError,
-            _disagreement(
+            lambda: _disagreement(
                 "gather dimension (dim, normalized)",
                 [rec.normalized_dim for rec in records],
             ),
         ),
         (
             DTypeMismatchError,
-            _disagreement(
-                "dtype",
-                [rec.dtype_code for rec in records],
-                lambda c: str(_DTYPES[c - 1]) if isinstance(c, int) else repr(c),
-            ),
+            lambda: _disagreement("dtype", [rec.dtype_code for rec in records], dtype_name),
         ),
         (
             ShapeMismatchError,
-            _disagreement(
+            lambda: _disagreement(
                 "shape outside the gather dimension",
                 [rec.other_dims for rec in records],
                 lambda s: str(tuple(s)) if isinstance(s, tuple) else repr(s),
             ),
         ),
     ]
-    for error, message in checks:
-        if message is not None:
-            raise error(f"all_gather_v: {message}")
+    for error, check in checks:
+        found = check()
+        if found is not None:
+            message, blamed = found
+            raise error(f"all_gather_v: {message}", ranks=blamed)
 
     true_sizes = tuple(rec.size_along_dim for rec in records)
     true_hash = sizes_hash(true_sizes)
@@ -606,26 +780,59 @@ def validate_records(
     ]
     if liars:
         got = "; ".join(
-            f"rank {r}: len {records[r].sizes_len}, sum {records[r].sizes_sum}, "
-            f"entry for itself {records[r].sizes_own}"
+            f"rank {r}: len {records[r].sizes_len}, sum {_show_int(records[r].sizes_sum)}, "
+            f"entry for itself {_show_int(records[r].sizes_own)}"
             for r in liars
         )
         raise SizesMismatchError(
             f"all_gather_v: sizes passed on rank(s) {liars} contradict the tensors: "
-            f"expected sizes {list(true_sizes)} (len {world}, sum {sum(true_sizes)}), got {got}"
+            f"expected sizes {list(true_sizes)} (the tensors' sizes along dim "
+            f"{records[0].normalized_dim}), got {got}",
+            ranks=liars,
         )
 
     contract = CONTRACTS[records[0].contract_code]
     if contract != "local":
-        message = _disagreement(
+        found = _disagreement(
             f"requires_grad (the backward of grad={contract!r} is a collective: every rank "
             "must take part)",
             [rec.requires_grad for rec in records],
         )
-        if message is not None:
-            raise RequiresGradMismatchError(f"all_gather_v: {message}")
+        if found is not None:
+            raise RequiresGradMismatchError(f"all_gather_v: {found[0]}", ranks=found[1])
 
     return build_layout(records[rank], true_sizes, rank=rank)
+
+
+def plan_layout(
+    record: MetadataRecord, sizes: object, info: GroupInfo, transports: Sequence[str]
+) -> Layout:
+    """Exchange the records and validate them: the ``Layout`` or the common error.
+
+    On a sizes mismatch every rank takes one more small all_gather (of the sizes each
+    rank passed), so that the message shows what the lying ranks passed.
+    """
+    records = exchange_records(record, info)
+    try:
+        return validate_records(records, rank=info.rank, transports=transports)
+    except SizesMismatchError as err:
+        if not info.communicates:
+            raise
+        true_sizes = [rec.size_along_dim for rec in records]
+        parsed = _parse_sizes(sizes) if sizes is not None else None
+        passed = parsed if isinstance(parsed, tuple) else None
+        rows = _exchange_passed_sizes(passed, info)
+        got = "; ".join(
+            f"rank {r} passed sizes={rows[r][1]}"
+            + (f" + {rows[r][0] - len(rows[r][1])} more" if rows[r][0] > len(rows[r][1]) else "")
+            for r in err.ranks
+        )
+        raise SizesMismatchError(
+            f"all_gather_v: sizes passed on rank(s) {list(err.ranks)} contradict the tensors: "
+            f"expected sizes={true_sizes} (the tensors' sizes along dim "
+            f"{records[0].normalized_dim}), got {got}",
+            ranks=err.ranks,
+        ) from None
 
 
 def build_layout(record: MetadataRecord, sizes: Sequence[int], *, rank: int) -> Layout:
@@ -649,8 +856,10 @@ def trusted_layout(
 ) -> Layout:
     """``validate=False`` with caller ``sizes``: local checks only, raised locally."""
     if record.status is not Status.OK:
-        raise _STATUS_ERROR[record.status](
-            "all_gather_v (validate=False, raised on this rank only; peers will time out): "
-            + _describe_local_problem(info.rank, record, transports)
+        raise STATUS_ERRORS[record.status](
+            "all_gather_v (validate=False: raised on this rank only; its peers wait in "
+            "the payload collective until they time out): "
+            + _problem_text(record, rank=info.rank, transports=transports),
+            ranks=[info.rank],
         )
     return build_layout(record, normalize_sizes(sizes), rank=info.rank)
