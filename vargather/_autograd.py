@@ -70,8 +70,11 @@ class GatherVFunction(torch.autograd.Function):
         if layout.total == 0:
             return grad_output.new_zeros(layout.shard_shape(layout.rank)), None
         if plan.contract == "local":
+            # No communication: this rank's slice of its own upstream gradient (a view).
             return grad_output.narrow(layout.dim, layout.local_offset, layout.local_size), None
+        # One collective for sum and mean alike; never an all_reduce of the whole
+        # gradient (each rank needs only its own block of the sum).
         grad = plan.transport.reduce_scatter_sum(grad_output, layout, plan.info)
         if plan.contract == "mean":
-            grad = grad / layout.world_size
+            grad.div_(layout.world_size)  # in place: the transport returns a fresh tensor
         return grad, None

@@ -6,7 +6,7 @@ Two receive layouts exist:
 
 * padded, ``(W, pre, max, post)``: rank r's rows are ``buffer[r, :, :n_r]``;
 * rank-major, a flat buffer holding rank 0's ``(pre, n_0, post)`` block, then rank 1's,
-  and so on (what alltoallv delivers).
+  and so on (what the ``alltoallv``, ``broadcast`` and ``views`` transports fill).
 
 Either way the result is ``cat_r block_r`` along the middle axis, reshaped to
 ``lead + (total,) + trail``. That is **exactly one copy** (one ``torch.cat``), and

@@ -1,4 +1,4 @@
-"""Stage 2: padding, from a rank's shard to the fixed-size block a transport sends.
+"""Stage 2: padding, from a rank's shard (or gradient) to the buffer a transport sends.
 
 Pipeline: metadata exchange -> **padding** -> transport -> compaction -> autograd.
 
@@ -7,6 +7,11 @@ A shard of shape ``lead + (n_r,) + trail`` is viewed as the block ``(pre, n_r, p
 elements, so the block is extended to ``(pre, max_r n_r, post)``; the padding rows are
 zero-filled (they are never read back, but a buffer should not carry stale memory to
 peers). When the block already has ``max`` rows and is contiguous nothing is copied.
+
+The backward sends a gradient of the gathered shape ``lead + (total,) + trail`` back
+cut into rank blocks: padded (``scatter_into_padded``, ``(W, pre, max, post)``) or
+rank-major (``rank_major_gradient``, rank 0's ``(pre, n_0, post)`` block first). Both
+are views of the gradient, without copying, when its blocks are already laid out so.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import torch
 
 from ._layout import Layout
 
-__all__ = ["as_blocks", "pad_blocks", "scatter_into_padded"]
+__all__ = ["as_blocks", "pad_blocks", "rank_major_gradient", "scatter_into_padded"]
 
 
 def as_blocks(t: torch.Tensor, n: int, layout: Layout) -> torch.Tensor:
@@ -53,3 +58,16 @@ def scatter_into_padded(full: torch.Tensor, layout: Layout) -> torch.Tensor:
         padded[r, :, :n].copy_(blocks[:, o : o + n])
         padded[r, :, n:].zero_()
     return padded
+
+
+def rank_major_gradient(full: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """The gathered-shape ``full`` as a flat rank-major buffer of ``pre * total * post``.
+
+    Rank r's ``(pre, n_r, post)`` block follows rank r-1's. When ``pre == 1`` that is
+    the memory order of ``full`` already, so a contiguous ``full`` is returned as a
+    view; otherwise the blocks are copied once.
+    """
+    blocks = full.reshape(layout.pre, layout.total, layout.post)
+    if layout.pre == 1:
+        return blocks.reshape(-1).contiguous()
+    return torch.cat([blocks[:, layout.block(r)].reshape(-1) for r in range(layout.world_size)])

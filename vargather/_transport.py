@@ -6,43 +6,81 @@ A transport is a pair of operations over a validated ``Layout``:
 
 * ``gather(x)``: the forward, returning ``cat_r x_r`` along ``layout.dim``;
 * ``reduce_scatter_sum(g)``: the backward of the ``sum`` contract, returning
-  ``Σ_j g_j[o_r : o_r + n_r]`` (along ``dim``) on rank ``r``, shaped like ``x_r``.
+  ``Σ_j g_j[o_r : o_r + n_r]`` (along ``dim``) on rank ``r``, shaped like ``x_r``, in a
+  fresh tensor (never a view of ``g``, so the caller may scale it in place).
 
-Transports registered here:
+Transports registered here (``TRANSPORTS``; the name is what ``transport=`` forces):
 
 ``padded``
     pad to ``max`` rows, one equal-size all_gather into a single ``W x max`` buffer,
-    compact with one ``cat``. Portable: every backend has an equal all_gather. Its
-    backward is one equal-size reduce_scatter of the padded gradient.
+    compact with one ``cat``; backward: one equal-size reduce_scatter of the padded
+    gradient. Only equal-size collectives, so it runs on every backend. With equal
+    sizes and a leading ``dim`` it pads nothing and copies nothing: the input is sent
+    as it is and the receive buffer is the result.
 ``alltoallv``
-    unpadded: one all_to_all_single whose split sizes are the true block sizes, so no
-    padding moves; the receive buffer is rank-major and already the result when
-    ``dim`` is leading. Its backward sends each rank its own block of every
-    gradient and sums the ``W`` received blocks.
+    unpadded: one ``all_to_all_single`` whose split sizes are the true block sizes;
+    the receive buffer is rank-major (the result itself when ``pre == 1``). alltoallv
+    sends a distinct slice to each peer and gloo accepts only a contiguous send buffer
+    (a stride-0 ``expand`` is refused: "Tensors must be contiguous"), so the send
+    buffer holds this rank's block ``W`` times: ``W x n_r`` extra memory. Backward:
+    one alltoallv sending each rank its block of the gradient, then a sum of the
+    ``W`` received blocks.
+``broadcast``
+    unpadded and copy-free: the output is allocated once, rank-major, and each rank
+    ``r`` with ``n_r > 0`` broadcasts its block straight into the view
+    ``out[o_r : o_r + n_r]`` of every rank (all ``W`` broadcasts in flight at once).
+    Runs on every backend. Backward: one uneven ``reduce_scatter`` whose chunks are
+    the ranks' blocks of the gradient (on gloo below ``GLOO_REDUCE_SCATTER_MIN_BYTES``,
+    alltoallv's backward instead, which measured faster there).
+``views``
+    ``dist.all_gather(list_of_views, x)`` with the views of one rank-major output
+    buffer. NCCL accepts views of different sizes (it runs them as one group of
+    broadcasts); gloo refuses them (``unsupported_reason``), so this path cannot run
+    on this project's CPU test machines. Backward as ``broadcast``.
 
-``auto`` picks one per call from the layout and the backend (``choose_transport``);
-every rank sees the same layout, so every rank picks the same one.
+``auto`` picks one per call from the backend, the payload size and the padding waste
+(``auto_transport_name``); every rank holds the same layout and backend, so every
+rank picks the same one. The measurements behind the policy are in
+``docs/performance.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final, Protocol
 
 import torch
+import torch.distributed as dist
 
-from ._comm import GroupInfo, all_gather_equal, all_to_all_uneven, reduce_scatter_equal
-from ._compaction import compact_padded, compact_rank_major
+from ._comm import (
+    GroupInfo,
+    all_gather_equal,
+    all_gather_list,
+    all_to_all_uneven,
+    reduce_scatter_equal,
+    reduce_scatter_uneven,
+    translate_collective_errors,
+)
+from ._compaction import compact_padded, compact_rank_major, rank_major_blocks
 from ._layout import Layout
-from ._padding import as_blocks, pad_blocks, scatter_into_padded
+from ._padding import as_blocks, pad_blocks, rank_major_gradient, scatter_into_padded
 
 __all__ = [
+    "GLOO_REDUCE_SCATTER_MIN_BYTES",
+    "GLOO_SMALL_BYTES",
+    "NCCL_MAX_PADDED_WASTE",
+    "NCCL_SMALL_BYTES",
     "TRANSPORTS",
     "TRANSPORT_NAMES",
     "AllToAllVTransport",
+    "BroadcastTransport",
     "PaddedTransport",
     "Transport",
+    "ViewsTransport",
+    "auto_transport_name",
     "choose_transport",
+    "payload_bytes",
+    "unsupported_reason",
 ]
 
 
@@ -58,8 +96,94 @@ class Transport(Protocol):
     def reduce_scatter_sum(
         self, grad_output: torch.Tensor, layout: Layout, info: GroupInfo
     ) -> torch.Tensor:
-        """``Σ_j g_j[block of this rank]``, shaped like this rank's shard."""
+        """``Σ_j g_j[block of this rank]``, shaped like this rank's shard, freshly allocated."""
         ...
+
+
+# --- shared pieces -------------------------------------------------------------------
+
+
+def _group_src(info: GroupInfo, group_rank: int) -> int:
+    """The global rank of ``group_rank`` (what ``dist.broadcast(src=...)`` expects)."""
+    if info.group is None:
+        return group_rank
+    return dist.get_global_rank(info.group, group_rank)
+
+
+def _broadcast_blocks(blocks: Sequence[torch.Tensor], layout: Layout, info: GroupInfo) -> None:
+    """Block ``r`` of every rank receives block ``r`` of rank ``r``, for every ``r``.
+
+    One broadcast per rank holding data, all issued asynchronously and then awaited:
+    every rank issues them in the same order, so the backend pairs them by sequence
+    number, and gloo runs them concurrently on its worker threads. Empty blocks are
+    skipped by every rank alike (every rank knows every size).
+    """
+    with translate_collective_errors(f"broadcast x{layout.world_size}", info):
+        works = [
+            dist.broadcast(block, src=_group_src(info, r), group=info.group, async_op=True)
+            for r, block in enumerate(blocks)
+            if block.numel() > 0
+        ]
+        for work in works:
+            if work is not None:
+                work.wait()
+
+
+def _reduce_scatter_blocks(
+    grad_output: torch.Tensor, layout: Layout, info: GroupInfo
+) -> torch.Tensor:
+    """The sum contract's backward through one uneven ``reduce_scatter``.
+
+    The chunk for rank ``j`` is ``g[o_j : o_j + n_j]`` (a view when ``g`` is contiguous
+    and ``pre == 1``); rank ``r`` receives ``Σ_j`` of everyone's chunk ``r``.
+    """
+    flat = rank_major_gradient(grad_output, layout)
+    chunks = rank_major_blocks(flat, layout)
+    received = flat.new_empty((layout.pre, layout.local_size, layout.post))
+    reduce_scatter_uneven(received, chunks, info)
+    return received.view(layout.shard_shape(layout.rank))
+
+
+def _alltoallv_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
+    """The sum contract's backward through one alltoallv and a local sum.
+
+    Rank ``j`` sends ``g_j[o_r : o_r + n_r]`` to every rank ``r`` (the rank-major
+    gradient is exactly the send buffer), then each rank sums the ``W`` blocks it
+    received. Memory: ``W x n_r`` rows received.
+    """
+    w = layout.world_size
+    send = rank_major_gradient(grad_output, layout)
+    own = layout.pre * layout.local_size * layout.post
+    received = send.new_empty(w * own)
+    all_to_all_uneven(
+        received,
+        send,
+        output_splits=[own] * w,
+        input_splits=[layout.pre * n * layout.post for n in layout.sizes],
+        info=info,
+    )
+    return received.view(w, own).sum(0).view(layout.shard_shape(layout.rank))
+
+
+def _unpadded_backward(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
+    """Backward of the copy-free transports: an uneven reduce_scatter, except on gloo
+    below ``GLOO_REDUCE_SCATTER_MIN_BYTES``, where gloo's reduce_scatter measured
+    1.3x-2.3x the equal-size limit and alltoallv 0.4x-0.7x (``docs/performance.md``)."""
+    if info.backend == "gloo" and payload_bytes(layout) < GLOO_REDUCE_SCATTER_MIN_BYTES:
+        return _alltoallv_blocks(grad_output, layout, info)
+    return _reduce_scatter_blocks(grad_output, layout, info)
+
+
+def _rank_major_buffer(x: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A flat rank-major receive buffer, its per-rank block views, and this rank's
+    block already filled with ``x`` (the one copy of the input)."""
+    flat = x.new_empty(layout.pre * layout.total * layout.post)
+    blocks = rank_major_blocks(flat, layout)
+    blocks[layout.rank].copy_(as_blocks(x, layout.local_size, layout))
+    return flat, blocks
+
+
+# --- the transports ---------------------------------------------------------------------
 
 
 class PaddedTransport:
@@ -88,16 +212,16 @@ class AllToAllVTransport:
     name = "alltoallv"
 
     def gather(self, x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-        pre, post, w = layout.pre, layout.post, layout.world_size
+        w = layout.world_size
         local = as_blocks(x, layout.local_size, layout).reshape(-1)
-        # alltoallv sends a distinct slice to each peer; here every peer gets the same
-        # block, so the send buffer holds it W times (W x the input in memory).
+        # Every peer gets the same block, but alltoallv wants one contiguous slice per
+        # peer (gloo refuses a stride-0 expand), so the block is repeated W times.
         send = local.repeat(w)
-        received = local.new_empty(pre * layout.total * post)
+        received = local.new_empty(layout.pre * layout.total * layout.post)
         all_to_all_uneven(
             received,
             send,
-            output_splits=[pre * n * post for n in layout.sizes],
+            output_splits=[layout.pre * n * layout.post for n in layout.sizes],
             input_splits=[local.numel()] * w,
             info=info,
         )
@@ -106,43 +230,122 @@ class AllToAllVTransport:
     def reduce_scatter_sum(
         self, grad_output: torch.Tensor, layout: Layout, info: GroupInfo
     ) -> torch.Tensor:
-        pre, post, w = layout.pre, layout.post, layout.world_size
-        blocks = grad_output.reshape(pre, layout.total, post)
-        if pre == 1:
-            send = blocks.reshape(-1).contiguous()  # already rank-major
-        else:
-            send = torch.cat([blocks[:, layout.block(r)].reshape(-1) for r in range(w)])
-        own = pre * layout.local_size * post
-        received = send.new_empty(w * own)
-        all_to_all_uneven(
-            received,
-            send,
-            output_splits=[own] * w,
-            input_splits=[pre * n * post for n in layout.sizes],
-            info=info,
-        )
-        return received.view(w, own).sum(0).view(layout.shard_shape(layout.rank))
+        return _alltoallv_blocks(grad_output, layout, info)
+
+
+class BroadcastTransport:
+    """One broadcast per rank straight into the views of one rank-major output."""
+
+    name = "broadcast"
+
+    def gather(self, x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
+        flat, blocks = _rank_major_buffer(x, layout)
+        _broadcast_blocks(blocks, layout, info)
+        return compact_rank_major(flat, layout)
+
+    def reduce_scatter_sum(
+        self, grad_output: torch.Tensor, layout: Layout, info: GroupInfo
+    ) -> torch.Tensor:
+        return _unpadded_backward(grad_output, layout, info)
+
+
+class ViewsTransport:
+    """``dist.all_gather`` into uneven views of one rank-major output (NCCL)."""
+
+    name = "views"
+
+    def gather(self, x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
+        flat, blocks = _rank_major_buffer(x, layout)
+        all_gather_list(blocks, blocks[layout.rank], info)
+        return compact_rank_major(flat, layout)
+
+    def reduce_scatter_sum(
+        self, grad_output: torch.Tensor, layout: Layout, info: GroupInfo
+    ) -> torch.Tensor:
+        return _unpadded_backward(grad_output, layout, info)
 
 
 TRANSPORTS: Final[Mapping[str, Transport]] = {
     "padded": PaddedTransport(),
     "alltoallv": AllToAllVTransport(),
+    "broadcast": BroadcastTransport(),
+    "views": ViewsTransport(),
 }
 
 TRANSPORT_NAMES: Final = ("auto", *TRANSPORTS)
-"""Values accepted for ``transport=``, in the order of their wire codes."""
+"""Values accepted for ``transport=``, in the order of their wire codes (append only)."""
+
+
+# --- capabilities and the auto policy ---------------------------------------------------
+
+_UNSUPPORTED: Final[Mapping[tuple[str, str], str]] = {
+    ("views", "gloo"): (
+        "transport='views' gathers with dist.all_gather into views of different sizes, "
+        "which the gloo backend refuses (ProcessGroupGloo::allgather: invalid tensor "
+        "size); expected transport='broadcast' (the same copy-free one-buffer gather, "
+        "as one broadcast per rank), 'auto', or an NCCL group"
+    ),
+}
+
+
+def unsupported_reason(name: str, backend: str) -> str | None:
+    """Why transport ``name`` cannot run on ``backend`` (a message), or ``None`` if it can.
+
+    Every rank of a group has the same backend, so every rank reaches the same verdict
+    without communicating; the API checks it after the metadata exchange (when every
+    rank is known to have asked for the same transport) and before any payload moves.
+    """
+    return _UNSUPPORTED.get((name, backend))
+
+
+GLOO_SMALL_BYTES: Final = 256 * 1024
+"""Below this many output bytes gloo is latency-bound: one collective beats ``W``."""
+
+GLOO_REDUCE_SCATTER_MIN_BYTES: Final = 16 * 1024 * 1024
+"""From this many output bytes up, the copy-free transports' backward on gloo is an
+uneven reduce_scatter; below it, an alltoallv."""
+
+NCCL_SMALL_BYTES: Final = 1024 * 1024
+"""Below this many output bytes NCCL's single all_gather kernel wins (not measured here)."""
+
+NCCL_MAX_PADDED_WASTE: Final = 0.25
+"""Largest padding fraction NCCL's padded all_gather is kept for (not measured here)."""
+
+
+def payload_bytes(layout: Layout) -> int:
+    """Bytes of the gathered result: ``pre * total * post * itemsize``."""
+    return layout.pre * layout.total * layout.post * layout.dtype.itemsize
+
+
+def auto_transport_name(layout: Layout, backend: str) -> str:
+    """The transport ``auto`` runs for ``layout`` on ``backend``.
+
+    * gloo: below ``GLOO_SMALL_BYTES``, one collective (``padded`` when the sizes are
+      equal, which then pads and copies nothing; else ``alltoallv``); above it,
+      ``broadcast``, which measured at or below the equal-size all_gather of the same
+      bytes on every profile (``docs/performance.md``).
+    * nccl: ``padded`` (NCCL's native all_gather) when the sizes are equal, the payload
+      is small, or padding wastes at most ``NCCL_MAX_PADDED_WASTE``; else ``views``.
+      Reasoned from NCCL's algorithms, not measured here (no GPU).
+    * any other backend: ``padded``, the one path that needs only equal collectives.
+    """
+    if backend == "gloo":
+        if payload_bytes(layout) < GLOO_SMALL_BYTES:
+            return "padded" if layout.is_even else "alltoallv"
+        return "broadcast"
+    if backend == "nccl":
+        if (
+            layout.is_even
+            or payload_bytes(layout) < NCCL_SMALL_BYTES
+            or layout.padding_waste <= NCCL_MAX_PADDED_WASTE
+        ):
+            return "padded"
+        return "views"
+    return "padded"
 
 
 def choose_transport(requested: str, layout: Layout, info: GroupInfo) -> Transport:
-    """The transport for this call; ``auto``: padded when even, else alltoallv.
-
-    Even sizes make the padded path a plain all_gather with no padding and, for a
-    leading ``dim``, no compaction copy: the practical limit. Otherwise alltoallv
-    moves no padding (FACTS: 0.94x-1.31x of the limit on gloo against 1.6x-4.3x for
-    padded).
-    """
+    """The transport for this call: ``requested`` itself, or ``auto``'s choice."""
     if requested != "auto":
         return TRANSPORTS[requested]
-    if layout.is_even:
-        return TRANSPORTS["padded"]
-    return TRANSPORTS["alltoallv"]
+    return TRANSPORTS[auto_transport_name(layout, info.backend)]
