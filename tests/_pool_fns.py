@@ -1,0 +1,152 @@
+"""Module-level rank functions for tests/test_pool.py.
+
+The pool pickles ``fn`` by reference, so these must live at module level in a module the
+rank processes can import (they inherit the parent's ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vargather.testing import RankContext
+
+
+class CustomError(ValueError):
+    """A picklable exception type defined outside the standard library."""
+
+
+class UnpicklableError(Exception):
+    """An exception whose pickle round trip fails (its ``__init__`` needs two args)."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"code {code}: {detail}")
+        self.code = code
+
+
+def identity(ctx: RankContext, payload: Any) -> Any:
+    return payload
+
+
+def whoami(ctx: RankContext, payload: object) -> tuple[int, int, int]:
+    return (ctx.rank, ctx.world_size, os.getpid())
+
+
+def env_and_threads(ctx: RankContext, payload: object) -> tuple[str | None, int, bool]:
+    return (os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads(), dist.is_initialized())
+
+
+def all_reduce_rank(ctx: RankContext, payload: object) -> int:
+    t = torch.tensor([ctx.rank + 1], dtype=torch.int64)
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def all_reduce_plus(ctx: RankContext, payload: int) -> int:
+    t = torch.tensor([ctx.rank + payload], dtype=torch.int64)
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def raise_on(ctx: RankContext, bad_rank: int) -> int:
+    if ctx.rank == bad_rank:
+        raise CustomError(f"boom from rank {ctx.rank}")
+    return ctx.rank
+
+
+def raise_everywhere(ctx: RankContext, payload: object) -> None:
+    raise KeyError(f"missing on rank {ctx.rank}")
+
+
+def raise_unpicklable(ctx: RankContext, payload: object) -> None:
+    raise UnpicklableError(7, f"rank {ctx.rank}")
+
+
+def return_unpicklable(ctx: RankContext, payload: object) -> object:
+    return lambda: None
+
+
+def unpicklable_at(ctx: RankContext, spec: tuple[int, int]) -> object:
+    index, bad = spec
+    return (lambda: None) if index == bad else index
+
+
+def exit_on(ctx: RankContext, bad_rank: int) -> int:
+    if ctx.rank == bad_rank:
+        os._exit(3)
+    return ctx.rank
+
+
+def sigkill_on(ctx: RankContext, bad_rank: int) -> int:
+    if ctx.rank == bad_rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(30)  # not reached
+    return ctx.rank
+
+
+def sleep_on(ctx: RankContext, spec: tuple[int, float]) -> int:
+    bad_rank, seconds = spec
+    if ctx.rank == bad_rank:
+        time.sleep(seconds)
+    return ctx.rank
+
+
+def skip_collective_on(ctx: RankContext, bad_rank: int) -> int:
+    """Every rank but ``bad_rank`` enters an all_reduce; ``bad_rank`` returns at once."""
+    if ctx.rank == bad_rank:
+        return -1
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def mismatched_trailing_dim(ctx: RankContext, payload: object) -> list[int]:
+    """Equal-size all_gather_into_tensor with a trailing dim that differs: gloo aborts."""
+    k = 2 + ctx.rank
+    t = torch.ones(4, k)
+    out = torch.empty(4 * ctx.world_size, k)
+    dist.all_gather_into_tensor(out, t)
+    return list(out.shape)
+
+
+def gather_subgroup(ctx: RankContext, members: list[int]) -> list[int] | None:
+    group = ctx.subgroup(members)
+    if ctx.rank not in members:
+        assert group == dist.GroupMember.NON_GROUP_MEMBER
+        return None
+    assert not isinstance(group, int)
+    t = torch.tensor([ctx.rank])
+    out = [torch.empty_like(t) for _ in range(len(members))]
+    dist.all_gather(out, t, group=group)
+    return [int(x.item()) for x in out]
+
+
+def subgroup_identity(ctx: RankContext, members: list[int]) -> bool:
+    """Whether asking twice (in another order) returns the cached group."""
+    first = ctx.subgroup(members)
+    second = ctx.subgroup(list(reversed(members)))
+    return first is second
+
+
+def big_tensor(ctx: RankContext, n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float32) + ctx.rank
+
+
+def tensor_views(ctx: RankContext, payload: object) -> dict[str, torch.Tensor]:
+    base = torch.arange(1000.0, requires_grad=True)
+    y = base * 2  # non-leaf, requires grad
+    return {
+        "view": torch.arange(10_000.0)[5:8],
+        "nonleaf": y[:3],
+        "transposed": torch.arange(6.0).reshape(2, 3).t(),
+        "leaf_grad": torch.zeros(2, requires_grad=True),
+    }
+
+
+def tensor_payload_sum(ctx: RankContext, t: torch.Tensor) -> float:
+    return float(t.sum().item())
