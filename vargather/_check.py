@@ -370,8 +370,8 @@ def load_impl(ref: str, cwd: str | None = None) -> Callable[..., Any]:
                 f"{err.name!r}. {_where(here)}."
             ) from None
         raise CheckUsageError(
-            f"--impl {ref}: importing {module_name!r} failed: {type(err).__name__}: {err}\n"
-            + _short_traceback(err)
+            f"--impl {ref}: importing {module_name!r} failed: a module it imports is "
+            f"missing: {err}\n" + _short_traceback(err)
         ) from None
     except BaseException as err:  # a module whose import raises anything at all
         if isinstance(err, KeyboardInterrupt):
@@ -399,8 +399,17 @@ def load_impl(ref: str, cwd: str | None = None) -> Callable[..., Any]:
 
 
 def _short_traceback(err: BaseException, limit: int = 6) -> str:
-    lines = traceback.format_exception(type(err), err, err.__traceback__, limit=-limit)
-    return "".join(lines).rstrip()
+    """The last ``limit`` frames of ``err``'s traceback, without importlib's own."""
+    noise = (os.path.abspath(__file__), os.path.abspath(importlib.__file__ or ""))
+    frames = [
+        f
+        for f in traceback.extract_tb(err.__traceback__)
+        if not f.filename.startswith("<frozen") and os.path.abspath(f.filename) not in noise
+    ][-limit:]
+    text = "".join(traceback.format_list(frames))
+    return ("Traceback (most recent call last):\n" + text if text else "") + "".join(
+        traceback.format_exception_only(type(err), err)
+    ).rstrip()
 
 
 def _takes(fn: Callable[..., Any], name: str) -> bool:
