@@ -1,0 +1,672 @@
+"""Rank-side functions and the misuse catalogue for tests/test_misuse.py,
+tests/test_faults.py and fuzz/fuzz_multirank.py.
+
+A ``Call`` says what one rank passes to ``vargather.all_gather_v``; a ``Scenario`` is one
+``Call`` per rank. Everything is a small frozen dataclass, so it pickles to the ranks
+of the pool, and every tensor is rebuilt on the rank from its description
+(``TensorSpec``), deterministically, so the parent can build the oracle's answer from
+the same descriptions.
+
+``CATALOGUE`` lists the misuse classes: each entry builds the scenario for a world
+size and an offending rank, and states the error class every rank must raise and the
+fragments its message must contain (the offending rank, what was expected, what was
+got). The pool pickles ``fn`` by reference, so everything the ranks call lives at
+module level here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+import torch
+import torch.distributed as dist
+
+import vargather
+from vargather import oracle
+
+# --- descriptions of arguments --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor rebuilt on the rank: values ``seed * 1000 + rank * 100 + arange``."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    requires_grad: bool = False
+    layout: str = "strided"  # "strided", "sparse" or "transposed" (a non-contiguous view)
+    device: str = "cpu"
+    seed: int = 0
+
+    def build(self, rank: int) -> torch.Tensor:
+        dtype = getattr(torch, self.dtype)
+        n = math.prod(self.shape)
+        base = torch.arange(n, dtype=torch.float64) + (self.seed * 1000 + rank * 100)
+        if dtype == torch.bool:
+            t = (base.long() % 3 == 0).reshape(self.shape)
+        elif dtype.is_complex:
+            t = torch.complex(base, -base).to(dtype).reshape(self.shape)
+        else:
+            t = (base % 97 - 40).to(dtype).reshape(self.shape)
+        if self.layout == "transposed" and t.ndim >= 2:
+            t = t.transpose(0, -1).contiguous().transpose(0, -1)
+        if self.device != "cpu":
+            t = t.to(self.device)
+        if self.layout == "sparse":
+            t = t.to_sparse()
+        if self.requires_grad:
+            t.requires_grad_(True)
+        return t
+
+
+@dataclass(frozen=True)
+class SizesTensor:
+    """``sizes`` passed as a tensor of this dtype and shape (values ``values``)."""
+
+    values: tuple[int, ...]
+    dtype: str = "int64"
+    shape: tuple[int, ...] | None = None
+
+    def build(self) -> torch.Tensor:
+        t = torch.tensor(self.values, dtype=getattr(torch, self.dtype))
+        return t.reshape(self.shape) if self.shape is not None else t
+
+
+@dataclass(frozen=True)
+class Call:
+    """What one rank passes. ``x`` is a ``TensorSpec`` or any picklable non-tensor;
+    ``group`` a tuple of world ranks forming a subgroup (created on every rank, as
+    ``new_group`` requires) or ``None`` for the world."""
+
+    x: object
+    dim: object = 0
+    sizes: object = None
+    grad: object = "sum"
+    transport: object = "auto"
+    validate: object = True
+    timeout: object = None
+    group: tuple[int, ...] | None = None
+    backward: bool = False
+
+
+@dataclass(frozen=True)
+class Scenario:
+    calls: tuple[Call, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.calls)
+
+
+@dataclass(frozen=True)
+class GatherOutput:
+    """What a rank returns from a gather: the output and this rank's input gradient."""
+
+    output: torch.Tensor
+    grad: torch.Tensor | None
+    layout_sizes: tuple[int, ...]
+
+
+def _build_x(spec: object, rank: int) -> object:
+    return spec.build(rank) if isinstance(spec, TensorSpec) else spec
+
+
+def _build_sizes(sizes: object) -> object:
+    return sizes.build() if isinstance(sizes, SizesTensor) else sizes
+
+
+def upstream_for(shape: Sequence[int], dtype: str, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s upstream gradient: small integers, different on every rank."""
+    n = math.prod(shape)
+    g = (torch.arange(n, dtype=torch.float64) * (rank + 2) % 7 - 3).reshape(tuple(shape))
+    return g.to(getattr(torch, dtype))
+
+
+# --- rank-side functions ----------------------------------------------------------------
+
+
+def run_call(ctx: Any, scenario: Scenario) -> GatherOutput:
+    """Rank ``ctx.rank`` makes its call of ``scenario``; raises what vargather raises."""
+    call = scenario.calls[ctx.rank]
+    group: Any = None
+    if call.group is not None:
+        group = ctx.subgroup(list(call.group))
+    x = _build_x(call.x, ctx.rank)
+    result = vargather.all_gather_v_with_layout(
+        x,  # type: ignore[arg-type]  # deliberately anything: misuse is the point
+        call.dim,  # type: ignore[arg-type]
+        sizes=_build_sizes(call.sizes),  # type: ignore[arg-type]
+        group=group,
+        grad=call.grad,  # type: ignore[arg-type]
+        transport=call.transport,  # type: ignore[arg-type]
+        validate=call.validate,  # type: ignore[arg-type]
+        timeout=call.timeout,  # type: ignore[arg-type]
+    )
+    grad = None
+    if call.backward:
+        assert isinstance(x, torch.Tensor)
+        out = result.tensor
+        out.backward(upstream_for(out.shape, str(out.dtype).removeprefix("torch."), ctx.rank))
+        grad = x.grad
+    return GatherOutput(result.tensor.detach(), grad, result.layout.sizes)
+
+
+def valid_scenario(world_size: int, seed: int = 7, dim: int = 1) -> Scenario:
+    """A correct ragged gather (sizes 0, 1, 2, ... along ``dim``), with gradients."""
+    calls = []
+    for r in range(world_size):
+        shape = [2, 3, 2]
+        shape[dim] = (r * 2 + seed) % 4
+        spec = TensorSpec(tuple(shape), "float64", requires_grad=True, seed=seed)
+        calls.append(Call(spec, dim=dim, grad="sum", backward=True))
+    return Scenario(tuple(calls))
+
+
+def expected_of(scenario: Scenario) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """The oracle's output and per-rank input gradients for a valid scenario."""
+    shards = []
+    for r, call in enumerate(scenario.calls):
+        x = _build_x(call.x, r)
+        assert isinstance(x, torch.Tensor)
+        shards.append(x.detach())
+    dim = scenario.calls[0].dim
+    assert isinstance(dim, int)
+    out = oracle.expected_output(shards, dim)
+    first = scenario.calls[0]
+    if not first.backward:
+        return out, [None] * len(shards)
+    spec = first.x
+    assert isinstance(spec, TensorSpec)
+    ups = [upstream_for(out.shape, spec.dtype, r) for r in range(len(shards))]
+    grads = oracle.expected_input_grads(shards, ups, dim, str(first.grad))
+    return out, list(grads)
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equality (dtype and shape included)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def skip_call_on(ctx: Any, job: tuple[int, Scenario]) -> GatherOutput | None:
+    """Every rank but ``job[0]`` makes its call; ``job[0]`` never arrives."""
+    absent, scenario = job
+    if ctx.rank == absent:
+        return None
+    return run_call(ctx, scenario)
+
+
+def layout_only_on(ctx: Any, job: tuple[int, Scenario]) -> object:
+    """Rank ``job[0]`` runs only the metadata exchange (``gather_layout``) and leaves:
+    its peers wait for it in the payload collective."""
+    absent, scenario = job
+    if ctx.rank != absent:
+        return run_call(ctx, scenario)
+    call = scenario.calls[ctx.rank]
+    x = _build_x(call.x, ctx.rank)
+    assert isinstance(x, torch.Tensor)
+    return vargather.gather_layout(x, call.dim).sizes  # type: ignore[arg-type]  # an int in these scenarios
+
+
+def kill_between_exchange_and_payload(ctx: Any, job: tuple[int, Scenario]) -> object:
+    """Rank ``job[0]`` is SIGKILLed inside its call, after the metadata exchange and
+    before the payload collective (its peers are already waiting there)."""
+    victim, scenario = job
+    if ctx.rank == victim:
+        import vargather._api as api
+
+        def die(*args: object, **kwargs: object) -> object:
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(60)  # not reached
+            raise AssertionError("unreachable")
+
+        api.choose_transport = die  # type: ignore[assignment]  # the fault injected
+    return run_call(ctx, scenario)
+
+
+def backward_on_one_rank(ctx: Any, job: tuple[int, Scenario]) -> object:
+    """Every rank gathers (grad="sum"); only rank ``job[0]`` calls backward, whose
+    reduce-scatter the others never join."""
+    lone, scenario = job
+    call = scenario.calls[ctx.rank]
+    x = _build_x(call.x, ctx.rank)
+    assert isinstance(x, torch.Tensor)
+    out = vargather.all_gather_v(x, call.dim, grad="sum", timeout=call.timeout)  # type: ignore[arg-type]
+    if ctx.rank == lone:
+        out.backward(upstream_for(out.shape, "float64", ctx.rank))
+    return tuple(out.shape)
+
+
+def group_timeout_seconds(ctx: Any, payload: object) -> float | None:
+    """The world group's current timeout, as vargather reads it."""
+    from vargather._comm import group_timeout, resolve_group
+
+    t = group_timeout(resolve_group(None))
+    return None if t is None else t.total_seconds()
+
+
+def run_with_group_object(ctx: Any, group: object) -> object:
+    """Pass ``group`` (not a process group) as the group, on every rank."""
+    return vargather.all_gather_v(torch.zeros(2), group=group)  # type: ignore[arg-type]  # the misuse
+
+
+def metadata_device(ctx: Any, payload: object) -> str:
+    """The device the metadata exchange uses in this world."""
+    from vargather._comm import resolve_group
+
+    return resolve_group(None).default_device().type
+
+
+def destroyed_subgroup(ctx: Any, x_shape: tuple[int, ...]) -> object:
+    """Create a subgroup of every rank, destroy it, then pass it to all_gather_v."""
+    group = dist.new_group(list(range(ctx.world_size)))
+    dist.destroy_process_group(group)
+    return vargather.all_gather_v(torch.zeros(x_shape), group=group)
+
+
+# --- the catalogue -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Misuse:
+    """One class of misuse.
+
+    ``build(world_size, offender)`` returns the scenario; ``error`` is the class every
+    rank must raise; ``fragments(world_size, offender)`` the strings its message must
+    contain (the offending rank(s), the expected and the got values). ``all_ranks``:
+    the mistake is made on every rank (the offender argument is ignored).
+    """
+
+    name: str
+    summary: str
+    error: type[vargather.VarGatherError]
+    build: Callable[[int, int], Scenario]
+    fragments: Callable[[int, int], tuple[str, ...]]
+    all_ranks: bool = False
+    blamed: Callable[[int, int], tuple[int, ...]] | None = None
+
+    def blamed_ranks(self, world_size: int, offender: int) -> tuple[int, ...]:
+        if self.blamed is not None:
+            return self.blamed(world_size, offender)
+        if self.all_ranks:
+            return tuple(range(world_size))
+        if world_size == 2 and self.error_is_a_tie:
+            return (0, 1)
+        return (offender,)
+
+    @property
+    def error_is_a_tie(self) -> bool:
+        """Cross-rank disagreements between 2 ranks have no majority: both are named."""
+        return issubclass(self.error, vargather.MismatchError) and not issubclass(
+            self.error, vargather.SizesMismatchError
+        )
+
+
+def _size(rank: int) -> int:
+    return (2, 0, 3, 1)[rank % 4]
+
+
+def _scenario(
+    world_size: int,
+    offender: int,
+    good: Callable[[int], Call],
+    bad: Callable[[int], Call] | None = None,
+) -> Scenario:
+    calls = []
+    for r in range(world_size):
+        calls.append(bad(r) if bad is not None and r == offender else good(r))
+    return Scenario(tuple(calls))
+
+
+def _plain(r: int, dtype: str = "float32", trail: tuple[int, ...] = (2,), **kw: Any) -> Call:
+    return Call(TensorSpec((_size(r), *trail), dtype), **kw)
+
+
+def _true_sizes(world_size: int) -> list[int]:
+    return [_size(r) for r in range(world_size)]
+
+
+def _dtype_pair(a: str, b: str) -> Misuse:
+    return Misuse(
+        name=f"dtype-{a}-vs-{b}",
+        summary=f"one rank passes {b} where the others pass {a}",
+        error=vargather.DTypeMismatchError,
+        build=lambda w, o: _scenario(w, o, lambda r: _plain(r, a), lambda r: _plain(r, b)),
+        fragments=lambda w, o: ("dtype differs", f"torch.{a}", f"torch.{b}", f"rank(s) [{o}]"),
+    )
+
+
+def _sizes_lie(world_size: int, offender: int) -> list[int]:
+    lie = _true_sizes(world_size)
+    other = (offender + 1) % world_size
+    lie[other] += 1
+    return lie
+
+
+CATALOGUE: Final[tuple[Misuse, ...]] = (
+    _dtype_pair("float32", "int32"),
+    _dtype_pair("float16", "bfloat16"),
+    _dtype_pair("int64", "float64"),
+    _dtype_pair("float32", "float64"),
+    Misuse(
+        name="ndim-differs",
+        summary="one rank passes a tensor with one more dimension",
+        error=vargather.ShapeMismatchError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, trail=(2, 1))),
+        fragments=lambda w, o: ("ndim differs", "2", "3", f"rank(s) [{o}]"),
+    ),
+    Misuse(
+        name="trailing-dim-differs",
+        summary="a dimension other than the gather dimension differs on one rank",
+        error=vargather.ShapeMismatchError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, trail=(3,))),
+        fragments=lambda w, o: ("shape outside the gather dimension", "(2,)", "(3,)", f"[{o}]"),
+    ),
+    Misuse(
+        name="dim-out-of-range-on-one-rank",
+        summary="dim is out of range on one rank",
+        error=vargather.DimError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, dim=5)),
+        fragments=lambda w, o: (f"rank(s) [{o}]", f"rank {o}: dim=5", "expected -2 <= dim < 2"),
+    ),
+    Misuse(
+        name="dim-out-of-range-on-every-rank",
+        summary="dim is out of range on every rank",
+        error=vargather.DimError,
+        build=lambda w, o: _scenario(w, o, lambda r: _plain(r, dim=-3)),
+        fragments=lambda w, o: (
+            f"rank(s) {list(range(w))}",
+            "dim=-3 is out of range",
+            "expected -2 <= dim < 2",
+        ),
+        all_ranks=True,
+    ),
+    Misuse(
+        name="dim-huge",
+        summary="dim does not even fit in int64 on one rank",
+        error=vargather.DimError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, dim=2**70)),
+        fragments=lambda w, o: (f"rank {o}: dim=9223372036854775807 (or more)", "expected -2"),
+    ),
+    Misuse(
+        name="dim-not-an-int",
+        summary="dim is a float on one rank",
+        error=vargather.DimError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, dim=0.0)),
+        fragments=lambda w, o: (f"rank {o}: expected dim to be an int, got float 0.0",),
+    ),
+    Misuse(
+        name="dim-differs",
+        summary="ranks gather along different dimensions (each valid locally)",
+        error=vargather.ArgumentMismatchError,
+        build=lambda w, o: _scenario(
+            w,
+            o,
+            lambda r: Call(TensorSpec((_size(r), 2)), dim=0),
+            lambda r: Call(TensorSpec((2, _size(r))), dim=1),
+        ),
+        fragments=lambda w, o: ("gather dimension", "0", "1", f"rank(s) [{o}]"),
+    ),
+    Misuse(
+        name="sizes-wrong-length",
+        summary="sizes has one entry too many on one rank",
+        error=vargather.SizesError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, sizes=[*_true_sizes(w), 1])),
+        fragments=lambda w, o: (f"rank {o}: expected len(sizes) == world size {w}, got {w + 1}",),
+    ),
+    Misuse(
+        name="sizes-wrong-own-entry",
+        summary="sizes is wrong about the rank's own tensor",
+        error=vargather.SizesError,
+        build=lambda w, o: _scenario(
+            w,
+            o,
+            _plain,
+            lambda r: _plain(
+                r, sizes=[n + (i == r) for i, n in enumerate(_true_sizes(w))], validate=True
+            ),
+        ),
+        fragments=lambda w, o: (
+            f"rank {o}: expected sizes[{o}] == {_size(o)}",
+            f"got sizes[{o}] = {_size(o) + 1}",
+        ),
+    ),
+    Misuse(
+        name="sizes-negative",
+        summary="sizes holds a negative entry on one rank",
+        error=vargather.SizesError,
+        build=lambda w, o: _scenario(
+            w,
+            o,
+            _plain,
+            lambda r: _plain(r, sizes=[-1 if i != r else n for i, n in enumerate(_true_sizes(w))]),
+        ),
+        fragments=lambda w, o: (f"rank {o}: sizes must be >= 0", "= -1"),
+    ),
+    Misuse(
+        name="sizes-not-integers",
+        summary="sizes holds a float on one rank",
+        error=vargather.SizesTypeError,
+        build=lambda w, o: _scenario(
+            w, o, _plain, lambda r: _plain(r, sizes=[float(n) for n in _true_sizes(w)])
+        ),
+        fragments=lambda w, o: (f"rank {o}: sizes must hold integers", "sizes[0] = float"),
+    ),
+    Misuse(
+        name="sizes-float-tensor",
+        summary="sizes is a float tensor on one rank",
+        error=vargather.SizesTypeError,
+        build=lambda w, o: _scenario(
+            w,
+            o,
+            _plain,
+            lambda r: _plain(r, sizes=SizesTensor(tuple(_true_sizes(w)), "float32")),
+        ),
+        fragments=lambda w, o: (f"rank {o}: sizes must hold integers", "a tensor of dtype float32"),
+    ),
+    Misuse(
+        name="sizes-2d-tensor",
+        summary="sizes is a 2-d integer tensor on one rank",
+        error=vargather.SizesError,
+        build=lambda w, o: _scenario(
+            w,
+            o,
+            _plain,
+            lambda r: _plain(r, sizes=SizesTensor(tuple(_true_sizes(w)), "int64", (1, w))),
+        ),
+        fragments=lambda w, o: (f"rank {o}: sizes must be a 1-d integer tensor", f"(1, {w})"),
+    ),
+    Misuse(
+        name="sizes-a-string",
+        summary="sizes is a string on one rank",
+        error=vargather.SizesTypeError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, sizes="2,0,3")),
+        fragments=lambda w, o: (f"rank {o}: sizes must hold integers", "str"),
+    ),
+    Misuse(
+        name="sizes-lie-about-a-peer",
+        summary="sizes is right about the rank itself but wrong about a peer",
+        error=vargather.SizesMismatchError,
+        build=lambda w, o: _scenario(
+            w,
+            o,
+            lambda r: _plain(r, sizes=_true_sizes(w)),
+            lambda r: _plain(r, sizes=_sizes_lie(w, o)),
+        ),
+        fragments=lambda w, o: (
+            f"sizes passed on rank(s) [{o}] contradict the tensors",
+            f"expected sizes={_true_sizes(w)}",
+            f"rank {o} passed sizes={_sizes_lie(w, o)}",
+        ),
+    ),
+    Misuse(
+        name="sizes-passed-on-one-rank-only-and-wrong",
+        summary="only one rank passes sizes, and they lie about a peer",
+        error=vargather.SizesMismatchError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, sizes=_sizes_lie(w, o))),
+        fragments=lambda w, o: (
+            f"expected sizes={_true_sizes(w)}",
+            f"rank {o} passed sizes={_sizes_lie(w, o)}",
+        ),
+    ),
+    Misuse(
+        name="zero-dim-input",
+        summary="one rank passes a 0-d tensor",
+        error=vargather.InputShapeError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: Call(TensorSpec(()))),
+        fragments=lambda w, o: (f"rank {o}: expected a tensor with at least 1 dimension", "0-d"),
+    ),
+    Misuse(
+        name="too-many-dims",
+        summary="one rank passes a 33-d tensor",
+        error=vargather.InputShapeError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: Call(TensorSpec((1,) * 33))),
+        fragments=lambda w, o: (f"rank {o}: expected at most 32 dimensions, got 33",),
+    ),
+    Misuse(
+        name="not-a-tensor",
+        summary="one rank passes a list",
+        error=vargather.InputTypeError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: Call([1.0, 2.0])),
+        fragments=lambda w, o: (f"rank {o}: expected a torch.Tensor, got list",),
+    ),
+    Misuse(
+        name="none-input",
+        summary="one rank passes None",
+        error=vargather.InputTypeError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: Call(None)),
+        fragments=lambda w, o: (f"rank {o}: expected a torch.Tensor, got NoneType",),
+    ),
+    Misuse(
+        name="dtype-gloo-cannot-carry",
+        summary="one rank passes a float8 tensor, which gloo cannot carry",
+        error=vargather.InputTypeError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, "float8_e4m3fn")),
+        fragments=lambda w, o: (f"rank {o}: dtype float8_e4m3fn cannot be gathered", "float32"),
+    ),
+    Misuse(
+        name="sparse-input",
+        summary="one rank passes a sparse COO tensor",
+        error=vargather.InputTypeError,
+        build=lambda w, o: _scenario(
+            w, o, _plain, lambda r: Call(TensorSpec((_size(r), 2), layout="sparse"))
+        ),
+        fragments=lambda w, o: (f"rank {o}: expected a dense (torch.strided)", "sparse_coo"),
+    ),
+    Misuse(
+        name="meta-device",
+        summary="one rank passes a tensor on the meta device",
+        error=vargather.InputTypeError,
+        build=lambda w, o: _scenario(
+            w, o, _plain, lambda r: Call(TensorSpec((_size(r), 2), device="meta"))
+        ),
+        fragments=lambda w, o: (f"rank {o}: expected a tensor on a device", "got a meta tensor"),
+    ),
+    Misuse(
+        name="requires-grad-differs-sum",
+        summary="under grad='sum' one rank needs a gradient and its peers do not",
+        error=vargather.RequiresGradMismatchError,
+        build=lambda w, o: _scenario(
+            w,
+            o,
+            lambda r: Call(TensorSpec((_size(r), 2), "float64"), grad="sum"),
+            lambda r: Call(TensorSpec((_size(r), 2), "float64", requires_grad=True), grad="sum"),
+        ),
+        fragments=lambda w, o: ("requires_grad", "grad='sum'", "True", "False", f"[{o}]"),
+        blamed=lambda w, o: (0, 1) if w == 2 else (o,),
+    ),
+    Misuse(
+        name="requires-grad-differs-mean",
+        summary="under grad='mean' one rank does not need a gradient and its peers do",
+        error=vargather.RequiresGradMismatchError,
+        build=lambda w, o: _scenario(
+            w,
+            o,
+            lambda r: Call(TensorSpec((_size(r), 2), "float64", requires_grad=True), grad="mean"),
+            lambda r: Call(TensorSpec((_size(r), 2), "float64"), grad="mean"),
+        ),
+        fragments=lambda w, o: ("requires_grad", "grad='mean'", "True", "False", f"[{o}]"),
+        blamed=lambda w, o: (0, 1) if w == 2 else (o,),
+    ),
+    Misuse(
+        name="grad-contract-differs",
+        summary="one rank asks for grad='local', its peers for grad='sum'",
+        error=vargather.ArgumentMismatchError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, grad="local")),
+        fragments=lambda w, o: ("gradient contract", "'sum'", "'local'", f"rank(s) [{o}]"),
+    ),
+    Misuse(
+        name="grad-contract-unknown",
+        summary="one rank passes an unknown gradient contract",
+        error=vargather.ArgumentError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, grad="avg")),
+        fragments=lambda w, o: (f"rank {o}: grad must be one of 'sum', 'local', 'mean'", "'avg'"),
+    ),
+    Misuse(
+        name="transport-differs",
+        summary="one rank forces another transport",
+        error=vargather.ArgumentMismatchError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, transport="padded")),
+        fragments=lambda w, o: ("transport differs", "'auto'", "'padded'", f"rank(s) [{o}]"),
+    ),
+    Misuse(
+        name="transport-unknown",
+        summary="one rank passes an unknown transport",
+        error=vargather.ArgumentError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, transport="ring")),
+        fragments=lambda w, o: (f"rank {o}: transport must be one of", "'ring'"),
+    ),
+    Misuse(
+        name="validate-not-a-bool",
+        summary="one rank passes validate='yes'",
+        error=vargather.ArgumentError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, validate="yes")),
+        fragments=lambda w, o: (f"rank {o}: validate must be a bool, got str 'yes'",),
+    ),
+    Misuse(
+        name="timeout-invalid",
+        summary="one rank passes a negative timeout",
+        error=vargather.ArgumentError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, timeout=-1.0)),
+        fragments=lambda w, o: (f"rank {o}: timeout must be None, or a positive", "-1.0"),
+    ),
+)
+"""Every misuse class, each raised as the same error on every rank."""
+
+
+def misuse_by_name(name: str) -> Misuse:
+    for m in CATALOGUE:
+        if m.name == name:
+            return m
+    raise KeyError(name)
+
+
+def with_calls(scenario: Scenario, rank: int, **changes: Any) -> Scenario:
+    """``scenario`` with rank ``rank``'s call changed."""
+    calls = list(scenario.calls)
+    calls[rank] = replace(calls[rank], **changes)
+    return Scenario(tuple(calls))
+
+
+__all__ = [
+    "CATALOGUE",
+    "Call",
+    "GatherOutput",
+    "Misuse",
+    "Scenario",
+    "SizesTensor",
+    "TensorSpec",
+    "expected_of",
+    "run_call",
+    "same_bytes",
+    "valid_scenario",
+]

@@ -1,0 +1,176 @@
+"""Faults on real gloo worlds: a rank that never arrives, dies mid-call, or runs a
+backward its peers skip. The others raise a ``CollectiveError`` within the timeout,
+naming the missing rank when the arrival census knows it; the harness reports it and
+the next call gets a fresh, working world.
+
+These tests run on private pools with a short collective timeout (2 s) so that a
+fault costs seconds, mostly 2-rank worlds because each fault costs a rebuild of the
+world (seconds, spawning and importing torch). No assertion is timed: the pool's
+``call_timeout`` (60 s) turns a hang into a ``RankHung`` failure instead of a stuck
+run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+import vargather
+from vargather.testing import RankCrashed, RankPool
+
+if TYPE_CHECKING:
+    import _misuse_fns as fns
+else:  # a sibling module, whether or not tests/ is a package (its name is what the ranks import)
+    fns = importlib.import_module(f"{__package__}._misuse_fns" if __package__ else "_misuse_fns")
+
+pytestmark = pytest.mark.multirank
+
+TIMEOUT = 2.0
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[RankPool]:
+    with RankPool(2, collective_timeout=TIMEOUT, call_timeout=60.0) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def pool3() -> Iterator[RankPool]:
+    with RankPool(3, collective_timeout=TIMEOUT, call_timeout=60.0) as p:
+        yield p
+
+
+def ragged(world_size: int = 2, **call: object) -> fns.Scenario:
+    """A valid ragged gather (sizes 2, 0, 3, ...) of float64 rows."""
+    return fns.Scenario(
+        tuple(
+            fns.Call(fns.TensorSpec((fns._size(r), 2), "float64"), **call)  # type: ignore[arg-type]
+            for r in range(world_size)
+        )
+    )
+
+
+def assert_recovers(pool: RankPool) -> None:
+    """The harness rebuilds the world and the next gather is right."""
+    before = pool.generation
+    scenario = fns.valid_scenario(pool.world_size)
+    results = pool.run(fns.run_call, scenario)
+    assert pool.generation == before + 1, "the out-of-step world was not rebuilt"
+    want, grads = fns.expected_of(scenario)
+    for r, got in enumerate(results):
+        assert fns.same_bytes(got.output, want)
+        want_grad = grads[r]
+        assert got.grad is not None
+        assert want_grad is not None
+        assert fns.same_bytes(got.grad, want_grad)
+
+
+@pytest.mark.parametrize(("world_size", "absent"), [(2, 0), (3, 1)])
+def test_a_rank_that_never_arrives_is_named_by_the_others(
+    request: pytest.FixtureRequest, world_size: int, absent: int
+) -> None:
+    pool: RankPool = request.getfixturevalue("pool" if world_size == 2 else "pool3")
+    outcomes = pool.run_outcomes(fns.skip_call_on, (absent, ragged(world_size)))
+    assert outcomes[absent].ok
+    assert outcomes[absent].value is None
+    for o in outcomes:
+        if o.rank == absent:
+            continue
+        error = o.exception
+        assert type(error) is vargather.CollectiveTimeoutError, o.traceback
+        message = str(error)
+        assert f"rank(s) [{absent}] never arrived at this collective" in message
+        assert "all_gather (metadata exchange)" in message
+        assert f"within {TIMEOUT:g} s (the group's timeout)" in message
+        assert "destroy it and create a new one" in message
+        assert error.ranks == (absent,)
+    assert_recovers(pool)
+
+
+def test_a_rank_that_leaves_after_the_exchange_is_named(pool: RankPool) -> None:
+    """Rank 1 runs only the metadata exchange: rank 0 waits for it in the payload
+    collective, and the census says where rank 1 was last seen."""
+    outcomes = pool.run_outcomes(fns.layout_only_on, (1, ragged()))
+    assert outcomes[1].ok
+    assert outcomes[1].value == (2, 0)
+    for r in (0,):
+        error = outcomes[r].exception
+        assert type(error) is vargather.CollectiveTimeoutError, outcomes[r].traceback
+        message = str(error)
+        assert "all_to_all on rank" in message
+        assert "rank(s) [1] never arrived at this collective" in message
+        assert "rank 1 is at #" in message
+        assert error.ranks == (1,)
+    assert_recovers(pool)
+
+
+def test_a_rank_killed_mid_call_is_reported_and_the_world_recovers(pool: RankPool) -> None:
+    """Rank 1 is SIGKILLed inside all_gather_v, between the metadata exchange and the
+    payload collective rank 0 is already in. Rank 0 sees gloo's closed connection as
+    ``PeerLostError`` at once; the pool reports the dead rank and rebuilds."""
+    with pytest.raises(RankCrashed) as info:
+        pool.run(fns.kill_between_exchange_and_payload, (1, ragged()))
+    assert info.value.ranks == (1,)
+    assert info.value.exitcodes[1] == -9
+    report = str(info.value)
+    for r in (0,):
+        section = report.split(f"--- rank {r} raised:", 1)
+        assert len(section) == 2, f"rank {r}'s error is not in the report:\n{report}"
+        assert "vargather.PeerLostError" in section[1] or (
+            "vargather.CollectiveTimeoutError" in section[1]
+        ), report
+    assert_recovers(pool)
+
+
+def test_a_backward_that_the_peers_skip_times_out(pool: RankPool) -> None:
+    """Under grad="sum" the backward is a reduce-scatter. Rank 0 runs it, its peers do
+    not (nothing in the forward can know): rank 0 raises ``CollectiveTimeoutError``
+    through autograd, naming the ranks that never arrived, instead of waiting forever."""
+    scenario = fns.Scenario(
+        tuple(
+            fns.Call(fns.TensorSpec((fns._size(r), 2), "float64", requires_grad=True))
+            for r in range(2)
+        )
+    )
+    outcomes = pool.run_outcomes(fns.backward_on_one_rank, (0, scenario))
+    assert [o.ok for o in outcomes] == [False, True]
+    error = outcomes[0].exception
+    assert type(error) is vargather.CollectiveTimeoutError, outcomes[0].traceback
+    assert "rank(s) [1] never arrived at this collective" in str(error)
+    assert "all_to_all" in str(error) or "reduce_scatter" in str(error)
+    assert error.ranks == (1,)
+    assert_recovers(pool)
+
+
+def test_a_lie_under_validate_false_raises_alone_and_the_peers_time_out(pool: RankPool) -> None:
+    """``validate=False`` skips the exchange, so a rank whose sizes contradict its own
+    tensor raises on its own; its peers wait for it and name it."""
+    scenario = fns.with_calls(ragged(sizes=[2, 0], validate=False), 1, sizes=[2, 5])
+    outcomes = pool.run_outcomes(fns.run_call, scenario)
+    liar = outcomes[1].exception
+    assert type(liar) is vargather.SizesError, outcomes[1].traceback
+    assert "validate=False: raised on this rank only" in str(liar)
+    assert "expected sizes[1] == 0 (its tensor's size along dim 0), got sizes[1] = 5" in str(liar)
+    for r in (0,):
+        error = outcomes[r].exception
+        assert type(error) is vargather.CollectiveTimeoutError, outcomes[r].traceback
+        assert "rank(s) [1] never arrived at this collective" in str(error)
+    assert_recovers(pool)
+
+
+def test_a_per_call_timeout_replaces_the_groups_for_that_call(pool: RankPool) -> None:
+    outcomes = pool.run_outcomes(fns.skip_call_on, (1, ragged(timeout=1.0)))
+    for r in (0,):
+        error = outcomes[r].exception
+        assert type(error) is vargather.CollectiveTimeoutError, outcomes[r].traceback
+        assert "within 1 s (this call's timeout)" in str(error)
+        assert error.ranks == (1,)
+    assert_recovers(pool)
+    # A call that succeeds under its own timeout leaves the group's timeout as it was.
+    results = pool.run(fns.run_call, ragged(timeout=1.5))
+    want, _ = fns.expected_of(ragged())
+    assert all(fns.same_bytes(got.output, want) for got in results)
+    assert pool.run(fns.group_timeout_seconds, None) == [TIMEOUT] * 2

@@ -1,0 +1,267 @@
+"""The misuse catalogue on real gloo worlds: every rank raises the same error.
+
+For every entry of ``_misuse_fns.CATALOGUE``, on 2 and 3 ranks and with the offender on
+every rank: every rank raises exactly the catalogued ``VarGatherError`` subclass with
+the same message, naming the offending rank(s), the expected and the got value; no rank
+returns data, aborts or hangs; and afterwards the *same* process group (the pool was
+not rebuilt) performs a correct gather, checked against the oracle bit for bit.
+
+The cases that are not "every rank raises" are here too, each stating why: a rank that
+is not a member of the group it passes, a group passed without torch.distributed, and
+sizes that lie about a peer under ``validate=False`` (not detectable without the
+exchange that ``validate=True`` runs). The timeouts are in ``test_faults.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import vargather
+from vargather import oracle
+from vargather.testing import RankOutcome, RankPool, get_pool
+
+if TYPE_CHECKING:
+    import _misuse_fns as fns
+else:  # a sibling module, whether or not tests/ is a package (its name is what the ranks import)
+    fns = importlib.import_module(f"{__package__}._misuse_fns" if __package__ else "_misuse_fns")
+
+pytestmark = pytest.mark.multirank
+
+CASES = [
+    pytest.param(m, w, o, id=f"{m.name}-W{w}" + ("" if m.all_ranks else f"-offender{o}"))
+    for m in fns.CATALOGUE
+    for w in (2, 3)
+    for o in ([0] if m.all_ranks else range(w))
+]
+
+
+def assert_same_error(
+    outcomes: Sequence[RankOutcome[Any]],
+    error: type[vargather.VarGatherError],
+    fragments: Sequence[str],
+    blamed: Sequence[int],
+) -> str:
+    """Every rank raised exactly ``error`` with one message holding ``fragments``."""
+    assert [o.ok for o in outcomes] == [False] * len(outcomes), "a rank returned data"
+    assert all(o.value is None for o in outcomes)
+    messages = {str(o.exception) for o in outcomes}
+    assert len(messages) == 1, f"ranks raised different messages: {messages}"
+    (message,) = messages
+    for o in outcomes:
+        assert type(o.exception) is error, f"rank {o.rank}: {o.exc_type_name}: {o.exception}"
+        assert isinstance(o.exception, vargather.VarGatherError)
+        assert o.exception.ranks == tuple(blamed), (o.exception.ranks, message)
+    missing = [f for f in fragments if f not in message]
+    assert not missing, f"{missing} not in the message: {message}"
+    for r in blamed:
+        assert f"rank {r}" in message or f"[{r}" in message or f" {r}]" in message, message
+    return message
+
+
+def assert_usable(pool: RankPool, generation: int, seed: int = 7) -> None:
+    """The same world (no rebuild) still gathers correctly, gradients included."""
+    scenario = fns.valid_scenario(pool.world_size, seed=seed)
+    results = pool.run(fns.run_call, scenario)
+    assert pool.generation == generation, "the pool had to rebuild its process group"
+    want, grads = fns.expected_of(scenario)
+    for r, got in enumerate(results):
+        assert fns.same_bytes(got.output, want), f"rank {r}: {got.output} != {want}"
+        assert got.grad is not None
+        want_grad = grads[r]
+        assert want_grad is not None
+        assert fns.same_bytes(got.grad, want_grad), f"rank {r}: {got.grad} != {want_grad}"
+
+
+@pytest.mark.parametrize(("misuse", "world_size", "offender"), CASES)
+def test_misuse_raises_the_same_error_on_every_rank(
+    misuse: fns.Misuse, world_size: int, offender: int
+) -> None:
+    pool = get_pool(world_size)
+    generation = pool.generation
+    outcomes = pool.run_outcomes(fns.run_call, misuse.build(world_size, offender))
+    assert_same_error(
+        outcomes,
+        misuse.error,
+        misuse.fragments(world_size, offender),
+        misuse.blamed_ranks(world_size, offender),
+    )
+    assert_usable(pool, generation)
+
+
+def test_the_catalogue_is_what_the_docs_count() -> None:
+    names = [m.name for m in fns.CATALOGUE]
+    assert len(names) == len(set(names))
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "misuse.md")) as f:
+        doc = f.read()
+    assert f"**{len(fns.CATALOGUE)} misuse classes** on every rank" in doc
+    for name in names:
+        assert f"`{name}`" in doc, f"{name} is not in docs/misuse.md"
+
+
+def test_every_error_class_of_the_catalogue_subclasses_a_builtin() -> None:
+    builtins = (TypeError, ValueError, IndexError)
+    for m in fns.CATALOGUE:
+        assert issubclass(m.error, vargather.VarGatherError)
+        assert issubclass(m.error, builtins), m.error
+        assert m.error.__module__ == "vargather"
+
+
+# --- the cases that are not "every rank raises" -------------------------------------
+
+
+def test_requires_grad_may_differ_under_the_local_contract() -> None:
+    """``local`` has no collective in its backward: ranks may disagree, and each gets
+    the gradient of its own slice."""
+    pool = get_pool(3)
+    calls = tuple(
+        fns.Call(
+            fns.TensorSpec((fns._size(r), 2), "float64", requires_grad=r != 1),
+            grad="local",
+            backward=r != 1,
+        )
+        for r in range(3)
+    )
+    results = pool.run(fns.run_call, fns.Scenario(calls))
+    shards = [fns.TensorSpec((fns._size(r), 2), "float64").build(r) for r in range(3)]
+    want = oracle.expected_output(shards, 0)
+    ups = [fns.upstream_for(want.shape, "float64", r) for r in range(3)]
+    grads = oracle.expected_input_grads(shards, ups, 0, "local")
+    for r, got in enumerate(results):
+        assert fns.same_bytes(got.output, want)
+        if r == 1:
+            assert got.grad is None
+        else:
+            assert got.grad is not None
+            assert fns.same_bytes(got.grad, grads[r])
+
+
+def test_integer_tensors_cannot_require_grad_and_gather_without_autograd() -> None:
+    """torch itself refuses ``requires_grad`` on an integer tensor, before vargather is
+    involved; an integer gather under a communicating contract simply has no graph."""
+    with pytest.raises(RuntimeError, match="floating point"):
+        torch.zeros(2, dtype=torch.int64).requires_grad_(True)
+    pool = get_pool(2)
+    calls = tuple(fns.Call(fns.TensorSpec((fns._size(r), 2), "int64"), grad="mean") for r in (0, 1))
+    results = pool.run(fns.run_call, fns.Scenario(calls))
+    want, _ = fns.expected_of(fns.Scenario(calls))
+    for got in results:
+        assert fns.same_bytes(got.output, want)
+        assert not got.output.requires_grad
+
+
+def test_a_non_member_raises_alone_and_the_members_gather() -> None:
+    """Rank 2 passes the group of ranks [0, 1], which it is not in (torch hands it
+    ``GroupMember.NON_GROUP_MEMBER``). It raises ``GroupError`` on its own: a group's
+    collectives involve its members only, so the members cannot learn of the mistake
+    (telling them would need a collective on a group that contains rank 2) and are
+    not affected by it. They gather among themselves and get the correct result."""
+    pool = get_pool(3)
+    generation = pool.generation
+    calls = tuple(
+        fns.Call(fns.TensorSpec((fns._size(r), 2), "float32"), group=(0, 1)) for r in range(3)
+    )
+    outcomes = pool.run_outcomes(fns.run_call, fns.Scenario(calls))
+    assert [o.ok for o in outcomes] == [True, True, False]
+    error = outcomes[2].exception
+    assert type(error) is vargather.GroupError
+    assert "global rank 2 is not a member of the process group it passed" in str(error)
+    assert "expected a group containing this rank" in str(error)
+    assert "NON_GROUP_MEMBER" in str(error)
+    assert error.ranks == (2,)
+    shards = [fns.TensorSpec((fns._size(r), 2)).build(r) for r in (0, 1)]
+    want = oracle.expected_output(shards, 0)
+    for o in outcomes[:2]:
+        assert o.value is not None
+        assert fns.same_bytes(o.value.output, want)
+        assert o.value.layout_sizes == (fns._size(0), fns._size(1))
+    assert_usable(pool, generation)
+
+
+def test_a_destroyed_group_is_refused_on_every_rank() -> None:
+    pool = get_pool(2)
+    generation = pool.generation
+    outcomes = pool.run_outcomes(fns.destroyed_subgroup, (2, 3))
+    assert [type(o.exception) for o in outcomes] == [vargather.GroupError] * 2
+    for o in outcomes:
+        assert f"global rank {o.rank} cannot use the process group it passed" in str(o.exception)
+        assert "is not registered" in str(o.exception)
+    assert_usable(pool, generation)
+
+
+def test_something_else_than_a_group_is_refused_on_every_rank() -> None:
+    pool = get_pool(2)
+    generation = pool.generation
+    outcomes = pool.run_outcomes(fns.run_with_group_object, "world")
+    assert [type(o.exception) for o in outcomes] == [vargather.GroupError] * 2
+    for o in outcomes:
+        message = str(o.exception)
+        assert "group must be a torch.distributed.ProcessGroup or None, got str" in message
+        assert f"on global rank {o.rank}" in message
+    assert_usable(pool, generation)
+
+
+def test_a_group_without_torch_distributed_is_refused() -> None:
+    """In this (pytest) process torch.distributed is not initialized."""
+    assert not dist.is_initialized()
+    with pytest.raises(vargather.GroupError) as info:
+        vargather.all_gather_v(torch.zeros(2), group=object())  # type: ignore[arg-type]
+    assert "a process group was passed but torch.distributed is not initialized" in str(info.value)
+    assert "got object" in str(info.value)
+
+
+def test_a_group_from_a_destroyed_world_is_refused() -> None:
+    """The group outlived ``destroy_process_group``: torch.distributed is no longer
+    initialized, so vargather refuses it (a one-process world, in this process)."""
+    assert not dist.is_initialized()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = dist.FileStore(os.path.join(tmp, "store"), 1)  # type: ignore[attr-defined]  # public, re-exported without "as"
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            group = dist.new_group([0])
+        finally:
+            dist.destroy_process_group()
+    with pytest.raises(vargather.GroupError, match=r"torch\.distributed is not initialized"):
+        vargather.all_gather_v(torch.zeros(2), group=group)
+
+
+def test_sizes_that_lie_about_a_peer_go_undetected_without_validation() -> None:
+    """The documented limit of ``validate=False``: a rank's sizes are checked only
+    against its own tensor, so a lie about a peer is not seen. Here rank 0 claims rank
+    1 has 1 row (it has 0); both ranks send equal padded blocks, nothing fails, and
+    rank 0 silently gets a wrong result. ``validate=True`` (the default) catches the
+    same call on every rank."""
+    pool = get_pool(2)
+    generation = pool.generation
+    sizes = [[2, 1], [2, 0]]
+    calls = tuple(
+        fns.Call(fns.TensorSpec((2 - 2 * r, 2)), sizes=sizes[r], transport="padded", validate=False)
+        for r in (0, 1)
+    )
+    results = pool.run(fns.run_call, fns.Scenario(calls))
+    want = oracle.expected_output([c.x.build(r) for r, c in enumerate(calls)], 0)  # type: ignore[attr-defined]
+    assert results[0].layout_sizes == (2, 1)
+    assert not fns.same_bytes(results[0].output, want), "the lie was not silent after all"
+    assert fns.same_bytes(results[1].output, want)
+    validated = tuple(
+        fns.Call(fns.TensorSpec((2 - 2 * r, 2)), sizes=sizes[r], transport="padded") for r in (0, 1)
+    )
+    outcomes = pool.run_outcomes(fns.run_call, fns.Scenario(validated))
+    assert_same_error(
+        outcomes,
+        vargather.SizesMismatchError,
+        ("expected sizes=[2, 0]", "rank 0 passed sizes=[2, 1]"),
+        (0,),
+    )
+    assert_usable(pool, generation)
+
+
+def test_metadata_of_a_non_tensor_stays_on_the_cpu_under_gloo() -> None:
+    assert get_pool(2).run(fns.metadata_device, None) == ["cpu", "cpu"]
