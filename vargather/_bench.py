@@ -1,0 +1,1093 @@
+"""``python -m vargather bench``: time vargather against the seed and torch's collectives.
+
+Not a stage of the gather pipeline: it measures the pipeline. It spawns a local gloo
+world per world size (``FileStore`` rendezvous in a temporary directory, no ports; one
+intra-op thread per rank) and, for every payload size and size profile, times the
+forward and the backward of each variant in the same run:
+
+forward
+    ``limit``: ``all_gather_single`` (``all_gather_into_tensor``) of equal shards moving
+    the same total bytes, the practical limit every ratio is relative to;
+    ``vargather:<transport>`` for ``auto`` and each transport gloo can run, and
+    ``vargather:auto+sizes`` (sizes passed, ``validate=False``: no metadata exchange);
+    ``seed``: the seed ``distributed.py``'s algorithm, re-implemented here (a size
+    all_gather, pad to the max, list all_gather, ``cat``, mask, ``index_select``);
+    ``all_gather_object``: pickle every shard to every rank, then ``cat``.
+backward
+    ``limit``: ``reduce_scatter_single`` (``reduce_scatter_tensor``) of equal blocks of
+    the same bytes; ``vargather:<transport>`` under ``grad="sum"``; ``all_reduce``:
+    the naive exact backward (all-reduce the whole gradient, keep one block). The
+    seed and ``all_gather_object`` have no summing backward (the seed's is the
+    ``local`` contract, which communicates nothing), so they have no backward row.
+
+Each repeat times every variant once, in a rotated order, each after a barrier; a
+variant's time is the slowest rank's. Its ratio is its time over the limit's time in
+the same repeat, and the table reports the median ratio over the repeats. Absolute
+times are only in the JSON.
+
+Every variant is checked, not just timed: the output of its warm-up call and of its
+last timed call is compared bit for bit with ``cat`` of the shards (regenerated block
+by block from their deterministic formula), and every backward's input gradient with
+``Σ_j g_j[block]``. Shard and gradient values are small integers, so every sum is exact
+in any order. A variant that fails its check is reported as such and fails the run.
+
+Peak extra memory: one more untimed call per variant, during which each rank's peak
+resident set size is tracked by the kernel (``VmHWM`` in ``/proc/self/status``, reset
+through ``/proc/self/clear_refs``); the peak minus the resident size just before the
+call, the largest over ranks, divided by the output's bytes. It counts everything the
+call touches, the output itself and buffers inside torch.distributed and gloo
+included, and nothing it only reserves. Rank processes run with
+``MALLOC_MMAP_THRESHOLD_=65536`` so glibc returns freed buffers to the system at once
+instead of recycling them invisibly. Linux only; elsewhere the memory columns are empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import math
+import multiprocessing
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, Final
+
+__all__ = [
+    "PROFILES",
+    "SCHEMA",
+    "BenchConfig",
+    "floor_ratio",
+    "main",
+    "profile_shares",
+    "split_rows",
+]
+
+SCHEMA: Final = "vargather-bench/1"
+PROFILES: Final = ("even", "mild", "heavy", "empty")
+ROW_ELEMENTS: Final = 256  # float32 elements per row: 1 KiB rows
+FORWARD_TRANSPORTS: Final = ("auto", "padded", "alltoallv", "broadcast")
+_MALLOC_ENV: Final = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+KNOWN_SIZES_VARIANT: Final = "vargather:auto+sizes"
+"""``auto`` with the sizes passed and ``validate=False``: no metadata exchange."""
+
+
+# --- profiles -------------------------------------------------------------------------------
+
+
+def profile_shares(profile: str, world_size: int) -> tuple[float, ...]:
+    """Each rank's share of the gathered rows (they sum to 1).
+
+    ``even``: equal; ``mild``: 1 to 1.75 in equal steps (1, 1.25, 1.5, 1.75 at 4 ranks);
+    ``heavy``: one rank 20x every other (.87/.043/.043/.043 at 4 ranks); ``empty``:
+    every other rank has nothing (1, 0, 1, 0).
+    """
+    w = world_size
+    if profile == "even":
+        weights = [1.0] * w
+    elif profile == "mild":
+        weights = [1.0 + 0.75 * r / max(w - 1, 1) for r in range(w)]
+    elif profile == "heavy":
+        weights = [1.0] + [0.05] * (w - 1)
+    elif profile == "empty":
+        weights = [1.0 if r % 2 == 0 else 0.0 for r in range(w)]
+    else:
+        raise ValueError(f"unknown profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    total = sum(weights)
+    return tuple(x / total for x in weights)
+
+
+def split_rows(total_rows: int, shares: Sequence[float]) -> list[int]:
+    """``total_rows`` split by ``shares``, largest remainder first; sums to ``total_rows``."""
+    exact = [total_rows * s for s in shares]
+    rows = [math.floor(e) for e in exact]
+    order = sorted(range(len(shares)), key=lambda r: (rows[r] - exact[r], r))
+    for r in order[: total_rows - sum(rows)]:
+        rows[r] += 1
+    return rows
+
+
+def floor_ratio(shares: Sequence[float]) -> float:
+    """The least ratio to the limit a ragged gather can reach: the rank with the
+    smallest share must receive ``1 - s_min`` of the bytes, the limit's ranks
+    ``1 - 1/W``."""
+    w = len(shares)
+    return (1.0 - min(shares)) / (1.0 - 1.0 / w) if w > 1 else 1.0
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    ranks: tuple[int, ...] = (2, 4)
+    sizes_mb: tuple[float, ...] = (1.0, 4.0, 16.0, 41.0, 64.0)
+    profiles: tuple[str, ...] = PROFILES
+    repeats: int = 7
+    warmup: int = 1
+    memory: bool = True
+    timeout_s: float = 300.0
+    variants: tuple[str, ...] | None = None  # None: all
+
+
+def _csv(kind: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            values = tuple(kind(v) for v in text.split(",") if v.strip())
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
+        if not values:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        return values
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m vargather bench",
+        description=(
+            "Time vargather's ragged all_gather (forward and backward) against the seed's "
+            "algorithm, all_gather_object and the equal-size collectives of the same "
+            "bytes, on a local gloo world. Reports median ratios to the equal-size limit "
+            "and peak extra memory; every variant's result is checked."
+        ),
+    )
+    p.add_argument("--ranks", type=_csv(int), default=None, help="world sizes (default 2,4)")
+    p.add_argument(
+        "--sizes",
+        type=_csv(float),
+        default=None,
+        help="gathered payloads in MB (default 1,4,16,41,64)",
+    )
+    p.add_argument(
+        "--profiles",
+        type=_csv(str),
+        default=None,
+        help=f"size profiles (default {','.join(PROFILES)})",
+    )
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats (default 7)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 1)")
+    p.add_argument(
+        "--variants",
+        type=_csv(str),
+        default=None,
+        help="only these variants (the limit always runs), e.g. seed,vargather:auto",
+    )
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory calls")
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="collective timeout in seconds (300)"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run of about a minute: 2 ranks, 1 MB, even and heavy, 3 repeats "
+        "(explicit options still apply)",
+    )
+    p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
+    p.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress display")
+    return p
+
+
+def _config(args: argparse.Namespace) -> BenchConfig:
+    quick = bool(args.quick)
+    cfg = BenchConfig(
+        ranks=args.ranks or ((2,) if quick else (2, 4)),
+        sizes_mb=args.sizes or ((1.0,) if quick else BenchConfig.sizes_mb),
+        profiles=args.profiles or (("even", "heavy") if quick else PROFILES),
+        repeats=args.repeats if args.repeats is not None else (3 if quick else 7),
+        warmup=args.warmup if args.warmup is not None else 1,
+        memory=not args.no_memory,
+        timeout_s=args.timeout,
+        variants=args.variants,
+    )
+    for w in cfg.ranks:
+        if w < 2:
+            raise ValueError(f"--ranks: every world size must be >= 2, got {w}")
+    for mb in cfg.sizes_mb:
+        if not mb > 0:
+            raise ValueError(f"--sizes: payloads must be > 0 MB, got {mb}")
+    for prof in cfg.profiles:
+        profile_shares(prof, 2)  # raises on an unknown name
+    if cfg.repeats < 1 or cfg.warmup < 0:
+        raise ValueError("--repeats must be >= 1 and --warmup >= 0")
+    if cfg.variants is not None:
+        known = set(_forward_names()) | set(_backward_names())
+        unknown = [v for v in cfg.variants if v not in known]
+        if unknown:
+            raise ValueError(
+                f"--variants: unknown {unknown}; expected some of {', '.join(sorted(known))}"
+            )
+    return cfg
+
+
+def _forward_names() -> list[str]:
+    return [
+        "limit",
+        *(f"vargather:{t}" for t in FORWARD_TRANSPORTS),
+        KNOWN_SIZES_VARIANT,
+        "seed",
+        "all_gather_object",
+    ]
+
+
+def _backward_names() -> list[str]:
+    return ["limit", *(f"vargather:{t}" for t in FORWARD_TRANSPORTS), "all_reduce"]
+
+
+# --- memory --------------------------------------------------------------------------------------
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            text = f.read()
+    except OSError:
+        return None
+    match = re.search(rf"^{key}:\s+(\d+) kB", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _peak_meter() -> Iterator[list[int | None]]:
+    """Yields a one-element list that holds, after the block, the peak resident growth
+    (bytes) during the block, or ``None`` when the kernel cannot say."""
+    result: list[int | None] = [None]
+    gc.collect()
+    ok = _reset_peak()
+    base = _status_kb("VmRSS")
+    try:
+        yield result
+    finally:
+        peak = _status_kb("VmHWM")
+        if ok and base is not None and peak is not None:
+            result[0] = max(0, peak - base) * 1024
+
+
+# --- the rank side ---------------------------------------------------------------------------------
+
+
+def _pattern(start: int, count: int, a: int, b: int, modulus: int) -> Any:
+    """``(i * a + b) % modulus - modulus // 2`` for ``i`` in ``[start, start + count)``,
+    as float32: small integers, so sums are exact."""
+    import torch
+
+    i = torch.arange(start, start + count, dtype=torch.int64)
+    return ((i * a + b) % modulus - modulus // 2).to(torch.float32)
+
+
+def _shard(rank: int, rows: int) -> Any:
+    return _pattern(0, rows * ROW_ELEMENTS, 7, 13 * rank, 23).view(rows, ROW_ELEMENTS)
+
+
+def _upstream_rows(rank: int, first_row: int, rows: int) -> Any:
+    """Rows ``[first_row, first_row + rows)`` of rank ``rank``'s upstream gradient."""
+    start = first_row * ROW_ELEMENTS
+    return _pattern(start, rows * ROW_ELEMENTS, 5, 11 * rank, 19).view(rows, ROW_ELEMENTS)
+
+
+def _same(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    )
+
+
+@dataclass
+class _Cell:
+    """One (world size, payload, profile) on one rank."""
+
+    rank: int
+    world_size: int
+    sizes: list[int]
+    offsets: list[int]
+    total: int
+    eq_rows: int  # rows per rank of the equal-size limit
+
+    @property
+    def rows(self) -> int:
+        return self.sizes[self.rank]
+
+
+def _check_output(cell: _Cell, out: Any) -> bool:
+    if tuple(out.shape) != (cell.total, ROW_ELEMENTS):
+        return False
+    for r in range(cell.world_size):
+        o, n = cell.offsets[r], cell.sizes[r]
+        if not _same(out[o : o + n], _shard(r, n)):
+            return False
+    return True
+
+
+def _expected_grad(cell: _Cell, first_row: int, rows: int) -> Any:
+    total = _upstream_rows(0, first_row, rows)
+    for j in range(1, cell.world_size):
+        total = total + _upstream_rows(j, first_row, rows)
+    return total
+
+
+@dataclass
+class _Variant:
+    """How to run, check and measure one variant on a rank.
+
+    ``prepare()`` builds the untimed state (fresh each call); ``run(state)`` is the timed
+    part and returns what ``check(result)`` verifies.
+    """
+
+    name: str
+    prepare: Callable[[], Any]
+    run: Callable[[Any], Any]
+    check: Callable[[Any], bool]
+
+
+def _forward_variants(cell: _Cell) -> list[_Variant]:
+    import torch
+    import torch.distributed as dist
+    from torch.nn import functional
+
+    import vargather
+
+    x = _shard(cell.rank, cell.rows)
+    eq_x = _shard(cell.rank, cell.eq_rows)
+    eq_cell = _Cell(
+        cell.rank,
+        cell.world_size,
+        [cell.eq_rows] * cell.world_size,
+        [r * cell.eq_rows for r in range(cell.world_size)],
+        cell.eq_rows * cell.world_size,
+        cell.eq_rows,
+    )
+    gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+    def limit(_: Any) -> Any:
+        out = eq_x.new_empty((eq_cell.total, ROW_ELEMENTS))
+        gather_single(out, eq_x)
+        return out
+
+    def vargather_run(transport: str) -> Callable[[Any], Any]:
+        def run(_: Any) -> Any:
+            return vargather.all_gather_v(x, 0, transport=transport)  # type: ignore[arg-type]  # a str from FORWARD_TRANSPORTS
+
+        return run
+
+    def vargather_known(_: Any) -> Any:
+        return vargather.all_gather_v(x, 0, sizes=cell.sizes, validate=False)
+
+    def seed(_: Any) -> Any:
+        # The seed's all_gather_variable_dim, step by step (dim 0, sizes unknown).
+        world = dist.get_world_size()
+        size = torch.tensor(x.shape[0], dtype=torch.long)
+        sizes_list = [torch.empty_like(size) for _ in range(world)]
+        dist.all_gather(sizes_list, size)
+        sizes = torch.stack(sizes_list)
+        max_size = int(sizes.amax().item())
+        padded = functional.pad(x, (0, 0, 0, max_size - x.shape[0]))
+        gathered_list = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(gathered_list, padded)
+        gathered = torch.cat(gathered_list, dim=0)
+        seq = torch.arange(max_size)
+        mask = (seq[None, :] < sizes[:, None]).reshape(-1)
+        indices = torch.arange(mask.shape[-1])[mask]
+        return gathered.index_select(0, indices)
+
+    def gather_object(_: Any) -> Any:
+        objects: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(objects, x)
+        return torch.cat(objects, dim=0)
+
+    variants = [_Variant("limit", lambda: None, limit, lambda out: _check_output(eq_cell, out))]
+    variants += [
+        _Variant(
+            f"vargather:{t}",
+            lambda: None,
+            vargather_run(t),
+            lambda out: _check_output(cell, out),
+        )
+        for t in FORWARD_TRANSPORTS
+    ]
+    variants.append(
+        _Variant(
+            KNOWN_SIZES_VARIANT,
+            lambda: None,
+            vargather_known,
+            lambda out: _check_output(cell, out),
+        )
+    )
+    variants.append(_Variant("seed", lambda: None, seed, lambda out: _check_output(cell, out)))
+    variants.append(
+        _Variant(
+            "all_gather_object", lambda: None, gather_object, lambda out: _check_output(cell, out)
+        )
+    )
+    return variants
+
+
+def _backward_variants(cell: _Cell) -> list[_Variant]:
+    import torch
+    import torch.distributed as dist
+
+    import vargather
+
+    reduce_scatter_single = (
+        getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    )
+    upstream = _upstream_rows(cell.rank, 0, cell.total)
+    eq_upstream = _upstream_rows(cell.rank, 0, cell.eq_rows * cell.world_size)
+    own = slice(cell.offsets[cell.rank], cell.offsets[cell.rank] + cell.rows)
+    want = _expected_grad(cell, cell.offsets[cell.rank], cell.rows)
+    eq_want = _expected_grad(cell, cell.rank * cell.eq_rows, cell.eq_rows)
+
+    def limit(_: Any) -> Any:
+        out = eq_upstream.new_empty((cell.eq_rows, ROW_ELEMENTS))
+        reduce_scatter_single(out, eq_upstream)
+        return out
+
+    def prepare(transport: str) -> Callable[[], Any]:
+        def make() -> Any:
+            x = _shard(cell.rank, cell.rows).requires_grad_(True)
+            out = vargather.all_gather_v(x, 0, transport=transport)  # type: ignore[arg-type]  # a str from FORWARD_TRANSPORTS
+            return x, out
+
+        return make
+
+    def backward(state: Any) -> Any:
+        x, out = state
+        torch.autograd.backward(out, upstream)
+        return x.grad
+
+    def all_reduce(_: Any) -> Any:
+        full = upstream.clone()
+        dist.all_reduce(full)
+        return full[own].clone()
+
+    variants = [_Variant("limit", lambda: None, limit, lambda g: _same(g, eq_want))]
+    variants += [
+        _Variant(f"vargather:{t}", prepare(t), backward, lambda g: _same(g, want))
+        for t in FORWARD_TRANSPORTS
+    ]
+    variants.append(_Variant("all_reduce", lambda: None, all_reduce, lambda g: _same(g, want)))
+    return variants
+
+
+def _slowest(seconds: float) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _all_true(flag: bool) -> bool:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def _largest(value: int | None) -> int | None:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([-1 if value is None else value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    if int(t.item()) < 0:  # some rank could not measure
+        return None
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _measure(
+    variants: Sequence[_Variant], cfg: BenchConfig, progress: Callable[[str], None]
+) -> dict[str, dict[str, Any]]:
+    """Warm up and check, time (rotated order), check again, then measure memory."""
+    import torch.distributed as dist
+
+    results: dict[str, dict[str, Any]] = {
+        v.name: {"times_s": [], "verified": True} for v in variants
+    }
+    for v in variants:
+        for _ in range(cfg.warmup):
+            ok = v.check(v.run(v.prepare()))
+            results[v.name]["verified"] &= _all_true(ok)
+    for k in range(cfg.repeats):
+        progress(f"repeat {k + 1}/{cfg.repeats}")
+        order = list(variants[k % len(variants) :]) + list(variants[: k % len(variants)])
+        for v in order:
+            state = v.prepare()
+            dist.barrier()
+            t0 = time.perf_counter()
+            result = v.run(state)
+            elapsed = time.perf_counter() - t0
+            results[v.name]["times_s"].append(_slowest(elapsed))
+            if k == cfg.repeats - 1:
+                results[v.name]["verified"] &= _all_true(v.check(result))
+            del result, state
+    for v in variants:
+        peak: int | None = None
+        if cfg.memory:
+            progress(f"memory {v.name}")
+            state = v.prepare()
+            dist.barrier()
+            with _peak_meter() as meter:
+                result = v.run(state)
+            del result, state
+            peak = meter[0]
+        results[v.name]["peak_extra_bytes"] = _largest(peak) if cfg.memory else None
+    limit_times = results["limit"]["times_s"]
+    for entry in results.values():
+        ratios = [t / lim for t, lim in zip(entry["times_s"], limit_times, strict=True)]
+        entry["ratios"] = ratios
+        entry["median_ratio"] = statistics.median(ratios)
+        entry["median_ms"] = statistics.median(entry["times_s"]) * 1e3
+    return results
+
+
+def _selected(variants: list[_Variant], cfg: BenchConfig) -> list[_Variant]:
+    if cfg.variants is None:
+        return variants
+    return [v for v in variants if v.name == "limit" or v.name in cfg.variants]
+
+
+def _rank_main(
+    rank: int, world_size: int, store_path: str, cfg: BenchConfig, conn: Connection | None
+) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ._layout import Layout
+    from ._transport import auto_transport_name
+
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    dist.init_process_group(
+        "gloo",
+        # FileStore is public API, but torch.distributed re-exports it without "as",
+        # which mypy's strict re-export rule does not count.
+        store=dist.FileStore(store_path, world_size),  # type: ignore[attr-defined]
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+    )
+    cells: list[dict[str, Any]] = []
+    try:
+        for mb in cfg.sizes_mb:
+            # a multiple of W, so the even profile is exactly even
+            total = world_size * max(1, round(mb * 1e6 / (ROW_ELEMENTS * 4 * world_size)))
+            for profile in cfg.profiles:
+                shares = profile_shares(profile, world_size)
+                sizes = split_rows(total, shares)
+                offsets = [sum(sizes[:r]) for r in range(world_size)]
+                cell = _Cell(rank, world_size, sizes, offsets, total, total // world_size)
+                name = f"W={world_size} {mb:g} MB {profile}"
+
+                def progress(what: str, name: str = name) -> None:
+                    if conn is not None:
+                        conn.send(("status", f"{name}: {what}"))
+
+                layout = Layout(
+                    sizes=tuple(sizes),
+                    dim=0,
+                    leading_shape=(),
+                    trailing_shape=(ROW_ELEMENTS,),
+                    dtype=torch.float32,
+                    rank=rank,
+                    world_size=world_size,
+                )
+                forward = _measure(_selected(_forward_variants(cell), cfg), cfg, progress)
+                backward = _measure(_selected(_backward_variants(cell), cfg), cfg, progress)
+                cells.append(
+                    {
+                        "world_size": world_size,
+                        "payload_mb": mb,
+                        "profile": profile,
+                        "shares": list(shares),
+                        "rows": sizes,
+                        "row_bytes": ROW_ELEMENTS * 4,
+                        "output_bytes": total * ROW_ELEMENTS * 4,
+                        "limit_bytes": cell.eq_rows * world_size * ROW_ELEMENTS * 4,
+                        "floor": floor_ratio(shares),
+                        "auto_transport": auto_transport_name(layout, "gloo"),
+                        "forward": forward,
+                        "backward": backward,
+                    }
+                )
+                if conn is not None:
+                    conn.send(("cell", name))
+        if conn is not None:
+            conn.send(("done", cells))
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank_entry(
+    rank: int, world_size: int, store_path: str, cfg: BenchConfig, conn: Connection | None
+) -> None:
+    try:
+        _rank_main(rank, world_size, store_path, cfg, conn)
+    except BaseException:
+        text = traceback.format_exc()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.send(("error", f"rank {rank}:\n{text}"))
+        sys.stderr.write(f"vargather bench, rank {rank} of {world_size} failed:\n{text}")
+        sys.stderr.flush()
+        raise SystemExit(1) from None
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+# --- the parent side -------------------------------------------------------------------------------
+
+
+class _Progress:
+    """rich progress when rich is installed and stderr is a terminal, plain lines else."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self._enabled = enabled
+        self._bar: Any = None
+        self._task: Any = None
+        self._done = 0
+        self._total = total
+        self._last_plain = 0.0
+        if enabled and sys.stderr.isatty():
+            try:
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeElapsedColumn,
+                )
+            except ImportError:
+                return
+            self._bar = Progress(
+                TextColumn("[bold]bench[/]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task("starting", total=total)
+
+    def status(self, text: str) -> None:
+        if not self._enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(self._task, description=text)
+        elif time.monotonic() - self._last_plain > 10:
+            self._last_plain = time.monotonic()
+            print(f"[bench {self._done}/{self._total}] {text}", file=sys.stderr, flush=True)
+
+    def cell_done(self, name: str) -> None:
+        self._done += 1
+        if not self._enabled:
+            return
+        if self._bar is not None:
+            self._bar.advance(self._task)
+        else:
+            self._last_plain = time.monotonic()
+            print(f"[bench {self._done}/{self._total}] done: {name}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+class BenchError(RuntimeError):
+    """A rank failed or died; the message carries its traceback."""
+
+
+def _run_world(world_size: int, cfg: BenchConfig, progress: _Progress) -> list[dict[str, Any]]:
+    ctx = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="vargather-bench-") as tmp:
+        store = os.path.join(tmp, "store")
+        parent_conn, child_conn = ctx.Pipe(duplex=False)
+        saved = {k: os.environ.get(k) for k in _MALLOC_ENV}
+        os.environ.update(_MALLOC_ENV)  # read by glibc when each rank process starts
+        procs = []
+        try:
+            for rank in range(world_size):
+                conn = child_conn if rank == 0 else None
+                p = ctx.Process(
+                    target=_rank_entry,
+                    args=(rank, world_size, store, cfg, conn),
+                    name=f"vargather-bench-rank{rank}",
+                    daemon=True,
+                )
+                p.start()
+                procs.append(p)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        child_conn.close()
+        try:
+            return _collect(parent_conn, procs, progress)
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            parent_conn.close()
+
+
+def _collect(conn: Connection, procs: Sequence[Any], progress: _Progress) -> list[dict[str, Any]]:
+    while True:
+        ready = wait([conn, *(p.sentinel for p in procs)], timeout=5.0)
+        if conn in ready:
+            try:
+                kind, value = conn.recv()
+            except EOFError:
+                raise BenchError("rank 0 closed its pipe without a result") from None
+            if kind == "status":
+                progress.status(value)
+            elif kind == "cell":
+                progress.cell_done(value)
+            elif kind == "done":
+                assert isinstance(value, list)
+                return value
+            elif kind == "error":
+                raise BenchError(str(value))
+            continue
+        dead = [p for p in procs if p.exitcode not in (None, 0)]
+        if dead:
+            codes = {p.name: p.exitcode for p in dead}
+            raise BenchError(f"rank process(es) died: {codes} (their stderr is above)")
+
+
+# --- reporting -------------------------------------------------------------------------------------
+
+
+def _fmt_ratio(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "—"
+    mark = "" if entry["verified"] else " WRONG"
+    return f"{entry['median_ratio']:.2f}x{mark}"
+
+
+def _fmt_mem(entry: dict[str, Any] | None, output_bytes: int) -> str:
+    if entry is None or entry.get("peak_extra_bytes") is None:
+        return "—"
+    return f"{entry['peak_extra_bytes'] / output_bytes:.2f}"
+
+
+def _columns(cells: Sequence[dict[str, Any]], direction: str) -> list[str]:
+    names: list[str] = []
+    for c in cells:
+        for n in c[direction]:
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def _row_label(c: dict[str, Any]) -> list[str]:
+    shares = "/".join(f"{s:.2f}" for s in c["shares"])
+    return [str(c["world_size"]), f"{c['payload_mb']:g}", f"{c['profile']} ({shares})"]
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("vargather:")
+
+
+def markdown_report(cells: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]]) -> str:
+    """The tables: forward and backward median ratios, peak extra memory, targets."""
+    parts: list[str] = []
+    for direction in ("forward", "backward"):
+        cols = _columns(cells, direction)
+        head = ["W", "MB", "profile", "floor", "auto ->", *(_short(n) for n in cols)]
+        rows = [
+            [
+                *_row_label(c),
+                f"{c['floor']:.2f}x",
+                c["auto_transport"],
+                *(_fmt_ratio(c[direction].get(n)) for n in cols),
+            ]
+            for c in cells
+        ]
+        parts.append(
+            f"**{direction}**, median of per-repeat ratios to the equal-size "
+            f"{'all_gather' if direction == 'forward' else 'reduce_scatter'} of the same bytes "
+            "(lower is better; `limit` is 1.00x by definition)\n\n" + _table(head, rows)
+        )
+    mem_rows = []
+    cols_f = _columns(cells, "forward")
+    cols_b = _columns(cells, "backward")
+    for c in cells:
+        mem_rows.append(
+            [
+                *_row_label(c),
+                *(_fmt_mem(c["forward"].get(n), c["output_bytes"]) for n in cols_f),
+                *(_fmt_mem(c["backward"].get(n), c["output_bytes"]) for n in cols_b),
+            ]
+        )
+    mem_head = [
+        "W",
+        "MB",
+        "profile",
+        *(f"fwd {_short(n)}" for n in cols_f),
+        *(f"bwd {_short(n)}" for n in cols_b),
+    ]
+    parts.append(
+        "**peak extra memory**, largest over ranks, in multiples of the output's bytes "
+        "(peak resident growth during one call; the output itself counts 1.00)\n\n"
+        + _table(mem_head, mem_rows)
+    )
+    if targets:
+        t_rows = [
+            [
+                t["target"],
+                str(t["world_size"]),
+                f"{t['payload_mb']:g}",
+                t["profile"],
+                f"{t['value']:.2f}" if t["value"] is not None else "—",
+                f"{t['op']} {t['bound']:.2f}",
+                "met" if t["met"] else "**missed**",
+            ]
+            for t in targets
+        ]
+        parts.append(
+            "**targets** (the issue's, checked per cell)\n\n"
+            + _table(["target", "W", "MB", "profile", "measured", "bound", ""], t_rows)
+        )
+    return "\n\n".join(parts) + "\n"
+
+
+def evaluate_targets(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets for ``vargather:auto``, one verdict per cell."""
+    out: list[dict[str, Any]] = []
+
+    def add(c: dict[str, Any], target: str, value: float | None, op: str, bound: float) -> None:
+        met = value is not None and (value <= bound if op == "<=" else value >= bound)
+        out.append(
+            {
+                "target": target,
+                "world_size": c["world_size"],
+                "payload_mb": c["payload_mb"],
+                "profile": c["profile"],
+                "value": value,
+                "op": op,
+                "bound": bound,
+                "met": met,
+            }
+        )
+
+    for c in cells:
+        fwd = c["forward"].get("vargather:auto")
+        bwd = c["backward"].get("vargather:auto")
+        skewed = c["profile"] not in ("even", "mild")
+        if fwd is not None:
+            bound = 1.15 * (c["floor"] if skewed else 1.0)
+            name = "forward auto / limit" + (" (<= 1.15 x floor)" if skewed else "")
+            add(c, name, fwd["median_ratio"], "<=", bound)
+            seed = c["forward"].get("seed")
+            if skewed and seed is not None:
+                add(
+                    c,
+                    "seed / auto (speed-up)",
+                    seed["median_ratio"] / fwd["median_ratio"],
+                    ">=",
+                    2.5,
+                )
+            if fwd.get("peak_extra_bytes") is not None:
+                add(
+                    c,
+                    "forward auto memory / output",
+                    fwd["peak_extra_bytes"] / c["output_bytes"],
+                    "<=",
+                    2.0,
+                )
+        if bwd is not None:
+            add(c, "backward auto / limit", bwd["median_ratio"], "<=", 1.3)
+            if bwd.get("peak_extra_bytes") is not None:
+                add(
+                    c,
+                    "backward auto memory / output",
+                    bwd["peak_extra_bytes"] / c["output_bytes"],
+                    "<=",
+                    2.0,
+                )
+    return out
+
+
+def plot(cells: Sequence[dict[str, Any]], path: str) -> None:
+    """One panel per (direction, world size) and profile: ratio to the limit vs payload."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    worlds = sorted({c["world_size"] for c in cells})
+    profiles = list(dict.fromkeys(c["profile"] for c in cells))
+    rows = [(d, w) for d in ("forward", "backward") for w in worlds]
+    fig, axes = plt.subplots(
+        len(rows),
+        len(profiles),
+        figsize=(4.2 * len(profiles), 3.2 * len(rows)),
+        squeeze=False,
+        sharex=True,
+    )
+    for i, (direction, w) in enumerate(rows):
+        for j, prof in enumerate(profiles):
+            ax = axes[i][j]
+            sel = sorted(
+                (c for c in cells if c["world_size"] == w and c["profile"] == prof),
+                key=lambda c: c["payload_mb"],
+            )
+            if not sel:
+                ax.set_visible(False)
+                continue
+            xs = [c["payload_mb"] for c in sel]
+            for name in _columns(sel, direction):
+                ys = [
+                    c[direction][name]["median_ratio"] if name in c[direction] else math.nan
+                    for c in sel
+                ]
+                style = "-" if name.startswith("vargather") else "--"
+                width = 2.5 if name == "vargather:auto" else 1.2
+                ax.plot(
+                    xs, ys, style, marker="o", markersize=3, linewidth=width, label=_short(name)
+                )
+            if direction == "forward":
+                ax.axhline(sel[0]["floor"], color="grey", linewidth=0.8, linestyle=":")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_title(f"{direction}, W={w}, {prof}", fontsize=9)
+            ax.grid(True, which="both", linewidth=0.3)
+            if j == 0:
+                ax.set_ylabel("time / limit")
+            if i == len(rows) - 1:
+                ax.set_xlabel("payload (MB)")
+    handles: dict[str, Any] = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+    fig.legend(
+        list(handles.values()),
+        list(handles.keys()),
+        loc="upper center",
+        ncol=len(handles),
+        fontsize=8,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _environment() -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    import vargather
+
+    return {
+        "torch": torch.__version__,
+        "vargather": vargather.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "backend": "gloo",
+        "threads_per_rank": 1,
+        "row_bytes": ROW_ELEMENTS * 4,
+    }
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the benchmark; 0 when every variant's results checked out, 1 if one did not
+    (or a rank failed), 2 on a usage error."""
+    parser = _parser()
+    args = parser.parse_args(list(argv))
+    try:
+        cfg = _config(args)
+    except ValueError as err:
+        parser.error(str(err))
+    total_cells = len(cfg.ranks) * len(cfg.sizes_mb) * len(cfg.profiles)
+    progress = _Progress(total_cells, enabled=not args.no_progress)
+    started = time.time()
+    cells: list[dict[str, Any]] = []
+    try:
+        for w in cfg.ranks:
+            cells += _run_world(w, cfg, progress)
+    except BenchError as err:
+        progress.close()
+        print(f"vargather bench failed: {err}", file=sys.stderr)
+        return 1
+    finally:
+        progress.close()
+    targets = evaluate_targets(cells)
+    report = markdown_report(cells, targets)
+    print(report)
+    wrong = [
+        f"{n} ({d}, W={c['world_size']}, {c['payload_mb']:g} MB, {c['profile']})"
+        for c in cells
+        for d in ("forward", "backward")
+        for n, e in c[d].items()
+        if not e["verified"]
+    ]
+    document = {
+        "schema": SCHEMA,
+        "environment": _environment(),
+        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()},
+        "elapsed_s": time.time() - started,
+        "cells": cells,
+        "targets": targets,
+        "all_verified": not wrong,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(document, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(report)
+    if args.plot:
+        try:
+            plot(cells, args.plot)
+        except ImportError:
+            print(
+                "vargather bench: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr
+            )
+            return 2
+    if wrong:
+        print("vargather bench: WRONG RESULTS from " + "; ".join(wrong), file=sys.stderr)
+        return 1
+    return 0
