@@ -18,16 +18,22 @@ Exit status: 0 every property holds (xfails failed as expected), 1 a property fa
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import importlib
 import inspect
 import json
 import os
 import platform
 import re
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, TextIO
 
@@ -64,6 +70,12 @@ MAX_WORLD_SIZE: Final = 16
 DEFAULT_MAX_EXAMPLES: Final = 60
 DEFAULT_SEED: Final = 0
 DEFAULT_TIMEOUT: Final = 30.0
+DEFAULT_SHRINK_BUDGET: Final = 20.0
+"""Seconds a property may spend shrinking its first failure: a crashing implementation
+costs a world restart per attempt. A hang is not shrunk (each attempt costs
+``--timeout``)."""
+BATCH: Final = 6
+"""Cases per Hypothesis example: one example is one pool round trip (``run_many``)."""
 REPORT_SCHEMA: Final = "vargather-check-report/1"
 
 Status = Literal["pass", "fail", "xfail", "xpass", "n/a"]
@@ -97,8 +109,12 @@ class CheckOptions:
     json_path: str | None = None
     convention: str = "auto"
     timeout: float = DEFAULT_TIMEOUT
+    shrink_budget: float = DEFAULT_SHRINK_BUDGET
     progress: bool = True
     only: tuple[str, ...] = ()
+    in_flight: str | None = None
+    """Set in the child process that runs the in-process row (``uninitialized``): the
+    file where it records the batch in flight, for the parent to name a crash or hang."""
 
     def __post_init__(self) -> None:
         if self.grad not in CONTRACT_NAMES:
@@ -121,6 +137,10 @@ class CheckOptions:
         if self.convention not in CONVENTIONS:
             raise CheckUsageError(
                 f"--convention must be one of {', '.join(CONVENTIONS)}, got {self.convention!r}"
+            )
+        if not (self.shrink_budget >= 0):
+            raise CheckUsageError(
+                f"--shrink-budget must be a number of seconds >= 0, got {self.shrink_budget!r}"
             )
         if not (self.timeout > 0):
             raise CheckUsageError(
@@ -193,7 +213,10 @@ def _parser() -> _Parser:
         metavar="N",
         type=int,
         default=DEFAULT_MAX_EXAMPLES,
-        help=f"Hypothesis examples per property (default: {DEFAULT_MAX_EXAMPLES})",
+        help=(
+            f"Hypothesis examples per property, each a batch of up to {BATCH} gathers on "
+            f"one world (default: {DEFAULT_MAX_EXAMPLES})"
+        ),
     )
     parser.add_argument(
         "--seed",
@@ -232,6 +255,16 @@ def _parser() -> _Parser:
         ),
     )
     parser.add_argument(
+        "--shrink-budget",
+        metavar="SECONDS",
+        type=float,
+        default=DEFAULT_SHRINK_BUDGET,
+        help=(
+            "time a property may spend shrinking a failure to a minimal counterexample "
+            f"(default: {DEFAULT_SHRINK_BUDGET:g})"
+        ),
+    )
+    parser.add_argument(
         "--only",
         metavar="ID,ID,...",
         default="",
@@ -239,6 +272,8 @@ def _parser() -> _Parser:
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show progress on stderr")
     parser.add_argument("--list", action="store_true", help="list the property ids and exit")
+    # Internal: the child process that runs the in-process row (see _run_isolated).
+    parser.add_argument("--in-flight", default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -268,8 +303,10 @@ def parse_args(argv: Sequence[str]) -> CheckOptions:
         json_path=args.json,
         convention=args.convention,
         timeout=args.timeout,
+        shrink_budget=args.shrink_budget,
         progress=not args.no_progress,
         only=only,
+        in_flight=args.in_flight,
     )
 
 
@@ -469,6 +506,7 @@ class Failure:
     message: str
     case: dict[str, Any] | None = None
     reproduction: str | None = None
+    shrunk: bool = True
 
     @property
     def command(self) -> str | None:
@@ -486,6 +524,7 @@ class Failure:
             "case": self.case,
             "reproduction": self.reproduction,
             "command": self.command,
+            "shrunk": self.shrunk,
         }
 
 
@@ -493,9 +532,10 @@ class Failure:
 class PropertyResult:
     """One row of the table.
 
-    ``examples`` counts the distinct examples run before the verdict (for a failure:
-    up to and including the first failing one); ``shrink_runs`` the further runs
-    Hypothesis spent shrinking it. ``status``: pass, fail, xfail (failed and listed in
+    ``examples`` counts the Hypothesis examples run before the verdict (for a failure:
+    up to and including the first failing one), ``cases`` the gathers they held (an
+    example is a batch of up to ``BATCH`` cases on one world, one pool round trip);
+    ``shrink_runs`` the further examples Hypothesis ran shrinking a failure. ``status``: pass, fail, xfail (failed and listed in
     the xfails file), xpass (listed but held: a failure, xfails are strict), ``n/a``
     (does not apply to this implementation or these world sizes; ``reason`` says why).
     """
@@ -504,6 +544,7 @@ class PropertyResult:
     title: str
     status: str
     examples: int = 0
+    cases: int = 0
     shrink_runs: int = 0
     seconds: float = 0.0
     reason: str | None = None
@@ -513,12 +554,37 @@ class PropertyResult:
     def failed(self) -> bool:
         return self.status in ("fail", "xpass")
 
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> PropertyResult:
+        """The inverse of ``to_json``."""
+        failure = data["failure"]
+        return PropertyResult(
+            data["id"],
+            data["title"],
+            data["status"],
+            examples=data["examples"],
+            cases=data["cases"],
+            shrink_runs=data["shrink_runs"],
+            seconds=data["seconds"],
+            reason=data["reason"],
+            failure=None
+            if failure is None
+            else Failure(
+                failure["kind"],
+                failure["message"],
+                failure["case"],
+                failure["reproduction"],
+                failure["shrunk"],
+            ),
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "title": self.title,
             "status": self.status,
             "examples": self.examples,
+            "cases": self.cases,
             "shrink_runs": self.shrink_runs,
             "seconds": round(self.seconds, 3),
             "reason": self.reason,
@@ -541,6 +607,8 @@ class Report:
     results: list[PropertyResult] = field(default_factory=list)
     seconds: float = 0.0
     versions: dict[str, str] = field(default_factory=dict)
+    transports: tuple[str, ...] | None = None
+    refused_transports: dict[str, str] = field(default_factory=dict)
 
     @property
     def exit_status(self) -> int:
@@ -564,6 +632,8 @@ class Report:
             "seed": self.seed,
             "xfails_file": self.xfails_path,
             "versions": dict(self.versions),
+            "transports": None if self.transports is None else list(self.transports),
+            "refused_transports": dict(self.refused_transports),
             "properties": [r.to_json() for r in self.results],
             "summary": self.counts(),
             "exit_status": self.exit_status,
@@ -584,28 +654,37 @@ class Report:
             else "vargather's convention ATTR(x, dim, *, sizes, group, grad)"
         )
         versions = ", ".join(f"{k} {v}" for k, v in self.versions.items())
+        extra: list[str] = []
+        if self.transports is not None:
+            extra.append("transports: " + ", ".join(self.transports))
+            extra.extend(
+                f"transport {name!r} not run: {why}"
+                for name, why in self.refused_transports.items()
+            )
         return [
             f"vargather check: {self.impl_display} ({convention})",
             f"claimed gradient contract: {self.grad}; world sizes "
             f"{','.join(str(w) for w in self.world_sizes)}; up to {self.max_examples} "
-            f"examples per property; seed {self.seed}"
+            f"examples per property (each a batch of up to {BATCH} gathers); seed {self.seed}"
             + (f"; xfails from {self.xfails_path}" if self.xfails_path else ""),
+            *extra,
             versions,
         ]
 
     def table_lines(self) -> list[str]:
-        rows = [("property", "status", "examples", "what it checks")]
+        rows = [("property", "status", "examples", "cases", "what it checks")]
         for r in self.results:
             examples = str(r.examples)
             if r.shrink_runs:
                 examples += f" (+{r.shrink_runs} shrinking)"
             what = r.title if r.reason is None else f"{r.title} [{r.reason}]"
-            rows.append((r.id, _STATUS_TEXT[r.status], examples, what))
-        widths = [max(len(row[i]) for row in rows) for i in range(3)]
+            rows.append((r.id, _STATUS_TEXT[r.status], examples, str(r.cases), what))
+        n = len(rows[0]) - 1
+        widths = [max(len(row[i]) for row in rows) for i in range(n)]
         lines = []
         for i, row in enumerate(rows):
-            cells = [row[j].ljust(widths[j]) for j in range(3)]
-            lines.append("  ".join([*cells, row[3]]).rstrip())
+            cells = [row[j].ljust(widths[j]) for j in range(n)]
+            lines.append("  ".join([*cells, row[n]]).rstrip())
             if i == 0:
                 lines.append("  ".join(["-" * w for w in widths] + ["-" * 14]))
         return lines
@@ -622,7 +701,11 @@ class Report:
             lines.append(f"=== {r.id}: {label} ({r.failure.kind}) ===")
             lines.extend(r.failure.message.rstrip().splitlines())
             if r.failure.reproduction:
-                lines.append("minimal counterexample (Hypothesis shrank it):")
+                lines.append(
+                    "minimal counterexample (Hypothesis shrank it):"
+                    if r.failure.shrunk
+                    else "counterexample (not shrunk):"
+                )
                 lines.extend("  " + line for line in r.failure.reproduction.rstrip().splitlines())
             elif r.failure.case is not None:
                 lines.append("counterexample: " + describe_case_dict(r.failure.case))
@@ -631,7 +714,7 @@ class Report:
                 lines.append("")
                 lines.append(
                     f"=== {r.id}: XPASS ===\nlisted in {self.xfails_path} as expected to fail, "
-                    f"but it held on {r.examples} examples: remove it from the xfails file"
+                    f"but it held on {r.cases} cases: remove it from the xfails file"
                 )
         return lines
 
@@ -707,9 +790,9 @@ class Progress:
         if self._live is not None:
             self._live.update(self._task, description=f"checking {prop_id}", note="")
 
-    def examples(self, prop_id: str, count: int) -> None:
+    def examples(self, prop_id: str, cases: int) -> None:
         if self._live is not None:
-            self._live.update(self._task, note=f"{prop_id}: {count} examples")
+            self._live.update(self._task, note=f"{prop_id}: {cases} cases")
 
     def finish(self, result: PropertyResult) -> None:
         self.done += 1
@@ -723,7 +806,7 @@ class Progress:
         width = len(str(self.total))
         print(
             f"[{self.done:>{width}}/{self.total}] {result.id:<18} {_STATUS_TEXT[result.status]:<5} "
-            f"{result.examples:>4} examples  {result.seconds:6.1f} s",
+            f"{result.cases:>5} cases  {result.seconds:6.1f} s",
             file=self.stream,
             flush=True,
         )
@@ -744,13 +827,6 @@ _INTEGER: Final = ("int64", "int32", "int16", "int8", "uint8")
 _COMMON: Final = ("float32", "float64", "int64")
 """The dtypes of the rows that are not about dtypes (each dtype family has its row)."""
 _DIFFERENTIABLE: Final = (*_FLOAT, *_HALF, *_COMPLEX)
-
-SHRINK_BUDGET: Final = 20.0
-"""Seconds a property may spend shrinking its first failure (a crashing or hanging
-implementation costs a world restart or a timeout per attempt)."""
-
-BATCH: Final = 6
-"""Cases per Hypothesis example: one example is one pool round trip (``run_many``)."""
 
 
 @dataclass(frozen=True)
@@ -794,15 +870,18 @@ def _nonzero_dim(case: Any) -> bool:
     return bool(case.dim != 0)
 
 
-def _catalogue(grad: str, returns: str) -> list[_Row]:
+def _catalogue(grad: str, returns: str, transports: tuple[str, ...] | None = None) -> list[_Row]:
     """Every row, in table order, for an implementation claiming ``grad`` whose
-    non-tensor return value is ``returns`` (``sizes``, ``layout`` or ``none``).
+    non-tensor return value is ``returns`` (``sizes``, ``layout`` or ``none``) and which
+    takes the ``transports`` named (``None``: it takes no ``transport=``).
 
     Each row varies one thing: the forward rows run contiguous shards without
     ``sizes`` and without backward, every dim and ragged shape (empty shards too);
     the structural rows use the common dtypes; the world rows draw gradients too.
     """
-    c = {"contracts": (grad,)}
+    c: dict[str, Any] = {"contracts": (grad,)}
+    if transports is not None:
+        c["transports"] = transports
     fwd = {"sizes_forms": ("none",), "memory": ("contiguous",), "requires_grad": False, **c}
     common = {**fwd, "dtypes": _dtypes(_COMMON)}
     world = {"sizes_forms": ("none",), "dtypes": _dtypes(_COMMON + _COMPLEX[:1]), **c}
@@ -909,7 +988,13 @@ def _catalogue(grad: str, returns: str) -> list[_Row]:
             "adjoint",
             "sum_r <dx_r, x_r> == sum_j <g_j, out_j> exactly (grad='sum', integer values)",
             frozenset({"gradient", "adjoint"}),
-            {**grads, "contracts": ("sum",), "values": ("integers",), "upstream": ("integers",)},
+            {
+                **grads,
+                **c,
+                "contracts": ("sum",),
+                "values": ("integers",),
+                "upstream": ("integers",),
+            },
             min_world=2,
         ),
     ]
@@ -1027,6 +1112,7 @@ class _FailingBatchError(AssertionError):
 @dataclass
 class _RowState:
     examples: int = 0
+    cases: int = 0
     shrink_runs: int = 0
     failed_at: float | None = None
     last: Failure | None = None
@@ -1079,13 +1165,17 @@ def _evaluate(
 
     def run(batch: list[Any]) -> Failure | None:
         if state.failed_at is not None:
-            if time.monotonic() - state.failed_at > SHRINK_BUDGET:
+            spent = time.monotonic() - state.failed_at
+            hung = state.last is not None and state.last.kind == "hang"
+            if hung or spent > options.shrink_budget:
                 reject()  # out of shrinking time: keep the smallest failure found so far
             state.shrink_runs += 1
-        verdicts = run_cases(batch, impl, pool_factory=factory)
+        with _in_flight(options.in_flight, batch, impl):
+            verdicts = run_cases(batch, impl, pool_factory=factory)
         if state.failed_at is None:
-            state.examples += sum(1 for v in verdicts if not v.not_run)
-            progress.examples(row.id, state.examples)
+            state.examples += 1
+            state.cases += sum(1 for v in verdicts if not v.not_run)
+            progress.examples(row.id, state.cases)
         for verdict in verdicts:
             messages = [m for m in verdict.failures if _counts(m, row.aspects)]
             if messages:
@@ -1141,12 +1231,149 @@ def _evaluate(
                 + _short_traceback(err, 12),
             )
     seconds = time.monotonic() - started
-    if failure is None and state.examples == 0:
-        failure = Failure("checker", "no example ran (every drawn case was filtered out)")
-    if failure is None:
-        return PropertyResult(row.id, row.title, "pass", state.examples, 0, seconds)
+    if failure is None and state.cases == 0:
+        failure = Failure("checker", "no case ran (every drawn case was filtered out)")
     return PropertyResult(
-        row.id, row.title, "fail", state.examples, state.shrink_runs, seconds, failure=failure
+        row.id,
+        row.title,
+        "pass" if failure is None else "fail",
+        examples=state.examples,
+        cases=state.cases,
+        shrink_runs=state.shrink_runs,
+        seconds=seconds,
+        failure=failure,
+    )
+
+
+_HUNG_EXIT: Final = 75  # the child's exit status when its watchdog fired
+
+
+@contextlib.contextmanager
+def _in_flight(path: str | None, batch: Sequence[Any], impl: Any) -> Iterator[None]:
+    """In the child that runs the in-process row: record ``batch`` in ``path`` while it
+    runs (so the parent can name the case if this process dies) and exit with
+    ``_HUNG_EXIT`` if it does not finish within the timeout the parent set."""
+    if path is None:
+        yield
+        return
+    from ._cases import describe
+
+    record = {
+        "cases": [_case_data(c) for c in batch],
+        "reproduction": describe(batch[0], impl) if batch else None,
+    }
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    timeout = float(os.environ.get(_CHILD_TIMEOUT_ENV, DEFAULT_TIMEOUT))
+    watchdog = threading.Timer(timeout, os._exit, args=(_HUNG_EXIT,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.cancel()
+
+
+_CHILD_TIMEOUT_ENV: Final = "VARGATHER_CHECK_BATCH_TIMEOUT"
+
+
+def _child_command(
+    row: _Row, options: CheckOptions, info: ImplInfo, report: str, in_flight: str
+) -> list[str]:
+    command = [sys.executable, "-m", "vargather", "check", "--only", row.id]
+    if info.ref is not None:
+        command += ["--impl", info.ref, "--convention", info.convention]
+    command += [
+        "--grad",
+        options.grad,
+        "--world-sizes",
+        ",".join(str(w) for w in options.world_sizes),
+        "--max-examples",
+        str(options.max_examples),
+        "--seed",
+        str(options.seed),
+        "--timeout",
+        str(options.timeout),
+        "--shrink-budget",
+        str(options.shrink_budget),
+        "--json",
+        report,
+        "--no-progress",
+        "--in-flight",
+        in_flight,
+    ]
+    return command
+
+
+def _run_isolated(row: _Row, options: CheckOptions, info: ImplInfo) -> PropertyResult:
+    """Run a row whose cases execute in the checking process itself (torch.distributed
+    not initialized) in a child check process instead, so a crash or a hang of the
+    implementation is that row's failure, not the checker's."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="vargather-check-") as tmp:
+        report_path = os.path.join(tmp, "report.json")
+        in_flight = os.path.join(tmp, "in-flight.json")
+        command = _child_command(row, options, info, report_path, in_flight)
+        env = {**os.environ, _CHILD_TIMEOUT_ENV: str(options.timeout)}
+        # Backstop only: the child's own watchdog reports a hung batch after --timeout.
+        backstop = 120.0 + 2 * options.timeout + options.shrink_budget + options.max_examples
+        try:
+            proc = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=backstop, check=False
+            )
+        except subprocess.TimeoutExpired:
+            what = f"the child check process did not finish within {backstop:g} s"
+            return _child_failure(row, "hang", what, "", in_flight, started)
+        if proc.returncode in (EXIT_OK, EXIT_FAILED) and os.path.exists(report_path):
+            with open(report_path, encoding="utf-8") as f:
+                data = json.load(f)
+            (result,) = [PropertyResult.from_json(p) for p in data["properties"]]
+            return dataclasses.replace(result, seconds=time.monotonic() - started)
+        tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
+        if proc.returncode == _HUNG_EXIT:
+            what = f"a batch did not finish within --timeout={options.timeout:g} s"
+            return _child_failure(row, "hang", what, "", in_flight, started)
+        if proc.returncode < 0:
+            what = f"the process running it was killed by signal {_signal_name(-proc.returncode)}"
+            return _child_failure(row, "crash", what, tail, in_flight, started)
+        what = f"the child check process exited with status {proc.returncode}"
+        kind = "checker" if proc.returncode == EXIT_USAGE else "crash"
+        return _child_failure(row, kind, what, tail, in_flight, started)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def _child_failure(
+    row: _Row, kind: str, what: str, stderr: str, in_flight: str, started: float
+) -> PropertyResult:
+    case: dict[str, Any] | None = None
+    reproduction: str | None = None
+    cases = 0
+    try:
+        with open(in_flight, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        record = None
+    if record is not None and record["cases"]:
+        cases = len(record["cases"])
+        case = record["cases"][0]
+        reproduction = record["reproduction"]
+        what += f", running a batch of {cases} case(s) (the first is shown)"
+    message = f"torch.distributed not initialized, in a child process: {what}"
+    if stderr:
+        message += f"\nits stderr:\n{stderr}"
+    return PropertyResult(
+        row.id,
+        row.title,
+        "fail",
+        cases=cases,
+        seconds=time.monotonic() - started,
+        failure=Failure(kind, message, case, reproduction, shrunk=False),
     )
 
 
@@ -1174,6 +1401,25 @@ def _implementation(info: ImplInfo, grad: str, cwd: str) -> Any:
 
 
 _PROBE_TOKENS = iter(range(-1, -(1 << 62), -1))
+
+
+def _gloo_transports() -> tuple[tuple[str, ...], dict[str, str]]:
+    """vargather's transports that run on gloo, and why the others do not (asked of
+    vargather itself, so a transport added later is checked without editing this)."""
+    from . import _transport
+
+    reason_of: Callable[[str, str], str | None] = getattr(
+        _transport, "unsupported_reason", lambda name, backend: None
+    )
+    usable: list[str] = []
+    refused: dict[str, str] = {}
+    for name in _transport.TRANSPORT_NAMES:
+        reason = reason_of(name, "gloo")
+        if reason is None:
+            usable.append(name)
+        else:
+            refused[name] = reason
+    return tuple(usable), refused
 
 
 def _probe_returns(
@@ -1281,26 +1527,14 @@ def _with_xfail(result: PropertyResult, xfails: frozenset[str]) -> PropertyResul
     if result.id not in xfails or result.status == "n/a":
         return result
     if result.status == "fail":
-        return PropertyResult(
-            result.id,
-            result.title,
-            "xfail",
-            result.examples,
-            result.shrink_runs,
-            result.seconds,
-            result.reason,
-            result.failure,
-        )
-    return PropertyResult(
-        result.id,
-        result.title,
-        "xpass",
-        result.examples,
-        result.shrink_runs,
-        result.seconds,
-        "listed in the xfails file, but it held",
-        result.failure,
+        return dataclasses.replace(result, status="xfail")
+    return dataclasses.replace(
+        result, status="xpass", reason="listed in the xfails file, but it held"
     )
+
+
+def _selected(row: _Row, options: CheckOptions) -> bool:
+    return not options.only or row.id in options.only
 
 
 def run_check(
@@ -1322,6 +1556,7 @@ def run_check(
     cwd = ensure_import_path()
     info = resolve_impl(options.impl, options.convention, cwd)
     impl = _implementation(info, options.grad, cwd)
+    transports, refused = _gloo_transports() if info.ref is None else (None, {})
     world_sizes = tuple(sorted(options.world_sizes))
     if pool_factory is None:
         from ._pool import get_pool
@@ -1332,13 +1567,22 @@ def run_check(
             return get_pool(w, call_timeout=timeout)
 
     factory = pool_factory
-    for w in world_sizes:
+    selected = [r for r in _catalogue(options.grad, "unknown", transports) if _selected(r, options)]
+    needed = sorted(
+        {
+            w
+            for r in selected
+            if r.initialized and _applies(r, info, options.grad, "unknown", world_sizes) is None
+            for w in _worlds(r, world_sizes)
+        }
+    )
+    for w in needed:
         factory(w)  # start every world now: they come up in parallel
-    _preflight(info, cwd, world_sizes, factory)
-    returns = _probe_returns(impl, options.grad, world_sizes, factory)
-    rows = _catalogue(options.grad, returns)
-    if options.only:
-        rows = [r for r in rows if r.id in options.only]
+    _preflight(info, cwd, needed, factory)
+    returns = "unknown"
+    if needed and any(r.id == "returned-sizes" for r in selected):
+        returns = _probe_returns(impl, options.grad, needed, factory)
+    rows = [r for r in _catalogue(options.grad, returns, transports) if _selected(r, options)]
     report = Report(
         impl=info.ref,
         impl_display=info.display,
@@ -1349,6 +1593,8 @@ def run_check(
         seed=options.seed,
         xfails_path=options.xfails_path,
         versions=_versions(),
+        transports=transports,
+        refused_transports=refused,
     )
     progress = Progress(progress_stream, len(rows))
     try:
@@ -1357,8 +1603,11 @@ def run_check(
             reason = _applies(row, info, options.grad, returns, world_sizes)
             if reason is not None:
                 result = PropertyResult(row.id, row.title, "n/a", reason=reason)
+            elif not row.initialized and options.in_flight is None:
+                result = _run_isolated(row, options, info)
             else:
-                result = _evaluate(row, impl, options, _worlds(row, world_sizes), factory, progress)
+                worlds = _worlds(row, world_sizes)
+                result = _evaluate(row, impl, options, worlds, factory, progress)
             result = _with_xfail(result, options.xfails)
             report.results.append(result)
             progress.finish(result)
