@@ -1,0 +1,572 @@
+"""The conformance gate, ``python -m vargather check`` (``vargather/_check.py``).
+
+Options, import errors and the report are checked directly; the issue's classification
+claims are checked by running the check for real on gloo worlds: vargather holds under
+every contract, the seed's algorithm (``tests/seed_impl.py``) holds ``local`` except for
+its two genuine bugs and fails ``sum`` with a gradient counterexample, every mutant of
+the catalogue fails, a crash or a hang is that property's failure, and a correct
+implementation raises no false alarm across 20 seeds.
+
+In-process runs call ``run_check``, the function ``main`` calls after parsing; a few
+runs go through a real ``python -m vargather check`` subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vargather import _check
+from vargather._check import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROPERTY_IDS,
+    CheckOptions,
+    CheckUsageError,
+    Failure,
+    PropertyResult,
+    Report,
+    load_xfails,
+    parse_args,
+    resolve_impl,
+    run_check,
+)
+from vargather.testing import RankPool, get_pool
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = "tests.seed_impl:all_gather"
+
+multirank = pytest.mark.multirank
+
+
+@pytest.fixture
+def in_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from the repository root, where ``tests.seed_impl`` imports (as in CI)."""
+    monkeypatch.chdir(ROOT)
+
+
+def check(**kwargs: Any) -> Report:
+    """``run_check`` in this process on the suite's shared pools (default settings)."""
+    kwargs.setdefault("progress", False)
+    kwargs.setdefault("shrink_budget", 5.0)
+    return run_check(CheckOptions(**kwargs), pool_factory=get_pool)
+
+
+def statuses(report: Report) -> dict[str, str]:
+    return {r.id: r.status for r in report.results}
+
+
+def result(report: Report, prop: str) -> PropertyResult:
+    (found,) = [r for r in report.results if r.id == prop]
+    return found
+
+
+def failure(report: Report, prop: str) -> Failure:
+    found = result(report, prop).failure
+    assert found is not None, f"{prop} has no failure: {result(report, prop)}"
+    return found
+
+
+def cli(*args: str, cwd: Path = ROOT, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vargather", "check", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+# --- options, xfails, import errors (no ranks) ----------------------------------------
+
+
+@pytest.mark.parametrize("grad", ["sum", "local", "mean"])
+@pytest.mark.parametrize("returns", ["sizes", "layout", "none", "unknown"])
+def test_property_ids_are_the_rows_of_the_catalogue(grad: str, returns: str) -> None:
+    rows = _check._catalogue(grad, returns, None)
+    assert tuple(r.id for r in rows) == PROPERTY_IDS
+
+
+def test_defaults() -> None:
+    options = parse_args([])
+    assert options == CheckOptions()
+    assert (options.impl, options.grad, options.world_sizes) == (None, "sum", (1, 2, 3, 4))
+
+
+def test_world_sizes_are_parsed_sorted_and_unique() -> None:
+    assert parse_args(["--world-sizes", " 3,1,3 "]).world_sizes == (1, 3)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--grad", "max"], "argument --grad: invalid choice: 'max'"),
+        (["--world-sizes", "0,2"], "--world-sizes: each world size must be in [1, 16], got 0"),
+        (["--world-sizes", "two"], "--world-sizes: expected comma-separated positive integers"),
+        (["--max-examples", "0"], "--max-examples must be a positive integer, got 0"),
+        (["--seed", "-1"], "--seed must be a non-negative integer, got -1"),
+        (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
+        (["--only", "forward-float,nope"], "--only: unknown property id(s) nope"),
+        (["--impl", "no_colon"], "--impl must be MODULE:ATTR"),
+        (["--json", "/nonexistent-dir/report.json"], "--json: folder '/nonexistent-dir' does"),
+        (["--convention", "seed"], "--convention seed needs --impl"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_options_exit_2_naming_the_option(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _check.main(argv) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("vargather check: error: ")
+    assert fragment in err
+
+
+def test_xfails_file_format(tmp_path: Path) -> None:
+    path = tmp_path / "xfails.txt"
+    path.write_text("# known failures of my fork\n\ngradient   # issue 12\n  adjoint\n")
+    assert load_xfails(str(path)) == frozenset({"gradient", "adjoint"})
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("gradient\ngradiant\n", "xfails.txt:2: unknown property id 'gradiant'; known ids: "),
+        ("gradient adjoint\n", "xfails.txt:1: expected one property id per line"),
+    ],
+)
+def test_xfails_file_errors_name_file_and_line(tmp_path: Path, text: str, fragment: str) -> None:
+    path = tmp_path / "xfails.txt"
+    path.write_text(text)
+    with pytest.raises(CheckUsageError, match=re.escape(fragment)):
+        load_xfails(str(path))
+
+
+def test_unreadable_xfails_file_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckUsageError, match=r"--xfails: cannot read .*missing\.txt"):
+        load_xfails(str(tmp_path / "missing.txt"))
+
+
+_MODULES = {
+    "raises_at_import.py": "raise RuntimeError('boom at import')\n",
+    "missing_dependency.py": "from attend import exists\n\ndef all_gather(t, dim, sizes):\n    return t\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("ref", "fragments"),
+    [
+        (
+            "no_such_module_xyz:all_gather",
+            [
+                "--impl no_such_module_xyz:all_gather: cannot import module 'no_such_module_xyz'",
+                "MODULE is imported from the current directory",
+            ],
+        ),
+        ("tests.seed_impl:nope", ["'tests.seed_impl'", "has no attribute 'nope'"]),
+        ("tests.seed_impl:__doc__", ["'__doc__' is a str, not a callable"]),
+        ("raises_at_import:f", ["importing 'raises_at_import' failed", "boom at import"]),
+        (
+            "missing_dependency:all_gather",
+            ["a module it imports is missing: No module named 'attend'", "from attend import"],
+        ),
+    ],
+)
+def test_import_errors_exit_2_with_a_clear_message(
+    ref: str,
+    fragments: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name, text in _MODULES.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT))  # tests.seed_impl, from elsewhere
+    assert _check.main(["--impl", ref]) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == ""
+    for fragment in fragments:
+        assert fragment in err
+
+
+def test_import_error_from_the_command_line(tmp_path: Path) -> None:
+    proc = cli("--impl", "mypkg.distributed:all_gather", cwd=tmp_path, timeout=120)
+    assert proc.returncode == EXIT_USAGE
+    assert proc.stdout == ""
+    assert "cannot import module 'mypkg.distributed': no module named 'mypkg'" in proc.stderr
+    assert f"from the current directory ({tmp_path})" in proc.stderr
+
+
+def test_call_convention_is_detected(in_root: None) -> None:
+    assert resolve_impl(SEED).convention == "seed"
+    assert resolve_impl("vargather.compat:all_gather").convention == "seed"
+    mine = resolve_impl("vargather:all_gather_v")
+    assert (mine.convention, mine.takes_group) == ("vargather", True)
+    forced = resolve_impl("vargather:all_gather_v", "seed")
+    assert (forced.convention, forced.takes_group) == ("seed", False)
+    assert resolve_impl(None).display == "vargather.all_gather_v"
+
+
+def test_messages_of_ranks_that_failed_alike_are_condensed() -> None:
+    messages = [
+        "out.shape=(3,), but should be (4,) [f(dim=0) on rank 0 of 3]",
+        "out.shape=(3,), but should be (4,) [f(dim=0) on rank 2 of 3]",
+        "x.grad differs [f(dim=0) on rank 1 of 3]",
+    ]
+    assert _check._condense(messages) == (
+        "out.shape=(3,), but should be (4,) [f(dim=0) on rank 0 of 3]\n"
+        "  (the same on rank(s) 2)\n"
+        "x.grad differs [f(dim=0) on rank 1 of 3]"
+    )
+
+
+# --- classification (real gloo worlds) ------------------------------------------------
+
+
+@multirank
+@pytest.mark.parametrize("grad", ["sum", "local", "mean"])
+def test_vargather_holds_every_property_under_each_contract(grad: str, in_root: None) -> None:
+    report = check(grad=grad, max_examples=6)
+    not_applicable = {} if grad == "sum" else {"adjoint"}
+    failed = {r.id: r.failure for r in report.results if r.status not in ("pass", "n/a")}
+    assert failed == {}
+    assert {r.id for r in report.results if r.status == "n/a"} == not_applicable
+    ran = [r for r in report.results if r.status == "pass"]
+    assert all(r.cases > 0 for r in ran), [(r.id, r.cases) for r in ran]
+    assert report.exit_status == EXIT_OK
+
+
+@multirank
+def test_seed_algorithm_holds_local_except_its_two_genuine_bugs(in_root: None) -> None:
+    """The seed's algorithm holds the ``local`` contract in every gradient, dim, empty and
+    non-contiguous case, but (1) gloo's list all_gather refuses int16 ("Invalid scalar
+    type"), which the seed does not work around, and (2) its documented
+    ``sizes: List[int]`` crashes (``sizes.amax()`` needs a tensor)."""
+    report = check(impl=SEED, grad="local", max_examples=10)
+    assert {k for k, v in statuses(report).items() if v == "fail"} == {"forward-int", "sizes-list"}
+    assert {k for k, v in statuses(report).items() if v == "n/a"} == {"subgroup", "adjoint"}
+    ints = failure(report, "forward-int")
+    assert ints.kind == "error"
+    assert "RuntimeError: Invalid scalar type" in ints.message
+    assert ints.case is not None
+    assert ints.case["dtype"] == "int16"
+    sizes = failure(report, "sizes-list")
+    assert "'list' object has no attribute 'amax'" in sizes.message
+    assert sizes.case is not None
+    assert sizes.case["sizes_passed"] == "list"
+    assert "the seed's convention ATTR(t, dim, sizes) takes no process group" in str(
+        result(report, "subgroup").reason
+    )
+
+
+# A structural schema of the JSON report: type per key, nested the same way.
+_FAILURE_SCHEMA: dict[str, Any] = {
+    "kind": str,
+    "message": str,
+    "case": (dict, type(None)),
+    "reproduction": (str, type(None)),
+    "command": (str, type(None)),
+    "shrunk": bool,
+}
+_PROPERTY_SCHEMA: dict[str, Any] = {
+    "id": str,
+    "title": str,
+    "status": str,
+    "examples": int,
+    "cases": int,
+    "shrink_runs": int,
+    "seconds": (int, float),
+    "reason": (str, type(None)),
+    "failure": (_FAILURE_SCHEMA, type(None)),
+}
+_REPORT_SCHEMA: dict[str, Any] = {
+    "schema": str,
+    "impl": (str, type(None)),
+    "impl_display": str,
+    "convention": str,
+    "grad": str,
+    "world_sizes": [int],
+    "max_examples": int,
+    "seed": int,
+    "xfails_file": (str, type(None)),
+    "versions": dict,
+    "transports": ([str], type(None)),
+    "refused_transports": dict,
+    "properties": [_PROPERTY_SCHEMA],
+    "summary": {name: int for name in _check.STATUSES},
+    "exit_status": int,
+    "seconds": (int, float),
+}
+
+
+def conforms(value: Any, schema: Any, where: str = "$") -> list[str]:
+    """Where ``value`` departs from ``schema`` (a type, a tuple of alternatives, a
+    one-element list for "list of", or a dict of exactly these keys)."""
+    if isinstance(schema, tuple):
+        per_option = [conforms(value, option, where) for option in schema]
+        return [] if any(not p for p in per_option) else per_option[0]
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            return [f"{where}: expected a list, got {type(value).__name__}"]
+        return [p for i, v in enumerate(value) for p in conforms(v, schema[0], f"{where}[{i}]")]
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            return [f"{where}: expected an object, got {type(value).__name__}"]
+        problems = (
+            [f"{where}: keys {sorted(value)} != {sorted(schema)}"]
+            if set(value) != set(schema)
+            else []
+        )
+        return problems + [
+            p for k in schema if k in value for p in conforms(value[k], schema[k], f"{where}.{k}")
+        ]
+    if schema is int and isinstance(value, bool):
+        return [f"{where}: expected int, got bool"]
+    return (
+        [] if isinstance(value, schema) else [f"{where}: expected {schema.__name__}, got {value!r}"]
+    )
+
+
+def table_rows(stdout: str) -> dict[str, tuple[str, str, str]]:
+    """``property -> (status, examples, cases)`` from the printed table."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("property  "))
+    rows: dict[str, tuple[str, str, str]] = {}
+    for line in lines[start + 2 :]:
+        if not line.strip():
+            break
+        cells = re.split(r"\s{2,}", line.strip())
+        rows[cells[0]] = (cells[1], cells[2], cells[3])
+    return rows
+
+
+@pytest.fixture(scope="module")
+def seed_sum(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Any]:
+    path = tmp_path_factory.mktemp("seed-sum") / "report.json"
+    proc = cli(
+        "--impl", SEED, "--grad", "sum", "--world-sizes", "1,2,3", "--max-examples", "8",
+        "--shrink-budget", "10", "--json", str(path),
+    )  # fmt: skip
+    return proc, json.loads(path.read_text()) if path.exists() else None
+
+
+@multirank
+def test_seed_algorithm_fails_sum_with_a_gradient_counterexample(
+    seed_sum: tuple[subprocess.CompletedProcess[str], Any],
+) -> None:
+    proc, report = seed_sum
+    assert proc.returncode == EXIT_FAILED, proc.stderr
+    by_id = {p["id"]: p for p in report["properties"]}
+    assert {k for k, p in by_id.items() if p["status"] == "fail"} == {
+        "forward-int", "sizes-list", "gradient", "adjoint",
+    }  # fmt: skip
+    grad = by_id["gradient"]["failure"]
+    assert grad["kind"] == "mismatch"
+    assert grad["message"].startswith("x.grad (grad='sum') differs from the oracle")
+    assert grad["case"]["contract"] == "sum"
+    assert grad["case"]["world_size"] >= 2
+    assert grad["case"]["requires_grad"] is True
+    assert grad["command"].startswith("python -m vargather._cases ")
+    assert "--impl tests.seed_impl:all_gather --convention seed --contracts sum" in grad["command"]
+    for prop in ("forward-float", "dims", "empty-some", "one-rank", "uninitialized"):
+        assert by_id[prop]["status"] == "pass", by_id[prop]
+
+
+@multirank
+def test_json_report_has_the_documented_structure(
+    seed_sum: tuple[subprocess.CompletedProcess[str], Any],
+) -> None:
+    _, report = seed_sum
+    assert conforms(report, _REPORT_SCHEMA) == []
+    assert report["schema"] == "vargather-check-report/1"
+    assert [p["id"] for p in report["properties"]] == list(PROPERTY_IDS)
+
+
+@multirank
+def test_json_report_matches_the_printed_table(
+    seed_sum: tuple[subprocess.CompletedProcess[str], Any],
+) -> None:
+    proc, report = seed_sum
+    shown = {"pass": "pass", "fail": "FAIL", "xfail": "xfail", "xpass": "XPASS", "n/a": "n/a"}
+    expected = {}
+    for p in report["properties"]:
+        examples = str(p["examples"]) + (
+            f" (+{p['shrink_runs']} shrinking)" if p["shrink_runs"] else ""
+        )
+        expected[p["id"]] = (shown[p["status"]], examples, str(p["cases"]))
+    assert table_rows(proc.stdout) == expected
+    for p in report["properties"]:
+        if p["failure"] is not None:
+            assert f"=== {p['id']}: FAILED ({p['failure']['kind']}) ===" in proc.stdout
+            assert p["failure"]["command"] in proc.stdout
+    summary = report["summary"]
+    assert proc.stdout.rstrip().endswith(
+        f"FAILED: {summary['pass']} passed, {summary['fail']} failed, "
+        f"{summary['n/a']} not applicable of {len(report['properties'])} properties "
+        f"in {report['seconds']:.1f} s"
+    )
+    # progress went to stderr, one line per property
+    assert len(re.findall(r"^\[\s*\d+/17\] ", proc.stderr, re.MULTILINE)) == 17
+
+
+@multirank
+def test_same_seed_same_run(in_root: None) -> None:
+    def run() -> list[tuple[str, str, int, int, Any]]:
+        report = check(impl=SEED, grad="sum", seed=7, max_examples=4, only=("gradient", "dims"))
+        return [
+            (r.id, r.status, r.examples, r.cases, r.failure and r.failure.case)
+            for r in report.results
+        ]
+
+    assert run() == run()
+
+
+@multirank
+def test_xfails_are_strict(in_root: None) -> None:
+    only = ("forward-float", "sizes-list")
+    expected = check(
+        impl=SEED, grad="local", max_examples=3, only=only, xfails=frozenset({"sizes-list"})
+    )
+    assert statuses(expected) == {"forward-float": "pass", "sizes-list": "xfail"}
+    assert expected.exit_status == EXIT_OK
+    unexpected = check(
+        impl=SEED,
+        grad="local",
+        max_examples=3,
+        only=only,
+        xfails=frozenset(only),
+        xfails_path="x.txt",
+    )
+    assert statuses(unexpected) == {"forward-float": "xpass", "sizes-list": "xfail"}
+    assert unexpected.exit_status == EXIT_FAILED
+    assert "=== forward-float: XPASS ===" in unexpected.render()
+
+
+# --- crashes and hangs ----------------------------------------------------------------
+
+_MISBEHAVING = textwrap.dedent(
+    """
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+
+    def aborts_on_float64(t, dim, sizes):
+        # gloo-style abort of one rank, only for float64 inputs
+        if t.dtype == torch.float64 and dist.is_initialized() and dist.get_rank() == 1:
+            os.abort()
+        return _gather(t, dim)
+
+
+    def hangs_on_float64(t, dim, sizes):
+        if t.dtype == torch.float64 and dist.is_initialized() and dist.get_rank() == 1:
+            time.sleep(3600)
+        return _gather(t, dim)
+
+
+    def aborts_without_distributed(t, dim, sizes):
+        if not dist.is_initialized():
+            os.abort()
+        return _gather(t, dim)
+
+
+    def _gather(t, dim):
+        from vargather.compat import all_gather
+        return all_gather(t, dim, None)
+    """
+)
+
+
+@pytest.fixture
+def misbehaving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    (tmp_path / "misbehaving.py").write_text(_MISBEHAVING)
+    monkeypatch.chdir(tmp_path)
+    yield
+    sys.modules.pop("misbehaving", None)
+
+
+@multirank
+def test_a_crash_is_a_failure_of_that_property(misbehaving: None) -> None:
+    report = check(
+        impl="misbehaving:aborts_on_float64",
+        grad="local",
+        world_sizes=(2,),
+        max_examples=5,
+        only=("forward-float", "forward-half"),
+        shrink_budget=3.0,
+    )
+    crash = failure(report, "forward-float")
+    assert crash.kind == "crash"
+    assert "killed by signal SIGABRT" in crash.message
+    assert crash.case is not None
+    assert crash.case["dtype"] == "float64"
+    assert result(report, "forward-half").status == "pass"  # on a fresh world
+
+
+@multirank
+def test_a_hang_is_a_failure_of_that_property(misbehaving: None) -> None:
+    with RankPool(2, call_timeout=3.0) as pool:
+        report = run_check(
+            CheckOptions(
+                impl="misbehaving:hangs_on_float64",
+                grad="local",
+                world_sizes=(2,),
+                max_examples=5,
+                only=("forward-float", "forward-half"),
+                progress=False,
+            ),
+            pool_factory=lambda w: pool,
+        )
+    hang = failure(report, "forward-float")
+    assert hang.kind == "hang"
+    assert "did not reply" in hang.message
+    assert hang.case is not None
+    assert hang.case["dtype"] == "float64"
+    assert result(report, "forward-half").status == "pass"
+
+
+@multirank
+def test_a_crash_without_torch_distributed_is_that_propertys_failure(misbehaving: None) -> None:
+    report = check(
+        impl="misbehaving:aborts_without_distributed",
+        grad="local",
+        max_examples=3,
+        only=("uninitialized", "forward-float"),
+    )
+    crash = failure(report, "uninitialized")
+    assert crash.kind == "crash"
+    assert "killed by signal SIGABRT" in crash.message
+    assert crash.case is not None
+    assert crash.case["initialized"] is False
+    assert result(report, "forward-float").status == "pass"
+
+
+# --- no false alarms --------------------------------------------------------------------
+
+
+@multirank
+@pytest.mark.parametrize("seed", range(1, 21))
+def test_no_false_alarm_on_vargather_across_seeds(seed: int, in_root: None) -> None:
+    # Small budgets, each contract in turn; the in-process row is left to the
+    # per-contract test above (it costs a child process per run).
+    grad = ("sum", "local", "mean")[seed % 3]
+    only = tuple(p for p in PROPERTY_IDS if p != "uninitialized")
+    report = check(grad=grad, seed=seed, max_examples=2, only=only)
+    failed = {r.id: r.failure for r in report.results if r.failed}
+    assert failed == {}
