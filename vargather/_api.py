@@ -15,7 +15,6 @@ import torch.distributed as dist
 
 from ._autograd import GatherPlan, GatherVFunction
 from ._comm import GroupInfo, per_call_timeout_supported, resolve_group
-from ._errors import ArgumentError
 from ._layout import Layout
 from ._metadata import local_record, parse_timeout, plan_layout, trusted_layout
 from ._transport import TRANSPORT_NAMES, choose_transport
@@ -61,7 +60,7 @@ def _plan(
     info = resolve_group(group)
     try:
         call_timeout = parse_timeout(timeout)
-    except ArgumentError:
+    except Exception:
         call_timeout = None  # recorded by local_record, reported on every rank
     if call_timeout is not None and info.communicates and per_call_timeout_supported(info):
         info = info.with_timeout(call_timeout)

@@ -96,6 +96,7 @@ TEXT_WORDS: Final = 8  # 64 ASCII bytes of detail text (a type name, a bad value
 INT64_MIN: Final = -(1 << 63)
 INT64_MAX: Final = (1 << 63) - 1
 SIZES_SHOWN: Final = 64  # entries of each rank's passed sizes shown in a mismatch message
+_MAX_TIMEOUT_S: Final = 1e9  # about 31 years; timedelta holds up to 999999999 days
 
 CONTRACTS: Final = ("sum", "local", "mean")
 """Gradient contracts, in the order of their wire codes."""
@@ -431,21 +432,28 @@ def _code_of(value: str, table: Sequence[str]) -> int:
 def parse_timeout(timeout: object) -> timedelta | None:
     """``timeout=`` as a positive ``timedelta`` (``None`` stays ``None``).
 
-    Accepts seconds (int or float) or a ``timedelta``; ``ArgumentError`` otherwise.
+    Accepts seconds (int or float) or a ``timedelta``; ``ArgumentError`` otherwise,
+    including for a duration ``timedelta`` cannot hold.
     """
     if timeout is None:
         return None
     if isinstance(timeout, timedelta):
         seconds = timeout.total_seconds()
     elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        seconds = float(timeout)
+        try:
+            seconds = float(timeout)
+        except OverflowError:
+            seconds = math.inf
     else:
         raise ArgumentError(
             "timeout must be None, a number of seconds or a datetime.timedelta, got "
             f"{_describe_value(timeout)}"
         )
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ArgumentError(f"timeout must be a positive, finite duration, got {timeout!r}")
+    if not (math.isfinite(seconds) and 0 < seconds <= _MAX_TIMEOUT_S):
+        raise ArgumentError(
+            f"timeout must be a positive duration of at most {_MAX_TIMEOUT_S:g} s, got "
+            f"{_describe_value(timeout)}"
+        )
     return timeout if isinstance(timeout, timedelta) else timedelta(seconds=seconds)
 
 
@@ -501,7 +509,7 @@ def local_record(
         fail(Status.BAD_VALIDATE, t=_describe_value(validate))
     try:
         parse_timeout(timeout)
-    except ArgumentError:
+    except Exception:  # ArgumentError, or anything an exotic number type raises
         fail(Status.BAD_TIMEOUT, t=_describe_value(timeout))
     else:
         if timeout is not None and info.communicates and not per_call_timeout_supported(info):
@@ -697,6 +705,25 @@ def _disagreement(
     )
 
 
+def _impossible(rec: MetadataRecord, n_transports: int) -> str | None:
+    """What makes a status-OK record one ``local_record`` cannot produce, if anything."""
+    if not 1 <= rec.ndim <= MAX_NDIM or len(rec.shape) != rec.ndim:
+        return f"ndim={rec.ndim}"
+    if any(n < 0 for n in rec.shape):
+        return f"shape={rec.shape}"
+    if not 0 <= rec.normalized_dim < rec.ndim:
+        return f"normalized_dim={rec.normalized_dim}"
+    if not 0 < rec.dtype_code <= len(_DTYPES):
+        return f"dtype_code={rec.dtype_code}"
+    if not 0 <= rec.contract_code < len(CONTRACTS):
+        return f"contract_code={rec.contract_code}"
+    if not 0 <= rec.transport_code < n_transports:
+        return f"transport_code={rec.transport_code}"
+    if not -1 <= rec.device_code < len(_DEVICE_TYPES):
+        return f"device_code={rec.device_code}"
+    return None
+
+
 def validate_records(
     records: Sequence[MetadataRecord], *, rank: int, transports: Sequence[str]
 ) -> Layout:
@@ -714,6 +741,16 @@ def validate_records(
             f"all_gather_v: invalid arguments on rank(s) {[r for r, _ in bad]}: {details}",
             ranks=[r for r, _ in bad],
         )
+
+    for r, rec in enumerate(records):
+        problem = _impossible(rec, len(transports))
+        if problem is not None:
+            raise ProtocolMismatchError(
+                f"all_gather_v: rank {r} sent a record vargather cannot have produced "
+                f"({problem}): expected a record of this vargather version (another "
+                "version, or another collective issued on this group?)",
+                ranks=[r],
+            )
 
     def dtype_name(c: object) -> str:
         return str(_DTYPES[c - 1]) if isinstance(c, int) and 0 < c <= len(_DTYPES) else repr(c)

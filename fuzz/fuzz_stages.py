@@ -1,0 +1,708 @@
+"""Fuzz targets for vargather's single-process stages.
+
+Not part of the pipeline: each target is a Hypothesis ``@given`` test of one stage, so
+it runs three ways:
+
+* ``python fuzz/fuzz_stages.py --minutes N [--target NAME] [--db PATH]``: Hypothesis
+  drives every target (or one) for N minutes in all, with a persistent example
+  database; prints examples run and failures; exits 1 on a failure. Saved failures
+  are replayed first on the next run.
+* ``python fuzz/fuzz_stages.py --atheris --target NAME [-- atheris options]``: atheris
+  (optional, not a dependency) drives ``NAME.hypothesis.fuzz_one_input``;
+* ``pytest fuzz/fuzz_stages.py``: once, as ordinary tests.
+
+The targets (the stage under test in brackets):
+
+``record_round_trip`` [metadata wire format]
+    any realistic ``MetadataRecord`` encodes to ``RECORD_LENGTH`` int64 values and
+    decodes back (integers saturated into int64, text ASCII-replaced and cut).
+``decode_is_total`` [metadata decode + validation]
+    any int64 matrix decodes to records or raises ``ProtocolMismatchError``; validating
+    decoded records returns a ``Layout`` or raises a ``VarGatherError``, nothing else.
+``local_record_is_total`` [local checks]
+    ``local_record`` never raises, whatever the arguments (a rank that raised there
+    would leave its peers waiting), and its record survives the wire.
+``verdict_is_rank_independent`` [cross-rank validation]
+    for W ranks' calls, every rank reaches the same verdict (same class and message,
+    or the same layout), and the verdict is "valid" exactly when an independent check
+    of the raw arguments says the call is valid.
+``pad_compact_round_trip`` [padding, compaction]
+    padding W ragged shards into a ``(W, pre, max, post)`` buffer, or laying them out
+    rank-major, then compacting, gives ``torch.cat`` bit for bit; and the backward's
+    buffers (``scatter_into_padded``, ``rank_major_gradient``) put each rank's block
+    where the transports expect it.
+``layout_math`` [layout]
+    offsets are the exclusive prefix sums, blocks tile ``[0, total)``, ``max_size``
+    and ``is_even`` agree with the sizes; invalid layouts raise ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+import vargather
+from vargather import _compaction, _padding
+from vargather._comm import GroupInfo
+from vargather._layout import Layout
+from vargather._metadata import (
+    CONTRACTS,
+    GLOO_DTYPES,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_NDIM,
+    RECORD_LENGTH,
+    STATUS_ERRORS,
+    TEXT_WORDS,
+    MetadataRecord,
+    Status,
+    decode_record,
+    encode_record,
+    local_record,
+    validate_records,
+)
+from vargather._transport import TRANSPORT_NAMES
+
+DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
+EXAMPLES: dict[str, int] = {}
+
+# deadline: a first call into torch can take a while; too_slow / data_too_large: the
+# targets draw tensors and argument lists on purpose; none of these is a defect here.
+FUZZ_SETTINGS = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    database=DirectoryBasedExampleDatabase(DEFAULT_DB),
+    max_examples=100,
+)
+
+BODIES: dict[str, tuple[Callable[..., None], tuple[st.SearchStrategy[Any], ...]]] = {}
+
+
+def target(
+    *strategies: st.SearchStrategy[Any],
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register a target's body and its strategies; ``build`` makes the ``@given`` test."""
+
+    def register(body: Callable[..., None]) -> Callable[..., None]:
+        BODIES[body.__name__] = (body, strategies)
+        return body
+
+    return register
+
+
+def build(name: str, config: settings) -> Callable[..., None]:
+    """A fresh ``@given`` test of target ``name`` under ``config``. Hypothesis keys its
+    database by the body, so every build of a target shares its saved examples."""
+    body, strategies = BODIES[name]
+    return config(given(*strategies)(body))
+
+
+def _count(name: str) -> None:
+    EXAMPLES[name] = EXAMPLES.get(name, 0) + 1
+
+
+def _sat(v: int) -> int:
+    return max(INT64_MIN, min(INT64_MAX, v))
+
+
+# --- strategies --------------------------------------------------------------------------
+
+huge_ints = st.one_of(
+    st.integers(-5, 40),
+    st.integers(INT64_MIN - 10, INT64_MIN + 10),
+    st.integers(INT64_MAX - 10, INT64_MAX + 10),
+    st.integers(-(2**80), 2**80),
+)
+
+GLOO_NAMES = sorted(str(d).removeprefix("torch.") for d in GLOO_DTYPES)
+OTHER_DTYPES = ["uint16", "float8_e4m3fn", "complex32"]
+
+
+@st.composite
+def tensors(draw: st.DrawFn, shape: Sequence[int] | None = None) -> torch.Tensor:
+    """A tensor of any gloo dtype (sometimes another), shape, layout or device."""
+    if shape is None:
+        ndim = draw(st.integers(0, 4))
+        shape = draw(st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim))
+    dtype = getattr(torch, draw(st.sampled_from(GLOO_NAMES + OTHER_DTYPES)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "ComplexHalf support is experimental"
+        t = torch.zeros(tuple(shape), dtype=dtype)
+    kind = draw(st.sampled_from(["plain"] * 6 + ["sparse", "meta", "view", "grad"]))
+    if kind == "sparse" and dtype in GLOO_DTYPES and t.ndim > 0:
+        return t.to_sparse()
+    if kind == "meta":
+        return t.to("meta")
+    if kind == "view" and t.ndim >= 2:
+        return t.transpose(0, -1)
+    if kind == "grad" and (dtype.is_floating_point or dtype.is_complex) and dtype in GLOO_DTYPES:
+        return t.requires_grad_(True)
+    return t
+
+
+def anything() -> st.SearchStrategy[Any]:
+    """Python values a caller might pass by mistake."""
+    return st.one_of(
+        st.none(),
+        st.booleans(),
+        huge_ints,
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=80),
+        st.binary(max_size=8),
+        st.lists(st.one_of(huge_ints, st.floats(), st.booleans(), st.none()), max_size=5),
+        st.tuples(huge_ints, huge_ints),
+        st.builds(timedelta, seconds=st.floats(-10, 10)),
+        st.just(object()),
+        st.just(torch.tensor(1)),
+        st.just(torch.tensor(1.5)),
+    )
+
+
+def sizes_values(world_size: int) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.none(),
+        st.lists(huge_ints, min_size=0, max_size=world_size + 2),
+        st.lists(st.integers(0, 4), min_size=world_size, max_size=world_size),
+        st.lists(st.integers(0, 4), min_size=world_size, max_size=world_size).map(tuple),
+        st.lists(st.integers(-3, 4), min_size=world_size, max_size=world_size).map(
+            lambda v: torch.tensor(v, dtype=torch.int64)
+        ),
+        st.lists(st.integers(0, 4), min_size=1, max_size=world_size + 1).flatmap(
+            lambda v: st.sampled_from(["int32", "float32", "bool", "uint8", "2d"]).map(
+                lambda k: (
+                    torch.tensor(v).reshape(1, -1)
+                    if k == "2d"
+                    else torch.tensor(v, dtype=getattr(torch, k))
+                )
+            )
+        ),
+        anything(),
+    )
+
+
+def infos(world_size: int) -> st.SearchStrategy[GroupInfo]:
+    return st.integers(0, world_size - 1).map(
+        lambda r: GroupInfo(None, r, world_size, world_size > 1, "gloo")
+    )
+
+
+# --- targets -------------------------------------------------------------------------------
+
+
+@st.composite
+def records(draw: st.DrawFn) -> MetadataRecord:
+    ndim = draw(st.integers(0, MAX_NDIM + 8))
+    shape = tuple(
+        draw(st.lists(st.integers(0, INT64_MAX), min_size=min(ndim, MAX_NDIM), max_size=ndim))
+    )[:MAX_NDIM]
+    return MetadataRecord(
+        status=draw(st.sampled_from(list(Status))),
+        detail_a=draw(huge_ints),
+        detail_b=draw(huge_ints),
+        text=draw(st.text(max_size=100)),
+        ndim=ndim,
+        dtype_code=draw(st.integers(0, 40)),
+        dim=draw(huge_ints),
+        normalized_dim=draw(st.integers(-1, ndim)),
+        contract_code=draw(st.integers(-1, 5)),
+        transport_code=draw(st.integers(-1, 5)),
+        requires_grad=draw(st.booleans()),
+        device_code=draw(st.integers(-1, 10)),
+        sizes_len=draw(huge_ints),
+        sizes_own=draw(huge_ints),
+        sizes_sum=draw(huge_ints),
+        sizes_hash=draw(st.integers(-1, (1 << 61) - 2)),
+        shape=shape,
+    )
+
+
+@target(records())
+def record_round_trip(record: MetadataRecord) -> None:
+    _count("record_round_trip")
+    values = encode_record(record)
+    assert len(values) == RECORD_LENGTH
+    assert all(isinstance(v, int) and INT64_MIN <= v <= INT64_MAX for v in values)
+    back = decode_record(torch.tensor(values, dtype=torch.int64).tolist(), rank=0)
+    text = record.text.encode("ascii", "replace")[: 8 * TEXT_WORDS].rstrip(b"\0").decode()
+    want = MetadataRecord(
+        status=record.status,
+        detail_a=_sat(record.detail_a),
+        detail_b=_sat(record.detail_b),
+        text=text,
+        ndim=record.ndim,
+        dtype_code=record.dtype_code,
+        dim=_sat(record.dim),
+        normalized_dim=record.normalized_dim,
+        contract_code=record.contract_code,
+        transport_code=record.transport_code,
+        requires_grad=record.requires_grad,
+        device_code=record.device_code,
+        sizes_len=_sat(record.sizes_len),
+        sizes_own=_sat(record.sizes_own),
+        sizes_sum=_sat(record.sizes_sum),
+        sizes_hash=record.sizes_hash,
+        shape=record.shape[: min(record.ndim, MAX_NDIM)],
+    )
+    assert back == want, (back, want)
+
+
+@target(
+    st.integers(1, 4).flatmap(
+        lambda w: st.lists(
+            st.lists(
+                st.one_of(st.integers(INT64_MIN, INT64_MAX), st.integers(-3, 40)),
+                min_size=RECORD_LENGTH,
+                max_size=RECORD_LENGTH,
+            ),
+            min_size=w,
+            max_size=w,
+        )
+    ),
+    st.booleans(),
+)
+def decode_is_total(rows: list[list[int]], genuine_header: bool) -> None:
+    _count("decode_is_total")
+    if genuine_header:
+        header = encode_record(_ok_record())[:2]
+        rows = [header + row[2:] for row in rows]
+    decoded = []
+    refused: vargather.ProtocolMismatchError | None = None
+    for r, row in enumerate(rows):
+        try:
+            decoded.append(decode_record(row, rank=r))
+        except vargather.ProtocolMismatchError as err:
+            refused = err
+            break
+    if refused is not None:
+        assert refused.ranks == (len(decoded),)
+        return
+    for r in range(len(decoded)):
+        try:
+            layout = validate_records(decoded, rank=r, transports=TRANSPORT_NAMES)
+        except vargather.VarGatherError:
+            continue
+        assert layout.rank == r
+        assert layout.world_size == len(decoded)
+
+
+def _ok_record() -> MetadataRecord:
+    return local_record(
+        torch.zeros(1),
+        0,
+        sizes=None,
+        contract="sum",
+        transport="auto",
+        transports=TRANSPORT_NAMES,
+        info=GroupInfo(None, 0, 1, False, "none"),
+    )
+
+
+@st.composite
+def calls(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
+    """One rank's arguments: mostly plausible, sometimes anything."""
+    x = draw(st.one_of(tensors(), tensors(), anything()))
+    return {
+        "x": x,
+        "dim": draw(st.one_of(st.integers(-5, 5), anything())),
+        "sizes": draw(sizes_values(world_size)),
+        "contract": draw(st.one_of(st.sampled_from(CONTRACTS), anything())),
+        "transport": draw(st.one_of(st.sampled_from(TRANSPORT_NAMES), anything())),
+        "validate": draw(st.one_of(st.just(True), anything())),
+        "timeout": draw(st.one_of(st.none(), st.floats(0.5, 100), anything())),
+    }
+
+
+@target(st.integers(1, 4).flatmap(lambda w: st.tuples(calls(w), infos(w))))
+def local_record_is_total(args: tuple[dict[str, Any], GroupInfo]) -> None:
+    _count("local_record_is_total")
+    call, info = args
+    rec = local_record(
+        call["x"],
+        call["dim"],
+        sizes=call["sizes"],
+        contract=call["contract"],
+        transport=call["transport"],
+        transports=TRANSPORT_NAMES,
+        info=info,
+        validate=call["validate"],
+        timeout=call["timeout"],
+    )
+    values = encode_record(rec)
+    assert all(INT64_MIN <= v <= INT64_MAX for v in values)
+    back = decode_record(values, rank=info.rank)
+    assert back.status == rec.status
+    assert back.shape == rec.shape
+    if rec.status is not Status.OK:
+        assert rec.status in STATUS_ERRORS
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """W ranks' calls around one valid base call, some ranks changed."""
+    w = draw(st.integers(1, 4))
+    ndim = draw(st.integers(1, 3))
+    dim = draw(st.integers(-ndim, ndim - 1))
+    trail = draw(st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim))
+    sizes = draw(st.lists(st.integers(0, 4), min_size=w, max_size=w))
+    dtype = draw(st.sampled_from(GLOO_NAMES))
+    grad = draw(st.sampled_from(CONTRACTS))
+    transport = draw(st.sampled_from(TRANSPORT_NAMES))
+    floating = getattr(torch, dtype).is_floating_point or getattr(torch, dtype).is_complex
+    requires_grad = floating and draw(st.booleans())
+    pass_sizes = draw(st.booleans())
+    out = []
+    for r in range(w):
+        shape = list(trail)
+        shape[dim] = sizes[r]
+        x = torch.zeros(tuple(shape), dtype=getattr(torch, dtype)).requires_grad_(requires_grad)
+        call = {
+            "x": x,
+            "dim": dim,
+            "sizes": list(sizes) if pass_sizes else None,
+            "contract": grad,
+            "transport": transport,
+            "validate": True,
+            "timeout": None,
+        }
+        if draw(st.integers(0, 3)) == 0:
+            key = draw(st.sampled_from(sorted(call)))
+            other = calls(w).map(lambda c, key=key: c[key])  # type: ignore[misc]
+            call[key] = draw(other)
+        out.append(call)
+    return out
+
+
+def _tensor_ok(x: object) -> bool:
+    return (
+        isinstance(x, torch.Tensor)
+        and x.layout == torch.strided
+        and x.device.type == "cpu"
+        and x.dtype in GLOO_DTYPES
+        and 1 <= x.ndim <= MAX_NDIM
+    )
+
+
+def _int_like(v: object) -> int | None:
+    if isinstance(v, bool):
+        return None
+    try:
+        return int(v.__index__())  # type: ignore[attr-defined]
+    except Exception:
+        return None
+
+
+def _valid_world(world: list[dict[str, Any]]) -> bool:
+    """An independent statement of what a valid call is."""
+    w = len(world)
+    xs = [c["x"] for c in world]
+    if not all(_tensor_ok(x) for x in xs):
+        return False
+    dims = [_int_like(c["dim"]) for c in world]
+    if any(d is None or not -x.ndim <= d < x.ndim for d, x in zip(dims, xs, strict=True)):
+        return False
+    norm = [d % x.ndim for d, x in zip(dims, xs, strict=True)]  # type: ignore[operator]
+    if len({x.ndim for x in xs}) != 1 or len(set(norm)) != 1 or len({x.dtype for x in xs}) != 1:
+        return False
+    d = norm[0]
+    if len({tuple(x.shape[:d]) + tuple(x.shape[d + 1 :]) for x in xs}) != 1:
+        return False
+    for c in world:
+        if c["contract"] not in CONTRACTS or not isinstance(c["contract"], str):
+            return False
+        if c["transport"] not in TRANSPORT_NAMES or not isinstance(c["transport"], str):
+            return False
+        if not isinstance(c["validate"], bool):
+            return False
+        t = c["timeout"]
+        if t is not None:
+            seconds = t.total_seconds() if isinstance(t, timedelta) else t
+            if isinstance(t, bool) or not isinstance(seconds, (int, float)):
+                return False
+            if not (math.isfinite(seconds) and 0 < seconds <= 1e9) or w > 1:
+                return False  # no live group here, so no per-call timeout either
+    if len({c["contract"] for c in world}) != 1 or len({c["transport"] for c in world}) != 1:
+        return False
+    truth = [x.shape[d] for x in xs]
+    for c in world:
+        s = c["sizes"]
+        if s is None:
+            continue
+        if isinstance(s, torch.Tensor):
+            if s.is_floating_point() or s.is_complex() or s.dtype == torch.bool or s.ndim != 1:
+                return False
+            s = s.tolist()
+        elif isinstance(s, (str, bytes)) or not isinstance(s, Sequence):
+            return False
+        ints = [_int_like(v) for v in s]
+        if any(
+            v is None
+            or isinstance(e, bool)
+            or (isinstance(e, torch.Tensor) and e.is_floating_point())
+            for v, e in zip(ints, s, strict=True)
+        ):
+            return False
+        if ints != truth:
+            return False
+    grads = {bool(x.requires_grad) and torch.is_grad_enabled() for x in xs}
+    return not (world[0]["contract"] != "local" and len(grads) != 1)
+
+
+@target(worlds())
+def verdict_is_rank_independent(world: list[dict[str, Any]]) -> None:
+    _count("verdict_is_rank_independent")
+    w = len(world)
+    recs = [
+        local_record(
+            c["x"],
+            c["dim"],
+            sizes=c["sizes"],
+            contract=c["contract"],
+            transport=c["transport"],
+            transports=TRANSPORT_NAMES,
+            info=GroupInfo(None, r, w, w > 1, "gloo"),
+            validate=c["validate"],
+            timeout=c["timeout"],
+        )
+        for r, c in enumerate(world)
+    ]
+    wire = [decode_record(encode_record(rec), rank=r) for r, rec in enumerate(recs)]
+    verdicts: list[tuple[str, str] | Layout] = []
+    errors: list[vargather.VarGatherError] = []
+    for r in range(w):
+        try:
+            verdicts.append(validate_records(wire, rank=r, transports=TRANSPORT_NAMES))
+        except vargather.VarGatherError as err:
+            errors.append(err)
+            verdicts.append((type(err).__name__, str(err)))
+    for err in errors:
+        assert err.ranks, err
+        assert all(0 <= b < w for b in err.ranks), err
+        assert all(f"{b}" in str(err) for b in err.ranks), err
+    first = verdicts[0]
+    if isinstance(first, tuple):
+        assert all(v == first for v in verdicts), verdicts
+        assert not _valid_world(world), f"a valid call was refused: {first}"
+        return
+    assert _valid_world(world), "an invalid call was accepted"
+    for r, v in enumerate(verdicts):
+        assert isinstance(v, Layout)
+        assert v.rank == r
+        assert (v.sizes, v.dim, v.dtype, v.leading_shape, v.trailing_shape) == (
+            first.sizes,
+            first.dim,
+            first.dtype,
+            first.leading_shape,
+            first.trailing_shape,
+        )
+    xs = [c["x"] for c in world]
+    assert first.sizes == tuple(x.shape[first.dim] for x in xs)
+
+
+@st.composite
+def ragged_shards(draw: st.DrawFn) -> tuple[list[torch.Tensor], Layout]:
+    w = draw(st.integers(1, 4))
+    ndim = draw(st.integers(1, 4))
+    dim = draw(st.integers(0, ndim - 1))
+    trail = draw(st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim))
+    sizes = draw(
+        st.one_of(
+            st.lists(st.integers(0, 5), min_size=w, max_size=w),
+            st.integers(0, 5).map(lambda n: [n] * w),
+        )
+    )
+    dtype = getattr(torch, draw(st.sampled_from(GLOO_NAMES)))
+    seed = draw(st.integers(0, 2**31))
+    gen = torch.Generator().manual_seed(seed)
+    shards = []
+    for n in sizes:
+        shape = list(trail)
+        shape[dim] = n
+        raw = torch.randint(0, 256, (math.prod(shape) * dtype.itemsize,), generator=gen)
+        t = raw.to(torch.uint8).view(dtype).reshape(shape)
+        if draw(st.booleans()) and t.ndim >= 2:
+            t = t.transpose(0, -1).contiguous().transpose(0, -1)
+        shards.append(t)
+    layout = Layout(
+        sizes=tuple(sizes),
+        dim=dim,
+        leading_shape=tuple(trail[:dim]),
+        trailing_shape=tuple(trail[dim + 1 :]),
+        dtype=dtype,
+        rank=draw(st.integers(0, w - 1)),
+        world_size=w,
+    )
+    return shards, layout
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+@target(ragged_shards())
+def pad_compact_round_trip(case: tuple[list[torch.Tensor], Layout]) -> None:
+    _count("pad_compact_round_trip")
+    shards, layout = case
+    want = torch.cat(shards, dim=layout.dim)
+    # Padded: what an equal all_gather of the padded blocks leaves in the buffer.
+    padded = [
+        _padding.pad_blocks(_padding.as_blocks(x, n, layout), layout.max_size)
+        for x, n in zip(shards, layout.sizes, strict=True)
+    ]
+    buffer = torch.stack(padded) if padded else torch.empty(0)
+    assert _same_bits(_compaction.compact_padded(buffer, layout), want)
+    # Rank-major: what alltoallv leaves (each rank's block, flat, one after another).
+    flat = torch.cat(
+        [_padding.as_blocks(x, x.shape[layout.dim], layout).reshape(-1) for x in shards]
+    )
+    assert _same_bits(_compaction.compact_rank_major(flat, layout), want)
+    # Backward buffers: rank r's block of the full gradient lands where r reads it.
+    scattered = _padding.scatter_into_padded(want, layout)
+    major = _padding.rank_major_gradient(want, layout)
+    start = 0
+    for r, x in enumerate(shards):
+        n = layout.sizes[r]
+        block = x.reshape(layout.pre, n, layout.post)
+        assert _same_bits(scattered[r, :, :n], block)
+        count = layout.pre * n * layout.post
+        assert _same_bits(major[start : start + count].view(layout.pre, n, layout.post), block)
+        start += count
+
+
+@target(
+    st.lists(st.integers(-2, 10**6), min_size=0, max_size=6),
+    st.integers(-1, 6),
+    st.integers(-1, 4),
+    st.lists(st.integers(0, 4), max_size=4),
+)
+def layout_math(sizes: list[int], rank: int, dim: int, other: list[int]) -> None:
+    _count("layout_math")
+    lead, trail = tuple(other[: max(dim, 0)]), tuple(other[max(dim, 0) :])
+    args = {
+        "sizes": tuple(sizes),
+        "dim": dim,
+        "leading_shape": lead,
+        "trailing_shape": trail,
+        "dtype": torch.float32,
+        "rank": rank,
+        "world_size": len(sizes),
+    }
+    valid = (
+        len(sizes) > 0
+        and 0 <= rank < len(sizes)
+        and all(n >= 0 for n in sizes)
+        and dim == len(lead)
+    )
+    try:
+        layout = Layout(**args)  # type: ignore[arg-type]
+    except ValueError:
+        assert not valid
+        return
+    assert valid
+    assert layout.offsets == tuple(sum(sizes[:r]) for r in range(len(sizes)))
+    assert layout.total == sum(sizes)
+    assert layout.max_size == max(sizes)
+    assert layout.is_even == (len(set(sizes)) == 1)
+    covered = [i for r in range(len(sizes)) for i in range(layout.total)[layout.block(r)]]
+    assert covered == list(range(layout.total))
+    assert layout.output_shape == (*lead, layout.total, *trail)
+    assert layout.shard_shape(rank) == (*lead, sizes[rank], *trail)
+    assert layout.local_offset == layout.offsets[rank]
+    assert layout.pre == math.prod(lead)
+    assert layout.post == math.prod(trail)
+
+
+TARGETS: dict[str, Callable[..., None]] = {name: build(name, FUZZ_SETTINGS) for name in BODIES}
+"""Each target as a ``@given`` test; ``TARGETS[name].hypothesis.fuzz_one_input`` is
+what atheris (or any byte-level fuzzer) drives."""
+
+for _name, _test in TARGETS.items():  # so that ``pytest fuzz/fuzz_stages.py`` runs them
+    globals()[f"test_{_name}"] = _test
+
+
+# --- the runner ----------------------------------------------------------------------------
+
+
+def run_timed(
+    names: Sequence[str], seconds: float, db_path: str, chunk: int = 200
+) -> tuple[dict[str, int], list[str]]:
+    """Drive each target with Hypothesis for its share of ``seconds``.
+
+    Each round is one ``@given`` run of up to ``chunk`` examples against the database,
+    so a failure saved by an earlier run is replayed first. Returns (examples run per
+    target, failure reports); a target stops at its first failure.
+    """
+    config = settings(FUZZ_SETTINGS, database=DirectoryBasedExampleDatabase(db_path))
+    failures: list[str] = []
+    share = seconds / max(1, len(names))
+    for name in names:
+        end = time.monotonic() + share
+        while True:
+            test = build(name, settings(config, max_examples=chunk))
+            try:
+                test()
+            except Exception as err:  # a failure, shrunk and saved by Hypothesis
+                failures.append(f"{name}: {type(err).__name__}: {err}")
+                break
+            if time.monotonic() >= end:
+                break
+    return dict(EXAMPLES), failures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=1.0, help="time for all targets")
+    parser.add_argument("--target", choices=sorted(TARGETS), action="append")
+    parser.add_argument("--db", default=DEFAULT_DB, help=f"example database (default {DEFAULT_DB})")
+    parser.add_argument("--atheris", action="store_true", help="drive one --target with atheris")
+    args, rest = parser.parse_known_args(argv)
+    names = args.target or sorted(TARGETS)
+    if args.atheris:
+        if len(names) != 1:
+            parser.error("--atheris drives exactly one --target")
+        try:
+            import atheris  # type: ignore[import-not-found]  # optional, not a dependency
+        except ImportError:
+            print("atheris is not installed: pip install atheris", file=sys.stderr)
+            return 2
+        test = build(
+            names[0], settings(FUZZ_SETTINGS, database=DirectoryBasedExampleDatabase(args.db))
+        )
+        seconds = max(1, int(args.minutes * 60))
+        atheris.Setup(
+            [sys.argv[0], f"-max_total_time={seconds}", *rest],
+            test.hypothesis.fuzz_one_input,  # type: ignore[attr-defined]
+        )
+        atheris.Fuzz()
+        return 0
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    started = time.monotonic()
+    counts, failures = run_timed(names, args.minutes * 60, args.db)
+    elapsed = time.monotonic() - started
+    print(f"fuzz_stages: {elapsed:.0f} s, database {args.db}")
+    for name in names:
+        print(f"  {name}: {counts.get(name, 0)} examples")
+    print(f"  total: {sum(counts.values())} examples, {len(failures)} failure(s)")
+    for failure in failures:
+        print(f"FAILURE {failure}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
