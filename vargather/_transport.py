@@ -24,7 +24,8 @@ Transports registered here (``TRANSPORTS``; the name is what ``transport=`` forc
     (a stride-0 ``expand`` is refused: "Tensors must be contiguous"), so the send
     buffer holds this rank's block ``W`` times: ``W x n_r`` extra memory. Backward:
     one alltoallv sending each rank its block of the gradient, then a sum of the
-    ``W`` received blocks.
+    ``W`` received blocks (in a few rounds when that would take more than twice the
+    output's memory, see ``alltoallv_rounds``).
 ``broadcast``
     unpadded and copy-free: the output is allocated once, rank-major, and each rank
     ``r`` with ``n_r > 0`` broadcasts its block straight into the view
@@ -46,6 +47,7 @@ rank picks the same one. The measurements behind the policy are in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Final, Protocol
 
@@ -77,6 +79,7 @@ __all__ = [
     "PaddedTransport",
     "Transport",
     "ViewsTransport",
+    "alltoallv_rounds",
     "auto_transport_name",
     "choose_transport",
     "payload_bytes",
@@ -144,25 +147,59 @@ def _reduce_scatter_blocks(
     return received.view(layout.shard_shape(layout.rank))
 
 
+def alltoallv_rounds(layout: Layout) -> int:
+    """How many alltoallv rounds the alltoallv backward takes, to bound its memory.
+
+    In one round rank r receives its block from every rank (``W x n_r`` rows) and
+    allocates its gradient (``n_r``): at most twice the output when ``(W + 1) max_r n_r
+    <= 2 total``. Otherwise every block is cut into ``k`` pieces sent in ``k`` rounds,
+    each with a send buffer of ``~total / k`` and a receive buffer of ``W n_r / k``, and
+    ``k = ceil((total + W max) / (2 total - max))`` keeps
+    ``n_r + (total + W n_r) / k <= 2 total``. Every rank computes the same ``k``.
+    """
+    w, m, t = layout.world_size, layout.max_size, layout.total
+    if (w + 1) * m <= 2 * t:
+        return 1
+    return math.ceil((t + w * m) / (2 * t - m))  # m <= t, so 2t - m >= t > 0
+
+
 def _alltoallv_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-    """The sum contract's backward through one alltoallv and a local sum.
+    """The sum contract's backward through alltoallv and a local sum.
 
     Rank ``j`` sends ``g_j[o_r : o_r + n_r]`` to every rank ``r`` (the rank-major
     gradient is exactly the send buffer), then each rank sums the ``W`` blocks it
-    received. Memory: ``W x n_r`` rows received.
+    received. In ``alltoallv_rounds(layout)`` rounds when one would need more than
+    twice the output's memory; each round then sends piece ``c`` of every block.
     """
     w = layout.world_size
     send = rank_major_gradient(grad_output, layout)
-    own = layout.pre * layout.local_size * layout.post
-    received = send.new_empty(w * own)
-    all_to_all_uneven(
-        received,
-        send,
-        output_splits=[own] * w,
-        input_splits=[layout.pre * n * layout.post for n in layout.sizes],
-        info=info,
-    )
-    return received.view(w, own).sum(0).view(layout.shard_shape(layout.rank))
+    elems = [layout.pre * n * layout.post for n in layout.sizes]
+    own = elems[layout.rank]
+    rounds = alltoallv_rounds(layout)
+    if rounds == 1:
+        received = send.new_empty(w * own)
+        all_to_all_uneven(received, send, output_splits=[own] * w, input_splits=elems, info=info)
+        return received.view(w, own).sum(0).view(layout.shard_shape(layout.rank))
+    starts = [0]
+    for e in elems[:-1]:
+        starts.append(starts[-1] + e)
+    result = send.new_empty(own)
+    for c in range(rounds):
+        lo = [e * c // rounds for e in elems]
+        hi = [e * (c + 1) // rounds for e in elems]
+        pieces = [send[starts[r] + lo[r] : starts[r] + hi[r]] for r in range(w)]
+        piece = hi[layout.rank] - lo[layout.rank]
+        received = send.new_empty(w * piece)
+        all_to_all_uneven(
+            received,
+            torch.cat(pieces),
+            output_splits=[piece] * w,
+            input_splits=[h - lo_r for h, lo_r in zip(hi, lo, strict=True)],
+            info=info,
+        )
+        torch.sum(received.view(w, piece), dim=0, out=result[lo[layout.rank] : hi[layout.rank]])
+        del received, pieces
+    return result.view(layout.shard_shape(layout.rank))
 
 
 def _unpadded_backward(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
