@@ -657,7 +657,8 @@ def run_timed(
             try:
                 test()
             except Exception as err:  # a failure, shrunk and saved by Hypothesis
-                failures.append(f"{name}: {type(err).__name__}: {err}")
+                notes = "\n".join(getattr(err, "__notes__", []))
+                failures.append(f"{name}: {type(err).__name__}: {err}\n{notes}".rstrip())
                 break
             if time.monotonic() >= end:
                 break

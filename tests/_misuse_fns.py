@@ -626,6 +626,13 @@ CATALOGUE: Final[tuple[Misuse, ...]] = (
         fragments=lambda w, o: (f"rank {o}: transport must be one of", "'ring'"),
     ),
     Misuse(
+        name="transport-unavailable-on-gloo",
+        summary="one rank forces transport='views', which gloo cannot run",
+        error=vargather.ArgumentError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, transport="views")),
+        fragments=lambda w, o: (f"rank {o}: transport='views'", "gloo"),
+    ),
+    Misuse(
         name="validate-not-a-bool",
         summary="one rank passes validate='yes'",
         error=vargather.ArgumentError,

@@ -265,3 +265,17 @@ def test_sizes_that_lie_about_a_peer_go_undetected_without_validation() -> None:
 
 def test_metadata_of_a_non_tensor_stays_on_the_cpu_under_gloo() -> None:
     assert get_pool(2).run(fns.metadata_device, None) == ["cpu", "cpu"]
+
+
+@pytest.mark.parametrize("transport", ["padded", "alltoallv"])
+def test_int16_which_gloo_refuses_travels_as_bytes(transport: str) -> None:
+    """gloo answers "Invalid scalar type" for int16 (found by fuzz/fuzz_multirank.py);
+    vargather moves its bytes instead, bit for bit."""
+    pool = get_pool(2)
+    calls = tuple(
+        fns.Call(fns.TensorSpec((fns._size(r), 3), "int16"), transport=transport) for r in (0, 1)
+    )
+    results = pool.run(fns.run_call, fns.Scenario(calls))
+    want, _ = fns.expected_of(fns.Scenario(calls))
+    for got in results:
+        assert fns.same_bytes(got.output, want)

@@ -67,6 +67,7 @@ from ._errors import (
     VarGatherError,
 )
 from ._layout import Layout
+from ._transport import unsupported_reason
 
 __all__ = [
     "CONTRACTS",
@@ -124,7 +125,8 @@ _DTYPES: Final[tuple[torch.dtype, ...]] = (
 )
 
 GLOO_DTYPES: Final[frozenset[torch.dtype]] = frozenset(_DTYPES[:12])
-"""Dtypes the gloo backend carries (measured on torch 2.13)."""
+"""Dtypes vargather gathers on gloo (int16 travels as bytes: gloo itself refuses it,
+see ``_comm``)."""
 
 _DEVICE_TYPES: Final = ("cpu", "cuda", "xpu", "mps", "meta", "hpu", "privateuseone")
 _BACKEND_DEVICES: Final[dict[str, frozenset[str]]] = {
@@ -156,6 +158,7 @@ class Status(IntEnum):
     BAD_VALIDATE = 16
     BAD_TIMEOUT = 17
     TIMEOUT_UNSUPPORTED = 18
+    TRANSPORT_UNSUPPORTED = 19
 
 
 STATUS_ERRORS: Final[dict[Status, type[VarGatherError]]] = {
@@ -177,6 +180,7 @@ STATUS_ERRORS: Final[dict[Status, type[VarGatherError]]] = {
     Status.BAD_VALIDATE: ArgumentError,
     Status.BAD_TIMEOUT: ArgumentError,
     Status.TIMEOUT_UNSUPPORTED: ArgumentError,
+    Status.TRANSPORT_UNSUPPORTED: ArgumentError,
 }
 """The error class every rank raises for a rank's local problem."""
 
@@ -505,6 +509,8 @@ def local_record(
     transport_code = _code_of(transport, transports) if isinstance(transport, str) else -1
     if transport_code < 0:
         fail(Status.BAD_TRANSPORT, t=repr(transport)[:64])
+    elif info.communicates and unsupported_reason(transports[transport_code], info.backend):
+        fail(Status.TRANSPORT_UNSUPPORTED, transport_code, t=info.backend[:64])
     if not isinstance(validate, bool):
         fail(Status.BAD_VALIDATE, t=_describe_value(validate))
     try:
@@ -662,6 +668,11 @@ def _problem_text(rec: MetadataRecord, *, rank: int | None, transports: Sequence
         Status.BAD_VALIDATE: lambda: f"validate must be a bool, got {t}",
         Status.BAD_TIMEOUT: lambda: (
             f"timeout must be None, or a positive number of seconds or timedelta, got {t}"
+        ),
+        Status.TRANSPORT_UNSUPPORTED: lambda: (
+            unsupported_reason(transports[a], t) or f"transport unavailable on backend {t}"
+            if 0 <= a < len(transports)
+            else f"a transport unavailable on backend {t}"
         ),
         Status.TIMEOUT_UNSUPPORTED: lambda: (
             f"a per-call timeout needs a backend whose timeout torch can read and set, "
