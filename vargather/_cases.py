@@ -84,10 +84,12 @@ __all__ = [
     "main",
     "make_upstream",
     "make_values",
+    "parse_case",
     "properties",
     "reset_example_counts",
     "run_cases",
     "run_on_rank",
+    "transport_refusals",
 ]
 
 # --- vocabulary ----------------------------------------------------------------------
@@ -1244,6 +1246,43 @@ def parse_case(text: str) -> GatherCase:
     return GatherCase(**kwargs)
 
 
+# --- which transports run here ------------------------------------------------------------
+
+
+def _probe_transport(ctx: RankContextLike, name: str) -> None:
+    """Rank function: one small uneven float32 gather with ``transport=name``."""
+    from ._api import all_gather_v
+
+    x = torch.zeros(ctx.rank + 1, 2)
+    all_gather_v(x, 0, transport=name)  # type: ignore[arg-type]  # names come from TRANSPORT_NAMES at run time
+
+
+def transport_refusals(names: Sequence[str], *, world_size: int = 2) -> dict[str, str]:
+    """The transports vargather itself refuses on this backend, with its message.
+
+    Asked, not hard-coded: each name runs one small uneven gather. A refusal is every
+    rank raising the same ``VarGatherError`` (not a ``CollectiveError``, which means the
+    transport was accepted and then failed) with the same message; anything else,
+    including a wrong result or a crash, leaves the transport in the suite to fail there.
+    """
+    from ._errors import CollectiveError, VarGatherError
+    from ._pool import get_pool
+
+    pool = get_pool(world_size)
+    refused: dict[str, str] = {}
+    for name in names:
+        outcomes = pool.run_outcomes(_probe_transport, name)
+        errors = [o.exception for o in outcomes]
+        first = errors[0]
+        if (
+            isinstance(first, VarGatherError)
+            and not isinstance(first, CollectiveError)
+            and all(type(e) is type(first) and str(e) == str(first) for e in errors)
+        ):
+            refused[name] = f"{type(first).__name__}: {first}"
+    return refused
+
+
 # --- the properties ---------------------------------------------------------------------------
 
 
@@ -1271,89 +1310,90 @@ def properties(
     implementation: Implementation = VARGATHER,
     *,
     transports: Sequence[str] | None = None,
-    max_world_size: int = 4,
+    world_sizes: Sequence[int] = (1, 2, 3, 4),
     batch_size: int = 8,
 ) -> list[Property]:
     """The suite's properties for ``implementation``, in a fixed order.
 
-    ``transports``: the names to test (default: every name the implementation takes);
-    ``matches_oracle`` is one property per transport.
+    One property per world size (Hypothesis draws small integers far more often than
+    large ones, so a world size drawn per example would leave the 4-rank worlds
+    nearly untested), and for ``matches_oracle`` one per transport too; the cheap
+    one-rank properties first:
+
+    * ``uninitialized``: in the calling process, torch.distributed not initialized;
+    * ``one_rank_world``: W=1 with torch.distributed initialized, every transport;
+    * ``matches_oracle[W=w,t]``: forward bit for bit, layout/sizes, gradients;
+    * ``adjoint[W=w]``: the adjoint identity under ``sum`` (if claimed);
+    * ``subgroup[W=w]``: a subgroup of a w-rank world (the vargather convention).
+
+    ``transports``: the names to test (default: every name the implementation takes).
     """
     from . import strategies as vst
 
     names = tuple(transports) if transports is not None else (implementation.transports or ())
-    per_transport: tuple[str | None, ...] = names or (None,)
+    every: tuple[str, ...] | None = names or None
+    multi = sorted({w for w in world_sizes if w >= 2})
     props: list[Property] = []
-    common = dict(implementation=implementation, max_batch=batch_size)
-    for t in per_transport:
-        suffix = f"[{t}]" if t is not None else ""
-        props.append(
-            Property(
-                f"matches_oracle{suffix}",
-                "forward equals torch.cat bit for bit, gradients equal the oracle's, on "
-                f"worlds of 1 to {max_world_size} ranks",
-                vst.case_batches(
-                    min_world_size=1,
-                    max_world_size=max_world_size,
-                    transports=None if t is None else (t,),
-                    **common,  # type: ignore[arg-type]  # implementation and max_batch, typed above
-                ),
-                implementation,
-            )
+
+    def add(name: str, statement: str, **kwargs: Any) -> None:
+        strategy = vst.case_batches(
+            implementation=implementation, max_batch=batch_size, transports=every, **kwargs
         )
-    sum_claimed = "sum" in implementation.contracts
-    if sum_claimed:
-        props.append(
-            Property(
-                "adjoint",
-                "sum_r <dx_r, x_r> == sum_j <g_j, out_j> exactly under grad='sum'",
-                vst.case_batches(
-                    min_world_size=2,
-                    max_world_size=max_world_size,
-                    contracts=("sum",),
-                    values=("integers",),
-                    upstream=("integers",),
-                    requires_grad=True,
-                    **common,  # type: ignore[arg-type]  # implementation and max_batch, typed above
-                ),
-                implementation,
-            )
-        )
-    props.append(
-        Property(
+        props.append(Property(name, statement, strategy, implementation))
+
+    add(
+        "uninitialized",
+        "without torch.distributed the gather is the identity, gradients flowing",
+        min_world_size=1,
+        max_world_size=1,
+        initialized=False,
+    )
+    if 1 in world_sizes:
+        add(
             "one_rank_world",
             "a world of one rank is the identity, gradients flowing",
-            vst.case_batches(min_world_size=1, max_world_size=1, **common),  # type: ignore[arg-type]  # implementation and max_batch
-            implementation,
+            min_world_size=1,
+            max_world_size=1,
         )
-    )
-    props.append(
-        Property(
-            "uninitialized",
-            "without torch.distributed the gather is the identity, gradients flowing",
-            vst.case_batches(
-                min_world_size=1,
-                max_world_size=1,
-                initialized=False,
-                **common,  # type: ignore[arg-type]  # implementation and max_batch, typed above
-            ),
-            implementation,
-        )
-    )
-    if implementation.convention == "vargather" and max_world_size >= 2:
-        props.append(
-            Property(
-                "subgroup",
-                "a subgroup gathers its members' shards only, in group-rank order",
-                vst.case_batches(
-                    min_world_size=2,
-                    max_world_size=max_world_size,
-                    subgroups=True,
-                    **common,  # type: ignore[arg-type]  # implementation and max_batch, typed above
-                ),
-                implementation,
+    for w in multi:
+        for t in names or (None,):
+            kwargs: dict[str, Any] = {"min_world_size": w, "max_world_size": w}
+            suffix = f"W={w}" if t is None else f"W={w},{t}"
+            if t is not None:
+                kwargs["transports"] = (t,)
+            strategy = vst.case_batches(
+                implementation=implementation, max_batch=batch_size, **kwargs
             )
-        )
+            props.append(
+                Property(
+                    f"matches_oracle[{suffix}]",
+                    "the output equals torch.cat bit for bit, the returned layout or sizes "
+                    "are the true ones, the gradients equal the oracle's",
+                    strategy,
+                    implementation,
+                )
+            )
+    if "sum" in implementation.contracts:
+        for w in multi:
+            add(
+                f"adjoint[W={w}]",
+                "sum_r <dx_r, x_r> == sum_j <g_j, out_j> exactly under grad='sum'",
+                min_world_size=w,
+                max_world_size=w,
+                contracts=("sum",),
+                values=("integers",),
+                upstream=("integers",),
+                requires_grad=True,
+            )
+    if implementation.convention == "vargather":
+        for w in multi:
+            add(
+                f"subgroup[W={w}]",
+                "a subgroup gathers its members' shards only, in group-rank order",
+                min_world_size=w,
+                max_world_size=w,
+                subgroups=True,
+            )
     return props
 
 

@@ -283,6 +283,15 @@ class _Draws:
         )
 
 
+def _group_sizes(lo: int, hi: int) -> SearchStrategy[int]:
+    """Group sizes in [lo, hi], proper groups of 2 or more three times as likely as a
+    group of one (which is the identity and exercises little)."""
+    sizes = [n for n in range(max(lo, 2), hi + 1) for _ in range(3)]
+    if lo <= 1 <= hi:
+        sizes.append(1)
+    return st.sampled_from(sizes)
+
+
 def _world_bounds(
     world_size: int | None, min_world_size: int, max_world_size: int
 ) -> tuple[int, int]:
@@ -387,13 +396,10 @@ def gather_cases(
         return draw_case()
 
     pools = st.just(pool_size) if pool_size is not None else st.integers(max(lo, 2), hi)
+    smallest = lo if world_size is not None else 1
     group_sizes = {
-        p: st.integers(lo if world_size is not None else 1, min(hi, p)) for p in range(1, hi + 1)
+        p: _group_sizes(smallest, min(hi, p)) for p in {*range(1, hi + 1), pool_size or 1}
     }
-    if pool_size is not None:
-        group_sizes[pool_size] = st.integers(
-            lo if world_size is not None else 1, min(hi, pool_size)
-        )
 
     @st.composite
     def draw_subgroup_case(draw: st.DrawFn) -> GatherCase:

@@ -1,0 +1,212 @@
+"""pytest configuration: Hypothesis profiles, ``--max-examples``, the suite's figures.
+
+Hypothesis profiles, registered here explicitly (Hypothesis loads a built-in ``ci``
+profile of its own when ``CI`` is set; ours replaces it under the same name):
+
+``dev`` (the default)
+    randomized, with the example database, no deadline; ``DEV_EXAMPLES`` per test.
+``ci`` (loaded when the ``CI`` environment variable is set)
+    ``derandomize=True``, no database, no deadline, a fixed ``CI_EXAMPLES`` per test,
+    so every CI run executes the same cases.
+``fuzz``
+    long runs (``FUZZ_EXAMPLES`` per test), randomized, with the database.
+
+``--hypothesis-profile NAME`` picks one explicitly; ``--max-examples N`` overrides the
+loaded profile's ``max_examples``. No deadline anywhere: a multi-rank example includes
+process round trips whose time varies with the machine's load, and the first example of
+a session includes starting the rank pools.
+
+At the end of the run a summary line states how many multi-rank examples (gather cases
+run on a gloo world and judged against the oracle) ran, per world size, across all
+xdist workers, and the mutation score when the mutant catalogue ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+
+DEV_EXAMPLES = 30
+CI_EXAMPLES = 30
+FUZZ_EXAMPLES = 2_000
+
+settings.register_profile(
+    "dev",
+    deadline=None,
+    max_examples=DEV_EXAMPLES,
+    print_blob=True,
+)
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=CI_EXAMPLES,
+    print_blob=True,
+)
+settings.register_profile(
+    "fuzz",
+    deadline=None,
+    max_examples=FUZZ_EXAMPLES,
+    print_blob=True,
+    phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+    verbosity=Verbosity.normal,
+    # A long run spends most of its time in rank round trips, not in generation; the
+    # health check that times generation measures the machine's load, not the strategy.
+    suppress_health_check=(HealthCheck.too_slow,),
+)
+_DEFAULT_PROFILE = "ci" if os.environ.get("CI") else "dev"
+settings.load_profile(_DEFAULT_PROFILE)
+
+_STARTED = time.monotonic()
+_WORKER_COUNTS: Counter[tuple[str, str]] = Counter()
+_WORKER_MUTANTS: dict[str, str] = {}
+_WORKER_REFUSED: dict[str, str] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--max-examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="override the Hypothesis profile's max_examples for every property test",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    n = config.getoption("--max-examples")
+    if n is not None:
+        if n < 1:
+            raise pytest.UsageError(f"--max-examples={n} must be >= 1")
+        settings.register_profile("vargather-max-examples", settings(), max_examples=n)
+        settings.load_profile("vargather-max-examples")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    current = settings()
+    profile = config.getoption("--hypothesis-profile", default=None) or _DEFAULT_PROFILE
+    override = config.getoption("--max-examples")
+    return (
+        f"vargather property suite: Hypothesis profile {profile!r}"
+        + (f" with --max-examples={override}" if override else "")
+        + f" (max_examples={current.max_examples}, derandomize={current.derandomize})"
+    )
+
+
+# --- fixtures ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def refused_transports() -> dict[str, str]:
+    """Transports vargather refuses on gloo (name -> its message), asked once."""
+    import vargather
+    from vargather._cases import transport_refusals
+
+    refused = transport_refusals(vargather.TRANSPORT_NAMES)
+    _WORKER_REFUSED.update(refused)
+    return refused
+
+
+def _transport_names() -> tuple[str, ...]:
+    import vargather
+
+    return tuple(vargather.TRANSPORT_NAMES)
+
+
+@pytest.fixture(scope="session", params=_transport_names())
+def transport(request: pytest.FixtureRequest, refused_transports: dict[str, str]) -> str:
+    """Every name in ``vargather.TRANSPORT_NAMES`` that vargather accepts on gloo."""
+    name: str = request.param
+    if name in refused_transports:
+        pytest.skip(
+            f"transport={name!r} is refused by vargather on gloo (asked, not assumed): "
+            f"{refused_transports[name]}"
+        )
+    return name
+
+
+@pytest.fixture(scope="session")
+def usable_transports(refused_transports: dict[str, str]) -> tuple[str, ...]:
+    return tuple(t for t in _transport_names() if t not in refused_transports)
+
+
+# --- the figures at the end ----------------------------------------------------------------
+
+
+def _local_counts() -> Counter[tuple[str, str]]:
+    import sys
+
+    cases = sys.modules.get("vargather._cases")
+    if cases is None:
+        return Counter()
+    return Counter(cases.example_counts())
+
+
+def _local_mutants() -> dict[str, str]:
+    import sys
+
+    mutants = sys.modules.get("tests.mutants")
+    return dict(getattr(mutants, "RESULTS", {})) if mutants is not None else {}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput: dict[str, Any] | None = getattr(session.config, "workeroutput", None)
+    if workeroutput is None:
+        return
+    counts = [[label, world, n] for (label, world), n in _local_counts().items()]
+    workeroutput["vargather_counts"] = json.dumps(counts)
+    workeroutput["vargather_mutants"] = json.dumps(_local_mutants())
+    workeroutput["vargather_refused"] = json.dumps(_WORKER_REFUSED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    output = getattr(node, "workeroutput", {})
+    for label, world, n in json.loads(output.get("vargather_counts", "[]")):
+        _WORKER_COUNTS[(label, world)] += n
+    _WORKER_MUTANTS.update(json.loads(output.get("vargather_mutants", "{}")))
+    _WORKER_REFUSED.update(json.loads(output.get("vargather_refused", "{}")))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    counts = _local_counts() + _WORKER_COUNTS
+    mutants = {**_local_mutants(), **_WORKER_MUTANTS}
+    if not counts and not mutants:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.write_sep("-", "vargather property suite")
+    elapsed = time.monotonic() - _STARTED
+    by_impl: dict[str, Counter[str]] = {}
+    for (label, world), n in counts.items():
+        by_impl.setdefault(label, Counter())[world] += n
+    for label in sorted(by_impl, key=lambda name: (name.startswith("tests."), name)):
+        worlds = by_impl[label]
+        multirank = sum(n for w, n in worlds.items() if w.startswith("W="))
+        detail = ", ".join(f"{w}: {worlds[w]}" for w in sorted(worlds))
+        write(f"{label}: {multirank} multi-rank examples on gloo worlds ({detail})")
+    own = sum(
+        n
+        for (label, world), n in counts.items()
+        if world.startswith("W=") and not label.startswith("tests.")
+    )
+    write(
+        f"multi-rank examples against vargather's own entry points: {own} "
+        f"in {elapsed:.0f} s of session time"
+    )
+    for name, reason in sorted(_WORKER_REFUSED.items()):
+        write(f"transport {name!r} not tested: vargather refuses it on gloo ({reason[:160]})")
+    if mutants:
+        caught = sum(1 for v in mutants.values() if v)
+        write(
+            f"mutation score: {caught}/{len(mutants)} mutants caught "
+            f"({100.0 * caught / len(mutants):.0f}%)"
+        )
+        for name, by in sorted(mutants.items()):
+            write(f"  {name}: " + (f"caught by {by}" if by else "SURVIVED"))

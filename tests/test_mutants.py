@@ -1,0 +1,121 @@
+"""Mutation testing of the property suite itself: it must catch every mutant.
+
+Each mutant in ``tests/mutants`` is vargather's pipeline with exactly one bug. For
+each, the test
+
+1. runs the mutant's ``BENIGN`` case and requires it to pass (the mutant imports, runs
+   on a gloo world and is otherwise a correct gather);
+2. runs the suite's properties (``vargather._cases.properties``: the same strategies,
+   the same rank-side runner and the same judge as ``tests/test_properties.py``)
+   round-robin in their fixed order, a few seeded batches at a time, until one finds a
+   batch on which the mutant fails **and the unbroken pipeline passes** (so a bug of
+   vargather's own cannot be mistaken for the mutant's).
+
+``test_the_unbroken_pipeline_passes_the_search`` is the control: the same runs
+against ``tests/mutants/faithful.py`` find nothing. The mutation score is printed at
+the end of the session (``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable, Sequence
+
+import pytest
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis.errors import NoSuchExample
+
+from vargather._cases import VARGATHER, GatherCase, Implementation, Property, properties, run_cases
+
+from .mutants import MUTANTS, RESULTS, Mutant, implementation
+
+ROUNDS = 4
+PER_ROUND = 2
+BATCH = 4
+"""The search: ``ROUNDS`` passes over the properties in their fixed order, each pass
+giving every property ``PER_ROUND`` batches of up to ``BATCH`` cases, seeded by
+(round, property index) so every run draws the same batches. Round-robin, so a mutant
+that only one late property can see is reached after a few batches of each."""
+
+
+def _search_settings() -> settings:
+    return settings(
+        database=None,
+        max_examples=PER_ROUND,
+        phases=(Phase.generate,),  # the first failing batch is enough: no shrinking
+        deadline=None,
+        # find() counts each batch's rank round trips as generation time; the too_slow
+        # check would measure the pools, not the strategy.
+        suppress_health_check=(HealthCheck.too_slow,),
+    )
+
+
+def _props(impl: Implementation, transports: tuple[str, ...]) -> list[Property]:
+    return properties(impl, transports=transports, batch_size=BATCH)
+
+
+@functools.cache
+def _controls(transports: tuple[str, ...]) -> dict[str, Property]:
+    return {p.name: p for p in _props(implementation("faithful", transports), transports)}
+
+
+def _search(
+    props: Sequence[Property],
+    condition: Callable[[Property, list[GatherCase]], bool],
+    rounds: int,
+) -> tuple[str, list[GatherCase]] | None:
+    """The first (property name, batch) satisfying ``condition``, round-robin."""
+    for round_ in range(rounds):
+        for index, prop in enumerate(props):
+            try:
+                batch = find(
+                    prop.strategy,
+                    functools.partial(condition, prop),
+                    settings=_search_settings(),
+                    random=random.Random(1000 * round_ + index),
+                )
+            except NoSuchExample:
+                continue
+            return prop.name, batch
+    return None
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_the_property_suite_catches_the_mutant(
+    mutant: Mutant, usable_transports: tuple[str, ...]
+) -> None:
+    impl = mutant.implementation(usable_transports)
+    (verdict,) = run_cases([mutant.benign], impl)
+    assert verdict.ok, (
+        f"mutant {mutant.name} fails its benign case, so it is broken beyond its one bug: "
+        f"{verdict.failures or verdict.not_run}"
+    )
+    controls = _controls(usable_transports)
+
+    def caught(prop: Property, batch: list[GatherCase]) -> bool:
+        return prop.fails(batch) and not controls[prop.name].fails(batch)
+
+    found = _search(_props(impl, usable_transports), caught, ROUNDS)
+    RESULTS[mutant.name] = found[0] if found else ""
+    assert found is not None, (
+        f"no property caught mutant {mutant.name} ({mutant.bug}) in {ROUNDS} rounds of "
+        f"{PER_ROUND} batches per property"
+    )
+
+
+@pytest.mark.multirank
+def test_the_unbroken_pipeline_passes_the_search(usable_transports: tuple[str, ...]) -> None:
+    """The control: ``faithful`` (the mutants' base, unbroken) fails no property on the
+    batches of the search's first round, apart from what vargather itself gets wrong
+    (``test_properties.py`` reports that)."""
+    reference = {p.name: p for p in _props(VARGATHER, usable_transports)}
+
+    def differs(prop: Property, batch: list[GatherCase]) -> bool:
+        return prop.fails(batch) and not reference[prop.name].fails(batch)
+
+    found = _search(list(_controls(usable_transports).values()), differs, 1)
+    assert found is None, (
+        f"the unbroken pipeline fails {found[0]} where vargather passes: {found[1]}"
+    )

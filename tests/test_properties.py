@@ -1,0 +1,367 @@
+"""The multi-rank property suite: vargather against the single-process oracle on gloo.
+
+Each property test draws batches of ``GatherCase`` s (``vargather.strategies``), runs
+every case on a real gloo world from ``vargather.testing`` (one pool round trip per
+batch) and judges the ranks' reports against ``vargather.oracle``
+(``vargather._cases.judge``): the forward bit for bit, gradients under the case's
+contract with upstream gradients that differ per rank, the returned layout or sizes.
+The same ``Property`` objects drive the mutant catalogue (``tests/test_mutants.py``)
+and ``python -m vargather check``.
+
+The second half checks the case model itself: that the strategies validate their
+arguments, that the seeded values really cover each dtype's range, that memory layouts
+really are non-contiguous, that a described case reproduces.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import vargather
+from vargather import strategies as vst
+from vargather._cases import (
+    COMPAT,
+    DTYPE_NAMES,
+    VARGATHER,
+    GatherCase,
+    Implementation,
+    Property,
+    describe,
+    make_upstream,
+    make_values,
+    parse_case,
+    properties,
+)
+
+ALL_GATHER_V = Implementation(
+    "vargather:all_gather_v", transports=vargather.TRANSPORT_NAMES, name="vargather.all_gather_v"
+)
+
+
+def _by_name(props: list[Property]) -> dict[str, Property]:
+    return {p.name: p for p in props}
+
+
+PROPS = _by_name(properties(VARGATHER, transports=vargather.TRANSPORT_NAMES))
+PLAIN = _by_name(properties(ALL_GATHER_V, transports=("auto",), world_sizes=(3,)))
+COMPAT_PROPS = _by_name(properties(COMPAT))
+
+
+def _run(prop: Property, data: st.DataObject) -> None:
+    prop.check(data.draw(prop.strategy, label="cases"))
+
+
+# --- vargather.all_gather_v_with_layout ------------------------------------------------
+
+
+MULTI = [2, 3, 4]
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world_size", MULTI)
+@given(data=st.data())
+def test_forward_and_gradients_match_the_oracle(
+    world_size: int, transport: str, data: st.DataObject
+) -> None:
+    """Every dtype, dim (negative too), contract, sizes form and memory layout: the
+    output equals ``torch.cat`` bit for bit (dtype, shape, device too), the returned
+    layout is the true one, and each rank's input gradient equals the oracle's under
+    the case's contract."""
+    _run(PROPS[f"matches_oracle[W={world_size},{transport}]"], data)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world_size", MULTI)
+@given(data=st.data())
+def test_adjoint_identity_under_the_sum_contract(world_size: int, data: st.DataObject) -> None:
+    """``Σ_r <dx_r, x_r> == Σ_j <g_j, out_j>`` exactly, from the implementation's own
+    forward and backward (small integers, so float64 sums are exact)."""
+    _run(PROPS[f"adjoint[W={world_size}]"], data)
+
+
+@pytest.mark.multirank
+@given(data=st.data())
+def test_a_world_of_one_rank_is_the_identity(data: st.DataObject) -> None:
+    """torch.distributed initialized with a single rank: ``out == x``, gradients flow."""
+    _run(PROPS["one_rank_world"], data)
+
+
+@given(data=st.data())
+def test_without_torch_distributed_the_gather_is_the_identity(data: st.DataObject) -> None:
+    """In this (pytest) process torch.distributed is not initialized: identity, gradients
+    flowing, under every contract."""
+    _run(PROPS["uninitialized"], data)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world_size", MULTI)
+@given(data=st.data())
+def test_a_subgroup_gathers_only_its_members(world_size: int, data: st.DataObject) -> None:
+    """``group=`` a subgroup of a 2-4 rank world: the members' shards only, in group-rank
+    order, with every contract (``mean`` divides by the group's size)."""
+    _run(PROPS[f"subgroup[W={world_size}]"], data)
+
+
+@pytest.mark.multirank
+@given(data=st.data())
+def test_all_gather_v_returns_the_gathered_tensor(data: st.DataObject) -> None:
+    """The plain ``all_gather_v`` entry point, through the same checks."""
+    _run(PLAIN["matches_oracle[W=3,auto]"], data)
+
+
+# --- vargather.compat ----------------------------------------------------------------------
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("name", sorted(COMPAT_PROPS))
+@given(data=st.data())
+def test_compat_has_the_seed_semantics(name: str, data: st.DataObject) -> None:
+    """``vargather.compat.all_gather(x, dim, sizes) -> (tensor, sizes)`` with the seed's
+    ``local`` contract: sizes a 1-d int64 tensor, ``(x, None)`` without a multi-rank
+    world, this rank's slice of its own upstream gradient."""
+    _run(COMPAT_PROPS[name], data)
+
+
+def test_every_property_runs_for_vargather() -> None:
+    """The suite covers every transport name and every claimed property."""
+    names = set(PROPS)
+    for w in MULTI:
+        assert {f"matches_oracle[W={w},{t}]" for t in vargather.TRANSPORT_NAMES} <= names
+        assert {f"adjoint[W={w}]", f"subgroup[W={w}]"} <= names
+    assert {"one_rank_world", "uninitialized"} <= names
+    assert set(COMPAT_PROPS) == {
+        *(f"matches_oracle[W={w}]" for w in MULTI),
+        "one_rank_world",
+        "uninitialized",
+    }
+
+
+# --- the case model ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"min_world_size": 3, "max_world_size": 2},
+            "min_world_size=3 is larger than max_world_size=2",
+        ),
+        ({"world_size": 0}, "world_size=0 must be >= 1"),
+        ({"world_size": 2.0}, "world_size=2.0 must be an int"),
+        ({"min_ndim": 0}, "min_ndim=0 must be >= 1"),
+        ({"min_ndim": 3, "max_ndim": 2}, "min_ndim=3 is larger than max_ndim=2"),
+        ({"max_side": 0}, "max_side=0 must be >= 1"),
+        ({"dtypes": ["float8"]}, "dtypes=['float8'] contains 'float8'"),
+        ({"dtypes": "float32"}, "dtypes='float32' must be a sequence"),
+        ({"dtypes": []}, "dtypes=[] must name at least one value"),
+        ({"contracts": ["avg"]}, "contracts=['avg'] contains 'avg'"),
+        ({"transports": ["carrier-pigeon"]}, "transports=['carrier-pigeon'] contains"),
+        ({"memory": ["strided"]}, "memory=['strided'] contains 'strided'"),
+        ({"values": ["random"]}, "values=['random'] contains 'random'"),
+        ({"upstream": ["huge"]}, "upstream=['huge'] contains 'huge'"),
+        ({"requires_grad": 1}, "requires_grad=1 must be True, False or None"),
+        ({"requires_grad": True, "dtypes": ["int64"]}, "requires_grad=True needs a float"),
+        ({"initialized": False, "max_world_size": 2}, "max_world_size (initialized=False)=2"),
+        ({"pool_size": 3}, "pool_size=3 needs subgroups=True"),
+        ({"subgroups": True, "max_world_size": 1}, "subgroups=True needs max_world_size >= 2"),
+        (
+            {"subgroups": True, "implementation": COMPAT},
+            "subgroups=True needs an implementation taking group=",
+        ),
+        ({"implementation": "vargather"}, "implementation='vargather' must be"),
+        ({"memory": ["transposed"], "min_ndim": 1}, "memory=['transposed'] needs min_ndim >= 2"),
+    ],
+)
+def test_gather_cases_validates_its_arguments_eagerly(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+        vst.gather_cases(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (lambda: vst.case_batches(max_batch=0), "max_batch=0 must be >= 1"),
+        (lambda: vst.case_batches(world_size=2), "case_batches() takes no world_size="),
+        (lambda: vst.case_batches(dtypes=["x"]), "dtypes=['x'] contains 'x'"),
+        (lambda: vst.ragged_sizes(world_size=2, min_size=3, max_size=1), "min_size=3 is larger"),
+        (
+            lambda: vst.upstream_grads(shape=(2,), dtype="int32", world_size=2),
+            "dtype='int32' has no gradients",
+        ),
+        (lambda: vst.upstream_grads(shape=(-1,), dtype="float32", world_size=2), "shape[0]=-1"),
+        (lambda: vst.dtypes(names=["float7"]), "names=['float7'] contains 'float7'"),
+    ],
+)
+def test_the_other_strategies_validate_their_arguments(factory: Any, message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+        factory()
+
+
+def _float_bits(t: torch.Tensor) -> set[int]:
+    width = {8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()]
+    return set(t.view(width).tolist())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_full_values_cover_the_special_floats(dtype: torch.dtype) -> None:
+    values = torch.cat([make_values((64,), dtype, seed, "full") for seed in range(8)])
+    finite = values[values.isfinite()]
+    info = torch.finfo(dtype)
+    assert bool((values == math.inf).any())
+    assert bool((values == -math.inf).any())
+    assert bool(((values == 0) & values.signbit()).any()), "no -0.0"
+    assert bool(((finite != 0) & (finite.abs() < info.smallest_normal)).any()), "no subnormal"
+    assert bool((finite.abs() == info.max).any())
+    nan_patterns = _float_bits(values[values.isnan()])
+    canonical = _float_bits(torch.tensor([math.nan], dtype=dtype))
+    assert len(nan_patterns - canonical) >= 2, "no NaN payloads"
+    assert any(p < 0 for p in nan_patterns), "no negative NaN"
+
+
+def test_full_float64_values_include_values_float32_cannot_hold() -> None:
+    values = torch.cat([make_values((64,), torch.float64, seed, "full") for seed in range(4)])
+    finite = values[values.isfinite()]
+    lossy = finite.to(torch.float32).to(torch.float64) != finite
+    assert int(lossy.sum()) >= 32
+
+
+def test_full_integer_values_include_the_extremes() -> None:
+    values = torch.cat([make_values((64,), torch.int64, seed, "full") for seed in range(8)])
+    as_float = values.to(torch.float64).to(torch.int64)
+    assert int(values.max()) == torch.iinfo(torch.int64).max
+    assert int(values.min()) == torch.iinfo(torch.int64).min
+    assert bool((as_float != values).any()), "no int64 value that float64 cannot hold"
+    for dtype in (torch.int32, torch.int16, torch.int8, torch.uint8):
+        small = torch.cat([make_values((64,), dtype, s, "full") for s in range(8)])
+        assert int(small.max()) == torch.iinfo(dtype).max
+        assert int(small.min()) == torch.iinfo(dtype).min
+
+
+def test_full_complex_values_have_special_parts() -> None:
+    values = torch.cat([make_values((64,), torch.complex128, s, "full") for s in range(8)])
+    assert bool((values.real.isnan() & values.imag.isfinite()).any())
+    assert bool((values.imag.isinf() & values.real.isfinite()).any())
+    assert bool(((values.imag == 0) & values.imag.signbit()).any())
+
+
+def test_values_are_deterministic_in_the_seed() -> None:
+    a = make_values((3, 5), torch.bfloat16, 7, "full")
+    b = make_values((3, 5), torch.bfloat16, 7, "full")
+    c = make_values((3, 5), torch.bfloat16, 8, "full")
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    assert not torch.equal(a.view(torch.int16), c.view(torch.int16))
+
+
+@given(
+    grads=st.sampled_from(["float32", "complex64", "bfloat16"]).flatmap(
+        lambda d: vst.upstream_grads(shape=(2, 3), dtype=d, world_size=4)
+    )
+)
+def test_upstream_gradients_differ_on_every_rank(grads: list[torch.Tensor]) -> None:
+    for r in range(1, len(grads)):
+        assert not torch.equal(grads[0], grads[r])
+
+
+def test_integer_upstream_gradients_are_small_integers() -> None:
+    g = make_upstream((50,), torch.float32, 3, 2, "integers")
+    assert torch.equal(g, g.round())
+    assert float(g.abs().max()) <= 8
+    assert float(g[0]) == 3.0  # rank 2's marker: rank + 1
+
+
+def _case(**kw: Any) -> GatherCase:
+    base: dict[str, Any] = {
+        "shapes": ((2, 3, 4), (2, 1, 4)),
+        "dim": -2,
+        "dtype": "float64",
+        "seed": 11,
+    }
+    base.update(kw)
+    return GatherCase(**base)
+
+
+def test_memory_layouts_are_what_they_say() -> None:
+    case = _case(memory=("transposed", "sliced"))
+    t, s = case.shard(0), case.shard(1)
+    assert not t.is_contiguous()
+    assert t.stride() == (1, 2, 6)
+    assert not s.is_contiguous()
+    assert s.storage_offset() > 0
+    assert t.is_leaf
+    assert t.requires_grad
+    assert s.is_leaf
+    assert s.requires_grad
+    for r in range(2):
+        assert torch.equal(
+            case.shard(r).detach().view(torch.int64), case.shard_values(r).view(torch.int64)
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"shapes": ((2, 3, 4), (2, 1, 5))}, "differ outside dim=-2"),
+        ({"shapes": ((2,), (2, 1))}, "must all have the same ndim"),
+        ({"dim": 3}, "dim=3 is out of range for 3-d shapes"),
+        ({"dtype": "float8_e4m3fn"}, "dtype='float8_e4m3fn' is not one of"),
+        ({"contract": "avg"}, "contract='avg' is not one of"),
+        ({"memory": ("contiguous",)}, "must have one entry per rank (2)"),
+        ({"dtype": "int32"}, "requires_grad=True needs a float or complex dtype"),
+        ({"members": (0, 0)}, "members=(0, 0) must be 2 sorted distinct ranks"),
+        ({"pool_size": 3}, "pool_size=3 differs from the 2 ranks"),
+        ({"initialized": False}, "initialized=False (torch.distributed not initialized) needs"),
+        ({"seed": -1}, "seed=-1 must be an int >= 0"),
+    ],
+)
+def test_cases_validate_their_fields(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _case(**kwargs)
+
+
+def test_describe_names_everything_needed_to_reproduce() -> None:
+    case = _case(
+        contract="mean", transport="padded", sizes_form="tensor", members=(1, 3), pool_size=4
+    )
+    text = describe(case)
+    for fragment in (
+        "2 rank(s)",
+        "subgroup [1, 3]",
+        "per-rank shapes [(2, 3, 4), (2, 1, 4)]",
+        "dim=-2",
+        "dtype=float64",
+        "grad='mean'",
+        "transport='padded'",
+        "seed=11",
+        "python -m vargather._cases",
+    ):
+        assert fragment in text
+    command = text.rsplit("reproduce: ", 1)[1]
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "-m", "vargather._cases"]
+    assert parse_case(argv[3]) == case
+
+
+@given(vst.gather_cases(subgroups=True))
+def test_drawn_cases_reproduce_from_their_repr(case: GatherCase) -> None:
+    assert parse_case(repr(case)) == case
+    assert case.expected().output.shape == case.output_shape
+
+
+def test_parse_case_refuses_anything_but_literals() -> None:
+    with pytest.raises(ValueError, match="malformed"):
+        parse_case("GatherCase(shapes=__import__('os').getcwd(), dim=0, dtype='float32')")
+    with pytest.raises(ValueError, match="expected GatherCase"):
+        parse_case("print('hi')")
+
+
+def test_dtype_names_are_every_dtype_vargather_gathers_on_gloo() -> None:
+    assert set(DTYPE_NAMES) == {str(d).removeprefix("torch.") for d in vargather.GLOO_DTYPES}
+    assert DTYPE_NAMES[0] == "float32"
