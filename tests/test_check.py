@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from vargather import _check
+import vargather
+from vargather import _cases, _check
 from vargather._check import (
     EXIT_FAILED,
     EXIT_OK,
@@ -210,13 +211,34 @@ def test_import_error_from_the_command_line(tmp_path: Path) -> None:
 
 
 def test_call_convention_is_detected(in_root: None) -> None:
-    assert resolve_impl(SEED).convention == "seed"
+    seed = resolve_impl(SEED)  # AllGather.apply: (*args, **kwargs), a Function's apply
+    assert (seed.convention, seed.takes_group, seed.transports) == ("seed", False, None)
     assert resolve_impl("vargather.compat:all_gather").convention == "seed"
     mine = resolve_impl("vargather:all_gather_v")
     assert (mine.convention, mine.takes_group) == ("vargather", True)
+    assert mine.transports == resolve_impl(None).transports
+    assert mine.transports is not None
+    assert "auto" in mine.transports
+    mutant = resolve_impl("tests.mutants.rank_order:all_gather_v")  # (x, dim=0, **kwargs)
+    assert (mutant.convention, mutant.transports) == ("vargather", mine.transports)
     forced = resolve_impl("vargather:all_gather_v", "seed")
-    assert (forced.convention, forced.takes_group) == ("seed", False)
-    assert resolve_impl(None).display == "vargather.all_gather_v"
+    assert (forced.convention, forced.takes_group, forced.transports) == ("seed", False, None)
+    narrowed = resolve_impl("vargather:all_gather_v", transports="padded, auto")
+    assert narrowed.transports == ("padded", "auto")
+    assert resolve_impl("vargather:all_gather_v", transports="none").transports is None
+    with pytest.raises(CheckUsageError, match=r"the seed's convention .* takes no transport"):
+        resolve_impl(SEED, transports="padded")
+
+
+def test_transports_vargather_refuses_on_gloo_are_named_not_run() -> None:
+    info = resolve_impl(None)
+    assert info.transports is not None
+    for name, reason in info.refused_transports:
+        assert name not in info.transports
+        assert "gloo" in reason
+    assert set(info.transports) | {n for n, _ in info.refused_transports} == set(
+        vargather.TRANSPORT_NAMES
+    )
 
 
 def test_messages_of_ranks_that_failed_alike_are_condensed() -> None:
@@ -555,6 +577,48 @@ def test_a_crash_without_torch_distributed_is_that_propertys_failure(misbehaving
     assert crash.case is not None
     assert crash.case["initialized"] is False
     assert result(report, "forward-float").status == "pass"
+
+
+# --- the mutant catalogue ---------------------------------------------------------------
+
+MUTANT_ROWS = tuple(p for p in PROPERTY_IDS if p != "uninitialized")
+"""The rows the mutant runs use: all but the in-process one, whose child process would
+cost seconds per run (leaving a row out only makes a mutant harder to catch)."""
+
+
+def _mutant_names() -> tuple[str, ...]:
+    from tests.mutants import NAMES
+
+    return NAMES
+
+
+@multirank
+@pytest.mark.parametrize("name", _mutant_names())
+def test_every_mutant_fails_the_check(name: str, in_root: None) -> None:
+    """Each deliberately broken gather of ``tests/mutants`` fails the check under some
+    claimed contract (tried in the order sum, mean, local; ``--exitfirst``), and its
+    minimal counterexample passes on the unbroken pipeline (``tests/mutants/faithful``),
+    so the catch is the mutant's bug, not a bug the mutants share."""
+    from tests.mutants import implementation
+
+    impl = f"tests.mutants.{name}:all_gather_v"
+    for grad in ("sum", "mean", "local"):
+        report = check(impl=impl, grad=grad, max_examples=4, exitfirst=True, only=MUTANT_ROWS)
+        failed = [r for r in report.results if r.status == "fail"]
+        if failed:
+            break
+    else:
+        pytest.fail(f"mutant {name} survived the check under every contract")
+    (row,) = failed
+    assert row.failure is not None
+    assert row.failure.kind in ("mismatch", "error"), row.failure
+    assert row.failure.case is not None
+    case = _cases.parse_case(row.failure.case["repr"])
+    assert report.transports is not None
+    faithful = implementation("faithful", report.transports)
+    assert not _cases.run_cases([case], implementation(name, report.transports))[0].ok
+    control = _cases.run_cases([case], faithful)[0]
+    assert control.ok, (row.id, control.failures)
 
 
 # --- no false alarms --------------------------------------------------------------------

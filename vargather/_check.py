@@ -35,7 +35,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from ._errors import VarGatherError
 
@@ -78,9 +78,7 @@ BATCH: Final = 6
 """Cases per Hypothesis example: one example is one pool round trip (``run_many``)."""
 REPORT_SCHEMA: Final = "vargather-check-report/1"
 
-Status = Literal["pass", "fail", "xfail", "xpass", "n/a"]
-STATUSES: Final = ("pass", "fail", "xfail", "xpass", "n/a")
-FailureKind = Literal["mismatch", "error", "crash", "hang", "checker"]
+STATUSES: Final = ("pass", "fail", "xfail", "xpass", "n/a", "skipped")
 FAILURE_KINDS: Final = ("mismatch", "error", "crash", "hang", "checker")
 
 
@@ -108,6 +106,8 @@ class CheckOptions:
     xfails_path: str | None = None
     json_path: str | None = None
     convention: str = "auto"
+    transports: str = "auto"
+    exitfirst: bool = False
     timeout: float = DEFAULT_TIMEOUT
     shrink_budget: float = DEFAULT_SHRINK_BUDGET
     progress: bool = True
@@ -245,6 +245,22 @@ def _parser() -> _Parser:
         ),
     )
     parser.add_argument(
+        "--transports",
+        metavar="auto|none|NAME,...",
+        default="auto",
+        help=(
+            "transport= values to call a vargather-style ATTR with; 'auto': each of "
+            "vargather's gloo transports when ATTR accepts transport=, else none "
+            "(default: auto)"
+        ),
+    )
+    parser.add_argument(
+        "-x",
+        "--exitfirst",
+        action="store_true",
+        help="stop at the first property that fails (the rest are reported as not run)",
+    )
+    parser.add_argument(
         "--timeout",
         metavar="SECONDS",
         type=float,
@@ -302,6 +318,8 @@ def parse_args(argv: Sequence[str]) -> CheckOptions:
         xfails_path=args.xfails,
         json_path=args.json,
         convention=args.convention,
+        transports=args.transports,
+        exitfirst=args.exitfirst,
         timeout=args.timeout,
         shrink_budget=args.shrink_budget,
         progress=not args.no_progress,
@@ -351,13 +369,17 @@ class ImplInfo:
 
     ``ref`` is ``None`` for vargather's own ``all_gather_v``. ``convention`` is
     ``"seed"`` (``ATTR(t, dim, sizes)``) or ``"vargather"``
-    (``ATTR(x, dim, *, sizes=None, group=None, grad=...)``).
+    (``ATTR(x, dim, *, sizes=None, group=None, grad=...)``). ``transports``: the
+    ``transport=`` names it is called with (``None``: it is not passed);
+    ``refused_transports``: vargather's names left out, with the reason.
     """
 
     ref: str | None
     display: str
     convention: str
     takes_group: bool
+    transports: tuple[str, ...] | None = None
+    refused_transports: tuple[tuple[str, str], ...] = ()
 
 
 def _split_ref(ref: str) -> tuple[str, str]:
@@ -450,28 +472,80 @@ def _short_traceback(err: BaseException, limit: int = 6) -> str:
 
 
 def _takes(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` accepts the keyword ``name`` (by name, or through ``**kwargs``)."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-    return name in params
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def resolve_impl(ref: str | None, convention: str = "auto", cwd: str | None = None) -> ImplInfo:
-    """Check ``--impl`` in the parent (import, attribute, callable) and pick its call
-    convention. ``auto``: vargather-style when ATTR has a ``grad`` or ``group``
-    parameter, the seed's ``(t, dim, sizes)`` otherwise."""
+def _is_function_apply(fn: Callable[..., Any]) -> bool:
+    """``SomeFunction.apply`` of a ``torch.autograd.Function`` (the seed's
+    ``all_gather = AllGather.apply``), whose signature is ``(*args, **kwargs)``."""
+    import torch
+
+    owner = getattr(fn, "__self__", None)
+    return (
+        getattr(fn, "__name__", None) == "apply"
+        and isinstance(owner, type)
+        and issubclass(owner, torch.autograd.Function)
+    )
+
+
+def resolve_impl(
+    ref: str | None,
+    convention: str = "auto",
+    cwd: str | None = None,
+    transports: str = "auto",
+) -> ImplInfo:
+    """Check ``--impl`` in the parent (import, attribute, callable) and pick how to call
+    it.
+
+    ``convention="auto"``: the seed's ``(t, dim, sizes)`` for a
+    ``torch.autograd.Function``'s ``apply``; vargather's when ATTR accepts ``grad=`` or
+    ``group=`` (by name or through ``**kwargs``); the seed's otherwise.
+    ``transports="auto"``: a vargather-style ATTR that accepts ``transport=`` is called
+    with each of vargather's transports that run on gloo; ``"none"``: never passed;
+    else a comma-separated list of names.
+    """
+    usable, refused = _gloo_transports()
     if ref is None:
         if convention == "seed":
             raise CheckUsageError(
                 "--convention seed needs --impl (vargather's own API is vargather-style)"
             )
-        return ImplInfo(None, "vargather.all_gather_v", "vargather", True)
+        chosen = usable if transports == "auto" else _transport_list(transports, "vargather")
+        if chosen is None:
+            raise CheckUsageError("--transports none needs --impl (vargather takes transport=)")
+        return ImplInfo(
+            None, "vargather.all_gather_v", "vargather", True, chosen, tuple(refused.items())
+        )
     fn = load_impl(ref, cwd)
     if convention == "auto":
-        convention = "vargather" if (_takes(fn, "grad") or _takes(fn, "group")) else "seed"
+        vargather_style = not _is_function_apply(fn) and (_takes(fn, "grad") or _takes(fn, "group"))
+        convention = "vargather" if vargather_style else "seed"
     takes_group = convention == "vargather" and _takes(fn, "group")
-    return ImplInfo(ref, ref, convention, takes_group)
+    if transports == "auto":
+        takes = convention == "vargather" and _takes(fn, "transport")
+        chosen = usable if takes else None
+        left_out = tuple(refused.items()) if takes else ()
+    else:
+        chosen, left_out = _transport_list(transports, convention), ()
+    return ImplInfo(ref, ref, convention, takes_group, chosen, left_out)
+
+
+def _transport_list(text: str, convention: str) -> tuple[str, ...] | None:
+    if text.strip() == "none":
+        return None
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise CheckUsageError(f"--transports: expected 'auto', 'none' or names, got {text!r}")
+    if convention == "seed":
+        raise CheckUsageError(
+            "--transports: the seed's convention ATTR(t, dim, sizes) takes no transport"
+        )
+    return names
 
 
 def rank_preflight(ctx: Any, payload: tuple[str, str]) -> str:
@@ -729,6 +803,8 @@ class Report:
             parts.append(f"{c['xpass']} xpassed (strict: a failure)")
         if c["n/a"]:
             parts.append(f"{c['n/a']} not applicable")
+        if c["skipped"]:
+            parts.append(f"{c['skipped']} skipped")
         return f"{verdict}: {', '.join(parts)} of {len(self.results)} properties in {self.seconds:.1f} s"
 
     def render(self) -> str:
@@ -738,6 +814,7 @@ class Report:
 
 
 _STATUS_TEXT: Final = {
+    "skipped": "skipped",
     "pass": "pass",
     "fail": "FAIL",
     "xfail": "xfail",
@@ -1283,6 +1360,10 @@ def _child_command(
     command = [sys.executable, "-m", "vargather", "check", "--only", row.id]
     if info.ref is not None:
         command += ["--impl", info.ref, "--convention", info.convention]
+    if info.transports is not None:
+        command += ["--transports", ",".join(info.transports)]
+    elif info.ref is not None:
+        command += ["--transports", "none"]
     command += [
         "--grad",
         options.grad,
@@ -1395,6 +1476,7 @@ def _implementation(info: ImplInfo, grad: str, cwd: str) -> Any:
         info.ref,
         convention=info.convention,
         contracts=(grad,),
+        transports=info.transports,
         search_path=(cwd,),
         name=info.ref,
     )
@@ -1524,7 +1606,7 @@ def _preflight(
 
 
 def _with_xfail(result: PropertyResult, xfails: frozenset[str]) -> PropertyResult:
-    if result.id not in xfails or result.status == "n/a":
+    if result.id not in xfails or result.status not in ("pass", "fail"):
         return result
     if result.status == "fail":
         return dataclasses.replace(result, status="xfail")
@@ -1554,9 +1636,9 @@ def run_check(
     _require_hypothesis()
     _check_json_path(options.json_path)
     cwd = ensure_import_path()
-    info = resolve_impl(options.impl, options.convention, cwd)
+    info = resolve_impl(options.impl, options.convention, cwd, options.transports)
     impl = _implementation(info, options.grad, cwd)
-    transports, refused = _gloo_transports() if info.ref is None else (None, {})
+    transports = info.transports
     world_sizes = tuple(sorted(options.world_sizes))
     if pool_factory is None:
         from ._pool import get_pool
@@ -1594,14 +1676,19 @@ def run_check(
         xfails_path=options.xfails_path,
         versions=_versions(),
         transports=transports,
-        refused_transports=refused,
+        refused_transports=dict(info.refused_transports),
     )
     progress = Progress(progress_stream, len(rows))
     try:
         for row in rows:
             progress.start(row.id)
             reason = _applies(row, info, options.grad, returns, world_sizes)
-            if reason is not None:
+            stopped = options.exitfirst and any(r.failed for r in report.results)
+            if stopped:
+                result = PropertyResult(
+                    row.id, row.title, "skipped", reason="--exitfirst: an earlier property failed"
+                )
+            elif reason is not None:
                 result = PropertyResult(row.id, row.title, "n/a", reason=reason)
             elif not row.initialized and options.in_flight is None:
                 result = _run_isolated(row, options, info)
