@@ -60,6 +60,7 @@ __all__ = [
     "all_to_all_uneven",
     "arrival_census_enabled",
     "group_timeout",
+    "movable",
     "reduce_scatter_equal",
     "reduce_scatter_uneven",
     "resolve_group",
@@ -420,10 +421,12 @@ _NATIVE_DTYPES: Final = frozenset(
 types wider than 8 bits with "Invalid scalar type"; NCCL has no int16 either)."""
 
 
-def _as_bytes(t: torch.Tensor, *, rows: bool) -> torch.Tensor:
-    """``t`` for a pure data-movement collective: itself, or its bytes when the backend
-    may not carry its dtype. Exact, as nothing is computed. ``rows``: keep dim 0 (the
-    split dimension of alltoallv) by viewing each element as a row of bytes."""
+def movable(t: torch.Tensor, *, rows: bool) -> torch.Tensor:
+    """``t`` for a pure data-movement collective (all_gather, all_to_all, broadcast):
+    itself, or its bytes when the backend may not carry its dtype. Exact, as nothing is
+    computed; a view, so received bytes land in ``t``. ``rows``: keep every dimension
+    (dim 0 is alltoallv's split dimension) by viewing each element as a row of bytes;
+    else ``t`` must be 1-d and contiguous."""
     if t.dtype in _NATIVE_DTYPES:
         return t
     return t.unsqueeze(-1).view(torch.uint8) if rows else t.view(torch.uint8)
@@ -449,8 +452,8 @@ def all_gather_equal(
     # only the "cat along dim 0" form); 1-d is accepted everywhere.
     with translate_collective_errors(what, info):
         _all_gather_single()(
-            _as_bytes(output.view(-1), rows=False),
-            _as_bytes(local.reshape(-1), rows=False),
+            movable(output.view(-1), rows=False),
+            movable(local.reshape(-1), rows=False),
             group=info.group,
         )
 
@@ -466,8 +469,8 @@ def all_gather_list(
     on NCCL, must be equal on gloo)."""
     with translate_collective_errors(what, info):
         dist.all_gather(
-            [_as_bytes(o, rows=True) for o in outputs],
-            _as_bytes(local, rows=True),
+            [movable(o, rows=True) for o in outputs],
+            movable(local, rows=True),
             group=info.group,
         )
 
@@ -506,8 +509,8 @@ def all_to_all_uneven(
     """alltoallv along dim 0: rank ``j`` receives ``input_splits[j]`` rows from each peer."""
     with translate_collective_errors(what, info):
         dist.all_to_all_single(
-            _as_bytes(output, rows=True),
-            _as_bytes(send, rows=True),
+            movable(output, rows=True),
+            movable(send, rows=True),
             output_split_sizes=list(output_splits),
             input_split_sizes=list(input_splits),
             group=info.group,

@@ -1,0 +1,362 @@
+"""Timed multi-rank fuzzing of vargather on real gloo worlds, valid and invalid calls.
+
+Not part of the pipeline: it drives the whole of it, on the persistent rank pools of
+``vargather.testing`` (2 and 3 ranks), for a given time::
+
+    python fuzz/fuzz_multirank.py --minutes N [--db PATH] [--chunk K]
+
+Each example is one of
+
+* a **valid** ragged gather drawn by the property suite's strategy
+  (``vargather.strategies.gather_cases``: every gloo dtype over its full value range,
+  any ``dim``, sizes including 0, non-contiguous shards, sizes passed or not, every
+  contract and transport, gradients with per-rank upstream), run and judged by
+  ``vargather._cases`` (forward bit for bit, gradients against the oracle);
+* a **mutated** call: a valid base call (``tests/_misuse_fns``) with one or two
+  mutations on one or more ranks (dtype, ndim, another dimension, ``dim``, ``sizes``,
+  the input itself, ``grad``, ``transport``, ``requires_grad``, ``validate``,
+  ``timeout``), drawn with their parameters. Judged by what vargather promises: either
+  every rank returns the oracle's answer (the mutation was harmless, e.g. ``dim=-1``
+  for ``dim=1``), or every rank raises the same ``VarGatherError`` subclass with the
+  same message, naming ranks that were mutated (for local problems and sizes lies) and
+  no rank aborts or hangs; then the same process group must still gather correctly.
+
+Failures are shrunk by Hypothesis and saved in the example database (``--db``,
+default ``.hypothesis/fuzz``); the next run replays them first. Prints the examples
+run and the failures; exits 1 on a failure, 0 otherwise. ``validate=False`` is not
+fuzzed: it trusts the caller by design (``docs/misuse.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.join(os.path.dirname(HERE), "tests")
+if TESTS not in sys.path:  # the ranks inherit sys.path, and import _misuse_fns from there
+    sys.path.insert(0, TESTS)
+
+import _misuse_fns as fns  # noqa: E402  # needs the sys.path entry above
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.database import DirectoryBasedExampleDatabase  # noqa: E402
+
+import vargather  # noqa: E402
+from vargather import _cases  # noqa: E402
+from vargather import strategies as vst  # noqa: E402
+from vargather._transport import unsupported_reason  # noqa: E402
+from vargather.testing import PoolFailure, RankOutcome, close_all_pools, get_pool  # noqa: E402
+
+DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
+COUNTS: Counter[str] = Counter()
+
+GLOO_NAMES = sorted(str(d).removeprefix("torch.") for d in vargather.GLOO_DTYPES)
+GLOO_TRANSPORTS = tuple(
+    t for t in vargather.TRANSPORT_NAMES if unsupported_reason(t, "gloo") is None
+)
+FLOATING = {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}
+MUTATIONS = (
+    "dtype",
+    "ndim",
+    "trail",
+    "dim",
+    "dim_object",
+    "sizes",
+    "sizes_object",
+    "input",
+    "grad",
+    "transport",
+    "requires_grad",
+    "validate",
+    "timeout",
+)
+
+# deadline: a pool round trip varies with the machine's load; too_slow: drawing and
+# running tensors is the point; neither is a defect of vargather.
+SETTINGS = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    database=DirectoryBasedExampleDatabase(DEFAULT_DB),
+    max_examples=50,
+)
+
+
+# --- mutated calls ----------------------------------------------------------------------
+
+
+@st.composite
+def base_calls(draw: st.DrawFn) -> fns.Scenario:
+    w = draw(st.integers(2, 3))
+    ndim = draw(st.integers(1, 3))
+    dim = draw(st.integers(-ndim, ndim - 1))
+    other = draw(st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim))
+    sizes = draw(st.lists(st.integers(0, 4), min_size=w, max_size=w))
+    dtype = draw(st.sampled_from(GLOO_NAMES))
+    grad = draw(st.sampled_from(vargather.CONTRACTS))
+    transport = draw(st.sampled_from(GLOO_TRANSPORTS))
+    pass_sizes = draw(st.booleans())
+    requires_grad = dtype in FLOATING and draw(st.booleans())
+    seed = draw(st.integers(0, 99))
+    calls = []
+    for r in range(w):
+        shape = list(other)
+        shape[dim] = sizes[r]
+        spec = fns.TensorSpec(tuple(shape), dtype, requires_grad=requires_grad, seed=seed)
+        calls.append(
+            fns.Call(
+                spec,
+                dim=dim,
+                sizes=list(sizes) if pass_sizes else None,
+                grad=grad,
+                transport=transport,
+            )
+        )
+    return fns.Scenario(tuple(calls))
+
+
+odd_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=10),
+    st.lists(st.integers(-2, 5), max_size=4),
+    st.builds(timedelta, seconds=st.integers(-5, 5)),
+)
+
+
+def mutate(draw: st.DrawFn, call: fns.Call, kind: str, w: int) -> fns.Call:
+    spec = call.x
+    if not isinstance(spec, fns.TensorSpec):  # an earlier mutation replaced the input
+        spec = fns.TensorSpec((1,))
+        if kind in ("dtype", "ndim", "trail", "requires_grad"):
+            return call
+    if kind == "dtype":
+        return replace(
+            call, x=replace(spec, dtype=draw(st.sampled_from(GLOO_NAMES)), requires_grad=False)
+        )
+    if kind == "ndim":
+        return replace(call, x=replace(spec, shape=(*spec.shape, draw(st.integers(1, 2)))))
+    if kind == "trail" and len(spec.shape) > 1:
+        i = draw(st.integers(0, len(spec.shape) - 1))
+        shape = list(spec.shape)
+        shape[i] = draw(st.integers(0, 4))
+        return replace(call, x=replace(spec, shape=tuple(shape)))
+    if kind == "dim":
+        return replace(call, dim=draw(st.integers(-5, 5)))
+    if kind == "dim_object":
+        return replace(call, dim=draw(odd_values))
+    if kind == "sizes":
+        return replace(
+            call, sizes=draw(st.lists(st.integers(-2, 5), min_size=w - 1, max_size=w + 1))
+        )
+    if kind == "sizes_object":
+        value = draw(
+            st.one_of(
+                odd_values,
+                st.sampled_from(["int32", "float32", "bool", "uint8"]).map(
+                    lambda d: fns.SizesTensor(tuple(range(w)), d)
+                ),
+                st.just(fns.SizesTensor(tuple(range(w)), "int64", (1, w))),
+            )
+        )
+        return replace(call, sizes=value)
+    if kind == "input":
+        value = draw(
+            st.one_of(
+                odd_values,
+                st.just(fns.TensorSpec(())),
+                st.just(fns.TensorSpec((2, 2), layout="sparse")),
+                st.just(fns.TensorSpec((2, 2), device="meta")),
+                st.just(fns.TensorSpec((2, 2), "float8_e5m2")),
+                st.just(fns.TensorSpec((1,) * 33)),
+            )
+        )
+        return replace(call, x=value)
+    if kind == "grad":
+        return replace(call, grad=draw(st.one_of(st.sampled_from(vargather.CONTRACTS), odd_values)))
+    if kind == "transport":
+        value = draw(st.one_of(st.sampled_from(vargather.TRANSPORT_NAMES), odd_values))
+        return replace(call, transport=value)
+    if kind == "requires_grad" and spec.dtype in FLOATING:
+        return replace(call, x=replace(spec, requires_grad=not spec.requires_grad))
+    if kind == "validate":
+        return replace(call, validate=draw(odd_values.filter(lambda v: v is not False)))
+    if kind == "timeout":
+        return replace(call, timeout=draw(st.one_of(st.floats(5, 60), odd_values)))
+    return call
+
+
+@st.composite
+def mutated_calls(draw: st.DrawFn) -> tuple[fns.Scenario, tuple[int, ...]]:
+    base = draw(base_calls())
+    w = base.world_size
+    ranks = draw(st.sets(st.integers(0, w - 1), min_size=1, max_size=w))
+    calls = list(base.calls)
+    for r in sorted(ranks):
+        for kind in draw(st.lists(st.sampled_from(MUTATIONS), min_size=1, max_size=2)):
+            calls[r] = mutate(draw, calls[r], kind, w)
+    return fns.Scenario(tuple(calls)), tuple(sorted(ranks))
+
+
+# --- judging ------------------------------------------------------------------------------
+
+
+def _judge_all_ok(scenario: fns.Scenario, outcomes: Sequence[RankOutcome[Any]]) -> None:
+    try:
+        want, _ = fns.expected_of(scenario)
+    except Exception as err:
+        raise AssertionError(
+            f"every rank accepted a call the oracle cannot even compute ({err!r})"
+        ) from None
+    for o in outcomes:
+        assert o.value is not None
+        got = o.value.output
+        assert fns.same_bytes(got, want), f"rank {o.rank}: got {got!r}, want {want!r}"
+
+
+def _judge_all_raised(
+    outcomes: Sequence[RankOutcome[Any]], mutated: tuple[int, ...], w: int
+) -> None:
+    names = {o.exc_type_name for o in outcomes}
+    assert len(names) == 1, f"ranks raised different classes: {names}"
+    messages = {str(o.exception) for o in outcomes}
+    assert len(messages) == 1, f"ranks raised different messages: {messages}"
+    error = outcomes[0].exception
+    assert isinstance(error, vargather.VarGatherError), f"not a VarGatherError: {error!r}"
+    message = str(error)
+    assert error.ranks, f"no rank blamed: {message}"
+    assert all(0 <= r < w for r in error.ranks), message
+    for r in error.ranks:
+        assert f"rank {r}" in message or f"{r}]" in message or f"[{r}" in message, message
+    disagreement = isinstance(error, vargather.MismatchError) and not isinstance(
+        error, vargather.SizesMismatchError
+    )
+    if not disagreement:  # a local problem or a sizes lie: only a mutated rank is to blame
+        assert set(error.ranks) <= set(mutated), (
+            f"blamed {error.ranks}, mutated {mutated}: {message}"
+        )
+
+
+def check_mutated(job: tuple[fns.Scenario, tuple[int, ...]]) -> None:
+    scenario, mutated = job
+    w = scenario.world_size
+    pool = get_pool(w)
+    generation = pool.generation
+    COUNTS["mutated"] += 1
+    try:
+        outcomes = pool.run_outcomes(fns.run_call, scenario)
+    except PoolFailure as failure:
+        raise AssertionError(f"the world failed (abort or hang): {failure}") from None
+    ok = [o.ok for o in outcomes]
+    if all(ok):
+        COUNTS["mutated, harmless"] += 1
+        _judge_all_ok(scenario, outcomes)
+    elif not any(ok):
+        COUNTS["mutated, refused"] += 1
+        _judge_all_raised(outcomes, mutated, w)
+    else:
+        detail = "; ".join(
+            f"rank {o.rank}: " + ("returned" if o.ok else f"{o.exc_type_name}: {o.exception}")
+            for o in outcomes
+        )
+        raise AssertionError(f"some ranks raised and some returned: {detail}")
+    valid = fns.valid_scenario(w, seed=3)
+    results = pool.run(fns.run_call, valid)
+    assert pool.generation == generation, "the process group had to be rebuilt"
+    want, grads = fns.expected_of(valid)
+    for r, got in enumerate(results):
+        assert fns.same_bytes(got.output, want), "the next gather on the group was wrong"
+        want_grad = grads[r]
+        assert got.grad is not None
+        assert want_grad is not None
+        assert fns.same_bytes(got.grad, want_grad), "the next gather's gradient was wrong"
+
+
+def check_valid(case: _cases.GatherCase) -> None:
+    COUNTS["valid"] += 1
+    (verdict,) = _cases.run_cases([case])
+    if verdict.failures or verdict.not_run:
+        raise AssertionError(
+            "\n".join([_cases.describe(case), *verdict.failures, verdict.not_run]).strip()
+        )
+
+
+GLOO_TRANSPORTS = tuple(
+    t for t in vargather.TRANSPORT_NAMES if unsupported_reason(t, "gloo") is None
+)
+
+examples = st.one_of(
+    vst.gather_cases(min_world_size=2, max_world_size=3, transports=GLOO_TRANSPORTS),
+    mutated_calls(),
+)
+
+
+def fuzz_one(example: Any) -> None:
+    """One example, valid or mutated (the body of the ``@given`` test)."""
+    if isinstance(example, _cases.GatherCase):
+        check_valid(example)
+    else:
+        check_mutated(example)
+
+
+def build(config: settings) -> Any:
+    """A fresh ``@given`` test under ``config`` (the database key is ``fuzz_one``'s)."""
+    return config(given(examples)(fuzz_one))
+
+
+test_multirank = build(SETTINGS)  # ``pytest fuzz/fuzz_multirank.py`` runs it once
+
+
+def describe_failure(err: BaseException) -> str:
+    """The error and Hypothesis's notes (the falsifying example, the explanation)."""
+    text = "".join(traceback.format_exception_only(type(err), err)).rstrip()
+    return text if len(text) < 20_000 else text[:20_000] + "\n[...]"
+
+
+def run_timed(seconds: float, db_path: str, chunk: int) -> list[str]:
+    config = settings(SETTINGS, database=DirectoryBasedExampleDatabase(db_path), max_examples=chunk)
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            build(config)()
+        except Exception as err:  # a failure, shrunk and saved by Hypothesis
+            return [describe_failure(err)]
+        if time.monotonic() >= end:
+            return []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=1.0)
+    parser.add_argument("--db", default=DEFAULT_DB, help=f"example database (default {DEFAULT_DB})")
+    parser.add_argument("--chunk", type=int, default=25, help="examples per Hypothesis run")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    failures = run_timed(args.minutes * 60, args.db, args.chunk)
+    elapsed = time.monotonic() - started
+    total = COUNTS["valid"] + COUNTS["mutated"]
+    print(f"fuzz_multirank: {elapsed:.0f} s, database {args.db}")
+    print(f"  valid cases (property-suite strategy): {COUNTS['valid']}")
+    print(
+        f"  mutated calls: {COUNTS['mutated']} ({COUNTS['mutated, refused']} refused on every "
+        f"rank, {COUNTS['mutated, harmless']} harmless and correct)"
+    )
+    print(f"  total: {total} examples, {len(failures)} failure(s)")
+    for failure in failures:
+        print(f"FAILURE {failure}")
+    close_all_pools()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
