@@ -169,7 +169,10 @@ def test_every_property_runs_for_vargather() -> None:
         ({"upstream": ["huge"]}, "upstream=['huge'] contains 'huge'"),
         ({"requires_grad": 1}, "requires_grad=1 must be True, False or None"),
         ({"requires_grad": True, "dtypes": ["int64"]}, "requires_grad=True needs a float"),
-        ({"initialized": False, "max_world_size": 2}, "max_world_size (initialized=False)=2"),
+        (
+            {"initialized": False, "max_world_size": 2},
+            "initialized=False runs one process: it needs max_world_size=1, got 2",
+        ),
         ({"pool_size": 3}, "pool_size=3 needs subgroups=True"),
         ({"subgroups": True, "max_world_size": 1}, "subgroups=True needs max_world_size >= 2"),
         (

@@ -366,8 +366,8 @@ def gather_cases(
     lo, hi = _world_bounds(world_size, min_world_size, max_world_size)
     if not isinstance(subgroups, bool):
         raise TypeError(f"subgroups={subgroups!r} must be a bool")
-    if not initialized:
-        _not_above("max_world_size (initialized=False)", hi, "1", 1)
+    if not initialized and hi != 1:
+        raise ValueError(f"initialized=False runs one process: it needs max_world_size=1, got {hi}")
     if subgroups:
         if cfg.implementation.convention != "vargather":
             raise ValueError(
