@@ -293,6 +293,14 @@ def test_seed_algorithm_holds_local_except_its_two_genuine_bugs(in_root: None) -
     )
 
 
+@multirank
+def test_compat_holds_the_seeds_local_contract(in_root: None) -> None:
+    """``vargather.compat.all_gather``, the seed's drop-in replacement, fixes both."""
+    report = check(impl="vargather.compat:all_gather", grad="local", max_examples=5)
+    assert {k for k, v in statuses(report).items() if v != "pass"} == {"subgroup", "adjoint"}
+    assert report.exit_status == EXIT_OK
+
+
 # A structural schema of the JSON report: type per key, nested the same way.
 _FAILURE_SCHEMA: dict[str, Any] = {
     "kind": str,
