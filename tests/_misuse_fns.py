@@ -40,7 +40,7 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str = "float32"
     requires_grad: bool = False
-    layout: str = "strided"  # "strided", "sparse" or "transposed" (a non-contiguous view)
+    layout: str = "strided"  # "strided", "sparse", or a non-contiguous "transposed"/"sliced" view
     device: str = "cpu"
     seed: int = 0
 
@@ -56,6 +56,8 @@ class TensorSpec:
             t = (base % 97 - 40).to(dtype).reshape(self.shape)
         if self.layout == "transposed" and t.ndim >= 2:
             t = t.transpose(0, -1).contiguous().transpose(0, -1)
+        if self.layout == "sliced" and t.ndim >= 1:  # every other element of a larger tensor
+            t = torch.repeat_interleave(t, 2, dim=-1)[..., ::2]
         if self.device != "cpu":
             t = t.to(self.device)
         if self.layout == "sparse":

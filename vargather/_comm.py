@@ -426,10 +426,14 @@ def movable(t: torch.Tensor, *, rows: bool) -> torch.Tensor:
     itself, or its bytes when the backend may not carry its dtype. Exact, as nothing is
     computed; a view, so received bytes land in ``t``. ``rows``: keep every dimension
     (dim 0 is alltoallv's split dimension) by viewing each element as a row of bytes;
-    else ``t`` must be 1-d and contiguous."""
+    else ``t`` must be 1-d (and contiguous if it receives)."""
     if t.dtype in _NATIVE_DTYPES:
         return t
-    return t.unsqueeze(-1).view(torch.uint8) if rows else t.view(torch.uint8)
+    as_rows = t.unsqueeze(-1).view(torch.uint8)  # any strides: the new last one is 1
+    # Flat: a view for a contiguous buffer (so a receive lands in t); a copy for a
+    # strided send buffer (a sliced shard). Size-1 tensors may carry any stride and
+    # still report contiguous, which is why this does not go through t.view(uint8).
+    return as_rows if rows else as_rows.reshape(-1)
 
 
 def _all_gather_single() -> Callable[..., Any]:
