@@ -87,9 +87,6 @@ class CheckUsageError(VarGatherError, ValueError):
     implementation that does not import. The CLI prints it and exits with status 2."""
 
 
-CheckUsageError.__module__ = "vargather"  # tracebacks show the public package
-
-
 # --- options -------------------------------------------------------------------------
 
 
@@ -146,6 +143,13 @@ class CheckOptions:
             raise CheckUsageError(
                 f"--timeout must be a positive number of seconds, got {self.timeout!r}"
             )
+        for name, ids in (("--only", self.only), ("xfails", self.xfails)):
+            unknown = sorted(set(ids) - set(PROPERTY_IDS))
+            if unknown:
+                raise CheckUsageError(
+                    f"{name}: unknown property id(s) {', '.join(unknown)}; known: "
+                    + ", ".join(PROPERTY_IDS)
+                )
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
@@ -303,11 +307,6 @@ def parse_args(argv: Sequence[str]) -> CheckOptions:
     if args.xfails is not None:
         xfails = load_xfails(args.xfails)
     only = tuple(p.strip() for p in str(args.only).split(",") if p.strip())
-    unknown = sorted(set(only) - set(property_ids()))
-    if unknown:
-        raise CheckUsageError(
-            f"--only: unknown property id(s) {', '.join(unknown)}; known: {', '.join(property_ids())}"
-        )
     return CheckOptions(
         impl=args.impl,
         grad=args.grad,
@@ -862,6 +861,13 @@ class Progress:
                 )
                 self._live.start()
                 self._task = self._live.add_task("vargather check", total=total, note="")
+
+    def phase(self, text: str) -> None:
+        """Say what the check is doing before the properties start."""
+        if self._live is not None:
+            self._live.update(self._task, description=text)
+        elif self.stream is not None:
+            print(text, file=self.stream, flush=True)
 
     def start(self, prop_id: str) -> None:
         if self._live is not None:
@@ -1658,12 +1664,19 @@ def run_check(
             for w in _worlds(r, world_sizes)
         }
     )
-    for w in needed:
-        factory(w)  # start every world now: they come up in parallel
-    _preflight(info, cwd, needed, factory)
-    returns = "unknown"
-    if needed and any(r.id == "returned-sizes" for r in selected):
-        returns = _probe_returns(impl, options.grad, needed, factory)
+    progress = Progress(progress_stream, len(selected))
+    try:
+        if needed:
+            progress.phase(f"starting gloo worlds of {', '.join(map(str, needed))} rank(s)")
+        for w in needed:
+            factory(w)  # start every world now: they come up in parallel
+        _preflight(info, cwd, needed, factory)
+        returns = "unknown"
+        if needed and any(r.id == "returned-sizes" for r in selected):
+            returns = _probe_returns(impl, options.grad, needed, factory)
+    except BaseException:
+        progress.close()
+        raise
     rows = [r for r in _catalogue(options.grad, returns, transports) if _selected(r, options)]
     report = Report(
         impl=info.ref,
@@ -1678,7 +1691,6 @@ def run_check(
         transports=transports,
         refused_transports=dict(info.refused_transports),
     )
-    progress = Progress(progress_stream, len(rows))
     try:
         for row in rows:
             progress.start(row.id)
