@@ -59,6 +59,7 @@ from ._comm import (
     all_gather_equal,
     all_gather_list,
     all_to_all_uneven,
+    movable,
     reduce_scatter_equal,
     reduce_scatter_uneven,
     translate_collective_errors,
@@ -123,7 +124,12 @@ def _broadcast_blocks(blocks: Sequence[torch.Tensor], layout: Layout, info: Grou
     """
     with translate_collective_errors(f"broadcast x{layout.world_size}", info):
         works = [
-            dist.broadcast(block, src=_group_src(info, r), group=info.group, async_op=True)
+            dist.broadcast(
+                movable(block, rows=False),  # its bytes when gloo refuses the dtype
+                src=_group_src(info, r),
+                group=info.group,
+                async_op=True,
+            )
             for r, block in enumerate(blocks)
             if block.numel() > 0
         ]
