@@ -401,6 +401,15 @@ def test_backward_path_matches_the_oracle(path: str, dim: int, contract: str, wo
         assert got == want, f"rank {r}: backward called {got}, expected {want}"
 
 
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16", "float16", "complex64"])
+@pytest.mark.parametrize("path", ["broadcast-small", "broadcast-large", "padded"])
+def test_backward_paths_carry_every_float_dtype(path: str, dtype: str) -> None:
+    transport, _, branch = path.partition("-")
+    overrides = {"GLOO_REDUCE_SCATTER_MIN_BYTES": 0} if branch == "large" else {}
+    case = Case(sizes=(3, 0, 2), dtype=dtype, transport=transport, overrides=overrides)
+    check_against_oracle(case, run(case, 3), exact_grads=True)
+
+
 def test_broadcast_on_a_subgroup_maps_group_ranks_to_global_sources() -> None:
     case = Case(sizes=(2, 3), group_ranks=(1, 2), transport="broadcast", dim=1)
     outcomes = run(case, 3)
