@@ -867,11 +867,18 @@ def markdown_report(cells: Sequence[dict[str, Any]], targets: Sequence[dict[str,
         *(f"fwd {_short(n)}" for n in cols_f),
         *(f"bwd {_short(n)}" for n in cols_b),
     ]
-    parts.append(
-        "**peak extra memory**, largest over ranks, in multiples of the output's bytes "
-        "(peak resident growth during one call; the output itself counts 1.00)\n\n"
-        + _table(mem_head, mem_rows)
+    measured = any(
+        e.get("peak_extra_bytes") is not None
+        for c in cells
+        for d in ("forward", "backward")
+        for e in c[d].values()
     )
+    if measured:
+        parts.append(
+            "**peak extra memory**, largest over ranks, in multiples of the output's bytes "
+            "(peak resident growth during one call; the output itself counts 1.00)\n\n"
+            + _table(mem_head, mem_rows)
+        )
     if targets:
         t_rows = [
             [
