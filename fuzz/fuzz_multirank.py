@@ -34,7 +34,7 @@ import os
 import sys
 import time
 import traceback
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -54,7 +54,13 @@ import vargather  # noqa: E402
 from vargather import _cases  # noqa: E402
 from vargather import strategies as vst  # noqa: E402
 from vargather._transport import unsupported_reason  # noqa: E402
-from vargather.testing import PoolFailure, RankOutcome, close_all_pools, get_pool  # noqa: E402
+from vargather.testing import (  # noqa: E402
+    COLLECTIVE_TIMEOUT_ENV,
+    PoolFailure,
+    RankOutcome,
+    close_all_pools,
+    get_pool,
+)
 
 DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
 COUNTS: Counter[str] = Counter()
@@ -247,8 +253,29 @@ def _judge_all_raised(
         )
 
 
+HISTORY: dict[int, deque[str]] = {}
+"""The last examples run on each world size: a world carries state from one example
+to the next, so a failure may need its predecessors to be understood."""
+
+
+def _remember(world_size: int, example: object) -> str:
+    seen = HISTORY.setdefault(world_size, deque(maxlen=6))
+    before = "\n".join(f"  {e}" for e in seen)
+    seen.append(repr(example))
+    return f"\nthe examples run before it on this {world_size}-rank world, oldest first:\n{before}"
+
+
 def check_mutated(job: tuple[fns.Scenario, tuple[int, ...]]) -> None:
     scenario, mutated = job
+    w = scenario.world_size
+    history = _remember(w, job)
+    try:
+        _check_mutated(scenario, mutated)
+    except AssertionError as err:
+        raise AssertionError(f"{err}{history}") from None
+
+
+def _check_mutated(scenario: fns.Scenario, mutated: tuple[int, ...]) -> None:
     w = scenario.world_size
     pool = get_pool(w)
     generation = pool.generation
@@ -284,10 +311,11 @@ def check_mutated(job: tuple[fns.Scenario, tuple[int, ...]]) -> None:
 
 def check_valid(case: _cases.GatherCase) -> None:
     COUNTS["valid"] += 1
+    history = _remember(case.world, case)
     (verdict,) = _cases.run_cases([case])
     if verdict.failures or verdict.not_run:
         raise AssertionError(
-            "\n".join([_cases.describe(case), *verdict.failures, verdict.not_run]).strip()
+            "\n".join([_cases.describe(case), *verdict.failures, verdict.not_run]).strip() + history
         )
 
 
@@ -319,6 +347,9 @@ test_multirank = build(SETTINGS)  # ``pytest fuzz/fuzz_multirank.py`` runs it on
 
 def describe_failure(err: BaseException) -> str:
     """The error and Hypothesis's notes (the falsifying example, the explanation)."""
+    parts = getattr(err, "exceptions", None)  # an ExceptionGroup: several distinct bugs
+    if parts:
+        return "\n\n".join(describe_failure(e) for e in parts)
     text = "".join(traceback.format_exception_only(type(err), err)).rstrip()
     return text if len(text) < 20_000 else text[:20_000] + "\n[...]"
 
@@ -341,6 +372,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--db", default=DEFAULT_DB, help=f"example database (default {DEFAULT_DB})")
     parser.add_argument("--chunk", type=int, default=25, help="examples per Hypothesis run")
     args = parser.parse_args(argv)
+    # A loaded machine (CI, xdist neighbours) can stall a healthy collective for
+    # seconds; a generous timeout keeps those from reading as failures. Set before the
+    # pools start, so the property suite's runner and this file share them.
+    os.environ.setdefault(COLLECTIVE_TIMEOUT_ENV, "30")
     started = time.monotonic()
     failures = run_timed(args.minutes * 60, args.db, args.chunk)
     elapsed = time.monotonic() - started

@@ -73,7 +73,7 @@ from vargather._metadata import (
     local_record,
     validate_records,
 )
-from vargather._transport import TRANSPORT_NAMES
+from vargather._transport import TRANSPORT_NAMES, unsupported_reason
 
 DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
 EXAMPLES: dict[str, int] = {}
@@ -434,6 +434,8 @@ def _valid_world(world: list[dict[str, Any]]) -> bool:
                 return False  # no live group here, so no per-call timeout either
     if len({c["contract"] for c in world}) != 1 or len({c["transport"] for c in world}) != 1:
         return False
+    if w > 1 and unsupported_reason(world[0]["transport"], "gloo") is not None:
+        return False  # a transport the backend cannot run (views on gloo)
     truth = [x.shape[d] for x in xs]
     for c in world:
         s = c["sizes"]
@@ -657,8 +659,9 @@ def run_timed(
             try:
                 test()
             except Exception as err:  # a failure, shrunk and saved by Hypothesis
-                notes = "\n".join(getattr(err, "__notes__", []))
-                failures.append(f"{name}: {type(err).__name__}: {err}\n{notes}".rstrip())
+                for part in getattr(err, "exceptions", None) or [err]:  # an ExceptionGroup too
+                    notes = "\n".join(getattr(part, "__notes__", []))
+                    failures.append(f"{name}: {type(part).__name__}: {part}\n{notes}".rstrip())
                 break
             if time.monotonic() >= end:
                 break
@@ -685,6 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             names[0], settings(FUZZ_SETTINGS, database=DirectoryBasedExampleDatabase(args.db))
         )
         seconds = max(1, int(args.minutes * 60))
+        atheris.instrument_all()  # coverage feedback from every loaded module, vargather's too
         atheris.Setup(
             [sys.argv[0], f"-max_total_time={seconds}", *rest],
             test.hypothesis.fuzz_one_input,  # type: ignore[attr-defined]
