@@ -960,14 +960,15 @@ def _catalogue(grad: str, returns: str, transports: tuple[str, ...] | None = Non
 
     Each row varies one thing: the forward rows run contiguous shards without
     ``sizes`` and without backward, every dim and ragged shape (empty shards too);
-    the structural rows use the common dtypes; the world rows draw gradients too.
+    the structural rows use the common dtypes; the world rows (one rank,
+    uninitialized, subgroup) use float32/float64/complex64 and mostly run backward.
     """
     c: dict[str, Any] = {"contracts": (grad,)}
     if transports is not None:
         c["transports"] = transports
     fwd = {"sizes_forms": ("none",), "memory": ("contiguous",), "requires_grad": False, **c}
     common = {**fwd, "dtypes": _dtypes(_COMMON)}
-    world = {"sizes_forms": ("none",), "dtypes": _dtypes(_COMMON + _COMPLEX[:1]), **c}
+    world = {"sizes_forms": ("none",), "dtypes": _dtypes((*_FLOAT, _COMPLEX[0])), **c}
     grads = {"sizes_forms": ("none",), "requires_grad": True, "dtypes": _dtypes(_DIFFERENTIABLE)}
     what = "layout" if returns == "layout" else "sizes"
     dtype_row = "forward equals torch.cat(x, dim) bit for bit on every rank, "
