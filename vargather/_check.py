@@ -1517,7 +1517,7 @@ def _probe_returns(
     """What the implementation returns beside the tensor on a small 2-rank (or 1-rank)
     gather: ``sizes``, ``layout``, ``none`` (a bare tensor), or ``unknown``."""
     from ._cases import GatherCase, RankReport, run_on_rank
-    from ._pool import PoolFailure
+    from ._pool import PoolFailure, RankError
 
     multi = [w for w in world_sizes if w >= 2]
     w = min(multi) if multi else 1
@@ -1531,7 +1531,7 @@ def _probe_returns(
     )
     try:
         reports = factory(w).run(run_on_rank, (impl, case, next(_PROBE_TOKENS)))
-    except PoolFailure:
+    except (PoolFailure, RankError):  # the rows will report what went wrong
         return "unknown"
     kinds = {
         r.extra[0]
