@@ -1046,31 +1046,42 @@ def _inner(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((_as_real(a).to(torch.float64) * _as_real(b).to(torch.float64)).sum().item())
 
 
+_WHERE: Final = "\x00where\x00"  # stands for "[call on rank r of W]" until ranks are merged
+
+
 def judge(case: GatherCase, impl: Implementation, per_rank: Sequence[object]) -> list[str]:
-    """Failure messages for one case from every world rank's report (empty: passed)."""
-    failures: list[str] = []
+    """Failure messages for one case from every world rank's report (empty: passed).
+
+    Each message ends in ``[fn(dim=d) on rank r of W]``; a message that several ranks
+    produce alike is given once, naming them all.
+    """
     exp = case.expected()
     w = case.world_size
     call = f"{impl.short_name}(dim={case.dim})"
     members = case.members if case.members is not None else tuple(range(case.world))
     reports: dict[int, RankReport] = {}
+    by_text: dict[str, list[int]] = {}
     for global_rank, rep in enumerate(per_rank):
         if global_rank not in members:
             continue
-        where = f"[{call} on rank {members.index(global_rank)} of {w}]"
+        rank = members.index(global_rank)
+        texts: list[str]
         if not isinstance(rep, RankReport):
-            failures.append(f"no report from the rank (got {type(rep).__name__}) {where}")
-            continue
-        if rep.error is not None:
+            texts = [f"no report from the rank (got {type(rep).__name__}) {_WHERE}"]
+        elif rep.error is not None:
             name, message, tb = rep.error
             tail = "\n".join(tb.rstrip().splitlines()[-12:])
-            failures.append(f"raised {name}: {message} {where}\n{tail}")
-            continue
-        if rep.skipped:
-            failures.append(f"not run: {rep.skipped} {where}")
-            continue
-        reports[rep.rank] = rep
-        failures.extend(_judge_rank(case, impl, rep, exp, where))
+            texts = [f"raised {name}: {message} {_WHERE}\n{tail}"]
+        elif rep.skipped:
+            texts = [f"not run: {rep.skipped} {_WHERE}"]
+        else:
+            reports[rep.rank] = rep
+            texts = _judge_rank(case, impl, rep, exp, _WHERE)
+        for text in texts:
+            by_text.setdefault(text, []).append(rank)
+    failures = [
+        text.replace(_WHERE, f"[{call} on {_ranks(ranks, w)}]") for text, ranks in by_text.items()
+    ]
     if len(reports) == w and case.adjoint_applies() and not failures:
         lhs = rhs = 0.0
         for r in range(w):
@@ -1084,6 +1095,14 @@ def judge(case: GatherCase, impl: Implementation, per_rank: Sequence[object]) ->
                 f"sum_j <g_j, out_j> = {rhs!r} [{call}, grad='sum', {w} ranks]"
             )
     return failures
+
+
+def _ranks(ranks: Sequence[int], w: int) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]} of {w}"
+    if len(ranks) == w:
+        return f"every rank of {w}"
+    return f"ranks {', '.join(map(str, ranks))} of {w}"
 
 
 def _grad_of(rep: RankReport) -> torch.Tensor:
