@@ -271,7 +271,9 @@ def metadata_device(ctx: Any, payload: object) -> str:
 def destroyed_subgroup(ctx: Any, x_shape: tuple[int, ...]) -> object:
     """Create a subgroup of every rank, destroy it, then pass it to all_gather_v."""
     group = dist.new_group(list(range(ctx.world_size)))
+    dist.barrier(group=group)  # every rank is connected before any rank tears it down
     dist.destroy_process_group(group)
+    dist.barrier()  # and every rank has torn it down before any uses it
     return vargather.all_gather_v(torch.zeros(x_shape), group=group)
 
 
@@ -642,11 +644,18 @@ CATALOGUE: Final[tuple[Misuse, ...]] = (
         fragments=lambda w, o: (f"rank {o}: validate must be a bool, got str 'yes'",),
     ),
     Misuse(
+        name="timeout-below-a-millisecond",
+        summary="one rank passes timeout=1e-130 (gloo would round it to 0 ms: expire at once)",
+        error=vargather.ArgumentError,
+        build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, timeout=1e-130)),
+        fragments=lambda w, o: (f"rank {o}: timeout must be None", "from 0.001 s", "1e-130"),
+    ),
+    Misuse(
         name="timeout-invalid",
         summary="one rank passes a negative timeout",
         error=vargather.ArgumentError,
         build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, timeout=-1.0)),
-        fragments=lambda w, o: (f"rank {o}: timeout must be None, or a positive", "-1.0"),
+        fragments=lambda w, o: (f"rank {o}: timeout must be None, or a number of seconds", "-1.0"),
     ),
 )
 """Every misuse class, each raised as the same error on every rank."""

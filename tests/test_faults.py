@@ -13,6 +13,9 @@ run.
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -122,6 +125,10 @@ def test_a_rank_killed_mid_call_is_reported_and_the_world_recovers(pool: RankPoo
         assert "vargather.PeerLostError" in section[1] or (
             "vargather.CollectiveTimeoutError" in section[1]
         ), report
+        # Killed before the payload collective: the census names it.
+        assert "rank(s) [1] had not arrived at this collective" in section[1] or (
+            "rank(s) [1] never arrived at this collective" in section[1]
+        ), report
     assert_recovers(pool)
 
 
@@ -174,3 +181,19 @@ def test_a_per_call_timeout_replaces_the_groups_for_that_call(pool: RankPool) ->
     want, _ = fns.expected_of(ragged())
     assert all(fns.same_bytes(got.output, want) for got in results)
     assert pool.run(fns.group_timeout_seconds, None) == [TIMEOUT] * 2
+
+
+def test_the_census_switch_is_validated_at_import() -> None:
+    """``VARGATHER_ARRIVAL_CENSUS`` takes '1' or '0'; anything else fails at import,
+    listing the valid values."""
+    env = {**os.environ, "VARGATHER_ARRIVAL_CENSUS": "yes"}
+    bad = subprocess.run(
+        [sys.executable, "-c", "import vargather"], env=env, capture_output=True, text=True
+    )
+    assert bad.returncode != 0
+    assert "$VARGATHER_ARRIVAL_CENSUS='yes' is not understood" in bad.stderr
+    assert "expected '1' (on, the default) or '0'" in bad.stderr
+    env["VARGATHER_ARRIVAL_CENSUS"] = "0"
+    code = "import vargather._comm as c; print(c.arrival_census_enabled())"
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert off.stdout.strip() == "False", off.stderr

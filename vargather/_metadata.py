@@ -98,6 +98,7 @@ INT64_MIN: Final = -(1 << 63)
 INT64_MAX: Final = (1 << 63) - 1
 SIZES_SHOWN: Final = 64  # entries of each rank's passed sizes shown in a mismatch message
 _MAX_TIMEOUT_S: Final = 1e9  # about 31 years; timedelta holds up to 999999999 days
+_MIN_TIMEOUT_S: Final = 1e-3  # gloo counts in milliseconds: less rounds to "expire at once"
 
 CONTRACTS: Final = ("sum", "local", "mean")
 """Gradient contracts, in the order of their wire codes."""
@@ -436,8 +437,8 @@ def _code_of(value: str, table: Sequence[str]) -> int:
 def parse_timeout(timeout: object) -> timedelta | None:
     """``timeout=`` as a positive ``timedelta`` (``None`` stays ``None``).
 
-    Accepts seconds (int or float) or a ``timedelta``; ``ArgumentError`` otherwise,
-    including for a duration ``timedelta`` cannot hold.
+    Accepts seconds (int or float) or a ``timedelta`` from 1 ms (gloo's resolution: a
+    shorter one would expire at once) to 1e9 s; ``ArgumentError`` otherwise.
     """
     if timeout is None:
         return None
@@ -453,10 +454,10 @@ def parse_timeout(timeout: object) -> timedelta | None:
             "timeout must be None, a number of seconds or a datetime.timedelta, got "
             f"{_describe_value(timeout)}"
         )
-    if not (math.isfinite(seconds) and 0 < seconds <= _MAX_TIMEOUT_S):
+    if not (math.isfinite(seconds) and _MIN_TIMEOUT_S <= seconds <= _MAX_TIMEOUT_S):
         raise ArgumentError(
-            f"timeout must be a positive duration of at most {_MAX_TIMEOUT_S:g} s, got "
-            f"{_describe_value(timeout)}"
+            f"timeout must be a duration from {_MIN_TIMEOUT_S:g} s to {_MAX_TIMEOUT_S:g} s, "
+            f"got {_describe_value(timeout)}"
         )
     return timeout if isinstance(timeout, timedelta) else timedelta(seconds=seconds)
 
@@ -667,7 +668,8 @@ def _problem_text(rec: MetadataRecord, *, rank: int | None, transports: Sequence
         ),
         Status.BAD_VALIDATE: lambda: f"validate must be a bool, got {t}",
         Status.BAD_TIMEOUT: lambda: (
-            f"timeout must be None, or a positive number of seconds or timedelta, got {t}"
+            f"timeout must be None, or a number of seconds or a timedelta from "
+            f"{_MIN_TIMEOUT_S:g} s to {_MAX_TIMEOUT_S:g} s, got {t}"
         ),
         Status.TRANSPORT_UNSUPPORTED: lambda: (
             unsupported_reason(transports[a], t) or f"transport unavailable on backend {t}"
