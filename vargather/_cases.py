@@ -786,6 +786,17 @@ def _call(
     return result, ("none",)
 
 
+def _backward(out: torch.Tensor, g: torch.Tensor) -> None:
+    """``out.backward(g)``, as the backward of the real loss ``Re Σ conj(g) · out``.
+
+    Its gradient for ``out`` is exactly ``g`` (torch's convention for complex tensors
+    included), and unlike ``out.backward(g)`` it does not import sympy (torch checks an
+    explicit gradient's shape with its symbolic-shape machinery, seconds per process).
+    """
+    loss = (out * g.conj()).sum().real if g.is_complex() else (out * g).sum()
+    loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
+
+
 def _run_one(ctx: RankContextLike, impl: Implementation, case: GatherCase) -> RankReport | None:
     group: object = None
     grank = ctx.rank
@@ -823,8 +834,7 @@ def _run_one(ctx: RankContextLike, impl: Implementation, case: GatherCase) -> Ra
         elif not out.requires_grad:
             note = "backward not run: the output does not require grad"
         else:
-            g = case.upstream_grad(grank)
-            torch.autograd.backward(out, g)
+            _backward(out, case.upstream_grad(grank))
         grad = x.grad
         report["backward_note"] = note
         if isinstance(grad, torch.Tensor):
@@ -1063,6 +1073,13 @@ def judge(case: GatherCase, impl: Implementation, per_rank: Sequence[object]) ->
     by_text: dict[str, list[int]] = {}
     for global_rank, rep in enumerate(per_rank):
         if global_rank not in members:
+            if isinstance(rep, RankReport) and rep.error is not None:
+                name, message, _ = rep.error
+                by_text.setdefault(
+                    f"raised {name}: {message} [world rank {global_rank}, not a member]", []
+                )
+            elif rep is not None and not (isinstance(rep, RankReport) and rep.skipped):
+                by_text.setdefault(f"world rank {global_rank}, not a member, reported {rep!r}", [])
             continue
         rank = members.index(global_rank)
         texts: list[str]
@@ -1080,7 +1097,8 @@ def judge(case: GatherCase, impl: Implementation, per_rank: Sequence[object]) ->
         for text in texts:
             by_text.setdefault(text, []).append(rank)
     failures = [
-        text.replace(_WHERE, f"[{call} on {_ranks(ranks, w)}]") for text, ranks in by_text.items()
+        text.replace(_WHERE, f"[{call} on {_ranks(ranks, w)}]") if ranks else text
+        for text, ranks in by_text.items()
     ]
     if len(reports) == w and case.adjoint_applies() and not failures:
         lhs = rhs = 0.0
