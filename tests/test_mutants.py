@@ -30,13 +30,14 @@ from vargather._cases import VARGATHER, GatherCase, Implementation, Property, pr
 
 from .mutants import MUTANTS, RESULTS, Mutant, implementation
 
-ROUNDS = 4
-PER_ROUND = 2
+ROUNDS = 2
+PER_ROUND = 6
 BATCH = 4
 """The search: ``ROUNDS`` passes over the properties in their fixed order, each pass
-giving every property ``PER_ROUND`` batches of up to ``BATCH`` cases, seeded by
-(round, property index) so every run draws the same batches. Round-robin, so a mutant
-that only one late property can see is reached after a few batches of each."""
+giving every property ``PER_ROUND`` batches of up to ``BATCH`` cases (the first of each
+is Hypothesis's simplest example), seeded by (round, property index) so every run draws
+the same batches. Round-robin, so a mutant only a late property can see is reached
+after a few batches of each."""
 
 
 def _search_settings() -> settings:

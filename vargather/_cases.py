@@ -1361,7 +1361,8 @@ def properties(
     * ``one_rank_world``: W=1 with torch.distributed initialized, every transport;
     * ``matches_oracle[W=w,t]``: forward bit for bit, layout/sizes, gradients;
     * ``adjoint[W=w]``: the adjoint identity under ``sum`` (if claimed);
-    * ``subgroup[W=w]``: a subgroup of a w-rank world (the vargather convention).
+    * ``subgroup[W=w]``: a subgroup of a w-rank world, float and complex dtypes with
+      gradients (the vargather convention).
 
     ``transports``: the names to test (default: every name the implementation takes).
     """
@@ -1426,10 +1427,15 @@ def properties(
         for w in multi:
             add(
                 f"subgroup[W={w}]",
-                "a subgroup gathers its members' shards only, in group-rank order",
+                "a subgroup gathers its members' shards only, in group-rank order, and "
+                "its gradients are the group's (mean divides by the group's size)",
                 min_world_size=w,
                 max_world_size=w,
                 subgroups=True,
+                # Gradients, where the group's size and ranks enter the arithmetic;
+                # every dtype's data movement is matches_oracle's business.
+                dtypes=[d for d in DTYPE_NAMES if _is_differentiable(_torch_dtype(d))],
+                requires_grad=True,
             )
     return props
 
