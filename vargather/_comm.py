@@ -424,9 +424,10 @@ types wider than 8 bits with "Invalid scalar type"; NCCL has no int16 either).""
 def movable(t: torch.Tensor, *, rows: bool) -> torch.Tensor:
     """``t`` for a pure data-movement collective (all_gather, all_to_all, broadcast):
     itself, or its bytes when the backend may not carry its dtype. Exact, as nothing is
-    computed; a view, so received bytes land in ``t``. ``rows``: keep every dimension
-    (dim 0 is alltoallv's split dimension) by viewing each element as a row of bytes;
-    else ``t`` must be 1-d (and contiguous if it receives)."""
+    computed. ``rows``: keep every dimension (dim 0 is alltoallv's split dimension) by
+    viewing each element as a row of bytes, always a view of ``t``; else flat bytes: a
+    view of a contiguous ``t`` (a receive buffer must be one, so the bytes land in
+    it), a copy of a strided one (fine to send)."""
     if t.dtype in _NATIVE_DTYPES:
         return t
     as_rows = t.unsqueeze(-1).view(torch.uint8)  # any strides: the new last one is 1
