@@ -190,7 +190,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     by_impl: dict[str, Counter[str]] = {}
     for (label, world), n in counts.items():
         by_impl.setdefault(label, Counter())[world] += n
-    for label in sorted(by_impl, key=lambda name: (name.startswith("tests."), name)):
+    for label in sorted(by_impl, key=lambda name: (not name.startswith("vargather"), name)):
         worlds = by_impl[label]
         multirank = sum(n for w, n in worlds.items() if w.startswith("W="))
         detail = ", ".join(f"{w}: {worlds[w]}" for w in sorted(worlds))
@@ -198,7 +198,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     own = sum(
         n
         for (label, world), n in counts.items()
-        if world.startswith("W=") and not label.startswith("tests.")
+        if world.startswith("W=") and label.split(":")[0].split(".")[0] == "vargather"
     )
     write(
         f"multi-rank examples against vargather's own entry points: {own} "
