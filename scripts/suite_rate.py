@@ -8,7 +8,7 @@ for ``--examples`` Hypothesis examples (batches of up to ``--batch`` cases, dera
 and times it. It prints the rate per world size, their mean, and the overall rate
 (every case over all the time, the stricter figure); nothing is asserted.
 
-    python scripts/suite_rate.py                 # W = 1..4, 40 batches each
+    python scripts/suite_rate.py                 # W = 1..4, 100 batches each
     python scripts/suite_rate.py --world-sizes 2,4 --examples 100 --json rate.json
 """
 
@@ -27,12 +27,15 @@ def _measure(world: int, examples: int, batch: int, transport: str) -> tuple[int
     """(batches, cases, seconds) for one property on a ``world``-rank world."""
     from hypothesis import HealthCheck, given, settings
 
-    from vargather._cases import VARGATHER, example_counts, properties
+    from vargather._cases import VARGATHER, GatherCase, check_cases, example_counts, properties
     from vargather.testing import get_pool
 
     props = {p.name: p for p in properties(VARGATHER, transports=(transport,), batch_size=batch)}
     prop = props["one_rank_world" if world == 1 else f"matches_oracle[W={world},{transport}]"]
-    get_pool(world).run_many(_noop, [None])  # start the world outside the timing
+    # Outside the timing: start the world, and pay this process's one-time costs (the
+    # oracle's first autograd call imports torch's symbolic-shape machinery).
+    get_pool(world).run_many(_noop, [None])
+    check_cases([GatherCase(shapes=((1, 2),) * world, dim=0, dtype="float32")], VARGATHER)
     batches = 0
 
     @settings(
@@ -68,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--world-sizes", default="1,2,3,4", help="comma-separated (default 1,2,3,4)"
     )
     parser.add_argument(
-        "--examples", type=int, default=40, help="Hypothesis examples per world size"
+        "--examples", type=int, default=100, help="Hypothesis examples per world size"
     )
     parser.add_argument("--batch", type=int, default=8, help="most cases per example (batch)")
     parser.add_argument("--transport", default="auto")
