@@ -23,7 +23,7 @@ class _Local(GatherVFunction):
         layout = ctx.plan.layout
         if ctx.plan.contract == "sum" and layout.total > 0:
             return grad_output.narrow(layout.dim, layout.local_offset, layout.local_size), None
-        return GatherVFunction.backward(ctx, grad_output)  # type: ignore[no-any-return]  # torch's once_differentiable is untyped
+        return GatherVFunction.backward(ctx, grad_output)
 
 
 def all_gather_v(x: torch.Tensor, dim: int = 0, **kwargs: Any) -> torch.Tensor:

@@ -23,10 +23,10 @@ class _GlobalMean(GatherVFunction):
     @once_differentiable
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         if ctx.plan.contract != "mean":
-            return GatherVFunction.backward(ctx, grad_output)  # type: ignore[no-any-return]  # torch's once_differentiable is untyped
+            return GatherVFunction.backward(ctx, grad_output)
         ctx.plan = dataclasses.replace(ctx.plan, contract="sum")
         grad, _ = GatherVFunction.backward(ctx, grad_output)
-        return grad / dist.get_world_size(), None
+        return (None if grad is None else grad / dist.get_world_size()), None
 
 
 def all_gather_v(x: torch.Tensor, dim: int = 0, **kwargs: Any) -> torch.Tensor:

@@ -23,7 +23,7 @@ class _Undivided(GatherVFunction):
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         if ctx.plan.contract == "mean":
             ctx.plan = dataclasses.replace(ctx.plan, contract="sum")
-        return GatherVFunction.backward(ctx, grad_output)  # type: ignore[no-any-return]  # torch's once_differentiable is untyped
+        return GatherVFunction.backward(ctx, grad_output)
 
 
 def all_gather_v(x: torch.Tensor, dim: int = 0, **kwargs: Any) -> torch.Tensor:

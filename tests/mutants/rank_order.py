@@ -20,7 +20,7 @@ class _Reversed(GatherVFunction):
     def forward(ctx: Any, x: torch.Tensor, plan: GatherPlan) -> torch.Tensor:
         out = GatherVFunction.forward(ctx, x, plan)
         layout = plan.layout
-        blocks = out.split(list(layout.sizes), dim=layout.dim)
+        blocks = torch.split(out, list(layout.sizes), dim=layout.dim)
         return torch.cat(blocks[::-1], dim=layout.dim)
 
 
