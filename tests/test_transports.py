@@ -367,8 +367,9 @@ def test_one_rank_world_is_the_identity_without_a_collective() -> None:
 
 BACKWARD_COLLECTIVE = {
     "padded": ["reduce_scatter_single"],
-    "alltoallv": ["all_to_all_single"],
-    "broadcast-small": ["all_to_all_single"],
+    "alltoallv": ["all_to_all_single"],  # times alltoallv_rounds
+    "broadcast-small": ["all_to_all_single"],  # one round fits in 2x the output
+    "broadcast-skewed": ["all_reduce"],  # small, but alltoallv would need rounds
     "broadcast-large": ["reduce_scatter"],
 }
 
@@ -380,7 +381,11 @@ BACKWARD_COLLECTIVE = {
 def test_backward_path_matches_the_oracle(path: str, dim: int, contract: str, world: int) -> None:
     transport, _, branch = path.partition("-")
     overrides = {"GLOO_REDUCE_SCATTER_MIN_BYTES": 0} if branch == "large" else {}
-    sizes = (4, 0, 3)[:world] if world == 3 else (0, 5)
+    if branch == "small":
+        sizes = (3, 2, 3) if world == 3 else (3, 2)
+    else:
+        sizes = (4, 0, 3) if world == 3 else (0, 5)
+    assert (alltoallv_rounds(layout(sizes)) == 1) == (branch == "small")
     case = Case(
         sizes=sizes,
         shape=(3, 2, 4) if dim == 0 else (2, 3, 4),
@@ -392,8 +397,9 @@ def test_backward_path_matches_the_oracle(path: str, dim: int, contract: str, wo
     outcomes = run(case, world)
     check_against_oracle(case, outcomes, exact_grads=contract != "mean" or world == 2)
     want = [] if contract == "local" else BACKWARD_COLLECTIVE[path]
-    if want == ["all_to_all_single"]:  # in rounds when one would take too much memory
+    if path == "alltoallv" and want:  # in rounds when one would take too much memory
         want = want * alltoallv_rounds(layout(sizes))
+        assert len(want) > 1
     for r, o in enumerate(outcomes):
         got = names(o.backward)
         if got == ["reduce_scatter_tensor"]:  # torch without reduce_scatter_single
@@ -402,11 +408,14 @@ def test_backward_path_matches_the_oracle(path: str, dim: int, contract: str, wo
 
 
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16", "float16", "complex64"])
-@pytest.mark.parametrize("path", ["broadcast-small", "broadcast-large", "padded"])
+@pytest.mark.parametrize(
+    "path", ["broadcast-small", "broadcast-skewed", "broadcast-large", "alltoallv", "padded"]
+)
 def test_backward_paths_carry_every_float_dtype(path: str, dtype: str) -> None:
     transport, _, branch = path.partition("-")
     overrides = {"GLOO_REDUCE_SCATTER_MIN_BYTES": 0} if branch == "large" else {}
-    case = Case(sizes=(3, 0, 2), dtype=dtype, transport=transport, overrides=overrides)
+    sizes = (3, 2, 3) if branch == "small" else (3, 0, 2)
+    case = Case(sizes=sizes, dtype=dtype, transport=transport, overrides=overrides)
     check_against_oracle(case, run(case, 3), exact_grads=True)
 
 

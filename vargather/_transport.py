@@ -31,8 +31,9 @@ Transports registered here (``TRANSPORTS``; the name is what ``transport=`` forc
     ``r`` with ``n_r > 0`` broadcasts its block straight into the view
     ``out[o_r : o_r + n_r]`` of every rank (all ``W`` broadcasts in flight at once).
     Runs on every backend. Backward: one uneven ``reduce_scatter`` whose chunks are
-    the ranks' blocks of the gradient (on gloo below ``GLOO_REDUCE_SCATTER_MIN_BYTES``,
-    alltoallv's backward instead, which measured faster there).
+    the ranks' blocks of the gradient; on gloo below ``GLOO_REDUCE_SCATTER_MIN_BYTES``,
+    where that measured slow, one alltoallv (or, when the sizes are so skewed that one
+    alltoallv round would need more than twice the output's memory, one all_reduce).
 ``views``
     ``dist.all_gather(list_of_views, x)`` with the views of one rank-major output
     buffer. NCCL accepts views of different sizes (it runs them as one group of
@@ -208,12 +209,32 @@ def _alltoallv_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInfo
     return result.view(layout.shard_shape(layout.rank))
 
 
+def _all_reduce_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
+    """The sum contract's backward through one all_reduce of the whole gradient, keeping
+    this rank's block: ``W x`` the bytes a reduce-scatter needs, but one collective."""
+    full = torch.empty(
+        (layout.pre, layout.total, layout.post), dtype=grad_output.dtype, device=grad_output.device
+    )
+    full.copy_(grad_output.reshape(layout.pre, layout.total, layout.post))
+    with translate_collective_errors("all_reduce", info):
+        dist.all_reduce(full, op=dist.ReduceOp.SUM, group=info.group)
+    own = full[:, layout.block(layout.rank)].clone()
+    return own.view(layout.shard_shape(layout.rank))
+
+
 def _unpadded_backward(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-    """Backward of the copy-free transports: an uneven reduce_scatter, except on gloo
-    below ``GLOO_REDUCE_SCATTER_MIN_BYTES``, where gloo's reduce_scatter measured
-    1.3x-2.3x the equal-size limit and alltoallv 0.4x-0.7x (``docs/performance.md``)."""
+    """Backward of the copy-free transports, chosen by measurement (``docs/performance.md``).
+
+    An uneven reduce_scatter, except on gloo below ``GLOO_REDUCE_SCATTER_MIN_BYTES``,
+    where gloo's reduce_scatter measured 1.3x-2.5x the equal-size limit. There: one
+    alltoallv when it fits in twice the output's memory (0.5x-0.9x the limit), else one
+    all_reduce of the gradient (0.8x-1.3x), which beat the memory-bounded alltoallv
+    rounds (1.1x-2.9x) in every skewed cell measured.
+    """
     if info.backend == "gloo" and payload_bytes(layout) < GLOO_REDUCE_SCATTER_MIN_BYTES:
-        return _alltoallv_blocks(grad_output, layout, info)
+        if alltoallv_rounds(layout) == 1:
+            return _alltoallv_blocks(grad_output, layout, info)
+        return _all_reduce_blocks(grad_output, layout, info)
     return _reduce_scatter_blocks(grad_output, layout, info)
 
 
