@@ -963,6 +963,9 @@ def plot(cells: Sequence[dict[str, Any]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    names = list(dict.fromkeys([*_columns(cells, "forward"), *_columns(cells, "backward")]))
+    cmap = plt.get_cmap("tab20")  # 20 colors: the dark ones first, then the light ones
+    color = {n: cmap((2 * i) % 20 if i < 10 else (2 * i + 1) % 20) for i, n in enumerate(names)}
     worlds = sorted({c["world_size"] for c in cells})
     profiles = list(dict.fromkeys(c["profile"] for c in cells))
     rows = [(d, w) for d in ("forward", "backward") for w in worlds]
@@ -992,7 +995,14 @@ def plot(cells: Sequence[dict[str, Any]], path: str) -> None:
                 style = "-" if name.startswith("vargather") else "--"
                 width = 2.5 if name == "vargather:auto" else 1.2
                 ax.plot(
-                    xs, ys, style, marker="o", markersize=3, linewidth=width, label=_short(name)
+                    xs,
+                    ys,
+                    style,
+                    marker="o",
+                    markersize=3,
+                    linewidth=width,
+                    color=color[name],
+                    label=_short(name),
                 )
             if direction == "forward":
                 ax.axhline(sel[0]["floor"], color="grey", linewidth=0.8, linestyle=":")
