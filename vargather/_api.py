@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 GradContract: TypeAlias = Literal["sum", "local", "mean"]
-TransportName: TypeAlias = Literal["auto", "padded", "alltoallv"]
+TransportName: TypeAlias = Literal["auto", "padded", "alltoallv", "broadcast", "views"]
 Sizes: TypeAlias = "Sequence[int] | torch.Tensor | None"
 Timeout: TypeAlias = "float | timedelta | None"
 
@@ -150,7 +150,8 @@ def all_gather_v(
             the identity and returns ``x`` itself.
         grad: the gradient contract, ``"sum"``, ``"local"`` or ``"mean"`` (see
             ``GatherVFunction``); must be the same on every rank.
-        transport: ``"auto"``, ``"padded"`` or ``"alltoallv"``; same on every rank.
+        transport: ``"auto"``, ``"padded"``, ``"alltoallv"``, ``"broadcast"`` or
+            ``"views"`` (NCCL only); same on every rank (``docs/performance.md``).
         validate: run the metadata exchange even when ``sizes`` is given (the
             default). ``validate=False`` with ``sizes`` trusts them and skips it: a
             lie is then raised on the lying rank only, or not detected at all (see
