@@ -17,7 +17,22 @@ import torch
 import vargather
 from vargather._autograd import GatherPlan, GatherVFunction
 from vargather._comm import resolve_group
+from vargather._layout import Layout
 from vargather._transport import Transport, choose_transport
+
+
+def layout_of(
+    x: torch.Tensor, dim: int, *, sizes: Any, group: Any, grad: str, transport: str
+) -> Layout:
+    """vargather's own validated layout: the mutants break what comes after it."""
+    return vargather.gather_layout(
+        x,
+        dim,
+        sizes=sizes,
+        group=group,
+        grad=grad,  # type: ignore[arg-type]  # passed through unchecked: validation is vargather's
+        transport=transport,  # type: ignore[arg-type]  # as above
+    )
 
 
 def gather(
@@ -32,14 +47,7 @@ def gather(
     wrap_transport: Callable[[Transport], Transport] | None = None,
     one_rank: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    layout = vargather.gather_layout(
-        x,
-        dim,
-        sizes=sizes,
-        group=group,
-        grad=grad,  # type: ignore[arg-type]  # passed through unchecked: validation is vargather's
-        transport=transport,  # type: ignore[arg-type]  # as above
-    )
+    layout = layout_of(x, dim, sizes=sizes, group=group, grad=grad, transport=transport)
     info = resolve_group(group)
     if not info.communicates:
         return x if one_rank is None else one_rank(x)

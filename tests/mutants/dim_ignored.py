@@ -6,10 +6,9 @@ from typing import Any
 
 import torch
 
-import vargather
 from vargather._cases import GatherCase
 
-from ._base import gather
+from ._base import gather, layout_of
 
 BUG = (
     "dim is ignored by the transport: shards are concatenated flat (rank-major) and "
@@ -27,13 +26,6 @@ def all_gather_v(
     grad: str = "sum",
     transport: str = "auto",
 ) -> torch.Tensor:
-    layout = vargather.gather_layout(
-        x,
-        dim,
-        sizes=sizes,
-        group=group,
-        grad=grad,  # type: ignore[arg-type]  # passed through: validation is vargather's
-        transport=transport,  # type: ignore[arg-type]  # as above
-    )
+    layout = layout_of(x, dim, sizes=sizes, group=group, grad=grad, transport=transport)
     flat = gather(x.reshape(-1), 0, group=group, grad=grad, transport=transport)
     return flat.view(layout.output_shape)

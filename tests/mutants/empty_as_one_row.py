@@ -6,10 +6,9 @@ from typing import Any
 
 import torch
 
-import vargather
 from vargather._cases import GatherCase
 
-from ._base import gather
+from ._base import gather, layout_of
 
 BUG = "a rank with nothing to send (n_r = 0) sends one row of zeros instead"
 BENIGN = GatherCase(shapes=((2, 3), (1, 3)), dim=0, dtype="float32", seed=11)
@@ -24,14 +23,7 @@ def all_gather_v(
     grad: str = "sum",
     transport: str = "auto",
 ) -> torch.Tensor:
-    layout = vargather.gather_layout(
-        x,
-        dim,
-        sizes=sizes,
-        group=group,
-        grad=grad,  # type: ignore[arg-type]  # passed through: validation is vargather's
-        transport=transport,  # type: ignore[arg-type]  # as above
-    )
+    layout = layout_of(x, dim, sizes=sizes, group=group, grad=grad, transport=transport)
     if layout.local_size == 0:
         shape = list(x.shape)
         shape[layout.dim] = 1
