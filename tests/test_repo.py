@@ -1,9 +1,13 @@
 """The repository keeps its promises to a new user: the README's test command is what CI
-runs, the constraints pin the local torch build, the package ships its type marker."""
+runs, the CI steps are defined once (scripts/ci_steps.sh) and every CI entry point
+(.ci/run, tox.ini, the GitHub workflows) goes through them, the constraints pin the local
+torch build, the package ships its type marker and its licence."""
 
 from __future__ import annotations
 
+import configparser
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,10 +20,73 @@ def readme_test_command() -> str:
     return match.group(1).strip()
 
 
+CI_STEPS = ROOT / "scripts" / "ci_steps.sh"
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+# Commands that belong to a CI step: written in scripts/ci_steps.sh and nowhere else.
+STEP_COMMANDS = ("pytest", "ruff check", "ruff format", "mypy --strict", "actionlint .", "fuzz/fuzz_")
+
+
+def step_body(step: str) -> list[str]:
+    """The lines of one step's branch in scripts/ci_steps.sh's `case`."""
+    text = CI_STEPS.read_text()
+    match = re.search(rf"^\s*{re.escape(step)}\)\n(.*?)^\s*;;", text, re.DOTALL | re.MULTILINE)
+    assert match, f"scripts/ci_steps.sh has no {step!r} step"
+    return [line.strip() for line in match.group(1).splitlines() if line.strip()]
+
+
+def defined_steps() -> set[str]:
+    listed = subprocess.run(
+        ["bash", str(CI_STEPS), "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    for step in listed:
+        step_body(step)
+    return set(listed)
+
+
+def steps_called(text: str) -> list[set[str]]:
+    """The step names of each call of scripts/ci_steps.sh in a file's text (not comments)."""
+    code = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    calls = re.findall(r"scripts/ci_steps\.sh((?: +[a-z][a-z-]*)+)", code)
+    return [set(call.split()) for call in calls]
+
+
+def tox_commands() -> dict[str, str]:
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ROOT / "tox.ini")
+    default = config["testenv"]["commands"]
+    envs = [env.strip() for env in config["tox"]["envlist"].split(",")]
+    return {
+        env: config[f"testenv:{env}"].get("commands", default).replace("{envname}", env)
+        for env in envs
+    }
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     command = readme_test_command()
-    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    assert command in ci_lines, f"README test command {command!r} is not a line of .ci/run"
+    assert step_body("tests") in ([command], [f'{command} "$@"']), (
+        f"the tests step of scripts/ci_steps.sh is not the README test command {command!r}"
+    )
+    assert any("tests" in call for call in steps_called((ROOT / ".ci" / "run").read_text()))
+    assert "tests" in steps_called(tox_commands()["tests"])[0]
+    ci_yml = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
+    assert any("tests" in call for call in steps_called(ci_yml))
+
+
+def test_every_ci_entry_point_runs_the_steps_through_one_script() -> None:
+    steps = defined_steps()
+    ci_run = set().union(*steps_called((ROOT / ".ci" / "run").read_text()))
+    assert ci_run == steps - {"fuzz"}, ".ci/run runs every CI step except the long fuzz"
+    tox_steps = set().union(*(set().union(*steps_called(c)) for c in tox_commands().values()))
+    assert tox_steps == ci_run, "tox's envlist covers what .ci/run runs"
+    workflow_steps = set().union(*(set().union(*steps_called(w.read_text())) for w in WORKFLOWS))
+    assert workflow_steps == steps, "the workflows run every step, fuzz on schedule"
+    for path in [ROOT / ".ci" / "run", ROOT / "tox.ini", *WORKFLOWS]:
+        for line in path.read_text().splitlines():
+            code = line.split("#", 1)[0]
+            if re.match(r"\s*(- )?(name|description)\s*[:=]", code):
+                continue  # a label, not a command
+            stray = [c for c in STEP_COMMANDS if c in code]
+            assert not stray, f"{path.name} runs {stray} itself instead of scripts/ci_steps.sh: {line!r}"
 
 
 def test_constraints_pin_the_local_torch_build() -> None:
@@ -33,3 +100,10 @@ def test_constraints_pin_the_local_torch_build() -> None:
 def test_py_typed_is_shipped() -> None:
     assert (ROOT / "vargather" / "py.typed").exists()
     assert 'vargather = ["py.typed"]' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_licence_is_declared_and_shipped() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'license = "MIT"' in pyproject
+    assert 'license-files = ["LICENSE"]' in pyproject
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")

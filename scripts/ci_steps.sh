@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The CI steps, defined once. .ci/run, tox.ini and the GitHub workflows call this
+# script by step name; each caller sets up its own environment (a venv with
+# `pip install -c constraints.txt -e ".[dev]"`, a tox env, a CI job's matrix install),
+# then runs the steps in it. tests/test_repo.py checks that every caller goes through
+# here and that the tests step is the README's test command.
+#
+#   scripts/ci_steps.sh STEP [STEP ...]      run the steps in order, stop at the first failure
+#   scripts/ci_steps.sh tests [PYTEST ARGS]   the tests step, extra arguments to pytest
+#   scripts/ci_steps.sh --list               the step names
+#
+# Steps:
+#   lint        ruff check and ruff format --check
+#   actionlint  actionlint on .github/workflows/
+#   mypy        mypy --strict on the package
+#   tests       the README's test command
+#   fuzz-smoke  one minute of each fuzz program (what CI runs)
+#   fuzz        FUZZ_MINUTES (default 10) of each fuzz program, example databases
+#               under FUZZ_DB (default .hypothesis/fuzz), both run even if one fails
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STEPS="lint actionlint mypy tests fuzz-smoke fuzz"
+start=$SECONDS
+banner() { printf '\n=== %s (%ds) ===\n' "$1" $((SECONDS - start)); }
+
+run_step() {
+    local step=$1
+    shift
+    banner "$step"
+    case "$step" in
+    lint)
+        ruff check .
+        ruff format --check .
+        ;;
+    actionlint)
+        actionlint .github/workflows/*.yml
+        ;;
+    mypy)
+        mypy --strict vargather
+        ;;
+    tests)
+        python -m pytest -n 2 "$@"
+        ;;
+    fuzz-smoke)
+        python fuzz/fuzz_stages.py --minutes 1 --db .hypothesis/ci-fuzz-stages
+        python fuzz/fuzz_multirank.py --minutes 1 --db .hypothesis/ci-fuzz-multirank
+        ;;
+    fuzz)
+        local minutes=${FUZZ_MINUTES:-10} db=${FUZZ_DB:-.hypothesis/fuzz} status=0
+        python fuzz/fuzz_stages.py --minutes "$minutes" --db "$db/stages" || status=1
+        python fuzz/fuzz_multirank.py --minutes "$minutes" --db "$db/multirank" || status=1
+        return "$status"
+        ;;
+    *)
+        echo "ci_steps.sh: unknown step '$step' (steps: $STEPS)" >&2
+        return 2
+        ;;
+    esac
+}
+
+if [ $# -eq 0 ]; then
+    echo "usage: scripts/ci_steps.sh STEP [STEP ...] | tests [PYTEST ARGS] | --list" >&2
+    exit 2
+fi
+if [ "$1" = --list ]; then
+    echo "$STEPS"
+    exit 0
+fi
+if [ "$1" = tests ]; then
+    shift
+    run_step tests "$@"
+else
+    for step in "$@"; do
+        run_step "$step"
+    done
+fi
+banner "done: $*"
