@@ -23,7 +23,14 @@ def readme_test_command() -> str:
 CI_STEPS = ROOT / "scripts" / "ci_steps.sh"
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 # Commands that belong to a CI step: written in scripts/ci_steps.sh and nowhere else.
-STEP_COMMANDS = ("pytest", "ruff check", "ruff format", "mypy --strict", "actionlint .", "fuzz/fuzz_")
+STEP_COMMANDS = (
+    "pytest",
+    "ruff check",
+    "ruff format",
+    "mypy --strict",
+    "actionlint .",
+    "fuzz/fuzz_",
+)
 
 
 def step_body(step: str) -> list[str]:
@@ -86,7 +93,9 @@ def test_every_ci_entry_point_runs_the_steps_through_one_script() -> None:
             if re.match(r"\s*(- )?(name|description)\s*[:=]", code):
                 continue  # a label, not a command
             stray = [c for c in STEP_COMMANDS if c in code]
-            assert not stray, f"{path.name} runs {stray} itself instead of scripts/ci_steps.sh: {line!r}"
+            assert not stray, (
+                f"{path.name} runs {stray} itself instead of scripts/ci_steps.sh: {line!r}"
+            )
 
 
 def test_constraints_pin_the_local_torch_build() -> None:
