@@ -140,7 +140,11 @@ def test_sdist_metadata_declares_the_licence(unpacked: Path) -> None:
 
 
 def test_unpacked_sdist_runs_its_own_tests(unpacked: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(unpacked))
+    # A fresh pytest run: none of this worker's xdist or current-test variables.
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))
+    }
+    env["PYTHONPATH"] = str(unpacked)
     where = subprocess.run(
         [sys.executable, "-c", "import vargather; print(vargather.__file__)"],
         cwd=unpacked,
@@ -150,6 +154,8 @@ def test_unpacked_sdist_runs_its_own_tests(unpacked: Path) -> None:
         check=True,
     ).stdout.strip()
     assert Path(where).resolve().is_relative_to(unpacked.resolve()), where
+    gone = [name for name in QUICK_TESTS if not (unpacked / name).is_file()]
+    assert not gone, f"QUICK_TESTS names files the tree no longer has: {gone}"
     done = subprocess.run(
         [
             sys.executable,
