@@ -1,15 +1,16 @@
 """A persistent pool of rank processes forming a real ``gloo`` world.
 
-This is the multi-rank harness that vargather's property suite, its conformance check
-and its fuzzers run on. Spawning a fresh world per test case costs seconds (about 1.7 s
-for 2 ranks, 3.5 s for 4 on a 2-core machine); a pool started once and kept alive turns
-each case into a round trip of a few milliseconds.
+Where it sits: the bottom of the testing kit (``vargather.testing``), beside the case
+model; it knows nothing of gathers. It is the one way the kit, the property suite, the
+conformance check and the fuzzers spawn a multi-rank world. Spawning a fresh world per
+test case costs seconds; a pool started once and kept alive turns each case into a
+round trip of milliseconds (``docs/property-suite.md`` has the measured figures).
 
 How it works
 ------------
 ``RankPool(world_size)`` spawns ``world_size`` processes (``multiprocessing`` *spawn*
 start method, never ``torch.multiprocessing``; ``start_method="forkserver"`` instead forks
-them from a server that imported torch once, which makes building a world ~50x cheaper:
+them from a server that imported torch once, which makes building a world much cheaper:
 worth it where worlds are rebuilt often, as in a fuzzer that makes gloo abort). Each rank initializes one
 ``torch.distributed`` process group, once, on a ``FileStore`` in a fresh temporary
 directory (no TCP ports, so pytest-xdist workers never collide), then serves requests
@@ -533,7 +534,7 @@ def _rank_main(spec: _RankSpec) -> None:
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
     # A normal exit (atexit handlers run, so coverage.py saves its data), minus the
-    # final garbage collection of torch's object graph: 0.5 s of CPU per rank, down to 0.1.
+    # final garbage collection of torch's object graph (most of a rank's exit time).
     gc.freeze()
 
 
@@ -633,8 +634,8 @@ class _World:
         mp: SpawnContext | ForkServerContext
         if config.start_method == "forkserver":
             mp = multiprocessing.get_context("forkserver")
-            # The server imports torch once; each rank is then a fork of it (~0.05 s,
-            # against ~1.2 s of CPU to import torch in a spawned rank). Takes effect when
+            # The server imports torch once; each rank is then a fork of it instead of a
+            # process that imports torch itself. Takes effect when
             # this process's forkserver starts, and replaces any earlier preload list.
             mp.set_forkserver_preload(["torch", "torch.distributed", __name__])
         else:

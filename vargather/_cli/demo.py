@@ -31,7 +31,7 @@ def _rank_main(
     import torch.distributed as dist
     from torch._C._distributed_c10d import FileStore  # the typed home of dist.FileStore
 
-    from ._api import all_gather_v_with_layout
+    from vargather import all_gather_v_with_layout
 
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -91,7 +91,7 @@ def main(argv: Sequence[str]) -> int:
             p.join(30)
     import torch
 
-    from .oracle import expected
+    from vargather.oracle import expected
 
     shards = [torch.tensor(_shard(r, sizes[r], 2)).reshape(sizes[r], 2) for r in range(world)]
     upstream_template = [torch.full((sum(sizes), 2), float(j + 1)) for j in range(world)]

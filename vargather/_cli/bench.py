@@ -581,8 +581,8 @@ def _rank_main(
     import torch
     import torch.distributed as dist
 
-    from ._layout import Layout
-    from ._transport import auto_transport_name
+    from vargather import Layout
+    from vargather._transport import auto_transport_name
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
