@@ -68,7 +68,7 @@ def _split_ref(ref: str) -> tuple[str, str]:
     )
     if not ok:
         raise ImplementationError(
-            f"{ref}: expected MODULE:ATTR, e.g. mypkg.distributed:all_gather"
+            f"must be MODULE:ATTR, e.g. mypkg.distributed:all_gather, got {ref!r}"
         )
     return module, attr
 
@@ -99,8 +99,8 @@ def load_callable(ref: str, search_path: Sequence[str] = ()) -> Callable[..., ob
     """Import ``MODULE`` (``search_path`` entries first on ``sys.path``) and return its
     ``ATTR`` (dotted within the module allowed: ``mod:AllGather.apply``).
 
-    Raises ``ImplementationError`` whose message starts with ``ref`` and says what went
-    wrong: no such module (and where it was looked for), an import that raised (with
+    Raises ``ImplementationError`` saying what went wrong (after ``ref``, except for a
+    malformed ``ref``): no such module (and where it was looked for), an import that raised (with
     the tail of its traceback), no such attribute, not a callable.
     """
     module_name, attr = _split_ref(ref)
