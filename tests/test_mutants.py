@@ -136,7 +136,8 @@ def test_the_unbroken_pipeline_passes_the_search(usable_transports: tuple[str, .
     batches of the search's first round, apart from what vargather itself gets wrong
     (``test_properties.py`` reports that)."""
     reference = {
-        t.name: t for t in _props(Implementation(None, transports=usable_transports, name="vargather"))
+        t.name: t
+        for t in _props(Implementation(None, transports=usable_transports, name="vargather"))
     }
 
     def differs(target: _Target, batch: list[GatherCase]) -> bool:

@@ -24,7 +24,9 @@ COMMANDS: Final = {
 }
 
 _USAGE: Final = (
-    "usage: python -m vargather {" + ",".join(COMMANDS) + "} [options]\n\n"
+    "usage: python -m vargather {"
+    + ",".join(COMMANDS)
+    + "} [options]\n\n"
     + "\n".join(f"  {name:<7} {what}" for name, what in COMMANDS.items())
     + "\n\nRun `python -m vargather COMMAND --help` for a command's options."
 )

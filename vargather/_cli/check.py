@@ -129,7 +129,9 @@ class CheckOptions:
 
     def __post_init__(self) -> None:
         if self.grad not in CONTRACTS:
-            raise CheckUsageError(f"--grad must be one of {', '.join(CONTRACTS)}, got {self.grad!r}")
+            raise CheckUsageError(
+                f"--grad must be one of {', '.join(CONTRACTS)}, got {self.grad!r}"
+            )
         if not self.world_sizes:
             raise CheckUsageError("--world-sizes: expected at least one world size")
         for w in self.world_sizes:
@@ -928,9 +930,7 @@ def run_check(
             for w in r.worlds(world_sizes)
         }
     )
-    progress = Progress(
-        progress_stream, len(selected), title="vargather check", unit="properties"
-    )
+    progress = Progress(progress_stream, len(selected), title="vargather check", unit="properties")
     try:
         if needed:
             progress.phase(f"starting gloo worlds of {', '.join(map(str, needed))} rank(s)")

@@ -40,6 +40,7 @@ EXIT_USAGE: Final = 2
 REPORT_SCHEMA: Final = "vargather-check-report/1"
 STATUSES: Final = ("pass", "fail", "xfail", "xpass", "n/a", "skipped")
 
+
 @dataclass(frozen=True)
 class PropertyFailure:
     """Why a property failed, on its minimal counterexample.
@@ -393,6 +394,10 @@ class Progress:
             self._live = None
 
 
-def stderr_progress(enabled: bool, total: int, *, title: str, unit: str, throttle: float = 0.0) -> Progress:
+def stderr_progress(
+    enabled: bool, total: int, *, title: str, unit: str, throttle: float = 0.0
+) -> Progress:
     """A ``Progress`` on stderr, or a silent one."""
-    return Progress(sys.stderr if enabled else None, total, title=title, unit=unit, throttle=throttle)
+    return Progress(
+        sys.stderr if enabled else None, total, title=title, unit=unit, throttle=throttle
+    )

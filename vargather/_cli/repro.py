@@ -53,9 +53,7 @@ def _parser() -> _Parser:
     parser.add_argument(
         "--contracts", default=None, help="the contracts it claims, comma-separated (default: all)"
     )
-    parser.add_argument(
-        "--transports", default=None, help="transport= names it takes, or 'none'"
-    )
+    parser.add_argument("--transports", default=None, help="transport= names it takes, or 'none'")
     parser.add_argument("--no-group", action="store_true", help="ATTR takes no group=")
     parser.add_argument(
         "--path", action="append", default=[], help="prepend to sys.path (repeatable)"

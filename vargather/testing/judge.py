@@ -52,7 +52,7 @@ class Failure:
     """One way a case failed, on the group ranks ``ranks`` (empty: not tied to ranks).
 
     ``call`` is the call as the message names it (``all_gather_v(dim=1)``);
-    ``world`` the group's size. ``detail`` (a traceback, a pool's diagnosis) follows
+    ``group_size`` the size of the gather group. ``detail`` (a traceback, a pool's diagnosis) follows
     the message in reports. ``property`` is set by the catalogue that counted it.
     """
 
@@ -60,7 +60,7 @@ class Failure:
     kind: str
     message: str
     ranks: tuple[int, ...] = ()
-    world: int = 0
+    group_size: int = 0
     call: str = ""
     detail: str = ""
 
@@ -77,11 +77,11 @@ class Failure:
             return self.call
         r = self.ranks
         if len(r) == 1:
-            on = f"rank {r[0]} of {self.world}"
-        elif len(r) == self.world:
-            on = f"every rank of {self.world}"
+            on = f"rank {r[0]} of {self.group_size}"
+        elif len(r) == self.group_size:
+            on = f"every rank of {self.group_size}"
         else:
-            on = f"ranks {', '.join(map(str, r))} of {self.world}"
+            on = f"ranks {', '.join(map(str, r))} of {self.group_size}"
         return f"{self.call} on {on}" if self.call else on
 
     def render(self) -> str:
@@ -211,7 +211,9 @@ def judge(case: GatherCase, impl: Implementation, per_rank: Sequence[object]) ->
             reports[rep.rank] = rep
             add(_judge_rank(case, impl, rep, exp), rank)
     failures = [
-        Failure(aspect, kind, message, tuple(ranks), w if ranks else 0, call if ranks else "", detail)
+        Failure(
+            aspect, kind, message, tuple(ranks), w if ranks else 0, call if ranks else "", detail
+        )
         for (aspect, kind, message, detail), ranks in found.items()
     ]
     if len(reports) == w and case.adjoint_applies() and not failures:
@@ -290,7 +292,9 @@ def _judge_extra(case: GatherCase, impl: Implementation, rep: RankReport) -> lis
         assert value is None or isinstance(value, TensorBytes)  # what the runner sends
         if not distributed:
             if value is not None:
-                return [_wrong("sizes", f"sizes={value.shape}, but should be None (not distributed)")]
+                return [
+                    _wrong("sizes", f"sizes={value.shape}, but should be None (not distributed)")
+                ]
             return []
         if value is None:
             return [_wrong("sizes", f"sizes=None, but should be {list(case.sizes)}")]
@@ -329,17 +333,13 @@ def _judge_extra(case: GatherCase, impl: Implementation, rep: RankReport) -> lis
             if fields.get(k) != v
         ]
     if kind == "other":
-        return [
-            _wrong("sizes", f"returned (tensor, {rep.extra[1]}): expected sizes or a layout")
-        ]
+        return [_wrong("sizes", f"returned (tensor, {rep.extra[1]}): expected sizes or a layout")]
     return []
 
 
 def _judge_grad(case: GatherCase, rep: RankReport, exp: Expected) -> list[_Problem]:
     if not rep.out_requires_grad:
-        return [
-            _wrong("gradient", "out.requires_grad=False, but should be True (x requires grad)")
-        ]
+        return [_wrong("gradient", "out.requires_grad=False, but should be True (x requires grad)")]
     if rep.backward_note:
         return [_wrong("gradient", rep.backward_note)]
     if rep.grad is None:

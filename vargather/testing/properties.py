@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from . import strategies as vst
 from .cases import DTYPE_NAMES, VARGATHER, GatherCase, Implementation, torch_dtype
 from .judge import Failure
-from .runner import RankPool, Verdict, describe, run_cases
+from .pool import RankPool
+from .runner import Verdict, describe, run_cases
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -54,10 +55,10 @@ class Property:
     torch.distributed; ``subgroups`` draws subgroups of the world.
     """
 
+    implementation: Implementation
     id: str
     title: str
     aspects: frozenset[str]
-    implementation: Implementation
     kwargs: Mapping[str, object] = field(default_factory=dict, hash=False)
     min_world: int = 1
     max_world: int | None = None
@@ -72,7 +73,9 @@ class Property:
         if not self.initialized:
             return [1]
         top = self.max_world
-        return sorted(w for w in set(world_sizes) if w >= self.min_world and (top is None or w <= top))
+        return sorted(
+            w for w in set(world_sizes) if w >= self.min_world and (top is None or w <= top)
+        )
 
     def not_applicable(self, world_sizes: Sequence[int], returns: str = "unknown") -> str | None:
         """Why it does not apply to its implementation on ``world_sizes`` (``None``: it
@@ -117,7 +120,7 @@ class Property:
                 subgroups=self.subgroups,
                 initialized=self.initialized,
                 implementation=self.implementation,
-                **kwargs,  # type: ignore[arg-type]  # the rows' keywords are case_batches's
+                **kwargs,
             )
             if keep is None:
                 return drawn
@@ -199,7 +202,9 @@ def _nonzero_dim(case: GatherCase) -> bool:
     return case.dim != 0
 
 
-def catalogue(implementation: Implementation = VARGATHER, *, returns: str = "unknown") -> list[Property]:
+def catalogue(
+    implementation: Implementation = VARGATHER, *, returns: str = "unknown"
+) -> list[Property]:
     """Every property, in a fixed order, for ``implementation``.
 
     Cases draw the contracts it claims and the transports it takes.
@@ -225,28 +230,46 @@ def catalogue(implementation: Implementation = VARGATHER, *, returns: str = "unk
     claimed = ", ".join(map(repr, impl.contracts))
     same = "forward equals torch.cat(x, dim) bit for bit on every rank, "
 
-    def prop(id_: str, title: str, aspects: frozenset[str], kwargs: Mapping[str, object], **more: object) -> Property:
-        return Property(id_, title, aspects, impl, kwargs, **more)  # type: ignore[arg-type]  # the optional fields by name
-
     return [
-        prop("forward-float", same + "float32/float64", _OUTPUT, {**fwd, "dtypes": _dtypes("float")}),
-        prop("forward-half", same + "float16/bfloat16", _OUTPUT, {**fwd, "dtypes": _dtypes("half")}),
-        prop(
+        Property(
+            impl,
+            "forward-float",
+            same + "float32/float64",
+            _OUTPUT,
+            {**fwd, "dtypes": _dtypes("float")},
+        ),
+        Property(
+            impl,
+            "forward-half",
+            same + "float16/bfloat16",
+            _OUTPUT,
+            {**fwd, "dtypes": _dtypes("half")},
+        ),
+        Property(
+            impl,
             "forward-complex",
             same + "complex64/complex128",
             _OUTPUT,
             {**fwd, "dtypes": _dtypes("complex")},
         ),
-        prop("forward-int", same + "int8/16/32/64, uint8", _OUTPUT, {**fwd, "dtypes": _dtypes("int")}),
-        prop("forward-bool", same + "bool", _OUTPUT, {**fwd, "dtypes": _dtypes("bool")}),
-        prop(
+        Property(
+            impl,
+            "forward-int",
+            same + "int8/16/32/64, uint8",
+            _OUTPUT,
+            {**fwd, "dtypes": _dtypes("int")},
+        ),
+        Property(impl, "forward-bool", same + "bool", _OUTPUT, {**fwd, "dtypes": _dtypes("bool")}),
+        Property(
+            impl,
             "dims",
             "forward along dims other than 0, negative ones included",
             _OUTPUT,
             {**common, "min_ndim": 2},
             keep=_nonzero_dim,
         ),
-        prop(
+        Property(
+            impl,
             "empty-some",
             "forward with some ranks' shards empty",
             _OUTPUT,
@@ -254,47 +277,60 @@ def catalogue(implementation: Implementation = VARGATHER, *, returns: str = "unk
             min_world=2,
             keep=_some_empty,
         ),
-        prop("empty-all", "forward with every rank's shard empty", _OUTPUT, {**common, "max_size": 0}),
-        prop(
+        Property(
+            impl,
+            "empty-all",
+            "forward with every rank's shard empty",
+            _OUTPUT,
+            {**common, "max_size": 0},
+        ),
+        Property(
+            impl,
             "non-contiguous",
             "forward from transposed and strided (sliced) views",
             _OUTPUT,
             {**common, "memory": ("transposed", "sliced")},
         ),
-        prop(
+        Property(
+            impl,
             "sizes-list",
             f"sizes passed as a list of ints: forward and returned {what}",
             _SIZES,
             {**common, "sizes_forms": ("list",)},
         ),
-        prop(
+        Property(
+            impl,
             "sizes-tensor",
             f"sizes passed as a 1-d int64 tensor: forward and returned {what}",
             _SIZES,
             {**common, "sizes_forms": ("tensor",)},
         ),
-        prop(
+        Property(
+            impl,
             "returned-sizes",
             f"the returned {what} equal the true ones",
             frozenset({"sizes"}),
             common,
             needs_returned_sizes=True,
         ),
-        prop(
+        Property(
+            impl,
             "one-rank",
             "a world of one rank: the identity, gradients flowing",
             _ALL,
             world,
             max_world=1,
         ),
-        prop(
+        Property(
+            impl,
             "uninitialized",
             "torch.distributed not initialized: the identity, gradients flowing",
             _ALL,
             world,
             initialized=False,
         ),
-        prop(
+        Property(
+            impl,
             "subgroup",
             "group= a subgroup: gathers its members only, gradients too",
             _ALL,
@@ -302,13 +338,15 @@ def catalogue(implementation: Implementation = VARGATHER, *, returns: str = "unk
             min_world=2,
             subgroups=True,
         ),
-        prop(
+        Property(
+            impl,
             "gradient",
             f"input gradients under grad={claimed}, upstream gradients differing per rank",
             frozenset({"gradient"}),
             grads,
         ),
-        prop(
+        Property(
+            impl,
             "adjoint",
             "sum_r <dx_r, x_r> == sum_j <g_j, out_j> exactly (grad='sum', integer values)",
             frozenset({"gradient", "adjoint"}),

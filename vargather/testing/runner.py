@@ -413,7 +413,13 @@ def run_cases(
 
 
 def _pool_failure(exc: PoolFailure | RankError, world: int, batch: int) -> Failure:
-    kind = "crash" if isinstance(exc, RankCrashed) else "hang" if isinstance(exc, RankHung) else "error"
+    kind = (
+        "crash"
+        if isinstance(exc, RankCrashed)
+        else "hang"
+        if isinstance(exc, RankHung)
+        else "error"
+    )
     message = (
         f"the {world}-rank world failed while running a batch of {batch} case(s) "
         f"containing this one: {type(exc).__name__}"
@@ -457,7 +463,6 @@ def check_cases(cases: Sequence[GatherCase], implementation: Implementation = VA
         parts.append(describe(v.case, implementation))
         parts.extend(f"  - {f.render()}" for f in v.failures)
     raise AssertionError("\n".join(parts))
-
 
 
 def repro_args(case: GatherCase, implementation: Implementation = VARGATHER) -> list[str]:

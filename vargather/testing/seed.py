@@ -1,9 +1,11 @@
 """A faithful re-implementation of the seed ``distributed.py`` (the ragged all_gather that
 many ML repositories copy), for the conformance check to classify.
 
-Not part of vargather's pipeline: it is the implementation *under test* in
-``tests/test_check.py`` and in ``.github/workflows/example-gate.yml``
-(``python -m vargather check --impl tests.seed_impl:all_gather --grad local``).
+Where it sits: in the testing kit, beside the pipeline and never part of it: it is the
+implementation *under test* in ``tests/test_cli_check.py`` and in the example gate
+(``python -m vargather check --impl vargather.testing.seed:all_gather --grad local``),
+and the baseline ``python -m vargather bench`` times vargather against. It is the
+package's one re-implementation of the seed.
 
 The seed's algorithm, step by step, unchanged:
 
