@@ -9,7 +9,6 @@ Nothing here parses text back: every line is rendered from fields.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TextIO
@@ -392,12 +391,3 @@ class Progress:
         if self._live is not None:
             self._live.stop()
             self._live = None
-
-
-def stderr_progress(
-    enabled: bool, total: int, *, title: str, unit: str, throttle: float = 0.0
-) -> Progress:
-    """A ``Progress`` on stderr, or a silent one."""
-    return Progress(
-        sys.stderr if enabled else None, total, title=title, unit=unit, throttle=throttle
-    )

@@ -69,7 +69,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
@@ -237,6 +237,8 @@ class PoolConfig:
     backend: str
     start_timeout: float
     start_method: str = "spawn"
+    environment: tuple[tuple[str, str], ...] = ()
+    """Environment variables set for the rank processes when they start."""
 
     @classmethod
     def resolve(
@@ -248,6 +250,7 @@ class PoolConfig:
         backend: str = "gloo",
         start_timeout: float = DEFAULT_START_TIMEOUT,
         start_method: str = "spawn",
+        environment: Mapping[str, str] | None = None,
     ) -> PoolConfig:
         """Validate ``RankPool``'s arguments; ``collective_timeout=None`` reads
         ``$VARGATHER_POOL_COLLECTIVE_TIMEOUT`` (a positive number of seconds) or uses 10 s.
@@ -263,6 +266,7 @@ class PoolConfig:
             backend=str(backend),
             start_timeout=_positive_seconds("start_timeout", start_timeout),
             start_method=_start_method(start_method),
+            environment=tuple(sorted((str(k), str(v)) for k, v in (environment or {}).items())),
         )
 
 
@@ -641,7 +645,7 @@ class _World:
         else:
             mp = multiprocessing.get_context("spawn")
         try:
-            with _child_environment({"OMP_NUM_THREADS": "1"}):
+            with _child_environment({"OMP_NUM_THREADS": "1", **dict(config.environment)}):
                 for rank in range(config.world_size):
                     parent_end, child_end = mp.Pipe(duplex=True)
                     life_read, life_write = mp.Pipe(duplex=False)
@@ -796,7 +800,8 @@ class RankPool:
     ``None`` reads ``$VARGATHER_POOL_COLLECTIVE_TIMEOUT`` or uses 10 s.
     ``call_timeout`` bounds each call (``RankHung`` past it); ``start_timeout`` bounds
     building a world. ``start_method`` is ``"spawn"`` (default) or ``"forkserver"`` (see
-    the module docstring). Processes are spawned at construction; the first call waits for
+    the module docstring). ``environment``: variables the rank processes start with
+    (besides ``OMP_NUM_THREADS=1``). Processes are spawned at construction; the first call waits for
     them to be ready. One call runs at a time (a lock serializes calls from threads).
     Close the pool (or use ``with``); pools still open at interpreter exit are closed
     then. A pool belongs to the process that made it: a forked child must make its own.
@@ -811,6 +816,7 @@ class RankPool:
         backend: str = "gloo",
         start_timeout: float = DEFAULT_START_TIMEOUT,
         start_method: str = "spawn",
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         self.config = PoolConfig.resolve(
             world_size,
@@ -819,6 +825,7 @@ class RankPool:
             backend=backend,
             start_timeout=start_timeout,
             start_method=start_method,
+            environment=environment,
         )
         self._lock = threading.Lock()
         self._owner_pid = os.getpid()
