@@ -9,12 +9,34 @@ so ``--help`` stays fast and a missing optional dependency (the ``test`` extra f
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Any, Final, NoReturn
 
-__all__ = ["COMMANDS", "main"]
+from vargather import VarGatherError
+
+__all__ = ["COMMANDS", "ArgumentParser", "UsageError", "main"]
+
+
+class UsageError(VarGatherError, ValueError):
+    """A command cannot start: a bad option or argument. Printed, exit status 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad option raises ``error_type`` (a ``UsageError``) instead of
+    exiting, so a command reports it its own way (and tests can catch it)."""
+
+    def __init__(
+        self, *args: Any, error_type: type[UsageError] = UsageError, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.error_type = error_type
+
+    def error(self, message: str) -> NoReturn:
+        raise self.error_type(f"{message}\n\n{self.format_usage().strip()}")
+
 
 COMMANDS: Final = {
     "demo": "gather ragged tensors on a local multi-process gloo world and print them",

@@ -34,12 +34,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import torch
 
 import vargather
-from vargather import CONTRACTS, VarGatherError
+from vargather import CONTRACTS
 from vargather.testing.cases import CONVENTIONS as CALL_CONVENTIONS
 from vargather.testing.cases import GatherCase, Implementation, RankReport
 from vargather.testing.judge import Failure
@@ -50,10 +50,13 @@ from vargather.testing.runner import (
     describe,
     gloo_transports,
     load_callable,
+    prepend_import_paths,
     rank_preflight,
     run_on_rank,
+    short_traceback,
 )
 
+from . import ArgumentParser, UsageError
 from .report import (
     EXIT_FAILED,
     EXIT_OK,
@@ -96,7 +99,7 @@ costs a world restart per attempt. A hang is not shrunk (each attempt costs
 ``--timeout``)."""
 
 
-class CheckUsageError(VarGatherError, ValueError):
+class CheckUsageError(UsageError):
     """The check cannot start: a bad option, an unreadable xfails file, or an
     implementation that does not import. The CLI prints it and exits with status 2."""
 
@@ -183,15 +186,9 @@ def _world_sizes(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad option raises ``CheckUsageError`` instead of exiting."""
-
-    def error(self, message: str) -> NoReturn:
-        raise CheckUsageError(f"{message}\n\n{self.format_usage().strip()}")
-
-
-def _parser() -> _Parser:
-    parser = _Parser(
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        error_type=CheckUsageError,
         prog="python -m vargather check",
         description=(
             "Run vargather's property suite (ragged shapes, dims, dtypes, empty shards, "
@@ -400,8 +397,7 @@ def ensure_import_path(cwd: str | None = None) -> str:
     """Put the current directory first on ``sys.path`` (``python -m`` does; an embedding
     caller may not), so ``MODULE`` resolves as the docs say. Returns the directory."""
     here = os.path.abspath(cwd if cwd is not None else os.getcwd())
-    if not any(os.path.abspath(p or os.curdir) == here for p in sys.path):
-        sys.path.insert(0, here)
+    prepend_import_paths([here])
     return here
 
 
@@ -631,7 +627,7 @@ def _evaluate(
             failure = PropertyFailure(
                 "checker",
                 f"the check could not run this property: {type(err).__name__}: {err}\n"
-                + _short_traceback(err, 12),
+                + short_traceback(err, 12),
             )
     seconds = time.monotonic() - started
     if failure is None and state.cases == 0:
@@ -646,16 +642,6 @@ def _evaluate(
         seconds=seconds,
         failure=failure,
     )
-
-
-def _short_traceback(err: BaseException, limit: int) -> str:
-    import traceback
-
-    frames = traceback.extract_tb(err.__traceback__)[-limit:]
-    text = "".join(traceback.format_list(frames))
-    return ("Traceback (most recent call last):\n" + text if text else "") + "".join(
-        traceback.format_exception_only(type(err), err)
-    ).rstrip()
 
 
 _HUNG_EXIT: Final = 75  # the child's exit status when its watchdog fired

@@ -16,28 +16,19 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from vargather import CONTRACTS
 from vargather.testing.cases import COMPAT, CONVENTIONS, VARGATHER, Implementation, parse_case
 from vargather.testing.runner import ImplementationError, describe, load_callable, run_cases
 
+from . import ArgumentParser, UsageError
 from .report import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 __all__ = ["main"]
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _UsageError(f"{message}\n\n{self.format_usage().strip()}")
-
-
-def _parser() -> _Parser:
-    parser = _Parser(
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="python -m vargather repro",
         description="Re-run one property-suite case, as a failure report printed it.",
         epilog="Exit status: 0 the case passes, 1 it fails, 2 usage or import error.",
@@ -99,7 +90,7 @@ def main(argv: Sequence[str]) -> int:
         args = _parser().parse_args(args_list)
         case = parse_case(args.case)
         impl = _implementation(args)
-    except (_UsageError, ValueError, SyntaxError) as err:
+    except (UsageError, ValueError, SyntaxError) as err:
         # ImplementationError is a ValueError: a bad --impl is a usage error too.
         prefix = "--impl " if isinstance(err, ImplementationError) else ""
         print(f"vargather repro: error: {prefix}{err}", file=sys.stderr)

@@ -41,11 +41,13 @@ __all__ = [
     "example_counts",
     "gloo_transports",
     "load_callable",
+    "prepend_import_paths",
     "rank_preflight",
     "repro_args",
     "reset_example_counts",
     "run_cases",
     "run_on_rank",
+    "short_traceback",
     "transport_refusals",
 ]
 
@@ -81,8 +83,9 @@ def _where(paths: Sequence[str]) -> str:
     )
 
 
-def _short_traceback(err: BaseException, limit: int = 6) -> str:
-    """The last ``limit`` frames of ``err``'s traceback, without importlib's own."""
+def short_traceback(err: BaseException, limit: int = 6) -> str:
+    """The last ``limit`` frames of ``err``'s traceback, without importlib's and this
+    module's own, then the exception itself."""
     noise = (os.path.abspath(__file__), os.path.abspath(importlib.__file__ or ""))
     frames = [
         f
@@ -95,6 +98,14 @@ def _short_traceback(err: BaseException, limit: int = 6) -> str:
     ).rstrip()
 
 
+def prepend_import_paths(paths: Sequence[str]) -> None:
+    """Put ``paths`` first on ``sys.path``, in order, unless already there."""
+    for path in reversed(paths):
+        here = os.path.abspath(path)
+        if not any(os.path.abspath(p or os.curdir) == here for p in sys.path):
+            sys.path.insert(0, here)
+
+
 def load_callable(ref: str, search_path: Sequence[str] = ()) -> Callable[..., object]:
     """Import ``MODULE`` (``search_path`` entries first on ``sys.path``) and return its
     ``ATTR`` (dotted within the module allowed: ``mod:AllGather.apply``).
@@ -104,9 +115,7 @@ def load_callable(ref: str, search_path: Sequence[str] = ()) -> Callable[..., ob
     the tail of its traceback), no such attribute, not a callable.
     """
     module_name, attr = _split_ref(ref)
-    for path in reversed(search_path):
-        if not any(os.path.abspath(p or os.curdir) == os.path.abspath(path) for p in sys.path):
-            sys.path.insert(0, path)
+    prepend_import_paths(search_path)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
@@ -119,14 +128,14 @@ def load_callable(ref: str, search_path: Sequence[str] = ()) -> Callable[..., ob
             ) from None
         raise ImplementationError(
             f"{ref}: importing {module_name!r} failed: a module it imports is "
-            f"missing: {err}\n" + _short_traceback(err)
+            f"missing: {err}\n" + short_traceback(err)
         ) from None
     except BaseException as err:  # a module whose import raises anything at all
         if isinstance(err, KeyboardInterrupt):
             raise
         raise ImplementationError(
             f"{ref}: importing {module_name!r} failed: {type(err).__name__}: {err}\n"
-            + _short_traceback(err)
+            + short_traceback(err)
         ) from None
     obj: object = module
     for part in attr.split("."):
