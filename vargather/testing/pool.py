@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from multiprocessing.context import ForkServerContext, SpawnContext
     from multiprocessing.process import BaseProcess
 
+    import torch
     from torch.distributed import ProcessGroup
 
 __all__ = [
@@ -283,7 +284,7 @@ class RankContext:
         self.rank = rank
         self.world_size = world_size
         self._timeout = timedelta(seconds=collective_timeout)
-        self._groups: dict[tuple[int, ...], Any] = {}
+        self._groups: dict[tuple[int, ...], ProcessGroup | int] = {}
 
     def __repr__(self) -> str:
         return f"RankContext(rank={self.rank}, world_size={self.world_size})"
@@ -327,7 +328,7 @@ def _rank_index(value: object, world_size: int) -> int:
 # --- pickling ------------------------------------------------------------------------
 
 
-def _rebuild_tensor(tensor: Any, requires_grad: bool) -> Any:
+def _rebuild_tensor(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     return tensor.requires_grad_(requires_grad) if requires_grad else tensor
 
 
