@@ -1,4 +1,5 @@
-"""The conformance gate, ``python -m vargather check`` (``vargather/_cli/check.py``).
+"""The conformance gate, ``python -m vargather check`` (``vargather/_cli/check.py``, the
+command, and ``vargather/_cli/gate.py``, the run).
 
 Options, import errors and the report are checked directly; the issue's classification
 claims are checked by running the check for real on gloo worlds: vargather holds under
@@ -26,11 +27,10 @@ import pytest
 
 import vargather
 from vargather._cli import check as check_cli
-from vargather._cli.check import (
+from vargather._cli.check import load_xfails, parse_args
+from vargather._cli.gate import (
     CheckOptions,
     CheckUsageError,
-    load_xfails,
-    parse_args,
     render_failures,
     resolve_impl,
     run_check,
