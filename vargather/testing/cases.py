@@ -47,6 +47,7 @@ from vargather import CONTRACTS, GLOO_DTYPES, TRANSPORT_NAMES, oracle
 __all__ = [
     "COMPAT",
     "CONVENTIONS",
+    "DTYPE_FAMILIES",
     "DTYPE_NAMES",
     "MEMORY_LAYOUTS",
     "SIZES_FORMS",
@@ -58,6 +59,7 @@ __all__ = [
     "Implementation",
     "RankReport",
     "TensorBytes",
+    "dtype_family",
     "dtype_name",
     "is_differentiable",
     "make_upstream",
@@ -68,30 +70,34 @@ __all__ = [
 
 # --- vocabulary ----------------------------------------------------------------------
 
-_PREFERRED_ORDER: Final = (
-    "float32",
-    "float64",
-    "float16",
-    "bfloat16",
-    "complex64",
-    "complex128",
-    "int64",
-    "int32",
-    "int16",
-    "int8",
-    "uint8",
-    "bool",
-)
+DTYPE_FAMILIES: Final = ("float", "half", "complex", "int", "bool")
+"""Dtype families, simplest first: float32/float64, float16/bfloat16, complex, integers,
+bool (what ``dtype_family`` returns)."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def dtype_family(dtype: torch.dtype) -> str:
+    """The family of ``dtype`` in ``DTYPE_FAMILIES``."""
+    if dtype.is_complex:
+        return "complex"
+    if dtype.is_floating_point:
+        return "float" if dtype.itemsize >= 4 else "half"
+    return "bool" if dtype == torch.bool else "int"
+
+
+def _simplest_first(dtype: torch.dtype) -> tuple[int, int, bool, bool]:
+    """Family, then narrow floats and wide integers first, float16 before bfloat16, signed
+    before unsigned."""
+    family = dtype_family(dtype)
+    width = -dtype.itemsize if family == "int" else dtype.itemsize
+    return (DTYPE_FAMILIES.index(family), width, dtype == torch.bfloat16, not dtype.is_signed)
+
+
 def _gloo_dtype_names() -> tuple[str, ...]:
-    names = {dtype_name(d) for d in GLOO_DTYPES}
-    ordered = [n for n in _PREFERRED_ORDER if n in names]
-    return (*ordered, *sorted(names - set(ordered)))
+    return tuple(dtype_name(d) for d in sorted(GLOO_DTYPES, key=_simplest_first))
 
 
 DTYPE_NAMES: Final[tuple[str, ...]] = _gloo_dtype_names()

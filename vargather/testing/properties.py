@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final
 from hypothesis import strategies as st
 
 from . import strategies as vst
-from .cases import DTYPE_NAMES, VARGATHER, GatherCase, Implementation, torch_dtype
+from .cases import DTYPE_NAMES, VARGATHER, GatherCase, Implementation, dtype_family, torch_dtype
 from .judge import Failure
 from .pool import RankPool
 from .runner import Verdict, describe, run_cases
@@ -172,17 +172,8 @@ class Property:
 # --- the catalogue ----------------------------------------------------------------------
 
 
-def _family(name: str) -> str:
-    dtype = torch_dtype(name)
-    if dtype.is_complex:
-        return "complex"
-    if dtype.is_floating_point:
-        return "float" if dtype.itemsize >= 4 else "half"
-    return "bool" if name == "bool" else "int"
-
-
 def _dtypes(*families: str) -> tuple[str, ...]:
-    return tuple(n for n in DTYPE_NAMES if _family(n) in families)
+    return tuple(n for n in DTYPE_NAMES if dtype_family(torch_dtype(n)) in families)
 
 
 _COMMON: Final = ("float32", "float64", "int64")
