@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from vargather._cli import repro
-from vargather.testing import GatherCase, describe
+from vargather.testing import GatherCase, describe, parse_case
 from vargather.testing.cases import COMPAT
 
 from .mutants import REPO_ROOT, implementation
@@ -83,3 +83,12 @@ def test_the_printed_command_runs_from_the_shell(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "PASSED" in proc.stdout
+
+
+@pytest.mark.parametrize("path", ["/plain/dir", "/with space", "/it's", '/quo"te', "/dollar$HOME"])
+def test_the_printed_command_splits_back_into_its_arguments(path: str) -> None:
+    impl = implementation("rank_order", ("auto",))
+    impl = type(impl)(impl.ref, transports=impl.transports, search_path=(path,), name="x")
+    argv = _argv(describe(CASE, impl))
+    assert parse_case(argv[0]) == CASE
+    assert argv[-2:] == ["--path", path]

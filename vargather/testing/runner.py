@@ -502,6 +502,15 @@ def repro_args(case: GatherCase, implementation: Implementation = VARGATHER) -> 
     return args
 
 
+def _shell_quote(arg: str) -> str:
+    """``arg`` for a POSIX shell, in double quotes where that is enough (a case's repr
+    reads better in them than in ``shlex.quote``'s single quotes)."""
+    quoted = shlex.quote(arg)
+    if quoted == arg or any(c in arg for c in '"$`\\!'):
+        return quoted
+    return f'"{arg}"'
+
+
 def describe(case: GatherCase, implementation: Implementation = VARGATHER) -> str:
     """A failing case in words, with a shell command that re-runs exactly it."""
     where = (
@@ -511,7 +520,8 @@ def describe(case: GatherCase, implementation: Implementation = VARGATHER) -> st
         + (f", subgroup {list(case.members)}" if case.members is not None else "")
     )
     memory = [case.memory_of(r) for r in range(case.group_size)]
-    command = shlex.join(["python", "-m", "vargather", "repro", *repro_args(case, implementation)])
+    args = ["python", "-m", "vargather", "repro", *repro_args(case, implementation)]
+    command = " ".join(_shell_quote(arg) for arg in args)
     lines = [
         f"case: {implementation.short_name} on {case.group_size} rank(s) {where}",
         f"  per-rank shapes {[tuple(s) for s in case.shapes]} (sizes along dim "
