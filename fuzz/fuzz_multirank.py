@@ -51,15 +51,17 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.database import DirectoryBasedExampleDatabase  # noqa: E402
 
 import vargather  # noqa: E402
-from vargather import _cases  # noqa: E402
 from vargather import strategies as vst  # noqa: E402
 from vargather._transport import unsupported_reason  # noqa: E402
 from vargather.testing import (  # noqa: E402
     COLLECTIVE_TIMEOUT_ENV,
+    GatherCase,
     PoolFailure,
     RankOutcome,
     close_all_pools,
+    describe,
     get_pool,
+    run_cases,
 )
 
 DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
@@ -321,19 +323,16 @@ def _check_mutated(scenario: fns.Scenario, mutated: tuple[int, ...]) -> None:
         assert fns.same_bytes(got.grad, want_grad), "the next gather's gradient was wrong"
 
 
-def check_valid(case: _cases.GatherCase) -> None:
+def check_valid(case: GatherCase) -> None:
     COUNTS["valid"] += 1
-    history = _remember(case.world, case)
-    (verdict,) = _cases.run_cases([case])
+    history = _remember(case.world_size, case)
+    (verdict,) = run_cases([case])
     if verdict.failures or verdict.not_run:
+        failures = [f.render() for f in verdict.failures]
         raise AssertionError(
-            "\n".join([_cases.describe(case), *verdict.failures, verdict.not_run]).strip() + history
+            "\n".join([describe(case), *failures, verdict.not_run]).strip() + history
         )
 
-
-GLOO_TRANSPORTS = tuple(
-    t for t in vargather.TRANSPORT_NAMES if unsupported_reason(t, "gloo") is None
-)
 
 examples = st.one_of(
     vst.gather_cases(min_world_size=2, max_world_size=3, transports=GLOO_TRANSPORTS),
@@ -343,7 +342,7 @@ examples = st.one_of(
 
 def fuzz_one(example: Any) -> None:
     """One example, valid or mutated (the body of the ``@given`` test)."""
-    if isinstance(example, _cases.GatherCase):
+    if isinstance(example, GatherCase):
         check_valid(example)
     else:
         check_mutated(example)

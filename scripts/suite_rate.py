@@ -2,8 +2,9 @@
 
 A multi-rank example is one ``GatherCase`` drawn by Hypothesis, run on every rank of a
 gloo world from ``vargather.testing`` and judged against the oracle: exactly what
-``tests/test_properties.py`` does (the same ``Property`` objects: strategy, rank-side
-runner, judge). For each world size the script warms the pool, then runs one property
+``tests/test_properties.py`` does (the same properties of the kit's catalogue:
+strategy, rank-side runner, judge). For each world size the script warms the pool, then
+runs one property (``one-rank`` for W=1, ``gradient`` otherwise: forward and backward)
 for ``--examples`` Hypothesis examples (batches of up to ``--batch`` cases, derandomized)
 and times it. It prints the rate per world size, their mean, and the overall rate
 (every case over all the time, the stricter figure); nothing is asserted.
@@ -27,15 +28,16 @@ def _measure(world: int, examples: int, batch: int, transport: str) -> tuple[int
     """(batches, cases, seconds) for one property on a ``world``-rank world."""
     from hypothesis import HealthCheck, given, settings
 
-    from vargather._cases import VARGATHER, GatherCase, check_cases, example_counts, properties
-    from vargather.testing import get_pool
+    from vargather.testing import GatherCase, Implementation, catalogue, get_pool
+    from vargather.testing.runner import check_cases, example_counts
 
-    props = {p.name: p for p in properties(VARGATHER, transports=(transport,), batch_size=batch)}
-    prop = props["one_rank_world" if world == 1 else f"matches_oracle[W={world},{transport}]"]
+    impl = Implementation(None, transports=(transport,), name="vargather")
+    props = {p.id: p for p in catalogue(impl)}
+    prop = props["one-rank" if world == 1 else "gradient"]
     # Outside the timing: start the world, and pay this process's one-time costs (the
     # oracle's first autograd call imports torch's symbolic-shape machinery).
     get_pool(world).run_many(_noop, [None])
-    check_cases([GatherCase(shapes=((1, 2),) * world, dim=0, dtype="float32")], VARGATHER)
+    check_cases([GatherCase(shapes=((1, 2),) * world, dim=0, dtype="float32")], impl)
     batches = 0
 
     @settings(
@@ -46,13 +48,13 @@ def _measure(world: int, examples: int, batch: int, transport: str) -> tuple[int
         # Generation time includes nothing slow here, but a loaded machine can trip it.
         suppress_health_check=(HealthCheck.too_slow,),
     )
-    @given(prop.strategy)
-    def run(cases: list[object]) -> None:
+    @given(prop.strategy((world,), batch=batch))
+    def run(cases: list[GatherCase]) -> None:
         nonlocal batches
         batches += 1
-        prop.check(cases)  # type: ignore[arg-type]  # the strategy draws GatherCase lists
+        prop.check(cases)
 
-    label = VARGATHER.label
+    label = impl.label
     before = example_counts().get((label, f"W={world}"), 0)
     start = time.perf_counter()
     run()

@@ -108,10 +108,10 @@ def refused_transports() -> dict[str, str]:
     """Transports vargather refuses on gloo (name -> its message), asked once.
 
     (Pools start lazily, one at a time: started together, ten rank processes importing
-    torch at once on a loaded 2-core machine can outlast the pool's start timeout.)
+    torch at once on a loaded machine can outlast the pool's start timeout.)
     """
     import vargather
-    from vargather._cases import transport_refusals
+    from vargather.testing.runner import transport_refusals
 
     refused = transport_refusals(vargather.TRANSPORT_NAMES)
     _WORKER_REFUSED.update(refused)
@@ -147,7 +147,7 @@ def usable_transports(refused_transports: dict[str, str]) -> tuple[str, ...]:
 def _local_counts() -> Counter[tuple[str, str]]:
     import sys
 
-    cases = sys.modules.get("vargather._cases")
+    cases = sys.modules.get("vargather.testing.runner")
     if cases is None:
         return Counter()
     return Counter(cases.example_counts())

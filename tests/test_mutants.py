@@ -5,11 +5,11 @@ each, the test
 
 1. runs the mutant's ``BENIGN`` case and requires it to pass (the mutant imports, runs
    on a gloo world and is otherwise a correct gather);
-2. runs the suite's properties (``vargather._cases.properties``: the same strategies,
-   the same rank-side runner and the same judge as ``tests/test_properties.py``)
-   round-robin in their fixed order, a few seeded batches at a time, until one finds a
-   batch on which the mutant fails **and the unbroken pipeline passes** (so a bug of
-   vargather's own cannot be mistaken for the mutant's).
+2. runs the kit's property catalogue (``vargather.testing.properties.catalogue``: the
+   same properties as ``tests/test_properties.py`` and ``python -m vargather check``),
+   each on each world size, round-robin in their fixed order, a few seeded batches at a
+   time, until one finds a batch on which the mutant fails **and the unbroken pipeline
+   passes** (so a bug of vargather's own cannot be mistaken for the mutant's).
 
 ``test_the_unbroken_pipeline_passes_the_search`` is the control: the same runs
 against ``tests/mutants/faithful.py`` find nothing. The mutation score is printed at
@@ -21,20 +21,24 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
-from vargather._cases import VARGATHER, GatherCase, Implementation, Property, properties, run_cases
+from vargather.testing.cases import GatherCase, Implementation
+from vargather.testing.properties import Property, catalogue
+from vargather.testing.runner import run_cases
 
 from .mutants import MUTANTS, RESULTS, Mutant, implementation
 
 ROUNDS = 2
 PER_ROUND = 6
 BATCH = 4
-"""The search: ``ROUNDS`` passes over the properties in their fixed order, each pass
-giving every property ``PER_ROUND`` batches of up to ``BATCH`` cases (the first of each
+WORLD_SIZES = (1, 2, 3, 4)
+"""The search: ``ROUNDS`` passes over the properties (each on each of ``WORLD_SIZES``)
+in their fixed order, each pass giving every one ``PER_ROUND`` batches of up to ``BATCH`` cases (the first of each
 is Hypothesis's simplest example), seeded by (round, property index) so every run draws
 the same batches. Round-robin, so a mutant only a late property can see is reached
 after a few batches of each."""
@@ -52,33 +56,53 @@ def _search_settings() -> settings:
     )
 
 
-def _props(impl: Implementation, transports: tuple[str, ...]) -> list[Property]:
-    return properties(impl, transports=transports, batch_size=BATCH)
+@dataclass(frozen=True)
+class _Target:
+    """One property of the catalogue on one world size."""
+
+    prop: Property
+    world: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.prop.id}[W={self.world}]"
+
+    def fails(self, batch: list[GatherCase]) -> bool:
+        return self.prop.fails(batch)
+
+
+def _props(impl: Implementation) -> list[_Target]:
+    return [
+        _Target(p, w)
+        for p in catalogue(impl)
+        if p.not_applicable(WORLD_SIZES) is None
+        for w in p.worlds(WORLD_SIZES)
+    ]
 
 
 @functools.cache
-def _controls(transports: tuple[str, ...]) -> dict[str, Property]:
-    return {p.name: p for p in _props(implementation("faithful", transports), transports)}
+def _controls(transports: tuple[str, ...]) -> dict[str, _Target]:
+    return {t.name: t for t in _props(implementation("faithful", transports))}
 
 
 def _search(
-    props: Sequence[Property],
-    condition: Callable[[Property, list[GatherCase]], bool],
+    targets: Sequence[_Target],
+    condition: Callable[[_Target, list[GatherCase]], bool],
     rounds: int,
 ) -> tuple[str, list[GatherCase]] | None:
     """The first (property name, batch) satisfying ``condition``, round-robin."""
     for round_ in range(rounds):
-        for index, prop in enumerate(props):
+        for index, target in enumerate(targets):
             try:
                 batch = find(
-                    prop.strategy,
-                    functools.partial(condition, prop),
+                    target.prop.strategy((target.world,), batch=BATCH),
+                    functools.partial(condition, target),
                     settings=_search_settings(),
                     random=random.Random(1000 * round_ + index),
                 )
             except NoSuchExample:
                 continue
-            return prop.name, batch
+            return target.name, batch
     return None
 
 
@@ -91,14 +115,14 @@ def test_the_property_suite_catches_the_mutant(
     (verdict,) = run_cases([mutant.benign], impl)
     assert verdict.ok, (
         f"mutant {mutant.name} fails its benign case, so it is broken beyond its one bug: "
-        f"{verdict.failures or verdict.not_run}"
+        f"{[f.render() for f in verdict.failures] or verdict.not_run}"
     )
     controls = _controls(usable_transports)
 
-    def caught(prop: Property, batch: list[GatherCase]) -> bool:
-        return prop.fails(batch) and not controls[prop.name].fails(batch)
+    def caught(target: _Target, batch: list[GatherCase]) -> bool:
+        return target.fails(batch) and not controls[target.name].fails(batch)
 
-    found = _search(_props(impl, usable_transports), caught, ROUNDS)
+    found = _search(_props(impl), caught, ROUNDS)
     RESULTS[mutant.name] = found[0] if found else ""
     assert found is not None, (
         f"no property caught mutant {mutant.name} ({mutant.bug}) in {ROUNDS} rounds of "
@@ -111,10 +135,13 @@ def test_the_unbroken_pipeline_passes_the_search(usable_transports: tuple[str, .
     """The control: ``faithful`` (the mutants' base, unbroken) fails no property on the
     batches of the search's first round, apart from what vargather itself gets wrong
     (``test_properties.py`` reports that)."""
-    reference = {p.name: p for p in _props(VARGATHER, usable_transports)}
+    reference = {
+        t.name: t
+        for t in _props(Implementation(None, transports=usable_transports, name="vargather"))
+    }
 
-    def differs(prop: Property, batch: list[GatherCase]) -> bool:
-        return prop.fails(batch) and not reference[prop.name].fails(batch)
+    def differs(target: _Target, batch: list[GatherCase]) -> bool:
+        return target.fails(batch) and not reference[target.name].fails(batch)
 
     found = _search(list(_controls(usable_transports).values()), differs, 1)
     assert found is None, (

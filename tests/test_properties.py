@@ -1,12 +1,12 @@
 """The multi-rank property suite: vargather against the single-process oracle on gloo.
 
-Each property test draws batches of ``GatherCase`` s (``vargather.strategies``), runs
-every case on a real gloo world from ``vargather.testing`` (one pool round trip per
-batch) and judges the ranks' reports against ``vargather.oracle``
-(``vargather._cases.judge``): the forward bit for bit, gradients under the case's
-contract with upstream gradients that differ per rank, the returned layout or sizes.
-The same ``Property`` objects drive the mutant catalogue (``tests/test_mutants.py``)
-and ``python -m vargather check``.
+Each property test draws batches of ``GatherCase`` s from a property of the kit's one
+catalogue (``vargather.testing.properties``), runs every case on a real gloo world
+from ``vargather.testing`` (one pool round trip per batch) and judges the ranks'
+reports against ``vargather.oracle`` (``vargather.testing.judge``): the forward bit
+for bit, gradients under the case's contract with upstream gradients that differ per
+rank, the returned layout or sizes. The same properties drive the mutant search
+(``tests/test_mutants.py``) and ``python -m vargather check``.
 
 The second half checks the case model itself: that the strategies validate their
 arguments, that the seeded values really cover each dtype's range, that memory layouts
@@ -27,135 +27,136 @@ from hypothesis import strategies as st
 
 import vargather
 from vargather import strategies as vst
-from vargather._cases import (
+from vargather.testing import property_ids
+from vargather.testing.cases import (
     COMPAT,
     DTYPE_NAMES,
     VARGATHER,
     GatherCase,
     Implementation,
-    Property,
-    describe,
     make_upstream,
     make_values,
     parse_case,
-    properties,
 )
+from vargather.testing.properties import Property, catalogue
+from vargather.testing.runner import describe
+
+WORLDS = (1, 2, 3, 4)
+MULTI = [2, 3, 4]
 
 ALL_GATHER_V = Implementation(
-    "vargather:all_gather_v", transports=vargather.TRANSPORT_NAMES, name="vargather.all_gather_v"
+    "vargather:all_gather_v", transports=("auto",), name="vargather.all_gather_v"
 )
 
 
-def _by_name(props: list[Property]) -> dict[str, Property]:
-    return {p.name: p for p in props}
+def _applicable(impl: Implementation) -> list[tuple[str, int]]:
+    """(property id, world size) for every property of ``impl``'s catalogue that applies."""
+    return [
+        (p.id, w)
+        for p in catalogue(impl)
+        if p.not_applicable(WORLDS) is None
+        for w in p.worlds(WORLDS)
+    ]
 
 
-PLAIN = _by_name(properties(ALL_GATHER_V, transports=("auto",), world_sizes=(3,)))
-COMPAT_PROPS = _by_name(properties(COMPAT))
+def _params(impl: Implementation) -> list[Any]:
+    """One test per applicable property; each example draws its world size (uniformly,
+    from the sizes the property applies to), so every world is exercised."""
+    ids = dict.fromkeys(prop_id for prop_id, _ in _applicable(impl))
+    return [
+        pytest.param(prop_id, marks=() if prop_id == "uninitialized" else (pytest.mark.multirank,))
+        for prop_id in ids
+    ]
+
+
+def _by_id(impl: Implementation) -> dict[str, Property]:
+    return {p.id: p for p in catalogue(impl)}
+
+
+COMPAT_PROPS = _by_id(COMPAT)
+PLAIN = _by_id(ALL_GATHER_V)
 
 
 @pytest.fixture(scope="session")
 def props(usable_transports: tuple[str, ...]) -> dict[str, Property]:
     """vargather's properties over the transports it accepts on gloo (asked at run time:
     a transport it refuses is skipped and named in the summary, never drawn)."""
-    return _by_name(properties(VARGATHER, transports=usable_transports))
+    return _by_id(Implementation(None, transports=usable_transports, name="vargather"))
 
 
-def _run(prop: Property, data: st.DataObject) -> None:
-    prop.check(data.draw(prop.strategy, label="cases"))
+def _run(
+    prop: Property,
+    worlds: tuple[int, ...],
+    data: st.DataObject,
+    transports: tuple[str, ...] | None = None,
+) -> None:
+    prop.check(data.draw(prop.strategy(worlds, transports=transports), label="cases"))
 
 
 # --- vargather.all_gather_v_with_layout ------------------------------------------------
 
 
-MULTI = [2, 3, 4]
+@pytest.mark.parametrize("prop_id", _params(VARGATHER))
+@given(data=st.data())
+def test_vargather_holds_the_property(
+    prop_id: str, props: dict[str, Property], data: st.DataObject
+) -> None:
+    """Every property of the catalogue on the world sizes it applies to (1 to 4): forward
+    bit for bit for every dtype family, dim, empty shards and memory layout; sizes
+    passed as a list or a tensor and the returned layout; one-rank, uninitialized and
+    subgroup worlds; gradients under every contract and the adjoint identity under
+    ``sum``."""
+    _run(props[prop_id], WORLDS, data)
+
+
+_PER_TRANSPORT = ("forward-float", "forward-int", "non-contiguous", "sizes-tensor", "gradient")
+"""The properties drawn from when each transport is run on its own."""
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("world_size", MULTI)
+@pytest.mark.parametrize("world", MULTI)
 @given(data=st.data())
-def test_forward_and_gradients_match_the_oracle(
-    world_size: int, transport: str, props: dict[str, Property], data: st.DataObject
+def test_each_transport_holds_the_properties(
+    world: int, transport: str, props: dict[str, Property], data: st.DataObject
 ) -> None:
-    """Every dtype, dim (negative too), contract, sizes form and memory layout: the
-    output equals ``torch.cat`` bit for bit (dtype, shape, device too), the returned
-    layout is the true one, and each rank's input gradient equals the oracle's under
-    the case's contract."""
-    _run(props[f"matches_oracle[W={world_size},{transport}]"], data)
-
-
-@pytest.mark.multirank
-@pytest.mark.parametrize("world_size", MULTI)
-@given(data=st.data())
-def test_adjoint_identity_under_the_sum_contract(
-    world_size: int, props: dict[str, Property], data: st.DataObject
-) -> None:
-    """``Σ_r <dx_r, x_r> == Σ_j <g_j, out_j>`` exactly, from the implementation's own
-    forward and backward (small integers, so float64 sums are exact)."""
-    _run(props[f"adjoint[W={world_size}]"], data)
-
-
-@pytest.mark.multirank
-@given(data=st.data())
-def test_a_world_of_one_rank_is_the_identity(
-    props: dict[str, Property], data: st.DataObject
-) -> None:
-    """torch.distributed initialized with a single rank: ``out == x``, gradients flow."""
-    _run(props["one_rank_world"], data)
-
-
-@given(data=st.data())
-def test_without_torch_distributed_the_gather_is_the_identity(
-    props: dict[str, Property], data: st.DataObject
-) -> None:
-    """In this (pytest) process torch.distributed is not initialized: identity, gradients
-    flowing, under every contract."""
-    _run(props["uninitialized"], data)
-
-
-@pytest.mark.multirank
-@pytest.mark.parametrize("world_size", MULTI)
-@given(data=st.data())
-def test_a_subgroup_gathers_only_its_members(
-    world_size: int, props: dict[str, Property], data: st.DataObject
-) -> None:
-    """``group=`` a subgroup of a 2-4 rank world: the members' shards only, in group-rank
-    order, with every contract (``mean`` divides by the group's size)."""
-    _run(props[f"subgroup[W={world_size}]"], data)
+    """Each transport on its own (the test above draws them mixed): forward, layout and
+    gradients, a property drawn per example."""
+    prop = props[data.draw(st.sampled_from(_PER_TRANSPORT), label="property")]
+    _run(prop, (world,), data, transports=(transport,))
 
 
 @pytest.mark.multirank
 @given(data=st.data())
 def test_all_gather_v_returns_the_gathered_tensor(data: st.DataObject) -> None:
     """The plain ``all_gather_v`` entry point, through the same checks."""
-    _run(PLAIN["matches_oracle[W=3,auto]"], data)
+    prop = PLAIN[data.draw(st.sampled_from(_PER_TRANSPORT), label="property")]
+    _run(prop, (3,), data)
 
 
 # --- vargather.compat ----------------------------------------------------------------------
 
 
-@pytest.mark.multirank
-@pytest.mark.parametrize("name", sorted(COMPAT_PROPS))
+@pytest.mark.parametrize("prop_id", _params(COMPAT))
 @given(data=st.data())
-def test_compat_has_the_seed_semantics(name: str, data: st.DataObject) -> None:
+def test_compat_has_the_seed_semantics(prop_id: str, data: st.DataObject) -> None:
     """``vargather.compat.all_gather(x, dim, sizes) -> (tensor, sizes)`` with the seed's
     ``local`` contract: sizes a 1-d int64 tensor, ``(x, None)`` without a multi-rank
     world, this rank's slice of its own upstream gradient."""
-    _run(COMPAT_PROPS[name], data)
+    _run(COMPAT_PROPS[prop_id], WORLDS, data)
 
 
 def test_every_property_runs_for_vargather() -> None:
-    """The suite covers every transport name and every claimed property."""
-    names = set(_by_name(properties(VARGATHER, transports=vargather.TRANSPORT_NAMES)))
+    """vargather runs the whole catalogue on some world; compat all but what needs a
+    process group or the ``sum`` contract; ``check`` knows the same ids."""
+    ids = [p.id for p in catalogue(VARGATHER)]
+    assert tuple(ids) == property_ids()
+    assert len(set(ids)) == len(ids)
+    assert {prop_id for prop_id, _ in _applicable(VARGATHER)} == set(ids)
+    assert {prop_id for prop_id, _ in _applicable(COMPAT)} == set(ids) - {"subgroup", "adjoint"}
     for w in MULTI:
-        assert {f"matches_oracle[W={w},{t}]" for t in vargather.TRANSPORT_NAMES} <= names
-        assert {f"adjoint[W={w}]", f"subgroup[W={w}]"} <= names
-    assert {"one_rank_world", "uninitialized"} <= names
-    assert set(COMPAT_PROPS) == {
-        *(f"matches_oracle[W={w}]" for w in MULTI),
-        "one_rank_world",
-        "uninitialized",
-    }
+        assert {(prop_id, w) for prop_id in ("gradient", "adjoint", "subgroup")} <= set(
+            _applicable(VARGATHER)
+        )
 
 
 # --- the case model ---------------------------------------------------------------------------
@@ -357,13 +358,13 @@ def test_describe_names_everything_needed_to_reproduce() -> None:
         "grad='mean'",
         "transport='padded'",
         "seed=11",
-        "python -m vargather._cases",
+        "python -m vargather repro",
     ):
         assert fragment in text
     command = text.rsplit("reproduce: ", 1)[1]
     argv = shlex.split(command)
-    assert argv[:3] == ["python", "-m", "vargather._cases"]
-    assert parse_case(argv[3]) == case
+    assert argv[:4] == ["python", "-m", "vargather", "repro"]
+    assert parse_case(argv[4]) == case
 
 
 @given(vst.gather_cases(subgroups=True))

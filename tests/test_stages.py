@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 import vargather
 from vargather import oracle
 from vargather import strategies as vst
-from vargather._cases import GatherCase
 from vargather._comm import GroupInfo
 from vargather._compaction import compact_padded, compact_rank_major, rank_major_blocks
 from vargather._layout import Layout
@@ -40,6 +39,7 @@ from vargather._metadata import (
     validate_records,
 )
 from vargather._padding import as_blocks, pad_blocks, rank_major_gradient, scatter_into_padded
+from vargather.testing.cases import GatherCase
 
 TRANSPORTS = vargather.TRANSPORT_NAMES
 
@@ -67,9 +67,9 @@ def _layouts(case: GatherCase) -> list[Layout]:
             trailing_shape=s[d + 1 :],
             dtype=case.torch_dtype,
             rank=r,
-            world_size=case.world_size,
+            world_size=case.group_size,
         )
-        for r in range(case.world_size)
+        for r in range(case.group_size)
     ]
 
 
@@ -152,7 +152,7 @@ def test_pad_then_compact_is_torch_cat(case: GatherCase) -> None:
     """The padded transport's receive buffer, ``(W, pre, max, post)`` stacked from every
     rank's padded block, compacts to ``torch.cat`` (bytes), whichever rank compacts."""
     layouts = _layouts(case)
-    shards = [case.shard(r).detach() for r in range(case.world_size)]
+    shards = [case.shard(r).detach() for r in range(case.group_size)]
     expected = oracle.expected_output(shards, case.dim)
     m = layouts[0].max_size
     sent = [
@@ -174,7 +174,7 @@ def test_rank_major_compaction_is_torch_cat(case: GatherCase) -> None:
     """The unpadded transports' receive buffer (rank 0's block, then rank 1's, ...)
     compacts to ``torch.cat`` (bytes)."""
     layouts = _layouts(case)
-    shards = [case.shard(r).detach() for r in range(case.world_size)]
+    shards = [case.shard(r).detach() for r in range(case.group_size)]
     expected = oracle.expected_output(shards, case.dim)
     flat = torch.cat(
         [
@@ -195,7 +195,7 @@ def test_backward_send_buffers_reduce_to_the_sum_contract(case: GatherCase) -> N
     reduce-scatter does), or its block of every rank-major gradient buffer, gives the
     oracle's ``sum`` gradient exactly (small integers)."""
     layouts = _layouts(case)
-    w = case.world_size
+    w = case.group_size
     shards = [case.shard_values(r) for r in range(w)]
     ups = [case.upstream_grad(j) for j in range(w)]
     want = oracle.expected_input_grads(shards, ups, case.dim, "sum")
@@ -331,7 +331,7 @@ def _fields(layout: Layout) -> dict[str, Any]:
 def test_the_oracle_contracts_are_their_stated_math(case: GatherCase) -> None:
     """``sum``: Σ_j g_j[o_r : o_r + n_r]; ``local``: g_r[o_r : o_r + n_r]; ``mean``:
     the sum over W. Slicing by hand (``narrow``) against the oracle's autograd."""
-    w, d = case.world_size, case.normalized_dim
+    w, d = case.group_size, case.normalized_dim
     shards = [case.shard_values(r) for r in range(w)]
     ups = [case.upstream_grad(j) for j in range(w)]
     offsets = [sum(case.sizes[:r]) for r in range(w)]

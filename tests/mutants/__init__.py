@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from types import ModuleType
 
-from vargather._cases import GatherCase, Implementation
+from vargather.testing.cases import GatherCase, Implementation
 
 __all__ = ["MUTANTS", "RESULTS", "Mutant", "implementation"]
 

@@ -8,7 +8,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from vargather._autograd import GatherVFunction
-from vargather._cases import GatherCase
+from vargather.testing.cases import GatherCase
 
 from ._base import gather
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 import vargather
-from vargather._cases import GatherCase
+from vargather.testing.cases import GatherCase
 
 BUG = "the Layout returned with the tensor has its sizes sorted largest first, not in rank order"
 BENIGN = GatherCase(shapes=((3, 2), (1, 2)), dim=0, dtype="float32", seed=19)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from vargather._cases import GatherCase
+from vargather.testing.cases import GatherCase
 
 from ._base import gather
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from vargather._cases import GatherCase
 from vargather._transport import Transport
+from vargather.testing.cases import GatherCase
 
 from ._base import TransportWrapper, gather
 

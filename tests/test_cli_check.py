@@ -1,8 +1,9 @@
-"""The conformance gate, ``python -m vargather check`` (``vargather/_check.py``).
+"""The conformance gate, ``python -m vargather check`` (``vargather/_cli/check.py``, the
+command, and ``vargather/_cli/gate.py``, the run).
 
 Options, import errors and the report are checked directly; the issue's classification
 claims are checked by running the check for real on gloo worlds: vargather holds under
-every contract, the seed's algorithm (``tests/seed_impl.py``) holds ``local`` except for
+every contract, the seed's algorithm (``vargather/testing/seed.py``) holds ``local`` except for
 its two genuine bugs and fails ``sum`` with a gradient counterexample, every mutant of
 the catalogue fails, a crash or a hang is that property's failure, and a correct
 implementation raises no false alarm across 20 seeds.
@@ -25,33 +26,39 @@ from typing import Any
 import pytest
 
 import vargather
-from vargather import _cases, _check
-from vargather._check import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    PROPERTY_IDS,
+from vargather._cli import check as check_cli
+from vargather._cli.check import load_xfails, parse_args
+from vargather._cli.gate import (
     CheckOptions,
     CheckUsageError,
-    Failure,
-    PropertyResult,
-    Report,
-    load_xfails,
-    parse_args,
+    render_failures,
     resolve_impl,
     run_check,
 )
-from vargather.testing import RankPool, get_pool
+from vargather._cli.report import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    STATUSES,
+    PropertyFailure,
+    PropertyResult,
+    Report,
+)
+from vargather.testing import Failure, RankPool, get_pool, property_ids
+from vargather.testing.cases import parse_case
+from vargather.testing.runner import run_cases
+
+PROPERTY_IDS = property_ids()
 
 ROOT = Path(__file__).resolve().parent.parent
-SEED = "tests.seed_impl:all_gather"
+SEED = "vargather.testing.seed:all_gather"
 
 multirank = pytest.mark.multirank
 
 
 @pytest.fixture
 def in_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run from the repository root, where ``tests.seed_impl`` imports (as in CI)."""
+    """Run from the repository root, where ``tests.mutants`` imports (as in CI)."""
     monkeypatch.chdir(ROOT)
 
 
@@ -71,7 +78,7 @@ def result(report: Report, prop: str) -> PropertyResult:
     return found
 
 
-def failure(report: Report, prop: str) -> Failure:
+def failure(report: Report, prop: str) -> PropertyFailure:
     found = result(report, prop).failure
     assert found is not None, f"{prop} has no failure: {result(report, prop)}"
     return found
@@ -91,11 +98,9 @@ def cli(*args: str, cwd: Path = ROOT, timeout: float = 240) -> subprocess.Comple
 # --- options, xfails, import errors (no ranks) ----------------------------------------
 
 
-@pytest.mark.parametrize("grad", ["sum", "local", "mean"])
-@pytest.mark.parametrize("returns", ["sizes", "layout", "none", "unknown"])
-def test_property_ids_are_the_rows_of_the_catalogue(grad: str, returns: str) -> None:
-    rows = _check._catalogue(grad, returns, None)
-    assert tuple(r.id for r in rows) == PROPERTY_IDS
+def test_list_prints_the_catalogues_ids(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_cli.main(["--list"]) == EXIT_OK
+    assert tuple(capsys.readouterr().out.split()) == PROPERTY_IDS
 
 
 def test_defaults() -> None:
@@ -127,7 +132,7 @@ def test_world_sizes_are_parsed_sorted_and_unique() -> None:
 def test_bad_options_exit_2_naming_the_option(
     argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _check.main(argv) == EXIT_USAGE
+    assert check_cli.main(argv) == EXIT_USAGE
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("vargather check: error: ")
@@ -175,8 +180,8 @@ _MODULES = {
                 "MODULE is imported from the current directory",
             ],
         ),
-        ("tests.seed_impl:nope", ["'tests.seed_impl'", "has no attribute 'nope'"]),
-        ("tests.seed_impl:__doc__", ["'__doc__' is a str, not a callable"]),
+        ("vargather.testing.seed:nope", ["'vargather.testing.seed'", "has no attribute 'nope'"]),
+        ("vargather.testing.seed:__doc__", ["'__doc__' is a str, not a callable"]),
         ("raises_at_import:f", ["importing 'raises_at_import' failed", "boom at import"]),
         (
             "missing_dependency:all_gather",
@@ -194,8 +199,8 @@ def test_import_errors_exit_2_with_a_clear_message(
     for name, text in _MODULES.items():
         (tmp_path / name).write_text(text)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(ROOT))  # tests.seed_impl, from elsewhere
-    assert _check.main(["--impl", ref]) == EXIT_USAGE
+    monkeypatch.syspath_prepend(str(ROOT))  # vargather, from elsewhere
+    assert check_cli.main(["--impl", ref]) == EXIT_USAGE
     out, err = capsys.readouterr()
     assert out == ""
     for fragment in fragments:
@@ -241,17 +246,18 @@ def test_transports_vargather_refuses_on_gloo_are_named_not_run() -> None:
     )
 
 
-def test_messages_of_ranks_that_failed_alike_are_condensed() -> None:
-    messages = [
-        "out.shape=(3,), but should be (4,) [f(dim=0) on rank 0 of 3]",
-        "out.shape=(3,), but should be (4,) [f(dim=0) on rank 2 of 3]",
-        "x.grad differs [f(dim=0) on rank 1 of 3]",
+def test_failures_are_rendered_from_their_fields() -> None:
+    failures = [
+        Failure("output", "mismatch", "out.shape=(3,), but should be (4,)", (0, 2), 3, "f(dim=0)"),
+        Failure("gradient", "mismatch", "x.grad differs", (1,), 3, "f(dim=0)"),
+        Failure("call", "error", "raised ValueError: no", (0, 1, 2), 3, "f(dim=0)", "Traceback"),
     ]
-    assert _check._condense(messages) == (
-        "out.shape=(3,), but should be (4,) [f(dim=0) on rank 0 of 3]\n"
-        "  (the same on rank(s) 2)\n"
-        "x.grad differs [f(dim=0) on rank 1 of 3]"
+    assert render_failures(failures) == (
+        "out.shape=(3,), but should be (4,) [f(dim=0) on ranks 0, 2 of 3]\n"
+        "x.grad differs [f(dim=0) on rank 1 of 3]\n"
+        "raised ValueError: no [f(dim=0) on every rank of 3]\nTraceback"
     )
+    assert render_failures(failures, limit=1).endswith("... and 2 more distinct failure(s)")
 
 
 # --- classification (real gloo worlds) ------------------------------------------------
@@ -309,6 +315,7 @@ _FAILURE_SCHEMA: dict[str, Any] = {
     "reproduction": (str, type(None)),
     "command": (str, type(None)),
     "shrunk": bool,
+    "aspect": (str, type(None)),
 }
 _PROPERTY_SCHEMA: dict[str, Any] = {
     "id": str,
@@ -335,7 +342,7 @@ _REPORT_SCHEMA: dict[str, Any] = {
     "transports": ([str], type(None)),
     "refused_transports": dict,
     "properties": [_PROPERTY_SCHEMA],
-    "summary": {name: int for name in _check.STATUSES},
+    "summary": {name: int for name in STATUSES},
     "exit_status": int,
     "seconds": (int, float),
 }
@@ -410,8 +417,9 @@ def test_seed_algorithm_fails_sum_with_a_gradient_counterexample(
     assert grad["case"]["contract"] == "sum"
     assert grad["case"]["world_size"] >= 2
     assert grad["case"]["requires_grad"] is True
-    assert grad["command"].startswith("python -m vargather._cases ")
-    assert "--impl tests.seed_impl:all_gather --convention seed --contracts sum" in grad["command"]
+    assert grad["aspect"] == "gradient"
+    assert grad["command"].startswith("python -m vargather repro ")
+    assert f"--impl {SEED} --convention seed --contracts sum" in grad["command"]
     for prop in ("forward-float", "dims", "empty-some", "one-rank", "uninitialized"):
         assert by_id[prop]["status"] == "pass", by_id[prop]
 
@@ -621,11 +629,11 @@ def test_every_mutant_fails_the_check(name: str, in_root: None) -> None:
     assert row.failure is not None
     assert row.failure.kind in ("mismatch", "error"), row.failure
     assert row.failure.case is not None
-    case = _cases.parse_case(row.failure.case["repr"])
+    case = parse_case(row.failure.case["repr"])
     assert report.transports is not None
     faithful = implementation("faithful", report.transports)
-    assert not _cases.run_cases([case], implementation(name, report.transports))[0].ok
-    control = _cases.run_cases([case], faithful)[0]
+    assert not run_cases([case], implementation(name, report.transports))[0].ok
+    control = run_cases([case], faithful)[0]
     assert control.ok, (row.id, control.failures)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from vargather import _bench
+from vargather._cli import bench as _bench
 
 pytestmark = pytest.mark.multirank
 

@@ -1,8 +1,9 @@
 """``python -m vargather bench``: time vargather against the seed and torch's collectives.
 
-Not a stage of the gather pipeline: it measures the pipeline. It spawns a local gloo
-world per world size (``FileStore`` rendezvous in a temporary directory, no ports; one
-intra-op thread per rank) and, for every payload size and size profile, times the
+Where it sits: the command-line layer, on top of the library and the testing kit; it
+measures the pipeline. It starts a local gloo world per world size through the kit's
+rank pool (``vargather.testing.RankPool``: ``FileStore`` rendezvous in a temporary
+directory, no ports; one intra-op thread per rank), runs one cell per pool call and, for every payload size and size profile, times the
 forward and the backward of each variant in the same run:
 
 forward
@@ -10,8 +11,9 @@ forward
     the same total bytes, the practical limit every ratio is relative to;
     ``vargather:<transport>`` for ``auto`` and each transport gloo can run, and
     ``vargather:auto+sizes`` (sizes passed, ``validate=False``: no metadata exchange);
-    ``seed``: the seed ``distributed.py``'s algorithm, re-implemented here (a size
-    all_gather, pad to the max, list all_gather, ``cat``, mask, ``index_select``);
+    ``seed``: the seed ``distributed.py``'s algorithm, as ``vargather.testing.seed``
+    re-implements it (a size all_gather, pad to the max, list all_gather, ``cat``,
+    mask, ``index_select``);
     ``all_gather_object``: pickle every shard to every rank, then ``cat``.
 backward
     ``limit``: ``reduce_scatter_single`` (``reduce_scatter_tensor``) of equal blocks of
@@ -45,22 +47,27 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import json
 import math
-import multiprocessing
 import os
 import re
 import statistics
 import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from multiprocessing.connection import Connection, wait
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+from .report import Progress
+
+if TYPE_CHECKING:
+    import torch
+
+    from vargather.testing import RankContext
+
+    _State: TypeAlias = tuple[torch.Tensor, torch.Tensor] | None
+    """A variant's untimed state: the backward's ``(x, out)``, nothing for the others."""
 
 __all__ = [
     "PROFILES",
@@ -75,7 +82,6 @@ __all__ = [
 SCHEMA: Final = "vargather-bench/1"
 PROFILES: Final = ("even", "mild", "heavy", "empty")
 ROW_ELEMENTS: Final = 256  # float32 elements per row: 1 KiB rows
-FORWARD_TRANSPORTS: Final = ("auto", "padded", "alltoallv", "broadcast")
 _MALLOC_ENV: Final = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 KNOWN_SIZES_VARIANT: Final = "vargather:auto+sizes"
 """``auto`` with the sizes passed and ``validate=False``: no metadata exchange."""
@@ -232,10 +238,18 @@ def _config(args: argparse.Namespace) -> BenchConfig:
     return cfg
 
 
+def forward_transports() -> tuple[str, ...]:
+    """The transports timed: every name of ``vargather.TRANSPORT_NAMES`` that runs on
+    gloo (asked of vargather, so a new transport is timed without editing this)."""
+    from vargather.testing.runner import gloo_transports
+
+    return gloo_transports()[0]
+
+
 def _forward_names() -> list[str]:
     return [
         "limit",
-        *(f"vargather:{t}" for t in FORWARD_TRANSPORTS),
+        *(f"vargather:{t}" for t in forward_transports()),
         KNOWN_SIZES_VARIANT,
         "seed",
         "all_gather_object",
@@ -243,7 +257,7 @@ def _forward_names() -> list[str]:
 
 
 def _backward_names() -> list[str]:
-    return ["limit", *(f"vargather:{t}" for t in FORWARD_TRANSPORTS), "all_reduce"]
+    return ["limit", *(f"vargather:{t}" for t in forward_transports()), "all_reduce"]
 
 
 # --- memory --------------------------------------------------------------------------------------
@@ -287,7 +301,7 @@ def _peak_meter() -> Iterator[list[int | None]]:
 # --- the rank side ---------------------------------------------------------------------------------
 
 
-def _pattern(start: int, count: int, a: int, b: int, modulus: int) -> Any:
+def _pattern(start: int, count: int, a: int, b: int, modulus: int) -> torch.Tensor:
     """``(i * a + b) % modulus - modulus // 2`` for ``i`` in ``[start, start + count)``,
     as float32: small integers, so sums are exact."""
     import torch
@@ -296,17 +310,17 @@ def _pattern(start: int, count: int, a: int, b: int, modulus: int) -> Any:
     return ((i * a + b) % modulus - modulus // 2).to(torch.float32)
 
 
-def _shard(rank: int, rows: int) -> Any:
+def _shard(rank: int, rows: int) -> torch.Tensor:
     return _pattern(0, rows * ROW_ELEMENTS, 7, 13 * rank, 23).view(rows, ROW_ELEMENTS)
 
 
-def _upstream_rows(rank: int, first_row: int, rows: int) -> Any:
+def _upstream_rows(rank: int, first_row: int, rows: int) -> torch.Tensor:
     """Rows ``[first_row, first_row + rows)`` of rank ``rank``'s upstream gradient."""
     start = first_row * ROW_ELEMENTS
     return _pattern(start, rows * ROW_ELEMENTS, 5, 11 * rank, 19).view(rows, ROW_ELEMENTS)
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     import torch
 
     return bool(
@@ -332,7 +346,7 @@ class _Cell:
         return self.sizes[self.rank]
 
 
-def _check_output(cell: _Cell, out: Any) -> bool:
+def _check_output(cell: _Cell, out: torch.Tensor) -> bool:
     if tuple(out.shape) != (cell.total, ROW_ELEMENTS):
         return False
     for r in range(cell.world_size):
@@ -342,7 +356,7 @@ def _check_output(cell: _Cell, out: Any) -> bool:
     return True
 
 
-def _expected_grad(cell: _Cell, first_row: int, rows: int) -> Any:
+def _expected_grad(cell: _Cell, first_row: int, rows: int) -> torch.Tensor:
     total = _upstream_rows(0, first_row, rows)
     for j in range(1, cell.world_size):
         total = total + _upstream_rows(j, first_row, rows)
@@ -358,17 +372,17 @@ class _Variant:
     """
 
     name: str
-    prepare: Callable[[], Any]
-    run: Callable[[Any], Any]
-    check: Callable[[Any], bool]
+    prepare: Callable[[], _State]
+    run: Callable[[_State], torch.Tensor]
+    check: Callable[[torch.Tensor], bool]
 
 
 def _forward_variants(cell: _Cell) -> list[_Variant]:
     import torch
     import torch.distributed as dist
-    from torch.nn import functional
 
     import vargather
+    from vargather.testing.seed import all_gather_variable_dim
 
     x = _shard(cell.rank, cell.rows)
     eq_x = _shard(cell.rank, cell.eq_rows)
@@ -382,41 +396,27 @@ def _forward_variants(cell: _Cell) -> list[_Variant]:
     )
     gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-    def limit(_: Any) -> Any:
+    def limit(_: _State) -> torch.Tensor:
         out = eq_x.new_empty((eq_cell.total, ROW_ELEMENTS))
         gather_single(out, eq_x)
         return out
 
-    def vargather_run(transport: str) -> Callable[[Any], Any]:
-        def run(_: Any) -> Any:
-            return vargather.all_gather_v(x, 0, transport=transport)  # type: ignore[arg-type]  # a str from FORWARD_TRANSPORTS
+    def vargather_run(transport: str) -> Callable[[_State], torch.Tensor]:
+        def run(_: _State) -> torch.Tensor:
+            return vargather.all_gather_v(x, 0, transport=transport)  # type: ignore[arg-type]  # a name from TRANSPORT_NAMES
 
         return run
 
-    def vargather_known(_: Any) -> Any:
+    def vargather_known(_: _State) -> torch.Tensor:
         return vargather.all_gather_v(x, 0, sizes=cell.sizes, validate=False)
 
-    def seed(_: Any) -> Any:
-        # The seed's all_gather_variable_dim, step by step (dim 0, sizes unknown).
-        world = dist.get_world_size()
-        size = torch.tensor(x.shape[0], dtype=torch.long)
-        sizes_list = [torch.empty_like(size) for _ in range(world)]
-        dist.all_gather(sizes_list, size)
-        sizes = torch.stack(sizes_list)
-        max_size = int(sizes.amax().item())
-        padded = functional.pad(x, (0, 0, 0, max_size - x.shape[0]))
-        gathered_list = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(gathered_list, padded)
-        gathered = torch.cat(gathered_list, dim=0)
-        seq = torch.arange(max_size)
-        mask = (seq[None, :] < sizes[:, None]).reshape(-1)
-        indices = torch.arange(mask.shape[-1])[mask]
-        return gathered.index_select(0, indices)
+    def seed(_: _State) -> torch.Tensor:
+        return all_gather_variable_dim(x, 0)[0]
 
-    def gather_object(_: Any) -> Any:
-        objects: list[Any] = [None] * dist.get_world_size()
+    def gather_object(_: _State) -> torch.Tensor:
+        objects: list[torch.Tensor | None] = [None] * dist.get_world_size()
         dist.all_gather_object(objects, x)
-        return torch.cat(objects, dim=0)
+        return torch.cat([o for o in objects if o is not None], dim=0)
 
     variants = [_Variant("limit", lambda: None, limit, lambda out: _check_output(eq_cell, out))]
     variants += [
@@ -426,7 +426,7 @@ def _forward_variants(cell: _Cell) -> list[_Variant]:
             vargather_run(t),
             lambda out: _check_output(cell, out),
         )
-        for t in FORWARD_TRANSPORTS
+        for t in forward_transports()
     ]
     variants.append(
         _Variant(
@@ -460,25 +460,27 @@ def _backward_variants(cell: _Cell) -> list[_Variant]:
     want = _expected_grad(cell, cell.offsets[cell.rank], cell.rows)
     eq_want = _expected_grad(cell, cell.rank * cell.eq_rows, cell.eq_rows)
 
-    def limit(_: Any) -> Any:
+    def limit(_: _State) -> torch.Tensor:
         out = eq_upstream.new_empty((cell.eq_rows, ROW_ELEMENTS))
         reduce_scatter_single(out, eq_upstream)
         return out
 
-    def prepare(transport: str) -> Callable[[], Any]:
-        def make() -> Any:
+    def prepare(transport: str) -> Callable[[], _State]:
+        def make() -> _State:
             x = _shard(cell.rank, cell.rows).requires_grad_(True)
-            out = vargather.all_gather_v(x, 0, transport=transport)  # type: ignore[arg-type]  # a str from FORWARD_TRANSPORTS
+            out = vargather.all_gather_v(x, 0, transport=transport)  # type: ignore[arg-type]  # a name from TRANSPORT_NAMES
             return x, out
 
         return make
 
-    def backward(state: Any) -> Any:
+    def backward(state: _State) -> torch.Tensor:
+        assert state is not None  # made by prepare()
         x, out = state
         torch.autograd.backward(out, upstream)
+        assert x.grad is not None  # x requires grad and the gather is differentiable
         return x.grad
 
-    def all_reduce(_: Any) -> Any:
+    def all_reduce(_: _State) -> torch.Tensor:
         full = upstream.clone()
         dist.all_reduce(full)
         return full[own].clone()
@@ -486,7 +488,7 @@ def _backward_variants(cell: _Cell) -> list[_Variant]:
     variants = [_Variant("limit", lambda: None, limit, lambda g: _same(g, eq_want))]
     variants += [
         _Variant(f"vargather:{t}", prepare(t), backward, lambda g: _same(g, want))
-        for t in FORWARD_TRANSPORTS
+        for t in forward_transports()
     ]
     variants.append(_Variant("all_reduce", lambda: None, all_reduce, lambda g: _same(g, want)))
     return variants
@@ -523,9 +525,7 @@ def _largest(value: int | None) -> int | None:
     return int(t.item())
 
 
-def _measure(
-    variants: Sequence[_Variant], cfg: BenchConfig, progress: Callable[[str], None]
-) -> dict[str, dict[str, Any]]:
+def _measure(variants: Sequence[_Variant], cfg: BenchConfig) -> dict[str, dict[str, Any]]:
     """Warm up and check, time (rotated order), check again, then measure memory."""
     import torch.distributed as dist
 
@@ -537,7 +537,6 @@ def _measure(
             ok = v.check(v.run(v.prepare()))
             results[v.name]["verified"] &= _all_true(ok)
     for k in range(cfg.repeats):
-        progress(f"repeat {k + 1}/{cfg.repeats}")
         order = list(variants[k % len(variants) :]) + list(variants[: k % len(variants)])
         for v in order:
             state = v.prepare()
@@ -552,7 +551,6 @@ def _measure(
     for v in variants:
         peak: int | None = None
         if cfg.memory:
-            progress(f"memory {v.name}")
             state = v.prepare()
             dist.barrier()
             with _peak_meter() as meter:
@@ -575,218 +573,88 @@ def _selected(variants: list[_Variant], cfg: BenchConfig) -> list[_Variant]:
     return [v for v in variants if v.name == "limit" or v.name in cfg.variants]
 
 
-def _rank_main(
-    rank: int, world_size: int, store_path: str, cfg: BenchConfig, conn: Connection | None
-) -> None:
+def _rank_cell(ctx: RankContext, job: tuple[BenchConfig, float, str]) -> dict[str, Any] | None:
+    """Rank function of the bench's pool: measure one (payload, profile) cell on this
+    world; rank 0 returns the cell's record, the others ``None``."""
     import torch
-    import torch.distributed as dist
 
-    from ._layout import Layout
-    from ._transport import auto_transport_name
+    from vargather import Layout
+    from vargather._transport import auto_transport_name
 
     torch.set_num_threads(1)
-    timeout = datetime.timedelta(seconds=cfg.timeout_s)
-    dist.init_process_group(
-        "gloo",
-        # FileStore is public API, but torch.distributed re-exports it without "as",
-        # which mypy's strict re-export rule does not count.
-        store=dist.FileStore(store_path, world_size),  # type: ignore[attr-defined]
+    cfg, mb, profile = job
+    rank, world_size = ctx.rank, ctx.world_size
+    # a multiple of W, so the even profile is exactly even
+    total = world_size * max(1, round(mb * 1e6 / (ROW_ELEMENTS * 4 * world_size)))
+    shares = profile_shares(profile, world_size)
+    sizes = split_rows(total, shares)
+    offsets = [sum(sizes[:r]) for r in range(world_size)]
+    cell = _Cell(rank, world_size, sizes, offsets, total, total // world_size)
+    layout = Layout(
+        sizes=tuple(sizes),
+        dim=0,
+        leading_shape=(),
+        trailing_shape=(ROW_ELEMENTS,),
+        dtype=torch.float32,
         rank=rank,
         world_size=world_size,
-        timeout=timeout,
     )
-    cells: list[dict[str, Any]] = []
-    try:
-        for mb in cfg.sizes_mb:
-            # a multiple of W, so the even profile is exactly even
-            total = world_size * max(1, round(mb * 1e6 / (ROW_ELEMENTS * 4 * world_size)))
-            for profile in cfg.profiles:
-                shares = profile_shares(profile, world_size)
-                sizes = split_rows(total, shares)
-                offsets = [sum(sizes[:r]) for r in range(world_size)]
-                cell = _Cell(rank, world_size, sizes, offsets, total, total // world_size)
-                name = f"W={world_size} {mb:g} MB {profile}"
-
-                def progress(what: str, name: str = name) -> None:
-                    if conn is not None:
-                        conn.send(("status", f"{name}: {what}"))
-
-                layout = Layout(
-                    sizes=tuple(sizes),
-                    dim=0,
-                    leading_shape=(),
-                    trailing_shape=(ROW_ELEMENTS,),
-                    dtype=torch.float32,
-                    rank=rank,
-                    world_size=world_size,
-                )
-                forward = _measure(_selected(_forward_variants(cell), cfg), cfg, progress)
-                backward = _measure(_selected(_backward_variants(cell), cfg), cfg, progress)
-                cells.append(
-                    {
-                        "world_size": world_size,
-                        "payload_mb": mb,
-                        "profile": profile,
-                        "shares": list(shares),
-                        "rows": sizes,
-                        "row_bytes": ROW_ELEMENTS * 4,
-                        "output_bytes": total * ROW_ELEMENTS * 4,
-                        "limit_bytes": cell.eq_rows * world_size * ROW_ELEMENTS * 4,
-                        "floor": floor_ratio(shares),
-                        "auto_transport": auto_transport_name(layout, "gloo"),
-                        "forward": forward,
-                        "backward": backward,
-                    }
-                )
-                if conn is not None:
-                    conn.send(("cell", name))
-        if conn is not None:
-            conn.send(("done", cells))
-    finally:
-        dist.destroy_process_group()
-
-
-def _rank_entry(
-    rank: int, world_size: int, store_path: str, cfg: BenchConfig, conn: Connection | None
-) -> None:
-    try:
-        _rank_main(rank, world_size, store_path, cfg, conn)
-    except BaseException:
-        text = traceback.format_exc()
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.send(("error", f"rank {rank}:\n{text}"))
-        sys.stderr.write(f"vargather bench, rank {rank} of {world_size} failed:\n{text}")
-        sys.stderr.flush()
-        raise SystemExit(1) from None
-    finally:
-        if conn is not None:
-            conn.close()
+    forward = _measure(_selected(_forward_variants(cell), cfg), cfg)
+    backward = _measure(_selected(_backward_variants(cell), cfg), cfg)
+    if rank != 0:
+        return None
+    return {
+        "world_size": world_size,
+        "payload_mb": mb,
+        "profile": profile,
+        "shares": list(shares),
+        "rows": sizes,
+        "row_bytes": ROW_ELEMENTS * 4,
+        "output_bytes": total * ROW_ELEMENTS * 4,
+        "limit_bytes": cell.eq_rows * world_size * ROW_ELEMENTS * 4,
+        "floor": floor_ratio(shares),
+        "auto_transport": auto_transport_name(layout, "gloo"),
+        "forward": forward,
+        "backward": backward,
+    }
 
 
 # --- the parent side -------------------------------------------------------------------------------
-
-
-class _Progress:
-    """rich progress when rich is installed and stderr is a terminal, plain lines else."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self._enabled = enabled
-        self._bar: Any = None
-        self._task: Any = None
-        self._done = 0
-        self._total = total
-        self._last_plain = 0.0
-        if enabled and sys.stderr.isatty():
-            try:
-                from rich.progress import (
-                    BarColumn,
-                    MofNCompleteColumn,
-                    Progress,
-                    TextColumn,
-                    TimeElapsedColumn,
-                )
-            except ImportError:
-                return
-            self._bar = Progress(
-                TextColumn("[bold]bench[/]"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("{task.description}"),
-                transient=True,
-            )
-            self._bar.start()
-            self._task = self._bar.add_task("starting", total=total)
-
-    def status(self, text: str) -> None:
-        if not self._enabled:
-            return
-        if self._bar is not None:
-            self._bar.update(self._task, description=text)
-        elif time.monotonic() - self._last_plain > 10:
-            self._last_plain = time.monotonic()
-            print(f"[bench {self._done}/{self._total}] {text}", file=sys.stderr, flush=True)
-
-    def cell_done(self, name: str) -> None:
-        self._done += 1
-        if not self._enabled:
-            return
-        if self._bar is not None:
-            self._bar.advance(self._task)
-        else:
-            self._last_plain = time.monotonic()
-            print(f"[bench {self._done}/{self._total}] done: {name}", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
 
 
 class BenchError(RuntimeError):
     """A rank failed or died; the message carries its traceback."""
 
 
-def _run_world(world_size: int, cfg: BenchConfig, progress: _Progress) -> list[dict[str, Any]]:
-    ctx = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="vargather-bench-") as tmp:
-        store = os.path.join(tmp, "store")
-        parent_conn, child_conn = ctx.Pipe(duplex=False)
-        saved = {k: os.environ.get(k) for k in _MALLOC_ENV}
-        os.environ.update(_MALLOC_ENV)  # read by glibc when each rank process starts
-        procs = []
-        try:
-            for rank in range(world_size):
-                conn = child_conn if rank == 0 else None
-                p = ctx.Process(
-                    target=_rank_entry,
-                    args=(rank, world_size, store, cfg, conn),
-                    name=f"vargather-bench-rank{rank}",
-                    daemon=True,
-                )
-                p.start()
-                procs.append(p)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        child_conn.close()
-        try:
-            return _collect(parent_conn, procs, progress)
-        finally:
-            for p in procs:
-                p.join(timeout=10)
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-            parent_conn.close()
+_CELL_TIMEOUT: Final = 3600.0
+"""Seconds one cell may take on the ranks before the world counts as hung (a hung
+collective fails sooner, after ``--timeout``)."""
 
 
-def _collect(conn: Connection, procs: Sequence[Any], progress: _Progress) -> list[dict[str, Any]]:
-    while True:
-        ready = wait([conn, *(p.sentinel for p in procs)], timeout=5.0)
-        if conn in ready:
-            try:
-                kind, value = conn.recv()
-            except EOFError:
-                raise BenchError("rank 0 closed its pipe without a result") from None
-            if kind == "status":
-                progress.status(value)
-            elif kind == "cell":
-                progress.cell_done(value)
-            elif kind == "done":
-                assert isinstance(value, list)
-                return value
-            elif kind == "error":
-                raise BenchError(str(value))
-            continue
-        dead = [p for p in procs if p.exitcode not in (None, 0)]
-        if dead:
-            codes = {p.name: p.exitcode for p in dead}
-            raise BenchError(f"rank process(es) died: {codes} (their stderr is above)")
+def _run_world(world_size: int, cfg: BenchConfig, progress: Progress) -> list[dict[str, Any]]:
+    """Every cell of one world size, on a pool of its own (started with
+    ``MALLOC_MMAP_THRESHOLD_`` set, closed at the end)."""
+    from vargather.testing import PoolFailure, RankError, RankPool
+
+    cells: list[dict[str, Any]] = []
+    try:
+        with RankPool(
+            world_size,
+            collective_timeout=cfg.timeout_s,
+            call_timeout=_CELL_TIMEOUT + cfg.timeout_s,
+            environment=_MALLOC_ENV,
+        ) as pool:
+            for mb in cfg.sizes_mb:
+                for profile in cfg.profiles:
+                    name = f"W={world_size} {mb:g} MB {profile}"
+                    progress.phase(f"{name}: measuring")
+                    record = pool.run(_rank_cell, (cfg, mb, profile))[0]
+                    assert record is not None  # rank 0 returns the cell
+                    cells.append(record)
+                    progress.advance(f"done: {name}")
+    except (PoolFailure, RankError) as err:
+        raise BenchError(f"{type(err).__name__}: {err}") from None
+    return cells
 
 
 # --- reporting -------------------------------------------------------------------------------------
@@ -1059,7 +927,13 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as err:
         parser.error(str(err))
     total_cells = len(cfg.ranks) * len(cfg.sizes_mb) * len(cfg.profiles)
-    progress = _Progress(total_cells, enabled=not args.no_progress)
+    progress = Progress(
+        None if args.no_progress else sys.stderr,
+        total_cells,
+        title="bench",
+        unit="cells",
+        throttle=10.0,
+    )
     started = time.time()
     cells: list[dict[str, Any]] = []
     try:

@@ -1,15 +1,16 @@
 """A persistent pool of rank processes forming a real ``gloo`` world.
 
-This is the multi-rank harness that vargather's property suite, its conformance check
-and its fuzzers run on. Spawning a fresh world per test case costs seconds (about 1.7 s
-for 2 ranks, 3.5 s for 4 on a 2-core machine); a pool started once and kept alive turns
-each case into a round trip of a few milliseconds.
+Where it sits: the bottom of the testing kit (``vargather.testing``), beside the case
+model; it knows nothing of gathers. It is the one way the kit, the property suite, the
+conformance check and the fuzzers spawn a multi-rank world. Spawning a fresh world per
+test case costs seconds; a pool started once and kept alive turns each case into a
+round trip of milliseconds (``docs/property-suite.md`` has the measured figures).
 
 How it works
 ------------
 ``RankPool(world_size)`` spawns ``world_size`` processes (``multiprocessing`` *spawn*
 start method, never ``torch.multiprocessing``; ``start_method="forkserver"`` instead forks
-them from a server that imported torch once, which makes building a world ~50x cheaper:
+them from a server that imported torch once, which makes building a world much cheaper:
 worth it where worlds are rebuilt often, as in a fuzzer that makes gloo abort). Each rank initializes one
 ``torch.distributed`` process group, once, on a ``FileStore`` in a fresh temporary
 directory (no TCP ports, so pytest-xdist workers never collide), then serves requests
@@ -68,7 +69,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
     from multiprocessing.context import ForkServerContext, SpawnContext
     from multiprocessing.process import BaseProcess
 
+    import torch
     from torch.distributed import ProcessGroup
 
 __all__ = [
@@ -236,6 +238,8 @@ class PoolConfig:
     backend: str
     start_timeout: float
     start_method: str = "spawn"
+    environment: tuple[tuple[str, str], ...] = ()
+    """Environment variables set for the rank processes when they start."""
 
     @classmethod
     def resolve(
@@ -247,6 +251,7 @@ class PoolConfig:
         backend: str = "gloo",
         start_timeout: float = DEFAULT_START_TIMEOUT,
         start_method: str = "spawn",
+        environment: Mapping[str, str] | None = None,
     ) -> PoolConfig:
         """Validate ``RankPool``'s arguments; ``collective_timeout=None`` reads
         ``$VARGATHER_POOL_COLLECTIVE_TIMEOUT`` (a positive number of seconds) or uses 10 s.
@@ -262,6 +267,7 @@ class PoolConfig:
             backend=str(backend),
             start_timeout=_positive_seconds("start_timeout", start_timeout),
             start_method=_start_method(start_method),
+            environment=tuple(sorted((str(k), str(v)) for k, v in (environment or {}).items())),
         )
 
 
@@ -278,7 +284,7 @@ class RankContext:
         self.rank = rank
         self.world_size = world_size
         self._timeout = timedelta(seconds=collective_timeout)
-        self._groups: dict[tuple[int, ...], Any] = {}
+        self._groups: dict[tuple[int, ...], ProcessGroup | int] = {}
 
     def __repr__(self) -> str:
         return f"RankContext(rank={self.rank}, world_size={self.world_size})"
@@ -322,7 +328,7 @@ def _rank_index(value: object, world_size: int) -> int:
 # --- pickling ------------------------------------------------------------------------
 
 
-def _rebuild_tensor(tensor: Any, requires_grad: bool) -> Any:
+def _rebuild_tensor(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     return tensor.requires_grad_(requires_grad) if requires_grad else tensor
 
 
@@ -533,7 +539,7 @@ def _rank_main(spec: _RankSpec) -> None:
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
     # A normal exit (atexit handlers run, so coverage.py saves its data), minus the
-    # final garbage collection of torch's object graph: 0.5 s of CPU per rank, down to 0.1.
+    # final garbage collection of torch's object graph (most of a rank's exit time).
     gc.freeze()
 
 
@@ -633,14 +639,14 @@ class _World:
         mp: SpawnContext | ForkServerContext
         if config.start_method == "forkserver":
             mp = multiprocessing.get_context("forkserver")
-            # The server imports torch once; each rank is then a fork of it (~0.05 s,
-            # against ~1.2 s of CPU to import torch in a spawned rank). Takes effect when
+            # The server imports torch once; each rank is then a fork of it instead of a
+            # process that imports torch itself. Takes effect when
             # this process's forkserver starts, and replaces any earlier preload list.
             mp.set_forkserver_preload(["torch", "torch.distributed", __name__])
         else:
             mp = multiprocessing.get_context("spawn")
         try:
-            with _child_environment({"OMP_NUM_THREADS": "1"}):
+            with _child_environment({"OMP_NUM_THREADS": "1", **dict(config.environment)}):
                 for rank in range(config.world_size):
                     parent_end, child_end = mp.Pipe(duplex=True)
                     life_read, life_write = mp.Pipe(duplex=False)
@@ -795,7 +801,8 @@ class RankPool:
     ``None`` reads ``$VARGATHER_POOL_COLLECTIVE_TIMEOUT`` or uses 10 s.
     ``call_timeout`` bounds each call (``RankHung`` past it); ``start_timeout`` bounds
     building a world. ``start_method`` is ``"spawn"`` (default) or ``"forkserver"`` (see
-    the module docstring). Processes are spawned at construction; the first call waits for
+    the module docstring). ``environment``: variables the rank processes start with
+    (besides ``OMP_NUM_THREADS=1``). Processes are spawned at construction; the first call waits for
     them to be ready. One call runs at a time (a lock serializes calls from threads).
     Close the pool (or use ``with``); pools still open at interpreter exit are closed
     then. A pool belongs to the process that made it: a forked child must make its own.
@@ -810,6 +817,7 @@ class RankPool:
         backend: str = "gloo",
         start_timeout: float = DEFAULT_START_TIMEOUT,
         start_method: str = "spawn",
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         self.config = PoolConfig.resolve(
             world_size,
@@ -818,6 +826,7 @@ class RankPool:
             backend=backend,
             start_timeout=start_timeout,
             start_method=start_method,
+            environment=environment,
         )
         self._lock = threading.Lock()
         self._owner_pid = os.getpid()

@@ -1,0 +1,94 @@
+"""``python -m vargather repro`` (``vargather/_cli/repro.py``): the command every failure
+report prints re-runs exactly that case, and its exit status says whether it fails."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vargather._cli import repro
+from vargather.testing import GatherCase, describe, parse_case
+from vargather.testing.cases import COMPAT
+
+from .mutants import REPO_ROOT, implementation
+
+CASE = GatherCase(shapes=((2, 3), (1, 3)), dim=0, dtype="float32", contract="sum", seed=3)
+
+
+def _argv(text: str) -> list[str]:
+    """The arguments after ``python -m vargather repro`` in a description."""
+    command = shlex.split(text.rsplit("reproduce: ", 1)[1])
+    assert command[:4] == ["python", "-m", "vargather", "repro"]
+    return command[4:]
+
+
+@pytest.mark.multirank
+def test_a_passing_case_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert repro.main(_argv(describe(CASE))) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASSED")
+
+
+@pytest.mark.multirank
+def test_a_failing_case_exits_1_naming_the_failure(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO_ROOT)
+    impl = implementation("rank_order", ("auto",))
+    argv = _argv(describe(CASE, impl))
+    assert argv[1:3] == ["--impl", "tests.mutants.rank_order:all_gather_v"]
+    assert repro.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out
+    assert "out differs from torch.cat(x, dim)" in out
+
+
+@pytest.mark.multirank
+def test_compat_is_carried_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    case = GatherCase(shapes=((1, 2), (3, 2)), dim=0, dtype="float64", contract="local")
+    argv = _argv(describe(case, COMPAT))
+    assert argv[1:] == ["--impl", "compat"]
+    assert repro.main(argv) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["print('hi')"], "expected GatherCase"),
+        (["GatherCase(shapes=((1,),), dim=0, dtype='float8')"], "dtype='float8'"),
+        ([repr(CASE), "--impl", "no_such_module_xyz:f"], "--impl no_such_module_xyz:f: cannot"),
+        ([repr(CASE), "--frobnicate"], "unrecognized arguments"),
+    ],
+)
+def test_bad_input_exits_2(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert repro.main(argv) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_the_printed_command_runs_from_the_shell(tmp_path: Path) -> None:
+    """Without torch.distributed (``initialized=False``), as a real subprocess."""
+    case = GatherCase(shapes=((2, 2),), dim=-1, dtype="bfloat16", initialized=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vargather", "repro", *_argv(describe(case))],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "PASSED" in proc.stdout
+
+
+@pytest.mark.parametrize("path", ["/plain/dir", "/with space", "/it's", '/quo"te', "/dollar$HOME"])
+def test_the_printed_command_splits_back_into_its_arguments(path: str) -> None:
+    impl = implementation("rank_order", ("auto",))
+    impl = type(impl)(impl.ref, transports=impl.transports, search_path=(path,), name="x")
+    argv = _argv(describe(CASE, impl))
+    assert parse_case(argv[0]) == CASE
+    assert argv[-2:] == ["--path", path]

@@ -1,0 +1,108 @@
+"""``python -m vargather repro 'GatherCase(...)' [--impl REF ...]``: re-run one case.
+
+Where it sits: the command-line layer, on top of the testing kit. It is the command
+that every failure report prints (``vargather.testing.runner.describe``): it parses the
+case (literals only, no ``eval``), rebuilds the implementation under test from the
+options the report carried (reference, call convention, contracts, transports, import
+path), runs the case on a local gloo world (or in this process for
+``initialized=False``) and judges it.
+
+Exit status: 0 the case passes, 1 it fails, 2 a usage or import error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from vargather import CONTRACTS
+from vargather.testing.cases import COMPAT, CONVENTIONS, VARGATHER, Implementation, parse_case
+from vargather.testing.runner import ImplementationError, describe, load_callable, run_cases
+
+from . import ArgumentParser, UsageError
+from .report import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+__all__ = ["main"]
+
+
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="python -m vargather repro",
+        description="Re-run one property-suite case, as a failure report printed it.",
+        epilog="Exit status: 0 the case passes, 1 it fails, 2 usage or import error.",
+    )
+    parser.add_argument("case", help="the case as printed: GatherCase(shapes=..., ...)")
+    parser.add_argument(
+        "--impl",
+        metavar="MODULE:ATTR",
+        default=None,
+        help="the implementation under test, 'compat', or omit (vargather)",
+    )
+    parser.add_argument("--convention", default="vargather", choices=CONVENTIONS)
+    parser.add_argument(
+        "--contracts", default=None, help="the contracts it claims, comma-separated (default: all)"
+    )
+    parser.add_argument("--transports", default=None, help="transport= names it takes, or 'none'")
+    parser.add_argument("--no-group", action="store_true", help="ATTR takes no group=")
+    parser.add_argument(
+        "--path", action="append", default=[], help="prepend to sys.path (repeatable)"
+    )
+    return parser
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    if text is None or text.strip() == "none":
+        return None
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _implementation(args: argparse.Namespace) -> Implementation:
+    contracts = _names(args.contracts) or CONTRACTS
+    transports = _names(args.transports)
+    if args.impl is None:
+        if args.transports is None:
+            transports = VARGATHER.transports
+        return Implementation(None, contracts=contracts, transports=transports, name="vargather")
+    if args.impl == "compat":
+        return COMPAT
+    paths = tuple(os.path.abspath(p) for p in args.path) or (os.getcwd(),)
+    load_callable(args.impl, paths)  # fail here, with a clear message, not in every rank
+    return Implementation(
+        args.impl,
+        convention=args.convention,
+        contracts=contracts,
+        transports=transports,
+        search_path=paths,
+        name=args.impl,
+        takes_group=not args.no_group,
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m vargather repro ...``; returns the exit status."""
+    args_list = list(argv)
+    if "-h" in args_list or "--help" in args_list:
+        _parser().print_help()
+        return EXIT_OK
+    try:
+        args = _parser().parse_args(args_list)
+        case = parse_case(args.case)
+        impl = _implementation(args)
+    except (UsageError, ValueError, SyntaxError) as err:
+        # ImplementationError is a ValueError: a bad --impl is a usage error too.
+        prefix = "--impl " if isinstance(err, ImplementationError) else ""
+        print(f"vargather repro: error: {prefix}{err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(describe(case, impl))
+    verdict = run_cases([case], impl)[0]
+    if verdict.ok:
+        print("PASSED")
+        return EXIT_OK
+    print("FAILED")
+    if verdict.not_run:
+        print(f"  - {verdict.not_run}")
+    for failure in verdict.failures:
+        print("  - " + failure.render().replace("\n", "\n    "))
+    return EXIT_FAILED

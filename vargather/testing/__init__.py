@@ -1,0 +1,85 @@
+"""vargather's testing kit: rank pools, the case model, strategies, the judge, the properties.
+
+Where it sits: the second layer of the package, on top of the gather library
+(``vargather``), which never imports it. It needs the ``test`` extra
+(``pip install 'vargather[test]'``: Hypothesis). Its modules, bottom up:
+
+* ``pool``: persistent multi-rank gloo worlds (``get_pool(2).run(fn, payload)``, where
+  ``fn(ctx, payload)`` is a module-level function run on every rank);
+* ``cases``: ``GatherCase`` (one ragged gather, reproducible from its seed), the value
+  generators and ``Implementation`` (the gather under test);
+* ``strategies``: public Hypothesis strategies of cases;
+* ``judge``: a case's rank reports against ``vargather.oracle``, as ``Failure`` records;
+* ``runner``: the one importer of implementations under test, the rank side and
+  ``run_cases``;
+* ``properties``: the one property catalogue pytest, the mutant search and
+  ``python -m vargather check`` run;
+* ``seed``: a faithful re-implementation of the seed ``distributed.py``, the
+  implementation the benchmark and the conformance tests measure against.
+"""
+
+from __future__ import annotations
+
+try:
+    import hypothesis as _hypothesis  # noqa: F401  # only checking that it is installed
+except ImportError as _err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "vargather.testing (the testing kit, its strategies and `python -m vargather "
+        "check`) needs Hypothesis: pip install 'vargather[test]'"
+    ) from _err
+
+from .cases import COMPAT as COMPAT
+from .cases import VARGATHER as VARGATHER
+from .cases import GatherCase as GatherCase
+from .cases import Implementation as Implementation
+from .cases import parse_case as parse_case
+from .judge import Failure as Failure
+from .pool import COLLECTIVE_TIMEOUT_ENV as COLLECTIVE_TIMEOUT_ENV
+from .pool import PoolConfig as PoolConfig
+from .pool import PoolFailure as PoolFailure
+from .pool import PoolStartError as PoolStartError
+from .pool import RankContext as RankContext
+from .pool import RankCrashed as RankCrashed
+from .pool import RankError as RankError
+from .pool import RankHung as RankHung
+from .pool import RankOutcome as RankOutcome
+from .pool import RankPool as RankPool
+from .pool import RemoteException as RemoteException
+from .pool import close_all_pools as close_all_pools
+from .pool import get_pool as get_pool
+from .properties import Property as Property
+from .properties import catalogue as catalogue
+from .properties import property_ids as property_ids
+from .runner import ImplementationError as ImplementationError
+from .runner import Verdict as Verdict
+from .runner import describe as describe
+from .runner import run_cases as run_cases
+
+__all__ = [
+    "COLLECTIVE_TIMEOUT_ENV",
+    "COMPAT",
+    "VARGATHER",
+    "Failure",
+    "GatherCase",
+    "Implementation",
+    "ImplementationError",
+    "PoolConfig",
+    "PoolFailure",
+    "PoolStartError",
+    "Property",
+    "RankContext",
+    "RankCrashed",
+    "RankError",
+    "RankHung",
+    "RankOutcome",
+    "RankPool",
+    "RemoteException",
+    "Verdict",
+    "catalogue",
+    "close_all_pools",
+    "describe",
+    "get_pool",
+    "parse_case",
+    "property_ids",
+    "run_cases",
+]

@@ -1,0 +1,683 @@
+"""The testing kit's case model: what one ragged gather under test is.
+
+Where it sits: the bottom of the kit (``vargather.testing``), above the library's
+public names only. ``strategies`` draws cases, ``runner`` runs them on a rank pool,
+``judge`` compares the ranks' reports with ``vargather.oracle``, ``properties`` is the
+catalogue of claims. Nothing here imports another kit module.
+
+* The vocabulary: dtype names (from ``vargather.GLOO_DTYPES``), memory layouts, sizes
+  forms, value and upstream kinds; contracts and transports are
+  ``vargather.CONTRACTS`` and ``vargather.TRANSPORT_NAMES``.
+* Deterministic values: every tensor of a case (rank r's shard ``x_r``, rank r's
+  upstream gradient ``g_r``) is rebuilt from its seed, in the parent and in the ranks
+  alike, so only the description crosses the pipe.
+* ``GatherCase``: a small, picklable, frozen description of one gather;
+  ``case.expected()`` is the oracle's answer, computed lazily in the parent.
+* ``Implementation``: which gather is under test and how to call it (the runner
+  imports it).
+* ``TensorBytes`` and ``RankReport``: what a rank sends back about one case.
+
+Comparison rules (``docs/property-suite.md`` has the table):
+
+* forward: bit for bit (the bytes of ``out`` and of ``torch.cat(x, dim)``), so NaN
+  payloads, -0.0 and bfloat16 bits count; dtype, shape and device exactly;
+* gradients, with ``g_j`` different on every rank: exact (``torch.equal``) for
+  ``local``, for ``W = 1``, and when ``g`` holds small integers (``sum``, and ``mean``
+  when ``W`` is a power of two); otherwise elementwise
+  ``|dx - oracle| <= (W + 1) * eps(dtype) * B + W * s`` where ``B`` is the oracle's
+  gradient for ``|g|`` (the floating-point error bound of a sum of ``W`` terms) and
+  ``s`` the dtype's smallest subnormal;
+* the adjoint identity ``Σ_r <dx_r, x_r> = Σ_j <g_j, out_j>`` (``sum`` contract,
+  small-integer values, computed exactly in float64).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, NamedTuple, TypeGuard
+
+import torch
+
+from vargather import CONTRACTS, GLOO_DTYPES, TRANSPORT_NAMES, oracle
+
+__all__ = [
+    "COMPAT",
+    "CONVENTIONS",
+    "DTYPE_FAMILIES",
+    "DTYPE_NAMES",
+    "MEMORY_LAYOUTS",
+    "SIZES_FORMS",
+    "UPSTREAM_KINDS",
+    "VALUE_KINDS",
+    "VARGATHER",
+    "Expected",
+    "GatherCase",
+    "Implementation",
+    "RankReport",
+    "TensorBytes",
+    "dtype_family",
+    "dtype_name",
+    "is_differentiable",
+    "make_upstream",
+    "make_values",
+    "parse_case",
+    "torch_dtype",
+]
+
+# --- vocabulary ----------------------------------------------------------------------
+
+DTYPE_FAMILIES: Final = ("float", "half", "complex", "int", "bool")
+"""Dtype families, simplest first: float32/float64, float16/bfloat16, complex, integers,
+bool (what ``dtype_family`` returns)."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_family(dtype: torch.dtype) -> str:
+    """The family of ``dtype`` in ``DTYPE_FAMILIES``."""
+    if dtype.is_complex:
+        return "complex"
+    if dtype.is_floating_point:
+        return "float" if dtype.itemsize >= 4 else "half"
+    return "bool" if dtype == torch.bool else "int"
+
+
+def _simplest_first(dtype: torch.dtype) -> tuple[int, int, bool, bool]:
+    """Family, then narrow floats and wide integers first, float16 before bfloat16, signed
+    before unsigned."""
+    family = dtype_family(dtype)
+    width = -dtype.itemsize if family == "int" else dtype.itemsize
+    return (DTYPE_FAMILIES.index(family), width, dtype == torch.bfloat16, not dtype.is_signed)
+
+
+def _gloo_dtype_names() -> tuple[str, ...]:
+    return tuple(dtype_name(d) for d in sorted(GLOO_DTYPES, key=_simplest_first))
+
+
+DTYPE_NAMES: Final[tuple[str, ...]] = _gloo_dtype_names()
+"""Every dtype vargather gathers on gloo, simplest first (Hypothesis shrinks toward
+``float32``)."""
+
+MEMORY_LAYOUTS: Final = ("contiguous", "transposed", "sliced")
+"""How a rank's shard sits in memory: packed; its dimensions stored in reverse order
+(a transposed view); or every other element of a larger buffer (strides of 2 and a
+non-zero storage offset)."""
+
+SIZES_FORMS: Final = ("none", "list", "tensor")
+"""How ``sizes`` is passed: not at all, as a list of ints, as a 1-d int64 tensor."""
+
+VALUE_KINDS: Final = ("full", "integers")
+"""``full``: the dtype's whole bit range with special values mixed in (NaN with
+payloads, +-inf, -0.0, subnormals, extremes); ``integers``: small integers in
+[-8, 8] (sums and inner products of them are exact)."""
+
+UPSTREAM_KINDS: Final = ("integers", "real")
+"""Upstream gradients: small integers (exact sums) or real values with full mantissas."""
+
+_SMALL: Final = 8  # |integer values| <= _SMALL
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype={name!r} is not a torch dtype name")
+    return dtype
+
+
+def is_differentiable(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
+# --- deterministic values --------------------------------------------------------------
+
+FLOAT_FORMATS: Final[dict[torch.dtype, tuple[int, int, torch.dtype]]] = {
+    # dtype: (bits, mantissa bits, same-width integer dtype)
+    torch.float64: (64, 52, torch.int64),
+    torch.float32: (32, 23, torch.int32),
+    torch.float16: (16, 10, torch.int16),
+    torch.bfloat16: (16, 7, torch.int16),
+}
+
+
+def _signed(value: int, bits: int) -> int:
+    return value - (1 << bits) if value >= 1 << (bits - 1) else value
+
+
+@functools.cache
+def _specials(dtype: torch.dtype) -> torch.Tensor:
+    """Special values of a real dtype, built from bit patterns (NaN payloads survive)."""
+    if dtype in FLOAT_FORMATS:
+        bits, mant, int_dtype = FLOAT_FORMATS[dtype]
+        sign = 1 << (bits - 1)
+        exp_all = ((1 << (bits - 1 - mant)) - 1) << mant
+        one = ((1 << (bits - 2 - mant)) - 1) << mant
+        patterns = [
+            0,  # +0.0
+            sign,  # -0.0
+            exp_all,  # +inf
+            sign | exp_all,  # -inf
+            exp_all | (1 << (mant - 1)),  # the canonical quiet NaN
+            exp_all | (1 << (mant - 1)) | 1,  # a quiet NaN with a payload
+            sign | exp_all | (1 << (mant - 1)) | 5,  # a negative NaN with a payload
+            exp_all | 1,  # a signaling NaN (payload 1)
+            1,  # smallest subnormal
+            (1 << mant) - 1,  # largest subnormal
+            sign | 1,  # -smallest subnormal
+            1 << mant,  # smallest normal
+            exp_all - 1,  # largest finite
+            sign | (exp_all - 1),  # most negative finite
+            one,  # 1.0
+            sign | one,  # -1.0
+            one | 1,  # 1 + eps
+        ]
+        raw = torch.tensor([_signed(p, bits) for p in patterns], dtype=int_dtype).view(dtype)
+        if dtype == torch.float64:
+            # float64 values float32 cannot hold: out of its range, or too precise.
+            extra = torch.tensor([1e300, -1e-300, 2.0**-1074 * 3, 1.0 + 2.0**-40, 16777217.0])
+            raw = torch.cat([raw, extra.to(torch.float64)])
+        return raw
+    if dtype == torch.bool:
+        return torch.tensor([False, True])
+    info = torch.iinfo(dtype)
+    values = {0, 1, info.max, info.min, info.max - 1, info.min + 1}
+    if info.min < 0:
+        values.add(-1)
+    if info.bits >= 32:
+        values |= {2**24 + 1, -(2**24 + 1)}  # not representable in float32
+    if info.bits >= 64:
+        values |= {2**53 + 1, -(2**53 + 1), 2**62 + 3}  # not representable in float64
+    return torch.tensor(sorted(values), dtype=dtype)
+
+
+def _seed(seed: int, stream: int) -> int:
+    mixed = (seed * 0x9E3779B97F4A7C15 + (stream + 1) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    mixed ^= mixed >> 31
+    return mixed & ((1 << 63) - 1)
+
+
+def real_dtype(dtype: torch.dtype) -> torch.dtype:
+    if dtype == torch.complex64:
+        return torch.float32
+    if dtype == torch.complex128:
+        return torch.float64
+    return dtype
+
+
+def make_values(shape: Sequence[int], dtype: torch.dtype, seed: int, kind: str) -> torch.Tensor:
+    """A contiguous tensor of ``shape``, deterministic in ``seed``.
+
+    ``kind="full"``: random bit patterns of the dtype (every exponent, NaNs with
+    payloads, subnormals) with about a third of the elements replaced by special
+    values (+-0, +-inf, NaNs, subnormal and normal extremes, integer extremes, int64
+    values float64 cannot hold, float64 values float32 cannot hold); complex dtypes
+    get both parts this way. ``kind="integers"``: integers in [-8, 8] (bool: 0/1).
+    """
+    if kind not in VALUE_KINDS:
+        raise ValueError(f"kind={kind!r} is not one of {VALUE_KINDS}")
+    gen = torch.Generator().manual_seed(seed)
+    numel = math.prod(shape)
+    real = real_dtype(dtype)
+    count = numel * (2 if dtype.is_complex else 1)
+    if dtype == torch.bool:
+        flat = torch.randint(0, 2, (count,), generator=gen).to(torch.bool)
+    elif kind == "integers":
+        low = 0 if dtype == torch.uint8 else -_SMALL
+        flat = torch.randint(low, _SMALL + 1, (count,), generator=gen).to(real)
+    else:
+        width = torch.empty((), dtype=real).element_size()
+        raw = torch.randint(0, 256, (count * width,), dtype=torch.uint8, generator=gen)
+        flat = raw.view(real).clone()
+        specials = _specials(real)
+        use = torch.randint(0, 3, (count,), generator=gen) == 0
+        pick = torch.randint(0, len(specials), (count,), generator=gen)
+        flat[use] = specials[pick[use]]
+    if dtype.is_complex:
+        flat = torch.view_as_complex(flat.view(numel, 2))
+    return flat.view(tuple(shape))
+
+
+def make_upstream(
+    shape: Sequence[int], dtype: torch.dtype, seed: int, rank: int, kind: str
+) -> torch.Tensor:
+    """Rank ``rank``'s upstream gradient ``g_rank``: different on every rank.
+
+    ``kind="integers"``: integers in [-8, 8]; ``kind="real"``: normal values times
+    2^k, k in [-3, 3], with full mantissas. Element 0 is ``rank + 1`` so that no two
+    ranks' gradients are equal whenever the output is not empty.
+    """
+    if kind not in UPSTREAM_KINDS:
+        raise ValueError(f"kind={kind!r} is not one of {UPSTREAM_KINDS}")
+    if not is_differentiable(dtype):
+        raise ValueError(f"dtype {dtype} has no gradients")
+    gen = torch.Generator().manual_seed(seed)
+    numel = math.prod(shape)
+    count = numel * (2 if dtype.is_complex else 1)
+    if kind == "integers":
+        flat = torch.randint(-_SMALL, _SMALL + 1, (count,), generator=gen).to(torch.float64)
+    else:
+        scale = torch.randint(-3, 4, (count,), generator=gen).to(torch.float64).exp2()
+        flat = torch.randn(count, generator=gen, dtype=torch.float64) * scale
+    if count:
+        flat[0] = rank + 1
+    flat = flat.to(real_dtype(dtype))
+    if dtype.is_complex:
+        flat = torch.view_as_complex(flat.view(numel, 2))
+    return flat.view(tuple(shape))
+
+
+def _lay_out(values: torch.Tensor, memory: str) -> torch.Tensor:
+    """``values`` (contiguous) in the memory layout ``memory``, same logical content."""
+    if memory == "contiguous":
+        return values
+    if memory == "transposed":
+        order = list(range(values.ndim))[::-1]
+        return values.permute(order).contiguous().permute(order)
+    if memory == "sliced":
+        base = torch.zeros([2 * s + 1 for s in values.shape], dtype=values.dtype)
+        view = base[tuple(slice(1, None, 2) for _ in values.shape)]
+        view.copy_(values)
+        return view
+    raise ValueError(f"memory={memory!r} is not one of {MEMORY_LAYOUTS}")
+
+
+# --- the case --------------------------------------------------------------------------
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_choice(name: str, value: object, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {tuple(choices)}")
+
+
+@dataclass(frozen=True)
+class GatherCase:
+    """One ragged gather, every tensor of it reproducible from ``seed``.
+
+    Rank ``r`` (of the gather group) holds ``x_r``, a tensor of shape ``shapes[r]``
+    (shapes differ only along ``dim``) whose values come from ``make_values`` and whose
+    memory layout is ``memory[r]``; it calls the gather with ``dim`` (as given, maybe
+    negative), contract ``contract``, transport ``transport`` and ``sizes`` in the form
+    ``sizes_form``; then, if ``requires_grad`` (float and complex dtypes only), it calls
+    ``out.backward(g_r)`` with ``g_r = make_upstream(...)``, different on every rank.
+
+    ``members`` (sorted global ranks) runs the gather on a subgroup of a world of
+    ``pool_size`` ranks; group rank ``i`` is global rank ``members[i]``.
+    ``initialized=False`` runs a one-rank case in the calling process with
+    torch.distributed not initialized.
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    dim: int
+    dtype: str
+    contract: str = "sum"
+    transport: str = "auto"
+    sizes_form: str = "none"
+    memory: tuple[str, ...] = ()
+    values: str = "full"
+    upstream: str = "integers"
+    requires_grad: bool = True
+    seed: int = 0
+    members: tuple[int, ...] | None = None
+    pool_size: int | None = None
+    initialized: bool = True
+
+    def __post_init__(self) -> None:
+        # Checked at run time too: cases are also built from text (parse_case) and by hand.
+        raw: object = self.shapes
+        if not isinstance(raw, tuple) or not raw:
+            raise ValueError(f"shapes={raw!r} must be a non-empty tuple of shapes")
+        for r, shape in enumerate(raw):
+            if not isinstance(shape, tuple) or not all(_is_int(s) and s >= 0 for s in shape):
+                raise ValueError(f"shapes[{r}]={shape!r} must be a tuple of ints >= 0")
+        shapes = self.shapes
+        ndim = len(shapes[0])
+        if ndim < 1:
+            raise ValueError(f"shapes[0]={shapes[0]!r} must have at least 1 dimension")
+        if any(len(s) != ndim for s in shapes):
+            raise ValueError(f"shapes={shapes!r} must all have the same ndim")
+        if not _is_int(self.dim):
+            raise ValueError(f"dim={self.dim!r} must be an int")
+        if not -ndim <= self.dim < ndim:
+            raise ValueError(f"dim={self.dim} is out of range for {ndim}-d shapes")
+        d = self.dim % ndim
+        others = {s[:d] + s[d + 1 :] for s in shapes}
+        if len(others) != 1:
+            raise ValueError(f"shapes={shapes!r} differ outside dim={self.dim}")
+        _check_choice("dtype", self.dtype, DTYPE_NAMES)
+        _check_choice("contract", self.contract, CONTRACTS)
+        transport: object = self.transport
+        if not isinstance(transport, str) or not transport:
+            raise ValueError(f"transport={transport!r} must be a non-empty str")
+        _check_choice("sizes_form", self.sizes_form, SIZES_FORMS)
+        memory: object = self.memory
+        if not isinstance(memory, tuple):
+            raise ValueError(f"memory={memory!r} must be a tuple (empty: all contiguous)")
+        if memory:
+            if len(memory) != len(shapes):
+                raise ValueError(f"memory={memory!r} must have one entry per rank ({len(shapes)})")
+            for r, m in enumerate(memory):
+                _check_choice(f"memory[{r}]", m, MEMORY_LAYOUTS)
+                if m == "transposed" and ndim < 2:
+                    raise ValueError(f"memory[{r}]='transposed' needs at least 2 dimensions")
+        _check_choice("values", self.values, VALUE_KINDS)
+        _check_choice("upstream", self.upstream, UPSTREAM_KINDS)
+        for flag in ("requires_grad", "initialized"):
+            value: object = getattr(self, flag)
+            if not isinstance(value, bool):
+                raise ValueError(f"{flag}={value!r} must be a bool")
+        if self.requires_grad and not is_differentiable(torch_dtype(self.dtype)):
+            raise ValueError(f"requires_grad=True needs a float or complex dtype, not {self.dtype}")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r} must be an int >= 0")
+        if self.pool_size is not None and (not _is_int(self.pool_size) or self.pool_size < 1):
+            raise ValueError(f"pool_size={self.pool_size!r} must be None or an int >= 1")
+        world = len(shapes)
+        pool = self.world_size
+        if self.members is not None:
+            members: object = self.members
+            if (
+                not isinstance(members, tuple)
+                or len(members) != world
+                or list(members) != sorted(set(members))
+                or not all(_is_int(m) and 0 <= m < pool for m in members)
+            ):
+                raise ValueError(
+                    f"members={members!r} must be {world} sorted distinct ranks of a world of "
+                    f"pool_size={pool}"
+                )
+        elif self.pool_size is not None and self.pool_size != world:
+            raise ValueError(
+                f"pool_size={self.pool_size} differs from the {world} ranks of shapes but "
+                "members is None"
+            )
+        if not self.initialized and (world != 1 or self.members is not None):
+            raise ValueError(
+                "initialized=False (torch.distributed not initialized) needs exactly one "
+                f"rank and no members, got {world} rank(s), members={self.members!r}"
+            )
+
+    # -- derived facts
+
+    @property
+    def group_size(self) -> int:
+        """Ranks in the gather group."""
+        return len(self.shapes)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the world (pool) the case runs on."""
+        if self.pool_size is not None:
+            return self.pool_size
+        if self.members is not None:
+            return max(self.members) + 1
+        return len(self.shapes)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shapes[0])
+
+    @property
+    def normalized_dim(self) -> int:
+        return self.dim % self.ndim
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """``n_r``: every rank's size along ``dim``."""
+        return tuple(s[self.normalized_dim] for s in self.shapes)
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        d = self.normalized_dim
+        s = self.shapes[0]
+        return (*s[:d], sum(self.sizes), *s[d + 1 :])
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch_dtype(self.dtype)
+
+    @property
+    def differentiable(self) -> bool:
+        """Whether the ranks call backward (``requires_grad`` on a float/complex dtype)."""
+        return self.requires_grad and is_differentiable(self.torch_dtype)
+
+    def memory_of(self, rank: int) -> str:
+        return self.memory[rank] if self.memory else "contiguous"
+
+    # -- tensors
+
+    def shard_values(self, rank: int) -> torch.Tensor:
+        """``x_rank`` as a fresh contiguous tensor (no ``requires_grad``)."""
+        return make_values(
+            self.shapes[rank], self.torch_dtype, _seed(self.seed, 2 * rank), self.values
+        )
+
+    def shard(self, rank: int) -> torch.Tensor:
+        """``x_rank`` in its memory layout, a leaf requiring grad if the case says so."""
+        x = _lay_out(self.shard_values(rank), self.memory_of(rank))
+        if self.differentiable:
+            x.requires_grad_(True)
+        return x
+
+    def upstream_grad(self, rank: int) -> torch.Tensor:
+        """``g_rank``, the upstream gradient rank ``rank`` feeds to ``out.backward``."""
+        return make_upstream(
+            self.output_shape,
+            self.torch_dtype,
+            _seed(self.seed, 2 * rank + 1),
+            rank,
+            self.upstream,
+        )
+
+    def sizes_argument(self) -> list[int] | torch.Tensor | None:
+        if self.sizes_form == "list":
+            return list(self.sizes)
+        if self.sizes_form == "tensor":
+            return torch.tensor(self.sizes, dtype=torch.int64)
+        return None
+
+    def expected(self) -> Expected:
+        """The oracle's answer (computed once per case, in the calling process)."""
+        return _expected(self)
+
+    def grads_exact(self) -> bool:
+        """Whether gradients must equal the oracle's exactly (see the module docstring)."""
+        w = self.group_size
+        if self.contract == "local" or w == 1:
+            return True
+        if self.upstream != "integers":
+            return False
+        return self.contract == "sum" or (w & (w - 1)) == 0
+
+    def adjoint_applies(self) -> bool:
+        """Whether the adjoint identity is checked exactly for this case."""
+        return (
+            self.differentiable
+            and self.contract == "sum"
+            and self.values == "integers"
+            and self.upstream == "integers"
+        )
+
+
+class Expected(NamedTuple):
+    """The oracle's answer for a case."""
+
+    output: torch.Tensor
+    output_bytes: bytes
+    input_grads: tuple[torch.Tensor, ...] | None
+    grad_bounds: tuple[torch.Tensor, ...] | None
+    """``B_r``: the oracle's gradient for ``|g|`` (float64), bounding rounding error."""
+
+
+def as_real(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
+def bytes_of(t: torch.Tensor) -> bytes:
+    flat = t.detach().reshape(-1)
+    if flat.numel() == 0:
+        return b""
+    if flat.stride(0) != 1:
+        # .contiguous() keeps a one-element tensor's stride, which view(uint8) refuses.
+        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
+@functools.lru_cache(maxsize=256)
+def _expected(case: GatherCase) -> Expected:
+    shards = [case.shard_values(r) for r in range(case.group_size)]
+    output = oracle.expected_output(shards, case.dim)
+    grads: tuple[torch.Tensor, ...] | None = None
+    bounds: tuple[torch.Tensor, ...] | None = None
+    if case.differentiable:
+        upstream = [case.upstream_grad(j) for j in range(case.group_size)]
+        grads = tuple(oracle.expected_input_grads(shards, upstream, case.dim, case.contract))
+        if not case.grads_exact():
+            d = case.normalized_dim
+            zeros = [torch.zeros(as_real(s).shape, dtype=torch.float64) for s in shards]
+            magnitudes = [as_real(g).abs().to(torch.float64) for g in upstream]
+            bounds = tuple(oracle.expected_input_grads(zeros, magnitudes, d, case.contract))
+    return Expected(output, bytes_of(output), grads, bounds)
+
+
+# --- implementations ---------------------------------------------------------------------
+
+
+# --- implementations ---------------------------------------------------------------------
+
+CONVENTIONS: Final = ("vargather", "seed")
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """The gather under test.
+
+    ``ref`` is ``"module:attr"`` (``attr`` may be dotted, ``"pkg.mod:AllGather.apply"``),
+    importable in the rank processes (``search_path`` entries are prepended to
+    ``sys.path`` there first); ``None`` is vargather's own ``all_gather_v_with_layout``.
+
+    Call conventions:
+
+    * ``"vargather"``: ``fn(x, dim, *, sizes=None, group=None, grad=contract
+      [, transport=name]) -> tensor | (tensor, layout)``; ``grad=`` is always passed,
+      ``transport=`` only when ``transports`` is not None, ``group=`` only for subgroup
+      cases;
+    * ``"seed"``: ``fn(x, dim, sizes) -> (tensor, sizes) | tensor`` (``sizes`` is
+      passed or None per the case), the seed's ``all_gather = AllGather.apply``.
+
+    ``contracts``: the gradient contracts it claims (the seed's is ``local``).
+    ``takes_group``: whether it accepts ``group=`` (subgroup cases need it).
+    """
+
+    ref: str | None = None
+    convention: str = "vargather"
+    contracts: tuple[str, ...] = CONTRACTS
+    transports: tuple[str, ...] | None = None
+    search_path: tuple[str, ...] = ()
+    name: str = ""
+    takes_group: bool = True
+
+    def __post_init__(self) -> None:
+        if self.ref is not None:
+            module, sep, attr = self.ref.partition(":")
+            if not (sep and module and attr):
+                raise ValueError(f"ref={self.ref!r} must look like 'module:attr'")
+        _check_choice("convention", self.convention, CONVENTIONS)
+        if not self.contracts:
+            raise ValueError("contracts=() must name at least one contract")
+        for c in self.contracts:
+            _check_choice("contracts[...]", c, CONTRACTS)
+        if self.convention == "seed" and self.transports is not None:
+            raise ValueError("transports must be None for the seed convention")
+        if self.convention == "seed" and self.takes_group:
+            object.__setattr__(self, "takes_group", False)  # the seed's call has no group
+
+    @property
+    def label(self) -> str:
+        """The full reference, for reports."""
+        return self.name or self.ref or "vargather:all_gather_v_with_layout"
+
+    @property
+    def short_name(self) -> str:
+        """The function's name, for failure messages."""
+        ref = self.ref or "vargather:all_gather_v_with_layout"
+        attr = ref.partition(":")[2]
+        parts = attr.split(".")
+        return parts[-2] if parts[-1] == "apply" and len(parts) > 1 else parts[-1]
+
+
+VARGATHER: Final = Implementation(None, transports=TRANSPORT_NAMES, name="vargather")
+"""vargather itself (``all_gather_v_with_layout``), every contract and transport."""
+
+COMPAT: Final = Implementation(
+    "vargather.compat:all_gather", convention="seed", contracts=("local",), name="vargather.compat"
+)
+"""``vargather.compat.all_gather``, the seed's drop-in replacement (``local`` contract)."""
+
+
+# --- what a rank reports --------------------------------------------------------------------
+
+
+class TensorBytes(NamedTuple):
+    """A tensor as it crossed the pipe: dtype name, shape, device and raw bytes."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    device: str
+    data: bytes
+
+    @staticmethod
+    def of(t: torch.Tensor) -> TensorBytes:
+        return TensorBytes(dtype_name(t.dtype), tuple(t.shape), str(t.device), bytes_of(t))
+
+    def to_tensor(self) -> torch.Tensor:
+        dtype = torch_dtype(self.dtype)
+        if not self.data:
+            return torch.empty(self.shape, dtype=dtype)
+        flat = torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
+        return flat.view(dtype).view(self.shape)
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What one rank saw when it ran one case (``None`` fields: not produced).
+
+    ``extra`` is what the implementation returned beside the tensor: ``("none",)``
+    (a plain tensor), ``("sizes", value)`` (value: ``None`` or a ``TensorBytes``),
+    ``("layout", fields)`` or ``("other", type name)``.
+    """
+
+    rank: int
+    global_rank: int
+    out: TensorBytes | None = None
+    out_type: str = ""
+    out_requires_grad: bool = False
+    extra: tuple[object, ...] = ("none",)
+    grad: TensorBytes | None = None
+    grad_type: str = ""
+    backward_note: str = ""
+    input_intact: bool = True
+    error: tuple[str, str, str] | None = None  # (type name, message, traceback)
+    skipped: str = ""
+
+
+def parse_case(text: str) -> GatherCase:
+    """The ``GatherCase`` written by ``repr(case)`` (literal arguments only, no eval)."""
+    tree = ast.parse(text.strip(), mode="eval").body
+    if not (
+        isinstance(tree, ast.Call)
+        and isinstance(tree.func, ast.Name)
+        and tree.func.id == "GatherCase"
+        and not tree.args
+    ):
+        raise ValueError(f"expected GatherCase(field=literal, ...), got {text[:80]!r}")
+    kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in tree.keywords if kw.arg}
+    return GatherCase(**kwargs)

@@ -1,0 +1,364 @@
+"""The testing kit's judge: the ranks' reports against the oracle, as structured failures.
+
+Where it sits: above ``cases`` (the case model, ``RankReport``), below ``runner`` (which
+calls ``judge`` on what the ranks sent back) and ``properties`` (which keeps the
+failures whose ``aspect`` its claim is about). The judge returns ``Failure`` records,
+never text to be parsed back: the command line's report is rendered from their fields.
+
+A ``Failure`` says which check failed (``aspect``: ``output``, ``sizes``, ``gradient``,
+``adjoint``, or ``call`` for an exception, a crash, a hang, a missing report, which
+counts against every property), how (``kind``: ``mismatch``, a wrong value; ``error``,
+the implementation raised; ``crash``, a rank process died; ``hang``, no reply in
+time), on which group ranks, and what (``message``, plus ``detail``: a traceback).
+Ranks that failed alike are merged into one ``Failure``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import torch
+
+from .cases import (
+    FLOAT_FORMATS,
+    GatherCase,
+    Implementation,
+    RankReport,
+    TensorBytes,
+    as_real,
+    dtype_name,
+    real_dtype,
+)
+
+if TYPE_CHECKING:
+    from .cases import Expected
+
+__all__ = ["ASPECTS", "KINDS", "Failure", "judge"]
+
+ASPECTS: Final = ("output", "sizes", "gradient", "adjoint", "call")
+"""What a failure is about; ``call``: the call itself did not complete (it raised, a
+rank crashed or hung, a rank sent no report), which counts against every property."""
+
+KINDS: Final = ("mismatch", "error", "crash", "hang")
+"""How it failed: a wrong value; the implementation raised; a rank process died; a
+rank did not reply in time."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One way a case failed, on the group ranks ``ranks`` (empty: not tied to ranks).
+
+    ``call`` is the call as the message names it (``all_gather_v(dim=1)``);
+    ``group_size`` the size of the gather group. ``detail`` (a traceback, a pool's diagnosis) follows
+    the message in reports. ``property`` is set by the catalogue that counted it.
+    """
+
+    aspect: str
+    kind: str
+    message: str
+    ranks: tuple[int, ...] = ()
+    group_size: int = 0
+    call: str = ""
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.aspect not in ASPECTS:
+            raise ValueError(f"aspect={self.aspect!r} is not one of {ASPECTS}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind={self.kind!r} is not one of {KINDS}")
+
+    @property
+    def where(self) -> str:
+        """``all_gather_v(dim=1) on ranks 0, 2 of 3`` (empty when not tied to ranks)."""
+        if not self.ranks:
+            return self.call
+        r = self.ranks
+        if len(r) == 1:
+            on = f"rank {r[0]} of {self.group_size}"
+        elif len(r) == self.group_size:
+            on = f"every rank of {self.group_size}"
+        else:
+            on = f"ranks {', '.join(map(str, r))} of {self.group_size}"
+        return f"{self.call} on {on}" if self.call else on
+
+    def render(self) -> str:
+        """The failure in words: message, ``[where]``, then the detail's lines."""
+        where = self.where
+        text = f"{self.message} [{where}]" if where else self.message
+        return f"{text}\n{self.detail}" if self.detail else text
+
+    # Declared last: the builtin ``property`` decorates the methods above.
+    property: str = ""
+
+
+# --- comparing tensors ---------------------------------------------------------------------
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Elementwise bit patterns (complex: one row of two patterns per element)."""
+    r = as_real(t)
+    if r.dtype in FLOAT_FORMATS:
+        r = r.view(FLOAT_FORMATS[r.dtype][2])
+    if t.is_complex():
+        return r.reshape(-1, 2)
+    return r.reshape(-1, 1)
+
+
+def _show(t: torch.Tensor, flat: int) -> str:
+    v = t.reshape(-1)[flat]
+    value = v.item()
+    if t.dtype == torch.bool or not (t.is_floating_point() or t.is_complex()):
+        return repr(value)
+    words = _bits(v.reshape(1))[0].tolist()
+    width = 2 * v.element_size() // (2 if t.is_complex() else 1)
+    hexes = "/".join(f"0x{w & ((1 << (4 * width)) - 1):0{width}x}" for w in words)
+    return f"{value!r} ({hexes})"
+
+
+def _index(shape: Sequence[int], flat: int) -> tuple[int, ...]:
+    index: list[int] = []
+    for size in reversed(shape):
+        index.append(flat % size if size else 0)
+        flat = flat // size if size else 0
+    return tuple(reversed(index))
+
+
+def _mismatch_detail(
+    got: torch.Tensor, want: torch.Tensor, bad: torch.Tensor, extra: str = ""
+) -> str:
+    count = int(bad.sum().item())
+    first = int(bad.reshape(-1).nonzero()[0, 0].item())
+    return (
+        f"in {count} of {want.numel()} elements; first at index {_index(want.shape, first)}: "
+        f"got {_show(got, first)}, expected {_show(want, first)}{extra}"
+    )
+
+
+def _compare_grad(
+    case: GatherCase, got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor | None
+) -> str | None:
+    if case.grads_exact() or bound is None:
+        if torch.equal(got, want):
+            return None
+        bad = (got != want) | (got.isnan() & ~want.isnan())
+        return "differs from the oracle (exact comparison) " + _mismatch_detail(got, want, bad)
+    info = torch.finfo(real_dtype(case.torch_dtype))
+    w = case.group_size
+    tol = (w + 1) * info.eps * bound + w * info.tiny * info.eps
+    diff = (as_real(got).to(torch.float64) - as_real(want).to(torch.float64)).abs()
+    bad_parts = ~(diff <= tol)
+    if not bool(bad_parts.any()):
+        return None
+    # Complex: a tensor of shape want.shape + (2,) (real and imaginary parts).
+    bad = bad_parts.any(-1) if got.is_complex() else bad_parts
+    first = int(bad.reshape(-1).nonzero()[0, 0].item())
+    allowed = tol.amin(-1) if got.is_complex() else tol
+    note = f", allowed |difference| <= {float(allowed.reshape(-1)[first]):.3g}"
+    return (
+        f"differs from the oracle beyond (W+1)*eps*sum|g| (eps={info.eps:.3g}) "
+        + _mismatch_detail(got, want, bad, note)
+    )
+
+
+def _inner(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((as_real(a).to(torch.float64) * as_real(b).to(torch.float64)).sum().item())
+
+
+def judge(case: GatherCase, impl: Implementation, per_rank: Sequence[object]) -> list[Failure]:
+    """Every failure of one case from every world rank's report (empty: passed).
+
+    ``per_rank[g]`` is world rank ``g``'s report (``RankReport``; ``None`` from a rank
+    outside the case's subgroup). A failure that several ranks produce alike is one
+    ``Failure`` naming them all.
+    """
+    exp = case.expected()
+    w = case.group_size
+    call = f"{impl.short_name}(dim={case.dim})"
+    members = case.members if case.members is not None else tuple(range(case.world_size))
+    reports: dict[int, RankReport] = {}
+    found: dict[tuple[str, str, str, str], list[int]] = {}
+
+    def add(problems: Sequence[tuple[str, str, str, str]], rank: int | None) -> None:
+        for key in problems:
+            ranks = found.setdefault(key, [])
+            if rank is not None:
+                ranks.append(rank)
+
+    for global_rank, rep in enumerate(per_rank):
+        if global_rank not in members:
+            if isinstance(rep, RankReport) and rep.error is not None:
+                name, message, _ = rep.error
+                text = f"raised {name}: {message} (world rank {global_rank}, not a member)"
+                add([("call", "error", text, "")], None)
+            elif rep is not None and not (isinstance(rep, RankReport) and rep.skipped):
+                text = f"world rank {global_rank}, not a member, reported {rep!r}"
+                add([("call", "error", text, "")], None)
+            continue
+        rank = members.index(global_rank)
+        if not isinstance(rep, RankReport):
+            text = f"no report from the rank (got {type(rep).__name__})"
+            add([("call", "error", text, "")], rank)
+        elif rep.error is not None:
+            name, message, tb = rep.error
+            tail = "\n".join(tb.rstrip().splitlines()[-12:])
+            add([("call", "error", f"raised {name}: {message}", tail)], rank)
+        elif rep.skipped:
+            add([("call", "error", f"not run: {rep.skipped}", "")], rank)
+        else:
+            reports[rep.rank] = rep
+            add(_judge_rank(case, impl, rep, exp), rank)
+    failures = [
+        Failure(
+            aspect, kind, message, tuple(ranks), w if ranks else 0, call if ranks else "", detail
+        )
+        for (aspect, kind, message, detail), ranks in found.items()
+    ]
+    if len(reports) == w and case.adjoint_applies() and not failures:
+        lhs = rhs = 0.0
+        for r in range(w):
+            lhs += _inner(_grad_of(reports[r]), case.shard_values(r))
+            out = reports[r].out
+            assert out is not None  # judged above without failure
+            rhs += _inner(case.upstream_grad(r), out.to_tensor())
+        if lhs != rhs:
+            failures.append(
+                Failure(
+                    "adjoint",
+                    "mismatch",
+                    f"adjoint identity fails: sum_r <dx_r, x_r> = {lhs!r}, but "
+                    f"sum_j <g_j, out_j> = {rhs!r}",
+                    call=f"{call}, grad='sum', {w} ranks",
+                )
+            )
+    return failures
+
+
+def _grad_of(rep: RankReport) -> torch.Tensor:
+    assert rep.grad is not None  # only called when every rank passed its gradient check
+    return rep.grad.to_tensor()
+
+
+_Problem = tuple[str, str, str, str]  # (aspect, kind, message, detail)
+
+
+def _wrong(aspect: str, message: str) -> _Problem:
+    return (aspect, "mismatch", message, "")
+
+
+def _judge_rank(
+    case: GatherCase, impl: Implementation, rep: RankReport, exp: Expected
+) -> list[_Problem]:
+    out = rep.out
+    if out is None:
+        return [_wrong("output", f"returned a {rep.out_type}, but should return a tensor")]
+    failures: list[_Problem] = []
+    want_dtype = dtype_name(case.torch_dtype)
+    if out.dtype != want_dtype:
+        failures.append(_wrong("output", f"out.dtype={out.dtype}, but should be {want_dtype}"))
+    if out.shape != case.output_shape:
+        failures.append(
+            _wrong("output", f"out.shape={out.shape}, but should be {case.output_shape}")
+        )
+    if out.device != "cpu":
+        failures.append(
+            _wrong("output", f"out.device={out.device}, but should be cpu (the input's)")
+        )
+    if not failures and out.data != exp.output_bytes:
+        got = out.to_tensor()
+        bad = (_bits(got) != _bits(exp.output)).any(-1).reshape(exp.output.shape)
+        failures.append(
+            _wrong(
+                "output",
+                "out differs from torch.cat(x, dim) (bytes compared) "
+                + _mismatch_detail(got, exp.output, bad),
+            )
+        )
+    if not rep.input_intact:
+        failures.append(_wrong("output", "the input x was modified in place"))
+    failures.extend(_judge_extra(case, impl, rep))
+    if case.differentiable:
+        failures.extend(_judge_grad(case, rep, exp))
+    return failures
+
+
+def _judge_extra(case: GatherCase, impl: Implementation, rep: RankReport) -> list[_Problem]:
+    kind = rep.extra[0]
+    distributed = case.initialized and case.world_size > 1
+    if impl.convention == "seed" and kind == "sizes":
+        value = rep.extra[1]
+        assert value is None or isinstance(value, TensorBytes)  # what the runner sends
+        if not distributed:
+            if value is not None:
+                return [
+                    _wrong("sizes", f"sizes={value.shape}, but should be None (not distributed)")
+                ]
+            return []
+        if value is None:
+            return [_wrong("sizes", f"sizes=None, but should be {list(case.sizes)}")]
+        if value.dtype != "int64" or len(value.shape) != 1 or value.device != "cpu":
+            return [
+                _wrong(
+                    "sizes",
+                    f"sizes has dtype {value.dtype}, shape {value.shape}, device "
+                    f"{value.device}, but should be a 1-d int64 tensor on cpu",
+                )
+            ]
+        got = tuple(int(v) for v in value.to_tensor().tolist())
+        if got != case.sizes:
+            return [_wrong("sizes", f"sizes={list(got)}, but should be {list(case.sizes)}")]
+        return []
+    if kind == "layout":
+        fields = rep.extra[1]
+        assert isinstance(fields, dict)  # what the runner sends for a layout
+        d = case.normalized_dim
+        offsets = tuple(itertools.accumulate((0, *case.sizes[:-1])))
+        want: dict[str, object] = {
+            "sizes": case.sizes,
+            "offsets": offsets,
+            "total": sum(case.sizes),
+            "max_size": max(case.sizes),
+            "dim": d,
+            "leading_shape": case.shapes[0][:d],
+            "trailing_shape": case.shapes[0][d + 1 :],
+            "dtype": case.dtype,
+            "rank": rep.rank,
+            "world_size": case.group_size,
+        }
+        return [
+            _wrong("sizes", f"layout.{k}={fields.get(k)!r}, but should be {v!r}")
+            for k, v in want.items()
+            if fields.get(k) != v
+        ]
+    if kind == "other":
+        return [_wrong("sizes", f"returned (tensor, {rep.extra[1]}): expected sizes or a layout")]
+    return []
+
+
+def _judge_grad(case: GatherCase, rep: RankReport, exp: Expected) -> list[_Problem]:
+    if not rep.out_requires_grad:
+        return [_wrong("gradient", "out.requires_grad=False, but should be True (x requires grad)")]
+    if rep.backward_note:
+        return [_wrong("gradient", rep.backward_note)]
+    if rep.grad is None:
+        shape = case.shapes[rep.rank]
+        return [
+            _wrong("gradient", f"x.grad={rep.grad_type}, but should be a tensor of shape {shape}")
+        ]
+    assert exp.input_grads is not None  # the case is differentiable
+    want = exp.input_grads[rep.rank]
+    if rep.grad.dtype != dtype_name(want.dtype) or rep.grad.shape != tuple(want.shape):
+        return [
+            _wrong(
+                "gradient",
+                f"x.grad has dtype {rep.grad.dtype} and shape {rep.grad.shape}, but should "
+                f"have {dtype_name(want.dtype)} and {tuple(want.shape)}",
+            )
+        ]
+    bound = exp.grad_bounds[rep.rank] if exp.grad_bounds is not None else None
+    problem = _compare_grad(case, rep.grad.to_tensor(), want, bound)
+    if problem is None:
+        return []
+    return [_wrong("gradient", f"x.grad (grad={case.contract!r}) {problem}")]

@@ -1,0 +1,353 @@
+"""The testing kit's property catalogue: the one list of claims a ragged gather must hold.
+
+Where it sits: the top of the kit's layers (``cases`` -> ``strategies`` -> ``judge`` ->
+``runner`` -> here). ``tests/test_properties.py`` (pytest), ``tests/test_mutants.py``
+(the mutant search) and ``python -m vargather check`` (the conformance gate) all run
+the properties ``catalogue()`` returns, so the gate and the suite cannot drift.
+
+A ``Property`` is a class of cases (keyword arguments of
+``vargather.testing.strategies.case_batches`` plus a world-size range, and a ``keep``
+filter where no strategy argument narrows enough) and the aspects of the judge's
+checks it is about: a forward property does not fail on returned sizes, which have a
+property of their own. A failure of the call itself (an exception, a crash, a hang)
+counts against every property.
+
+Each property varies one thing: the forward properties run contiguous shards without
+``sizes`` and without backward, every dim and ragged shape (empty shards too); the
+structural ones use the common dtypes; the world ones (one rank, uninitialized,
+subgroup) use float32/float64/complex64 and mostly run backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Final
+
+from hypothesis import strategies as st
+
+from . import strategies as vst
+from .cases import DTYPE_NAMES, VARGATHER, GatherCase, Implementation, dtype_family, torch_dtype
+from .judge import Failure
+from .pool import RankPool
+from .runner import Verdict, describe, run_cases
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+__all__ = ["BATCH", "Property", "catalogue", "property_ids"]
+
+BATCH: Final = 6
+"""Cases per example by default: one example is one pool round trip (``run_many``)."""
+
+RETURNS: Final = ("sizes", "layout", "none", "unknown")
+"""What an implementation returns beside the tensor (``unknown``: not yet asked)."""
+
+
+@dataclass(frozen=True)
+class Property:
+    """One claim, checked on batches of cases drawn by ``strategy``.
+
+    ``kwargs`` go to ``case_batches``; ``aspects`` are the judge's aspects it counts
+    (``Failure.aspect``; ``call`` always counts); ``keep`` narrows each drawn batch.
+    ``min_world``/``max_world`` bound the world sizes it runs on (``None``: no bound);
+    ``initialized=False`` runs one rank in the calling process without
+    torch.distributed; ``subgroups`` draws subgroups of the world.
+    """
+
+    implementation: Implementation
+    id: str
+    title: str
+    aspects: frozenset[str]
+    kwargs: Mapping[str, object] = field(default_factory=dict, hash=False)
+    min_world: int = 1
+    max_world: int | None = None
+    keep: Callable[[GatherCase], bool] | None = None
+    initialized: bool = True
+    subgroups: bool = False
+    needs_sum: bool = False
+    needs_returned_sizes: bool = False
+
+    def worlds(self, world_sizes: Sequence[int]) -> list[int]:
+        """The world sizes of ``world_sizes`` it runs on (``[1]`` when uninitialized)."""
+        if not self.initialized:
+            return [1]
+        top = self.max_world
+        return sorted(
+            w for w in set(world_sizes) if w >= self.min_world and (top is None or w <= top)
+        )
+
+    def not_applicable(self, world_sizes: Sequence[int], returns: str = "unknown") -> str | None:
+        """Why it does not apply to its implementation on ``world_sizes`` (``None``: it
+        does). ``returns``: what the implementation returns beside the tensor."""
+        impl = self.implementation
+        if self.needs_sum and "sum" not in impl.contracts:
+            claimed = ", ".join(map(repr, impl.contracts))
+            return f"an identity of grad='sum'; the claimed contract is {claimed}"
+        if self.subgroups:
+            if impl.convention == "seed":
+                return "the seed's convention ATTR(t, dim, sizes) takes no process group"
+            if not impl.takes_group:
+                return "ATTR takes no group= parameter"
+        if self.needs_returned_sizes and returns == "none":
+            return "ATTR returns a bare tensor: no sizes to check"
+        if self.initialized and not self.worlds(world_sizes):
+            if self.max_world == 1:
+                return "needs world size 1 in --world-sizes"
+            return f"needs a world size >= {self.min_world} in --world-sizes"
+        return None
+
+    def strategy(
+        self,
+        world_sizes: Sequence[int],
+        *,
+        batch: int = BATCH,
+        transports: Sequence[str] | None = None,
+    ) -> SearchStrategy[list[GatherCase]]:
+        """Batches of up to ``batch`` cases, all on one world size drawn from
+        ``world_sizes`` (restricted to the property's range). ``transports`` narrows
+        the transports drawn (default: every one the implementation takes)."""
+        kwargs = dict(self.kwargs)
+        if transports is not None:
+            kwargs["transports"] = tuple(transports)
+        keep = self.keep
+
+        def for_world(w: int) -> SearchStrategy[list[GatherCase]]:
+            drawn = vst.case_batches(
+                min_world_size=w,
+                max_world_size=w,
+                max_batch=batch,
+                subgroups=self.subgroups,
+                initialized=self.initialized,
+                implementation=self.implementation,
+                **kwargs,
+            )
+            if keep is None:
+                return drawn
+            return drawn.map(lambda cases: [c for c in cases if keep(c)]).filter(bool)
+
+        worlds = self.worlds(world_sizes)
+        if not worlds:
+            raise ValueError(f"{self.id}: no world size of {list(world_sizes)} applies")
+        if len(worlds) == 1:
+            return for_world(worlds[0])
+        return st.sampled_from(worlds).flatmap(for_world)
+
+    def counted(self, verdict: Verdict) -> list[Failure]:
+        """The verdict's failures this property is about, labelled with its id."""
+        return [
+            replace(f, property=self.id)
+            for f in verdict.failures
+            if f.aspect == "call" or f.aspect in self.aspects
+        ]
+
+    def run(
+        self,
+        batch: Sequence[GatherCase],
+        *,
+        pool_factory: Callable[[int], RankPool] | None = None,
+    ) -> list[tuple[Verdict, list[Failure]]]:
+        """Run ``batch`` and pair every verdict with the failures that count here."""
+        verdicts = run_cases(batch, self.implementation, pool_factory=pool_factory)
+        return [(v, self.counted(v)) for v in verdicts]
+
+    def fails(self, batch: Sequence[GatherCase]) -> bool:
+        """Whether some case of ``batch`` fails this property."""
+        return any(failures for _, failures in self.run(batch))
+
+    def check(self, batch: Sequence[GatherCase]) -> None:
+        """Run ``batch``; ``AssertionError`` describing every case that fails here."""
+        results = self.run(batch)
+        bad = [(v, failures) for v, failures in results if failures]
+        if not bad:
+            return
+        impl = self.implementation
+        parts = [f"{self.id}: {len(bad)} of {len(results)} case(s) failed against {impl.label}:"]
+        for v, failures in bad:
+            parts.append(describe(v.case, impl))
+            parts.extend(f"  - {f.render()}" for f in failures)
+        raise AssertionError("\n".join(parts))
+
+
+# --- the catalogue ----------------------------------------------------------------------
+
+
+def _dtypes(*families: str) -> tuple[str, ...]:
+    return tuple(n for n in DTYPE_NAMES if dtype_family(torch_dtype(n)) in families)
+
+
+_COMMON: Final = ("float32", "float64", "int64")
+"""The dtypes of the properties that are not about dtypes (each family has its own)."""
+
+_OUTPUT: Final = frozenset({"output"})
+_SIZES: Final = frozenset({"output", "sizes"})
+_ALL: Final = frozenset({"output", "sizes", "gradient", "adjoint"})
+
+
+def _some_empty(case: GatherCase) -> bool:
+    empty = sum(1 for n in case.sizes if n == 0)
+    return 0 < empty < case.group_size
+
+
+def _nonzero_dim(case: GatherCase) -> bool:
+    return case.dim != 0
+
+
+def catalogue(
+    implementation: Implementation = VARGATHER, *, returns: str = "unknown"
+) -> list[Property]:
+    """Every property, in a fixed order, for ``implementation``.
+
+    Cases draw the contracts it claims and the transports it takes.
+    ``returns`` (``sizes``, ``layout``, ``none`` or ``unknown``) only words the titles
+    of the properties about what it returns beside the tensor.
+    """
+    if returns not in RETURNS:
+        raise ValueError(f"returns={returns!r} is not one of {RETURNS}")
+    impl = implementation
+    c: dict[str, object] = {"contracts": impl.contracts}
+    if impl.transports is not None:
+        c["transports"] = impl.transports
+    fwd = {"sizes_forms": ("none",), "memory": ("contiguous",), "requires_grad": False, **c}
+    common = {**fwd, "dtypes": tuple(d for d in _COMMON if d in DTYPE_NAMES)}
+    world = {"sizes_forms": ("none",), "dtypes": ("float32", "float64", "complex64"), **c}
+    grads = {
+        "sizes_forms": ("none",),
+        "requires_grad": True,
+        "dtypes": _dtypes("float", "half", "complex"),
+        **c,
+    }
+    what = "layout" if returns == "layout" else "sizes"
+    claimed = ", ".join(map(repr, impl.contracts))
+    same = "forward equals torch.cat(x, dim) bit for bit on every rank, "
+
+    return [
+        Property(
+            impl,
+            "forward-float",
+            same + "float32/float64",
+            _OUTPUT,
+            {**fwd, "dtypes": _dtypes("float")},
+        ),
+        Property(
+            impl,
+            "forward-half",
+            same + "float16/bfloat16",
+            _OUTPUT,
+            {**fwd, "dtypes": _dtypes("half")},
+        ),
+        Property(
+            impl,
+            "forward-complex",
+            same + "complex64/complex128",
+            _OUTPUT,
+            {**fwd, "dtypes": _dtypes("complex")},
+        ),
+        Property(
+            impl,
+            "forward-int",
+            same + "int8/16/32/64, uint8",
+            _OUTPUT,
+            {**fwd, "dtypes": _dtypes("int")},
+        ),
+        Property(impl, "forward-bool", same + "bool", _OUTPUT, {**fwd, "dtypes": _dtypes("bool")}),
+        Property(
+            impl,
+            "dims",
+            "forward along dims other than 0, negative ones included",
+            _OUTPUT,
+            {**common, "min_ndim": 2},
+            keep=_nonzero_dim,
+        ),
+        Property(
+            impl,
+            "empty-some",
+            "forward with some ranks' shards empty",
+            _OUTPUT,
+            common,
+            min_world=2,
+            keep=_some_empty,
+        ),
+        Property(
+            impl,
+            "empty-all",
+            "forward with every rank's shard empty",
+            _OUTPUT,
+            {**common, "max_size": 0},
+        ),
+        Property(
+            impl,
+            "non-contiguous",
+            "forward from transposed and strided (sliced) views",
+            _OUTPUT,
+            {**common, "memory": ("transposed", "sliced")},
+        ),
+        Property(
+            impl,
+            "sizes-list",
+            f"sizes passed as a list of ints: forward and returned {what}",
+            _SIZES,
+            {**common, "sizes_forms": ("list",)},
+        ),
+        Property(
+            impl,
+            "sizes-tensor",
+            f"sizes passed as a 1-d int64 tensor: forward and returned {what}",
+            _SIZES,
+            {**common, "sizes_forms": ("tensor",)},
+        ),
+        Property(
+            impl,
+            "returned-sizes",
+            f"the returned {what} equal the true ones",
+            frozenset({"sizes"}),
+            common,
+            needs_returned_sizes=True,
+        ),
+        Property(
+            impl,
+            "one-rank",
+            "a world of one rank: the identity, gradients flowing",
+            _ALL,
+            world,
+            max_world=1,
+        ),
+        Property(
+            impl,
+            "uninitialized",
+            "torch.distributed not initialized: the identity, gradients flowing",
+            _ALL,
+            world,
+            initialized=False,
+        ),
+        Property(
+            impl,
+            "subgroup",
+            "group= a subgroup: gathers its members only, gradients too",
+            _ALL,
+            world,
+            min_world=2,
+            subgroups=True,
+        ),
+        Property(
+            impl,
+            "gradient",
+            f"input gradients under grad={claimed}, upstream gradients differing per rank",
+            frozenset({"gradient"}),
+            grads,
+        ),
+        Property(
+            impl,
+            "adjoint",
+            "sum_r <dx_r, x_r> == sum_j <g_j, out_j> exactly (grad='sum', integer values)",
+            frozenset({"gradient", "adjoint"}),
+            {**grads, "contracts": ("sum",), "values": ("integers",), "upstream": ("integers",)},
+            min_world=2,
+            needs_sum=True,
+        ),
+    ]
+
+
+def property_ids() -> tuple[str, ...]:
+    """The catalogue's ids, in order (what an xfails file or ``--only`` may name)."""
+    return tuple(p.id for p in catalogue())

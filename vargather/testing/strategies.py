@@ -1,0 +1,456 @@
+"""Hypothesis strategies for ragged all_gather cases (public).
+
+Where it sits: in the testing kit, right above the case model (``cases``), below the
+property catalogue (``properties``) that draws its batches here. A drawn
+``GatherCase`` describes one ragged gather (world size, per-rank shapes, ``dim``,
+dtype, contract, transport, how ``sizes`` is passed, each rank's memory layout, value
+kinds, seed) and carries its expected result: ``case.expected()`` is the oracle's
+output and input gradients, like ``BroadcastableShapes`` carries ``result_shape``.
+The tensors themselves are rebuilt from ``case.seed`` wherever they are needed (in
+the rank processes too), covering each dtype's full range: NaN with payloads,
++-inf, -0.0, subnormals, integer extremes, int64 values float64 cannot hold, float64
+values float32 cannot hold, complex numbers with special parts.
+
+Every strategy takes keyword-only arguments and validates them when called, with
+messages that name the argument (``min_world_size=3 is larger than
+max_world_size=2``)::
+
+    from hypothesis import given
+    from vargather.testing import strategies as vst
+    from vargather.testing import get_pool
+
+    @given(vst.gather_cases(world_size=3, dtypes=["float32", "bfloat16"]))
+    def test_mine(case): ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import torch
+from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
+
+from .cases import (
+    DTYPE_NAMES,
+    MEMORY_LAYOUTS,
+    SIZES_FORMS,
+    UPSTREAM_KINDS,
+    VALUE_KINDS,
+    VARGATHER,
+    GatherCase,
+    Implementation,
+    make_upstream,
+)
+
+__all__ = [
+    "DTYPE_NAMES",
+    "GatherCase",
+    "case_batches",
+    "dtypes",
+    "gather_cases",
+    "ragged_sizes",
+    "upstream_grads",
+]
+
+_MAX_NDIM: Final = 8  # more dims only slow the suite; vargather itself takes up to 32
+
+
+# --- argument checking ---------------------------------------------------------------
+
+
+def _int(name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}={value!r} must be an int")
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def _not_above(low_name: str, low: int, high_name: str, high: int) -> None:
+    if low > high:
+        raise ValueError(f"{low_name}={low} is larger than {high_name}={high}")
+
+
+def _choices(
+    name: str, value: object, allowed: Sequence[str], default: Sequence[str]
+) -> tuple[str, ...]:
+    if value is None:
+        return tuple(default)
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name}={value!r} must be a sequence of names, e.g. {list(allowed)[:2]}")
+    items: list[str] = []
+    for v in value:
+        item = str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
+        if item not in allowed:
+            raise ValueError(f"{name}={list(value)!r} contains {v!r}, not one of {list(allowed)}")
+        items.append(item)
+    if not items:
+        raise ValueError(f"{name}=[] must name at least one value")
+    return tuple(dict.fromkeys(items))
+
+
+def _bool_or_none(name: str, value: object) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} must be True, False or None")
+    return value
+
+
+def _implementation(value: object) -> Implementation:
+    if value is None:
+        return VARGATHER
+    if not isinstance(value, Implementation):
+        raise TypeError(
+            f"implementation={value!r} must be a vargather.testing.Implementation or None"
+        )
+    return value
+
+
+# --- small strategies ------------------------------------------------------------------
+
+
+def dtypes(*, names: Sequence[str | torch.dtype] | None = None) -> SearchStrategy[str]:
+    """Dtype names vargather gathers on gloo (``"float32"``, ...), simplest first."""
+    return st.sampled_from(_choices("names", names, DTYPE_NAMES, DTYPE_NAMES))
+
+
+def ragged_sizes(
+    *, world_size: int, min_size: int = 0, max_size: int = 5
+) -> SearchStrategy[tuple[int, ...]]:
+    """Every rank's size along the gather dimension: independent sizes (0 included),
+    all equal (the even fast paths), or all zero (an empty gather)."""
+    w = _int("world_size", world_size, minimum=1)
+    lo = _int("min_size", min_size, minimum=0)
+    hi = _int("max_size", max_size, minimum=0)
+    _not_above("min_size", lo, "max_size", hi)
+
+    @st.composite
+    def draw_sizes(draw: st.DrawFn) -> tuple[int, ...]:
+        kind = draw(st.integers(0, 9))
+        if kind <= 6:
+            return tuple(draw(st.integers(lo, hi)) for _ in range(w))
+        if kind <= 8 or lo > 0:
+            n = draw(st.integers(lo, hi))
+            return (n,) * w
+        return (0,) * w
+
+    return draw_sizes()
+
+
+def upstream_grads(
+    *,
+    shape: Sequence[int],
+    dtype: str | torch.dtype,
+    world_size: int,
+    kind: str | None = None,
+) -> SearchStrategy[list[torch.Tensor]]:
+    """One upstream gradient per rank, each of ``shape``, no two ranks' equal (when the
+    shape is not empty): ``kind="integers"`` (exact sums) or ``"real"``."""
+    w = _int("world_size", world_size, minimum=1)
+    shape_t = tuple(_int(f"shape[{i}]", s, minimum=0) for i, s in enumerate(shape))
+    name = _choices("dtype", [dtype], DTYPE_NAMES, DTYPE_NAMES)[0]
+    torch_dtype = getattr(torch, name)
+    if not (torch_dtype.is_floating_point or torch_dtype.is_complex):
+        raise ValueError(f"dtype={name!r} has no gradients: expected a float or complex dtype")
+    kinds = _choices("kind", None if kind is None else [kind], UPSTREAM_KINDS, UPSTREAM_KINDS)
+    return st.tuples(st.sampled_from(kinds), st.integers(0, 2**32 - 1)).map(
+        lambda ks: [make_upstream(shape_t, torch_dtype, ks[1] + r, r, ks[0]) for r in range(w)]
+    )
+
+
+# --- cases --------------------------------------------------------------------------------
+
+
+def _side(max_side: int) -> SearchStrategy[int]:
+    top = 8 * max_side
+    return st.integers(0, top).map(lambda k: 0 if k == top else 1 + k % max_side)
+
+
+class _Config:
+    """Validated arguments shared by ``gather_cases`` and ``case_batches``."""
+
+    def __init__(self, **kw: Any) -> None:
+        impl = _implementation(kw["implementation"])
+        self.implementation = impl
+        self.min_ndim = _int("min_ndim", kw["min_ndim"], minimum=1)
+        self.max_ndim = _int("max_ndim", kw["max_ndim"], minimum=1)
+        _not_above("min_ndim", self.min_ndim, "max_ndim", self.max_ndim)
+        _not_above("max_ndim", self.max_ndim, "the supported maximum", _MAX_NDIM)
+        self.max_side = _int("max_side", kw["max_side"], minimum=1)
+        self.max_size = _int("max_size", kw["max_size"], minimum=0)
+        self.dtypes = _choices("dtypes", kw["dtypes"], DTYPE_NAMES, DTYPE_NAMES)
+        self.contracts = _choices("contracts", kw["contracts"], impl.contracts, impl.contracts)
+        taken = impl.transports if impl.transports is not None else ("auto",)
+        self.transports = _choices("transports", kw["transports"], taken, taken)
+        self.sizes_forms = _choices("sizes_forms", kw["sizes_forms"], SIZES_FORMS, SIZES_FORMS)
+        self.memory = _choices("memory", kw["memory"], MEMORY_LAYOUTS, MEMORY_LAYOUTS)
+        self.values = _choices("values", kw["values"], VALUE_KINDS, VALUE_KINDS)
+        self.upstream = _choices("upstream", kw["upstream"], UPSTREAM_KINDS, UPSTREAM_KINDS)
+        self.requires_grad = _bool_or_none("requires_grad", kw["requires_grad"])
+        if not isinstance(kw["initialized"], bool):
+            raise TypeError(f"initialized={kw['initialized']!r} must be a bool")
+        self.initialized: bool = kw["initialized"]
+        if self.requires_grad and not any(
+            getattr(torch, d).is_floating_point or getattr(torch, d).is_complex for d in self.dtypes
+        ):
+            raise ValueError(
+                f"requires_grad=True needs a float or complex dtype, but dtypes={list(self.dtypes)}"
+            )
+        if self.memory == ("transposed",) and self.min_ndim < 2:
+            raise ValueError(
+                f"memory=['transposed'] needs min_ndim >= 2, got min_ndim={self.min_ndim}"
+            )
+
+
+class _Draws:
+    """Strategies built once per configuration and reused for every draw (building a
+    strategy per draw costs Hypothesis a source inspection each time)."""
+
+    def __init__(self, cfg: _Config) -> None:
+        self.cfg = cfg
+        self.side = _side(cfg.max_side)
+        self.ndim = st.integers(cfg.min_ndim, cfg.max_ndim)
+        self.dtype = st.sampled_from(cfg.dtypes)
+        self.contract = st.sampled_from(cfg.contracts)
+        self.transport = st.sampled_from(cfg.transports)
+        self.sizes_form = st.sampled_from(cfg.sizes_forms)
+        self.values = st.sampled_from(cfg.values)
+        self.upstream = st.sampled_from(cfg.upstream)
+        self.grad_flag = st.integers(0, 3)
+        self.seed = st.integers(0, 2**32 - 1)
+        flat = [m for m in cfg.memory if m != "transposed"] or ["contiguous"]
+        self.memory_1d = st.sampled_from(flat)
+        self.memory_nd = st.sampled_from(cfg.memory)
+        self._dims: dict[int, SearchStrategy[int]] = {}
+        self._sizes: dict[int, SearchStrategy[tuple[int, ...]]] = {}
+        self._members: dict[tuple[int, int], SearchStrategy[list[int]]] = {}
+
+    def dim(self, ndim: int) -> SearchStrategy[int]:
+        if ndim not in self._dims:
+            self._dims[ndim] = st.integers(-ndim, ndim - 1)
+        return self._dims[ndim]
+
+    def sizes(self, world_size: int) -> SearchStrategy[tuple[int, ...]]:
+        if world_size not in self._sizes:
+            self._sizes[world_size] = ragged_sizes(
+                world_size=world_size, max_size=self.cfg.max_size
+            )
+        return self._sizes[world_size]
+
+    def members(self, world_size: int, pool_size: int) -> SearchStrategy[list[int]]:
+        key = (world_size, pool_size)
+        if key not in self._members:
+            self._members[key] = st.lists(
+                st.integers(0, pool_size - 1), min_size=world_size, max_size=world_size, unique=True
+            )
+        return self._members[key]
+
+    def case(self, draw: st.DrawFn, world_size: int, pool_size: int, subgroup: bool) -> GatherCase:
+        cfg = self.cfg
+        members = tuple(sorted(draw(self.members(world_size, pool_size)))) if subgroup else None
+        ndim = draw(self.ndim)
+        dim = draw(self.dim(ndim))
+        d = dim % ndim
+        common = [draw(self.side) for _ in range(ndim)]
+        sizes = draw(self.sizes(world_size))
+        shapes = tuple((*common[:d], n, *common[d + 1 :]) for n in sizes)
+        dtype = draw(self.dtype)
+        torch_dtype = getattr(torch, dtype)
+        if not (torch_dtype.is_floating_point or torch_dtype.is_complex):
+            requires_grad = False
+        elif cfg.requires_grad is None:
+            requires_grad = draw(self.grad_flag) != 3
+        else:
+            requires_grad = cfg.requires_grad
+        memory_of = self.memory_nd if ndim >= 2 else self.memory_1d
+        memory = tuple(draw(memory_of) for _ in range(world_size))
+        return GatherCase(
+            shapes=shapes,
+            dim=dim,
+            dtype=dtype,
+            contract=draw(self.contract),
+            transport=draw(self.transport),
+            sizes_form=draw(self.sizes_form),
+            memory=memory if any(m != "contiguous" for m in memory) else (),
+            values=draw(self.values),
+            upstream=draw(self.upstream),
+            requires_grad=requires_grad,
+            seed=draw(self.seed),
+            members=members,
+            pool_size=pool_size if subgroup else None,
+            initialized=cfg.initialized,
+        )
+
+
+def _group_sizes(lo: int, hi: int) -> SearchStrategy[int]:
+    """Group sizes in [lo, hi], proper groups of 2 or more three times as likely as a
+    group of one (which is the identity and exercises little)."""
+    sizes = [n for n in range(max(lo, 2), hi + 1) for _ in range(3)]
+    if lo <= 1 <= hi:
+        sizes.append(1)
+    return st.sampled_from(sizes)
+
+
+def _world_bounds(
+    world_size: int | None, min_world_size: int, max_world_size: int
+) -> tuple[int, int]:
+    lo = _int("min_world_size", min_world_size, minimum=1)
+    hi = _int("max_world_size", max_world_size, minimum=1)
+    _not_above("min_world_size", lo, "max_world_size", hi)
+    if world_size is not None:
+        w = _int("world_size", world_size, minimum=1)
+        return w, w
+    return lo, hi
+
+
+def gather_cases(
+    *,
+    world_size: int | None = None,
+    min_world_size: int = 1,
+    max_world_size: int = 4,
+    subgroups: bool = False,
+    pool_size: int | None = None,
+    min_ndim: int = 1,
+    max_ndim: int = 4,
+    max_side: int = 3,
+    max_size: int = 5,
+    dtypes: Sequence[str | torch.dtype] | None = None,
+    contracts: Sequence[str] | None = None,
+    transports: Sequence[str] | None = None,
+    sizes_forms: Sequence[str] | None = None,
+    memory: Sequence[str] | None = None,
+    values: Sequence[str] | None = None,
+    upstream: Sequence[str] | None = None,
+    requires_grad: bool | None = None,
+    initialized: bool = True,
+    implementation: Implementation | None = None,
+) -> SearchStrategy[GatherCase]:
+    """Ragged gather cases.
+
+    World: ``world_size`` ranks, or between ``min_world_size`` and ``max_world_size``.
+    With ``subgroups=True`` each case gathers over a subgroup of ``world_size`` ranks
+    (drawn from 1 to the world's size) of a world of ``pool_size`` ranks (drawn up to
+    ``max_world_size`` when None). ``initialized=False``: one rank, in-process, without
+    torch.distributed.
+
+    Shapes: ndim in ``[min_ndim, max_ndim]``; ``dim`` anywhere in ``[-ndim, ndim)``;
+    sizes along ``dim`` in ``[0, max_size]`` (sometimes all equal, sometimes all zero);
+    the other dims shared, in ``[1, max_side]`` and occasionally 0.
+
+    The rest is drawn from the given choices (default: all): ``dtypes`` (names or
+    torch dtypes; default every dtype gloo carries), ``contracts``, ``transports``
+    (default those ``implementation`` takes), ``sizes_forms`` (``none``, ``list``,
+    ``tensor``), ``memory`` (per rank: ``contiguous``, ``transposed``, ``sliced``),
+    ``values`` (``full``: the whole range with special values; ``integers``),
+    ``upstream`` (``integers``, ``real``); ``requires_grad`` (None: mostly True where
+    the dtype allows). ``implementation`` (default vargather) limits contracts and
+    transports to what it claims.
+    """
+    cfg = _Config(
+        implementation=implementation,
+        min_ndim=min_ndim,
+        max_ndim=max_ndim,
+        max_side=max_side,
+        max_size=max_size,
+        dtypes=dtypes,
+        contracts=contracts,
+        transports=transports,
+        sizes_forms=sizes_forms,
+        memory=memory,
+        values=values,
+        upstream=upstream,
+        requires_grad=requires_grad,
+        initialized=initialized,
+    )
+    lo, hi = _world_bounds(world_size, min_world_size, max_world_size)
+    if not isinstance(subgroups, bool):
+        raise TypeError(f"subgroups={subgroups!r} must be a bool")
+    if not initialized and hi != 1:
+        raise ValueError(f"initialized=False runs one process: it needs max_world_size=1, got {hi}")
+    if subgroups:
+        if cfg.implementation.convention != "vargather":
+            raise ValueError(
+                "subgroups=True needs an implementation taking group= (the vargather "
+                f"convention), not convention={cfg.implementation.convention!r}"
+            )
+        if not initialized:
+            raise ValueError("subgroups=True needs initialized=True")
+    if pool_size is not None:
+        p = _int("pool_size", pool_size, minimum=1)
+        if not subgroups:
+            raise ValueError(f"pool_size={p} needs subgroups=True")
+        _not_above("min_world_size" if world_size is None else "world_size", lo, "pool_size", p)
+    elif subgroups and hi < 2:
+        raise ValueError(f"subgroups=True needs max_world_size >= 2, got {hi}")
+
+    draws = _Draws(cfg)
+    if not subgroups:
+        worlds = st.integers(lo, hi)
+
+        @st.composite
+        def draw_case(draw: st.DrawFn) -> GatherCase:
+            w = draw(worlds)
+            return draws.case(draw, w, w, False)
+
+        return draw_case()
+
+    pools = st.just(pool_size) if pool_size is not None else st.integers(max(lo, 2), hi)
+    smallest = lo if world_size is not None else 1
+    group_sizes = {
+        p: _group_sizes(smallest, min(hi, p)) for p in {*range(1, hi + 1), pool_size or 1}
+    }
+
+    @st.composite
+    def draw_subgroup_case(draw: st.DrawFn) -> GatherCase:
+        p = draw(pools)
+        w = draw(group_sizes[p])
+        return draws.case(draw, w, p, True)
+
+    return draw_subgroup_case()
+
+
+def case_batches(
+    *,
+    min_world_size: int = 1,
+    max_world_size: int = 4,
+    max_batch: int = 8,
+    subgroups: bool = False,
+    **kwargs: Any,
+) -> SearchStrategy[list[GatherCase]]:
+    """Lists of 1 to ``max_batch`` cases that all run on one world, drawn first.
+
+    One batch is one pool round trip (``run_many``), which is what makes the suite
+    fast; Hypothesis shrinks a failing batch to the failing case. With
+    ``subgroups=True`` every case gathers over a subgroup of the world. ``kwargs``
+    are those of ``gather_cases`` (not ``world_size``/``pool_size``).
+    """
+    lo, hi = _world_bounds(None, min_world_size, max_world_size)
+    n = _int("max_batch", max_batch, minimum=1)
+    for forbidden in ("world_size", "pool_size"):
+        if forbidden in kwargs:
+            raise TypeError(f"case_batches() takes no {forbidden}= (the batch draws its world)")
+    if subgroups:
+        lo = max(lo, 2)
+        _not_above("max(min_world_size, 2) (subgroups=True)", lo, "max_world_size", hi)
+    # Validate everything now, not at the first draw.
+    gather_cases(min_world_size=lo, max_world_size=hi, subgroups=subgroups, **kwargs)
+
+    per_world: dict[int, SearchStrategy[list[GatherCase]]] = {}
+    for world in range(lo, hi + 1):
+        if subgroups:
+            cases = gather_cases(
+                min_world_size=1, max_world_size=world, subgroups=True, pool_size=world, **kwargs
+            )
+        else:
+            cases = gather_cases(world_size=world, **kwargs)
+        # min_size=0 then a filter, not min_size=1: with a forced first element the
+        # shrinker often cannot delete the passing cases around a failing one.
+        per_world[world] = st.lists(cases, max_size=n).filter(bool)
+    worlds = st.integers(lo, hi)
+
+    @st.composite
+    def draw_batch(draw: st.DrawFn) -> list[GatherCase]:
+        return draw(per_world[draw(worlds)])
+
+    return draw_batch()
