@@ -34,10 +34,11 @@ import torch
 import torch.distributed as dist
 
 import vargather
+import vargather._choices as choices_module
 import vargather._transport as transport_module
 from vargather import oracle
+from vargather._buffers import rank_major_gradient, scatter_into_padded
 from vargather._layout import Layout
-from vargather._padding import rank_major_gradient, scatter_into_padded
 from vargather._transport import (
     GLOO_SMALL_BYTES,
     NCCL_SMALL_BYTES,
@@ -207,9 +208,9 @@ def run_case(ctx: RankContext, case: Case) -> Outcome | None:
             transport_module.all_gather_list = _emulated_list_gather  # type: ignore[assignment]
             stack.callback(setattr, transport_module, "all_gather_list", original)
             # and let `views` past the API's refusal on gloo
-            refusals = transport_module._UNSUPPORTED
-            transport_module._UNSUPPORTED = {}  # type: ignore[misc]
-            stack.callback(setattr, transport_module, "_UNSUPPORTED", refusals)
+            refusals = choices_module._REFUSED
+            choices_module._REFUSED = {}  # type: ignore[misc]
+            stack.callback(setattr, choices_module, "_REFUSED", refusals)
         with spy() as forward:
             out = vargather.all_gather_v(
                 x,

@@ -1,8 +1,8 @@
-"""Thin layer over torch.distributed used by every communicating stage.
+"""Thin layer over torch.distributed, below every stage: every collective goes here.
 
-Pipeline: metadata exchange -> padding -> transport -> compaction -> autograd; every
-stage that communicates does so through the wrappers here. Nothing here knows about
-layouts or padding.
+Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
+transport -> autograd. The stages that communicate (the exchange, the transports) do
+so only through the wrappers here; nothing here knows about a ``Layout`` or padding.
 
 It answers "who am I in this group" (``GroupInfo``) and wraps each collective so that
 
@@ -23,9 +23,8 @@ It answers "who am I in this group" (``GroupInfo``) and wraps each collective so
 * data-movement collectives carry any dtype: one the backend refuses (gloo: int16,
   uint16/32/64) travels as its bytes.
 
-The census costs one store write per collective (about 60 us on a local TCPStore,
-100 us on a FileStore, against milliseconds for the smallest gloo collective) and
-reads only after a failure. ``VARGATHER_ARRIVAL_CENSUS=0`` turns it off. It needs the
+The census costs one store write per collective, small against the smallest gloo
+collective (``docs/misuse.md`` has the figures), and reads only after a failure. ``VARGATHER_ARRIVAL_CENSUS=0`` turns it off. It needs the
 group's store (``ProcessGroup.get_group_store()``, else torch's private group map,
 each guarded); without one, errors just name no rank. The counters live in the store
 for the store's lifetime: re-creating a process group on the same store and prefix
@@ -44,31 +43,31 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
 import torch
 import torch.distributed as dist
 
+from ._dtypes import NATIVE_DTYPES
 from ._errors import CollectiveError, CollectiveTimeoutError, GroupError, PeerLostError
 
 __all__ = [
     "CENSUS_ENV",
-    "Group",
     "GroupInfo",
     "all_gather_equal",
     "all_gather_list",
+    "all_reduce_sum",
     "all_to_all_uneven",
     "arrival_census_enabled",
+    "broadcast_from_each",
     "group_timeout",
     "movable",
+    "per_call_timeout_supported",
     "reduce_scatter_equal",
     "reduce_scatter_uneven",
     "resolve_group",
     "translate_collective_errors",
 ]
-
-Group: TypeAlias = "dist.ProcessGroup | None"
-"""A process group, or ``None`` for the default (world) group."""
 
 CENSUS_ENV: Final = "VARGATHER_ARRIVAL_CENSUS"
 _CENSUS_VALUES: Final = {"1": True, "0": False, "": True}
@@ -402,24 +401,6 @@ def translate_collective_errors(
 
 # --- the collectives -----------------------------------------------------------------
 
-_NATIVE_DTYPES: Final = frozenset(
-    {
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.complex64,
-        torch.complex128,
-    }
-)
-"""Dtypes gloo moves itself (measured on torch 2.13: it refuses int16 and the unsigned
-types wider than 8 bits with "Invalid scalar type"; NCCL has no int16 either)."""
-
 
 def movable(t: torch.Tensor, *, rows: bool) -> torch.Tensor:
     """``t`` for a pure data-movement collective (all_gather, all_to_all, broadcast):
@@ -428,7 +409,7 @@ def movable(t: torch.Tensor, *, rows: bool) -> torch.Tensor:
     viewing each element as a row of bytes, always a view of ``t``; else flat bytes: a
     view of a contiguous ``t`` (a receive buffer must be one, so the bytes land in
     it), a copy of a strided one (fine to send)."""
-    if t.dtype in _NATIVE_DTYPES:
+    if t.dtype in NATIVE_DTYPES:
         return t
     as_rows = t.unsqueeze(-1).view(torch.uint8)  # any strides: the new last one is 1
     # Flat: a view for a contiguous buffer (so a receive lands in t); a copy for a
@@ -520,3 +501,43 @@ def all_to_all_uneven(
             input_split_sizes=list(input_splits),
             group=info.group,
         )
+
+
+def all_reduce_sum(t: torch.Tensor, info: GroupInfo, *, what: str = "all_reduce") -> None:
+    """``t`` becomes the sum over ranks of every rank's ``t``, in place."""
+    with translate_collective_errors(what, info):
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=info.group)
+
+
+def _global_rank(info: GroupInfo, group_rank: int) -> int:
+    """The global rank of ``group_rank`` (what ``dist.broadcast(src=...)`` expects)."""
+    if info.group is None:
+        return group_rank
+    return dist.get_global_rank(info.group, group_rank)
+
+
+def broadcast_from_each(
+    blocks: Sequence[torch.Tensor], info: GroupInfo, *, what: str | None = None
+) -> None:
+    """Block ``r`` of every rank receives block ``r`` of rank ``r``, for every ``r``.
+
+    One broadcast per rank holding data, all issued asynchronously and then awaited:
+    every rank issues them in the same order, so the backend pairs them by sequence
+    number, and gloo runs them concurrently on its worker threads. Empty blocks are
+    skipped by every rank alike (every rank knows every size). Every block must be a
+    contiguous receive buffer.
+    """
+    with translate_collective_errors(what or f"broadcast x{len(blocks)}", info):
+        works = [
+            dist.broadcast(
+                movable(block, rows=False),  # its bytes when the backend refuses the dtype
+                src=_global_rank(info, r),
+                group=info.group,
+                async_op=True,
+            )
+            for r, block in enumerate(blocks)
+            if block.numel() > 0
+        ]
+        for work in works:
+            if work is not None:
+                work.wait()
