@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from . import _errors
 from ._api import GatherResult as GatherResult
 from ._api import all_gather_v as all_gather_v
 from ._api import all_gather_v_with_layout as all_gather_v_with_layout
@@ -55,30 +56,13 @@ __all__ = [
     "CONTRACTS",
     "GLOO_DTYPES",
     "TRANSPORT_NAMES",
-    "ArgumentError",
-    "ArgumentMismatchError",
-    "CollectiveError",
-    "CollectiveTimeoutError",
-    "DTypeMismatchError",
-    "DimError",
     "GatherResult",
     "GradContract",
-    "GroupError",
-    "InputShapeError",
-    "InputTypeError",
     "Layout",
-    "MismatchError",
-    "PeerLostError",
-    "ProtocolMismatchError",
-    "RequiresGradMismatchError",
-    "ShapeMismatchError",
-    "SizesError",
-    "SizesMismatchError",
-    "SizesTypeError",
     "TransportName",
-    "VarGatherError",
     "__version__",
     "all_gather_v",
     "all_gather_v_with_layout",
     "gather_layout",
 ]
+__all__ += _errors.__all__

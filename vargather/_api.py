@@ -17,8 +17,8 @@ import torch.distributed as dist
 from ._args import check_call
 from ._autograd import GatherPlan, GatherVFunction
 from ._choices import GradContract, TransportName
-from ._comm import GroupInfo, resolve_group
 from ._exchange import plan_layout, trusted_layout
+from ._group import GroupInfo, resolve_group
 from ._layout import Layout
 from ._transport import choose_transport
 

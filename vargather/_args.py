@@ -36,7 +36,6 @@ from ._choices import (
     TRANSPORT_NAMES,
     unsupported_reason,
 )
-from ._comm import GroupInfo, per_call_timeout_supported
 from ._dtypes import GLOO_DTYPES, dtype_code, dtype_from_code, dtype_name
 from ._errors import (
     ArgumentError,
@@ -47,6 +46,7 @@ from ._errors import (
     SizesTypeError,
     VarGatherError,
 )
+from ._group import GroupInfo, per_call_timeout_supported
 
 __all__ = [
     "INT64_MAX",

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._comm import GroupInfo
+from ._group import GroupInfo
 from ._layout import Layout
 from ._transport import Transport
 

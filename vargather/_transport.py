@@ -273,36 +273,40 @@ class AllToAllVTransport:
         return _alltoallv_blocks(grad_output, layout, info)
 
 
-class BroadcastTransport:
+class _OneBufferTransport:
+    """Copy-free: every rank's block lands straight in its view of one rank-major output
+    (``_fill`` says how); backward as ``_unpadded_backward``."""
+
+    def _fill(self, blocks: list[torch.Tensor], layout: Layout, info: GroupInfo) -> None:
+        raise NotImplementedError
+
+    def gather(self, x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
+        flat, blocks = _rank_major_buffer(x, layout)
+        self._fill(blocks, layout, info)
+        return compact_rank_major(flat, layout)
+
+    def reduce_scatter_sum(
+        self, grad_output: torch.Tensor, layout: Layout, info: GroupInfo
+    ) -> torch.Tensor:
+        return _unpadded_backward(grad_output, layout, info)
+
+
+class BroadcastTransport(_OneBufferTransport):
     """One broadcast per rank straight into the views of one rank-major output."""
 
     name = "broadcast"
 
-    def gather(self, x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-        flat, blocks = _rank_major_buffer(x, layout)
+    def _fill(self, blocks: list[torch.Tensor], layout: Layout, info: GroupInfo) -> None:
         broadcast_from_each(blocks, info)
-        return compact_rank_major(flat, layout)
-
-    def reduce_scatter_sum(
-        self, grad_output: torch.Tensor, layout: Layout, info: GroupInfo
-    ) -> torch.Tensor:
-        return _unpadded_backward(grad_output, layout, info)
 
 
-class ViewsTransport:
+class ViewsTransport(_OneBufferTransport):
     """``dist.all_gather`` into uneven views of one rank-major output (NCCL)."""
 
     name = "views"
 
-    def gather(self, x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-        flat, blocks = _rank_major_buffer(x, layout)
+    def _fill(self, blocks: list[torch.Tensor], layout: Layout, info: GroupInfo) -> None:
         all_gather_list(blocks, blocks[layout.rank], info)
-        return compact_rank_major(flat, layout)
-
-    def reduce_scatter_sum(
-        self, grad_output: torch.Tensor, layout: Layout, info: GroupInfo
-    ) -> torch.Tensor:
-        return _unpadded_backward(grad_output, layout, info)
 
 
 TRANSPORTS: Final[Mapping[str, Transport]] = {
