@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -491,6 +492,15 @@ def test_unsupported_reason() -> None:
         assert unsupported_reason(name, "nccl") is None
         if name != "views":
             assert unsupported_reason(name, "gloo") is None
+
+
+def test_every_transport_name_but_auto_names_a_registered_transport() -> None:
+    """One source for the names: ``TransportName``'s values are ``auto`` and the keys
+    of ``TRANSPORTS``, each transport registered under its own ``name``."""
+    assert typing.get_args(vargather.TransportName) == vargather.TRANSPORT_NAMES
+    assert ("auto", *TRANSPORTS) == vargather.TRANSPORT_NAMES
+    assert all(t.name == name for name, t in TRANSPORTS.items())
+    assert typing.get_args(vargather.GradContract) == vargather.CONTRACTS
 
 
 def test_auto_policy() -> None:

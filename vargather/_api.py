@@ -114,7 +114,8 @@ def all_gather_v_with_layout(
     assert isinstance(x, torch.Tensor)  # validated by _plan on every rank
     if not info.communicates:
         return GatherResult(x, layout)
-    plan = GatherPlan(layout, info, choose_transport(str(transport), layout, info), str(grad))
+    # grad and transport are valid and agreed on every rank by now.
+    plan = GatherPlan(layout, info, choose_transport(str(transport), layout, info), grad)
     # Function.apply is untyped in torch's stubs (it forwards *args to forward).
     out = GatherVFunction.apply(x, plan)  # type: ignore[no-untyped-call]
     assert isinstance(out, torch.Tensor)

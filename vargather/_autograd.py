@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from ._choices import GradContract
 from ._group import GroupInfo
 from ._layout import Layout
 from ._transport import Transport
@@ -47,7 +48,7 @@ class GatherPlan:
     layout: Layout
     info: GroupInfo
     transport: Transport
-    contract: str
+    contract: GradContract
 
 
 class GatherVFunction(torch.autograd.Function):
