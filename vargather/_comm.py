@@ -16,8 +16,8 @@ Each wrapper runs one collective so that
 * data-movement collectives carry any dtype: one the backend refuses (gloo: int16,
   uint16/32/64) travels as its bytes (``_dtypes.NATIVE_DTYPES``).
 
-``GroupInfo``, ``resolve_group``, ``group_timeout`` and ``per_call_timeout_supported``
-(``_group``) and the census switch (``_census``) are re-exported here.
+``GroupInfo``, ``resolve_group`` and ``group_timeout`` (``_group``) are re-exported
+here, where the testing kit has always found them.
 """
 
 from __future__ import annotations
@@ -32,29 +32,20 @@ from typing import Any, Final
 import torch
 import torch.distributed as dist
 
-from ._census import ARRIVALS, CENSUS_ENV, arrival_census_enabled
+from ._census import ARRIVALS
 from ._dtypes import NATIVE_DTYPES
 from ._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
-from ._group import (
-    GroupInfo,
-    call_timeout,
-    group_timeout,
-    per_call_timeout_supported,
-    resolve_group,
-)
+from ._group import GroupInfo, call_timeout, group_timeout, resolve_group
 
 __all__ = [
-    "CENSUS_ENV",
     "GroupInfo",
     "all_gather_equal",
     "all_gather_list",
     "all_reduce_sum",
     "all_to_all_uneven",
-    "arrival_census_enabled",
     "broadcast_from_each",
     "group_timeout",
     "movable",
-    "per_call_timeout_supported",
     "reduce_scatter_equal",
     "reduce_scatter_uneven",
     "resolve_group",
