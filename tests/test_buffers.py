@@ -21,9 +21,8 @@ from vargather._buffers import (
     rank_major_gradient,
     scatter_into_padded,
 )
-from vargather._cases import GatherCase
 
-from ._stage_fns import cases, float_cases, layouts_of, same_bytes
+from ._stage_fns import GatherCase, cases, float_cases, layouts_of, same_bytes
 
 
 @given(case=cases)

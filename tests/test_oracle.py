@@ -6,9 +6,8 @@ import torch
 from hypothesis import given
 
 from vargather import CONTRACTS, oracle
-from vargather._cases import GatherCase
 
-from ._stage_fns import float_cases, same_bytes
+from ._stage_fns import GatherCase, float_cases, same_bytes
 
 
 @given(case=float_cases)
