@@ -208,6 +208,14 @@ def parse_sizes(sizes: object) -> tuple[int, ...] | Problem:
     return tuple(values)
 
 
+def _bad_timeout(timeout: object) -> Problem:
+    return Problem(
+        ArgumentError,
+        f"timeout must be None, or a number of seconds or a timedelta from "
+        f"{_MIN_TIMEOUT_S:g} s to {_MAX_TIMEOUT_S:g} s, got {_describe_value(timeout)}",
+    )
+
+
 def parse_timeout(timeout: object) -> timedelta | Problem | None:
     """``timeout=`` as a positive ``timedelta`` (``None`` stays ``None``), or the problem.
 
@@ -216,11 +224,6 @@ def parse_timeout(timeout: object) -> timedelta | Problem | None:
     """
     if timeout is None:
         return None
-    bad = Problem(
-        ArgumentError,
-        f"timeout must be None, or a number of seconds or a timedelta from "
-        f"{_MIN_TIMEOUT_S:g} s to {_MAX_TIMEOUT_S:g} s, got {_describe_value(timeout)}",
-    )
     try:
         if isinstance(timeout, timedelta):
             seconds = timeout.total_seconds()
@@ -230,11 +233,11 @@ def parse_timeout(timeout: object) -> timedelta | Problem | None:
             except OverflowError:
                 seconds = math.inf
         else:
-            return bad
+            return _bad_timeout(timeout)
     except Exception:  # an exotic number type whose conversion raises
-        return bad
+        return _bad_timeout(timeout)
     if not (math.isfinite(seconds) and _MIN_TIMEOUT_S <= seconds <= _MAX_TIMEOUT_S):
-        return bad
+        return _bad_timeout(timeout)
     return timeout if isinstance(timeout, timedelta) else timedelta(seconds=seconds)
 
 
