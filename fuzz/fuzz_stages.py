@@ -13,25 +13,25 @@ it runs three ways:
 
 The targets (the stage under test in brackets):
 
-``record_round_trip`` [metadata wire format]
-    any realistic ``MetadataRecord`` encodes to ``RECORD_LENGTH`` int64 values and
-    decodes back (integers saturated into int64, text ASCII-replaced and cut).
-``decode_is_total`` [metadata decode + validation]
+``record_round_trip`` [wire format, ``_wire``]
+    any realistic ``CallRecord`` encodes to ``RECORD_LENGTH`` int64 values and
+    decodes back (integers saturated into int64, the message ASCII-replaced and cut).
+``decode_is_total`` [wire decode + validation, ``_wire`` and ``_exchange``]
     any int64 matrix decodes to records or raises ``ProtocolMismatchError``; validating
     decoded records returns a ``Layout`` or raises a ``VarGatherError``, nothing else.
-``local_record_is_total`` [local checks]
-    ``local_record`` never raises, whatever the arguments (a rank that raised there
+``check_call_is_total`` [local argument checks, ``_args``]
+    ``check_call`` never raises, whatever the arguments (a rank that raised there
     would leave its peers waiting), and its record survives the wire.
-``verdict_is_rank_independent`` [cross-rank validation]
+``verdict_is_rank_independent`` [cross-rank validation, ``_exchange``]
     for W ranks' calls, every rank reaches the same verdict (same class and message,
     or the same layout), and the verdict is "valid" exactly when an independent check
     of the raw arguments says the call is valid.
-``pad_compact_round_trip`` [padding, compaction]
+``pad_compact_round_trip`` [the transports' buffers, ``_buffers``]
     padding W ragged shards into a ``(W, pre, max, post)`` buffer, or laying them out
     rank-major, then compacting, gives ``torch.cat`` bit for bit; and the backward's
     buffers (``scatter_into_padded``, ``rank_major_gradient``) put each rank's block
     where the transports expect it.
-``layout_math`` [layout]
+``layout_math`` [``Layout``]
     offsets are the exclusive prefix sums, blocks tile ``[0, total)``, ``max_size``
     and ``is_even`` agree with the sizes; invalid layouts raise ``ValueError``.
 """
@@ -55,26 +55,21 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 import vargather
-from vargather import _compaction, _padding
-from vargather._comm import GroupInfo
-from vargather._layout import Layout
-from vargather._metadata import (
-    CONTRACTS,
-    GLOO_DTYPES,
+from vargather import CONTRACTS, GLOO_DTYPES, TRANSPORT_NAMES, _buffers
+from vargather._args import (
     INT64_MAX,
     INT64_MIN,
     MAX_NDIM,
-    RECORD_LENGTH,
-    STATUS_ERRORS,
-    TEXT_WORDS,
-    MetadataRecord,
-    Status,
-    decode_record,
-    encode_record,
-    local_record,
-    validate_records,
+    CallRecord,
+    Problem,
+    check_call,
 )
-from vargather._transport import TRANSPORT_NAMES, unsupported_reason
+from vargather._choices import unsupported_reason
+from vargather._comm import GroupInfo
+from vargather._dtypes import dtype_name
+from vargather._exchange import validate_records
+from vargather._layout import Layout
+from vargather._wire import RECORD_LENGTH, decode_record, encode_record, wire_text
 
 DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
 EXAMPLES: dict[str, int] = {}
@@ -128,13 +123,13 @@ huge_ints = st.one_of(
     st.integers(-(2**80), 2**80),
 )
 
-GLOO_NAMES = sorted(str(d).removeprefix("torch.") for d in GLOO_DTYPES)
+GLOO_NAMES = sorted(dtype_name(d) for d in GLOO_DTYPES)
 OTHER_DTYPES = ["uint16", "float8_e4m3fn", "complex32"]
 
 
 @st.composite
 def tensors(draw: st.DrawFn, shape: Sequence[int] | None = None) -> torch.Tensor:
-    """A tensor of any gloo dtype (sometimes another), shape, layout or device."""
+    """A tensor of any gloo dtype (sometimes another), shape, storage kind or device."""
     if shape is None:
         ndim = draw(st.integers(0, 4))
         shape = draw(st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim))
@@ -203,17 +198,27 @@ def infos(world_size: int) -> st.SearchStrategy[GroupInfo]:
 # --- targets -------------------------------------------------------------------------------
 
 
+PROBLEM_ERRORS = (
+    vargather.InputTypeError,
+    vargather.InputShapeError,
+    vargather.DimError,
+    vargather.SizesTypeError,
+    vargather.SizesError,
+    vargather.ArgumentError,
+)
+
+
 @st.composite
-def records(draw: st.DrawFn) -> MetadataRecord:
+def records(draw: st.DrawFn) -> CallRecord:
     ndim = draw(st.integers(0, MAX_NDIM + 8))
     shape = tuple(
         draw(st.lists(st.integers(0, INT64_MAX), min_size=min(ndim, MAX_NDIM), max_size=ndim))
     )[:MAX_NDIM]
-    return MetadataRecord(
-        status=draw(st.sampled_from(list(Status))),
-        detail_a=draw(huge_ints),
-        detail_b=draw(huge_ints),
-        text=draw(st.text(max_size=100)),
+    problem = draw(
+        st.none() | st.builds(Problem, st.sampled_from(PROBLEM_ERRORS), st.text(max_size=600))
+    )
+    return CallRecord(
+        problem=problem,
         ndim=ndim,
         dtype_code=draw(st.integers(0, 40)),
         dim=draw(huge_ints),
@@ -231,18 +236,15 @@ def records(draw: st.DrawFn) -> MetadataRecord:
 
 
 @target(records())
-def record_round_trip(record: MetadataRecord) -> None:
+def record_round_trip(record: CallRecord) -> None:
     _count("record_round_trip")
     values = encode_record(record)
     assert len(values) == RECORD_LENGTH
     assert all(isinstance(v, int) and INT64_MIN <= v <= INT64_MAX for v in values)
     back = decode_record(torch.tensor(values, dtype=torch.int64).tolist(), rank=0)
-    text = record.text.encode("ascii", "replace")[: 8 * TEXT_WORDS].rstrip(b"\0").decode()
-    want = MetadataRecord(
-        status=record.status,
-        detail_a=_sat(record.detail_a),
-        detail_b=_sat(record.detail_b),
-        text=text,
+    problem = record.problem
+    want = CallRecord(
+        problem=None if problem is None else Problem(problem.error, wire_text(problem.message)),
         ndim=record.ndim,
         dtype_code=record.dtype_code,
         dim=_sat(record.dim),
@@ -292,23 +294,22 @@ def decode_is_total(rows: list[list[int]], genuine_header: bool) -> None:
         return
     for r in range(len(decoded)):
         try:
-            layout = validate_records(decoded, rank=r, transports=TRANSPORT_NAMES)
+            layout = validate_records(decoded, rank=r)
         except vargather.VarGatherError:
             continue
         assert layout.rank == r
         assert layout.world_size == len(decoded)
 
 
-def _ok_record() -> MetadataRecord:
-    return local_record(
+def _ok_record() -> CallRecord:
+    return check_call(
         torch.zeros(1),
         0,
         sizes=None,
-        contract="sum",
+        grad="sum",
         transport="auto",
-        transports=TRANSPORT_NAMES,
         info=GroupInfo(None, 0, 1, False, "none"),
-    )
+    ).record
 
 
 @st.composite
@@ -327,27 +328,30 @@ def calls(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
 
 
 @target(st.integers(1, 4).flatmap(lambda w: st.tuples(calls(w), infos(w))))
-def local_record_is_total(args: tuple[dict[str, Any], GroupInfo]) -> None:
-    _count("local_record_is_total")
+def check_call_is_total(args: tuple[dict[str, Any], GroupInfo]) -> None:
+    _count("check_call_is_total")
     call, info = args
-    rec = local_record(
+    rec = check_call(
         call["x"],
         call["dim"],
         sizes=call["sizes"],
-        contract=call["contract"],
+        grad=call["contract"],
         transport=call["transport"],
-        transports=TRANSPORT_NAMES,
         info=info,
         validate=call["validate"],
         timeout=call["timeout"],
-    )
+    ).record
     values = encode_record(rec)
     assert all(INT64_MIN <= v <= INT64_MAX for v in values)
     back = decode_record(values, rank=info.rank)
-    assert back.status == rec.status
     assert back.shape == rec.shape
-    if rec.status is not Status.OK:
-        assert rec.status in STATUS_ERRORS
+    if rec.problem is None:
+        assert back.problem is None
+    else:
+        assert back.problem is not None
+        assert rec.problem.error in PROBLEM_ERRORS
+        assert rec.problem.message
+        assert back.problem == Problem(rec.problem.error, wire_text(rec.problem.message))
 
 
 @st.composite
@@ -468,17 +472,16 @@ def verdict_is_rank_independent(world: list[dict[str, Any]]) -> None:
     _count("verdict_is_rank_independent")
     w = len(world)
     recs = [
-        local_record(
+        check_call(
             c["x"],
             c["dim"],
             sizes=c["sizes"],
-            contract=c["contract"],
+            grad=c["contract"],
             transport=c["transport"],
-            transports=TRANSPORT_NAMES,
             info=GroupInfo(None, r, w, w > 1, "gloo"),
             validate=c["validate"],
             timeout=c["timeout"],
-        )
+        ).record
         for r, c in enumerate(world)
     ]
     wire = [decode_record(encode_record(rec), rank=r) for r, rec in enumerate(recs)]
@@ -486,7 +489,7 @@ def verdict_is_rank_independent(world: list[dict[str, Any]]) -> None:
     errors: list[vargather.VarGatherError] = []
     for r in range(w):
         try:
-            verdicts.append(validate_records(wire, rank=r, transports=TRANSPORT_NAMES))
+            verdicts.append(validate_records(wire, rank=r))
         except vargather.VarGatherError as err:
             errors.append(err)
             verdicts.append((type(err).__name__, str(err)))
@@ -565,19 +568,19 @@ def pad_compact_round_trip(case: tuple[list[torch.Tensor], Layout]) -> None:
     want = torch.cat(shards, dim=layout.dim)
     # Padded: what an equal all_gather of the padded blocks leaves in the buffer.
     padded = [
-        _padding.pad_blocks(_padding.as_blocks(x, n, layout), layout.max_size)
+        _buffers.pad_blocks(_buffers.as_blocks(x, n, layout), layout.max_size)
         for x, n in zip(shards, layout.sizes, strict=True)
     ]
     buffer = torch.stack(padded) if padded else torch.empty(0)
-    assert _same_bits(_compaction.compact_padded(buffer, layout), want)
+    assert _same_bits(_buffers.compact_padded(buffer, layout), want)
     # Rank-major: what alltoallv leaves (each rank's block, flat, one after another).
     flat = torch.cat(
-        [_padding.as_blocks(x, x.shape[layout.dim], layout).reshape(-1) for x in shards]
+        [_buffers.as_blocks(x, x.shape[layout.dim], layout).reshape(-1) for x in shards]
     )
-    assert _same_bits(_compaction.compact_rank_major(flat, layout), want)
+    assert _same_bits(_buffers.compact_rank_major(flat, layout), want)
     # Backward buffers: rank r's block of the full gradient lands where r reads it.
-    scattered = _padding.scatter_into_padded(want, layout)
-    major = _padding.rank_major_gradient(want, layout)
+    scattered = _buffers.scatter_into_padded(want, layout)
+    major = _buffers.rank_major_gradient(want, layout)
     start = 0
     for r, x in enumerate(shards):
         n = layout.sizes[r]

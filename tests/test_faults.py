@@ -194,6 +194,6 @@ def test_the_census_switch_is_validated_at_import() -> None:
     assert "$VARGATHER_ARRIVAL_CENSUS='yes' is not understood" in bad.stderr
     assert "expected '1' (on, the default) or '0'" in bad.stderr
     env["VARGATHER_ARRIVAL_CENSUS"] = "0"
-    code = "import vargather._comm as c; print(c.arrival_census_enabled())"
+    code = "import vargather._census as c; print(c.arrival_census_enabled())"
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert off.stdout.strip() == "False", off.stderr

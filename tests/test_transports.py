@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,10 +35,11 @@ import torch
 import torch.distributed as dist
 
 import vargather
+import vargather._choices as choices_module
 import vargather._transport as transport_module
 from vargather import oracle
+from vargather._buffers import rank_major_gradient, scatter_into_padded
 from vargather._layout import Layout
-from vargather._padding import rank_major_gradient, scatter_into_padded
 from vargather._transport import (
     GLOO_SMALL_BYTES,
     NCCL_SMALL_BYTES,
@@ -207,9 +209,9 @@ def run_case(ctx: RankContext, case: Case) -> Outcome | None:
             transport_module.all_gather_list = _emulated_list_gather  # type: ignore[assignment]
             stack.callback(setattr, transport_module, "all_gather_list", original)
             # and let `views` past the API's refusal on gloo
-            refusals = transport_module._UNSUPPORTED
-            transport_module._UNSUPPORTED = {}  # type: ignore[misc]
-            stack.callback(setattr, transport_module, "_UNSUPPORTED", refusals)
+            refusals = choices_module._REFUSED
+            choices_module._REFUSED = {}  # type: ignore[misc]
+            stack.callback(setattr, choices_module, "_REFUSED", refusals)
         with spy() as forward:
             out = vargather.all_gather_v(
                 x,
@@ -490,6 +492,15 @@ def test_unsupported_reason() -> None:
         assert unsupported_reason(name, "nccl") is None
         if name != "views":
             assert unsupported_reason(name, "gloo") is None
+
+
+def test_every_transport_name_but_auto_names_a_registered_transport() -> None:
+    """One source for the names: ``TransportName``'s values are ``auto`` and the keys
+    of ``TRANSPORTS``, each transport registered under its own ``name``."""
+    assert typing.get_args(vargather.TransportName) == vargather.TRANSPORT_NAMES
+    assert ("auto", *TRANSPORTS) == vargather.TRANSPORT_NAMES
+    assert all(t.name == name for name, t in TRANSPORTS.items())
+    assert typing.get_args(vargather.GradContract) == vargather.CONTRACTS
 
 
 def test_auto_policy() -> None:

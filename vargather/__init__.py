@@ -4,19 +4,29 @@
 along ``dim`` differs from rank to rank, with an explicit gradient contract
 (``grad="sum"|"local"|"mean"``) and the same clear error on every rank for bad input.
 
-The pipeline, one private module per stage:
-``_metadata`` (exchange + validation -> ``Layout``) -> ``_padding`` -> ``_transport``
--> ``_compaction`` -> ``_autograd``. ``vargather.oracle`` defines the right answer;
-``vargather.compat`` replaces the seed ``distributed.py`` that many repos copy.
+The pipeline, one private module per stage (``docs/architecture.md`` has the map):
+``_args`` (local argument checks -> a record) -> ``_wire`` (record <-> int64 vector)
+-> ``_exchange`` (exchange + cross-rank validation) -> ``_layout`` (``Layout``) ->
+``_transport`` (with ``_buffers``) -> ``_autograd``; every collective goes through
+``_comm``, and ``_dtypes`` and ``_choices`` hold the vocabularies. ``vargather.oracle``
+defines the right answer; ``vargather.compat`` replaces the seed ``distributed.py``
+that many repos copy.
 """
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+
+from . import _errors
 from ._api import GatherResult as GatherResult
-from ._api import GradContract as GradContract
 from ._api import all_gather_v as all_gather_v
 from ._api import all_gather_v_with_layout as all_gather_v_with_layout
 from ._api import gather_layout as gather_layout
+from ._choices import CONTRACTS as CONTRACTS
+from ._choices import TRANSPORT_NAMES as TRANSPORT_NAMES
+from ._choices import GradContract as GradContract
+from ._choices import TransportName as TransportName
+from ._dtypes import GLOO_DTYPES as GLOO_DTYPES
 from ._errors import ArgumentError as ArgumentError
 from ._errors import ArgumentMismatchError as ArgumentMismatchError
 from ._errors import CollectiveError as CollectiveError
@@ -36,39 +46,23 @@ from ._errors import SizesMismatchError as SizesMismatchError
 from ._errors import SizesTypeError as SizesTypeError
 from ._errors import VarGatherError as VarGatherError
 from ._layout import Layout as Layout
-from ._metadata import CONTRACTS as CONTRACTS
-from ._metadata import GLOO_DTYPES as GLOO_DTYPES
-from ._transport import TRANSPORT_NAMES as TRANSPORT_NAMES
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("vargather")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "CONTRACTS",
     "GLOO_DTYPES",
     "TRANSPORT_NAMES",
-    "ArgumentError",
-    "ArgumentMismatchError",
-    "CollectiveError",
-    "CollectiveTimeoutError",
-    "DTypeMismatchError",
-    "DimError",
     "GatherResult",
     "GradContract",
-    "GroupError",
-    "InputShapeError",
-    "InputTypeError",
     "Layout",
-    "MismatchError",
-    "PeerLostError",
-    "ProtocolMismatchError",
-    "RequiresGradMismatchError",
-    "ShapeMismatchError",
-    "SizesError",
-    "SizesMismatchError",
-    "SizesTypeError",
-    "VarGatherError",
+    "TransportName",
     "__version__",
     "all_gather_v",
     "all_gather_v_with_layout",
     "gather_layout",
 ]
+__all__ += _errors.__all__

@@ -1,34 +1,36 @@
-"""The public entry points: plan a gather (exchange + validate), then run it.
+"""The public entry points: plan a gather (check, exchange, validate), then run it.
 
-``all_gather_v`` = ``gather_layout`` (metadata exchange and validation, stage 1) +
-``GatherVFunction`` (padding, transport, compaction, autograd; stages 2-5).
+``all_gather_v`` = ``gather_layout`` (argument checks ``_args``, exchange and
+validation ``_exchange``: the ``Layout``) + ``GatherVFunction`` (``_autograd``, which
+moves the payload through a ``_transport``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Literal, NamedTuple, TypeAlias
+from typing import NamedTuple, TypeAlias
 
 import torch
 import torch.distributed as dist
 
+from ._args import check_call
 from ._autograd import GatherPlan, GatherVFunction
-from ._comm import GroupInfo, per_call_timeout_supported, resolve_group
+from ._choices import GradContract, TransportName
+from ._exchange import plan_layout, trusted_layout
+from ._group import GroupInfo, resolve_group
 from ._layout import Layout
-from ._metadata import local_record, parse_timeout, plan_layout, trusted_layout
-from ._transport import TRANSPORT_NAMES, choose_transport
+from ._transport import choose_transport
 
 __all__ = [
     "GatherResult",
     "GradContract",
+    "TransportName",
     "all_gather_v",
     "all_gather_v_with_layout",
     "gather_layout",
 ]
 
-GradContract: TypeAlias = Literal["sum", "local", "mean"]
-TransportName: TypeAlias = Literal["auto", "padded", "alltoallv", "broadcast", "views"]
 Sizes: TypeAlias = "Sequence[int] | torch.Tensor | None"
 Timeout: TypeAlias = "float | timedelta | None"
 
@@ -50,7 +52,7 @@ def _plan(
     validate: object,
     timeout: object = None,
 ) -> tuple[Layout, GroupInfo]:
-    """Stage 1 for one call: every problem becomes the same error on every rank.
+    """Stages 1-3 for one call: every problem becomes the same error on every rank.
 
     Only two kinds of problem are raised on this rank alone: an unusable ``group``
     (``resolve_group``: without a group there is nobody to tell) and, with
@@ -58,27 +60,22 @@ def _plan(
     the peers is exactly what was skipped).
     """
     info = resolve_group(group)
-    try:
-        call_timeout = parse_timeout(timeout)
-    except Exception:
-        call_timeout = None  # recorded by local_record, reported on every rank
-    if call_timeout is not None and info.communicates and per_call_timeout_supported(info):
-        info = info.with_timeout(call_timeout)
-    record = local_record(
+    call = check_call(
         x,
         dim,
         sizes=sizes,
-        contract=grad,
+        grad=grad,
         transport=transport,
-        transports=TRANSPORT_NAMES,
         info=info,
         validate=validate,
         timeout=timeout,
     )
+    if call.timeout is not None:
+        info = info.with_timeout(call.timeout)
     if sizes is not None and validate is False:
-        return trusted_layout(record, sizes, info, TRANSPORT_NAMES), info
+        return trusted_layout(call, info), info
     # A non-bool validate runs the exchange, which reports it on every rank.
-    return plan_layout(record, sizes, info, TRANSPORT_NAMES), info
+    return plan_layout(call, info), info
 
 
 def gather_layout(
@@ -117,7 +114,8 @@ def all_gather_v_with_layout(
     assert isinstance(x, torch.Tensor)  # validated by _plan on every rank
     if not info.communicates:
         return GatherResult(x, layout)
-    plan = GatherPlan(layout, info, choose_transport(str(transport), layout, info), str(grad))
+    # grad and transport are valid and agreed on every rank by now.
+    plan = GatherPlan(layout, info, choose_transport(str(transport), layout, info), grad)
     # Function.apply is untyped in torch's stubs (it forwards *args to forward).
     out = GatherVFunction.apply(x, plan)  # type: ignore[no-untyped-call]
     assert isinstance(out, torch.Tensor)
@@ -144,7 +142,7 @@ def all_gather_v(
         sizes: every rank's ``n_r`` if the caller knows them (a sequence of ints or a
             1-d integer tensor, in group-rank order). With ``validate=True`` they are
             checked against the truth on every rank; with ``validate=False`` they are
-            trusted and the metadata exchange is skipped (see ``_metadata``).
+            trusted and the metadata exchange is skipped (see ``_exchange``).
         group: the process group (``None``: the default group). Without an
             initialized torch.distributed, or in a world of one rank, the gather is
             the identity and returns ``x`` itself.

@@ -1,6 +1,7 @@
-"""Stage 5: autograd, the gather as a differentiable function with a chosen contract.
+"""Stage 6: autograd, the gather as a differentiable function with a chosen contract.
 
-Pipeline: metadata exchange -> padding -> transport -> compaction -> **autograd**.
+Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
+transport -> **autograd**.
 
 Forward, on rank r of W: ``out = cat(x_0, ..., x_{W-1}, dim)``, ``o_r = Σ_{s<r} n_s``.
 Every rank j then computes its own loss ``L_j`` from its ``out`` and hands back the
@@ -21,7 +22,7 @@ returned ``dx_r`` is the gradient of:
     (Horovod's). Under identical losses it equals ``local``.
 
 The backward is a collective under ``sum`` and ``mean``: every rank of the group must
-run it (the metadata exchange refuses ranks that disagree on ``requires_grad``).
+run it (validation refuses ranks that disagree on ``requires_grad``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._comm import GroupInfo
+from ._choices import GradContract
+from ._group import GroupInfo
 from ._layout import Layout
 from ._transport import Transport
 
@@ -46,7 +48,7 @@ class GatherPlan:
     layout: Layout
     info: GroupInfo
     transport: Transport
-    contract: str
+    contract: GradContract
 
 
 class GatherVFunction(torch.autograd.Function):

@@ -1,7 +1,8 @@
-"""Stage 1 output: the ``Layout`` of a ragged gather, pure arithmetic, no communication.
+"""Stage 4: the ``Layout`` of a ragged gather, pure arithmetic, no communication.
 
-The metadata exchange (``_metadata``) produces a ``Layout``; padding, transport,
-compaction and autograd only read it. Every rank holds an equal ``Layout`` except for
+Pipeline: argument checks -> wire format -> exchange and validation -> **``Layout``**
+-> transport -> autograd. Validation (``_exchange``) produces a ``Layout``; the
+transports, their buffers and autograd only read it. Every rank holds an equal ``Layout`` except for
 ``rank``.
 
 The math, once. Rank ``r`` of ``W`` contributes ``x_r`` with ``n_r = x_r.shape[dim]``.

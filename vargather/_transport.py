@@ -1,6 +1,8 @@
-"""Stage 3: transport, moving every rank's block into one receive buffer (and back).
+"""Stage 5: transport, moving every rank's block into one receive buffer (and back).
 
-Pipeline: metadata exchange -> padding -> **transport** -> compaction -> autograd.
+Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
+**transport** (with its buffer helpers, ``_buffers``) -> autograd. Every collective
+goes through ``_comm``.
 
 A transport is a pair of operations over a validated ``Layout``:
 
@@ -32,7 +34,7 @@ Transports registered here (``TRANSPORTS``; the name is what ``transport=`` forc
     ``out[o_r : o_r + n_r]`` of every rank (all ``W`` broadcasts in flight at once).
     Runs on every backend. Backward: one uneven ``reduce_scatter`` whose chunks are
     the ranks' blocks of the gradient; on gloo below ``GLOO_REDUCE_SCATTER_MIN_BYTES``,
-    where that measured slow, one alltoallv (or, when the sizes are so skewed that one
+    where that is slower, one alltoallv (or, when the sizes are so skewed that one
     alltoallv round would need more than twice the output's memory, one all_reduce).
 ``views``
     ``dist.all_gather(list_of_views, x)`` with the views of one rank-major output
@@ -41,7 +43,7 @@ Transports registered here (``TRANSPORTS``; the name is what ``transport=`` forc
     on this project's CPU test machines. Backward as ``broadcast``.
 
 ``auto`` picks one per call from the backend, the payload size and the padding waste
-(``auto_transport_name``); every rank holds the same layout and backend, so every
+(``auto_transport_name``); every rank holds the same ``Layout`` and backend, so every
 rank picks the same one. The measurements behind the policy are in
 ``docs/performance.md``.
 """
@@ -49,25 +51,32 @@ rank picks the same one. The measurements behind the policy are in
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Final, Protocol
 
 import torch
-import torch.distributed as dist
 
+from ._buffers import (
+    as_blocks,
+    compact_padded,
+    compact_rank_major,
+    pad_blocks,
+    rank_major_blocks,
+    rank_major_gradient,
+    scatter_into_padded,
+)
+from ._choices import TRANSPORT_NAMES, unsupported_reason
 from ._comm import (
     GroupInfo,
     all_gather_equal,
     all_gather_list,
+    all_reduce_sum,
     all_to_all_uneven,
-    movable,
+    broadcast_from_each,
     reduce_scatter_equal,
     reduce_scatter_uneven,
-    translate_collective_errors,
 )
-from ._compaction import compact_padded, compact_rank_major, rank_major_blocks
 from ._layout import Layout
-from ._padding import as_blocks, pad_blocks, rank_major_gradient, scatter_into_padded
 
 __all__ = [
     "GLOO_REDUCE_SCATTER_MIN_BYTES",
@@ -106,37 +115,6 @@ class Transport(Protocol):
 
 
 # --- shared pieces -------------------------------------------------------------------
-
-
-def _group_src(info: GroupInfo, group_rank: int) -> int:
-    """The global rank of ``group_rank`` (what ``dist.broadcast(src=...)`` expects)."""
-    if info.group is None:
-        return group_rank
-    return dist.get_global_rank(info.group, group_rank)
-
-
-def _broadcast_blocks(blocks: Sequence[torch.Tensor], layout: Layout, info: GroupInfo) -> None:
-    """Block ``r`` of every rank receives block ``r`` of rank ``r``, for every ``r``.
-
-    One broadcast per rank holding data, all issued asynchronously and then awaited:
-    every rank issues them in the same order, so the backend pairs them by sequence
-    number, and gloo runs them concurrently on its worker threads. Empty blocks are
-    skipped by every rank alike (every rank knows every size).
-    """
-    with translate_collective_errors(f"broadcast x{layout.world_size}", info):
-        works = [
-            dist.broadcast(
-                movable(block, rows=False),  # its bytes when gloo refuses the dtype
-                src=_group_src(info, r),
-                group=info.group,
-                async_op=True,
-            )
-            for r, block in enumerate(blocks)
-            if block.numel() > 0
-        ]
-        for work in works:
-            if work is not None:
-                work.wait()
 
 
 def _reduce_scatter_blocks(
@@ -216,8 +194,7 @@ def _all_reduce_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInf
         (layout.pre, layout.total, layout.post), dtype=grad_output.dtype, device=grad_output.device
     )
     full.copy_(grad_output.reshape(layout.pre, layout.total, layout.post))
-    with translate_collective_errors("all_reduce", info):
-        dist.all_reduce(full, op=dist.ReduceOp.SUM, group=info.group)
+    all_reduce_sum(full, info)
     own = full[:, layout.block(layout.rank)].clone()
     return own.view(layout.shard_shape(layout.rank))
 
@@ -226,10 +203,9 @@ def _unpadded_backward(grad_output: torch.Tensor, layout: Layout, info: GroupInf
     """Backward of the copy-free transports, chosen by measurement (``docs/performance.md``).
 
     An uneven reduce_scatter, except on gloo below ``GLOO_REDUCE_SCATTER_MIN_BYTES``,
-    where gloo's reduce_scatter measured 1.3x-2.5x the equal-size limit. There: one
-    alltoallv when it fits in twice the output's memory (0.5x-0.9x the limit), else one
-    all_reduce of the gradient (0.8x-1.3x), which beat the memory-bounded alltoallv
-    rounds (1.1x-2.9x) in every skewed cell measured.
+    where gloo's reduce_scatter is slower than the alternatives. There: one alltoallv
+    when it fits in twice the output's memory, else one all_reduce of the gradient,
+    which beats the memory-bounded alltoallv rounds on skewed sizes.
     """
     if info.backend == "gloo" and payload_bytes(layout) < GLOO_REDUCE_SCATTER_MIN_BYTES:
         if alltoallv_rounds(layout) == 1:
@@ -297,70 +273,50 @@ class AllToAllVTransport:
         return _alltoallv_blocks(grad_output, layout, info)
 
 
-class BroadcastTransport:
+class _OneBufferTransport:
+    """Copy-free: every rank's block lands straight in its view of one rank-major output
+    (``_fill`` says how); backward as ``_unpadded_backward``."""
+
+    def _fill(self, blocks: list[torch.Tensor], layout: Layout, info: GroupInfo) -> None:
+        raise NotImplementedError
+
+    def gather(self, x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
+        flat, blocks = _rank_major_buffer(x, layout)
+        self._fill(blocks, layout, info)
+        return compact_rank_major(flat, layout)
+
+    def reduce_scatter_sum(
+        self, grad_output: torch.Tensor, layout: Layout, info: GroupInfo
+    ) -> torch.Tensor:
+        return _unpadded_backward(grad_output, layout, info)
+
+
+class BroadcastTransport(_OneBufferTransport):
     """One broadcast per rank straight into the views of one rank-major output."""
 
     name = "broadcast"
 
-    def gather(self, x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-        flat, blocks = _rank_major_buffer(x, layout)
-        _broadcast_blocks(blocks, layout, info)
-        return compact_rank_major(flat, layout)
-
-    def reduce_scatter_sum(
-        self, grad_output: torch.Tensor, layout: Layout, info: GroupInfo
-    ) -> torch.Tensor:
-        return _unpadded_backward(grad_output, layout, info)
+    def _fill(self, blocks: list[torch.Tensor], layout: Layout, info: GroupInfo) -> None:
+        broadcast_from_each(blocks, info)
 
 
-class ViewsTransport:
+class ViewsTransport(_OneBufferTransport):
     """``dist.all_gather`` into uneven views of one rank-major output (NCCL)."""
 
     name = "views"
 
-    def gather(self, x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-        flat, blocks = _rank_major_buffer(x, layout)
+    def _fill(self, blocks: list[torch.Tensor], layout: Layout, info: GroupInfo) -> None:
         all_gather_list(blocks, blocks[layout.rank], info)
-        return compact_rank_major(flat, layout)
-
-    def reduce_scatter_sum(
-        self, grad_output: torch.Tensor, layout: Layout, info: GroupInfo
-    ) -> torch.Tensor:
-        return _unpadded_backward(grad_output, layout, info)
 
 
 TRANSPORTS: Final[Mapping[str, Transport]] = {
-    "padded": PaddedTransport(),
-    "alltoallv": AllToAllVTransport(),
-    "broadcast": BroadcastTransport(),
-    "views": ViewsTransport(),
+    t.name: t
+    for t in (PaddedTransport(), AllToAllVTransport(), BroadcastTransport(), ViewsTransport())
 }
-
-TRANSPORT_NAMES: Final = ("auto", *TRANSPORTS)
-"""Values accepted for ``transport=``, in the order of their wire codes (append only)."""
+"""Every transport by name: each name of ``TRANSPORT_NAMES`` but ``auto``."""
 
 
 # --- capabilities and the auto policy ---------------------------------------------------
-
-_UNSUPPORTED: Final[Mapping[tuple[str, str], str]] = {
-    ("views", "gloo"): (
-        "transport='views' gathers with dist.all_gather into views of different sizes, "
-        "which the gloo backend refuses (ProcessGroupGloo::allgather: invalid tensor "
-        "size); expected transport='broadcast' (the same copy-free one-buffer gather, "
-        "as one broadcast per rank), 'auto', or an NCCL group"
-    ),
-}
-
-
-def unsupported_reason(name: str, backend: str) -> str | None:
-    """Why transport ``name`` cannot run on ``backend`` (a message), or ``None`` if it can.
-
-    Every rank of a group has the same backend, so every rank reaches the same verdict
-    without communicating; the API checks it after the metadata exchange (when every
-    rank is known to have asked for the same transport) and before any payload moves.
-    """
-    return _UNSUPPORTED.get((name, backend))
-
 
 GLOO_SMALL_BYTES: Final = 256 * 1024
 """Below this many output bytes gloo is latency-bound: one collective beats ``W``."""

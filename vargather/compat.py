@@ -26,7 +26,6 @@ when each rank computes its own loss (see the README).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -36,8 +35,6 @@ from ._api import all_gather_v_with_layout
 from ._layout import Layout
 
 __all__ = ["AllGather", "all_gather", "all_gather_variable_dim", "exists", "pad_dim_to"]
-
-T = TypeVar("T")
 
 
 def exists(val: object) -> bool:

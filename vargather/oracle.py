@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import torch
 
+from ._choices import CONTRACTS
+
 __all__ = ["OracleResult", "expected", "expected_input_grads", "expected_output"]
 
 
@@ -74,7 +76,9 @@ def expected_input_grads(
             (g,) = torch.autograd.grad(out_r, xs[r], grad_outputs=upstream[r].detach())
             result.append(g)
         return result
-    raise ValueError(f"oracle: contract must be 'sum', 'local' or 'mean', got {contract!r}")
+    raise ValueError(
+        f"oracle: contract must be one of {', '.join(map(repr, CONTRACTS))}, got {contract!r}"
+    )
 
 
 def expected(

@@ -1,17 +1,31 @@
-"""Stage 2: padding, from a rank's shard (or gradient) to the buffer a transport sends.
+"""The transports' buffer helpers: send buffers in, receive buffers out.
 
-Pipeline: metadata exchange -> **padding** -> transport -> compaction -> autograd.
+Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
+**transport (with these buffers)** -> autograd. Pure tensor arithmetic over a
+``Layout``, no communication: ``_transport`` fills and sends what these build.
 
 A shard of shape ``lead + (n_r,) + trail`` is viewed as the block ``(pre, n_r, post)``
-(see ``_layout``). The padded transport needs every rank to send the same number of
+(see ``_layout``).
+
+Send side (padding). The padded transport needs every rank to send the same number of
 elements, so the block is extended to ``(pre, max_r n_r, post)``; the padding rows are
 zero-filled (they are never read back, but a buffer should not carry stale memory to
 peers). When the block already has ``max`` rows and is contiguous nothing is copied.
-
 The backward sends a gradient of the gathered shape ``lead + (total,) + trail`` back
 cut into rank blocks: padded (``scatter_into_padded``, ``(W, pre, max, post)``) or
 rank-major (``rank_major_gradient``, rank 0's ``(pre, n_0, post)`` block first). Both
-are views of the gradient, without copying, when its blocks are already laid out so.
+are views of the gradient, without copying, when its blocks are already placed so.
+
+Receive side (compaction). Two receive buffer shapes exist:
+
+* padded, ``(W, pre, max, post)``: rank r's rows are ``buffer[r, :, :n_r]``;
+* rank-major, a flat buffer holding rank 0's ``(pre, n_0, post)`` block, then rank 1's,
+  and so on (what the ``alltoallv``, ``broadcast`` and ``views`` transports fill).
+
+Either way the result is ``cat_r block_r`` along the middle axis, reshaped to
+``lead + (total,) + trail``. That is **exactly one copy** (one ``torch.cat``), and
+**none** when the buffer already is the result: rank-major with ``pre == 1`` (the
+blocks are adjacent), or padded with ``pre == 1`` and every rank the same size.
 """
 
 from __future__ import annotations
@@ -20,7 +34,18 @@ import torch
 
 from ._layout import Layout
 
-__all__ = ["as_blocks", "pad_blocks", "rank_major_gradient", "scatter_into_padded"]
+__all__ = [
+    "as_blocks",
+    "compact_padded",
+    "compact_rank_major",
+    "pad_blocks",
+    "rank_major_blocks",
+    "rank_major_gradient",
+    "scatter_into_padded",
+]
+
+
+# --- send side: padding ------------------------------------------------------------
 
 
 def as_blocks(t: torch.Tensor, n: int, layout: Layout) -> torch.Tensor:
@@ -71,3 +96,33 @@ def rank_major_gradient(full: torch.Tensor, layout: Layout) -> torch.Tensor:
     if layout.pre == 1:
         return blocks.reshape(-1).contiguous()
     return torch.cat([blocks[:, layout.block(r)].reshape(-1) for r in range(layout.world_size)])
+
+
+# --- receive side: compaction --------------------------------------------------------
+
+
+def compact_padded(buffer: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """Result from a padded ``(W, pre, max, post)`` buffer."""
+    if layout.pre == 1 and layout.is_even:
+        return buffer.view(layout.output_shape)
+    blocks = [buffer[r, :, :n] for r, n in enumerate(layout.sizes)]
+    return torch.cat(blocks, dim=1).view(layout.output_shape)
+
+
+def rank_major_blocks(flat: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
+    """Views ``(pre, n_r, post)`` of every rank's block in a rank-major flat buffer."""
+    pre, post = layout.pre, layout.post
+    blocks: list[torch.Tensor] = []
+    start = 0
+    for n in layout.sizes:
+        count = pre * n * post
+        blocks.append(flat[start : start + count].view(pre, n, post))
+        start += count
+    return blocks
+
+
+def compact_rank_major(flat: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """Result from a rank-major flat buffer of ``pre * total * post`` elements."""
+    if layout.pre == 1:
+        return flat.view(layout.output_shape)
+    return torch.cat(rank_major_blocks(flat, layout), dim=1).view(layout.output_shape)

@@ -1,0 +1,72 @@
+"""``Layout`` (``vargather._layout``): the arithmetic every later stage reads."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vargather._layout import Layout
+
+
+@given(
+    sizes=st.lists(st.integers(0, 6), min_size=1, max_size=6),
+    lead=st.lists(st.integers(0, 3), max_size=3),
+    trail=st.lists(st.integers(0, 3), max_size=3),
+    data=st.data(),
+)
+def test_layout_offsets_are_the_exclusive_cumsum_and_blocks_tile_the_output(
+    sizes: list[int], lead: list[int], trail: list[int], data: st.DataObject
+) -> None:
+    rank = data.draw(st.integers(0, len(sizes) - 1), label="rank")
+    layout = Layout(
+        sizes=tuple(sizes),
+        dim=len(lead),
+        leading_shape=tuple(lead),
+        trailing_shape=tuple(trail),
+        dtype=torch.float32,
+        rank=rank,
+        world_size=len(sizes),
+    )
+    assert layout.offsets == tuple(sum(sizes[:r]) for r in range(len(sizes)))
+    assert layout.total == sum(sizes)
+    assert layout.max_size == max(sizes)
+    assert layout.is_even == (len(set(sizes)) == 1)
+    assert layout.local_size == sizes[rank]
+    assert layout.local_offset == layout.offsets[rank]
+    covered = [i for r in range(len(sizes)) for i in range(layout.total)[layout.block(r)]]
+    assert covered == list(range(layout.total))
+    assert layout.pre == math.prod(lead)
+    assert layout.post == math.prod(trail)
+    assert layout.output_shape == (*lead, sum(sizes), *trail)
+    assert layout.shard_shape(rank) == (*lead, sizes[rank], *trail)
+    assert layout.ndim == len(lead) + 1 + len(trail)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"sizes": (1, 2), "world_size": 3}, "len(sizes)=2 but world_size=3"),
+        ({"rank": 2}, "rank=2 outside [0, 2)"),
+        ({"sizes": (1, -1)}, "negative size"),
+        ({"dim": 1}, "dim=1 but leading_shape has 0 dims"),
+    ],
+)
+def test_layout_refuses_impossible_fields(kwargs: dict[str, Any], message: str) -> None:
+    fields: dict[str, Any] = {
+        "sizes": (1, 2),
+        "dim": 0,
+        "leading_shape": (),
+        "trailing_shape": (3,),
+        "dtype": torch.float32,
+        "rank": 0,
+        "world_size": 2,
+    }
+    fields.update(kwargs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Layout(**fields)

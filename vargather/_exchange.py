@@ -1,0 +1,330 @@
+"""Stage 3: the exchange and cross-rank validation, from records to a ``Layout``.
+
+Pipeline: argument checks -> wire format -> **exchange and validation** -> ``Layout``
+-> transport -> autograd.
+
+One equal-size all_gather gives every rank the ``W x RECORD_LENGTH`` matrix of all
+records (``exchange_records``). ``validate_records`` then decides from that matrix
+alone, so every rank reaches the same verdict: either the same ``VarGatherError`` with
+the same message on every rank, before any payload moves, or the same ``Layout``.
+
+What is checked, when the exchange runs (the default, ``validate=True``):
+  * every rank's local problem (``_args``), reported on every rank;
+  * across ranks: the same ``grad``, ``transport``, normalized ``dim``, device type,
+    ndim, dtype and non-gathered dimensions; every rank's passed ``sizes`` equal to
+    the true sizes (compared through their length and a 61-bit hash; when they
+    differ every rank knows it, and one more small all_gather of the passed lists
+    makes the message show them); the same ``requires_grad`` under the
+    communicating contracts ``sum`` and ``mean``.
+
+With ``sizes`` passed and ``validate=False`` the exchange is skipped (one collective
+less, ``trusted_layout``). Then only the local checks run, and a failing one raises
+**on that rank only**: its peers cannot know and wait in the payload collective until
+the timeout (``CollectiveTimeoutError``, naming the missing rank). Everything
+cross-rank is trusted: sizes that lie about *other* ranks, different dtypes or shapes
+are then the backend's business (gloo may abort the process, or the result is silently
+wrong; see ``docs/misuse.md``). ``validate`` and whether ``sizes`` are passed must
+then agree on every rank: a rank that skips the exchange while a peer runs it issues
+a different collective. These lies cannot be detected without the exchange, which is
+what ``validate=True`` is for.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import torch
+
+from ._args import MAX_NDIM, CallRecord, CheckedCall, saturate, show_int, sizes_hash
+from ._choices import CONTRACTS, DEVICE_TYPES, TRANSPORT_NAMES
+from ._comm import GroupInfo, all_gather_equal
+from ._dtypes import WIRE_DTYPES, dtype_from_code
+from ._errors import (
+    ArgumentMismatchError,
+    DTypeMismatchError,
+    ProtocolMismatchError,
+    RequiresGradMismatchError,
+    ShapeMismatchError,
+    SizesMismatchError,
+    VarGatherError,
+)
+from ._layout import Layout
+from ._wire import RECORD_LENGTH, decode_record, encode_record
+
+__all__ = [
+    "SIZES_SHOWN",
+    "build_layout",
+    "exchange_records",
+    "plan_layout",
+    "trusted_layout",
+    "validate_records",
+]
+
+SIZES_SHOWN: Final = 64  # entries of each rank's passed sizes shown in a mismatch message
+
+
+def exchange_records(record: CallRecord, info: GroupInfo) -> list[CallRecord]:
+    """All ranks' records, in group-rank order: one equal-size all_gather.
+
+    In a world of one rank (or without torch.distributed) nothing is sent. The
+    records travel on ``info.default_device()``: the CPU except on NCCL.
+    """
+    if not info.communicates:
+        return [record]
+    device = info.default_device()
+    local = torch.tensor(encode_record(record), dtype=torch.int64, device=device)
+    gathered = torch.empty(info.world_size * RECORD_LENGTH, dtype=torch.int64, device=device)
+    all_gather_equal(gathered, local, info, what="all_gather (metadata exchange)")
+    rows = gathered.view(info.world_size, RECORD_LENGTH).tolist()  # the one host sync
+    return [decode_record(row, rank=r) for r, row in enumerate(rows)]
+
+
+def _exchange_passed_sizes(
+    passed: Sequence[int] | None, info: GroupInfo
+) -> list[tuple[int, list[int]]]:
+    """Every rank's passed sizes (length, first ``SIZES_SHOWN`` entries); -1: none.
+
+    Only on the error path, after every rank has found the same sizes mismatch.
+    """
+    shown = min(info.world_size, SIZES_SHOWN)
+    row = [-1] * (1 + shown)
+    if passed is not None:
+        row[0] = len(passed)
+        for i, n in enumerate(passed[:shown]):
+            row[1 + i] = saturate(n)
+    device = info.default_device()
+    local = torch.tensor(row, dtype=torch.int64, device=device)
+    gathered = torch.empty(info.world_size * (1 + shown), dtype=torch.int64, device=device)
+    all_gather_equal(gathered, local, info, what="all_gather (sizes of a mismatch message)")
+    rows = gathered.view(info.world_size, 1 + shown).tolist()
+    return [(int(r[0]), [int(v) for v in r[1 : 1 + max(0, min(int(r[0]), shown))]]) for r in rows]
+
+
+# --- validation -------------------------------------------------------------------
+
+
+def _disagreement(
+    what: str, values: Sequence[object], show: Callable[[object], str] = repr
+) -> tuple[str, list[int]] | None:
+    """``None`` when every rank agrees, else (a message, the ranks it blames).
+
+    When one value is held by more ranks than any other, it is the expected one and
+    the other ranks are blamed; on a tie (two ranks, for one) every rank is named.
+    """
+    counts = Counter(values)
+    if len(counts) == 1:
+        return None
+    ranked = counts.most_common()
+    by_value: dict[object, list[int]] = {}
+    for r, v in enumerate(values):
+        by_value.setdefault(v, []).append(r)
+    if ranked[0][1] > ranked[1][1]:
+        expected = ranked[0][0]
+        odd = [r for r, v in enumerate(values) if v != expected]
+        got = "; ".join(
+            f"{show(v)} on rank(s) {ranks}" for v, ranks in by_value.items() if v != expected
+        )
+        return (
+            f"{what} differs across ranks: expected {show(expected)} (as on rank(s) "
+            f"{by_value[expected]}), got {got}",
+            odd,
+        )
+    got = "; ".join(f"{show(v)} on rank(s) {ranks}" for v, ranks in by_value.items())
+    return (
+        f"{what} differs across ranks: expected one value on every rank, got {got}",
+        list(range(len(values))),
+    )
+
+
+def _impossible(rec: CallRecord) -> str | None:
+    """What makes a problem-free record one ``check_call`` cannot produce, if anything."""
+    if not 1 <= rec.ndim <= MAX_NDIM or len(rec.shape) != rec.ndim:
+        return f"ndim={rec.ndim}"
+    if any(n < 0 for n in rec.shape):
+        return f"shape={rec.shape}"
+    if not 0 <= rec.normalized_dim < rec.ndim:
+        return f"normalized_dim={rec.normalized_dim}"
+    if not 0 < rec.dtype_code <= len(WIRE_DTYPES):
+        return f"dtype_code={rec.dtype_code}"
+    if not 0 <= rec.contract_code < len(CONTRACTS):
+        return f"contract_code={rec.contract_code}"
+    if not 0 <= rec.transport_code < len(TRANSPORT_NAMES):
+        return f"transport_code={rec.transport_code}"
+    if not -1 <= rec.device_code < len(DEVICE_TYPES):
+        return f"device_code={rec.device_code}"
+    return None
+
+
+def _name_in(table: Sequence[str]) -> Callable[[object], str]:
+    """A wire code as the name it stands for in ``table``, for a disagreement message."""
+
+    def show(code: object) -> str:
+        return repr(table[code]) if isinstance(code, int) else repr(code)
+
+    return show
+
+
+def _dtype_of(code: object) -> str:
+    dtype = dtype_from_code(code) if isinstance(code, int) else None
+    return repr(code) if dtype is None else str(dtype)
+
+
+def _device_of(code: object) -> str:
+    if isinstance(code, int) and 0 <= code < len(DEVICE_TYPES):
+        return repr(DEVICE_TYPES[code])
+    return "another device type"
+
+
+def _shape_of(shape: object) -> str:
+    return str(tuple(shape)) if isinstance(shape, tuple) else repr(shape)
+
+
+def validate_records(records: Sequence[CallRecord], *, rank: int) -> Layout:
+    """The gather's ``Layout``, or the error every rank raises identically.
+
+    A pure function of ``records`` (``rank`` only picks this rank's view of the
+    layout): every rank reaches the same verdict, class and message.
+    """
+    world = len(records)
+    bad = [(r, rec.problem) for r, rec in enumerate(records) if rec.problem is not None]
+    if bad:
+        details = "; ".join(f"rank {r}: {problem.message}" for r, problem in bad)
+        raise bad[0][1].error(
+            f"all_gather_v: invalid arguments on rank(s) {[r for r, _ in bad]}: {details}",
+            ranks=[r for r, _ in bad],
+        )
+
+    for r, rec in enumerate(records):
+        problem = _impossible(rec)
+        if problem is not None:
+            raise ProtocolMismatchError(
+                f"all_gather_v: rank {r} sent a record vargather cannot have produced "
+                f"({problem}): expected a record of this vargather version (another "
+                "version, or another collective issued on this group?)",
+                ranks=[r],
+            )
+
+    checks: list[tuple[type[VarGatherError], str, list[object], Callable[[object], str]]] = [
+        (
+            ArgumentMismatchError,
+            "gradient contract (grad=)",
+            [rec.contract_code for rec in records],
+            _name_in(CONTRACTS),
+        ),
+        (
+            ArgumentMismatchError,
+            "transport",
+            [rec.transport_code for rec in records],
+            _name_in(TRANSPORT_NAMES),
+        ),
+        (ArgumentMismatchError, "device type", [rec.device_code for rec in records], _device_of),
+        (ShapeMismatchError, "ndim", [rec.ndim for rec in records], repr),
+        (
+            ArgumentMismatchError,
+            "gather dimension (dim, normalized)",
+            [rec.normalized_dim for rec in records],
+            repr,
+        ),
+        (DTypeMismatchError, "dtype", [rec.dtype_code for rec in records], _dtype_of),
+        (
+            ShapeMismatchError,
+            "shape outside the gather dimension",
+            [rec.other_dims for rec in records],
+            _shape_of,
+        ),
+    ]
+    for error, what, values, show in checks:
+        found = _disagreement(what, values, show)
+        if found is not None:
+            message, blamed = found
+            raise error(f"all_gather_v: {message}", ranks=blamed)
+
+    true_sizes = tuple(rec.size_along_dim for rec in records)
+    true_hash = sizes_hash(true_sizes)
+    liars = [
+        r
+        for r, rec in enumerate(records)
+        if rec.sizes_passed and (rec.sizes_len != world or rec.sizes_hash != true_hash)
+    ]
+    if liars:
+        got = "; ".join(
+            f"rank {r}: len {records[r].sizes_len}, sum {show_int(records[r].sizes_sum)}, "
+            f"entry for itself {show_int(records[r].sizes_own)}"
+            for r in liars
+        )
+        raise SizesMismatchError(
+            f"all_gather_v: sizes passed on rank(s) {liars} contradict the tensors: "
+            f"expected sizes {list(true_sizes)} (the tensors' sizes along dim "
+            f"{records[0].normalized_dim}), got {got}",
+            ranks=liars,
+        )
+
+    contract = CONTRACTS[records[0].contract_code]
+    if contract != "local":
+        found = _disagreement(
+            f"requires_grad (the backward of grad={contract!r} is a collective: every rank "
+            "must take part)",
+            [rec.requires_grad for rec in records],
+        )
+        if found is not None:
+            raise RequiresGradMismatchError(f"all_gather_v: {found[0]}", ranks=found[1])
+
+    return build_layout(records[rank], true_sizes, rank=rank)
+
+
+def plan_layout(call: CheckedCall, info: GroupInfo) -> Layout:
+    """Exchange the records and validate them: the ``Layout`` or the common error.
+
+    On a sizes mismatch every rank takes one more small all_gather (of the sizes each
+    rank passed), so that the message shows what the lying ranks passed.
+    """
+    records = exchange_records(call.record, info)
+    try:
+        return validate_records(records, rank=info.rank)
+    except SizesMismatchError as err:
+        if not info.communicates:
+            raise
+        true_sizes = [rec.size_along_dim for rec in records]
+        rows = _exchange_passed_sizes(call.sizes, info)
+        got = "; ".join(
+            f"rank {r} passed sizes={rows[r][1]}"
+            + (f" + {rows[r][0] - len(rows[r][1])} more" if rows[r][0] > len(rows[r][1]) else "")
+            for r in err.ranks
+        )
+        raise SizesMismatchError(
+            f"all_gather_v: sizes passed on rank(s) {list(err.ranks)} contradict the tensors: "
+            f"expected sizes={true_sizes} (the tensors' sizes along dim "
+            f"{records[0].normalized_dim}), got {got}",
+            ranks=err.ranks,
+        ) from None
+
+
+def build_layout(record: CallRecord, sizes: Sequence[int], *, rank: int) -> Layout:
+    """The ``Layout`` for a validated record and the true sizes."""
+    d = record.normalized_dim
+    dtype = record.dtype
+    assert dtype is not None  # validated: a problem-free record names a known dtype
+    return Layout(
+        sizes=tuple(sizes),
+        dim=d,
+        leading_shape=record.shape[:d],
+        trailing_shape=record.shape[d + 1 :],
+        dtype=dtype,
+        rank=rank,
+        world_size=len(sizes),
+    )
+
+
+def trusted_layout(call: CheckedCall, info: GroupInfo) -> Layout:
+    """``validate=False`` with caller ``sizes``: local checks only, raised locally."""
+    problem = call.record.problem
+    if problem is not None:
+        raise problem.error(
+            "all_gather_v (validate=False: raised on this rank only; its peers wait in "
+            f"the payload collective until they time out): rank {info.rank}: {problem.message}",
+            ranks=[info.rank],
+        )
+    assert call.sizes is not None  # passed, and a problem-free record parsed them
+    return build_layout(call.record, call.sizes, rank=info.rank)

@@ -1,0 +1,153 @@
+"""Stage 2: the wire format, a ``CallRecord`` as one fixed-length int64 vector.
+
+Pipeline: argument checks -> **wire format** -> exchange and validation -> ``Layout``
+-> transport -> autograd.
+
+Every rank's record has the same length, ``RECORD_LENGTH``, so one equal-size
+all_gather carries them all (``_exchange``). The vector is a header (magic, protocol
+version), the record's integer fields, the problem (its error class as a code, its
+message as ``MESSAGE_WORDS`` words of ASCII) and the shape, zero-padded to
+``MAX_NDIM``. Integers are saturated into int64, the message is ASCII with ``?`` for
+anything else and cut at ``8 * MESSAGE_WORDS`` bytes; everything else survives the
+round trip exactly. A vector vargather cannot read raises ``ProtocolMismatchError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from ._args import MAX_NDIM, CallRecord, Problem, saturate
+from ._errors import (
+    ArgumentError,
+    DimError,
+    InputShapeError,
+    InputTypeError,
+    ProtocolMismatchError,
+    SizesError,
+    SizesTypeError,
+    VarGatherError,
+)
+
+__all__ = ["MESSAGE_WORDS", "RECORD_LENGTH", "decode_record", "encode_record", "wire_text"]
+
+MAGIC: Final = 0x76617267  # "varg"
+PROTOCOL_VERSION: Final = 3
+MESSAGE_WORDS: Final = 64  # 512 ASCII bytes of a problem's message
+
+_PROBLEM_ERRORS: Final[tuple[type[VarGatherError], ...]] = (
+    InputTypeError,
+    InputShapeError,
+    DimError,
+    SizesTypeError,
+    SizesError,
+    ArgumentError,
+)
+"""The error classes a local problem can raise; position + 1 is the wire code (0: none)."""
+
+_FIELDS: Final = (
+    "magic",
+    "version",
+    "error_code",
+    "ndim",
+    "dtype_code",
+    "dim",
+    "normalized_dim",
+    "contract_code",
+    "transport_code",
+    "requires_grad",
+    "device_code",
+    "sizes_len",
+    "sizes_own",
+    "sizes_sum",
+    "sizes_hash",
+)
+_MESSAGE_AT: Final = len(_FIELDS)
+_SHAPE_AT: Final = _MESSAGE_AT + MESSAGE_WORDS
+RECORD_LENGTH: Final = _SHAPE_AT + MAX_NDIM
+
+
+def wire_text(text: str) -> str:
+    """``text`` as the wire delivers it: ASCII (``?`` for the rest), cut to fit."""
+    raw = text.encode("ascii", "replace")[: 8 * MESSAGE_WORDS]
+    return raw.rstrip(b"\0").decode("ascii")
+
+
+def _encode_text(text: str) -> list[int]:
+    raw = text.encode("ascii", "replace")[: 8 * MESSAGE_WORDS].ljust(8 * MESSAGE_WORDS, b"\0")
+    return [
+        int.from_bytes(raw[8 * i : 8 * i + 8], "little", signed=True) for i in range(MESSAGE_WORDS)
+    ]
+
+
+def _decode_text(words: Sequence[int]) -> str:
+    raw = b"".join(int(w).to_bytes(8, "little", signed=True) for w in words)
+    return raw.rstrip(b"\0").decode("ascii", "replace")
+
+
+def encode_record(record: CallRecord) -> list[int]:
+    """The record as ``RECORD_LENGTH`` int64 values (saturated into int64)."""
+    problem = record.problem
+    values = [
+        MAGIC,
+        PROTOCOL_VERSION,
+        0 if problem is None else _PROBLEM_ERRORS.index(problem.error) + 1,
+        record.ndim,
+        record.dtype_code,
+        record.dim,
+        record.normalized_dim,
+        record.contract_code,
+        record.transport_code,
+        int(record.requires_grad),
+        record.device_code,
+        record.sizes_len,
+        record.sizes_own,
+        record.sizes_sum,
+        record.sizes_hash,
+    ]
+    message = "" if problem is None else problem.message
+    shape = list(record.shape[:MAX_NDIM]) + [0] * (MAX_NDIM - min(len(record.shape), MAX_NDIM))
+    return [saturate(v) for v in values] + _encode_text(message) + shape
+
+
+def decode_record(values: Sequence[int], *, rank: int) -> CallRecord:
+    """Inverse of ``encode_record``; ``ProtocolMismatchError`` on a foreign vector."""
+    if len(values) != RECORD_LENGTH or values[0] != MAGIC or values[1] != PROTOCOL_VERSION:
+        got = list(values[:2]) if len(values) >= 2 else list(values)
+        raise ProtocolMismatchError(
+            f"rank {rank} sent metadata vargather cannot read: expected magic {MAGIC:#x} "
+            f"and protocol version {PROTOCOL_VERSION} in {RECORD_LENGTH} values, got "
+            f"{got} in {len(values)} values (another vargather version, or another "
+            "collective issued on this group?)",
+            ranks=[rank],
+        )
+    f = dict(zip(_FIELDS, (int(v) for v in values), strict=False))
+    code = f["error_code"]
+    if not 0 <= code <= len(_PROBLEM_ERRORS):
+        raise ProtocolMismatchError(
+            f"rank {rank} sent an unknown error code {code}: expected one of "
+            f"0..{len(_PROBLEM_ERRORS)} (another vargather version?)",
+            ranks=[rank],
+        )
+    problem = (
+        None
+        if code == 0
+        else Problem(_PROBLEM_ERRORS[code - 1], _decode_text(values[_MESSAGE_AT:_SHAPE_AT]))
+    )
+    ndim = f["ndim"]
+    return CallRecord(
+        problem=problem,
+        ndim=ndim,
+        dtype_code=f["dtype_code"],
+        dim=f["dim"],
+        normalized_dim=f["normalized_dim"],
+        contract_code=f["contract_code"],
+        transport_code=f["transport_code"],
+        requires_grad=bool(f["requires_grad"]),
+        device_code=f["device_code"],
+        sizes_len=f["sizes_len"],
+        sizes_own=f["sizes_own"],
+        sizes_sum=f["sizes_sum"],
+        sizes_hash=f["sizes_hash"],
+        shape=tuple(int(v) for v in values[_SHAPE_AT : _SHAPE_AT + max(0, min(ndim, MAX_NDIM))]),
+    )
