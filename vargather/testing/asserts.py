@@ -110,6 +110,7 @@ def assert_bitwise_equal(actual: object, expected: object, msg: str | None = Non
     differing elements and the first one's index with both values (and their bits, for
     floating-point and complex dtypes). ``msg`` is put in front of it.
     """
+    __tracebackhide__ = True  # pytest: the failure is the caller's line, not this one
     difference = bitwise_difference(actual, expected)
     if difference is None:
         return

@@ -193,8 +193,10 @@ class World:
         try:
             return call()
         except (RankError, PoolFailure) as err:
-            name = getattr(fn, "__qualname__", repr(fn))
-            pytest.fail(f"{self!r}.run({name}): {err}", pytrace=False)
+            failure = err
+        # Outside the except block: the message is the whole story, not a chained one.
+        name = getattr(fn, "__qualname__", repr(fn))
+        pytest.fail(f"{self!r}.run({name}): {failure}", pytrace=False)
 
 
 class WorldFactory:
@@ -203,6 +205,9 @@ class WorldFactory:
 
     ``call_timeout``: seconds a call may take before its ranks count as hung (default:
     the pool's, 60)."""
+
+    def __repr__(self) -> str:
+        return "vargather_world"
 
     def __call__(self, world_size: int, *, call_timeout: float | None = None) -> World:
         if call_timeout is None:
