@@ -11,11 +11,12 @@ from datetime import timedelta
 from typing import Literal, NamedTuple, TypeAlias
 
 import torch
-import torch.distributed as dist
 
 from ._autograd import GatherPlan, GatherVFunction
 from ._comm import GroupInfo, per_call_timeout_supported, resolve_group
+from ._compiled import compiled_gather
 from ._layout import Layout
+from ._mesh import GroupLike, MeshDim, resolve_mesh
 from ._metadata import local_record, parse_timeout, plan_layout, trusted_layout
 from ._transport import TRANSPORT_NAMES, choose_transport
 
@@ -44,11 +45,12 @@ def _plan(
     x: object,
     dim: object,
     sizes: object,
-    group: dist.ProcessGroup | None,
+    group: object,
     grad: object,
     transport: object,
     validate: object,
     timeout: object = None,
+    mesh_dim: object = None,
 ) -> tuple[Layout, GroupInfo]:
     """Stage 1 for one call: every problem becomes the same error on every rank.
 
@@ -57,7 +59,7 @@ def _plan(
     ``validate=False``, whatever the local checks find (the exchange that would tell
     the peers is exactly what was skipped).
     """
-    info = resolve_group(group)
+    info = resolve_group(resolve_mesh(group, mesh_dim))  # type: ignore[arg-type]  # judged there
     try:
         call_timeout = parse_timeout(timeout)
     except Exception:
@@ -86,18 +88,19 @@ def gather_layout(
     dim: int = 0,
     *,
     sizes: Sizes = None,
-    group: dist.ProcessGroup | None = None,
+    group: GroupLike = None,
     grad: GradContract = "sum",
     transport: TransportName = "auto",
     validate: bool = True,
     timeout: Timeout = None,
+    mesh_dim: MeshDim = None,
 ) -> Layout:
     """The ``Layout`` (sizes, offsets, total, ...) a gather of ``x`` would have.
 
     A collective (the metadata exchange) unless ``sizes`` is given with
     ``validate=False``; it raises exactly what ``all_gather_v`` would, on every rank.
     """
-    layout, _ = _plan(x, dim, sizes, group, grad, transport, validate, timeout)
+    layout, _ = _plan(x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim)
     return layout
 
 
@@ -106,14 +109,28 @@ def all_gather_v_with_layout(
     dim: int = 0,
     *,
     sizes: Sizes = None,
-    group: dist.ProcessGroup | None = None,
+    group: GroupLike = None,
     grad: GradContract = "sum",
     transport: TransportName = "auto",
     validate: bool = True,
     timeout: Timeout = None,
+    mesh_dim: MeshDim = None,
 ) -> GatherResult:
     """``all_gather_v`` that also returns the gather's ``Layout``."""
-    layout, info = _plan(x, dim, sizes, group, grad, transport, validate, timeout)
+    if torch.compiler.is_compiling():  # a custom operator dynamo can trace (``_compiled``)
+        out, layout = compiled_gather(
+            x,
+            dim,
+            sizes=sizes,
+            group=group,
+            mesh_dim=mesh_dim,
+            grad=grad,
+            transport=transport,
+            validate=validate,
+            timeout=timeout,
+        )
+        return GatherResult(out, layout)
+    layout, info = _plan(x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim)
     assert isinstance(x, torch.Tensor)  # validated by _plan on every rank
     if not info.communicates:
         return GatherResult(x, layout)
@@ -129,11 +146,12 @@ def all_gather_v(
     dim: int = 0,
     *,
     sizes: Sizes = None,
-    group: dist.ProcessGroup | None = None,
+    group: GroupLike = None,
     grad: GradContract = "sum",
     transport: TransportName = "auto",
     validate: bool = True,
     timeout: Timeout = None,
+    mesh_dim: MeshDim = None,
 ) -> torch.Tensor:
     """Gather tensors whose size along ``dim`` differs per rank: ``cat_r x_r`` on every rank.
 
@@ -145,9 +163,10 @@ def all_gather_v(
             1-d integer tensor, in group-rank order). With ``validate=True`` they are
             checked against the truth on every rank; with ``validate=False`` they are
             trusted and the metadata exchange is skipped (see ``_metadata``).
-        group: the process group (``None``: the default group). Without an
-            initialized torch.distributed, or in a world of one rank, the gather is
-            the identity and returns ``x`` itself.
+        group: the process group (``None``: the default group), or a
+            ``DeviceMesh`` (1-D, or with ``mesh_dim``). Without an initialized
+            torch.distributed, or in a world of one rank, the gather is the identity
+            and returns ``x`` itself.
         grad: the gradient contract, ``"sum"``, ``"local"`` or ``"mean"`` (see
             ``GatherVFunction``); must be the same on every rank.
         transport: ``"auto"``, ``"padded"``, ``"alltoallv"``, ``"broadcast"`` or
@@ -160,6 +179,8 @@ def all_gather_v(
             its backward, may wait for the peers, instead of the group's timeout. On
             expiry every waiting rank raises ``CollectiveTimeoutError`` naming the
             ranks that never arrived; the group is out of step afterwards.
+        mesh_dim: with a multi-dimensional ``DeviceMesh`` as ``group``, the mesh
+            dimension (index or name) whose process group gathers.
 
     Returns:
         ``lead + (Σ_r n_r,) + trail``, rank 0's block first.
@@ -180,4 +201,5 @@ def all_gather_v(
         transport=transport,
         validate=validate,
         timeout=timeout,
+        mesh_dim=mesh_dim,
     ).tensor
