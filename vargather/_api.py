@@ -128,7 +128,9 @@ def all_gather_v_with_layout(
             transport=transport,
             validate=validate,
             timeout=timeout,
+            with_layout=True,
         )
+        assert layout is not None  # with_layout=True
         return GatherResult(out, layout)
     layout, info = _plan(x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim)
     assert isinstance(x, torch.Tensor)  # validated by _plan on every rank
@@ -192,6 +194,19 @@ def all_gather_v(
         CollectiveError: a peer never arrived (``CollectiveTimeoutError``) or died
             (``PeerLostError``), naming it when the arrival census can.
     """
+    if torch.compiler.is_compiling():  # a custom operator dynamo can trace (``_compiled``)
+        return compiled_gather(
+            x,
+            dim,
+            sizes=sizes,
+            group=group,
+            mesh_dim=mesh_dim,
+            grad=grad,
+            transport=transport,
+            validate=validate,
+            timeout=timeout,
+            with_layout=False,
+        )[0]
     return all_gather_v_with_layout(
         x,
         dim,

@@ -253,6 +253,25 @@ def _plain_sizes(sizes: object, world_size: int) -> list[int] | None:
     return out
 
 
+def _layout_of(
+    x: torch.Tensor, dim: int, sizes: list[int], rank: int, world_size: int
+) -> Layout | None:
+    """The call's ``Layout``, built while tracing; ``None`` when a size is symbolic
+    (dynamo made it dynamic after a call with other sizes): a ``Layout`` holds ints."""
+    if any(isinstance(n, torch.SymInt) for n in sizes):
+        return None
+    d = dim % x.dim()
+    return Layout(
+        sizes=tuple(sizes),
+        dim=d,
+        leading_shape=tuple(x.shape[:d]),
+        trailing_shape=tuple(x.shape[d + 1 :]),
+        dtype=x.dtype,
+        rank=rank,
+        world_size=world_size,
+    )
+
+
 def compiled_gather(
     x: object,
     dim: object,
@@ -264,9 +283,11 @@ def compiled_gather(
     transport: object,
     validate: object,
     timeout: object,
-) -> tuple[torch.Tensor, Layout]:
-    """``all_gather_v_with_layout`` under ``torch.compile``: the operator when it can,
-    else the eager call behind one graph break (see the module docstring)."""
+    with_layout: bool,
+) -> tuple[torch.Tensor, Layout | None]:
+    """``all_gather_v`` (and its ``Layout`` if ``with_layout``) under ``torch.compile``:
+    the operator when it can, else the eager call behind one graph break (see the
+    module docstring)."""
     where = group_of(group, mesh_dim) if isinstance(x, torch.Tensor) else None
     plain = _plain_sizes(sizes, where[2]) if where is not None else None
     if (
@@ -285,22 +306,14 @@ def compiled_gather(
         )
     ):
         name, rank, world_size = where
-        requires_grad = x.requires_grad and torch.is_grad_enabled()
-        seconds = None if timeout is None else float(timeout)
-        out: torch.Tensor = torch.ops.vargather.all_gather_v(
-            x, dim, plain, name, grad, transport, validate, seconds, requires_grad
-        )
-        d = dim % x.dim()
-        layout = Layout(
-            sizes=tuple(plain),
-            dim=d,
-            leading_shape=tuple(x.shape[:d]),
-            trailing_shape=tuple(x.shape[d + 1 :]),
-            dtype=x.dtype,
-            rank=rank,
-            world_size=world_size,
-        )
-        return out, layout
+        layout = _layout_of(x, dim, plain, rank, world_size) if with_layout else None
+        if layout is not None or not with_layout:
+            requires_grad = x.requires_grad and torch.is_grad_enabled()
+            seconds = None if timeout is None else float(timeout)
+            out: torch.Tensor = torch.ops.vargather.all_gather_v(
+                x, dim, plain, name, grad, transport, validate, seconds, requires_grad
+            )
+            return out, layout
     result = _eager_gather_disabled(
         x,
         dim,
