@@ -222,25 +222,33 @@ def compiled_lie(ctx: RankContext, world: int) -> list[tuple[str, str, tuple[int
     return raised
 
 
-def compiled_with_layout(ctx: RankContext, world: int) -> tuple[torch.Tensor, Any, int]:
-    """``all_gather_v_with_layout`` compiled with fullgraph: the tensor, the layout and
-    dynamo's graph-break count."""
+def compiled_with_layout(ctx: RankContext, world: int) -> list[tuple[Any, ...]]:
+    """``all_gather_v_with_layout`` compiled with fullgraph, called with three different
+    sizes (dynamo makes them dynamic at the second): per call, the compiled tensor,
+    sizes and offsets next to eager's; then dynamo's graph-break and graph counts."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    sizes = [r + 1 for r in range(world)]
-    x = torch.full((sizes[ctx.rank], 2), float(ctx.rank))
 
-    def gather(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
+    def gather(
+        t: torch.Tensor, sizes: list[int]
+    ) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...], int]:
         out, layout = vargather.all_gather_v_with_layout(t, 0, sizes=sizes, timeout=STEP_TIMEOUT_S)
-        return out, layout.sizes, layout.offsets
+        return out * 1, layout.sizes, layout.offsets, layout.max_size
 
-    out, got_sizes, offsets = torch.compile(gather, backend="aot_eager", fullgraph=True)(x)
-    eager = vargather.all_gather_v_with_layout(x, 0, sizes=sizes)
-    breaks = sum(counters["graph_break"].values())
+    compiled = torch.compile(gather, backend="aot_eager", fullgraph=True)
+    rows: list[tuple[Any, ...]] = []
+    for k in range(3):
+        sizes = [(r + k) % 3 + k for r in range(world)]
+        x = torch.full((sizes[ctx.rank], 2), float(ctx.rank))
+        got = compiled(x, sizes)
+        eager = vargather.all_gather_v_with_layout(x, 0, sizes=sizes)
+        want = (eager.tensor, eager.layout.sizes, eager.layout.offsets, eager.layout.max_size)
+        rows.append((got, want))
+    rows.append((sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]))
     torch._dynamo.reset()
-    return out, (got_sizes, offsets, eager.layout.sizes, eager.layout.offsets), breaks
+    return rows
 
 
 def mesh_gather(ctx: RankContext, spec: tuple[tuple[int, ...], object, bool]) -> Any:

@@ -253,13 +253,9 @@ def _plain_sizes(sizes: object, world_size: int) -> list[int] | None:
     return out
 
 
-def _layout_of(
-    x: torch.Tensor, dim: int, sizes: list[int], rank: int, world_size: int
-) -> Layout | None:
-    """The call's ``Layout``, built while tracing; ``None`` when a size is symbolic
-    (dynamo made it dynamic after a call with other sizes): a ``Layout`` holds ints."""
-    if any(isinstance(n, torch.SymInt) for n in sizes):
-        return None
+def _layout_of(x: torch.Tensor, dim: int, sizes: list[int], rank: int, world_size: int) -> Layout:
+    """The call's ``Layout``, built while tracing (its sizes symbolic once dynamo has
+    made them dynamic)."""
     d = dim % x.dim()
     return Layout(
         sizes=tuple(sizes),
@@ -306,14 +302,12 @@ def compiled_gather(
         )
     ):
         name, rank, world_size = where
-        layout = _layout_of(x, dim, plain, rank, world_size) if with_layout else None
-        if layout is not None or not with_layout:
-            requires_grad = x.requires_grad and torch.is_grad_enabled()
-            seconds = None if timeout is None else float(timeout)
-            out: torch.Tensor = torch.ops.vargather.all_gather_v(
-                x, dim, plain, name, grad, transport, validate, seconds, requires_grad
-            )
-            return out, layout
+        requires_grad = x.requires_grad and torch.is_grad_enabled()
+        seconds = None if timeout is None else float(timeout)
+        out: torch.Tensor = torch.ops.vargather.all_gather_v(
+            x, dim, plain, name, grad, transport, validate, seconds, requires_grad
+        )
+        return out, _layout_of(x, dim, plain, rank, world_size) if with_layout else None
     result = _eager_gather_disabled(
         x,
         dim,
