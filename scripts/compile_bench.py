@@ -9,6 +9,8 @@ entry, and reports from rank 0:
   ``sizes=None``), and whether ``fullgraph=True`` compiles;
 * the first compiled call (compilation included) and the steady-state time per step
   (median of ``--calls`` steps after ``--warmup``), against the eager step;
+* first, each backend's one-time cost in the process (a compiled step without a
+  gather), so that the first-call figures below are the gather's own;
 * for scale, the same for torch's own ``all_gather_tensor_autograd`` (equal sizes: every
   rank pads to the largest shard), the functional collective the issue compares with.
 
@@ -101,6 +103,21 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) 
         return go
 
     rows: list[dict[str, Any]] = []
+    # Each backend's one-time cost in a process (imports, inductor's C++ toolchain
+    # checks) is paid here, on a step without a collective, and reported on its own.
+    for backend in args.backends:
+        torch._dynamo.reset()
+        plain = torch.compile(lambda t: lin(t).square().sum(), backend=backend, fullgraph=True)
+        first, steady = _timed(run(plain, x), 3, 1)
+        rows.append(
+            {
+                "case": "warm-up, no gather",
+                "backend": backend,
+                "fullgraph": True,
+                "first_s": first,
+                "steady_ms": steady * 1e3,
+            }
+        )
     cases: list[tuple[str, Callable[[torch.Tensor], torch.Tensor], torch.Tensor]] = [
         ("vargather sizes given", vg_step(sizes), x),
         ("vargather sizes=None", vg_step(None), x),

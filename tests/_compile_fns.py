@@ -136,6 +136,17 @@ def _run(step: Any, x: torch.Tensor, lin: torch.nn.Linear) -> tuple[torch.Tensor
     return out.detach(), {k: v.detach().clone() for k, v in grads.items() if v is not None}
 
 
+def warm_backend(ctx: RankContext, backend: str) -> float:
+    """Compile and run a gather-free step with ``backend``: a backend's one-time cost
+    in a process (inductor's, tens of seconds on a loaded machine) is paid here, in a
+    pool call of its own, not in the timed-out call of the test that follows."""
+    torch._dynamo.reset()
+    lin = _model(1)
+    out = torch.compile(lambda t: lin(t).sum(), backend=backend, fullgraph=True)(torch.ones(2, 3))
+    torch._dynamo.reset()
+    return float(out)
+
+
 def compiled_step(ctx: RankContext, case: StepCase) -> StepResult:
     """Eager step, then the same step compiled (called twice), on this rank."""
     from torch._dynamo.utils import counters
