@@ -92,13 +92,15 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) 
         return step
 
     def funcol_step(t: torch.Tensor) -> torch.Tensor:
-        out = funcol.all_gather_tensor_autograd(lin(t), 0, dist.group.WORLD)
+        world_group = dist.group.WORLD
+        assert world_group is not None  # initialized above
+        out: torch.Tensor = funcol.all_gather_tensor_autograd(lin(t), 0, world_group)
         return (out * scale).square().sum()
 
     def run(fn: Callable[[torch.Tensor], torch.Tensor], t: torch.Tensor) -> Callable[[], None]:
         def go() -> None:
             lin.zero_grad(set_to_none=True)
-            fn(t).backward()
+            torch.autograd.backward(fn(t))
 
         return go
 

@@ -205,9 +205,18 @@ def test_mesh_misuse_is_a_group_error(what: str, fragments: list[str]) -> None:
             assert fragment in str(o.exception)
 
 
-def test_compiled_step_over_a_mesh_dim_is_eager_bit_for_bit() -> None:
-    case = fns.StepCase("aot_eager", "sum", (1, 3, 2, 0), mesh=(2, 2), mesh_dim=1)
-    results = get_pool(4).run(fns.compiled_step, case)
+@pytest.mark.parametrize(
+    ("case", "rows"),
+    [
+        (fns.StepCase("aot_eager", "sum", (1, 3, 2, 0), mesh=(2, 2), mesh_dim=1), [4, 4, 2, 2]),
+        (fns.StepCase("aot_eager", "mean", (2, 0, 3), mesh=(3,)), [5, 5, 5]),
+    ],
+    ids=["2d-mesh_dim1", "1d"],
+)
+def test_compiled_step_over_a_mesh_is_eager_bit_for_bit(
+    case: fns.StepCase, rows: list[int]
+) -> None:
+    results = get_pool(len(case.sizes)).run(fns.compiled_step, case)
     _check_step(case, results)
     assert all(r.graph_breaks == 0 and r.explain_breaks == 0 for r in results)
-    assert [r.eager_out.shape[0] for r in results] == [4, 4, 2, 2]  # rows [0, 1] and [2, 3]
+    assert [r.eager_out.shape[0] for r in results] == rows  # (2, 2) dim 1: [0, 1], [2, 3]
