@@ -157,6 +157,9 @@ def all_gather_v(
 ) -> torch.Tensor:
     """Gather tensors whose size along ``dim`` differs per rank: ``cat_r x_r`` on every rank.
 
+    Under ``torch.compile`` it is a custom operator: no graph break with ``sizes``
+    given as ints, one without (``vargather._compiled``, ``docs/compile.md``).
+
     Args:
         x: this rank's shard, ``lead + (n_r,) + trail``. ``lead``, ``trail``, ndim,
             dtype and device type must agree across ranks; ``n_r`` may be 0.
