@@ -121,12 +121,6 @@ def test_one_item_per_property_named_by_its_id(tmp_path: Path) -> None:
     assert proc.returncode == 0, output(proc)
     items = [line for line in proc.stdout.splitlines() if line.startswith("vargather::")]
     assert items == [f"vargather::{p}" for p in property_ids()], output(proc)
-    proc = run_pytest(project, *impl, "--collect-only", "-q", "-k", "forward and not int")
-    assert proc.returncode == 0, output(proc)
-    items = [line for line in proc.stdout.splitlines() if line.startswith("vargather::")]
-    assert items == [
-        f"vargather::{p}" for p in property_ids() if p.startswith("forward") and p != "forward-int"
-    ], output(proc)
 
 
 def test_a_correct_gather_passes_every_property(tmp_path: Path) -> None:
@@ -161,14 +155,19 @@ def test_a_broken_gather_fails_with_the_reproduce_line_under_xdist(tmp_path: Pat
         "pkg.gather:broken",
         "--vargather-grad",
         "local",
-        *PROPERTY_OPTIONS,
+        "--vargather-world-sizes",
+        "1",
+        "--vargather-max-examples",
+        "2",
         "-n",
         "2",
         "-k",
         "forward-float or empty-all",
     )
     assert proc.returncode == 1, output(proc)
-    assert re.search(r"\b1 failed, 1 passed\b", proc.stdout), output(proc)  # empty-all holds
+    # -k selected two of the items; empty-all holds for a gather that drops an element.
+    assert re.search(r"\b1 failed, 1 passed, \d+ deselected\b", proc.stdout), output(proc)
+    assert re.search(r"^created: 2/2 workers$", proc.stdout, re.M), output(proc)
     assert "FAILED vargather::forward-float - mismatch: out.shape=" in proc.stdout, output(proc)
     assert "minimal counterexample (Hypothesis shrank it):" in proc.stdout, output(proc)
     commands = re.findall(r"^\s*reproduce: (python -m vargather repro .*)$", proc.stdout, re.M)
@@ -287,23 +286,23 @@ def ranks(ctx, payload):
 
 
 def test_an_exception(vargather_world):
-    vargather_world(2).run(raise_on_one, "x")
+    vargather_world(2, call_timeout=5).run(raise_on_one, "x")
 
 
 def test_a_crash(vargather_world):
-    vargather_world(2).run(die_on_one, None)
+    vargather_world(2, call_timeout=5).run(die_on_one, None)
 
 
 def test_rebuilt_after_the_crash(vargather_world):
-    assert vargather_world(2).run(ranks, "p") == [(0, 2, "p"), (1, 2, "p")]
+    assert vargather_world(2, call_timeout=5).run(ranks, "p") == [(0, 2, "p"), (1, 2, "p")]
 
 
 def test_a_hang(vargather_world):
-    vargather_world(2, call_timeout=3).run(hang_on_zero, None)
+    vargather_world(2, call_timeout=5).run(hang_on_zero, None)
 
 
 def test_rebuilt_after_the_hang(vargather_world):
-    world = vargather_world(2, call_timeout=3)
+    world = vargather_world(2, call_timeout=5)
     assert world.run(ranks, 1) == [(0, 2, 1), (1, 2, 1)]
     assert world.run_many(ranks, [1, 2]) == [[(0, 2, 1), (1, 2, 1)], [(0, 2, 2), (1, 2, 2)]]
 """
