@@ -115,7 +115,8 @@ def run_step(ctx: RankContext, step: Step, groups: dict[tuple[int, ...], Any]) -
             k = len(step.shapes[r])
             dims = step.dim if isinstance(step.dim, tuple) else (step.dim,) * k
             xs = [
-                make(s, d, seed + i) for i, (s, d) in enumerate(zip(step.shapes[r], step.dtypes[r]))
+                make(s, d, seed + i)
+                for i, (s, d) in enumerate(zip(step.shapes[r], step.dtypes[r], strict=False))
             ]
             if step.grad is not None:
                 for x in xs:

@@ -54,11 +54,13 @@ def _expected(step: Step, members: Sequence[int]) -> tuple[list[torch.Tensor], A
             ]
             for i in range(k)
         ]
-    outputs = [oracle.expected_output(shards, d) for shards, d in zip(per_tensor, dims)]
+    outputs = [
+        oracle.expected_output(shards, d) for shards, d in zip(per_tensor, dims, strict=False)
+    ]
     if step.grad is None:
         return outputs, None
     grads = []
-    for i, (shards, d, out) in enumerate(zip(per_tensor, dims, outputs)):
+    for i, (shards, d, out) in enumerate(zip(per_tensor, dims, outputs, strict=False)):
         dtype = str(out.dtype).removeprefix("torch.")
         ups = [upstream(tuple(out.shape), dtype, _seed(w) + i) for w in members]
         grads.append(oracle.expected_input_grads(shards, ups, d, step.grad))
@@ -93,7 +95,8 @@ def check_script(
             got = {o.get("error") for o in seen}
             assert len(got) == 1, f"{where}: ranks raised differently: {got}"
             (error,) = got
-            assert error is not None and error[0] == errors[s], f"{where}: {error}"
+            assert error is not None, f"{where}: no error"
+            assert error[0] == errors[s], f"{where}: {error}"
             assert all(o["state"] == o["state_before"] for o in seen), (
                 f"{where}: a call that raised changed the state"
             )
@@ -106,7 +109,7 @@ def check_script(
         want, grads = _expected(step, members)
         for q, o in enumerate(seen):
             assert len(o["outputs"]) == len(want)
-            for got_t, want_t in zip(o["outputs"], want):
+            for got_t, want_t in zip(o["outputs"], want, strict=False):
                 assert same_bytes(got_t, want_t), f"{where}: member {q}: {got_t} != {want_t}"
             if grads is not None:
                 for i, g in enumerate(o["grads"]):
@@ -146,7 +149,8 @@ def test_advance_grows_at_once_and_shrinks_after_idle_calls() -> None:
     assert s.capacity == _fused.bucket(100 + _fused.SHRINK_AFTER - 2)
     # too large or not fusable: idle, the capacity never grows past the threshold
     t = _fused.advance(_fused.FusedState(), fusable=True, need=_fused.FUSED_MAX_BYTES + 1, count=1)
-    assert t.capacity == 0 and t.idle == 1
+    assert t.capacity == 0
+    assert t.idle == 1
     t = _fused.advance(_fused.FusedState(), fusable=False, need=100, count=1)
     assert t.capacity == 0
     # slots: up at once, down after SHRINK_AFTER calls with fewer tensors
@@ -249,4 +253,5 @@ def test_views_is_refused_on_a_one_rank_gloo_world() -> None:
         (outcome,) = get_pool(1).run(views_on_one_rank, coalesced)
         name, message = outcome
         assert name == "ArgumentError", message
-        assert "transport='views'" in message and "gloo" in message
+        assert "transport='views'" in message
+        assert "gloo" in message
