@@ -33,6 +33,7 @@ class Step(NamedTuple):
     sizes: bool = False
     transport: str = "auto"
     grad: str | None = None
+    rank_dims: tuple[Any, ...] | None = None  # a dim per member, overriding ``dim``
 
 
 def make_shard(shape: tuple[int, ...], dtype: str, seed: int) -> torch.Tensor:
@@ -90,6 +91,7 @@ def run_step(ctx: RankContext, step: Step, groups: dict[tuple[int, ...], Any]) -
     r = members.index(ctx.rank)
     seed = 31 * ctx.rank + 1
     make = grad_shard if step.grad is not None else make_shard
+    dim = step.dim if step.rank_dims is None else step.rank_dims[r]
     before = _comm.collectives_issued()
     state_before = _state(group)
     outcome: dict[str, Any] = {}
@@ -98,10 +100,10 @@ def run_step(ctx: RankContext, step: Step, groups: dict[tuple[int, ...], Any]) -
             x = make(step.shapes[r], step.dtypes[r], seed)
             if step.grad is not None:
                 x.requires_grad_(True)
-            sizes = _sizes_along(step.shapes, step.dim) if step.sizes else None
+            sizes = _sizes_along(step.shapes, dim) if step.sizes else None
             out = vargather.all_gather_v(
                 x,
-                step.dim,
+                dim,
                 sizes=sizes,
                 group=group,
                 validate=step.validate,
@@ -113,14 +115,15 @@ def run_step(ctx: RankContext, step: Step, groups: dict[tuple[int, ...], Any]) -
             xs = [x]
         else:
             k = len(step.shapes[r])
-            dims = step.dim if isinstance(step.dim, tuple) else (step.dim,) * k
+            dims = dim if isinstance(dim, tuple) else (dim,) * k
             xs = [
                 make(s, d, seed + i)
                 for i, (s, d) in enumerate(zip(step.shapes[r], step.dtypes[r], strict=False))
             ]
             if step.grad is not None:
                 for x in xs:
-                    x.requires_grad_(True)
+                    if x.is_floating_point() or x.is_complex():
+                        x.requires_grad_(True)
             sizes_arg = None
             if step.sizes:
                 sizes_arg = [
@@ -128,7 +131,7 @@ def run_step(ctx: RankContext, step: Step, groups: dict[tuple[int, ...], Any]) -
                 ]
             outs = vargather.all_gather_v_coalesced(
                 xs,
-                step.dim,
+                dim,
                 sizes=sizes_arg,
                 group=group,
                 validate=step.validate,
@@ -139,11 +142,12 @@ def run_step(ctx: RankContext, step: Step, groups: dict[tuple[int, ...], Any]) -
         outcome["outputs"] = [o.detach().clone() for o in outs]
         outcome["forward"] = forward
         if step.grad is not None:
-            ups = [
-                upstream(tuple(o.shape), str(o.dtype).removeprefix("torch."), seed + i)
+            pairs = [
+                (o, upstream(tuple(o.shape), str(o.dtype).removeprefix("torch."), seed + i))
                 for i, o in enumerate(outs)
+                if o.requires_grad
             ]
-            torch.autograd.backward(outs, grad_tensors=ups)
+            torch.autograd.backward([o for o, _ in pairs], grad_tensors=[u for _, u in pairs])
             outcome["grads"] = [None if x.grad is None else x.grad.clone() for x in xs]
     except vargather.VarGatherError as err:
         outcome["error"] = (type(err).__name__, str(err), err.ranks)
