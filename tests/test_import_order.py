@@ -29,6 +29,7 @@ ORDER = [
     "_exchange",
     "_buffers",
     "_transport",
+    "_fused",
     "_autograd",
     "_api",
     "oracle",

@@ -1,7 +1,10 @@
-"""Stage 3, fused: the metadata exchange with a small payload riding along, one collective.
+"""Stages 3 and 5 fused: the metadata exchange with a small payload riding along.
 
-Pipeline: argument checks -> wire format -> **exchange and validation** (this fused
-round, falling back to ``_exchange``) -> ``Layout`` -> transport -> autograd.
+Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
+transport -> autograd. This module runs a validated call's exchange (falling back to
+``_exchange`` on the rare error path) and, when the payload is small, its transport in
+the same collective; it sits above ``_transport`` (whose transports move the payload
+when it does not ride along) and below ``_autograd``.
 
 Every validated call on a communicating group starts with **one equal-size all_gather
 of bytes** (the *fused round*). Each rank sends a block of ``slots * HEADER_BYTES +
