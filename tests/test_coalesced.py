@@ -12,6 +12,7 @@ in ``tests/test_fused.py``.
 from __future__ import annotations
 
 import pytest
+import torch
 
 import vargather
 
@@ -123,3 +124,20 @@ def test_misuse_raises_the_same_error_on_every_rank_and_the_group_stays_usable()
     assert results[0][6]["error"][1].startswith("all_gather_v_coalesced: tensor #2: gather dim")
     assert "expected one dim, or one per tensor (3), got 2 dims" in results[0][8]["error"][1]
     assert "tensor #2" in results[0][9]["error"][1]
+
+
+def test_without_a_world_the_inputs_come_back_and_misuse_still_raises() -> None:
+    a, b = torch.ones(2, 3), torch.arange(4)
+    got = vargather.all_gather_v_coalesced([a, b], dim=[1, 0])
+    assert len(got) == 2
+    assert got[0] is a
+    assert got[1] is b
+    assert vargather.all_gather_v_coalesced([]) == []
+    with pytest.raises(vargather.DimError, match=r"tensor #0: .*one per tensor \(2\), got 3"):
+        vargather.all_gather_v_coalesced([a, b], dim=[0, 0, 0])
+    with pytest.raises(vargather.DimError, match=r"tensor #1: .*dim=2 is out of range"):
+        vargather.all_gather_v_coalesced([a, b], dim=[0, 2])
+    with pytest.raises(vargather.InputTypeError, match="expected a sequence of tensors"):
+        vargather.all_gather_v_coalesced(a)  # type: ignore[arg-type]  # the misuse tested
+    with pytest.raises(vargather.SizesError, match=r"one entry per tensor \(2\), got 1"):
+        vargather.all_gather_v_coalesced([a, b], sizes=[[2]])

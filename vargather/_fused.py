@@ -104,7 +104,7 @@ HEADER_BYTES: Final = 8 * HEADER_WORDS
 SHAPE_SLOTS: Final = 6
 """Dims of the shape a compact header carries; a wider tensor takes the full path."""
 
-FUSED_MAX_BYTES: Final = 256 * 1024
+FUSED_MAX_BYTES: Final = 128 * 1024
 """Largest payload per rank that rides in the fused round (``docs/performance.md``)."""
 
 SHRINK_AFTER: Final = 8
