@@ -280,6 +280,7 @@ def unpack(regions: Sequence[torch.Tensor], layouts: Sequence[Layout]) -> list[t
     """The gathered tensors from each rank's payload bytes (``regions[r]``: rank r's
     tensors' bytes one after the other). One ``cat`` per tensor, exact for any dtype."""
     offsets = [0] * len(regions)
+    device = regions[0].device if regions else torch.device("cpu")
     outputs: list[torch.Tensor] = []
     for layout in layouts:
         row = layout.post * layout.dtype.itemsize
@@ -291,7 +292,7 @@ def unpack(regions: Sequence[torch.Tensor], layouts: Sequence[Layout]) -> list[t
             )
             offsets[r] += nbytes
         if layout.pre * layout.total * layout.post == 0:
-            outputs.append(torch.empty(layout.output_shape, dtype=layout.dtype))
+            outputs.append(torch.empty(layout.output_shape, dtype=layout.dtype, device=device))
             continue
         joined = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].clone()
         outputs.append(joined.view(layout.dtype).view(layout.output_shape))
@@ -459,7 +460,8 @@ def gather_bytes(
     w = info.world_size
     sizes = tuple(sum(payload_nbytes(lay, r) for lay in layouts) for r in range(w))
     if sum(sizes) == 0:
-        return unpack([torch.empty(0, dtype=torch.uint8)] * w, layouts)
+        device = tensors[0].device if tensors else info.default_device()
+        return unpack([torch.empty(0, dtype=torch.uint8, device=device)] * w, layouts)
     flat = Layout(
         sizes=sizes,
         dim=0,
