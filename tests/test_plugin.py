@@ -141,8 +141,10 @@ def test_a_correct_gather_passes_every_property(tmp_path: Path) -> None:
     assert counts.get("passed", 0) + counts.get("skipped", 0) == len(property_ids()), summary
     assert counts["passed"] >= 12, summary
     # What is checked, in the header; why a property is skipped (n/a under grad=local).
-    assert "vargather properties: pkg.gather:gather" in proc.stdout, output(proc)
-    assert "claimed gradient contract: local; world sizes 2" in proc.stdout, output(proc)
+    assert (
+        "vargather properties: pkg.gather:gather (vargather convention), claimed gradient "
+        "contract: local\nvargather properties: world sizes 2; up to 2 examples per property"
+    ) in proc.stdout, output(proc)
     assert "SKIPPED" in proc.stdout
     assert "not applicable: an identity of grad='sum'" in proc.stdout
 

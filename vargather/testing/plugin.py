@@ -75,17 +75,14 @@ _OPTION: Final = re.compile(r"(?<![\w-])--(?!vargather-)([a-z][a-z-]*)")
 
 def header_lines(options: CheckOptions) -> list[str]:
     """The lines the plugin adds to pytest's header: what is checked, and how."""
-    lines = Report(
-        impl=options.impl,
-        impl_display=options.impl or "vargather.all_gather_v",
-        convention=options.convention,
-        grad=options.grad,
-        world_sizes=options.world_sizes,
-        max_examples=options.max_examples,
-        seed=options.seed,
-        xfails_path=options.xfails_path,
-    ).header_lines()[:2]
-    return [line.replace("vargather check: ", "vargather properties: ", 1) for line in lines]
+    sizes = ",".join(str(w) for w in options.world_sizes)
+    return [
+        f"vargather properties: {options.impl or 'vargather.all_gather_v'} "
+        f"({options.convention} convention), claimed gradient contract: {options.grad}",
+        f"vargather properties: world sizes {sizes}; up to {options.max_examples} examples "
+        f"per property; seed {options.seed}"
+        + (f"; xfails from {options.xfails_path}" if options.xfails_path else ""),
+    ]
 
 
 class PropertyFailedError(VarGatherError, AssertionError):
@@ -122,11 +119,12 @@ def _outcome(report: Report, result: PropertyResult) -> None:
     """Pass, or the pytest outcome of ``result``: the check's own failure text."""
     if result.status == "pass":
         return
-    if result.status == "n/a":
-        pytest.skip(f"not applicable: {result.reason}")
     if result.status == "xfail":
         kind = result.failure.kind if result.failure is not None else "fail"
         pytest.xfail(f"listed in {report.xfails_path}; failed ({kind})")
+    if not result.failed:  # n/a: the property does not apply (or is out of scope)
+        label = "not applicable" if result.status == "n/a" else result.status
+        pytest.skip(f"{label}: {result.reason}")
     lines = report.failure_lines()
     # pytest heads the failure with the item's name already: the check's
     # "=== ID: FAILED (KIND) ===" line becomes the KIND in front of the message.
