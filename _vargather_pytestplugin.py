@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHECK_OPTIONS", "check_argv"]
 
-CHECK_OPTIONS: Final = (
+CHECK_OPTIONS: Final[tuple[tuple[str, str | None, str], ...]] = (
     ("grad", "CONTRACT", "the gradient contract ATTR claims: sum, local or mean"),
     ("world-sizes", "W,W,...", "world sizes to run the properties on, e.g. 2,3"),
     ("max-examples", "N", "Hypothesis examples per property"),
@@ -43,7 +43,8 @@ CHECK_OPTIONS: Final = (
 )
 """The check's options the plugin takes: ``--vargather-NAME VALUE`` is passed on as
 ``python -m vargather check``'s ``--NAME VALUE`` (see its ``--help`` for the defaults).
-(name, metavar, help)."""
+(name, metavar, help); a metavar of ``None`` is a flag (``--vargather-NAME`` passes
+``--NAME``). A new check option reaches pytest by a row here."""
 
 _OPTIONS_KEY: Final[pytest.StashKey[CheckOptions]] = pytest.StashKey()
 _USED_KEY: Final[pytest.StashKey[bool]] = pytest.StashKey()
@@ -69,12 +70,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ),
     )
     for name, metavar, text in CHECK_OPTIONS:
+        how = {"action": "store_true"} if metavar is None else {"metavar": metavar}
         group.addoption(
             f"--vargather-{name}",
-            metavar=metavar,
             default=None,
             dest=_dest(name),
             help=f"{text} (check's --{name}; needs --vargather-impl)",
+            **how,
         )
 
 
@@ -94,7 +96,7 @@ def check_argv(config: pytest.Config) -> list[str] | None:
         return None
     argv = ["--impl", str(impl)]
     for name, value in given:
-        argv += [f"--{name}", str(value)]
+        argv += [f"--{name}"] if value is True else [f"--{name}", str(value)]
     return argv
 
 

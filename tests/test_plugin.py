@@ -114,6 +114,33 @@ PROPERTY_OPTIONS = ("--vargather-world-sizes", "2", "--vargather-max-examples", 
 # --- the properties as items -----------------------------------------------------------
 
 
+def test_every_plugin_option_is_a_check_option_spelled_alike() -> None:
+    """``--vargather-NAME`` passes ``--NAME`` to the check's own parser: each row of the
+    table must be an option of ``python -m vargather check``, a flag where it is one."""
+    import argparse
+
+    import _vargather_pytestplugin as plugin
+    from vargather._cli.check import _parser
+
+    actions = _parser()._option_string_actions
+    for name, metavar, _ in plugin.CHECK_OPTIONS:
+        assert f"--{name}" in actions, f"--vargather-{name}: check has no --{name}"
+        is_flag = isinstance(actions[f"--{name}"], argparse._StoreTrueAction)
+        assert is_flag == (metavar is None), f"--vargather-{name}: flag or not, unlike check"
+
+    class Config:
+        def __init__(self, **values: object) -> None:
+            self.values = values
+
+        def getoption(self, dest: str) -> object:
+            return self.values.get(dest)
+
+    config = Config(vargather_impl="pkg:f", vargather_grad="local", vargather_seed="3")
+    argv = plugin.check_argv(config)  # type: ignore[arg-type]  # a stand-in for pytest.Config
+    assert argv == ["--impl", "pkg:f", "--grad", "local", "--seed", "3"]
+    assert plugin.check_argv(Config()) is None  # type: ignore[arg-type]  # the same stand-in
+
+
 def test_one_item_per_property_named_by_its_id(tmp_path: Path) -> None:
     project = make_project(tmp_path)
     impl = ("--vargather-impl", "pkg.gather:gather", "--vargather-grad", "local")
