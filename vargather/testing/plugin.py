@@ -99,7 +99,12 @@ class PropertyItem(pytest.Item):
 
     def runtest(self) -> None:
         options = dataclasses.replace(self.options, only=(self.name,))
-        report = run_check(options, progress_stream=None)
+        try:
+            report = run_check(options, progress_stream=None)
+        except CheckUsageError as err:
+            # Validated and imported at configure time already: what is left is the
+            # ranks failing to import MODULE:ATTR (a rank died or hung doing it).
+            raise PropertyFailedError(f"vargather: {err}") from None
         (result,) = report.results
         self.user_properties.append(("vargather", result.to_json()))
         _outcome(report, result)
