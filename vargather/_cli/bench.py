@@ -734,6 +734,7 @@ def _rank_cell(ctx: RankContext, job: tuple[BenchConfig, float, str, str]) -> di
         "limit_bytes": cell.eq_rows * world_size * ROW_ELEMENTS * 4,
         "floor": floor_ratio(shares),
         "auto_transport": auto_transport_name(layout, "gloo"),
+        "malloc_env": malloc_environment(),
         "forward": forward,
         "backward": backward,
     }
@@ -893,6 +894,7 @@ def _rank_small(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, A
         "limit_bytes": total * 4,
         "forced_transport": forced,
         "calls_per_burst": cfg.calls,
+        "malloc_env": malloc_environment(),
         "forward": results,
     }
 
@@ -938,6 +940,7 @@ def _rank_coalesced(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[st
         "output_bytes": total * row_bytes,
         "limit_bytes": total * row_bytes,
         "calls_per_burst": cfg.calls,
+        "malloc_env": malloc_environment(),
     }
     coalesced = getattr(vargather, "all_gather_v_coalesced", None)
     if coalesced is None:
@@ -977,6 +980,11 @@ def _rank_coalesced(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[st
     return record if rank == 0 else None
 
 
+def malloc_environment() -> dict[str, str]:
+    """The ``MALLOC_*`` settings this process runs with (recorded by every pass)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+
+
 def _wanted(name: str, cfg: BenchConfig) -> bool:
     return cfg.variants is None or name in cfg.variants
 
@@ -1002,6 +1010,7 @@ def cell_count(cfg: BenchConfig) -> int:
 
 def _merge_memory(cell: dict[str, Any], memory: dict[str, Any] | None) -> None:
     """Fold the memory pass's record into the timed record of the same cell."""
+    cell["memory_malloc_env"] = None if memory is None else memory["malloc_env"]
     for direction in ("forward", "backward"):
         for name, entry in cell[direction].items():
             seen = None if memory is None else memory[direction].get(name)
@@ -1407,19 +1416,18 @@ def plot(
         len(rows), ncols, figsize=(4.2 * ncols, 3.2 * len(rows)), squeeze=False
     )
 
-    def curve(ax: Any, sel: Sequence[dict[str, Any]], key: str, name: str, label: str) -> None:
-        xs = [c[key] for c in sel]
+    def curve(ax: Any, sel: Sequence[dict[str, Any]], name: str, key: str, label: str) -> None:
+        xs = [c["payload_kb"] for c in sel]
         ys = [c["forward"][name]["median_ratio"] if name in c["forward"] else math.nan for c in sel]
-        plain = name.removeprefix("coalesced: ")
-        style = "-" if plain.startswith(("vargather", "coalesced")) else "--"
+        style = "-" if name.startswith(("vargather", "coalesced")) else "--"
         ax.plot(
             xs,
             ys,
             style,
             marker="o",
             markersize=3,
-            linewidth=2.5 if plain in ("vargather:auto", "coalesced") else 1.2,
-            color=color[label],
+            linewidth=2.5 if name in ("vargather:auto", "coalesced") else 1.2,
+            color=color[key],
             label=label,
         )
 
@@ -1448,8 +1456,8 @@ def plot(
                 ax = axes[i][j]
                 ax.set_visible(True)
                 for name in _columns(sel, "forward"):
-                    label = _short(name) if j == 0 else f"coalesced: {name}"
-                    curve(ax, sel, "payload_kb", name, label)
+                    key = name if j == 0 else f"coalesced: {name}"
+                    curve(ax, sel, name, key, _short(key))
                 ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
                 finish(ax, f"{title}, W={w}", "gathered in total (KiB)", j == 0, True)
             continue
@@ -1520,10 +1528,14 @@ def _environment() -> dict[str, Any]:
         "backend": "gloo",
         "threads_per_rank": 1,
         "row_bytes": ROW_ELEMENTS * 4,
-        "timing_malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         "memory_malloc_env": dict(_MALLOC_ENV),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "load_average": _load(),
     }
+
+
+def _load() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (the machine may be shared)."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 def _print_report(report: str) -> None:
@@ -1558,6 +1570,7 @@ def main(argv: Sequence[str]) -> int:
         throttle=10.0,
     )
     started = time.time()
+    load_at_start = _load()
     cells: list[dict[str, Any]] = []
     small: list[dict[str, Any]] = []
     coalesced: list[dict[str, Any]] = []
@@ -1585,7 +1598,7 @@ def main(argv: Sequence[str]) -> int:
     ]
     document = {
         "schema": SCHEMA,
-        "environment": _environment(),
+        "environment": {**_environment(), "load_average_at_start": load_at_start},
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()},
         "elapsed_s": time.time() - started,
         "cells": cells,
