@@ -1431,9 +1431,19 @@ def plot(
             label=label,
         )
 
-    def finish(ax: Any, title: str, xlabel: str, first: bool, last: bool) -> None:
+    def finish(
+        ax: Any, title: str, xlabel: str, xs: Sequence[float], first: bool, last: bool
+    ) -> None:
+        from matplotlib.ticker import LogLocator, NullFormatter, NullLocator, ScalarFormatter
+
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(set(xs))))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_title(title, fontsize=9)
         ax.grid(True, which="both", linewidth=0.3)
         if first:
@@ -1459,7 +1469,8 @@ def plot(
                     key = name if j == 0 else f"coalesced: {name}"
                     curve(ax, sel, name, key, _short(key))
                 ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
-                finish(ax, f"{title}, W={w}", "gathered in total (KiB)", j == 0, True)
+                xs = [c["payload_kb"] for c in sel]
+                finish(ax, f"{title}, W={w}", "gathered in total (KiB)", xs, j == 0, True)
             continue
         for j, prof in enumerate(profiles):
             ax = axes[i][j]
@@ -1490,7 +1501,7 @@ def plot(
                 )
             if direction == "forward":
                 ax.axhline(sel[0]["floor"], color="grey", linewidth=0.8, linestyle=":")
-            finish(ax, f"{direction}, W={w}, {prof}", "payload (MB)", j == 0, last)
+            finish(ax, f"{direction}, W={w}, {prof}", "payload (MB)", xs, j == 0, last)
     handles: dict[str, Any] = {}
     for ax in axes.flat:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
