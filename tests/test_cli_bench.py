@@ -150,7 +150,9 @@ def test_small_part_timed_in_bursts_and_verified(
             where = f"small {name} {c['payload_kb']} KiB"
             assert entry["verified"] is True, where
             assert len(entry["times_s"]) == len(entry["ratios"]) == 3, where
+            assert len(entry["cpu_s"]) == 3, where
             assert all(t > 0 for t in entry["times_s"]), where
+            assert entry["median_cpu_ms"] >= 0, where
             q1, q3 = entry["quartile_ratios"]
             assert q1 <= entry["median_ratio"] <= q3, where
     assert document["config"]["parts"] == ["large", "small", "coalesced"]
@@ -186,6 +188,7 @@ def test_tables_and_plot_are_written(smoke: tuple[dict[str, Any], Path, str]) ->
     for heading in (
         "**small payloads**",
         "**coalesced**",
+        "**CPU time per call**",
         "**forward**",
         "**backward**",
         "**peak extra memory**",

@@ -664,6 +664,8 @@ def _summarize(results: dict[str, dict[str, Any]]) -> None:
             q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
             entry["quartile_ratios"] = [q1, q3]
         entry["median_ms"] = statistics.median(entry["times_s"]) * 1e3
+        if entry.get("cpu_s"):
+            entry["median_cpu_ms"] = statistics.median(entry["cpu_s"]) * 1e3
 
 
 def _measure_memory(variants: Sequence[_Variant]) -> dict[str, dict[str, Any]]:
@@ -758,11 +760,13 @@ def _measure_bursts(
 ) -> dict[str, dict[str, Any]]:
     """Warm up (every call checked), then ``repeats`` rounds in a rotated order; per
     round and variant one untimed call, a barrier and ``calls`` timed calls, the last
-    one checked in the last round."""
+    one checked in the last round. Besides the wall time, the process CPU time of the
+    burst (every thread of the rank, gloo's included), the largest over ranks: what the
+    call costs the machine, far less sensitive to its load than the wall time."""
     import torch.distributed as dist
 
     results: dict[str, dict[str, Any]] = {
-        v.name: {"times_s": [], "verified": True} for v in variants
+        v.name: {"times_s": [], "cpu_s": [], "verified": True} for v in variants
     }
     counter = dict.fromkeys(results, 0)
 
@@ -780,11 +784,14 @@ def _measure_bursts(
         for v in order:
             call(v)  # steady state: whatever the previous burst left, one call first
             dist.barrier()
+            c0 = time.process_time()
             t0 = time.perf_counter()
             for _ in range(calls):
                 i, result = call(v)
             elapsed = time.perf_counter() - t0
+            cpu = time.process_time() - c0
             results[v.name]["times_s"].append(_slowest(elapsed / calls))
+            results[v.name]["cpu_s"].append(_slowest(cpu / calls))
             if k == repeats - 1:
                 results[v.name]["verified"] &= _all_true(v.check(i, result))
     _summarize(results)
@@ -1168,6 +1175,27 @@ def _small_tables(
             + _table(head, rows)
         )
     done = [c for c in coalesced if "skipped" not in c]
+    cpu_rows = [
+        [
+            part,
+            str(c["world_size"]),
+            f"{c['payload_kb']:g}",
+            " · ".join(
+                f"{_short(n)} {e['median_cpu_ms'] * 1e3:.0f}"
+                for n, e in c["forward"].items()
+                if "median_cpu_ms" in e
+            ),
+        ]
+        for part, cells in (("small", small), ("coalesced", done))
+        for c in cells
+    ]
+    if cpu_rows:
+        cpu_note = (
+            "**CPU time per call**, µs: the rank process's CPU time over a burst (every "
+            "thread, gloo's included) divided by its calls, largest over ranks, median over "
+            "bursts; far less sensitive to the machine's load than the times above\n\n"
+        )
+        cpu_table = _table(["part", "W", "KiB", "variant µs"], cpu_rows)
     if done:
         cols = _columns(done, "forward")
         head = [
@@ -1205,6 +1233,8 @@ def _small_tables(
         )
     notes = sorted({c["skipped"] for c in coalesced if "skipped" in c})
     parts += [f"**coalesced**: skipped, {n}" for n in notes]
+    if cpu_rows:
+        parts.append(cpu_note + cpu_table)
     return parts
 
 
