@@ -12,14 +12,15 @@ from datetime import timedelta
 from typing import NamedTuple, TypeAlias
 
 import torch
-import torch.distributed as dist
 
 from ._args import check_call
 from ._autograd import GatherPlan, GatherVFunction
 from ._choices import GradContract, TransportName
+from ._compiled import bind_eager, compiled_gather
 from ._exchange import plan_layout, trusted_layout
 from ._group import GroupInfo, resolve_group
 from ._layout import Layout
+from ._mesh import GroupLike, MeshDim, resolve_mesh
 from ._transport import choose_transport
 
 __all__ = [
@@ -46,11 +47,12 @@ def _plan(
     x: object,
     dim: object,
     sizes: object,
-    group: dist.ProcessGroup | None,
+    group: object,
     grad: object,
     transport: object,
     validate: object,
     timeout: object = None,
+    mesh_dim: object = None,
 ) -> tuple[Layout, GroupInfo]:
     """Stages 1-3 for one call: every problem becomes the same error on every rank.
 
@@ -59,7 +61,7 @@ def _plan(
     ``validate=False``, whatever the local checks find (the exchange that would tell
     the peers is exactly what was skipped).
     """
-    info = resolve_group(group)
+    info = resolve_group(resolve_mesh(group, mesh_dim))  # type: ignore[arg-type]  # judged there
     call = check_call(
         x,
         dim,
@@ -83,18 +85,19 @@ def gather_layout(
     dim: int = 0,
     *,
     sizes: Sizes = None,
-    group: dist.ProcessGroup | None = None,
+    group: GroupLike = None,
     grad: GradContract = "sum",
     transport: TransportName = "auto",
     validate: bool = True,
     timeout: Timeout = None,
+    mesh_dim: MeshDim = None,
 ) -> Layout:
     """The ``Layout`` (sizes, offsets, total, ...) a gather of ``x`` would have.
 
     A collective (the metadata exchange) unless ``sizes`` is given with
     ``validate=False``; it raises exactly what ``all_gather_v`` would, on every rank.
     """
-    layout, _ = _plan(x, dim, sizes, group, grad, transport, validate, timeout)
+    layout, _ = _plan(x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim)
     return layout
 
 
@@ -103,14 +106,30 @@ def all_gather_v_with_layout(
     dim: int = 0,
     *,
     sizes: Sizes = None,
-    group: dist.ProcessGroup | None = None,
+    group: GroupLike = None,
     grad: GradContract = "sum",
     transport: TransportName = "auto",
     validate: bool = True,
     timeout: Timeout = None,
+    mesh_dim: MeshDim = None,
 ) -> GatherResult:
     """``all_gather_v`` that also returns the gather's ``Layout``."""
-    layout, info = _plan(x, dim, sizes, group, grad, transport, validate, timeout)
+    if torch.compiler.is_compiling():  # a custom operator dynamo can trace (``_compiled``)
+        out, layout = compiled_gather(
+            x,
+            dim,
+            sizes=sizes,
+            group=group,
+            mesh_dim=mesh_dim,
+            grad=grad,
+            transport=transport,
+            validate=validate,
+            timeout=timeout,
+            with_layout=True,
+        )
+        assert layout is not None  # with_layout=True
+        return GatherResult(out, layout)
+    layout, info = _plan(x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim)
     assert isinstance(x, torch.Tensor)  # validated by _plan on every rank
     if not info.communicates:
         return GatherResult(x, layout)
@@ -127,13 +146,17 @@ def all_gather_v(
     dim: int = 0,
     *,
     sizes: Sizes = None,
-    group: dist.ProcessGroup | None = None,
+    group: GroupLike = None,
     grad: GradContract = "sum",
     transport: TransportName = "auto",
     validate: bool = True,
     timeout: Timeout = None,
+    mesh_dim: MeshDim = None,
 ) -> torch.Tensor:
     """Gather tensors whose size along ``dim`` differs per rank: ``cat_r x_r`` on every rank.
+
+    Under ``torch.compile`` it is a custom operator: no graph break with ``sizes``
+    given as ints, one without (``vargather._compiled``, ``docs/compile.md``).
 
     Args:
         x: this rank's shard, ``lead + (n_r,) + trail``. ``lead``, ``trail``, ndim,
@@ -143,9 +166,10 @@ def all_gather_v(
             1-d integer tensor, in group-rank order). With ``validate=True`` they are
             checked against the truth on every rank; with ``validate=False`` they are
             trusted and the metadata exchange is skipped (see ``_exchange``).
-        group: the process group (``None``: the default group). Without an
-            initialized torch.distributed, or in a world of one rank, the gather is
-            the identity and returns ``x`` itself.
+        group: the process group (``None``: the default group), or a
+            ``DeviceMesh`` (1-D, or with ``mesh_dim``). Without an initialized
+            torch.distributed, or in a world of one rank, the gather is the identity
+            and returns ``x`` itself.
         grad: the gradient contract, ``"sum"``, ``"local"`` or ``"mean"`` (see
             ``GatherVFunction``); must be the same on every rank.
         transport: ``"auto"``, ``"padded"``, ``"alltoallv"``, ``"broadcast"`` or
@@ -158,6 +182,8 @@ def all_gather_v(
             its backward, may wait for the peers, instead of the group's timeout. On
             expiry every waiting rank raises ``CollectiveTimeoutError`` naming the
             ranks that never arrived; the group is out of step afterwards.
+        mesh_dim: with a multi-dimensional ``DeviceMesh`` as ``group``, the mesh
+            dimension (index or name) whose process group gathers.
 
     Returns:
         ``lead + (Σ_r n_r,) + trail``, rank 0's block first.
@@ -169,6 +195,19 @@ def all_gather_v(
         CollectiveError: a peer never arrived (``CollectiveTimeoutError``) or died
             (``PeerLostError``), naming it when the arrival census can.
     """
+    if torch.compiler.is_compiling():  # a custom operator dynamo can trace (``_compiled``)
+        return compiled_gather(
+            x,
+            dim,
+            sizes=sizes,
+            group=group,
+            mesh_dim=mesh_dim,
+            grad=grad,
+            transport=transport,
+            validate=validate,
+            timeout=timeout,
+            with_layout=False,
+        )[0]
     return all_gather_v_with_layout(
         x,
         dim,
@@ -178,4 +217,8 @@ def all_gather_v(
         transport=transport,
         validate=validate,
         timeout=timeout,
+        mesh_dim=mesh_dim,
     ).tensor
+
+
+bind_eager(_plan, all_gather_v_with_layout)
