@@ -30,6 +30,7 @@ ORDER = [
     "_exchange",
     "_buffers",
     "_transport",
+    "_fused",
     "_autograd",
     "_compiled",
     "_api",

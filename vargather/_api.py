@@ -8,26 +8,30 @@ moves the payload through a ``_transport``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import NamedTuple, TypeAlias
 
 import torch
 
-from ._args import check_call
-from ._autograd import GatherPlan, GatherVFunction
+from . import _fused
+from ._args import CheckedCall, Problem, check_call
+from ._autograd import CoalescedFunction, CoalescedPlan, GatherPlan, GatherVFunction
 from ._choices import GradContract, TransportName
 from ._compiled import bind_eager, compiled_gather
+from ._errors import DimError, InputTypeError, SizesError, VarGatherError
 from ._exchange import plan_layout, trusted_layout
 from ._group import GroupInfo, resolve_group
 from ._layout import Layout
 from ._mesh import GroupLike, MeshDim, resolve_mesh
-from ._transport import choose_transport
+from ._transport import Transport, choose_transport
 
 __all__ = [
     "GatherResult",
     "GradContract",
     "TransportName",
     "all_gather_v",
+    "all_gather_v_coalesced",
     "all_gather_v_with_layout",
     "gather_layout",
 ]
@@ -53,8 +57,13 @@ def _plan(
     validate: object,
     timeout: object = None,
     mesh_dim: object = None,
-) -> tuple[Layout, GroupInfo]:
+    *,
+    layout_only: bool = False,
+) -> tuple[Layout, GroupInfo, torch.Tensor | None]:
     """Stages 1-3 for one call: every problem becomes the same error on every rank.
+
+    Returns the layout, the group, and the gathered tensor when the payload rode in
+    the fused round (``_fused``; ``None``: the payload still has to move).
 
     Only two kinds of problem are raised on this rank alone: an unusable ``group``
     (``resolve_group``: without a group there is nobody to tell) and, with
@@ -75,9 +84,17 @@ def _plan(
     if call.timeout is not None:
         info = info.with_timeout(call.timeout)
     if sizes is not None and validate is False:
-        return trusted_layout(call, info), info
+        return trusted_layout(call, info), info, None
+    if not info.communicates:
+        return plan_layout(call, info), info, None
     # A non-bool validate runs the exchange, which reports it on every rank.
-    return plan_layout(call, info), info
+    eligible = _is_auto(transport) and not layout_only
+    found = _fused.exchange("single", [call], [x], info, eligible=eligible)
+    return found.layouts[0], info, None if found.outputs is None else found.outputs[0]
+
+
+def _is_auto(transport: object) -> bool:
+    return isinstance(transport, str) and transport == "auto"
 
 
 def gather_layout(
@@ -97,7 +114,9 @@ def gather_layout(
     A collective (the metadata exchange) unless ``sizes`` is given with
     ``validate=False``; it raises exactly what ``all_gather_v`` would, on every rank.
     """
-    layout, _ = _plan(x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim)
+    layout, _, _ = _plan(
+        x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim, layout_only=True
+    )
     return layout
 
 
@@ -129,12 +148,19 @@ def all_gather_v_with_layout(
         )
         assert layout is not None  # with_layout=True
         return GatherResult(out, layout)
-    layout, info = _plan(x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim)
+    layout, info, gathered = _plan(
+        x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim
+    )
     assert isinstance(x, torch.Tensor)  # validated by _plan on every rank
     if not info.communicates:
         return GatherResult(x, layout)
     # grad and transport are valid and agreed on every rank by now.
-    plan = GatherPlan(layout, info, choose_transport(str(transport), layout, info), grad)
+    chosen: Transport
+    if gathered is not None:  # the payload rode in the fused round (transport "auto")
+        chosen = _fused.Prefetched(gathered, choose_transport("auto", layout, info))
+    else:
+        chosen = choose_transport(str(transport), layout, info)
+    plan = GatherPlan(layout, info, chosen, grad)
     # Function.apply is untyped in torch's stubs (it forwards *args to forward).
     out = GatherVFunction.apply(x, plan)  # type: ignore[no-untyped-call]
     assert isinstance(out, torch.Tensor)
@@ -221,4 +247,174 @@ def all_gather_v(
     ).tensor
 
 
-bind_eager(_plan, all_gather_v_with_layout)
+# --- several tensors at once -------------------------------------------------------------
+
+
+def _is_sequence(value: object) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _with_problem(call: CheckedCall, problem: Problem) -> CheckedCall:
+    return call._replace(record=replace(call.record, problem=problem))
+
+
+def _coalesced_calls(
+    tensors: object,
+    dim: object,
+    sizes: object,
+    grad: object,
+    transport: object,
+    info: GroupInfo,
+    validate: object,
+    timeout: object,
+) -> tuple[list[object], list[CheckedCall]]:
+    """Each tensor's checked call; a problem with the call as a whole (``tensors`` not a
+    sequence, ``dim`` or ``sizes`` not one per tensor) is tensor #0's problem."""
+    problem: Problem | None = None
+    items: list[object]
+    if isinstance(tensors, torch.Tensor) or not _is_sequence(tensors):
+        problem = Problem(
+            InputTypeError,
+            f"expected a sequence of tensors, got {type(tensors).__name__}",
+        )
+        items = [tensors]
+    else:
+        assert isinstance(tensors, Sequence)
+        items = list(tensors)
+    k = len(items)
+    dims: list[object] = [dim] * k
+    if _is_sequence(dim):
+        assert isinstance(dim, Sequence)
+        if len(dim) == k:
+            dims = list(dim)
+        else:
+            problem = problem or Problem(
+                DimError, f"expected one dim, or one per tensor ({k}), got {len(dim)} dims"
+            )
+            dims = [0] * k
+    each: list[object] = [None] * k
+    if sizes is not None:
+        if _is_sequence(sizes) and len(sizes) == k:  # type: ignore[arg-type]  # a Sequence by now
+            assert isinstance(sizes, Sequence)
+            each = list(sizes)
+        else:
+            what = f"{len(sizes)} entries" if _is_sequence(sizes) else type(sizes).__name__  # type: ignore[arg-type]  # a Sequence when _is_sequence
+            problem = problem or Problem(
+                SizesError, f"expected sizes=None or one entry per tensor ({k}), got {what}"
+            )
+    if problem is not None and not items:
+        items = [None]
+        dims, each = [0], [None]
+    calls = [
+        check_call(
+            t,
+            d,
+            sizes=s,
+            grad=grad,
+            transport=transport,
+            info=info,
+            validate=validate,
+            timeout=timeout,
+        )
+        for t, d, s in zip(items, dims, each, strict=True)
+    ]
+    if problem is not None:
+        calls[0] = _with_problem(calls[0], problem)
+    return items, calls
+
+
+def all_gather_v_coalesced(
+    tensors: Sequence[torch.Tensor],
+    dim: int | Sequence[int] = 0,
+    *,
+    sizes: Sequence[Sizes] | None = None,
+    group: GroupLike = None,
+    grad: GradContract = "sum",
+    transport: TransportName = "auto",
+    validate: bool = True,
+    timeout: Timeout = None,
+    mesh_dim: MeshDim = None,
+) -> list[torch.Tensor]:
+    """``all_gather_v`` of several tensors at once: one metadata exchange and one payload
+    collective for all of them (one collective in all when they are small).
+
+    Each tensor has its own dtype, shape and ragged size along its ``dim``; ``dim`` is
+    one int or one per tensor, ``sizes`` ``None`` or one entry (``None`` or the sizes)
+    per tensor. Returns the gathered tensors in order. Every argument means what it
+    means for ``all_gather_v`` and is validated the same way; an error names the
+    tensor (``"tensor #1: ..."``) and is raised on every rank, the number of tensors
+    included. Gradients flow to every input under ``grad``; the backward runs one
+    collective per tensor that needs a gradient, in order. With ``validate=False`` and
+    every tensor's ``sizes`` given the exchange is skipped. In a world of one rank the
+    inputs are returned as they are. ``group`` may be a ``DeviceMesh`` (with
+    ``mesh_dim``), as for ``all_gather_v``.
+    """
+    info = resolve_group(resolve_mesh(group, mesh_dim))  # type: ignore[arg-type]  # judged there
+    items, calls = _coalesced_calls(tensors, dim, sizes, grad, transport, info, validate, timeout)
+    call_timeout = calls[0].timeout if calls else None
+    if call_timeout is not None:
+        info = info.with_timeout(call_timeout)
+    trusted = (
+        validate is False
+        and sizes is not None
+        and all(e is not None for e in sizes)
+        and len(items) == len(sizes)
+    )
+    outputs: list[torch.Tensor] | None = None
+    if trusted:
+        layouts = []
+        for i, call in enumerate(calls):
+            try:
+                layouts.append(trusted_layout(call, info))
+            except VarGatherError as err:
+                raise _fused.named(err, i) from None
+    elif not info.communicates:
+        for i, call in enumerate(calls):
+            try:
+                plan_layout(call, info)
+            except VarGatherError as err:
+                raise _fused.named(err, i) from None
+        return [t for t in items if isinstance(t, torch.Tensor)]
+    else:
+        found = _fused.exchange("coalesced", calls, items, info, eligible=_is_auto(transport))
+        layouts = list(found.layouts)
+        outputs = found.outputs
+    if not info.communicates:
+        return [t for t in items if isinstance(t, torch.Tensor)]
+    xs = [t for t in items if isinstance(t, torch.Tensor)]
+    name = "auto" if outputs is not None else str(transport)
+    if outputs is None:
+        outputs = _fused.gather_bytes(xs, layouts, info, name)
+    if not any(x.requires_grad for x in xs) or not torch.is_grad_enabled():
+        return outputs
+    plan = CoalescedPlan(
+        tuple(layouts),
+        info,
+        tuple(choose_transport(name, lay, info) for lay in layouts),
+        grad,
+        [outputs],
+    )
+    # Function.apply is untyped in torch's stubs (it forwards *args to forward).
+    result = CoalescedFunction.apply(plan, *xs)  # type: ignore[no-untyped-call]
+    return list(result)
+
+
+def _plan_without_payload(
+    x: object,
+    dim: object,
+    sizes: object,
+    group: object,
+    grad: object,
+    transport: object,
+    validate: object,
+    timeout: object = None,
+) -> tuple[Layout, GroupInfo]:
+    """``_plan`` with the payload kept out of the fused round: the compiled operator
+    (``_compiled``) moves the payload itself."""
+    layout, info, _ = _plan(
+        x, dim, sizes, group, grad, transport, validate, timeout, layout_only=True
+    )
+    return layout, info
+
+
+bind_eager(_plan_without_payload, all_gather_v_with_layout)
