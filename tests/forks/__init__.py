@@ -23,7 +23,10 @@ class Fork:
     """``CheckOptions`` keyword arguments: the declared scope."""
     fails: dict[str, tuple[str, str]] = field(default_factory=dict)
     """property id -> (failure kind, aspect) for the rows that must fail; every other
-    row passes, is n/a or unsupported."""
+    row passes, is n/a or unsupported, except the ``also`` rows."""
+    also: tuple[str, ...] = ()
+    """Rows whose cases may hit the same bug (they draw it too), failing with the same
+    kind and aspect, or passing when their examples happen not to."""
     bug: str = ""
 
 
@@ -62,6 +65,7 @@ ZOO: tuple[Fork, ...] = (
         "tests.forks.strided_bug:gather_fast",
         {"grad": "none", "emulate": "nccl"},
         fails={"non-contiguous": ("error", "call")},
+        also=("one-rank", "subgroup", "uninitialized"),
         bug="an equal-size fast path hands a strided view to all_gather (NCCL refuses it)",
     ),
     Fork(
@@ -69,6 +73,21 @@ ZOO: tuple[Fork, ...] = (
         "tests.forks.negative_dim_crash:gather",
         {"grad": "none"},
         fails={"dims": ("crash", "call")},
+        also=(
+            "forward-float",
+            "forward-half",
+            "forward-complex",
+            "forward-int",
+            "forward-int:int16",
+            "forward-bool",
+            "empty-some",
+            "empty-all",
+            "non-contiguous",
+            "sizes-list",
+            "sizes-tensor",
+            "returned-sizes",
+            "subgroup",
+        ),
         bug="a negative dim aborts a rank",
     ),
 )

@@ -346,7 +346,8 @@ def _config_defaults(argv: Sequence[str]) -> tuple[dict[str, object], str | None
         if not os.path.isfile("pyproject.toml"):
             return {}, None
         path = "pyproject.toml"
-    return read_config(path), os.path.abspath(path)
+    defaults = read_config(path)
+    return defaults, (os.path.abspath(path) if defaults else None)
 
 
 def _dims(text: str | None) -> tuple[int, ...] | None:

@@ -95,6 +95,9 @@ DEFAULT_SHRINK_BUDGET: Final = 40
 """Examples a property may run shrinking its first failure (a count, not seconds, so
 a loaded machine shrinks to the same counterexample): a crashing implementation costs
 a world restart per attempt. A hang is not shrunk (each attempt costs ``--timeout``)."""
+CRASH_SHRINK_BUDGET: Final = 12
+"""At most this many shrinking examples once a property's failure is a crash (the crash
+is already pinned to one case by bisecting its batch on fresh worlds)."""
 GRADS: Final = (*CONTRACTS, "none")
 """``--grad``: a contract, or ``none`` (not differentiable: gradient rows n/a)."""
 EMULATIONS: Final = ("nccl",)
@@ -121,7 +124,8 @@ class CheckOptions:
     emulate: str | None = None
     strict: bool = False
     db: str | None = None
-    config_path: str | None = None
+    config_path: str | None = field(default=None, compare=False)
+    """The config file whose ``[tool.vargather.check]`` table gave defaults, if any."""
     world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES
     max_examples: int = DEFAULT_MAX_EXAMPLES
     seed: int = DEFAULT_SEED
@@ -543,8 +547,11 @@ def _evaluate(
 
     def run(batch: list[GatherCase]) -> PropertyFailure | None:
         if state.failed_at is not None:
-            hung = state.last is not None and state.last.kind == "hang"
-            if hung or state.shrink_runs >= options.shrink_budget:
+            kind = state.last.kind if state.last is not None else None
+            budget = options.shrink_budget
+            if kind == "crash":  # every crashing attempt costs a world restart
+                budget = min(budget, CRASH_SHRINK_BUDGET)
+            if kind == "hang" or state.shrink_runs >= budget:
                 reject()  # out of shrinking budget: keep the smallest failure found so far
             state.shrink_runs += 1
         with _in_flight(options.in_flight, batch, impl):
@@ -1033,7 +1040,9 @@ def _run_check(
         timeout = options.timeout
 
         def pool_factory(w: int) -> RankPool:
-            return get_pool(w, call_timeout=timeout)
+            # forkserver: a world rebuilt after a crash forks from a server that
+            # imported torch once, instead of spawning fresh interpreters.
+            return get_pool(w, call_timeout=timeout, start_method="forkserver")
 
     factory = pool_factory
     selected = [r for r in catalogue(impl) if _selected(r, options)]
