@@ -302,7 +302,8 @@ def test_seed_algorithm_holds_local_within_its_scope(in_root: None) -> None:
     scoped = check(impl=SEED, grad="local", max_examples=3, sizes="tensor", only=("sizes-list",))
     assert statuses(scoped) == {"sizes-list": "n/a"}
     assert "--sizes tensor" in str(result(scoped, "sizes-list").reason)
-    assert report.exit_status == EXIT_FAILED and scoped.exit_status == EXIT_OK
+    assert report.exit_status == EXIT_FAILED
+    assert scoped.exit_status == EXIT_OK
     assert "the seed's convention ATTR(t, dim, sizes) takes no process group" in str(
         result(report, "subgroup").reason
     )

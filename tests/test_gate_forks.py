@@ -118,9 +118,11 @@ def test_a_crash_is_blamed_on_the_case_that_crashed_and_its_repro_fails() -> Non
     report = zoo_check(_fork("negative_dim_crash"), only=("dims",), max_examples=6)
     (row,) = report.results
     assert row.status == "fail"
-    assert row.failure is not None and row.failure.kind == "crash"
+    assert row.failure is not None
+    assert row.failure.kind == "crash"
     case = row.failure.case
-    assert case is not None and case["dim"] < 0, case  # the killer, not a bystander
+    assert case is not None
+    assert case["dim"] < 0, case  # the killer, not a bystander
     assert case["world_size"] > 1
     assert "--path" in (row.failure.command or "")
     proc = _run_command(row.failure.command or "")
@@ -136,7 +138,8 @@ def test_emulated_nccl_finds_the_strided_bug_that_gloo_misses() -> None:
     assert _verdict(on_gloo) == {"non-contiguous": "pass"}
     under_nccl = zoo_check(fork, only=("non-contiguous",))
     (row,) = under_nccl.results
-    assert row.status == "fail" and row.failure is not None
+    assert row.status == "fail"
+    assert row.failure is not None
     assert "must be contiguous" in row.failure.message
     proc = _run_command(row.failure.command or "")
     assert proc.returncode == EXIT_FAILED, proc.stdout + proc.stderr
@@ -262,7 +265,8 @@ def test_a_convention_that_does_not_fit_is_exit_2_naming_the_options(
     ref = "tests.forks.list_return:gather_all_tensors"
     assert check_cli.main(["--impl", ref, "--no-progress", "--no-config"]) == EXIT_USAGE
     err = capsys.readouterr().err
-    assert "--sizes never" in err and "does not fit" in err
+    assert "--sizes never" in err
+    assert "does not fit" in err
     info = resolve_impl(ref, sizes="never", grad="local")
     assert (info.convention, info.takes_grad, info.takes_group) == ("vargather", False, True)
 
@@ -271,7 +275,8 @@ def test_a_convention_that_does_not_fit_is_exit_2_naming_the_options(
 def test_configured_module_is_built_with_dim_per_call() -> None:
     info = resolve_impl("tests.forks.allreduce_switch:AllGather(all_reduce_grads=True)")
     assert info.ctor_kwargs == (("all_reduce_grads", True),)
-    assert info.ctor_takes_dim and info.convention == "seed"
+    assert info.ctor_takes_dim
+    assert info.convention == "seed"
 
 
 def test_xfails_may_name_a_dtype(tmp_path: Path) -> None:
