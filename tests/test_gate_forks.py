@@ -15,6 +15,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from vargather._cli import check as check_cli
 from vargather._cli.check import parse_args, read_config
 from vargather._cli.gate import CheckOptions, CheckUsageError, resolve_impl, run_check
 from vargather._cli.report import EXIT_FAILED, EXIT_USAGE, Report
-from vargather.testing import get_pool
+from vargather.testing import RankPool, get_pool
 from vargather.testing.cases import GatherCase, Implementation
 from vargather.testing.runner import ImplementationError, parse_impl_ref, run_cases
 
@@ -52,12 +53,34 @@ def in_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
 
 
+_ZOO_POOLS: dict[int, RankPool] = {}
+
+
+def _zoo_pool(world_size: int) -> RankPool:
+    """The zoo's own worlds, forked from a forkserver as the command line's are (a
+    crashing member rebuilds its world many times), apart from the suite's shared
+    pools so those are not replaced."""
+    pool = _ZOO_POOLS.get(world_size)
+    if pool is None or pool.closed:
+        pool = RankPool(world_size, call_timeout=30.0, start_method="forkserver")
+        _ZOO_POOLS[world_size] = pool
+    return pool
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_zoo_pools() -> Iterator[None]:
+    yield
+    for pool in _ZOO_POOLS.values():
+        pool.close()
+    _ZOO_POOLS.clear()
+
+
 def zoo_check(fork: Fork, **kwargs: Any) -> Report:
     kwargs.setdefault("max_examples", 4)
     kwargs.setdefault("shrink_budget", 6)
     kwargs.setdefault("only", FAST_ROWS)
     options = CheckOptions(impl=fork.ref, progress=False, **{**fork.scope, **kwargs})
-    return run_check(options, pool_factory=get_pool)
+    return run_check(options, pool_factory=_zoo_pool)
 
 
 def _verdict(report: Report) -> dict[str, str]:
