@@ -358,3 +358,24 @@ def test_zoo_member_at_default_settings(fork: Fork) -> None:
         else:
             assert row.status in OK, (fork.name, row.id, row.failure)
     assert report.seconds < 120, report.seconds
+
+
+@multirank
+@pytest.mark.usefixtures("in_root")
+def test_gradient_counterexample_prefers_non_empty_shards() -> None:
+    """The seed's ``local`` backward run under ``sum`` fails on empty shards and on
+    full ones alike; the reported counterexample is a full one."""
+    options = CheckOptions(
+        impl="vargather.testing.seed:all_gather",
+        grad="sum",
+        only=("gradient",),
+        max_examples=10,
+        shrink_budget=10,
+        progress=False,
+    )
+    (row,) = run_check(options, pool_factory=get_pool).results
+    assert row.status == "fail"
+    assert row.failure is not None
+    assert row.failure.case is not None
+    assert all(n > 0 for n in row.failure.case["sizes"]), row.failure.case
+    assert row.failure.aspect == "gradient"

@@ -621,6 +621,56 @@ def _evaluate(
     )
 
 
+NONEMPTY_EXAMPLES: Final = 20
+"""Examples of the second search for a gradient counterexample without empty shards."""
+
+
+def _all_nonempty(case: GatherCase) -> bool:
+    return all(n > 0 for n in case.sizes)
+
+
+def _prefer_nonempty(
+    result: PropertyResult,
+    row: Property,
+    options: CheckOptions,
+    world_sizes: Sequence[int],
+    factory: Callable[[int], RankPool],
+    progress: Progress,
+) -> PropertyResult:
+    """A gradient failure shrunk to a case with an empty shard reads like a quibble
+    ("x.grad=NoneType, should be shape (0,)"); when the same property also fails on
+    cases whose shards are all non-empty, report that counterexample instead (a
+    second, seeded search restricted to them)."""
+    f = result.failure
+    if result.status != "fail" or f is None or f.aspect not in ("gradient", "adjoint"):
+        return result
+    if f.case is None or all(n > 0 for n in f.case["sizes"]):
+        return result
+    keep = row.keep
+
+    def nonempty(case: GatherCase) -> bool:
+        return _all_nonempty(case) and (keep is None or keep(case))
+
+    second = _evaluate(
+        dataclasses.replace(row, keep=nonempty),
+        options,
+        world_sizes,
+        factory,
+        progress,
+        row_id=result.id,
+        max_examples=min(options.max_examples, NONEMPTY_EXAMPLES),
+    )
+    g = second.failure
+    if second.status != "fail" or g is None or g.aspect not in ("gradient", "adjoint"):
+        return result
+    note = "\n(it fails with empty shards too; this counterexample has none)"
+    return dataclasses.replace(
+        result,
+        shrink_runs=result.shrink_runs + second.examples + second.shrink_runs,
+        failure=dataclasses.replace(g, message=g.message + note),
+    )
+
+
 def _database(path: str | None) -> Any:
     """Hypothesis's example database: none, or ``--db PATH``."""
     if path is None:
@@ -1112,6 +1162,7 @@ def _run_check(
                     row_id=row_id,
                     max_examples=examples,
                 )
+                result = _prefer_nonempty(result, row, options, world_sizes, factory, progress)
             if dtype in refused:
                 result = _unsupported(result, dtype)
             result = _with_xfail(result, options.xfails)
