@@ -226,7 +226,12 @@ def test_call_convention_is_detected(in_root: None) -> None:
     assert "auto" in mine.transports
     mutant = resolve_impl("tests.mutants.rank_order:all_gather_v")  # (x, dim=0, **kwargs)
     assert (mutant.convention, mutant.transports) == ("vargather", mine.transports)
-    forced = resolve_impl("vargather:all_gather_v", "seed")
+    # A convention that does not fit the signature is a usage error, before any world.
+    with pytest.raises(
+        CheckUsageError, match=r"does not fit its signature.*--convention vargather"
+    ):
+        resolve_impl("vargather:all_gather_v", "seed")
+    forced = resolve_impl("vargather.compat:all_gather", "seed")
     assert (forced.convention, forced.takes_group, forced.transports) == ("seed", False, None)
     narrowed = resolve_impl("vargather:all_gather_v", transports="padded, auto")
     assert narrowed.transports == ("padded", "auto")

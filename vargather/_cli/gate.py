@@ -95,7 +95,7 @@ DEFAULT_SHRINK_BUDGET: Final = 40
 """Examples a property may run shrinking its first failure (a count, not seconds, so
 a loaded machine shrinks to the same counterexample): a crashing implementation costs
 a world restart per attempt. A hang is not shrunk (each attempt costs ``--timeout``)."""
-CRASH_SHRINK_BUDGET: Final = 6
+CRASH_SHRINK_BUDGET: Final = 4
 """At most this many shrinking examples once a property's failure is a crash (the crash
 is already pinned to one case by bisecting its batch on fresh worlds)."""
 GRADS: Final = (*CONTRACTS, "none")
