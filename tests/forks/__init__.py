@@ -28,6 +28,10 @@ class Fork:
     """Rows whose cases may hit the same bug (they draw it too), failing with the same
     kind and aspect, or passing when their examples happen not to."""
     bug: str = ""
+    examples: int = 4
+    """Examples per property in the suite's fast run (enough to find the bug)."""
+    fast_rows: tuple[str, ...] = ()
+    """The rows of the suite's fast run (empty: the suite's usual selection)."""
 
 
 ZOO: tuple[Fork, ...] = (
@@ -66,6 +70,7 @@ ZOO: tuple[Fork, ...] = (
         {"grad": "none", "emulate": "nccl"},
         fails={"non-contiguous": ("error", "call")},
         also=("one-rank", "subgroup", "uninitialized"),
+        examples=20,
         bug="an equal-size fast path hands a strided view to all_gather (NCCL refuses it)",
     ),
     Fork(
@@ -73,6 +78,7 @@ ZOO: tuple[Fork, ...] = (
         "tests.forks.negative_dim_crash:gather",
         {"grad": "none"},
         fails={"dims": ("crash", "call")},
+        fast_rows=("dims",),
         also=(
             "forward-float",
             "forward-half",
