@@ -378,6 +378,7 @@ def test_gradient_counterexample_prefers_non_empty_shards() -> None:
         only=("gradient",),
         max_examples=6,
         shrink_budget=6,
+        world_sizes=(2,),
         progress=False,
     )
     (row,) = run_check(options, pool_factory=get_pool).results
