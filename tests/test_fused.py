@@ -19,17 +19,11 @@ import pytest
 import torch
 
 from vargather import _fused, oracle
-from vargather.testing import get_pool
+from vargather.testing import assert_bitwise_equal, get_pool
 
 from ._fused_fns import Step, grad_shard, make_shard, run_script, upstream, views_on_one_rank
 
 pytestmark = pytest.mark.multirank
-
-
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return a.contiguous().view(torch.uint8).tolist() == b.contiguous().view(torch.uint8).tolist()
 
 
 def _seed(world_rank: int) -> int:
@@ -113,7 +107,7 @@ def check_script(
         for q, o in enumerate(seen):
             assert len(o["outputs"]) == len(want)
             for got_t, want_t in zip(o["outputs"], want, strict=False):
-                assert same_bytes(got_t, want_t), f"{where}: member {q}: {got_t} != {want_t}"
+                assert_bitwise_equal(got_t, want_t, f"{where}: member {q}")
             if grads is not None:
                 for i, g in enumerate(o["grads"]):
                     if grads[i][q] is None:

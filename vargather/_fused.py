@@ -394,7 +394,14 @@ def exchange(
     gathered = torch.empty(w * block, dtype=torch.uint8, device=device)
     all_gather_equal(gathered, send, info, what="all_gather (metadata exchange)")
     grid = gathered.view(w, block)
-    rows = grid[:, :head].cpu().contiguous().view(torch.int64).view(w, slots, HEADER_WORDS).tolist()
+    headers_seen = grid[:, :head]
+    pg = process_group(info)
+    last = None if pg is None else _LAST.get(pg, {}).get(kind)
+    if last is not None and torch.equal(last[0], headers_seen):
+        # The very headers of the last call that validated: the verdict is a pure
+        # function of them, so it is the same (and the same on every rank).
+        return _finish(kind, state, last[1], last[2], True, capacity, grid, head, info)
+    rows = headers_seen.cpu().contiguous().view(torch.int64).view(w, slots, HEADER_WORDS).tolist()
 
     for r, headers in enumerate(rows):
         for h in headers:
@@ -422,7 +429,31 @@ def exchange(
     if layouts is None:
         compact = False
         layouts = _full_path(kind, calls, counts, info)
+    elif pg is not None:
+        _LAST.setdefault(pg, {})[kind] = (headers_seen.clone(), layouts, fusable)
+    return _finish(kind, state, layouts, fusable, compact, capacity, grid, head, info)
 
+
+_LAST: weakref.WeakKeyDictionary[
+    dist.ProcessGroup, dict[str, tuple[torch.Tensor, tuple[Layout, ...], bool]]
+] = weakref.WeakKeyDictionary()
+"""Per group and kind: the headers of the last call that validated compactly, its
+layouts and whether every rank was eligible (a cache of a pure function)."""
+
+
+def _finish(
+    kind: Kind,
+    state: FusedState,
+    layouts: tuple[Layout, ...],
+    fusable: bool,
+    compact: bool,
+    capacity: int,
+    grid: torch.Tensor,
+    head: int,
+    info: GroupInfo,
+) -> Exchanged:
+    """Advance the state from the validated layouts; cut out the results if fused."""
+    w = info.world_size
     needs = [sum(payload_nbytes(lay, r) for lay in layouts) for r in range(w)]
     need = max(needs, default=0)
     _store(info, kind, advance(state, fusable=fusable, need=need, count=len(layouts)))
