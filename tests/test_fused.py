@@ -21,7 +21,15 @@ import torch
 from vargather import _fused, oracle
 from vargather.testing import assert_bitwise_equal, get_pool
 
-from ._fused_fns import Step, grad_shard, make_shard, run_script, upstream, views_on_one_rank
+from ._fused_fns import (
+    Step,
+    grad_shard,
+    make_shard,
+    run_script,
+    strided_in_the_fused_round,
+    upstream,
+    views_on_one_rank,
+)
 
 pytestmark = pytest.mark.multirank
 
@@ -270,3 +278,24 @@ def test_views_is_refused_by_the_argument_checks_whenever_the_backend_is_gloo() 
         assert "transport='views'" in found.message
     # no torch.distributed at all: no backend to refuse it
     assert problem(GroupInfo(None, 0, 1, False, "none")) is None
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("dtype", ["float32", "complex64", "bool"])
+def test_strided_shards_ride_the_fused_round(dtype: str) -> None:
+    """A sliced or transposed shard packs into the fused round like a contiguous one
+    (its bytes are copied, never viewed with the wrong strides): every rank gets the
+    oracle's bytes, and the steady-state calls take one collective."""
+    world = 2
+    results = get_pool(world).run(strided_in_the_fused_round, dtype)
+    for i, layout in enumerate(("sliced", "transposed", "sliced", "transposed")):
+        shards = []
+        for r in range(world):
+            base = make_shard((r + 1, 8), dtype, seed=11 + r)
+            shards.append(base[:, ::2] if layout == "sliced" else base)
+        want = torch.cat(shards, 0).unsqueeze(-1).view(torch.uint8).numpy().tobytes()
+        for r in range(world):
+            got, one_collective = results[r][i]
+            assert got == want, f"call {i} ({layout}) on rank {r}: bytes differ from the oracle"
+            if i >= 2:
+                assert one_collective, f"call {i} on rank {r} took more than one collective"
