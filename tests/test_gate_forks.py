@@ -387,3 +387,15 @@ def test_gradient_counterexample_prefers_non_empty_shards() -> None:
     assert row.failure.case is not None
     assert all(n > 0 for n in row.failure.case["sizes"]), row.failure.case
     assert row.failure.aspect == "gradient"
+
+
+@multirank
+def test_nccl_emulation_carries_uneven_all_to_all_and_refuses_what_nccl_refuses() -> None:
+    from tests._pool_fns import emulated_nccl_collectives
+
+    results = get_pool(2).run(emulated_nccl_collectives, None)
+    for r, (outputs, refused) in enumerate(results):
+        # rank r receives from rank s the tensor s built for destination r
+        assert outputs == [[float(10 * s + r)] * (s + r + 1) for s in range(2)]
+        assert "must be contiguous" in refused[0]
+        assert "Unsupported data type for NCCL" in refused[1]
