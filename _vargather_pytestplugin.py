@@ -40,6 +40,15 @@ CHECK_OPTIONS: Final[tuple[tuple[str, str | None, str], ...]] = (
     ("timeout", "SECONDS", "longest a batch of examples may take before ATTR counts as hung"),
     ("shrink-budget", "SECONDS", "time a property may spend shrinking a failure"),
     ("xfails", "FILE", "property ids expected to fail, one per line (strict)"),
+    # The declared scope: what ATTR claims to support.
+    ("dims", "D,D,...", "the dim values ATTR supports, e.g. 0 or 0,-1"),
+    ("sizes", "any|tensor|required|never", "how ATTR takes sizes"),
+    ("returns", "auto|tensor|tuple|list", "what ATTR returns"),
+    ("requires-init", None, "ATTR needs an initialized torch.distributed"),
+    ("emulate", "BACKEND", "run with the collectives behaving as BACKEND does"),
+    ("strict", None, "an unsupported row (a dtype the backend refuses) fails too"),
+    ("config", "FILE", "the TOML file whose [tool.vargather.check] table to read"),
+    ("no-config", None, "read no [tool.vargather.check] table"),
 )
 """The check's options the plugin takes: ``--vargather-NAME VALUE`` is passed on as
 ``python -m vargather check``'s ``--NAME VALUE`` (see its ``--help`` for the defaults).

@@ -60,7 +60,14 @@ def configure(check_argv: Sequence[str]) -> CheckOptions:
     them, with the implementation imported once here; ``pytest.UsageError`` otherwise."""
     try:
         options = parse_args([*check_argv, "--no-progress"])
-        info = resolve_impl(options.impl, options.convention, None, options.transports)
+        info = resolve_impl(
+            options.impl,
+            options.convention,
+            None,
+            options.transports,
+            sizes=options.sizes,
+            grad=options.grad,
+        )
     except CheckUsageError as err:
         message = str(err).split("\n\nusage:", 1)[0]  # argparse's usage is check's, not ours
         message = _OPTION.sub(r"--vargather-\1", message)
