@@ -42,6 +42,7 @@ NAMES = (
     "backward_through_float32",
     "layout_sizes_sorted",
     "input_clobbered",
+    "chunked_tail_zeroed",
 )
 
 RESULTS: dict[str, str] = {}

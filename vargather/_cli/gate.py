@@ -50,6 +50,7 @@ from vargather.testing.runner import (
     run_on_rank,
     short_traceback,
 )
+from vargather.testing.scale import DEFAULT_MAX_PAYLOAD
 
 from . import UsageError
 from .report import (
@@ -115,6 +116,8 @@ class CheckOptions:
     progress: bool = True
     only: tuple[str, ...] = ()
     in_flight: str | None = None
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    """Bytes a large case's shard may reach on one rank (0: small cases only)."""
     """Set in the child process that runs the in-process property (``uninitialized``): the
     file where it records the batch in flight, for the parent to name a crash or hang."""
 
@@ -143,6 +146,10 @@ class CheckOptions:
         if not (self.shrink_budget >= 0):
             raise CheckUsageError(
                 f"--shrink-budget must be a number of seconds >= 0, got {self.shrink_budget!r}"
+            )
+        if type(self.max_payload) is not int or self.max_payload < 0:
+            raise CheckUsageError(
+                f"--max-payload must be a number of bytes >= 0, got {self.max_payload!r}"
             )
         if not (self.timeout > 0):
             raise CheckUsageError(
@@ -292,6 +299,7 @@ def _case_data(case: GatherCase) -> dict[str, Any]:
         "upstream": case.upstream,
         "requires_grad": case.requires_grad,
         "seed": case.seed,
+        "payload_bytes": list(case.shard_bytes),
         "subgroup": None if case.members is None else list(case.members),
         "world": case.world_size,
         "initialized": case.initialized,
@@ -354,7 +362,9 @@ def _evaluate(
 
     started = time.monotonic()
     state = _PropertyState()
-    strategy: SearchStrategy[list[GatherCase]] = prop.strategy(world_sizes, batch=BATCH)
+    strategy: SearchStrategy[list[GatherCase]] = prop.strategy(
+        world_sizes, batch=BATCH, max_payload=options.max_payload
+    )
     impl = prop.implementation
 
     def run(batch: list[GatherCase]) -> PropertyFailure | None:
@@ -486,6 +496,8 @@ def _child_command(
         str(options.timeout),
         "--shrink-budget",
         str(options.shrink_budget),
+        "--max-payload",
+        str(options.max_payload),
         "--json",
         report,
         "--no-progress",

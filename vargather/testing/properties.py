@@ -31,6 +31,7 @@ from .cases import DTYPE_NAMES, VARGATHER, GatherCase, Implementation, dtype_fam
 from .judge import Failure
 from .pool import RankPool
 from .runner import Verdict, describe, run_cases
+from .scale import DEFAULT_MAX_PAYLOAD
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -103,11 +104,13 @@ class Property:
         *,
         batch: int = BATCH,
         transports: Sequence[str] | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
     ) -> SearchStrategy[list[GatherCase]]:
         """Batches of up to ``batch`` cases, all on one world size drawn from
         ``world_sizes`` (restricted to the property's range). ``transports`` narrows
-        the transports drawn (default: every one the implementation takes)."""
-        kwargs = dict(self.kwargs)
+        the transports drawn (default: every one the implementation takes);
+        ``max_payload`` bounds a large case's bytes per rank (0: small cases only)."""
+        kwargs = {"max_payload": max_payload, **self.kwargs}
         if transports is not None:
             kwargs["transports"] = tuple(transports)
         keep = self.keep

@@ -27,10 +27,22 @@ import torch
 
 from vargather import CONTRACTS, CollectiveError, VarGatherError
 
-from .cases import COMPAT, VARGATHER, GatherCase, Implementation, RankReport, TensorBytes, bytes_of
+from .cases import (
+    COMPAT,
+    DIGEST_MIN_BYTES,
+    VARGATHER,
+    GatherCase,
+    Implementation,
+    RankReport,
+    TensorBytes,
+    bytes_of,
+    digest_of,
+    expected_output,
+)
 from .cases import dtype_name as dtype_name
-from .judge import Failure, judge
+from .judge import Failure, judge, output_mismatch
 from .pool import PoolFailure, RankCrashed, RankError, RankHung, RankPool, get_pool
+from .scale import payload_summary
 
 __all__ = [
     "ImplementationError",
@@ -278,7 +290,24 @@ def _backward(out: torch.Tensor, g: torch.Tensor) -> None:
     loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
 
 
-def _run_one(ctx: RankContextLike, impl: Implementation, case: GatherCase) -> RankReport | None:
+def _output_report(out: torch.Tensor, case: GatherCase, expected_digest: str | None) -> TensorBytes:
+    """``out`` as it goes back to the parent: its bytes, or for a large case its digest
+    and the first element that differs from the oracle's output (found here, so the
+    megabytes never cross the pipe; ``expected_digest`` from the parent spares the
+    rank rebuilding the oracle's output when nothing differs)."""
+    if case.output_nbytes < DIGEST_MIN_BYTES:
+        return TensorBytes.of(out)
+    digest = digest_of(out)
+    mismatch = ""
+    comparable = tuple(out.shape) == case.output_shape and out.dtype == case.torch_dtype
+    if comparable and digest != expected_digest:
+        mismatch = output_mismatch(out.detach().cpu(), expected_output(case))
+    return TensorBytes.digested(out, mismatch)
+
+
+def _run_one(
+    ctx: RankContextLike, impl: Implementation, case: GatherCase, expected_digest: str | None = None
+) -> RankReport | None:
     group: object = None
     grank = ctx.rank
     if case.members is not None:
@@ -303,7 +332,7 @@ def _run_one(ctx: RankContextLike, impl: Implementation, case: GatherCase) -> Ra
     report = dict(
         rank=grank,
         global_rank=ctx.rank,
-        out=TensorBytes.of(out),
+        out=_output_report(out, case, expected_digest),
         out_requires_grad=out.requires_grad,
         extra=extra,
         input_intact=intact,
@@ -325,18 +354,24 @@ def _run_one(ctx: RankContextLike, impl: Implementation, case: GatherCase) -> Ra
     return RankReport(**report)  # type: ignore[arg-type]  # keys and types are those of RankReport
 
 
-def run_on_rank(ctx: RankContextLike, job: tuple[Implementation, GatherCase, int]) -> object:
+def run_on_rank(
+    ctx: RankContextLike,
+    job: tuple[Implementation, GatherCase, int] | tuple[Implementation, GatherCase, int, str],
+) -> object:
     """Run one case on this rank: the rank function of ``vargather.testing`` pools.
 
-    ``job`` is ``(implementation, case, batch token)``. Exceptions are caught and
+    ``job`` is ``(implementation, case, batch token)``, or with a fourth item, the
+    digest of the oracle's output for a large case (``run_cases`` sends it; without it
+    a rank rebuilds the oracle's output to compare). Exceptions are caught and
     reported; after one, the rest of the same batch is skipped on this rank (its
     peers may be left in a collective, so nothing after it can be trusted).
     """
-    impl, case, token = job
+    impl, case, token = job[:3]
+    expected_digest = job[3] if len(job) > 3 else None
     if _POISONED and _POISONED[0] == token:
         return RankReport(ctx.rank, ctx.rank, skipped="an earlier case of its batch raised here")
     try:
-        return _run_one(ctx, impl, case)
+        return _run_one(ctx, impl, case, expected_digest)
     except Exception as exc:
         _POISONED[:] = [token]
         name = type(exc).__qualname__
@@ -404,7 +439,7 @@ def run_cases(
     token_base = os.getpid() << 32
     for world, indices in by_world.items():
         token = token_base + next(_TOKENS)
-        jobs = [(implementation, cases[i], token) for i in indices]
+        jobs = [_job(implementation, cases[i], token) for i in indices]
         try:
             results = factory(world).run_many(run_on_rank, jobs)
         except (PoolFailure, RankError) as exc:
@@ -419,6 +454,14 @@ def run_cases(
         if not v.not_run:
             _COUNTS[(implementation.label, _world_label(v.case))] += 1
     return done
+
+
+def _job(
+    impl: Implementation, case: GatherCase, token: int
+) -> tuple[Implementation, GatherCase, int] | tuple[Implementation, GatherCase, int, str]:
+    if case.output_nbytes < DIGEST_MIN_BYTES:
+        return (impl, case, token)
+    return (impl, case, token, case.expected().output_digest)
 
 
 def _pool_failure(exc: PoolFailure | RankError, world: int, batch: int) -> Failure:
@@ -530,6 +573,7 @@ def describe(case: GatherCase, implementation: Implementation = VARGATHER) -> st
         f"{case.sizes_form}, memory {memory}",
         f"  values={case.values!r}, upstream gradients={case.upstream!r} (different on every "
         f"rank), requires_grad={case.requires_grad}, seed={case.seed}",
+        f"  payload: {payload_summary(case.shard_bytes)}",
         f"  reproduce: {command}",
     ]
     return "\n".join(lines)

@@ -25,6 +25,7 @@ max_world_size=2``)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -42,7 +43,9 @@ from .cases import (
     GatherCase,
     Implementation,
     make_upstream,
+    torch_dtype,
 )
+from .scale import DEFAULT_MAX_PAYLOAD, Target, per_rank_targets
 
 __all__ = [
     "DTYPE_NAMES",
@@ -55,6 +58,17 @@ __all__ = [
 ]
 
 _MAX_NDIM: Final = 8  # more dims only slow the suite; vargather itself takes up to 32
+
+LARGE_ONE_IN: Final = 6
+"""About one case in ``LARGE_ONE_IN`` is large (when ``max_payload`` allows): its
+shards sized around a payload threshold (``vargather.testing.scale``)."""
+
+_LARGE_MAX_NDIM: Final = 2
+"""Large cases have at most 2 dimensions (unless ``min_ndim`` asks more): a sliced
+layout's buffer is ``2 * 3^(ndim-1)`` times its shard."""
+
+_DELTA: Final = 2
+"""A large case's shards are ``target ± d`` rows, ``|d| <= _DELTA`` (shrinks to 0)."""
 
 
 # --- argument checking ---------------------------------------------------------------
@@ -179,6 +193,7 @@ class _Config:
         _not_above("max_ndim", self.max_ndim, "the supported maximum", _MAX_NDIM)
         self.max_side = _int("max_side", kw["max_side"], minimum=1)
         self.max_size = _int("max_size", kw["max_size"], minimum=0)
+        self.max_payload = _int("max_payload", kw["max_payload"], minimum=0)
         self.dtypes = _choices("dtypes", kw["dtypes"], DTYPE_NAMES, DTYPE_NAMES)
         self.contracts = _choices("contracts", kw["contracts"], impl.contracts, impl.contracts)
         taken = impl.transports if impl.transports is not None else ("auto",)
@@ -224,6 +239,17 @@ class _Draws:
         self.memory_nd = st.sampled_from(cfg.memory)
         self._dims: dict[int, SearchStrategy[int]] = {}
         self._sizes: dict[int, SearchStrategy[tuple[int, ...]]] = {}
+        # Large cases: none when every shard must be empty (max_size=0).
+        self.large_on = cfg.max_payload > 0 and cfg.max_size > 0
+        self.scale = st.sampled_from(range(LARGE_ONE_IN))
+        top = max(cfg.min_ndim, min(cfg.max_ndim, _LARGE_MAX_NDIM))
+        self.large_ndim = st.integers(cfg.min_ndim, top)
+        self.large_side = st.integers(1, cfg.max_side)
+        self.rank_kind = st.integers(0, 7)
+        self.delta = st.integers(-_DELTA, _DELTA)
+        self.small_size = st.integers(0, cfg.max_size)
+        self._targets: dict[int, tuple[Target, ...]] = {}
+        self._target_index: dict[int, SearchStrategy[int]] = {}
         self._members: dict[tuple[int, int], SearchStrategy[list[int]]] = {}
 
     def dim(self, ndim: int) -> SearchStrategy[int]:
@@ -246,16 +272,61 @@ class _Draws:
             )
         return self._members[key]
 
+    def targets(self, world_size: int) -> tuple[Target, ...]:
+        if world_size not in self._targets:
+            found = per_rank_targets(world_size, self.cfg.max_payload)
+            self._targets[world_size] = found
+            self._target_index[world_size] = st.integers(0, max(len(found) - 1, 0))
+        return self._targets[world_size]
+
+    def large_shapes(
+        self, draw: st.DrawFn, world_size: int, dtype: str
+    ) -> tuple[int, tuple[tuple[int, ...], ...]] | None:
+        """``(dim, shapes)`` of a large case, or None when no target fits."""
+        targets = self.targets(world_size)
+        if not targets:
+            return None
+        index = self._target_index[world_size]
+        # The smaller of two draws: cheap targets are drawn more often than MiB ones,
+        # and the index shrinks toward the smallest threshold that still fails.
+        target = targets[min(draw(index), draw(index))].bytes
+        ndim = draw(self.large_ndim)
+        dim = draw(self.dim(ndim))
+        d = dim % ndim
+        common = [draw(self.large_side) for _ in range(ndim)]
+        row_bytes = torch_dtype(dtype).itemsize * math.prod(common[:d] + common[d + 1 :])
+        rows = max(target // row_bytes, 1)
+        cap = self.cfg.max_payload // row_bytes
+        sizes = []
+        for _ in range(world_size):
+            kind = draw(self.rank_kind)
+            if kind <= 5:  # around the target
+                n = min(max(rows + draw(self.delta), 0), cap)
+            elif kind == 6:
+                n = 0
+            else:
+                n = draw(self.small_size)
+            sizes.append(n)
+        return dim, tuple((*common[:d], n, *common[d + 1 :]) for n in sizes)
+
     def case(self, draw: st.DrawFn, world_size: int, pool_size: int, subgroup: bool) -> GatherCase:
         cfg = self.cfg
         members = tuple(sorted(draw(self.members(world_size, pool_size)))) if subgroup else None
-        ndim = draw(self.ndim)
-        dim = draw(self.dim(ndim))
-        d = dim % ndim
-        common = [draw(self.side) for _ in range(ndim)]
-        sizes = draw(self.sizes(world_size))
-        shapes = tuple((*common[:d], n, *common[d + 1 :]) for n in sizes)
-        dtype = draw(self.dtype)
+        large = None
+        if self.large_on and draw(self.scale) == LARGE_ONE_IN - 1:
+            dtype = draw(self.dtype)
+            large = self.large_shapes(draw, world_size, dtype)
+        if large is not None:
+            dim, shapes = large
+            ndim = len(shapes[0])
+        else:
+            ndim = draw(self.ndim)
+            dim = draw(self.dim(ndim))
+            d = dim % ndim
+            common = [draw(self.side) for _ in range(ndim)]
+            sizes = draw(self.sizes(world_size))
+            shapes = tuple((*common[:d], n, *common[d + 1 :]) for n in sizes)
+            dtype = draw(self.dtype)
         torch_dtype = getattr(torch, dtype)
         if not (torch_dtype.is_floating_point or torch_dtype.is_complex):
             requires_grad = False
@@ -315,6 +386,7 @@ def gather_cases(
     max_ndim: int = 4,
     max_side: int = 3,
     max_size: int = 5,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
     dtypes: Sequence[str | torch.dtype] | None = None,
     contracts: Sequence[str] | None = None,
     transports: Sequence[str] | None = None,
@@ -338,6 +410,14 @@ def gather_cases(
     sizes along ``dim`` in ``[0, max_size]`` (sometimes all equal, sometimes all zero);
     the other dims shared, in ``[1, max_side]`` and occasionally 0.
 
+    Payload scale: about one case in ``LARGE_ONE_IN`` is large (at most 2 dims unless
+    ``min_ndim`` asks more): each rank's shard is ``target ± d`` rows (``|d| <= 2``,
+    shrinking to 0), empty, or small, where the target is one of
+    ``vargather.testing.scale.per_rank_targets``: powers of two from 1 KiB and
+    vargather's own size thresholds, none above ``max_payload`` bytes per rank
+    (default 4 MiB; 0: no large case). Smaller targets are drawn more often, and a
+    failing large case shrinks toward the smallest target that still fails.
+
     The rest is drawn from the given choices (default: all): ``dtypes`` (names or
     torch dtypes; default every dtype gloo carries), ``contracts``, ``transports``
     (default those ``implementation`` takes), ``sizes_forms`` (``none``, ``list``,
@@ -353,6 +433,7 @@ def gather_cases(
         max_ndim=max_ndim,
         max_side=max_side,
         max_size=max_size,
+        max_payload=max_payload,
         dtypes=dtypes,
         contracts=contracts,
         transports=transports,
