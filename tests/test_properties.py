@@ -96,6 +96,25 @@ def _run(
 # --- vargather.all_gather_v_with_layout ------------------------------------------------
 
 
+@pytest.mark.multirank
+def test_declared_refusals_are_the_real_ones(refused_transports: dict[str, str]) -> None:
+    """The transports a gloo world refuses when asked are exactly those the library
+    declares refused on gloo, with the declared message: so parametrizing by the
+    declaration (``conftest._gloo_transport_names``) leaves none out and adds none."""
+    from vargather._transport import unsupported_reason
+
+    declared = {
+        t: unsupported_reason(t, "gloo")
+        for t in vargather.TRANSPORT_NAMES
+        if unsupported_reason(t, "gloo") is not None
+    }
+    assert declared, "gloo refuses views: the declaration lost it"
+    assert set(refused_transports) == set(declared)
+    for name, reason in declared.items():
+        assert reason is not None
+        assert reason in refused_transports[name]
+
+
 @pytest.mark.parametrize("prop_id", _params(VARGATHER))
 @given(data=st.data())
 def test_vargather_holds_the_property(

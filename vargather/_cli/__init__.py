@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn
 
-from vargather import VarGatherError
+from vargather import VarGatherError, __version__
 
 __all__ = ["COMMANDS", "ArgumentParser", "UsageError", "main"]
 
@@ -50,8 +51,17 @@ _USAGE: Final = (
     + ",".join(COMMANDS)
     + "} [options]\n\n"
     + "\n".join(f"  {name:<7} {what}" for name, what in COMMANDS.items())
-    + "\n\nRun `python -m vargather COMMAND --help` for a command's options."
+    + "\n\nRun `python -m vargather COMMAND --help` for a command's options;"
+    + " `python -m vargather --version` for the version."
 )
+
+
+def torch_version() -> str:
+    """The installed torch's version, from its package metadata."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def _command(name: str) -> Callable[[Sequence[str]], int]:
@@ -66,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_USAGE)
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        print(f"vargather {__version__} (torch {torch_version()})")
+        return 0
     if args[0] not in COMMANDS:
         print(f"vargather: unknown command {args[0]!r}\n\n{_USAGE}", file=sys.stderr)
         return 2
