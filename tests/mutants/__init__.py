@@ -43,6 +43,8 @@ NAMES = (
     "layout_sizes_sorted",
     "input_clobbered",
     "chunked_tail_zeroed",
+    "sizes_cache_local_shape",
+    "large_path_rank_major",
 )
 
 RESULTS: dict[str, str] = {}

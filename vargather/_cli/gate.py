@@ -317,7 +317,10 @@ def render_failures(failures: Sequence[Failure], limit: int = 4) -> str:
 
 
 def _property_failure(
-    failures: Sequence[Failure], case: GatherCase, impl: Implementation
+    failures: Sequence[Failure],
+    case: GatherCase,
+    impl: Implementation,
+    before: Sequence[GatherCase] = (),
 ) -> PropertyFailure:
     """A property's failure on ``case``, from the judge's records (the first one's kind
     and aspect; a crash or a hang anywhere is the property's kind)."""
@@ -327,7 +330,7 @@ def _property_failure(
         kind,
         render_failures(failures),
         _case_data(case),
-        describe(case, impl),
+        describe(case, impl, before=before),
         aspect=failures[0].aspect,
     )
 
@@ -380,11 +383,12 @@ def _evaluate(
             state.examples += 1
             state.cases += sum(1 for v, _ in results if not v.not_run)
             progress.note(f"{prop.id}: {state.cases} cases")
-        for verdict, failures in results:
+        for index, (verdict, failures) in enumerate(results):
             if failures:
                 if state.failed_at is None:
                     state.failed_at = time.monotonic()
-                return _property_failure(failures, verdict.case, impl)
+                before = batch[:index] if prop.sequences else []
+                return _property_failure(failures, verdict.case, impl, before)
         return None
 
     def body(batch: list[GatherCase]) -> None:

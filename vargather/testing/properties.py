@@ -68,6 +68,9 @@ class Property:
     subgroups: bool = False
     needs_sum: bool = False
     needs_returned_sizes: bool = False
+    sequences: bool = False
+    """Draw call sequences (``strategies.call_sequences``): each batch is one sequence of
+    gathers, every call following the one before by a small change."""
 
     def worlds(self, world_sizes: Sequence[int]) -> list[int]:
         """The world sizes of ``world_sizes`` it runs on (``[1]`` when uninitialized)."""
@@ -116,6 +119,15 @@ class Property:
         keep = self.keep
 
         def for_world(w: int) -> SearchStrategy[list[GatherCase]]:
+            if self.sequences:
+                return vst.call_sequences(
+                    min_world_size=w,
+                    max_world_size=w,
+                    max_length=batch,
+                    initialized=self.initialized,
+                    implementation=self.implementation,
+                    **kwargs,
+                )
             drawn = vst.case_batches(
                 min_world_size=w,
                 max_world_size=w,
@@ -166,8 +178,11 @@ class Property:
             return
         impl = self.implementation
         parts = [f"{self.id}: {len(bad)} of {len(results)} case(s) failed against {impl.label}:"]
-        for v, failures in bad:
-            parts.append(describe(v.case, impl))
+        for i, (v, failures) in enumerate(results):
+            if not failures:
+                continue
+            before = list(batch[:i]) if self.sequences else []
+            parts.append(describe(v.case, impl, before=before))
             parts.extend(f"  - {f.render()}" for f in failures)
         raise AssertionError("\n".join(parts))
 
@@ -181,6 +196,10 @@ def _dtypes(*families: str) -> tuple[str, ...]:
 
 _COMMON: Final = ("float32", "float64", "int64")
 """The dtypes of the properties that are not about dtypes (each family has its own)."""
+
+_SEQUENCE_DTYPES: Final = ("float32", "float64", "bfloat16", "int64", "uint8")
+"""Dtypes a call sequence switches between: widths of 8, 4, 2 and 1 bytes, so one
+shape means different byte counts from call to call."""
 
 _OUTPUT: Final = frozenset({"output"})
 _SIZES: Final = frozenset({"output", "sizes"})
@@ -220,6 +239,7 @@ def catalogue(
         "dtypes": _dtypes("float", "half", "complex"),
         **c,
     }
+    seq = {"sizes_forms": ("none",), "dtypes": _SEQUENCE_DTYPES, **c}
     what = "layout" if returns == "layout" else "sizes"
     claimed = ", ".join(map(repr, impl.contracts))
     same = "forward equals torch.cat(x, dim) bit for bit on every rank, "
@@ -347,6 +367,16 @@ def catalogue(
             {**grads, "contracts": ("sum",), "values": ("integers",), "upstream": ("integers",)},
             min_world=2,
             needs_sum=True,
+        ),
+        Property(
+            impl,
+            "call-sequence",
+            "gathers repeated on one world, sizes, dtypes, shapes and payload scale "
+            "changing between calls (state carried across calls)",
+            _ALL,
+            {**seq, "requires_grad": None},
+            min_world=2,
+            sequences=True,
         ),
     ]
 

@@ -554,8 +554,16 @@ def _shell_quote(arg: str) -> str:
     return f'"{arg}"'
 
 
-def describe(case: GatherCase, implementation: Implementation = VARGATHER) -> str:
-    """A failing case in words, with a shell command that re-runs exactly it."""
+def describe(
+    case: GatherCase,
+    implementation: Implementation = VARGATHER,
+    before: Sequence[GatherCase] = (),
+) -> str:
+    """A failing case in words, with a shell command that re-runs exactly it.
+
+    ``before``: the calls of its call sequence that ran before it on the same world
+    (state an implementation carries between calls may be the cause); they are listed,
+    and the command re-runs them first, in order."""
     where = (
         "in this process, torch.distributed not initialized"
         if not case.initialized
@@ -563,9 +571,17 @@ def describe(case: GatherCase, implementation: Implementation = VARGATHER) -> st
         + (f", subgroup {list(case.members)}" if case.members is not None else "")
     )
     memory = [case.memory_of(r) for r in range(case.group_size)]
-    args = ["python", "-m", "vargather", "repro", *repro_args(case, implementation)]
+    case_args = repro_args(case, implementation)
+    args = ["python", "-m", "vargather", "repro", *map(repr, before), *case_args]
     command = " ".join(_shell_quote(arg) for arg in args)
-    lines = [
+    lines = []
+    if before:
+        lines.append(
+            f"call sequence: call {len(before) + 1} failed, after {len(before)} call(s) on "
+            "the same world:"
+        )
+        lines.extend(f"  call {i + 1}: {_one_line(c)}" for i, c in enumerate(before))
+    lines += [
         f"case: {implementation.short_name} on {case.group_size} rank(s) {where}",
         f"  per-rank shapes {[tuple(s) for s in case.shapes]} (sizes along dim "
         f"{list(case.sizes)}), dim={case.dim}, dtype={case.dtype}",
@@ -577,6 +593,14 @@ def describe(case: GatherCase, implementation: Implementation = VARGATHER) -> st
         f"  reproduce: {command}",
     ]
     return "\n".join(lines)
+
+
+def _one_line(case: GatherCase) -> str:
+    return (
+        f"shapes {[tuple(s) for s in case.shapes]}, dim={case.dim}, dtype={case.dtype}, "
+        f"transport={case.transport!r}, {max(case.shard_bytes, default=0)} bytes on the "
+        "largest shard"
+    )
 
 
 # --- which transports run here ------------------------------------------------------------

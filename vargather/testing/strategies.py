@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 import torch
@@ -42,14 +43,17 @@ from .cases import (
     VARGATHER,
     GatherCase,
     Implementation,
+    is_differentiable,
     make_upstream,
     torch_dtype,
 )
-from .scale import DEFAULT_MAX_PAYLOAD, Target, per_rank_targets
+from .scale import DEFAULT_MAX_PAYLOAD, MIN_LARGE_BYTES, Target, per_rank_targets
 
 __all__ = [
     "DTYPE_NAMES",
+    "SEQUENCE_STEPS",
     "GatherCase",
+    "call_sequences",
     "case_batches",
     "dtypes",
     "gather_cases",
@@ -222,8 +226,9 @@ class _Draws:
     """Strategies built once per configuration and reused for every draw (building a
     strategy per draw costs Hypothesis a source inspection each time)."""
 
-    def __init__(self, cfg: _Config) -> None:
+    def __init__(self, cfg: _Config, scale: str = "mixed") -> None:
         self.cfg = cfg
+        self.mode = scale  # "mixed" (about one case in LARGE_ONE_IN large), "small", "large"
         self.side = _side(cfg.max_side)
         self.ndim = st.integers(cfg.min_ndim, cfg.max_ndim)
         self.dtype = st.sampled_from(cfg.dtypes)
@@ -313,7 +318,9 @@ class _Draws:
         cfg = self.cfg
         members = tuple(sorted(draw(self.members(world_size, pool_size)))) if subgroup else None
         large = None
-        if self.large_on and draw(self.scale) == LARGE_ONE_IN - 1:
+        if self.large_on and (
+            self.mode == "large" or (self.mode == "mixed" and draw(self.scale) == LARGE_ONE_IN - 1)
+        ):
             dtype = draw(self.dtype)
             large = self.large_shapes(draw, world_size, dtype)
         if large is not None:
@@ -535,3 +542,116 @@ def case_batches(
         return draw(per_world[draw(worlds)])
 
     return draw_batch()
+
+
+# --- call sequences ---------------------------------------------------------------------
+
+SEQUENCE_STEPS: Final = ("resize-one", "repeat", "dtype", "reshape", "rescale")
+"""How a call of a sequence follows the one before, simplest first:
+
+* ``resize-one``: one rank's size along ``dim`` changes, every other rank's shard keeps
+  its shape (a cache keyed on the local shape goes stale here);
+* ``repeat``: the same shapes, dtype and dim with new values;
+* ``dtype``: the same shapes in another dtype;
+* ``reshape``: the dims outside ``dim`` change, the sizes along it stay;
+* ``rescale``: a fresh case of the other payload scale (small after large, large after
+  small), so per-call capacities grow and shrink across the thresholds."""
+
+
+def _resize_one(draw: st.DrawFn, case: GatherCase, max_size: int) -> GatherCase:
+    w = case.group_size
+    r = draw(st.integers(0, w - 1))
+    d = case.normalized_dim
+    old = case.sizes[r]
+    new = old + 1 + draw(st.integers(0, max(max_size, 1)))
+    if old > 0 and draw(st.integers(0, 3)) == 3:
+        new = draw(st.integers(0, old - 1))  # shrink (to empty, most simply)
+    shapes = list(case.shapes)
+    shapes[r] = (*shapes[r][:d], new, *shapes[r][d + 1 :])
+    return replace(case, shapes=tuple(shapes))
+
+
+def _reshape(draw: st.DrawFn, case: GatherCase, max_side: int) -> GatherCase:
+    d = case.normalized_dim
+    others = [i for i in range(case.ndim) if i != d]
+    if not others:
+        return case
+    i = draw(st.sampled_from(others))
+    old = case.shapes[0][i]
+    side = 1 + (old + draw(st.integers(0, max_side - 1))) % max_side
+    if side == old:
+        side = old + 1
+    return replace(case, shapes=tuple((*s[:i], side, *s[i + 1 :]) for s in case.shapes))
+
+
+def call_sequences(
+    *,
+    min_world_size: int = 1,
+    max_world_size: int = 4,
+    max_length: int = 6,
+    **kwargs: Any,
+) -> SearchStrategy[list[GatherCase]]:
+    """Call sequences: 2 to ``max_length`` gathers run back to back on one world (one
+    pool round trip, no re-initialisation between them), each following the one before
+    by a step of ``SEQUENCE_STEPS``, so that state an implementation carries from call
+    to call (caches, per-group capacities, fused buffers) meets shapes, sizes, dtypes
+    and payload scales that change under it.
+
+    ``kwargs`` are those of ``gather_cases`` (not ``world_size``/``subgroups``); the
+    first call is drawn from them, the others keep its world and the choices
+    ``dtypes``, ``max_size``, ``max_side`` allow. Hypothesis shrinks a failing
+    sequence by dropping calls and simplifying steps.
+    """
+    lo, hi = _world_bounds(None, min_world_size, max_world_size)
+    n = _int("max_length", max_length, minimum=2)
+    for forbidden in ("world_size", "pool_size", "subgroups"):
+        if forbidden in kwargs:
+            raise TypeError(f"call_sequences() takes no {forbidden}=")
+    gather_cases(min_world_size=lo, max_world_size=hi, **kwargs)  # validates the arguments
+    cfg = _Config(
+        implementation=kwargs.get("implementation"),
+        min_ndim=kwargs.get("min_ndim", 1),
+        max_ndim=kwargs.get("max_ndim", 4),
+        max_side=kwargs.get("max_side", 3),
+        max_size=kwargs.get("max_size", 5),
+        max_payload=kwargs.get("max_payload", DEFAULT_MAX_PAYLOAD),
+        dtypes=kwargs.get("dtypes"),
+        contracts=kwargs.get("contracts"),
+        transports=kwargs.get("transports"),
+        sizes_forms=kwargs.get("sizes_forms"),
+        memory=kwargs.get("memory"),
+        values=kwargs.get("values"),
+        upstream=kwargs.get("upstream"),
+        requires_grad=kwargs.get("requires_grad"),
+        initialized=kwargs.get("initialized", True),
+    )
+    mixed, small, large = (_Draws(cfg, scale) for scale in ("mixed", "small", "large"))
+    worlds = st.integers(lo, hi)
+    steps = st.sampled_from(SEQUENCE_STEPS)
+    lengths = st.integers(2, n)
+    seeds = st.integers(0, 2**32 - 1)
+    dtype_names = st.sampled_from(cfg.dtypes)
+
+    @st.composite
+    def draw_sequence(draw: st.DrawFn) -> list[GatherCase]:
+        w = draw(worlds)
+        case = mixed.case(draw, w, w, False)
+        sequence = [case]
+        for _ in range(draw(lengths) - 1):
+            step = draw(steps)
+            if step == "resize-one":
+                case = _resize_one(draw, case, cfg.max_size)
+            elif step == "dtype":
+                dtype = draw(dtype_names)
+                grad = case.requires_grad and is_differentiable(torch_dtype(dtype))
+                case = replace(case, dtype=dtype, requires_grad=grad)
+            elif step == "reshape":
+                case = _reshape(draw, case, cfg.max_side)
+            elif step == "rescale":
+                other = small if max(case.shard_bytes) >= MIN_LARGE_BYTES else large
+                case = other.case(draw, w, w, False)
+            case = replace(case, seed=draw(seeds))
+            sequence.append(case)
+        return sequence
+
+    return draw_sequence()

@@ -1,0 +1,35 @@
+"""Mutant: a sizes cache keyed on the local shape only, stale when another rank's changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vargather._layout import Layout
+from vargather.testing.cases import GatherCase
+
+from ._base import gather, layout_of
+
+BUG = (
+    "the exchanged layout is cached per process, keyed on this rank's shard shape, dtype "
+    "and dim only: after another rank's size changes, a rank whose own shape did not "
+    "reuses the stale sizes (and skips the exchange its peers run)"
+)
+BENIGN = GatherCase(shapes=((2, 3), (1, 3)), dim=0, dtype="float32", seed=21)
+
+_CACHE: dict[tuple[object, ...], Layout] = {}
+
+
+def _cached_layout(x: torch.Tensor, dim: int, **kwargs: Any) -> Layout:
+    group = kwargs["group"]
+    world = torch.distributed.get_world_size(group) if torch.distributed.is_initialized() else 1
+    key = (tuple(x.shape), x.dtype, dim, kwargs["grad"], kwargs["transport"], world)
+    layout = _CACHE.get(key)
+    if layout is None:
+        layout = _CACHE[key] = layout_of(x, dim, **kwargs)
+    return layout
+
+
+def all_gather_v(x: torch.Tensor, dim: int = 0, **kwargs: Any) -> torch.Tensor:
+    return gather(x, dim, plan=_cached_layout, **kwargs)
