@@ -387,7 +387,9 @@ def _evaluate(
             if failures:
                 if state.failed_at is None:
                     state.failed_at = time.monotonic()
-                before = batch[:index] if prop.sequences else []
+                # The calls that ran before it on the same world (state carried over);
+                # Hypothesis keeps only those the failure needs.
+                before = batch[:index]
                 return _property_failure(failures, verdict.case, impl, before)
         return None
 

@@ -735,6 +735,10 @@ class RankReport:
     input_intact: bool = True
     error: tuple[str, str, str] | None = None  # (type name, message, traceback)
     skipped: str = ""
+    collective_failed: bool = False
+    """The error was a failed collective (vargather's ``CollectiveError``, torch's
+    ``DistError``): the world's process group may be out of step, so the runner
+    restarts the world before its next batch."""
 
 
 def parse_case(text: str) -> GatherCase:

@@ -181,7 +181,7 @@ class Property:
         for i, (v, failures) in enumerate(results):
             if not failures:
                 continue
-            before = list(batch[:i]) if self.sequences else []
+            before = list(batch[:i])  # ran before it on the same world
             parts.append(describe(v.case, impl, before=before))
             parts.extend(f"  - {f.render()}" for f in failures)
         raise AssertionError("\n".join(parts))

@@ -379,7 +379,13 @@ def run_on_rank(
         if module != "builtins":
             name = f"{module}.{name}"
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return RankReport(ctx.rank, ctx.rank, error=(name, str(exc), tb))
+        dist_error: object = getattr(torch.distributed, "DistError", None)
+        collective = isinstance(exc, CollectiveError) or (
+            isinstance(dist_error, type) and isinstance(exc, dist_error)
+        )
+        return RankReport(
+            ctx.rank, ctx.rank, error=(name, str(exc), tb), collective_failed=collective
+        )
 
 
 # --- the parent side: running -----------------------------------------------------------
@@ -440,13 +446,18 @@ def run_cases(
     for world, indices in by_world.items():
         token = token_base + next(_TOKENS)
         jobs = [_job(implementation, cases[i], token) for i in indices]
+        pool = factory(world)
         try:
-            results = factory(world).run_many(run_on_rank, jobs)
+            results = pool.run_many(run_on_rank, jobs)
         except (PoolFailure, RankError) as exc:
             failure = _pool_failure(exc, world, len(indices))
             for i in indices:
                 verdicts[i] = Verdict(cases[i], implementation, (failure,))
             continue
+        if any(isinstance(r, RankReport) and r.collective_failed for rs in results for r in rs):
+            # Its process group may be out of step: no later batch should inherit that
+            # (nor the implementation's state that led there).
+            pool.restart()
         for i, per_rank in zip(indices, results, strict=True):
             verdicts[i] = _verdict(cases[i], implementation, per_rank)
     done = [v for v in verdicts if v is not None]
