@@ -17,6 +17,8 @@ BUG = (
     "reuses the stale sizes (and skips the exchange its peers run)"
 )
 BENIGN = GatherCase(shapes=((2, 3), (1, 3)), dim=0, dtype="float32", seed=21)
+STATEFUL = True
+"""Its bug shows only after earlier calls (a call sequence), not in one case alone."""
 
 _CACHE: dict[tuple[object, ...], Layout] = {}
 
