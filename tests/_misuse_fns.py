@@ -232,6 +232,11 @@ def kill_between_exchange_and_payload(ctx: Any, job: tuple[int, Scenario]) -> ob
             raise AssertionError("unreachable")
 
         api.choose_transport = die  # type: ignore[assignment]  # the fault injected
+    # Keep the payload out of the fused round on every rank, so that there is a
+    # payload collective to be killed before (with it, a small gather is one collective).
+    import vargather._fused as fused
+
+    fused.FUSED_MAX_BYTES = 0  # type: ignore[misc]  # this world is killed and rebuilt after
     return run_call(ctx, scenario)
 
 

@@ -8,6 +8,8 @@ tests can assert:
 * equal sizes with a leading ``dim`` pad nothing and copy nothing: the send buffer
   is the input itself and the receive buffer is the result;
 * caller-known ``sizes`` with ``validate=False`` skip the metadata exchange;
+* (with the fused round's payload off: ``tests/test_fused.py`` covers it) the ``auto``
+  policy's collectives;
 * a one-rank world issues no collective at all;
 * every transport's backward (both branches of the copy-free transports' backward)
   agrees with the oracle bit for bit, under upstream gradients that differ per rank,
@@ -36,6 +38,7 @@ import torch.distributed as dist
 
 import vargather
 import vargather._choices as choices_module
+import vargather._fused as fused_module
 import vargather._transport as transport_module
 from vargather import oracle
 from vargather._buffers import rank_major_gradient, scatter_into_padded
@@ -145,6 +148,9 @@ class Case:
     group_ranks: tuple[int, ...] | None = None  # a subgroup of the world (sorted)
     overrides: dict[str, int] = field(default_factory=dict)  # _transport constants
     emulate_views: bool = False  # run `views` on gloo through an emulated list gather
+    # The payload may ride in the fused round (tests/test_fused.py); off here, where the
+    # tests look at the transports themselves (the round is then headers only).
+    fused: bool = False
 
     def shard_shape(self, r: int) -> tuple[int, ...]:
         shape = list(self.shape)
@@ -204,6 +210,9 @@ def run_case(ctx: RankContext, case: Case) -> Outcome | None:
         for name, value in patched.items():
             setattr(transport_module, name, value)
         stack.callback(lambda: [setattr(transport_module, k, v) for k, v in saved.items()])
+        if not case.fused:
+            stack.callback(setattr, fused_module, "FUSED_MAX_BYTES", fused_module.FUSED_MAX_BYTES)
+            fused_module.FUSED_MAX_BYTES = 0  # type: ignore[misc]  # the fused path off
         if case.emulate_views:
             original = transport_module.all_gather_list
             transport_module.all_gather_list = _emulated_list_gather  # type: ignore[assignment]

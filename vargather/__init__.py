@@ -20,6 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 from . import _errors
 from ._api import GatherResult as GatherResult
 from ._api import all_gather_v as all_gather_v
+from ._api import all_gather_v_coalesced as all_gather_v_coalesced
 from ._api import all_gather_v_with_layout as all_gather_v_with_layout
 from ._api import gather_layout as gather_layout
 from ._choices import CONTRACTS as CONTRACTS
@@ -62,6 +63,7 @@ __all__ = [
     "TransportName",
     "__version__",
     "all_gather_v",
+    "all_gather_v_coalesced",
     "all_gather_v_with_layout",
     "gather_layout",
 ]

@@ -296,7 +296,9 @@ def check_call(
     transport_code = _code_of(transport, TRANSPORT_NAMES)
     if transport_code < 0:
         problems.append(_choice_problem("transport", transport, TRANSPORT_NAMES))
-    elif info.communicates:
+    elif info.distributed:
+        # Refused in every world size, one rank included, so that code tried on one
+        # rank does not break when it scales up.
         refused = unsupported_reason(TRANSPORT_NAMES[transport_code], info.backend)
         if refused is not None:
             problems.append(Problem(ArgumentError, refused))

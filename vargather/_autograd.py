@@ -38,7 +38,13 @@ from ._group import GroupInfo
 from ._layout import Layout
 from ._transport import Transport
 
-__all__ = ["GatherPlan", "GatherVFunction"]
+__all__ = [
+    "CoalescedFunction",
+    "CoalescedPlan",
+    "GatherPlan",
+    "GatherVFunction",
+    "contract_backward",
+]
 
 
 @dataclass(frozen=True)
@@ -68,15 +74,70 @@ class GatherVFunction(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None
         plan: GatherPlan = ctx.plan
-        layout = plan.layout
-        if layout.total == 0:
-            return grad_output.new_zeros(layout.shard_shape(layout.rank)), None
-        if plan.contract == "local":
-            # No communication: this rank's slice of its own upstream gradient (a view).
-            return grad_output.narrow(layout.dim, layout.local_offset, layout.local_size), None
-        # One collective for sum and mean alike; never an all_reduce of the whole
-        # gradient (each rank needs only its own block of the sum).
-        grad = plan.transport.reduce_scatter_sum(grad_output, layout, plan.info)
-        if plan.contract == "mean":
-            grad.div_(layout.world_size)  # in place: the transport returns a fresh tensor
-        return grad, None
+        return contract_backward(
+            grad_output, plan.layout, plan.info, plan.transport, plan.contract
+        ), None
+
+
+def contract_backward(
+    grad_output: torch.Tensor,
+    layout: Layout,
+    info: GroupInfo,
+    transport: Transport,
+    contract: GradContract,
+) -> torch.Tensor:
+    """``dx_r`` under ``contract`` for this rank's upstream gradient ``grad_output``."""
+    if layout.total == 0:
+        return grad_output.new_zeros(layout.shard_shape(layout.rank))
+    if contract == "local":
+        # No communication: this rank's slice of its own upstream gradient (a view).
+        return grad_output.narrow(layout.dim, layout.local_offset, layout.local_size)
+    # One collective for sum and mean alike; never an all_reduce of the whole
+    # gradient (each rank needs only its own block of the sum).
+    grad = transport.reduce_scatter_sum(grad_output, layout, info)
+    if contract == "mean":
+        grad.div_(layout.world_size)  # in place: the transport returns a fresh tensor
+    return grad
+
+
+@dataclass(frozen=True)
+class CoalescedPlan:
+    """A validated coalesced gather: each tensor's layout and backward transport, and
+    the gathered results (handed to the forward once, then dropped)."""
+
+    layouts: tuple[Layout, ...]
+    info: GroupInfo
+    transports: tuple[Transport, ...]
+    contract: GradContract
+    box: list[list[torch.Tensor]]
+
+
+class CoalescedFunction(torch.autograd.Function):
+    """``out_i = cat_r x_{r,i}`` for every tensor ``i``, each with the backward of
+    ``plan.contract``: in the backward every tensor that needs a gradient takes its own
+    collective, in tensor order on every rank."""
+
+    @staticmethod
+    def forward(ctx: Any, plan: CoalescedPlan, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.plan = plan
+        outputs = plan.box.pop()
+        fixed = [o for o in outputs if not (o.is_floating_point() or o.is_complex())]
+        if fixed:
+            ctx.mark_non_differentiable(*fixed)
+        return tuple(outputs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        plan: CoalescedPlan = ctx.plan
+        result: list[torch.Tensor | None] = [None]
+        for i, g in enumerate(grads):
+            if not ctx.needs_input_grad[1 + i]:
+                result.append(None)
+                continue
+            if g is None:  # an unused output: its gradient is zero, and still a collective
+                g = torch.zeros(plan.layouts[i].output_shape, dtype=plan.layouts[i].dtype)
+            result.append(
+                contract_backward(g, plan.layouts[i], plan.info, plan.transports[i], plan.contract)
+            )
+        return tuple(result)

@@ -44,6 +44,7 @@ __all__ = [
     "all_reduce_sum",
     "all_to_all_uneven",
     "broadcast_from_each",
+    "collectives_issued",
     "group_timeout",
     "movable",
     "reduce_scatter_equal",
@@ -72,6 +73,16 @@ _OUT_OF_STEP: Final = (
 )
 
 
+_ISSUED = [0]  # collectives this process has entered through this module
+
+
+def collectives_issued() -> int:
+    """How many collectives this process has entered through ``_comm`` so far (every
+    wrapper counts one; ``broadcast_from_each`` counts one for its batch). Tests read it
+    before and after a call to count the call's round trips."""
+    return _ISSUED[0]
+
+
 @contextlib.contextmanager
 def translate_collective_errors(
     what: str, info: GroupInfo, *, arrival: int | None = None
@@ -79,6 +90,7 @@ def translate_collective_errors(
     """Run one collective: record the arrival (unless ``arrival`` is given), apply the
     call's timeout, and re-raise backend failures as ``CollectiveError``s that name the
     ranks that never arrived."""
+    _ISSUED[0] += 1
     count = ARRIVALS.arrive(info, what) if arrival is None else arrival
     try:
         with call_timeout(info):

@@ -73,7 +73,7 @@ class Layout:
             running += n
         object.__setattr__(self, "offsets", tuple(offsets))
         object.__setattr__(self, "total", running)
-        object.__setattr__(self, "max_size", max(self.sizes, default=0))
+        object.__setattr__(self, "max_size", max(self.sizes) if self.sizes else 0)
 
     # -- derived quantities ---------------------------------------------------------
 

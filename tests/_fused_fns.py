@@ -1,0 +1,184 @@
+"""Rank-side functions of tests/test_fused.py and tests/test_coalesced.py (module-level,
+so they pickle): scripted sequences of gathers on one world, recording after every call
+what the test compares across ranks (outcome, collectives issued, the fused state)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+import vargather
+from vargather import _comm, _fused
+from vargather.testing import RankContext
+
+
+class Step(NamedTuple):
+    """One call on every member of ``group`` (``None``: the world).
+
+    ``shapes[r]``/``dtypes[r]``: rank r's shard (for ``op == "co"``: a tuple per tensor).
+    ``dim``: an int (``"co"``: an int or a tuple per tensor). ``sizes``: pass the true
+    sizes. ``grad``: run a backward with per-rank upstream gradients under that contract.
+    """
+
+    op: str  # "v" (all_gather_v) or "co" (all_gather_v_coalesced)
+    shapes: tuple[Any, ...]
+    dtypes: tuple[Any, ...]
+    dim: Any = 0
+    group: tuple[int, ...] | None = None
+    validate: bool = True
+    sizes: bool = False
+    transport: str = "auto"
+    grad: str | None = None
+    rank_dims: tuple[Any, ...] | None = None  # a dim per member, overriding ``dim``
+
+
+def make_shard(shape: tuple[int, ...], dtype: str, seed: int) -> torch.Tensor:
+    """Deterministic values with the awkward bits: NaN, -0.0, inf for floats; small
+    integers so that every gradient sum is exact."""
+    n = math.prod(shape)
+    base = (torch.arange(n, dtype=torch.float64) * 7 + 13 * seed) % 23 - 11
+    dt = getattr(torch, dtype)
+    if dt == torch.bool:
+        return (base > 0).reshape(shape)
+    if dt.is_complex:
+        return torch.complex(base, -base).to(dt).reshape(shape)
+    t = base.to(dt)
+    if dt.is_floating_point and n >= 3:
+        t[0], t[1], t[2] = float("nan"), -0.0, float("inf")
+    return t.reshape(shape)
+
+
+def upstream(shape: tuple[int, ...], dtype: str, seed: int) -> torch.Tensor:
+    n = math.prod(shape)
+    values = (torch.arange(n, dtype=torch.float64) * (3 + 2 * seed) + seed) % 17 - 8
+    return values.to(getattr(torch, dtype)).reshape(shape)
+
+
+def grad_shard(shape: tuple[int, ...], dtype: str, seed: int) -> torch.Tensor:
+    """Finite values for gradient steps (NaN would make every gradient NaN)."""
+    n = math.prod(shape)
+    values = (torch.arange(n, dtype=torch.float64) * 5 + 3 * seed) % 19 - 9
+    return values.to(getattr(torch, dtype)).reshape(shape)
+
+
+def _state(group: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return (
+        dataclasses.astuple(_fused.state_of(group, "single")),
+        dataclasses.astuple(_fused.state_of(group, "coalesced")),
+    )
+
+
+def reset(group: Any) -> None:
+    fresh = dataclasses.asdict(_fused.FusedState())
+    for kind in ("single", "coalesced"):
+        _fused.replace_state(group, kind, **fresh)  # type: ignore[arg-type]
+
+
+def _sizes_along(shapes: tuple[Any, ...], dim: int) -> list[int]:
+    return [s[dim] for s in shapes]
+
+
+def run_step(ctx: RankContext, step: Step, groups: dict[tuple[int, ...], Any]) -> Any:
+    """One step on this rank: ``None`` when it is not a member, else a dict."""
+    members = step.group if step.group is not None else tuple(range(ctx.world_size))
+    if ctx.rank not in members:
+        return None
+    group = groups[step.group] if step.group is not None else None
+    r = members.index(ctx.rank)
+    seed = 31 * ctx.rank + 1
+    make = grad_shard if step.grad is not None else make_shard
+    dim = step.dim if step.rank_dims is None else step.rank_dims[r]
+    before = _comm.collectives_issued()
+    state_before = _state(group)
+    outcome: dict[str, Any] = {}
+    try:
+        if step.op == "v":
+            x = make(step.shapes[r], step.dtypes[r], seed)
+            if step.grad is not None:
+                x.requires_grad_(True)
+            sizes = _sizes_along(step.shapes, dim) if step.sizes else None
+            out = vargather.all_gather_v(
+                x,
+                dim,
+                sizes=sizes,
+                group=group,
+                validate=step.validate,
+                transport=step.transport,  # type: ignore[arg-type]
+                grad=(step.grad or "sum"),  # type: ignore[arg-type]
+            )
+            forward = _comm.collectives_issued() - before
+            outs = [out]
+            xs = [x]
+        else:
+            k = len(step.shapes[r])
+            dims = dim if isinstance(dim, tuple) else (dim,) * k
+            xs = [
+                make(s, d, seed + i)
+                for i, (s, d) in enumerate(zip(step.shapes[r], step.dtypes[r], strict=False))
+            ]
+            if step.grad is not None:
+                for x in xs:
+                    if x.is_floating_point() or x.is_complex():
+                        x.requires_grad_(True)
+            sizes_arg = None
+            if step.sizes:
+                sizes_arg = [
+                    [step.shapes[q][i][dims[i]] for q in range(len(members))] for i in range(k)
+                ]
+            outs = vargather.all_gather_v_coalesced(
+                xs,
+                dim,
+                sizes=sizes_arg,
+                group=group,
+                validate=step.validate,
+                transport=step.transport,  # type: ignore[arg-type]
+                grad=(step.grad or "sum"),  # type: ignore[arg-type]
+            )
+            forward = _comm.collectives_issued() - before
+        outcome["outputs"] = [o.detach().clone() for o in outs]
+        outcome["forward"] = forward
+        if step.grad is not None:
+            pairs = [
+                (o, upstream(tuple(o.shape), str(o.dtype).removeprefix("torch."), seed + i))
+                for i, o in enumerate(outs)
+                if o.requires_grad
+            ]
+            torch.autograd.backward([o for o, _ in pairs], grad_tensors=[u for _, u in pairs])
+            outcome["grads"] = [None if x.grad is None else x.grad.clone() for x in xs]
+    except vargather.VarGatherError as err:
+        outcome["error"] = (type(err).__name__, str(err), err.ranks)
+    outcome["collectives"] = _comm.collectives_issued() - before
+    outcome["state_before"] = state_before
+    outcome["state"] = _state(group)
+    return outcome
+
+
+def run_script(ctx: RankContext, steps: list[Step]) -> list[Any]:
+    """Every step in order on this rank; the fused state of every group starts fresh."""
+    groups: dict[tuple[int, ...], Any] = {}
+    for step in steps:  # every rank creates every subgroup, in the same order
+        if step.group is not None and step.group not in groups:
+            groups[step.group] = ctx.subgroup(step.group)
+    reset(None)
+    for members, g in groups.items():
+        if ctx.rank in members:
+            assert isinstance(g, dist.ProcessGroup)
+            reset(g)
+    return [run_step(ctx, step, groups) for step in steps]
+
+
+def views_on_one_rank(ctx: RankContext, coalesced: bool) -> tuple[str, str]:
+    """``transport="views"`` in a one-rank gloo world: the error it raises."""
+    x = torch.ones(2, 3)
+    try:
+        if coalesced:
+            vargather.all_gather_v_coalesced([x], transport="views")
+        else:
+            vargather.all_gather_v(x, transport="views")
+    except vargather.VarGatherError as err:
+        return type(err).__name__, str(err)
+    return "", "no error"

@@ -1,0 +1,222 @@
+"""torch.compile and DeviceMesh on real gloo worlds (see docs/compile.md).
+
+A compiled training step (linear layer -> ``all_gather_v`` with ragged sizes -> a loss
+that differs per rank -> backward) must give the eager step's bytes, forward and
+gradients, under the eager, aot_eager and inductor backends with ``fullgraph=True``,
+and dynamo's own counters must see no graph break; with ``sizes=None`` exactly the one
+break ``docs/compile.md`` promises. ``group=`` takes a ``DeviceMesh``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import vargather
+from vargather.testing import RankError, get_pool
+
+from . import _compile_fns as fns
+
+pytestmark = pytest.mark.multirank
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "compile.md"
+
+
+def _bytes(t: torch.Tensor) -> list[int]:
+    return t.contiguous().reshape(-1).view(torch.uint8).tolist()
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and _bytes(a) == _bytes(b)
+
+
+def _check_step(case: fns.StepCase, results: list[fns.StepResult]) -> None:
+    if case.mesh is None:
+        rows = [r.eager_out for r in results]
+        assert all(_same(rows[0], o) for o in rows), "eager outputs differ across ranks"
+    for rank, res in enumerate(results):
+        assert len(res.compiled_out) == 2
+        for call, (out, grads) in enumerate(zip(res.compiled_out, res.compiled_grads, strict=True)):
+            where = f"rank {rank}, compiled call {call}, {case}"
+            assert _same(out, res.eager_out), f"{where}: output bytes differ from eager"
+            assert grads.keys() == res.eager_grads.keys() == {"weight", "bias", "x", "loss"}
+            for name, want in res.eager_grads.items():
+                assert _same(grads[name], want), f"{where}: {name} differs from eager"
+
+
+def _docs_breaks(which: str) -> int:
+    """The graph-break count docs/compile.md states for ``which`` ("given" or "None")."""
+    text = DOCS.read_text(encoding="utf-8")
+    m = re.search(rf"<!-- breaks sizes={which}: (\d+) -->", text)
+    assert m is not None, f"docs/compile.md states no graph-break count for sizes={which}"
+    return int(m.group(1))
+
+
+STEPS = [
+    fns.StepCase("eager", "sum", (3, 0, 4)),
+    fns.StepCase("aot_eager", "sum", (3, 1, 4)),
+    fns.StepCase("aot_eager", "local", (2, 5, 1)),
+    fns.StepCase("aot_eager", "mean", (2, 0, 1), transport="padded"),
+    fns.StepCase("aot_eager", "sum", (1, 3, 2), transport="alltoallv", dim=1),
+    fns.StepCase("aot_eager", "sum", (4, 2), validate=False),
+    fns.StepCase("inductor", "sum", (3, 1, 4)),
+]
+
+
+@pytest.mark.parametrize(
+    "case",
+    STEPS,
+    ids=lambda c: (
+        f"W{len(c.sizes)}-{c.backend}-{c.grad}-{c.transport}-dim{c.dim}"
+        + ("" if c.validate else "-novalidate")
+    ),
+)
+def test_compiled_step_with_sizes_is_eager_bit_for_bit_with_no_graph_break(
+    case: fns.StepCase,
+) -> None:
+    pool = get_pool(len(case.sizes))
+    if case.backend == "inductor":
+        pool.run(fns.warm_backend, case.backend)
+    results = pool.run(fns.compiled_step, case)
+    _check_step(case, results)
+    for rank, res in enumerate(results):
+        assert res.graph_breaks == 0, f"rank {rank}: {res.graph_breaks} graph breaks"
+        assert res.unique_graphs == 1, f"rank {rank}: {res.unique_graphs} graphs"
+        assert (res.explain_breaks, res.explain_graphs) == (0, 1)
+    assert _docs_breaks("given") == 0
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_step_without_sizes_breaks_the_graph_as_documented(backend: str) -> None:
+    case = fns.StepCase(backend, "sum", (2, 0, 3), pass_sizes=False, fullgraph=False)
+    results = get_pool(3).run(fns.compiled_step, case)
+    _check_step(case, results)
+    promised = _docs_breaks("None")
+    for rank, res in enumerate(results):
+        assert res.explain_breaks == promised, f"rank {rank}: explain says {res.explain_breaks}"
+        assert res.explain_graphs == res.unique_graphs == promised + 1
+        # counters["graph_break"] counts the one break once per frame it crosses
+        # (user code -> all_gather_v -> ... -> the disabled eager call): one reason.
+        assert res.break_reasons == ("Skip calling `torch.compiler.disable()`d function",)
+
+
+def test_fullgraph_without_sizes_is_refused_by_dynamo() -> None:
+    """The one break is real: fullgraph=True refuses it (so it cannot hide)."""
+    case = fns.StepCase("eager", "sum", (2, 1), pass_sizes=False, fullgraph=True)
+    with pytest.raises(RankError) as info:
+        get_pool(2).run(fns.compiled_step, case)
+    assert "torch.compiler.disable" in str(info.value)
+
+
+def test_compiled_step_follows_changing_sizes() -> None:
+    sizes = ((3, 1, 4), (0, 2, 5), (1, 1, 1), (6, 0, 2))
+    for rank, same in enumerate(get_pool(3).run(fns.changing_sizes, sizes)):
+        assert same == [True] * len(sizes), f"rank {rank}: {same}"
+
+
+def test_validation_runs_inside_the_compiled_operator() -> None:
+    """A lie about sizes, compiled with fullgraph: the operator's exchange refuses it
+    on every rank with the eager error, word for word."""
+    results = get_pool(3).run(fns.compiled_lie, 3)
+    eager = results[0][0]
+    assert eager[0] == "SizesError"
+    assert eager[2] == (2,)
+    assert "rank 2: expected sizes[2] == 3" in eager[1]
+    for rank, (e, c) in enumerate(results):
+        assert e == eager, f"rank {rank}: eager raised {e}"
+        assert c == eager, f"rank {rank}: compiled raised {c}, eager {eager}"
+
+
+def test_compiled_with_layout_has_no_graph_break_as_sizes_change() -> None:
+    for rank, rows in enumerate(get_pool(2).run(fns.compiled_with_layout, 2)):
+        *calls, (breaks, graphs) = rows
+        assert breaks == 0, f"rank {rank}: {breaks} graph breaks"
+        assert graphs == 2, f"rank {rank}: {graphs} graphs (static, then dynamic sizes)"
+        for k, (got, want) in enumerate(calls):
+            assert _same(got[0], want[0]), f"rank {rank}, call {k}: tensor"
+            assert got[1:] == want[1:], f"rank {rank}, call {k}: layout {got[1:]} != {want[1:]}"
+            assert all(type(n) is int for n in (*got[1], *got[2], got[3]))
+        assert [want[1] for _, want in calls] == [(0, 1), (2, 3), (4, 2)]
+
+
+def test_compiled_gather_in_one_process_is_the_identity() -> None:
+    """No torch.distributed: the operator is the identity, with no graph break."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.arange(6.0).reshape(3, 2).requires_grad_(True)
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return vargather.all_gather_v(t * 2, 0, sizes=[3], grad="mean").sum(0)
+
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(x)
+    torch.autograd.backward(got, torch.tensor([1.0, -1.0]))
+    assert torch.equal(got, torch.tensor([12.0, 18.0]))
+    assert x.grad is not None
+    assert torch.equal(x.grad, torch.tensor([[2.0, -2.0]] * 3))
+    assert sum(counters["graph_break"].values()) == 0
+    torch._dynamo.reset()
+
+
+# --- DeviceMesh ------------------------------------------------------------------------
+
+
+def test_one_dim_mesh_is_its_group() -> None:
+    for rank, (out, ref, sizes, ranks) in enumerate(
+        get_pool(3).run(fns.mesh_gather, ((3,), None, False))
+    ):
+        assert _same(out, ref), f"rank {rank}"
+        assert sizes == (1, 2, 3)
+        assert ranks == [0, 1, 2]
+
+
+@pytest.mark.parametrize("mesh_dim", [0, 1, -1, "a", "b"])
+def test_two_dim_mesh_gathers_along_mesh_dim(mesh_dim: int | str) -> None:
+    results = get_pool(4).run(fns.mesh_gather, ((2, 2), mesh_dim, True))
+    index = {"a": 0, "b": 1}[mesh_dim] if isinstance(mesh_dim, str) else mesh_dim % 2
+    for rank, (out, ref, sizes, ranks) in enumerate(results):
+        # mesh (2, 2) over ranks [[0, 1], [2, 3]]: dim 0 groups columns, dim 1 rows
+        want = [rank % 2, rank % 2 + 2] if index == 0 else [rank - rank % 2, rank - rank % 2 + 1]
+        assert ranks == want, f"rank {rank}: group {ranks}"
+        assert sizes == tuple(r + 1 for r in want)
+        assert _same(out, ref)
+        assert _same(out, torch.cat([torch.full((r + 1, 2), float(r)) for r in want]))
+
+
+@pytest.mark.parametrize(
+    ("what", "fragments"),
+    [
+        ("no mesh_dim", ["2-D DeviceMesh of shape (2, 2)", "mesh_dim="]),
+        ("mesh_dim out of range", ["mesh_dim=2 is out of range", "shape (2, 2)"]),
+        ("mesh_dim name unknown", ["mesh_dim='nope'", "shape (2, 2)"]),
+        ("mesh_dim without a mesh", ["expected group= to be a DeviceMesh, got NoneType"]),
+        ("compiled, no mesh_dim", ["2-D DeviceMesh of shape (2, 2)"]),
+    ],
+)
+def test_mesh_misuse_is_a_group_error(what: str, fragments: list[str]) -> None:
+    outcomes = get_pool(4).run_outcomes(fns.mesh_misuse, ((2, 2), what))
+    for o in outcomes:
+        assert type(o.exception) is vargather.GroupError, o
+        for fragment in fragments:
+            assert fragment in str(o.exception)
+
+
+@pytest.mark.parametrize(
+    ("case", "rows"),
+    [
+        (fns.StepCase("aot_eager", "sum", (1, 3, 2, 0), mesh=(2, 2), mesh_dim=1), [4, 4, 2, 2]),
+        (fns.StepCase("aot_eager", "mean", (2, 0, 3), mesh=(3,)), [5, 5, 5]),
+    ],
+    ids=["2d-mesh_dim1", "1d"],
+)
+def test_compiled_step_over_a_mesh_is_eager_bit_for_bit(
+    case: fns.StepCase, rows: list[int]
+) -> None:
+    results = get_pool(len(case.sizes)).run(fns.compiled_step, case)
+    _check_step(case, results)
+    assert all(r.graph_breaks == 0 and r.explain_breaks == 0 for r in results)
+    assert [r.eager_out.shape[0] for r in results] == rows  # (2, 2) dim 1: [0, 1], [2, 3]

@@ -1,0 +1,278 @@
+"""The fused round (``vargather._fused``) on real gloo worlds: ranks never disagree.
+
+Each test runs a script of calls on one world; after every call each rank reports the
+outcome, how many collectives it issued and its copy of the group's fused state. The
+tests assert that every member of the group reports the same state and the same number
+of collectives after every call (calls that raise, subgroups, ``validate=False`` calls
+interleaved, shapes and dtypes changing between calls, a capacity miss on one rank
+only, ``dim != 0``, empty shards, the shrink rule), that a steady-state validated call
+issues exactly one collective, and that every output is the oracle's bit for bit and
+every gradient the oracle's under per-rank upstream gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from vargather import _fused, oracle
+from vargather.testing import get_pool
+
+from ._fused_fns import Step, grad_shard, make_shard, run_script, upstream, views_on_one_rank
+
+pytestmark = pytest.mark.multirank
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return a.contiguous().view(torch.uint8).tolist() == b.contiguous().view(torch.uint8).tolist()
+
+
+def _seed(world_rank: int) -> int:
+    return 31 * world_rank + 1
+
+
+def _expected(step: Step, members: Sequence[int]) -> tuple[list[torch.Tensor], Any]:
+    """The oracle's outputs and (for a grad step) per-member input gradients."""
+    make = grad_shard if step.grad is not None else make_shard
+    if step.op == "v":
+        per_tensor = [
+            [make(step.shapes[q], step.dtypes[q], _seed(w)) for q, w in enumerate(members)]
+        ]
+        dims = [step.dim]
+    else:
+        k = len(step.shapes[0])
+        dims = list(step.dim) if isinstance(step.dim, tuple) else [step.dim] * k
+        per_tensor = [
+            [
+                make(step.shapes[q][i], step.dtypes[q][i], _seed(w) + i)
+                for q, w in enumerate(members)
+            ]
+            for i in range(k)
+        ]
+    outputs = [
+        oracle.expected_output(shards, d) for shards, d in zip(per_tensor, dims, strict=False)
+    ]
+    if step.grad is None:
+        return outputs, None
+    grads = []
+    for i, (shards, d, out) in enumerate(zip(per_tensor, dims, outputs, strict=True)):
+        if not (out.is_floating_point() or out.is_complex()):
+            grads.append([None] * len(members))
+            continue
+        dtype = str(out.dtype).removeprefix("torch.")
+        ups = [upstream(tuple(out.shape), dtype, _seed(w) + i) for w in members]
+        grads.append(oracle.expected_input_grads(shards, ups, d, step.grad))
+    return outputs, grads
+
+
+def check_script(
+    world: int,
+    steps: Sequence[Step],
+    errors: Sequence[str | None],
+    collectives: Sequence[int | None],
+) -> list[list[Any]]:
+    """Run ``steps`` and check agreement, outcomes and the expected collective counts."""
+    results = get_pool(world).run(run_script, list(steps))
+    for s, step in enumerate(steps):
+        members = step.group if step.group is not None else tuple(range(world))
+        seen = [results[w][s] for w in members]
+        assert all(o is not None for o in seen)
+        where = f"step {s} ({step})"
+        states = {o["state"] for o in seen}
+        assert len(states) == 1, f"{where}: ranks disagree on the fused state: {states}"
+        counts = [o["collectives"] for o in seen]
+        assert len(set(counts)) == 1, f"{where}: ranks issued {counts} collectives"
+        if collectives[s] is not None:
+            assert (
+                seen[0]["forward" if "forward" in seen[0] else "collectives"] == (collectives[s])
+            ), f"{where}: {seen[0].get('forward')} forward collectives"
+        for w in range(world):
+            if w not in members:
+                assert results[w][s] is None
+        if errors[s] is not None:
+            got = {o.get("error") for o in seen}
+            assert len(got) == 1, f"{where}: ranks raised differently: {got}"
+            (error,) = got
+            assert error is not None, f"{where}: no error"
+            assert error[0] == errors[s], f"{where}: {error}"
+            assert all(o["state"] == o["state_before"] for o in seen), (
+                f"{where}: a call that raised changed the state"
+            )
+            continue
+        assert all("error" not in o for o in seen), f"{where}: {[o.get('error') for o in seen]}"
+        if step.sizes and not step.validate:
+            assert all(o["state"] == o["state_before"] for o in seen), (
+                f"{where}: a validate=False call changed the state"
+            )
+        want, grads = _expected(step, members)
+        for q, o in enumerate(seen):
+            assert len(o["outputs"]) == len(want)
+            for got_t, want_t in zip(o["outputs"], want, strict=False):
+                assert same_bytes(got_t, want_t), f"{where}: member {q}: {got_t} != {want_t}"
+            if grads is not None:
+                for i, g in enumerate(o["grads"]):
+                    if grads[i][q] is None:
+                        assert g is None, f"{where}: member {q} tensor {i} has a gradient"
+                    elif step.grad == "mean":
+                        torch.testing.assert_close(g, grads[i][q], rtol=0, atol=1e-6)
+                    else:
+                        assert torch.equal(g, grads[i][q]), f"{where}: member {q} tensor {i}"
+    return results
+
+
+F32 = ("float32",) * 3
+
+
+def test_bucket_overhead_and_steps() -> None:
+    assert _fused.bucket(0) == 0
+    assert _fused.bucket(1) == _fused.bucket(64) == 64
+    previous = 0
+    for n in range(1, 300_000, 37):
+        b = _fused.bucket(n)
+        assert n <= b <= n * 1.125 or b == 64, n
+        assert b >= previous  # monotone: a bigger need never gets a smaller bucket
+        previous = b
+    assert _fused.bucket(_fused.FUSED_MAX_BYTES) == _fused.FUSED_MAX_BYTES
+
+
+def test_advance_grows_at_once_and_shrinks_after_idle_calls() -> None:
+    s = _fused.FusedState()
+    s = _fused.advance(s, fusable=True, need=1000, count=1)
+    assert s.capacity == 1024
+    s = _fused.advance(s, fusable=True, need=5000, count=1)  # a miss: grows
+    assert s.capacity == _fused.bucket(5000)
+    grown = s.capacity
+    for i in range(_fused.SHRINK_AFTER - 1):  # far below the capacity: idle
+        s = _fused.advance(s, fusable=True, need=100 + i, count=1)
+        assert s.capacity == grown
+    s = _fused.advance(s, fusable=True, need=10, count=1)
+    assert s.capacity == _fused.bucket(100 + _fused.SHRINK_AFTER - 2)
+    # too large or not fusable: idle, the capacity never grows past the threshold
+    t = _fused.advance(_fused.FusedState(), fusable=True, need=_fused.FUSED_MAX_BYTES + 1, count=1)
+    assert t.capacity == 0
+    assert t.idle == 1
+    t = _fused.advance(_fused.FusedState(), fusable=False, need=100, count=1)
+    assert t.capacity == 0
+    # slots: up at once, down after SHRINK_AFTER calls with fewer tensors
+    u = _fused.advance(_fused.FusedState(), fusable=True, need=10, count=3)
+    assert u.slots == 3
+    for _ in range(_fused.SHRINK_AFTER):
+        u = _fused.advance(u, fusable=True, need=10, count=2)
+    assert u.slots == 2
+
+
+def test_ranks_agree_on_every_call_of_a_mixed_script_at_three_ranks() -> None:
+    steps = [
+        # first call: headers only (capacity 0), then the payload
+        Step("v", ((3, 4), (1, 4), (0, 4)), F32),
+        # steady state: one collective
+        Step("v", ((3, 4), (1, 4), (0, 4)), F32),
+        Step("v", ((1, 4), (3, 4), (2, 4)), F32),
+        # a capacity miss on rank 2 only: two rounds, every rank grows alike
+        Step("v", ((2, 4), (2, 4), (9, 4)), F32),
+        Step("v", ((2, 4), (2, 4), (9, 4)), F32),
+        # a dtype on one rank: every rank raises the same error, the state is unchanged
+        Step("v", ((2, 4), (2, 4), (1, 4)), ("float32", "float64", "float32")),
+        # a local problem (a 0-d tensor on rank 1): the follow-up round carries its text
+        Step("v", ((2, 4), (), (1, 4)), F32),
+        # validate=False with sizes: no exchange, the state untouched
+        Step("v", ((1, 4), (2, 4), (3, 4)), F32, sizes=True, validate=False),
+        # a subgroup keeps its own state
+        Step("v", ((2, 4), (3, 4)), ("float64",) * 2, group=(0, 2)),
+        Step("v", ((2, 4), (3, 4)), ("float64",) * 2, group=(0, 2)),
+        # the world's state survived the subgroup's calls
+        Step("v", ((2, 4), (2, 4), (1, 4)), F32),
+        # another dtype and shape, dim != 0, within the capacity
+        Step("v", ((2, 1, 4), (2, 0, 4), (2, 2, 4)), ("bfloat16",) * 3, dim=1),
+        Step("v", ((2, 3), (2, 0), (2, 1)), ("complex64",) * 3, dim=-1),
+        Step("v", ((3,), (0,), (2,)), ("bool",) * 3),
+        Step("v", ((0, 4), (0, 4), (0, 4)), F32),
+        # sizes passed and validated
+        Step("v", ((1, 4), (0, 4), (2, 4)), F32, sizes=True),
+        # too wide for a compact header: the full records, and still agreement
+        Step("v", ((1, 1, 1, 1, 1, 1, 2),) * 3, ("int64",) * 3, dim=6),
+        # a forced transport: headers, then the payload
+        Step("v", ((1, 4), (3, 4), (2, 4)), F32, transport="padded"),
+        # above the threshold: today's transports
+        Step("v", ((70_000,), (1,), (2,)), F32),
+    ]
+    errors: list[str | None] = [None] * len(steps)
+    errors[5] = "DTypeMismatchError"
+    errors[6] = "InputShapeError"
+    collectives: list[int | None] = [None] * len(steps)
+    collectives[0] = 2
+    collectives[1] = collectives[2] = 1
+    collectives[3] = 2
+    collectives[4] = 1
+    collectives[7] = 1
+    collectives[8] = 2
+    collectives[9] = 1
+    collectives[10] = collectives[11] = collectives[12] = collectives[13] = 1
+    collectives[14] = collectives[15] = 1
+    collectives[17] = 2
+    collectives[18] = 2
+    results = check_script(3, steps, errors, collectives)
+    # the miss on rank 2 grew the capacity on every rank to hold 9 rows of 16 bytes
+    assert results[0][3]["state"][0][0] == _fused.bucket(9 * 16)
+    # the subgroup's state did not leak into the world's, nor the world's into the
+    # subgroup's (rank 1 is not a member)
+    world_before, world_after = results[0][7]["state"], results[0][10]["state_before"]
+    assert world_before == world_after
+    assert results[0][8]["state_before"][0] == tuple(_fused.FusedState().__dict__.values())
+    # the error message is today's, with its text (sent in the follow-up round)
+    assert "expected a tensor with at least 1 dimension" in results[0][6]["error"][1]
+
+
+def test_capacity_shrinks_identically_after_idle_calls() -> None:
+    big = Step("v", ((400, 4), (1, 4)), ("float32",) * 2)
+    tiny = Step("v", ((1, 4), (1, 4)), ("float32",) * 2)
+    steps = [big, big] + [tiny] * (_fused.SHRINK_AFTER + 1)
+    collectives: list[int | None] = [2, 1] + [1] * (_fused.SHRINK_AFTER + 1)
+    results = check_script(2, steps, [None] * len(steps), collectives)
+    caps = [results[0][s]["state"][0][0] for s in range(len(steps))]
+    assert caps[1] == _fused.bucket(400 * 16)
+    assert caps[1 + _fused.SHRINK_AFTER] == _fused.bucket(16), caps
+
+
+@pytest.mark.parametrize("contract", ["sum", "local", "mean"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_gradients_of_fused_gathers_match_the_oracle(contract: str, world: int) -> None:
+    shapes_0 = tuple((r + 1, 3) for r in range(world))
+    shapes_1 = tuple((2, (2 * r) % 3, 2) for r in range(world))
+    steps = [
+        Step("v", shapes_0, ("float32",) * world, grad=contract),
+        Step("v", shapes_0, ("float32",) * world, grad=contract),  # fused
+        Step("v", shapes_1, ("float64",) * world, dim=1, grad=contract),  # fused, dim 1
+        Step("v", shapes_1, ("complex64",) * world, dim=-2, grad=contract),
+    ]
+    check_script(world, steps, [None] * 4, [2, 1, 1, 1])
+
+
+def test_views_is_refused_on_a_one_rank_gloo_world() -> None:
+    for coalesced in (False, True):
+        (outcome,) = get_pool(1).run(views_on_one_rank, coalesced)
+        name, message = outcome
+        assert name == "ArgumentError", message
+        assert "transport='views'" in message
+        assert "gloo" in message
+
+
+def test_views_is_refused_by_the_argument_checks_whenever_the_backend_is_gloo() -> None:
+    from vargather._args import Problem, check_call
+    from vargather._group import GroupInfo
+
+    def problem(info: GroupInfo) -> Problem | None:
+        call = check_call(torch.ones(2), 0, sizes=None, grad="sum", transport="views", info=info)
+        return call.record.problem
+
+    for world in (1, 2, 3):
+        found = problem(GroupInfo(None, 0, world, True, "gloo"))
+        assert found is not None, world
+        assert "transport='views'" in found.message
+    # no torch.distributed at all: no backend to refuse it
+    assert problem(GroupInfo(None, 0, 1, False, "none")) is None

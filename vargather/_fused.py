@@ -1,0 +1,514 @@
+"""Stages 3 and 5 fused: the metadata exchange with a small payload riding along.
+
+Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
+transport -> autograd. This module runs a validated call's exchange (falling back to
+``_exchange`` on the rare error path) and, when the payload is small, its transport in
+the same collective; it sits above ``_transport`` (whose transports move the payload
+when it does not ride along) and below ``_autograd``.
+
+Every validated call on a communicating group starts with **one equal-size all_gather
+of bytes** (the *fused round*). Each rank sends a block of ``slots * HEADER_BYTES +
+capacity`` bytes: ``slots`` compact headers (one per gathered tensor) and a payload
+slot of ``capacity`` bytes. Every rank derives ``slots`` and ``capacity`` from the
+group's ``FusedState``, which every rank updates identically from headers every rank
+has seen, so every rank sends the same number of bytes whatever its arguments: a
+mismatched dtype or shape cannot abort a rank or be misread, as nothing but equal-length
+bytes moves before validation.
+
+A compact header (``HEADER_WORDS`` int64) carries what validation compares: flags
+(local problem, more than ``SHAPE_SLOTS`` dims, eligible for fusion, requires_grad),
+the dtype, ndim, normalized dim, contract, transport and device codes packed in one
+word, the number of tensors of the call, the passed sizes' length and hash, and up to
+``SHAPE_SLOTS`` dims of the shape. No message text: a problem only sets a flag.
+
+After the round, every rank decides from the gathered headers alone:
+
+* **compact**: every rank sent the same number of tensors, at most ``slots``, none
+  flagged (no local problem, ndim <= ``SHAPE_SLOTS``) and the headers validate
+  (``validate_records``): the ``Layout`` of each tensor comes from the headers.
+* otherwise the **full path**: today's exchange of full records (``_exchange``, with
+  the problem's message text), which raises the same error on every rank, or (for a
+  call that was merely too wide for the compact header) returns the layouts. This is
+  the rare error path; it costs a second round.
+* **fused**: compact, every rank eligible (``transport="auto"``, tensors on the
+  metadata device, not a layout-only call) and every rank's payload at most
+  ``min(capacity, FUSED_MAX_BYTES)``: every rank copied its payload into its slot, and
+  the results are cut out of the received bytes. One collective in all.
+* otherwise the payload moves in a second round (the transports of ``_transport``).
+
+The state rule (``advance``), applied on every rank after a call whose headers validated
+(compact or full path), from the validated layouts only, before any payload moves:
+
+* ``need`` = the largest payload any rank had (bytes of all its tensors);
+* a call in use (every rank eligible, ``need <= FUSED_MAX_BYTES`` and ``4 * need >
+  capacity``) sets ``capacity = max(capacity, bucket(need))`` and ends any idle streak;
+* any other call is idle: after ``SHRINK_AFTER`` idle calls in a row the capacity
+  becomes ``bucket`` of the largest eligible small need among them (0 when none);
+* ``slots`` grows at once to a call's tensor count and, after ``SHRINK_AFTER`` calls in
+  a row with fewer tensors, shrinks to the most among them.
+
+Calls that raise in validation change nothing (every rank raises from the same
+headers); calls with ``sizes`` and ``validate=False`` skip the round and change nothing;
+a capacity miss on one rank only is seen by every rank in the headers, so every rank
+grows the capacity alike. Errors after validation (a timeout in the payload
+collective) leave the group out of step anyway. The state is kept per process group
+(weakly keyed, subgroups apart) and per kind (``all_gather_v`` and
+``all_gather_v_coalesced`` keep separate states).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Final, Literal
+
+import torch
+import torch.distributed as dist
+
+from ._args import CallRecord, CheckedCall, saturate
+from ._comm import GroupInfo, all_gather_equal
+from ._errors import ArgumentMismatchError, ProtocolMismatchError, VarGatherError
+from ._exchange import _disagreement, plan_layout, validate_records
+from ._group import process_group
+from ._layout import Layout
+from ._transport import Transport, choose_transport
+from ._wire import RECORD_LENGTH, decode_record, encode_record
+
+__all__ = [
+    "FUSED_MAX_BYTES",
+    "HEADER_BYTES",
+    "HEADER_WORDS",
+    "SHAPE_SLOTS",
+    "SHRINK_AFTER",
+    "Exchanged",
+    "FusedState",
+    "Kind",
+    "Prefetched",
+    "advance",
+    "bucket",
+    "capacity_of",
+    "exchange",
+    "gather_bytes",
+    "named",
+    "pack",
+    "payload_nbytes",
+    "state_of",
+    "unpack",
+]
+
+Kind = Literal["single", "coalesced"]
+
+HEADER_WORDS: Final = 12
+HEADER_BYTES: Final = 8 * HEADER_WORDS
+SHAPE_SLOTS: Final = 6
+"""Dims of the shape a compact header carries; a wider tensor takes the full path."""
+
+FUSED_MAX_BYTES: Final = 128 * 1024
+"""Largest payload per rank that rides in the fused round (``docs/performance.md``)."""
+
+SHRINK_AFTER: Final = 8
+"""Idle calls in a row after which the capacity (or the slots) shrink."""
+
+_MIN_BUCKET: Final = 64
+_MAGIC: Final = (0x76676675 << 8) | 1  # "vgfu", fused header version 1
+_PROBLEM: Final = 1
+_LONG: Final = 2
+_ELIGIBLE: Final = 4
+_REQUIRES_GRAD: Final = 8
+
+
+def bucket(n: int) -> int:
+    """``n`` bytes rounded up: 0 stays 0, up to ``_MIN_BUCKET`` is ``_MIN_BUCKET``, else to a
+    multiple of 1/16 of the next power of two (at most 12.5 % more than ``n``)."""
+    if n <= 0:
+        return 0
+    if n <= _MIN_BUCKET:
+        return _MIN_BUCKET
+    step = max(16, (1 << (n - 1).bit_length()) // 16)
+    return -(-n // step) * step
+
+
+@dataclass(frozen=True)
+class FusedState:
+    """What one group's ranks agree on for the next fused round (see the module doc)."""
+
+    capacity: int = 0
+    slots: int = 1
+    idle: int = 0
+    idle_need: int = 0
+    fewer: int = 0
+    fewer_max: int = 0
+
+
+def advance(state: FusedState, *, fusable: bool, need: int, count: int) -> FusedState:
+    """The state after a call that validated: a pure function of what every rank saw."""
+    capacity, idle, idle_need = state.capacity, state.idle, state.idle_need
+    small = fusable and need <= FUSED_MAX_BYTES
+    if small and 4 * need > capacity:
+        capacity, idle, idle_need = max(capacity, bucket(need)), 0, 0
+    else:
+        idle += 1
+        if small:
+            idle_need = max(idle_need, need)
+        if idle >= SHRINK_AFTER:
+            capacity, idle, idle_need = bucket(idle_need), 0, 0
+    slots, fewer, fewer_max = state.slots, state.fewer, state.fewer_max
+    if count > slots:
+        slots, fewer, fewer_max = count, 0, 0
+    elif count < slots:
+        fewer, fewer_max = fewer + 1, max(fewer_max, count)
+        if fewer >= SHRINK_AFTER:
+            slots, fewer, fewer_max = max(1, fewer_max), 0, 0
+    else:
+        fewer, fewer_max = 0, 0
+    return FusedState(capacity, slots, idle, idle_need, fewer, fewer_max)
+
+
+_STATES: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, FusedState]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _key(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    pg = group if group is not None else dist.group.WORLD
+    return pg if isinstance(pg, dist.ProcessGroup) else None
+
+
+def state_of(group: dist.ProcessGroup | None = None, kind: Kind = "single") -> FusedState:
+    """This process's copy of ``group``'s state (read only; ``None``: the default group)."""
+    pg = _key(group)
+    if pg is None:
+        return FusedState()
+    return _STATES.get(pg, {}).get(kind, FusedState())
+
+
+def capacity_of(group: dist.ProcessGroup | None = None, kind: Kind = "single") -> int:
+    """The payload bytes per rank the next fused round of ``group`` reserves."""
+    return state_of(group, kind).capacity
+
+
+def _store(info: GroupInfo, kind: Kind, state: FusedState) -> None:
+    pg = process_group(info)
+    if pg is not None:
+        _STATES.setdefault(pg, {})[kind] = state
+
+
+# --- headers -------------------------------------------------------------------------------
+
+
+def _byte(v: int) -> int:
+    return max(0, min(255, v))
+
+
+def _encode_header(record: CallRecord | None, count: int, flags: int) -> list[int]:
+    if record is None:  # an unused slot
+        return [_MAGIC, flags, 0, saturate(count), -1, -1] + [0] * SHAPE_SLOTS
+    if record.problem is not None:
+        flags |= _PROBLEM
+    if record.ndim > SHAPE_SLOTS:
+        flags |= _LONG
+    if record.requires_grad:
+        flags |= _REQUIRES_GRAD
+    codes = (
+        _byte(record.ndim)
+        | _byte(record.dtype_code) << 8
+        | _byte(record.normalized_dim + 1) << 16
+        | _byte(record.contract_code + 1) << 24
+        | _byte(record.transport_code + 1) << 32
+        | _byte(record.device_code + 1) << 40
+    )
+    shape = list(record.shape[:SHAPE_SLOTS])
+    return [
+        _MAGIC,
+        flags,
+        codes,
+        saturate(count),
+        record.sizes_len,
+        record.sizes_hash,
+        *shape,
+        *[0] * (SHAPE_SLOTS - len(shape)),
+    ]
+
+
+def _decode_header(h: Sequence[int]) -> CallRecord:
+    """A compact header (no problem, ndim <= SHAPE_SLOTS) as a problem-free record."""
+    codes = h[2]
+    ndim = codes & 0xFF
+    normalized_dim = ((codes >> 16) & 0xFF) - 1
+    return CallRecord(
+        problem=None,
+        ndim=ndim,
+        dtype_code=(codes >> 8) & 0xFF,
+        dim=normalized_dim,
+        normalized_dim=normalized_dim,
+        contract_code=((codes >> 24) & 0xFF) - 1,
+        transport_code=((codes >> 32) & 0xFF) - 1,
+        requires_grad=bool(h[1] & _REQUIRES_GRAD),
+        device_code=((codes >> 40) & 0xFF) - 1,
+        sizes_len=h[4],
+        sizes_own=-1,
+        sizes_sum=-1,
+        sizes_hash=h[5],
+        shape=tuple(h[6 : 6 + min(ndim, SHAPE_SLOTS)]),
+    )
+
+
+# --- payload bytes ---------------------------------------------------------------------------
+
+
+def payload_nbytes(layout: Layout, rank: int) -> int:
+    """Bytes of ``rank``'s shard under ``layout``."""
+    return layout.pre * layout.sizes[rank] * layout.post * layout.dtype.itemsize
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements in row-major order, as flat bytes (a view when ``t`` is contiguous)."""
+    return t.detach().reshape(-1).view(torch.uint8)
+
+
+def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Every tensor's bytes, one after the other."""
+    if len(tensors) == 1:
+        return _bytes_of(tensors[0])
+    return (
+        torch.cat([_bytes_of(t) for t in tensors]) if tensors else torch.empty(0, dtype=torch.uint8)
+    )
+
+
+def unpack(regions: Sequence[torch.Tensor], layouts: Sequence[Layout]) -> list[torch.Tensor]:
+    """The gathered tensors from each rank's payload bytes (``regions[r]``: rank r's
+    tensors' bytes one after the other). One ``cat`` per tensor, exact for any dtype."""
+    offsets = [0] * len(regions)
+    device = regions[0].device if regions else torch.device("cpu")
+    outputs: list[torch.Tensor] = []
+    for layout in layouts:
+        row = layout.post * layout.dtype.itemsize
+        parts = []
+        for r, region in enumerate(regions):
+            nbytes = layout.pre * layout.sizes[r] * row
+            parts.append(
+                region[offsets[r] : offsets[r] + nbytes].view(layout.pre, layout.sizes[r] * row)
+            )
+            offsets[r] += nbytes
+        if layout.pre * layout.total * layout.post == 0:
+            outputs.append(torch.empty(layout.output_shape, dtype=layout.dtype, device=device))
+            continue
+        joined = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].clone()
+        outputs.append(joined.view(layout.dtype).view(layout.output_shape))
+    return outputs
+
+
+# --- the round ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Exchanged:
+    """What the fused round (and its fallback) found: each tensor's ``Layout`` and, when
+    the payload rode along, the gathered results."""
+
+    layouts: tuple[Layout, ...]
+    outputs: list[torch.Tensor] | None
+
+
+def _full_records(records: Sequence[CallRecord], info: GroupInfo) -> list[list[CallRecord]]:
+    """Every rank's full records (``_wire``), ``[rank][tensor]``: one all_gather of
+    ``len(records) * RECORD_LENGTH`` int64 (every rank holds the same count by now)."""
+    k = len(records)
+    device = info.default_device()
+    values = [v for rec in records for v in encode_record(rec)]
+    local = torch.tensor(values, dtype=torch.int64, device=device)
+    gathered = torch.empty(info.world_size * k * RECORD_LENGTH, dtype=torch.int64, device=device)
+    all_gather_equal(gathered, local, info, what="all_gather (metadata exchange, full records)")
+    rows = gathered.view(info.world_size, k, RECORD_LENGTH).tolist()
+    return [[decode_record(row, rank=r) for row in rank_rows] for r, rank_rows in enumerate(rows)]
+
+
+def named(err: VarGatherError, index: int) -> VarGatherError:
+    """``err`` for tensor ``index`` of a coalesced call (same class, same ranks)."""
+    text = str(err).removeprefix("all_gather_v: ")
+    return type(err)(f"all_gather_v_coalesced: tensor #{index}: {text}", ranks=err.ranks)
+
+
+def _full_path(
+    kind: Kind, calls: Sequence[CheckedCall], counts: Sequence[int], info: GroupInfo
+) -> tuple[Layout, ...]:
+    """Today's exchange of full records: the same error on every rank, or the layouts."""
+    if kind == "single":
+        return (plan_layout(calls[0], info),)
+    found = _disagreement("number of tensors", list(counts))
+    if found is not None:
+        raise ArgumentMismatchError(f"all_gather_v_coalesced: {found[0]}", ranks=found[1])
+    if not calls:
+        return ()
+    per_rank = _full_records([c.record for c in calls], info)
+    layouts = []
+    for i in range(len(calls)):
+        try:
+            layouts.append(validate_records([row[i] for row in per_rank], rank=info.rank))
+        except VarGatherError as err:
+            raise named(err, i) from None
+    return tuple(layouts)
+
+
+def exchange(
+    kind: Kind,
+    calls: Sequence[CheckedCall],
+    tensors: Sequence[object],
+    info: GroupInfo,
+    *,
+    eligible: bool,
+) -> Exchanged:
+    """The fused round for a validated call on a communicating group (module doc).
+
+    ``calls``: one checked call per tensor (a call-level problem sits in ``calls[0]``);
+    ``eligible``: whether the caller lets the payload ride (``transport="auto"`` and
+    not a layout-only call). Raises the same error on every rank, or returns the same
+    layouts (and, when fused, the gathered tensors) on every rank.
+    """
+    w = info.world_size
+    state = state_of(info.group, kind)
+    slots, capacity = state.slots, min(state.capacity, FUSED_MAX_BYTES)
+    k = len(calls)
+    device = info.default_device()
+    local_ok = (
+        eligible
+        and all(c.record.problem is None and c.record.ndim <= SHAPE_SLOTS for c in calls)
+        and all(isinstance(t, torch.Tensor) and t.device.type == device.type for t in tensors)
+    )
+    flags = _ELIGIBLE if local_ok else 0
+    words: list[int] = []
+    for i in range(slots):
+        words += _encode_header(calls[i].record if i < k else None, k, flags)
+    head = slots * HEADER_BYTES
+    block = head + capacity
+    send = torch.empty(block, dtype=torch.uint8, device=device)
+    send[:head].copy_(torch.tensor(words, dtype=torch.int64).view(torch.uint8))
+    filled = 0
+    if local_ok and k <= slots:
+        own = pack([t for t in tensors if isinstance(t, torch.Tensor)])
+        if own.numel() <= capacity:
+            send[head : head + own.numel()].copy_(own)
+            filled = own.numel()
+    send[head + filled :].zero_()  # no stale memory to the peers
+    gathered = torch.empty(w * block, dtype=torch.uint8, device=device)
+    all_gather_equal(gathered, send, info, what="all_gather (metadata exchange)")
+    grid = gathered.view(w, block)
+    headers_seen = grid[:, :head]
+    pg = process_group(info)
+    last = None if pg is None else _LAST.get(pg, {}).get(kind)
+    if last is not None and torch.equal(last[0], headers_seen):
+        # The very headers of the last call that validated: the verdict is a pure
+        # function of them, so it is the same (and the same on every rank).
+        return _finish(kind, state, last[1], last[2], True, capacity, grid, head, info)
+    rows = headers_seen.cpu().contiguous().view(torch.int64).view(w, slots, HEADER_WORDS).tolist()
+
+    for r, headers in enumerate(rows):
+        for h in headers:
+            if h[0] != _MAGIC:
+                raise ProtocolMismatchError(
+                    f"all_gather_v: cannot read rank {r}'s fused header: expected magic "
+                    f"{_MAGIC:#x}, got {h[0]:#x} (another vargather version, or another "
+                    "collective issued on this group?)",
+                    ranks=[r],
+                )
+    counts = [headers[0][3] for headers in rows]
+    fusable = all(headers[0][1] & _ELIGIBLE for headers in rows)
+    compact = len(set(counts)) == 1 and k <= slots
+    if compact:
+        compact = not any(headers[i][1] & (_PROBLEM | _LONG) for headers in rows for i in range(k))
+    layouts: tuple[Layout, ...] | None = None
+    if compact:
+        try:
+            layouts = tuple(
+                validate_records([_decode_header(headers[i]) for headers in rows], rank=info.rank)
+                for i in range(k)
+            )
+        except VarGatherError:
+            layouts = None
+    if layouts is None:
+        compact = False
+        layouts = _full_path(kind, calls, counts, info)
+    elif pg is not None:
+        _LAST.setdefault(pg, {})[kind] = (headers_seen.clone(), layouts, fusable)
+    return _finish(kind, state, layouts, fusable, compact, capacity, grid, head, info)
+
+
+_LAST: weakref.WeakKeyDictionary[
+    dist.ProcessGroup, dict[str, tuple[torch.Tensor, tuple[Layout, ...], bool]]
+] = weakref.WeakKeyDictionary()
+"""Per group and kind: the headers of the last call that validated compactly, its
+layouts and whether every rank was eligible (a cache of a pure function)."""
+
+
+def _finish(
+    kind: Kind,
+    state: FusedState,
+    layouts: tuple[Layout, ...],
+    fusable: bool,
+    compact: bool,
+    capacity: int,
+    grid: torch.Tensor,
+    head: int,
+    info: GroupInfo,
+) -> Exchanged:
+    """Advance the state from the validated layouts; cut out the results if fused."""
+    w = info.world_size
+    needs = [sum(payload_nbytes(lay, r) for lay in layouts) for r in range(w)]
+    need = max(needs, default=0)
+    _store(info, kind, advance(state, fusable=fusable, need=need, count=len(layouts)))
+    if not (compact and fusable and need <= capacity):
+        return Exchanged(layouts, None)
+    regions = [grid[r, head : head + needs[r]] for r in range(w)]
+    return Exchanged(layouts, unpack(regions, layouts))
+
+
+class Prefetched:
+    """The transport of a gather whose payload rode in the fused round: ``gather`` hands
+    back the result (once; the reference is dropped), the backward is ``backward``'s."""
+
+    name = "fused"
+
+    def __init__(self, output: torch.Tensor, backward: Transport) -> None:
+        self._box = [output]
+        self._backward = backward
+
+    def gather(self, x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
+        return self._box.pop()
+
+    def reduce_scatter_sum(
+        self, grad_output: torch.Tensor, layout: Layout, info: GroupInfo
+    ) -> torch.Tensor:
+        return self._backward.reduce_scatter_sum(grad_output, layout, info)
+
+
+def gather_bytes(
+    tensors: Sequence[torch.Tensor], layouts: Sequence[Layout], info: GroupInfo, transport: str
+) -> list[torch.Tensor]:
+    """Several validated gathers as one payload collective: every rank's tensors as one
+    ragged run of bytes, gathered by ``transport`` (``auto``: its policy for those
+    bytes), then cut back into tensors."""
+    w = info.world_size
+    sizes = tuple(sum(payload_nbytes(lay, r) for lay in layouts) for r in range(w))
+    if sum(sizes) == 0:
+        device = tensors[0].device if tensors else info.default_device()
+        return unpack([torch.empty(0, dtype=torch.uint8, device=device)] * w, layouts)
+    flat = Layout(
+        sizes=sizes,
+        dim=0,
+        leading_shape=(),
+        trailing_shape=(),
+        dtype=torch.uint8,
+        rank=info.rank,
+        world_size=w,
+    )
+    gathered = choose_transport(transport, flat, info).gather(pack(tensors), flat, info)
+    return unpack([gathered[flat.block(r)] for r in range(w)], layouts)
+
+
+def replace_state(group: dist.ProcessGroup | None, kind: Kind, **changes: int) -> None:
+    """Tests only: set fields of ``group``'s state on this rank (every rank must do the
+    same, or the ranks disagree on the next round's size)."""
+    pg = _key(group)
+    if pg is not None:
+        _STATES.setdefault(pg, {})[kind] = replace(state_of(group, kind), **changes)
