@@ -13,7 +13,7 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 
-from vargather import _transport
+from vargather import _fused, _transport
 from vargather.testing import strategies as vst
 from vargather.testing.cases import DIGEST_MIN_BYTES, GatherCase
 from vargather.testing.properties import catalogue
@@ -39,11 +39,12 @@ FIND = settings(
 
 def test_library_thresholds_are_read_from_the_library() -> None:
     found = library_thresholds()
-    assert found["vargather._transport.GLOO_SMALL_BYTES"] == _transport.GLOO_SMALL_BYTES
-    assert (
-        found["vargather._transport.GLOO_REDUCE_SCATTER_MIN_BYTES"]
-        == _transport.GLOO_REDUCE_SCATTER_MIN_BYTES
-    )
+    small = _transport.GLOO_SMALL_BYTES
+    assert found["vargather._transport.GLOO_SMALL_BYTES"] == (small, "gathered")
+    backward = _transport.GLOO_REDUCE_SCATTER_MIN_BYTES
+    assert found["vargather._transport.GLOO_REDUCE_SCATTER_MIN_BYTES"] == (backward, "gathered")
+    assert found["vargather._fused.FUSED_MAX_BYTES"] == (_fused.FUSED_MAX_BYTES, "per-rank")
+    assert "vargather._fused.HEADER_BYTES" not in found
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -56,13 +57,14 @@ def test_targets_cover_powers_of_two_and_the_real_thresholds(world: int) -> None
         assert k in sizes
         k *= 2
     assert max(sizes) <= DEFAULT_MAX_PAYLOAD
-    for total in library_thresholds().values():
-        per_rank = -(-total // world)
+    for value, counts in library_thresholds().values():
+        per_rank = -(-value // world) if counts == "gathered" else value
         assert (per_rank in sizes) == (MIN_LARGE_BYTES <= per_rank <= DEFAULT_MAX_PAYLOAD)
     # The auto switch is reachable on every world size, the backward's on 4 ranks.
     assert -(-_transport.GLOO_SMALL_BYTES // world) in sizes
     if world == 4:
         assert _transport.GLOO_REDUCE_SCATTER_MIN_BYTES // 4 in sizes
+    assert _fused.FUSED_MAX_BYTES in sizes  # per rank: the fused round's largest payload
 
 
 def test_max_payload_bounds_the_targets() -> None:

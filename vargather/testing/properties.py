@@ -31,7 +31,7 @@ from .cases import DTYPE_NAMES, VARGATHER, GatherCase, Implementation, dtype_fam
 from .judge import Failure
 from .pool import RankPool
 from .runner import Verdict, describe, run_cases
-from .scale import DEFAULT_MAX_PAYLOAD
+from .scale import DEFAULT_MAX_PAYLOAD, sequence_length
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -123,7 +123,7 @@ class Property:
                 return vst.call_sequences(
                     min_world_size=w,
                     max_world_size=w,
-                    max_length=batch,
+                    max_length=max(batch, sequence_length()),
                     initialized=self.initialized,
                     implementation=self.implementation,
                     **kwargs,

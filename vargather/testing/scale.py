@@ -13,11 +13,11 @@ The targets, per rank (``per_rank_targets``):
 
 * powers of two in bytes, from ``MIN_LARGE_BYTES`` (1 KiB) up to ``max_payload``;
 * vargather's own thresholds at their real values, read from the library
-  (``library_thresholds``: the ``auto`` transport switch and the backward switch of
-  ``vargather._transport``, the fused path's capacities when the library has one).
-  These count the bytes of the whole gathered output, so the per-rank target is the
-  threshold divided by the group size (every rank at the target: the output is the
-  threshold itself, give or take the drawn ``d``).
+  (``library_thresholds``): the ``auto`` transport switch and the backward switch of
+  ``vargather._transport``, which count the bytes of the whole gathered output, so
+  the per-rank target is the threshold divided by the group size (every rank at the
+  target: the output is the threshold itself, give or take the drawn ``d``); and the
+  largest payload per rank that rides in the fused round (``vargather._fused``).
 
 ``max_payload`` (``python -m vargather check --max-payload``) bounds the bytes of any
 one rank's shard; 0 draws no large case at all.
@@ -38,6 +38,7 @@ __all__ = [
     "library_thresholds",
     "payload_summary",
     "per_rank_targets",
+    "sequence_length",
 ]
 
 DEFAULT_MAX_PAYLOAD: Final = 4 * 1024 * 1024
@@ -47,9 +48,16 @@ gathered output reaches vargather's 16 MiB backward switch)."""
 MIN_LARGE_BYTES: Final = 1024
 """The smallest power-of-two target (1 KiB): small cases reach about that already."""
 
-_LIBRARY_MODULES: Final = ("vargather._transport", "vargather._fused")
-"""Where vargather keeps its size thresholds; a module missing from this version is
-skipped (the fused small-payload path is newer than the transports)."""
+_LIBRARY_MODULES: Final = {
+    "vargather._transport": "gathered",
+    "vargather._fused": "per-rank",
+}
+"""Where vargather keeps its size thresholds, and what they count: ``_transport``'s
+count the bytes of the gathered output (``payload_bytes``), ``_fused``'s one rank's
+payload (``FUSED_MAX_BYTES``). A module missing from this version is skipped."""
+
+_NOT_THRESHOLDS: Final = frozenset({"vargather._fused.HEADER_BYTES"})
+"""``*_BYTES`` constants that are sizes of a format, not thresholds."""
 
 
 class Target(NamedTuple):
@@ -59,26 +67,40 @@ class Target(NamedTuple):
     source: str
 
 
-def library_thresholds() -> dict[str, int]:
+def library_thresholds() -> dict[str, tuple[int, str]]:
     """vargather's own byte thresholds, by name (``vargather._transport.GLOO_SMALL_BYTES``),
-    read from the library at run time: every public ``*_BYTES`` integer constant and
-    every integer in a public ``*_CAPACITIES``/``*_BUCKETS`` tuple of the modules that
-    choose a code path by size. Each counts the bytes of the gathered output."""
-    found: dict[str, int] = {}
-    for name in _LIBRARY_MODULES:
+    read from the library at run time: every public ``*_BYTES`` integer constant of the
+    modules that choose a code path by size, with what it counts (``"gathered"``: the
+    bytes of the gathered output; ``"per-rank"``: one rank's payload)."""
+    found: dict[str, tuple[int, str]] = {}
+    for name, counts in _LIBRARY_MODULES.items():
         try:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        for attr in getattr(module, "__all__", dir(module)):
+        for attr in getattr(module, "__all__", ()):
             value = getattr(module, attr, None)
-            if attr.endswith("_BYTES") and type(value) is int and value > 0:
-                found[f"{name}.{attr}"] = value
-            elif attr.endswith(("_CAPACITIES", "_BUCKETS")) and isinstance(value, tuple):
-                for i, item in enumerate(value):
-                    if type(item) is int and item > 0:
-                        found[f"{name}.{attr}[{i}]"] = item
+            key = f"{name}.{attr}"
+            if (
+                attr.endswith("_BYTES")
+                and type(value) is int
+                and value > 0
+                and key not in _NOT_THRESHOLDS
+            ):
+                found[key] = (value, counts)
     return found
+
+
+def sequence_length() -> int:
+    """How many calls a call sequence may hold: two more than the idle calls after which
+    vargather's fused path shrinks a group's capacity (``_fused.SHRINK_AFTER``, read
+    from the library; 8 when it has none), so one sequence can grow, idle and shrink it."""
+    try:
+        module = importlib.import_module("vargather._fused")
+    except ImportError:
+        return 10
+    shrink = getattr(module, "SHRINK_AFTER", 8)
+    return (shrink if type(shrink) is int and shrink > 0 else 8) + 2
 
 
 def per_rank_targets(group_size: int, max_payload: int) -> tuple[Target, ...]:
@@ -89,11 +111,12 @@ def per_rank_targets(group_size: int, max_payload: int) -> tuple[Target, ...]:
     targets: dict[int, str] = {}
     for k in range(int(math.log2(MIN_LARGE_BYTES)), int(math.log2(max_payload)) + 1):
         targets[1 << k] = f"2^{k} bytes"
-    for name, total in sorted(library_thresholds().items(), key=lambda kv: kv[1]):
-        per_rank = -(-total // group_size)
+    for name, (value, counts) in sorted(library_thresholds().items(), key=lambda kv: kv[1]):
+        gathered = counts == "gathered" and group_size > 1
+        per_rank = -(-value // group_size) if gathered else value
         if MIN_LARGE_BYTES <= per_rank <= max_payload:
             where = name.removeprefix("vargather.")
-            label = where if group_size == 1 else f"{where} / {group_size} ranks"
+            label = f"{where} / {group_size} ranks" if gathered else where
             targets[per_rank] = f"{targets[per_rank]}, {label}" if per_rank in targets else label
     return tuple(Target(b, s) for b, s in sorted(targets.items()))
 
