@@ -15,7 +15,9 @@ counts against every property.
 Each property varies one thing: the forward properties run contiguous shards without
 ``sizes`` and without backward, every dim and ragged shape (empty shards too); the
 structural ones use the common dtypes; the world ones (one rank, uninitialized,
-subgroup) use float32/float64/complex64 and mostly run backward.
+subgroup) use float32/float64/complex64 and mostly run backward. Every property draws
+some large cases (payload scale, ``vargather.testing.scale``); ``call-sequence`` draws
+call sequences (``strategies.call_sequences``): state carried from call to call.
 """
 
 from __future__ import annotations
