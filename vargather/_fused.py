@@ -265,9 +265,9 @@ def payload_nbytes(layout: Layout, rank: int) -> int:
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     """``t``'s elements in row-major order, as flat bytes (a view when ``t`` is contiguous)."""
     flat = t.detach().reshape(-1)
-    if flat.numel() and flat.stride(0) != 1:
+    if flat.stride(0) != 1:
         # reshape keeps a strided view when it can (a sliced shard with one element per
-        # row), which view(uint8) refuses; a fresh copy has stride 1.
+        # row, or an empty one), which view(uint8) refuses; a fresh copy has stride 1.
         flat = torch.empty(flat.shape, dtype=flat.dtype, device=flat.device).copy_(flat)
     return flat.view(torch.uint8)
 
