@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -45,7 +46,7 @@ from vargather._cli.report import (
     Report,
 )
 from vargather.testing import Failure, RankPool, get_pool, property_ids
-from vargather.testing.cases import parse_case
+from vargather.testing.cases import GatherCase, parse_case
 from vargather.testing.runner import run_cases
 
 PROPERTY_IDS = property_ids()
@@ -640,11 +641,17 @@ def test_every_mutant_fails_the_check(name: str, in_root: None) -> None:
     claimed contract (tried in the order sum, mean, local; ``--exitfirst``), and its
     minimal counterexample passes on the unbroken pipeline (``tests/mutants/faithful``),
     so the catch is the mutant's bug, not a bug the mutants share."""
-    from tests.mutants import implementation
+    from tests.mutants import MUTANTS, implementation
 
+    (mutant,) = [m for m in MUTANTS if m.name == name]
+    # A stateful mutant (a cache) is reproduced by a call sequence only; its earlier
+    # calls in this session must not leave state behind, so its worlds start fresh.
+    rows = ("call-sequence",) if mutant.stateful else MUTANT_ROWS
+    if mutant.stateful:
+        _fresh_worlds()
     impl = f"tests.mutants.{name}:all_gather_v"
     for grad in ("sum", "mean", "local"):
-        report = check(impl=impl, grad=grad, max_examples=6, exitfirst=True, only=MUTANT_ROWS)
+        report = check(impl=impl, grad=grad, max_examples=6, exitfirst=True, only=rows)
         failed = [r for r in report.results if r.status == "fail"]
         if failed:
             break
@@ -654,12 +661,49 @@ def test_every_mutant_fails_the_check(name: str, in_root: None) -> None:
     assert row.failure is not None
     assert row.failure.kind in ("mismatch", "error"), row.failure
     assert row.failure.case is not None
-    case = parse_case(row.failure.case["repr"])
+    # The reproduction re-runs the calls before the failing one too (state carried
+    # across calls); for a stateless bug it is the failing case alone.
+    cases = _reproduced_cases(row.failure.reproduction or "")
+    assert cases[-1] == parse_case(row.failure.case["repr"])
     assert report.transports is not None
     faithful = implementation("faithful", report.transports)
-    assert not run_cases([case], implementation(name, report.transports))[0].ok
-    control = run_cases([case], faithful)[0]
-    assert control.ok, (row.id, control.failures)
+    if mutant.stateful:
+        _fresh_worlds()
+    assert not all(v.ok for v in run_cases(cases, implementation(name, report.transports)))
+    control = run_cases(cases, faithful)
+    assert all(v.ok for v in control), (row.id, [v.failures for v in control])
+
+
+def _fresh_worlds() -> None:
+    for w in (2, 3, 4):
+        get_pool(w).restart()
+
+
+def _reproduced_cases(reproduction: str) -> list[GatherCase]:
+    (line,) = [ln for ln in reproduction.splitlines() if "reproduce: " in ln]
+    words = shlex.split(line.split("reproduce: ", 1)[1])
+    return [parse_case(w) for w in words if w.startswith("GatherCase(")]
+
+
+@multirank
+def test_a_chunking_bug_above_a_few_kib_fails_the_default_check(in_root: None) -> None:
+    """The issue's example: an implementation that moves shards of more than 4 KiB in
+    chunks and loses the last partial chunk fails the default check, from the command
+    line, with a counterexample that names the payload in bytes per rank, shrunk to a
+    shard just above the 4 KiB threshold."""
+    proc = cli(
+        "--impl",
+        "tests.mutants.chunked_tail_zeroed:all_gather_v",
+        "--only",
+        "forward-float",
+        "--no-progress",
+        timeout=400,
+    )
+    assert proc.returncode == EXIT_FAILED, proc.stdout + proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if "payload:" in ln]
+    per_rank = [int(n) for n in line.split("[", 1)[1].split("]", 1)[0].split(",")]
+    assert 4096 < max(per_rank) <= 4096 + 64, line  # just above the threshold
+    assert "bytes per rank" in line
 
 
 # --- no false alarms --------------------------------------------------------------------

@@ -4,7 +4,8 @@ Every module here exposes ``all_gather_v(x, dim=0, *, sizes=None, group=None,
 grad="sum", transport="auto")`` in vargather's call convention, built on the faithful
 pipeline of ``_base`` with exactly one thing broken; ``BUG`` says what, and ``BENIGN``
 is a case on which the bug does not show (so the mutant provably runs and is otherwise
-a correct gather). ``tests/test_mutants.py`` runs the property suite's properties
+a correct gather). ``STATEFUL = True`` marks a mutant whose bug needs earlier calls on
+the same world (state carried across calls): only a call sequence reproduces it. ``tests/test_mutants.py`` runs the property suite's properties
 against each and requires every one to be caught; ``faithful`` is the unbroken control.
 """
 
@@ -42,6 +43,9 @@ NAMES = (
     "backward_through_float32",
     "layout_sizes_sorted",
     "input_clobbered",
+    "chunked_tail_zeroed",
+    "sizes_cache_local_shape",
+    "large_path_even_offsets",
 )
 
 RESULTS: dict[str, str] = {}
@@ -63,6 +67,7 @@ class Mutant:
     name: str
     bug: str
     benign: GatherCase
+    stateful: bool = False
 
     def implementation(self, transports: tuple[str, ...]) -> Implementation:
         return implementation(self.name, transports)
@@ -70,7 +75,7 @@ class Mutant:
 
 def _load(name: str) -> Mutant:
     module: ModuleType = importlib.import_module(f"tests.mutants.{name}")
-    return Mutant(name, module.BUG, module.BENIGN)
+    return Mutant(name, module.BUG, module.BENIGN, getattr(module, "STATEFUL", False))
 
 
 MUTANTS: tuple[Mutant, ...] = tuple(_load(name) for name in NAMES)

@@ -2,9 +2,10 @@
 
 ``gather`` is ``vargather.all_gather_v`` rebuilt from its parts (the public
 ``gather_layout`` for exchange and validation, then ``GatherVFunction`` over the
-chosen transport) with three hooks a mutant may replace: the autograd ``function``,
-a ``wrap_transport`` around the chosen transport, and what a world of one rank
-returns (``one_rank``).
+chosen transport) with four hooks a mutant may replace: the autograd ``function``,
+a ``wrap_transport`` around the chosen transport, what a world of one rank
+returns (``one_rank``), and how the layout is planned (``plan``, ``layout_of``'s
+signature).
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def gather(
     function: type[GatherVFunction] = GatherVFunction,
     wrap_transport: Callable[[Transport], Transport] | None = None,
     one_rank: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    plan: Callable[..., Layout] = layout_of,
 ) -> torch.Tensor:
-    layout = layout_of(x, dim, sizes=sizes, group=group, grad=grad, transport=transport)
+    layout = plan(x, dim, sizes=sizes, group=group, grad=grad, transport=transport)
     info = resolve_group(group)
     if not info.communicates:
         return x if one_rank is None else one_rank(x)

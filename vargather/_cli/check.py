@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from vargather.testing.cases import DTYPE_NAMES, RETURN_KINDS, SIZES_SCOPES
 from vargather.testing.properties import BATCH, property_ids
+from vargather.testing.scale import DEFAULT_MAX_PAYLOAD, format_bytes
 
 from . import ArgumentParser
 from .gate import (
@@ -60,6 +61,21 @@ def _world_sizes(text: str) -> tuple[int, ...]:
                 f"--world-sizes: each world size must be in [1, {MAX_WORLD_SIZE}], got {w} in {text!r}"
             )
     return tuple(sorted(set(sizes)))
+
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "kb": 1000, "mib": 1 << 20, "mb": 1000**2}
+
+
+def _bytes(text: str) -> int:
+    """``4194304``, ``4MiB``, ``512KiB``, ``2MB``: a number of bytes >= 0."""
+    raw = text.strip().lower().replace(" ", "")
+    digits = raw.rstrip("kimbg")
+    unit = raw[len(digits) :]
+    if not digits.isdigit() or unit not in _UNITS:
+        raise CheckUsageError(
+            f"--max-payload: expected a number of bytes like 4194304, 4MiB or 512KiB, got {text!r}"
+        )
+    return int(digits) * _UNITS[unit]
 
 
 def _parser() -> ArgumentParser:
@@ -238,6 +254,18 @@ def _parser() -> ArgumentParser:
         ),
     )
     parser.add_argument(
+        "--max-payload",
+        metavar="BYTES",
+        type=_bytes,
+        default=DEFAULT_MAX_PAYLOAD,
+        help=(
+            "largest shard a rank gathers in the large cases (about one case in six is "
+            "sized around a payload threshold: powers of two and vargather's own "
+            "transport thresholds); accepts 4194304, 4MiB, 512KiB; 0 draws small cases "
+            f"only (default: {format_bytes(DEFAULT_MAX_PAYLOAD)})"
+        ),
+    )
+    parser.add_argument(
         "--only",
         metavar="ID,ID,...",
         default="",
@@ -401,6 +429,7 @@ def parse_args(argv: Sequence[str]) -> CheckOptions:
         exitfirst=args.exitfirst,
         timeout=args.timeout,
         shrink_budget=args.shrink_budget,
+        max_payload=args.max_payload,
         progress=not args.no_progress,
         only=only,
         in_flight=args.in_flight,

@@ -59,6 +59,7 @@ from vargather.testing.runner import (
     run_on_rank,
     short_traceback,
 )
+from vargather.testing.scale import DEFAULT_MAX_PAYLOAD
 
 from . import UsageError
 from .report import (
@@ -140,6 +141,8 @@ class CheckOptions:
     progress: bool = True
     only: tuple[str, ...] = ()
     in_flight: str | None = None
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    """Bytes a large case's shard may reach on one rank (0: small cases only)."""
     """Set in the child process that runs the in-process property (``uninitialized``): the
     file where it records the batch in flight, for the parent to name a crash or hang."""
 
@@ -185,6 +188,10 @@ class CheckOptions:
         if type(self.shrink_budget) is not int or self.shrink_budget < 0:
             raise CheckUsageError(
                 f"--shrink-budget must be a number of examples >= 0, got {self.shrink_budget!r}"
+            )
+        if type(self.max_payload) is not int or self.max_payload < 0:
+            raise CheckUsageError(
+                f"--max-payload must be a number of bytes >= 0, got {self.max_payload!r}"
             )
         if not (self.timeout > 0):
             raise CheckUsageError(
@@ -474,6 +481,7 @@ def _case_data(case: GatherCase) -> dict[str, Any]:
         "upstream": case.upstream,
         "requires_grad": case.requires_grad,
         "seed": case.seed,
+        "payload_bytes": list(case.shard_bytes),
         "subgroup": None if case.members is None else list(case.members),
         "world": case.world_size,
         "initialized": case.initialized,
@@ -491,7 +499,10 @@ def render_failures(failures: Sequence[Failure], limit: int = 4) -> str:
 
 
 def _property_failure(
-    failures: Sequence[Failure], case: GatherCase, impl: Implementation
+    failures: Sequence[Failure],
+    case: GatherCase,
+    impl: Implementation,
+    before: Sequence[GatherCase] = (),
 ) -> PropertyFailure:
     """A property's failure on ``case``, from the judge's records (the first one's kind
     and aspect; a crash or a hang anywhere is the property's kind)."""
@@ -501,7 +512,7 @@ def _property_failure(
         kind,
         render_failures(failures),
         _case_data(case),
-        describe(case, impl),
+        describe(case, impl, before=before),
         aspect=failures[0].aspect,
     )
 
@@ -542,7 +553,9 @@ def _evaluate(
 
     started = time.monotonic()
     state = _PropertyState()
-    strategy: SearchStrategy[list[GatherCase]] = prop.strategy(world_sizes, batch=BATCH)
+    strategy: SearchStrategy[list[GatherCase]] = prop.strategy(
+        world_sizes, batch=BATCH, max_payload=options.max_payload
+    )
     impl = prop.implementation
 
     def run(batch: list[GatherCase]) -> PropertyFailure | None:
@@ -560,11 +573,14 @@ def _evaluate(
             state.examples += 1
             state.cases += sum(1 for v, _ in results if not v.not_run)
             progress.note(f"{prop.id}: {state.cases} cases")
-        for verdict, failures in results:
+        for index, (verdict, failures) in enumerate(results):
             if failures:
                 if state.failed_at is None:
                     state.failed_at = time.monotonic()
-                return _property_failure(failures, verdict.case, impl)
+                # The calls that ran before it on the same world (state carried over);
+                # Hypothesis keeps only those the failure needs.
+                before = batch[:index]
+                return _property_failure(failures, verdict.case, impl, before)
         return None
 
     def body(batch: list[GatherCase]) -> None:
@@ -768,6 +784,8 @@ def _child_command(
         str(options.timeout),
         "--shrink-budget",
         str(options.shrink_budget),
+        "--max-payload",
+        str(options.max_payload),
         "--json",
         report,
         "--no-progress",

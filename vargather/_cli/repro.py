@@ -46,7 +46,14 @@ def _parser() -> ArgumentParser:
         description="Re-run one property-suite case, as a failure report printed it.",
         epilog="Exit status: 0 the case passes, 1 it fails, 2 usage or import error.",
     )
-    parser.add_argument("case", help="the case as printed: GatherCase(shapes=..., ...)")
+    parser.add_argument(
+        "case",
+        nargs="+",
+        help=(
+            "the case as printed: GatherCase(shapes=..., ...); several: a call sequence, "
+            "run in order on one world (the last is the one that failed)"
+        ),
+    )
     parser.add_argument(
         "--impl",
         metavar="MODULE:ATTR",
@@ -125,21 +132,26 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_OK
     try:
         args = _parser().parse_args(args_list)
-        case = parse_case(args.case)
+        cases = [parse_case(text) for text in args.case]
         impl = _implementation(args)
     except (UsageError, ValueError, SyntaxError) as err:
         # ImplementationError is a ValueError: a bad --impl is a usage error too.
         prefix = "--impl " if isinstance(err, ImplementationError) else ""
         print(f"vargather repro: error: {prefix}{err}", file=sys.stderr)
         return EXIT_USAGE
-    print(describe(case, impl))
-    verdict = run_cases([case], impl)[0]
-    if verdict.ok:
+    print(describe(cases[-1], impl, before=cases[:-1]))
+    verdicts = run_cases(cases, impl)
+    if all(v.ok for v in verdicts):
         print("PASSED")
         return EXIT_OK
     print("FAILED")
-    if verdict.not_run:
-        print(f"  - {verdict.not_run}")
-    for failure in verdict.failures:
-        print("  - " + failure.render().replace("\n", "\n    "))
+    for i, verdict in enumerate(verdicts):
+        if verdict.ok:
+            continue
+        if len(verdicts) > 1:
+            print(f"  call {i + 1}:")
+        if verdict.not_run:
+            print(f"  - {verdict.not_run}")
+        for failure in verdict.failures:
+            print("  - " + failure.render().replace("\n", "\n    "))
     return EXIT_FAILED

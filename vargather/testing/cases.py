@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from vargather import CONTRACTS, GLOO_DTYPES, TRANSPORT_NAMES, oracle
 __all__ = [
     "COMPAT",
     "CONVENTIONS",
+    "DIGEST_MIN_BYTES",
     "DTYPE_FAMILIES",
     "DTYPE_NAMES",
     "MEMORY_LAYOUTS",
@@ -61,8 +63,10 @@ __all__ = [
     "Implementation",
     "RankReport",
     "TensorBytes",
+    "digest_of",
     "dtype_family",
     "dtype_name",
+    "expected_output",
     "is_differentiable",
     "make_upstream",
     "make_values",
@@ -438,6 +442,17 @@ class GatherCase:
         return tuple(s[self.normalized_dim] for s in self.shapes)
 
     @property
+    def shard_bytes(self) -> tuple[int, ...]:
+        """The bytes of every rank's shard (its payload), in group rank order."""
+        itemsize = self.torch_dtype.itemsize
+        return tuple(math.prod(s) * itemsize for s in self.shapes)
+
+    @property
+    def output_nbytes(self) -> int:
+        """The bytes of the gathered output (what vargather's size thresholds count)."""
+        return sum(self.shard_bytes)
+
+    @property
     def output_shape(self) -> tuple[int, ...]:
         d = self.normalized_dim
         s = self.shapes[0]
@@ -489,6 +504,8 @@ class GatherCase:
 
     def expected(self) -> Expected:
         """The oracle's answer (computed once per case, in the calling process)."""
+        if self.output_nbytes >= DIGEST_MIN_BYTES:
+            return _expected_large(self)
         return _expected(self)
 
     def grads_exact(self) -> bool:
@@ -515,27 +532,56 @@ class Expected(NamedTuple):
 
     output: torch.Tensor
     output_bytes: bytes
+    """The output's bytes; empty for an output of ``DIGEST_MIN_BYTES`` or more, which
+    is compared by ``output_digest``."""
     input_grads: tuple[torch.Tensor, ...] | None
     grad_bounds: tuple[torch.Tensor, ...] | None
     """``B_r``: the oracle's gradient for ``|g|`` (float64), bounding rounding error."""
+    output_digest: str = ""
+    """``digest_of(output)``."""
+
+
+DIGEST_MIN_BYTES: Final = 64 * 1024
+"""From this many output bytes up, a rank does not send its output back: it sends a
+digest of its bytes (``digest_of``), and, when that differs from the oracle's, the
+first differing element, found on the rank against the oracle's output it rebuilds
+from the case's seeds. Below it the output's bytes cross the pipe."""
 
 
 def as_real(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t) if t.is_complex() else t
 
 
-def bytes_of(t: torch.Tensor) -> bytes:
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     flat = t.detach().reshape(-1)
-    if flat.numel() == 0:
-        return b""
     if flat.stride(0) != 1:
         # .contiguous() keeps a one-element tensor's stride, which view(uint8) refuses.
         flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
-    return flat.view(torch.uint8).numpy().tobytes()
+    return flat.view(torch.uint8)
 
 
-@functools.lru_cache(maxsize=256)
-def _expected(case: GatherCase) -> Expected:
+def bytes_of(t: torch.Tensor) -> bytes:
+    if t.numel() == 0:
+        return b""
+    return _flat_bytes(t).numpy().tobytes()
+
+
+def digest_of(t: torch.Tensor) -> str:
+    """A digest of ``t``'s bytes in row-major order (BLAKE2b, 128 bits): equal digests,
+    equal bytes (shape and dtype are compared beside it)."""
+    if t.numel() == 0:
+        return hashlib.blake2b(b"", digest_size=16).hexdigest()
+    view = _flat_bytes(t).numpy().data  # a memoryview: the bytes are not copied
+    return hashlib.blake2b(view, digest_size=16).hexdigest()
+
+
+def expected_output(case: GatherCase) -> torch.Tensor:
+    """The oracle's output alone (no gradients): what a rank rebuilds to locate a
+    mismatch it found by digest."""
+    return oracle.expected_output([case.shard_values(r) for r in range(case.group_size)], case.dim)
+
+
+def _compute_expected(case: GatherCase) -> Expected:
     shards = [case.shard_values(r) for r in range(case.group_size)]
     output = oracle.expected_output(shards, case.dim)
     grads: tuple[torch.Tensor, ...] | None = None
@@ -548,7 +594,13 @@ def _expected(case: GatherCase) -> Expected:
             zeros = [torch.zeros(as_real(s).shape, dtype=torch.float64) for s in shards]
             magnitudes = [as_real(g).abs().to(torch.float64) for g in upstream]
             bounds = tuple(oracle.expected_input_grads(zeros, magnitudes, d, case.contract))
-    return Expected(output, bytes_of(output), grads, bounds)
+    small = case.output_nbytes < DIGEST_MIN_BYTES
+    return Expected(output, bytes_of(output) if small else b"", grads, bounds, digest_of(output))
+
+
+_expected = functools.lru_cache(maxsize=256)(_compute_expected)
+_expected_large = functools.lru_cache(maxsize=4)(_compute_expected)
+"""Large cases' answers take megabytes each: only the last few are kept."""
 
 
 # --- implementations ---------------------------------------------------------------------
@@ -674,18 +726,34 @@ COMPAT: Final = Implementation(
 
 
 class TensorBytes(NamedTuple):
-    """A tensor as it crossed the pipe: dtype name, shape, device and raw bytes."""
+    """A tensor as it crossed the pipe: dtype name, shape, device and raw bytes.
+
+    A large output crosses as a digest instead (``data`` empty, ``digest`` set, see
+    ``DIGEST_MIN_BYTES``), with ``mismatch``: the first element differing from the
+    oracle's output, as the rank found it (empty when none differs, or when dtype or
+    shape already differ)."""
 
     dtype: str
     shape: tuple[int, ...]
     device: str
     data: bytes
+    digest: str = ""
+    mismatch: str = ""
 
     @staticmethod
     def of(t: torch.Tensor) -> TensorBytes:
         return TensorBytes(dtype_name(t.dtype), tuple(t.shape), str(t.device), bytes_of(t))
 
+    @staticmethod
+    def digested(t: torch.Tensor, mismatch: str = "") -> TensorBytes:
+        """``t`` by its digest, not its bytes."""
+        return TensorBytes(
+            dtype_name(t.dtype), tuple(t.shape), str(t.device), b"", digest_of(t), mismatch
+        )
+
     def to_tensor(self) -> torch.Tensor:
+        if self.digest:
+            raise ValueError("a digested tensor's bytes did not cross the pipe")
         dtype = torch_dtype(self.dtype)
         if not self.data:
             return torch.empty(self.shape, dtype=dtype)
@@ -714,6 +782,10 @@ class RankReport:
     input_intact: bool = True
     error: tuple[str, str, str] | None = None  # (type name, message, traceback)
     skipped: str = ""
+    collective_failed: bool = False
+    """The error was a failed collective (vargather's ``CollectiveError``, torch's
+    ``DistError``): the world's process group may be out of step, so the runner
+    restarts the world before its next batch."""
 
 
 def parse_case(text: str) -> GatherCase:

@@ -15,7 +15,9 @@ counts against every property.
 Each property varies one thing: the forward properties run contiguous shards without
 ``sizes`` and without backward, every dim and ragged shape (empty shards too); the
 structural ones use the common dtypes; the world ones (one rank, uninitialized,
-subgroup) use float32/float64/complex64 and mostly run backward.
+subgroup) use float32/float64/complex64 and mostly run backward. Every property draws
+some large cases (payload scale, ``vargather.testing.scale``); ``call-sequence`` draws
+call sequences (``strategies.call_sequences``): state carried from call to call.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from .cases import (
 from .judge import Failure
 from .pool import RankPool
 from .runner import Verdict, describe, run_cases
+from .scale import DEFAULT_MAX_PAYLOAD, sequence_length
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -78,6 +81,9 @@ class Property:
     out_of_scope: str | None = None
     """Why the implementation's declared scope excludes the whole property (``None``:
     it does not; out-of-scope cases of an in-scope property are never drawn)."""
+    sequences: bool = False
+    """Draw call sequences (``strategies.call_sequences``): each batch is one sequence of
+    gathers, every call following the one before by a small change."""
 
     def worlds(self, world_sizes: Sequence[int]) -> list[int]:
         """The world sizes of ``world_sizes`` it runs on (``[1]`` when uninitialized)."""
@@ -116,16 +122,27 @@ class Property:
         *,
         batch: int = BATCH,
         transports: Sequence[str] | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
     ) -> SearchStrategy[list[GatherCase]]:
         """Batches of up to ``batch`` cases, all on one world size drawn from
         ``world_sizes`` (restricted to the property's range). ``transports`` narrows
-        the transports drawn (default: every one the implementation takes)."""
-        kwargs = dict(self.kwargs)
+        the transports drawn (default: every one the implementation takes);
+        ``max_payload`` bounds a large case's bytes per rank (0: small cases only)."""
+        kwargs = {"max_payload": max_payload, **self.kwargs}
         if transports is not None:
             kwargs["transports"] = tuple(transports)
         keep = self.keep
 
         def for_world(w: int) -> SearchStrategy[list[GatherCase]]:
+            if self.sequences:
+                return vst.call_sequences(
+                    min_world_size=w,
+                    max_world_size=w,
+                    max_length=max(batch, sequence_length()),
+                    initialized=self.initialized,
+                    implementation=self.implementation,
+                    **kwargs,
+                )
             drawn = vst.case_batches(
                 min_world_size=w,
                 max_world_size=w,
@@ -176,8 +193,11 @@ class Property:
             return
         impl = self.implementation
         parts = [f"{self.id}: {len(bad)} of {len(results)} case(s) failed against {impl.label}:"]
-        for v, failures in bad:
-            parts.append(describe(v.case, impl))
+        for i, (v, failures) in enumerate(results):
+            if not failures:
+                continue
+            before = list(batch[:i])  # ran before it on the same world
+            parts.append(describe(v.case, impl, before=before))
             parts.extend(f"  - {f.render()}" for f in failures)
         raise AssertionError("\n".join(parts))
 
@@ -191,6 +211,10 @@ def _dtypes(*families: str) -> tuple[str, ...]:
 
 _COMMON: Final = ("float32", "float64", "int64")
 """The dtypes of the properties that are not about dtypes (each family has its own)."""
+
+_SEQUENCE_DTYPES: Final = ("float32", "float64", "bfloat16", "int64", "uint8")
+"""Dtypes a call sequence switches between: widths of 8, 4, 2 and 1 bytes, so one
+shape means different byte counts from call to call."""
 
 _OUTPUT: Final = frozenset({"output"})
 _SIZES: Final = frozenset({"output", "sizes"})
@@ -240,6 +264,9 @@ def catalogue(
         "dtypes": _dtypes("float", "half", "complex"),
         **c,
     }
+    # Sequences call without sizes where the scope allows (the state under test is the
+    # implementation's own); with --sizes required they pass them.
+    seq = {"sizes_forms": plain or none, "dtypes": _SEQUENCE_DTYPES, **c}
     what = "layout" if returns == "layout" else "sizes"
     claimed = ", ".join(map(repr, impl.contracts))
     same = "forward equals torch.cat(x, dim) bit for bit on every rank, "
@@ -367,6 +394,16 @@ def catalogue(
             {**grads, "contracts": ("sum",), "values": ("integers",), "upstream": ("integers",)},
             min_world=2,
             needs_sum=True,
+        ),
+        Property(
+            impl,
+            "call-sequence",
+            "gathers repeated on one world, sizes, dtypes, shapes and payload scale "
+            "changing between calls (state carried across calls)",
+            _ALL,
+            {**seq, "requires_grad": None if impl.differentiable else False},
+            min_world=2,
+            sequences=True,
         ),
     ]
     return [_scoped(row) for row in rows]

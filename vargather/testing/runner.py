@@ -28,9 +28,20 @@ import torch
 
 from vargather import CONTRACTS, CollectiveError, VarGatherError
 
-from .cases import COMPAT, VARGATHER, GatherCase, Implementation, RankReport, TensorBytes, bytes_of
+from .cases import (
+    COMPAT,
+    DIGEST_MIN_BYTES,
+    VARGATHER,
+    GatherCase,
+    Implementation,
+    RankReport,
+    TensorBytes,
+    bytes_of,
+    digest_of,
+    expected_output,
+)
 from .cases import dtype_name as dtype_name
-from .judge import Failure, judge
+from .judge import Failure, judge, output_mismatch
 from .pool import (
     PoolFailure,
     PoolStartError,
@@ -40,6 +51,7 @@ from .pool import (
     RankPool,
     get_pool,
 )
+from .scale import payload_summary
 
 __all__ = [
     "ImplementationError",
@@ -361,7 +373,24 @@ def _emulating() -> bool:
     return module is not None and module.installed() is not None
 
 
-def _run_one(ctx: RankContextLike, impl: Implementation, case: GatherCase) -> RankReport | None:
+def _output_report(out: torch.Tensor, case: GatherCase, expected_digest: str | None) -> TensorBytes:
+    """``out`` as it goes back to the parent: its bytes, or for a large case its digest
+    and the first element that differs from the oracle's output (found here, so the
+    megabytes never cross the pipe; ``expected_digest`` from the parent spares the
+    rank rebuilding the oracle's output when nothing differs)."""
+    if case.output_nbytes < DIGEST_MIN_BYTES:
+        return TensorBytes.of(out)
+    digest = digest_of(out)
+    mismatch = ""
+    comparable = tuple(out.shape) == case.output_shape and out.dtype == case.torch_dtype
+    if comparable and digest != expected_digest:
+        mismatch = output_mismatch(out.detach().cpu(), expected_output(case))
+    return TensorBytes.digested(out, mismatch)
+
+
+def _run_one(
+    ctx: RankContextLike, impl: Implementation, case: GatherCase, expected_digest: str | None = None
+) -> RankReport | None:
     if impl.emulate is not None or _emulating():
         from .emulate import activate
 
@@ -390,7 +419,7 @@ def _run_one(ctx: RankContextLike, impl: Implementation, case: GatherCase) -> Ra
     report = dict(
         rank=grank,
         global_rank=ctx.rank,
-        out=TensorBytes.of(out),
+        out=_output_report(out, case, expected_digest),
         out_requires_grad=out.requires_grad,
         extra=extra,
         input_intact=intact,
@@ -431,25 +460,40 @@ def implementation_traceback(exc: BaseException) -> str:
     return head + text + "".join(traceback.format_exception_only(type(exc), exc))
 
 
-def run_on_rank(ctx: RankContextLike, job: tuple[Implementation, GatherCase, int]) -> object:
+def run_on_rank(
+    ctx: RankContextLike,
+    job: tuple[Implementation, GatherCase, int] | tuple[Implementation, GatherCase, int, str],
+) -> object:
     """Run one case on this rank: the rank function of ``vargather.testing`` pools.
 
-    ``job`` is ``(implementation, case, batch token)``. Exceptions are caught and
+    ``job`` is ``(implementation, case, batch token)``, or with a fourth item, the
+    digest of the oracle's output for a large case (``run_cases`` sends it; without it
+    a rank rebuilds the oracle's output to compare). Exceptions are caught and
     reported; after one, the rest of the same batch is skipped on this rank (its
     peers may be left in a collective, so nothing after it can be trusted).
     """
-    impl, case, token = job
+    impl, case, token = job[:3]
+    expected_digest = job[3] if len(job) > 3 else None
     if _POISONED and _POISONED[0] == token:
         return RankReport(ctx.rank, ctx.rank, skipped="an earlier case of its batch raised here")
     try:
-        return _run_one(ctx, impl, case)
+        return _run_one(ctx, impl, case, expected_digest)
     except Exception as exc:
         _POISONED[:] = [token]
         name = type(exc).__qualname__
         module = type(exc).__module__
         if module != "builtins":
             name = f"{module}.{name}"
-        return RankReport(ctx.rank, ctx.rank, error=(name, str(exc), implementation_traceback(exc)))
+        dist_error: object = getattr(torch.distributed, "DistError", None)
+        collective = isinstance(exc, CollectiveError) or (
+            isinstance(dist_error, type) and isinstance(exc, dist_error)
+        )
+        return RankReport(
+            ctx.rank,
+            ctx.rank,
+            error=(name, str(exc), implementation_traceback(exc)),
+            collective_failed=collective,
+        )
 
 
 # --- the parent side: running -----------------------------------------------------------
@@ -516,6 +560,14 @@ def run_cases(
     return done
 
 
+def _job(
+    impl: Implementation, case: GatherCase, token: int
+) -> tuple[Implementation, GatherCase, int] | tuple[Implementation, GatherCase, int, str]:
+    if case.output_nbytes < DIGEST_MIN_BYTES:
+        return (impl, case, token)
+    return (impl, case, token, case.expected().output_digest)
+
+
 _COLLECTIVE_MARKS: Final = (
     "distributed_c10d",
     "DistBackendError",
@@ -535,6 +587,8 @@ def _world_suspect(per_rank_lists: Sequence[Sequence[object]]) -> str | None:
     raised from inside a collective (its traceback or error names torch.distributed or
     the backend), or the ranks raised unlike errors (some may be left mid-collective)."""
     for per_rank in per_rank_lists:
+        if any(isinstance(r, RankReport) and r.collective_failed for r in per_rank):
+            return "a collective failed in a rank (it raised a collective error)"
         errors = [r.error for r in per_rank if isinstance(r, RankReport) and r.error is not None]
         if not errors:
             continue
@@ -558,7 +612,7 @@ def _run_world(
     blamed (every other case keeps its own verdict); after a collective error the world
     is discarded so the next call gets a fresh one."""
     token = (os.getpid() << 32) + next(_TOKENS)
-    jobs = [(impl, case, token) for case in cases]
+    jobs = [_job(impl, case, token) for case in cases]
     pool = factory(world)
     try:
         results = pool.run_many(run_on_rank, jobs)
@@ -699,8 +753,16 @@ def _shell_quote(arg: str) -> str:
     return f'"{arg}"'
 
 
-def describe(case: GatherCase, implementation: Implementation = VARGATHER) -> str:
-    """A failing case in words, with a shell command that re-runs exactly it."""
+def describe(
+    case: GatherCase,
+    implementation: Implementation = VARGATHER,
+    before: Sequence[GatherCase] = (),
+) -> str:
+    """A failing case in words, with a shell command that re-runs exactly it.
+
+    ``before``: the calls of its call sequence that ran before it on the same world
+    (state an implementation carries between calls may be the cause); they are listed,
+    and the command re-runs them first, in order."""
     where = (
         "in this process, torch.distributed not initialized"
         if not case.initialized
@@ -708,9 +770,17 @@ def describe(case: GatherCase, implementation: Implementation = VARGATHER) -> st
         + (f", subgroup {list(case.members)}" if case.members is not None else "")
     )
     memory = [case.memory_of(r) for r in range(case.group_size)]
-    args = ["python", "-m", "vargather", "repro", *repro_args(case, implementation)]
+    case_args = repro_args(case, implementation)
+    args = ["python", "-m", "vargather", "repro", *map(repr, before), *case_args]
     command = " ".join(_shell_quote(arg) for arg in args)
-    lines = [
+    lines = []
+    if before:
+        lines.append(
+            f"call sequence: call {len(before) + 1} failed, after {len(before)} call(s) on "
+            "the same world:"
+        )
+        lines.extend(f"  call {i + 1}: {_one_line(c)}" for i, c in enumerate(before))
+    lines += [
         f"case: {implementation.short_name} on {case.group_size} rank(s) {where}",
         f"  per-rank shapes {[tuple(s) for s in case.shapes]} (sizes along dim "
         f"{list(case.sizes)}), dim={case.dim}, dtype={case.dtype}",
@@ -718,6 +788,7 @@ def describe(case: GatherCase, implementation: Implementation = VARGATHER) -> st
         f"{case.sizes_form}, memory {memory}",
         f"  values={case.values!r}, upstream gradients={case.upstream!r} (different on every "
         f"rank), requires_grad={case.requires_grad}, seed={case.seed}",
+        f"  payload: {payload_summary(case.shard_bytes)}",
         f"  reproduce: {command}",
     ]
     return "\n".join(lines)
@@ -741,6 +812,14 @@ def backend_refusals(ctx: RankContextLike, names: Sequence[str]) -> tuple[str, .
         except Exception:
             refused.append(name)
     return tuple(refused)
+
+
+def _one_line(case: GatherCase) -> str:
+    return (
+        f"shapes {[tuple(s) for s in case.shapes]}, dim={case.dim}, dtype={case.dtype}, "
+        f"transport={case.transport!r}, {max(case.shard_bytes, default=0)} bytes on the "
+        "largest shard"
+    )
 
 
 # --- which transports run here ------------------------------------------------------------

@@ -25,7 +25,9 @@ max_world_size=2``)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 import torch
@@ -41,12 +43,17 @@ from .cases import (
     VARGATHER,
     GatherCase,
     Implementation,
+    is_differentiable,
     make_upstream,
+    torch_dtype,
 )
+from .scale import DEFAULT_MAX_PAYLOAD, MIN_LARGE_BYTES, Target, per_rank_targets
 
 __all__ = [
     "DTYPE_NAMES",
+    "SEQUENCE_STEPS",
     "GatherCase",
+    "call_sequences",
     "case_batches",
     "dtypes",
     "gather_cases",
@@ -55,6 +62,17 @@ __all__ = [
 ]
 
 _MAX_NDIM: Final = 8  # more dims only slow the suite; vargather itself takes up to 32
+
+LARGE_ONE_IN: Final = 6
+"""About one case in ``LARGE_ONE_IN`` is large (when ``max_payload`` allows): its
+shards sized around a payload threshold (``vargather.testing.scale``)."""
+
+_LARGE_MAX_NDIM: Final = 2
+"""Large cases have at most 2 dimensions (unless ``min_ndim`` asks more): a sliced
+layout's buffer is ``2 * 3^(ndim-1)`` times its shard."""
+
+_DELTA: Final = 2
+"""A large case's shards are ``target ± d`` rows, ``|d| <= _DELTA`` (shrinks to 0)."""
 
 
 # --- argument checking ---------------------------------------------------------------
@@ -179,6 +197,7 @@ class _Config:
         _not_above("max_ndim", self.max_ndim, "the supported maximum", _MAX_NDIM)
         self.max_side = _int("max_side", kw["max_side"], minimum=1)
         self.max_size = _int("max_size", kw["max_size"], minimum=0)
+        self.max_payload = _int("max_payload", kw["max_payload"], minimum=0)
         self.dtypes = _choices("dtypes", kw["dtypes"], DTYPE_NAMES, DTYPE_NAMES)
         self.contracts = _choices("contracts", kw["contracts"], impl.contracts, impl.contracts)
         taken = impl.transports if impl.transports is not None else ("auto",)
@@ -227,8 +246,9 @@ class _Draws:
     """Strategies built once per configuration and reused for every draw (building a
     strategy per draw costs Hypothesis a source inspection each time)."""
 
-    def __init__(self, cfg: _Config) -> None:
+    def __init__(self, cfg: _Config, scale: str = "mixed") -> None:
         self.cfg = cfg
+        self.mode = scale  # "mixed" (about one case in LARGE_ONE_IN large), "small", "large"
         self.side = _side(cfg.max_side)
         self.ndim = (
             st.integers(cfg.min_ndim, cfg.max_ndim)
@@ -248,6 +268,17 @@ class _Draws:
         self.memory_nd = st.sampled_from(cfg.memory)
         self._dims: dict[int, SearchStrategy[int]] = {}
         self._sizes: dict[int, SearchStrategy[tuple[int, ...]]] = {}
+        # Large cases: none when every shard must be empty (max_size=0).
+        self.large_on = cfg.max_payload > 0 and cfg.max_size > 0
+        self.scale = st.sampled_from(range(LARGE_ONE_IN))
+        top = max(cfg.min_ndim, min(cfg.max_ndim, _LARGE_MAX_NDIM))
+        self.large_ndim = st.integers(cfg.min_ndim, top)
+        self.large_side = st.integers(1, cfg.max_side)
+        self.rank_kind = st.integers(0, 7)
+        self.delta = st.integers(-_DELTA, _DELTA)
+        self.small_size = st.integers(0, cfg.max_size)
+        self._targets: dict[int, tuple[Target, ...]] = {}
+        self._target_index: dict[int, SearchStrategy[int]] = {}
         self._members: dict[tuple[int, int], SearchStrategy[list[int]]] = {}
 
     def dim(self, ndim: int) -> SearchStrategy[int]:
@@ -273,16 +304,63 @@ class _Draws:
             )
         return self._members[key]
 
+    def targets(self, world_size: int) -> tuple[Target, ...]:
+        if world_size not in self._targets:
+            found = per_rank_targets(world_size, self.cfg.max_payload)
+            self._targets[world_size] = found
+            self._target_index[world_size] = st.integers(0, max(len(found) - 1, 0))
+        return self._targets[world_size]
+
+    def large_shapes(
+        self, draw: st.DrawFn, world_size: int, dtype: str
+    ) -> tuple[int, tuple[tuple[int, ...], ...]] | None:
+        """``(dim, shapes)`` of a large case, or None when no target fits."""
+        targets = self.targets(world_size)
+        if not targets:
+            return None
+        index = self._target_index[world_size]
+        # The smaller of two draws: cheap targets are drawn more often than MiB ones,
+        # and the index shrinks toward the smallest threshold that still fails.
+        target = targets[min(draw(index), draw(index))].bytes
+        ndim = draw(self.large_ndim)
+        dim = draw(self.dim(ndim))
+        d = dim % ndim
+        common = [draw(self.large_side) for _ in range(ndim)]
+        row_bytes = torch_dtype(dtype).itemsize * math.prod(common[:d] + common[d + 1 :])
+        rows = max(target // row_bytes, 1)
+        cap = self.cfg.max_payload // row_bytes
+        sizes = []
+        for _ in range(world_size):
+            kind = draw(self.rank_kind)
+            if kind <= 5:  # around the target
+                n = min(max(rows + draw(self.delta), 0), cap)
+            elif kind == 6:
+                n = 0
+            else:
+                n = draw(self.small_size)
+            sizes.append(n)
+        return dim, tuple((*common[:d], n, *common[d + 1 :]) for n in sizes)
+
     def case(self, draw: st.DrawFn, world_size: int, pool_size: int, subgroup: bool) -> GatherCase:
         cfg = self.cfg
         members = tuple(sorted(draw(self.members(world_size, pool_size)))) if subgroup else None
-        ndim = draw(self.ndim)
-        dim = draw(self.dim(ndim))
-        d = dim % ndim
-        common = [draw(self.side) for _ in range(ndim)]
-        sizes = draw(self.sizes(world_size))
-        shapes = tuple((*common[:d], n, *common[d + 1 :]) for n in sizes)
-        dtype = draw(self.dtype)
+        large = None
+        if self.large_on and (
+            self.mode == "large" or (self.mode == "mixed" and draw(self.scale) == LARGE_ONE_IN - 1)
+        ):
+            dtype = draw(self.dtype)
+            large = self.large_shapes(draw, world_size, dtype)
+        if large is not None:
+            dim, shapes = large
+            ndim = len(shapes[0])
+        else:
+            ndim = draw(self.ndim)
+            dim = draw(self.dim(ndim))
+            d = dim % ndim
+            common = [draw(self.side) for _ in range(ndim)]
+            sizes = draw(self.sizes(world_size))
+            shapes = tuple((*common[:d], n, *common[d + 1 :]) for n in sizes)
+            dtype = draw(self.dtype)
         torch_dtype = getattr(torch, dtype)
         if not (torch_dtype.is_floating_point or torch_dtype.is_complex):
             requires_grad = False
@@ -342,6 +420,7 @@ def gather_cases(
     max_ndim: int = 4,
     max_side: int = 3,
     max_size: int = 5,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
     dtypes: Sequence[str | torch.dtype] | None = None,
     contracts: Sequence[str] | None = None,
     transports: Sequence[str] | None = None,
@@ -366,6 +445,14 @@ def gather_cases(
     sizes along ``dim`` in ``[0, max_size]`` (sometimes all equal, sometimes all zero);
     the other dims shared, in ``[1, max_side]`` and occasionally 0.
 
+    Payload scale: about one case in ``LARGE_ONE_IN`` is large (at most 2 dims unless
+    ``min_ndim`` asks more): each rank's shard is ``target ± d`` rows (``|d| <= 2``,
+    shrinking to 0), empty, or small, where the target is one of
+    ``vargather.testing.scale.per_rank_targets``: powers of two from 1 KiB and
+    vargather's own size thresholds, none above ``max_payload`` bytes per rank
+    (default 4 MiB; 0: no large case). Smaller targets are drawn more often, and a
+    failing large case shrinks toward the smallest target that still fails.
+
     The rest is drawn from the given choices (default: all): ``dtypes`` (names or
     torch dtypes; default every dtype gloo carries), ``contracts``, ``transports``
     (default those ``implementation`` takes), ``sizes_forms`` (``none``, ``list``,
@@ -382,6 +469,7 @@ def gather_cases(
         max_ndim=max_ndim,
         max_side=max_side,
         max_size=max_size,
+        max_payload=max_payload,
         dtypes=dtypes,
         contracts=contracts,
         transports=transports,
@@ -484,3 +572,117 @@ def case_batches(
         return draw(per_world[draw(worlds)])
 
     return draw_batch()
+
+
+# --- call sequences ---------------------------------------------------------------------
+
+SEQUENCE_STEPS: Final = ("resize-one", "repeat", "dtype", "reshape", "rescale")
+"""How a call of a sequence follows the one before, simplest first:
+
+* ``resize-one``: one rank's size along ``dim`` changes, every other rank's shard keeps
+  its shape (a cache keyed on the local shape goes stale here);
+* ``repeat``: the same shapes, dtype and dim with new values;
+* ``dtype``: the same shapes in another dtype;
+* ``reshape``: the dims outside ``dim`` change, the sizes along it stay;
+* ``rescale``: a fresh case of the other payload scale (small after large, large after
+  small), so per-call capacities grow and shrink across the thresholds."""
+
+
+def _resize_one(draw: st.DrawFn, case: GatherCase, max_size: int) -> GatherCase:
+    w = case.group_size
+    r = draw(st.integers(0, w - 1))
+    d = case.normalized_dim
+    old = case.sizes[r]
+    new = old + 1 + draw(st.integers(0, max(max_size, 1)))
+    if old > 0 and draw(st.integers(0, 3)) == 3:
+        new = draw(st.integers(0, old - 1))  # shrink (to empty, most simply)
+    shapes = list(case.shapes)
+    shapes[r] = (*shapes[r][:d], new, *shapes[r][d + 1 :])
+    return replace(case, shapes=tuple(shapes))
+
+
+def _reshape(draw: st.DrawFn, case: GatherCase, max_side: int) -> GatherCase:
+    d = case.normalized_dim
+    others = [i for i in range(case.ndim) if i != d]
+    if not others:
+        return case
+    i = draw(st.sampled_from(others))
+    old = case.shapes[0][i]
+    side = 1 + (old + draw(st.integers(0, max_side - 1))) % max_side
+    if side == old:
+        side = old + 1
+    return replace(case, shapes=tuple((*s[:i], side, *s[i + 1 :]) for s in case.shapes))
+
+
+def call_sequences(
+    *,
+    min_world_size: int = 1,
+    max_world_size: int = 4,
+    max_length: int = 6,
+    **kwargs: Any,
+) -> SearchStrategy[list[GatherCase]]:
+    """Call sequences: 2 to ``max_length`` gathers run back to back on one world (one
+    pool round trip, no re-initialisation between them), each following the one before
+    by a step of ``SEQUENCE_STEPS``, so that state an implementation carries from call
+    to call (caches, per-group capacities, fused buffers) meets shapes, sizes, dtypes
+    and payload scales that change under it.
+
+    ``kwargs`` are those of ``gather_cases`` (not ``world_size``/``subgroups``); the
+    first call is drawn from them, the others keep its world and the choices
+    ``dtypes``, ``max_size``, ``max_side`` allow. Hypothesis shrinks a failing
+    sequence by dropping calls and simplifying steps.
+    """
+    lo, hi = _world_bounds(None, min_world_size, max_world_size)
+    n = _int("max_length", max_length, minimum=2)
+    for forbidden in ("world_size", "pool_size", "subgroups"):
+        if forbidden in kwargs:
+            raise TypeError(f"call_sequences() takes no {forbidden}=")
+    gather_cases(min_world_size=lo, max_world_size=hi, **kwargs)  # validates the arguments
+    cfg = _Config(
+        implementation=kwargs.get("implementation"),
+        min_ndim=kwargs.get("min_ndim", 1),
+        max_ndim=kwargs.get("max_ndim", 4),
+        max_side=kwargs.get("max_side", 3),
+        max_size=kwargs.get("max_size", 5),
+        max_payload=kwargs.get("max_payload", DEFAULT_MAX_PAYLOAD),
+        dtypes=kwargs.get("dtypes"),
+        contracts=kwargs.get("contracts"),
+        transports=kwargs.get("transports"),
+        sizes_forms=kwargs.get("sizes_forms"),
+        memory=kwargs.get("memory"),
+        values=kwargs.get("values"),
+        upstream=kwargs.get("upstream"),
+        requires_grad=kwargs.get("requires_grad"),
+        initialized=kwargs.get("initialized", True),
+        dims=kwargs.get("dims"),
+    )
+    mixed, small, large = (_Draws(cfg, scale) for scale in ("mixed", "small", "large"))
+    worlds = st.integers(lo, hi)
+    steps = st.sampled_from(SEQUENCE_STEPS)
+    lengths = st.integers(2, n)
+    seeds = st.integers(0, 2**32 - 1)
+    dtype_names = st.sampled_from(cfg.dtypes)
+
+    @st.composite
+    def draw_sequence(draw: st.DrawFn) -> list[GatherCase]:
+        w = draw(worlds)
+        case = mixed.case(draw, w, w, False)
+        sequence = [case]
+        for _ in range(draw(lengths) - 1):
+            step = draw(steps)
+            if step == "resize-one":
+                case = _resize_one(draw, case, cfg.max_size)
+            elif step == "dtype":
+                dtype = draw(dtype_names)
+                grad = case.requires_grad and is_differentiable(torch_dtype(dtype))
+                case = replace(case, dtype=dtype, requires_grad=grad)
+            elif step == "reshape":
+                case = _reshape(draw, case, cfg.max_side)
+            elif step == "rescale":
+                other = small if max(case.shard_bytes) >= MIN_LARGE_BYTES else large
+                case = other.case(draw, w, w, False)
+            case = replace(case, seed=draw(seeds))
+            sequence.append(case)
+        return sequence
+
+    return draw_sequence()
