@@ -21,7 +21,15 @@ import torch
 from vargather import _fused, oracle
 from vargather.testing import get_pool
 
-from ._fused_fns import Step, grad_shard, make_shard, run_script, upstream, views_on_one_rank
+from ._fused_fns import (
+    Step,
+    grad_shard,
+    kept_buffers,
+    make_shard,
+    run_script,
+    upstream,
+    views_on_one_rank,
+)
 
 pytestmark = pytest.mark.multirank
 
@@ -276,3 +284,12 @@ def test_views_is_refused_by_the_argument_checks_whenever_the_backend_is_gloo() 
         assert "transport='views'" in found.message
     # no torch.distributed at all: no backend to refuse it
     assert problem(GroupInfo(None, 0, 1, False, "none")) is None
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_kept_buffers_give_fresh_exact_results(world: int) -> None:
+    """The fused round keeps its send and receive buffers per group: every result is
+    ``torch.cat`` of the shards bit for bit (strided shards, shrinking payloads, dims
+    other than 0, unaligned coalesced offsets) and no later call changes an earlier one."""
+    results = get_pool(world).run(kept_buffers, world)
+    assert results == [[]] * world, results
