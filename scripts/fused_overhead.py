@@ -25,6 +25,12 @@ For each case rank 0 reports, per call, in microseconds (median over the repeats
 Then a ``cProfile`` of ``--profile-calls`` calls of the ``vargather`` case on rank 0,
 the top functions by own time (``--top``). Nothing is asserted.
 
+``--local`` measures the same cases in this one process instead, noise-free: a
+``fake``-backend world of ``--world`` ranks whose all_gather is replaced by a local
+copy of this rank's block into every rank's slot (every rank sent the same), so the
+figures are vargather's own CPU work per call (the arrival census writes to a
+``FakeStore``, which costs nothing; on a real store it is one write per collective).
+
     python scripts/fused_overhead.py                       # 2 ranks, 4 KB total
     python scripts/fused_overhead.py --world 4 --total 65536
     python scripts/fused_overhead.py --no-profile --json out.json
@@ -166,6 +172,54 @@ def _worker(rank: int, world: int, init: str, opts: dict[str, Any], out: str) ->
     dist.destroy_process_group()
 
 
+def _local(args: argparse.Namespace) -> int:
+    """The cases in this process, on a fake world with a local-copy all_gather."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=args.world)
+    import vargather._comm as comm
+
+    def local_copy(output: torch.Tensor, local: torch.Tensor, group: Any = None) -> None:
+        w = output.numel() // max(1, local.numel())
+        output.view(w, -1).copy_(local.view(1, -1).expand(w, -1))
+
+    timed = _timing(local_copy)
+    comm._all_gather_single = lambda: timed  # type: ignore[assignment]
+    cases = _cases(args.world, 0, args.total)
+    cases["baseline"] = _baseline_local(args.world, args.total, timed)
+    names = [n for n in cases if n in args.cases.split(",")]
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for name in names:
+        for i in range(args.warmup):
+            cases[name](i)
+    for _ in range(args.repeats):
+        for name in names:
+            c0 = time.thread_time_ns()
+            for i in range(args.calls):
+                cases[name](i)
+            samples[name].append((time.thread_time_ns() - c0) / args.calls / 1e3)
+    print(
+        f"local (fake world of {args.world}, all_gather = a local copy), {args.total} bytes "
+        f"in total, {args.calls} calls x {args.repeats} repeats: CPU microseconds per call"
+    )
+    for name in names:
+        print(f"{name:<10} {statistics.median(samples[name]):9.1f}")
+    if not args.no_profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for i in range(args.profile_calls):
+            cases[args.profile_case](i)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+    return 0
+
+
+def _baseline_local(world: int, total: int, timed: Callable[..., Any]) -> Callable[[int], Any]:
+    send = torch.randn(max(1, total // world // 4))
+    recv = torch.empty(world * send.numel())
+    return lambda i: timed(recv, send)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=2)
@@ -182,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--store", choices=("file", "tcp"), default="file")
     parser.add_argument("--json", help="write the per-call figures here")
+    parser.add_argument("--local", action="store_true", help="one process, fake world")
     args = parser.parse_args(argv)
+    if args.local:
+        return _local(args)
     tmp = tempfile.mkdtemp(prefix="fused_overhead_")
     init = (
         f"file://{os.path.join(tmp, 'store')}"

@@ -231,6 +231,23 @@ def kept_buffers(ctx: RankContext, world: int) -> list[str]:
         outs = vargather.all_gather_v_coalesced([a[ctx.rank], b[ctx.rank], c[ctx.rank]], [0, 0, 1])
         for j, (got, every, d) in enumerate(zip(outs, (a, b, c), (0, 0, 1), strict=True)):
             check(f"coalesced #{repeat} tensor {j}", got, torch.cat(every, d))
+    for repeat in range(6):  # sizes move every call: the verdict is re-derived
+        every = [
+            make_shard((2, (q + repeat) % 3, 3), "float64", 31 * q + repeat) for q in range(world)
+        ]
+        a = [
+            make_shard(((q + repeat) % 3 + 1,), "int64", 31 * q + 60 + repeat) for q in range(world)
+        ]
+        b = [make_shard((2, 2), "float32", 31 * q + 70) for q in range(world)]
+        before = _comm.collectives_issued()
+        out = vargather.all_gather_v(every[ctx.rank], 1)
+        outs = vargather.all_gather_v_coalesced([a[ctx.rank], b[ctx.rank]])
+        issued = _comm.collectives_issued() - before
+        if repeat >= 2 and issued != 2:
+            failures.append(f"moving sizes #{repeat}: {issued} collectives for two calls")
+        check(f"moving sizes #{repeat}", out, torch.cat(every, 1))
+        check(f"moving coalesced #{repeat} tensor 0", outs[0], torch.cat(a))
+        check(f"moving coalesced #{repeat} tensor 1", outs[1], torch.cat(b))
     for what, got, want in kept:
         if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
             failures.append(f"{what}: changed by a later call")

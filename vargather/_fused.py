@@ -590,6 +590,13 @@ def _decide(
         # The very headers of the last call that validated: the verdict is a pure
         # function of them, so it is the same (and the same on every rank).
         return _finish(kind, state, last[1], last[2], True, info, pg, last[3], cut)
+    if last is not None:
+        resized = _resized(last[0], last[1], rows)
+        if resized is not None:
+            needs = _needs(resized, info.world_size)
+            if pg is not None:
+                _LAST.setdefault(pg, {})[kind] = (rows, resized, last[2], needs)
+            return _finish(kind, state, resized, last[2], True, info, pg, needs, cut)
     k = len(calls)
     per_rank = [
         [row[i * HEADER_WORDS : (i + 1) * HEADER_WORDS] for i in range(len(row) // HEADER_WORDS)]
@@ -632,6 +639,42 @@ def _decide(
     if pg is not None:
         _LAST.setdefault(pg, {})[kind] = (rows, layouts, fusable, needs)
     return _finish(kind, state, layouts, fusable, True, info, pg, needs, cut)
+
+
+def _resized(
+    before: tuple[tuple[int, ...], ...],
+    layouts: tuple[Layout, ...],
+    rows: tuple[tuple[int, ...], ...],
+) -> tuple[Layout, ...] | None:
+    """The layouts of ``rows`` when they are the validated headers ``before`` (whose
+    layouts are ``layouts``) with only the sizes along each gather dimension changed and
+    no rank passing ``sizes``; else ``None`` (validate them in full).
+
+    What ``validate_records`` would return for ``rows``: every field it compares is as
+    in ``before``, which passed; the new sizes are checked ``>= 0``; with no ``sizes``
+    passed (length -1 in every header) nothing else depends on the sizes.
+    """
+    if len(rows) != len(before) or not layouts:
+        return None
+    at = [i * HEADER_WORDS + 6 + lay.dim for i, lay in enumerate(layouts)]
+    if any(lay.dim >= SHAPE_SLOTS for lay in layouts):
+        return None
+    for row, old in zip(rows, before, strict=True):
+        if len(row) != len(old):
+            return None
+        start = 0
+        for p in at:
+            if row[start:p] != old[start:p] or row[p] < 0:
+                return None
+            start = p + 1
+        if row[start:] != old[start:]:
+            return None
+    if any(old[i * HEADER_WORDS + 4] != -1 for old in before for i in range(len(layouts))):
+        return None  # sizes passed: their hash depends on the sizes
+    return tuple(
+        replace(lay, sizes=tuple(row[p] for row in rows))
+        for lay, p in zip(layouts, at, strict=True)
+    )
 
 
 def _needs(layouts: Sequence[Layout], world: int) -> tuple[int, ...]:
