@@ -37,7 +37,7 @@ run_step() {
         actionlint .github/workflows/*.yml
         ;;
     mypy)
-        mypy --strict vargather
+        mypy --strict vargather _vargather_pytestplugin.py
         ;;
     tests)
         python -m pytest -n 2 "$@"

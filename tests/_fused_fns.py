@@ -252,3 +252,19 @@ def kept_buffers(ctx: RankContext, world: int) -> list[str]:
         if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
             failures.append(f"{what}: changed by a later call")
     return failures
+
+
+def strided_in_the_fused_round(ctx: RankContext, dtype: str) -> list[tuple[bytes, bool]]:
+    """Strided shards (every other column, then a transposed block) gathered twice on one
+    group, so the second call rides in the fused round; each result's bytes and whether
+    its call issued a single collective."""
+    seen: list[tuple[bytes, bool]] = []
+    for layout in ("sliced", "transposed", "sliced", "transposed"):
+        base = make_shard((ctx.rank + 1, 8), dtype, seed=11 + ctx.rank)
+        x = base[:, ::2] if layout == "sliced" else base.t().contiguous().t()
+        assert not x.is_contiguous() or x.shape[0] == 1
+        before = _comm.collectives_issued()
+        out = vargather.all_gather_v(x, 0)
+        issued = _comm.collectives_issued() - before
+        seen.append((out.unsqueeze(-1).view(torch.uint8).numpy().tobytes(), issued == 1))
+    return seen

@@ -190,15 +190,6 @@ def expected_of(scenario: Scenario) -> tuple[torch.Tensor, list[torch.Tensor | N
     return out, list(grads)
 
 
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-for-bit equality (dtype and shape included)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.dtype == torch.bool:
-        return torch.equal(a, b)
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
 def skip_call_on(ctx: Any, job: tuple[int, Scenario]) -> GatherOutput | None:
     """Every rank but ``job[0]`` makes its call; ``job[0]`` never arrives."""
     absent, scenario = job
@@ -690,6 +681,5 @@ __all__ = [
     "TensorSpec",
     "expected_of",
     "run_call",
-    "same_bytes",
     "valid_scenario",
 ]

@@ -50,16 +50,6 @@ def layouts_of(case: GatherCase) -> list[Layout]:
     ]
 
 
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    flat_a = torch.empty(a.shape, dtype=a.dtype).copy_(a).reshape(-1)
-    flat_b = torch.empty(b.shape, dtype=b.dtype).copy_(b).reshape(-1)
-    if flat_a.numel() == 0:
-        return True
-    return torch.equal(flat_a.view(torch.uint8), flat_b.view(torch.uint8))
-
-
 _odd_inputs = st.one_of(
     st.just(None),
     st.just(3.5),

@@ -21,8 +21,9 @@ from vargather._buffers import (
     rank_major_gradient,
     scatter_into_padded,
 )
+from vargather.testing import assert_bitwise_equal
 
-from ._stage_fns import GatherCase, cases, float_cases, layouts_of, same_bytes
+from ._stage_fns import GatherCase, cases, float_cases, layouts_of
 
 
 @given(case=cases)
@@ -44,7 +45,7 @@ def test_pad_then_compact_is_torch_cat(case: GatherCase) -> None:
         assert bool((block[:, n:] == 0).all()), "padding rows must be zero-filled"
     buffer = torch.stack(sent)
     for layout in layouts:
-        assert same_bytes(compact_padded(buffer, layout), expected)
+        assert_bitwise_equal(compact_padded(buffer, layout), expected)
 
 
 @given(case=cases)
@@ -61,10 +62,10 @@ def test_rank_major_compaction_is_torch_cat(case: GatherCase) -> None:
         ]
     )
     for layout in layouts:
-        assert same_bytes(compact_rank_major(flat, layout), expected)
+        assert_bitwise_equal(compact_rank_major(flat, layout), expected)
         blocks = rank_major_blocks(flat, layout)
         for r, block in enumerate(blocks):
-            assert same_bytes(block, as_blocks(shards[r], case.sizes[r], layout))
+            assert_bitwise_equal(block, as_blocks(shards[r], case.sizes[r], layout))
 
 
 @given(case=float_cases)

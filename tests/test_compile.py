@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import vargather
-from vargather.testing import RankError, get_pool
+from vargather.testing import RankError, assert_bitwise_equal, get_pool
 
 from . import _compile_fns as fns
 
@@ -25,26 +25,19 @@ pytestmark = pytest.mark.multirank
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "compile.md"
 
 
-def _bytes(t: torch.Tensor) -> list[int]:
-    return t.contiguous().reshape(-1).view(torch.uint8).tolist()
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and _bytes(a) == _bytes(b)
-
-
 def _check_step(case: fns.StepCase, results: list[fns.StepResult]) -> None:
     if case.mesh is None:
         rows = [r.eager_out for r in results]
-        assert all(_same(rows[0], o) for o in rows), "eager outputs differ across ranks"
+        for rank, o in enumerate(rows):
+            assert_bitwise_equal(o, rows[0], f"eager output of rank {rank} differs from rank 0's")
     for rank, res in enumerate(results):
         assert len(res.compiled_out) == 2
         for call, (out, grads) in enumerate(zip(res.compiled_out, res.compiled_grads, strict=True)):
             where = f"rank {rank}, compiled call {call}, {case}"
-            assert _same(out, res.eager_out), f"{where}: output bytes differ from eager"
+            assert_bitwise_equal(out, res.eager_out, f"{where}: output differs from eager")
             assert grads.keys() == res.eager_grads.keys() == {"weight", "bias", "x", "loss"}
             for name, want in res.eager_grads.items():
-                assert _same(grads[name], want), f"{where}: {name} differs from eager"
+                assert_bitwise_equal(grads[name], want, f"{where}: {name} differs from eager")
 
 
 def _docs_breaks(which: str) -> int:
@@ -136,7 +129,7 @@ def test_compiled_with_layout_has_no_graph_break_as_sizes_change() -> None:
         assert breaks == 0, f"rank {rank}: {breaks} graph breaks"
         assert graphs == 2, f"rank {rank}: {graphs} graphs (static, then dynamic sizes)"
         for k, (got, want) in enumerate(calls):
-            assert _same(got[0], want[0]), f"rank {rank}, call {k}: tensor"
+            assert_bitwise_equal(got[0], want[0], f"rank {rank}, call {k}: tensor")
             assert got[1:] == want[1:], f"rank {rank}, call {k}: layout {got[1:]} != {want[1:]}"
             assert all(type(n) is int for n in (*got[1], *got[2], got[3]))
         assert [want[1] for _, want in calls] == [(0, 1), (2, 3), (4, 2)]
@@ -169,7 +162,7 @@ def test_one_dim_mesh_is_its_group() -> None:
     for rank, (out, ref, sizes, ranks) in enumerate(
         get_pool(3).run(fns.mesh_gather, ((3,), None, False))
     ):
-        assert _same(out, ref), f"rank {rank}"
+        assert_bitwise_equal(out, ref, f"rank {rank}")
         assert sizes == (1, 2, 3)
         assert ranks == [0, 1, 2]
 
@@ -183,8 +176,8 @@ def test_two_dim_mesh_gathers_along_mesh_dim(mesh_dim: int | str) -> None:
         want = [rank % 2, rank % 2 + 2] if index == 0 else [rank - rank % 2, rank - rank % 2 + 1]
         assert ranks == want, f"rank {rank}: group {ranks}"
         assert sizes == tuple(r + 1 for r in want)
-        assert _same(out, ref)
-        assert _same(out, torch.cat([torch.full((r + 1, 2), float(r)) for r in want]))
+        assert_bitwise_equal(out, ref)
+        assert_bitwise_equal(out, torch.cat([torch.full((r + 1, 2), float(r)) for r in want]))
 
 
 @pytest.mark.parametrize(

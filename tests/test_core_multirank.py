@@ -9,7 +9,7 @@ import torch
 
 import vargather
 from vargather import oracle
-from vargather.testing import get_pool
+from vargather.testing import assert_bitwise_equal, get_pool
 
 from ._core_fns import CoreCase, gather_and_backward, shard, upstream
 
@@ -43,14 +43,7 @@ def test_forward_and_gradients_match_the_oracle(case: CoreCase) -> None:
         else None
     )
     for rank, (out, sizes, grad) in enumerate(results):
-        assert out.dtype == want.dtype, f"rank {rank}: dtype {out.dtype}, expected {want.dtype}"
-        assert out.shape == want.shape, (
-            f"rank {rank}: shape {tuple(out.shape)}, expected {tuple(want.shape)}"
-        )
-        assert (
-            out.contiguous().view(torch.uint8).tolist()
-            == want.contiguous().view(torch.uint8).tolist()
-        ), f"rank {rank}: output bytes differ from torch.cat"
+        assert_bitwise_equal(out, want, f"rank {rank}: output vs torch.cat")
         assert sizes == case.sizes
         if grads is not None:
             assert grad is not None

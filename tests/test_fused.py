@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from vargather import _fused, oracle
-from vargather.testing import get_pool
+from vargather.testing import assert_bitwise_equal, get_pool
 
 from ._fused_fns import (
     Step,
@@ -27,17 +27,12 @@ from ._fused_fns import (
     kept_buffers,
     make_shard,
     run_script,
+    strided_in_the_fused_round,
     upstream,
     views_on_one_rank,
 )
 
 pytestmark = pytest.mark.multirank
-
-
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return a.contiguous().view(torch.uint8).tolist() == b.contiguous().view(torch.uint8).tolist()
 
 
 def _seed(world_rank: int) -> int:
@@ -121,7 +116,7 @@ def check_script(
         for q, o in enumerate(seen):
             assert len(o["outputs"]) == len(want)
             for got_t, want_t in zip(o["outputs"], want, strict=False):
-                assert same_bytes(got_t, want_t), f"{where}: member {q}: {got_t} != {want_t}"
+                assert_bitwise_equal(got_t, want_t, f"{where}: member {q}")
             if grads is not None:
                 for i, g in enumerate(o["grads"]):
                     if grads[i][q] is None:
@@ -293,3 +288,24 @@ def test_kept_buffers_give_fresh_exact_results(world: int) -> None:
     other than 0, unaligned coalesced offsets) and no later call changes an earlier one."""
     results = get_pool(world).run(kept_buffers, world)
     assert results == [[]] * world, results
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("dtype", ["float32", "complex64", "bool"])
+def test_strided_shards_ride_the_fused_round(dtype: str) -> None:
+    """A sliced or transposed shard packs into the fused round like a contiguous one
+    (its bytes are copied, never viewed with the wrong strides): every rank gets the
+    oracle's bytes, and the steady-state calls take one collective."""
+    world = 2
+    results = get_pool(world).run(strided_in_the_fused_round, dtype)
+    for i, layout in enumerate(("sliced", "transposed", "sliced", "transposed")):
+        shards = []
+        for r in range(world):
+            base = make_shard((r + 1, 8), dtype, seed=11 + r)
+            shards.append(base[:, ::2] if layout == "sliced" else base)
+        want = torch.cat(shards, 0).unsqueeze(-1).view(torch.uint8).numpy().tobytes()
+        for r in range(world):
+            got, one_collective = results[r][i]
+            assert got == want, f"call {i} ({layout}) on rank {r}: bytes differ from the oracle"
+            if i >= 2:
+                assert one_collective, f"call {i} on rank {r} took more than one collective"

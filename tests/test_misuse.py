@@ -26,7 +26,13 @@ import torch.distributed as dist
 
 import vargather
 from vargather import oracle
-from vargather.testing import RankOutcome, RankPool, get_pool
+from vargather.testing import (
+    RankOutcome,
+    RankPool,
+    assert_bitwise_equal,
+    bitwise_difference,
+    get_pool,
+)
 
 if TYPE_CHECKING:
     import _misuse_fns as fns
@@ -73,11 +79,11 @@ def assert_usable(pool: RankPool, generation: int, seed: int = 7) -> None:
     assert pool.generation == generation, "the pool had to rebuild its process group"
     want, grads = fns.expected_of(scenario)
     for r, got in enumerate(results):
-        assert fns.same_bytes(got.output, want), f"rank {r}: {got.output} != {want}"
+        assert_bitwise_equal(got.output, want, f"rank {r}")
         assert got.grad is not None
         want_grad = grads[r]
         assert want_grad is not None
-        assert fns.same_bytes(got.grad, want_grad), f"rank {r}: {got.grad} != {want_grad}"
+        assert_bitwise_equal(got.grad, want_grad, f"rank {r}")
 
 
 @pytest.mark.parametrize(("misuse", "world_size", "offender"), CASES)
@@ -135,12 +141,12 @@ def test_requires_grad_may_differ_under_the_local_contract() -> None:
     ups = [fns.upstream_for(want.shape, "float64", r) for r in range(3)]
     grads = oracle.expected_input_grads(shards, ups, 0, "local")
     for r, got in enumerate(results):
-        assert fns.same_bytes(got.output, want)
+        assert_bitwise_equal(got.output, want)
         if r == 1:
             assert got.grad is None
         else:
             assert got.grad is not None
-            assert fns.same_bytes(got.grad, grads[r])
+            assert_bitwise_equal(got.grad, grads[r])
 
 
 def test_integer_tensors_cannot_require_grad_and_gather_without_autograd() -> None:
@@ -153,7 +159,7 @@ def test_integer_tensors_cannot_require_grad_and_gather_without_autograd() -> No
     results = pool.run(fns.run_call, fns.Scenario(calls))
     want, _ = fns.expected_of(fns.Scenario(calls))
     for got in results:
-        assert fns.same_bytes(got.output, want)
+        assert_bitwise_equal(got.output, want)
         assert not got.output.requires_grad
 
 
@@ -180,7 +186,7 @@ def test_a_non_member_raises_alone_and_the_members_gather() -> None:
     want = oracle.expected_output(shards, 0)
     for o in outcomes[:2]:
         assert o.value is not None
-        assert fns.same_bytes(o.value.output, want)
+        assert_bitwise_equal(o.value.output, want)
         assert o.value.layout_sizes == (fns._size(0), fns._size(1))
     assert_usable(pool, generation)
 
@@ -248,8 +254,10 @@ def test_sizes_that_lie_about_a_peer_go_undetected_without_validation() -> None:
     results = pool.run(fns.run_call, fns.Scenario(calls))
     want = oracle.expected_output([c.x.build(r) for r, c in enumerate(calls)], 0)  # type: ignore[attr-defined]
     assert results[0].layout_sizes == (2, 1)
-    assert not fns.same_bytes(results[0].output, want), "the lie was not silent after all"
-    assert fns.same_bytes(results[1].output, want)
+    assert bitwise_difference(results[0].output, want) is not None, (
+        "the lie was not silent after all"
+    )
+    assert_bitwise_equal(results[1].output, want)
     validated = tuple(
         fns.Call(fns.TensorSpec((2 - 2 * r, 2)), sizes=sizes[r], transport="padded") for r in (0, 1)
     )
@@ -287,4 +295,4 @@ def test_int16_which_gloo_refuses_travels_as_bytes(
     results = pool.run(fns.run_call, fns.Scenario(calls))
     want, _ = fns.expected_of(fns.Scenario(calls))
     for got in results:
-        assert fns.same_bytes(got.output, want)
+        assert_bitwise_equal(got.output, want)

@@ -193,8 +193,14 @@ def test_wheel_ships_the_licence_and_only_runtime_dependencies(
         licences = [n for n in names if n.startswith(f"{dist_info}/") and n.endswith("/LICENSE")]
         assert licences, f"no LICENSE in {dist_info}: {names}"
         assert whl.read(licences[0]).decode() == (ROOT / "LICENSE").read_text()
-    assert all(n.split("/", 1)[0] in {"vargather", dist_info} for n in names), names
+        entry_points = whl.read(f"{dist_info}/entry_points.txt").decode()
+    top = {"vargather", dist_info, "_vargather_pytestplugin.py"}
+    assert all(n.split("/", 1)[0] in top for n in names), names
     assert "vargather/py.typed" in names
+    assert "_vargather_pytestplugin.py" in names, "the pytest plugin's module is missing"
+    assert re.search(
+        r"^\[pytest11\]\s*^vargather\s*=\s*_vargather_pytestplugin\s*$", entry_points, re.M
+    ), entry_points
 
     metadata = email.parser.Parser().parsestr(metadata_text)
     assert metadata["License-Expression"] == "MIT"

@@ -52,7 +52,7 @@ from vargather._transport import (
     payload_bytes,
     unsupported_reason,
 )
-from vargather.testing import RankContext, get_pool
+from vargather.testing import RankContext, assert_bitwise_equal, get_pool
 
 pytestmark = pytest.mark.multirank
 
@@ -252,21 +252,13 @@ def run(case: Case, world: int) -> list[Outcome]:
     return [r for r in results if r is not None]
 
 
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.dtype == torch.bool:
-        return torch.equal(a, b)
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
 def check_against_oracle(case: Case, outcomes: Sequence[Outcome], *, exact_grads: bool) -> None:
     world = len(case.sizes)
     assert len(outcomes) == world
     shards = [case.shard(r) for r in range(world)]
     want = oracle.expected_output(shards, case.dim)
     for r, o in enumerate(outcomes):
-        assert same_bytes(o.output, want), f"rank {r}: output {o.output} != {want}"
+        assert_bitwise_equal(o.output, want, f"rank {r}: output")
     if not case.backward:
         return
     upstream = [case.upstream(r, want.shape) for r in range(world)]
@@ -274,7 +266,7 @@ def check_against_oracle(case: Case, outcomes: Sequence[Outcome], *, exact_grads
     for r, o in enumerate(outcomes):
         assert o.grad is not None, f"rank {r}: no gradient"
         if exact_grads:
-            assert same_bytes(o.grad, grads[r]), f"rank {r}: grad {o.grad} != {grads[r]}"
+            assert_bitwise_equal(o.grad, grads[r], f"rank {r}: grad")
         else:
             torch.testing.assert_close(o.grad, grads[r], rtol=1e-6, atol=1e-6)
 

@@ -268,8 +268,11 @@ def payload_nbytes(layout: Layout, rank: int) -> int:
 
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s elements in row-major order, as flat bytes (a view when ``t`` is contiguous)."""
-    return t.detach().reshape(-1).view(torch.uint8)
+    """``t``'s elements in row-major order, as flat bytes: a view when ``t`` is
+    contiguous, a copy of a strided one. Never raises (a rank that raised here would
+    leave its peers waiting in the round): viewing the new size-1 last dimension, whose
+    stride is 1, as bytes works for any strides, which ``t.view(uint8)`` does not."""
+    return t.detach().unsqueeze(-1).view(torch.uint8).reshape(-1)
 
 
 def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -9,6 +9,8 @@ Where it sits: the second layer of the package, on top of the gather library
 * ``cases``: ``GatherCase`` (one ragged gather, reproducible from its seed), the value
   generators and ``Implementation`` (the gather under test);
 * ``strategies``: public Hypothesis strategies of cases;
+* ``asserts``: bit-for-bit tensor comparison (``assert_bitwise_equal``), the judge's
+  words for a difference;
 * ``judge``: a case's rank reports against ``vargather.oracle``, as ``Failure`` records;
 * ``runner``: the one importer of implementations under test, the rank side and
   ``run_cases``;
@@ -28,6 +30,8 @@ except ImportError as _err:  # pragma: no cover - depends on the environment
         "check`) needs Hypothesis: pip install 'vargather[test]'"
     ) from _err
 
+from .asserts import assert_bitwise_equal as assert_bitwise_equal
+from .asserts import bitwise_difference as bitwise_difference
 from .cases import COMPAT as COMPAT
 from .cases import VARGATHER as VARGATHER
 from .cases import GatherCase as GatherCase
@@ -75,6 +79,8 @@ __all__ = [
     "RankPool",
     "RemoteException",
     "Verdict",
+    "assert_bitwise_equal",
+    "bitwise_difference",
     "catalogue",
     "close_all_pools",
     "describe",

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Final
 
 import torch
 
+from .asserts import bitwise_difference
+from .asserts import mismatch_detail as _mismatch_detail
 from .cases import (
-    FLOAT_FORMATS,
     GatherCase,
     Implementation,
     RankReport,
@@ -95,46 +96,6 @@ class Failure:
 
 
 # --- comparing tensors ---------------------------------------------------------------------
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Elementwise bit patterns (complex: one row of two patterns per element)."""
-    r = as_real(t)
-    if r.dtype in FLOAT_FORMATS:
-        r = r.view(FLOAT_FORMATS[r.dtype][2])
-    if t.is_complex():
-        return r.reshape(-1, 2)
-    return r.reshape(-1, 1)
-
-
-def _show(t: torch.Tensor, flat: int) -> str:
-    v = t.reshape(-1)[flat]
-    value = v.item()
-    if t.dtype == torch.bool or not (t.is_floating_point() or t.is_complex()):
-        return repr(value)
-    words = _bits(v.reshape(1))[0].tolist()
-    width = 2 * v.element_size() // (2 if t.is_complex() else 1)
-    hexes = "/".join(f"0x{w & ((1 << (4 * width)) - 1):0{width}x}" for w in words)
-    return f"{value!r} ({hexes})"
-
-
-def _index(shape: Sequence[int], flat: int) -> tuple[int, ...]:
-    index: list[int] = []
-    for size in reversed(shape):
-        index.append(flat % size if size else 0)
-        flat = flat // size if size else 0
-    return tuple(reversed(index))
-
-
-def _mismatch_detail(
-    got: torch.Tensor, want: torch.Tensor, bad: torch.Tensor, extra: str = ""
-) -> str:
-    count = int(bad.sum().item())
-    first = int(bad.reshape(-1).nonzero()[0, 0].item())
-    return (
-        f"in {count} of {want.numel()} elements; first at index {_index(want.shape, first)}: "
-        f"got {_show(got, first)}, expected {_show(want, first)}{extra}"
-    )
 
 
 def _compare_grad(
@@ -267,14 +228,10 @@ def _judge_rank(
             _wrong("output", f"out.device={out.device}, but should be cpu (the input's)")
         )
     if not failures and out.data != exp.output_bytes:
-        got = out.to_tensor()
-        bad = (_bits(got) != _bits(exp.output)).any(-1).reshape(exp.output.shape)
+        difference = bitwise_difference(out.to_tensor(), exp.output)
+        assert difference is not None  # same dtype and shape, different bytes
         failures.append(
-            _wrong(
-                "output",
-                "out differs from torch.cat(x, dim) (bytes compared) "
-                + _mismatch_detail(got, exp.output, bad),
-            )
+            _wrong("output", f"out differs from torch.cat(x, dim) (bytes compared) {difference}")
         )
     if not rep.input_intact:
         failures.append(_wrong("output", "the input x was modified in place"))

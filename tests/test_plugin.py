@@ -1,0 +1,393 @@
+"""The pytest plugin, run as a user runs it: pytest in a subprocess, in a temporary project
+outside this repository.
+
+The plugin is the ``pytest11`` entry point ``vargather`` (the top-level module
+``_vargather_pytestplugin``). A checkout that is not pip-installed has no entry point,
+so these tests load the module with ``-p`` exactly when the entry point is absent (with
+both, pytest would register the module twice and refuse).
+
+* ``--vargather-impl MODULE:ATTR`` collects one item per property of the catalogue,
+  ``vargather::ID``; a correct gather passes, a broken one fails with the check's
+  counterexample and a ``reproduce:`` line that re-runs it; under ``-n 2`` too;
+* the README's example test ("Test your own distributed code"), taken from the README,
+  passes for a correct gather and fails with the README's message for a broken one;
+* ``vargather_world``: a rank's exception, crash or hang fails the test naming the
+  rank, and the next test gets a working world;
+* a project that asks for nothing gets the same output as without the plugin, and
+  neither torch nor vargather is imported.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from vargather.testing import property_ids
+
+ROOT = Path(__file__).resolve().parents[1]
+README_SECTION = "## Test your own distributed code"
+TIMEOUT = 600
+
+GATHERS = '''\
+import vargather
+
+
+def gather(x, dim, *, sizes=None, group=None, grad="local"):
+    """A correct ragged all_gather: vargather's, claiming the local contract."""
+    return vargather.all_gather_v(x, dim, sizes=sizes, group=group, grad="local")
+
+
+def broken(x, dim, *, sizes=None, group=None, grad="local"):
+    """Loses the last element along dim (an off-by-one in the offsets)."""
+    out = vargather.all_gather_v(x, dim, sizes=sizes, group=group, grad="local")
+    return out.narrow(dim, 0, max(out.shape[dim] - 1, 0))
+'''
+
+# The README example imports `all_gather` from `mypkg.distributed`: the correct gather
+# there, the broken one in `mypkg.broken`.
+USER_GATHER = """\
+from pkg.gather import {name} as _gather
+
+
+def all_gather(x, dim):
+    return _gather(x, dim)
+"""
+
+
+def plugin_args() -> list[str]:
+    """``-p _vargather_pytestplugin`` unless the installed distribution's entry point
+    loads the plugin already."""
+    installed = any(
+        ep.name == "vargather" for ep in importlib.metadata.entry_points(group="pytest11")
+    )
+    return [] if installed else ["-p", "_vargather_pytestplugin"]
+
+
+def no_plugin_args() -> list[str]:
+    """What keeps the plugin out: blocking the entry point, or nothing."""
+    return ["-p", "no:vargather"] if not plugin_args() else []
+
+
+def make_project(root: Path) -> Path:
+    """A project with ``pkg/gather.py`` (``gather`` correct, ``broken``) and its own
+    pytest configuration (so no ini file above it applies)."""
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "gather.py").write_text(GATHERS)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    return root
+
+
+def run_pytest(project: Path, *args: str, plugin: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.pop("CI", None)
+    env["OMP_NUM_THREADS"] = "1"
+    env["COLUMNS"] = "200"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    loading = plugin_args() if plugin else no_plugin_args()
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *loading, *args]
+    return subprocess.run(
+        command,
+        cwd=project,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def output(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"exit status {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+
+
+PROPERTY_OPTIONS = ("--vargather-world-sizes", "2", "--vargather-max-examples", "2")
+
+
+# --- the properties as items -----------------------------------------------------------
+
+
+def test_one_item_per_property_named_by_its_id(tmp_path: Path) -> None:
+    project = make_project(tmp_path)
+    impl = ("--vargather-impl", "pkg.gather:gather", "--vargather-grad", "local")
+    proc = run_pytest(project, *impl, "--collect-only", "-q")
+    assert proc.returncode == 0, output(proc)
+    items = [line for line in proc.stdout.splitlines() if line.startswith("vargather::")]
+    assert items == [f"vargather::{p}" for p in property_ids()], output(proc)
+
+
+def test_a_correct_gather_passes_every_property(tmp_path: Path) -> None:
+    project = make_project(tmp_path)
+    proc = run_pytest(
+        project,
+        "--vargather-impl",
+        "pkg.gather:gather",
+        "--vargather-grad",
+        "local",
+        *PROPERTY_OPTIONS,
+        "-rs",
+    )
+    assert proc.returncode == 0, output(proc)
+    summary = proc.stdout.strip().splitlines()[-1]
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|skipped|failed)", summary)}
+    assert counts.get("failed", 0) == 0, output(proc)
+    assert counts.get("passed", 0) + counts.get("skipped", 0) == len(property_ids()), summary
+    assert counts["passed"] >= 12, summary
+    # What is checked, in the header; why a property is skipped (n/a under grad=local).
+    assert (
+        "vargather properties: pkg.gather:gather (vargather convention), claimed gradient "
+        "contract: local\nvargather properties: world sizes 2; up to 2 examples per property"
+    ) in proc.stdout, output(proc)
+    assert "SKIPPED" in proc.stdout
+    assert "not applicable: an identity of grad='sum'" in proc.stdout
+
+
+def test_a_broken_gather_fails_with_the_reproduce_line_under_xdist(tmp_path: Path) -> None:
+    project = make_project(tmp_path)
+    proc = run_pytest(
+        project,
+        "--vargather-impl",
+        "pkg.gather:broken",
+        "--vargather-grad",
+        "local",
+        "--vargather-world-sizes",
+        "1",
+        "--vargather-max-examples",
+        "2",
+        "-n",
+        "2",
+        "-k",
+        "forward-float or empty-all",
+    )
+    assert proc.returncode == 1, output(proc)
+    # -k selected two of the items; empty-all holds for a gather that drops an element.
+    assert re.search(r"\b1 failed, 1 passed, \d+ deselected\b", proc.stdout), output(proc)
+    assert re.search(r"^created: 2/2 workers$", proc.stdout, re.M), output(proc)
+    assert "FAILED vargather::forward-float - mismatch: out.shape=" in proc.stdout, output(proc)
+    assert "minimal counterexample (Hypothesis shrank it):" in proc.stdout, output(proc)
+    commands = re.findall(r"^\s*reproduce: (python -m vargather repro .*)$", proc.stdout, re.M)
+    assert len(commands) == 1, output(proc)
+    assert all("--impl pkg.gather:broken --contracts local" in c for c in commands), commands
+    # The line re-runs the counterexample: it still fails (exit status 1).
+    argv = shlex.split(commands[0])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = str(ROOT)
+    rerun = subprocess.run(
+        [sys.executable, *argv[1:]],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert rerun.returncode == 1, output(rerun)
+    assert "out.shape=" in rerun.stdout, output(rerun)
+
+
+def test_usage_errors_name_the_plugins_options(tmp_path: Path) -> None:
+    project = make_project(tmp_path)
+    proc = run_pytest(project, "--vargather-grad", "local")
+    assert proc.returncode == 4, output(proc)
+    assert "--vargather-grad given without --vargather-impl" in proc.stderr, output(proc)
+    proc = run_pytest(project, "--vargather-impl", "pkg.gather:gather", "--vargather-grad", "all")
+    assert proc.returncode == 4, output(proc)
+    assert "argument --vargather-grad: invalid choice: 'all'" in proc.stderr, output(proc)
+    assert "usage: python -m vargather" not in proc.stderr, output(proc)
+    proc = run_pytest(project, "--vargather-impl", "pkg.gather:nothing")
+    assert proc.returncode == 4, output(proc)
+    assert "vargather: --vargather-impl" in proc.stderr
+    assert "nothing" in proc.stderr
+
+
+# --- the README example and the fixture ----------------------------------------------------
+
+
+def readme_example() -> str:
+    """The first ```python block of the README's section on testing your own code."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split(f"\n{README_SECTION}\n", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"^```python\n(.*?)^```$", section, re.S | re.M)
+    assert match, f"no ```python block in the README's section {README_SECTION!r}"
+    return match.group(1)
+
+
+def readme_failure_line() -> str:
+    """The failure the README shows for the example against a broken gather."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split(f"\n{README_SECTION}\n")[1]
+    match = re.search(r"^```text\n(AssertionError: .*?)\n```$", section, re.M)
+    assert match, "the README's section shows no AssertionError"
+    return match.group(1)
+
+
+def test_the_readme_example_passes_for_a_correct_gather_and_fails_readably(
+    tmp_path: Path,
+) -> None:
+    # One session, one world: the example as written (mypkg.distributed, correct) and
+    # the same test against mypkg.broken.
+    project = make_project(tmp_path)
+    for module, name in (("distributed", "gather"), ("broken", "broken")):
+        (project / "mypkg").mkdir(exist_ok=True)
+        (project / "mypkg" / "__init__.py").write_text("")
+        (project / "mypkg" / f"{module}.py").write_text(USER_GATHER.format(name=name))
+    example = readme_example()
+    assert "from mypkg.distributed import all_gather" in example
+    (project / "tests").mkdir()
+    (project / "tests" / "test_my_gather.py").write_text(example)
+    broken = example.replace("from mypkg.distributed import", "from mypkg.broken import")
+    (project / "tests" / "test_my_broken_gather.py").write_text(broken)
+    proc = run_pytest(project, "-q", "-p", "no:xdist")
+    assert proc.returncode == 1, output(proc)
+    assert re.search(r"\b1 failed, 1 passed\b", proc.stdout), output(proc)
+    assert "FAILED tests/test_my_broken_gather.py::" in proc.stdout, output(proc)
+    # The README's failure line, up to the numbers of the minimal case Hypothesis found.
+    line = readme_failure_line()
+    assert re.search(re.sub(r"\d+", r"\\d+", re.escape(line)), proc.stdout), output(proc)
+    # Hypothesis's report of the minimal case ("Falsifying example" before 6.1xx).
+    assert re.search(
+        r"(Falsifying example|Failing test case): test_all_gather_is_the_concatenation\(",
+        proc.stdout,
+    ), output(proc)
+    assert "def assert_bitwise_equal" not in proc.stdout, output(proc)  # the user's line only
+
+
+FIXTURE_TESTS = """\
+import os
+import time
+
+import pytest
+
+
+def raise_on_one(ctx, payload):
+    if ctx.rank == 1:
+        raise ValueError(f"rank {ctx.rank} refuses {payload!r}")
+    return ctx.rank
+
+
+def die_on_one(ctx, payload):
+    if ctx.rank == 1:
+        os._exit(7)
+    return ctx.rank
+
+
+def hang_on_zero(ctx, payload):
+    if ctx.rank == 0:
+        time.sleep(60)
+    return ctx.rank
+
+
+def ranks(ctx, payload):
+    return (ctx.rank, ctx.world_size, payload)
+
+
+def test_an_exception(vargather_world):
+    vargather_world(2, call_timeout=5).run(raise_on_one, "x")
+
+
+def test_a_crash(vargather_world):
+    vargather_world(2, call_timeout=5).run(die_on_one, None)
+
+
+def test_rebuilt_after_the_crash(vargather_world):
+    assert vargather_world(2, call_timeout=5).run(ranks, "p") == [(0, 2, "p"), (1, 2, "p")]
+
+
+def test_a_hang(vargather_world):
+    vargather_world(2, call_timeout=5).run(hang_on_zero, None)
+
+
+def test_rebuilt_after_the_hang(vargather_world):
+    world = vargather_world(2, call_timeout=5)
+    assert world.run(ranks, 1) == [(0, 2, 1), (1, 2, 1)]
+    assert world.run_many(ranks, [1, 2]) == [[(0, 2, 1), (1, 2, 1)], [(0, 2, 2), (1, 2, 2)]]
+"""
+
+
+def test_the_world_fixture_fails_naming_the_rank_and_recovers(tmp_path: Path) -> None:
+    project = make_project(tmp_path)
+    (project / "test_worlds.py").write_text(FIXTURE_TESTS)
+    proc = run_pytest(project, "-p", "no:xdist", "-rfE")
+    out = proc.stdout
+    assert proc.returncode == 1, output(proc)
+    assert re.search(r"\b3 failed, 2 passed\b", out), output(proc)
+    summary = out.split("short test summary info")[1]
+    assert (
+        "FAILED test_worlds.py::test_an_exception - Failed: vargather_world(2).run(raise_on_one): 1 of 2 rank(s) raised"
+        in summary
+    )
+    assert "rank 1 (ValueError)" in out, output(proc)
+    assert "ValueError: rank 1 refuses 'x'" in out, output(proc)  # the rank's traceback
+    assert 'raise ValueError(f"rank {ctx.rank} refuses {payload!r}")' in out, output(proc)
+    assert "During handling of the above exception" not in out, output(proc)
+    assert (
+        "FAILED test_worlds.py::test_a_crash - Failed: vargather_world(2).run(die_on_one): rank 1 (exit code 7) died"
+        in summary
+    )
+    assert (
+        "FAILED test_worlds.py::test_a_hang - Failed: vargather_world(2).run(hang_on_zero): rank(s) 0 did not reply"
+        in summary
+    )
+    # The two tests after a fault are the two that passed: the worlds were rebuilt.
+    assert "test_rebuilt_after" not in summary, output(proc)
+
+
+# --- a project that does not ask ------------------------------------------------------------
+
+
+UNRELATED_TESTS = """\
+import sys
+
+
+def test_nothing_heavy_was_imported():
+    heavy = {"torch", "vargather"} & {m.split(".")[0] for m in sys.modules}
+    assert not heavy, sorted(m for m in sys.modules if m.split(".")[0] in heavy)
+
+
+def test_two():
+    assert 1 + 1 == 2
+"""
+
+
+def _normalized(text: str) -> str:
+    text = re.sub(r"\d+(\.\d+)?s\b", "T", text)  # durations
+    return re.sub(r"^plugins: .*$", "plugins: ...", text, flags=re.M)
+
+
+def test_an_unrelated_project_runs_unchanged(tmp_path: Path) -> None:
+    project = tmp_path / "other"
+    project.mkdir()
+    (project / "pytest.ini").write_text("[pytest]\n")
+    (project / "test_other.py").write_text(UNRELATED_TESTS)
+    with_plugin = run_pytest(project, "-p", "no:xdist", "-v")
+    without = run_pytest(project, "-p", "no:xdist", "-v", plugin=False)
+    assert with_plugin.returncode == 0, output(with_plugin)
+    assert without.returncode == 0, output(without)
+    assert _normalized(with_plugin.stdout) == _normalized(without.stdout)
+    assert with_plugin.stderr == without.stderr == ""
+    # Not vacuous: the plugin was loaded in the first run (its options exist there only).
+    helps = run_pytest(project, "--help"), run_pytest(project, "--help", plugin=False)
+    assert "--vargather-impl=MODULE:ATTR" in helps[0].stdout, output(helps[0])
+    assert "--vargather-impl" not in helps[1].stdout, output(helps[1])
+
+
+def test_the_plugin_module_imports_only_pytest() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import _vargather_pytestplugin
+        print(sorted(m for m in sys.modules if m.split(".")[0] in {"torch", "vargather", "hypothesis"}))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

@@ -1,0 +1,213 @@
+"""The pytest plugin's machinery: the conformance properties as test items, the world fixture.
+
+Where it sits: at the top of the testing kit, beside the command line's gate
+(``vargather._cli.gate``), which it runs. The plugin itself is the top-level module
+``_vargather_pytestplugin`` (the ``pytest11`` entry point ``vargather``), kept free of
+torch and Hypothesis so that a pytest session that does not use it pays nothing; it
+imports this module only when a session asks for vargather (``--vargather-impl``, or a
+test that uses the ``vargather_world`` fixture).
+
+* ``configure``: the plugin's ``--vargather-*`` options as ``CheckOptions``, through
+  the command line's own parser (``vargather._cli.check.parse_args``: every check
+  option means the same in both places, with the same validation);
+* ``property_items``: one ``PropertyItem`` per property of the kit's one catalogue,
+  named ``vargather::ID``; each runs ``gate.run_check`` for its property alone, so a
+  failure is the check's report (the minimal counterexample and the ``reproduce:``
+  line), n/a is a skip and an xfails entry an xfail;
+* ``WorldFactory``: what the ``vargather_world`` fixture returns;
+  ``vargather_world(3).run(fn, payload)`` runs ``fn(ctx, payload)`` on every rank of
+  the session's 3-rank gloo world (``vargather.testing.get_pool``) and turns a rank's
+  exception, crash or hang into a test failure naming the rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar
+
+import pytest
+
+from vargather import VarGatherError
+from vargather._cli.check import parse_args
+from vargather._cli.gate import CheckOptions, CheckUsageError, resolve_impl, run_check
+from vargather._cli.report import PropertyResult, Report
+
+from .pool import PoolFailure, RankContext, RankError, RankPool, get_pool
+from .properties import catalogue
+
+__all__ = [
+    "PropertyFailedError",
+    "PropertyItem",
+    "World",
+    "WorldFactory",
+    "configure",
+    "header_lines",
+    "property_items",
+]
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+# --- the conformance properties as test items ----------------------------------------
+
+
+def configure(check_argv: Sequence[str]) -> CheckOptions:
+    """The check's options from ``check_argv`` (``--impl ... --grad ...``, what the
+    plugin's ``--vargather-*`` options spell), validated as the command line validates
+    them, with the implementation imported once here; ``pytest.UsageError`` otherwise."""
+    try:
+        options = parse_args([*check_argv, "--no-progress"])
+        info = resolve_impl(options.impl, options.convention, None, options.transports)
+    except CheckUsageError as err:
+        message = str(err).split("\n\nusage:", 1)[0]  # argparse's usage is check's, not ours
+        message = _OPTION.sub(r"--vargather-\1", message)
+        raise pytest.UsageError(f"vargather: {message}") from None
+    # Resolved once: every item (and every xdist worker) calls ATTR the same way.
+    return dataclasses.replace(options, convention=info.convention)
+
+
+_OPTION: Final = re.compile(r"(?<![\w-])--(?!vargather-)([a-z][a-z-]*)")
+"""A check option named in a message: ``--grad`` is the plugin's ``--vargather-grad``."""
+
+
+def header_lines(options: CheckOptions) -> list[str]:
+    """The lines the plugin adds to pytest's header: what is checked, and how."""
+    sizes = ",".join(str(w) for w in options.world_sizes)
+    return [
+        f"vargather properties: {options.impl or 'vargather.all_gather_v'} "
+        f"({options.convention} convention), claimed gradient contract: {options.grad}",
+        f"vargather properties: world sizes {sizes}; up to {options.max_examples} examples "
+        f"per property; seed {options.seed}"
+        + (f"; xfails from {options.xfails_path}" if options.xfails_path else ""),
+    ]
+
+
+class PropertyFailedError(VarGatherError, AssertionError):
+    """A property failed: its text is the check's report of the failure."""
+
+
+class PropertyItem(pytest.Item):
+    """One property of the catalogue, run by the conformance gate on its own."""
+
+    def __init__(self, *, options: CheckOptions, title: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.options = options
+        self.title = title
+
+    def runtest(self) -> None:
+        options = dataclasses.replace(self.options, only=(self.name,))
+        report = run_check(options, progress_stream=None)
+        (result,) = report.results
+        self.user_properties.append(("vargather", result.to_json()))
+        _outcome(report, result)
+
+    def repr_failure(
+        self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None
+    ) -> str | Any:
+        if isinstance(excinfo.value, PropertyFailedError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, self.nodeid
+
+
+def _outcome(report: Report, result: PropertyResult) -> None:
+    """Pass, or the pytest outcome of ``result``: the check's own failure text."""
+    if result.status == "pass":
+        return
+    if result.status == "xfail":
+        kind = result.failure.kind if result.failure is not None else "fail"
+        pytest.xfail(f"listed in {report.xfails_path}; failed ({kind})")
+    if not result.failed:  # n/a: the property does not apply (or is out of scope)
+        label = "not applicable" if result.status == "n/a" else result.status
+        pytest.skip(f"{label}: {result.reason}")
+    lines = report.failure_lines()
+    # pytest heads the failure with the item's name already: the check's
+    # "=== ID: FAILED (KIND) ===" line becomes the KIND in front of the message.
+    heading = next((i for i, line in enumerate(lines) if line.startswith("===")), None)
+    if heading is not None and result.failure is not None and heading + 1 < len(lines):
+        lines[heading + 1] = f"{result.failure.kind}: {lines[heading + 1]}"
+        del lines[: heading + 1]
+    text = "\n".join(lines).strip("\n")
+    raise PropertyFailedError(text or f"{result.id}: {result.status}")
+
+
+class PropertyCollector(pytest.Collector):
+    """The parent of the property items: ``vargather``."""
+
+    def __init__(self, *, options: CheckOptions, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.options = options
+
+    def collect(self) -> list[pytest.Item]:
+        return [
+            PropertyItem.from_parent(self, name=row.id, title=row.title, options=self.options)
+            for row in catalogue()
+        ]
+
+
+def property_items(session: pytest.Session, options: CheckOptions) -> list[pytest.Item]:
+    """The property items of this session, collected as pytest collects any node (so
+    they count as collected, and every xdist worker collects the same ids in the same
+    order: the catalogue's)."""
+    collector = PropertyCollector.from_parent(
+        session, name="vargather", nodeid="vargather", path=session.config.rootpath, options=options
+    )
+    return list(session.genitems(collector))
+
+
+# --- the world fixture ---------------------------------------------------------------
+
+
+class World:
+    """A persistent gloo world of ``world_size`` ranks for a test (``vargather_world(W)``)."""
+
+    def __init__(self, pool: RankPool) -> None:
+        self.pool = pool
+
+    @property
+    def world_size(self) -> int:
+        return self.pool.world_size
+
+    def __repr__(self) -> str:
+        return f"vargather_world({self.world_size})"
+
+    def run(self, fn: Callable[[RankContext, P], R], payload: P) -> list[R]:
+        """``fn(ctx, payload)`` on every rank (``fn`` module-level, ``payload`` and the
+        results picklable); the results in rank order. A rank's exception, a rank that
+        dies or hangs fails the test with a message naming the rank (and quoting its
+        traceback); after a crash or a hang the next call gets a fresh world."""
+        return self._guarded(fn, lambda: self.pool.run(fn, payload))
+
+    def run_many(self, fn: Callable[[RankContext, P], R], payloads: Sequence[P]) -> list[list[R]]:
+        """``run`` for each payload, shipped in one message: ``results[i][rank]``."""
+        return self._guarded(fn, lambda: self.pool.run_many(fn, payloads))
+
+    def _guarded(self, fn: object, call: Callable[[], R]) -> R:
+        try:
+            return call()
+        except (RankError, PoolFailure) as err:
+            failure = err
+        # Outside the except block: the message is the whole story, not a chained one.
+        name = getattr(fn, "__qualname__", repr(fn))
+        pytest.fail(f"{self!r}.run({name}): {failure}", pytrace=False)
+
+
+class WorldFactory:
+    """``vargather_world(W)``: the session's world of ``W`` ranks (started on first use,
+    shared by every test of this process, rebuilt after a crash or a hang).
+
+    ``call_timeout``: seconds a call may take before its ranks count as hung (default:
+    the pool's, 60)."""
+
+    def __repr__(self) -> str:
+        return "vargather_world"
+
+    def __call__(self, world_size: int, *, call_timeout: float | None = None) -> World:
+        if call_timeout is None:
+            return World(get_pool(world_size))
+        return World(get_pool(world_size, call_timeout=call_timeout))
