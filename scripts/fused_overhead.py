@@ -174,6 +174,7 @@ def _worker(rank: int, world: int, init: str, opts: dict[str, Any], out: str) ->
 
 def _local(args: argparse.Namespace) -> int:
     """The cases in this process, on a fake world with a local-copy all_gather."""
+    torch.set_num_threads(1)  # as each rank of the real world
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=args.world)
