@@ -150,3 +150,29 @@ def tensor_views(ctx: RankContext, payload: object) -> dict[str, torch.Tensor]:
 
 def tensor_payload_sum(ctx: RankContext, t: torch.Tensor) -> float:
     return float(t.sum().item())
+
+
+def emulated_nccl_collectives(ctx: Any, payload: None) -> tuple[list[list[float]], list[str]]:
+    """Rank function: all_to_all with uneven lists and the refusals, under the NCCL
+    emulation (switched off again before returning: the pool is shared)."""
+    import torch
+    import torch.distributed as dist
+
+    from vargather.testing.emulate import activate
+
+    del payload
+    activate("nccl")
+    try:
+        w, r = ctx.world_size, ctx.rank
+        inputs = [torch.full((r + d + 1,), float(10 * r + d)) for d in range(w)]
+        outputs = [torch.empty(s + r + 1) for s in range(w)]
+        dist.all_to_all(outputs, inputs)
+        refused: list[str] = []
+        for bad in (torch.zeros(4, 2).t(), torch.zeros(3, dtype=torch.int16)):
+            try:
+                dist.all_reduce(bad)
+            except RuntimeError as err:
+                refused.append(str(err))
+        return [o.tolist() for o in outputs], refused
+    finally:
+        activate(None)

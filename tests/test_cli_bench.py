@@ -1,9 +1,12 @@
 """``python -m vargather bench``: a smoke run in a subprocess, and its pure pieces.
 
-The smoke run spawns its own 2-rank gloo world with tiny payloads and checks the JSON
-document: its schema, that every variant of every cell was timed, and that every
-variant's results (forward outputs and backward gradients) matched what they must be.
-Speed is never asserted here: the benchmark prints ratios, tests do not time.
+The smoke run spawns its own 2-rank gloo worlds with tiny payloads and checks the JSON
+document: its schema, that every variant of every cell was timed, that every variant's
+results (forward outputs and backward gradients) matched what they must be, and that
+time was taken with default malloc settings while memory was measured in a pass of its
+own. The coalesced cell's code path runs on a 2-rank pool with a stand-in
+``all_gather_v_coalesced`` (right, wrong, missing): ``tests/_bench_fns.py``. Speed is
+never asserted here: the benchmark prints ratios, tests do not time.
 """
 
 from __future__ import annotations
@@ -17,7 +20,11 @@ from typing import Any
 import pytest
 import torch
 
+import vargather
 from vargather._cli import bench as _bench
+from vargather.testing import RankPool
+
+from . import _bench_fns
 
 pytestmark = pytest.mark.multirank
 
@@ -39,6 +46,15 @@ BACKWARD = [
     "vargather:broadcast",
     "all_reduce",
 ]
+SMALL = [
+    "limit",
+    "vargather:auto",
+    "vargather:auto~changing",
+    "vargather:auto+sizes",
+    "vargather:forced",
+    "seed",
+]
+COALESCED = ["limit", "coalesced", "coalesced+sizes", "separate"]
 
 
 def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -62,6 +78,12 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
         "even,heavy",
         "--repeats",
         "2",
+        "--small-sizes",
+        "1,8",
+        "--small-repeats",
+        "3",
+        "--calls",
+        "2",
         "--json",
         str(out / "bench.json"),
         "--markdown",
@@ -84,6 +106,9 @@ def test_schema_and_every_variant_verified(smoke: tuple[dict[str, Any], Path, st
     for c in cells:
         assert sum(c["rows"]) * c["row_bytes"] == c["output_bytes"]
         assert c["auto_transport"] in ("padded", "alltoallv", "broadcast")
+        # timed with default malloc settings; memory in a pass of its own under the meter's
+        assert c["malloc_env"] == {}
+        assert c["memory_malloc_env"] == {"MALLOC_MMAP_THRESHOLD_": "65536"}
         for direction, names in (("forward", FORWARD), ("backward", BACKWARD)):
             assert list(c[direction]) == names
             for name, entry in c[direction].items():
@@ -101,28 +126,145 @@ def test_schema_and_every_variant_verified(smoke: tuple[dict[str, Any], Path, st
         "forward auto / limit",
         "backward auto / limit",
         "seed / auto (speed-up)",
+        "small auto / limit",
+        "small auto~changing / limit",
     }
     assert all(isinstance(t["met"], bool) for t in targets)
+    # the 8 KiB cell is in the targets' 4-256 KiB range, the 1 KiB cell is not
+    assert {t["payload_kb"] for t in targets if t["target"].startswith("small")} == {8.0}
+
+
+def test_small_part_timed_in_bursts_and_verified(
+    smoke: tuple[dict[str, Any], Path, str],
+) -> None:
+    document, _, _ = smoke
+    small = document["small"]
+    assert [(c["world_size"], c["payload_kb"]) for c in small] == [(2, 1.0), (2, 8.0)]
+    for c in small:
+        assert c["malloc_env"] == {}
+        assert sum(c["sizes"]) * c["element_bytes"] == c["output_bytes"] == c["limit_bytes"]
+        assert c["calls_per_burst"] == 2
+        assert c["forced_transport"] in ("padded", "alltoallv", "broadcast")
+        assert list(c["forward"]) == SMALL
+        for name, entry in c["forward"].items():
+            where = f"small {name} {c['payload_kb']} KiB"
+            assert entry["verified"] is True, where
+            assert len(entry["times_s"]) == len(entry["ratios"]) == 3, where
+            assert len(entry["cpu_s"]) == 3, where
+            assert all(t > 0 for t in entry["times_s"]), where
+            assert entry["median_cpu_ms"] >= 0, where
+            q1, q3 = entry["quartile_ratios"]
+            assert q1 <= entry["median_ratio"] <= q3, where
+    assert document["config"]["parts"] == ["large", "small", "coalesced"]
+
+
+def test_coalesced_part_measured_or_skipped_with_a_note(
+    smoke: tuple[dict[str, Any], Path, str],
+) -> None:
+    document, _, stdout = smoke
+    coalesced = document["coalesced"]
+    assert [(c["world_size"], c["payload_kb"]) for c in coalesced] == [(2, 1.0), (2, 8.0)]
+    if hasattr(vargather, "all_gather_v_coalesced"):
+        for c in coalesced:
+            assert "skipped" not in c
+            assert list(c["forward"]) == COALESCED
+            assert all(e["verified"] is True for e in c["forward"].values())
+        assert "**coalesced**: int64 ids" in stdout
+        assert {t["target"] for t in document["targets"]} >= {
+            "coalesced / limit",
+            "coalesced / separate",
+        }
+    else:
+        for c in coalesced:
+            assert "forward" not in c
+            assert "has no all_gather_v_coalesced" in c["skipped"]
+        assert "**coalesced**: skipped, vargather" in stdout
 
 
 def test_tables_and_plot_are_written(smoke: tuple[dict[str, Any], Path, str]) -> None:
     _, out, stdout = smoke
     markdown = (out / "bench.md").read_text()
     assert markdown == stdout.strip() + "\n"
-    for heading in ("**forward**", "**backward**", "**peak extra memory**", "**targets**"):
+    for heading in (
+        "**small payloads**",
+        "**coalesced**",
+        "**CPU time per call**",
+        "**forward**",
+        "**backward**",
+        "**peak extra memory**",
+        "**targets**",
+    ):
         assert heading in markdown
     assert "| 2 | 0.05 | heavy (0.95/0.05) |" in markdown
+    assert "| 2 | 8 | 1024/1024 |" in markdown  # 8 KiB of float32 over 2 ranks
     assert "WRONG" not in markdown
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_usage_errors_exit_2() -> None:
-    proc = bench("--ranks", "1", timeout=60)
-    assert proc.returncode == 2
-    assert "--ranks" in proc.stderr
-    proc = bench("--variants", "nonsense", timeout=60)
-    assert proc.returncode == 2
-    assert "nonsense" in proc.stderr
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--ranks", "1"], "--ranks"),
+        (["--variants", "nonsense"], "nonsense"),
+        (["--parts", "small,tiny"], "tiny"),
+        (["--small-sizes", "0"], "--small-sizes"),
+        (["--calls", "0"], "--calls"),
+        (["--small-profile", "lopsided"], "lopsided"),
+    ],
+)
+def test_usage_errors_exit_2(
+    args: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _bench.main(args)
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+# --- the coalesced cell with a stand-in all_gather_v_coalesced ----------------------------
+
+
+@pytest.fixture(scope="module")
+def pool() -> Any:
+    with RankPool(2, collective_timeout=60.0, call_timeout=300.0) as p:
+        yield p
+
+
+CONFIG = _bench.BenchConfig(small_repeats=2, calls=2, warmup=1)
+
+
+def test_coalesced_cell_with_a_stand_in(pool: RankPool) -> None:
+    record = pool.run(_bench_fns.coalesced_with_stub, (CONFIG, 2.0))[0]
+    assert record is not None
+    assert "skipped" not in record
+    assert list(record["forward"]) == COALESCED
+    assert record["sizes"] == [14, 14]  # 2 KiB of 73-byte rows, a multiple of W
+    assert record["output_bytes"] == 28 * _bench.coalesced_row_bytes()
+    for name, entry in record["forward"].items():
+        assert entry["verified"] is True, name
+        assert len(entry["times_s"]) == 2, name
+
+
+def test_coalesced_cell_catches_a_wrong_result(pool: RankPool) -> None:
+    record = pool.run(_bench_fns.coalesced_with_wrong_stub, (CONFIG, 2.0))[0]
+    assert record is not None
+    verdicts = {n: e["verified"] for n, e in record["forward"].items()}
+    assert verdicts == {
+        "limit": True,
+        "coalesced": False,
+        "coalesced+sizes": False,
+        "separate": True,
+    }
+
+
+def test_coalesced_cell_skipped_without_the_function(pool: RankPool) -> None:
+    record = pool.run(_bench_fns.coalesced_without, (CONFIG, 2.0))[0]
+    assert record is not None
+    assert "forward" not in record
+    assert "has no all_gather_v_coalesced: not measured" in record["skipped"]
+    report = _bench.markdown_report([], [], [], [record])
+    assert "**coalesced**: skipped, vargather" in report
+    assert _bench.evaluate_targets([], [], [record]) == []
 
 
 # --- pure pieces --------------------------------------------------------------------------
@@ -160,3 +302,69 @@ def test_the_checker_rejects_a_wrong_output() -> None:
     assert not _bench._check_output(cell, wrong)
     swapped = torch.cat([_bench._shard(2, 2), _bench._shard(0, 3)])
     assert not _bench._check_output(cell, swapped)
+
+
+def test_changing_sizes_move_every_call_within_the_band() -> None:
+    base = [10, 10, 10, 10]
+    seen = [_bench.changing_sizes(base, 2, i) for i in range(8)]
+    for i, sizes in enumerate(seen):
+        assert sum(sizes) == 40
+        assert all(8 <= n <= 12 for n in sizes)
+        assert sizes != seen[i - 1]  # the sizes change on every call
+    assert seen[0] == [12, 8, 10, 10]
+    assert seen[4] == seen[0]  # period W
+    assert _bench.changing_sizes([3, 0], 5, 0) == [3, 0]  # never below 0
+    assert _bench.changing_sizes([3, 1], 5, 0) == [4, 0]
+
+
+def _entry(ratio: float) -> dict[str, Any]:
+    return {"median_ratio": ratio, "verified": True, "times_s": [1.0], "median_ms": 1.0}
+
+
+def test_small_and_coalesced_targets() -> None:
+    small = [
+        {
+            "world_size": 4,
+            "payload_kb": kb,
+            "profile": "even",
+            "forward": {
+                "limit": _entry(1.0),
+                "vargather:auto": _entry(auto),
+                "vargather:auto~changing": _entry(1.31),
+            },
+        }
+        for kb, auto in ((1.0, 3.0), (4.0, 1.15), (256.0, 1.16), (1024.0, 3.0))
+    ]
+    coalesced = [
+        {
+            "world_size": 4,
+            "payload_kb": 64.0,
+            "profile": "even",
+            "forward": {
+                "limit": _entry(1.0),
+                "coalesced": _entry(1.2),
+                "separate": _entry(1.2),
+            },
+        }
+    ]
+    got = {
+        (t["target"], t.get("payload_kb")): (t["met"], round(t["value"], 2))
+        for t in _bench.evaluate_targets([], small, coalesced)
+    }
+    assert got == {
+        ("small auto / limit", 4.0): (True, 1.15),
+        ("small auto~changing / limit", 4.0): (False, 1.31),
+        ("small auto / limit", 256.0): (False, 1.16),
+        ("small auto~changing / limit", 256.0): (False, 1.31),
+        ("coalesced / limit", 64.0): (True, 1.2),
+        ("coalesced / separate", 64.0): (False, 1.0),  # not faster: missed
+    }
+
+
+def test_cell_count() -> None:
+    cfg = _bench.BenchConfig(
+        ranks=(2, 4), sizes_mb=(1.0, 4.0), profiles=("even",), small_kb=(1.0, 4.0, 16.0)
+    )
+    assert _bench.cell_count(cfg) == 2 * (3 + 3 + 2 * 2)  # small, coalesced, large x2
+    no_mem = _bench.BenchConfig(ranks=(4,), sizes_mb=(1.0,), memory=False, parts=("large",))
+    assert _bench.cell_count(no_mem) == len(no_mem.profiles)

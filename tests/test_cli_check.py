@@ -65,7 +65,7 @@ def in_root(monkeypatch: pytest.MonkeyPatch) -> None:
 def check(**kwargs: Any) -> Report:
     """``run_check`` in this process on the suite's shared pools (default settings)."""
     kwargs.setdefault("progress", False)
-    kwargs.setdefault("shrink_budget", 5.0)
+    kwargs.setdefault("shrink_budget", 5)
     return run_check(CheckOptions(**kwargs), pool_factory=get_pool)
 
 
@@ -226,7 +226,12 @@ def test_call_convention_is_detected(in_root: None) -> None:
     assert "auto" in mine.transports
     mutant = resolve_impl("tests.mutants.rank_order:all_gather_v")  # (x, dim=0, **kwargs)
     assert (mutant.convention, mutant.transports) == ("vargather", mine.transports)
-    forced = resolve_impl("vargather:all_gather_v", "seed")
+    # A convention that does not fit the signature is a usage error, before any world.
+    with pytest.raises(
+        CheckUsageError, match=r"does not fit its signature.*--convention vargather"
+    ):
+        resolve_impl("vargather:all_gather_v", "seed")
+    forced = resolve_impl("vargather.compat:all_gather", "seed")
     assert (forced.convention, forced.takes_group, forced.transports) == ("seed", False, None)
     narrowed = resolve_impl("vargather:all_gather_v", transports="padded, auto")
     assert narrowed.transports == ("padded", "auto")
@@ -277,15 +282,20 @@ def test_vargather_holds_every_property_under_each_contract(grad: str, in_root: 
 
 
 @multirank
-def test_seed_algorithm_holds_local_except_its_two_genuine_bugs(in_root: None) -> None:
+def test_seed_algorithm_holds_local_within_its_scope(in_root: None) -> None:
     """The seed's algorithm holds the ``local`` contract in every gradient, dim, empty and
-    non-contiguous case, but (1) gloo's list all_gather refuses int16 ("Invalid scalar
-    type"), which the seed does not work around, and (2) its documented
-    ``sizes: List[int]`` crashes (``sizes.amax()`` needs a tensor)."""
+    non-contiguous case. Two rows fall outside what it claims, and the gate says so
+    rather than failing it: gloo's list all_gather refuses int16 ("Invalid scalar
+    type"), a backend limit reported as its own ``forward-int:int16`` row,
+    ``unsupported``, while ``forward-int`` keeps its other dtypes; and its callers pass
+    ``sizes`` as the tensor it returned (``sizes.amax()``), so a list is out of scope
+    with ``--sizes tensor`` and fails without it."""
     report = check(impl=SEED, grad="local", max_examples=6)
-    assert {k for k, v in statuses(report).items() if v == "fail"} == {"forward-int", "sizes-list"}
+    assert {k for k, v in statuses(report).items() if v == "fail"} == {"sizes-list"}
     assert {k for k, v in statuses(report).items() if v == "n/a"} == {"subgroup", "adjoint"}
-    ints = failure(report, "forward-int")
+    assert statuses(report)["forward-int"] == "pass"
+    assert statuses(report)["forward-int:int16"] == "unsupported"
+    ints = failure(report, "forward-int:int16")
     assert ints.kind == "error"
     assert "RuntimeError: Invalid scalar type" in ints.message
     assert ints.case is not None
@@ -294,6 +304,11 @@ def test_seed_algorithm_holds_local_except_its_two_genuine_bugs(in_root: None) -
     assert "'list' object has no attribute 'amax'" in sizes.message
     assert sizes.case is not None
     assert sizes.case["sizes_passed"] == "list"
+    scoped = check(impl=SEED, grad="local", max_examples=3, sizes="tensor", only=("sizes-list",))
+    assert statuses(scoped) == {"sizes-list": "n/a"}
+    assert "--sizes tensor" in str(result(scoped, "sizes-list").reason)
+    assert report.exit_status == EXIT_FAILED
+    assert scoped.exit_status == EXIT_OK
     assert "the seed's convention ATTR(t, dim, sizes) takes no process group" in str(
         result(report, "subgroup").reason
     )
@@ -341,6 +356,13 @@ _REPORT_SCHEMA: dict[str, Any] = {
     "versions": dict,
     "transports": ([str], type(None)),
     "refused_transports": dict,
+    "scope": {
+        "--grad": str,
+        "--sizes": str,
+        "--returns": str,
+        "--world-sizes": str,
+    },
+    "strict": bool,
     "properties": [_PROPERTY_SCHEMA],
     "summary": {name: int for name in STATUSES},
     "exit_status": int,
@@ -409,8 +431,9 @@ def test_seed_algorithm_fails_sum_with_a_gradient_counterexample(
     assert proc.returncode == EXIT_FAILED, proc.stderr
     by_id = {p["id"]: p for p in report["properties"]}
     assert {k for k, p in by_id.items() if p["status"] == "fail"} == {
-        "forward-int", "sizes-list", "gradient", "adjoint",
+        "sizes-list", "gradient", "adjoint",
     }  # fmt: skip
+    assert by_id["forward-int:int16"]["status"] == "unsupported"
     grad = by_id["gradient"]["failure"]
     assert grad["kind"] == "mismatch"
     assert grad["message"].startswith("x.grad (grad='sum') differs from the oracle")
@@ -431,7 +454,9 @@ def test_json_report_has_the_documented_structure(
     _, report = seed_sum
     assert conforms(report, _REPORT_SCHEMA) == []
     assert report["schema"] == "vargather-check-report/1"
-    assert [p["id"] for p in report["properties"]] == list(PROPERTY_IDS)
+    ids = [p["id"] for p in report["properties"]]
+    assert [i for i in ids if ":" not in i] == list(PROPERTY_IDS)
+    assert [i for i in ids if ":" in i] == ["forward-int:int16"]  # gloo refuses int16
 
 
 @multirank
@@ -547,7 +572,7 @@ def test_a_crash_is_a_failure_of_that_property(misbehaving: None) -> None:
         world_sizes=(2,),
         max_examples=5,
         only=("forward-float", "forward-half"),
-        shrink_budget=3.0,
+        shrink_budget=3,
     )
     crash = failure(report, "forward-float")
     assert crash.kind == "crash"

@@ -1,12 +1,12 @@
 """``python -m vargather bench``: time vargather against the seed and torch's collectives.
 
 Where it sits: the command-line layer, on top of the library and the testing kit; it
-measures the pipeline. It starts a local gloo world per world size through the kit's
+measures the pipeline. It starts local gloo worlds per world size through the kit's
 rank pool (``vargather.testing.RankPool``: ``FileStore`` rendezvous in a temporary
-directory, no ports; one intra-op thread per rank), runs one cell per pool call and, for every payload size and size profile, times the
-forward and the backward of each variant in the same run:
+directory, no ports; one intra-op thread per rank) and runs one cell per pool call.
+Three parts, each optional (``--parts``):
 
-forward
+large (1 MB to 64 MB, per size profile), forward
     ``limit``: ``all_gather_single`` (``all_gather_into_tensor``) of equal shards moving
     the same total bytes, the practical limit every ratio is relative to;
     ``vargather:<transport>`` for ``auto`` and each transport gloo can run, and
@@ -15,32 +15,56 @@ forward
     re-implements it (a size all_gather, pad to the max, list all_gather, ``cat``,
     mask, ``index_select``);
     ``all_gather_object``: pickle every shard to every rank, then ``cat``.
-backward
+large, backward
     ``limit``: ``reduce_scatter_single`` (``reduce_scatter_tensor``) of equal blocks of
     the same bytes; ``vargather:<transport>`` under ``grad="sum"``; ``all_reduce``:
     the naive exact backward (all-reduce the whole gradient, keep one block). The
     seed and ``all_gather_object`` have no summing backward (the seed's is the
     ``local`` contract, which communicates nothing), so they have no backward row.
+small (1 KB to 1 MB gathered in total, latency-bound), forward, steady state
+    ``limit`` as above (1-d float32 shards); ``vargather:auto`` (validated, the same
+    sizes every call); ``vargather:auto~changing`` (validated, the sizes change every
+    call: one rank ``+step``, the next ``-step``, ``step`` about 5% of a share, the
+    total fixed); ``vargather:auto+sizes``; ``vargather:forced`` (validated, the
+    transport ``auto`` would pick for the payload forced by name, which keeps the payload
+    out of a fused round: the metadata round, then the payload's); ``seed``.
+coalesced (the same totals), forward, steady state
+    three tensors of different dtypes per rank (int64 ids, float32 embeddings of
+    ``COALESCED_DIM`` columns, a bool mask; the same ragged row count): ``limit``, one
+    equal all_gather of their total bytes (uint8); ``coalesced``:
+    ``vargather.all_gather_v_coalesced``; ``coalesced+sizes`` (``validate=False``);
+    ``separate``: three validated ``all_gather_v`` calls. Skipped, with a note, when
+    the installed vargather has no ``all_gather_v_coalesced``.
 
-Each repeat times every variant once, in a rotated order, each after a barrier; a
-variant's time is the slowest rank's. Its ratio is its time over the limit's time in
-the same repeat, and the table reports the median ratio over the repeats. Absolute
-times are only in the JSON.
+Timing, large cells: each repeat times every variant once, in a rotated order, each
+after a barrier; a variant's time is the slowest rank's. Its ratio is its time over the
+limit's time in the same repeat, and the tables report the median ratio over the
+repeats. Small and coalesced cells: each repeat runs every variant as a *burst*, in a
+rotated order: one untimed call, a barrier, then ``--calls`` back-to-back timed calls; a
+variant's time is the slowest rank's burst time over ``--calls``, its ratio is taken
+against the limit's burst in the same repeat, and the median over (many) repeats is
+reported, with the quartiles in the JSON. Absolute times are only in the JSON, except
+the small tables' limit column.
 
-Every variant is checked, not just timed: the output of its warm-up call and of its
+Time is measured with the default malloc settings, as users run: the timing worlds
+get no allocator environment at all.
+
+Every variant is checked, not just timed: the output of its warm-up calls and of its
 last timed call is compared bit for bit with ``cat`` of the shards (regenerated block
 by block from their deterministic formula), and every backward's input gradient with
 ``Σ_j g_j[block]``. Shard and gradient values are small integers, so every sum is exact
 in any order. A variant that fails its check is reported as such and fails the run.
 
-Peak extra memory: one more untimed call per variant, during which each rank's peak
-resident set size is tracked by the kernel (``VmHWM`` in ``/proc/self/status``, reset
-through ``/proc/self/clear_refs``); the peak minus the resident size just before the
-call, the largest over ranks, divided by the output's bytes. It counts everything the
-call touches, the output itself and buffers inside torch.distributed and gloo
-included, and nothing it only reserves. Rank processes run with
-``MALLOC_MMAP_THRESHOLD_=65536`` so glibc returns freed buffers to the system at once
-instead of recycling them invisibly. Linux only; elsewhere the memory columns are empty.
+Peak extra memory (large cells): a separate pass, after the timed one, in a world of
+its own whose ranks run with ``MALLOC_MMAP_THRESHOLD_=65536`` so glibc returns freed
+buffers to the system at once instead of recycling them invisibly (that setting slows
+the equal-size baseline more than vargather, so no time is ever taken under it). One
+untimed call per variant, checked, during which each rank's peak resident set size is
+tracked by the kernel (``VmHWM`` in ``/proc/self/status``, reset through
+``/proc/self/clear_refs``); the peak minus the resident size just before the call, the
+largest over ranks, divided by the output's bytes. It counts everything the call
+touches, the output itself and buffers inside torch.distributed and gloo included, and
+nothing it only reserves. Linux only; elsewhere the memory columns are empty.
 """
 
 from __future__ import annotations
@@ -79,10 +103,15 @@ __all__ = [
     "split_rows",
 ]
 
-SCHEMA: Final = "vargather-bench/1"
+SCHEMA: Final = "vargather-bench/2"
 PROFILES: Final = ("even", "mild", "heavy", "empty")
+PARTS: Final = ("large", "small", "coalesced")
 ROW_ELEMENTS: Final = 256  # float32 elements per row: 1 KiB rows
+SMALL_SIZES_KB: Final = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0)
+COALESCED_DIM: Final = 16
+"""Columns of the coalesced case's float32 embeddings (a row: 8 + 64 + 1 bytes)."""
 _MALLOC_ENV: Final = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+"""The memory pass's allocator setting; never set where time is measured."""
 KNOWN_SIZES_VARIANT: Final = "vargather:auto+sizes"
 """``auto`` with the sizes passed and ``validate=False``: no metadata exchange."""
 
@@ -143,6 +172,11 @@ class BenchConfig:
     memory: bool = True
     timeout_s: float = 300.0
     variants: tuple[str, ...] | None = None  # None: all
+    parts: tuple[str, ...] = PARTS
+    small_kb: tuple[float, ...] = SMALL_SIZES_KB
+    small_profile: str = "even"
+    small_repeats: int = 31
+    calls: int = 20
 
 
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
@@ -164,40 +198,78 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Time vargather's ragged all_gather (forward and backward) against the seed's "
             "algorithm, all_gather_object and the equal-size collectives of the same "
-            "bytes, on a local gloo world. Reports median ratios to the equal-size limit "
-            "and peak extra memory; every variant's result is checked."
+            "bytes, on a local gloo world, with default malloc settings: large payloads "
+            "per size profile, a small-payload sweep in steady state, and several tensors "
+            "gathered at once. Reports median ratios to the equal-size limit and (in a "
+            "separate pass) peak extra memory; every variant's result is checked."
         ),
     )
     p.add_argument("--ranks", type=_csv(int), default=None, help="world sizes (default 2,4)")
     p.add_argument(
+        "--parts",
+        type=_csv(str),
+        default=None,
+        help=f"which parts to run (default {','.join(PARTS)})",
+    )
+    p.add_argument(
         "--sizes",
         type=_csv(float),
         default=None,
-        help="gathered payloads in MB (default 1,4,16,41,64)",
+        help="large part: gathered payloads in MB (default 1,4,16,41,64)",
     )
     p.add_argument(
         "--profiles",
         type=_csv(str),
         default=None,
-        help=f"size profiles (default {','.join(PROFILES)})",
+        help=f"large part: size profiles (default {','.join(PROFILES)})",
     )
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats (default 7)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 1)")
+    p.add_argument(
+        "--repeats", type=int, default=None, help="large part: timed repeats (default 7)"
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed, checked calls per variant first (default 1; small parts: at least W)",
+    )
+    p.add_argument(
+        "--small-sizes",
+        type=_csv(float),
+        default=None,
+        help="small and coalesced parts: gathered totals in KiB (default 1,4,16,64,256,1024)",
+    )
+    p.add_argument(
+        "--small-profile",
+        default=None,
+        help="small part: the size profile of the fixed sizes (default even)",
+    )
+    p.add_argument(
+        "--small-repeats",
+        type=int,
+        default=None,
+        help="small and coalesced parts: timed bursts per variant (default 31)",
+    )
+    p.add_argument(
+        "--calls",
+        type=int,
+        default=None,
+        help="small and coalesced parts: timed calls per burst (default 20)",
+    )
     p.add_argument(
         "--variants",
         type=_csv(str),
         default=None,
         help="only these variants (the limit always runs), e.g. seed,vargather:auto",
     )
-    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory calls")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p.add_argument(
         "--timeout", type=float, default=300.0, help="collective timeout in seconds (300)"
     )
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run of about a minute: 2 ranks, 1 MB, even and heavy, 3 repeats "
-        "(explicit options still apply)",
+        help="a smoke run of about a minute: 2 ranks, 1 MB, even and heavy, 3 repeats; "
+        "4 and 64 KiB, 5 bursts of 10 calls (explicit options still apply)",
     )
     p.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")
@@ -217,19 +289,33 @@ def _config(args: argparse.Namespace) -> BenchConfig:
         memory=not args.no_memory,
         timeout_s=args.timeout,
         variants=args.variants,
+        parts=args.parts or PARTS,
+        small_kb=args.small_sizes or ((4.0, 64.0) if quick else SMALL_SIZES_KB),
+        small_profile=args.small_profile or "even",
+        small_repeats=(
+            args.small_repeats if args.small_repeats is not None else (5 if quick else 31)
+        ),
+        calls=args.calls if args.calls is not None else (10 if quick else 20),
     )
     for w in cfg.ranks:
         if w < 2:
             raise ValueError(f"--ranks: every world size must be >= 2, got {w}")
+    unknown_parts = [p for p in cfg.parts if p not in PARTS]
+    if unknown_parts:
+        raise ValueError(f"--parts: unknown {unknown_parts}; expected some of {', '.join(PARTS)}")
     for mb in cfg.sizes_mb:
         if not mb > 0:
             raise ValueError(f"--sizes: payloads must be > 0 MB, got {mb}")
-    for prof in cfg.profiles:
+    for kb in cfg.small_kb:
+        if not kb > 0:
+            raise ValueError(f"--small-sizes: totals must be > 0 KiB, got {kb}")
+    for prof in (*cfg.profiles, cfg.small_profile):
         profile_shares(prof, 2)  # raises on an unknown name
-    if cfg.repeats < 1 or cfg.warmup < 0:
-        raise ValueError("--repeats must be >= 1 and --warmup >= 0")
+    if cfg.repeats < 1 or cfg.warmup < 0 or cfg.small_repeats < 1 or cfg.calls < 1:
+        raise ValueError("--repeats, --small-repeats and --calls must be >= 1 and --warmup >= 0")
     if cfg.variants is not None:
-        known = set(_forward_names()) | set(_backward_names())
+        known = set(_forward_names()) | set(_backward_names()) | set(SMALL_NAMES)
+        known |= set(COALESCED_NAMES)
         unknown = [v for v in cfg.variants if v not in known]
         if unknown:
             raise ValueError(
@@ -258,6 +344,21 @@ def _forward_names() -> list[str]:
 
 def _backward_names() -> list[str]:
     return ["limit", *(f"vargather:{t}" for t in forward_transports()), "all_reduce"]
+
+
+CHANGING_VARIANT: Final = "vargather:auto~changing"
+FORCED_VARIANT: Final = "vargather:forced"
+SMALL_NAMES: Final = (
+    "limit",
+    "vargather:auto",
+    CHANGING_VARIANT,
+    KNOWN_SIZES_VARIANT,
+    FORCED_VARIANT,
+    "seed",
+)
+"""The small part's variants, in their order."""
+COALESCED_NAMES: Final = ("limit", "coalesced", "coalesced+sizes", "separate")
+"""The coalesced part's variants, in their order."""
 
 
 # --- memory --------------------------------------------------------------------------------------
@@ -526,7 +627,7 @@ def _largest(value: int | None) -> int | None:
 
 
 def _measure(variants: Sequence[_Variant], cfg: BenchConfig) -> dict[str, dict[str, Any]]:
-    """Warm up and check, time (rotated order), check again, then measure memory."""
+    """Warm up and check, time (rotated order), check again."""
     import torch.distributed as dist
 
     results: dict[str, dict[str, Any]] = {
@@ -548,22 +649,38 @@ def _measure(variants: Sequence[_Variant], cfg: BenchConfig) -> dict[str, dict[s
             if k == cfg.repeats - 1:
                 results[v.name]["verified"] &= _all_true(v.check(result))
             del result, state
-    for v in variants:
-        peak: int | None = None
-        if cfg.memory:
-            state = v.prepare()
-            dist.barrier()
-            with _peak_meter() as meter:
-                result = v.run(state)
-            del result, state
-            peak = meter[0]
-        results[v.name]["peak_extra_bytes"] = _largest(peak) if cfg.memory else None
+    _summarize(results)
+    return results
+
+
+def _summarize(results: dict[str, dict[str, Any]]) -> None:
+    """Ratios to the limit repeat by repeat, their median and quartiles, median ms."""
     limit_times = results["limit"]["times_s"]
     for entry in results.values():
         ratios = [t / lim for t, lim in zip(entry["times_s"], limit_times, strict=True)]
         entry["ratios"] = ratios
         entry["median_ratio"] = statistics.median(ratios)
+        if len(ratios) >= 2:
+            q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+            entry["quartile_ratios"] = [q1, q3]
         entry["median_ms"] = statistics.median(entry["times_s"]) * 1e3
+        if entry.get("cpu_s"):
+            entry["median_cpu_ms"] = statistics.median(entry["cpu_s"]) * 1e3
+
+
+def _measure_memory(variants: Sequence[_Variant]) -> dict[str, dict[str, Any]]:
+    """The memory pass: per variant one checked call under the peak meter."""
+    import torch.distributed as dist
+
+    results: dict[str, dict[str, Any]] = {}
+    for v in variants:
+        state = v.prepare()
+        dist.barrier()
+        with _peak_meter() as meter:
+            result = v.run(state)
+        ok = v.check(result)
+        del result, state
+        results[v.name] = {"peak_extra_bytes": _largest(meter[0]), "verified": _all_true(ok)}
     return results
 
 
@@ -573,16 +690,17 @@ def _selected(variants: list[_Variant], cfg: BenchConfig) -> list[_Variant]:
     return [v for v in variants if v.name == "limit" or v.name in cfg.variants]
 
 
-def _rank_cell(ctx: RankContext, job: tuple[BenchConfig, float, str]) -> dict[str, Any] | None:
-    """Rank function of the bench's pool: measure one (payload, profile) cell on this
-    world; rank 0 returns the cell's record, the others ``None``."""
+def _rank_cell(ctx: RankContext, job: tuple[BenchConfig, float, str, str]) -> dict[str, Any] | None:
+    """Rank function of the large part: measure one (payload, profile) cell on this
+    world, its times (``mode="time"``) or its peak memory (``mode="memory"``); rank 0
+    returns the cell's record, the others ``None``."""
     import torch
 
     from vargather import Layout
     from vargather._transport import auto_transport_name
 
     torch.set_num_threads(1)
-    cfg, mb, profile = job
+    cfg, mb, profile, mode = job
     rank, world_size = ctx.rank, ctx.world_size
     # a multiple of W, so the even profile is exactly even
     total = world_size * max(1, round(mb * 1e6 / (ROW_ELEMENTS * 4 * world_size)))
@@ -599,8 +717,12 @@ def _rank_cell(ctx: RankContext, job: tuple[BenchConfig, float, str]) -> dict[st
         rank=rank,
         world_size=world_size,
     )
-    forward = _measure(_selected(_forward_variants(cell), cfg), cfg)
-    backward = _measure(_selected(_backward_variants(cell), cfg), cfg)
+    if mode == "memory":
+        forward = _measure_memory(_selected(_forward_variants(cell), cfg))
+        backward = _measure_memory(_selected(_backward_variants(cell), cfg))
+    else:
+        forward = _measure(_selected(_forward_variants(cell), cfg), cfg)
+        backward = _measure(_selected(_backward_variants(cell), cfg), cfg)
     if rank != 0:
         return None
     return {
@@ -614,9 +736,264 @@ def _rank_cell(ctx: RankContext, job: tuple[BenchConfig, float, str]) -> dict[st
         "limit_bytes": cell.eq_rows * world_size * ROW_ELEMENTS * 4,
         "floor": floor_ratio(shares),
         "auto_transport": auto_transport_name(layout, "gloo"),
+        "malloc_env": malloc_environment(),
         "forward": forward,
         "backward": backward,
     }
+
+
+# --- the rank side: small payloads and coalesced gathers, in bursts ----------------------
+
+
+@dataclass
+class _Burst:
+    """One variant of a small or coalesced cell: ``call(i)`` is its ``i``-th call (the
+    index picks the sizes where they change), ``check(i, result)`` verifies it."""
+
+    name: str
+    call: Callable[[int], Any]
+    check: Callable[[int, Any], bool]
+
+
+def _measure_bursts(
+    variants: Sequence[_Burst], repeats: int, calls: int, warmup: int
+) -> dict[str, dict[str, Any]]:
+    """Warm up (every call checked), then ``repeats`` rounds in a rotated order; per
+    round and variant one untimed call, a barrier and ``calls`` timed calls, the last
+    one checked in the last round. Besides the wall time, the process CPU time of the
+    burst (every thread of the rank, gloo's included), the largest over ranks: what the
+    call costs the machine, far less sensitive to its load than the wall time."""
+    import torch.distributed as dist
+
+    results: dict[str, dict[str, Any]] = {
+        v.name: {"times_s": [], "cpu_s": [], "verified": True} for v in variants
+    }
+    counter = dict.fromkeys(results, 0)
+
+    def call(v: _Burst) -> tuple[int, Any]:
+        i = counter[v.name]
+        counter[v.name] = i + 1
+        return i, v.call(i)
+
+    for v in variants:
+        for _ in range(warmup):
+            i, result = call(v)
+            results[v.name]["verified"] &= _all_true(v.check(i, result))
+    for k in range(repeats):
+        order = list(variants[k % len(variants) :]) + list(variants[: k % len(variants)])
+        for v in order:
+            call(v)  # steady state: whatever the previous burst left, one call first
+            dist.barrier()
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                i, result = call(v)
+            elapsed = time.perf_counter() - t0
+            cpu = time.process_time() - c0
+            results[v.name]["times_s"].append(_slowest(elapsed / calls))
+            results[v.name]["cpu_s"].append(_slowest(cpu / calls))
+            if k == repeats - 1:
+                results[v.name]["verified"] &= _all_true(v.check(i, result))
+    _summarize(results)
+    return results
+
+
+def _flat_shard(rank: int, n: int) -> torch.Tensor:
+    return _pattern(0, n, 7, 13 * rank, 23)
+
+
+def _flat_expected(sizes: Sequence[int]) -> torch.Tensor:
+    import torch
+
+    return torch.cat([_flat_shard(r, n) for r, n in enumerate(sizes)])
+
+
+def changing_sizes(base: Sequence[int], step: int, i: int) -> list[int]:
+    """The small part's sizes at call ``i``: ``base`` with rank ``i % W`` one ``step``
+    larger and rank ``(i + 1) % W`` one ``step`` smaller (never below 0): every call's
+    sizes differ from the previous call's, within ``step`` of ``base``, same total."""
+    w = len(base)
+    sizes = list(base)
+    grow, shrink = i % w, (i + 1) % w
+    moved = min(step, sizes[shrink])
+    sizes[grow] += moved
+    sizes[shrink] -= moved
+    return sizes
+
+
+def _rank_small(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, Any] | None:
+    """Rank function of the small part: one total (KiB) on this world; rank 0 returns
+    the record."""
+    import torch
+    import torch.distributed as dist
+
+    import vargather
+    from vargather import Layout
+    from vargather._transport import auto_transport_name
+    from vargather.testing.seed import all_gather_variable_dim
+
+    torch.set_num_threads(1)
+    cfg, kb = job
+    rank, w = ctx.rank, ctx.world_size
+    total = w * max(1, round(kb * 1024 / (4 * w)))  # float32 elements, a multiple of W
+    shares = profile_shares(cfg.small_profile, w)
+    sizes = split_rows(total, shares)
+    step = max(1, round(0.05 * total / w))
+    gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    layout = Layout(
+        sizes=tuple(sizes),
+        dim=0,
+        leading_shape=(),
+        trailing_shape=(),
+        dtype=torch.float32,
+        rank=rank,
+        world_size=w,
+    )
+    forced = auto_transport_name(layout, "gloo")
+    x = _flat_shard(rank, sizes[rank])
+    eq_x = _flat_shard(rank, total // w)
+    eq_want = _flat_expected([total // w] * w)
+    want = _flat_expected(sizes)
+    phases = [changing_sizes(sizes, step, i) for i in range(w)]  # the sizes repeat every W
+    phase_x = [_flat_shard(rank, p[rank]) for p in phases]
+    phase_want = [_flat_expected(p) for p in phases]
+
+    def limit(_: int) -> torch.Tensor:
+        out = eq_x.new_empty((total,))
+        gather_single(out, eq_x)
+        return out
+
+    def same(expected: torch.Tensor) -> Callable[[int, Any], bool]:
+        return lambda _, out: _same(out, expected)
+
+    variants = [
+        _Burst("limit", limit, same(eq_want)),
+        _Burst("vargather:auto", lambda _: vargather.all_gather_v(x), same(want)),
+        _Burst(
+            CHANGING_VARIANT,
+            lambda i: vargather.all_gather_v(phase_x[i % w]),
+            lambda i, out: _same(out, phase_want[i % w]),
+        ),
+        _Burst(
+            KNOWN_SIZES_VARIANT,
+            lambda _: vargather.all_gather_v(x, sizes=sizes, validate=False),
+            same(want),
+        ),
+        _Burst(
+            FORCED_VARIANT,
+            lambda _: vargather.all_gather_v(x, transport=forced),  # type: ignore[arg-type]  # a name from TRANSPORT_NAMES
+            same(want),
+        ),
+        _Burst("seed", lambda _: all_gather_variable_dim(x, 0)[0], same(want)),
+    ]
+    variants = [v for v in variants if v.name == "limit" or _wanted(v.name, cfg)]
+    results = _measure_bursts(variants, cfg.small_repeats, cfg.calls, max(cfg.warmup, w))
+    if rank != 0:
+        return None
+    return {
+        "world_size": w,
+        "payload_kb": kb,
+        "profile": cfg.small_profile,
+        "sizes": sizes,
+        "changing_step": step,
+        "element_bytes": 4,
+        "output_bytes": total * 4,
+        "limit_bytes": total * 4,
+        "forced_transport": forced,
+        "calls_per_burst": cfg.calls,
+        "malloc_env": malloc_environment(),
+        "forward": results,
+    }
+
+
+def _coalesced_shards(rank: int, n: int) -> list[torch.Tensor]:
+    """Rank ``rank``'s three tensors of ``n`` rows: int64 ids (high bits set), float32
+    embeddings, a bool mask."""
+    import torch
+
+    ids = torch.arange(n, dtype=torch.int64) * 7 + ((rank + 1) << 40)
+    emb = _pattern(0, n * COALESCED_DIM, 5, 11 * rank, 19).view(n, COALESCED_DIM)
+    mask = torch.arange(n, dtype=torch.int64).add(rank) % 3 == 0
+    return [ids, emb, mask]
+
+
+def coalesced_row_bytes() -> int:
+    """Bytes of one row of the coalesced case's three tensors together."""
+    return 8 + 4 * COALESCED_DIM + 1
+
+
+def _rank_coalesced(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, Any] | None:
+    """Rank function of the coalesced part: one total (KiB) on this world; rank 0 returns
+    the record, which says ``skipped`` when this vargather has no
+    ``all_gather_v_coalesced`` (every rank sees the same module)."""
+    import torch
+    import torch.distributed as dist
+
+    import vargather
+
+    torch.set_num_threads(1)
+    cfg, kb = job
+    rank, w = ctx.rank, ctx.world_size
+    row_bytes = coalesced_row_bytes()
+    total = w * max(1, round(kb * 1024 / (row_bytes * w)))  # rows, a multiple of W
+    sizes = split_rows(total, profile_shares(cfg.small_profile, w))
+    record: dict[str, Any] = {
+        "world_size": w,
+        "payload_kb": kb,
+        "profile": cfg.small_profile,
+        "sizes": sizes,
+        "row_bytes": row_bytes,
+        "dtypes": ["int64", "float32", "bool"],
+        "output_bytes": total * row_bytes,
+        "limit_bytes": total * row_bytes,
+        "calls_per_burst": cfg.calls,
+        "malloc_env": malloc_environment(),
+    }
+    coalesced = getattr(vargather, "all_gather_v_coalesced", None)
+    if coalesced is None:
+        record["skipped"] = (
+            f"vargather {vargather.__version__} has no all_gather_v_coalesced: not measured"
+        )
+        return record if rank == 0 else None
+    gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    mine = _coalesced_shards(rank, sizes[rank])
+    every = [_coalesced_shards(r, n) for r, n in enumerate(sizes)]
+    want = [torch.cat([shards[k] for shards in every]) for k in range(3)]
+    eq_x = torch.zeros(total // w * row_bytes, dtype=torch.uint8)
+    eq_x[: min(eq_x.numel(), 251)] = torch.arange(min(eq_x.numel(), 251), dtype=torch.uint8)
+    eq_want = eq_x.repeat(w)
+    every_sizes = [sizes] * 3
+
+    def limit(_: int) -> torch.Tensor:
+        out = eq_x.new_empty((total * row_bytes,))
+        gather_single(out, eq_x)
+        return out
+
+    def same_list(_: int, outs: Any) -> bool:
+        return len(outs) == 3 and all(_same(o, e) for o, e in zip(outs, want, strict=True))
+
+    variants = [
+        _Burst("limit", limit, lambda _, out: _same(out, eq_want)),
+        _Burst("coalesced", lambda _: coalesced(mine), same_list),
+        _Burst(
+            "coalesced+sizes",
+            lambda _: coalesced(mine, sizes=every_sizes, validate=False),
+            same_list,
+        ),
+        _Burst("separate", lambda _: [vargather.all_gather_v(t) for t in mine], same_list),
+    ]
+    variants = [v for v in variants if v.name == "limit" or _wanted(v.name, cfg)]
+    record["forward"] = _measure_bursts(variants, cfg.small_repeats, cfg.calls, max(cfg.warmup, 1))
+    return record if rank == 0 else None
+
+
+def malloc_environment() -> dict[str, str]:
+    """The ``MALLOC_*`` settings this process runs with (recorded by every pass)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+
+
+def _wanted(name: str, cfg: BenchConfig) -> bool:
+    return cfg.variants is None or name in cfg.variants
 
 
 # --- the parent side -------------------------------------------------------------------------------
@@ -631,30 +1008,92 @@ _CELL_TIMEOUT: Final = 3600.0
 collective fails sooner, after ``--timeout``)."""
 
 
-def _run_world(world_size: int, cfg: BenchConfig, progress: Progress) -> list[dict[str, Any]]:
-    """Every cell of one world size, on a pool of its own (started with
-    ``MALLOC_MMAP_THRESHOLD_`` set, closed at the end)."""
+def cell_count(cfg: BenchConfig) -> int:
+    """Pool calls the run makes (the progress total)."""
+    large = len(cfg.sizes_mb) * len(cfg.profiles) if "large" in cfg.parts else 0
+    small = len(cfg.small_kb) * (("small" in cfg.parts) + ("coalesced" in cfg.parts))
+    return len(cfg.ranks) * (small + large * (2 if cfg.memory else 1))
+
+
+def _merge_memory(cell: dict[str, Any], memory: dict[str, Any] | None) -> None:
+    """Fold the memory pass's record into the timed record of the same cell."""
+    cell["memory_malloc_env"] = None if memory is None else memory["malloc_env"]
+    for direction in ("forward", "backward"):
+        for name, entry in cell[direction].items():
+            seen = None if memory is None else memory[direction].get(name)
+            entry["peak_extra_bytes"] = None if seen is None else seen["peak_extra_bytes"]
+            if seen is not None:
+                entry["verified"] = bool(entry["verified"] and seen["verified"])
+
+
+def _pool_calls(
+    world_size: int,
+    cfg: BenchConfig,
+    progress: Progress,
+    environment: dict[str, str] | None,
+    jobs: Sequence[tuple[str, Callable[[RankContext, Any], dict[str, Any] | None], Any]],
+) -> list[dict[str, Any]]:
+    """Run ``jobs`` (label, rank function, argument) one pool call each, on a pool of
+    their own started with ``environment``; rank 0's records, in order."""
     from vargather.testing import PoolFailure, RankError, RankPool
 
-    cells: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     try:
         with RankPool(
             world_size,
             collective_timeout=cfg.timeout_s,
             call_timeout=_CELL_TIMEOUT + cfg.timeout_s,
-            environment=_MALLOC_ENV,
+            environment=environment,
         ) as pool:
-            for mb in cfg.sizes_mb:
-                for profile in cfg.profiles:
-                    name = f"W={world_size} {mb:g} MB {profile}"
-                    progress.phase(f"{name}: measuring")
-                    record = pool.run(_rank_cell, (cfg, mb, profile))[0]
-                    assert record is not None  # rank 0 returns the cell
-                    cells.append(record)
-                    progress.advance(f"done: {name}")
+            for label, fn, arg in jobs:
+                progress.phase(f"{label}: measuring")
+                record = pool.run(fn, arg)[0]
+                assert record is not None  # rank 0 returns the cell
+                records.append(record)
+                progress.advance(f"done: {label}")
     except (PoolFailure, RankError) as err:
         raise BenchError(f"{type(err).__name__}: {err}") from None
-    return cells
+    return records
+
+
+def _run_world(world_size: int, cfg: BenchConfig, progress: Progress) -> dict[str, list[Any]]:
+    """Every cell of one world size: the timed cells on a pool with default malloc
+    settings, then the memory pass on a pool of its own with ``_MALLOC_ENV``."""
+    w = world_size
+    jobs: list[tuple[str, Callable[[RankContext, Any], dict[str, Any] | None], Any]] = []
+    if "small" in cfg.parts:
+        jobs += [(f"W={w} {kb:g} KiB small", _rank_small, (cfg, kb)) for kb in cfg.small_kb]
+    if "coalesced" in cfg.parts:
+        jobs += [(f"W={w} {kb:g} KiB coalesced", _rank_coalesced, (cfg, kb)) for kb in cfg.small_kb]
+    large = [
+        (mb, profile) for mb in cfg.sizes_mb for profile in cfg.profiles if "large" in cfg.parts
+    ]
+    jobs += [
+        (f"W={w} {mb:g} MB {profile}", _rank_cell, (cfg, mb, profile, "time"))
+        for mb, profile in large
+    ]
+    timed = _pool_calls(w, cfg, progress, None, jobs) if jobs else []
+    out: dict[str, list[Any]] = {"small": [], "coalesced": [], "large": []}
+    for (_, fn, _), record in zip(jobs, timed, strict=True):
+        part = "small" if fn is _rank_small else "coalesced" if fn is _rank_coalesced else "large"
+        out[part].append(record)
+    memory: list[dict[str, Any] | None] = [None] * len(large)
+    if cfg.memory and large:
+        memory = list(
+            _pool_calls(
+                w,
+                cfg,
+                progress,
+                _MALLOC_ENV,
+                [
+                    (f"W={w} {mb:g} MB {profile} memory", _rank_cell, (cfg, mb, profile, "memory"))
+                    for mb, profile in large
+                ],
+            )
+        )
+    for cell, mem in zip(out["large"], memory, strict=True):
+        _merge_memory(cell, mem)
+    return out
 
 
 # --- reporting -------------------------------------------------------------------------------------
@@ -697,10 +1136,118 @@ def _short(name: str) -> str:
     return name.removeprefix("vargather:")
 
 
-def markdown_report(cells: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]]) -> str:
-    """The tables: forward and backward median ratios, peak extra memory, targets."""
+def _payload(record: dict[str, Any]) -> str:
+    if "payload_kb" in record:
+        return f"{record['payload_kb']:g} KiB"
+    return f"{record['payload_mb']:g} MB"
+
+
+def _limit_us(record: dict[str, Any]) -> str:
+    return f"{record['forward']['limit']['median_ms'] * 1e3:.0f}"
+
+
+def _small_tables(
+    small: Sequence[dict[str, Any]], coalesced: Sequence[dict[str, Any]]
+) -> list[str]:
     parts: list[str] = []
-    for direction in ("forward", "backward"):
+    if small:
+        cols = _columns(small, "forward")
+        head = ["W", "KiB", "sizes", "limit µs/call", *(_short(n) for n in cols)]
+        rows = [
+            [
+                str(c["world_size"]),
+                f"{c['payload_kb']:g}",
+                "/".join(str(n) for n in c["sizes"]),
+                _limit_us(c),
+                *(_fmt_ratio(c["forward"].get(n)) for n in cols),
+            ]
+            for c in small
+        ]
+        c0 = small[0]
+        parts.append(
+            "**small payloads**, forward in steady state: median over "
+            f"{len(c0['forward']['limit']['times_s'])} bursts of {c0['calls_per_burst']} "
+            "calls of the per-burst ratio to one equal-size all_gather of the same bytes "
+            "(float32 elements; `auto`: validated, fixed sizes; `auto~changing`: validated, "
+            "sizes changing every call by about 5% of a share; `auto+sizes`: "
+            "`validate=False`; `forced`: validated, the payload's transport forced, so "
+            "metadata and payload travel in two rounds; `seed`: the seed's algorithm)\n\n"
+            + _table(head, rows)
+        )
+    done = [c for c in coalesced if "skipped" not in c]
+    cpu_rows = [
+        [
+            part,
+            str(c["world_size"]),
+            f"{c['payload_kb']:g}",
+            " · ".join(
+                f"{_short(n)} {e['median_cpu_ms'] * 1e3:.0f}"
+                for n, e in c["forward"].items()
+                if "median_cpu_ms" in e
+            ),
+        ]
+        for part, cells in (("small", small), ("coalesced", done))
+        for c in cells
+    ]
+    if cpu_rows:
+        cpu_note = (
+            "**CPU time per call**, µs: the rank process's CPU time over a burst (every "
+            "thread, gloo's included) divided by its calls, largest over ranks, median over "
+            "bursts; far less sensitive to the machine's load than the times above\n\n"
+        )
+        cpu_table = _table(["part", "W", "KiB", "variant µs"], cpu_rows)
+    if done:
+        cols = _columns(done, "forward")
+        head = [
+            "W",
+            "KiB",
+            "rows",
+            "limit µs/call",
+            *(_short(n) for n in cols),
+            "coalesced / separate",
+        ]
+        rows = []
+        for c in done:
+            f = c["forward"]
+            vs = (
+                f"{f['coalesced']['median_ratio'] / f['separate']['median_ratio']:.2f}"
+                if "coalesced" in f and "separate" in f
+                else "—"
+            )
+            rows.append(
+                [
+                    str(c["world_size"]),
+                    f"{c['payload_kb']:g}",
+                    "/".join(str(n) for n in c["sizes"]),
+                    _limit_us(c),
+                    *(_fmt_ratio(f.get(n)) for n in cols),
+                    vs,
+                ]
+            )
+        parts.append(
+            "**coalesced**: int64 ids, float32 embeddings "
+            f"({COALESCED_DIM} columns) and a bool mask of the same rows, "
+            f"{coalesced_row_bytes()} bytes a row; median per-burst ratio to one equal-size "
+            "all_gather of their total bytes (`coalesced`: `all_gather_v_coalesced`; "
+            "`separate`: three `all_gather_v` calls)\n\n" + _table(head, rows)
+        )
+    notes = sorted({c["skipped"] for c in coalesced if "skipped" in c})
+    parts += [f"**coalesced**: skipped, {n}" for n in notes]
+    if cpu_rows:
+        parts.append(cpu_note + cpu_table)
+    return parts
+
+
+def markdown_report(
+    cells: Sequence[dict[str, Any]],
+    targets: Sequence[dict[str, Any]],
+    small: Sequence[dict[str, Any]] = (),
+    coalesced: Sequence[dict[str, Any]] = (),
+) -> str:
+    """The tables: the small and coalesced parts, the large part's forward and backward
+    median ratios and peak extra memory, the targets."""
+    parts: list[str] = _small_tables(small, coalesced)
+    for direction in ("forward", "backward") if cells else ():
         cols = _columns(cells, direction)
         head = ["W", "MB", "profile", "floor", "auto ->", *(_short(n) for n in cols)]
         rows = [
@@ -752,7 +1299,7 @@ def markdown_report(cells: Sequence[dict[str, Any]], targets: Sequence[dict[str,
             [
                 t["target"],
                 str(t["world_size"]),
-                f"{t['payload_mb']:g}",
+                _payload(t),
                 t["profile"],
                 f"{t['value']:.2f}" if t["value"] is not None else "—",
                 f"{t['op']} {t['bound']:.2f}",
@@ -762,29 +1309,66 @@ def markdown_report(cells: Sequence[dict[str, Any]], targets: Sequence[dict[str,
         ]
         parts.append(
             "**targets** (the issue's, checked per cell)\n\n"
-            + _table(["target", "W", "MB", "profile", "measured", "bound", ""], t_rows)
+            + _table(["target", "W", "payload", "profile", "measured", "bound", ""], t_rows)
         )
     return "\n\n".join(parts) + "\n"
 
 
-def evaluate_targets(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's targets for ``vargather:auto``, one verdict per cell."""
+SMALL_TARGET_KB: Final = (4.0, 256.0)
+"""The small-payload targets hold for totals in this range (KiB, both ends included)."""
+
+
+def _met(value: float | None, op: str, bound: float) -> bool:
+    if value is None:
+        return False
+    if op == "<=":
+        return value <= bound
+    if op == "<":
+        return value < bound
+    return value >= bound
+
+
+def evaluate_targets(
+    cells: Sequence[dict[str, Any]],
+    small: Sequence[dict[str, Any]] = (),
+    coalesced: Sequence[dict[str, Any]] = (),
+) -> list[dict[str, Any]]:
+    """The issue's targets, one verdict per cell: ``vargather:auto`` in the large part,
+    validated gathers from 4 to 256 KiB in the small part, and the coalesced gather."""
     out: list[dict[str, Any]] = []
 
     def add(c: dict[str, Any], target: str, value: float | None, op: str, bound: float) -> None:
-        met = value is not None and (value <= bound if op == "<=" else value >= bound)
+        size = {"payload_kb": c["payload_kb"]} if "payload_kb" in c else {}
         out.append(
             {
                 "target": target,
                 "world_size": c["world_size"],
-                "payload_mb": c["payload_mb"],
+                "payload_mb": c["payload_kb"] / 1024 if size else c["payload_mb"],
+                **size,
                 "profile": c["profile"],
                 "value": value,
                 "op": op,
                 "bound": bound,
-                "met": met,
+                "met": _met(value, op, bound),
             }
         )
+
+    lo, hi = SMALL_TARGET_KB
+    for c in small:
+        if not lo <= c["payload_kb"] <= hi:
+            continue
+        for name, bound in (("vargather:auto", 1.15), (CHANGING_VARIANT, 1.3)):
+            entry = c["forward"].get(name)
+            if entry is not None:
+                add(c, f"small {_short(name)} / limit", entry["median_ratio"], "<=", bound)
+    for c in coalesced:
+        f = c.get("forward", {})
+        if "coalesced" not in f:
+            continue
+        add(c, "coalesced / limit", f["coalesced"]["median_ratio"], "<=", 1.3)
+        if "separate" in f:
+            ratio = f["coalesced"]["median_ratio"] / f["separate"]["median_ratio"]
+            add(c, "coalesced / separate", ratio, "<", 1.0)
 
     for c in cells:
         fwd = c["forward"].get("vargather:auto")
@@ -824,27 +1408,100 @@ def evaluate_targets(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def plot(cells: Sequence[dict[str, Any]], path: str) -> None:
-    """One panel per (direction, world size) and profile: ratio to the limit vs payload."""
+def plot(
+    cells: Sequence[dict[str, Any]],
+    path: str,
+    small: Sequence[dict[str, Any]] = (),
+    coalesced: Sequence[dict[str, Any]] = (),
+) -> None:
+    """One panel per (direction, world size) and profile: ratio to the limit vs payload;
+    then per world size the small-payload sweep and the coalesced case vs total."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(dict.fromkeys([*_columns(cells, "forward"), *_columns(cells, "backward")]))
+    done = [c for c in coalesced if "forward" in c]
+    names = list(
+        dict.fromkeys(
+            [
+                *_columns(cells, "forward"),
+                *_columns(cells, "backward"),
+                *_columns(small, "forward"),
+                *(f"coalesced: {n}" for n in _columns(done, "forward")),
+            ]
+        )
+    )
     cmap = plt.get_cmap("tab20")  # 20 colors: the dark ones first, then the light ones
     color = {n: cmap((2 * i) % 20 if i < 10 else (2 * i + 1) % 20) for i, n in enumerate(names)}
     worlds = sorted({c["world_size"] for c in cells})
+    small_worlds = sorted({c["world_size"] for c in [*small, *done]})
     profiles = list(dict.fromkeys(c["profile"] for c in cells))
-    rows = [(d, w) for d in ("forward", "backward") for w in worlds]
+    rows: list[tuple[str, int]] = [
+        *((d, w) for d in ("forward", "backward") for w in worlds),
+        *(("small", w) for w in small_worlds),
+    ]
+    ncols = max(len(profiles), 2 if small_worlds else 1)
     fig, axes = plt.subplots(
-        len(rows),
-        len(profiles),
-        figsize=(4.2 * len(profiles), 3.2 * len(rows)),
-        squeeze=False,
-        sharex=True,
+        len(rows), ncols, figsize=(4.2 * ncols, 3.2 * len(rows)), squeeze=False
     )
+
+    def curve(ax: Any, sel: Sequence[dict[str, Any]], name: str, key: str, label: str) -> None:
+        xs = [c["payload_kb"] for c in sel]
+        ys = [c["forward"][name]["median_ratio"] if name in c["forward"] else math.nan for c in sel]
+        style = "-" if name.startswith(("vargather", "coalesced")) else "--"
+        ax.plot(
+            xs,
+            ys,
+            style,
+            marker="o",
+            markersize=3,
+            linewidth=2.5 if name in ("vargather:auto", "coalesced") else 1.2,
+            color=color[key],
+            label=label,
+        )
+
+    def finish(
+        ax: Any, title: str, xlabel: str, xs: Sequence[float], first: bool, last: bool
+    ) -> None:
+        from matplotlib.ticker import LogLocator, NullFormatter, NullLocator, ScalarFormatter
+
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(set(xs))))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, which="both", linewidth=0.3)
+        if first:
+            ax.set_ylabel("time / limit")
+        if last:
+            ax.set_xlabel(xlabel)
+
     for i, (direction, w) in enumerate(rows):
+        for ax in axes[i]:
+            ax.set_visible(False)
+        last = i == len(rows) - 1 or rows[i + 1][0] != direction
+        if direction == "small":
+            panels = [
+                (sorted((c for c in small if c["world_size"] == w), key=_kb), "small payloads"),
+                (sorted((c for c in done if c["world_size"] == w), key=_kb), "coalesced (3)"),
+            ]
+            for j, (sel, title) in enumerate(panels):
+                if not sel:
+                    continue
+                ax = axes[i][j]
+                ax.set_visible(True)
+                for name in _columns(sel, "forward"):
+                    key = name if j == 0 else f"coalesced: {name}"
+                    curve(ax, sel, name, key, _short(key))
+                ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+                xs = [c["payload_kb"] for c in sel]
+                finish(ax, f"{title}, W={w}", "gathered in total (KiB)", xs, j == 0, True)
+            continue
         for j, prof in enumerate(profiles):
             ax = axes[i][j]
             sel = sorted(
@@ -852,8 +1509,8 @@ def plot(cells: Sequence[dict[str, Any]], path: str) -> None:
                 key=lambda c: c["payload_mb"],
             )
             if not sel:
-                ax.set_visible(False)
                 continue
+            ax.set_visible(True)
             xs = [c["payload_mb"] for c in sel]
             for name in _columns(sel, direction):
                 ys = [
@@ -874,14 +1531,7 @@ def plot(cells: Sequence[dict[str, Any]], path: str) -> None:
                 )
             if direction == "forward":
                 ax.axhline(sel[0]["floor"], color="grey", linewidth=0.8, linestyle=":")
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_title(f"{direction}, W={w}, {prof}", fontsize=9)
-            ax.grid(True, which="both", linewidth=0.3)
-            if j == 0:
-                ax.set_ylabel("time / limit")
-            if i == len(rows) - 1:
-                ax.set_xlabel("payload (MB)")
+            finish(ax, f"{direction}, W={w}, {prof}", "payload (MB)", xs, j == 0, last)
     handles: dict[str, Any] = {}
     for ax in axes.flat:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -890,12 +1540,17 @@ def plot(cells: Sequence[dict[str, Any]], path: str) -> None:
         list(handles.values()),
         list(handles.keys()),
         loc="upper center",
-        ncol=len(handles),
+        ncol=min(len(handles), 8),
         fontsize=8,
     )
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    legend_rows = math.ceil(len(handles) / 8)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.03 * legend_rows * 4 / max(len(rows), 1)))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _kb(record: dict[str, Any]) -> float:
+    return float(record["payload_kb"])
 
 
 def _environment() -> dict[str, Any]:
@@ -914,7 +1569,29 @@ def _environment() -> dict[str, Any]:
         "backend": "gloo",
         "threads_per_rank": 1,
         "row_bytes": ROW_ELEMENTS * 4,
+        "memory_malloc_env": dict(_MALLOC_ENV),
+        "load_average": _load(),
     }
+
+
+def _load() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (the machine may be shared)."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def _print_report(report: str) -> None:
+    """The tables on stdout: rendered by ``rich`` on a terminal when it is installed,
+    the markdown itself otherwise (what ``--markdown`` writes)."""
+    if sys.stdout.isatty():
+        try:
+            from rich.console import Console
+            from rich.markdown import Markdown
+        except ImportError:
+            pass
+        else:
+            Console().print(Markdown(report))
+            return
+    print(report)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -926,41 +1603,48 @@ def main(argv: Sequence[str]) -> int:
         cfg = _config(args)
     except ValueError as err:
         parser.error(str(err))
-    total_cells = len(cfg.ranks) * len(cfg.sizes_mb) * len(cfg.profiles)
     progress = Progress(
         None if args.no_progress else sys.stderr,
-        total_cells,
+        cell_count(cfg),
         title="bench",
         unit="cells",
         throttle=10.0,
     )
     started = time.time()
+    load_at_start = _load()
     cells: list[dict[str, Any]] = []
+    small: list[dict[str, Any]] = []
+    coalesced: list[dict[str, Any]] = []
     try:
         for w in cfg.ranks:
-            cells += _run_world(w, cfg, progress)
+            world = _run_world(w, cfg, progress)
+            cells += world["large"]
+            small += world["small"]
+            coalesced += world["coalesced"]
     except BenchError as err:
         progress.close()
         print(f"vargather bench failed: {err}", file=sys.stderr)
         return 1
     finally:
         progress.close()
-    targets = evaluate_targets(cells)
-    report = markdown_report(cells, targets)
-    print(report)
+    targets = evaluate_targets(cells, small, coalesced)
+    report = markdown_report(cells, targets, small, coalesced)
+    _print_report(report)
     wrong = [
-        f"{n} ({d}, W={c['world_size']}, {c['payload_mb']:g} MB, {c['profile']})"
-        for c in cells
+        f"{n} ({d}, W={c['world_size']}, {_payload(c)}, {c['profile']})"
+        for c in [*cells, *small, *(c for c in coalesced if "forward" in c)]
         for d in ("forward", "backward")
-        for n, e in c[d].items()
+        for n, e in c.get(d, {}).items()
         if not e["verified"]
     ]
     document = {
         "schema": SCHEMA,
-        "environment": _environment(),
+        "environment": {**_environment(), "load_average_at_start": load_at_start},
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()},
         "elapsed_s": time.time() - started,
         "cells": cells,
+        "small": small,
+        "coalesced": coalesced,
         "targets": targets,
         "all_verified": not wrong,
     }
@@ -972,7 +1656,7 @@ def main(argv: Sequence[str]) -> int:
             f.write(report)
     if args.plot:
         try:
-            plot(cells, args.plot)
+            plot(cells, args.plot, small, coalesced)
         except ImportError:
             print(
                 "vargather bench: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr

@@ -18,10 +18,12 @@ Exit status: 0 every property holds (xfails failed as expected), 1 a property fa
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any, Final
 
-from vargather import CONTRACTS
+from vargather.testing.cases import DTYPE_NAMES, RETURN_KINDS, SIZES_SCOPES
 from vargather.testing.properties import BATCH, property_ids
 
 from . import ArgumentParser
@@ -32,6 +34,8 @@ from .gate import (
     DEFAULT_SHRINK_BUDGET,
     DEFAULT_TIMEOUT,
     DEFAULT_WORLD_SIZES,
+    EMULATIONS,
+    GRADS,
     MAX_WORLD_SIZE,
     CheckOptions,
     CheckUsageError,
@@ -86,10 +90,75 @@ def _parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--grad",
-        choices=CONTRACTS,
+        choices=GRADS,
         default="sum",
-        help="the gradient contract the implementation claims (default: sum)",
+        help=(
+            "the gradient contract the implementation claims, or 'none' (not "
+            "differentiable: the gradient rows do not apply) (default: sum)"
+        ),
     )
+    parser.add_argument(
+        "--dims",
+        metavar="D,D,...",
+        default=None,
+        help="the literal dim values it supports, e.g. 0 or 0,-1 (default: every dim)",
+    )
+    parser.add_argument(
+        "--requires-init",
+        action="store_true",
+        default=False,
+        help="it needs an initialized torch.distributed (the uninitialized row does not apply)",
+    )
+    parser.add_argument(
+        "--sizes",
+        choices=SIZES_SCOPES,
+        default="any",
+        help=(
+            "how it takes sizes: 'any' none, a list or a tensor; 'tensor' none or a 1-d int64 "
+            "tensor; 'required' always the true sizes; 'never' called without (default: any)"
+        ),
+    )
+    parser.add_argument(
+        "--returns",
+        choices=RETURN_KINDS,
+        default="auto",
+        help=(
+            "what it returns: 'auto' a tensor or (tensor, sizes|layout); 'tensor'; 'tuple' "
+            "(tensor, sizes|layout); 'list' per-rank tensors, concatenated along dim by "
+            "the gate (default: auto)"
+        ),
+    )
+    parser.add_argument(
+        "--emulate",
+        choices=EMULATIONS,
+        default=None,
+        help=(
+            "run the ranks with torch.distributed's collectives intercepted to behave as "
+            "this backend does where gloo differs (see docs/conformance.md)"
+        ),
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        default=False,
+        help="an 'unsupported' row (the backend refuses a dtype) fails the check too",
+    )
+    parser.add_argument(
+        "--db",
+        metavar="DIR",
+        default=None,
+        help="keep Hypothesis's example database in DIR (default: nothing is written)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help=(
+            "read the [tool.vargather.check] table of this TOML file (default: "
+            "./pyproject.toml when it exists); options on the command line override it"
+        ),
+    )
+    parser.add_argument("--no-config", action="store_true", help="read no config file")
     parser.add_argument(
         "--world-sizes",
         metavar="W,W,...",
@@ -160,12 +229,12 @@ def _parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--shrink-budget",
-        metavar="SECONDS",
-        type=float,
+        metavar="N",
+        type=int,
         default=DEFAULT_SHRINK_BUDGET,
         help=(
-            "time a property may spend shrinking a failure to a minimal counterexample "
-            f"(default: {DEFAULT_SHRINK_BUDGET:g})"
+            "examples a property may run shrinking a failure to a minimal counterexample "
+            f"(a count, so every run shrinks alike) (default: {DEFAULT_SHRINK_BUDGET})"
         ),
     )
     parser.add_argument(
@@ -181,12 +250,131 @@ def _parser() -> ArgumentParser:
     return parser
 
 
+CONFIG_TABLE: Final = ("tool", "vargather", "check")
+_CONFIG_KEYS: Final = {
+    # key in [tool.vargather.check] -> (argparse dest, kind)
+    "impl": ("impl", str),
+    "grad": ("grad", str),
+    "dims": ("dims", "ints"),
+    "world-sizes": ("world_sizes", "ints"),
+    "requires-init": ("requires_init", bool),
+    "sizes": ("sizes", str),
+    "returns": ("returns", str),
+    "convention": ("convention", str),
+    "transports": ("transports", "names"),
+    "emulate": ("emulate", str),
+    "strict": ("strict", bool),
+    "xfails": ("xfails", str),
+    "max-examples": ("max_examples", int),
+    "seed": ("seed", int),
+    "timeout": ("timeout", float),
+    "shrink-budget": ("shrink_budget", int),
+}
+
+
+def _load_toml(path: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - the backport on 3.10
+        import tomli as tomllib  # type: ignore[import-not-found, no-redef, unused-ignore]  # the backport, absent on 3.11+
+    try:
+        with open(path, "rb") as f:
+            data: dict[str, Any] = tomllib.load(f)
+    except OSError as err:
+        raise CheckUsageError(f"--config: cannot read {path!r}: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise CheckUsageError(f"--config: {path} is not valid TOML: {err}") from None
+    return data
+
+
+def read_config(path: str) -> dict[str, object]:
+    """The ``[tool.vargather.check]`` table of ``path`` as argparse defaults (dest ->
+    value, in the command line's text form); unknown keys and wrong types are usage
+    errors. A file without the table gives ``{}``."""
+    table: object = _load_toml(path)
+    for key in CONFIG_TABLE:
+        table = table.get(key, {}) if isinstance(table, dict) else None
+    where = f"{path} [{'.'.join(CONFIG_TABLE)}]"
+    if not isinstance(table, dict):
+        raise CheckUsageError(f"--config: {where} must be a table")
+    defaults: dict[str, object] = {}
+    for key, value in table.items():
+        if key not in _CONFIG_KEYS:
+            raise CheckUsageError(
+                f"--config: {where}: unknown key {key!r}; known keys: "
+                + ", ".join(sorted(_CONFIG_KEYS))
+            )
+        dest, kind = _CONFIG_KEYS[key]
+        ok: bool
+        if kind in ("ints", "names"):
+            item = int if kind == "ints" else str
+            if isinstance(value, list) and all(
+                isinstance(v, item) and not isinstance(v, bool) for v in value
+            ):
+                value = ",".join(str(v) for v in value)
+                ok = True
+            else:
+                ok = isinstance(value, str) or (kind == "ints" and type(value) is int)
+                value = str(value)
+        elif kind is bool:
+            ok = isinstance(value, bool)
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif kind is int:
+            ok = type(value) is int
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            raise CheckUsageError(f"--config: {where}: {key} = {value!r} has the wrong type")
+        if dest == "xfails" and isinstance(value, str) and not os.path.isabs(value):
+            value = os.path.join(os.path.dirname(os.path.abspath(path)), value)
+        defaults[dest] = value
+    return defaults
+
+
+def _config_defaults(argv: Sequence[str]) -> tuple[dict[str, object], str | None]:
+    """The config file's defaults: ``--config FILE``, else ``./pyproject.toml`` if it
+    exists, none with ``--no-config``."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    pre.add_argument("--no-config", action="store_true")
+    known, _ = pre.parse_known_args(list(argv))
+    if known.no_config:
+        return {}, None
+    path = known.config
+    if path is None:
+        if not os.path.isfile("pyproject.toml"):
+            return {}, None
+        path = "pyproject.toml"
+    defaults = read_config(path)
+    return defaults, (os.path.abspath(path) if defaults else None)
+
+
+def _dims(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        dims = tuple(dict.fromkeys(int(p) for p in text.split(",") if p.strip()))
+    except ValueError:
+        raise CheckUsageError(
+            f"--dims: expected comma-separated integers like 0,-1, got {text!r}"
+        ) from None
+    if not dims:
+        raise CheckUsageError(f"--dims: expected at least one dim, got {text!r}")
+    return dims
+
+
 def parse_args(argv: Sequence[str]) -> CheckOptions:
     """Parse and validate the command line; raises ``CheckUsageError``.
 
-    ``--list`` and ``--help`` are handled by ``main``.
+    ``--list`` and ``--help`` are handled by ``main``. Defaults come from the
+    ``[tool.vargather.check]`` table of the config file (see ``_config_defaults``);
+    options given on the command line override them.
     """
-    args = _parser().parse_args(list(argv))
+    defaults, config_path = _config_defaults(argv)
+    parser = _parser()
+    parser.set_defaults(**defaults)
+    args = parser.parse_args(list(argv))
     xfails: frozenset[str] = frozenset()
     if args.xfails is not None:
         xfails = load_xfails(args.xfails)
@@ -194,6 +382,14 @@ def parse_args(argv: Sequence[str]) -> CheckOptions:
     return CheckOptions(
         impl=args.impl,
         grad=args.grad,
+        dims=_dims(args.dims),
+        requires_init=bool(args.requires_init),
+        sizes=args.sizes,
+        returns=args.returns,
+        emulate=args.emulate,
+        strict=bool(args.strict),
+        db=args.db,
+        config_path=config_path,
         world_sizes=_world_sizes(args.world_sizes),
         max_examples=args.max_examples,
         seed=args.seed,
@@ -234,6 +430,10 @@ def load_xfails(path: str) -> frozenset[str]:
             raise CheckUsageError(
                 f"--xfails: {path}:{number}: expected one property id per line, got {text!r}"
             )
+        prop, colon, dtype = text.partition(":")
+        if colon and prop in known and dtype in DTYPE_NAMES:
+            ids.add(text)
+            continue
         if text not in known:
             raise CheckUsageError(
                 f"--xfails: {path}:{number}: unknown property id {text!r}; known ids: "

@@ -36,15 +36,24 @@ import torch
 import vargather
 from vargather import CONTRACTS
 from vargather.testing.cases import CONVENTIONS as CALL_CONVENTIONS
-from vargather.testing.cases import GatherCase, Implementation, RankReport
+from vargather.testing.cases import (
+    DTYPE_NAMES,
+    RETURN_KINDS,
+    SIZES_SCOPES,
+    GatherCase,
+    Implementation,
+    RankReport,
+)
 from vargather.testing.judge import Failure
 from vargather.testing.pool import PoolFailure, RankError, RankPool, get_pool
 from vargather.testing.properties import BATCH, Property, catalogue, property_ids
 from vargather.testing.runner import (
     ImplementationError,
+    backend_refusals,
     describe,
     gloo_transports,
     load_callable,
+    parse_impl_ref,
     prepend_import_paths,
     rank_preflight,
     run_on_rank,
@@ -78,13 +87,20 @@ __all__ = [
 CONVENTIONS: Final = ("auto", *CALL_CONVENTIONS)
 DEFAULT_WORLD_SIZES: Final = (1, 2, 3, 4)
 MAX_WORLD_SIZE: Final = 16
+MAX_NDIM: Final = 8
 DEFAULT_MAX_EXAMPLES: Final = 60
 DEFAULT_SEED: Final = 0
 DEFAULT_TIMEOUT: Final = 30.0
-DEFAULT_SHRINK_BUDGET: Final = 20.0
-"""Seconds a property may spend shrinking its first failure: a crashing implementation
-costs a world restart per attempt. A hang is not shrunk (each attempt costs
-``--timeout``)."""
+DEFAULT_SHRINK_BUDGET: Final = 40
+"""Examples a property may run shrinking its first failure (a count, not seconds, so
+a loaded machine shrinks to the same counterexample): a crashing implementation costs
+a world restart per attempt. A hang is not shrunk (each attempt costs ``--timeout``)."""
+CRASH_SHRINK_BUDGET: Final = 4
+"""At most this many shrinking examples once a property's failure is a crash (the crash
+is already pinned to one case by bisecting its batch on fresh worlds)."""
+GRADS: Final = (*CONTRACTS, "none")
+"""``--grad``: a contract, or ``none`` (not differentiable: gradient rows n/a)."""
+EMULATIONS: Final = ("nccl",)
 
 
 class CheckUsageError(UsageError):
@@ -101,6 +117,15 @@ class CheckOptions:
 
     impl: str | None = None
     grad: str = "sum"
+    dims: tuple[int, ...] | None = None
+    requires_init: bool = False
+    sizes: str = "any"
+    returns: str = "auto"
+    emulate: str | None = None
+    strict: bool = False
+    db: str | None = None
+    config_path: str | None = field(default=None, compare=False)
+    """The config file whose ``[tool.vargather.check]`` table gave defaults, if any."""
     world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES
     max_examples: int = DEFAULT_MAX_EXAMPLES
     seed: int = DEFAULT_SEED
@@ -111,7 +136,7 @@ class CheckOptions:
     transports: str = "auto"
     exitfirst: bool = False
     timeout: float = DEFAULT_TIMEOUT
-    shrink_budget: float = DEFAULT_SHRINK_BUDGET
+    shrink_budget: int = DEFAULT_SHRINK_BUDGET
     progress: bool = True
     only: tuple[str, ...] = ()
     in_flight: str | None = None
@@ -119,9 +144,26 @@ class CheckOptions:
     file where it records the batch in flight, for the parent to name a crash or hang."""
 
     def __post_init__(self) -> None:
-        if self.grad not in CONTRACTS:
+        if self.grad not in GRADS:
+            raise CheckUsageError(f"--grad must be one of {', '.join(GRADS)}, got {self.grad!r}")
+        if self.sizes not in SIZES_SCOPES:
             raise CheckUsageError(
-                f"--grad must be one of {', '.join(CONTRACTS)}, got {self.grad!r}"
+                f"--sizes must be one of {', '.join(SIZES_SCOPES)}, got {self.sizes!r}"
+            )
+        if self.returns not in RETURN_KINDS:
+            raise CheckUsageError(
+                f"--returns must be one of {', '.join(RETURN_KINDS)}, got {self.returns!r}"
+            )
+        if self.emulate is not None and self.emulate not in EMULATIONS:
+            raise CheckUsageError(
+                f"--emulate must be one of {', '.join(EMULATIONS)}, got {self.emulate!r}"
+            )
+        dims_ok = self.dims is None or (
+            bool(self.dims) and all(type(d) is int and -MAX_NDIM <= d < MAX_NDIM for d in self.dims)
+        )
+        if not dims_ok:
+            raise CheckUsageError(
+                f"--dims: expected integers in [-{MAX_NDIM}, {MAX_NDIM}), got {self.dims!r}"
             )
         if not self.world_sizes:
             raise CheckUsageError("--world-sizes: expected at least one world size")
@@ -140,16 +182,17 @@ class CheckOptions:
             raise CheckUsageError(
                 f"--convention must be one of {', '.join(CONVENTIONS)}, got {self.convention!r}"
             )
-        if not (self.shrink_budget >= 0):
+        if type(self.shrink_budget) is not int or self.shrink_budget < 0:
             raise CheckUsageError(
-                f"--shrink-budget must be a number of seconds >= 0, got {self.shrink_budget!r}"
+                f"--shrink-budget must be a number of examples >= 0, got {self.shrink_budget!r}"
             )
         if not (self.timeout > 0):
             raise CheckUsageError(
                 f"--timeout must be a positive number of seconds, got {self.timeout!r}"
             )
         known = property_ids()
-        for name, ids in (("--only", self.only), ("xfails", self.xfails)):
+        xfail_rows = {x.partition(":")[0] for x in self.xfails}
+        for name, ids in (("--only", set(self.only)), ("xfails", xfail_rows)):
             unknown = sorted(set(ids) - set(known))
             if unknown:
                 raise CheckUsageError(
@@ -170,6 +213,9 @@ class ImplInfo:
     (``ATTR(x, dim, *, sizes=None, group=None, grad=...)``). ``transports``: the
     ``transport=`` names it is called with (``None``: it is not passed);
     ``refused_transports``: vargather's names left out, with the reason.
+    ``takes_grad``: whether ``grad=`` is passed; ``ctor_kwargs``/``ctor_takes_dim``:
+    ``MODULE:ATTR(key=literal, ...)``, constructed per call (with ``dim=`` too when
+    ATTR takes it and the reference does not set it).
     """
 
     ref: str | None
@@ -178,6 +224,9 @@ class ImplInfo:
     takes_group: bool
     transports: tuple[str, ...] | None = None
     refused_transports: tuple[tuple[str, str], ...] = ()
+    takes_grad: bool = True
+    ctor_kwargs: tuple[tuple[str, object], ...] | None = None
+    ctor_takes_dim: bool = False
 
 
 def ensure_import_path(cwd: str | None = None) -> str:
@@ -198,16 +247,32 @@ def load_impl(ref: str, cwd: str | None = None) -> Callable[..., object]:
         raise CheckUsageError(f"--impl {err}") from None
 
 
-def _takes(fn: Callable[..., object], name: str) -> bool:
-    """Whether ``fn`` accepts the keyword ``name`` (by name, or through ``**kwargs``)."""
+def _signature(fn: object) -> inspect.Signature | None:
+    """``fn``'s call signature (an ``nn.Module``'s ``forward``); ``None`` when unknown or
+    when it takes anything (``*args, **kwargs``, as ``Function.apply`` does)."""
+    target = fn
+    if isinstance(fn, torch.nn.Module):
+        target = fn.forward
     try:
-        params = inspect.signature(fn).parameters
+        sig = inspect.signature(target)  # type: ignore[arg-type]  # any callable
     except (TypeError, ValueError):
+        return None
+    kinds = {p.kind for p in sig.parameters.values()}
+    if inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.VAR_KEYWORD in kinds:
+        return None
+    return sig
+
+
+def _takes(fn: object, name: str) -> bool:
+    """Whether ``fn`` accepts the keyword ``name`` (by name, or through ``**kwargs``)."""
+    sig = _signature(fn)
+    if sig is None:
         return False
+    params = sig.parameters
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def _is_function_apply(fn: Callable[..., object]) -> bool:
+def _is_function_apply(fn: object) -> bool:
     """``SomeFunction.apply`` of a ``torch.autograd.Function`` (the seed's
     ``all_gather = AllGather.apply``), whose signature is ``(*args, **kwargs)``."""
     owner = getattr(fn, "__self__", None)
@@ -218,18 +283,98 @@ def _is_function_apply(fn: Callable[..., object]) -> bool:
     )
 
 
+def _construct(
+    ref: str, fn: Callable[..., object], ctor: tuple[tuple[str, object], ...]
+) -> tuple[object, bool]:
+    """Build ``MODULE:ATTR(key=literal, ...)`` once in the parent (dim=0 where ATTR takes
+    ``dim`` and the reference does not set it), to read the configured object's call
+    signature; returns it and whether ``dim`` goes to the constructor."""
+    kwargs = dict(ctor)
+    takes_dim = "dim" not in kwargs and _takes(fn, "dim")
+    if takes_dim:
+        kwargs["dim"] = 0
+    try:
+        obj = fn(**kwargs)
+    except Exception as err:
+        raise CheckUsageError(
+            f"--impl {ref}: constructing it failed: {type(err).__name__}: {err}"
+        ) from None
+    if not callable(obj):
+        raise CheckUsageError(
+            f"--impl {ref}: constructing it gave a {type(obj).__name__}, not a callable"
+        )
+    return obj, takes_dim
+
+
+def _check_fits(
+    ref: str,
+    target: object,
+    convention: str,
+    *,
+    dim_in_call: bool,
+    takes_grad: bool,
+    sizes: str,
+    guessed: bool,
+) -> None:
+    """``CheckUsageError`` (exit 2, before any world starts) when the call the gate
+    would make does not fit ``target``'s signature, saying which options to pass."""
+    sig = _signature(target)
+    if sig is None:
+        return
+    x = torch.zeros(1)
+    head: tuple[object, ...] = (x, 0) if dim_in_call else (x,)
+    how = "guessed (--convention auto)" if guessed else f"--convention {convention}"
+    attempts: list[tuple[tuple[object, ...], dict[str, object]]]
+    if convention == "seed":
+        attempts = [((*head, None), {})]
+        shape = "ATTR(t, dim, sizes)" if dim_in_call else "ATTR(t, sizes)"
+    else:
+        kw: dict[str, object] = {"grad": "sum"} if takes_grad else {}
+        if sizes != "never":
+            kw["sizes"] = [1]
+        attempts = [(head, kw)]
+        shape = "ATTR(x, dim, *, " if dim_in_call else "ATTR(x, *, "
+        shape += ", ".join([*kw, "group", "transport"]) + ")"
+    for args, kwargs in attempts:
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as err:
+            hints: list[str] = []
+            params = sig.parameters
+            if convention == "vargather" and sizes != "never" and not _takes(target, "sizes"):
+                hints.append("--sizes never (ATTR takes no sizes=)")
+            if convention == "seed" and ("grad" in params or "group" in params):
+                hints.append("--convention vargather")
+            if convention == "vargather" and not ("grad" in params or "group" in params):
+                hints.append("--convention seed")
+            if dim_in_call and "dim" not in params and len(params) <= 2:
+                hints.append(
+                    "MODULE:ATTR(dim=...) if ATTR is a class configured with dim, with "
+                    "--dims naming the dims it supports"
+                )
+            advice = "; pass " + " or ".join(hints) if hints else ""
+            raise CheckUsageError(
+                f"--impl {ref}: the call convention {how} calls {shape}, which does not fit "
+                f"its signature {sig}: {err}{advice}"
+            ) from None
+
+
 def resolve_impl(
     ref: str | None,
     convention: str = "auto",
     cwd: str | None = None,
     transports: str = "auto",
+    *,
+    sizes: str = "any",
+    grad: str = "sum",
 ) -> ImplInfo:
-    """Check ``--impl`` in the parent (import, attribute, callable) and pick how to call
-    it.
+    """Check ``--impl`` in the parent (import, attribute, callable, the call's fit to
+    its signature) and pick how to call it.
 
     ``convention="auto"``: the seed's ``(t, dim, sizes)`` for a
     ``torch.autograd.Function``'s ``apply``; vargather's when ATTR accepts ``grad=`` or
-    ``group=`` (by name or through ``**kwargs``); the seed's otherwise.
+    ``group=`` (by name or through ``**kwargs``); the seed's otherwise. ``grad=`` is
+    passed only to an ATTR that takes it (and never under ``--grad none``).
     ``transports="auto"``: a vargather-style ATTR that accepts ``transport=`` is called
     with each of vargather's transports that run on gloo; ``"none"``: never passed;
     else a comma-separated list of names.
@@ -244,20 +389,57 @@ def resolve_impl(
         if chosen is None:
             raise CheckUsageError("--transports none needs --impl (vargather takes transport=)")
         return ImplInfo(
-            None, "vargather.all_gather_v", "vargather", True, chosen, tuple(refused.items())
+            None,
+            "vargather.all_gather_v",
+            "vargather",
+            True,
+            chosen,
+            tuple(refused.items()),
+            takes_grad=grad != "none",
         )
+    try:
+        _, ctor = parse_impl_ref(ref)
+    except ImplementationError as err:
+        raise CheckUsageError(f"--impl {err}") from None
     fn = load_impl(ref, cwd)
-    if convention == "auto":
-        vargather_style = not _is_function_apply(fn) and (_takes(fn, "grad") or _takes(fn, "group"))
+    target: object = fn
+    ctor_takes_dim = False
+    if ctor is not None:
+        target, ctor_takes_dim = _construct(ref, fn, ctor)
+    guessed = convention == "auto"
+    if guessed:
+        vargather_style = not _is_function_apply(target) and (
+            _takes(target, "grad") or _takes(target, "group")
+        )
         convention = "vargather" if vargather_style else "seed"
-    takes_group = convention == "vargather" and _takes(fn, "group")
+    takes_group = convention == "vargather" and _takes(target, "group")
+    takes_grad = convention == "vargather" and grad != "none" and _takes(target, "grad")
+    _check_fits(
+        ref,
+        target,
+        convention,
+        dim_in_call=not ctor_takes_dim,
+        takes_grad=takes_grad,
+        sizes=sizes,
+        guessed=guessed,
+    )
     if transports == "auto":
-        takes = convention == "vargather" and _takes(fn, "transport")
+        takes = convention == "vargather" and _takes(target, "transport")
         chosen = usable if takes else None
         left_out = tuple(refused.items()) if takes else ()
     else:
         chosen, left_out = _transport_list(transports, convention), ()
-    return ImplInfo(ref, ref, convention, takes_group, chosen, left_out)
+    return ImplInfo(
+        ref,
+        ref,
+        convention,
+        takes_group,
+        chosen,
+        left_out,
+        takes_grad=takes_grad,
+        ctor_kwargs=ctor,
+        ctor_takes_dim=ctor_takes_dim,
+    )
 
 
 def _transport_list(text: str, convention: str) -> tuple[str, ...] | None:
@@ -348,8 +530,14 @@ def _evaluate(
     world_sizes: Sequence[int],
     factory: Callable[[int], RankPool],
     progress: Progress,
+    *,
+    row_id: str | None = None,
+    max_examples: int | None = None,
 ) -> PropertyResult:
-    """Run one property as a Hypothesis test; shrink its first failure to a minimal case."""
+    """Run one property as a Hypothesis test; shrink its first failure to a minimal case.
+
+    Deterministic for a given seed: examples and shrinking are budgeted by count, never
+    by time, so a loaded machine runs the same examples."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, settings
 
     started = time.monotonic()
@@ -359,10 +547,12 @@ def _evaluate(
 
     def run(batch: list[GatherCase]) -> PropertyFailure | None:
         if state.failed_at is not None:
-            spent = time.monotonic() - state.failed_at
-            hung = state.last is not None and state.last.kind == "hang"
-            if hung or spent > options.shrink_budget:
-                reject()  # out of shrinking time: keep the smallest failure found so far
+            kind = state.last.kind if state.last is not None else None
+            budget = options.shrink_budget
+            if kind == "crash":  # every crashing attempt costs a world restart
+                budget = min(budget, CRASH_SHRINK_BUDGET)
+            if kind == "hang" or state.shrink_runs >= budget:
+                reject()  # out of shrinking budget: keep the smallest failure found so far
             state.shrink_runs += 1
         with _in_flight(options.in_flight, batch, impl):
             results = prop.run(batch, pool_factory=factory)
@@ -386,9 +576,9 @@ def _evaluate(
             raise _FailingBatchError(failure)
 
     test = settings(
-        max_examples=options.max_examples,
+        max_examples=max_examples or options.max_examples,
         derandomize=False,  # the seed below makes a run reproducible
-        database=None,  # nothing written into the caller's repository
+        database=_database(options.db),  # nothing written into the caller's checkout
         deadline=None,  # no timed verdicts: a slow machine is not a failure
         verbosity=Verbosity.quiet,  # the report prints the counterexample, not Hypothesis
         print_blob=False,
@@ -420,7 +610,7 @@ def _evaluate(
     if failure is None and state.cases == 0:
         failure = PropertyFailure("checker", "no case ran (every drawn case was filtered out)")
     return PropertyResult(
-        prop.id,
+        row_id or prop.id,
         prop.title,
         "pass" if failure is None else "fail",
         examples=state.examples,
@@ -429,6 +619,93 @@ def _evaluate(
         seconds=seconds,
         failure=failure,
     )
+
+
+NONEMPTY_EXAMPLES: Final = 20
+"""Examples of the second search for a gradient counterexample without empty shards."""
+
+
+def _all_nonempty(case: GatherCase) -> bool:
+    return all(n > 0 for n in case.sizes)
+
+
+def _prefer_nonempty(
+    result: PropertyResult,
+    row: Property,
+    options: CheckOptions,
+    world_sizes: Sequence[int],
+    factory: Callable[[int], RankPool],
+    progress: Progress,
+) -> PropertyResult:
+    """A gradient failure shrunk to a case with an empty shard reads like a quibble
+    ("x.grad=NoneType, should be shape (0,)"); when the same property also fails on
+    cases whose shards are all non-empty, report that counterexample instead (a
+    second, seeded search restricted to them)."""
+    f = result.failure
+    if result.status != "fail" or f is None or f.aspect not in ("gradient", "adjoint"):
+        return result
+    if f.case is None or all(n > 0 for n in f.case["sizes"]):
+        return result
+    keep = row.keep
+
+    def nonempty(case: GatherCase) -> bool:
+        return _all_nonempty(case) and (keep is None or keep(case))
+
+    second = _evaluate(
+        dataclasses.replace(row, keep=nonempty),
+        options,
+        world_sizes,
+        factory,
+        progress,
+        row_id=result.id,
+        max_examples=min(options.max_examples, NONEMPTY_EXAMPLES),
+    )
+    g = second.failure
+    if second.status != "fail" or g is None or g.aspect not in ("gradient", "adjoint"):
+        return result
+    note = "\n(it fails with empty shards too; this counterexample has none)"
+    return dataclasses.replace(
+        result,
+        shrink_runs=result.shrink_runs + second.examples + second.shrink_runs,
+        failure=dataclasses.replace(g, message=g.message + note),
+    )
+
+
+def _database(path: str | None) -> Any:
+    """Hypothesis's example database: none, or ``--db PATH``."""
+    if path is None:
+        return None
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    return DirectoryBasedExampleDatabase(path)
+
+
+_STORAGE_ENV: Final = "HYPOTHESIS_STORAGE_DIRECTORY"
+
+
+@contextlib.contextmanager
+def _hypothesis_storage(db: str | None) -> Iterator[None]:
+    """Point Hypothesis's storage directory (it caches ``constants/`` there even with
+    ``database=None``) at a temporary directory for the run, in this process and in the
+    child processes it starts, so nothing is written into the caller's directory; with
+    ``--db`` the database lives where asked and the rest beside it."""
+    from hypothesis import configuration
+
+    key = "__hypothesis_home_directory"
+    before_home = getattr(configuration, key, None)
+    before_env = os.environ.get(_STORAGE_ENV)
+    with tempfile.TemporaryDirectory(prefix="vargather-hypothesis-") as tmp:
+        home = os.path.join(os.path.abspath(db), ".hypothesis") if db is not None else tmp
+        configuration.set_hypothesis_home_dir(home)
+        os.environ[_STORAGE_ENV] = home
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(before_home)
+            if before_env is None:
+                os.environ.pop(_STORAGE_ENV, None)
+            else:
+                os.environ[_STORAGE_ENV] = before_env
 
 
 _HUNG_EXIT: Final = 75  # the child's exit status when its watchdog fired
@@ -473,6 +750,11 @@ def _child_command(
         command += ["--transports", ",".join(info.transports)]
     elif info.ref is not None:
         command += ["--transports", "none"]
+    command += ["--no-config", "--sizes", options.sizes, "--returns", options.returns]
+    if options.dims is not None:
+        command += ["--dims", ",".join(map(str, options.dims))]
+    if options.emulate is not None:
+        command += ["--emulate", options.emulate]
     command += [
         "--grad",
         options.grad,
@@ -570,19 +852,47 @@ def _child_failure(
 # --- running a check -----------------------------------------------------------------
 
 
-def _implementation(info: ImplInfo, grad: str, cwd: str) -> Implementation:
-    """The ``Implementation`` the kit's runner calls: the claimed contract only."""
+def _implementation(info: ImplInfo, options: CheckOptions, cwd: str) -> Implementation:
+    """The ``Implementation`` the kit's runner calls: the claimed contract and the
+    declared scope only."""
+    grad = options.grad
+    scope: dict[str, Any] = {
+        "contracts": ("sum",) if grad == "none" else (grad,),
+        "differentiable": grad != "none",
+        "dims": options.dims,
+        "sizes_scope": options.sizes,
+        "returns": options.returns,
+        "emulate": options.emulate,
+        "takes_grad": info.takes_grad,
+    }
     if info.ref is None:
-        return Implementation(None, contracts=(grad,), transports=info.transports, name="vargather")
+        return Implementation(None, transports=info.transports, name="vargather", **scope)
     return Implementation(
         info.ref,
         convention=info.convention,
-        contracts=(grad,),
         transports=info.transports,
         search_path=(cwd,),
         name=info.ref,
         takes_group=info.takes_group,
+        ctor_kwargs=info.ctor_kwargs,
+        ctor_takes_dim=info.ctor_takes_dim,
+        **scope,
     )
+
+
+def _scope_text(options: CheckOptions) -> dict[str, str]:
+    """The declared scope for the report (every option that limits what is drawn)."""
+    scope = {"--grad": options.grad}
+    if options.dims is not None:
+        scope["--dims"] = ",".join(map(str, options.dims))
+    scope["--sizes"] = options.sizes
+    scope["--returns"] = options.returns
+    scope["--world-sizes"] = ",".join(map(str, options.world_sizes))
+    if options.requires_init:
+        scope["--requires-init"] = "yes"
+    if options.emulate is not None:
+        scope["--emulate"] = options.emulate
+    return scope
 
 
 _PROBE_TOKENS = iter(range(-1, -(1 << 62), -1))
@@ -631,14 +941,18 @@ def _check_json_path(path: str | None) -> None:
 
 
 def _preflight(
-    info: ImplInfo, cwd: str, world_sizes: Sequence[int], factory: Callable[[int], RankPool]
+    info: ImplInfo,
+    cwd: str,
+    world_sizes: Sequence[int],
+    factory: Callable[[int], RankPool],
+    emulate: str | None = None,
 ) -> None:
     """Import ``MODULE:ATTR`` in every rank of every world before any property runs."""
     if info.ref is None:
         return
     for w in world_sizes:
         try:
-            factory(w).run(rank_preflight, (info.ref, (cwd,)))
+            factory(w).run(rank_preflight, (info.ref, (cwd,), emulate))
         except RankError as err:
             first = err.failures[0]
             message = str(first.exception) if first.exception is not None else first.exc_type_name
@@ -654,7 +968,10 @@ def _preflight(
 
 
 def _with_xfail(result: PropertyResult, xfails: frozenset[str]) -> PropertyResult:
-    if result.id not in xfails or result.status not in ("pass", "fail"):
+    """Apply the xfails file: ``PROPERTY`` covers the row and its ``PROPERTY:DTYPE``
+    rows; ``PROPERTY:DTYPE`` that one row only."""
+    listed = result.id in xfails or result.id.partition(":")[0] in xfails
+    if not listed or result.status not in ("pass", "fail"):
         return result
     if result.status == "fail":
         return dataclasses.replace(result, status="xfail")
@@ -665,6 +982,72 @@ def _with_xfail(result: PropertyResult, xfails: frozenset[str]) -> PropertyResul
 
 def _selected(row: Property, options: CheckOptions) -> bool:
     return not options.only or row.id in options.only
+
+
+def _backend_refusals(
+    factory: Callable[[int], RankPool], worlds: Sequence[int], emulate: str | None
+) -> tuple[str, ...]:
+    """The dtypes the backend's own all_gather refuses (asked of a real world, or of the
+    emulation's table under ``--emulate``)."""
+    if emulate is not None:
+        from vargather.testing.emulate import refused_dtypes
+
+        return refused_dtypes(emulate)
+    multi = [w for w in worlds if w >= 2]
+    if not multi:
+        return ()
+    try:
+        found = factory(min(multi)).run(backend_refusals, tuple(DTYPE_NAMES))
+    except (PoolFailure, RankError):
+        return ()
+    first = found[0]
+    assert isinstance(first, tuple)  # what backend_refusals returns
+    return tuple(str(d) for d in first)
+
+
+def _split_rows(
+    rows: Sequence[Property], refused: Sequence[str], xfails: frozenset[str] = frozenset()
+) -> list[tuple[str, Property]]:
+    """Each row as (id, property): a row whose dtypes the backend refuses (or that the
+    xfails file names as ``PROPERTY:DTYPE``) runs without them, and each such dtype runs
+    as its own row ``PROPERTY:DTYPE``."""
+    out: list[tuple[str, Property]] = []
+    for row in rows:
+        raw = row.kwargs.get("dtypes")
+        dtypes: tuple[str, ...] = tuple(raw) if isinstance(raw, tuple) else ()
+        bad = [d for d in dtypes if d in refused or f"{row.id}:{d}" in xfails]
+        if not bad or row.out_of_scope is not None:
+            out.append((row.id, row))
+            continue
+        rest = tuple(d for d in dtypes if d not in refused)
+        if rest:
+            out.append((row.id, dataclasses.replace(row, kwargs={**row.kwargs, "dtypes": rest})))
+        for d in bad:
+            one = dataclasses.replace(
+                row, title=f"{row.title} [{d} only]", kwargs={**row.kwargs, "dtypes": (d,)}
+            )
+            out.append((f"{row.id}:{d}", one))
+    return out
+
+
+_BACKEND_MARKS: Final = ("gloo", "Gloo", "NCCL", "nccl", "distributed_c10d", "Unsupported")
+UNSUPPORTED_EXAMPLES: Final = 10
+"""Examples of a ``PROPERTY:DTYPE`` row for a dtype the backend refuses."""
+
+
+def _unsupported(result: PropertyResult, dtype: str) -> PropertyResult:
+    """A ``PROPERTY:DTYPE`` row that failed only because the backend refused the dtype
+    (the implementation raised from the backend) becomes ``unsupported``."""
+    f = result.failure
+    if result.status != "fail" or f is None or f.kind != "error" or f.aspect != "call":
+        return result
+    if not any(mark in f.message for mark in _BACKEND_MARKS):
+        return result
+    return dataclasses.replace(
+        result,
+        status="unsupported",
+        reason=f"the backend refuses {dtype}; the implementation hands it to the backend",
+    )
 
 
 def run_check(
@@ -680,18 +1063,36 @@ def run_check(
     ``vargather.testing.get_pool`` with ``call_timeout=options.timeout``).
     Raises ``CheckUsageError`` for a usage or import error.
     """
+    with _hypothesis_storage(options.db):
+        return _run_check(options, progress_stream, pool_factory)
+
+
+def _run_check(
+    options: CheckOptions,
+    progress_stream: TextIO | None,
+    pool_factory: Callable[[int], RankPool] | None,
+) -> Report:
     started = time.monotonic()
     _check_json_path(options.json_path)
     cwd = ensure_import_path()
-    info = resolve_impl(options.impl, options.convention, cwd, options.transports)
-    impl = _implementation(info, options.grad, cwd)
+    info = resolve_impl(
+        options.impl,
+        options.convention,
+        cwd,
+        options.transports,
+        sizes=options.sizes,
+        grad=options.grad,
+    )
+    impl = _implementation(info, options, cwd)
     transports = info.transports
     world_sizes = tuple(sorted(options.world_sizes))
     if pool_factory is None:
         timeout = options.timeout
 
         def pool_factory(w: int) -> RankPool:
-            return get_pool(w, call_timeout=timeout)
+            # forkserver: a world rebuilt after a crash forks from a server that
+            # imported torch once, instead of spawning fresh interpreters.
+            return get_pool(w, call_timeout=timeout, start_method="forkserver")
 
     factory = pool_factory
     selected = [r for r in catalogue(impl) if _selected(r, options)]
@@ -709,10 +1110,11 @@ def run_check(
             progress.phase(f"starting gloo worlds of {', '.join(map(str, needed))} rank(s)")
         for w in needed:
             factory(w)  # start every world now: they come up in parallel
-        _preflight(info, cwd, needed, factory)
-        returns = "unknown"
-        if needed and any(r.id == "returned-sizes" for r in selected):
+        _preflight(info, cwd, needed, factory, options.emulate)
+        returns = {"tensor": "none", "tuple": "sizes"}.get(options.returns, "unknown")
+        if returns == "unknown" and needed and any(r.id == "returned-sizes" for r in selected):
             returns = _probe_returns(impl, needed, factory)
+        refused = _backend_refusals(factory, needed, options.emulate) if needed else ()
     except BaseException:
         progress.close()
         raise
@@ -729,22 +1131,40 @@ def run_check(
         versions=_versions(),
         transports=transports,
         refused_transports=dict(info.refused_transports),
+        scope=_scope_text(options),
+        strict=options.strict,
     )
     try:
-        for row in rows:
-            progress.phase(f"checking {row.id}")
+        for row_id, row in _split_rows(rows, refused, options.xfails):
+            progress.phase(f"checking {row_id}")
             reason = row.not_applicable(world_sizes, returns)
+            if reason is None and row.id == "uninitialized" and options.requires_init:
+                reason = "--requires-init: needs an initialized torch.distributed"
             stopped = options.exitfirst and any(r.failed for r in report.results)
+            dtype = row_id.partition(":")[2]
             if stopped:
                 result = PropertyResult(
-                    row.id, row.title, "skipped", reason="--exitfirst: an earlier property failed"
+                    row_id, row.title, "skipped", reason="--exitfirst: an earlier property failed"
                 )
             elif reason is not None:
-                result = PropertyResult(row.id, row.title, "n/a", reason=reason)
+                result = PropertyResult(row_id, row.title, "n/a", reason=reason)
             elif not row.initialized and options.in_flight is None:
                 result = _run_isolated(row, options, info)
             else:
-                result = _evaluate(row, options, world_sizes, factory, progress)
+                small = dtype in refused
+                examples = min(options.max_examples, UNSUPPORTED_EXAMPLES) if small else None
+                result = _evaluate(
+                    row,
+                    options,
+                    world_sizes,
+                    factory,
+                    progress,
+                    row_id=row_id,
+                    max_examples=examples,
+                )
+                result = _prefer_nonempty(result, row, options, world_sizes, factory, progress)
+            if dtype in refused:
+                result = _unsupported(result, dtype)
             result = _with_xfail(result, options.xfails)
             report.results.append(result)
             progress.advance(result.progress_line(), alert=result.failed)

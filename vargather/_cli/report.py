@@ -37,7 +37,7 @@ EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
 
 REPORT_SCHEMA: Final = "vargather-check-report/1"
-STATUSES: Final = ("pass", "fail", "xfail", "xpass", "n/a", "skipped")
+STATUSES: Final = ("pass", "fail", "xfail", "xpass", "unsupported", "n/a", "skipped")
 
 
 @dataclass(frozen=True)
@@ -172,10 +172,15 @@ class Report:
     versions: dict[str, str] = field(default_factory=dict)
     transports: tuple[str, ...] | None = None
     refused_transports: dict[str, str] = field(default_factory=dict)
+    scope: dict[str, str] = field(default_factory=dict)
+    """The declared scope (``--grad``, ``--dims``, ``--sizes``, ...), option -> value."""
+    strict: bool = False
+    """``--strict``: an ``unsupported`` row (the backend refused a dtype) fails too."""
 
     @property
     def exit_status(self) -> int:
-        return EXIT_FAILED if any(r.failed for r in self.results) else EXIT_OK
+        failed = any(r.failed or (self.strict and r.status == "unsupported") for r in self.results)
+        return EXIT_FAILED if failed else EXIT_OK
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(STATUSES, 0)
@@ -197,6 +202,8 @@ class Report:
             "versions": dict(self.versions),
             "transports": None if self.transports is None else list(self.transports),
             "refused_transports": dict(self.refused_transports),
+            "scope": dict(self.scope),
+            "strict": self.strict,
             "properties": [r.to_json() for r in self.results],
             "summary": self.counts(),
             "exit_status": self.exit_status,
@@ -224,8 +231,10 @@ class Report:
                 f"transport {name!r} not run: {why}"
                 for name, why in self.refused_transports.items()
             )
+        scope = ", ".join(f"{k} {v}" for k, v in self.scope.items()) or "no limits declared"
         return [
             f"vargather check: {self.impl_display} ({convention})",
+            f"declared scope: {scope}",
             f"claimed gradient contract: {self.grad}; world sizes "
             f"{','.join(str(w) for w in self.world_sizes)}; up to {self.max_examples} "
             f"examples per property (each a batch of up to {BATCH} gathers); seed {self.seed}"
@@ -283,13 +292,16 @@ class Report:
 
     def summary_line(self) -> str:
         c = self.counts()
-        failed = c["fail"] + c["xpass"]
+        failed = c["fail"] + c["xpass"] + (c["unsupported"] if self.strict else 0)
         verdict = "FAILED" if failed else "PASSED"
         parts = [f"{c['pass']} passed", f"{c['fail']} failed"]
         if c["xfail"]:
             parts.append(f"{c['xfail']} xfailed")
         if c["xpass"]:
             parts.append(f"{c['xpass']} xpassed (strict: a failure)")
+        if c["unsupported"]:
+            strict = " (--strict: a failure)" if self.strict else ""
+            parts.append(f"{c['unsupported']} unsupported by the backend{strict}")
         if c["n/a"]:
             parts.append(f"{c['n/a']} not applicable")
         if c["skipped"]:
@@ -309,6 +321,7 @@ _STATUS_TEXT: Final = {
     "xfail": "xfail",
     "xpass": "XPASS",
     "n/a": "n/a",
+    "unsupported": "unsupported",
 }
 
 

@@ -18,8 +18,21 @@ import sys
 from collections.abc import Sequence
 
 from vargather import CONTRACTS
-from vargather.testing.cases import COMPAT, CONVENTIONS, VARGATHER, Implementation, parse_case
-from vargather.testing.runner import ImplementationError, describe, load_callable, run_cases
+from vargather.testing.cases import (
+    COMPAT,
+    CONVENTIONS,
+    RETURN_KINDS,
+    VARGATHER,
+    Implementation,
+    parse_case,
+)
+from vargather.testing.runner import (
+    ImplementationError,
+    describe,
+    load_callable,
+    parse_impl_ref,
+    run_cases,
+)
 
 from . import ArgumentParser, UsageError
 from .report import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -47,6 +60,18 @@ def _parser() -> ArgumentParser:
     parser.add_argument("--transports", default=None, help="transport= names it takes, or 'none'")
     parser.add_argument("--no-group", action="store_true", help="ATTR takes no group=")
     parser.add_argument(
+        "--no-grad-kw", action="store_true", help="a vargather-style ATTR is called without grad="
+    )
+    parser.add_argument(
+        "--returns", default="auto", choices=RETURN_KINDS, help="what ATTR returns (default: auto)"
+    )
+    parser.add_argument(
+        "--ctor-dim",
+        action="store_true",
+        help="MODULE:ATTR(key=literal, ...) is constructed with dim= too",
+    )
+    parser.add_argument("--emulate", default=None, choices=("nccl",), help="emulate a backend")
+    parser.add_argument(
         "--path", action="append", default=[], help="prepend to sys.path (repeatable)"
     )
     return parser
@@ -64,11 +89,18 @@ def _implementation(args: argparse.Namespace) -> Implementation:
     if args.impl is None:
         if args.transports is None:
             transports = VARGATHER.transports
-        return Implementation(None, contracts=contracts, transports=transports, name="vargather")
+        return Implementation(
+            None,
+            contracts=contracts,
+            transports=transports,
+            name="vargather",
+            emulate=args.emulate,
+        )
     if args.impl == "compat":
         return COMPAT
     paths = tuple(os.path.abspath(p) for p in args.path) or (os.getcwd(),)
     load_callable(args.impl, paths)  # fail here, with a clear message, not in every rank
+    _, ctor = parse_impl_ref(args.impl)
     return Implementation(
         args.impl,
         convention=args.convention,
@@ -77,6 +109,11 @@ def _implementation(args: argparse.Namespace) -> Implementation:
         search_path=paths,
         name=args.impl,
         takes_group=not args.no_group,
+        takes_grad=not args.no_grad_kw,
+        returns=args.returns,
+        ctor_kwargs=ctor,
+        ctor_takes_dim=args.ctor_dim,
+        emulate=args.emulate,
     )
 
 

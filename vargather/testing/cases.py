@@ -50,7 +50,9 @@ __all__ = [
     "DTYPE_FAMILIES",
     "DTYPE_NAMES",
     "MEMORY_LAYOUTS",
+    "RETURN_KINDS",
     "SIZES_FORMS",
+    "SIZES_SCOPES",
     "UPSTREAM_KINDS",
     "VALUE_KINDS",
     "VARGATHER",
@@ -65,6 +67,7 @@ __all__ = [
     "make_upstream",
     "make_values",
     "parse_case",
+    "sizes_forms_for",
     "torch_dtype",
 ]
 
@@ -555,6 +558,27 @@ def _expected(case: GatherCase) -> Expected:
 
 CONVENTIONS: Final = ("vargather", "seed")
 
+SIZES_SCOPES: Final = ("any", "tensor", "required", "never")
+"""How an implementation takes ``sizes`` (``--sizes``): ``any`` none, a list or a
+tensor; ``tensor`` none or a 1-d int64 tensor; ``required`` always the true sizes (a
+list or a tensor); ``never`` called without sizes."""
+
+RETURN_KINDS: Final = ("auto", "tensor", "tuple", "list")
+"""What an implementation returns (``--returns``): ``auto`` a tensor or ``(tensor,
+sizes|layout)``; ``tensor`` a bare tensor; ``tuple`` ``(tensor, sizes|layout)``;
+``list`` per-rank tensors (alone or with sizes), concatenated along ``dim``."""
+
+
+def sizes_forms_for(scope: str) -> tuple[str, ...]:
+    """The ``SIZES_FORMS`` a ``sizes_scope`` allows."""
+    _check_choice("sizes_scope", scope, SIZES_SCOPES)
+    return {
+        "any": SIZES_FORMS,
+        "tensor": ("none", "tensor"),
+        "required": ("list", "tensor"),
+        "never": ("none",),
+    }[scope]
+
 
 @dataclass(frozen=True)
 class Implementation:
@@ -575,6 +599,17 @@ class Implementation:
 
     ``contracts``: the gradient contracts it claims (the seed's is ``local``).
     ``takes_group``: whether it accepts ``group=`` (subgroup cases need it).
+
+    Declared scope (``python -m vargather check``'s options; defaults: no limit):
+    ``dims`` the literal ``dim`` values it supports (``None``: every one);
+    ``differentiable`` whether it claims gradients at all; ``sizes_scope`` how it
+    takes ``sizes`` (``any``, ``tensor``, ``required``, ``never``); ``returns``
+    what it returns (``auto``, ``tensor``, ``tuple``, ``list``: per-rank tensors the
+    runner concatenates along ``dim``); ``takes_grad`` whether a vargather-style call
+    passes ``grad=``; ``ctor_kwargs`` (``MODULE:ATTR(key=literal, ...)``): ATTR is
+    constructed with them per call (plus ``dim=`` when ``ctor_takes_dim``) and the
+    object it returns is called; ``emulate`` ``"nccl"`` intercepts torch.distributed's
+    collectives in the ranks to behave as NCCL does (``vargather.testing.emulate``).
     """
 
     ref: str | None = None
@@ -584,6 +619,14 @@ class Implementation:
     search_path: tuple[str, ...] = ()
     name: str = ""
     takes_group: bool = True
+    dims: tuple[int, ...] | None = None
+    differentiable: bool = True
+    sizes_scope: str = "any"
+    returns: str = "auto"
+    takes_grad: bool = True
+    ctor_kwargs: tuple[tuple[str, object], ...] | None = None
+    ctor_takes_dim: bool = False
+    emulate: str | None = None
 
     def __post_init__(self) -> None:
         if self.ref is not None:
@@ -599,6 +642,10 @@ class Implementation:
             raise ValueError("transports must be None for the seed convention")
         if self.convention == "seed" and self.takes_group:
             object.__setattr__(self, "takes_group", False)  # the seed's call has no group
+        _check_choice("sizes_scope", self.sizes_scope, SIZES_SCOPES)
+        _check_choice("returns", self.returns, RETURN_KINDS)
+        if self.emulate is not None:
+            _check_choice("emulate", self.emulate, ("nccl",))
 
     @property
     def label(self) -> str:

@@ -241,31 +241,40 @@ def _judge_rank(
     return failures
 
 
+def _sizes_text(value: TensorBytes) -> str:
+    """Returned sizes as values (``[2, 0, 3]``), or their dtype and shape when they are
+    not a 1-d integer tensor."""
+    if len(value.shape) == 1 and value.dtype.startswith(("int", "uint")):
+        return str([int(v) for v in value.to_tensor().tolist()])
+    return f"a {value.dtype} tensor of shape {value.shape}"
+
+
 def _judge_extra(case: GatherCase, impl: Implementation, rep: RankReport) -> list[_Problem]:
     kind = rep.extra[0]
     distributed = case.initialized and case.world_size > 1
-    if impl.convention == "seed" and kind == "sizes":
+    if kind == "sizes":
         value = rep.extra[1]
         assert value is None or isinstance(value, TensorBytes)  # what the runner sends
-        if not distributed:
-            if value is not None:
-                return [
-                    _wrong("sizes", f"sizes={value.shape}, but should be None (not distributed)")
-                ]
-            return []
+        true = list(case.sizes)
         if value is None:
-            return [_wrong("sizes", f"sizes=None, but should be {list(case.sizes)}")]
+            # None outside a multi-rank world (as the seed returns), or from a list
+            # return, which may carry no sizes at all.
+            if distributed and impl.returns != "list":
+                return [_wrong("sizes", f"sizes=None, but should be {true}")]
+            return []
         if value.dtype != "int64" or len(value.shape) != 1 or value.device != "cpu":
             return [
                 _wrong(
                     "sizes",
-                    f"sizes has dtype {value.dtype}, shape {value.shape}, device "
-                    f"{value.device}, but should be a 1-d int64 tensor on cpu",
+                    f"sizes={_sizes_text(value)} (dtype {value.dtype}, shape {value.shape}, "
+                    f"device {value.device}), but should be a 1-d int64 tensor on cpu "
+                    f"holding {true}",
                 )
             ]
-        got = tuple(int(v) for v in value.to_tensor().tolist())
-        if got != case.sizes:
-            return [_wrong("sizes", f"sizes={list(got)}, but should be {list(case.sizes)}")]
+        got = [int(v) for v in value.to_tensor().tolist()]
+        if got != true:
+            also = "" if distributed else " (or None: not distributed)"
+            return [_wrong("sizes", f"sizes={got}, but should be {true}{also}")]
         return []
     if kind == "layout":
         fields = rep.extra[1]

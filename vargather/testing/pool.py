@@ -918,6 +918,15 @@ class RankPool:
             self._stop_world(graceful=True)
             self._world = self._new_world()
 
+    def discard_world(self, reason: str) -> None:
+        """Mark the current world unusable: the next call kills its ranks and starts a
+        fresh world (new ``FileStore``). For a caller that saw a collective fail or time
+        out inside a rank function, which leaves the process group's connections in an
+        unknown state even though every rank replied."""
+        with self._lock:
+            if self._world is not None:
+                self._stale = reason
+
     def close(self) -> None:
         """Stop the ranks: each destroys its process group and exits with code 0;
         stragglers are killed after a grace period. Idempotent."""

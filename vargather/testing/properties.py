@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Final
 from hypothesis import strategies as st
 
 from . import strategies as vst
-from .cases import DTYPE_NAMES, VARGATHER, GatherCase, Implementation, dtype_family, torch_dtype
+from .cases import (
+    DTYPE_NAMES,
+    VARGATHER,
+    GatherCase,
+    Implementation,
+    dtype_family,
+    sizes_forms_for,
+    torch_dtype,
+)
 from .judge import Failure
 from .pool import RankPool
 from .runner import Verdict, describe, run_cases
@@ -67,6 +75,9 @@ class Property:
     subgroups: bool = False
     needs_sum: bool = False
     needs_returned_sizes: bool = False
+    out_of_scope: str | None = None
+    """Why the implementation's declared scope excludes the whole property (``None``:
+    it does not; out-of-scope cases of an in-scope property are never drawn)."""
 
     def worlds(self, world_sizes: Sequence[int]) -> list[int]:
         """The world sizes of ``world_sizes`` it runs on (``[1]`` when uninitialized)."""
@@ -81,6 +92,8 @@ class Property:
         """Why it does not apply to its implementation on ``world_sizes`` (``None``: it
         does). ``returns``: what the implementation returns beside the tensor."""
         impl = self.implementation
+        if self.out_of_scope is not None:
+            return self.out_of_scope
         if self.needs_sum and "sum" not in impl.contracts:
             claimed = ", ".join(map(repr, impl.contracts))
             return f"an identity of grad='sum'; the claimed contract is {claimed}"
@@ -208,11 +221,21 @@ def catalogue(
     c: dict[str, object] = {"contracts": impl.contracts}
     if impl.transports is not None:
         c["transports"] = impl.transports
-    fwd = {"sizes_forms": ("none",), "memory": ("contiguous",), "requires_grad": False, **c}
+    if impl.dims is not None:
+        c["dims"] = impl.dims
+    plain = ("none",) if "none" in sizes_forms_for(impl.sizes_scope) else None
+    none = plain or sizes_forms_for(impl.sizes_scope)  # --sizes required: always passed
+    fwd = {"sizes_forms": none, "memory": ("contiguous",), "requires_grad": False, **c}
     common = {**fwd, "dtypes": tuple(d for d in _COMMON if d in DTYPE_NAMES)}
-    world = {"sizes_forms": ("none",), "dtypes": ("float32", "float64", "complex64"), **c}
+    world: dict[str, object] = {
+        "sizes_forms": none,
+        "dtypes": ("float32", "float64", "complex64"),
+        **c,
+    }
+    if not impl.differentiable:
+        world["requires_grad"] = False
     grads = {
-        "sizes_forms": ("none",),
+        "sizes_forms": none,
         "requires_grad": True,
         "dtypes": _dtypes("float", "half", "complex"),
         **c,
@@ -221,7 +244,7 @@ def catalogue(
     claimed = ", ".join(map(repr, impl.contracts))
     same = "forward equals torch.cat(x, dim) bit for bit on every rank, "
 
-    return [
+    rows = [
         Property(
             impl,
             "forward-float",
@@ -346,6 +369,34 @@ def catalogue(
             needs_sum=True,
         ),
     ]
+    return [_scoped(row) for row in rows]
+
+
+def _scoped(row: Property) -> Property:
+    """``row`` within its implementation's declared scope: the property left out
+    (``out_of_scope``) when the scope excludes what it is about, else its cases
+    narrowed where a whole-row argument needs it (non-zero dims)."""
+    impl = row.implementation
+    forms = sizes_forms_for(impl.sizes_scope)
+    if row.id in ("sizes-list", "sizes-tensor"):
+        form = row.id.removeprefix("sizes-")
+        if form not in forms:
+            why = "never passed" if impl.sizes_scope == "never" else f"passed as {forms}"
+            return replace(row, out_of_scope=f"--sizes {impl.sizes_scope}: sizes is {why}")
+    if not impl.differentiable and row.id in ("gradient", "adjoint"):
+        return replace(row, out_of_scope="--grad none: not differentiable")
+    if row.id == "dims" and impl.dims is not None:
+        nonzero = tuple(d for d in impl.dims if d != 0)
+        if not nonzero:
+            return replace(row, out_of_scope=f"--dims {_dims_text(impl.dims)}: dim 0 only")
+        deepest = max((d + 1 for d in nonzero if d >= 0), default=1)
+        kwargs = {**row.kwargs, "dims": nonzero, "max_ndim": min(8, max(4, deepest))}
+        return replace(row, kwargs=kwargs)
+    return row
+
+
+def _dims_text(dims: Sequence[int]) -> str:
+    return ",".join(map(str, dims))
 
 
 def property_ids() -> tuple[str, ...]:

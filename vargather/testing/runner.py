@@ -12,6 +12,7 @@ command that re-runs it, ``python -m vargather repro``.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import itertools
 import os
@@ -21,7 +22,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 import torch
 
@@ -30,17 +31,27 @@ from vargather import CONTRACTS, CollectiveError, VarGatherError
 from .cases import COMPAT, VARGATHER, GatherCase, Implementation, RankReport, TensorBytes, bytes_of
 from .cases import dtype_name as dtype_name
 from .judge import Failure, judge
-from .pool import PoolFailure, RankCrashed, RankError, RankHung, RankPool, get_pool
+from .pool import (
+    PoolFailure,
+    PoolStartError,
+    RankCrashed,
+    RankError,
+    RankHung,
+    RankPool,
+    get_pool,
+)
 
 __all__ = [
     "ImplementationError",
     "RankContextLike",
     "Verdict",
+    "backend_refusals",
     "check_cases",
     "describe",
     "example_counts",
     "gloo_transports",
     "load_callable",
+    "parse_impl_ref",
     "prepend_import_paths",
     "rank_preflight",
     "repro_args",
@@ -60,7 +71,37 @@ class ImplementationError(VarGatherError, ValueError):
 # --- the one importer --------------------------------------------------------------------
 
 
+def parse_impl_ref(ref: str) -> tuple[str, tuple[tuple[str, object], ...] | None]:
+    """``MODULE:ATTR`` or ``MODULE:ATTR(key=literal, ...)`` split into the reference and
+    the constructor's keyword arguments (``None``: plain). Only keyword values that
+    ``ast.literal_eval`` accepts; nothing is evaluated as code."""
+    text = ref.strip()
+    if not text.endswith(")") or "(" not in text:
+        return ref, None
+    base, _, args = text.partition("(")
+    bad = ImplementationError(f"must be MODULE:ATTR or MODULE:ATTR(key=literal, ...), got {ref!r}")
+    try:
+        tree = ast.parse(f"f({args}", mode="eval").body
+    except SyntaxError:
+        raise bad from None
+    if not isinstance(tree, ast.Call) or tree.args:
+        raise bad
+    kwargs: list[tuple[str, object]] = []
+    for kw in tree.keywords:
+        if kw.arg is None:
+            raise bad
+        try:
+            kwargs.append((kw.arg, ast.literal_eval(kw.value)))
+        except ValueError:
+            raise ImplementationError(
+                f"{ref}: the value of {kw.arg}= must be a Python literal (a number, string, "
+                "bool, None, or a tuple/list/dict of them)"
+            ) from None
+    return base.strip(), tuple(kwargs)
+
+
 def _split_ref(ref: str) -> tuple[str, str]:
+    ref = parse_impl_ref(ref)[0]
     module, sep, attr = ref.partition(":")
     ok = (
         sep == ":"
@@ -171,16 +212,21 @@ def _resolve(impl: Implementation) -> Callable[..., object]:
     return fn
 
 
-def rank_preflight(ctx: RankContextLike, payload: tuple[str, tuple[str, ...]]) -> str:
-    """Rank function: import ``MODULE:ATTR`` in this rank (``payload``: the reference and
-    its search path); returns the callable's qualified name.
+def rank_preflight(ctx: RankContextLike, payload: tuple[object, ...]) -> str:
+    """Rank function: import ``MODULE:ATTR`` in this rank (``payload``: the reference,
+    its search path, and optionally the backend to emulate, installed first); returns
+    the callable's qualified name.
 
     Rank processes inherit the parent's ``sys.path`` when spawned; a pool started before
     the parent fixed its path gets the fix here (it lasts as long as the rank process).
     """
-    ref, search_path = payload
+    ref, search_path, *rest = payload
     del ctx
-    fn = load_callable(ref, search_path)
+    if rest and rest[0] is not None:
+        from .emulate import activate
+
+        activate(str(rest[0]))  # before the import: names it binds get the emulation
+    fn = load_callable(str(ref), tuple(str(p) for p in search_path))  # type: ignore[attr-defined]  # a tuple of paths
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
@@ -241,6 +287,8 @@ def _describe_extra(value: object) -> tuple[object, ...]:
         return ("sizes", None)
     if isinstance(value, torch.Tensor):
         return ("sizes", TensorBytes.of(value))
+    if isinstance(value, (list, tuple)) and all(type(v) is int for v in value):
+        return ("sizes", TensorBytes.of(torch.tensor(list(value), dtype=torch.int64)))
     if hasattr(value, "sizes") and hasattr(value, "offsets"):
         return ("layout", _layout_fields(value))
     return ("other", type(value).__name__)
@@ -250,21 +298,51 @@ def _call(
     impl: Implementation, case: GatherCase, x: torch.Tensor, group: object
 ) -> tuple[object, tuple[object, ...]]:
     fn = _resolve(impl)
+    head: tuple[object, ...] = (x, case.dim)
+    if impl.ctor_kwargs is not None:
+        ctor = dict(impl.ctor_kwargs)
+        if impl.ctor_takes_dim and "dim" not in ctor:
+            ctor["dim"] = case.dim
+            head = (x,)
+        fn = fn(**ctor)  # type: ignore[assignment]  # the configured object is called below
+        assert callable(fn)  # checked in the parent before any world starts
     sizes = case.sizes_argument()
     if impl.convention == "seed":
-        result = fn(x, case.dim, sizes)
+        result = fn(*head, sizes)
     else:
-        kwargs: dict[str, object] = {"grad": case.contract}
+        kwargs: dict[str, object] = {"grad": case.contract} if impl.takes_grad else {}
         if sizes is not None:
             kwargs["sizes"] = sizes
         if case.members is not None:
             kwargs["group"] = group
         if impl.transports is not None:
             kwargs["transport"] = case.transport
-        result = fn(x, case.dim, **kwargs)
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor):
-        return result[0], _describe_extra(result[1])
-    return result, ("none",)
+        result = fn(*head, **kwargs)
+    return _unpack(impl, case, result)
+
+
+def _is_tensor_list(value: object) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in value)
+
+
+def _unpack(
+    impl: Implementation, case: GatherCase, result: object
+) -> tuple[object, tuple[object, ...]]:
+    """The output tensor and what came beside it, as ``--returns`` declares."""
+    if impl.returns == "tensor":
+        return result, ("none",)
+    out: object = result
+    extra: tuple[object, ...] = ("none",)
+    if impl.returns == "list" and _is_tensor_list(result):
+        pass  # the per-rank tensors alone
+    elif isinstance(result, tuple) and len(result) == 2:
+        first = result[0]
+        if isinstance(first, torch.Tensor) or (impl.returns == "list" and _is_tensor_list(first)):
+            out, extra = first, _describe_extra(result[1])
+    if impl.returns == "list" and _is_tensor_list(out):
+        parts = list(out)  # type: ignore[call-overload]  # a list or tuple of tensors
+        out = torch.cat(parts, dim=case.dim) if parts else out
+    return out, extra
 
 
 def _backward(out: torch.Tensor, g: torch.Tensor) -> None:
@@ -278,7 +356,16 @@ def _backward(out: torch.Tensor, g: torch.Tensor) -> None:
     loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
 
 
+def _emulating() -> bool:
+    module = sys.modules.get(f"{__package__}.emulate")
+    return module is not None and module.installed() is not None
+
+
 def _run_one(ctx: RankContextLike, impl: Implementation, case: GatherCase) -> RankReport | None:
+    if impl.emulate is not None or _emulating():
+        from .emulate import activate
+
+        activate(impl.emulate)
     group: object = None
     grank = ctx.rank
     if case.members is not None:
@@ -325,6 +412,25 @@ def _run_one(ctx: RankContextLike, impl: Implementation, case: GatherCase) -> Ra
     return RankReport(**report)  # type: ignore[arg-type]  # keys and types are those of RankReport
 
 
+_KIT_DIRS: Final = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_cli") + os.sep,
+)
+
+
+def implementation_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback without the testing kit's and the command line's own frames
+    (the runner calling the implementation), so it starts in the implementation."""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not os.path.abspath(f.filename).startswith(_KIT_DIRS)
+    ]
+    text = "".join(traceback.format_list(frames))
+    head = "Traceback (most recent call last):\n" if text else ""
+    return head + text + "".join(traceback.format_exception_only(type(exc), exc))
+
+
 def run_on_rank(ctx: RankContextLike, job: tuple[Implementation, GatherCase, int]) -> object:
     """Run one case on this rank: the rank function of ``vargather.testing`` pools.
 
@@ -343,8 +449,7 @@ def run_on_rank(ctx: RankContextLike, job: tuple[Implementation, GatherCase, int
         module = type(exc).__module__
         if module != "builtins":
             name = f"{module}.{name}"
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return RankReport(ctx.rank, ctx.rank, error=(name, str(exc), tb))
+        return RankReport(ctx.rank, ctx.rank, error=(name, str(exc), implementation_traceback(exc)))
 
 
 # --- the parent side: running -----------------------------------------------------------
@@ -401,19 +506,9 @@ def run_cases(
             verdicts[i] = _run_in_process(case, implementation)
         else:
             by_world.setdefault(case.world_size, []).append(i)
-    token_base = os.getpid() << 32
     for world, indices in by_world.items():
-        token = token_base + next(_TOKENS)
-        jobs = [(implementation, cases[i], token) for i in indices]
-        try:
-            results = factory(world).run_many(run_on_rank, jobs)
-        except (PoolFailure, RankError) as exc:
-            failure = _pool_failure(exc, world, len(indices))
-            for i in indices:
-                verdicts[i] = Verdict(cases[i], implementation, (failure,))
-            continue
-        for i, per_rank in zip(indices, results, strict=True):
-            verdicts[i] = _verdict(cases[i], implementation, per_rank)
+        for i, verdict in _run_world(factory, world, [cases[i] for i in indices], implementation):
+            verdicts[indices[i]] = verdict
     done = [v for v in verdicts if v is not None]
     for v in done:
         if not v.not_run:
@@ -421,18 +516,101 @@ def run_cases(
     return done
 
 
-def _pool_failure(exc: PoolFailure | RankError, world: int, batch: int) -> Failure:
-    kind = (
-        "crash"
-        if isinstance(exc, RankCrashed)
-        else "hang"
-        if isinstance(exc, RankHung)
-        else "error"
-    )
-    message = (
-        f"the {world}-rank world failed while running a batch of {batch} case(s) "
-        f"containing this one: {type(exc).__name__}"
-    )
+_COLLECTIVE_MARKS: Final = (
+    "distributed_c10d",
+    "DistBackendError",
+    "DistError",
+    "CollectiveError",
+    "gloo",
+    "Gloo",
+    "NCCL",
+    "Timed out",
+    "timed out",
+    "Connection closed",
+)
+
+
+def _world_suspect(per_rank_lists: Sequence[Sequence[object]]) -> str | None:
+    """Why the world that produced these reports must not serve another call: a rank
+    raised from inside a collective (its traceback or error names torch.distributed or
+    the backend), or the ranks raised unlike errors (some may be left mid-collective)."""
+    for per_rank in per_rank_lists:
+        errors = [r.error for r in per_rank if isinstance(r, RankReport) and r.error is not None]
+        if not errors:
+            continue
+        for name, message, tb in errors:
+            if any(mark in f"{name} {message} {tb}" for mark in _COLLECTIVE_MARKS):
+                return f"a collective failed in a rank ({name}: {message.splitlines()[0][:200]})"
+        answered = [r for r in per_rank if isinstance(r, RankReport) and not r.skipped]
+        if len(errors) != len(answered) or len({(n, m) for n, m, _ in errors}) != 1:
+            return "the ranks raised unlike errors: some may be left inside a collective"
+    return None
+
+
+def _run_world(
+    factory: Callable[[int], RankPool],
+    world: int,
+    cases: Sequence[GatherCase],
+    impl: Implementation,
+) -> list[tuple[int, Verdict]]:
+    """Run ``cases`` on the ``world``-rank pool in one round trip. When the world dies or
+    hangs, the batch is bisected on fresh worlds so the case that killed it is the one
+    blamed (every other case keeps its own verdict); after a collective error the world
+    is discarded so the next call gets a fresh one."""
+    token = (os.getpid() << 32) + next(_TOKENS)
+    jobs = [(impl, case, token) for case in cases]
+    pool = factory(world)
+    try:
+        results = pool.run_many(run_on_rank, jobs)
+    except (PoolFailure, RankError) as exc:
+        if len(cases) > 1 and isinstance(exc, PoolFailure) and not isinstance(exc, PoolStartError):
+            half = len(cases) // 2
+            first = _run_world(factory, world, cases[:half], impl)
+            second = _run_world(factory, world, cases[half:], impl)
+            out = first + [(i + half, v) for i, v in second]
+            if any(f.kind in ("crash", "hang") for _, v in out for f in v.failures):
+                return out
+            # Neither half fails alone: only the batch as a whole kills the world.
+            failure = _pool_failure(exc, world, len(cases), together=True)
+            return [(i, Verdict(c, impl, (failure,))) for i, c in enumerate(cases)]
+        failure = _pool_failure(exc, world, len(cases))
+        return [(i, Verdict(c, impl, (failure,))) for i, c in enumerate(cases)]
+    suspect = _world_suspect(results)
+    if suspect is not None:
+        discard = getattr(pool, "discard_world", None)
+        if discard is not None:
+            discard(suspect)
+    return [
+        (i, _verdict(c, impl, per_rank))
+        for i, (c, per_rank) in enumerate(zip(cases, results, strict=True))
+    ]
+
+
+def exc_kind(exc: BaseException) -> str:
+    """The judge's failure kind for a pool failure: ``crash``, ``hang`` or ``error``."""
+    if isinstance(exc, RankCrashed):
+        return "crash"
+    if isinstance(exc, RankHung):
+        return "hang"
+    return "error"
+
+
+def _pool_failure(
+    exc: PoolFailure | RankError, world: int, batch: int, *, together: bool = False
+) -> Failure:
+    kind = exc_kind(exc)
+    if batch == 1:
+        message = f"the {world}-rank world failed running this case: {type(exc).__name__}"
+    elif together:
+        message = (
+            f"the {world}-rank world failed running a batch of {batch} case(s) containing "
+            f"this one, though no part of the batch fails alone: {type(exc).__name__}"
+        )
+    else:
+        message = (
+            f"the {world}-rank world failed while running a batch of {batch} case(s) "
+            f"containing this one: {type(exc).__name__}"
+        )
     return Failure("call", kind, message, detail=str(exc))
 
 
@@ -485,6 +663,8 @@ def repro_args(case: GatherCase, implementation: Implementation = VARGATHER) -> 
             args += ["--contracts", ",".join(impl.contracts)]
         if impl.transports != VARGATHER.transports:
             args += ["--transports", ",".join(impl.transports or ()) or "none"]
+        if impl.emulate is not None:
+            args += ["--emulate", impl.emulate]
         return args
     if impl == COMPAT:
         return [*args, "--impl", "compat"]
@@ -497,6 +677,14 @@ def repro_args(case: GatherCase, implementation: Implementation = VARGATHER) -> 
         args += ["--transports", ",".join(impl.transports)]
     if impl.convention == "vargather" and not impl.takes_group:
         args.append("--no-group")
+    if impl.convention == "vargather" and not impl.takes_grad:
+        args.append("--no-grad-kw")
+    if impl.returns != "auto":
+        args += ["--returns", impl.returns]
+    if impl.ctor_takes_dim:
+        args.append("--ctor-dim")
+    if impl.emulate is not None:
+        args += ["--emulate", impl.emulate]
     for path in impl.search_path:
         args += ["--path", path]
     return args
@@ -533,6 +721,26 @@ def describe(case: GatherCase, implementation: Implementation = VARGATHER) -> st
         f"  reproduce: {command}",
     ]
     return "\n".join(lines)
+
+
+# --- what the backend refuses ---------------------------------------------------------------
+
+
+def backend_refusals(ctx: RankContextLike, names: Sequence[str]) -> tuple[str, ...]:
+    """Rank function: the dtypes of ``names`` that a plain ``torch.distributed.all_gather``
+    on the world group refuses (asked, not hard-coded)."""
+    import torch.distributed as dist
+
+    del ctx
+    refused: list[str] = []
+    for name in names:
+        x = torch.zeros(2, dtype=getattr(torch, name))
+        out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        try:
+            dist.all_gather(out, x)
+        except Exception:
+            refused.append(name)
+    return tuple(refused)
 
 
 # --- which transports run here ------------------------------------------------------------

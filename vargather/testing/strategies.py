@@ -188,6 +188,16 @@ class _Config:
         self.values = _choices("values", kw["values"], VALUE_KINDS, VALUE_KINDS)
         self.upstream = _choices("upstream", kw["upstream"], UPSTREAM_KINDS, UPSTREAM_KINDS)
         self.requires_grad = _bool_or_none("requires_grad", kw["requires_grad"])
+        dims = kw.get("dims")
+        self.dims: tuple[int, ...] | None = None
+        if dims is not None:
+            if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims) or not dims:
+                raise ValueError(f"dims={dims!r} must be a non-empty sequence of ints or None")
+            self.dims = tuple(dict.fromkeys(dims))
+            if not self.ndims():
+                raise ValueError(
+                    f"dims={list(self.dims)} fits no ndim in [{self.min_ndim}, {self.max_ndim}]"
+                )
         if not isinstance(kw["initialized"], bool):
             raise TypeError(f"initialized={kw['initialized']!r} must be a bool")
         self.initialized: bool = kw["initialized"]
@@ -202,6 +212,16 @@ class _Config:
                 f"memory=['transposed'] needs min_ndim >= 2, got min_ndim={self.min_ndim}"
             )
 
+    def dims_for(self, ndim: int) -> list[int]:
+        """The dims drawn for ``ndim``-d shapes (every one when ``dims`` is None)."""
+        if self.dims is None:
+            return list(range(-ndim, ndim))
+        return [d for d in self.dims if -ndim <= d < ndim]
+
+    def ndims(self) -> list[int]:
+        """The ndims drawn: those some allowed dim fits."""
+        return [n for n in range(self.min_ndim, self.max_ndim + 1) if self.dims_for(n)]
+
 
 class _Draws:
     """Strategies built once per configuration and reused for every draw (building a
@@ -210,7 +230,11 @@ class _Draws:
     def __init__(self, cfg: _Config) -> None:
         self.cfg = cfg
         self.side = _side(cfg.max_side)
-        self.ndim = st.integers(cfg.min_ndim, cfg.max_ndim)
+        self.ndim = (
+            st.integers(cfg.min_ndim, cfg.max_ndim)
+            if cfg.dims is None
+            else st.sampled_from(cfg.ndims())
+        )
         self.dtype = st.sampled_from(cfg.dtypes)
         self.contract = st.sampled_from(cfg.contracts)
         self.transport = st.sampled_from(cfg.transports)
@@ -228,7 +252,10 @@ class _Draws:
 
     def dim(self, ndim: int) -> SearchStrategy[int]:
         if ndim not in self._dims:
-            self._dims[ndim] = st.integers(-ndim, ndim - 1)
+            if self.cfg.dims is None:
+                self._dims[ndim] = st.integers(-ndim, ndim - 1)
+            else:
+                self._dims[ndim] = st.sampled_from(self.cfg.dims_for(ndim))
         return self._dims[ndim]
 
     def sizes(self, world_size: int) -> SearchStrategy[tuple[int, ...]]:
@@ -325,6 +352,7 @@ def gather_cases(
     requires_grad: bool | None = None,
     initialized: bool = True,
     implementation: Implementation | None = None,
+    dims: Sequence[int] | None = None,
 ) -> SearchStrategy[GatherCase]:
     """Ragged gather cases.
 
@@ -345,7 +373,8 @@ def gather_cases(
     ``values`` (``full``: the whole range with special values; ``integers``),
     ``upstream`` (``integers``, ``real``); ``requires_grad`` (None: mostly True where
     the dtype allows). ``implementation`` (default vargather) limits contracts and
-    transports to what it claims.
+    transports to what it claims. ``dims``: the literal ``dim`` values drawn (default:
+    every dim of the drawn ndim; ndims no given dim fits are not drawn).
     """
     cfg = _Config(
         implementation=implementation,
@@ -362,6 +391,7 @@ def gather_cases(
         upstream=upstream,
         requires_grad=requires_grad,
         initialized=initialized,
+        dims=dims,
     )
     lo, hi = _world_bounds(world_size, min_world_size, max_world_size)
     if not isinstance(subgroups, bool):

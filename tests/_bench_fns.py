@@ -1,0 +1,71 @@
+"""Module-level rank functions for tests/test_cli_bench.py: the bench's coalesced cell
+with a stand-in ``all_gather_v_coalesced`` (right, wrong, or none at all).
+
+The pool pickles ``fn`` by reference, so these live at module level in a module the rank
+processes can import. Each installs its stand-in in the rank process only, runs the
+bench's own rank function, and puts back what was there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+import vargather
+from vargather._cli import bench
+from vargather.testing import RankContext
+
+_MISSING = object()
+
+
+def _stub(
+    tensors: Sequence[torch.Tensor],
+    dim: int | Sequence[int] = 0,
+    *,
+    sizes: Sequence[Any] | None = None,
+    validate: bool = True,
+    **_: Any,
+) -> list[torch.Tensor]:
+    """A stand-in with the coalesced API's signature: one all_gather_v per tensor."""
+    per = sizes if sizes is not None else [None] * len(tensors)
+    return [
+        vargather.all_gather_v(t, 0, sizes=s, validate=validate)
+        for t, s in zip(tensors, per, strict=True)
+    ]
+
+
+def _swapped(tensors: Sequence[torch.Tensor], *args: Any, **kwargs: Any) -> list[torch.Tensor]:
+    """A wrong stand-in: right tensors, the first two in the wrong order."""
+    out = _stub(tensors, *args, **kwargs)
+    return [out[1], out[0], *out[2:]]
+
+
+def _with(fn: Callable[..., Any] | None, ctx: RankContext, job: Any) -> dict[str, Any] | None:
+    saved = getattr(vargather, "all_gather_v_coalesced", _MISSING)
+    try:
+        if fn is None:
+            if saved is not _MISSING:
+                delattr(vargather, "all_gather_v_coalesced")
+        else:
+            vargather.all_gather_v_coalesced = fn  # type: ignore[attr-defined]  # the stand-in
+        return bench._rank_coalesced(ctx, job)
+    finally:
+        if saved is _MISSING:
+            if hasattr(vargather, "all_gather_v_coalesced"):
+                delattr(vargather, "all_gather_v_coalesced")
+        else:
+            vargather.all_gather_v_coalesced = saved  # type: ignore[attr-defined]  # put back
+
+
+def coalesced_with_stub(ctx: RankContext, job: Any) -> dict[str, Any] | None:
+    return _with(_stub, ctx, job)
+
+
+def coalesced_with_wrong_stub(ctx: RankContext, job: Any) -> dict[str, Any] | None:
+    return _with(_swapped, ctx, job)
+
+
+def coalesced_without(ctx: RankContext, job: Any) -> dict[str, Any] | None:
+    return _with(None, ctx, job)

@@ -1,0 +1,23 @@
+"""Gathers along dim 0 only (pads ``x.shape[0]``), no autograd: scope ``--dims 0
+--grad none``."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def gather_rows(x: torch.Tensor, dim: int = 0, sizes: object = None) -> torch.Tensor:
+    assert dim == 0, "only dim 0 is supported"
+    if not dist.is_initialized():
+        return x.detach().clone()
+    world = dist.get_world_size()
+    n = torch.tensor([x.shape[0]])
+    counts = [torch.empty_like(n) for _ in range(world)]
+    dist.all_gather(counts, n)
+    top = int(max(c.item() for c in counts))
+    padded = x.new_zeros((top, *x.shape[1:]))
+    padded[: x.shape[0]] = x.detach()
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(c.item())] for p, c in zip(parts, counts, strict=False)], dim=0)

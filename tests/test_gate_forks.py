@@ -1,0 +1,401 @@
+"""The gate on real forks (issue 10): declared scope, faithful failures, determinism.
+
+The fork zoo (``tests/forks``) runs here with few examples per property and a chosen
+set of rows (the default-settings run of every member is the ``slow`` test at the
+bottom, and ``python -m tests.forks.run_zoo``, whose timings docs/conformance.md
+records). Every correct-within-scope member must pass; every buggy one must fail
+with its own bug, whose ``reproduce:`` line exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.forks import ZOO, Fork
+from vargather._cli import check as check_cli
+from vargather._cli.check import parse_args, read_config
+from vargather._cli.gate import CheckOptions, CheckUsageError, resolve_impl, run_check
+from vargather._cli.report import EXIT_FAILED, EXIT_USAGE, Report
+from vargather.testing import RankPool, get_pool
+from vargather.testing.cases import GatherCase, Implementation
+from vargather.testing.runner import ImplementationError, parse_impl_ref, run_cases
+
+ROOT = Path(__file__).resolve().parent.parent
+multirank = pytest.mark.multirank
+
+FAST_ROWS = (
+    "forward-float",
+    "forward-int",
+    "dims",
+    "non-contiguous",
+    "sizes-tensor",
+    "returned-sizes",
+    "one-rank",
+    "subgroup",
+    "gradient",
+)
+OK = ("pass", "n/a", "unsupported")
+
+
+@pytest.fixture
+def in_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from the repository root, where ``tests.forks`` imports (as in CI)."""
+    monkeypatch.chdir(ROOT)
+
+
+_ZOO_POOLS: dict[int, RankPool] = {}
+
+
+def _zoo_pool(world_size: int) -> RankPool:
+    """The zoo's own worlds, forked from a forkserver as the command line's are (a
+    crashing member rebuilds its world many times), apart from the suite's shared
+    pools so those are not replaced."""
+    pool = _ZOO_POOLS.get(world_size)
+    if pool is None or pool.closed:
+        pool = RankPool(world_size, call_timeout=30.0, start_method="forkserver")
+        _ZOO_POOLS[world_size] = pool
+    return pool
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_zoo_pools() -> Iterator[None]:
+    yield
+    for pool in _ZOO_POOLS.values():
+        pool.close()
+    _ZOO_POOLS.clear()
+
+
+def zoo_check(fork: Fork, **kwargs: Any) -> Report:
+    kwargs.setdefault("max_examples", fork.examples)
+    kwargs.setdefault("shrink_budget", 6)
+    kwargs.setdefault("only", FAST_ROWS)
+    options = CheckOptions(impl=fork.ref, progress=False, **{**fork.scope, **kwargs})
+    return run_check(options, pool_factory=_zoo_pool)
+
+
+def _verdict(report: Report) -> dict[str, str]:
+    return {r.id: r.status for r in report.results}
+
+
+# --- the zoo, each member against its expected verdict ---------------------------------
+
+
+_CRASHING = "negative_dim_crash"  # judged by its own test below (with its repro line)
+_FAST_ZOO = [f for f in ZOO if f.name != _CRASHING]
+
+
+@multirank
+@pytest.mark.usefixtures("in_root")
+@pytest.mark.parametrize("fork", _FAST_ZOO, ids=[f.name for f in _FAST_ZOO])
+def test_zoo_member_gets_its_expected_verdict(fork: Fork) -> None:
+    report = zoo_check(fork, only=fork.fast_rows or FAST_ROWS)
+    statuses = _verdict(report)
+    for row in report.results:
+        if row.id in fork.fails:
+            kind, aspect = fork.fails[row.id]
+            assert row.status == "fail", (fork.name, row.id, statuses)
+            assert row.failure is not None
+            assert (row.failure.kind, row.failure.aspect) == (kind, aspect), row.failure
+        elif row.id in fork.also and row.status == "fail":
+            assert row.failure is not None
+            first = next(iter(fork.fails.values()))
+            assert (row.failure.kind, row.failure.aspect) == first, row.failure
+        else:
+            assert row.status in OK, (fork.name, row.id, row.failure)
+    assert set(fork.fails) <= set(statuses), statuses
+    assert report.exit_status == (EXIT_FAILED if fork.fails else 0)
+    # The report states the declared scope.
+    text = report.render()
+    assert "declared scope: --grad " + fork.scope.get("grad", "sum") in text
+    assert report.to_json()["scope"]["--grad"] == fork.scope.get("grad", "sum")
+
+
+def _fork(name: str) -> Fork:
+    (found,) = [f for f in ZOO if f.name == name]
+    return found
+
+
+def _run_command(command: str) -> subprocess.CompletedProcess[str]:
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "-m", "vargather"]
+    return subprocess.run(
+        [sys.executable, *argv[1:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+@multirank
+@pytest.mark.usefixtures("in_root")
+def test_a_crash_is_blamed_on_the_case_that_crashed_and_its_repro_fails() -> None:
+    report = zoo_check(_fork(_CRASHING), only=("dims",), max_examples=6)
+    (row,) = report.results
+    assert report.exit_status == EXIT_FAILED
+    assert row.status == "fail"
+    assert row.failure is not None
+    assert row.failure.kind == "crash"
+    case = row.failure.case
+    assert case is not None
+    assert case["dim"] < 0, case  # the killer, not a bystander
+    assert case["world_size"] > 1
+    assert "--path" in (row.failure.command or "")
+    proc = _run_command(row.failure.command or "")
+    assert proc.returncode == EXIT_FAILED, proc.stdout + proc.stderr
+    assert "FAILED" in proc.stdout
+
+
+@multirank
+@pytest.mark.usefixtures("in_root")
+def test_emulated_nccl_finds_the_strided_bug_that_gloo_misses() -> None:
+    fork = _fork("strided_bug")
+    on_gloo = zoo_check(fork, emulate=None, only=("non-contiguous",))
+    assert _verdict(on_gloo) == {"non-contiguous": "pass"}
+    under_nccl = zoo_check(fork, only=("non-contiguous",))
+    (row,) = under_nccl.results
+    assert row.status == "fail"
+    assert row.failure is not None
+    assert "must be contiguous" in row.failure.message
+    proc = _run_command(row.failure.command or "")
+    assert proc.returncode == EXIT_FAILED, proc.stdout + proc.stderr
+
+
+@multirank
+@pytest.mark.usefixtures("in_root")
+def test_uneven_list_all_gather_needs_the_nccl_emulation() -> None:
+    fork = _fork("nccl_uneven")
+    report = zoo_check(fork, emulate=None, only=("forward-float",))
+    (row,) = report.results
+    assert row.status == "fail"  # gloo refuses the uneven list; NCCL (emulated) takes it
+
+
+@multirank
+@pytest.mark.usefixtures("in_root")
+def test_same_seed_gives_byte_identical_verdict_json(tmp_path: Path) -> None:
+    fork = _fork("strided_bug")
+    texts = []
+    for i in range(2):
+        path = tmp_path / f"run{i}.json"
+        report = zoo_check(fork, only=("non-contiguous",), seed=3, max_examples=12)
+        report.write_json(str(path))
+        data = json.loads(path.read_text())
+        assert data["properties"][0]["status"] == "fail"  # counterexamples compared too
+        texts.append(json.dumps(_strip_timings(data), sort_keys=True))
+    assert texts[0] == texts[1]
+
+
+def _strip_timings(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _strip_timings(v) for k, v in data.items() if k != "seconds"}
+    if isinstance(data, list):
+        return [_strip_timings(v) for v in data]
+    return data
+
+
+# --- the world is rebuilt after a collective error ----------------------------------------
+
+
+@multirank
+@pytest.mark.usefixtures("in_root")
+def test_a_world_whose_collective_failed_is_not_reused() -> None:
+    impl = Implementation(
+        "tests.forks.world_assert:all_gather",
+        convention="seed",
+        contracts=("local",),
+        search_path=(str(ROOT),),
+    )
+    pool = get_pool(2)
+    common: dict[str, Any] = {"shapes": ((1,), (2,)), "dim": 0, "contract": "local"}
+    bad = GatherCase(dtype="int16", requires_grad=False, **common)
+    good = GatherCase(dtype="float32", requires_grad=False, **common)
+    run_cases([good], impl, pool_factory=get_pool)
+    before = pool.generation
+    (verdict,) = run_cases([bad], impl, pool_factory=get_pool)
+    assert "Invalid scalar type" in verdict.failures[0].render()  # gloo refuses int16
+    (after,) = run_cases([good], impl, pool_factory=get_pool)
+    assert after.ok
+    assert pool.generation == before + 1  # a fresh world served the next call
+
+
+# --- scope, conventions and configuration (no ranks) --------------------------------------
+
+
+def test_config_table_gives_defaults_and_flags_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        textwrap.dedent(
+            """
+            [project]
+            name = "myfork"
+            [tool.vargather.check]
+            impl = "myfork.dist:all_gather"
+            grad = "none"
+            dims = [0, -1]
+            world-sizes = [2, 3]
+            requires-init = true
+            sizes = "tensor"
+            returns = "list"
+            emulate = "nccl"
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    options = parse_args([])
+    assert options.impl == "myfork.dist:all_gather"
+    assert (options.grad, options.dims, options.world_sizes) == ("none", (0, -1), (2, 3))
+    assert (options.requires_init, options.sizes, options.returns) == (True, "tensor", "list")
+    assert options.emulate == "nccl"
+    assert options.config_path == str(tmp_path / "pyproject.toml")
+    overridden = parse_args(["--grad", "local", "--dims", "0", "--sizes", "any"])
+    assert (overridden.grad, overridden.dims, overridden.sizes) == ("local", (0,), "any")
+    assert parse_args(["--no-config"]) == CheckOptions()
+
+
+def test_config_file_option_and_bad_keys(tmp_path: Path) -> None:
+    path = tmp_path / "gate.toml"
+    path.write_text('[tool.vargather.check]\ngrad = "local"\n')
+    assert parse_args(["--config", str(path)]).grad == "local"
+    path.write_text('[tool.vargather.check]\ngard = "local"\n')
+    with pytest.raises(CheckUsageError, match="unknown key 'gard'"):
+        read_config(str(path))
+    path.write_text("[tool.vargather.check]\nrequires-init = 1\n")
+    with pytest.raises(CheckUsageError, match="wrong type"):
+        read_config(str(path))
+
+
+def test_configured_impl_keywords_are_literals_only() -> None:
+    ref = "m:AllGather(all_reduce_grads=True, k=(1, 'a'))"
+    assert parse_impl_ref(ref) == ("m:AllGather", (("all_reduce_grads", True), ("k", (1, "a"))))
+    assert parse_impl_ref("m:f") == ("m:f", None)
+    with pytest.raises(ImplementationError, match="literal"):
+        parse_impl_ref("m:AllGather(x=__import__('os').getcwd())")
+    with pytest.raises(ImplementationError, match="MODULE:ATTR"):
+        parse_impl_ref("m:AllGather(1)")
+
+
+@pytest.mark.usefixtures("in_root")
+def test_a_convention_that_does_not_fit_is_exit_2_naming_the_options(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Takes group= but neither grad= nor sizes=: the guessed convention must not pass them.
+    ref = "tests.forks.list_return:gather_all_tensors"
+    assert check_cli.main(["--impl", ref, "--no-progress", "--no-config"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--sizes never" in err
+    assert "does not fit" in err
+    info = resolve_impl(ref, sizes="never", grad="local")
+    assert (info.convention, info.takes_grad, info.takes_group) == ("vargather", False, True)
+
+
+@pytest.mark.usefixtures("in_root")
+def test_configured_module_is_built_with_dim_per_call() -> None:
+    info = resolve_impl("tests.forks.allreduce_switch:AllGather(all_reduce_grads=True)")
+    assert info.ctor_kwargs == (("all_reduce_grads", True),)
+    assert info.ctor_takes_dim
+    assert info.convention == "seed"
+
+
+def test_xfails_may_name_a_dtype(tmp_path: Path) -> None:
+    path = tmp_path / "xfails"
+    path.write_text("forward-int:int16\ngradient\n")
+    assert parse_args(["--xfails", str(path), "--no-config"]).xfails == frozenset(
+        {"forward-int:int16", "gradient"}
+    )
+
+
+# --- nothing written outside a temporary directory -----------------------------------------
+
+
+@multirank
+def test_the_check_writes_nothing_into_the_working_directory(tmp_path: Path) -> None:
+    before = set(os.listdir(tmp_path))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vargather",
+            "check",
+            "--only",
+            "forward-bool,uninitialized",
+            "--max-examples",
+            "2",
+            "--world-sizes",
+            "1,2",
+            "--no-progress",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert set(os.listdir(tmp_path)) == before  # no .hypothesis/ and nothing else
+
+
+# --- the whole zoo at default settings --------------------------------------------------------
+
+
+@pytest.mark.slow
+@multirank
+@pytest.mark.usefixtures("in_root")
+@pytest.mark.parametrize("fork", ZOO, ids=[f.name for f in ZOO])
+def test_zoo_member_at_default_settings(fork: Fork) -> None:
+    report = zoo_check(fork, max_examples=60, shrink_budget=40, only=())
+    for row in report.results:
+        if row.id in fork.fails:
+            assert row.status == "fail", row
+        elif row.id in fork.also:
+            assert row.status in (*OK, "fail"), row
+        else:
+            assert row.status in OK, (fork.name, row.id, row.failure)
+    assert report.seconds < 120, report.seconds
+
+
+@multirank
+@pytest.mark.usefixtures("in_root")
+def test_gradient_counterexample_prefers_non_empty_shards() -> None:
+    """The seed's ``local`` backward run under ``sum`` fails on empty shards and on
+    full ones alike; the reported counterexample is a full one."""
+    options = CheckOptions(
+        impl="vargather.testing.seed:all_gather",
+        grad="sum",
+        only=("gradient",),
+        max_examples=6,
+        shrink_budget=6,
+        world_sizes=(2,),
+        progress=False,
+    )
+    (row,) = run_check(options, pool_factory=get_pool).results
+    assert row.status == "fail"
+    assert row.failure is not None
+    assert row.failure.case is not None
+    assert all(n > 0 for n in row.failure.case["sizes"]), row.failure.case
+    assert row.failure.aspect == "gradient"
+
+
+@multirank
+def test_nccl_emulation_carries_uneven_all_to_all_and_refuses_what_nccl_refuses() -> None:
+    from tests._pool_fns import emulated_nccl_collectives
+
+    results = get_pool(2).run(emulated_nccl_collectives, None)
+    for r, (outputs, refused) in enumerate(results):
+        # rank r receives from rank s the tensor s built for destination r
+        assert outputs == [[float(10 * s + r)] * (s + r + 1) for s in range(2)]
+        assert "must be contiguous" in refused[0]
+        assert "Unsupported data type for NCCL" in refused[1]
