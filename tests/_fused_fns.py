@@ -184,6 +184,76 @@ def views_on_one_rank(ctx: RankContext, coalesced: bool) -> tuple[str, str]:
     return "", "no error"
 
 
+def kept_buffers(ctx: RankContext, world: int) -> list[str]:
+    """Calls that exercise the fused round's kept send and receive buffers: the failures
+    found on this rank (each result against ``torch.cat`` of every rank's shard, and
+    every earlier result unchanged by later calls, so that nothing aliases the buffers)."""
+    reset(None)
+    failures: list[str] = []
+    kept: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+
+    def shards(shape_of: Any, dtype: str, salt: int) -> list[torch.Tensor]:
+        return [make_shard(shape_of(q), dtype, 31 * q + salt) for q in range(world)]
+
+    def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        same = got.dtype == want.dtype and got.shape == want.shape
+        same = same and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+        if not same:
+            failures.append(f"{what}: {got} != {want}")
+        kept.append((what, got, want.clone()))
+
+    cases: list[tuple[str, Any, str, int, bool]] = [
+        ("f32 rows", lambda q: (3 + q, 4), "float32", 0, False),
+        ("f32 rows again", lambda q: (3 + q, 4), "float32", 0, False),
+        ("f32 rows, other values", lambda q: (3 + q, 4), "float32", 0, False),
+        ("fewer rows (stale bytes)", lambda q: (1 + q % 2, 4), "float32", 0, False),
+        ("strided shard", lambda q: (2 + q, 4), "float32", 0, True),
+        ("int16, dim 1", lambda q: (2, 1 + q, 3), "int16", 1, False),
+        ("complex128, dim 1", lambda q: (2, 2 + q), "complex128", 1, False),
+        ("bool", lambda q: (5 + 2 * q,), "bool", 0, False),
+        ("empty on rank 0", lambda q: (q, 3), "float64", 0, False),
+    ]
+    for i, (what, shape_of, dtype, dim, strided) in enumerate(cases):
+        for repeat in range(3):  # the first call may grow the capacity; then fused
+            salt = 1 + i + 7 * repeat
+            every = shards(shape_of, dtype, salt)
+            x = every[ctx.rank]
+            if strided:  # the same values as a transposed (non-contiguous) tensor
+                x = x.t().contiguous().t()
+                assert not x.is_contiguous()
+            out = vargather.all_gather_v(x, dim)
+            check(f"{what} #{repeat}", out, torch.cat(every, dim))
+    for repeat in range(3):  # coalesced, offsets in the slot not aligned to the dtypes
+        salt = 50 + repeat
+        a = shards(lambda q: (3 + q,), "bool", salt)
+        b = shards(lambda q: (1 + q, 2), "float32", salt + 1)
+        c = shards(lambda q: (2, 1 + q), "complex128", salt + 2)
+        outs = vargather.all_gather_v_coalesced([a[ctx.rank], b[ctx.rank], c[ctx.rank]], [0, 0, 1])
+        for j, (got, every, d) in enumerate(zip(outs, (a, b, c), (0, 0, 1), strict=True)):
+            check(f"coalesced #{repeat} tensor {j}", got, torch.cat(every, d))
+    for repeat in range(6):  # sizes move every call: the verdict is re-derived
+        every = [
+            make_shard((2, (q + repeat) % 3, 3), "float64", 31 * q + repeat) for q in range(world)
+        ]
+        a = [
+            make_shard(((q + repeat) % 3 + 1,), "int64", 31 * q + 60 + repeat) for q in range(world)
+        ]
+        b = [make_shard((2, 2), "float32", 31 * q + 70) for q in range(world)]
+        before = _comm.collectives_issued()
+        out = vargather.all_gather_v(every[ctx.rank], 1)
+        outs = vargather.all_gather_v_coalesced([a[ctx.rank], b[ctx.rank]])
+        issued = _comm.collectives_issued() - before
+        if repeat >= 2 and issued != 2:
+            failures.append(f"moving sizes #{repeat}: {issued} collectives for two calls")
+        check(f"moving sizes #{repeat}", out, torch.cat(every, 1))
+        check(f"moving coalesced #{repeat} tensor 0", outs[0], torch.cat(a))
+        check(f"moving coalesced #{repeat} tensor 1", outs[1], torch.cat(b))
+    for what, got, want in kept:
+        if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
+            failures.append(f"{what}: changed by a later call")
+    return failures
+
+
 def strided_in_the_fused_round(ctx: RankContext, dtype: str) -> list[tuple[bytes, bool]]:
     """Strided shards (every other column, then a transposed block) gathered twice on one
     group, so the second call rides in the fused round; each result's bytes and whether

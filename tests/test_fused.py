@@ -24,6 +24,7 @@ from vargather.testing import assert_bitwise_equal, get_pool
 from ._fused_fns import (
     Step,
     grad_shard,
+    kept_buffers,
     make_shard,
     run_script,
     strided_in_the_fused_round,
@@ -278,6 +279,15 @@ def test_views_is_refused_by_the_argument_checks_whenever_the_backend_is_gloo() 
         assert "transport='views'" in found.message
     # no torch.distributed at all: no backend to refuse it
     assert problem(GroupInfo(None, 0, 1, False, "none")) is None
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_kept_buffers_give_fresh_exact_results(world: int) -> None:
+    """The fused round keeps its send and receive buffers per group: every result is
+    ``torch.cat`` of the shards bit for bit (strided shards, shrinking payloads, dims
+    other than 0, unaligned coalesced offsets) and no later call changes an earlier one."""
+    results = get_pool(world).run(kept_buffers, world)
+    assert results == [[]] * world, results
 
 
 @pytest.mark.multirank

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import NamedTuple, TypeAlias
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 
 from . import _fused
 from ._args import CheckedCall, Problem, check_call
@@ -93,6 +94,16 @@ def _plan(
     return found.layouts[0], info, None if found.outputs is None else found.outputs[0]
 
 
+def _autograd_needed(x: torch.Tensor) -> bool:
+    """Whether ``GatherVFunction.apply`` could do more than call its forward: a gradient
+    to record, a forward-mode AD level open, or functorch transforms active."""
+    return (
+        (x.requires_grad and torch.is_grad_enabled())
+        or getattr(forward_ad, "_current_level", 0) >= 0  # private; unknown: assume yes
+        or torch._C._are_functorch_transforms_active()
+    )
+
+
 def _is_auto(transport: object) -> bool:
     return isinstance(transport, str) and transport == "auto"
 
@@ -155,6 +166,10 @@ def all_gather_v_with_layout(
     if not info.communicates:
         return GatherResult(x, layout)
     # grad and transport are valid and agreed on every rank by now.
+    if gathered is not None and not _autograd_needed(x):
+        # What GatherVFunction.forward hands back, without the autograd machinery that
+        # nothing here would use.
+        return GatherResult(gathered if layout.total else x.new_empty(layout.output_shape), layout)
     chosen: Transport
     if gathered is not None:  # the payload rode in the fused round (transport "auto")
         chosen = _fused.Prefetched(gathered, choose_transport("auto", layout, info))

@@ -83,43 +83,79 @@ def collectives_issued() -> int:
     return _ISSUED[0]
 
 
-@contextlib.contextmanager
 def translate_collective_errors(
     what: str, info: GroupInfo, *, arrival: int | None = None
-) -> Iterator[None]:
+) -> contextlib.AbstractContextManager[None]:
     """Run one collective: record the arrival (unless ``arrival`` is given), apply the
     call's timeout, and re-raise backend failures as ``CollectiveError``s that name the
     ranks that never arrived."""
+    if info.timeout is None:  # the group's own timeout: nothing to set and restore
+        return _Translated(what, info, arrival)
+    return _translated_with_timeout(what, info, arrival)
+
+
+class _Translated:
+    """``translate_collective_errors`` without a per-call timeout, as a plain class (a
+    generator-based context manager costs microseconds on every collective)."""
+
+    __slots__ = ("arrival", "count", "info", "what")
+
+    def __init__(self, what: str, info: GroupInfo, arrival: int | None) -> None:
+        self.what, self.info, self.arrival, self.count = what, info, arrival, 0
+
+    def __enter__(self) -> None:
+        _ISSUED[0] += 1
+        if self.arrival is None:
+            self.count = ARRIVALS.arrive(self.info, self.what)
+        else:
+            self.count = self.arrival
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: Any
+    ) -> None:
+        if isinstance(err, RuntimeError):
+            _translate(err, self.what, self.info, self.count)
+
+
+@contextlib.contextmanager
+def _translated_with_timeout(what: str, info: GroupInfo, arrival: int | None) -> Iterator[None]:
     _ISSUED[0] += 1
     count = ARRIVALS.arrive(info, what) if arrival is None else arrival
     try:
         with call_timeout(info):
             yield
     except RuntimeError as err:
-        if isinstance(err, CollectiveError):
-            raise
-        text = " ".join(str(err).split())[:400]
-        where = f"{what} on rank {info.rank} of {info.world_size}"
-        if _TIMEOUT_PATTERN.search(text):
-            missing, census = ARRIVALS.census(info, count, what, timed_out=True)
-            limit = info.timeout or group_timeout(info)
-            within = f"within {_seconds(limit)}" if limit is not None else "in time"
-            whose = "this call's timeout" if info.timeout is not None else "the group's timeout"
-            raise CollectiveTimeoutError(
-                f"{where} timed out: a peer did not arrive {within} ({whose}).{census}"
-                f"{_OUT_OF_STEP} (backend said: {text})",
-                ranks=missing,
-            ) from err
-        if _PEER_LOST_PATTERN.search(text):
-            missing, census = ARRIVALS.census(info, count, what, timed_out=False)
-            raise PeerLostError(
-                f"{where}: a peer closed its connection mid-collective, it probably "
-                f"died.{census}{_OUT_OF_STEP} (backend said: {text})",
-                ranks=missing,
-            ) from err
-        # Anything else failed locally (a dtype the backend refuses, say), likely on
-        # every rank at once: a census would only race with the peers' arrivals.
-        raise CollectiveError(f"{where} failed (backend said: {text})") from err
+        _translate(err, what, info, count)
+        raise
+
+
+def _translate(err: RuntimeError, what: str, info: GroupInfo, count: int) -> None:
+    """Raise ``err`` (a backend failure) as the ``CollectiveError`` it stands for; return
+    when it already is one."""
+    if isinstance(err, CollectiveError):
+        return
+    text = " ".join(str(err).split())[:400]
+    where = f"{what} on rank {info.rank} of {info.world_size}"
+    if _TIMEOUT_PATTERN.search(text):
+        missing, census = ARRIVALS.census(info, count, what, timed_out=True)
+        limit = info.timeout or group_timeout(info)
+        within = f"within {_seconds(limit)}" if limit is not None else "in time"
+        whose = "this call's timeout" if info.timeout is not None else "the group's timeout"
+        raise CollectiveTimeoutError(
+            f"{where} timed out: a peer did not arrive {within} ({whose}).{census}"
+            f"{_OUT_OF_STEP} (backend said: {text})",
+            ranks=missing,
+        ) from err
+    if _PEER_LOST_PATTERN.search(text):
+        missing, census = ARRIVALS.census(info, count, what, timed_out=False)
+        raise PeerLostError(
+            f"{where}: a peer closed its connection mid-collective, it probably "
+            f"died.{census}{_OUT_OF_STEP} (backend said: {text})",
+            ranks=missing,
+        ) from err
+    # Anything else failed locally (a dtype the backend refuses, say), likely on
+    # every rank at once: a census would only race with the peers' arrivals.
+    raise CollectiveError(f"{where} failed (backend said: {text})") from err
 
 
 # --- the collectives -----------------------------------------------------------------

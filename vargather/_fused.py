@@ -58,8 +58,10 @@ collective) leave the group out of step anyway. The state is kept per process gr
 
 from __future__ import annotations
 
+import struct
+import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
@@ -162,6 +164,15 @@ def advance(state: FusedState, *, fusable: bool, need: int, count: int) -> Fused
             slots, fewer, fewer_max = max(1, fewer_max), 0, 0
     else:
         fewer, fewer_max = 0, 0
+    if (capacity, slots, idle, idle_need, fewer, fewer_max) == (
+        state.capacity,
+        state.slots,
+        state.idle,
+        state.idle_need,
+        state.fewer,
+        state.fewer_max,
+    ):
+        return state  # unchanged (the steady state): no new object
     return FusedState(capacity, slots, idle, idle_need, fewer, fewer_max)
 
 
@@ -186,12 +197,6 @@ def state_of(group: dist.ProcessGroup | None = None, kind: Kind = "single") -> F
 def capacity_of(group: dist.ProcessGroup | None = None, kind: Kind = "single") -> int:
     """The payload bytes per rank the next fused round of ``group`` reserves."""
     return state_of(group, kind).capacity
-
-
-def _store(info: GroupInfo, kind: Kind, state: FusedState) -> None:
-    pg = process_group(info)
-    if pg is not None:
-        _STATES.setdefault(pg, {})[kind] = state
 
 
 # --- headers -------------------------------------------------------------------------------
@@ -370,43 +375,237 @@ def exchange(
     layouts (and, when fused, the gathered tensors) on every rank.
     """
     w = info.world_size
-    state = state_of(info.group, kind)
+    pg = process_group(info)
+    state = _STATES.get(pg, {}).get(kind, _FRESH) if pg is not None else _FRESH
     slots, capacity = state.slots, min(state.capacity, FUSED_MAX_BYTES)
     k = len(calls)
     device = info.default_device()
+    records = tuple(c.record for c in calls)
     local_ok = (
         eligible
-        and all(c.record.problem is None and c.record.ndim <= SHAPE_SLOTS for c in calls)
+        and all(rec.problem is None and rec.ndim <= SHAPE_SLOTS for rec in records)
         and all(isinstance(t, torch.Tensor) and t.device.type == device.type for t in tensors)
     )
     flags = _ELIGIBLE if local_ok else 0
-    words: list[int] = []
-    for i in range(slots):
-        words += _encode_header(calls[i].record if i < k else None, k, flags)
+    own = [t for t in tensors if isinstance(t, torch.Tensor)] if local_ok and k <= slots else []
+    if any(t.is_conj() or t.is_neg() for t in own):
+        pack(own)  # torch refuses their bytes: raise as the byte copy always has
+    nbytes = sum(t.numel() * t.element_size() for t in own)
+    if nbytes > capacity:
+        own = []
+    rnd = _round_for(pg, kind, w, slots, capacity, device)
+    if rnd is not None and rnd.lock.acquire(blocking=False):
+        try:
+            rnd.fill((records, k, flags), own, nbytes)
+            all_gather_equal(rnd.recv, rnd.send, info, what="all_gather (metadata exchange)")
+            return _decide(kind, state, calls, rnd.rows(), info, pg, rnd.cut)
+        finally:
+            rnd.lock.release()
+    # Fresh buffers: another device than the CPU, a round too large to keep, or a
+    # thread already using this group's buffers.
     head = slots * HEADER_BYTES
     block = head + capacity
+    words: list[int] = []
+    for i in range(slots):
+        words += _encode_header(records[i] if i < k else None, k, flags)
     send = torch.empty(block, dtype=torch.uint8, device=device)
     send[:head].copy_(torch.tensor(words, dtype=torch.int64).view(torch.uint8))
     filled = 0
-    if local_ok and k <= slots:
-        own = pack([t for t in tensors if isinstance(t, torch.Tensor)])
-        if own.numel() <= capacity:
-            send[head : head + own.numel()].copy_(own)
-            filled = own.numel()
+    if own:
+        send[head : head + nbytes].copy_(pack(own))
+        filled = nbytes
     send[head + filled :].zero_()  # no stale memory to the peers
     gathered = torch.empty(w * block, dtype=torch.uint8, device=device)
     all_gather_equal(gathered, send, info, what="all_gather (metadata exchange)")
     grid = gathered.view(w, block)
-    headers_seen = grid[:, :head]
-    pg = process_group(info)
+    values = grid[:, :head].cpu().contiguous().view(torch.int64).view(w, -1).tolist()
+    rows = tuple(tuple(row) for row in values)
+
+    def cut(layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
+        return unpack([grid[r, head : head + needs[r]] for r in range(w)], layouts)
+
+    return _decide(kind, state, calls, rows, info, pg, cut)
+
+
+_FRESH: Final = FusedState()
+_ZEROS: Final = bytes(FUSED_MAX_BYTES)
+_REUSE_MAX_BYTES: Final = 4 << 20
+"""The largest receive buffer (``W x block`` bytes) a group keeps between calls."""
+
+Cut = Callable[[tuple[Layout, ...], tuple[int, ...]], list[torch.Tensor]]
+
+
+class _Round:
+    """One group's send and receive buffers for the fused round of one kind, kept from
+    call to call (CPU only; at most ``_REUSE_MAX_BYTES`` received): the headers are
+    rewritten only when they change, the payload is copied into its slot in one copy,
+    the bytes that must be zero are cleared only where an earlier payload left others,
+    and the received headers are read with ``struct`` from Python's own buffer.
+
+    Safe to reuse because the all_gather is synchronous on the CPU and every result is
+    a fresh tensor (``torch.cat`` of views of the receive buffer): nothing returned to
+    the caller aliases these buffers. ``lock`` keeps a second thread on the same group
+    (already a misuse of the group) from sharing them: it takes fresh buffers instead.
+    """
+
+    def __init__(self, world: int, slots: int, capacity: int) -> None:
+        self.key = (world, slots, capacity)
+        self.world = world
+        self.head = slots * HEADER_BYTES
+        self.block = self.head + capacity
+        self.fmt = struct.Struct(f"={slots * HEADER_WORDS}q")
+        self.raw_send = bytearray(self.block)
+        self.send = torch.frombuffer(self.raw_send, dtype=torch.uint8)
+        self.raw_recv = bytearray(world * self.block)
+        self.recv = torch.frombuffer(self.raw_recv, dtype=torch.uint8)
+        self.payloads = self.recv.view(world, self.block)[:, self.head :].unbind(0)
+        self.slots = slots
+        self.lock = threading.Lock()
+        self.header_key: object = None  # what the headers in ``send`` encode
+        self.slot_key: object = None  # the records the payload views are cut for
+        self.slot_views: list[tuple[torch.Tensor, bool]] = []
+        self.dirty = 0  # payload bytes of ``send`` that may be non-zero
+        self.cut_key: object = None  # the layouts the output views are cut for
+        self.cut_parts: list[list[torch.Tensor]] = []
+
+    def fill(
+        self,
+        header_key: tuple[tuple[CallRecord, ...], int, int],
+        own: Sequence[torch.Tensor],
+        nbytes: int,
+    ) -> None:
+        """Headers (when changed), this rank's payload and zeros into ``send``."""
+        records, k, flags = header_key
+        if header_key != self.header_key:
+            words: list[int] = []
+            for i in range(self.slots):
+                words += _encode_header(records[i] if i < k else None, k, flags)
+            self.fmt.pack_into(self.raw_send, 0, *words)
+            self.header_key = header_key
+        filled = 0
+        if own:
+            if records != self.slot_key:
+                self.slot_views = self._slot_views(own)
+                self.slot_key = records
+            for t, (view, typed) in zip(own, self.slot_views, strict=True):
+                if typed:  # the same bytes as ``pack``'s, in one copy whatever the strides
+                    view.copy_(t.detach() if t.requires_grad else t)
+                else:
+                    view.copy_(_bytes_of(t))
+            filled = nbytes
+        if self.dirty > filled:  # no stale memory to the peers
+            self.raw_send[self.head + filled : self.head + self.dirty] = _ZEROS[
+                : self.dirty - filled
+            ]
+        self.dirty = filled
+
+    def _slot_views(self, own: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, bool]]:
+        """Where each tensor's bytes go in the payload slot: a view with its dtype and
+        shape when the offset allows (one copy, any strides), else flat bytes."""
+        views = []
+        at = self.head
+        for t in own:
+            n = t.numel() * t.element_size()
+            region = self.send[at : at + n]
+            if at % t.element_size() == 0:
+                views.append((region.view(t.dtype).view(t.shape), True))
+            else:
+                views.append((region, False))
+            at += n
+        return views
+
+    def rows(self) -> tuple[tuple[int, ...], ...]:
+        """Every rank's received headers as int64 words."""
+        return tuple(self.fmt.unpack_from(self.raw_recv, r * self.block) for r in range(self.world))
+
+    def cut(self, layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
+        """The results, fresh tensors, from the received payloads (``unpack``'s values)."""
+        if layouts is not self.cut_key:
+            self.cut_parts = _parts(self.payloads, layouts)
+            self.cut_key = layouts
+        outputs = []
+        for layout, parts in zip(layouts, self.cut_parts, strict=True):
+            if layout.pre * layout.total * layout.post == 0:
+                outputs.append(torch.empty(layout.output_shape, dtype=layout.dtype))
+                continue
+            outputs.append(torch.cat(parts, dim=1).view(layout.dtype).view(layout.output_shape))
+        return outputs
+
+
+def _parts(payloads: Sequence[torch.Tensor], layouts: Sequence[Layout]) -> list[list[torch.Tensor]]:
+    """Per tensor, every rank's bytes of it as a ``(pre, n_r * row)`` view."""
+    offsets = [0] * len(payloads)
+    found = []
+    for layout in layouts:
+        row = layout.post * layout.dtype.itemsize
+        parts = []
+        for r, region in enumerate(payloads):
+            n = layout.pre * layout.sizes[r] * row
+            parts.append(
+                region[offsets[r] : offsets[r] + n].view(layout.pre, layout.sizes[r] * row)
+            )
+            offsets[r] += n
+        found.append(parts)
+    return found
+
+
+_ROUNDS: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, _Round]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _round_for(
+    pg: dist.ProcessGroup | None,
+    kind: Kind,
+    world: int,
+    slots: int,
+    capacity: int,
+    device: torch.device,
+) -> _Round | None:
+    """``pg``'s kept buffers for a round of this size (made or remade), or ``None``."""
+    if pg is None or device.type != "cpu":
+        return None
+    if world * (slots * HEADER_BYTES + capacity) > _REUSE_MAX_BYTES:
+        return None
+    kept = _ROUNDS.get(pg)
+    if kept is None:
+        kept = _ROUNDS.setdefault(pg, {})
+    rnd = kept.get(kind)
+    if rnd is None or rnd.key != (world, slots, capacity):
+        if rnd is not None and rnd.lock.locked():
+            return None  # another thread's round: leave it to it
+        rnd = kept[kind] = _Round(world, slots, capacity)
+    return rnd
+
+
+def _decide(
+    kind: Kind,
+    state: FusedState,
+    calls: Sequence[CheckedCall],
+    rows: tuple[tuple[int, ...], ...],
+    info: GroupInfo,
+    pg: dist.ProcessGroup | None,
+    cut: Cut,
+) -> Exchanged:
+    """Every rank's verdict from the gathered headers ``rows`` (the same on every rank)."""
     last = None if pg is None else _LAST.get(pg, {}).get(kind)
-    if last is not None and torch.equal(last[0], headers_seen):
+    if last is not None and last[0] == rows:
         # The very headers of the last call that validated: the verdict is a pure
         # function of them, so it is the same (and the same on every rank).
-        return _finish(kind, state, last[1], last[2], True, capacity, grid, head, info)
-    rows = headers_seen.cpu().contiguous().view(torch.int64).view(w, slots, HEADER_WORDS).tolist()
-
-    for r, headers in enumerate(rows):
+        return _finish(kind, state, last[1], last[2], True, info, pg, last[3], cut)
+    if last is not None:
+        resized = _resized(last[0], last[1], rows)
+        if resized is not None:
+            needs = _needs(resized, info.world_size)
+            if pg is not None:
+                _LAST.setdefault(pg, {})[kind] = (rows, resized, last[2], needs)
+            return _finish(kind, state, resized, last[2], True, info, pg, needs, cut)
+    k = len(calls)
+    per_rank = [
+        [row[i * HEADER_WORDS : (i + 1) * HEADER_WORDS] for i in range(len(row) // HEADER_WORDS)]
+        for row in rows
+    ]
+    for r, headers in enumerate(per_rank):
         for h in headers:
             if h[0] != _MAGIC:
                 raise ProtocolMismatchError(
@@ -415,33 +614,83 @@ def exchange(
                     "collective issued on this group?)",
                     ranks=[r],
                 )
-    counts = [headers[0][3] for headers in rows]
-    fusable = all(headers[0][1] & _ELIGIBLE for headers in rows)
+    slots = len(per_rank[0]) if per_rank else 0
+    counts = [headers[0][3] for headers in per_rank]
+    fusable = all(headers[0][1] & _ELIGIBLE for headers in per_rank)
     compact = len(set(counts)) == 1 and k <= slots
     if compact:
-        compact = not any(headers[i][1] & (_PROBLEM | _LONG) for headers in rows for i in range(k))
+        compact = not any(
+            headers[i][1] & (_PROBLEM | _LONG) for headers in per_rank for i in range(k)
+        )
     layouts: tuple[Layout, ...] | None = None
     if compact:
         try:
             layouts = tuple(
-                validate_records([_decode_header(headers[i]) for headers in rows], rank=info.rank)
+                validate_records(
+                    [_decode_header(headers[i]) for headers in per_rank], rank=info.rank
+                )
                 for i in range(k)
             )
         except VarGatherError:
             layouts = None
+    w = info.world_size
     if layouts is None:
-        compact = False
         layouts = _full_path(kind, calls, counts, info)
-    elif pg is not None:
-        _LAST.setdefault(pg, {})[kind] = (headers_seen.clone(), layouts, fusable)
-    return _finish(kind, state, layouts, fusable, compact, capacity, grid, head, info)
+        needs = _needs(layouts, w)
+        return _finish(kind, state, layouts, fusable, False, info, pg, needs, cut)
+    needs = _needs(layouts, w)
+    if pg is not None:
+        _LAST.setdefault(pg, {})[kind] = (rows, layouts, fusable, needs)
+    return _finish(kind, state, layouts, fusable, True, info, pg, needs, cut)
+
+
+def _resized(
+    before: tuple[tuple[int, ...], ...],
+    layouts: tuple[Layout, ...],
+    rows: tuple[tuple[int, ...], ...],
+) -> tuple[Layout, ...] | None:
+    """The layouts of ``rows`` when they are the validated headers ``before`` (whose
+    layouts are ``layouts``) with only the sizes along each gather dimension changed and
+    no rank passing ``sizes``; else ``None`` (validate them in full).
+
+    What ``validate_records`` would return for ``rows``: every field it compares is as
+    in ``before``, which passed; the new sizes are checked ``>= 0``; with no ``sizes``
+    passed (length -1 in every header) nothing else depends on the sizes.
+    """
+    if len(rows) != len(before) or not layouts:
+        return None
+    at = [i * HEADER_WORDS + 6 + lay.dim for i, lay in enumerate(layouts)]
+    if any(lay.dim >= SHAPE_SLOTS for lay in layouts):
+        return None
+    for row, old in zip(rows, before, strict=True):
+        if len(row) != len(old):
+            return None
+        start = 0
+        for p in at:
+            if row[start:p] != old[start:p] or row[p] < 0:
+                return None
+            start = p + 1
+        if row[start:] != old[start:]:
+            return None
+    if any(old[i * HEADER_WORDS + 4] != -1 for old in before for i in range(len(layouts))):
+        return None  # sizes passed: their hash depends on the sizes
+    return tuple(
+        replace(lay, sizes=tuple(row[p] for row in rows))
+        for lay, p in zip(layouts, at, strict=True)
+    )
+
+
+def _needs(layouts: Sequence[Layout], world: int) -> tuple[int, ...]:
+    return tuple(sum(payload_nbytes(lay, r) for lay in layouts) for r in range(world))
 
 
 _LAST: weakref.WeakKeyDictionary[
-    dist.ProcessGroup, dict[str, tuple[torch.Tensor, tuple[Layout, ...], bool]]
+    dist.ProcessGroup,
+    dict[str, tuple[tuple[tuple[int, ...], ...], tuple[Layout, ...], bool, tuple[int, ...]]],
 ] = weakref.WeakKeyDictionary()
 """Per group and kind: the headers of the last call that validated compactly, its
-layouts and whether every rank was eligible (a cache of a pure function)."""
+layouts, whether every rank was eligible and every rank's payload bytes (a cache of a
+pure function)."""
 
 
 def _finish(
@@ -450,20 +699,20 @@ def _finish(
     layouts: tuple[Layout, ...],
     fusable: bool,
     compact: bool,
-    capacity: int,
-    grid: torch.Tensor,
-    head: int,
     info: GroupInfo,
+    pg: dist.ProcessGroup | None,
+    needs: tuple[int, ...],
+    cut: Cut,
 ) -> Exchanged:
     """Advance the state from the validated layouts; cut out the results if fused."""
-    w = info.world_size
-    needs = [sum(payload_nbytes(lay, r) for lay in layouts) for r in range(w)]
     need = max(needs, default=0)
-    _store(info, kind, advance(state, fusable=fusable, need=need, count=len(layouts)))
+    after = advance(state, fusable=fusable, need=need, count=len(layouts))
+    if pg is not None and after is not state:
+        _STATES.setdefault(pg, {})[kind] = after
+    capacity = min(state.capacity, FUSED_MAX_BYTES)
     if not (compact and fusable and need <= capacity):
         return Exchanged(layouts, None)
-    regions = [grid[r, head : head + needs[r]] for r in range(w)]
-    return Exchanged(layouts, unpack(regions, layouts))
+    return Exchanged(layouts, cut(layouts, needs))
 
 
 class Prefetched:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -73,6 +74,11 @@ def resolve_group(group: dist.ProcessGroup | None) -> GroupInfo:
     group cannot say which peers it meant to reach (they will time out, naming it).
     """
     initialized = dist.is_available() and dist.is_initialized()
+    if group is None and initialized:
+        world = dist.group.WORLD
+        known = _DEFAULT_INFO.get(world) if isinstance(world, dist.ProcessGroup) else None
+        if known is not None:  # the same default group as before: the same answers
+            return known
     if not initialized:
         if group is not None:
             raise GroupError(
@@ -110,13 +116,25 @@ def resolve_group(group: dist.ProcessGroup | None) -> GroupInfo:
             "expected a group containing this rank",
             ranks=[dist.get_rank()],
         )
-    return GroupInfo(
+    info = GroupInfo(
         group=group,
         rank=rank,
         world_size=dist.get_world_size(group),
         distributed=True,
         backend=str(dist.get_backend(group)),
     )
+    if group is None:
+        world = dist.group.WORLD
+        if isinstance(world, dist.ProcessGroup):
+            _DEFAULT_INFO.clear()
+            _DEFAULT_INFO[world] = info
+    return info
+
+
+_DEFAULT_INFO: weakref.WeakKeyDictionary[dist.ProcessGroup, GroupInfo] = weakref.WeakKeyDictionary()
+"""The default group's ``GroupInfo`` (what ``resolve_group(None)`` found for that very
+group object: its rank, size and backend never change; a new default group after
+``destroy_process_group`` is another object, and is resolved afresh)."""
 
 
 # --- timeouts ------------------------------------------------------------------------

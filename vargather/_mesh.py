@@ -30,7 +30,9 @@ MeshDim: TypeAlias = "int | str | None"
 
 def is_device_mesh(group: object) -> bool:
     """Whether ``group`` is a ``DeviceMesh`` (False when torch has no device mesh)."""
-    if not dist.is_available():
+    if group is None or not dist.is_available():
+        return False
+    if isinstance(group, dist.ProcessGroup):  # the common case, without the import
         return False
     try:
         from torch.distributed.device_mesh import DeviceMesh
