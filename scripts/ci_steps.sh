@@ -14,13 +14,16 @@
 #   actionlint  actionlint on .github/workflows/
 #   mypy        mypy --strict on the package
 #   tests       the README's test command
+#   slow        the tests marked slow, which the README's command leaves out (the
+#               fork zoo at default settings, every mutant through the CLI, more
+#               seeds and contracts of the gate): scheduled, not on every push
 #   fuzz-smoke  one minute of each fuzz program (what CI runs)
 #   fuzz        FUZZ_MINUTES (default 10) of each fuzz program, example databases
 #               under FUZZ_DB (default .hypothesis/fuzz), both run even if one fails
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STEPS="lint actionlint mypy tests fuzz-smoke fuzz"
+STEPS="lint actionlint mypy tests slow fuzz-smoke fuzz"
 start=$SECONDS
 banner() { printf '\n=== %s (%ds) ===\n' "$1" $((SECONDS - start)); }
 
@@ -41,6 +44,9 @@ run_step() {
         ;;
     tests)
         python -m pytest -n 2 "$@"
+        ;;
+    slow)
+        python -m pytest -n 2 -m slow
         ;;
     fuzz-smoke)
         python fuzz/fuzz_stages.py --minutes 1 --db .hypothesis/ci-fuzz-stages

@@ -92,7 +92,7 @@ MAX_NDIM: Final = 8
 DEFAULT_MAX_EXAMPLES: Final = 60
 DEFAULT_SEED: Final = 0
 DEFAULT_TIMEOUT: Final = 30.0
-DEFAULT_SHRINK_BUDGET: Final = 40
+DEFAULT_SHRINK_BUDGET: Final = 200
 """Examples a property may run shrinking its first failure (a count, not seconds, so
 a loaded machine shrinks to the same counterexample): a crashing implementation costs
 a world restart per attempt. A hang is not shrunk (each attempt costs ``--timeout``)."""
@@ -1153,7 +1153,9 @@ def _run_check(
         strict=options.strict,
     )
     try:
-        for row_id, row in _split_rows(rows, refused, options.xfails):
+        split = list(_split_rows(rows, refused, options.xfails))
+        progress.retotal(len(split))  # a refused dtype is a row of its own
+        for row_id, row in split:
             progress.phase(f"checking {row_id}")
             reason = row.not_applicable(world_sizes, returns)
             if reason is None and row.id == "uninitialized" and options.requires_init:

@@ -376,6 +376,12 @@ class Progress:
                 self._live.start()
                 self._task = self._live.add_task(title, total=total, note="")
 
+    def retotal(self, total: int) -> None:
+        """The number of steps turned out different (a property split into rows)."""
+        self.total = total
+        if self._live is not None and self._task is not None:
+            self._live.update(self._task, total=total)
+
     def phase(self, text: str) -> None:
         if self._live is not None and self._task is not None:
             self._live.update(self._task, description=text, note="")
