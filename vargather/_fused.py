@@ -287,18 +287,9 @@ def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 def unpack(regions: Sequence[torch.Tensor], layouts: Sequence[Layout]) -> list[torch.Tensor]:
     """The gathered tensors from each rank's payload bytes (``regions[r]``: rank r's
     tensors' bytes one after the other). One ``cat`` per tensor, exact for any dtype."""
-    offsets = [0] * len(regions)
     device = regions[0].device if regions else torch.device("cpu")
     outputs: list[torch.Tensor] = []
-    for layout in layouts:
-        row = layout.post * layout.dtype.itemsize
-        parts = []
-        for r, region in enumerate(regions):
-            nbytes = layout.pre * layout.sizes[r] * row
-            parts.append(
-                region[offsets[r] : offsets[r] + nbytes].view(layout.pre, layout.sizes[r] * row)
-            )
-            offsets[r] += nbytes
+    for layout, parts in zip(layouts, _parts(regions, layouts), strict=True):
         if layout.pre * layout.total * layout.post == 0:
             outputs.append(torch.empty(layout.output_shape, dtype=layout.dtype, device=device))
             continue
