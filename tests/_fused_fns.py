@@ -268,3 +268,20 @@ def strided_in_the_fused_round(ctx: RankContext, dtype: str) -> list[tuple[bytes
         issued = _comm.collectives_issued() - before
         seen.append((out.unsqueeze(-1).view(torch.uint8).numpy().tobytes(), issued == 1))
     return seen
+
+
+def lazy_views_in_the_fused_round(ctx: RankContext, kind: str) -> list[tuple[bytes, bool]]:
+    """A lazily conjugated (complex) or negated (float) shard gathered three times on one
+    group, so the later calls ride in the fused round; each result's bytes (with the
+    conjugation or negation resolved) and whether its call issued a single collective."""
+    seen: list[tuple[bytes, bool]] = []
+    for _ in range(3):
+        dtype = "complex64" if kind == "conj" else "float32"
+        base = make_shard((ctx.rank + 1, 3), dtype, seed=21 + ctx.rank)
+        x = base.conj() if kind == "conj" else base._neg_view()
+        assert x.is_conj() or x.is_neg()
+        before = _comm.collectives_issued()
+        out = vargather.all_gather_v(x, 0).resolve_conj().resolve_neg()
+        issued = _comm.collectives_issued() - before
+        seen.append((out.unsqueeze(-1).view(torch.uint8).numpy().tobytes(), issued == 1))
+    return seen

@@ -25,6 +25,7 @@ from ._fused_fns import (
     Step,
     grad_shard,
     kept_buffers,
+    lazy_views_in_the_fused_round,
     make_shard,
     run_script,
     strided_in_the_fused_round,
@@ -308,4 +309,25 @@ def test_strided_shards_ride_the_fused_round(dtype: str) -> None:
             got, one_collective = results[r][i]
             assert got == want, f"call {i} ({layout}) on rank {r}: bytes differ from the oracle"
             if i >= 2:
+                assert one_collective, f"call {i} on rank {r} took more than one collective"
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("kind", ["conj", "neg"])
+def test_lazily_conjugated_or_negated_shards_ride_the_fused_round(kind: str) -> None:
+    """``x.conj()`` and a negative view carry a bit instead of their own bytes: the round
+    resolves it while packing (a rank that raised there alone would leave its peers
+    waiting), and every rank gets the oracle's bytes in one collective."""
+    world = 2
+    results = get_pool(world).run(lazy_views_in_the_fused_round, kind)
+    dtype = "complex64" if kind == "conj" else "float32"
+    shards = []
+    for r in range(world):
+        base = make_shard((r + 1, 3), dtype, seed=21 + r)
+        shards.append(base.conj().resolve_conj() if kind == "conj" else -base)
+    want = torch.cat(shards, 0).unsqueeze(-1).view(torch.uint8).numpy().tobytes()
+    for r in range(world):
+        for i, (got, one_collective) in enumerate(results[r]):
+            assert got == want, f"call {i} on rank {r}: bytes differ from the oracle"
+            if i >= 1:
                 assert one_collective, f"call {i} on rank {r} took more than one collective"

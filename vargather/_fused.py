@@ -272,7 +272,10 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     contiguous, a copy of a strided one. Never raises (a rank that raised here would
     leave its peers waiting in the round): viewing the new size-1 last dimension, whose
     stride is 1, as bytes works for any strides, which ``t.view(uint8)`` does not."""
-    return t.detach().unsqueeze(-1).view(torch.uint8).reshape(-1)
+    # A lazily conjugated or negated view has no bytes of its own to view: resolve it
+    # first (free when the bit is not set).
+    resolved = t.detach().resolve_conj().resolve_neg()
+    return resolved.unsqueeze(-1).view(torch.uint8).reshape(-1)
 
 
 def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -379,8 +382,6 @@ def exchange(
     )
     flags = _ELIGIBLE if local_ok else 0
     own = [t for t in tensors if isinstance(t, torch.Tensor)] if local_ok and k <= slots else []
-    if any(t.is_conj() or t.is_neg() for t in own):
-        pack(own)  # torch refuses their bytes: raise as the byte copy always has
     nbytes = sum(t.numel() * t.element_size() for t in own)
     if nbytes > capacity:
         own = []
