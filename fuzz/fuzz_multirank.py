@@ -58,6 +58,7 @@ from vargather.testing import (  # noqa: E402
     GatherCase,
     PoolFailure,
     RankOutcome,
+    assert_bitwise_equal,
     close_all_pools,
     describe,
     get_pool,
@@ -241,7 +242,7 @@ def _judge_all_ok(scenario: fns.Scenario, outcomes: Sequence[RankOutcome[Any]]) 
     for o in outcomes:
         assert o.value is not None
         got = o.value.output
-        assert fns.same_bytes(got, want), f"rank {o.rank}: got {got!r}, want {want!r}"
+        assert_bitwise_equal(got, want, msg=f"rank {o.rank}")
 
 
 def _judge_all_raised(
@@ -316,11 +317,11 @@ def _check_mutated(scenario: fns.Scenario, mutated: tuple[int, ...]) -> None:
     assert pool.generation == generation, "the process group had to be rebuilt"
     want, grads = fns.expected_of(valid)
     for r, got in enumerate(results):
-        assert fns.same_bytes(got.output, want), "the next gather on the group was wrong"
+        assert_bitwise_equal(got.output, want, msg="the next gather on the group was wrong")
         want_grad = grads[r]
         assert got.grad is not None
         assert want_grad is not None
-        assert fns.same_bytes(got.grad, want_grad), "the next gather's gradient was wrong"
+        assert_bitwise_equal(got.grad, want_grad, msg="the next gather's gradient was wrong")
 
 
 def check_valid(case: GatherCase) -> None:
