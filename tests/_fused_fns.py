@@ -254,6 +254,21 @@ def kept_buffers(ctx: RankContext, world: int) -> list[str]:
     return failures
 
 
+def raw_bytes(t: torch.Tensor) -> bytes:
+    """``t``'s elements as bytes (any dtype and strides; conjugation and negation bits
+    resolved), for bit-exact comparisons across processes."""
+    return t.resolve_conj().resolve_neg().unsqueeze(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _gathered_bytes(x: torch.Tensor) -> tuple[bytes, bool]:
+    """``all_gather_v(x, 0)`` on the world: the result's bytes, and whether the call
+    issued a single collective."""
+    before = _comm.collectives_issued()
+    out = vargather.all_gather_v(x, 0)
+    issued = _comm.collectives_issued() - before
+    return raw_bytes(out), issued == 1
+
+
 def strided_in_the_fused_round(ctx: RankContext, dtype: str) -> list[tuple[bytes, bool]]:
     """Strided shards (every other column, then a transposed block) gathered twice on one
     group, so the second call rides in the fused round; each result's bytes and whether
@@ -263,10 +278,7 @@ def strided_in_the_fused_round(ctx: RankContext, dtype: str) -> list[tuple[bytes
         base = make_shard((ctx.rank + 1, 8), dtype, seed=11 + ctx.rank)
         x = base[:, ::2] if layout == "sliced" else base.t().contiguous().t()
         assert not x.is_contiguous() or x.shape[0] == 1
-        before = _comm.collectives_issued()
-        out = vargather.all_gather_v(x, 0)
-        issued = _comm.collectives_issued() - before
-        seen.append((out.unsqueeze(-1).view(torch.uint8).numpy().tobytes(), issued == 1))
+        seen.append(_gathered_bytes(x))
     return seen
 
 
@@ -280,8 +292,5 @@ def lazy_views_in_the_fused_round(ctx: RankContext, kind: str) -> list[tuple[byt
         base = make_shard((ctx.rank + 1, 3), dtype, seed=21 + ctx.rank)
         x = base.conj() if kind == "conj" else base._neg_view()
         assert x.is_conj() or x.is_neg()
-        before = _comm.collectives_issued()
-        out = vargather.all_gather_v(x, 0).resolve_conj().resolve_neg()
-        issued = _comm.collectives_issued() - before
-        seen.append((out.unsqueeze(-1).view(torch.uint8).numpy().tobytes(), issued == 1))
+        seen.append(_gathered_bytes(x))
     return seen
