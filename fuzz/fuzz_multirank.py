@@ -30,6 +30,7 @@ fuzzed: it trusts the caller by design (``docs/misuse.md``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -47,6 +48,7 @@ if TESTS not in sys.path:  # the ranks inherit sys.path, and import _misuse_fns 
 
 import _misuse_fns as fns  # noqa: E402  # needs the sys.path entry above
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import seed as seeded  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.database import DirectoryBasedExampleDatabase  # noqa: E402
 
@@ -246,8 +248,9 @@ def _judge_all_ok(scenario: fns.Scenario, outcomes: Sequence[RankOutcome[Any]]) 
 
 
 def _judge_all_raised(
-    outcomes: Sequence[RankOutcome[Any]], mutated: tuple[int, ...], w: int
+    scenario: fns.Scenario, outcomes: Sequence[RankOutcome[Any]], mutated: tuple[int, ...]
 ) -> None:
+    w = scenario.world_size
     names = {o.exc_type_name for o in outcomes}
     assert len(names) == 1, f"ranks raised different classes: {names}"
     messages = {str(o.exception) for o in outcomes}
@@ -259,13 +262,45 @@ def _judge_all_raised(
     assert all(0 <= r < w for r in error.ranks), message
     for r in error.ranks:
         assert f"rank {r}" in message or f"{r}]" in message or f"[{r}" in message, message
-    disagreement = isinstance(error, vargather.MismatchError) and not isinstance(
-        error, vargather.SizesMismatchError
-    )
-    if not disagreement:  # a local problem or a sizes lie: only a mutated rank is to blame
+    if isinstance(error, vargather.SizesMismatchError):
+        # The ranks blamed passed sizes that contradict the tensors (or each other): a
+        # lie told by a mutated rank, or a true statement about a tensor that a mutated
+        # rank changed. Either way a mutated rank is the blamed one or one it names.
+        involved = set(error.ranks) | _contradicted_ranks(scenario, error.ranks)
+        assert involved & set(mutated), (
+            f"blamed {error.ranks}, whose sizes name no mutated rank {mutated}: {message}"
+        )
+    elif not isinstance(error, vargather.MismatchError):
+        # a local problem: only a mutated rank is to blame
         assert set(error.ranks) <= set(mutated), (
             f"blamed {error.ranks}, mutated {mutated}: {message}"
         )
+
+
+def _contradicted_ranks(scenario: fns.Scenario, blamed: Sequence[int]) -> set[int]:
+    """The ranks whose tensor's size along ``dim`` differs from what a blamed rank's
+    ``sizes`` say it is (every rank, when that rank's sizes cannot be read so)."""
+    w = scenario.world_size
+    out: set[int] = set()
+    for b in blamed:
+        call = scenario.calls[b]
+        sizes = call.sizes
+        if isinstance(sizes, fns.SizesTensor):
+            sizes = list(sizes.values)
+        if not isinstance(sizes, list) or len(sizes) != w:
+            return set(range(w))
+        for r, claimed in enumerate(sizes):
+            other = scenario.calls[r]
+            spec, dim = other.x, other.dim
+            holds = (
+                isinstance(spec, fns.TensorSpec)
+                and isinstance(dim, int)
+                and -len(spec.shape) <= dim < len(spec.shape)
+                and spec.shape[dim] == claimed
+            )
+            if not holds:
+                out.add(r)
+    return out
 
 
 HISTORY: dict[int, deque[str]] = {}
@@ -305,7 +340,7 @@ def _check_mutated(scenario: fns.Scenario, mutated: tuple[int, ...]) -> None:
         _judge_all_ok(scenario, outcomes)
     elif not any(ok):
         COUNTS["mutated, refused"] += 1
-        _judge_all_raised(outcomes, mutated, w)
+        _judge_all_raised(scenario, outcomes, mutated)
     else:
         detail = "; ".join(
             f"rank {o.rank}: " + ("returned" if o.ok else f"{o.exc_type_name}: {o.exception}")
@@ -366,16 +401,23 @@ def describe_failure(err: BaseException) -> str:
     return text if len(text) < 20_000 else text[:20_000] + "\n[...]"
 
 
-def run_timed(seconds: float, db_path: str, chunk: int) -> list[str]:
+def run_timed(seconds: float, db_path: str, chunk: int, first_seed: int | None = None) -> list[str]:
+    """Runs of ``chunk`` examples until ``seconds`` pass; run ``k`` draws from seed
+    ``first_seed + k`` when one is given (the same examples on every machine, in
+    order), from fresh randomness otherwise."""
     config = settings(SETTINGS, database=DirectoryBasedExampleDatabase(db_path), max_examples=chunk)
     end = time.monotonic() + seconds
-    while True:
+    for k in itertools.count():
+        test = build(config)
+        if first_seed is not None:
+            test = seeded(first_seed + k)(test)
         try:
-            build(config)()
+            test()
         except Exception as err:  # a failure, shrunk and saved by Hypothesis
             return [describe_failure(err)]
         if time.monotonic() >= end:
-            return []
+            break
+    return []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -383,16 +425,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=1.0)
     parser.add_argument("--db", default=DEFAULT_DB, help=f"example database (default {DEFAULT_DB})")
     parser.add_argument("--chunk", type=int, default=25, help="examples per Hypothesis run")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="draw run k from seed SEED+k: reproducible (what the CI smoke uses); "
+        "fresh randomness when absent",
+    )
     args = parser.parse_args(argv)
     # A loaded machine (CI, xdist neighbours) can stall a healthy collective for
     # seconds; a generous timeout keeps those from reading as failures. Set before the
     # pools start, so the property suite's runner and this file share them.
     os.environ.setdefault(COLLECTIVE_TIMEOUT_ENV, "30")
     started = time.monotonic()
-    failures = run_timed(args.minutes * 60, args.db, args.chunk)
+    failures = run_timed(args.minutes * 60, args.db, args.chunk, args.seed)
     elapsed = time.monotonic() - started
     total = COUNTS["valid"] + COUNTS["mutated"]
-    print(f"fuzz_multirank: {elapsed:.0f} s, database {args.db}")
+    drawn = "fresh randomness" if args.seed is None else f"seeds {args.seed}, {args.seed + 1}, ..."
+    print(f"fuzz_multirank: {elapsed:.0f} s, database {args.db}, {drawn}")
     print(f"  valid cases (property-suite strategy): {COUNTS['valid']}")
     print(
         f"  mutated calls: {COUNTS['mutated']} ({COUNTS['mutated, refused']} refused on every "

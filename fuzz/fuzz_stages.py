@@ -39,6 +39,7 @@ The targets (the stage under test in brackets):
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import sys
@@ -51,6 +52,7 @@ from typing import Any
 
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as seeded
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
@@ -646,21 +648,29 @@ for _name, _test in TARGETS.items():  # so that ``pytest fuzz/fuzz_stages.py`` r
 
 
 def run_timed(
-    names: Sequence[str], seconds: float, db_path: str, chunk: int = 200
+    names: Sequence[str],
+    seconds: float,
+    db_path: str,
+    chunk: int = 200,
+    first_seed: int | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """Drive each target with Hypothesis for its share of ``seconds``.
 
     Each round is one ``@given`` run of up to ``chunk`` examples against the database,
-    so a failure saved by an earlier run is replayed first. Returns (examples run per
-    target, failure reports); a target stops at its first failure.
+    so a failure saved by an earlier run is replayed first; round ``k`` draws from seed
+    ``first_seed + k`` when one is given (reproducible), from fresh randomness
+    otherwise. Returns (examples run per target, failure reports); a target stops at
+    its first failure.
     """
     config = settings(FUZZ_SETTINGS, database=DirectoryBasedExampleDatabase(db_path))
     failures: list[str] = []
     share = seconds / max(1, len(names))
     for name in names:
         end = time.monotonic() + share
-        while True:
+        for k in itertools.count():
             test = build(name, settings(config, max_examples=chunk))
+            if first_seed is not None:
+                test = seeded(first_seed + k)(test)
             try:
                 test()
             except Exception as err:  # a failure, shrunk and saved by Hypothesis
@@ -703,6 +713,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", choices=sorted(TARGETS), action="append")
     parser.add_argument("--db", default=DEFAULT_DB, help=f"example database (default {DEFAULT_DB})")
     parser.add_argument("--atheris", action="store_true", help="drive one --target with atheris")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="draw round k of each target from seed SEED+k: reproducible (what the CI "
+        "smoke uses); fresh randomness when absent",
+    )
     args, rest = parser.parse_known_args(argv)
     names = args.target or sorted(TARGETS)
     if args.atheris:
@@ -728,9 +744,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     started = time.monotonic()
-    counts, failures = run_timed(names, args.minutes * 60, args.db)
+    counts, failures = run_timed(names, args.minutes * 60, args.db, first_seed=args.seed)
     elapsed = time.monotonic() - started
-    print(f"fuzz_stages: {elapsed:.0f} s, database {args.db}")
+    drawn = "fresh randomness" if args.seed is None else f"seeds {args.seed}, {args.seed + 1}, ..."
+    print(f"fuzz_stages: {elapsed:.0f} s, database {args.db}, {drawn}")
     for name in names:
         print(f"  {name}: {counts.get(name, 0)} examples")
     print(f"  total: {sum(counts.values())} examples, {len(failures)} failure(s)")

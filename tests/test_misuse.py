@@ -296,3 +296,47 @@ def test_int16_which_gloo_refuses_travels_as_bytes(
     want, _ = fns.expected_of(fns.Scenario(calls))
     for got in results:
         assert_bitwise_equal(got.output, want)
+
+
+def test_true_sizes_about_a_tensor_a_peer_changed_blame_the_sizes_and_name_the_peer() -> None:
+    """Found by fuzz/fuzz_multirank.py: rank 1 passes ``sizes=[1, 0]``, which held for
+    the call both ranks meant to make, but rank 0's tensor has 0 rows. Every rank raises
+    the same SizesMismatchError blaming rank 1 (whose sizes contradict the tensors) and
+    saying what the tensors hold; the fuzz judge accepts it because rank 1's sizes name
+    the rank whose tensor changed (it once demanded the blamed rank be the changed one)."""
+    calls = (
+        fns.Call(fns.TensorSpec((0, 0), "bfloat16"), dim=1),
+        fns.Call(fns.TensorSpec((0, 0), "bfloat16"), dim=1, sizes=[1, 0]),
+    )
+    pool = get_pool(2)
+    generation = pool.generation
+    outcomes = pool.run_outcomes(fns.run_call, fns.Scenario(calls))
+    assert_same_error(
+        outcomes,
+        vargather.SizesMismatchError,
+        ["expected sizes=[0, 0]", "rank 1 passed sizes=[1, 0]"],
+        [1],
+    )
+    assert_usable(pool, generation)
+    fuzz = _fuzz_multirank()
+    spec = fuzz.fns.TensorSpec((0, 0), "bfloat16")  # its own import of _misuse_fns
+    scenario = fuzz.fns.Scenario(
+        (fuzz.fns.Call(spec, dim=1), fuzz.fns.Call(spec, dim=1, sizes=[1, 0]))
+    )
+    assert fuzz._contradicted_ranks(scenario, (1,)) == {0}
+    fuzz._judge_all_raised(scenario, outcomes, (0,))  # the changed rank: accepted
+    with pytest.raises(AssertionError, match="name no mutated rank"):
+        fuzz._judge_all_raised(scenario, outcomes, ())  # no rank changed: refusing is a defect
+
+
+def _fuzz_multirank() -> Any:
+    """fuzz/fuzz_multirank.py, imported by path (fuzz/ is not a package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "fuzz", "fuzz_multirank.py")
+    spec = importlib.util.spec_from_file_location("fuzz_multirank", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
