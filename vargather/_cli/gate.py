@@ -550,6 +550,7 @@ def _evaluate(
     Deterministic for a given seed: examples and shrinking are budgeted by count, never
     by time, so a loaded machine runs the same examples."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, settings
+    from hypothesis import strategies as st
 
     started = time.monotonic()
     state = _PropertyState()
@@ -558,13 +559,28 @@ def _evaluate(
     )
     impl = prop.implementation
 
+    def out_of_budget() -> bool:
+        if state.failed_at is None:
+            return False
+        kind = state.last.kind if state.last is not None else None
+        budget = options.shrink_budget
+        if kind == "crash":  # every crashing attempt costs a world restart
+            budget = min(budget, CRASH_SHRINK_BUDGET)
+        return kind == "hang" or state.shrink_runs >= budget
+
+    @st.composite
+    def budgeted(draw: st.DrawFn) -> list[GatherCase]:
+        # Past the budget Hypothesis keeps proposing shrinks (a thousand or more); each
+        # would draw a whole batch only to be rejected in ``run``. Reject before the
+        # draw instead, except in the final replay of the counterexample, which must
+        # draw it again (the memo then answers without running it).
+        if out_of_budget() and not _final_replay():
+            reject()
+        return draw(strategy)
+
     def run(batch: list[GatherCase]) -> PropertyFailure | None:
         if state.failed_at is not None:
-            kind = state.last.kind if state.last is not None else None
-            budget = options.shrink_budget
-            if kind == "crash":  # every crashing attempt costs a world restart
-                budget = min(budget, CRASH_SHRINK_BUDGET)
-            if kind == "hang" or state.shrink_runs >= budget:
+            if out_of_budget():
                 reject()  # out of shrinking budget: keep the smallest failure found so far
             state.shrink_runs += 1
         with _in_flight(options.in_flight, batch, impl):
@@ -603,7 +619,7 @@ def _evaluate(
         # Health checks judge the strategies (the property suite's own tests run them);
         # here they would blame the implementation under test for how cases are drawn.
         suppress_health_check=list(HealthCheck),
-    )(seed(options.seed)(given(strategy)(body)))
+    )(seed(options.seed)(given(budgeted())(body)))
     failure: PropertyFailure | None = None
     try:
         test()
@@ -635,6 +651,18 @@ def _evaluate(
         seconds=seconds,
         failure=failure,
     )
+
+
+def _final_replay() -> bool:
+    """Whether Hypothesis is replaying the counterexample it reports (True when this
+    Hypothesis cannot say: never reject what may be the final replay)."""
+    from hypothesis.control import current_build_context
+
+    try:
+        context = current_build_context()
+    except Exception:
+        return True
+    return bool(getattr(context, "is_final", True))
 
 
 NONEMPTY_EXAMPLES: Final = 20
