@@ -82,6 +82,14 @@ def exit_on(ctx: RankContext, bad_rank: int) -> int:
     return ctx.rank
 
 
+def exit_at(ctx: RankContext, spec: tuple[int, int, int]) -> int:
+    """Payload ``(index, bad_index, bad_rank)``: rank ``bad_rank`` dies at ``bad_index``."""
+    index, bad_index, bad_rank = spec
+    if (index, ctx.rank) == (bad_index, bad_rank):
+        os._exit(3)
+    return index
+
+
 def sigkill_on(ctx: RankContext, bad_rank: int) -> int:
     if ctx.rank == bad_rank:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -230,6 +230,32 @@ def test_a_world_whose_collective_failed_is_not_reused() -> None:
     assert pool.generation == before + 1  # a fresh world served the next call
 
 
+@multirank
+@pytest.mark.usefixtures("in_root")
+def test_a_crash_mid_batch_is_blamed_on_its_case_without_bisecting() -> None:
+    """The ranks say which case they were in when one died: that case runs alone (and
+    crashes again), the others re-run together and keep their own verdicts. Two world
+    rebuilds; bisecting this batch of four would take three."""
+    impl = Implementation(
+        "tests.forks.negative_dim_crash:gather",
+        convention="seed",
+        contracts=("local",),
+        search_path=(str(ROOT),),
+    )
+    pool = _zoo_pool(2)
+    cases = [
+        GatherCase(((2, 2), (2, 2)), d, "float32", contract="local", requires_grad=False)
+        for d in (0, -1, 1, 0)
+    ]
+    run_cases(cases[:1], impl, pool_factory=_zoo_pool)  # a started world
+    before = pool.generation
+    verdicts = run_cases(cases, impl, pool_factory=_zoo_pool)
+    kinds = [[f.kind for f in v.failures] for v in verdicts]
+    assert kinds == [[], ["crash"], [], []], [v.failures for v in verdicts]
+    assert "this case" in verdicts[1].failures[0].message
+    assert pool.generation == before + 2
+
+
 # --- scope, conventions and configuration (no ranks) --------------------------------------
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pickle
 import signal
 import time
 from collections.abc import Iterator
@@ -299,6 +300,17 @@ def test_os_exit_is_a_crash_and_the_pool_rebuilds(fragile: RankPool) -> None:
     assert set(fragile.pids).isdisjoint(pids)
 
 
+def test_a_crash_names_the_payload_the_dead_rank_was_running(fragile: RankPool) -> None:
+    """``in_flight``: rank 1 died in payload 2; rank 0, which needs no peer, finished
+    the batch and is absent. The record survives pickling (the gate ships it)."""
+    with pytest.raises(RankCrashed) as info:
+        fragile.run_many(fns.exit_at, [(i, 2, 1) for i in range(4)])
+    assert info.value.ranks == (1,)
+    assert info.value.in_flight == {1: 2}
+    assert pickle.loads(pickle.dumps(info.value)).in_flight == {1: 2}
+    assert fragile.run(fns.all_reduce_rank, None) == [3, 3]
+
+
 def test_spawned_world_crashes_and_rebuilds() -> None:
     with RankPool(1) as pool:
         assert pool.config.start_method == "spawn"
@@ -353,6 +365,7 @@ def test_a_rank_past_call_timeout_is_hung(fragile: RankPool) -> None:
     with pytest.raises(RankHung) as info:
         fragile.run(fns.sleep_on, (1, 60.0))
     assert info.value.ranks == (1,)
+    assert info.value.in_flight == {1: 0}  # rank 0 replied: it is in no payload
     assert "rank(s) 1 did not reply" in str(info.value)
     assert "call_timeout=3 s" in str(info.value)
     assert fragile.run(fns.all_reduce_rank, None) == [3, 3]

@@ -98,7 +98,8 @@ a loaded machine shrinks to the same counterexample): a crashing implementation 
 a world restart per attempt. A hang is not shrunk (each attempt costs ``--timeout``)."""
 CRASH_SHRINK_BUDGET: Final = 4
 """At most this many shrinking examples once a property's failure is a crash (the crash
-is already pinned to one case by bisecting its batch on fresh worlds)."""
+is already pinned to one case: the one the ranks were running, confirmed alone on a
+fresh world)."""
 GRADS: Final = (*CONTRACTS, "none")
 """``--grad``: a contract, or ``none`` (not differentiable: gradient rows n/a)."""
 EMULATIONS: Final = ("nccl",)

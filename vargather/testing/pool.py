@@ -173,7 +173,10 @@ class RankCrashed(PoolFailure):
     """One or more rank processes died during a call.
 
     ``ranks`` are the dead ranks; ``exitcodes`` maps each to its exit code (negative:
-    killed by that signal; ``None``: unknown).
+    killed by that signal; ``None``: unknown). ``in_flight`` maps each rank that was
+    inside ``fn`` when the world failed to the index of the payload it was running
+    (always 0 for ``run``; for ``run_many``, the payload that killed it, on a dead
+    rank); a rank between payloads or done with the batch is absent.
     """
 
     def __init__(
@@ -181,25 +184,35 @@ class RankCrashed(PoolFailure):
         message: str,
         ranks: Sequence[int] = (),
         exitcodes: dict[int, int | None] | None = None,
+        in_flight: dict[int, int] | None = None,
     ) -> None:
         super().__init__(message)
         self.ranks: tuple[int, ...] = tuple(ranks)
         self.exitcodes: dict[int, int | None] = dict(exitcodes or {})
+        self.in_flight: dict[int, int] = dict(in_flight or {})
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.ranks, self.exitcodes))
+        return (type(self), (str(self), self.ranks, self.exitcodes, self.in_flight))
 
 
 class RankHung(PoolFailure):
-    """One or more ranks did not reply within ``call_timeout`` seconds."""
+    """One or more ranks did not reply within ``call_timeout`` seconds. ``in_flight``
+    as for :class:`RankCrashed`: the payload each rank was stuck in."""
 
-    def __init__(self, message: str, ranks: Sequence[int] = (), timeout: float = 0.0) -> None:
+    def __init__(
+        self,
+        message: str,
+        ranks: Sequence[int] = (),
+        timeout: float = 0.0,
+        in_flight: dict[int, int] | None = None,
+    ) -> None:
         super().__init__(message)
         self.ranks: tuple[int, ...] = tuple(ranks)
         self.timeout = timeout
+        self.in_flight: dict[int, int] = dict(in_flight or {})
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.ranks, self.timeout))
+        return (type(self), (str(self), self.ranks, self.timeout, self.in_flight))
 
 
 # --- results -------------------------------------------------------------------------
@@ -417,6 +430,7 @@ class _RankSpec:
     stderr_path: str
     conn: Connection
     lifeline: Connection
+    progress: Any  # a shared RawArray("q", world_size): the payload index each rank is in
 
 
 def _watch_parent(lifeline: Connection) -> None:
@@ -443,8 +457,10 @@ def _group_seqs(ctx: RankContext) -> dict[tuple[int, ...], int]:
     return seqs
 
 
-def _serve(ctx: RankContext, data: bytes) -> bytes | None:
-    """Run one request; the encoded reply, or None to stop."""
+def _serve(ctx: RankContext, data: bytes, progress: Any) -> bytes | None:
+    """Run one request; the encoded reply, or None to stop. ``progress[rank]`` holds the
+    index of the payload being run (-1 between requests), in memory the parent shares,
+    so a world that dies or hangs mid-batch still says which payload it was in."""
     try:
         kind, fn, payloads = pickle.loads(data)
     except BaseException as exc:
@@ -452,12 +468,16 @@ def _serve(ctx: RankContext, data: bytes) -> bytes | None:
     if kind == "stop":
         return None
     values: list[Any] = []
-    for index, payload in enumerate(payloads):
-        try:
-            values.append(fn(ctx, payload))
-        except BaseException as exc:
-            info = _error_info(exc, skip_frames=1)
-            return _encode_reply(fn, values, index, info, _group_seqs(ctx))
+    try:
+        for index, payload in enumerate(payloads):
+            progress[ctx.rank] = index
+            try:
+                values.append(fn(ctx, payload))
+            except BaseException as exc:
+                info = _error_info(exc, skip_frames=1)
+                return _encode_reply(fn, values, index, info, _group_seqs(ctx))
+    finally:
+        progress[ctx.rank] = -1
     return _encode_reply(fn, values, len(values), None, _group_seqs(ctx))
 
 
@@ -530,7 +550,7 @@ def _rank_main(spec: _RankSpec) -> None:
         except (EOFError, OSError):
             break  # the parent is gone
         try:
-            reply = _serve(ctx, request)
+            reply = _serve(ctx, request, spec.progress)
         except BaseException as exc:  # the harness itself failed (MemoryError, ...)
             reply = _dumps(("err", 0, [], _error_info(exc), {}))
         if reply is None:
@@ -636,6 +656,7 @@ class _World:
         self.stderr_marks = [0] * config.world_size
         self.ready = False
         self.exitcodes: tuple[int | None, ...] = ()  # filled in when the world is torn down
+        self.progress: Any = None  # the ranks' in-flight payload indices (see _serve)
         mp: SpawnContext | ForkServerContext
         if config.start_method == "forkserver":
             mp = multiprocessing.get_context("forkserver")
@@ -646,6 +667,7 @@ class _World:
         else:
             mp = multiprocessing.get_context("spawn")
         try:
+            self.progress = mp.RawArray("q", [-1] * config.world_size)
             with _child_environment({"OMP_NUM_THREADS": "1", **dict(config.environment)}):
                 for rank in range(config.world_size):
                     parent_end, child_end = mp.Pipe(duplex=True)
@@ -657,6 +679,7 @@ class _World:
                         stderr_path=self.stderr_paths[rank],
                         conn=child_end,
                         lifeline=life_read,
+                        progress=self.progress,
                     )
                     proc = mp.Process(
                         target=_rank_main,
@@ -691,6 +714,12 @@ class _World:
         except OSError:
             return ""
         return text if len(text) <= _STDERR_TAIL else "…" + text[-_STDERR_TAIL:]
+
+    def in_flight(self) -> dict[int, int]:
+        """The payload index each rank is running now (ranks between payloads absent)."""
+        if self.progress is None:
+            return {}
+        return {r: int(i) for r, i in enumerate(self.progress) if i >= 0}
 
     def exitcode(self, rank: int) -> int | None:
         proc = self.procs[rank]
@@ -1084,6 +1113,7 @@ class RankPool:
     ) -> NoReturn:
         """Kill the world and raise RankCrashed / RankHung."""
         exitcodes = {r: world.exitcode(r) for r in sorted(dead)}
+        in_flight = world.in_flight()
         sections: list[str] = []
         for rank in sorted(dead):
             when = " while idle, before this call was sent" if before_call else ""
@@ -1108,13 +1138,16 @@ class RankPool:
         )
         if dead:
             what = ", ".join(f"rank {r} ({_describe_exit(exitcodes[r])})" for r in sorted(dead))
-            raise RankCrashed(f"{what} died during {name}:\n{tail}", sorted(dead), exitcodes)
+            raise RankCrashed(
+                f"{what} died during {name}:\n{tail}", sorted(dead), exitcodes, in_flight
+            )
         hung = ", ".join(str(r) for r in sorted(silent))
         raise RankHung(
             f"rank(s) {hung} did not reply to {name} within call_timeout="
             f"{self.config.call_timeout:g} s:\n{tail}",
             sorted(silent),
             self.config.call_timeout,
+            in_flight,
         )
 
     @staticmethod

@@ -608,9 +608,12 @@ def _run_world(
     impl: Implementation,
 ) -> list[tuple[int, Verdict]]:
     """Run ``cases`` on the ``world``-rank pool in one round trip. When the world dies or
-    hangs, the batch is bisected on fresh worlds so the case that killed it is the one
-    blamed (every other case keeps its own verdict); after a collective error the world
-    is discarded so the next call gets a fresh one."""
+    hangs, the case that killed it is the one blamed and every other case keeps its own
+    verdict: the ranks say which case they were in (``in_flight``); that case runs
+    alone on a fresh world and, when it fails alone, the cases before and after it are
+    re-run without it (their results died with the world); otherwise the batch is
+    bisected on fresh worlds. After a collective error the world is discarded so the
+    next call gets a fresh one."""
     token = (os.getpid() << 32) + next(_TOKENS)
     jobs = [_job(impl, case, token) for case in cases]
     pool = factory(world)
@@ -618,6 +621,17 @@ def _run_world(
         results = pool.run_many(run_on_rank, jobs)
     except (PoolFailure, RankError) as exc:
         if len(cases) > 1 and isinstance(exc, PoolFailure) and not isinstance(exc, PoolStartError):
+            killer = _in_flight_case(exc, len(cases))
+            if killer is not None:
+                blamed = _run_world(factory, world, [cases[killer]], impl)
+                if any(f.kind in ("crash", "hang") for _, v in blamed for f in v.failures):
+                    before = _run_world(factory, world, cases[:killer], impl) if killer else []
+                    after = _run_world(factory, world, cases[killer + 1 :], impl)
+                    return [
+                        *before,
+                        (killer, blamed[0][1]),
+                        *[(i + killer + 1, v) for i, v in after],
+                    ]
             half = len(cases) // 2
             first = _run_world(factory, world, cases[:half], impl)
             second = _run_world(factory, world, cases[half:], impl)
@@ -638,6 +652,14 @@ def _run_world(
         (i, _verdict(c, impl, per_rank))
         for i, (c, per_rank) in enumerate(zip(cases, results, strict=True))
     ]
+
+
+def _in_flight_case(exc: PoolFailure, batch: int) -> int | None:
+    """The earliest case of the batch some rank was still inside when the world failed
+    (a dead rank's case is the one that killed it), or None when no rank says."""
+    in_flight = getattr(exc, "in_flight", None) or {}
+    indices = [i for i in in_flight.values() if 0 <= i < batch]
+    return min(indices) if indices else None
 
 
 def exc_kind(exc: BaseException) -> str:
