@@ -148,6 +148,7 @@ def test_a_crash_is_blamed_on_the_case_that_crashed_and_its_repro_fails() -> Non
     assert row.status == "fail"
     assert row.failure is not None
     assert row.failure.kind == "crash"
+    assert "did not reproduce" not in row.failure.message  # shrinking ended cleanly
     case = row.failure.case
     assert case is not None
     assert case["dim"] < 0, case  # the killer, not a bystander

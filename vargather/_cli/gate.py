@@ -550,8 +550,7 @@ def _evaluate(
 
     Deterministic for a given seed: examples and shrinking are budgeted by count, never
     by time, so a loaded machine runs the same examples."""
-    from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, settings
-    from hypothesis import strategies as st
+    from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 
     started = time.monotonic()
     state = _PropertyState()
@@ -569,20 +568,12 @@ def _evaluate(
             budget = min(budget, CRASH_SHRINK_BUDGET)
         return kind == "hang" or state.shrink_runs >= budget
 
-    @st.composite
-    def budgeted(draw: st.DrawFn) -> list[GatherCase]:
-        # Past the budget Hypothesis keeps proposing shrinks (a thousand or more); each
-        # would draw a whole batch only to be rejected in ``run``. Reject before the
-        # draw instead, except in the final replay of the counterexample, which must
-        # draw it again (the memo then answers without running it).
-        if out_of_budget() and not _final_replay():
-            reject()
-        return draw(strategy)
-
     def run(batch: list[GatherCase]) -> PropertyFailure | None:
         if state.failed_at is not None:
             if out_of_budget():
-                reject()  # out of shrinking budget: keep the smallest failure found so far
+                # End the search: past the budget Hypothesis would propose a thousand
+                # more shrinks, each drawing a whole batch to be turned away here.
+                raise _ShrinkBudgetSpent
             state.shrink_runs += 1
         with _in_flight(options.in_flight, batch, impl):
             results = prop.run(batch, pool_factory=factory)
@@ -620,12 +611,16 @@ def _evaluate(
         # Health checks judge the strategies (the property suite's own tests run them);
         # here they would blame the implementation under test for how cases are drawn.
         suppress_health_check=list(HealthCheck),
-    )(seed(options.seed)(given(budgeted())(body)))
+    )(seed(options.seed)(given(strategy)(body)))
     failure: PropertyFailure | None = None
     try:
         test()
     except _FailingBatchError as err:
         failure = err.failure
+    except _ShrinkBudgetSpent:
+        # Every failing example the shrinker runs is smaller than the one before (it
+        # only tries smaller ones), so the last failure seen is the smallest found.
+        failure = state.last
     except Exception as err:  # Hypothesis's Flaky, or the check itself broke
         if state.last is not None:
             note = (
@@ -654,16 +649,10 @@ def _evaluate(
     )
 
 
-def _final_replay() -> bool:
-    """Whether Hypothesis is replaying the counterexample it reports (True when this
-    Hypothesis cannot say: never reject what may be the final replay)."""
-    from hypothesis.control import current_build_context
-
-    try:
-        context = current_build_context()
-    except Exception:
-        return True
-    return bool(getattr(context, "is_final", True))
+class _ShrinkBudgetSpent(BaseException):
+    """Raised from inside a Hypothesis test to end its shrinking: a ``BaseException``
+    that is not an ``Exception``, so Hypothesis lets it through instead of recording a
+    failure."""
 
 
 NONEMPTY_EXAMPLES: Final = 20
