@@ -17,7 +17,7 @@
 #   slow        the tests marked slow, which the README's command leaves out (the
 #               fork zoo at default settings, every mutant through the CLI, more
 #               seeds and contracts of the gate): scheduled, not on every push
-#   fuzz-smoke  one minute of each fuzz program from fixed seeds (what CI runs: the same
+#   fuzz-smoke  half a minute of each fuzz program from fixed seeds (what CI runs: the same
 #               examples on every push; the scheduled fuzz draws fresh ones)
 #   fuzz        FUZZ_MINUTES (default 10) of each fuzz program, example databases
 #               under FUZZ_DB (default .hypothesis/fuzz), both run even if one fails
@@ -50,8 +50,8 @@ run_step() {
         python -m pytest -n 2 -m slow
         ;;
     fuzz-smoke)
-        python fuzz/fuzz_stages.py --minutes 1 --seed 0 --db .hypothesis/ci-fuzz-stages
-        python fuzz/fuzz_multirank.py --minutes 1 --seed 0 --db .hypothesis/ci-fuzz-multirank
+        python fuzz/fuzz_stages.py --minutes 0.5 --seed 0 --db .hypothesis/ci-fuzz-stages
+        python fuzz/fuzz_multirank.py --minutes 0.5 --seed 0 --db .hypothesis/ci-fuzz-multirank
         ;;
     fuzz)
         local minutes=${FUZZ_MINUTES:-10} db=${FUZZ_DB:-.hypothesis/fuzz} status=0
