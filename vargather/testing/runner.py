@@ -6,7 +6,9 @@ implementations under test (``load_callable``: in the parent, to fail early with
 message, and in every rank process), the rank side (``run_on_rank``, module level so a
 pool can pickle it: one case on one rank, a ``RankReport`` back) and the parent side
 (``run_cases``: batches on ``vargather.testing`` pools, one round trip per world size,
-each case judged into a ``Verdict``). ``describe`` renders a case with the public
+each case judged into a ``Verdict``). ``run_coalesced``/``run_coalesced_on_rank`` run
+a batch as ONE call of the implementation's coalesced form (each case one tensor, one
+backward over every output) and still judge each case alone, with the same pieces. ``describe`` renders a case with the public
 command that re-runs it, ``python -m vargather repro``.
 """
 
