@@ -8,8 +8,9 @@ pool can pickle it: one case on one rank, a ``RankReport`` back) and the parent 
 (``run_cases``: batches on ``vargather.testing`` pools, one round trip per world size,
 each case judged into a ``Verdict``). ``run_coalesced``/``run_coalesced_on_rank`` run
 a batch as ONE call of the implementation's coalesced form (each case one tensor, one
-backward over every output) and still judge each case alone, with the same pieces. ``describe`` renders a case with the public
-command that re-runs it, ``python -m vargather repro``.
+backward over every output) and still judge each case alone, with the same pieces.
+``describe`` renders a case with the public command that re-runs it, ``python -m
+vargather repro`` (``describe_coalesced``: a tensor of a coalesced call, with the call).
 """
 
 from __future__ import annotations
