@@ -124,8 +124,21 @@ def test_vargather_holds_the_property(
     bit for bit for every dtype family, dim, empty shards and memory layout; sizes
     passed as a list or a tensor and the returned layout; one-rank, uninitialized and
     subgroup worlds; gradients under every contract and the adjoint identity under
-    ``sum``."""
+    ``sum``; batches of tensors gathered by one ``all_gather_v_coalesced`` call."""
     _run(props[prop_id], WORLDS, data)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world", [2, 3])
+@given(data=st.data())
+def test_coalesced_calls_hold_on_each_world(
+    world: int, props: dict[str, Property], data: st.DataObject
+) -> None:
+    """The ``coalesced`` property on worlds of 2 and 3 ranks each (the test above draws
+    its world per example): a drawn batch gathered by one ``all_gather_v_coalesced``
+    call, every tensor's output bit for bit and its gradient under the call's contract
+    after one backward over all outputs."""
+    _run(props["coalesced"], (world,), data)
 
 
 _PER_TRANSPORT = ("forward-float", "forward-int", "non-contiguous", "sizes-tensor", "gradient")
@@ -166,16 +179,22 @@ def test_compat_has_the_seed_semantics(prop_id: str, data: st.DataObject) -> Non
 
 def test_every_property_runs_for_vargather() -> None:
     """vargather runs the whole catalogue on some world; compat all but what needs a
-    process group or the ``sum`` contract; ``check`` knows the same ids."""
+    process group, the ``sum`` contract or a coalesced form; ``check`` knows the same
+    ids."""
     ids = [p.id for p in catalogue(VARGATHER)]
     assert tuple(ids) == property_ids()
     assert len(set(ids)) == len(ids)
     assert {prop_id for prop_id, _ in _applicable(VARGATHER)} == set(ids)
-    assert {prop_id for prop_id, _ in _applicable(COMPAT)} == set(ids) - {"subgroup", "adjoint"}
+    assert {prop_id for prop_id, _ in _applicable(COMPAT)} == set(ids) - {
+        "subgroup",
+        "adjoint",
+        "coalesced",
+    }
+    assert {prop_id for prop_id, _ in _applicable(ALL_GATHER_V)} == set(ids) - {"coalesced"}
     for w in MULTI:
-        assert {(prop_id, w) for prop_id in ("gradient", "adjoint", "subgroup")} <= set(
-            _applicable(VARGATHER)
-        )
+        assert {
+            (prop_id, w) for prop_id in ("gradient", "adjoint", "subgroup", "coalesced")
+        } <= set(_applicable(VARGATHER))
 
 
 # --- the case model ---------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from vargather.testing.runner import (
     ImplementationError,
     backend_refusals,
     describe,
+    describe_coalesced,
     gloo_transports,
     load_callable,
     parse_impl_ref,
@@ -504,16 +505,18 @@ def _property_failure(
     case: GatherCase,
     impl: Implementation,
     before: Sequence[GatherCase] = (),
+    reproduction: str | None = None,
 ) -> PropertyFailure:
     """A property's failure on ``case``, from the judge's records (the first one's kind
-    and aspect; a crash or a hang anywhere is the property's kind)."""
+    and aspect; a crash or a hang anywhere is the property's kind). ``reproduction``
+    replaces ``describe(case, impl, before=before)`` (a coalesced call's)."""
     kinds = {f.kind for f in failures}
     kind = next((k for k in ("crash", "hang") if k in kinds), failures[0].kind)
     return PropertyFailure(
         kind,
         render_failures(failures),
         _case_data(case),
-        describe(case, impl, before=before),
+        reproduction or describe(case, impl, before=before),
         aspect=failures[0].aspect,
     )
 
@@ -585,6 +588,9 @@ def _evaluate(
             if failures:
                 if state.failed_at is None:
                     state.failed_at = time.monotonic()
+                if prop.coalesced:  # one call of every case: it lists them all
+                    shown = describe_coalesced(batch, index, impl)
+                    return _property_failure(failures, verdict.case, impl, reproduction=shown)
                 # The calls that ran before it on the same world (state carried over);
                 # Hypothesis keeps only those the failure needs.
                 before = batch[:index]

@@ -46,6 +46,7 @@ import torch
 from vargather import CONTRACTS, GLOO_DTYPES, TRANSPORT_NAMES, oracle
 
 __all__ = [
+    "COALESCED_REF",
     "COMPAT",
     "CONVENTIONS",
     "DIGEST_MIN_BYTES",
@@ -662,6 +663,13 @@ class Implementation:
     constructed with them per call (plus ``dim=`` when ``ctor_takes_dim``) and the
     object it returns is called; ``emulate`` ``"nccl"`` intercepts torch.distributed's
     collectives in the ranks to behave as NCCL does (``vargather.testing.emulate``).
+
+    ``coalesced_ref`` (``"module:attr"``): its coalesced form, called as
+    ``fn(tensors, dims, *, sizes=None, grad=contract[, transport=name])`` and
+    returning the gathered tensors in order, which the ``coalesced`` property runs
+    (``coalesced_form``). vargather's own (``ref=None``) defaults to
+    ``vargather:all_gather_v_coalesced``; any other implementation has none unless
+    it is given.
     """
 
     ref: str | None = None
@@ -679,12 +687,17 @@ class Implementation:
     ctor_kwargs: tuple[tuple[str, object], ...] | None = None
     ctor_takes_dim: bool = False
     emulate: str | None = None
+    coalesced_ref: str | None = None
 
     def __post_init__(self) -> None:
-        if self.ref is not None:
-            module, sep, attr = self.ref.partition(":")
-            if not (sep and module and attr):
-                raise ValueError(f"ref={self.ref!r} must look like 'module:attr'")
+        for what in ("ref", "coalesced_ref"):
+            value = getattr(self, what)
+            if value is not None:
+                module, sep, attr = value.partition(":")
+                if not (sep and module and attr):
+                    raise ValueError(f"{what}={value!r} must look like 'module:attr'")
+        if self.coalesced_ref is not None and self.convention != "vargather":
+            raise ValueError("coalesced_ref needs the vargather convention")
         _check_choice("convention", self.convention, CONVENTIONS)
         if not self.contracts:
             raise ValueError("contracts=() must name at least one contract")
@@ -705,6 +718,13 @@ class Implementation:
         return self.name or self.ref or "vargather:all_gather_v_with_layout"
 
     @property
+    def coalesced_form(self) -> str | None:
+        """``"module:attr"`` of its coalesced gather (``None``: it has none)."""
+        if self.coalesced_ref is not None:
+            return self.coalesced_ref
+        return COALESCED_REF if self.ref is None else None
+
+    @property
     def short_name(self) -> str:
         """The function's name, for failure messages."""
         ref = self.ref or "vargather:all_gather_v_with_layout"
@@ -712,6 +732,9 @@ class Implementation:
         parts = attr.split(".")
         return parts[-2] if parts[-1] == "apply" and len(parts) > 1 else parts[-1]
 
+
+COALESCED_REF: Final = "vargather:all_gather_v_coalesced"
+"""vargather's own coalesced gather, the default ``coalesced_form`` of ``ref=None``."""
 
 VARGATHER: Final = Implementation(None, transports=TRANSPORT_NAMES, name="vargather")
 """vargather itself (``all_gather_v_with_layout``), every contract and transport."""

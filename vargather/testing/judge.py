@@ -135,16 +135,19 @@ def _inner(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((as_real(a).to(torch.float64) * as_real(b).to(torch.float64)).sum().item())
 
 
-def judge(case: GatherCase, impl: Implementation, per_rank: Sequence[object]) -> list[Failure]:
+def judge(
+    case: GatherCase, impl: Implementation, per_rank: Sequence[object], *, call: str = ""
+) -> list[Failure]:
     """Every failure of one case from every world rank's report (empty: passed).
 
     ``per_rank[g]`` is world rank ``g``'s report (``RankReport``; ``None`` from a rank
     outside the case's subgroup). A failure that several ranks produce alike is one
-    ``Failure`` naming them all.
+    ``Failure`` naming them all. ``call`` names the call in failures (default:
+    ``ATTR(dim=...)``; a tensor of a coalesced call names itself).
     """
     exp = case.expected()
     w = case.group_size
-    call = f"{impl.short_name}(dim={case.dim})"
+    call = call or f"{impl.short_name}(dim={case.dim})"
     members = case.members if case.members is not None else tuple(range(case.world_size))
     reports: dict[int, RankReport] = {}
     found: dict[tuple[str, str, str, str], list[int]] = {}

@@ -17,7 +17,13 @@ Each property varies one thing: the forward properties run contiguous shards wit
 structural ones use the common dtypes; the world ones (one rank, uninitialized,
 subgroup) use float32/float64/complex64 and mostly run backward. Every property draws
 some large cases (payload scale, ``vargather.testing.scale``); ``call-sequence`` draws
-call sequences (``strategies.call_sequences``): state carried from call to call.
+call sequences (``strategies.call_sequences``): state carried from call to call;
+``coalesced`` runs each batch as one ``all_gather_v_coalesced`` call (every case one
+tensor of it, ``runner.run_coalesced``), judged case by case as if each had run alone.
+Only vargather's own implementation has a coalesced form
+(``Implementation.coalesced_form``): for any other, forks and the mutants of
+``tests/mutants`` included (they rebuild the single-tensor pipeline by hand and leave
+``all_gather_v_coalesced`` untouched), the row is not applicable.
 """
 
 from __future__ import annotations
@@ -40,13 +46,13 @@ from .cases import (
 )
 from .judge import Failure
 from .pool import RankPool
-from .runner import Verdict, describe, run_cases
+from .runner import Verdict, describe, describe_coalesced, run_cases, run_coalesced
 from .scale import DEFAULT_MAX_PAYLOAD, sequence_length
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-__all__ = ["BATCH", "Property", "catalogue", "property_ids"]
+__all__ = ["BATCH", "COALESCED_MAX_PAYLOAD", "Property", "catalogue", "one_call", "property_ids"]
 
 BATCH: Final = 6
 """Cases per example by default: one example is one pool round trip (``run_many``)."""
@@ -84,6 +90,10 @@ class Property:
     sequences: bool = False
     """Draw call sequences (``strategies.call_sequences``): each batch is one sequence of
     gathers, every call following the one before by a small change."""
+    coalesced: bool = False
+    """Run each batch as ONE call of the implementation's coalesced form
+    (``runner.run_coalesced``), every case one tensor of it; the batch is drawn with
+    the contract and transport of its first case (what the call takes once)."""
 
     def worlds(self, world_sizes: Sequence[int]) -> list[int]:
         """The world sizes of ``world_sizes`` it runs on (``[1]`` when uninitialized)."""
@@ -152,6 +162,8 @@ class Property:
                 implementation=self.implementation,
                 **kwargs,
             )
+            if self.coalesced:
+                drawn = drawn.map(one_call)
             if keep is None:
                 return drawn
             return drawn.map(lambda cases: [c for c in cases if keep(c)]).filter(bool)
@@ -177,8 +189,10 @@ class Property:
         *,
         pool_factory: Callable[[int], RankPool] | None = None,
     ) -> list[tuple[Verdict, list[Failure]]]:
-        """Run ``batch`` and pair every verdict with the failures that count here."""
-        verdicts = run_cases(batch, self.implementation, pool_factory=pool_factory)
+        """Run ``batch`` and pair every verdict with the failures that count here (a
+        coalesced property runs the batch as one coalesced call)."""
+        run = run_coalesced if self.coalesced else run_cases
+        verdicts = run(batch, self.implementation, pool_factory=pool_factory)
         return [(v, self.counted(v)) for v in verdicts]
 
     def fails(self, batch: Sequence[GatherCase]) -> bool:
@@ -196,10 +210,23 @@ class Property:
         for i, (v, failures) in enumerate(results):
             if not failures:
                 continue
-            before = list(batch[:i])  # ran before it on the same world
-            parts.append(describe(v.case, impl, before=before))
+            if self.coalesced:
+                parts.append(describe_coalesced(batch, i, impl))
+            else:
+                before = list(batch[:i])  # ran before it on the same world
+                parts.append(describe(v.case, impl, before=before))
             parts.extend(f"  - {f.render()}" for f in failures)
         raise AssertionError("\n".join(parts))
+
+
+def one_call(cases: Sequence[GatherCase]) -> list[GatherCase]:
+    """``cases`` as the tensors of one coalesced call: every case takes the first's
+    contract and transport (the call takes them once); everything else stays each
+    case's own (dtype, shape, sizes, dim, memory layout, sizes form, requires_grad)."""
+    if not cases:
+        return []
+    first = cases[0]
+    return [replace(c, contract=first.contract, transport=first.transport) for c in cases]
 
 
 # --- the catalogue ----------------------------------------------------------------------
@@ -219,6 +246,12 @@ shape means different byte counts from call to call."""
 _OUTPUT: Final = frozenset({"output"})
 _SIZES: Final = frozenset({"output", "sizes"})
 _ALL: Final = frozenset({"output", "sizes", "gradient", "adjoint"})
+_VALUES: Final = frozenset({"output", "gradient", "adjoint"})
+
+COALESCED_MAX_PAYLOAD: Final = 64 * 1024
+"""Bytes per rank's shard a large case of the ``coalesced`` property may reach: enough
+for outputs past ``DIGEST_MIN_BYTES`` and the coalesced call's small/large split, small
+enough that a batch of tensors costs one quick round trip."""
 
 
 def _some_empty(case: GatherCase) -> bool:
@@ -267,6 +300,12 @@ def catalogue(
     # Sequences call without sizes where the scope allows (the state under test is the
     # implementation's own); with --sizes required they pass them.
     seq = {"sizes_forms": plain or none, "dtypes": _SEQUENCE_DTYPES, **c}
+    coalesced = {
+        "sizes_forms": sizes_forms_for(impl.sizes_scope),
+        "requires_grad": None if impl.differentiable else False,
+        "max_payload": COALESCED_MAX_PAYLOAD,
+        **c,
+    }
     what = "layout" if returns == "layout" else "sizes"
     claimed = ", ".join(map(repr, impl.contracts))
     same = "forward equals torch.cat(x, dim) bit for bit on every rank, "
@@ -405,6 +444,16 @@ def catalogue(
             min_world=2,
             sequences=True,
         ),
+        Property(
+            impl,
+            "coalesced",
+            "a batch of tensors gathered by one all_gather_v_coalesced call (each its own "
+            "dtype, shape, dim, memory layout and sizes form): every output bit for bit, "
+            f"gradients under the call's grad={claimed} after one backward over all outputs",
+            _VALUES,
+            coalesced,
+            coalesced=True,
+        ),
     ]
     return [_scoped(row) for row in rows]
 
@@ -414,6 +463,11 @@ def _scoped(row: Property) -> Property:
     (``out_of_scope``) when the scope excludes what it is about, else its cases
     narrowed where a whole-row argument needs it (non-zero dims)."""
     impl = row.implementation
+    if row.coalesced and impl.coalesced_form is None:
+        return replace(
+            row,
+            out_of_scope="ATTR has no coalesced form (vargather.all_gather_v_coalesced only)",
+        )
     forms = sizes_forms_for(impl.sizes_scope)
     if row.id in ("sizes-list", "sizes-tensor"):
         form = row.id.removeprefix("sizes-")

@@ -6,8 +6,11 @@ implementations under test (``load_callable``: in the parent, to fail early with
 message, and in every rank process), the rank side (``run_on_rank``, module level so a
 pool can pickle it: one case on one rank, a ``RankReport`` back) and the parent side
 (``run_cases``: batches on ``vargather.testing`` pools, one round trip per world size,
-each case judged into a ``Verdict``). ``describe`` renders a case with the public
-command that re-runs it, ``python -m vargather repro``.
+each case judged into a ``Verdict``). ``run_coalesced``/``run_coalesced_on_rank`` run
+a batch as ONE call of the implementation's coalesced form (each case one tensor, one
+backward over every output) and still judge each case alone, with the same pieces.
+``describe`` renders a case with the public command that re-runs it, ``python -m
+vargather repro`` (``describe_coalesced``: a tensor of a coalesced call, with the call).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ __all__ = [
     "backend_refusals",
     "check_cases",
     "describe",
+    "describe_coalesced",
     "example_counts",
     "gloo_transports",
     "load_callable",
@@ -69,6 +73,8 @@ __all__ = [
     "repro_args",
     "reset_example_counts",
     "run_cases",
+    "run_coalesced",
+    "run_coalesced_on_rank",
     "run_on_rank",
     "short_traceback",
     "transport_refusals",
@@ -224,6 +230,17 @@ def _resolve(impl: Implementation) -> Callable[..., object]:
     return fn
 
 
+def _resolve_coalesced(impl: Implementation) -> Callable[..., object]:
+    ref = impl.coalesced_form
+    if ref is None:
+        raise ImplementationError(f"{impl.label} has no coalesced form")
+    key = (ref, impl.search_path)
+    fn = _RESOLVED.get(key)
+    if fn is None:
+        fn = _RESOLVED[key] = load_callable(ref, impl.search_path)
+    return fn
+
+
 def rank_preflight(ctx: RankContextLike, payload: tuple[object, ...]) -> str:
     """Rank function: import ``MODULE:ATTR`` in this rank (``payload``: the reference,
     its search path, and optionally the backend to emulate, installed first); returns
@@ -357,15 +374,34 @@ def _unpack(
     return out, extra
 
 
-def _backward(out: torch.Tensor, g: torch.Tensor) -> None:
-    """``out.backward(g)``, as the backward of the real loss ``Re Σ conj(g) · out``.
+def _loss(out: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The real loss ``Re Σ conj(g) · out``, whose gradient for ``out`` is exactly ``g``.
 
-    Its gradient for ``out`` is exactly ``g`` (torch's convention for complex tensors
-    included), and unlike ``out.backward(g)`` it does not import sympy (torch checks an
+    Its backward is ``out.backward(g)`` (torch's convention for complex tensors
+    included), but unlike ``out.backward(g)`` it does not import sympy (torch checks an
     explicit gradient's shape with its symbolic-shape machinery, seconds per process).
     """
-    loss = (out * g.conj()).sum().real if g.is_complex() else (out * g).sum()
-    loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
+    return (out * g.conj()).sum().real if g.is_complex() else (out * g).sum()
+
+
+def _backward_note(case: GatherCase, out: torch.Tensor) -> str:
+    """Why backward is not run for ``out`` (empty: it is)."""
+    if tuple(out.shape) != case.output_shape:
+        return "backward not run: the output has the wrong shape"
+    if not out.requires_grad:
+        return "backward not run: the output does not require grad"
+    return ""
+
+
+def _grad_fields(x: torch.Tensor, note: str) -> dict[str, object]:
+    """The ``RankReport`` fields about ``x``'s gradient after the backward (if any)."""
+    grad = x.grad
+    fields: dict[str, object] = {"backward_note": note}
+    if isinstance(grad, torch.Tensor):
+        fields["grad"] = TensorBytes.of(grad)
+    else:
+        fields["grad_type"] = type(grad).__name__
+    return fields
 
 
 def _emulating() -> bool:
@@ -388,9 +424,12 @@ def _output_report(out: torch.Tensor, case: GatherCase, expected_digest: str | N
     return TensorBytes.digested(out, mismatch)
 
 
-def _run_one(
-    ctx: RankContextLike, impl: Implementation, case: GatherCase, expected_digest: str | None = None
-) -> RankReport | None:
+def _enter(
+    ctx: RankContextLike, impl: Implementation, case: GatherCase
+) -> tuple[object, int] | None:
+    """Ready this rank for ``case``: the emulation installed, the case checked against
+    the world and ``impl``; the gather group (``None``: the default group) and this
+    rank's rank in it, or ``None`` when this rank is outside the case's subgroup."""
     if impl.emulate is not None or _emulating():
         from .emulate import activate
 
@@ -410,13 +449,22 @@ def _run_one(
         raise ValueError(f"{impl.label} does not claim grad={case.contract!r}")
     if impl.transports is None and case.transport != "auto":
         raise ValueError(f"{impl.label} takes no transport, but the case asks {case.transport!r}")
-    x = case.shard(grank)
-    before = x.detach().clone()
-    out, extra = _call(impl, case, x, group)
-    intact = bytes_of(x) == bytes_of(before)
+    return group, grank
+
+
+def _forward_fields(
+    ctx: RankContextLike,
+    grank: int,
+    case: GatherCase,
+    out: object,
+    extra: tuple[object, ...],
+    intact: bool,
+    expected_digest: str | None,
+) -> dict[str, object]:
+    """The ``RankReport`` fields about one case's forward on this rank."""
     if not isinstance(out, torch.Tensor):
-        return RankReport(grank, ctx.rank, None, type(out).__name__, extra=extra)
-    report = dict(
+        return dict(rank=grank, global_rank=ctx.rank, out_type=type(out).__name__, extra=extra)
+    return dict(
         rank=grank,
         global_rank=ctx.rank,
         out=_output_report(out, case, expected_digest),
@@ -424,21 +472,93 @@ def _run_one(
         extra=extra,
         input_intact=intact,
     )
-    if case.differentiable:
-        note = ""
-        if tuple(out.shape) != case.output_shape:
-            note = "backward not run: the output has the wrong shape"
-        elif not out.requires_grad:
-            note = "backward not run: the output does not require grad"
-        else:
-            _backward(out, case.upstream_grad(grank))
-        grad = x.grad
-        report["backward_note"] = note
-        if isinstance(grad, torch.Tensor):
-            report["grad"] = TensorBytes.of(grad)
-        else:
-            report["grad_type"] = type(grad).__name__
+
+
+def _run_one(
+    ctx: RankContextLike, impl: Implementation, case: GatherCase, expected_digest: str | None = None
+) -> RankReport | None:
+    entered = _enter(ctx, impl, case)
+    if entered is None:
+        return None
+    group, grank = entered
+    x = case.shard(grank)
+    before = x.detach().clone()
+    out, extra = _call(impl, case, x, group)
+    intact = bytes_of(x) == bytes_of(before)
+    report = _forward_fields(ctx, grank, case, out, extra, intact, expected_digest)
+    if isinstance(out, torch.Tensor) and case.differentiable:
+        note = _backward_note(case, out)
+        if not note:
+            _loss(out, case.upstream_grad(grank)).backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
+        report.update(_grad_fields(x, note))
     return RankReport(**report)  # type: ignore[arg-type]  # keys and types are those of RankReport
+
+
+def _call_coalesced(
+    impl: Implementation, cases: Sequence[GatherCase], xs: Sequence[torch.Tensor]
+) -> list[object]:
+    """One coalesced call of ``xs``: its results, one per case (``"missing"`` for an
+    output it did not return; the whole result when it is not a sequence)."""
+    fn = _resolve_coalesced(impl)
+    first = cases[0]
+    kwargs: dict[str, object] = {"grad": first.contract} if impl.takes_grad else {}
+    sizes = [c.sizes_argument() for c in cases]
+    if any(s is not None for s in sizes):
+        kwargs["sizes"] = sizes
+    if impl.transports is not None:
+        kwargs["transport"] = first.transport
+    result = fn(list(xs), [c.dim for c in cases], **kwargs)
+    if not isinstance(result, (list, tuple)):
+        return [result] * len(cases)
+    got = list(result)
+    return got[: len(cases)] + ["missing"] * (len(cases) - len(got))
+
+
+def _check_coalesced(case: GatherCase, first: GatherCase) -> None:
+    """``ValueError`` unless ``case`` can be a tensor of one coalesced call with
+    ``first``: on the same initialized world, no subgroup, the same contract and
+    transport (what the call takes once)."""
+    if case.members is not None or not case.initialized:
+        raise ValueError("a coalesced batch gathers over an initialized world: no subgroups")
+    if case.world_size != first.world_size:
+        raise ValueError("the cases of a coalesced batch must share the world size")
+    if (case.contract, case.transport) != (first.contract, first.transport):
+        raise ValueError("the cases of a coalesced batch must share grad= and transport=")
+
+
+def _run_coalesced(
+    ctx: RankContextLike,
+    impl: Implementation,
+    cases: Sequence[GatherCase],
+    digests: Sequence[str | None],
+) -> list[RankReport]:
+    grank = ctx.rank
+    for case in cases:
+        _check_coalesced(case, cases[0])
+        entered = _enter(ctx, impl, case)
+        assert entered is not None  # no subgroup: every rank takes part
+    xs = [case.shard(grank) for case in cases]
+    before = [x.detach().clone() for x in xs]
+    outs = _call_coalesced(impl, cases, xs)
+    reports = []
+    losses: list[torch.Tensor] = []
+    for case, x, kept, out, digest in zip(cases, xs, before, outs, digests, strict=True):
+        intact = bytes_of(x) == bytes_of(kept)
+        fields = _forward_fields(ctx, grank, case, out, ("none",), intact, digest)
+        if isinstance(out, torch.Tensor) and case.differentiable:
+            note = _backward_note(case, out)
+            if not note:
+                losses.append(_loss(out, case.upstream_grad(grank)))
+            fields["backward_note"] = note
+        reports.append(fields)
+    if losses:
+        # One backward over every output: what torch.autograd.backward(outputs,
+        # upstreams) does, each loss's gradient for its output being the case's g.
+        torch.autograd.backward(losses)
+    for x, fields in zip(xs, reports, strict=True):
+        if "backward_note" in fields:
+            fields.update(_grad_fields(x, str(fields["backward_note"])))
+    return [RankReport(**fields) for fields in reports]  # type: ignore[arg-type]  # keys and types are those of RankReport
 
 
 _KIT_DIRS: Final = (
@@ -480,20 +600,47 @@ def run_on_rank(
         return _run_one(ctx, impl, case, expected_digest)
     except Exception as exc:
         _POISONED[:] = [token]
-        name = type(exc).__qualname__
-        module = type(exc).__module__
-        if module != "builtins":
-            name = f"{module}.{name}"
-        dist_error: object = getattr(torch.distributed, "DistError", None)
-        collective = isinstance(exc, CollectiveError) or (
-            isinstance(dist_error, type) and isinstance(exc, dist_error)
-        )
-        return RankReport(
-            ctx.rank,
-            ctx.rank,
-            error=(name, str(exc), implementation_traceback(exc)),
-            collective_failed=collective,
-        )
+        return _error_report(ctx, exc)
+
+
+def _error_report(ctx: RankContextLike, exc: Exception) -> RankReport:
+    """This rank's report of ``exc``, raised while it ran a case."""
+    name = type(exc).__qualname__
+    module = type(exc).__module__
+    if module != "builtins":
+        name = f"{module}.{name}"
+    dist_error: object = getattr(torch.distributed, "DistError", None)
+    collective = isinstance(exc, CollectiveError) or (
+        isinstance(dist_error, type) and isinstance(exc, dist_error)
+    )
+    return RankReport(
+        ctx.rank,
+        ctx.rank,
+        error=(name, str(exc), implementation_traceback(exc)),
+        collective_failed=collective,
+    )
+
+
+def run_coalesced_on_rank(
+    ctx: RankContextLike,
+    job: tuple[Implementation, tuple[GatherCase, ...], tuple[str | None, ...]],
+) -> list[RankReport]:
+    """Run a coalesced batch on this rank: the rank function of ``run_coalesced``.
+
+    ``job`` is ``(implementation, cases, digests)``: every case's shard is built,
+    the implementation's coalesced form is called once with all of them (each case
+    one tensor: its own dtype, shape, ``dim``, memory layout and ``sizes`` form; the
+    batch's one contract and transport), and when some case requires grad, one
+    backward runs over every output, each with its case's upstream gradient on this
+    rank. One ``RankReport`` per case comes back, as if the case had run alone
+    (``digests[i]``: the oracle's output digest for a large case, else ``None``). An
+    exception becomes this rank's report for every case of the batch.
+    """
+    impl, cases, digests = job
+    try:
+        return _run_coalesced(ctx, impl, cases, digests)
+    except Exception as exc:
+        return [_error_report(ctx, exc)] * len(cases)
 
 
 # --- the parent side: running -----------------------------------------------------------
@@ -560,12 +707,77 @@ def run_cases(
     return done
 
 
+def run_coalesced(
+    batch: Sequence[GatherCase],
+    implementation: Implementation = VARGATHER,
+    *,
+    pool_factory: Callable[[int], RankPool] | None = None,
+) -> list[Verdict]:
+    """Run ``batch`` as ONE coalesced call on every rank and judge each case alone.
+
+    Each case is one tensor of the call (``run_coalesced_on_rank``); one job crosses to
+    the pool. Every case gets its own ``Verdict`` from the judge, as if it had run
+    alone (forward bit for bit, gradients under the batch's contract). When the world
+    crashes or hangs, every case of the call fails with the pool's diagnosis (there is
+    no smaller call to blame: the tensors were gathered together). The cases must share
+    the world size, contract and transport (``ValueError`` otherwise), and
+    ``implementation`` must have a coalesced form (``Implementation.coalesced_form``).
+    """
+    cases = list(batch)
+    if not cases:
+        return []
+    for case in cases:
+        _check_coalesced(case, cases[0])
+    impl = implementation
+    if impl.coalesced_form is None:
+        raise ValueError(f"{impl.label} has no coalesced form")
+    world = cases[0].world_size
+    digests = tuple(_expected_digest(c) for c in cases)
+    pool = (pool_factory or get_pool)(world)
+    try:
+        (per_rank,) = pool.run_many(run_coalesced_on_rank, [(impl, tuple(cases), digests)])
+    except (PoolFailure, RankError) as exc:
+        failure = _pool_failure(exc, world, len(cases), coalesced=True)
+        return [Verdict(c, impl, (failure,)) for c in cases]
+    per_case = [[reports[i] for reports in per_rank] for i in range(len(cases))]
+    _discard_if_suspect(pool, per_case)
+    verdicts = [
+        Verdict(c, impl, tuple(judge(c, impl, reports, call=_coalesced_call(impl, i, c))))
+        for i, (c, reports) in enumerate(zip(cases, per_case, strict=True))
+    ]
+    for v in verdicts:
+        _COUNTS[(impl.label, _world_label(v.case))] += 1
+    return verdicts
+
+
+def _coalesced_call(impl: Implementation, index: int, case: GatherCase) -> str:
+    """How a failure names tensor ``index`` of a coalesced call."""
+    name = (impl.coalesced_form or "").partition(":")[2].rsplit(".", 1)[-1]
+    return f"{name}(tensor #{index}, dim={case.dim})"
+
+
+def _discard_if_suspect(pool: RankPool, per_rank_lists: Sequence[Sequence[object]]) -> None:
+    """Discard ``pool``'s world when the reports say it must not serve another call."""
+    suspect = _world_suspect(per_rank_lists)
+    if suspect is not None:
+        discard = getattr(pool, "discard_world", None)
+        if discard is not None:
+            discard(suspect)
+
+
 def _job(
     impl: Implementation, case: GatherCase, token: int
 ) -> tuple[Implementation, GatherCase, int] | tuple[Implementation, GatherCase, int, str]:
+    digest = _expected_digest(case)
+    return (impl, case, token) if digest is None else (impl, case, token, digest)
+
+
+def _expected_digest(case: GatherCase) -> str | None:
+    """The oracle's output digest a rank compares a large case's output with (``None``:
+    a small case, whose output bytes cross the pipe)."""
     if case.output_nbytes < DIGEST_MIN_BYTES:
-        return (impl, case, token)
-    return (impl, case, token, case.expected().output_digest)
+        return None
+    return case.expected().output_digest
 
 
 _COLLECTIVE_MARKS: Final = (
@@ -643,11 +855,7 @@ def _run_world(
             return [(i, Verdict(c, impl, (failure,))) for i, c in enumerate(cases)]
         failure = _pool_failure(exc, world, len(cases))
         return [(i, Verdict(c, impl, (failure,))) for i, c in enumerate(cases)]
-    suspect = _world_suspect(results)
-    if suspect is not None:
-        discard = getattr(pool, "discard_world", None)
-        if discard is not None:
-            discard(suspect)
+    _discard_if_suspect(pool, results)
     return [
         (i, _verdict(c, impl, per_rank))
         for i, (c, per_rank) in enumerate(zip(cases, results, strict=True))
@@ -672,10 +880,20 @@ def exc_kind(exc: BaseException) -> str:
 
 
 def _pool_failure(
-    exc: PoolFailure | RankError, world: int, batch: int, *, together: bool = False
+    exc: PoolFailure | RankError,
+    world: int,
+    batch: int,
+    *,
+    together: bool = False,
+    coalesced: bool = False,
 ) -> Failure:
     kind = exc_kind(exc)
-    if batch == 1:
+    if coalesced:
+        message = (
+            f"the {world}-rank world failed running one coalesced call of {batch} "
+            f"tensor(s), this case's among them: {type(exc).__name__}"
+        )
+    elif batch == 1:
         message = f"the {world}-rank world failed running this case: {type(exc).__name__}"
     elif together:
         message = (
@@ -814,6 +1032,33 @@ def describe(
         f"  reproduce: {command}",
     ]
     return "\n".join(lines)
+
+
+def describe_coalesced(
+    batch: Sequence[GatherCase], index: int, implementation: Implementation = VARGATHER
+) -> str:
+    """Tensor ``index`` of a coalesced call of ``batch`` that failed, in words: every
+    tensor of the call, then the case (``describe``). Its reproduce command re-runs the
+    tensor alone through the single-tensor gather, which may pass where the coalesced
+    call failed; ``run_coalesced(batch)`` re-runs the call."""
+    impl = implementation
+    lines = [
+        f"coalesced call: tensor #{index} of {len(batch)} failed in one call of "
+        f"{impl.coalesced_form} (grad={batch[index].contract!r}, "
+        f"transport={batch[index].transport!r}); the call's tensors:"
+    ]
+    lines.extend(
+        f"  tensor #{i}: {_one_line(c)}, sizes passed: {c.sizes_form}, "
+        f"requires_grad={c.requires_grad}, seed={c.seed}"
+        for i, c in enumerate(batch)
+    )
+    lines.append(
+        "  (the reproduce command below runs this tensor alone through the single gather; "
+        "vargather.testing.runner.run_coalesced(cases) re-runs the call, cases as listed "
+        "by repr below)"
+    )
+    lines.extend(f"  {c!r}" for c in batch)
+    return "\n".join([*lines, describe(batch[index], impl)])
 
 
 # --- what the backend refuses ---------------------------------------------------------------
