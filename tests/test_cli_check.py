@@ -284,7 +284,7 @@ def test_vargather_holds_every_property_under_each_contract(grad: str, in_root: 
     assert report.exit_status == EXIT_OK
 
 
-SEED_SCOPE_ROWS: Final = ("sizes-list", "gradient", "subgroup", "adjoint")
+SEED_SCOPE_ROWS: Final = ("sizes-list", "gradient", "subgroup", "adjoint", "coalesced")
 """The rows where the seed's contract and sizes scope decide the verdict: what the
 default run checks. The slow variant runs every row, ``forward-int:int16`` included
 (gloo's refusal costs a world rebuild per shrinking attempt; the default run sees
@@ -307,8 +307,11 @@ def test_seed_algorithm_holds_local_within_its_scope(
     with ``--sizes tensor`` and fails without it."""
     report = check(impl=SEED, grad="local", max_examples=6, only=only or ())
     assert {k for k, v in statuses(report).items() if v == "fail"} == {"sizes-list"}
-    not_applicable = {"subgroup", "adjoint"} | ({"coalesced"} if only is None else set())
-    assert {k for k, v in statuses(report).items() if v == "n/a"} == not_applicable
+    assert {k for k, v in statuses(report).items() if v == "n/a"} == {
+        "subgroup",
+        "adjoint",
+        "coalesced",
+    }
     if only is None:
         assert statuses(report)["forward-int"] == "pass"
         assert statuses(report)["forward-int:int16"] == "unsupported"
