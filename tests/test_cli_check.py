@@ -606,6 +606,7 @@ def misbehaving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
 
 
 @multirank
+@pytest.mark.slow  # the default run: the fork zoo's crashing member (test_gate_forks.py)
 def test_a_crash_is_a_failure_of_that_property(misbehaving: None) -> None:
     report = check(
         impl="misbehaving:aborts_on_float64",

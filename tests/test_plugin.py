@@ -28,6 +28,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from vargather.testing import property_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,6 +152,7 @@ def test_one_item_per_property_named_by_its_id(tmp_path: Path) -> None:
     assert items == [f"vargather::{p}" for p in property_ids()], output(proc)
 
 
+@pytest.mark.slow  # default run: items pass and fail through the plugin in the xdist test below
 def test_a_correct_gather_passes_every_property(tmp_path: Path) -> None:
     project = make_project(tmp_path)
     proc = run_pytest(
