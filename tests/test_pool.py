@@ -281,6 +281,16 @@ def test_settings_are_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve(1, collective_timeout=7.0).collective_timeout == 7.0  # explicit wins
     with pytest.raises(ValueError, match="'fork' is refused"):
         resolve(1, start_method="fork")
+    with pytest.raises(ValueError, match="environment= needs start_method='spawn'"):
+        resolve(1, start_method="forkserver", environment={"OMP_NUM_THREADS": "2"})
+
+
+def test_shared_pools_fork_their_ranks_from_a_server() -> None:
+    """``get_pool``'s worlds are rebuilt after every failure: forked, not spawned."""
+    assert vt.pool.DEFAULT_SHARED_START_METHOD == "forkserver"  # Linux has one
+    assert get_pool(1).config.start_method == "forkserver"
+    with RankPool(1) as own:
+        assert own.config.start_method == "spawn"  # a pool of one's own: as asked
 
 
 # --- world failures: crashes, hangs, timeouts ------------------------------------

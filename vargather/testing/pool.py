@@ -48,7 +48,10 @@ the group can no longer pair collectives correctly, so the pool rebuilds the wor
 before the next call and says so in the error. ``RankPool.generation`` counts builds.
 
 ``get_pool(world_size)`` keeps one pool per world size alive for the whole process
-(closed at exit), which is what makes the suites fast.
+(closed at exit), which is what makes the suites fast. Its worlds fork from a
+forkserver where the platform has one (``DEFAULT_SHARED_START_METHOD``): a suite
+rebuilds worlds after every crash, hang or failed collective, and a forked rank costs
+milliseconds where a spawned one imports torch again (about a second of CPU).
 """
 
 from __future__ import annotations
@@ -105,6 +108,10 @@ COLLECTIVE_TIMEOUT_ENV = "VARGATHER_POOL_COLLECTIVE_TIMEOUT"
 DEFAULT_COLLECTIVE_TIMEOUT = 10.0
 DEFAULT_CALL_TIMEOUT = 60.0
 DEFAULT_START_TIMEOUT = 120.0
+DEFAULT_SHARED_START_METHOD = (
+    "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+)
+"""How ``get_pool``'s shared worlds start their ranks (``RankPool`` itself: spawn)."""
 
 _CLOSE_GRACE = 15.0  # seconds ranks get to leave cleanly before being killed
 _CRASH_GRACE = 1.0  # seconds to collect the survivors' replies after a rank died
@@ -273,6 +280,11 @@ class PoolConfig:
             coll = _default_collective_timeout()
         else:
             coll = _positive_seconds("collective_timeout", collective_timeout)
+        if environment and start_method == "forkserver":
+            raise ValueError(
+                "environment= needs start_method='spawn': forkserver ranks are forked "
+                "from a server started earlier, whose environment they keep"
+            )
         return cls(
             world_size=_positive_int("world_size", world_size),
             collective_timeout=coll,
@@ -1225,9 +1237,11 @@ def get_pool(
     call_timeout: float = DEFAULT_CALL_TIMEOUT,
     backend: str = "gloo",
     start_timeout: float = DEFAULT_START_TIMEOUT,
-    start_method: str = "spawn",
+    start_method: str = DEFAULT_SHARED_START_METHOD,
 ) -> RankPool:
-    """The process-wide pool for ``world_size``, created on first use.
+    """The process-wide pool for ``world_size``, created on first use (its ranks forked
+    from a forkserver where the platform has one: rebuilding a world after a failure
+    then costs milliseconds instead of a torch import per rank).
 
     One pool per world size is kept alive until :func:`close_all_pools` or interpreter
     exit. Asking with different settings replaces (closes) the cached pool of that size.
