@@ -626,7 +626,7 @@ def test_a_crash_is_a_failure_of_that_property(misbehaving: None) -> None:
 
 @multirank
 def test_a_hang_is_a_failure_of_that_property(misbehaving: None) -> None:
-    with RankPool(2, call_timeout=3.0) as pool:
+    with RankPool(2, call_timeout=3.0, start_method="forkserver") as pool:
         report = run_check(
             CheckOptions(
                 impl="misbehaving:hangs_on_float64",

@@ -34,15 +34,17 @@ pytestmark = pytest.mark.multirank
 TIMEOUT = 2.0
 
 
+# Forked from a forkserver: the faults below leave worlds to rebuild, and a forked rank
+# does not import torch again.
 @pytest.fixture(scope="module")
 def pool() -> Iterator[RankPool]:
-    with RankPool(2, collective_timeout=TIMEOUT, call_timeout=60.0) as p:
+    with RankPool(2, collective_timeout=TIMEOUT, call_timeout=60.0, start_method="forkserver") as p:
         yield p
 
 
 @pytest.fixture(scope="module")
 def pool3() -> Iterator[RankPool]:
-    with RankPool(3, collective_timeout=TIMEOUT, call_timeout=60.0) as p:
+    with RankPool(3, collective_timeout=TIMEOUT, call_timeout=60.0, start_method="forkserver") as p:
         yield p
 
 

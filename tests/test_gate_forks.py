@@ -357,7 +357,7 @@ def test_the_check_writes_nothing_into_the_working_directory(tmp_path: Path) -> 
             "vargather",
             "check",
             "--only",
-            "forward-bool,uninitialized",
+            "forward-bool",
             "--max-examples",
             "2",
             "--world-sizes",
