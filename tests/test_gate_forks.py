@@ -391,7 +391,8 @@ def test_zoo_member_at_default_settings(fork: Fork) -> None:
             assert row.status in (*OK, "fail"), row
         else:
             assert row.status in OK, (fork.name, row.id, row.failure)
-    assert report.seconds < 120, report.seconds
+    # No timed assertion (a loaded machine is not a failure): the 2-minute budget is
+    # measured by `python -m tests.forks.run_zoo` and reported in docs/conformance.md.
 
 
 @multirank
