@@ -607,8 +607,6 @@ _expected_large = functools.lru_cache(maxsize=4)(_compute_expected)
 # --- implementations ---------------------------------------------------------------------
 
 
-# --- implementations ---------------------------------------------------------------------
-
 CONVENTIONS: Final = ("vargather", "seed")
 
 SIZES_SCOPES: Final = ("any", "tensor", "required", "never")
