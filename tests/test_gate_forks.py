@@ -209,15 +209,15 @@ def _strip_timings(data: Any) -> Any:
 # --- the world is rebuilt after a collective error ----------------------------------------
 
 
+def _seed_convention_fork(ref: str) -> Implementation:
+    """A zoo member called as the seed calls it, under the ``local`` contract."""
+    return Implementation(ref, convention="seed", contracts=("local",), search_path=(str(ROOT),))
+
+
 @multirank
 @pytest.mark.usefixtures("in_root")
 def test_a_world_whose_collective_failed_is_not_reused() -> None:
-    impl = Implementation(
-        "tests.forks.world_assert:all_gather",
-        convention="seed",
-        contracts=("local",),
-        search_path=(str(ROOT),),
-    )
+    impl = _seed_convention_fork("tests.forks.world_assert:all_gather")
     pool = get_pool(2)
     common: dict[str, Any] = {"shapes": ((1,), (2,)), "dim": 0, "contract": "local"}
     bad = GatherCase(dtype="int16", requires_grad=False, **common)
@@ -237,12 +237,7 @@ def test_a_crash_mid_batch_is_blamed_on_its_case_without_bisecting() -> None:
     """The ranks say which case they were in when one died: that case runs alone (and
     crashes again), the others re-run together and keep their own verdicts. Two world
     rebuilds; bisecting this batch of four would take three."""
-    impl = Implementation(
-        "tests.forks.negative_dim_crash:gather",
-        convention="seed",
-        contracts=("local",),
-        search_path=(str(ROOT),),
-    )
+    impl = _seed_convention_fork("tests.forks.negative_dim_crash:gather")
     pool = _zoo_pool(2)
     cases = [
         GatherCase(((2, 2), (2, 2)), d, "float32", contract="local", requires_grad=False)

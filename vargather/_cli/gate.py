@@ -83,6 +83,7 @@ __all__ = [
     "load_impl",
     "render_failures",
     "resolve_impl",
+    "resolve_options_impl",
     "run_check",
 ]
 
@@ -448,6 +449,19 @@ def resolve_impl(
         takes_grad=takes_grad,
         ctor_kwargs=ctor,
         ctor_takes_dim=ctor_takes_dim,
+    )
+
+
+def resolve_options_impl(options: CheckOptions, cwd: str | None) -> ImplInfo:
+    """``resolve_impl`` for the implementation, convention, transports and scope that
+    ``options`` name (the command line's and the pytest plugin's one call)."""
+    return resolve_impl(
+        options.impl,
+        options.convention,
+        cwd,
+        options.transports,
+        sizes=options.sizes,
+        grad=options.grad,
     )
 
 
@@ -1117,14 +1131,7 @@ def _run_check(
     started = time.monotonic()
     _check_json_path(options.json_path)
     cwd = ensure_import_path()
-    info = resolve_impl(
-        options.impl,
-        options.convention,
-        cwd,
-        options.transports,
-        sizes=options.sizes,
-        grad=options.grad,
-    )
+    info = resolve_options_impl(options, cwd)
     impl = _implementation(info, options, cwd)
     transports = info.transports
     world_sizes = tuple(sorted(options.world_sizes))

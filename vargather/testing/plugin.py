@@ -31,7 +31,7 @@ import pytest
 
 from vargather import VarGatherError
 from vargather._cli.check import parse_args
-from vargather._cli.gate import CheckOptions, CheckUsageError, resolve_impl, run_check
+from vargather._cli.gate import CheckOptions, CheckUsageError, resolve_options_impl, run_check
 from vargather._cli.report import PropertyResult, Report
 
 from .pool import PoolFailure, RankContext, RankError, RankPool, get_pool
@@ -60,14 +60,7 @@ def configure(check_argv: Sequence[str]) -> CheckOptions:
     them, with the implementation imported once here; ``pytest.UsageError`` otherwise."""
     try:
         options = parse_args([*check_argv, "--no-progress"])
-        info = resolve_impl(
-            options.impl,
-            options.convention,
-            None,
-            options.transports,
-            sizes=options.sizes,
-            grad=options.grad,
-        )
+        info = resolve_options_impl(options, None)
     except CheckUsageError as err:
         message = str(err).split("\n\nusage:", 1)[0]  # argparse's usage is check's, not ours
         message = _OPTION.sub(r"--vargather-\1", message)
