@@ -89,7 +89,71 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
+def _declare_ordered(op: Any) -> None:
+    """Declare ``op`` an ordered side effect, so no compiler may drop, merge, reorder or
+    recompute it.
+
+    Every operator here runs a collective: whether a rank issues it must not depend on
+    anything that can differ between ranks. A pure operator (``mutates_args=()`` and
+    nothing else) is a value to the compiler: inductor removes it when nothing reads its
+    output, and a zero-element output is never read (a consumer's load from it is a
+    no-op), so on the rank whose shard is empty the backward's collective vanished and
+    its peers waited for it forever. An ordered effect makes AOT autograd thread a token
+    through the operators (``with_effects``): each one consumes the previous one's token
+    and produces the next, the last token is a graph output, so every operator is live,
+    none equals another (CSE), they run in program order, and the partitioner keeps each
+    where it was traced (never recomputed in the backward).
+    """
+    register = getattr(op, "register_effect", None)  # CustomOpDef.register_effect, torch 2.8+
+    if register is not None:
+        from torch._library.effects import EffectType
+
+        register(EffectType.ORDERED)
+        return
+    from torch._higher_order_ops import effects  # older torch: the same table, private
+
+    effects._register_effectful_op(op._opoverload, effects._EffectType.ORDERED)
+
+
 # --- the forward operator ----------------------------------------------------------------
+
+
+def _gather_eagerly(
+    x: torch.Tensor,
+    dim: int,
+    sizes: list[int] | None,
+    group_name: str,
+    grad: str,
+    transport: str,
+    validate: bool,
+    timeout: float | None,
+    requires_grad: bool,
+) -> tuple[torch.Tensor, Layout]:
+    """The eager gather inside an operator: ``_api._plan`` (exchange + validation) then
+    the transport; the output is fresh and contiguous, as an operator's must be.
+
+    ``requires_grad`` is whether the caller's ``x`` needed a gradient (inside the
+    operator autograd is below us): the metadata exchange compares it across ranks.
+    """
+    probe = x.detach()
+    with torch.enable_grad() if requires_grad else torch.no_grad():
+        if requires_grad:
+            probe.requires_grad_(True)
+        layout, info = _eager().plan(
+            probe, dim, sizes, _group_of(group_name), grad, transport, validate, timeout
+        )
+    with torch.no_grad():
+        if not info.communicates:
+            return _contiguous(x), layout
+        if layout.total == 0:
+            return x.new_empty(layout.output_shape), layout
+        out = choose_transport(transport, layout, info).gather(x, layout, info)
+        if (
+            out.is_contiguous()
+            and out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        ):
+            return out, layout
+        return _contiguous(out), layout
 
 
 @torch.library.custom_op("vargather::all_gather_v", mutates_args=())
@@ -104,30 +168,11 @@ def _all_gather_v_op(
     timeout: float | None,
     requires_grad: bool,
 ) -> torch.Tensor:
-    """The eager gather: ``_api._plan`` (exchange + validation) then the transport.
-
-    ``requires_grad`` is whether the caller's ``x`` needed a gradient (inside the
-    operator autograd is below us): the metadata exchange compares it across ranks.
-    """
-    probe = x.detach()
-    with torch.enable_grad() if requires_grad else torch.no_grad():
-        if requires_grad:
-            probe.requires_grad_(True)
-        layout, info = _eager().plan(
-            probe, dim, list(sizes), _group_of(group_name), grad, transport, validate, timeout
-        )
-    with torch.no_grad():
-        if not info.communicates:
-            return _contiguous(x)
-        if layout.total == 0:
-            return x.new_empty(layout.output_shape)
-        out = choose_transport(transport, layout, info).gather(x, layout, info)
-        if (
-            out.is_contiguous()
-            and out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
-        ):
-            return out
-        return _contiguous(out)
+    """The eager gather with every rank's size known to the graph (``sizes``)."""
+    out, _ = _gather_eagerly(
+        x, dim, list(sizes), group_name, grad, transport, validate, timeout, requires_grad
+    )
+    return out
 
 
 @_all_gather_v_op.register_fake
@@ -165,8 +210,7 @@ def _backward_layout(
     )
 
 
-@torch.library.custom_op("vargather::all_gather_v_backward", mutates_args=())
-def _all_gather_v_backward_op(
+def _backward_eagerly(
     grad_output: torch.Tensor,
     dim: int,
     sizes: Sequence[int],
@@ -175,7 +219,7 @@ def _all_gather_v_backward_op(
     transport: str,
     timeout: float | None,
 ) -> torch.Tensor:
-    """``GatherVFunction.backward`` for a forward that the forward operator validated."""
+    """``GatherVFunction.backward`` for a forward that a forward operator validated."""
     info = resolve_group(_group_of(group_name))
     if not info.communicates:
         return _contiguous(grad_output)  # the eager gather is the identity here
@@ -195,6 +239,20 @@ def _all_gather_v_backward_op(
         if grad == "mean":
             out.div_(layout.world_size)
         return out.contiguous()
+
+
+@torch.library.custom_op("vargather::all_gather_v_backward", mutates_args=())
+def _all_gather_v_backward_op(
+    grad_output: torch.Tensor,
+    dim: int,
+    sizes: Sequence[int],
+    group_name: str,
+    grad: str,
+    transport: str,
+    timeout: float | None,
+) -> torch.Tensor:
+    """The backward of ``vargather::all_gather_v``: the contract's eager backward."""
+    return _backward_eagerly(grad_output, dim, sizes, group_name, grad, transport, timeout)
 
 
 @_all_gather_v_backward_op.register_fake
@@ -228,6 +286,145 @@ def _backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None,
 
 
 _all_gather_v_op.register_autograd(_backward, setup_context=_setup_context)
+_declare_ordered(_all_gather_v_op)
+_declare_ordered(_all_gather_v_backward_op)
+
+
+# --- the operators for sizes=None ---------------------------------------------------------
+#
+# With sizes unknown, the output's length along dim is data that only the metadata
+# exchange learns. Two operators, each with one output: ``exchange_sizes`` runs the
+# exchange and its validation and returns every rank's size as an int64 tensor;
+# ``all_gather_v_sized_by`` moves the payload with those sizes, and its fake
+# implementation makes the output's length a fresh unbacked symbolic int
+# (``new_dynamic_size``, ``>= 0``), which the graph binds from the real output at run
+# time. (One operator with both outputs traces on eager and aot_eager, but torch 2.13's
+# inductor loses the unbacked binding of an effectful operator with several outputs:
+# ``AssertionError: u3 not in dict_keys([u4])`` in its scheduler.) Its backward takes
+# the sizes tensor instead of Python ints; its own output is this rank's shard shape,
+# known while tracing.
+
+
+@torch.library.custom_op("vargather::exchange_sizes", mutates_args=())
+def _exchange_sizes_op(
+    x: torch.Tensor,
+    dim: int,
+    group_name: str,
+    grad: str,
+    transport: str,
+    validate: bool,
+    timeout: float | None,
+    requires_grad: bool,
+) -> torch.Tensor:
+    """The metadata exchange and its validation (``_api._plan``): every rank's size."""
+    probe = x.detach()
+    with torch.enable_grad() if requires_grad else torch.no_grad():
+        if requires_grad:
+            probe.requires_grad_(True)
+        layout, _ = _eager().plan(
+            probe, dim, None, _group_of(group_name), grad, transport, validate, timeout
+        )
+    return torch.tensor(layout.sizes, dtype=torch.int64)
+
+
+@_exchange_sizes_op.register_fake
+def _exchange_sizes_fake(
+    x: torch.Tensor,
+    dim: int,
+    group_name: str,
+    grad: str,
+    transport: str,
+    validate: bool,
+    timeout: float | None,
+    requires_grad: bool,
+) -> torch.Tensor:
+    group = _group_of(group_name)
+    return torch.empty(1 if group is None else dist.get_world_size(group), dtype=torch.int64)
+
+
+@torch.library.custom_op("vargather::all_gather_v_sized_by", mutates_args=())
+def _all_gather_v_sized_by_op(
+    x: torch.Tensor,
+    sizes: torch.Tensor,
+    dim: int,
+    group_name: str,
+    grad: str,
+    transport: str,
+    timeout: float | None,
+) -> torch.Tensor:
+    """The payload's transport with the sizes ``exchange_sizes`` validated."""
+    out, _ = _gather_eagerly(
+        x, dim, sizes.tolist(), group_name, grad, transport, False, timeout, False
+    )
+    return out
+
+
+@_all_gather_v_sized_by_op.register_fake
+def _all_gather_v_sized_by_fake(
+    x: torch.Tensor,
+    sizes: torch.Tensor,
+    dim: int,
+    group_name: str,
+    grad: str,
+    transport: str,
+    timeout: float | None,
+) -> torch.Tensor:
+    shape: list[int | torch.SymInt] = list(x.shape)
+    if sizes.numel() > 1:  # one rank: the identity, of x's own length
+        shape[dim % x.dim()] = torch.library.get_ctx().new_dynamic_size(min=0)
+    return x.new_empty(shape)
+
+
+@torch.library.custom_op("vargather::all_gather_v_sized_by_backward", mutates_args=())
+def _all_gather_v_sized_by_backward_op(
+    grad_output: torch.Tensor,
+    sizes: torch.Tensor,
+    dim: int,
+    local_size: int,
+    group_name: str,
+    grad: str,
+    transport: str,
+    timeout: float | None,
+) -> torch.Tensor:
+    """The backward of ``vargather::all_gather_v_sized_by``: the contract's eager
+    backward, the sizes read from the tensor."""
+    return _backward_eagerly(grad_output, dim, sizes.tolist(), group_name, grad, transport, timeout)
+
+
+@_all_gather_v_sized_by_backward_op.register_fake
+def _all_gather_v_sized_by_backward_fake(
+    grad_output: torch.Tensor,
+    sizes: torch.Tensor,
+    dim: int,
+    local_size: int,
+    group_name: str,
+    grad: str,
+    transport: str,
+    timeout: float | None,
+) -> torch.Tensor:
+    shape = list(grad_output.shape)
+    shape[dim % grad_output.dim()] = local_size
+    return grad_output.new_empty(shape)
+
+
+def _sized_by_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    x, sizes, dim, group_name, grad, transport, timeout = inputs
+    d = dim % x.dim()
+    ctx.save_for_backward(sizes)
+    ctx.vargather_args = (d, x.shape[d], group_name, grad, transport, timeout)
+
+
+def _sized_by_backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    (sizes,) = ctx.saved_tensors
+    dx = torch.ops.vargather.all_gather_v_sized_by_backward(grad_output, sizes, *ctx.vargather_args)
+    return (dx, None, None, None, None, None, None)
+
+
+_all_gather_v_sized_by_op.register_autograd(
+    _sized_by_backward, setup_context=_sized_by_setup_context
+)
+for _op in (_exchange_sizes_op, _all_gather_v_sized_by_op, _all_gather_v_sized_by_backward_op):
+    _declare_ordered(_op)
 
 
 # --- the traced entry point --------------------------------------------------------------
@@ -290,6 +487,34 @@ def _layout_of(x: torch.Tensor, dim: int, sizes: list[int], rank: int, world_siz
     )
 
 
+class _RoutedCall(NamedTuple):
+    """A call's arguments, of the types an operator takes."""
+
+    x: torch.Tensor
+    dim: int
+    grad: str
+    transport: str
+    validate: bool
+    seconds: float | None
+
+
+def _routed_call(
+    x: object, dim: object, grad: object, transport: object, validate: object, timeout: object
+) -> _RoutedCall | None:
+    """The arguments as an operator takes them; ``None`` when only the eager path can
+    say what is wrong with them."""
+    if not (isinstance(x, torch.Tensor) and x.dim() > 0):
+        return None
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        return None
+    if not (isinstance(grad, str) and isinstance(transport, str) and isinstance(validate, bool)):
+        return None
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
+        return None
+    seconds = None if timeout is None else float(timeout)
+    return _RoutedCall(x, dim, grad, transport, validate, seconds)
+
+
 def compiled_gather(
     x: object,
     dim: object,
@@ -306,30 +531,23 @@ def compiled_gather(
     """``all_gather_v`` (and its ``Layout`` if ``with_layout``) under ``torch.compile``:
     the operator when it can, else the eager call behind one graph break (see the
     module docstring)."""
-    where = group_of(group, mesh_dim) if isinstance(x, torch.Tensor) else None
+    call = _routed_call(x, dim, grad, transport, validate, timeout)
+    where = group_of(group, mesh_dim) if call is not None else None
     plain = _plain_sizes(sizes, where[2]) if where is not None else None
-    if (
-        where is not None
-        and plain is not None
-        and isinstance(x, torch.Tensor)
-        and x.dim() > 0
-        and isinstance(dim, int)
-        and not isinstance(dim, bool)
-        and -x.dim() <= dim < x.dim()
-        and isinstance(grad, str)
-        and isinstance(transport, str)
-        and isinstance(validate, bool)
-        and (
-            timeout is None or (isinstance(timeout, (int, float)) and not isinstance(timeout, bool))
-        )
-    ):
+    if call is not None and where is not None:
         name, rank, world_size = where
-        requires_grad = x.requires_grad and torch.is_grad_enabled()
-        seconds = None if timeout is None else float(timeout)
-        out: torch.Tensor = torch.ops.vargather.all_gather_v(
-            x, dim, plain, name, grad, transport, validate, seconds, requires_grad
-        )
-        return out, _layout_of(x, dim, plain, rank, world_size) if with_layout else None
+        requires_grad = call.x.requires_grad and torch.is_grad_enabled()
+        args = (name, call.grad, call.transport, call.validate, call.seconds, requires_grad)
+        if plain is not None:
+            out = torch.ops.vargather.all_gather_v(call.x, call.dim, plain, *args)
+            layout = _layout_of(call.x, call.dim, plain, rank, world_size)
+            return out, layout if with_layout else None
+        if sizes is None and not with_layout:  # the output's length: an unbacked int
+            found = torch.ops.vargather.exchange_sizes(call.x, call.dim, *args)
+            out = torch.ops.vargather.all_gather_v_sized_by(
+                call.x, found, call.dim, name, call.grad, call.transport, call.seconds
+            )
+            return out, None
     result = _eager_gather_disabled(
         x,
         dim,
