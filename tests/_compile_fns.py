@@ -211,6 +211,29 @@ def changing_sizes(ctx: RankContext, sizes_per_call: tuple[tuple[int, ...], ...]
     return same
 
 
+def with_layout_unsized(ctx: RankContext, _payload: object = None) -> tuple[int, int, str]:
+    """``all_gather_v_with_layout`` without sizes, compiled: dynamo's break and graph
+    counts with ``fullgraph=False``, and what ``fullgraph=True`` raised."""
+    from torch._dynamo.utils import counters
+
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        out, layout = vargather.all_gather_v_with_layout(t * 2, 0, timeout=STEP_TIMEOUT_S)
+        return out * layout.total
+
+    x = torch.full((ctx.rank + 1, 2), float(ctx.rank))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(gather)(x)
+    torch._dynamo.reset()
+    refused = ""
+    try:
+        torch.compile(gather, backend="eager", fullgraph=True)(x)
+    except Exception as err:
+        refused = str(err)
+    torch._dynamo.reset()
+    counters.clear()
+    return explained.graph_break_count, explained.graph_count, refused
+
+
 def compiled_lie(ctx: RankContext, world: int) -> list[tuple[str, str, tuple[int, ...]]]:
     """A gather where the last rank passes sizes that lie about its own shard, eager and
     compiled (fullgraph): what each raised (type, message, blamed ranks)."""
@@ -301,3 +324,104 @@ def mesh_misuse(ctx: RankContext, spec: tuple[tuple[int, ...], str]) -> None:
             torch._dynamo.reset()
     else:
         raise AssertionError(what)
+
+
+# --- no compiler decision may change which collectives a rank issues --------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A compiled training step on every rank: ``x * w`` (``w`` a parameter, so every rank
+    has a gradient even with an empty shard), gathered, a loss that differs per rank,
+    backward; called once per entry of ``size_sets`` (a recompile, or dynamic sizes).
+
+    ``shape``: ``"unused"`` gathers and ignores the output, ``"twice"`` gathers the same
+    tensor twice, ``"zero-trailing"`` gathers ``(n, 0)`` shards (every upstream gradient
+    has zero elements), ``"plain"`` is the step itself.
+    """
+
+    backend: str
+    grads: tuple[str, ...]
+    size_sets: tuple[tuple[int, ...], ...]
+    pass_sizes: bool = True
+    shape: str = "plain"
+    dynamic: bool | None = None
+
+
+@dataclass(frozen=True)
+class ScenarioCall:
+    """One call of one contract's step on this rank: eager next to compiled."""
+
+    grad: str
+    sizes: tuple[int, ...]
+    eager_issued: tuple[int, int]  # collectives in the forward, in the backward
+    compiled_issued: tuple[int, int]
+    eager: tuple[torch.Tensor, ...]  # output, loss, w.grad, x.grad
+    compiled: tuple[torch.Tensor, ...]
+
+
+def _scenario_step(sc: Scenario, grad: str, rank: int, w: torch.Tensor) -> Any:
+    def gather(h: torch.Tensor, sizes: list[int] | None) -> torch.Tensor:
+        return vargather.all_gather_v(
+            h,
+            0,
+            sizes=sizes,
+            grad=grad,  # type: ignore[arg-type]  # the scenario's string
+            timeout=STEP_TIMEOUT_S,
+        )
+
+    def step(x: torch.Tensor, sizes: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x * w
+        out = gather(h, sizes)
+        if sc.shape == "unused":
+            return h.detach(), (h * (rank + 1)).sum()
+        rows = torch.arange(out.shape[0], dtype=out.dtype).reshape(-1, 1) - 2.0
+        loss = (out * rows * (rank + 1)).sum() + (out * out).sum()
+        if sc.shape == "twice":
+            again = gather(h, sizes)
+            loss = loss + (again * (rank + 3)).sum()
+        return out.detach(), loss
+
+    return step
+
+
+def _scenario_input(sc: Scenario, rank: int, n: int, call: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * call + rank)
+    cols = 0 if sc.shape == "zero-trailing" else 4
+    return torch.randint(-4, 5, (n, cols), generator=g).float().requires_grad_(True)
+
+
+def _issued_by(fn: Any, x: torch.Tensor, w: torch.Tensor, sizes: list[int] | None) -> Any:
+    from vargather import _comm
+
+    w.grad = None
+    x.grad = None
+    before = _comm.collectives_issued()
+    out, loss = fn(x, sizes)
+    middle = _comm.collectives_issued()
+    loss.backward()
+    after = _comm.collectives_issued()
+    assert w.grad is not None
+    x_grad = x.grad if x.grad is not None else torch.zeros_like(x)
+    tensors = (out, loss.detach(), w.grad.detach().clone(), x_grad.detach().clone())
+    return (middle - before, after - middle), tensors
+
+
+def compiled_scenario(ctx: RankContext, sc: Scenario) -> list[ScenarioCall]:
+    """Every contract of ``sc``, eager then compiled (``fullgraph=True``), for each size
+    set: the collectives each issued on this rank and what each computed."""
+    calls: list[ScenarioCall] = []
+    for grad in sc.grads:
+        torch._dynamo.reset()
+        cols = 0 if sc.shape == "zero-trailing" else 4
+        w = torch.arange(1.0, cols + 1.0).requires_grad_(True)
+        step = _scenario_step(sc, grad, ctx.rank, w)
+        compiled = torch.compile(step, backend=sc.backend, fullgraph=True, dynamic=sc.dynamic)
+        for k, sizes in enumerate(sc.size_sets):
+            x = _scenario_input(sc, ctx.rank, sizes[ctx.rank], k)
+            passed = list(sizes) if sc.pass_sizes else None
+            eager_issued, eager = _issued_by(step, x, w, passed)
+            compiled_issued, got = _issued_by(compiled, x, w, passed)
+            calls.append(ScenarioCall(grad, sizes, eager_issued, compiled_issued, eager, got))
+    torch._dynamo.reset()
+    return calls

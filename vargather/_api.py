@@ -414,22 +414,4 @@ def all_gather_v_coalesced(
     return list(result)
 
 
-def _plan_without_payload(
-    x: object,
-    dim: object,
-    sizes: object,
-    group: object,
-    grad: object,
-    transport: object,
-    validate: object,
-    timeout: object = None,
-) -> tuple[Layout, GroupInfo]:
-    """``_plan`` with the payload kept out of the fused round: the compiled operator
-    (``_compiled``) moves the payload itself."""
-    layout, info, _ = _plan(
-        x, dim, sizes, group, grad, transport, validate, timeout, layout_only=True
-    )
-    return layout, info
-
-
-bind_eager(_plan_without_payload, all_gather_v_with_layout)
+bind_eager(_plan, all_gather_v_with_layout)

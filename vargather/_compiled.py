@@ -46,7 +46,7 @@ class _EagerPipeline(NamedTuple):
     """The eager entry points the operators run, handed over by ``_api`` (which imports
     this module, so this module cannot import it)."""
 
-    plan: Callable[..., tuple[Layout, GroupInfo]]
+    plan: Callable[..., tuple[Layout, GroupInfo, torch.Tensor | None]]
     gather_with_layout: Callable[..., Any]
 
 
@@ -54,10 +54,11 @@ _BOUND: list[_EagerPipeline] = []
 
 
 def bind_eager(
-    plan: Callable[..., tuple[Layout, GroupInfo]], gather_with_layout: Callable[..., Any]
+    plan: Callable[..., tuple[Layout, GroupInfo, torch.Tensor | None]],
+    gather_with_layout: Callable[..., Any],
 ) -> None:
-    """Called once, by ``_api`` at import: ``_plan`` (stages 1-3 for one call) and the
-    eager ``all_gather_v_with_layout``."""
+    """Called once, by ``_api`` at import: ``_plan`` (stages 1-3 for one call, and the
+    payload when it rides in the fused round) and the eager ``all_gather_v_with_layout``."""
     _BOUND[:] = [_EagerPipeline(plan, gather_with_layout)]
 
 
@@ -129,8 +130,9 @@ def _gather_eagerly(
     timeout: float | None,
     requires_grad: bool,
 ) -> tuple[torch.Tensor, Layout]:
-    """The eager gather inside an operator: ``_api._plan`` (exchange + validation) then
-    the transport; the output is fresh and contiguous, as an operator's must be.
+    """The eager gather inside an operator: ``_api._plan`` (exchange + validation, with
+    the payload in the same collective when the fused round takes it), else the
+    transport; the output is fresh and contiguous, as an operator's must be.
 
     ``requires_grad`` is whether the caller's ``x`` needed a gradient (inside the
     operator autograd is below us): the metadata exchange compares it across ranks.
@@ -139,7 +141,7 @@ def _gather_eagerly(
     with torch.enable_grad() if requires_grad else torch.no_grad():
         if requires_grad:
             probe.requires_grad_(True)
-        layout, info = _eager().plan(
+        layout, info, fused = _eager().plan(
             probe, dim, sizes, _group_of(group_name), grad, transport, validate, timeout
         )
     with torch.no_grad():
@@ -147,7 +149,10 @@ def _gather_eagerly(
             return _contiguous(x), layout
         if layout.total == 0:
             return x.new_empty(layout.output_shape), layout
-        out = choose_transport(transport, layout, info).gather(x, layout, info)
+        if fused is not None:  # the payload rode with the headers: one collective
+            out = fused
+        else:
+            out = choose_transport(transport, layout, info).gather(x, layout, info)
         if (
             out.is_contiguous()
             and out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
@@ -321,8 +326,16 @@ def _exchange_sizes_op(
     with torch.enable_grad() if requires_grad else torch.no_grad():
         if requires_grad:
             probe.requires_grad_(True)
-        layout, _ = _eager().plan(
-            probe, dim, None, _group_of(group_name), grad, transport, validate, timeout
+        layout, _, _ = _eager().plan(
+            probe,
+            dim,
+            None,
+            _group_of(group_name),
+            grad,
+            transport,
+            validate,
+            timeout,
+            layout_only=True,
         )
     return torch.tensor(layout.sizes, dtype=torch.int64)
 
@@ -487,6 +500,23 @@ def _layout_of(x: torch.Tensor, dim: int, sizes: list[int], rank: int, world_siz
     )
 
 
+def _unbacked_sizes_allowed() -> bool:
+    """Whether the graph being traced may hold an operator whose output shape depends
+    on data: dynamo allows it under ``fullgraph=True`` (or with
+    ``torch._dynamo.config.capture_dynamic_output_shape_ops``). Without it, a
+    ``sizes=None`` call takes the eager path behind one graph break, as before."""
+    from torch._guards import detect_fake_mode
+
+    fake_mode = detect_fake_mode()
+    shape_env = None if fake_mode is None else fake_mode.shape_env
+    return shape_env is not None and bool(shape_env.allow_dynamic_output_shape_ops)
+
+
+# Read while tracing, a constant of the trace: dynamo calls it instead of tracing it.
+# assume_constant_result is untyped in torch's stubs.
+_unbacked_sizes_allowed_here = torch._dynamo.assume_constant_result(_unbacked_sizes_allowed)  # type: ignore[no-untyped-call]
+
+
 class _RoutedCall(NamedTuple):
     """A call's arguments, of the types an operator takes."""
 
@@ -542,7 +572,8 @@ def compiled_gather(
             out = torch.ops.vargather.all_gather_v(call.x, call.dim, plain, *args)
             layout = _layout_of(call.x, call.dim, plain, rank, world_size)
             return out, layout if with_layout else None
-        if sizes is None and not with_layout:  # the output's length: an unbacked int
+        if sizes is None and not with_layout and _unbacked_sizes_allowed_here():
+            # The output's length: an unbacked symbolic int.
             found = torch.ops.vargather.exchange_sizes(call.x, call.dim, *args)
             out = torch.ops.vargather.all_gather_v_sized_by(
                 call.x, found, call.dim, name, call.grad, call.transport, call.seconds
