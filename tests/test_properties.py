@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vargather
@@ -61,8 +61,9 @@ def _applicable(impl: Implementation) -> list[tuple[str, int]]:
 
 def _params(impl: Implementation) -> list[Any]:
     """One test per applicable property; each example draws its world size (uniformly,
-    from the sizes the property applies to), so every world is exercised."""
-    ids = dict.fromkeys(prop_id for prop_id, _ in _applicable(impl))
+    from the sizes the property applies to), so every world is exercised. The
+    ``compiled`` property has tests of its own (its examples are capped)."""
+    ids = dict.fromkeys(prop_id for prop_id, _ in _applicable(impl) if prop_id != "compiled")
     return [
         pytest.param(prop_id, marks=() if prop_id == "uninitialized" else (pytest.mark.multirank,))
         for prop_id in ids
@@ -141,6 +142,27 @@ def test_coalesced_calls_hold_on_each_world(
     _run(props["coalesced"], (world,), data)
 
 
+@pytest.mark.multirank
+@settings(max_examples=_by_id(VARGATHER)["compiled"].max_examples(10**6))
+@given(data=st.data())
+def test_compiled_steps_hold_the_property(props: dict[str, Property], data: st.DataObject) -> None:
+    """The ``compiled`` property (its capped examples): each drawn batch through steps
+    compiled with fullgraph=True on drawn backends, on worlds of 1 to 4 ranks, the
+    output and the input gradients bit for bit against the oracle."""
+    _run(props["compiled"], WORLDS, data)
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+@settings(max_examples=_by_id(VARGATHER)["compiled"].max_examples(10**6, slow=True))
+@given(data=st.data())
+def test_compiled_steps_hold_the_property_at_length(
+    props: dict[str, Property], data: st.DataObject
+) -> None:
+    """The ``compiled`` property with the slow schedule's examples."""
+    _run(props["compiled"], WORLDS, data)
+
+
 _PER_TRANSPORT = ("forward-float", "forward-int", "non-contiguous", "sizes-tensor", "gradient")
 """The properties drawn from when each transport is run on its own."""
 
@@ -189,8 +211,12 @@ def test_every_property_runs_for_vargather() -> None:
         "subgroup",
         "adjoint",
         "coalesced",
+        "compiled",
     }
-    assert {prop_id for prop_id, _ in _applicable(ALL_GATHER_V)} == set(ids) - {"coalesced"}
+    assert {prop_id for prop_id, _ in _applicable(ALL_GATHER_V)} == set(ids) - {
+        "coalesced",
+        "compiled",
+    }
     for w in MULTI:
         assert {
             (prop_id, w) for prop_id in ("gradient", "adjoint", "subgroup", "coalesced")

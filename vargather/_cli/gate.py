@@ -620,7 +620,8 @@ def _evaluate(
             raise _FailingBatchError(failure)
 
     test = settings(
-        max_examples=max_examples or options.max_examples,
+        # A property whose examples cost seconds each (compiling) caps its own count.
+        max_examples=prop.max_examples(max_examples or options.max_examples),
         derandomize=False,  # the seed below makes a run reproducible
         database=_database(options.db),  # nothing written into the caller's checkout
         deadline=None,  # no timed verdicts: a slow machine is not a failure

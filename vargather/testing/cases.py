@@ -48,6 +48,7 @@ from vargather import CONTRACTS, GLOO_DTYPES, TRANSPORT_NAMES, oracle
 __all__ = [
     "COALESCED_REF",
     "COMPAT",
+    "COMPILE_BACKENDS",
     "CONVENTIONS",
     "DIGEST_MIN_BYTES",
     "DTYPE_FAMILIES",
@@ -119,6 +120,10 @@ non-zero storage offset)."""
 
 SIZES_FORMS: Final = ("none", "list", "tensor")
 """How ``sizes`` is passed: not at all, as a list of ints, as a 1-d int64 tensor."""
+
+COMPILE_BACKENDS: Final = ("eager", "aot_eager", "inductor")
+"""The ``torch.compile`` backends a compiled case runs its step under
+(``GatherCase.compile_backend``, ``vargather.testing.compiled``)."""
 
 VALUE_KINDS: Final = ("full", "integers")
 """``full``: the dtype's whole bit range with special values mixed in (NaN with
@@ -321,6 +326,10 @@ class GatherCase:
     ``pool_size`` ranks; group rank ``i`` is global rank ``members[i]``.
     ``initialized=False`` runs a one-rank case in the calling process with
     torch.distributed not initialized.
+
+    ``compile_backend`` (one of ``COMPILE_BACKENDS``) runs the call inside a step
+    compiled with ``torch.compile(fullgraph=True)`` on that backend
+    (``vargather.testing.compiled``); ``None``: called eagerly.
     """
 
     shapes: tuple[tuple[int, ...], ...]
@@ -337,6 +346,7 @@ class GatherCase:
     members: tuple[int, ...] | None = None
     pool_size: int | None = None
     initialized: bool = True
+    compile_backend: str | None = None
 
     def __post_init__(self) -> None:
         # Checked at run time too: cases are also built from text (parse_case) and by hand.
@@ -407,6 +417,8 @@ class GatherCase:
                 f"pool_size={self.pool_size} differs from the {world} ranks of shapes but "
                 "members is None"
             )
+        if self.compile_backend is not None:
+            _check_choice("compile_backend", self.compile_backend, COMPILE_BACKENDS)
         if not self.initialized and (world != 1 or self.members is not None):
             raise ValueError(
                 "initialized=False (torch.distributed not initialized) needs exactly one "
@@ -662,6 +674,10 @@ class Implementation:
     object it returns is called; ``emulate`` ``"nccl"`` intercepts torch.distributed's
     collectives in the ranks to behave as NCCL does (``vargather.testing.emulate``).
 
+    ``compiles``: whether it claims to work inside ``torch.compile(fullgraph=True)``,
+    which the ``compiled`` property checks (``None``: vargather's own does, nothing
+    else unless it says so: ``check --compile``); see ``claims_compile``.
+
     ``coalesced_ref`` (``"module:attr"``): its coalesced form, called as
     ``fn(tensors, dims, *, sizes=None, grad=contract[, transport=name])`` and
     returning the gathered tensors in order, which the ``coalesced`` property runs
@@ -686,6 +702,7 @@ class Implementation:
     ctor_takes_dim: bool = False
     emulate: str | None = None
     coalesced_ref: str | None = None
+    compiles: bool | None = None
 
     def __post_init__(self) -> None:
         for what in ("ref", "coalesced_ref"):
@@ -714,6 +731,12 @@ class Implementation:
     def label(self) -> str:
         """The full reference, for reports."""
         return self.name or self.ref or "vargather:all_gather_v_with_layout"
+
+    @property
+    def claims_compile(self) -> bool:
+        """Whether the ``compiled`` property applies (``compiles``; by default
+        vargather's own implementation only)."""
+        return self.ref is None if self.compiles is None else self.compiles
 
     @property
     def coalesced_form(self) -> str | None:

@@ -314,6 +314,11 @@ class RankContext:
     def __repr__(self) -> str:
         return f"RankContext(rank={self.rank}, world_size={self.world_size})"
 
+    @property
+    def collective_timeout(self) -> timedelta:
+        """The world's collective timeout (the pool's ``collective_timeout``)."""
+        return self._timeout
+
     def subgroup(self, ranks: Sequence[int]) -> ProcessGroup | int:
         """The process group of ``ranks``, created on first use and cached.
 

@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 
 from . import strategies as vst
 from .cases import (
+    COMPILE_BACKENDS,
     DTYPE_NAMES,
     VARGATHER,
     GatherCase,
@@ -44,6 +45,7 @@ from .cases import (
     sizes_forms_for,
     torch_dtype,
 )
+from .compiled import warm_backends
 from .judge import Failure
 from .pool import RankPool
 from .runner import Verdict, describe, describe_coalesced, run_cases, run_coalesced
@@ -94,6 +96,22 @@ class Property:
     """Run each batch as ONE call of the implementation's coalesced form
     (``runner.run_coalesced``), every case one tensor of it; the batch is drawn with
     the contract and transport of its first case (what the call takes once)."""
+    compiled: bool = False
+    """Run every case inside a step compiled with ``torch.compile(fullgraph=True)``, each
+    on a backend drawn from ``COMPILE_BACKENDS`` (``vargather.testing.compiled``)."""
+    examples: int | None = None
+    """At most this many examples per run, whatever the caller asks (``None``: no cap):
+    a property whose every example costs seconds (compiling) stays within the check's
+    budget; ``slow_examples`` under the slow schedule."""
+    slow_examples: int | None = None
+    batch: int | None = None
+    """Cases per batch at most (``None``: the caller's)."""
+
+    def max_examples(self, asked: int, *, slow: bool = False) -> int:
+        """The examples to draw when ``asked`` are: capped by ``examples`` (or by
+        ``slow_examples`` when ``slow``)."""
+        cap = self.slow_examples if slow and self.slow_examples is not None else self.examples
+        return asked if cap is None else min(asked, cap)
 
     def worlds(self, world_sizes: Sequence[int]) -> list[int]:
         """The world sizes of ``world_sizes`` it runs on (``[1]`` when uninitialized)."""
@@ -142,6 +160,8 @@ class Property:
         if transports is not None:
             kwargs["transports"] = tuple(transports)
         keep = self.keep
+        if self.batch is not None:
+            batch = min(batch, self.batch)
 
         def for_world(w: int) -> SearchStrategy[list[GatherCase]]:
             if self.sequences:
@@ -164,6 +184,8 @@ class Property:
             )
             if self.coalesced:
                 drawn = drawn.map(one_call)
+            if self.compiled:
+                drawn = drawn.flatmap(_on_backends)
             if keep is None:
                 return drawn
             return drawn.map(lambda cases: [c for c in cases if keep(c)]).filter(bool)
@@ -192,6 +214,8 @@ class Property:
         """Run ``batch`` and pair every verdict with the failures that count here (a
         coalesced property runs the batch as one coalesced call)."""
         run = run_coalesced if self.coalesced else run_cases
+        if self.compiled:
+            warm_backends_for(batch, pool_factory)
         verdicts = run(batch, self.implementation, pool_factory=pool_factory)
         return [(v, self.counted(v)) for v in verdicts]
 
@@ -217,6 +241,31 @@ class Property:
                 parts.append(describe(v.case, impl, before=before))
             parts.extend(f"  - {f.render()}" for f in failures)
         raise AssertionError("\n".join(parts))
+
+
+def _on_backends(cases: list[GatherCase]) -> SearchStrategy[list[GatherCase]]:
+    """``cases``, each on a compile backend drawn for it (shrinking toward ``eager``)."""
+    backends = st.lists(st.sampled_from(COMPILE_BACKENDS), min_size=len(cases), max_size=len(cases))
+    return backends.map(
+        lambda names: [replace(c, compile_backend=b) for c, b in zip(cases, names, strict=True)]
+    )
+
+
+def warm_backends_for(
+    batch: Sequence[GatherCase], pool_factory: Callable[[int], RankPool] | None = None
+) -> None:
+    """Warm, on each world ``batch`` runs on, the compile backends its cases use
+    (``compiled.warm_backends``, once per rank process): a backend's one-time setup is
+    then not charged to the batch's call timeout."""
+    from .pool import get_pool
+
+    factory = pool_factory or get_pool
+    worlds: dict[int, set[str]] = {}
+    for case in batch:
+        if case.compile_backend is not None and case.initialized:
+            worlds.setdefault(case.world_size, set()).add(case.compile_backend)
+    for world, backends in sorted(worlds.items()):
+        factory(world).run(warm_backends, sorted(backends))
 
 
 def one_call(cases: Sequence[GatherCase]) -> list[GatherCase]:
@@ -247,6 +296,14 @@ _OUTPUT: Final = frozenset({"output"})
 _SIZES: Final = frozenset({"output", "sizes"})
 _ALL: Final = frozenset({"output", "sizes", "gradient", "adjoint"})
 _VALUES: Final = frozenset({"output", "gradient", "adjoint"})
+
+COMPILED_EXAMPLES: Final = 3
+"""Examples of the ``compiled`` property per run by default: each costs compiles of a
+few seconds per backend and shape (inductor's the most)."""
+COMPILED_SLOW_EXAMPLES: Final = 25
+COMPILED_BATCH: Final = 3
+"""Cases per compiled batch: calls in a row through one compiled step per backend,
+sizes and shapes changing between them (dynamo's recompiles, then dynamic sizes)."""
 
 COALESCED_MAX_PAYLOAD: Final = 64 * 1024
 """Bytes per rank's shard a large case of the ``coalesced`` property may reach: enough
@@ -306,6 +363,19 @@ def catalogue(
         "max_payload": COALESCED_MAX_PAYLOAD,
         **c,
     }
+    # Compiled: sizes passed as ints or not at all (a tensor of sizes takes the eager
+    # path behind a graph break, which fullgraph refuses), contiguous shards of
+    # integer values (``x * 1`` and every sum exact on any backend), empties often.
+    compiled = {
+        "sizes_forms": tuple(f for f in sizes_forms_for(impl.sizes_scope) if f != "tensor"),
+        "memory": ("contiguous",),
+        "values": ("integers",),
+        "dtypes": tuple(d for d in _COMMON if d in DTYPE_NAMES),
+        "max_payload": 0,
+        **c,
+    }
+    if not impl.differentiable:
+        compiled["requires_grad"] = False
     what = "layout" if returns == "layout" else "sizes"
     claimed = ", ".join(map(repr, impl.contracts))
     same = "forward equals torch.cat(x, dim) bit for bit on every rank, "
@@ -446,6 +516,20 @@ def catalogue(
         ),
         Property(
             impl,
+            "compiled",
+            "the call inside a training step compiled with torch.compile(fullgraph=True) "
+            "on eager, aot_eager or inductor: output and input gradients equal eager's "
+            "bit for bit (integer values), empty shards and size changes between calls; "
+            "a rank that issues other collectives than its peers hangs the world",
+            _VALUES,
+            compiled,
+            compiled=True,
+            examples=COMPILED_EXAMPLES,
+            slow_examples=COMPILED_SLOW_EXAMPLES,
+            batch=COMPILED_BATCH,
+        ),
+        Property(
+            impl,
             "coalesced",
             "a batch of tensors gathered by one all_gather_v_coalesced call (each its own "
             "dtype, shape, dim, memory layout and sizes form): every output bit for bit, "
@@ -463,6 +547,11 @@ def _scoped(row: Property) -> Property:
     (``out_of_scope``) when the scope excludes what it is about, else its cases
     narrowed where a whole-row argument needs it (non-zero dims)."""
     impl = row.implementation
+    if row.compiled and not impl.claims_compile:
+        return replace(
+            row,
+            out_of_scope="not claimed to compile (check --compile claims torch.compile support)",
+        )
     if row.coalesced and impl.coalesced_form is None:
         return replace(
             row,

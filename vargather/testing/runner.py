@@ -44,6 +44,7 @@ from .cases import (
     expected_output,
 )
 from .cases import dtype_name as dtype_name
+from .compiled import patient_default_group
 from .judge import Failure, judge, output_mismatch
 from .pool import (
     PoolFailure,
@@ -230,6 +231,17 @@ def _resolve(impl: Implementation) -> Callable[..., object]:
     return fn
 
 
+def _resolve_compiled(impl: Implementation) -> Callable[..., object]:
+    """What a compiled step calls: ``ATTR``, or for vargather's own implementation
+    ``all_gather_v`` (its ``_with_layout`` form hands back a ``Layout`` of Python ints,
+    which needs the sizes while tracing: a graph break without them)."""
+    if impl.ref is None:
+        import vargather
+
+        return vargather.all_gather_v
+    return _resolve(impl)
+
+
 def _resolve_coalesced(impl: Implementation) -> Callable[..., object]:
     ref = impl.coalesced_form
     if ref is None:
@@ -326,7 +338,7 @@ def _describe_extra(value: object) -> tuple[object, ...]:
 def _call(
     impl: Implementation, case: GatherCase, x: torch.Tensor, group: object
 ) -> tuple[object, tuple[object, ...]]:
-    fn = _resolve(impl)
+    fn = _resolve(impl) if case.compile_backend is None else _resolve_compiled(impl)
     head: tuple[object, ...] = (x, case.dim)
     if impl.ctor_kwargs is not None:
         ctor = dict(impl.ctor_kwargs)
@@ -337,7 +349,7 @@ def _call(
         assert callable(fn)  # checked in the parent before any world starts
     sizes = case.sizes_argument()
     if impl.convention == "seed":
-        result = fn(*head, sizes)
+        result = _invoke(fn, case, (*head, sizes), {})
     else:
         kwargs: dict[str, object] = {"grad": case.contract} if impl.takes_grad else {}
         if sizes is not None:
@@ -346,8 +358,25 @@ def _call(
             kwargs["group"] = group
         if impl.transports is not None:
             kwargs["transport"] = case.transport
-        result = fn(*head, **kwargs)
+        result = _invoke(fn, case, head, kwargs)
     return _unpack(impl, case, result)
+
+
+def _invoke(
+    fn: Callable[..., object],
+    case: GatherCase,
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+) -> object:
+    """``fn(*args, **kwargs)``, or inside the compiled step of ``case.compile_backend``
+    (``vargather.testing.compiled``; ``args[0]`` is the shard)."""
+    if case.compile_backend is None:
+        return fn(*args, **kwargs)
+    from .compiled import call_compiled  # torch.compile only where a case asks
+
+    x = args[0]
+    assert isinstance(x, torch.Tensor)  # the shard the runner built
+    return call_compiled(fn, case, x, args[1:], kwargs)
 
 
 def _is_tensor_list(value: object) -> bool:
@@ -483,14 +512,15 @@ def _run_one(
     group, grank = entered
     x = case.shard(grank)
     before = x.detach().clone()
-    out, extra = _call(impl, case, x, group)
-    intact = bytes_of(x) == bytes_of(before)
-    report = _forward_fields(ctx, grank, case, out, extra, intact, expected_digest)
-    if isinstance(out, torch.Tensor) and case.differentiable:
-        note = _backward_note(case, out)
-        if not note:
-            _loss(out, case.upstream_grad(grank)).backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
-        report.update(_grad_fields(x, note))
+    with patient_default_group(ctx, case):  # a compiled case: peers may compile slower
+        out, extra = _call(impl, case, x, group)
+        intact = bytes_of(x) == bytes_of(before)
+        report = _forward_fields(ctx, grank, case, out, extra, intact, expected_digest)
+        if isinstance(out, torch.Tensor) and case.differentiable:
+            note = _backward_note(case, out)
+            if not note:
+                _loss(out, case.upstream_grad(grank)).backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
+            report.update(_grad_fields(x, note))
     return RankReport(**report)  # type: ignore[arg-type]  # keys and types are those of RankReport
 
 

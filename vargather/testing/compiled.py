@@ -1,0 +1,139 @@
+"""The testing kit's compiled path: a case's call inside a ``torch.compile``d step.
+
+Where it sits: beside ``runner``, on the rank side. ``runner`` calls the implementation
+here instead of directly when the case has a ``compile_backend`` (the ``compiled``
+property of ``properties``). The step compiled with ``fullgraph=True`` is
+
+    step(x) = ATTR(x * w, dim, ...)        w = ones((), requires_grad like x)
+
+so the gather sits between compiled arithmetic on both sides of autograd: in the
+backward, ``w``'s gradient ``Σ grad_h · x`` reads the gather's input gradient, and on a
+rank whose shard is empty that read has zero elements. A compiler that treats the
+gather's backward as a value it may drop (nothing reads a zero-element buffer) leaves
+that rank one collective short and its peers waiting: the class of bug this path
+exists to find (a hang, reported with the case). ``x * 1`` is exact for the integer
+values the property draws, so the judge compares the compiled step's output and
+``x``'s gradient with the oracle bit for bit on every backend.
+
+Compiled steps are cached per process (one per backend and callable): cases after the
+first recompile as dynamo decides (new shapes, sizes, dims), which is part of what is
+tested. While a compiled case runs, the default group's collective timeout is
+lifted, because ranks compile at different speeds; a rank that never arrives is
+then the pool's to report, as a hang, after its call timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, Final
+
+import torch
+
+from .cases import GatherCase
+
+__all__ = ["COMPILE_TIMEOUT_S", "call_compiled", "patient_default_group", "warm_backends"]
+
+COMPILE_TIMEOUT_S: Final = 600.0
+"""The default group's collective timeout while a compiled case runs: longer than any
+call timeout, so that a peer still compiling is waited for and a peer that never comes
+is the pool's hang."""
+
+_STEPS: dict[tuple[str, int], Callable[..., object]] = {}
+_CACHE_LIMIT: Final = 256
+"""Compiled entries kept per process before dynamo's caches are reset (dynamo falls
+back to eager silently past its own limits, which would hide what is under test)."""
+_CALLS: list[int] = [0]
+_WARM: set[str] = set()
+
+
+def _raise_dynamo_limits() -> None:
+    """Past its recompile limit dynamo runs the frame eagerly (and warns); this path
+    must fail instead, never test eager code under a compiled name."""
+    config: Any = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, _CACHE_LIMIT)
+    if hasattr(config, "accumulated_recompile_limit"):
+        config.accumulated_recompile_limit = _CACHE_LIMIT * 4
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        config.fail_on_recompile_limit_hit = True
+
+
+def _step(fn: Callable[..., object], backend: str) -> Callable[..., object]:
+    key = (backend, id(fn))
+    step = _STEPS.get(key)
+    if step is None:
+
+        def gather_step(
+            x: torch.Tensor, w: torch.Tensor, rest: tuple[object, ...], kwargs: dict[str, object]
+        ) -> object:
+            return fn(x * w, *rest, **kwargs)
+
+        step = torch.compile(gather_step, backend=backend, fullgraph=True)
+        _STEPS[key] = step
+    return step
+
+
+@contextlib.contextmanager
+def patient_default_group(ctx: object, case: GatherCase) -> Iterator[None]:
+    """For a compiled ``case`` (forward and backward), the default group's timeout
+    lifted to ``COMPILE_TIMEOUT_S`` (``ProcessGroup.set_timeout``), then put back to the
+    world's own (``ctx.collective_timeout``); for any other case, nothing."""
+    import torch.distributed as dist
+
+    restore = getattr(ctx, "collective_timeout", None)
+    if case.compile_backend is None or not (
+        isinstance(restore, timedelta) and dist.is_available() and dist.is_initialized()
+    ):
+        yield
+        return
+    group = dist.group.WORLD
+    set_timeout = getattr(group, "set_timeout", None)
+    if set_timeout is None:
+        yield
+        return
+    set_timeout(timedelta(seconds=COMPILE_TIMEOUT_S))
+    try:
+        yield
+    finally:
+        set_timeout(restore)
+
+
+def call_compiled(
+    fn: Callable[..., object],
+    case: GatherCase,
+    x: torch.Tensor,
+    rest: Sequence[object],
+    kwargs: Mapping[str, object],
+) -> object:
+    """``fn(x, *rest, **kwargs)`` as the compiled step of ``case.compile_backend`` runs
+    it (module docstring): what ``fn`` returned, for the runner to unpack. The runner
+    runs the case (its backward too) inside ``patient_default_group``."""
+    backend = case.compile_backend
+    if backend is None:
+        raise ValueError("call_compiled needs a case with a compile_backend")
+    _raise_dynamo_limits()
+    _CALLS[0] += 1
+    if _CALLS[0] % _CACHE_LIMIT == 0:
+        torch._dynamo.reset()
+        _STEPS.clear()
+    w = torch.ones((), dtype=x.dtype, requires_grad=x.requires_grad)
+    return _step(fn, backend)(x, w, tuple(rest), dict(kwargs))
+
+
+def warm_backends(ctx: object, backends: Sequence[str]) -> list[str]:
+    """Compile and run a gather-free step on each backend not yet warm in this rank
+    process (inductor's one-time setup costs seconds to tens of seconds), so a compiled
+    batch's call timeout measures its own steps: the rank function a ``compiled``
+    property sends before its batch. Returns the backends it warmed."""
+    warmed = []
+    for backend in backends:
+        if backend in _WARM:
+            continue
+        step = torch.compile(lambda t: (t * 2).sum(), backend=backend, fullgraph=True)
+        step(torch.ones(3, requires_grad=True)).backward()
+        _WARM.add(backend)
+        warmed.append(backend)
+    return warmed
