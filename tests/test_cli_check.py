@@ -284,7 +284,14 @@ def test_vargather_holds_every_property_under_each_contract(grad: str, in_root: 
     assert report.exit_status == EXIT_OK
 
 
-SEED_SCOPE_ROWS: Final = ("sizes-list", "gradient", "subgroup", "adjoint", "coalesced")
+SEED_SCOPE_ROWS: Final = (
+    "sizes-list",
+    "gradient",
+    "subgroup",
+    "adjoint",
+    "coalesced",
+    "compiled",
+)
 """The rows where the seed's contract and sizes scope decide the verdict: what the
 default run checks. The slow variant runs every row, ``forward-int:int16`` included
 (gloo's refusal costs a world rebuild per shrinking attempt; the default run sees
@@ -311,6 +318,7 @@ def test_seed_algorithm_holds_local_within_its_scope(
         "subgroup",
         "adjoint",
         "coalesced",
+        "compiled",
     }
     if only is None:
         assert statuses(report)["forward-int"] == "pass"
@@ -337,6 +345,7 @@ def test_seed_algorithm_holds_local_within_its_scope(
     assert result(report, "coalesced").reason == (
         "ATTR has no coalesced form (vargather.all_gather_v_coalesced only)"
     )
+    assert "not claimed to compile" in str(result(report, "compiled").reason)
 
 
 @multirank
@@ -347,6 +356,7 @@ def test_compat_holds_the_seeds_local_contract(in_root: None) -> None:
         "subgroup",
         "adjoint",
         "coalesced",
+        "compiled",
     }
     assert report.exit_status == EXIT_OK
 
