@@ -66,6 +66,7 @@ from vargather.testing import (  # noqa: E402
     get_pool,
     run_cases,
 )
+from vargather.testing.cases import DTYPE_NAMES  # noqa: E402
 
 DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
 COUNTS: Counter[str] = Counter()
@@ -371,7 +372,9 @@ def check_valid(case: GatherCase) -> None:
 
 
 examples = st.one_of(
-    vst.gather_cases(min_world_size=2, max_world_size=3, transports=GLOO_TRANSPORTS),
+    vst.gather_cases(
+        min_world_size=2, max_world_size=3, transports=GLOO_TRANSPORTS, dtypes=DTYPE_NAMES
+    ),
     mutated_calls(),
 )
 

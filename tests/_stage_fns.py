@@ -12,6 +12,7 @@ from vargather import strategies as vst
 from vargather._args import CallRecord, check_call
 from vargather._comm import GroupInfo
 from vargather._layout import Layout
+from vargather.testing.cases import DTYPE_NAMES
 
 try:  # the case model's home once the testing kit is a subpackage
     from vargather.testing.cases import GatherCase
@@ -22,7 +23,7 @@ TRANSPORTS = vargather.TRANSPORT_NAMES
 
 # In-process cases: every dtype, dim, ragged sizes (0 and all-zero included), strides
 # and offsets of the shards; the gather group is simulated, so any world size works.
-cases = vst.gather_cases(min_world_size=1, max_world_size=5)
+cases = vst.gather_cases(min_world_size=1, max_world_size=5, dtypes=DTYPE_NAMES)
 float_cases = vst.gather_cases(
     min_world_size=1,
     max_world_size=5,
@@ -74,7 +75,7 @@ def calls(draw: st.DrawFn, world_size: int, rank: int) -> CallRecord:
     if draw(st.integers(0, 4)) == 0:
         x: object = draw(_odd_inputs)
     else:
-        case = draw(vst.gather_cases(world_size=1, max_ndim=3))
+        case = draw(vst.gather_cases(world_size=1, max_ndim=3, dtypes=DTYPE_NAMES))
         x = case.shard(0)
     dim = draw(_odd_dims)
     return check_call(

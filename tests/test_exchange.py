@@ -14,6 +14,7 @@ from vargather._args import check_call
 from vargather._comm import GroupInfo
 from vargather._exchange import validate_records
 from vargather._layout import Layout
+from vargather.testing.cases import DTYPE_NAMES
 
 from ._stage_fns import calls
 
@@ -24,7 +25,9 @@ def test_validation_reaches_one_verdict_whatever_the_rank(data: st.DataObject) -
     the same message, or returns the same layout (but for ``rank``)."""
     w = data.draw(st.integers(1, 4), label="world_size")
     if data.draw(st.booleans(), label="matching calls"):
-        case = data.draw(vst.gather_cases(world_size=w, max_ndim=3), label="case")
+        case = data.draw(
+            vst.gather_cases(world_size=w, max_ndim=3, dtypes=DTYPE_NAMES), label="case"
+        )
         records = [
             check_call(
                 case.shard(r),

@@ -120,7 +120,9 @@ def test_no_shard_exceeds_max_payload(max_payload: int) -> None:
 
 def test_every_property_draws_large_cases_but_empty_all() -> None:
     for prop in catalogue():
-        if prop.id in ("empty-all", "uninitialized"):
+        # compiled: small shards by design (every new shape is a compile; the payload
+        # path under compile is the eager one, which the other rows draw large).
+        if prop.id in ("empty-all", "uninitialized", "compiled"):
             continue
         strategy = prop.strategy((1, 2, 3, 4), transports=("auto",))
         find(strategy, lambda b: any(_largest(c) >= 16 * 1024 for c in b), settings=FIND)

@@ -431,7 +431,7 @@ def test_describe_names_everything_needed_to_reproduce() -> None:
     assert parse_case(argv[4]) == case
 
 
-@given(vst.gather_cases(subgroups=True))
+@given(vst.gather_cases(subgroups=True, dtypes=DTYPE_NAMES))
 def test_drawn_cases_reproduce_from_their_repr(case: GatherCase) -> None:
     assert parse_case(repr(case)) == case
     assert case.expected().output.shape == case.output_shape

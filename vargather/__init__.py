@@ -28,6 +28,7 @@ from ._choices import TRANSPORT_NAMES as TRANSPORT_NAMES
 from ._choices import GradContract as GradContract
 from ._choices import TransportName as TransportName
 from ._dtypes import GLOO_DTYPES as GLOO_DTYPES
+from ._dtypes import NATIVE_DTYPES as GLOO_NATIVE_DTYPES
 from ._errors import ArgumentError as ArgumentError
 from ._errors import ArgumentMismatchError as ArgumentMismatchError
 from ._errors import CollectiveError as CollectiveError
@@ -56,6 +57,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 __all__ = [
     "CONTRACTS",
     "GLOO_DTYPES",
+    "GLOO_NATIVE_DTYPES",
     "TRANSPORT_NAMES",
     "GatherResult",
     "GradContract",

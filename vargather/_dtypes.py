@@ -54,7 +54,9 @@ GLOO_DTYPES: Final[frozenset[torch.dtype]] = frozenset(WIRE_DTYPES[:12])
 """Dtypes vargather gathers on gloo (int16 among them, travelling as bytes)."""
 
 NATIVE_DTYPES: Final[frozenset[torch.dtype]] = GLOO_DTYPES - {torch.int16}
-"""Dtypes the backends move themselves; any other travels as its bytes."""
+"""Dtypes the backends move themselves; any other travels as its bytes. Public as
+``vargather.GLOO_NATIVE_DTYPES``: what a plain gloo collective (a hand-written gather)
+carries, int16 being refused with "Invalid scalar type"."""
 
 
 def dtype_code(dtype: torch.dtype) -> int:

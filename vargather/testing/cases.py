@@ -43,7 +43,7 @@ from typing import Final, NamedTuple, TypeGuard
 
 import torch
 
-from vargather import CONTRACTS, GLOO_DTYPES, TRANSPORT_NAMES, oracle
+from vargather import CONTRACTS, GLOO_DTYPES, GLOO_NATIVE_DTYPES, TRANSPORT_NAMES, oracle
 
 __all__ = [
     "COALESCED_REF",
@@ -54,6 +54,7 @@ __all__ = [
     "DTYPE_FAMILIES",
     "DTYPE_NAMES",
     "MEMORY_LAYOUTS",
+    "PLAIN_DTYPE_NAMES",
     "RETURN_KINDS",
     "SIZES_FORMS",
     "SIZES_SCOPES",
@@ -112,6 +113,13 @@ def _gloo_dtype_names() -> tuple[str, ...]:
 DTYPE_NAMES: Final[tuple[str, ...]] = _gloo_dtype_names()
 """Every dtype vargather gathers on gloo, simplest first (Hypothesis shrinks toward
 ``float32``)."""
+
+PLAIN_DTYPE_NAMES: Final[tuple[str, ...]] = tuple(
+    n for n in DTYPE_NAMES if getattr(torch, n) in GLOO_NATIVE_DTYPES
+)
+"""The dtypes a plain gloo collective carries itself (``DTYPE_NAMES`` without int16,
+which gloo refuses with "Invalid scalar type" and vargather sends as bytes): what the
+strategies draw by default for an implementation other than vargather's own."""
 
 MEMORY_LAYOUTS: Final = ("contiguous", "transposed", "sliced")
 """How a rank's shard sits in memory: packed; its dimensions stored in reverse order

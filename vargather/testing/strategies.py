@@ -37,6 +37,7 @@ from hypothesis.strategies import SearchStrategy
 from .cases import (
     DTYPE_NAMES,
     MEMORY_LAYOUTS,
+    PLAIN_DTYPE_NAMES,
     SIZES_FORMS,
     UPSTREAM_KINDS,
     VALUE_KINDS,
@@ -191,6 +192,10 @@ class _Config:
     def __init__(self, **kw: Any) -> None:
         impl = _implementation(kw["implementation"])
         self.implementation = impl
+        # By default, what the implementation can be expected to carry: vargather's own
+        # gathers every dtype (int16 as bytes); a plain gloo collective refuses int16.
+        own = kw["implementation"] is not None and impl.ref is None
+        default_dtypes = DTYPE_NAMES if own else PLAIN_DTYPE_NAMES
         self.min_ndim = _int("min_ndim", kw["min_ndim"], minimum=1)
         self.max_ndim = _int("max_ndim", kw["max_ndim"], minimum=1)
         _not_above("min_ndim", self.min_ndim, "max_ndim", self.max_ndim)
@@ -198,7 +203,7 @@ class _Config:
         self.max_side = _int("max_side", kw["max_side"], minimum=1)
         self.max_size = _int("max_size", kw["max_size"], minimum=0)
         self.max_payload = _int("max_payload", kw["max_payload"], minimum=0)
-        self.dtypes = _choices("dtypes", kw["dtypes"], DTYPE_NAMES, DTYPE_NAMES)
+        self.dtypes = _choices("dtypes", kw["dtypes"], DTYPE_NAMES, default_dtypes)
         self.contracts = _choices("contracts", kw["contracts"], impl.contracts, impl.contracts)
         taken = impl.transports if impl.transports is not None else ("auto",)
         self.transports = _choices("transports", kw["transports"], taken, taken)
@@ -454,7 +459,10 @@ def gather_cases(
     failing large case shrinks toward the smallest target that still fails.
 
     The rest is drawn from the given choices (default: all): ``dtypes`` (names or
-    torch dtypes; default every dtype gloo carries), ``contracts``, ``transports``
+    torch dtypes; default what a plain gloo collective carries, ``PLAIN_DTYPE_NAMES``:
+    every dtype of ``vargather.GLOO_NATIVE_DTYPES``, int16 left out because gloo
+    refuses it; with ``implementation`` vargather's own, every dtype vargather gathers,
+    ``DTYPE_NAMES``), ``contracts``, ``transports``
     (default those ``implementation`` takes), ``sizes_forms`` (``none``, ``list``,
     ``tensor``), ``memory`` (per rank: ``contiguous``, ``transposed``, ``sliced``),
     ``values`` (``full``: the whole range with special values; ``integers``),
