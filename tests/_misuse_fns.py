@@ -369,7 +369,14 @@ CATALOGUE: Final[tuple[Misuse, ...]] = (
         summary="a dimension other than the gather dimension differs on one rank",
         error=vargather.ShapeMismatchError,
         build=lambda w, o: _scenario(w, o, _plain, lambda r: _plain(r, trail=(3,))),
-        fragments=lambda w, o: ("shape outside the gather dimension", "(2,)", "(3,)", f"[{o}]"),
+        fragments=lambda w, o: (
+            "shape outside the gather dimension",
+            "(*, 2)",
+            "(*, 3)",
+            f"[{o}]",
+            "* is the gather dimension, dim=0; full shapes: rank 0 (",
+            f"rank {o} (",
+        ),
     ),
     Misuse(
         name="dim-out-of-range-on-one-rank",

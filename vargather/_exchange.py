@@ -177,8 +177,16 @@ def _device_of(code: object) -> str:
     return "another device type"
 
 
-def _shape_of(shape: object) -> str:
-    return str(tuple(shape)) if isinstance(shape, tuple) else repr(shape)
+def _shape_of(shape: object, *, marked: int | None = None) -> str:
+    """``shape`` as a tuple; with ``marked``, the dims outside the gather dimension
+    with ``*`` standing where the gather dimension ``marked`` sits: ``(2, *, 5)``."""
+    if not isinstance(shape, tuple):
+        return repr(shape)
+    if marked is None or not 0 <= marked <= len(shape):
+        return str(shape)
+    parts = [str(n) for n in shape]
+    parts.insert(marked, "*")
+    return "(" + ", ".join(parts) + ")"
 
 
 def validate_records(records: Sequence[CallRecord], *, rank: int) -> Layout:
@@ -206,6 +214,11 @@ def validate_records(records: Sequence[CallRecord], *, rank: int) -> Layout:
                 ranks=[r],
             )
 
+    d = records[0].normalized_dim  # the ranks agree on it by the time shapes are compared
+
+    def _outside(other: object) -> str:
+        return _shape_of(other, marked=d)
+
     checks: list[tuple[type[VarGatherError], str, list[object], Callable[[object], str]]] = [
         (
             ArgumentMismatchError,
@@ -232,13 +245,18 @@ def validate_records(records: Sequence[CallRecord], *, rank: int) -> Layout:
             ShapeMismatchError,
             "shape outside the gather dimension",
             [rec.other_dims for rec in records],
-            _shape_of,
+            _outside,
         ),
     ]
     for error, what, values, show in checks:
         found = _disagreement(what, values, show)
         if found is not None:
             message, blamed = found
+            if what.startswith("shape outside"):
+                full = ", ".join(
+                    f"rank {r} {_shape_of(rec.shape)}" for r, rec in enumerate(records)
+                )
+                message += f" (* is the gather dimension, dim={d}; full shapes: {full})"
             raise error(f"all_gather_v: {message}", ranks=blamed)
 
     true_sizes = tuple(rec.size_along_dim for rec in records)
