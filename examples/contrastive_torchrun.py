@@ -11,9 +11,17 @@ Each rank r encodes its own batch of ``b_r`` (image, text) pairs into embeddings
 (``A = cat_j a_j``, ``T = cat_j t_j``, ``B = Σ_j b_j`` rows) and computes its *own* loss:
 its images against every text and its texts against every image,
 
-    L_r = ½ [ CE(a_r Tᵀ / τ, o_r + i) + CE(t_r Aᵀ / τ, o_r + i) ]
+    L_r = ½ [ CE(a_r Tᵀ / τ, o_r + i) + CE(t_r Aᵀ / τ, o_r + i) ] / B
 
-where ``o_r`` is the offset of rank r's rows in the gathered batch (its positives).
+where ``o_r`` is the offset of rank r's rows in the gathered batch (its positives)
+and ``CE`` *sums* over rank r's rows. Ragged batches and a mean: dividing by the
+global batch size ``B`` makes ``Σ_j L_j`` the mean over all ``B`` pairs, every pair
+weighing the same whichever rank holds it. A per-rank mean (``cross_entropy``'s
+default, dividing by ``b_r``) would weigh the pairs of a small rank more (a pair on a
+rank of 2 counts 5/2 times one on a rank of 5), and on a rank with 0 rows it is the
+mean of nothing: ``nan``, which the ``sum`` contract's backward then carries into
+every rank's gradients. Here a rank with 0 rows computes ``L_r = 0`` and still takes
+part in the gathers (``--batch-sizes 5,0,7``).
 Every rank's loss depends on every rank's embeddings, and the losses differ, so the
 gradient of the training objective ``Σ_j L_j`` with respect to ``a_r`` collects terms
 from every rank: that is the ``sum`` contract (the seed's ``local`` contract would
@@ -66,17 +74,24 @@ def contrastive_loss(
     a_all: torch.Tensor, t_all: torch.Tensor, offset: int, count: int, temperature: float
 ) -> torch.Tensor:
     """The loss of the rank whose rows are ``[offset, offset + count)`` of the gathered
-    batch: its rows against every row, positives at ``offset + i``.
+    batch: its rows against every row, positives at ``offset + i``, summed over its
+    rows and divided by the global batch size (the module docstring says why: a
+    per-rank mean weighs small ranks more, and is ``nan`` on a rank with no rows).
 
     Its own rows are taken from the gathered tensors too, so every gradient reaching
     its embeddings flows back through the gather.
     """
+    total = a_all.shape[0]
     a_local = a_all.narrow(0, offset, count)
     t_local = t_all.narrow(0, offset, count)
     targets = torch.arange(offset, offset + count)
-    image_to_text = functional.cross_entropy(a_local @ t_all.T / temperature, targets)
-    text_to_image = functional.cross_entropy(t_local @ a_all.T / temperature, targets)
-    return 0.5 * (image_to_text + text_to_image)
+    image_to_text = functional.cross_entropy(
+        a_local @ t_all.T / temperature, targets, reduction="sum"
+    )
+    text_to_image = functional.cross_entropy(
+        t_local @ a_all.T / temperature, targets, reduction="sum"
+    )
+    return 0.5 * (image_to_text + text_to_image) / total
 
 
 def main(argv: Sequence[str] | None = None) -> int:
