@@ -334,6 +334,71 @@ def run_console_block(block: Block, doc: Document, workdir: Path) -> None:
         )
 
 
+# --- tables ------------------------------------------------------------------------------------
+
+_TABLE_SEPARATOR = re.compile(r"^\s*\|(\s*:?-{3,}:?\s*\|)+\s*$")
+
+
+def _table_cells(row: str) -> int:
+    """The cells of a Markdown table row (escaped pipes and code spans are one cell's)."""
+    text = re.sub(r"`[^`]*`", "code", row.strip().replace("\\|", ""))
+    return len(text.strip("|").split("|"))
+
+
+def table_problems(text: str, path: str) -> list[str]:
+    """Every table of ``text`` outside code fences must be whole: a header row, its
+    separator row right after it, and every row with the header's number of cells.
+    A blank line inside a table ends it there, so what follows renders as plain text:
+    found as a run of rows without a separator."""
+    problems: list[str] = []
+    fenced = False
+    run: list[tuple[int, str]] = []
+
+    def close() -> None:
+        if not run:
+            return
+        (first, head), *rows = run
+        if not rows or not _TABLE_SEPARATOR.match(rows[0][1]):
+            problems.append(
+                f"{path}:{first}: table rows without a header and separator row (a blank "
+                f"line inside a table cuts it here): {head.strip()[:80]}"
+            )
+        else:
+            width = _table_cells(head)
+            for number, row in rows:
+                if _table_cells(row) != width:
+                    problems.append(
+                        f"{path}:{number}: {_table_cells(row)} cells in a table whose header "
+                        f"has {width}: {row.strip()[:80]}"
+                    )
+        run.clear()
+
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if not fenced and line.lstrip().startswith("|"):
+            run.append((number, line))
+        else:
+            close()
+    close()
+    return problems
+
+
+@pytest.mark.parametrize("path", doc_paths(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_table_is_whole(path: Path) -> None:
+    problems = table_problems(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())
+    assert not problems, "\n".join(problems)
+
+
+def test_a_table_cut_by_a_blank_line_is_found() -> None:
+    text = "| a | b |\n|---|---|\n| 1 | 2 |\n\n| 3 | 4 |\n\n| x | y |\n|---|---|\n| 1 |\n"
+    assert table_problems(text, "t.md") == [
+        "t.md:5: table rows without a header and separator row (a blank line inside a "
+        "table cuts it here): | 3 | 4 |",
+        "t.md:9: 1 cells in a table whose header has 2: | 1 |",
+    ]
+
+
 # --- the tests ----------------------------------------------------------------------------------
 
 
