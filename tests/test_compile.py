@@ -243,7 +243,7 @@ SLOW_SCENARIOS = [
     fns.Scenario(backend, _CONTRACTS, sizes, pass_sizes=pass_sizes, shape=shape, dynamic=dynamic)
     for backend in ("eager", "aot_eager", "inductor")
     for shape, sizes in (
-        ("plain", ((0, 2, 0), (0, 0, 0), (4, 0, 1))),
+        ("plain", ((0, 2, 0), (0, 0, 0), (4, 0, 1), (2, 3, 0))),
         ("unused", _EMPTY_MIDDLE_THEN_TWO_EMPTY),
         ("twice", _EMPTY_MIDDLE_THEN_TWO_EMPTY),
         ("zero-trailing", ((2, 0, 1), (0, 0, 0))),
