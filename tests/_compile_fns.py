@@ -336,8 +336,11 @@ class Scenario:
     backward; called once per entry of ``size_sets`` (a recompile, or dynamic sizes).
 
     ``shape``: ``"unused"`` gathers and ignores the output, ``"twice"`` gathers the same
-    tensor twice, ``"zero-trailing"`` gathers ``(n, 0)`` shards (every upstream gradient
-    has zero elements), ``"plain"`` is the step itself.
+    tensor twice, ``"crossed"`` gathers a second, independent tensor whose sizes are the
+    first's reversed (a rank with a large first block has a small second one: a
+    compiler ordering by buffer sizes orders them differently per rank),
+    ``"zero-trailing"`` gathers ``(n, 0)`` shards (every upstream gradient has zero
+    elements), ``"plain"`` is the step itself.
     """
 
     backend: str
@@ -380,6 +383,11 @@ def _scenario_step(sc: Scenario, grad: str, rank: int, w: torch.Tensor) -> Any:
         if sc.shape == "twice":
             again = gather(h, sizes)
             loss = loss + (again * (rank + 3)).sum()
+        if sc.shape == "crossed":
+            mirrored = None if sizes is None else sizes[::-1]
+            n = x.shape[0] if sizes is None else mirrored[rank]  # type: ignore[index]  # a list
+            other = x.new_full((n, x.shape[1]), float(rank + 2)) * w
+            loss = loss + (gather(other, mirrored) * (rank + 5)).sum()
         return out.detach(), loss
 
     return step

@@ -236,6 +236,7 @@ SCENARIOS = [
     fns.Scenario("inductor", _CONTRACTS, _EMPTY_MIDDLE_THEN_TWO_EMPTY, pass_sizes=False),
     fns.Scenario("inductor", ("sum",), ((0, 0, 0), (2, 0, 1)), shape="unused"),
     fns.Scenario("aot_eager", ("sum",), _EMPTY_MIDDLE_THEN_TWO_EMPTY, shape="twice"),
+    fns.Scenario("inductor", ("sum",), ((64, 1, 0), (0, 2, 48)), shape="crossed"),
     fns.Scenario("aot_eager", ("mean",), ((0, 3, 0), (0, 0, 0)), shape="zero-trailing"),
     fns.Scenario("aot_eager", ("sum",), ((3, 0, 5), (0, 4, 0), (0, 0, 0), (1, 2, 3)), dynamic=True),
 ]
@@ -246,6 +247,7 @@ SLOW_SCENARIOS = [
         ("plain", ((0, 2, 0), (0, 0, 0), (4, 0, 1), (2, 3, 0))),
         ("unused", _EMPTY_MIDDLE_THEN_TWO_EMPTY),
         ("twice", _EMPTY_MIDDLE_THEN_TWO_EMPTY),
+        ("crossed", ((64, 1, 0), (0, 2, 48))),
         ("zero-trailing", ((2, 0, 1), (0, 0, 0))),
     )
     for pass_sizes in (True, False)

@@ -513,8 +513,30 @@ def _unbacked_sizes_allowed() -> bool:
 
 
 # Read while tracing, a constant of the trace: dynamo calls it instead of tracing it.
-# assume_constant_result is untyped in torch's stubs.
-_unbacked_sizes_allowed_here = torch._dynamo.assume_constant_result(_unbacked_sizes_allowed)  # type: ignore[no-untyped-call]
+_unbacked_sizes_allowed_here = torch._dynamo.assume_constant_result(_unbacked_sizes_allowed)  # type: ignore[no-untyped-call]  # assume_constant_result is untyped in torch's stubs
+
+
+def _keep_collective_order() -> bool:
+    """Turn off inductor's peak-memory reordering, which reorders vargather's operators.
+
+    The ordered effect (``_declare_ordered``) makes inductor add a dependency from each
+    operator to the one before, but torch 2.13's ``reorder_for_peak_memory`` pass (on
+    by default) builds its order from the nodes' unmet dependencies, which those added
+    dependencies are not among: two independent gathers of one graph were issued in
+    one order on a rank whose buffers were large and the other order on a rank whose
+    buffers were small (seen as a ``SizesMismatchError`` on every rank; with
+    ``validate=False`` the payloads would have crossed). Called while a vargather
+    call is traced, before inductor compiles that graph; a process-wide setting from
+    then on (it only changes where buffers are freed, never a result).
+    """
+    import torch._inductor.config as inductor_config
+
+    inductor_config.reorder_for_peak_memory = False
+    return True
+
+
+# Called by dynamo while tracing (its side effect is the point), not traced.
+_keep_collective_order_here = torch._dynamo.assume_constant_result(_keep_collective_order)  # type: ignore[no-untyped-call]  # assume_constant_result is untyped in torch's stubs
 
 
 class _RoutedCall(NamedTuple):
@@ -565,6 +587,7 @@ def compiled_gather(
     where = group_of(group, mesh_dim) if call is not None else None
     plain = _plain_sizes(sizes, where[2]) if where is not None else None
     if call is not None and where is not None:
+        _keep_collective_order_here()
         name, rank, world_size = where
         requires_grad = call.x.requires_grad and torch.is_grad_enabled()
         args = (name, call.grad, call.transport, call.validate, call.seconds, requires_grad)
