@@ -1,0 +1,126 @@
+"""Rank-side functions of the family's tests (module-level, so they pickle)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import vargather
+from vargather._comm import collectives_issued
+from vargather.testing import RankContext
+
+
+def _error(err: Exception) -> tuple[str, str, tuple[int, ...]]:
+    return type(err).__name__, str(err), tuple(getattr(err, "ranks", ()))
+
+
+def noncontiguous_reduce_scatter(ctx: RankContext, _: None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A transposed (strided) input along dim 1 gives what its contiguous copy gives."""
+    base = torch.arange(6 * 4, dtype=torch.float32).view(6, 4) * (ctx.rank + 1)
+    x = base.t()  # (4, 6), strided
+    sizes = [1, 3, 2][: ctx.world_size] if ctx.world_size == 3 else [4, 2]
+    return vargather.reduce_scatter_v(x, sizes, 1), vargather.reduce_scatter_v(x.contiguous(), sizes, 1)
+
+
+def noncontiguous_all_to_all(ctx: RankContext, _: None) -> tuple[torch.Tensor, torch.Tensor]:
+    x = (torch.arange(5 * 3, dtype=torch.int64).view(5, 3) + 100 * ctx.rank).t()  # (3, 5)
+    send = [2, 3] if ctx.rank == 0 else [5, 0]
+    return vargather.all_to_all_v(x, send, -1), vargather.all_to_all_v(x.contiguous(), send, -1)
+
+
+def mesh_calls(ctx: RankContext, _: None) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """``group=`` as a 1-D DeviceMesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (ctx.world_size,))
+    x = torch.full((3, 2), float(ctx.rank + 1))
+    rs = vargather.reduce_scatter_v(x, [1, 2], group=mesh)
+    a2a = vargather.all_to_all_v(x, [2, 1] if ctx.rank == 0 else [0, 3], group=mesh)
+    lst = vargather.all_gather_list(x[: ctx.rank + 1], group=mesh)
+    return rs, a2a, lst
+
+
+def timeouts_and_counts(ctx: RankContext, _: None) -> tuple[int, int, int, int]:
+    """Collectives per call: validated (exchange + payload) and trusted (payload)."""
+    x = torch.ones(3, 2)
+    c0 = collectives_issued()
+    vargather.reduce_scatter_v(x, [1, 2], timeout=5.0)
+    c1 = collectives_issued()
+    vargather.reduce_scatter_v(x, [1, 2], validate=False)
+    c2 = collectives_issued()
+    vargather.all_to_all_v(x, [1, 2] if ctx.rank == 0 else [3, 0], recv_sizes=[1, 3] if ctx.rank == 0 else [2, 0], validate=False)
+    c3 = collectives_issued()
+    vargather.all_gather_list(x[: ctx.rank + 1])
+    c4 = collectives_issued()
+    return c1 - c0, c2 - c1, c3 - c2, c4 - c3
+
+
+def trusted_local_problem(ctx: RankContext, _: None) -> Any:
+    """validate=False: a local problem is raised on that rank only (the peer, told
+    nothing, waits in the payload collective and times out)."""
+    try:
+        sizes = [1, 2] if ctx.rank == 0 else [1, 1]
+        vargather.reduce_scatter_v(torch.ones(3, 2), sizes, validate=False, timeout=1.5)
+    except vargather.VarGatherError as err:
+        return _error(err)
+    return None
+
+
+def compiled_step(ctx: RankContext, backend: str) -> dict[str, Any]:
+    """One compiled (fullgraph) step per collective, with an empty block on rank 1:
+    forward, a per-rank loss and backward, under ``backend``."""
+    torch._dynamo.reset()
+    r, w = ctx.rank, ctx.world_size
+    sizes = [3, 0, 2][:w] if w == 3 else [3, 0]
+    send = [[1, 0, 2], [0, 0, 0], [2, 1, 0]][r][:w] if w == 3 else [[2, 0], [1, 0]][r]
+    recv = [row[r] for row in ([[1, 0, 2], [0, 0, 0], [2, 1, 0]] if w == 3 else [[2, 0], [1, 0]])][:w]
+    shapes = [[2, 3], [0, 3], [1, 3]][:w]
+
+    def step(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        a = vargather.reduce_scatter_v(x, sizes, 0, timeout=20.0)
+        b = vargather.all_to_all_v(y, send, 0, recv_sizes=recv, timeout=20.0)
+        c = vargather.all_gather_list(z, shapes=shapes, timeout=20.0)
+        return (a * (r + 1)).sum() + (b * (r + 2)).sum() + sum((t * (k + r + 1)).sum() for k, t in enumerate(c))
+
+    x = torch.arange(5 * 3, dtype=torch.float32).view(5, 3).requires_grad_(True)
+    y = torch.ones(sum(send), 3).requires_grad_(True)
+    z = torch.ones(shapes[r]).requires_grad_(True)
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    loss = compiled(x, y, z)
+    loss.backward()
+    xe, ye, ze = (t.detach().clone().requires_grad_(True) for t in (x, y, z))
+    step(xe, ye, ze).backward()
+    return {
+        "loss": loss.detach(),
+        "grads": (x.grad, y.grad, z.grad),
+        "eager_grads": (xe.grad, ye.grad, ze.grad),
+    }
+
+
+def done_when_rs(ctx: RankContext, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Issue 20's scenario: 3 ranks, dim 0 or -1, an empty block (rank 1's)."""
+    g = torch.Generator().manual_seed(ctx.rank)
+    x = torch.randn((5, 4) if dim == 0 else (2, 5), generator=g).requires_grad_(True)
+    y = vargather.reduce_scatter_v(x, [2, 0, 3], dim)
+    y.backward(torch.full_like(y, float(ctx.rank + 1)))
+    assert x.grad is not None
+    return y.detach(), x.grad
+
+
+def then_works(ctx: RankContext, which: str) -> tuple[Any, Any]:
+    """Issue 20's misuse scenario: rank 2 passes other sizes (or another dtype), every
+    rank raises, and the next call works."""
+    x = torch.ones(3, 2, dtype=torch.int32 if which == "dtype" and ctx.rank == 2 else torch.float32)
+    sizes = [1, 1, 1] if which == "dtype" or ctx.rank != 2 else [0, 2, 1]
+    try:
+        vargather.reduce_scatter_v(x, sizes)
+        err = None
+    except vargather.VarGatherError as e:
+        err = _error(e)
+    return err, vargather.reduce_scatter_v(torch.ones(3, 2), [1, 1, 1])
+
+
+def world_barrier(ctx: RankContext, _: None) -> None:
+    dist.barrier()
