@@ -534,9 +534,10 @@ def _misuse_call(case: MisuseCase, rank: int, timeout: float, wrong: bool) -> An
         rows = w + (1 if k in ("sum_mismatch", "send_length") else 0)
         return fn(torch.ones((rows, *trail, *extra), dtype=dtype), send, recv_sizes=recv, timeout=timeout)
     shape = (rank + 1, 2, *extra)
-    shapes = [[r + 1, 2] for r in range(w)]
-    if k == "shapes_lie":
-        shapes[0] = [5, 5]
+    shapes: list[list[int]] | None = None
+    if k == "shapes_lie":  # a lie about a peer's shape (its own entry is checked locally)
+        shapes = [[r + 1, 2] for r in range(w)]
+        shapes[(rank + 1) % w] = [5, 5]
     return fn(
         torch.ones(shape, dtype=dtype), shapes=shapes, grad="local" if k == "contract" else "sum",
         timeout=timeout,
