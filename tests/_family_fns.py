@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -68,35 +69,38 @@ def trusted_local_problem(ctx: RankContext, _: None) -> Any:
     return None
 
 
-def compiled_step(ctx: RankContext, backend: str) -> dict[str, Any]:
-    """One compiled (fullgraph) step per collective, with an empty block on rank 1:
-    forward, a per-rank loss and backward, under ``backend``."""
-    torch._dynamo.reset()
-    r, w = ctx.rank, ctx.world_size
-    sizes = [3, 0, 2][:w] if w == 3 else [3, 0]
-    send = [[1, 0, 2], [0, 0, 0], [2, 1, 0]][r][:w] if w == 3 else [[2, 0], [1, 0]][r]
-    recv = [row[r] for row in ([[1, 0, 2], [0, 0, 0], [2, 1, 0]] if w == 3 else [[2, 0], [1, 0]])][:w]
-    shapes = [[2, 3], [0, 3], [1, 3]][:w]
+def compiled_steps(ctx: RankContext, backend: str) -> dict[str, Any]:
+    """A compiled (fullgraph) step per collective on 2 ranks, an empty block on rank 1
+    in each: forward, a per-rank loss, backward, under ``backend``. Returns per
+    collective the collectives issued (forward, backward) and the gradient, with the
+    eager step's gradient beside it."""
+    r = ctx.rank
+    found: dict[str, Any] = {}
 
-    def step(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        a = vargather.reduce_scatter_v(x, sizes, 0, timeout=20.0)
-        b = vargather.all_to_all_v(y, send, 0, recv_sizes=recv, timeout=20.0)
-        c = vargather.all_gather_list(z, shapes=shapes, timeout=20.0)
-        return (a * (r + 1)).sum() + (b * (r + 2)).sum() + sum((t * (k + r + 1)).sum() for k, t in enumerate(c))
+    def step(which: str, x: torch.Tensor) -> torch.Tensor:
+        if which == "reduce_scatter_v":
+            a = vargather.reduce_scatter_v(x, [5, 0], 0, timeout=20.0)
+            return (a * (r + 1)).sum()
+        if which == "all_to_all_v":
+            send, recv = [[2, 0], [1, 0]][r], [[2, 1], [0, 0]][r]
+            b = vargather.all_to_all_v(x, send, 0, recv_sizes=recv, timeout=20.0)
+            return (b * (r + 2)).sum()
+        c = vargather.all_gather_list(x, shapes=[[2, 3], [0, 3]], timeout=20.0)
+        return sum(((t * (k + r + 1)).sum() for k, t in enumerate(c)), torch.zeros(()))
 
-    x = torch.arange(5 * 3, dtype=torch.float32).view(5, 3).requires_grad_(True)
-    y = torch.ones(sum(send), 3).requires_grad_(True)
-    z = torch.ones(shapes[r]).requires_grad_(True)
-    compiled = torch.compile(step, backend=backend, fullgraph=True)
-    loss = compiled(x, y, z)
-    loss.backward()
-    xe, ye, ze = (t.detach().clone().requires_grad_(True) for t in (x, y, z))
-    step(xe, ye, ze).backward()
-    return {
-        "loss": loss.detach(),
-        "grads": (x.grad, y.grad, z.grad),
-        "eager_grads": (xe.grad, ye.grad, ze.grad),
-    }
+    for which, rows in (("reduce_scatter_v", (5, 5)), ("all_to_all_v", (2, 1)), ("all_gather_list", (2, 0))):
+        torch._dynamo.reset()
+        x = torch.arange(rows[r] * 3, dtype=torch.float32).view(rows[r], 3).requires_grad_(True)
+        compiled = torch.compile(functools.partial(step, which), backend=backend, fullgraph=True)
+        c0 = collectives_issued()
+        loss = compiled(x)
+        c1 = collectives_issued()
+        loss.backward()
+        c2 = collectives_issued()
+        xe = x.detach().clone().requires_grad_(True)
+        step(which, xe).backward()
+        found[which] = ((c1 - c0, c2 - c1), x.grad, xe.grad)
+    return found
 
 
 def done_when_rs(ctx: RankContext, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
