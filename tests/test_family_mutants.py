@@ -23,6 +23,7 @@ CATALOGUE = {
     "reduce_scatter_v": [
         ReduceScatterCase(3, (2, 0, 1), (2,), -1, special=True, seed=1),
         ReduceScatterCase(2, (1, 3), (3,), 0, dtype="bfloat16", seed=2),
+        ReduceScatterCase(2, (1, 2), (3,), 1, seed=6),
     ],
     "all_to_all_v": [
         AllToAllCase(3, ((1, 0, 2), (0, 0, 0), (2, 0, 1)), (2,), 0, seed=3),
