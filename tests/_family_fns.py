@@ -22,7 +22,9 @@ def noncontiguous_reduce_scatter(ctx: RankContext, _: None) -> tuple[torch.Tenso
     base = torch.arange(6 * 4, dtype=torch.float32).view(6, 4) * (ctx.rank + 1)
     x = base.t()  # (4, 6), strided
     sizes = [1, 3, 2][: ctx.world_size] if ctx.world_size == 3 else [4, 2]
-    return vargather.reduce_scatter_v(x, sizes, 1), vargather.reduce_scatter_v(x.contiguous(), sizes, 1)
+    return vargather.reduce_scatter_v(x, sizes, 1), vargather.reduce_scatter_v(
+        x.contiguous(), sizes, 1
+    )
 
 
 def noncontiguous_all_to_all(ctx: RankContext, _: None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +53,12 @@ def timeouts_and_counts(ctx: RankContext, _: None) -> tuple[int, int, int, int]:
     c1 = collectives_issued()
     vargather.reduce_scatter_v(x, [1, 2], validate=False)
     c2 = collectives_issued()
-    vargather.all_to_all_v(x, [1, 2] if ctx.rank == 0 else [3, 0], recv_sizes=[1, 3] if ctx.rank == 0 else [2, 0], validate=False)
+    vargather.all_to_all_v(
+        x,
+        [1, 2] if ctx.rank == 0 else [3, 0],
+        recv_sizes=[1, 3] if ctx.rank == 0 else [2, 0],
+        validate=False,
+    )
     c3 = collectives_issued()
     vargather.all_gather_list(x[: ctx.rank + 1])
     c4 = collectives_issued()
@@ -88,7 +95,11 @@ def compiled_steps(ctx: RankContext, backend: str) -> dict[str, Any]:
         c = vargather.all_gather_list(x, shapes=[[2, 3], [0, 3]], timeout=20.0)
         return sum(((t * (k + r + 1)).sum() for k, t in enumerate(c)), torch.zeros(()))
 
-    for which, rows in (("reduce_scatter_v", (5, 5)), ("all_to_all_v", (2, 1)), ("all_gather_list", (2, 0))):
+    for which, rows in (
+        ("reduce_scatter_v", (5, 5)),
+        ("all_to_all_v", (2, 1)),
+        ("all_gather_list", (2, 0)),
+    ):
         torch._dynamo.reset()
         x = torch.arange(rows[r] * 3, dtype=torch.float32).view(rows[r], 3).requires_grad_(True)
         compiled = torch.compile(functools.partial(step, which), backend=backend, fullgraph=True)

@@ -78,9 +78,7 @@ def test_done_when_misuse_raises_everywhere_and_next_call_works(which: str) -> N
         assert_bitwise_equal(y, torch.full((1, 2), 3.0), f"rank {r}")
 
 
-@pytest.mark.parametrize(
-    "kind", ["sizes_differ", "sum_mismatch", "dtype", "ndim", "trailing"]
-)
+@pytest.mark.parametrize("kind", ["sizes_differ", "sum_mismatch", "dtype", "ndim", "trailing"])
 def test_misuse_same_error_everywhere(kind: str) -> None:
     assert check_misuse(get_pool(3), MisuseCase("reduce_scatter_v", kind, 3, 1)) == []
 
@@ -95,16 +93,20 @@ def test_noncontiguous_input() -> None:
 
 
 def test_collectives_per_call_and_trusted_sizes() -> None:
-    for validated, trusted, a2a_trusted, gather_list in get_pool(2).run(fns.timeouts_and_counts, None):
+    for validated, trusted, a2a_trusted, gather_list in get_pool(2).run(
+        fns.timeouts_and_counts, None
+    ):
         assert (validated, trusted, a2a_trusted) == (2, 1, 1)
         assert gather_list == 2
 
 
 def test_validate_false_local_problem_raises_on_that_rank_only() -> None:
     results = get_pool(2).run(fns.trusted_local_problem, None)
-    assert results[1] is not None and results[1][0] == "SizesError"
+    assert results[1] is not None
+    assert results[1][0] == "SizesError"
     assert "raised on this rank only" in results[1][1]
-    assert results[0] is not None and results[0][0] == "CollectiveTimeoutError"
+    assert results[0] is not None
+    assert results[0][0] == "CollectiveTimeoutError"
     get_pool(2).restart()
 
 

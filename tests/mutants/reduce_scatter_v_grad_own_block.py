@@ -14,7 +14,9 @@ BUG = "the gradient is this rank's own upstream gradient at its block, not cat_r
 
 class _OwnBlock(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, sizes: list[int], dim: int, kwargs: dict[str, Any]) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, sizes: list[int], dim: int, kwargs: dict[str, Any]
+    ) -> torch.Tensor:
         ctx.shape, ctx.sizes, ctx.dim = x.shape, sizes, dim % x.ndim
         ctx.rank = torch.distributed.get_rank(kwargs.get("group"))
         return vargather.reduce_scatter_v(x.detach(), sizes, dim, **kwargs)

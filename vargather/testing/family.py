@@ -181,7 +181,12 @@ def inputs_of(case: Case) -> list[torch.Tensor]:
         return [values(shape, case.dtype, case.seed * 131 + r, case.special) for r in range(w)]
     if isinstance(case, AllToAllCase):
         return [
-            values(_shape(case.other, case.dim, sum(case.send[r])), case.dtype, case.seed * 131 + r, case.special)
+            values(
+                _shape(case.other, case.dim, sum(case.send[r])),
+                case.dtype,
+                case.seed * 131 + r,
+                case.special,
+            )
             for r in range(w)
         ]
     return [values(case.shapes[r], case.dtype, case.seed * 131 + r, case.special) for r in range(w)]
@@ -224,7 +229,9 @@ def _dims(draw: Any, max_dims: int = 2) -> tuple[int, ...]:
 
 @st.composite
 def reduce_scatter_cases(
-    draw: Any, world_sizes: Sequence[int] = (2, 3), dtypes: Sequence[str] = DTYPES,
+    draw: Any,
+    world_sizes: Sequence[int] = (2, 3),
+    dtypes: Sequence[str] = DTYPES,
     subgroups: bool = True,
 ) -> ReduceScatterCase:
     """``ReduceScatterCase``s: empty blocks, negative dims, every dtype, subgroups."""
@@ -255,7 +262,9 @@ def _draw_group(draw: Any, world: int, subgroups: bool) -> tuple[int, ...] | Non
 
 @st.composite
 def all_to_all_cases(
-    draw: Any, world_sizes: Sequence[int] = (2, 3), dtypes: Sequence[str] = DTYPES,
+    draw: Any,
+    world_sizes: Sequence[int] = (2, 3),
+    dtypes: Sequence[str] = DTYPES,
     subgroups: bool = True,
 ) -> AllToAllCase:
     """``AllToAllCase``s: send matrices with zeros, negative dims, dtypes, subgroups."""
@@ -281,7 +290,9 @@ def all_to_all_cases(
 
 @st.composite
 def gather_list_cases(
-    draw: Any, world_sizes: Sequence[int] = (2, 3), dtypes: Sequence[str] = DTYPES,
+    draw: Any,
+    world_sizes: Sequence[int] = (2, 3),
+    dtypes: Sequence[str] = DTYPES,
     subgroups: bool = True,
 ) -> GatherListCase:
     """``GatherListCase``s: shapes differing in every dim (empties too), contracts."""
@@ -333,15 +344,24 @@ def _group_of(ctx: RankContext, case: Case) -> tuple[Any, int | None]:
 def _call(case: Case, x: torch.Tensor, r: int, group: Any, timeout: float | None) -> Any:
     fn = _function(case)
     if isinstance(case, ReduceScatterCase):
-        return fn(x, list(case.sizes), case.dim, group=group, validate=case.validate, timeout=timeout)
+        return fn(
+            x, list(case.sizes), case.dim, group=group, validate=case.validate, timeout=timeout
+        )
     if isinstance(case, AllToAllCase):
         recv = [s[r] for s in case.send] if case.pass_recv else None
         return fn(
-            x, list(case.send[r]), case.dim, recv_sizes=recv, group=group,
-            validate=case.validate, timeout=timeout,
+            x,
+            list(case.send[r]),
+            case.dim,
+            recv_sizes=recv,
+            group=group,
+            validate=case.validate,
+            timeout=timeout,
         )
     shapes = [list(s) for s in case.shapes] if case.pass_shapes else None
-    return fn(x, shapes=shapes, group=group, grad=case.grad, validate=case.validate, timeout=timeout)
+    return fn(
+        x, shapes=shapes, group=group, grad=case.grad, validate=case.validate, timeout=timeout
+    )
 
 
 def run_case(ctx: RankContext, case: Case) -> Report | None:
@@ -418,11 +438,14 @@ def judge_case(case: Case, reports: Sequence[Report | None]) -> list[FamilyFailu
     name = case.collective
     mine = [rep for rep in reports if rep is not None]
     raised = [(r, rep.error) for r, rep in enumerate(mine) if rep.error is not None]
-    if raised:
+    if raised:  # rep.error is a (class name, message, ranks) triple
         return [
-            FamilyFailure(name, "raised", tuple(r for r, _ in raised), "; ".join(
-                f"rank {r}: {e[0]}: {e[1]}" for r, e in raised if e is not None
-            ))
+            FamilyFailure(
+                name,
+                "raised",
+                tuple(r for r, _ in raised),
+                "; ".join(f"rank {r}: {e[0]}: {e[1]}" for r, e in raised),
+            )
         ]
     want, want_grads = _expected(case)
     failures: list[FamilyFailure] = []
@@ -430,7 +453,14 @@ def judge_case(case: Case, reports: Sequence[Report | None]) -> list[FamilyFailu
         got = rep.output
         if isinstance(case, GatherListCase):
             if not isinstance(got, list) or len(got) != len(want[r]):
-                failures.append(FamilyFailure(name, "forward", (r,), f"expected a list of {len(want[r])} tensors, got {type(got).__name__}"))
+                failures.append(
+                    FamilyFailure(
+                        name,
+                        "forward",
+                        (r,),
+                        f"expected a list of {len(want[r])} tensors, got {type(got).__name__}",
+                    )
+                )
                 continue
             diffs = [(k, _differs(g, w)) for k, (g, w) in enumerate(zip(got, want[r], strict=True))]
             bad = [f"entry {k}: {d}" for k, d in diffs if d is not None]
@@ -442,24 +472,46 @@ def judge_case(case: Case, reports: Sequence[Report | None]) -> list[FamilyFailu
                 failures.append(FamilyFailure(name, "forward", (r,), d))
         if want_grads is not None:
             if rep.grad is None:
-                failures.append(FamilyFailure(name, "gradient", (r,), "expected a gradient, got None"))
+                failures.append(
+                    FamilyFailure(name, "gradient", (r,), "expected a gradient, got None")
+                )
             else:
                 d = bitwise_difference(rep.grad, want_grads[r])
                 if d is not None:
                     failures.append(FamilyFailure(name, "gradient", (r,), d))
-    if want_grads is not None and not case.special and not case.dtype.startswith("complex") and not failures:
+    if (
+        want_grads is not None
+        and not case.special
+        and not case.dtype.startswith("complex")
+        and not failures
+    ):
         xs, up = inputs_of(case), upstream_of(case)
         if isinstance(case, GatherListCase):
             if case.grad == "sum":
-                lhs = sum(_dot(o, g) for j in range(len(xs)) for o, g in zip(want[j], up[j], strict=True))
-                rhs = sum(_dot(x, rep.grad) for x, rep in zip(xs, mine, strict=True) if rep.grad is not None)
+                lhs = sum(
+                    _dot(o, g) for j in range(len(xs)) for o, g in zip(want[j], up[j], strict=True)
+                )
+                rhs = sum(
+                    _dot(x, rep.grad)
+                    for x, rep in zip(xs, mine, strict=True)
+                    if rep.grad is not None
+                )
             else:
                 lhs = rhs = 0
         else:
             lhs = sum(_dot(w, g) for w, g in zip(want, up, strict=True))
-            rhs = sum(_dot(x, rep.grad) for x, rep in zip(xs, mine, strict=True) if rep.grad is not None)
+            rhs = sum(
+                _dot(x, rep.grad) for x, rep in zip(xs, mine, strict=True) if rep.grad is not None
+            )
         if lhs != rhs:
-            failures.append(FamilyFailure(name, "adjoint", (), f"expected sum_r <y_r, g_r> == sum_j <x_j, dx_j>, got {lhs} != {rhs}"))
+            failures.append(
+                FamilyFailure(
+                    name,
+                    "adjoint",
+                    (),
+                    f"expected sum_r <y_r, g_r> == sum_j <x_j, dx_j>, got {lhs} != {rhs}",
+                )
+            )
     return failures
 
 
@@ -472,7 +524,15 @@ def check_case(pool: RankPool, case: Case) -> list[FamilyFailure]:
 
 MISUSE_KINDS: dict[str, tuple[str, ...]] = {
     "reduce_scatter_v": ("sizes_differ", "sum_mismatch", "dtype", "ndim", "trailing", "absent"),
-    "all_to_all_v": ("send_length", "sum_mismatch", "recv_lie", "dtype", "ndim", "trailing", "absent"),
+    "all_to_all_v": (
+        "send_length",
+        "sum_mismatch",
+        "recv_lie",
+        "dtype",
+        "ndim",
+        "trailing",
+        "absent",
+    ),
     "all_gather_list": ("dtype", "ndim", "shapes_lie", "contract", "absent"),
 }
 """What one odd rank does wrong, per collective."""
@@ -503,13 +563,17 @@ class MisuseCase:
 
 
 @st.composite
-def misuse_cases(draw: Any, world_sizes: Sequence[int] = (2, 3), absent: bool = False) -> MisuseCase:
+def misuse_cases(
+    draw: Any, world_sizes: Sequence[int] = (2, 3), absent: bool = False
+) -> MisuseCase:
     """``MisuseCase``s (``absent``: include a rank that never arrives, which costs a
     timeout and a rebuilt world)."""
     collective = draw(st.sampled_from(COLLECTIVES))
     kinds = [k for k in MISUSE_KINDS[collective] if absent or k != "absent"]
     world = draw(st.sampled_from(list(world_sizes)))
-    return MisuseCase(collective, draw(st.sampled_from(kinds)), world, draw(st.integers(0, world - 1)))
+    return MisuseCase(
+        collective, draw(st.sampled_from(kinds)), world, draw(st.integers(0, world - 1))
+    )
 
 
 def _misuse_call(case: MisuseCase, rank: int, timeout: float, wrong: bool) -> Any:
@@ -532,19 +596,25 @@ def _misuse_call(case: MisuseCase, rank: int, timeout: float, wrong: bool) -> An
         if k == "recv_lie":
             recv = [2] + [1] * (w - 1)
         rows = w + (1 if k in ("sum_mismatch", "send_length") else 0)
-        return fn(torch.ones((rows, *trail, *extra), dtype=dtype), send, recv_sizes=recv, timeout=timeout)
+        return fn(
+            torch.ones((rows, *trail, *extra), dtype=dtype), send, recv_sizes=recv, timeout=timeout
+        )
     shape = (rank + 1, 2, *extra)
     shapes: list[list[int]] | None = None
     if k == "shapes_lie":  # a lie about a peer's shape (its own entry is checked locally)
         shapes = [[r + 1, 2] for r in range(w)]
         shapes[(rank + 1) % w] = [5, 5]
     return fn(
-        torch.ones(shape, dtype=dtype), shapes=shapes, grad="local" if k == "contract" else "sum",
+        torch.ones(shape, dtype=dtype),
+        shapes=shapes,
+        grad="local" if k == "contract" else "sum",
         timeout=timeout,
     )
 
 
-def run_misuse(ctx: RankContext, case: MisuseCase) -> tuple[tuple[str, str, tuple[int, ...]] | None, bool]:
+def run_misuse(
+    ctx: RankContext, case: MisuseCase
+) -> tuple[tuple[str, str, tuple[int, ...]] | None, bool]:
     """Rank side: the misused call (the odd rank's arguments wrong; absent: it does not
     call), then, except after a timeout, one correct call. Returns the error raised
     (class, message, blamed ranks) and whether the follow-up call worked."""
@@ -574,21 +644,63 @@ def judge_misuse(case: MisuseCase, reports: Sequence[tuple[Any, bool]]) -> list[
     errors = [reports[r][0] for r in callers]
     missing = [r for r, e in zip(callers, errors, strict=True) if e is None]
     if missing:
-        failures.append(FamilyFailure(name, "misuse", tuple(missing), f"{case.kind}: expected {expected} on every rank, got no error on rank(s) {missing}"))
+        failures.append(
+            FamilyFailure(
+                name,
+                "misuse",
+                tuple(missing),
+                f"{case.kind}: expected {expected} on every rank, got no error on rank(s) {missing}",
+            )
+        )
         return failures
     kinds = {e[0] for e in errors if e is not None}
     if kinds != {expected}:
-        failures.append(FamilyFailure(name, "misuse", tuple(callers), f"{case.kind}: expected {expected} on every rank, got {sorted(kinds)}"))
+        failures.append(
+            FamilyFailure(
+                name,
+                "misuse",
+                tuple(callers),
+                f"{case.kind}: expected {expected} on every rank, got {sorted(kinds)}",
+            )
+        )
     if case.kind != "absent":
         if len({e[1] for e in errors if e is not None}) != 1:
-            failures.append(FamilyFailure(name, "misuse", tuple(callers), f"{case.kind}: expected the same message on every rank, got {[e[1] for e in errors if e]}"))
+            failures.append(
+                FamilyFailure(
+                    name,
+                    "misuse",
+                    tuple(callers),
+                    f"{case.kind}: expected the same message on every rank, got {[e[1] for e in errors if e]}",
+                )
+            )
         if not all(case.odd in e[2] for e in errors if e is not None):
-            failures.append(FamilyFailure(name, "misuse", (case.odd,), f"{case.kind}: expected the error to blame rank {case.odd}, got {[e[2] for e in errors if e]}"))
+            failures.append(
+                FamilyFailure(
+                    name,
+                    "misuse",
+                    (case.odd,),
+                    f"{case.kind}: expected the error to blame rank {case.odd}, got {[e[2] for e in errors if e]}",
+                )
+            )
         broken = [r for r, (_, follow) in enumerate(reports) if not follow]
         if broken:
-            failures.append(FamilyFailure(name, "misuse", tuple(broken), f"{case.kind}: expected the group usable after, but the next call failed on rank(s) {broken}"))
+            failures.append(
+                FamilyFailure(
+                    name,
+                    "misuse",
+                    tuple(broken),
+                    f"{case.kind}: expected the group usable after, but the next call failed on rank(s) {broken}",
+                )
+            )
     elif not all(case.odd in e[2] for e in errors if e is not None):
-        failures.append(FamilyFailure(name, "misuse", (case.odd,), f"absent: expected the timeout to name rank {case.odd}, got {[e[2] for e in errors if e]}"))
+        failures.append(
+            FamilyFailure(
+                name,
+                "misuse",
+                (case.odd,),
+                f"absent: expected the timeout to name rank {case.odd}, got {[e[2] for e in errors if e]}",
+            )
+        )
     return failures
 
 
