@@ -139,3 +139,48 @@ def then_works(ctx: RankContext, which: str) -> tuple[Any, Any]:
 
 def world_barrier(ctx: RankContext, _: None) -> None:
     dist.barrier()
+
+
+def compiled_three_in_one_graph(ctx: RankContext, _: None) -> tuple[list[str], list[str]]:
+    """All three collectives in one fullgraph inductor graph, independent of each other,
+    with inductor's peak-memory reordering off (docs/family.md: with it on, torch 2.13
+    reorders the ordered-effect operators differently on each rank). Returns the
+    collectives this rank issued, forward and backward, in order."""
+    import torch._inductor.config as inductor_config
+
+    import vargather._comm as comm
+
+    log: list[str] = []
+    original = comm.translate_collective_errors
+
+    def logged(what: str, info: Any, **kwargs: Any) -> Any:
+        log.append(what)
+        return original(what, info, **kwargs)
+
+    torch._dynamo.reset()
+    r = ctx.rank
+    send, recv = [[2, 0], [1, 0]][r], [[2, 1], [0, 0]][r]
+
+    def step(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        a = vargather.reduce_scatter_v(x, [5, 0], 0, timeout=20.0)
+        b = vargather.all_to_all_v(y, send, 0, recv_sizes=recv, timeout=20.0)
+        c = vargather.all_gather_list(z, shapes=[[2, 3], [0, 3]], timeout=20.0)
+        return (
+            (a * (r + 1)).sum()
+            + (b * (r + 2)).sum()
+            + sum(((t * (k + 1)).sum() for k, t in enumerate(c)), torch.zeros(()))
+        )
+
+    x = torch.ones(5, 3).requires_grad_(True)
+    y = torch.ones(sum(send), 3).requires_grad_(True)
+    z = torch.ones([[2, 3], [0, 3]][r]).requires_grad_(True)
+    comm.translate_collective_errors = logged  # type: ignore[assignment]  # a logging wrapper, restored below
+    try:
+        with inductor_config.patch(reorder_for_peak_memory=False):
+            loss = torch.compile(step, backend="inductor", fullgraph=True)(x, y, z)
+            forward = list(log)
+            log.clear()
+            loss.backward()
+    finally:
+        comm.translate_collective_errors = original
+    return forward, list(log)

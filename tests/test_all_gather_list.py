@@ -100,3 +100,12 @@ def test_one_process_world() -> None:
     assert out is x
     with pytest.raises(vargather.SizesError, match="shapes"):
         vargather.all_gather_list(x, shapes=[[3, 3]])
+
+
+@pytest.mark.slow
+def test_three_collectives_in_one_inductor_graph_keep_one_order() -> None:
+    """Independent family collectives in one graph: with inductor's peak-memory
+    reordering off, every rank issues the same collectives in the same order."""
+    results = get_pool(2).run(fns.compiled_three_in_one_graph, None)
+    assert results[0] == results[1]
+    assert len(results[0][0]) == 6
