@@ -60,9 +60,11 @@ def timeouts_and_counts(ctx: RankContext, _: None) -> tuple[int, int, int, int]:
         validate=False,
     )
     c3 = collectives_issued()
-    vargather.all_gather_list(x[: ctx.rank + 1])
+    vargather.all_gather_list(x[: ctx.rank + 1])  # the fused round's state settles
     c4 = collectives_issued()
-    return c1 - c0, c2 - c1, c3 - c2, c4 - c3
+    vargather.all_gather_list(x[: ctx.rank + 1])
+    c5 = collectives_issued()
+    return c1 - c0, c2 - c1, c3 - c2, c5 - c4
 
 
 def trusted_local_problem(ctx: RankContext, _: None) -> Any:

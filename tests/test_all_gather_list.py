@@ -87,7 +87,11 @@ def test_compiled_fullgraph_step_with_an_empty_block(backend: str) -> None:
     results = get_pool(2).run(fns.compiled_steps, backend)
     for which in ("reduce_scatter_v", "all_to_all_v", "all_gather_list"):
         counts = {found[which][0] for found in results}
-        assert counts == {(2, 1)}, (which, counts)
+        assert len(counts) == 1, (which, counts)  # the same collectives on every rank
+        (forward, backward) = counts.pop()
+        assert backward == 1, which
+        # 2 (exchange + payload); all_gather_list's fused round is 1 to 3 (its state)
+        assert forward == 2 or (which == "all_gather_list" and 1 <= forward <= 3), which
         for r, found in enumerate(results):
             _, got, want = found[which]
             assert got is not None, (which, r)

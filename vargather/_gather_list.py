@@ -1,7 +1,9 @@
 """``all_gather_list``: plan (checks, exchange, validation), payload, autograd.
 
 Where it sits: a family collective built on ``_family`` (stages 1-3), ``_transport``
-(the payload: one gather of every rank's elements as a flat ragged run) and
+and ``_fused`` (the
+validated call: every rank's flat run of elements and its shape ride in ``_fused``'s
+round of kind ``coalesced``, the payload in the same collective when it is small) and
 ``_reduce_scatter`` (the ``sum``/``mean`` backward). ``_family_api`` calls it eagerly;
 ``_compiled_family`` wraps it in custom operators.
 
@@ -23,26 +25,23 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._args import Problem, sizes_hash
-from ._choices import CONTRACTS
+from . import _fused
+from ._args import CheckedCall, Problem, check_call, sizes_hash
 from ._comm import GroupInfo
-from ._errors import RequiresGradMismatchError, SizesError, SizesMismatchError, SizesTypeError
-from ._family import (
-    FamilyCall,
-    Row,
-    agree,
-    check_tensor,
-    common_checks,
-    exchange,
-    raise_local,
-    with_problem,
+from ._errors import (
+    ShapeMismatchError,
+    SizesError,
+    SizesMismatchError,
+    SizesTypeError,
+    VarGatherError,
 )
+from ._family import FamilyCall, agree, check_tensor, with_problem
 from ._layout import Layout
 from ._reduce_scatter import reduce_scatter_blocks
 from ._transport import choose_transport
@@ -68,6 +67,9 @@ class GatherListPlan:
     info: GroupInfo
     contract: str
     dtype: torch.dtype
+    box: list[list[torch.Tensor]] = field(default_factory=list, compare=False)
+    """The gathered tensors when the payload already moved (the fused round): handed
+    to the forward once, then dropped."""
 
 
 def flat_layout(shapes: Shapes, dtype: torch.dtype, info: GroupInfo) -> Layout:
@@ -153,38 +155,6 @@ def _local_call(
     return FamilyCall(NAME, record, tuple(words), own or (), call_timeout)
 
 
-def validate_rows(rows: list[Row]) -> Shapes:
-    """Every rank's shape, or the error every rank raises alike (pure in ``rows``)."""
-    records = [row.record for row in rows]
-    raise_local(NAME, records)
-    agree(NAME, common_checks(records, dim=False, shape=None, contract=True))
-    shapes = tuple(rec.shape for rec in records)
-    truth = sizes_hash([v for s in shapes for v in (len(s), *s)])
-    liars = [r for r, row in enumerate(rows) if row.extras[0] == 1 and row.extras[1] != truth]
-    if liars:
-        raise SizesMismatchError(
-            f"{NAME}: shapes passed on rank(s) {liars} contradict the tensors: expected "
-            f"shapes={[list(s) for s in shapes]} (every rank's tensor's shape), got other "
-            f"shapes on rank(s) {liars}",
-            ranks=liars,
-        )
-    if CONTRACTS[records[0].contract_code] != "local":  # local's backward is no collective
-        found = [rec.requires_grad for rec in records]
-        agree(
-            NAME,
-            [
-                (
-                    RequiresGradMismatchError,
-                    "requires_grad (the backward of grad='sum' or 'mean' is a collective: "
-                    "every rank must take part)",
-                    list(found),
-                    repr,
-                )
-            ],
-        )
-    return shapes
-
-
 def plan_gather_list(
     x: object,
     shapes: object,
@@ -216,15 +186,98 @@ def plan_gather_list(
                 ranks=[info.rank],
             )
         found = tuple(s or () for s in call.sizes) if shapes is not None else (call.record.shape,)
-    else:
-        found = validate_rows(exchange(call, info))
+        assert isinstance(x, torch.Tensor)  # validated
+        assert isinstance(grad, str)
+        return GatherListPlan(found, info, grad, x.dtype)
+    return _fused_plan(x, call, grad, info, validate, timeout, requires_grad)
+
+
+def _renamed(err: VarGatherError) -> VarGatherError:
+    """An error of the fused round, told as ``all_gather_list``'s (same class, ranks)."""
+    text = str(err)
+    for prefix in ("all_gather_v_coalesced: tensor #0: ", "all_gather_v_coalesced: "):
+        text = text.removeprefix(prefix)
+    return type(err)(f"{NAME}: {text.removeprefix('all_gather_v: ')}", ranks=err.ranks)
+
+
+def _meta_words(record_shape: tuple[int, ...], words: Sequence[int]) -> list[int]:
+    """This rank's shape and passed-shapes words: ``[ndim, *shape, passed, hash]``."""
+    return [len(record_shape), *record_shape, *words]
+
+
+def _fused_plan(
+    x: object,
+    call: FamilyCall,
+    grad: object,
+    info: GroupInfo,
+    validate: object,
+    timeout: object,
+    requires_grad: bool | None,
+) -> GatherListPlan:
+    """The validated call through ``_fused`` (kind ``coalesced``): two 1-d tensors per
+    rank, the flat run of ``x`` and its metadata ``[ndim, *shape, passed, hash]``, in one
+    fused round when small (the payload rides along) or a round and one payload
+    collective. The headers validate the flat run (dtype, device type, ``grad``,
+    ``requires_grad``, every local problem) before any payload moves; the ndim and the
+    passed shapes are checked from the gathered metadata, the same on every rank."""
+    flat: object = x
+    if isinstance(x, torch.Tensor) and call.record.problem is None:
+        flat = x.reshape(-1)
+    checked = check_call(
+        flat,
+        0,
+        sizes=None,
+        grad=grad,
+        transport="auto",
+        info=info,
+        validate=validate,
+        timeout=timeout,
+    )
+    record = checked.record
+    if requires_grad is not None:
+        record = replace(record, requires_grad=requires_grad)
+    if call.record.problem is not None:  # this family's own checks (the shapes), first
+        record = replace(record, problem=call.record.problem)
+    meta = torch.tensor(_meta_words(call.record.shape, call.extras), dtype=torch.int64)
+    meta_call = check_call(
+        meta, 0, sizes=None, grad=grad, transport="auto", info=info, validate=validate
+    )
+    calls = [CheckedCall(record, None, checked.timeout), meta_call]
+    try:
+        found = _fused.exchange("coalesced", calls, [flat, meta], info, eligible=True)
+        outputs = found.outputs
+        if outputs is None:
+            assert isinstance(flat, torch.Tensor)  # the headers validated
+            outputs = _fused.gather_bytes([flat, meta], found.layouts, info, "auto")
+    except VarGatherError as err:
+        raise _renamed(err) from None
+    rows = [m.tolist() for m in torch.split(outputs[1], list(found.layouts[1].sizes))]
+    ndims = [int(row[0]) for row in rows]
+    agree(NAME, [(ShapeMismatchError, "ndim", list(ndims), repr)])
+    shapes = tuple(
+        tuple(int(v) for v in row[1 : 1 + n]) for row, n in zip(rows, ndims, strict=True)
+    )
+    truth = sizes_hash([v for s in shapes for v in (len(s), *s)])
+    liars = [r for r, row in enumerate(rows) if row[-2] == 1 and row[-1] != truth]
+    if liars:
+        raise SizesMismatchError(
+            f"{NAME}: shapes passed on rank(s) {liars} contradict the tensors: expected "
+            f"shapes={[list(s) for s in shapes]} (every rank's tensor's shape), got other "
+            f"shapes on rank(s) {liars}",
+            ranks=liars,
+        )
+    pieces = torch.split(outputs[0], list(found.layouts[0].sizes))
     assert isinstance(x, torch.Tensor)  # validated
     assert isinstance(grad, str)
-    return GatherListPlan(found, info, grad, x.dtype)
+    gathered = [p.view(s) for p, s in zip(pieces, shapes, strict=True)]
+    return GatherListPlan(shapes, info, grad, x.dtype, [gathered])
 
 
 def gather_flat(x: torch.Tensor, plan: GatherListPlan) -> list[torch.Tensor]:
-    """The payload: every rank's tensor, through one gather of the flat run."""
+    """The payload: every rank's tensor, through one gather of the flat run (or what
+    the fused round already gathered)."""
+    if plan.box:
+        return plan.box.pop()
     layout = flat_layout(plan.shapes, plan.dtype, plan.info)
     if layout.total == 0:
         flat = x.new_empty(0)
