@@ -26,7 +26,7 @@ CATALOGUE = {
         ReduceScatterCase(2, (1, 2), (3,), 1, seed=6),
     ],
     "all_to_all_v": [
-        AllToAllCase(3, ((1, 0, 2), (0, 0, 0), (2, 0, 1)), (2,), 0, seed=3),
+        AllToAllCase(3, ((1, 0, 2), (0, 0, 0), (2, 0, 1)), (2, 3), 0, special=True, seed=3),
         AllToAllCase(2, ((1, 2), (2, 0)), (2,), -1, dtype="int64", requires_grad=False),
     ],
     "all_gather_list": [

@@ -75,6 +75,9 @@ DTYPES = (
     "uint8",
     "bool",
 )
+CALL_TIMEOUT = 15.0
+"""Seconds each collective of a case may wait for its peers (a rank that raised leaves
+its peers waiting that long)."""
 _DIFFERENTIABLE = frozenset({"float32", "float64", "bfloat16", "float16", "complex64"})
 
 
@@ -375,7 +378,7 @@ def run_case(ctx: RankContext, case: Case) -> Report | None:
     if grad_wanted:
         x.requires_grad_(True)
     try:
-        out = _call(case, x, r, group, 30.0)
+        out = _call(case, x, r, group, CALL_TIMEOUT)
         if grad_wanted:
             up = upstream_of(case)[r]
             if isinstance(out, (list, tuple)):
