@@ -18,13 +18,13 @@ deadlock. An ordered effect keeps every call, in program order, on every rank.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 import torch
 import torch.distributed as dist
-from torch._library.effects import EffectType
 
 from ._all_to_all import exchange_blocks, plan_all_to_all, split_layout
 from ._compiled import group_of
@@ -38,6 +38,7 @@ from ._reduce_scatter import (
 )
 
 __all__ = [
+    "EFFECTFUL",
     "compiled_all_gather_list",
     "compiled_all_to_all",
     "compiled_reduce_scatter",
@@ -356,10 +357,31 @@ def _list_backward(ctx: Any, *grads: Any) -> tuple[torch.Tensor | None, ...]:
 
 _list_op.register_autograd(_list_backward, setup_context=_list_setup)
 
-for _op in (_rs_op, _rs_backward_op, _a2a_op, _a2a_backward_op, _list_op, _list_backward_op):
-    # Ordered: never dropped, never reordered, on any rank (module doc).
-    _op.register_effect(EffectType.ORDERED)
-del _op
+
+def _register_ordered(op: Any) -> bool:
+    """Register ``op`` with an ordered effect: ``CustomOpDef.register_effect`` (torch
+    2.13), else the private registry older torch releases have. Returns whether it
+    could (a torch with neither compiles the operators as pure)."""
+    register = getattr(op, "register_effect", None)
+    if register is not None:
+        effects = importlib.import_module("torch._library.effects")
+        register(effects.EffectType.ORDERED)
+        return True
+    try:
+        older = importlib.import_module("torch._higher_order_ops.effects")
+        older._register_effectful_op(op._opoverload, older._EffectType.ORDERED)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+EFFECTFUL: Final = all(
+    [
+        _register_ordered(op)
+        for op in (_rs_op, _rs_backward_op, _a2a_op, _a2a_backward_op, _list_op, _list_backward_op)
+    ]
+)
+"""Whether every family operator is ordered-effectful here (module doc)."""
 
 
 # --- the traced entry points ---------------------------------------------------------

@@ -238,7 +238,11 @@ def _fused_plan(
         record = replace(record, requires_grad=requires_grad)
     if call.record.problem is not None:  # this family's own checks (the shapes), first
         record = replace(record, problem=call.record.problem)
-    meta = torch.tensor(_meta_words(call.record.shape, call.extras), dtype=torch.int64)
+    # On x's device: the fused round packs both tensors' bytes together.
+    device = x.device if isinstance(x, torch.Tensor) else info.default_device()
+    meta = torch.tensor(
+        _meta_words(call.record.shape, call.extras), dtype=torch.int64, device=device
+    )
     meta_call = check_call(
         meta, 0, sizes=None, grad=grad, transport="auto", info=info, validate=validate
     )
