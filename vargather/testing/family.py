@@ -48,8 +48,10 @@ __all__ = [
     "ReduceScatterCase",
     "Report",
     "all_to_all_cases",
+    "call_sequences",
     "check_case",
     "check_misuse",
+    "check_sequence",
     "gather_list_cases",
     "inputs_of",
     "judge_case",
@@ -58,6 +60,7 @@ __all__ = [
     "reduce_scatter_cases",
     "run_case",
     "run_misuse",
+    "run_sequence",
     "upstream_of",
 ]
 
@@ -226,8 +229,8 @@ def _differentiable(case: Case) -> bool:
 # --- strategies --------------------------------------------------------------------------
 
 
-def _dims(draw: Any, max_dims: int = 2) -> tuple[int, ...]:
-    return tuple(draw(st.lists(st.integers(0, 3), max_size=max_dims)))
+def _dims(draw: Any, max_dims: int = 2, most: int = 3) -> tuple[int, ...]:
+    return tuple(draw(st.lists(st.integers(0, most), max_size=max_dims)))
 
 
 @st.composite
@@ -236,15 +239,17 @@ def reduce_scatter_cases(
     world_sizes: Sequence[int] = (2, 3),
     dtypes: Sequence[str] = DTYPES,
     subgroups: bool = True,
+    most: int = 4,
 ) -> ReduceScatterCase:
-    """``ReduceScatterCase``s: empty blocks, negative dims, every dtype, subgroups."""
+    """``ReduceScatterCase``s: empty blocks, negative dims, every dtype, subgroups;
+    ``most``: the largest block and dimension (payload scale)."""
     world = draw(st.sampled_from(list(world_sizes)))
     group = _draw_group(draw, world, subgroups)
     w = len(group) if group is not None else world
-    other = _dims(draw)
+    other = _dims(draw, most=most)
     return ReduceScatterCase(
         world_size=world,
-        sizes=tuple(draw(st.lists(st.integers(0, 4), min_size=w, max_size=w))),
+        sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
         other=other,
         dim=draw(st.integers(-(len(other) + 1), len(other))),
         dtype=draw(st.sampled_from(list(dtypes))),
@@ -269,13 +274,14 @@ def all_to_all_cases(
     world_sizes: Sequence[int] = (2, 3),
     dtypes: Sequence[str] = DTYPES,
     subgroups: bool = True,
+    most: int = 4,
 ) -> AllToAllCase:
     """``AllToAllCase``s: send matrices with zeros, negative dims, dtypes, subgroups."""
     world = draw(st.sampled_from(list(world_sizes)))
     group = _draw_group(draw, world, subgroups)
     w = len(group) if group is not None else world
-    other = _dims(draw)
-    row = st.lists(st.integers(0, 3), min_size=w, max_size=w).map(tuple)
+    other = _dims(draw, most=most)
+    row = st.lists(st.integers(0, most), min_size=w, max_size=w).map(tuple)
     return AllToAllCase(
         world_size=world,
         send=tuple(draw(st.lists(row, min_size=w, max_size=w))),
@@ -297,13 +303,14 @@ def gather_list_cases(
     world_sizes: Sequence[int] = (2, 3),
     dtypes: Sequence[str] = DTYPES,
     subgroups: bool = True,
+    most: int = 4,
 ) -> GatherListCase:
     """``GatherListCase``s: shapes differing in every dim (empties too), contracts."""
     world = draw(st.sampled_from(list(world_sizes)))
     group = _draw_group(draw, world, subgroups)
     w = len(group) if group is not None else world
     ndim = draw(st.integers(1, 3))
-    shape = st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim).map(tuple)
+    shape = st.lists(st.integers(0, most), min_size=ndim, max_size=ndim).map(tuple)
     pass_shapes = draw(st.booleans())
     return GatherListCase(
         world_size=world,
@@ -521,6 +528,38 @@ def judge_case(case: Case, reports: Sequence[Report | None]) -> list[FamilyFailu
 def check_case(pool: RankPool, case: Case) -> list[FamilyFailure]:
     """The property: run ``case`` on ``pool`` (``case.world_size`` ranks) and judge it."""
     return judge_case(case, pool.run(run_case, case))
+
+
+# --- call sequences ----------------------------------------------------------------------
+
+
+def run_sequence(ctx: RankContext, cases: tuple[Case, ...]) -> list[Report | None]:
+    """Rank side: the cases one after the other on the same world."""
+    return [run_case(ctx, case) for case in cases]
+
+
+def check_sequence(pool: RankPool, cases: Sequence[Case]) -> list[FamilyFailure]:
+    """The call-sequence property: each call of a mixed sequence on one world (the
+    fused round's state and the groups' sequence numbers carried from call to call)
+    judged as if it ran alone."""
+    per_rank = pool.run(run_sequence, tuple(cases))
+    failures: list[FamilyFailure] = []
+    for i, case in enumerate(cases):
+        for f in judge_case(case, [reports[i] for reports in per_rank]):
+            failures.append(FamilyFailure(f.property, f.aspect, f.ranks, f"call #{i}: {f.message}"))
+    return failures
+
+
+@st.composite
+def call_sequences(draw: Any, world_size: int = 3, max_calls: int = 6, most: int = 4) -> list[Case]:
+    """Mixed sequences of the three collectives on one world of ``world_size``."""
+    one = st.one_of(
+        reduce_scatter_cases(world_sizes=(world_size,), most=most),
+        all_to_all_cases(world_sizes=(world_size,), most=most),
+        gather_list_cases(world_sizes=(world_size,), most=most),
+    )
+    cases: list[Case] = draw(st.lists(one, min_size=2, max_size=max_calls))
+    return cases
 
 
 # --- misuse ------------------------------------------------------------------------------
