@@ -113,3 +113,10 @@ def test_three_collectives_in_one_inductor_graph_keep_one_order() -> None:
     results = get_pool(2).run(fns.compiled_three_in_one_graph, None)
     assert results[0] == results[1]
     assert 5 <= len(results[0][0]) <= 7  # 2 + 2 + all_gather_list's fused round (1 to 3)
+
+
+@pytest.mark.parametrize("grad", ["sum", "mean"])
+def test_zero_dim_tensors(grad: str) -> None:
+    """0-d tensors (a loss per rank, say) gather as a list of 0-d tensors."""
+    case = GatherListCase(2, ((), ()), grad=grad, seed=9)
+    assert check_case(get_pool(2), case) == []
