@@ -63,7 +63,7 @@ def test_trusted_shapes_in_a_subgroup() -> None:
     assert check_case(get_pool(3), case) == []
 
 
-@pytest.mark.parametrize("kind", ["dtype", "ndim", "shapes_lie", "contract"])
+@pytest.mark.parametrize("kind", ["dtype", "ndim", "shapes_lie", "contract", "requires_grad"])
 def test_misuse_same_error_everywhere(kind: str) -> None:
     assert check_misuse(get_pool(3), MisuseCase("all_gather_list", kind, 3, 2)) == []
 

@@ -56,7 +56,8 @@ def test_trusted_recv_sizes_and_subgroup() -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", ["send_length", "sum_mismatch", "recv_lie", "dtype", "ndim", "trailing"]
+    "kind",
+    ["send_length", "sum_mismatch", "recv_lie", "dtype", "ndim", "trailing", "requires_grad"],
 )
 def test_misuse_same_error_everywhere(kind: str) -> None:
     assert check_misuse(get_pool(3), MisuseCase("all_to_all_v", kind, 3, 0)) == []

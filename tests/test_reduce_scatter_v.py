@@ -78,7 +78,9 @@ def test_done_when_misuse_raises_everywhere_and_next_call_works(which: str) -> N
         assert_bitwise_equal(y, torch.full((1, 2), 3.0), f"rank {r}")
 
 
-@pytest.mark.parametrize("kind", ["sizes_differ", "sum_mismatch", "dtype", "ndim", "trailing"])
+@pytest.mark.parametrize(
+    "kind", ["sizes_differ", "sum_mismatch", "dtype", "ndim", "trailing", "requires_grad"]
+)
 def test_misuse_same_error_everywhere(kind: str) -> None:
     assert check_misuse(get_pool(3), MisuseCase("reduce_scatter_v", kind, 3, 1)) == []
 

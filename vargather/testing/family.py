@@ -565,7 +565,15 @@ def call_sequences(draw: Any, world_size: int = 3, max_calls: int = 6, most: int
 # --- misuse ------------------------------------------------------------------------------
 
 MISUSE_KINDS: dict[str, tuple[str, ...]] = {
-    "reduce_scatter_v": ("sizes_differ", "sum_mismatch", "dtype", "ndim", "trailing", "absent"),
+    "reduce_scatter_v": (
+        "sizes_differ",
+        "sum_mismatch",
+        "dtype",
+        "ndim",
+        "trailing",
+        "requires_grad",
+        "absent",
+    ),
     "all_to_all_v": (
         "send_length",
         "sum_mismatch",
@@ -573,9 +581,10 @@ MISUSE_KINDS: dict[str, tuple[str, ...]] = {
         "dtype",
         "ndim",
         "trailing",
+        "requires_grad",
         "absent",
     ),
-    "all_gather_list": ("dtype", "ndim", "shapes_lie", "contract", "absent"),
+    "all_gather_list": ("dtype", "ndim", "shapes_lie", "contract", "requires_grad", "absent"),
 }
 """What one odd rank does wrong, per collective."""
 
@@ -589,6 +598,7 @@ _EXPECTED_ERROR = {
     "trailing": "ShapeMismatchError",
     "shapes_lie": "SizesMismatchError",
     "contract": "ArgumentMismatchError",
+    "requires_grad": "RequiresGradMismatchError",
     "absent": "CollectiveTimeoutError",
 }
 
@@ -622,6 +632,7 @@ def _misuse_call(case: MisuseCase, rank: int, timeout: float, wrong: bool) -> An
     fn: Callable[..., Any] = getattr(importlib.import_module(case.impl), case.collective)
     w, k = case.world_size, case.kind if wrong else ""
     dtype = torch.int32 if k == "dtype" else torch.float32
+    grad = k == "requires_grad"  # the odd rank alone needs a gradient
     trail: tuple[int, ...] = (3,) if k == "trailing" else (2,)
     extra: tuple[int, ...] = (1,) if k == "ndim" else ()
     if case.collective == "reduce_scatter_v":
@@ -629,7 +640,8 @@ def _misuse_call(case: MisuseCase, rank: int, timeout: float, wrong: bool) -> An
         if k == "sizes_differ":
             sizes = [2] + [1] * (w - 2) + [0]
         rows = w + (1 if k == "sum_mismatch" else 0)
-        return fn(torch.ones((rows, *trail, *extra), dtype=dtype), sizes, timeout=timeout)
+        x = torch.ones((rows, *trail, *extra), dtype=dtype, requires_grad=grad)
+        return fn(x, sizes, timeout=timeout)
     if case.collective == "all_to_all_v":
         send = [1] * w
         recv = [1] * w
@@ -638,16 +650,15 @@ def _misuse_call(case: MisuseCase, rank: int, timeout: float, wrong: bool) -> An
         if k == "recv_lie":
             recv = [2] + [1] * (w - 1)
         rows = w + (1 if k in ("sum_mismatch", "send_length") else 0)
-        return fn(
-            torch.ones((rows, *trail, *extra), dtype=dtype), send, recv_sizes=recv, timeout=timeout
-        )
+        x = torch.ones((rows, *trail, *extra), dtype=dtype, requires_grad=grad)
+        return fn(x, send, recv_sizes=recv, timeout=timeout)
     shape = (rank + 1, 2, *extra)
     shapes: list[list[int]] | None = None
     if k == "shapes_lie":  # a lie about a peer's shape (its own entry is checked locally)
         shapes = [[r + 1, 2] for r in range(w)]
         shapes[(rank + 1) % w] = [5, 5]
     return fn(
-        torch.ones(shape, dtype=dtype),
+        torch.ones(shape, dtype=dtype, requires_grad=grad),
         shapes=shapes,
         grad="local" if k == "contract" else "sum",
         timeout=timeout,
