@@ -78,11 +78,12 @@ def trusted_local_problem(ctx: RankContext, _: None) -> Any:
     return None
 
 
-def compiled_steps(ctx: RankContext, backend: str) -> dict[str, Any]:
+def compiled_steps(ctx: RankContext, spec: tuple[str, tuple[str, ...]]) -> dict[str, Any]:
     """A compiled (fullgraph) step per collective on 2 ranks, an empty block on rank 1
     in each: forward, a per-rank loss, backward, under ``backend``. Returns per
     collective the collectives issued (forward, backward) and the gradient, with the
     eager step's gradient beside it."""
+    backend, which_ones = spec
     r = ctx.rank
     found: dict[str, Any] = {}
 
@@ -102,6 +103,8 @@ def compiled_steps(ctx: RankContext, backend: str) -> dict[str, Any]:
         ("all_to_all_v", (2, 1)),
         ("all_gather_list", (2, 0)),
     ):
+        if which not in which_ones:
+            continue
         torch._dynamo.reset()
         x = torch.arange(rows[r] * 3, dtype=torch.float32).view(rows[r], 3).requires_grad_(True)
         compiled = torch.compile(functools.partial(step, which), backend=backend, fullgraph=True)
