@@ -96,10 +96,11 @@ def _eager_all_gather_list(
     return list(outs)
 
 
-# torch.compiler.disable is untyped in torch's stubs: one graph break per eager call.
-_rs_disabled = torch.compiler.disable(_eager_reduce_scatter, recursive=True)  # type: ignore[no-untyped-call]
-_a2a_disabled = torch.compiler.disable(_eager_all_to_all, recursive=True)  # type: ignore[no-untyped-call]
-_list_disabled = torch.compiler.disable(_eager_all_gather_list, recursive=True)  # type: ignore[no-untyped-call]
+# One graph break per eager call under torch.compile.
+_UNTRACED = torch.compiler.disable  # untyped in torch's stubs
+_rs_disabled = _UNTRACED(_eager_reduce_scatter, recursive=True)  # type: ignore[no-untyped-call]  # torch.compiler.disable is untyped
+_a2a_disabled = _UNTRACED(_eager_all_to_all, recursive=True)  # type: ignore[no-untyped-call]  # torch.compiler.disable is untyped
+_list_disabled = _UNTRACED(_eager_all_gather_list, recursive=True)  # type: ignore[no-untyped-call]  # torch.compiler.disable is untyped
 
 
 def reduce_scatter_v(
