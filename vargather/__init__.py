@@ -70,3 +70,18 @@ __all__ = [
     "gather_layout",
 ]
 __all__ += _errors.__all__
+
+# The ragged collective family (docs/family.md).
+from ._family_api import AllToAllResult as AllToAllResult  # noqa: E402
+from ._family_api import all_gather_list as all_gather_list  # noqa: E402
+from ._family_api import all_to_all_v as all_to_all_v  # noqa: E402
+from ._family_api import all_to_all_v_with_layout as all_to_all_v_with_layout  # noqa: E402
+from ._family_api import reduce_scatter_v as reduce_scatter_v  # noqa: E402
+
+__all__ += [
+    "AllToAllResult",
+    "all_gather_list",
+    "all_to_all_v",
+    "all_to_all_v_with_layout",
+    "reduce_scatter_v",
+]

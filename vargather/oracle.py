@@ -19,6 +19,7 @@ so complex dtypes follow torch's convention without a hand-made real loss.)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -26,7 +27,18 @@ import torch
 
 from ._choices import CONTRACTS
 
-__all__ = ["OracleResult", "expected", "expected_input_grads", "expected_output"]
+__all__ = [
+    "OracleResult",
+    "expected",
+    "expected_all_to_all",
+    "expected_all_to_all_grads",
+    "expected_gather_list",
+    "expected_gather_list_grads",
+    "expected_input_grads",
+    "expected_output",
+    "expected_reduce_scatter",
+    "expected_reduce_scatter_grads",
+]
 
 
 class OracleResult(NamedTuple):
@@ -91,3 +103,108 @@ def expected(
     """Output and (when ``upstream`` is given) input gradients, in one call."""
     grads = None if upstream is None else expected_input_grads(shards, upstream, dim, contract)
     return OracleResult(expected_output(shards, dim), grads)
+
+
+# --- the ragged collective family ------------------------------------------------------
+#
+# reduce_scatter_v: rank r receives x_0[o_r:o_r+n_r] + ... + x_{W-1}[o_r:o_r+n_r] (along
+# dim, o_r = n_0 + ... + n_{r-1}), added left to right in rank order in the input dtype:
+# that order is part of the definition, so the oracle and the collective agree bit for
+# bit on every float (NaN payloads, -0.0) and wrap alike on integers.
+# all_to_all_v: rank r receives cat_j (block r of x_j), block r of x_j being
+# send_sizes[j][r] rows along dim. all_gather_list: every rank receives [x_0, ...].
+# Gradients come from autograd over these definitions (all_gather_list's sum and mean:
+# the rank-order sum of the upstream gradients, as the collective adds them).
+
+
+def _fold(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+    out = blocks[0].detach().clone()
+    for b in blocks[1:]:
+        out.add_(b.detach())
+    return out
+
+
+def _offsets(sizes: Sequence[int]) -> list[int]:
+    out, running = [], 0
+    for n in sizes:
+        out.append(running)
+        running += n
+    return out
+
+
+def expected_reduce_scatter(
+    inputs: Sequence[torch.Tensor], sizes: Sequence[int], dim: int = 0
+) -> list[torch.Tensor]:
+    """Each rank's ``reduce_scatter_v`` result for every rank's input ``inputs[j]``."""
+    offsets = _offsets(sizes)
+    return [_fold([x.narrow(dim, offsets[r], n) for x in inputs]) for r, n in enumerate(sizes)]
+
+
+def expected_reduce_scatter_grads(
+    inputs: Sequence[torch.Tensor],
+    sizes: Sequence[int],
+    upstream: Sequence[torch.Tensor],
+    dim: int = 0,
+) -> list[torch.Tensor]:
+    """``dx_j`` of ``L = Σ_r <g_r, y_r>`` for every rank ``j`` (all equal: ``cat_r g_r``)."""
+    xs = _leaves(inputs)
+    offsets = _offsets(sizes)
+    outs = [
+        functools.reduce(torch.add, [x.narrow(dim, offsets[r], n) for x in xs])
+        for r, n in enumerate(sizes)
+    ]
+    return list(torch.autograd.grad(outs, xs, grad_outputs=[g.detach() for g in upstream]))
+
+
+def _blocks(x: torch.Tensor, sizes: Sequence[int], dim: int) -> list[torch.Tensor]:
+    return list(torch.split(x, list(sizes), dim=dim))
+
+
+def expected_all_to_all(
+    inputs: Sequence[torch.Tensor], send_sizes: Sequence[Sequence[int]], dim: int = 0
+) -> list[torch.Tensor]:
+    """Each rank's ``all_to_all_v`` result; ``send_sizes[j]`` is rank ``j``'s vector."""
+    split = [_blocks(x.detach(), s, dim) for x, s in zip(inputs, send_sizes, strict=True)]
+    return [
+        torch.cat([split[j][r] for j in range(len(inputs))], dim=dim) for r in range(len(inputs))
+    ]
+
+
+def expected_all_to_all_grads(
+    inputs: Sequence[torch.Tensor],
+    send_sizes: Sequence[Sequence[int]],
+    upstream: Sequence[torch.Tensor],
+    dim: int = 0,
+) -> list[torch.Tensor]:
+    """``dx_j`` of ``L = Σ_r <g_r, y_r>``: the reverse exchange of the ``g_r``."""
+    xs = _leaves(inputs)
+    w = len(xs)
+    split = [_blocks(x, s, dim) for x, s in zip(xs, send_sizes, strict=True)]
+    outs = [torch.cat([split[j][r] for j in range(w)], dim=dim) for r in range(w)]
+    return list(torch.autograd.grad(outs, xs, grad_outputs=[g.detach() for g in upstream]))
+
+
+def expected_gather_list(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """What every rank's ``all_gather_list`` returns: every rank's tensor, in order."""
+    return [x.detach().clone() for x in inputs]
+
+
+def expected_gather_list_grads(
+    inputs: Sequence[torch.Tensor],
+    upstream: Sequence[Sequence[torch.Tensor]],
+    contract: str = "sum",
+) -> list[torch.Tensor]:
+    """``dx_r`` per rank; ``upstream[j][r]`` is rank ``j``'s gradient for output ``r``.
+
+    ``sum``: ``g_{0,r} + ... + g_{W-1,r}`` in rank order; ``local``: ``g_{r,r}``;
+    ``mean``: the sum divided by ``W``."""
+    _leaves(inputs)  # the same dtype check as every gradient oracle
+    w = len(inputs)
+    if contract == "local":
+        return [upstream[r][r].detach().clone() for r in range(w)]
+    if contract in ("sum", "mean"):
+        sums = [_fold([upstream[j][r] for j in range(w)]) for r in range(w)]
+        return [s.div_(w) for s in sums] if contract == "mean" else sums
+    raise ValueError(
+        f"oracle: contract must be one of {', '.join(map(repr, CONTRACTS))}, got {contract!r}"
+    )

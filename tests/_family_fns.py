@@ -1,0 +1,191 @@
+"""Rank-side functions of the family's tests (module-level, so they pickle)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import vargather
+from vargather._comm import collectives_issued
+from vargather.testing import RankContext
+
+
+def _error(err: Exception) -> tuple[str, str, tuple[int, ...]]:
+    return type(err).__name__, str(err), tuple(getattr(err, "ranks", ()))
+
+
+def noncontiguous_reduce_scatter(ctx: RankContext, _: None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A transposed (strided) input along dim 1 gives what its contiguous copy gives."""
+    base = torch.arange(6 * 4, dtype=torch.float32).view(6, 4) * (ctx.rank + 1)
+    x = base.t()  # (4, 6), strided
+    sizes = [1, 3, 2][: ctx.world_size] if ctx.world_size == 3 else [4, 2]
+    return vargather.reduce_scatter_v(x, sizes, 1), vargather.reduce_scatter_v(
+        x.contiguous(), sizes, 1
+    )
+
+
+def noncontiguous_all_to_all(ctx: RankContext, _: None) -> tuple[torch.Tensor, torch.Tensor]:
+    x = (torch.arange(5 * 3, dtype=torch.int64).view(5, 3) + 100 * ctx.rank).t()  # (3, 5)
+    send = [2, 3] if ctx.rank == 0 else [5, 0]
+    return vargather.all_to_all_v(x, send, -1), vargather.all_to_all_v(x.contiguous(), send, -1)
+
+
+def mesh_calls(ctx: RankContext, _: None) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """``group=`` as a 1-D DeviceMesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (ctx.world_size,))
+    x = torch.full((3, 2), float(ctx.rank + 1))
+    rs = vargather.reduce_scatter_v(x, [1, 2], group=mesh)
+    a2a = vargather.all_to_all_v(x, [2, 1] if ctx.rank == 0 else [0, 3], group=mesh)
+    lst = vargather.all_gather_list(x[: ctx.rank + 1], group=mesh)
+    return rs, a2a, lst
+
+
+def timeouts_and_counts(ctx: RankContext, _: None) -> tuple[int, int, int, int]:
+    """Collectives per call: validated (exchange + payload) and trusted (payload)."""
+    x = torch.ones(3, 2)
+    c0 = collectives_issued()
+    vargather.reduce_scatter_v(x, [1, 2], timeout=5.0)
+    c1 = collectives_issued()
+    vargather.reduce_scatter_v(x, [1, 2], validate=False)
+    c2 = collectives_issued()
+    vargather.all_to_all_v(
+        x,
+        [1, 2] if ctx.rank == 0 else [3, 0],
+        recv_sizes=[1, 3] if ctx.rank == 0 else [2, 0],
+        validate=False,
+    )
+    c3 = collectives_issued()
+    vargather.all_gather_list(x[: ctx.rank + 1])  # the fused round's state settles
+    c4 = collectives_issued()
+    vargather.all_gather_list(x[: ctx.rank + 1])
+    c5 = collectives_issued()
+    return c1 - c0, c2 - c1, c3 - c2, c5 - c4
+
+
+def trusted_local_problem(ctx: RankContext, _: None) -> Any:
+    """validate=False: a local problem is raised on that rank only (the peer, told
+    nothing, waits in the payload collective and times out)."""
+    try:
+        sizes = [1, 2] if ctx.rank == 0 else [1, 1]
+        vargather.reduce_scatter_v(torch.ones(3, 2), sizes, validate=False, timeout=1.5)
+    except vargather.VarGatherError as err:
+        return _error(err)
+    return None
+
+
+def compiled_steps(ctx: RankContext, spec: tuple[str, tuple[str, ...]]) -> dict[str, Any]:
+    """A compiled (fullgraph) step per collective on 2 ranks, an empty block on rank 1
+    in each: forward, a per-rank loss, backward, under ``backend``. Returns per
+    collective the collectives issued (forward, backward) and the gradient, with the
+    eager step's gradient beside it."""
+    backend, which_ones = spec
+    r = ctx.rank
+    found: dict[str, Any] = {}
+
+    def step(which: str, x: torch.Tensor) -> torch.Tensor:
+        if which == "reduce_scatter_v":
+            a = vargather.reduce_scatter_v(x, [5, 0], 0, timeout=20.0)
+            return (a * (r + 1)).sum()
+        if which == "all_to_all_v":
+            send, recv = [[2, 0], [1, 0]][r], [[2, 1], [0, 0]][r]
+            b = vargather.all_to_all_v(x, send, 0, recv_sizes=recv, timeout=20.0)
+            return (b * (r + 2)).sum()
+        c = vargather.all_gather_list(x, shapes=[[2, 3], [0, 3]], timeout=20.0)
+        return sum(((t * (k + r + 1)).sum() for k, t in enumerate(c)), torch.zeros(()))
+
+    for which, rows in (
+        ("reduce_scatter_v", (5, 5)),
+        ("all_to_all_v", (2, 1)),
+        ("all_gather_list", (2, 0)),
+    ):
+        if which not in which_ones:
+            continue
+        torch._dynamo.reset()
+        x = torch.arange(rows[r] * 3, dtype=torch.float32).view(rows[r], 3).requires_grad_(True)
+        compiled = torch.compile(functools.partial(step, which), backend=backend, fullgraph=True)
+        c0 = collectives_issued()
+        loss = compiled(x)
+        c1 = collectives_issued()
+        loss.backward()
+        c2 = collectives_issued()
+        xe = x.detach().clone().requires_grad_(True)
+        step(which, xe).backward()
+        found[which] = ((c1 - c0, c2 - c1), x.grad, xe.grad)
+    return found
+
+
+def done_when_rs(ctx: RankContext, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Issue 20's scenario: 3 ranks, dim 0 or -1, an empty block (rank 1's)."""
+    g = torch.Generator().manual_seed(ctx.rank)
+    x = torch.randn((5, 4) if dim == 0 else (2, 5), generator=g).requires_grad_(True)
+    y = vargather.reduce_scatter_v(x, [2, 0, 3], dim)
+    y.backward(torch.full_like(y, float(ctx.rank + 1)))
+    assert x.grad is not None
+    return y.detach(), x.grad
+
+
+def then_works(ctx: RankContext, which: str) -> tuple[Any, Any]:
+    """Issue 20's misuse scenario: rank 2 passes other sizes (or another dtype), every
+    rank raises, and the next call works."""
+    x = torch.ones(3, 2, dtype=torch.int32 if which == "dtype" and ctx.rank == 2 else torch.float32)
+    sizes = [1, 1, 1] if which == "dtype" or ctx.rank != 2 else [0, 2, 1]
+    try:
+        vargather.reduce_scatter_v(x, sizes)
+        err = None
+    except vargather.VarGatherError as e:
+        err = _error(e)
+    return err, vargather.reduce_scatter_v(torch.ones(3, 2), [1, 1, 1])
+
+
+def world_barrier(ctx: RankContext, _: None) -> None:
+    dist.barrier()
+
+
+def compiled_three_in_one_graph(ctx: RankContext, _: None) -> tuple[list[str], list[str]]:
+    """All three collectives in one fullgraph inductor graph, independent of each other,
+    with inductor's peak-memory reordering off (docs/family.md: with it on, torch 2.13
+    reorders the ordered-effect operators differently on each rank). Returns the
+    collectives this rank issued, forward and backward, in order."""
+    import torch._inductor.config as inductor_config
+
+    import vargather._comm as comm
+
+    log: list[str] = []
+    original = comm.translate_collective_errors
+
+    def logged(what: str, info: Any, **kwargs: Any) -> Any:
+        log.append(what)
+        return original(what, info, **kwargs)
+
+    torch._dynamo.reset()
+    r = ctx.rank
+    send, recv = [[2, 0], [1, 0]][r], [[2, 1], [0, 0]][r]
+
+    def step(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        a = vargather.reduce_scatter_v(x, [5, 0], 0, timeout=20.0)
+        b = vargather.all_to_all_v(y, send, 0, recv_sizes=recv, timeout=20.0)
+        c = vargather.all_gather_list(z, shapes=[[2, 3], [0, 3]], timeout=20.0)
+        return (
+            (a * (r + 1)).sum()
+            + (b * (r + 2)).sum()
+            + sum(((t * (k + 1)).sum() for k, t in enumerate(c)), torch.zeros(()))
+        )
+
+    x = torch.ones(5, 3).requires_grad_(True)
+    y = torch.ones(sum(send), 3).requires_grad_(True)
+    z = torch.ones([[2, 3], [0, 3]][r]).requires_grad_(True)
+    comm.translate_collective_errors = logged  # type: ignore[assignment]  # a logging wrapper, restored below
+    try:
+        with inductor_config.patch(reorder_for_peak_memory=False):
+            loss = torch.compile(step, backend="inductor", fullgraph=True)(x, y, z)
+            forward = list(log)
+            log.clear()
+            loss.backward()
+    finally:
+        comm.translate_collective_errors = original
+    return forward, list(log)

@@ -1,0 +1,135 @@
+"""all_gather_list on real gloo worlds: the family properties, issue 20's 3-rank
+scenario ((2, 3), (0, 1), (4, 2)), the contracts, misuse, DeviceMesh, torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+import vargather
+from vargather import oracle
+from vargather.testing import assert_bitwise_equal, get_pool
+from vargather.testing.family import (
+    GatherListCase,
+    MisuseCase,
+    check_case,
+    check_misuse,
+    gather_list_cases,
+    inputs_of,
+    upstream_of,
+)
+
+from . import _family_fns as fns
+
+pytestmark = pytest.mark.multirank
+
+DONE_WHEN = ((2, 3), (0, 1), (4, 2))
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=gather_list_cases())
+def test_property_forward_gradient_adjoint(case: GatherListCase) -> None:
+    assert check_case(get_pool(case.world_size), case) == []
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None)
+@given(case=gather_list_cases(world_sizes=(2, 3, 4)))
+def test_property_sweep(case: GatherListCase) -> None:
+    assert check_case(get_pool(case.world_size), case) == []
+
+
+@pytest.mark.parametrize("grad", ["sum", "local", "mean"])
+def test_done_when_shapes_and_contracts(grad: str) -> None:
+    """Issue 20: 3 ranks holding (2, 3), (0, 1), (4, 2): every rank gets each tensor,
+    and the gradient of every contract (per-rank upstream gradients)."""
+    case = GatherListCase(3, DONE_WHEN, grad=grad, special=True, seed=11)
+    assert check_case(get_pool(3), case) == []
+    if grad == "sum":  # the sum gradient spelled out: x_r.grad = sum_j g_{j,r}
+        ups = upstream_of(case)
+        want = oracle.expected_gather_list_grads(inputs_of(case), ups, "sum")
+        assert_bitwise_equal(want[2], ups[0][2] + ups[1][2] + ups[2][2])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "bool", "int16", "complex64", "float64"])
+def test_every_dtype_gloo_carries(dtype: str) -> None:
+    case = GatherListCase(3, DONE_WHEN, dtype=dtype, special=True, pass_shapes=True)
+    assert check_case(get_pool(3), case) == []
+
+
+def test_trusted_shapes_in_a_subgroup() -> None:
+    case = GatherListCase(3, ((1, 2, 0), (3, 1, 2)), group=(0, 1), pass_shapes=True, validate=False)
+    assert check_case(get_pool(3), case) == []
+
+
+@pytest.mark.parametrize("kind", ["dtype", "ndim", "shapes_lie", "contract", "requires_grad"])
+def test_misuse_same_error_everywhere(kind: str) -> None:
+    assert check_misuse(get_pool(3), MisuseCase("all_gather_list", kind, 3, 2)) == []
+
+
+def test_absent_rank_is_the_named_timeout() -> None:
+    assert check_misuse(get_pool(3), MisuseCase("all_gather_list", "absent", 3, 0)) == []
+
+
+def test_device_mesh_as_group() -> None:
+    for r, (rs, a2a, lst) in enumerate(get_pool(2).run(fns.mesh_calls, None)):
+        assert rs.shape == ((1, 2) if r == 0 else (2, 2))
+        assert [t.shape[0] for t in lst] == [1, 2]
+        assert a2a.shape[0] == (2 if r == 0 else 4)
+
+
+ALL = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
+
+
+@pytest.mark.parametrize(
+    ("backend", "which"),
+    [
+        ("inductor", ("reduce_scatter_v",)),
+        ("aot_eager", ALL),
+        pytest.param("inductor", ALL, marks=pytest.mark.slow),
+    ],
+    ids=["inductor-reduce_scatter_v", "aot_eager-all", "inductor-all"],
+)
+def test_compiled_fullgraph_step_with_an_empty_block(backend: str, which: tuple[str, ...]) -> None:
+    """Each collective's custom op under torch.compile(fullgraph=True), an empty block
+    on rank 1: every rank issues the same collectives forward and backward (the ops
+    are effectful, so inductor drops none), and the gradients are the eager ones. The
+    default run compiles one collective under inductor (a compile costs seconds on 2
+    loaded cores); the slow run all three."""
+    results = get_pool(2).run(fns.compiled_steps, (backend, which))
+    for name in which:
+        counts = {found[name][0] for found in results}
+        assert len(counts) == 1, (name, counts)  # the same collectives on every rank
+        (forward, backward) = counts.pop()
+        assert backward == 1, name
+        # 2 (exchange + payload); all_gather_list's fused round is 1 to 3 (its state)
+        assert forward == 2 or (name == "all_gather_list" and 1 <= forward <= 3), name
+        for r, found in enumerate(results):
+            _, got, want = found[name]
+            assert got is not None, (name, r)
+            assert_bitwise_equal(got, want, f"{name} rank {r}")
+
+
+def test_one_process_world() -> None:
+    x = torch.ones(2, 3)
+    (out,) = vargather.all_gather_list(x)
+    assert out is x
+    with pytest.raises(vargather.SizesError, match="shapes"):
+        vargather.all_gather_list(x, shapes=[[3, 3]])
+
+
+@pytest.mark.slow
+def test_three_collectives_in_one_inductor_graph_keep_one_order() -> None:
+    """Independent family collectives in one graph: with inductor's peak-memory
+    reordering off, every rank issues the same collectives in the same order."""
+    results = get_pool(2).run(fns.compiled_three_in_one_graph, None)
+    assert results[0] == results[1]
+    assert 5 <= len(results[0][0]) <= 7  # 2 + 2 + all_gather_list's fused round (1 to 3)
+
+
+@pytest.mark.parametrize("grad", ["sum", "mean"])
+def test_zero_dim_tensors(grad: str) -> None:
+    """0-d tensors (a loss per rank, say) gather as a list of 0-d tensors."""
+    case = GatherListCase(2, ((), ()), grad=grad, seed=9)
+    assert check_case(get_pool(2), case) == []

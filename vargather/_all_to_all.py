@@ -1,0 +1,258 @@
+"""``all_to_all_v``: plan (checks, exchange, validation), payload, autograd.
+
+Where it sits: a family collective built on ``_family`` (stages 1-3), ``_layout``,
+``_buffers`` and ``_comm`` (one alltoallv). ``_family_api`` calls it eagerly;
+``_compiled_family`` wraps it in custom operators.
+
+The math, once. Rank ``j`` holds ``x_j`` with ``Σ_r s_{j,r}`` rows along ``dim``,
+``s_j = send_sizes`` on rank ``j`` (the send matrix ``S``, row ``j``); block ``r`` of
+``x_j`` is ``x_j[p_{j,r} : p_{j,r} + s_{j,r}]`` with ``p_{j,r} = Σ_{t<r} s_{j,t}``. Rank
+``r`` returns
+
+    y_r = cat(block r of x_0, block r of x_1, ..., block r of x_{W-1})   along dim,
+
+so its receive sizes are column ``r`` of ``S``: ``recv_sizes = (s_{0,r}, ..., s_{W-1,r})``
+(the transposed send sizes; exchanged and validated, or passed). Every dimension but
+``dim`` must agree across ranks. Gradient: ``L = Σ_r <g_r, y_r>`` gives block ``r`` of
+``dx_j`` = the rows of ``g_r`` that came from ``j``: the reverse all_to_all of the
+upstream gradients, with send sizes ``recv_sizes`` and receive sizes ``send_sizes``
+(``S^T``): the same function, pure data movement, exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ._args import Problem
+from ._buffers import compact_rank_major, rank_major_gradient
+from ._comm import GroupInfo, all_to_all_uneven
+from ._errors import SizesError, SizesMismatchError
+from ._family import (
+    FamilyCall,
+    Row,
+    agree,
+    check_tensor,
+    common_checks,
+    exchange,
+    raise_local,
+    requires_grad_check,
+    sizes_words,
+    with_problem,
+)
+from ._layout import Layout
+
+__all__ = [
+    "AllToAllPlan",
+    "AllToAllVFunction",
+    "exchange_blocks",
+    "plan_all_to_all",
+    "split_layout",
+]
+
+NAME = "all_to_all_v"
+
+
+@dataclass(frozen=True)
+class AllToAllPlan:
+    """A validated ``all_to_all_v``: this rank's send blocks and receive blocks as
+    ``Layout``s (``send.sizes`` = ``send_sizes``, ``recv.sizes`` = ``recv_sizes``; the
+    receive layout's offsets are where each source rank's rows sit in the result)."""
+
+    send: Layout
+    recv: Layout
+    info: GroupInfo
+
+
+def split_layout(
+    shape: tuple[int, ...], dim: int, sizes: tuple[int, ...], dtype: torch.dtype, info: GroupInfo
+) -> Layout:
+    """The blocks along ``dim`` (normalized) of a tensor of ``shape`` as a ``Layout``."""
+    d = dim % len(shape)
+    return Layout(
+        sizes=sizes,
+        dim=d,
+        leading_shape=shape[:d],
+        trailing_shape=shape[d + 1 :],
+        dtype=dtype,
+        rank=info.rank,
+        world_size=info.world_size,
+    )
+
+
+def _local_call(
+    x: object,
+    send_sizes: object,
+    recv_sizes: object,
+    dim: object,
+    info: GroupInfo,
+    validate: object,
+    timeout: object,
+    requires_grad: bool | None,
+) -> FamilyCall:
+    record, call_timeout = check_tensor(
+        x, dim, info=info, validate=validate, timeout=timeout, requires_grad=requires_grad
+    )
+    if record.ndim == 0 and record.problem is None:
+        record = with_problem(
+            record,
+            Problem(SizesError, "expected a tensor with at least 1 dimension, got a 0-d tensor"),
+        )
+    w = info.world_size
+    send, send_words = sizes_words(send_sizes, w)
+    recv, recv_words = sizes_words(recv_sizes, w)
+    problem: Problem | None = None
+    if send is None:
+        problem = Problem(SizesError, "send_sizes is required: expected one block size per rank")
+    elif isinstance(send, Problem):
+        problem = Problem(send.error, "send_" + send.message)
+    elif len(send) != w:
+        problem = Problem(
+            SizesError, f"expected len(send_sizes) == world size {w}, got {len(send)}"
+        )
+    elif record.normalized_dim >= 0 and sum(send) != record.size_along_dim:
+        problem = Problem(
+            SizesError,
+            f"expected sum(send_sizes) == {record.size_along_dim} (the tensor's size along "
+            f"dim {record.normalized_dim}), got sum(send_sizes) = {sum(send)} for "
+            f"send_sizes={list(send)}",
+        )
+    elif isinstance(recv, Problem):
+        problem = Problem(recv.error, "recv_" + recv.message)
+    elif recv is not None and len(recv) != w:
+        problem = Problem(
+            SizesError, f"expected len(recv_sizes) == world size {w}, got {len(recv)}"
+        )
+    record = with_problem(record, problem)
+    own_send = send if isinstance(send, tuple) else None
+    own_recv = recv if isinstance(recv, tuple) else None
+    return FamilyCall(
+        NAME, record, tuple(send_words + recv_words), (own_send, own_recv), call_timeout
+    )
+
+
+def validate_rows(rows: list[Row], *, rank: int) -> tuple[tuple[int, ...], ...]:
+    """The validated send matrix ``S`` (row ``j``: rank ``j``'s send sizes), or the
+    error every rank raises alike (a pure function of ``rows``)."""
+    records = [row.record for row in rows]
+    w = len(rows)
+    raise_local(NAME, records)
+    checks = common_checks(records, dim=True, shape="other")
+    checks.append(requires_grad_check(records, "the backward of all_to_all_v is an all_to_all"))
+    agree(NAME, checks)
+    matrix = tuple(tuple(int(n) for n in row.extras[1 : 1 + w]) for row in rows)
+    liars: list[int] = []
+    for r, row in enumerate(rows):
+        passed = row.extras[1 + w :]
+        if passed[0] >= 0 and tuple(passed[1 : 1 + w]) != tuple(s[r] for s in matrix):
+            liars.append(r)
+    if liars:
+        got = "; ".join(
+            f"rank {r}: expected recv_sizes={[s[r] for s in matrix]}, got "
+            f"recv_sizes={list(rows[r].extras[2 + w : 2 + 2 * w])}"
+            for r in liars
+        )
+        raise SizesMismatchError(
+            f"{NAME}: recv_sizes passed on rank(s) {liars} contradict the send sizes of the "
+            f"other ranks (rank r receives column r of the send matrix {[list(s) for s in matrix]}): "
+            f"{got}",
+            ranks=liars,
+        )
+    return matrix
+
+
+def plan_all_to_all(
+    x: object,
+    send_sizes: object,
+    recv_sizes: object,
+    dim: object,
+    info: GroupInfo,
+    *,
+    validate: object,
+    timeout: object,
+    requires_grad: bool | None = None,
+) -> AllToAllPlan:
+    """Stages 1-3: the same error on every rank, or this rank's plan.
+
+    The exchange is skipped only with ``validate=False`` and ``recv_sizes`` given;
+    then a local problem is raised on this rank only. Without ``recv_sizes`` the send
+    sizes have to travel anyway, so the validated exchange runs.
+    """
+    call = _local_call(x, send_sizes, recv_sizes, dim, info, validate, timeout, requires_grad)
+    if call.timeout is not None:
+        info = info.with_timeout(call.timeout)
+    send, recv = call.sizes
+    trusted = validate is False and recv is not None
+    if trusted or not info.communicates:
+        problem = call.record.problem
+        if problem is None and not info.communicates and recv is not None and recv != send:
+            problem = Problem(
+                SizesMismatchError,
+                f"expected recv_sizes == send_sizes in a world of one rank, got "
+                f"recv_sizes={list(recv)} and send_sizes={list(send or ())}",
+            )
+        if problem is not None:
+            where = (
+                " (validate=False: raised on this rank only; its peers wait in the payload "
+                "collective until they time out)"
+                if trusted and info.communicates
+                else ""
+            )
+            raise problem.error(
+                f"{NAME}{where}: invalid arguments on rank(s) [{info.rank}]: rank "
+                f"{info.rank}: {problem.message}",
+                ranks=[info.rank],
+            )
+        assert send is not None
+        recv = recv if recv is not None else send
+    else:
+        matrix = validate_rows(exchange(call, info), rank=info.rank)
+        send = matrix[info.rank]
+        recv = tuple(s[info.rank] for s in matrix)
+    assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
+    shape = tuple(int(n) for n in x.shape)
+    d = call.record.normalized_dim
+    recv_shape = (*shape[:d], sum(recv), *shape[d + 1 :])
+    return AllToAllPlan(
+        split_layout(shape, d, send, x.dtype, info),
+        split_layout(recv_shape, d, recv, x.dtype, info),
+        info,
+    )
+
+
+def exchange_blocks(x: torch.Tensor, send: Layout, recv: Layout, info: GroupInfo) -> torch.Tensor:
+    """The payload: block ``r`` of ``x`` (``send``) to rank ``r``; the blocks received
+    (``recv``) concatenated in rank order along ``dim``. A fresh tensor."""
+    if not info.communicates:
+        return x.clone(memory_format=torch.contiguous_format)
+    flat = rank_major_gradient(x, send)  # block r's (pre, s_r, post) elements, r = 0, 1, ...
+    received = flat.new_empty(recv.pre * recv.total * recv.post)
+    all_to_all_uneven(
+        received,
+        flat,
+        output_splits=[recv.pre * n * recv.post for n in recv.sizes],
+        input_splits=[send.pre * n * send.post for n in send.sizes],
+        info=info,
+        what=f"all_to_all ({NAME} payload)",
+    )
+    return compact_rank_major(received, recv)
+
+
+class AllToAllVFunction(torch.autograd.Function):
+    """``y_r = cat_j (block r of x_j)`` with the reverse exchange as its backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, plan: AllToAllPlan) -> torch.Tensor:
+        ctx.plan = plan
+        return exchange_blocks(x, plan.send, plan.recv, plan.info)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        plan: AllToAllPlan = ctx.plan
+        return exchange_blocks(grad_output, plan.recv, plan.send, plan.info), None

@@ -1,0 +1,268 @@
+"""Stages 1-3 for the ragged collective family: local checks, one exchange, validation.
+
+Where it sits: the family's counterpart of ``_args`` + ``_exchange`` for
+``reduce_scatter_v`` (``_reduce_scatter``), ``all_to_all_v`` (``_all_to_all``) and
+``all_gather_list`` (``_gather_list``). Each of those modules turns this rank's call
+into a ``FamilyCall`` here, runs ``exchange`` (the one metadata collective), and
+validates the gathered rows with the helpers below; then it moves the payload through
+``_comm``/``_transport`` and wraps it in autograd.
+
+A ``FamilyCall`` is a ``CallRecord`` of this rank's tensor (``_args.check_call``'s
+checks: the tensor, ``dim``, ``grad``, ``validate``, ``timeout``, the dtype the backend
+carries), the first local problem found (the collective's own checks, such as
+``sum(sizes) == x.shape[dim]``, appended by its module), and a fixed-length run of
+int64 *extras* (the passed size vectors, ``-1`` where absent). The exchange sends
+``encode_record(record) + [FAMILY_MAGIC, kind] + extras`` in one equal-size
+all_gather of int64: every rank sends the same length (``extras`` depends only on
+the world size), so nothing but equal-length integers moves before validation, and
+every rank decides from the same matrix: the same error on every rank, or the same
+answer. A peer issuing another collective of the family is caught by ``kind``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Final
+
+import torch
+
+from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
+from ._choices import CONTRACTS, DEVICE_TYPES
+from ._comm import GroupInfo, all_gather_equal
+from ._dtypes import dtype_from_code
+from ._errors import (
+    ArgumentMismatchError,
+    DTypeMismatchError,
+    ProtocolMismatchError,
+    RequiresGradMismatchError,
+    ShapeMismatchError,
+    VarGatherError,
+)
+from ._exchange import _disagreement
+from ._wire import RECORD_LENGTH, decode_record, encode_record
+
+__all__ = [
+    "FAMILY_MAGIC",
+    "KINDS",
+    "Check",
+    "FamilyCall",
+    "Row",
+    "agree",
+    "check_tensor",
+    "common_checks",
+    "exchange",
+    "raise_local",
+    "sizes_words",
+    "with_problem",
+]
+
+FAMILY_MAGIC: Final = 0x76676661  # "vgfa"
+KINDS: Final = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
+"""The collectives of the family; position + 1 is the kind code on the wire."""
+
+
+@dataclass(frozen=True)
+class FamilyCall:
+    """One rank's call of a family collective, as every other rank will see it.
+
+    ``sizes``: the parsed size vectors this rank passed (``None`` where absent or
+    malformed), for this rank's own use; ``extras`` is what the peers see of them.
+    """
+
+    kind: str
+    record: CallRecord
+    extras: tuple[int, ...]
+    sizes: tuple[tuple[int, ...] | None, ...]
+    timeout: timedelta | None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One rank's gathered metadata: its record and its extras."""
+
+    record: CallRecord
+    extras: tuple[int, ...]
+
+
+def check_tensor(
+    x: object,
+    dim: object,
+    *,
+    info: GroupInfo,
+    grad: object = "sum",
+    validate: object = True,
+    timeout: object = None,
+    requires_grad: bool | None = None,
+) -> tuple[CallRecord, timedelta | None]:
+    """``_args.check_call``'s record of ``x`` (no ``sizes``, ``transport="auto"``) and
+    the parsed per-call timeout. ``requires_grad`` overrides what ``x`` says (the
+    custom operators run below autograd and pass the caller's). A 0-d ``x`` is checked
+    as its 1-element view and recorded with its own shape ``()``."""
+    scalar = isinstance(x, torch.Tensor) and x.ndim == 0 and x.layout == torch.strided
+    probe = x.reshape(1) if isinstance(x, torch.Tensor) and scalar else x
+    checked = check_call(
+        probe,
+        dim,
+        sizes=None,
+        grad=grad,
+        transport="auto",
+        info=info,
+        validate=validate,
+        timeout=timeout,
+    )
+    record = checked.record
+    if scalar:
+        record = replace(record, ndim=0, shape=(), normalized_dim=-1, dim=0)
+        if isinstance(x, torch.Tensor):
+            record = replace(record, requires_grad=x.requires_grad and torch.is_grad_enabled())
+    if requires_grad is not None:
+        record = replace(record, requires_grad=requires_grad)
+    return record, checked.timeout
+
+
+def with_problem(record: CallRecord, problem: Problem | None) -> CallRecord:
+    """``record`` with ``problem`` added, unless it already holds one (first wins)."""
+    if problem is None or record.problem is not None:
+        return record
+    return replace(record, problem=problem)
+
+
+def sizes_words(
+    sizes: object, world_size: int
+) -> tuple[tuple[int, ...] | Problem | None, list[int]]:
+    """Caller sizes parsed, and their wire form: ``[len, n_0, ..., n_{W-1}]``, ``-1``
+    for absent or malformed sizes (length ``-1``) and for missing entries; a longer
+    vector's extra entries are dropped (its length says it was longer)."""
+    if sizes is None:
+        return None, [-1] * (1 + world_size)
+    parsed = parse_sizes(sizes)
+    if isinstance(parsed, Problem):
+        return parsed, [-1] * (1 + world_size)
+    words = [len(parsed)] + [saturate(n) for n in parsed[:world_size]]
+    return parsed, words + [-1] * (1 + world_size - len(words))
+
+
+def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:
+    """Every rank's row, in group-rank order: one equal-size all_gather of int64.
+
+    In a world of one rank nothing is sent. A row vargather cannot read, or one of
+    another collective of the family, raises ``ProtocolMismatchError`` on every rank.
+    """
+    kind_code = KINDS.index(call.kind) + 1
+    vector = [*encode_record(call.record), FAMILY_MAGIC, kind_code, *call.extras]
+    if not info.communicates:
+        return [Row(call.record, call.extras)]
+    device = info.default_device()
+    local = torch.tensor(vector, dtype=torch.int64, device=device)
+    gathered = torch.empty(info.world_size * len(vector), dtype=torch.int64, device=device)
+    all_gather_equal(gathered, local, info, what=f"all_gather ({call.kind} metadata exchange)")
+    rows = gathered.view(info.world_size, len(vector)).tolist()
+    out: list[Row] = []
+    for r, row in enumerate(rows):
+        magic, code = row[RECORD_LENGTH], row[RECORD_LENGTH + 1]
+        if magic != FAMILY_MAGIC or code != kind_code:
+            other = KINDS[code - 1] if magic == FAMILY_MAGIC and 0 < code <= len(KINDS) else None
+            raise ProtocolMismatchError(
+                f"{call.kind}: rank {r} sent metadata of "
+                + (repr(other) if other else "another collective or vargather version")
+                + f": expected a {call.kind} call on every rank of the group",
+                ranks=[r],
+            )
+        out.append(Row(decode_record(row[:RECORD_LENGTH], rank=r), tuple(row[RECORD_LENGTH + 2 :])))
+    return out
+
+
+# --- validation helpers ----------------------------------------------------------------
+
+Check = tuple[type[VarGatherError], str, list[object], Callable[[object], str]]
+
+
+def raise_local(name: str, records: Sequence[CallRecord]) -> None:
+    """Every rank's local problems, raised on every rank (the first one's class)."""
+    bad = [(r, rec.problem) for r, rec in enumerate(records) if rec.problem is not None]
+    if bad:
+        details = "; ".join(f"rank {r}: {problem.message}" for r, problem in bad)
+        raise bad[0][1].error(
+            f"{name}: invalid arguments on rank(s) {[r for r, _ in bad]}: {details}",
+            ranks=[r for r, _ in bad],
+        )
+
+
+def agree(name: str, checks: Sequence[Check]) -> None:
+    """Raise the first disagreement among ``checks``, naming the odd ranks."""
+    for error, what, values, show in checks:
+        found = _disagreement(what, values, show)
+        if found is not None:
+            message, blamed = found
+            raise error(f"{name}: {message}", ranks=blamed)
+
+
+def _device(code: object) -> str:
+    if isinstance(code, int) and 0 <= code < len(DEVICE_TYPES):
+        return repr(DEVICE_TYPES[code])
+    return "another device type"
+
+
+def _dtype(code: object) -> str:
+    dtype = dtype_from_code(code) if isinstance(code, int) else None
+    return repr(code) if dtype is None else str(dtype)
+
+
+def _shape(shape: object) -> str:
+    return str(tuple(shape)) if isinstance(shape, tuple) else repr(shape)
+
+
+def common_checks(
+    records: Sequence[CallRecord], *, dim: bool, shape: str | None, contract: bool = False
+) -> list[Check]:
+    """The agreements every family call needs: device type, ndim, (the normalized
+    ``dim``), dtype, and the shape: ``"full"`` (every dimension), ``"other"``
+    (outside ``dim``) or ``None`` (any shape); ``contract``: the same ``grad=``."""
+    checks: list[Check] = []
+    if contract:
+        checks.append(
+            (
+                ArgumentMismatchError,
+                "gradient contract (grad=)",
+                [rec.contract_code for rec in records],
+                lambda c: repr(CONTRACTS[c]) if isinstance(c, int) else repr(c),
+            )
+        )
+    checks.append(
+        (ArgumentMismatchError, "device type", [rec.device_code for rec in records], _device)
+    )
+    checks.append((ShapeMismatchError, "ndim", [rec.ndim for rec in records], repr))
+    if dim:
+        checks.append(
+            (
+                ArgumentMismatchError,
+                "dimension (dim, normalized)",
+                [rec.normalized_dim for rec in records],
+                repr,
+            )
+        )
+    checks.append((DTypeMismatchError, "dtype", [rec.dtype_code for rec in records], _dtype))
+    if shape == "full":
+        checks.append((ShapeMismatchError, "shape", [rec.shape for rec in records], _shape))
+    elif shape == "other":
+        checks.append(
+            (
+                ShapeMismatchError,
+                "shape outside the split dimension",
+                [rec.other_dims for rec in records],
+                _shape,
+            )
+        )
+    return checks
+
+
+def requires_grad_check(records: Sequence[CallRecord], why: str) -> Check:
+    """Every rank needs a gradient, or none: the backward is a collective."""
+    return (
+        RequiresGradMismatchError,
+        f"requires_grad ({why}: every rank must take part)",
+        [rec.requires_grad for rec in records],
+        repr,
+    )

@@ -1,0 +1,243 @@
+"""``reduce_scatter_v``: plan (checks, exchange, validation), payload, autograd.
+
+Where it sits: a family collective built on ``_family`` (stages 1-3), ``_layout``,
+``_buffers`` and ``_comm`` (the payload), and ``_transport`` (its backward is a gather).
+``_family_api`` calls it eagerly; ``_compiled_family`` wraps it in custom operators.
+
+The math, once. Every rank ``j`` holds ``x_j`` with ``total = Σ_r n_r`` along ``dim``
+(the same shape everywhere), ``sizes = (n_0, ..., n_{W-1})`` the same on every rank,
+``o_r = n_0 + ... + n_{r-1}``. Rank ``r`` returns
+
+    y_r = x_0[o_r : o_r + n_r] + x_1[o_r : o_r + n_r] + ... + x_{W-1}[o_r : o_r + n_r]
+
+summed **in rank order**, left to right, in the input dtype (integers wrap, bool is
+logical or), so the result is a function of the inputs alone, bit for bit, whatever
+the backend: rank ``j`` sends block ``r`` of ``x_j`` to rank ``r`` in one alltoallv
+(any dtype moves, int16 as bytes) and rank ``r`` adds the ``W`` blocks it received.
+The receive buffer is ``W x n_r`` rows. Gradient: ``L = Σ_r <g_r, y_r>`` gives
+``dL/dx_j = cat_r g_r`` on every rank ``j``: the ``all_gather_v`` of the upstream
+gradients (the exact adjoint), one gather through ``_transport``'s ``auto`` choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ._args import Problem
+from ._buffers import rank_major_gradient
+from ._comm import GroupInfo, all_to_all_uneven
+from ._errors import SizesError, SizesMismatchError
+from ._family import (
+    FamilyCall,
+    Row,
+    agree,
+    check_tensor,
+    common_checks,
+    exchange,
+    raise_local,
+    requires_grad_check,
+    sizes_words,
+    with_problem,
+)
+from ._layout import Layout
+from ._transport import choose_transport
+
+__all__ = [
+    "ReduceScatterPlan",
+    "ReduceScatterVFunction",
+    "fold_blocks",
+    "plan_reduce_scatter",
+    "reduce_scatter_blocks",
+    "scatter_layout",
+]
+
+NAME = "reduce_scatter_v"
+
+
+@dataclass(frozen=True)
+class ReduceScatterPlan:
+    """A validated ``reduce_scatter_v``: the blocks' ``Layout`` (``shard_shape(r)`` is
+    rank r's result, ``output_shape`` the input's shape) and the group."""
+
+    layout: Layout
+    info: GroupInfo
+
+
+def scatter_layout(x: torch.Tensor, dim: int, sizes: tuple[int, ...], info: GroupInfo) -> Layout:
+    """The blocks of ``x`` along ``dim`` (normalized here) as a ``Layout``."""
+    d = dim % x.ndim
+    return Layout(
+        sizes=sizes,
+        dim=d,
+        leading_shape=tuple(int(n) for n in x.shape[:d]),
+        trailing_shape=tuple(int(n) for n in x.shape[d + 1 :]),
+        dtype=x.dtype,
+        rank=info.rank,
+        world_size=info.world_size,
+    )
+
+
+def _local_call(
+    x: object,
+    sizes: object,
+    dim: object,
+    info: GroupInfo,
+    validate: object,
+    timeout: object,
+    requires_grad: bool | None,
+) -> FamilyCall:
+    record, call_timeout = check_tensor(
+        x, dim, info=info, validate=validate, timeout=timeout, requires_grad=requires_grad
+    )
+    if record.ndim == 0 and record.problem is None:
+        record = with_problem(
+            record,
+            Problem(SizesError, "expected a tensor with at least 1 dimension, got a 0-d tensor"),
+        )
+    parsed, words = sizes_words(sizes, info.world_size)
+    problem: Problem | None = None
+    if parsed is None:
+        problem = Problem(SizesError, "sizes is required: expected one block size per rank")
+    elif isinstance(parsed, Problem):
+        problem = parsed
+    elif len(parsed) != info.world_size:
+        problem = Problem(
+            SizesError, f"expected len(sizes) == world size {info.world_size}, got {len(parsed)}"
+        )
+    elif record.normalized_dim >= 0 and sum(parsed) != record.size_along_dim:
+        problem = Problem(
+            SizesError,
+            f"expected sum(sizes) == {record.size_along_dim} (the tensor's size along dim "
+            f"{record.normalized_dim}), got sum(sizes) = {sum(parsed)} for sizes={list(parsed)}",
+        )
+    record = with_problem(record, problem)
+    own = parsed if isinstance(parsed, tuple) else None
+    return FamilyCall(NAME, record, tuple(words), (own,), call_timeout)
+
+
+def _show_sizes(value: object) -> str:
+    if not isinstance(value, tuple) or not value:
+        return repr(value)
+    n, entries = value[0], value[1:]
+    if n < 0:
+        return "no sizes"
+    shown = list(entries[: min(n, len(entries))])
+    return f"sizes={shown}" + (f" + {n - len(shown)} more" if n > len(shown) else "")
+
+
+def validate_rows(rows: list[Row], *, rank: int) -> tuple[int, ...]:
+    """The validated sizes, or the error every rank raises alike (a pure function of
+    ``rows``)."""
+    records = [row.record for row in rows]
+    raise_local(NAME, records)
+    checks = common_checks(records, dim=True, shape="full")
+    checks.append((SizesMismatchError, "sizes", [row.extras for row in rows], _show_sizes))
+    checks.append(requires_grad_check(records, "the backward of reduce_scatter_v is a gather"))
+    agree(NAME, checks)
+    extras = rows[rank].extras
+    return tuple(int(n) for n in extras[1 : 1 + extras[0]])
+
+
+def plan_reduce_scatter(
+    x: object,
+    sizes: object,
+    dim: object,
+    info: GroupInfo,
+    *,
+    validate: object,
+    timeout: object,
+    requires_grad: bool | None = None,
+) -> ReduceScatterPlan:
+    """Stages 1-3: the same error on every rank, or the same plan.
+
+    With ``validate=False`` the exchange is skipped and a local problem is raised on
+    this rank only (its peers wait in the payload collective until they time out).
+    """
+    call = _local_call(x, sizes, dim, info, validate, timeout, requires_grad)
+    if call.timeout is not None:
+        info = info.with_timeout(call.timeout)
+    if validate is False or not info.communicates:
+        problem = call.record.problem
+        if problem is not None:
+            where = (
+                " (validate=False: raised on this rank only; its peers wait in the payload "
+                "collective until they time out)"
+                if validate is False and info.communicates
+                else ""
+            )
+            raise problem.error(
+                f"{NAME}{where}: invalid arguments on rank(s) [{info.rank}]: rank "
+                f"{info.rank}: {problem.message}",
+                ranks=[info.rank],
+            )
+        found = call.sizes[0]
+        assert found is not None  # a problem-free call parsed its sizes
+    else:
+        found = validate_rows(exchange(call, info), rank=info.rank)
+    assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
+    return ReduceScatterPlan(scatter_layout(x, call.record.normalized_dim, found, info), info)
+
+
+def fold_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """``blocks[0] + blocks[1] + ... `` along dim 0, left to right, in a fresh tensor."""
+    out = blocks[0].clone()
+    for j in range(1, blocks.shape[0]):
+        out.add_(blocks[j])
+    return out
+
+
+def reduce_scatter_blocks(x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
+    """The payload: this rank's ``y_r`` (module doc), a fresh tensor."""
+    r, w = layout.rank, layout.world_size
+    if not info.communicates:
+        return x.narrow(layout.dim, layout.local_offset, layout.local_size).clone(
+            memory_format=torch.contiguous_format
+        )
+    own = layout.pre * layout.local_size * layout.post
+    if layout.total == 0:  # every rank's block is empty, and every rank knows it
+        return x.new_empty(layout.shard_shape(r))
+    send = rank_major_gradient(x, layout)  # rank j's block j ... as one flat buffer
+    received = send.new_empty(w * own)
+    all_to_all_uneven(
+        received,
+        send,
+        output_splits=[own] * w,
+        input_splits=[layout.pre * n * layout.post for n in layout.sizes],
+        info=info,
+        what=f"all_to_all ({NAME} payload)",
+    )
+    if own == 0:
+        return x.new_empty(layout.shard_shape(r))
+    return fold_blocks(received.view(w, own)).view(layout.shard_shape(r))
+
+
+def gather_gradient(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
+    """The backward: ``cat_r g_r`` along ``dim`` on every rank (shaped like the input)."""
+    if not info.communicates:
+        full = grad_output.new_zeros(layout.output_shape)
+        full.narrow(layout.dim, layout.local_offset, layout.local_size).copy_(grad_output)
+        return full
+    if layout.total == 0:
+        return grad_output.new_zeros(layout.output_shape)
+    return choose_transport("auto", layout, info).gather(grad_output, layout, info)
+
+
+class ReduceScatterVFunction(torch.autograd.Function):
+    """``y_r = Σ_j x_j[o_r : o_r + n_r]`` with the gathered upstream gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, plan: ReduceScatterPlan) -> torch.Tensor:
+        ctx.plan = plan
+        return reduce_scatter_blocks(x, plan.layout, plan.info)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        plan: ReduceScatterPlan = ctx.plan
+        return gather_gradient(grad_output, plan.layout, plan.info), None

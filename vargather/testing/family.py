@@ -1,0 +1,767 @@
+"""The testing kit for the ragged collective family: cases, strategies, runners, judge.
+
+Where it sits: in the testing kit, beside ``cases``/``strategies``/``judge`` (which
+model ``all_gather_v``), for ``reduce_scatter_v``, ``all_to_all_v`` and
+``all_gather_list``. Bottom up:
+
+* **case models** (``ReduceScatterCase``, ``AllToAllCase``, ``GatherListCase``,
+  ``MisuseCase``): frozen, picklable, everything a rank needs to rebuild its inputs
+  (``inputs_of``) and upstream gradients (``upstream_of``) from the case alone;
+* **strategies** (``reduce_scatter_cases``, ``all_to_all_cases``,
+  ``gather_list_cases``, ``misuse_cases``): Hypothesis draws, in the parent process;
+* **rank runners** (``run_case``, ``run_misuse``): module-level functions for
+  ``get_pool(W).run``; each imports the implementation under test by name
+  (``case.impl``, ``"vargather"`` by default: any module with the collective's
+  function, a mutant for one) and reports what it returned, its gradient, or the
+  error it raised;
+* **the judge and the properties** (``judge_case``, ``judge_misuse``, ``check_case``,
+  ``check_misuse``): plain functions over a drawn case returning ``FamilyFailure``s
+  (empty: the property holds), so a catalogue entry can call them. Forward results
+  and gradients are compared bit for bit with ``vargather.oracle``; with integer
+  values the adjoint identity ``Σ_r <y_r, g_r> == Σ_j <x_j, dx_j>`` is checked too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from hypothesis import strategies as st
+
+from vargather import oracle
+
+from .asserts import bitwise_difference
+from .pool import RankContext, RankPool
+
+__all__ = [
+    "COLLECTIVES",
+    "DTYPES",
+    "MISUSE_KINDS",
+    "AllToAllCase",
+    "FamilyFailure",
+    "GatherListCase",
+    "MisuseCase",
+    "ReduceScatterCase",
+    "Report",
+    "all_to_all_cases",
+    "call_sequences",
+    "check_case",
+    "check_misuse",
+    "check_sequence",
+    "gather_list_cases",
+    "inputs_of",
+    "judge_case",
+    "judge_misuse",
+    "misuse_cases",
+    "reduce_scatter_cases",
+    "run_case",
+    "run_misuse",
+    "run_sequence",
+    "upstream_of",
+]
+
+COLLECTIVES = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
+DTYPES = (
+    "float32",
+    "float64",
+    "bfloat16",
+    "float16",
+    "complex64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+)
+CALL_TIMEOUT = 15.0
+"""Seconds each collective of a case may wait for its peers (a rank that raised leaves
+its peers waiting that long)."""
+_DIFFERENTIABLE = frozenset({"float32", "float64", "bfloat16", "float16", "complex64"})
+
+
+# --- case models -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReduceScatterCase:
+    """``reduce_scatter_v(x, sizes, dim)``; ``other`` is the shape without ``dim``."""
+
+    world_size: int
+    sizes: tuple[int, ...]
+    other: tuple[int, ...]
+    dim: int
+    dtype: str = "float32"
+    requires_grad: bool = True
+    special: bool = False  # NaN payloads, -0.0, inf among the values
+    seed: int = 0
+    group: tuple[int, ...] | None = None  # the world's ranks forming the group
+    validate: bool = True
+    impl: str = "vargather"
+    collective: str = field(default="reduce_scatter_v", init=False)
+
+
+@dataclass(frozen=True)
+class AllToAllCase:
+    """``all_to_all_v(x_j, send[j], dim)`` on group rank ``j``."""
+
+    world_size: int
+    send: tuple[tuple[int, ...], ...]
+    other: tuple[int, ...]
+    dim: int
+    dtype: str = "float32"
+    requires_grad: bool = True
+    special: bool = False
+    seed: int = 0
+    group: tuple[int, ...] | None = None
+    pass_recv: bool = False
+    validate: bool = True
+    impl: str = "vargather"
+    collective: str = field(default="all_to_all_v", init=False)
+
+
+@dataclass(frozen=True)
+class GatherListCase:
+    """``all_gather_list(x_r, grad=grad)`` with ``x_r`` of shape ``shapes[r]``."""
+
+    world_size: int
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str = "float32"
+    grad: str = "sum"
+    requires_grad: bool = True
+    special: bool = False
+    seed: int = 0
+    group: tuple[int, ...] | None = None
+    pass_shapes: bool = False
+    validate: bool = True
+    impl: str = "vargather"
+    collective: str = field(default="all_gather_list", init=False)
+
+
+Case = ReduceScatterCase | AllToAllCase | GatherListCase
+
+
+def members(case: Case) -> tuple[int, ...]:
+    """The world ranks that call the collective (the group), in group-rank order."""
+    return case.group if case.group is not None else tuple(range(case.world_size))
+
+
+def _shape(other: tuple[int, ...], dim: int, n: int) -> tuple[int, ...]:
+    d = dim % (len(other) + 1)
+    return (*other[:d], n, *other[d:])
+
+
+def values(shape: Sequence[int], dtype: str, seed: int, special: bool) -> torch.Tensor:
+    """Small integer values of ``dtype`` (exact sums in every float format), and with
+    ``special`` NaNs with distinct payloads, -0.0 and infinities among them."""
+    g = torch.Generator().manual_seed(seed)
+    shape = tuple(shape)
+    if dtype == "bool":
+        return torch.randint(0, 2, shape, generator=g).bool()
+    lo = 0 if dtype == "uint8" else -8
+    t = torch.randint(lo, 8, shape, generator=g).to(getattr(torch, dtype))
+    if special and dtype in ("float32", "float64", "float16", "bfloat16") and t.numel() > 0:
+        flat = t.view(-1)
+        picks = torch.randint(0, 5, (flat.numel(),), generator=g)
+        flat[picks == 0] = -0.0
+        flat[picks == 1] = math.inf
+        if dtype == "float32":
+            nan = torch.tensor([0x7FC00001, -0x0003FFFF], dtype=torch.int32).view(torch.float32)
+            where = (picks == 2).nonzero().view(-1)
+            for i, k in enumerate(where.tolist()):
+                flat[k] = nan[i % 2]
+        else:
+            flat[picks == 2] = math.nan
+    return t
+
+
+def inputs_of(case: Case) -> list[torch.Tensor]:
+    """Every group rank's input, by group rank (the same on every process)."""
+    w = len(members(case))
+    if isinstance(case, ReduceScatterCase):
+        shape = _shape(case.other, case.dim, sum(case.sizes))
+        return [values(shape, case.dtype, case.seed * 131 + r, case.special) for r in range(w)]
+    if isinstance(case, AllToAllCase):
+        return [
+            values(
+                _shape(case.other, case.dim, sum(case.send[r])),
+                case.dtype,
+                case.seed * 131 + r,
+                case.special,
+            )
+            for r in range(w)
+        ]
+    return [values(case.shapes[r], case.dtype, case.seed * 131 + r, case.special) for r in range(w)]
+
+
+def output_shapes(case: Case) -> list[Any]:
+    """Each group rank's output shape (a list of shapes for ``all_gather_list``)."""
+    w = len(members(case))
+    if isinstance(case, ReduceScatterCase):
+        return [_shape(case.other, case.dim, case.sizes[r]) for r in range(w)]
+    if isinstance(case, AllToAllCase):
+        return [_shape(case.other, case.dim, sum(s[r] for s in case.send)) for r in range(w)]
+    return [list(case.shapes) for _ in range(w)]
+
+
+def upstream_of(case: Case) -> list[Any]:
+    """Each group rank's upstream gradient: integer-valued, different on every rank (a
+    list of ``W`` gradients, one per output, for ``all_gather_list``)."""
+    shapes = output_shapes(case)
+    dtype = case.dtype
+    out: list[Any] = []
+    for r, s in enumerate(shapes):
+        if isinstance(case, GatherListCase):
+            out.append([values(t, dtype, 7000 + 97 * r + k, False) for k, t in enumerate(s)])
+        else:
+            out.append(values(s, dtype, 7000 + 97 * r, False))
+    return out
+
+
+def _differentiable(case: Case) -> bool:
+    return case.requires_grad and case.dtype in _DIFFERENTIABLE
+
+
+# --- strategies --------------------------------------------------------------------------
+
+
+def _dims(draw: Any, max_dims: int = 2, most: int = 3) -> tuple[int, ...]:
+    return tuple(draw(st.lists(st.integers(0, most), max_size=max_dims)))
+
+
+@st.composite
+def reduce_scatter_cases(
+    draw: Any,
+    world_sizes: Sequence[int] = (2, 3),
+    dtypes: Sequence[str] = DTYPES,
+    subgroups: bool = True,
+    most: int = 4,
+) -> ReduceScatterCase:
+    """``ReduceScatterCase``s: empty blocks, negative dims, every dtype, subgroups;
+    ``most``: the largest block and dimension (payload scale)."""
+    world = draw(st.sampled_from(list(world_sizes)))
+    group = _draw_group(draw, world, subgroups)
+    w = len(group) if group is not None else world
+    other = _dims(draw, most=most)
+    return ReduceScatterCase(
+        world_size=world,
+        sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
+        other=other,
+        dim=draw(st.integers(-(len(other) + 1), len(other))),
+        dtype=draw(st.sampled_from(list(dtypes))),
+        requires_grad=draw(st.booleans()),
+        special=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+        group=group,
+        validate=draw(st.booleans()),
+    )
+
+
+def _draw_group(draw: Any, world: int, subgroups: bool) -> tuple[int, ...] | None:
+    if not subgroups or world < 3 or not draw(st.booleans()):
+        return None
+    ranks = draw(st.lists(st.integers(0, world - 1), min_size=2, max_size=world - 1, unique=True))
+    return tuple(sorted(ranks))
+
+
+@st.composite
+def all_to_all_cases(
+    draw: Any,
+    world_sizes: Sequence[int] = (2, 3),
+    dtypes: Sequence[str] = DTYPES,
+    subgroups: bool = True,
+    most: int = 4,
+) -> AllToAllCase:
+    """``AllToAllCase``s: send matrices with zeros, negative dims, dtypes, subgroups."""
+    world = draw(st.sampled_from(list(world_sizes)))
+    group = _draw_group(draw, world, subgroups)
+    w = len(group) if group is not None else world
+    other = _dims(draw, most=most)
+    row = st.lists(st.integers(0, most), min_size=w, max_size=w).map(tuple)
+    return AllToAllCase(
+        world_size=world,
+        send=tuple(draw(st.lists(row, min_size=w, max_size=w))),
+        other=other,
+        dim=draw(st.integers(-(len(other) + 1), len(other))),
+        dtype=draw(st.sampled_from(list(dtypes))),
+        requires_grad=draw(st.booleans()),
+        special=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+        group=group,
+        pass_recv=draw(st.booleans()),
+        validate=draw(st.booleans()),
+    )
+
+
+@st.composite
+def gather_list_cases(
+    draw: Any,
+    world_sizes: Sequence[int] = (2, 3),
+    dtypes: Sequence[str] = DTYPES,
+    subgroups: bool = True,
+    most: int = 4,
+) -> GatherListCase:
+    """``GatherListCase``s: shapes differing in every dim (empties too), contracts."""
+    world = draw(st.sampled_from(list(world_sizes)))
+    group = _draw_group(draw, world, subgroups)
+    w = len(group) if group is not None else world
+    ndim = draw(st.integers(1, 3))
+    shape = st.lists(st.integers(0, most), min_size=ndim, max_size=ndim).map(tuple)
+    pass_shapes = draw(st.booleans())
+    return GatherListCase(
+        world_size=world,
+        shapes=tuple(draw(st.lists(shape, min_size=w, max_size=w))),
+        dtype=draw(st.sampled_from(list(dtypes))),
+        grad=draw(st.sampled_from(["sum", "local", "mean"])),
+        requires_grad=draw(st.booleans()),
+        special=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+        group=group,
+        pass_shapes=pass_shapes,
+        validate=draw(st.booleans()) if pass_shapes else True,
+    )
+
+
+# --- rank runners ------------------------------------------------------------------------
+
+
+class Report(NamedTuple):
+    """What one rank saw: its output (a list for ``all_gather_list``), its input's
+    gradient, or the error it raised (class name, message, blamed ranks)."""
+
+    output: Any
+    grad: torch.Tensor | None
+    error: tuple[str, str, tuple[int, ...]] | None
+
+
+def _function(case: Case) -> Callable[..., Any]:
+    fn: Callable[..., Any] = getattr(importlib.import_module(case.impl), case.collective)
+    return fn
+
+
+def _group_of(ctx: RankContext, case: Case) -> tuple[Any, int | None]:
+    """The ``group=`` to pass and this rank's group rank (``None``: not a member)."""
+    if case.group is None:
+        return None, ctx.rank
+    group = ctx.subgroup(case.group)
+    return group, (case.group.index(ctx.rank) if ctx.rank in case.group else None)
+
+
+def _call(case: Case, x: torch.Tensor, r: int, group: Any, timeout: float | None) -> Any:
+    fn = _function(case)
+    if isinstance(case, ReduceScatterCase):
+        return fn(
+            x, list(case.sizes), case.dim, group=group, validate=case.validate, timeout=timeout
+        )
+    if isinstance(case, AllToAllCase):
+        recv = [s[r] for s in case.send] if case.pass_recv else None
+        return fn(
+            x,
+            list(case.send[r]),
+            case.dim,
+            recv_sizes=recv,
+            group=group,
+            validate=case.validate,
+            timeout=timeout,
+        )
+    shapes = [list(s) for s in case.shapes] if case.pass_shapes else None
+    return fn(
+        x, shapes=shapes, group=group, grad=case.grad, validate=case.validate, timeout=timeout
+    )
+
+
+def run_case(ctx: RankContext, case: Case) -> Report | None:
+    """Rank side: build this rank's input, call, backward with this rank's upstream
+    gradient. ``None`` on a rank outside the case's group."""
+    group, r = _group_of(ctx, case)
+    if r is None:
+        return None
+    x = inputs_of(case)[r]
+    grad_wanted = _differentiable(case)
+    if grad_wanted:
+        x.requires_grad_(True)
+    try:
+        out = _call(case, x, r, group, CALL_TIMEOUT)
+        if grad_wanted:
+            up = upstream_of(case)[r]
+            if isinstance(out, (list, tuple)):
+                torch.autograd.backward(list(out), list(up))
+            else:
+                out.backward(up)
+    except Exception as err:
+        return Report(None, None, (type(err).__name__, str(err), tuple(getattr(err, "ranks", ()))))
+    if isinstance(out, (list, tuple)):
+        return Report([o.detach() for o in out], x.grad, None)
+    return Report(out.detach(), x.grad, None)
+
+
+# --- the judge ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FamilyFailure:
+    """One property that did not hold: which, for which aspect and ranks, and how."""
+
+    property: str
+    aspect: str  # "forward", "gradient", "adjoint", "raised", "misuse"
+    ranks: tuple[int, ...]
+    message: str
+
+
+def _expected(case: Case) -> tuple[list[Any], list[torch.Tensor] | None]:
+    xs = inputs_of(case)
+    up = upstream_of(case)
+    grads: list[torch.Tensor] | None = None
+    if isinstance(case, ReduceScatterCase):
+        out: list[Any] = oracle.expected_reduce_scatter(xs, case.sizes, case.dim)
+        if _differentiable(case):
+            grads = oracle.expected_reduce_scatter_grads(xs, case.sizes, up, case.dim)
+    elif isinstance(case, AllToAllCase):
+        out = oracle.expected_all_to_all(xs, case.send, case.dim)
+        if _differentiable(case):
+            grads = oracle.expected_all_to_all_grads(xs, case.send, up, case.dim)
+    else:
+        gathered = oracle.expected_gather_list(xs)
+        out = [gathered for _ in xs]
+        if _differentiable(case):
+            grads = oracle.expected_gather_list_grads(xs, up, case.grad)
+    return out, grads
+
+
+def _differs(got: object, want: torch.Tensor) -> str | None:
+    if not isinstance(got, torch.Tensor):
+        return f"expected a tensor, got {type(got).__name__}"
+    return bitwise_difference(got, want)
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((a.detach().to(torch.int64) * b.detach().to(torch.int64)).sum())
+
+
+def judge_case(case: Case, reports: Sequence[Report | None]) -> list[FamilyFailure]:
+    """The members' reports against the oracle: forward and gradient bit for bit, and
+    (integer values) the adjoint identity of the gradient."""
+    name = case.collective
+    mine = [rep for rep in reports if rep is not None]
+    raised = [(r, rep.error) for r, rep in enumerate(mine) if rep.error is not None]
+    if raised:  # rep.error is a (class name, message, ranks) triple
+        return [
+            FamilyFailure(
+                name,
+                "raised",
+                tuple(r for r, _ in raised),
+                "; ".join(f"rank {r}: {e[0]}: {e[1]}" for r, e in raised),
+            )
+        ]
+    want, want_grads = _expected(case)
+    failures: list[FamilyFailure] = []
+    for r, rep in enumerate(mine):
+        got = rep.output
+        if isinstance(case, GatherListCase):
+            if not isinstance(got, list) or len(got) != len(want[r]):
+                failures.append(
+                    FamilyFailure(
+                        name,
+                        "forward",
+                        (r,),
+                        f"expected a list of {len(want[r])} tensors, got {type(got).__name__}",
+                    )
+                )
+                continue
+            diffs = [(k, _differs(g, w)) for k, (g, w) in enumerate(zip(got, want[r], strict=True))]
+            bad = [f"entry {k}: {d}" for k, d in diffs if d is not None]
+            if bad:
+                failures.append(FamilyFailure(name, "forward", (r,), "; ".join(bad)))
+        else:
+            d = _differs(got, want[r])
+            if d is not None:
+                failures.append(FamilyFailure(name, "forward", (r,), d))
+        if want_grads is not None:
+            if rep.grad is None:
+                failures.append(
+                    FamilyFailure(name, "gradient", (r,), "expected a gradient, got None")
+                )
+            else:
+                d = bitwise_difference(rep.grad, want_grads[r])
+                if d is not None:
+                    failures.append(FamilyFailure(name, "gradient", (r,), d))
+    if (
+        want_grads is not None
+        and not case.special
+        and not case.dtype.startswith("complex")
+        and not failures
+    ):
+        xs, up = inputs_of(case), upstream_of(case)
+        if isinstance(case, GatherListCase):
+            if case.grad == "sum":
+                lhs = sum(
+                    _dot(o, g) for j in range(len(xs)) for o, g in zip(want[j], up[j], strict=True)
+                )
+                rhs = sum(
+                    _dot(x, rep.grad)
+                    for x, rep in zip(xs, mine, strict=True)
+                    if rep.grad is not None
+                )
+            else:
+                lhs = rhs = 0
+        else:
+            lhs = sum(_dot(w, g) for w, g in zip(want, up, strict=True))
+            rhs = sum(
+                _dot(x, rep.grad) for x, rep in zip(xs, mine, strict=True) if rep.grad is not None
+            )
+        if lhs != rhs:
+            failures.append(
+                FamilyFailure(
+                    name,
+                    "adjoint",
+                    (),
+                    f"expected sum_r <y_r, g_r> == sum_j <x_j, dx_j>, got {lhs} != {rhs}",
+                )
+            )
+    return failures
+
+
+def check_case(pool: RankPool, case: Case) -> list[FamilyFailure]:
+    """The property: run ``case`` on ``pool`` (``case.world_size`` ranks) and judge it."""
+    return judge_case(case, pool.run(run_case, case))
+
+
+# --- call sequences ----------------------------------------------------------------------
+
+
+def run_sequence(ctx: RankContext, cases: tuple[Case, ...]) -> list[Report | None]:
+    """Rank side: the cases one after the other on the same world."""
+    return [run_case(ctx, case) for case in cases]
+
+
+def check_sequence(pool: RankPool, cases: Sequence[Case]) -> list[FamilyFailure]:
+    """The call-sequence property: each call of a mixed sequence on one world (the
+    fused round's state and the groups' sequence numbers carried from call to call)
+    judged as if it ran alone."""
+    per_rank = pool.run(run_sequence, tuple(cases))
+    failures: list[FamilyFailure] = []
+    for i, case in enumerate(cases):
+        for f in judge_case(case, [reports[i] for reports in per_rank]):
+            failures.append(FamilyFailure(f.property, f.aspect, f.ranks, f"call #{i}: {f.message}"))
+    return failures
+
+
+@st.composite
+def call_sequences(draw: Any, world_size: int = 3, max_calls: int = 6, most: int = 4) -> list[Case]:
+    """Mixed sequences of the three collectives on one world of ``world_size``."""
+    one = st.one_of(
+        reduce_scatter_cases(world_sizes=(world_size,), most=most),
+        all_to_all_cases(world_sizes=(world_size,), most=most),
+        gather_list_cases(world_sizes=(world_size,), most=most),
+    )
+    cases: list[Case] = draw(st.lists(one, min_size=2, max_size=max_calls))
+    return cases
+
+
+# --- misuse ------------------------------------------------------------------------------
+
+MISUSE_KINDS: dict[str, tuple[str, ...]] = {
+    "reduce_scatter_v": (
+        "sizes_differ",
+        "sum_mismatch",
+        "dtype",
+        "ndim",
+        "trailing",
+        "requires_grad",
+        "absent",
+    ),
+    "all_to_all_v": (
+        "send_length",
+        "sum_mismatch",
+        "recv_lie",
+        "dtype",
+        "ndim",
+        "trailing",
+        "requires_grad",
+        "absent",
+    ),
+    "all_gather_list": ("dtype", "ndim", "shapes_lie", "contract", "requires_grad", "absent"),
+}
+"""What one odd rank does wrong, per collective."""
+
+_EXPECTED_ERROR = {
+    "sizes_differ": "SizesMismatchError",
+    "sum_mismatch": "SizesError",
+    "send_length": "SizesError",
+    "recv_lie": "SizesMismatchError",
+    "dtype": "DTypeMismatchError",
+    "ndim": "ShapeMismatchError",
+    "trailing": "ShapeMismatchError",
+    "shapes_lie": "SizesMismatchError",
+    "contract": "ArgumentMismatchError",
+    "requires_grad": "RequiresGradMismatchError",
+    "absent": "CollectiveTimeoutError",
+}
+
+
+@dataclass(frozen=True)
+class MisuseCase:
+    """One rank (``odd``) of ``world_size`` gets ``kind`` wrong in a ``collective`` call."""
+
+    collective: str
+    kind: str
+    world_size: int = 3
+    odd: int = 1
+    impl: str = "vargather"
+
+
+@st.composite
+def misuse_cases(
+    draw: Any, world_sizes: Sequence[int] = (2, 3), absent: bool = False
+) -> MisuseCase:
+    """``MisuseCase``s (``absent``: include a rank that never arrives, which costs a
+    timeout and a rebuilt world)."""
+    collective = draw(st.sampled_from(COLLECTIVES))
+    kinds = [k for k in MISUSE_KINDS[collective] if absent or k != "absent"]
+    world = draw(st.sampled_from(list(world_sizes)))
+    return MisuseCase(
+        collective, draw(st.sampled_from(kinds)), world, draw(st.integers(0, world - 1))
+    )
+
+
+def _misuse_call(case: MisuseCase, rank: int, timeout: float, wrong: bool) -> Any:
+    fn: Callable[..., Any] = getattr(importlib.import_module(case.impl), case.collective)
+    w, k = case.world_size, case.kind if wrong else ""
+    dtype = torch.int32 if k == "dtype" else torch.float32
+    grad = k == "requires_grad"  # the odd rank alone needs a gradient
+    trail: tuple[int, ...] = (3,) if k == "trailing" else (2,)
+    extra: tuple[int, ...] = (1,) if k == "ndim" else ()
+    if case.collective == "reduce_scatter_v":
+        sizes = [1] * w
+        if k == "sizes_differ":
+            sizes = [2] + [1] * (w - 2) + [0]
+        rows = w + (1 if k == "sum_mismatch" else 0)
+        x = torch.ones((rows, *trail, *extra), dtype=dtype, requires_grad=grad)
+        return fn(x, sizes, timeout=timeout)
+    if case.collective == "all_to_all_v":
+        send = [1] * w
+        recv = [1] * w
+        if k == "send_length":
+            send = [1] * (w + 1)
+        if k == "recv_lie":
+            recv = [2] + [1] * (w - 1)
+        rows = w + (1 if k in ("sum_mismatch", "send_length") else 0)
+        x = torch.ones((rows, *trail, *extra), dtype=dtype, requires_grad=grad)
+        return fn(x, send, recv_sizes=recv, timeout=timeout)
+    shape = (rank + 1, 2, *extra)
+    shapes: list[list[int]] | None = None
+    if k == "shapes_lie":  # a lie about a peer's shape (its own entry is checked locally)
+        shapes = [[r + 1, 2] for r in range(w)]
+        shapes[(rank + 1) % w] = [5, 5]
+    return fn(
+        torch.ones(shape, dtype=dtype, requires_grad=grad),
+        shapes=shapes,
+        grad="local" if k == "contract" else "sum",
+        timeout=timeout,
+    )
+
+
+def run_misuse(
+    ctx: RankContext, case: MisuseCase
+) -> tuple[tuple[str, str, tuple[int, ...]] | None, bool]:
+    """Rank side: the misused call (the odd rank's arguments wrong; absent: it does not
+    call), then, except after a timeout, one correct call. Returns the error raised
+    (class, message, blamed ranks) and whether the follow-up call worked."""
+    wrong = ctx.rank == case.odd
+    error = None
+    if not (wrong and case.kind == "absent"):
+        try:
+            _misuse_call(case, ctx.rank, 2.0 if case.kind == "absent" else 30.0, wrong)
+        except Exception as err:
+            error = (type(err).__name__, str(err), tuple(getattr(err, "ranks", ())))
+    if case.kind == "absent":
+        return error, True
+    try:
+        _misuse_call(case, ctx.rank, 30.0, False)
+        follow = True
+    except Exception:
+        follow = False
+    return error, follow
+
+
+def judge_misuse(case: MisuseCase, reports: Sequence[tuple[Any, bool]]) -> list[FamilyFailure]:
+    """Every rank the same error (class and message, naming the odd rank), the group
+    usable after; a rank that never arrives: the named timeout on every other rank."""
+    name, expected = case.collective, _EXPECTED_ERROR[case.kind]
+    failures: list[FamilyFailure] = []
+    callers = [r for r in range(case.world_size) if not (case.kind == "absent" and r == case.odd)]
+    errors = [reports[r][0] for r in callers]
+    missing = [r for r, e in zip(callers, errors, strict=True) if e is None]
+    if missing:
+        failures.append(
+            FamilyFailure(
+                name,
+                "misuse",
+                tuple(missing),
+                f"{case.kind}: expected {expected} on every rank, got no error on rank(s) {missing}",
+            )
+        )
+        return failures
+    kinds = {e[0] for e in errors if e is not None}
+    if kinds != {expected}:
+        failures.append(
+            FamilyFailure(
+                name,
+                "misuse",
+                tuple(callers),
+                f"{case.kind}: expected {expected} on every rank, got {sorted(kinds)}",
+            )
+        )
+    if case.kind != "absent":
+        if len({e[1] for e in errors if e is not None}) != 1:
+            failures.append(
+                FamilyFailure(
+                    name,
+                    "misuse",
+                    tuple(callers),
+                    f"{case.kind}: expected the same message on every rank, got {[e[1] for e in errors if e]}",
+                )
+            )
+        if not all(case.odd in e[2] for e in errors if e is not None):
+            failures.append(
+                FamilyFailure(
+                    name,
+                    "misuse",
+                    (case.odd,),
+                    f"{case.kind}: expected the error to blame rank {case.odd}, got {[e[2] for e in errors if e]}",
+                )
+            )
+        broken = [r for r, (_, follow) in enumerate(reports) if not follow]
+        if broken:
+            failures.append(
+                FamilyFailure(
+                    name,
+                    "misuse",
+                    tuple(broken),
+                    f"{case.kind}: expected the group usable after, but the next call failed on rank(s) {broken}",
+                )
+            )
+    elif not all(case.odd in e[2] for e in errors if e is not None):
+        failures.append(
+            FamilyFailure(
+                name,
+                "misuse",
+                (case.odd,),
+                f"absent: expected the timeout to name rank {case.odd}, got {[e[2] for e in errors if e]}",
+            )
+        )
+    return failures
+
+
+def check_misuse(pool: RankPool, case: MisuseCase) -> list[FamilyFailure]:
+    """The misuse property on ``pool``; after ``absent`` the world is rebuilt (a
+    timed-out group is out of step)."""
+    try:
+        return judge_misuse(case, pool.run(run_misuse, case))
+    finally:
+        if case.kind == "absent":
+            pool.restart()
