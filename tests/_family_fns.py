@@ -151,7 +151,6 @@ def compiled_three_in_one_graph(ctx: RankContext, _: None) -> tuple[list[str], l
     with inductor's peak-memory reordering off (docs/family.md: with it on, torch 2.13
     reorders the ordered-effect operators differently on each rank). Returns the
     collectives this rank issued, forward and backward, in order."""
-    import torch._inductor.config as inductor_config
 
     import vargather._comm as comm
 
@@ -181,11 +180,12 @@ def compiled_three_in_one_graph(ctx: RankContext, _: None) -> tuple[list[str], l
     z = torch.ones([[2, 3], [0, 3]][r]).requires_grad_(True)
     comm.translate_collective_errors = logged  # type: ignore[assignment]  # a logging wrapper, restored below
     try:
-        with inductor_config.patch(reorder_for_peak_memory=False):
-            loss = torch.compile(step, backend="inductor", fullgraph=True)(x, y, z)
-            forward = list(log)
-            log.clear()
-            loss.backward()
+        # No config patch: tracing a vargather collective turns off inductor's
+        # peak-memory reordering itself (``vargather._compiled.keep_collective_order``).
+        loss = torch.compile(step, backend="inductor", fullgraph=True)(x, y, z)
+        forward = list(log)
+        log.clear()
+        loss.backward()
     finally:
         comm.translate_collective_errors = original
     return forward, list(log)

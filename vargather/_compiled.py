@@ -39,7 +39,16 @@ from ._layout import Layout
 from ._mesh import is_device_mesh, resolve_mesh
 from ._transport import choose_transport
 
-__all__ = ["bind_eager", "compiled_gather", "eager_gather", "group_of"]
+__all__ = [
+    "bind_eager",
+    "compiled_gather",
+    "declare_ordered",
+    "eager_gather",
+    "group_named",
+    "group_of",
+    "keep_collective_order",
+    "plain_sizes",
+]
 
 
 class _EagerPipeline(NamedTuple):
@@ -71,7 +80,8 @@ def _eager() -> _EagerPipeline:
 _NO_GROUP = ""  # the operator's name for "torch.distributed not initialized"
 
 
-def _group_of(name: str) -> dist.ProcessGroup | None:
+def group_named(name: str) -> dist.ProcessGroup | None:
+    """The process group an operator names (``""``: no torch.distributed)."""
     if name == _NO_GROUP:
         return None
     from torch.distributed import distributed_c10d as c10d
@@ -90,7 +100,7 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _declare_ordered(op: Any) -> None:
+def declare_ordered(op: Any) -> bool:
     """Declare ``op`` an ordered side effect, so no compiler may drop, merge, reorder or
     recompute it.
 
@@ -104,16 +114,22 @@ def _declare_ordered(op: Any) -> None:
     and produces the next, the last token is a graph output, so every operator is live,
     none equals another (CSE), they run in program order, and the partitioner keeps each
     where it was traced (never recomputed in the backward).
+
+    Returns whether it could (a torch with neither registry compiles them pure).
     """
-    register = getattr(op, "register_effect", None)  # CustomOpDef.register_effect, torch 2.8+
+    register = getattr(op, "register_effect", None)  # CustomOpDef.register_effect, torch 2.13
     if register is not None:
         from torch._library.effects import EffectType
 
         register(EffectType.ORDERED)
-        return
-    from torch._higher_order_ops import effects  # older torch: the same table, private
+        return True
+    try:  # older torch: the same table, private
+        from torch._higher_order_ops import effects
 
-    effects._register_effectful_op(op._opoverload, effects._EffectType.ORDERED)
+        effects._register_effectful_op(op._opoverload, effects._EffectType.ORDERED)
+    except (ImportError, AttributeError):
+        return False
+    return True
 
 
 # --- the forward operator ----------------------------------------------------------------
@@ -142,7 +158,7 @@ def _gather_eagerly(
         if requires_grad:
             probe.requires_grad_(True)
         layout, info, fused = _eager().plan(
-            probe, dim, sizes, _group_of(group_name), grad, transport, validate, timeout
+            probe, dim, sizes, group_named(group_name), grad, transport, validate, timeout
         )
     with torch.no_grad():
         if not info.communicates:
@@ -225,7 +241,7 @@ def _backward_eagerly(
     timeout: float | None,
 ) -> torch.Tensor:
     """``GatherVFunction.backward`` for a forward that a forward operator validated."""
-    info = resolve_group(_group_of(group_name))
+    info = resolve_group(group_named(group_name))
     if not info.communicates:
         return _contiguous(grad_output)  # the eager gather is the identity here
     call_timeout = _timeout_of(timeout)
@@ -270,7 +286,7 @@ def _all_gather_v_backward_fake(
     transport: str,
     timeout: float | None,
 ) -> torch.Tensor:
-    group = _group_of(group_name)
+    group = group_named(group_name)
     rank = dist.get_rank(group) if group is not None else 0
     shape = list(grad_output.shape)
     d = dim % grad_output.dim()
@@ -291,8 +307,8 @@ def _backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None,
 
 
 _all_gather_v_op.register_autograd(_backward, setup_context=_setup_context)
-_declare_ordered(_all_gather_v_op)
-_declare_ordered(_all_gather_v_backward_op)
+declare_ordered(_all_gather_v_op)
+declare_ordered(_all_gather_v_backward_op)
 
 
 # --- the operators for sizes=None ---------------------------------------------------------
@@ -330,7 +346,7 @@ def _exchange_sizes_op(
             probe,
             dim,
             None,
-            _group_of(group_name),
+            group_named(group_name),
             grad,
             transport,
             validate,
@@ -351,7 +367,7 @@ def _exchange_sizes_fake(
     timeout: float | None,
     requires_grad: bool,
 ) -> torch.Tensor:
-    group = _group_of(group_name)
+    group = group_named(group_name)
     return torch.empty(1 if group is None else dist.get_world_size(group), dtype=torch.int64)
 
 
@@ -437,7 +453,7 @@ _all_gather_v_sized_by_op.register_autograd(
     _sized_by_backward, setup_context=_sized_by_setup_context
 )
 for _op in (_exchange_sizes_op, _all_gather_v_sized_by_op, _all_gather_v_sized_by_backward_op):
-    _declare_ordered(_op)
+    declare_ordered(_op)
 
 
 # --- the traced entry point --------------------------------------------------------------
@@ -473,7 +489,7 @@ def group_of(group: object, mesh_dim: object) -> tuple[str, int, int] | None:
     return str(pg.group_name), rank, dist.get_world_size(pg)
 
 
-def _plain_sizes(sizes: object, world_size: int) -> list[int] | None:
+def plain_sizes(sizes: object, world_size: int) -> list[int] | None:
     """``sizes`` as a list of ints (or dynamo's symbolic ints) that make a ``Layout``."""
     if not isinstance(sizes, (list, tuple)) or len(sizes) != world_size:
         return None
@@ -536,7 +552,7 @@ def _keep_collective_order() -> bool:
 
 
 # Called by dynamo while tracing (its side effect is the point), not traced.
-_keep_collective_order_here = torch._dynamo.assume_constant_result(_keep_collective_order)  # type: ignore[no-untyped-call]  # assume_constant_result is untyped in torch's stubs
+keep_collective_order = torch._dynamo.assume_constant_result(_keep_collective_order)  # type: ignore[no-untyped-call]  # assume_constant_result is untyped in torch's stubs
 
 
 class _RoutedCall(NamedTuple):
@@ -585,9 +601,9 @@ def compiled_gather(
     module docstring)."""
     call = _routed_call(x, dim, grad, transport, validate, timeout)
     where = group_of(group, mesh_dim) if call is not None else None
-    plain = _plain_sizes(sizes, where[2]) if where is not None else None
+    plain = plain_sizes(sizes, where[2]) if where is not None else None
     if call is not None and where is not None:
-        _keep_collective_order_here()
+        keep_collective_order()
         name, rank, world_size = where
         requires_grad = call.x.requires_grad and torch.is_grad_enabled()
         args = (name, call.grad, call.transport, call.validate, call.seconds, requires_grad)

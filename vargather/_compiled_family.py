@@ -18,8 +18,7 @@ deadlock. An ordered effect keeps every call, in program order, on every rank.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Final
 
@@ -27,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ._all_to_all import exchange_blocks, plan_all_to_all, split_layout
-from ._compiled import group_of
+from ._compiled import declare_ordered, group_named, group_of, keep_collective_order, plain_sizes
 from ._gather_list import GatherListPlan, gather_flat, list_gradient, plan_gather_list
 from ._group import GroupInfo, per_call_timeout_supported, resolve_group
 from ._reduce_scatter import (
@@ -46,25 +45,14 @@ __all__ = [
     "encode_shapes",
 ]
 
-_NO_GROUP = ""  # "torch.distributed not initialized", as in ``_compiled``
-
-
-def _pg(name: str) -> dist.ProcessGroup | None:
-    if name == _NO_GROUP:
-        return None
-    from torch.distributed import distributed_c10d as c10d
-
-    resolve: Callable[[Any], dist.ProcessGroup] = c10d._resolve_process_group  # type: ignore[attr-defined]  # private, as torch's functional collectives use it
-    return resolve(name)
-
 
 def _rank_of(name: str) -> int:
-    group = _pg(name)
+    group = group_named(name)
     return 0 if group is None else dist.get_rank(group)
 
 
 def _backward_info(name: str, timeout: float | None) -> GroupInfo:
-    info = resolve_group(_pg(name))
+    info = resolve_group(group_named(name))
     if timeout is not None and info.communicates and per_call_timeout_supported(info):
         info = info.with_timeout(timedelta(seconds=timeout))
     return info
@@ -107,7 +95,7 @@ def _rs_op(
     timeout: float | None,
     requires_grad: bool,
 ) -> torch.Tensor:
-    info = resolve_group(_pg(group_name))
+    info = resolve_group(group_named(group_name))
     plan = plan_reduce_scatter(
         x, list(sizes), dim, info, validate=validate, timeout=timeout, requires_grad=requires_grad
     )
@@ -187,7 +175,7 @@ def _a2a_op(
     timeout: float | None,
     requires_grad: bool,
 ) -> torch.Tensor:
-    info = resolve_group(_pg(group_name))
+    info = resolve_group(group_named(group_name))
     plan = plan_all_to_all(
         x,
         list(send_sizes),
@@ -280,7 +268,7 @@ def _list_op(
     timeout: float | None,
     requires_grad: bool,
 ) -> list[torch.Tensor]:
-    info = resolve_group(_pg(group_name))
+    info = resolve_group(group_named(group_name))
     plan = plan_gather_list(
         x,
         decode_shapes(shapes),
@@ -358,26 +346,9 @@ def _list_backward(ctx: Any, *grads: Any) -> tuple[torch.Tensor | None, ...]:
 _list_op.register_autograd(_list_backward, setup_context=_list_setup)
 
 
-def _register_ordered(op: Any) -> bool:
-    """Register ``op`` with an ordered effect: ``CustomOpDef.register_effect`` (torch
-    2.13), else the private registry older torch releases have. Returns whether it
-    could (a torch with neither compiles the operators as pure)."""
-    register = getattr(op, "register_effect", None)
-    if register is not None:
-        effects = importlib.import_module("torch._library.effects")
-        register(effects.EffectType.ORDERED)
-        return True
-    try:
-        older = importlib.import_module("torch._higher_order_ops.effects")
-        older._register_effectful_op(op._opoverload, older._EffectType.ORDERED)
-    except (ImportError, AttributeError):
-        return False
-    return True
-
-
 EFFECTFUL: Final = all(
     [
-        _register_ordered(op)
+        declare_ordered(op)
         for op in (_rs_op, _rs_backward_op, _a2a_op, _a2a_backward_op, _list_op, _list_backward_op)
     ]
 )
@@ -385,17 +356,6 @@ EFFECTFUL: Final = all(
 
 
 # --- the traced entry points ---------------------------------------------------------
-
-
-def _plain(sizes: object, world_size: int) -> list[int] | None:
-    if not isinstance(sizes, (list, tuple)) or len(sizes) != world_size:
-        return None
-    out: list[int] = []
-    for n in sizes:
-        if isinstance(n, bool) or not isinstance(n, (int, torch.SymInt)) or n < 0:
-            return None
-        out.append(n)  # type: ignore[arg-type]  # a SymInt stands for an int here
-    return out
 
 
 def _plain_call(x: object, dim: object, validate: object, timeout: object) -> bool:
@@ -427,10 +387,11 @@ def compiled_reduce_scatter(
 ) -> torch.Tensor | None:
     """The operator call, or ``None`` when only the eager path can run this call."""
     where = group_of(group, mesh_dim) if isinstance(x, torch.Tensor) else None
-    plain = _plain(sizes, where[2]) if where is not None else None
+    plain = plain_sizes(sizes, where[2]) if where is not None else None
     if where is None or plain is None or not _plain_call(x, dim, validate, timeout):
         return None
     assert isinstance(x, torch.Tensor)
+    keep_collective_order()
     seconds = None if timeout is None else float(timeout)  # type: ignore[arg-type]  # a number by _plain_call
     out: torch.Tensor = torch.ops.vargather.reduce_scatter_v(
         x, dim, plain, where[0], validate, seconds, _requires(x)
@@ -450,11 +411,12 @@ def compiled_all_to_all(
 ) -> torch.Tensor | None:
     """The operator call, or ``None`` when only the eager path can run this call."""
     where = group_of(group, mesh_dim) if isinstance(x, torch.Tensor) else None
-    send = _plain(send_sizes, where[2]) if where is not None else None
-    recv = _plain(recv_sizes, where[2]) if where is not None else None
+    send = plain_sizes(send_sizes, where[2]) if where is not None else None
+    recv = plain_sizes(recv_sizes, where[2]) if where is not None else None
     if where is None or send is None or recv is None or not _plain_call(x, dim, validate, timeout):
         return None
     assert isinstance(x, torch.Tensor)
+    keep_collective_order()
     seconds = None if timeout is None else float(timeout)  # type: ignore[arg-type]  # a number by _plain_call
     out: torch.Tensor = torch.ops.vargather.all_to_all_v(
         x, dim, send, recv, where[0], validate, seconds, _requires(x)
@@ -477,13 +439,14 @@ def compiled_all_gather_list(
         return None
     plain: list[list[int]] = []
     for s in shapes:
-        got = _plain(s, len(s)) if isinstance(s, (list, tuple, torch.Size)) else None
+        got = plain_sizes(s, len(s)) if isinstance(s, (list, tuple, torch.Size)) else None
         if got is None:
             return None
         plain.append(got)
     if not (_plain_call(x, 0, validate, timeout) and isinstance(grad, str)):
         return None
     assert isinstance(x, torch.Tensor)
+    keep_collective_order()
     seconds = None if timeout is None else float(timeout)  # type: ignore[arg-type]  # a number by _plain_call
     out: list[torch.Tensor] = torch.ops.vargather.all_gather_list(
         x, encode_shapes(plain), where[0], grad, validate, seconds, _requires(x)
