@@ -332,3 +332,93 @@ def test_lazily_conjugated_or_negated_shards_ride_the_fused_round(kind: str) -> 
             assert got == want, f"call {i} on rank {r}: bytes differ from the oracle"
             if i >= 1:
                 assert one_collective, f"call {i} on rank {r} took more than one collective"
+
+
+BIG = 40_000  # rows of 4 bytes: 160 KB on one rank, past the gather round's 128 KiB
+
+
+def test_wide_round_ranks_agree_on_every_call_at_three_ranks() -> None:
+    """The wide round (payloads past ``WIDE_MIN_BYTES``): every rank keeps the same
+    per-rank slots through misses, errors, subgroups, other dtypes and dims, coalesced
+    calls, and the shrink back to the gather round; a call that fits takes one
+    collective (W broadcasts in flight), and every output is the oracle's."""
+    b = BIG
+    big = Step("v", ((b, 1), (b // 2, 1), (3, 1)), F32)
+    steps = [
+        big,  # first large call: headers (gather round), then the payload
+        big,  # the wide round: one collective
+        Step("v", ((b - 7, 1), (b // 2 + 5, 1), (0, 1)), F32),  # within every slot
+        # a miss on rank 2 only: two rounds, every rank grows rank 2's slot alike
+        Step("v", ((b, 1), (b // 2, 1), (b, 1)), F32),
+        Step("v", ((b, 1), (b // 2, 1), (b, 1)), F32),
+        # a dtype on one rank: the same error everywhere, the state unchanged
+        Step("v", ((b, 1), (b // 2, 1), (b, 1)), ("float32", "int32", "float32")),
+        # a local problem (a 0-d tensor): the follow-up round carries its text
+        Step("v", ((b, 1), (), (3, 1)), F32),
+        # validate=False with sizes: no exchange, the state untouched
+        Step("v", ((b, 1), (2, 1), (3, 1)), F32, sizes=True, validate=False),
+        # a subgroup keeps its own state (the gather round there)
+        Step("v", ((2, 4), (3, 4)), ("float64",) * 2, group=(0, 2)),
+        # another dtype and dim 1 (cut with one cat), bool, sizes passed and validated
+        Step("v", ((2, b // 4, 2), (2, 3, 2), (2, b // 8, 2)), ("bfloat16",) * 3, dim=1),
+        Step("v", ((b,), (b // 3,), (5,)), ("bool",) * 3),
+        Step("v", ((b, 1), (b // 2, 1), (3, 1)), F32, sizes=True),
+        # coalesced calls keep a state of their own; theirs goes wide too
+        Step("co", (((b, 1), (3,)), ((b // 2, 1), (1,)), ((1, 1), (0,))), (("float32", "int64"),) * 3),
+        Step("co", (((b, 1), (3,)), ((b // 2, 1), (1,)), ((1, 1), (0,))), (("float32", "int64"),) * 3),
+        # a forced transport: headers, then the payload
+        Step("v", ((b, 1), (b // 2, 1), (3, 1)), F32, transport="broadcast"),
+        # empty everywhere
+        Step("v", ((0, 1), (0, 1), (0, 1)), F32),
+    ]
+    small = Step("v", ((3, 4), (1, 4), (2, 4)), F32)
+    # a streak of idle calls that began with a large call whose slots were too large
+    # re-sizes the slots to its large needs first, then the small ones end the wide round
+    steps += [small] * (2 * _fused.SHRINK_AFTER)
+    errors: list[str | None] = [None] * len(steps)
+    errors[5] = "DTypeMismatchError"
+    errors[6] = "InputShapeError"
+    collectives: list[int | None] = [None] * len(steps)
+    collectives[0] = 2
+    collectives[1] = collectives[2] = 1
+    collectives[3] = 2
+    collectives[4] = 1
+    collectives[7] = 1
+    collectives[8] = 2
+    collectives[9] = collectives[10] = collectives[11] = 1
+    collectives[12] = 3  # the coalesced state's first call of two tensors (slots grow)
+    collectives[13] = 1
+    collectives[14] = 2
+    collectives[15] = 1
+    results = check_script(3, steps, errors, collectives)
+    wide = [tuple(results[0][s]["state"][0][6]) for s in range(len(steps))]
+    assert wide[0] == (_fused.bucket(4 * b), _fused.bucket(2 * b), _fused.bucket(12))
+    assert wide[3] == (_fused.bucket(4 * b), _fused.bucket(2 * b), _fused.bucket(4 * b))
+    assert results[0][13]["state"][1][6], "the coalesced state went wide"
+    # after the small calls the group is back in the gather round
+    assert wide[-1] == (), wide[-3:]
+    assert results[0][-1]["forward"] == 1
+    assert "expected a tensor with at least 1 dimension" in results[0][6]["error"][1]
+
+
+def test_wide_slots_shrink_after_idle_calls_and_bound_the_padding() -> None:
+    s = _fused.FusedState()
+    big = (300_000, 150_000, 64)
+    s = _fused.advance(s, fusable=True, need=max(big), count=1, needs=big)
+    assert s.wide == tuple(_fused.bucket(n) for n in big)
+    for n, c in zip(big, s.wide, strict=True):
+        assert n <= c <= max(64, n * 1.125)  # the padding bound: 12.5 % per rank
+    # within every slot: unchanged
+    t = _fused.advance(s, fusable=True, need=299_000, count=1, needs=(299_000, 149_000, 40))
+    assert (t.wide, t.wide_idle) == (s.wide, 0)
+    # a rank's need fell below half its slot: after SHRINK_AFTER such calls, re-sized
+    fell = (300_000, 20_000, 64)
+    for _ in range(_fused.SHRINK_AFTER - 1):
+        s = _fused.advance(s, fusable=True, need=300_000, count=1, needs=fell)
+        assert s.wide[1] == _fused.bucket(150_000)
+    s = _fused.advance(s, fusable=True, need=300_000, count=1, needs=fell)
+    assert s.wide == tuple(_fused.bucket(n) for n in fell)
+    # small calls: back to the gather round after SHRINK_AFTER of them
+    for _ in range(_fused.SHRINK_AFTER):
+        s = _fused.advance(s, fusable=True, need=100, count=1, needs=(100, 100, 100))
+    assert s.wide == ()
