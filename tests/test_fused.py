@@ -364,8 +364,12 @@ def test_wide_round_ranks_agree_on_every_call_at_three_ranks() -> None:
         Step("v", ((b,), (b // 3,), (5,)), ("bool",) * 3),
         Step("v", ((b, 1), (b // 2, 1), (3, 1)), F32, sizes=True),
         # coalesced calls keep a state of their own; theirs goes wide too
-        Step("co", (((b, 1), (3,)), ((b // 2, 1), (1,)), ((1, 1), (0,))), (("float32", "int64"),) * 3),
-        Step("co", (((b, 1), (3,)), ((b // 2, 1), (1,)), ((1, 1), (0,))), (("float32", "int64"),) * 3),
+        Step(
+            "co", (((b, 1), (3,)), ((b // 2, 1), (1,)), ((1, 1), (0,))), (("float32", "int64"),) * 3
+        ),
+        Step(
+            "co", (((b, 1), (3,)), ((b // 2, 1), (1,)), ((1, 1), (0,))), (("float32", "int64"),) * 3
+        ),
         # a forced transport: headers, then the payload
         Step("v", ((b, 1), (b // 2, 1), (3, 1)), F32, transport="broadcast"),
         # empty everywhere

@@ -81,7 +81,11 @@ def exchange_records(records: Sequence[CallRecord], info: GroupInfo) -> list[lis
     values = [v for rec in records for v in encode_record(rec)]
     local = torch.tensor(values, dtype=torch.int64, device=device)
     gathered = torch.empty(info.world_size * k * RECORD_LENGTH, dtype=torch.int64, device=device)
-    what = "all_gather (metadata exchange)" if k == 1 else "all_gather (metadata exchange, full records)"
+    what = (
+        "all_gather (metadata exchange)"
+        if k == 1
+        else "all_gather (metadata exchange, full records)"
+    )
     all_gather_equal(gathered, local, info, what=what)
     rows = gathered.view(info.world_size, k, RECORD_LENGTH).tolist()  # the one host sync
     return [[decode_record(row, rank=r) for row in rank_rows] for r, rank_rows in enumerate(rows)]

@@ -167,8 +167,8 @@ def _advance_wide(
     """The wide round's part of ``advance`` (module doc, "the wide round")."""
     wide, idle, most = state.wide, state.wide_idle, state.wide_max
     large = fusable and bool(needs) and max(needs) > WIDE_MIN_BYTES
-    if large and len(wide) != len(needs):  # a group's first large call: slots for it
-        return tuple(bucket(n) for n in needs), 0, ()
+    if large and len(wide) != len(needs):  # a group's first large call: its exact needs
+        return tuple(needs), 0, ()
     if not wide:
         return wide, 0, ()
     if large and any(n > c for n, c in zip(needs, wide, strict=True)):  # a miss: grow
@@ -182,7 +182,7 @@ def _advance_wide(
     if idle < SHRINK_AFTER:
         return wide, idle, most
     if most and max(most) > WIDE_MIN_BYTES:
-        return tuple(bucket(n) for n in most), 0, ()
+        return most, 0, ()
     return (), 0, ()
 
 
@@ -400,9 +400,7 @@ def exchange(
     return _decide(kind, state, calls, rows, info, pg, cut, room)
 
 
-def _header_bytes(
-    slots: int, records: Sequence[CallRecord], k: int, flags: int
-) -> torch.Tensor:
+def _header_bytes(slots: int, records: Sequence[CallRecord], k: int, flags: int) -> torch.Tensor:
     """``slots`` compact headers (``_wire``) as bytes: ``records`` and unused slots."""
     words: list[int] = []
     for i in range(slots):
@@ -441,15 +439,18 @@ def _wide_round(
     pg: dist.ProcessGroup | None,
     wide: tuple[int, ...],
 ) -> Exchanged:
-    """The wide round (module doc): every rank broadcasts ``[payload slot | headers]``,
-    its slot ``wide[r]`` bytes, into its region of one buffer; W broadcasts in flight."""
+    """The wide round (module doc): every rank broadcasts its headers into its row of
+    one header buffer and its payload slot (``wide[r]`` bytes) into its region of one
+    rank-major payload buffer; all 2W broadcasts in flight at once, one batch."""
     w, rank = info.world_size, info.rank
     records, k, flags = header_key
     head = state.slots * HEADER_BYTES
+    device = info.default_device()
     starts = [0] * (w + 1)
     for r in range(w):
-        starts[r + 1] = starts[r] + wide[r] + head
-    buf = torch.empty(starts[w], dtype=torch.uint8, device=info.default_device())
+        starts[r + 1] = starts[r] + wide[r]
+    buf = torch.empty(starts[w], dtype=torch.uint8, device=device)
+    heads = torch.empty(w * head, dtype=torch.uint8, device=device)
     mine = starts[rank]
     if own:
         at = mine
@@ -462,18 +463,21 @@ def _wide_round(
                 region.copy_(_bytes_of(t))
             at += n
     filled = nbytes if own else 0
-    buf[mine + filled : mine + wide[rank]].zero_()  # no stale memory to the peers
-    buf[mine + wide[rank] : starts[rank + 1]].copy_(_header_bytes(state.slots, records, k, flags))
-    blocks = [buf[starts[r] : starts[r + 1]] for r in range(w)]
-    broadcast_from_each(blocks, info, what=f"broadcast x{w} (metadata exchange)")
-    heads = torch.cat([buf[starts[r] + wide[r] : starts[r + 1]] for r in range(w)])
+    buf[mine + filled : starts[rank + 1]].zero_()  # no stale memory to the peers
+    heads[rank * head : (rank + 1) * head].copy_(_header_bytes(state.slots, records, k, flags))
+    blocks = [heads[r * head : (r + 1) * head] for r in range(w)]
+    blocks += [buf[starts[r] : starts[r + 1]] for r in range(w)]
+    broadcast_from_each(
+        blocks, info, what=f"broadcast x{2 * w} (metadata exchange)", sources=[*range(w)] * 2
+    )
     values = heads.cpu().view(torch.int64).view(w, -1).tolist()
     rows = tuple(tuple(row) for row in values)
 
     def cut(layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
         if len(layouts) == 1 and layouts[0].pre == 1:
-            # One tensor whose blocks are adjacent in the result: compact in place,
-            # the result is a view of the received buffer (no second buffer).
+            # One tensor whose blocks are adjacent in the result: compact in place
+            # (nothing moves when every slot was a rank's exact need); the result is a
+            # view of the received buffer, no second buffer.
             lay = layouts[0]
             at = 0
             for r in range(w):
