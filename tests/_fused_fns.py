@@ -294,3 +294,19 @@ def lazy_views_in_the_fused_round(ctx: RankContext, kind: str) -> list[tuple[byt
         assert x.is_conj() or x.is_neg()
         seen.append(_gathered_bytes(x))
     return seen
+
+
+def collectives_per_call(ctx: RankContext, job: tuple[list[int], int, int]) -> list[int]:
+    """``calls`` validated gathers of ``rows[rank]`` rows of ``columns`` float32 on a
+    fresh state: the collectives each call issued on this rank (the scaling study's
+    simulation is checked against these)."""
+    rows, columns, calls = job
+    reset(None)
+    x = torch.zeros(rows[ctx.rank], columns)
+    seen = []
+    for _ in range(calls):
+        before = _comm.collectives_issued()
+        out = vargather.all_gather_v(x)
+        assert out.shape == (sum(rows), columns)
+        seen.append(_comm.collectives_issued() - before)
+    return seen

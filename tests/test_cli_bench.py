@@ -396,6 +396,8 @@ def test_small_and_coalesced_targets() -> None:
         ("small auto~changing / limit", 4.0): (False, 1.31),
         ("small auto / limit", 256.0): (False, 1.16),
         ("small auto~changing / limit", 256.0): (False, 1.31),
+        ("small auto / limit", 1024.0): (False, 3.0),  # from 4 KiB up: 1 MiB too
+        ("small auto~changing / limit", 1024.0): (False, 1.31),
         ("coalesced / limit", 64.0): (True, 1.2),
         ("coalesced / separate", 64.0): (False, 1.0),  # not faster: missed
     }

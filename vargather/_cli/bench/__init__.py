@@ -87,9 +87,9 @@ from ._config import (
     ROW_ELEMENTS,
     SCHEMA,
     BenchConfig,
-    _config,
     _parser,
     cell_count,
+    config_from_args,
     floor_ratio,
     profile_shares,
     split_rows,
@@ -256,7 +256,7 @@ def main(argv: Sequence[str]) -> int:
     parser = _parser()
     args = parser.parse_args(list(argv))
     try:
-        cfg = _config(args)
+        cfg = config_from_args(args)
     except ValueError as err:
         parser.error(str(err))
     progress = Progress(

@@ -225,7 +225,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _config(args: argparse.Namespace) -> BenchConfig:
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
     quick = bool(args.quick)
     cfg = BenchConfig(
         ranks=args.ranks or ((2,) if quick else (2, 4)),
