@@ -347,7 +347,7 @@ def test_wide_round_ranks_agree_on_every_call_at_three_ranks() -> None:
     steps = [
         big,  # first large call: headers (gather round), then the payload
         big,  # the wide round: one collective
-        Step("v", ((b - 7, 1), (b // 2 + 5, 1), (0, 1)), F32),  # within every slot
+        Step("v", ((b - 7, 1), (b // 2 - 5, 1), (0, 1)), F32),  # within every slot
         # a miss on rank 2 only: two rounds, every rank grows rank 2's slot alike
         Step("v", ((b, 1), (b // 2, 1), (b, 1)), F32),
         Step("v", ((b, 1), (b // 2, 1), (b, 1)), F32),
@@ -396,8 +396,9 @@ def test_wide_round_ranks_agree_on_every_call_at_three_ranks() -> None:
     collectives[15] = 1
     results = check_script(3, steps, errors, collectives)
     wide = [tuple(results[0][s]["state"][0][6]) for s in range(len(steps))]
-    assert wide[0] == (_fused.bucket(4 * b), _fused.bucket(2 * b), _fused.bucket(12))
-    assert wide[3] == (_fused.bucket(4 * b), _fused.bucket(2 * b), _fused.bucket(4 * b))
+    assert wide[0] == (4 * b, 2 * b, 12)  # the first large call's exact needs
+    # rank 2's miss: sizes move, every slot gets its bucket's slack
+    assert wide[3] == tuple(_fused.bucket(n) for n in (4 * b, 2 * b, 4 * b))
     assert results[0][13]["state"][1][6], "the coalesced state went wide"
     # after the small calls the group is back in the gather round
     assert wide[-1] == (), wide[-3:]
@@ -409,20 +410,36 @@ def test_wide_slots_shrink_after_idle_calls_and_bound_the_padding() -> None:
     s = _fused.FusedState()
     big = (300_000, 150_000, 64)
     s = _fused.advance(s, fusable=True, need=max(big), count=1, needs=big)
-    assert s.wide == tuple(_fused.bucket(n) for n in big)
-    for n, c in zip(big, s.wide, strict=True):
-        assert n <= c <= max(64, n * 1.125)  # the padding bound: 12.5 % per rank
+    assert s.wide == big  # a group's first large call: every rank's exact need
     # within every slot: unchanged
     t = _fused.advance(s, fusable=True, need=299_000, count=1, needs=(299_000, 149_000, 40))
     assert (t.wide, t.wide_idle) == (s.wide, 0)
+    # a miss on rank 1: sizes move, every slot grows to its bucket (at most 12.5 % padding)
+    grown = (300_000, 150_001, 64)
+    s = _fused.advance(s, fusable=True, need=300_000, count=1, needs=grown)
+    assert s.wide == tuple(_fused.bucket(n) for n in grown)
+    for n, c in zip(grown, s.wide, strict=True):
+        assert n <= c <= max(64, n * 1.125)  # the padding bound
     # a rank's need fell below half its slot: after SHRINK_AFTER such calls, re-sized
     fell = (300_000, 20_000, 64)
     for _ in range(_fused.SHRINK_AFTER - 1):
         s = _fused.advance(s, fusable=True, need=300_000, count=1, needs=fell)
-        assert s.wide[1] == _fused.bucket(150_000)
+        assert s.wide[1] == _fused.bucket(150_001)
     s = _fused.advance(s, fusable=True, need=300_000, count=1, needs=fell)
-    assert s.wide == tuple(_fused.bucket(n) for n in fell)
+    assert s.wide == fell
     # small calls: back to the gather round after SHRINK_AFTER of them
     for _ in range(_fused.SHRINK_AFTER):
         s = _fused.advance(s, fusable=True, need=100, count=1, needs=(100, 100, 100))
     assert s.wide == ()
+
+
+def test_in_place_compaction_moves_overlapping_ranges_exactly() -> None:
+    """``_move_left`` (the wide round's in-place compaction): for gaps smaller and
+    larger than its chunk, what ``buf[dst:dst+n] = buf[src:src+n].clone()`` gives."""
+    chunk = _fused._MOVE_CHUNK
+    for gap, n in ((1, 3 * chunk + 5), (96, chunk + 1), (chunk + 3, 2 * chunk), (7, 10), (5, 5)):
+        buf = torch.randint(0, 256, (gap + n + 11,), dtype=torch.uint8)
+        want = buf.clone()
+        want[2 : 2 + n] = buf[2 + gap : 2 + gap + n].clone()
+        _fused._move_left(buf, 2, 2 + gap, n)
+        assert torch.equal(buf, want), (gap, n)
