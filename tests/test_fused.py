@@ -443,3 +443,16 @@ def test_in_place_compaction_moves_overlapping_ranges_exactly() -> None:
         want[2 : 2 + n] = buf[2 + gap : 2 + gap + n].clone()
         _fused._move_left(buf, 2, 2 + gap, n)
         assert torch.equal(buf, want), (gap, n)
+
+
+def test_strong_skew_on_many_ranks_goes_wide_even_when_small() -> None:
+    """The gather round pads every slot to the largest need: at 1024 ranks with one
+    rank 20x the others that is ~20x the payload, so such a group goes wide; a few
+    ranks, or small absolute sizes, stay in the gather round."""
+    many = (20_000,) + (1_000,) * 1023
+    s = _fused.advance(_fused.FusedState(), fusable=True, need=20_000, count=1, needs=many)
+    assert s.wide == many
+    few = (3_000, 150, 150, 150)
+    t = _fused.advance(_fused.FusedState(), fusable=True, need=3_000, count=1, needs=few)
+    assert t.wide == ()
+    assert t.capacity == _fused.bucket(3_000)

@@ -161,12 +161,28 @@ class FusedState:
     wide_max: tuple[int, ...] = ()
 
 
+PAD_LIMIT: Final = 4
+"""The gather round pads every rank's slot to the largest need; once that would carry
+more than ``PAD_LIMIT`` times the payload and more than ``FUSED_MAX_BYTES`` in all
+(``W * bucket(max n) > max(PAD_LIMIT * sum n, FUSED_MAX_BYTES)``: strong skew on many
+ranks) a group takes the wide round even for small payloads."""
+
+
+def _wants_wide(needs: Sequence[int]) -> bool:
+    """Whether a call with every rank's payload ``needs`` makes a group go wide."""
+    if not needs:
+        return False
+    most = max(needs)
+    padded = len(needs) * bucket(most)
+    return most > WIDE_MIN_BYTES or padded > max(PAD_LIMIT * sum(needs), FUSED_MAX_BYTES)
+
+
 def _advance_wide(
     state: FusedState, fusable: bool, needs: Sequence[int]
 ) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
     """The wide round's part of ``advance`` (module doc, "the wide round")."""
     wide, idle, most = state.wide, state.wide_idle, state.wide_max
-    large = fusable and bool(needs) and max(needs) > WIDE_MIN_BYTES
+    large = fusable and _wants_wide(needs)
     if large and len(wide) != len(needs):  # a group's first large call: its exact needs
         return tuple(needs), 0, ()
     if not wide:
@@ -181,7 +197,7 @@ def _advance_wide(
         most = tuple(max(a, b) for a, b in zip(most or (0,) * len(needs), needs, strict=True))
     if idle < SHRINK_AFTER:
         return wide, idle, most
-    if most and max(most) > WIDE_MIN_BYTES:
+    if _wants_wide(most):
         return most, 0, ()
     return (), 0, ()
 
