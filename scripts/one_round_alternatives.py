@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 import vargather
 from vargather import _comm, _fused
-from vargather.testing import RankContext, get_pool
+from vargather.testing import RankContext, RankPool
 
 VARIANTS = ("limit", "two-rounds", "padded-one", "wide")
 _HUGE = 1 << 62
@@ -93,21 +93,21 @@ def main() -> None:
     w = a.ranks
     weights = [1.0] * w if a.profile == "even" else [1 + 0.25 * i for i in range(w)]
     shares = tuple(x / sum(weights) for x in weights)
-    pool = get_pool(w)
-    print(f"{w} ranks, {a.profile}, ratio to the limit min/median/max over {a.repeats} repeats")
-    print("| total | " + " | ".join(VARIANTS[1:]) + " | limit ms |")
-    print("|---|" + "---|" * len(VARIANTS))
-    for kb in (int(s) for s in a.sizes_kb.split(",")):
-        res: Any = pool.run(_rank, (kb * 1024, shares, a.repeats, a.calls))[0]
-        cells = []
-        for v in VARIANTS[1:]:
-            ratios = sorted(t[v] / t["limit"] for t in res)
-            coll = res[-1][v + "#collectives"]
-            cells.append(
-                f"{ratios[0]:.2f}-{statistics.median(ratios):.2f}-{ratios[-1]:.2f} ({coll:g} coll.)"
-            )
-        limit_ms = statistics.median(t["limit"] for t in res) * 1e3
-        print(f"| {kb} KB | " + " | ".join(cells) + f" | {limit_ms:.2f} |")
+    with RankPool(w, collective_timeout=300.0, call_timeout=1800.0) as pool:
+        print(f"{w} ranks, {a.profile}, ratio to the limit min/median/max over {a.repeats} repeats")
+        print("| total | " + " | ".join(VARIANTS[1:]) + " | limit ms |")
+        print("|---|" + "---|" * len(VARIANTS))
+        for kb in (int(s) for s in a.sizes_kb.split(",")):
+            res: Any = pool.run(_rank, (kb * 1024, shares, a.repeats, a.calls))[0]
+            cells = []
+            for v in VARIANTS[1:]:
+                ratios = sorted(t[v] / t["limit"] for t in res)
+                coll = res[-1][v + "#collectives"]
+                cells.append(
+                    f"{ratios[0]:.2f}-{statistics.median(ratios):.2f}-{ratios[-1]:.2f} ({coll:g} coll.)"
+                )
+            limit_ms = statistics.median(t["limit"] for t in res) * 1e3
+            print(f"| {kb} KB | " + " | ".join(cells) + f" | {limit_ms:.2f} |")
 
 
 if __name__ == "__main__":

@@ -1,59 +1,87 @@
-"""Stages 3 and 5 fused: the metadata exchange with a small payload riding along.
+"""Stages 3 and 5 fused: the metadata exchange with the payload riding along.
 
 Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
 transport -> autograd. This module runs a validated call's exchange (falling back to
-``_exchange`` on the rare error path) and, when the payload is small, its transport in
-the same collective; it sits above ``_transport`` (whose transports move the payload
-when it does not ride along) and below ``_autograd``.
+``_exchange`` on the rare error path) and, when the payload fits the slots the group
+agreed on, its transport in the same round; it sits above ``_transport`` (whose
+transports move the payload when it does not ride along) and below ``_autograd``.
 
-Every validated call on a communicating group starts with **one equal-size all_gather
-of bytes** (the *fused round*). Each rank sends a block of ``slots * HEADER_BYTES +
-capacity`` bytes: ``slots`` compact headers (one per gathered tensor) and a payload
-slot of ``capacity`` bytes. Every rank derives ``slots`` and ``capacity`` from the
-group's ``FusedState``, which every rank updates identically from headers every rank
-has seen, so every rank sends the same number of bytes whatever its arguments: a
-mismatched dtype or shape cannot abort a rank or be misread, as nothing but equal-length
-bytes moves before validation.
+Every validated call on a communicating group starts with **one round** whose size
+every rank knows before it starts, whatever its arguments. Every rank derives it from
+the group's ``FusedState``, which every rank updates identically from headers every
+rank has seen: a mismatched dtype or shape cannot abort a rank or be misread, as
+nothing but agreed-length bytes moves before validation, and nothing received is read
+but the headers until they validated. The round is one of two kinds:
 
-A compact header (``HEADER_WORDS`` int64) carries what validation compares: flags
-(local problem, more than ``SHAPE_SLOTS`` dims, eligible for fusion, requires_grad),
-the dtype, ndim, normalized dim, contract, transport and device codes packed in one
-word, the number of tensors of the call, the passed sizes' length and hash, and up to
-``SHAPE_SLOTS`` dims of the shape. No message text: a problem only sets a flag.
+* the **gather round** (``state.wide`` empty): one equal-size all_gather of bytes; each
+  rank sends ``slots * HEADER_BYTES + capacity`` bytes, ``slots`` compact headers (one
+  per gathered tensor) and a payload slot of ``capacity`` bytes, the same on every
+  rank. Latency-optimal for small payloads; every slot is as large as the largest.
+* the **wide round** (``state.wide[r]``: rank r's own payload slot): 2W broadcasts in
+  flight at once, one batch (``_comm.broadcast_from_each``): rank r broadcasts its
+  headers into row r of a header buffer and its slot of ``wide[r]`` bytes into region
+  r of one rank-major payload buffer. No rank pads to another's size: for a stable
+  skew each slot is the rank's own need, the regions are then exactly the result's
+  blocks, and a single tensor gathered along a leading dim is returned as a view of
+  the payload buffer without any copy (a slot larger than its need is closed up in
+  place, ``_move_left``, never in a second buffer).
+
+The compact header (``_wire.encode_header``, ``HEADER_WORDS`` int64) carries what
+validation compares, with no message text: a problem only sets a flag.
 
 After the round, every rank decides from the gathered headers alone:
 
 * **compact**: every rank sent the same number of tensors, at most ``slots``, none
   flagged (no local problem, ndim <= ``SHAPE_SLOTS``) and the headers validate
   (``validate_records``): the ``Layout`` of each tensor comes from the headers.
-* otherwise the **full path**: today's exchange of full records (``_exchange``, with
-  the problem's message text), which raises the same error on every rank, or (for a
-  call that was merely too wide for the compact header) returns the layouts. This is
-  the rare error path; it costs a second round.
+* otherwise the **full path**: the exchange of full records (``_exchange``, with the
+  problem's message text), which raises the same error on every rank, or (for a call
+  that was merely too wide for the compact header) returns the layouts. This is the
+  rare error path; it costs a second round.
 * **fused**: compact, every rank eligible (``transport="auto"``, tensors on the
-  metadata device, not a layout-only call) and every rank's payload at most
-  ``min(capacity, FUSED_MAX_BYTES)``: every rank copied its payload into its slot, and
-  the results are cut out of the received bytes. One collective in all.
+  metadata device, not a layout-only call) and every rank's payload within its slot
+  (``capacity``, at most ``FUSED_MAX_BYTES``, in the gather round; ``wide[r]`` in the
+  wide round): every rank copied its payload into its slot, and the results are cut
+  out of the received bytes. One round in all.
 * otherwise the payload moves in a second round (the transports of ``_transport``).
 
 The state rule (``advance``), applied on every rank after a call whose headers validated
 (compact or full path), from the validated layouts only, before any payload moves:
 
-* ``need`` = the largest payload any rank had (bytes of all its tensors);
-* a call in use (every rank eligible, ``need <= FUSED_MAX_BYTES`` and ``4 * need >
-  capacity``) sets ``capacity = max(capacity, bucket(need))`` and ends any idle streak;
-* any other call is idle: after ``SHRINK_AFTER`` idle calls in a row the capacity
-  becomes ``bucket`` of the largest eligible small need among them (0 when none);
+* ``need`` = the largest payload any rank had (bytes of all its tensors), ``needs`` =
+  every rank's;
+* gather round: a call in use (every rank eligible, ``need <= FUSED_MAX_BYTES`` and
+  ``4 * need > capacity``) sets ``capacity = max(capacity, bucket(need))`` and ends any
+  idle streak; any other call is idle: after ``SHRINK_AFTER`` idle calls in a row the
+  capacity becomes ``bucket`` of the largest eligible small need among them (0 if none);
+* wide round: a call *goes wide* when every rank is eligible and either some rank's
+  payload exceeds ``WIDE_MIN_BYTES`` or the gather round would carry more than
+  ``PAD_LIMIT`` times the payload (and more than ``FUSED_MAX_BYTES``): strong skew on
+  many ranks. A group's first such call sets ``wide = needs`` exactly; a later one
+  where some rank outgrew its slot (a miss: that call took two rounds) sets every slot
+  to ``max(wide[r], bucket(needs[r]))``; a call that goes wide and fits, with no slot
+  at least twice ``bucket`` of its need, ends any idle streak; any other call is idle,
+  and after ``SHRINK_AFTER`` idle calls in a row ``wide`` becomes the largest needs of
+  the streak's wide calls (or empty, back to the gather round, when none went wide);
 * ``slots`` grows at once to a call's tensor count and, after ``SHRINK_AFTER`` calls in
   a row with fewer tensors, shrinks to the most among them.
 
+**Padding bound.** ``bucket(n) <= max(64, 1.125 n)``. In the wide round a rank's slot
+is its exact need while its size is stable, at most ``bucket`` of the largest need it
+had since the slots were set once sizes move (12.5 % of that, 64 bytes at least), and
+never more than twice ``bucket`` of its need for more than ``SHRINK_AFTER - 1`` calls in
+a row; no rank's slot depends on another rank's size. In the gather round every slot
+is ``capacity`` (at most ``FUSED_MAX_BYTES``), so a rank receives at most ``W *
+capacity`` bytes, more than ``PAD_LIMIT`` times the payload only while that is at most
+``FUSED_MAX_BYTES``.
+
 Calls that raise in validation change nothing (every rank raises from the same
 headers); calls with ``sizes`` and ``validate=False`` skip the round and change nothing;
-a capacity miss on one rank only is seen by every rank in the headers, so every rank
-grows the capacity alike. Errors after validation (a timeout in the payload
-collective) leave the group out of step anyway. The state is kept per process group
-(weakly keyed, subgroups apart) and per kind (``all_gather_v`` and
-``all_gather_v_coalesced`` keep separate states).
+a miss on one rank only is seen by every rank in the headers, so every rank grows the
+slots alike. Errors after validation (a timeout in the payload collective) leave the
+group out of step anyway. The state is kept per process group (weakly keyed, subgroups
+apart) and per kind (``all_gather_v`` and ``all_gather_v_coalesced`` keep separate
+states).
 """
 
 from __future__ import annotations
