@@ -13,9 +13,9 @@ operations under them, the logical bytes each rank contributed (sent) and receiv
 the bytes of the buffers the collectives wrote into.
 
 Every byte that can steer the code travels: contributions of up to ``COPY_BYTES`` whole,
-and of a larger one its first ``HEAD_BYTES`` (where the gather round keeps its headers;
-the wide round's headers are blocks of their own). The rest of a large payload is
-counted, not copied: payload bytes never steer vargather, and copying them would need
+and of a larger all_gather block its first ``HEAD_BYTES`` (where the gather round keeps
+its headers; the wide round's headers are broadcasts of their own, and a larger
+broadcast is pure payload). The rest of a large payload is counted, not copied: payload bytes never steer vargather, and copying them would need
 W times the output's memory (results are therefore not checked here: the bench and the
 test suite do that on real worlds).
 
@@ -79,11 +79,11 @@ class _PerThread(list):  # type: ignore[type-arg]  # stands in for _comm's one-i
         self._local.n = v
 
 
-def _kept(t: torch.Tensor) -> torch.Tensor:
-    """What of a contribution travels: all of it, or its head (module doc)."""
+def _kept(t: torch.Tensor, head: int = HEAD_BYTES) -> torch.Tensor:
+    """What of a contribution travels: all of it, or its first ``head`` bytes."""
     flat = t.reshape(-1).view(torch.uint8) if t.dtype != torch.uint8 else t.reshape(-1)
     n = flat.numel()
-    return flat.clone() if n <= COPY_BYTES else flat[:HEAD_BYTES].clone()
+    return flat.clone() if n <= COPY_BYTES else flat[:head].clone()
 
 
 def _land(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -191,7 +191,7 @@ class Exchange:
         key = self._next("broadcast")
         n = _nbytes(tensor)
         if self.rank == src:
-            self._post(key, _kept(tensor), 1)
+            self._post(key, _kept(tensor, 0), 1)  # a large broadcast is pure payload
             self.tally.sent += n
         exchange = self
 
