@@ -22,7 +22,10 @@ test suite do that on real worlds).
 Header and padding bytes per rank are what the round carried beyond the payload that
 rank needed: ``header`` = the headers of every rank (``slots * HEADER_BYTES`` each),
 ``padding`` = received - (output - own shard) - header, so a transport that pads (the
-gather round's slots, the wide round's per-rank slots) shows its waste there.
+gather round's slots, the wide round's per-rank slots) shows its waste there. Host
+memory per rank is the process's resident growth over the calls divided by W: every
+rank's buffers as far as touched, and the Python objects the code keeps per rank (the
+headers it read, its records, layouts and the group's state), all threads together.
 
 Run ``python scripts/scale_sim.py`` (``--worlds 8,64,256,1024``, ``--markdown PATH``);
 ``docs/performance.md`` has its table. ``tests/test_scale_sim.py`` runs it at a small W.
@@ -355,9 +358,22 @@ class Result:
     buffers_max: int
     output_bytes: int
     state_ints: int
+    rss_per_rank: int  # the process's resident growth over the calls, over W
 
 
 COLUMNS = 64  # float32 columns: 256-byte rows
+
+
+def _rss() -> int:
+    """This process's resident set (bytes; 0 where /proc does not say)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def simulate(world: int, profile: str, per_rank_bytes: int, calls: int = 3) -> list[Result]:
@@ -389,6 +405,7 @@ def simulate(world: int, profile: str, per_rank_bytes: int, calls: int = 3) -> l
             ex.failed = True
 
     threads = [threading.Thread(target=play, args=(r,), daemon=True) for r in range(world)]
+    rss_before = _rss()
     try:
         for t in threads:
             t.start()
@@ -396,6 +413,7 @@ def simulate(world: int, profile: str, per_rank_bytes: int, calls: int = 3) -> l
             t.join()
     finally:
         remove()
+    rss_growth = max(0, _rss() - rss_before)
     if errors:
         raise errors[0]
     row = 4 * COLUMNS
@@ -429,6 +447,7 @@ def simulate(world: int, profile: str, per_rank_bytes: int, calls: int = 3) -> l
                 buffers_max=max(t.buffers for t in tallies),
                 output_bytes=output,
                 state_ints=(len(state.wide) + len(state.wide_max)) if state is not None else 0,
+                rss_per_rank=rss_growth // world,
             )
         )
     return results
@@ -446,15 +465,16 @@ def table(results: Sequence[Result]) -> str:
     head = (
         "| W | per rank | profile | call | collectives | backend ops | sent (max rank) | "
         "received (max rank) | headers | padding (max rank) | padding / payload | "
-        "buffers written (max rank) | output |"
+        "buffers written (max rank) | host memory per rank | output |"
     )
-    lines = [head, "|" + "---|" * 13]
+    lines = [head, "|" + "---|" * 14]
     for r in results:
         lines.append(
             f"| {r.world} | {_size(r.per_rank_bytes)} | {r.profile} | {r.call} | "
             f"{r.collectives} | {r.operations} | {_size(r.sent_max)} | "
             f"{_size(r.received_max)} | {_size(r.header_max)} | {_size(r.padding_max)} | "
-            f"{100 * r.padding_ratio:.1f}% | {_size(r.buffers_max)} | {_size(r.output_bytes)} |"
+            f"{100 * r.padding_ratio:.1f}% | {_size(r.buffers_max)} | "
+            f"{_size(r.rss_per_rank)} | {_size(r.output_bytes)} |"
         )
     return "\n".join(lines)
 
