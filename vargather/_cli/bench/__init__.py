@@ -4,7 +4,11 @@ Where it sits: the command-line layer, on top of the library and the testing kit
 measures the pipeline. It starts local gloo worlds per world size through the kit's
 rank pool (``vargather.testing.RankPool``: ``FileStore`` rendezvous in a temporary
 directory, no ports; one intra-op thread per rank) and runs one cell per pool call.
-Three parts, each optional (``--parts``):
+The package splits by job: ``_config`` (profiles, options, variant names), ``_meter``
+(timing and memory metering on the ranks), ``_variants`` (the shards, what each
+variant runs, how it is checked, the peers), ``_ranks`` (the rank programs, one cell
+each), ``_tables`` (markdown, the targets) and ``_plots``; this module is the parent
+side. Four parts, each optional (``--parts``):
 
 large (1 MB to 64 MB, per size profile), forward
     ``limit``: ``all_gather_single`` (``all_gather_into_tensor``) of equal shards moving
@@ -35,12 +39,19 @@ coalesced (the same totals), forward, steady state
     ``vargather.all_gather_v_coalesced``; ``coalesced+sizes`` (``validate=False``);
     ``separate``: three validated ``all_gather_v`` calls. Skipped, with a note, when
     the installed vargather has no ``all_gather_v_coalesced``.
+peers (64 KiB to 16 MiB, rows of 64 float32, mild by default), forward, steady state
+    ``limit``; ``vargather:auto``; ``ignite`` (pytorch-ignite's
+    ``all_gather_tensors_with_shapes`` after the shape exchange its docs ask for);
+    ``torchmetrics`` (``gather_all_tensors`` + ``cat``); ``seed``. Each peer's first
+    result is checked equal to vargather's before it is timed; a peer that is not
+    installed is skipped with a note. vargather's speed-up over the fastest peer is
+    taken per burst and reported with its quartiles and range.
 
 Timing, large cells: each repeat times every variant once, in a rotated order, each
 after a barrier; a variant's time is the slowest rank's. Its ratio is its time over the
 limit's time in the same repeat, and the tables report the median ratio over the
-repeats. Small and coalesced cells: each repeat runs every variant as a *burst*, in a
-rotated order: one untimed call, a barrier, then ``--calls`` back-to-back timed calls; a
+repeats, with their quartiles. Small, coalesced and peers cells: each repeat runs
+every variant as a *burst*, in a rotated order: one untimed call, a barrier, then ``--calls`` back-to-back timed calls; a
 variant's time is the slowest rank's burst time over ``--calls``, its ratio is taken
 against the limit's burst in the same repeat, and the median over (many) repeats is
 reported, with the quartiles in the JSON. Absolute times are only in the JSON, except
