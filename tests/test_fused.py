@@ -456,3 +456,13 @@ def test_strong_skew_on_many_ranks_goes_wide_even_when_small() -> None:
     t = _fused.advance(_fused.FusedState(), fusable=True, need=3_000, count=1, needs=few)
     assert t.wide == ()
     assert t.capacity == _fused.bucket(3_000)
+
+
+@pytest.mark.parametrize("contract", ["sum", "local"])
+def test_gradients_through_the_wide_round_match_the_oracle(contract: str) -> None:
+    """A gather whose payload rode in the wide round (its result a view of the received
+    buffer) has the oracle's gradients under per-rank upstream gradients."""
+    shapes = ((BIG, 1), (BIG // 3, 1))
+    steps = [Step("v", shapes, ("float32",) * 2, grad=contract)] * 2
+    steps.append(Step("v", ((2, BIG // 8, 2), (2, 3, 2)), ("float64",) * 2, dim=1, grad=contract))
+    check_script(2, steps, [None] * 3, [2, 1, None])
