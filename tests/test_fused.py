@@ -433,16 +433,18 @@ def test_wide_slots_shrink_after_idle_calls_and_bound_the_padding() -> None:
     assert s.wide == ()
 
 
-def test_in_place_compaction_moves_overlapping_ranges_exactly() -> None:
-    """``_move_left`` (the wide round's in-place compaction): for gaps smaller and
-    larger than its chunk, what ``buf[dst:dst+n] = buf[src:src+n].clone()`` gives."""
+@pytest.mark.parametrize("move", ["_move_left", "_move_chunked"])
+def test_in_place_compaction_moves_overlapping_ranges_exactly(move: str) -> None:
+    """The wide round's in-place compaction (``memmove`` on the CPU, chunked tensor
+    copies elsewhere): for gaps smaller and larger than a chunk, what
+    ``buf[dst:dst+n] = buf[src:src+n].clone()`` gives, nothing else touched."""
     chunk = _fused._MOVE_CHUNK
     for gap, n in ((1, 3 * chunk + 5), (96, chunk + 1), (chunk + 3, 2 * chunk), (7, 10), (5, 5)):
         buf = torch.randint(0, 256, (gap + n + 11,), dtype=torch.uint8)
         want = buf.clone()
         want[2 : 2 + n] = buf[2 + gap : 2 + gap + n].clone()
-        _fused._move_left(buf, 2, 2 + gap, n)
-        assert torch.equal(buf, want), (gap, n)
+        getattr(_fused, move)(buf, 2, 2 + gap, n)
+        assert torch.equal(buf, want), (move, gap, n)
 
 
 def test_strong_skew_on_many_ranks_goes_wide_even_when_small() -> None:

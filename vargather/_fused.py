@@ -24,7 +24,7 @@ but the headers until they validated. The round is one of two kinds:
   skew each slot is the rank's own need, the regions are then exactly the result's
   blocks, and a single tensor gathered along a leading dim is returned as a view of
   the payload buffer without any copy (a slot larger than its need is closed up in
-  place, ``_move_left``, never in a second buffer).
+  place, ``_move_left``: one ``memmove`` on the CPU, never a second buffer).
 
 The compact header (``_wire.encode_header``, ``HEADER_WORDS`` int64) carries what
 validation compares, with no message text: a problem only sets a flag.
@@ -86,6 +86,7 @@ states).
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import threading
 import weakref
@@ -458,8 +459,19 @@ _MOVE_CHUNK: Final = 1 << 20
 
 def _move_left(buf: torch.Tensor, dst: int, src: int, n: int) -> None:
     """``buf[dst : dst + n] = buf[src : src + n]`` for ``dst < src`` (ranges may
-    overlap): chunk by chunk, each through a copy of at most ``_MOVE_CHUNK`` bytes when
-    the chunk overlaps its destination; a write never reaches bytes not yet moved."""
+    overlap), ``buf`` a contiguous uint8 tensor: one ``memmove`` on the CPU (made for
+    overlapping ranges), else ``_move_chunked``."""
+    if buf.device.type == "cpu" and buf.is_contiguous():
+        base = buf.data_ptr()
+        ctypes.memmove(base + dst, base + src, n)
+        return
+    _move_chunked(buf, dst, src, n)
+
+
+def _move_chunked(buf: torch.Tensor, dst: int, src: int, n: int) -> None:
+    """``_move_left`` with tensor copies: chunk by chunk, each through a copy of at most
+    ``_MOVE_CHUNK`` bytes when the chunk overlaps its destination; a write never reaches
+    bytes not yet moved."""
     gap = src - dst
     at = 0
     while at < n:
