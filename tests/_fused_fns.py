@@ -168,7 +168,9 @@ def run_script(ctx: RankContext, steps: list[Step]) -> list[Any]:
         if ctx.rank in members:
             assert isinstance(g, dist.ProcessGroup)
             reset(g)
-    return [run_step(ctx, step, groups) for step in steps]
+    found = [run_step(ctx, step, groups) for step in steps]
+    reset(None)  # leave the world's state fresh for the next test on this pool
+    return found
 
 
 def views_on_one_rank(ctx: RankContext, coalesced: bool) -> tuple[str, str]:
@@ -309,4 +311,5 @@ def collectives_per_call(ctx: RankContext, job: tuple[list[int], int, int]) -> l
         out = vargather.all_gather_v(x)
         assert out.shape == (sum(rows), columns)
         seen.append(_comm.collectives_issued() - before)
+    reset(None)  # leave the world's state fresh for the next test on this pool
     return seen
