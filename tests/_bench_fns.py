@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 import vargather
-from vargather._cli import bench
+from vargather._cli.bench import _ranks
 from vargather.testing import RankContext
 
 _MISSING = object()
@@ -50,7 +50,7 @@ def _with(fn: Callable[..., Any] | None, ctx: RankContext, job: Any) -> dict[str
                 delattr(vargather, "all_gather_v_coalesced")
         else:
             vargather.all_gather_v_coalesced = fn  # type: ignore[attr-defined]  # the stand-in
-        return bench._rank_coalesced(ctx, job)
+        return _ranks._rank_coalesced(ctx, job)
     finally:
         if saved is _MISSING:
             if hasattr(vargather, "all_gather_v_coalesced"):

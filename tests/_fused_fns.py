@@ -168,7 +168,9 @@ def run_script(ctx: RankContext, steps: list[Step]) -> list[Any]:
         if ctx.rank in members:
             assert isinstance(g, dist.ProcessGroup)
             reset(g)
-    return [run_step(ctx, step, groups) for step in steps]
+    found = [run_step(ctx, step, groups) for step in steps]
+    reset(None)  # leave the world's state fresh for the next test on this pool
+    return found
 
 
 def views_on_one_rank(ctx: RankContext, coalesced: bool) -> tuple[str, str]:
@@ -293,4 +295,21 @@ def lazy_views_in_the_fused_round(ctx: RankContext, kind: str) -> list[tuple[byt
         x = base.conj() if kind == "conj" else base._neg_view()
         assert x.is_conj() or x.is_neg()
         seen.append(_gathered_bytes(x))
+    return seen
+
+
+def collectives_per_call(ctx: RankContext, job: tuple[list[int], int, int]) -> list[int]:
+    """``calls`` validated gathers of ``rows[rank]`` rows of ``columns`` float32 on a
+    fresh state: the collectives each call issued on this rank (the scaling study's
+    simulation is checked against these)."""
+    rows, columns, calls = job
+    reset(None)
+    x = torch.zeros(rows[ctx.rank], columns)
+    seen = []
+    for _ in range(calls):
+        before = _comm.collectives_issued()
+        out = vargather.all_gather_v(x)
+        assert out.shape == (sum(rows), columns)
+        seen.append(_comm.collectives_issued() - before)
+    reset(None)  # leave the world's state fresh for the next test on this pool
     return seen

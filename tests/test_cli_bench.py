@@ -11,6 +11,7 @@ never asserted here: the benchmark prints ratios, tests do not time.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import torch
 
 import vargather
 from vargather._cli import bench as _bench
+from vargather._cli.bench import _config, _tables, _variants
 from vargather.testing import RankPool
 
 from . import _bench_fns
@@ -82,6 +84,8 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
         "1,8",
         "--small-repeats",
         "3",
+        "--peer-sizes",
+        "8",
         "--calls",
         "2",
         "--json",
@@ -130,7 +134,7 @@ def test_schema_and_every_variant_verified(smoke: tuple[dict[str, Any], Path, st
         "small auto~changing / limit",
     }
     assert all(isinstance(t["met"], bool) for t in targets)
-    # the 8 KiB cell is in the targets' 4-256 KiB range, the 1 KiB cell is not
+    # the 8 KiB cell is in the targets' range (from 4 KiB up), the 1 KiB cell is not
     assert {t["payload_kb"] for t in targets if t["target"].startswith("small")} == {8.0}
 
 
@@ -155,7 +159,7 @@ def test_small_part_timed_in_bursts_and_verified(
             assert entry["median_cpu_ms"] >= 0, where
             q1, q3 = entry["quartile_ratios"]
             assert q1 <= entry["median_ratio"] <= q3, where
-    assert document["config"]["parts"] == ["large", "small", "coalesced"]
+    assert document["config"]["parts"] == ["large", "small", "coalesced", "peers"]
 
 
 def test_coalesced_part_measured_or_skipped_with_a_note(
@@ -181,6 +185,39 @@ def test_coalesced_part_measured_or_skipped_with_a_note(
         assert "**coalesced**: skipped, vargather" in stdout
 
 
+def test_peers_part_checked_against_vargather_and_timed_with_spread(
+    smoke: tuple[dict[str, Any], Path, str],
+) -> None:
+    """Every installed peer is checked equal to vargather's output before it is timed;
+    a peer that is not installed is skipped with a note; vargather's speed-up over the
+    fastest peer comes with its quartiles and range."""
+    document, _, stdout = smoke
+    (c,) = document["peers"]
+    assert (c["world_size"], c["payload_kb"], c["profile"]) == (2, 8.0, "mild")
+    assert sum(c["sizes"]) * c["columns"] * c["element_bytes"] == c["output_bytes"]
+    names = list(c["forward"])
+    assert names[:2] == ["limit", "vargather:auto"]
+    assert "seed" in names  # the seed ships with vargather: always there
+    for peer, module in (("ignite", "ignite"), ("torchmetrics", "torchmetrics")):
+        if importlib.util.find_spec(module) is None:  # not imported: ignite warns at import
+            assert peer not in names
+            assert "not installed" in c["notes"][peer]
+            assert f"**peers**: skipped {peer}: " in stdout
+        else:
+            assert peer in names
+    for name, entry in c["forward"].items():
+        assert entry["verified"] is True, name
+        assert len(entry["times_s"]) == 3, name
+        lo, hi = entry["range_ratios"]
+        q1, q3 = entry["quartile_ratios"]
+        assert lo <= q1 <= entry["median_ratio"] <= q3 <= hi, name
+    up = c["speedup_vs_fastest_peer"]
+    assert up["min"] <= up["q1"] <= up["median"] <= up["q3"] <= up["max"]
+    assert up["n"] == 3
+    assert "**peers**" in stdout
+    assert any(t["target"] == "fastest peer / auto (speed-up)" for t in document["targets"])
+
+
 def test_tables_and_plot_are_written(smoke: tuple[dict[str, Any], Path, str]) -> None:
     _, out, stdout = smoke
     markdown = (out / "bench.md").read_text()
@@ -188,6 +225,7 @@ def test_tables_and_plot_are_written(smoke: tuple[dict[str, Any], Path, str]) ->
     for heading in (
         "**small payloads**",
         "**coalesced**",
+        "**peers**",
         "**CPU time per call**",
         "**forward**",
         "**backward**",
@@ -210,6 +248,8 @@ def test_tables_and_plot_are_written(smoke: tuple[dict[str, Any], Path, str]) ->
         (["--small-sizes", "0"], "--small-sizes"),
         (["--calls", "0"], "--calls"),
         (["--small-profile", "lopsided"], "lopsided"),
+        (["--peer-profile", "lopsided"], "lopsided"),
+        (["--peer-sizes", "0"], "--peer-sizes"),
     ],
 )
 def test_usage_errors_exit_2(
@@ -239,7 +279,7 @@ def test_coalesced_cell_with_a_stand_in(pool: RankPool) -> None:
     assert "skipped" not in record
     assert list(record["forward"]) == COALESCED
     assert record["sizes"] == [14, 14]  # 2 KiB of 73-byte rows, a multiple of W
-    assert record["output_bytes"] == 28 * _bench.coalesced_row_bytes()
+    assert record["output_bytes"] == 28 * _variants.coalesced_row_bytes()
     for name, entry in record["forward"].items():
         assert entry["verified"] is True, name
         assert len(entry["times_s"]) == 2, name
@@ -262,9 +302,9 @@ def test_coalesced_cell_skipped_without_the_function(pool: RankPool) -> None:
     assert record is not None
     assert "forward" not in record
     assert "has no all_gather_v_coalesced: not measured" in record["skipped"]
-    report = _bench.markdown_report([], [], [], [record])
+    report = _tables.markdown_report([], [], [], [record])
     assert "**coalesced**: skipped, vargather" in report
-    assert _bench.evaluate_targets([], [], [record]) == []
+    assert _tables.evaluate_targets([], [], [record]) == []
 
 
 # --- pure pieces --------------------------------------------------------------------------
@@ -294,27 +334,27 @@ def test_split_rows_sums_and_follows_shares() -> None:
 def test_the_checker_rejects_a_wrong_output() -> None:
     """The bench's verification can fail: one flipped element is caught."""
     sizes = [3, 0, 2]
-    cell = _bench._Cell(rank=0, world_size=3, sizes=sizes, offsets=[0, 3, 3], total=5, eq_rows=1)
-    right = torch.cat([_bench._shard(r, n) for r, n in enumerate(sizes)])
-    assert _bench._check_output(cell, right)
+    cell = _variants._Cell(rank=0, world_size=3, sizes=sizes, offsets=[0, 3, 3], total=5, eq_rows=1)
+    right = torch.cat([_variants._shard(r, n) for r, n in enumerate(sizes)])
+    assert _variants._check_output(cell, right)
     wrong = right.clone()
     wrong[4, 7] += 1
-    assert not _bench._check_output(cell, wrong)
-    swapped = torch.cat([_bench._shard(2, 2), _bench._shard(0, 3)])
-    assert not _bench._check_output(cell, swapped)
+    assert not _variants._check_output(cell, wrong)
+    swapped = torch.cat([_variants._shard(2, 2), _variants._shard(0, 3)])
+    assert not _variants._check_output(cell, swapped)
 
 
 def test_changing_sizes_move_every_call_within_the_band() -> None:
     base = [10, 10, 10, 10]
-    seen = [_bench.changing_sizes(base, 2, i) for i in range(8)]
+    seen = [_variants.changing_sizes(base, 2, i) for i in range(8)]
     for i, sizes in enumerate(seen):
         assert sum(sizes) == 40
         assert all(8 <= n <= 12 for n in sizes)
         assert sizes != seen[i - 1]  # the sizes change on every call
     assert seen[0] == [12, 8, 10, 10]
     assert seen[4] == seen[0]  # period W
-    assert _bench.changing_sizes([3, 0], 5, 0) == [3, 0]  # never below 0
-    assert _bench.changing_sizes([3, 1], 5, 0) == [4, 0]
+    assert _variants.changing_sizes([3, 0], 5, 0) == [3, 0]  # never below 0
+    assert _variants.changing_sizes([3, 1], 5, 0) == [4, 0]
 
 
 def _entry(ratio: float) -> dict[str, Any]:
@@ -349,13 +389,15 @@ def test_small_and_coalesced_targets() -> None:
     ]
     got = {
         (t["target"], t.get("payload_kb")): (t["met"], round(t["value"], 2))
-        for t in _bench.evaluate_targets([], small, coalesced)
+        for t in _tables.evaluate_targets([], small, coalesced)
     }
     assert got == {
         ("small auto / limit", 4.0): (True, 1.15),
         ("small auto~changing / limit", 4.0): (False, 1.31),
         ("small auto / limit", 256.0): (False, 1.16),
         ("small auto~changing / limit", 256.0): (False, 1.31),
+        ("small auto / limit", 1024.0): (False, 3.0),  # from 4 KiB up: 1 MiB too
+        ("small auto~changing / limit", 1024.0): (False, 1.31),
         ("coalesced / limit", 64.0): (True, 1.2),
         ("coalesced / separate", 64.0): (False, 1.0),  # not faster: missed
     }
@@ -365,6 +407,9 @@ def test_cell_count() -> None:
     cfg = _bench.BenchConfig(
         ranks=(2, 4), sizes_mb=(1.0, 4.0), profiles=("even",), small_kb=(1.0, 4.0, 16.0)
     )
-    assert _bench.cell_count(cfg) == 2 * (3 + 3 + 2 * 2)  # small, coalesced, large x2
+    peers = len(cfg.peer_kb)
+    assert _config.cell_count(cfg) == 2 * (
+        3 + 3 + peers + 2 * 2
+    )  # small, coalesced, peers, large x2
     no_mem = _bench.BenchConfig(ranks=(4,), sizes_mb=(1.0,), memory=False, parts=("large",))
-    assert _bench.cell_count(no_mem) == len(no_mem.profiles)
+    assert _config.cell_count(no_mem) == len(no_mem.profiles)

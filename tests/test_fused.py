@@ -332,3 +332,139 @@ def test_lazily_conjugated_or_negated_shards_ride_the_fused_round(kind: str) -> 
             assert got == want, f"call {i} on rank {r}: bytes differ from the oracle"
             if i >= 1:
                 assert one_collective, f"call {i} on rank {r} took more than one collective"
+
+
+BIG = 40_000  # rows of 4 bytes: 160 KB on one rank, past the gather round's 128 KiB
+
+
+def test_wide_round_ranks_agree_on_every_call_at_three_ranks() -> None:
+    """The wide round (payloads past ``WIDE_MIN_BYTES``): every rank keeps the same
+    per-rank slots through misses, errors, subgroups, other dtypes and dims, coalesced
+    calls, and the shrink back to the gather round; a call that fits takes one
+    collective (W broadcasts in flight), and every output is the oracle's."""
+    b = BIG
+    big = Step("v", ((b, 1), (b // 2, 1), (3, 1)), F32)
+    steps = [
+        big,  # first large call: headers (gather round), then the payload
+        big,  # the wide round: one collective
+        Step("v", ((b - 7, 1), (b // 2 - 5, 1), (0, 1)), F32),  # within every slot
+        # a miss on rank 2 only: two rounds, every rank grows rank 2's slot alike
+        Step("v", ((b, 1), (b // 2, 1), (b, 1)), F32),
+        Step("v", ((b, 1), (b // 2, 1), (b, 1)), F32),
+        # a dtype on one rank: the same error everywhere, the state unchanged
+        Step("v", ((b, 1), (b // 2, 1), (b, 1)), ("float32", "int32", "float32")),
+        # a local problem (a 0-d tensor): the follow-up round carries its text
+        Step("v", ((b, 1), (), (3, 1)), F32),
+        # validate=False with sizes: no exchange, the state untouched
+        Step("v", ((b, 1), (2, 1), (3, 1)), F32, sizes=True, validate=False),
+        # a subgroup keeps its own state (the gather round there)
+        Step("v", ((2, 4), (3, 4)), ("float64",) * 2, group=(0, 2)),
+        # another dtype and dim 1 (cut with one cat), bool, sizes passed and validated
+        Step("v", ((2, b // 4, 2), (2, 3, 2), (2, b // 8, 2)), ("bfloat16",) * 3, dim=1),
+        Step("v", ((b,), (b // 3,), (5,)), ("bool",) * 3),
+        Step("v", ((b, 1), (b // 2, 1), (3, 1)), F32, sizes=True),
+        # coalesced calls keep a state of their own; theirs goes wide too
+        Step(
+            "co", (((b, 1), (3,)), ((b // 2, 1), (1,)), ((1, 1), (0,))), (("float32", "int64"),) * 3
+        ),
+        Step(
+            "co", (((b, 1), (3,)), ((b // 2, 1), (1,)), ((1, 1), (0,))), (("float32", "int64"),) * 3
+        ),
+        # a forced transport: headers, then the payload
+        Step("v", ((b, 1), (b // 2, 1), (3, 1)), F32, transport="broadcast"),
+        # empty everywhere
+        Step("v", ((0, 1), (0, 1), (0, 1)), F32),
+    ]
+    small = Step("v", ((3, 4), (1, 4), (2, 4)), F32)
+    # a streak of idle calls that began with a large call whose slots were too large
+    # re-sizes the slots to its large needs first, then the small ones end the wide round
+    steps += [small] * (2 * _fused.SHRINK_AFTER)
+    errors: list[str | None] = [None] * len(steps)
+    errors[5] = "DTypeMismatchError"
+    errors[6] = "InputShapeError"
+    collectives: list[int | None] = [None] * len(steps)
+    collectives[0] = 2
+    collectives[1] = collectives[2] = 1
+    collectives[3] = 2
+    collectives[4] = 1
+    collectives[7] = 1
+    collectives[8] = 2
+    collectives[9] = collectives[10] = collectives[11] = 1
+    collectives[12] = 3  # the coalesced state's first call of two tensors (slots grow)
+    collectives[13] = 1
+    collectives[14] = 2
+    collectives[15] = 1
+    results = check_script(3, steps, errors, collectives)
+    wide = [tuple(results[0][s]["state"][0][6]) for s in range(len(steps))]
+    assert wide[0] == (4 * b, 2 * b, 12)  # the first large call's exact needs
+    # rank 2's miss: sizes move, every slot gets its bucket's slack
+    assert wide[3] == tuple(_fused.bucket(n) for n in (4 * b, 2 * b, 4 * b))
+    assert results[0][13]["state"][1][6], "the coalesced state went wide"
+    # after the small calls the group is back in the gather round
+    assert wide[-1] == (), wide[-3:]
+    assert results[0][-1]["forward"] == 1
+    assert "expected a tensor with at least 1 dimension" in results[0][6]["error"][1]
+
+
+def test_wide_slots_shrink_after_idle_calls_and_bound_the_padding() -> None:
+    s = _fused.FusedState()
+    big = (300_000, 150_000, 64)
+    s = _fused.advance(s, fusable=True, need=max(big), count=1, needs=big)
+    assert s.wide == big  # a group's first large call: every rank's exact need
+    # within every slot: unchanged
+    t = _fused.advance(s, fusable=True, need=299_000, count=1, needs=(299_000, 149_000, 40))
+    assert (t.wide, t.wide_idle) == (s.wide, 0)
+    # a miss on rank 1: sizes move, every slot grows to its bucket (at most 12.5 % padding)
+    grown = (300_000, 150_001, 64)
+    s = _fused.advance(s, fusable=True, need=300_000, count=1, needs=grown)
+    assert s.wide == tuple(_fused.bucket(n) for n in grown)
+    for n, c in zip(grown, s.wide, strict=True):
+        assert n <= c <= max(64, n * 1.125)  # the padding bound
+    # a rank's need fell below half its slot: after SHRINK_AFTER such calls, re-sized
+    fell = (300_000, 20_000, 64)
+    for _ in range(_fused.SHRINK_AFTER - 1):
+        s = _fused.advance(s, fusable=True, need=300_000, count=1, needs=fell)
+        assert s.wide[1] == _fused.bucket(150_001)
+    s = _fused.advance(s, fusable=True, need=300_000, count=1, needs=fell)
+    assert s.wide == fell
+    # small calls: back to the gather round after SHRINK_AFTER of them
+    for _ in range(_fused.SHRINK_AFTER):
+        s = _fused.advance(s, fusable=True, need=100, count=1, needs=(100, 100, 100))
+    assert s.wide == ()
+
+
+@pytest.mark.parametrize("move", ["_move_left", "_move_chunked"])
+def test_in_place_compaction_moves_overlapping_ranges_exactly(move: str) -> None:
+    """The wide round's in-place compaction (``memmove`` on the CPU, chunked tensor
+    copies elsewhere): for gaps smaller and larger than a chunk, what
+    ``buf[dst:dst+n] = buf[src:src+n].clone()`` gives, nothing else touched."""
+    chunk = _fused._MOVE_CHUNK
+    for gap, n in ((1, 3 * chunk + 5), (96, chunk + 1), (chunk + 3, 2 * chunk), (7, 10), (5, 5)):
+        buf = torch.randint(0, 256, (gap + n + 11,), dtype=torch.uint8)
+        want = buf.clone()
+        want[2 : 2 + n] = buf[2 + gap : 2 + gap + n].clone()
+        getattr(_fused, move)(buf, 2, 2 + gap, n)
+        assert torch.equal(buf, want), (move, gap, n)
+
+
+def test_strong_skew_on_many_ranks_goes_wide_even_when_small() -> None:
+    """The gather round pads every slot to the largest need: at 1024 ranks with one
+    rank 20x the others that is ~20x the payload, so such a group goes wide; a few
+    ranks, or small absolute sizes, stay in the gather round."""
+    many = (20_000,) + (1_000,) * 1023
+    s = _fused.advance(_fused.FusedState(), fusable=True, need=20_000, count=1, needs=many)
+    assert s.wide == many
+    few = (3_000, 150, 150, 150)
+    t = _fused.advance(_fused.FusedState(), fusable=True, need=3_000, count=1, needs=few)
+    assert t.wide == ()
+    assert t.capacity == _fused.bucket(3_000)
+
+
+@pytest.mark.parametrize("contract", ["sum", "local"])
+def test_gradients_through_the_wide_round_match_the_oracle(contract: str) -> None:
+    """A gather whose payload rode in the wide round (its result a view of the received
+    buffer) has the oracle's gradients under per-rank upstream gradients."""
+    shapes = ((BIG, 1), (BIG // 3, 1))
+    steps = [Step("v", shapes, ("float32",) * 2, grad=contract)] * 2
+    steps.append(Step("v", ((2, BIG // 8, 2), (2, 3, 2)), ("float64",) * 2, dim=1, grad=contract))
+    check_script(2, steps, [None] * 3, [2, 1, None])

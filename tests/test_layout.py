@@ -46,6 +46,12 @@ def test_layout_offsets_are_the_exclusive_cumsum_and_blocks_tile_the_output(
     assert layout.output_shape == (*lead, sum(sizes), *trail)
     assert layout.shard_shape(rank) == (*lead, sizes[rank], *trail)
     assert layout.ndim == len(lead) + 1 + len(trail)
+    # the byte arithmetic the transports and the fused round read
+    item = torch.float32.itemsize
+    assert layout.row_bytes == math.prod(trail) * item
+    assert layout.nbytes == math.prod(lead) * sum(sizes) * math.prod(trail) * item
+    assert sum(layout.shard_bytes(r) for r in range(len(sizes))) == layout.nbytes
+    assert layout.shard_bytes(rank) == math.prod(layout.shard_shape(rank)) * item
 
 
 @pytest.mark.parametrize(

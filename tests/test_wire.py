@@ -12,7 +12,20 @@ from hypothesis import strategies as st
 import vargather
 import vargather._args
 from vargather._args import CallRecord
-from vargather._wire import RECORD_LENGTH, decode_record, encode_record, wire_text
+from vargather._wire import (
+    FLAG_ELIGIBLE,
+    FLAG_LONG,
+    FLAG_PROBLEM,
+    HEADER_MAGIC,
+    HEADER_WORDS,
+    RECORD_LENGTH,
+    SHAPE_SLOTS,
+    decode_header,
+    decode_record,
+    encode_header,
+    encode_record,
+    wire_text,
+)
 
 from ._stage_fns import calls
 
@@ -35,6 +48,43 @@ def test_metadata_records_survive_the_wire(data: st.DataObject) -> None:
         problem = dataclasses.replace(problem, message=wire_text(problem.message))
     assert decoded == dataclasses.replace(record, problem=problem)
     assert encode_record(decoded) == wire
+
+
+@given(data=st.data())
+def test_compact_headers_carry_what_validation_compares(data: st.DataObject) -> None:
+    """The fused round's compact header (``_wire.encode_header``): ``HEADER_WORDS``
+    int64; a problem or more than ``SHAPE_SLOTS`` dims only sets a flag; otherwise
+    ``decode_header`` gives back every field validation compares."""
+    w = data.draw(st.integers(1, 4), label="world_size")
+    rank = data.draw(st.integers(0, w - 1), label="rank")
+    record = data.draw(calls(w, rank), label="record")
+    count = data.draw(st.integers(1, 5), label="count")
+    header = encode_header(record, count, FLAG_ELIGIBLE)
+    assert len(header) == HEADER_WORDS
+    assert header[0] == HEADER_MAGIC
+    assert header[1] & FLAG_ELIGIBLE
+    assert header[3] == count
+    assert torch.tensor(header, dtype=torch.int64).tolist() == header
+    assert bool(header[1] & FLAG_PROBLEM) == (record.problem is not None)
+    assert bool(header[1] & FLAG_LONG) == (record.ndim > SHAPE_SLOTS)
+    if record.problem is None and record.ndim <= SHAPE_SLOTS:
+        got = decode_header(header)
+        for name in (
+            "ndim",
+            "dtype_code",
+            "normalized_dim",
+            "contract_code",
+            "transport_code",
+            "requires_grad",
+            "device_code",
+            "sizes_len",
+            "sizes_hash",
+            "shape",
+        ):
+            assert getattr(got, name) == getattr(record, name), name
+    unused = encode_header(None, count, 0)
+    assert len(unused) == HEADER_WORDS
+    assert unused[3] == count
 
 
 def test_a_foreign_vector_is_a_protocol_mismatch() -> None:

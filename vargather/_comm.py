@@ -276,16 +276,22 @@ def _global_rank(info: GroupInfo, group_rank: int) -> int:
 
 
 def broadcast_from_each(
-    blocks: Sequence[torch.Tensor], info: GroupInfo, *, what: str | None = None
+    blocks: Sequence[torch.Tensor],
+    info: GroupInfo,
+    *,
+    what: str | None = None,
+    sources: Sequence[int] | None = None,
 ) -> None:
-    """Block ``r`` of every rank receives block ``r`` of rank ``r``, for every ``r``.
+    """Block ``i`` of every rank receives block ``i`` of rank ``sources[i]`` (default:
+    rank ``i``), for every ``i``.
 
-    One broadcast per rank holding data, all issued asynchronously and then awaited:
+    One broadcast per non-empty block, all issued asynchronously and then awaited:
     every rank issues them in the same order, so the backend pairs them by sequence
     number, and gloo runs them concurrently on its worker threads. Empty blocks are
     skipped by every rank alike (every rank knows every size). Every block must be a
     contiguous receive buffer.
     """
+    src = range(len(blocks)) if sources is None else sources
     with translate_collective_errors(what or f"broadcast x{len(blocks)}", info):
         works = [
             dist.broadcast(
@@ -294,7 +300,7 @@ def broadcast_from_each(
                 group=info.group,
                 async_op=True,
             )
-            for r, block in enumerate(blocks)
+            for r, block in zip(src, blocks, strict=True)
             if block.numel() > 0
         ]
         for work in works:

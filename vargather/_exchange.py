@@ -65,20 +65,30 @@ __all__ = [
 SIZES_SHOWN: Final = 64  # entries of each rank's passed sizes shown in a mismatch message
 
 
-def exchange_records(record: CallRecord, info: GroupInfo) -> list[CallRecord]:
-    """All ranks' records, in group-rank order: one equal-size all_gather.
+def exchange_records(records: Sequence[CallRecord], info: GroupInfo) -> list[list[CallRecord]]:
+    """Every rank's records, ``[rank][tensor]`` in group-rank order: one equal-size
+    all_gather of ``len(records) * RECORD_LENGTH`` int64 (every rank must pass the same
+    number of records). The one function that moves full records: the single call's
+    exchange (``plan_layout``) and the fused round's full path (``_fused``) both use it.
 
     In a world of one rank (or without torch.distributed) nothing is sent. The
     records travel on ``info.default_device()``: the CPU except on NCCL.
     """
     if not info.communicates:
-        return [record]
+        return [list(records)]
+    k = len(records)
     device = info.default_device()
-    local = torch.tensor(encode_record(record), dtype=torch.int64, device=device)
-    gathered = torch.empty(info.world_size * RECORD_LENGTH, dtype=torch.int64, device=device)
-    all_gather_equal(gathered, local, info, what="all_gather (metadata exchange)")
-    rows = gathered.view(info.world_size, RECORD_LENGTH).tolist()  # the one host sync
-    return [decode_record(row, rank=r) for r, row in enumerate(rows)]
+    values = [v for rec in records for v in encode_record(rec)]
+    local = torch.tensor(values, dtype=torch.int64, device=device)
+    gathered = torch.empty(info.world_size * k * RECORD_LENGTH, dtype=torch.int64, device=device)
+    what = (
+        "all_gather (metadata exchange)"
+        if k == 1
+        else "all_gather (metadata exchange, full records)"
+    )
+    all_gather_equal(gathered, local, info, what=what)
+    rows = gathered.view(info.world_size, k, RECORD_LENGTH).tolist()  # the one host sync
+    return [[decode_record(row, rank=r) for row in rank_rows] for r, rank_rows in enumerate(rows)]
 
 
 def _exchange_passed_sizes(
@@ -298,7 +308,7 @@ def plan_layout(call: CheckedCall, info: GroupInfo) -> Layout:
     On a sizes mismatch every rank takes one more small all_gather (of the sizes each
     rank passed), so that the message shows what the lying ranks passed.
     """
-    records = exchange_records(call.record, info)
+    records = [row[0] for row in exchange_records([call.record], info)]
     try:
         return validate_records(records, rank=info.rank)
     except SizesMismatchError as err:

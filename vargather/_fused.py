@@ -1,63 +1,92 @@
-"""Stages 3 and 5 fused: the metadata exchange with a small payload riding along.
+"""Stages 3 and 5 fused: the metadata exchange with the payload riding along.
 
 Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
 transport -> autograd. This module runs a validated call's exchange (falling back to
-``_exchange`` on the rare error path) and, when the payload is small, its transport in
-the same collective; it sits above ``_transport`` (whose transports move the payload
-when it does not ride along) and below ``_autograd``.
+``_exchange`` on the rare error path) and, when the payload fits the slots the group
+agreed on, its transport in the same round; it sits above ``_transport`` (whose
+transports move the payload when it does not ride along) and below ``_autograd``.
 
-Every validated call on a communicating group starts with **one equal-size all_gather
-of bytes** (the *fused round*). Each rank sends a block of ``slots * HEADER_BYTES +
-capacity`` bytes: ``slots`` compact headers (one per gathered tensor) and a payload
-slot of ``capacity`` bytes. Every rank derives ``slots`` and ``capacity`` from the
-group's ``FusedState``, which every rank updates identically from headers every rank
-has seen, so every rank sends the same number of bytes whatever its arguments: a
-mismatched dtype or shape cannot abort a rank or be misread, as nothing but equal-length
-bytes moves before validation.
+Every validated call on a communicating group starts with **one round** whose size
+every rank knows before it starts, whatever its arguments. Every rank derives it from
+the group's ``FusedState``, which every rank updates identically from headers every
+rank has seen: a mismatched dtype or shape cannot abort a rank or be misread, as
+nothing but agreed-length bytes moves before validation, and nothing received is read
+but the headers until they validated. The round is one of two kinds:
 
-A compact header (``HEADER_WORDS`` int64) carries what validation compares: flags
-(local problem, more than ``SHAPE_SLOTS`` dims, eligible for fusion, requires_grad),
-the dtype, ndim, normalized dim, contract, transport and device codes packed in one
-word, the number of tensors of the call, the passed sizes' length and hash, and up to
-``SHAPE_SLOTS`` dims of the shape. No message text: a problem only sets a flag.
+* the **gather round** (``state.wide`` empty): one equal-size all_gather of bytes; each
+  rank sends ``slots * HEADER_BYTES + capacity`` bytes, ``slots`` compact headers (one
+  per gathered tensor) and a payload slot of ``capacity`` bytes, the same on every
+  rank. Latency-optimal for small payloads; every slot is as large as the largest.
+* the **wide round** (``state.wide[r]``: rank r's own payload slot): 2W broadcasts in
+  flight at once, one batch (``_comm.broadcast_from_each``): rank r broadcasts its
+  headers into row r of a header buffer and its slot of ``wide[r]`` bytes into region
+  r of one rank-major payload buffer. No rank pads to another's size: for a stable
+  skew each slot is the rank's own need, the regions are then exactly the result's
+  blocks, and a single tensor gathered along a leading dim is returned as a view of
+  the payload buffer without any copy (a slot larger than its need is closed up in
+  place, ``_move_left``: one ``memmove`` on the CPU, never a second buffer).
+
+The compact header (``_wire.encode_header``, ``HEADER_WORDS`` int64) carries what
+validation compares, with no message text: a problem only sets a flag.
 
 After the round, every rank decides from the gathered headers alone:
 
 * **compact**: every rank sent the same number of tensors, at most ``slots``, none
   flagged (no local problem, ndim <= ``SHAPE_SLOTS``) and the headers validate
   (``validate_records``): the ``Layout`` of each tensor comes from the headers.
-* otherwise the **full path**: today's exchange of full records (``_exchange``, with
-  the problem's message text), which raises the same error on every rank, or (for a
-  call that was merely too wide for the compact header) returns the layouts. This is
-  the rare error path; it costs a second round.
+* otherwise the **full path**: the exchange of full records (``_exchange``, with the
+  problem's message text), which raises the same error on every rank, or (for a call
+  that was merely too wide for the compact header) returns the layouts. This is the
+  rare error path; it costs a second round.
 * **fused**: compact, every rank eligible (``transport="auto"``, tensors on the
-  metadata device, not a layout-only call) and every rank's payload at most
-  ``min(capacity, FUSED_MAX_BYTES)``: every rank copied its payload into its slot, and
-  the results are cut out of the received bytes. One collective in all.
+  metadata device, not a layout-only call) and every rank's payload within its slot
+  (``capacity``, at most ``FUSED_MAX_BYTES``, in the gather round; ``wide[r]`` in the
+  wide round): every rank copied its payload into its slot, and the results are cut
+  out of the received bytes. One round in all.
 * otherwise the payload moves in a second round (the transports of ``_transport``).
 
 The state rule (``advance``), applied on every rank after a call whose headers validated
 (compact or full path), from the validated layouts only, before any payload moves:
 
-* ``need`` = the largest payload any rank had (bytes of all its tensors);
-* a call in use (every rank eligible, ``need <= FUSED_MAX_BYTES`` and ``4 * need >
-  capacity``) sets ``capacity = max(capacity, bucket(need))`` and ends any idle streak;
-* any other call is idle: after ``SHRINK_AFTER`` idle calls in a row the capacity
-  becomes ``bucket`` of the largest eligible small need among them (0 when none);
+* ``need`` = the largest payload any rank had (bytes of all its tensors), ``needs`` =
+  every rank's;
+* gather round: a call in use (every rank eligible, ``need <= FUSED_MAX_BYTES`` and
+  ``4 * need > capacity``) sets ``capacity = max(capacity, bucket(need))`` and ends any
+  idle streak; any other call is idle: after ``SHRINK_AFTER`` idle calls in a row the
+  capacity becomes ``bucket`` of the largest eligible small need among them (0 if none);
+* wide round: a call *goes wide* when every rank is eligible and either some rank's
+  payload exceeds ``WIDE_MIN_BYTES`` or the gather round would carry more than
+  ``PAD_LIMIT`` times the payload (and more than ``FUSED_MAX_BYTES``): strong skew on
+  many ranks. A group's first such call sets ``wide = needs`` exactly; a later one
+  where some rank outgrew its slot (a miss: that call took two rounds) sets every slot
+  to ``max(wide[r], bucket(needs[r]))``; a call that goes wide and fits, with no slot
+  at least twice ``bucket`` of its need, ends any idle streak; any other call is idle,
+  and after ``SHRINK_AFTER`` idle calls in a row ``wide`` becomes the largest needs of
+  the streak's wide calls (or empty, back to the gather round, when none went wide);
 * ``slots`` grows at once to a call's tensor count and, after ``SHRINK_AFTER`` calls in
   a row with fewer tensors, shrinks to the most among them.
 
+**Padding bound.** ``bucket(n) <= max(64, 1.125 n)``. In the wide round a rank's slot
+is its exact need while its size is stable, at most ``bucket`` of the largest need it
+had since the slots were set once sizes move (12.5 % of that, 64 bytes at least), and
+never more than twice ``bucket`` of its need for more than ``SHRINK_AFTER - 1`` calls in
+a row; no rank's slot depends on another rank's size. In the gather round every slot
+is ``capacity`` (at most ``FUSED_MAX_BYTES``), so a rank receives at most ``W *
+capacity`` bytes, more than ``PAD_LIMIT`` times the payload only while that is at most
+``FUSED_MAX_BYTES``.
+
 Calls that raise in validation change nothing (every rank raises from the same
 headers); calls with ``sizes`` and ``validate=False`` skip the round and change nothing;
-a capacity miss on one rank only is seen by every rank in the headers, so every rank
-grows the capacity alike. Errors after validation (a timeout in the payload
-collective) leave the group out of step anyway. The state is kept per process group
-(weakly keyed, subgroups apart) and per kind (``all_gather_v`` and
-``all_gather_v_coalesced`` keep separate states).
+a miss on one rank only is seen by every rank in the headers, so every rank grows the
+slots alike. Errors after validation (a timeout in the payload collective) leave the
+group out of step anyway. The state is kept per process group (weakly keyed, subgroups
+apart) and per kind (``all_gather_v`` and ``all_gather_v_coalesced`` keep separate
+states).
 """
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import threading
 import weakref
@@ -68,14 +97,24 @@ from typing import Final, Literal
 import torch
 import torch.distributed as dist
 
-from ._args import CallRecord, CheckedCall, saturate
-from ._comm import GroupInfo, all_gather_equal
+from ._args import CallRecord, CheckedCall
+from ._comm import GroupInfo, all_gather_equal, broadcast_from_each
 from ._errors import ArgumentMismatchError, ProtocolMismatchError, VarGatherError
-from ._exchange import _disagreement, plan_layout, validate_records
+from ._exchange import _disagreement, exchange_records, plan_layout, validate_records
 from ._group import process_group
 from ._layout import Layout
 from ._transport import Transport, choose_transport
-from ._wire import RECORD_LENGTH, decode_record, encode_record
+from ._wire import (
+    FLAG_ELIGIBLE,
+    FLAG_LONG,
+    FLAG_PROBLEM,
+    HEADER_BYTES,
+    HEADER_MAGIC,
+    HEADER_WORDS,
+    SHAPE_SLOTS,
+    decode_header,
+    encode_header,
+)
 
 __all__ = [
     "FUSED_MAX_BYTES",
@@ -101,23 +140,22 @@ __all__ = [
 
 Kind = Literal["single", "coalesced"]
 
-HEADER_WORDS: Final = 12
-HEADER_BYTES: Final = 8 * HEADER_WORDS
-SHAPE_SLOTS: Final = 6
-"""Dims of the shape a compact header carries; a wider tensor takes the full path."""
-
 FUSED_MAX_BYTES: Final = 128 * 1024
-"""Largest payload per rank that rides in the fused round (``docs/performance.md``)."""
+"""Largest payload per rank that rides in the equal-size fused round (the *gather*
+round); a group whose calls carry more switches to the *wide* round (module doc)."""
+
+WIDE_MIN_BYTES: Final = FUSED_MAX_BYTES
+"""A group switches to the wide round once a call's largest payload per rank exceeds
+this many bytes (and back after ``SHRINK_AFTER`` calls that do not)."""
 
 SHRINK_AFTER: Final = 8
 """Idle calls in a row after which the capacity (or the slots) shrink."""
 
 _MIN_BUCKET: Final = 64
-_MAGIC: Final = (0x76676675 << 8) | 1  # "vgfu", fused header version 1
-_PROBLEM: Final = 1
-_LONG: Final = 2
-_ELIGIBLE: Final = 4
-_REQUIRES_GRAD: Final = 8
+_MAGIC: Final = HEADER_MAGIC
+_PROBLEM: Final = FLAG_PROBLEM
+_LONG: Final = FLAG_LONG
+_ELIGIBLE: Final = FLAG_ELIGIBLE
 
 
 def bucket(n: int) -> int:
@@ -133,7 +171,13 @@ def bucket(n: int) -> int:
 
 @dataclass(frozen=True)
 class FusedState:
-    """What one group's ranks agree on for the next fused round (see the module doc)."""
+    """What one group's ranks agree on for the next fused round (see the module doc).
+
+    ``capacity``, ``idle``, ``idle_need``: the gather round's one payload slot and its
+    shrink streak. ``slots``, ``fewer``, ``fewer_max``: the header slots. ``wide``: the
+    wide round's per-rank payload slots (empty: the group runs the gather round);
+    ``wide_idle`` and ``wide_max``: its shrink streak and the largest needs in it.
+    """
 
     capacity: int = 0
     slots: int = 1
@@ -141,10 +185,58 @@ class FusedState:
     idle_need: int = 0
     fewer: int = 0
     fewer_max: int = 0
+    wide: tuple[int, ...] = ()
+    wide_idle: int = 0
+    wide_max: tuple[int, ...] = ()
 
 
-def advance(state: FusedState, *, fusable: bool, need: int, count: int) -> FusedState:
-    """The state after a call that validated: a pure function of what every rank saw."""
+PAD_LIMIT: Final = 4
+"""The gather round pads every rank's slot to the largest need; once that would carry
+more than ``PAD_LIMIT`` times the payload and more than ``FUSED_MAX_BYTES`` in all
+(``W * bucket(max n) > max(PAD_LIMIT * sum n, FUSED_MAX_BYTES)``: strong skew on many
+ranks) a group takes the wide round even for small payloads."""
+
+
+def _wants_wide(needs: Sequence[int]) -> bool:
+    """Whether a call with every rank's payload ``needs`` makes a group go wide."""
+    if not needs:
+        return False
+    most = max(needs)
+    padded = len(needs) * bucket(most)
+    return most > WIDE_MIN_BYTES or padded > max(PAD_LIMIT * sum(needs), FUSED_MAX_BYTES)
+
+
+def _advance_wide(
+    state: FusedState, fusable: bool, needs: Sequence[int]
+) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
+    """The wide round's part of ``advance`` (module doc, "the wide round")."""
+    wide, idle, most = state.wide, state.wide_idle, state.wide_max
+    large = fusable and _wants_wide(needs)
+    if large and len(wide) != len(needs):  # a group's first large call: its exact needs
+        return tuple(needs), 0, ()
+    if not wide:
+        return wide, 0, ()
+    if large and any(n > c for n, c in zip(needs, wide, strict=True)):  # a miss: grow
+        return tuple(max(c, bucket(n)) for n, c in zip(needs, wide, strict=True)), 0, ()
+    if large and not any(2 * bucket(n) <= c for n, c in zip(needs, wide, strict=True)):
+        return wide, 0, ()  # in use, no slot twice too large
+    # idle: not large (small, or a rank not eligible), or some slot twice too large
+    idle += 1
+    if large:
+        most = tuple(max(a, b) for a, b in zip(most or (0,) * len(needs), needs, strict=True))
+    if idle < SHRINK_AFTER:
+        return wide, idle, most
+    if _wants_wide(most):
+        return most, 0, ()
+    return (), 0, ()
+
+
+def advance(
+    state: FusedState, *, fusable: bool, need: int, count: int, needs: Sequence[int] = ()
+) -> FusedState:
+    """The state after a call that validated: a pure function of what every rank saw
+    (``need``: the largest payload of any rank; ``needs``: every rank's, for the wide
+    round; without them the wide slots only count the call as idle)."""
     capacity, idle, idle_need = state.capacity, state.idle, state.idle_need
     small = fusable and need <= FUSED_MAX_BYTES
     if small and 4 * need > capacity:
@@ -164,16 +256,21 @@ def advance(state: FusedState, *, fusable: bool, need: int, count: int) -> Fused
             slots, fewer, fewer_max = max(1, fewer_max), 0, 0
     else:
         fewer, fewer_max = 0, 0
-    if (capacity, slots, idle, idle_need, fewer, fewer_max) == (
+    wide, wide_idle, wide_max = _advance_wide(state, fusable, needs)
+    after = (capacity, slots, idle, idle_need, fewer, fewer_max, wide, wide_idle, wide_max)
+    if after == (
         state.capacity,
         state.slots,
         state.idle,
         state.idle_need,
         state.fewer,
         state.fewer_max,
+        state.wide,
+        state.wide_idle,
+        state.wide_max,
     ):
         return state  # unchanged (the steady state): no new object
-    return FusedState(capacity, slots, idle, idle_need, fewer, fewer_max)
+    return FusedState(*after)
 
 
 _STATES: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, FusedState]] = (
@@ -199,72 +296,12 @@ def capacity_of(group: dist.ProcessGroup | None = None, kind: Kind = "single") -
     return state_of(group, kind).capacity
 
 
-# --- headers -------------------------------------------------------------------------------
-
-
-def _byte(v: int) -> int:
-    return max(0, min(255, v))
-
-
-def _encode_header(record: CallRecord | None, count: int, flags: int) -> list[int]:
-    if record is None:  # an unused slot
-        return [_MAGIC, flags, 0, saturate(count), -1, -1] + [0] * SHAPE_SLOTS
-    if record.problem is not None:
-        flags |= _PROBLEM
-    if record.ndim > SHAPE_SLOTS:
-        flags |= _LONG
-    if record.requires_grad:
-        flags |= _REQUIRES_GRAD
-    codes = (
-        _byte(record.ndim)
-        | _byte(record.dtype_code) << 8
-        | _byte(record.normalized_dim + 1) << 16
-        | _byte(record.contract_code + 1) << 24
-        | _byte(record.transport_code + 1) << 32
-        | _byte(record.device_code + 1) << 40
-    )
-    shape = list(record.shape[:SHAPE_SLOTS])
-    return [
-        _MAGIC,
-        flags,
-        codes,
-        saturate(count),
-        record.sizes_len,
-        record.sizes_hash,
-        *shape,
-        *[0] * (SHAPE_SLOTS - len(shape)),
-    ]
-
-
-def _decode_header(h: Sequence[int]) -> CallRecord:
-    """A compact header (no problem, ndim <= SHAPE_SLOTS) as a problem-free record."""
-    codes = h[2]
-    ndim = codes & 0xFF
-    normalized_dim = ((codes >> 16) & 0xFF) - 1
-    return CallRecord(
-        problem=None,
-        ndim=ndim,
-        dtype_code=(codes >> 8) & 0xFF,
-        dim=normalized_dim,
-        normalized_dim=normalized_dim,
-        contract_code=((codes >> 24) & 0xFF) - 1,
-        transport_code=((codes >> 32) & 0xFF) - 1,
-        requires_grad=bool(h[1] & _REQUIRES_GRAD),
-        device_code=((codes >> 40) & 0xFF) - 1,
-        sizes_len=h[4],
-        sizes_own=-1,
-        sizes_sum=-1,
-        sizes_hash=h[5],
-        shape=tuple(h[6 : 6 + min(ndim, SHAPE_SLOTS)]),
-    )
-
-
 # --- payload bytes ---------------------------------------------------------------------------
 
 
 def payload_nbytes(layout: Layout, rank: int) -> int:
-    """Bytes of ``rank``'s shard under ``layout``."""
-    return layout.pre * layout.sizes[rank] * layout.post * layout.dtype.itemsize
+    """Bytes of ``rank``'s shard under ``layout`` (``Layout.shard_bytes``)."""
+    return layout.shard_bytes(rank)
 
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
@@ -313,19 +350,6 @@ class Exchanged:
     outputs: list[torch.Tensor] | None
 
 
-def _full_records(records: Sequence[CallRecord], info: GroupInfo) -> list[list[CallRecord]]:
-    """Every rank's full records (``_wire``), ``[rank][tensor]``: one all_gather of
-    ``len(records) * RECORD_LENGTH`` int64 (every rank holds the same count by now)."""
-    k = len(records)
-    device = info.default_device()
-    values = [v for rec in records for v in encode_record(rec)]
-    local = torch.tensor(values, dtype=torch.int64, device=device)
-    gathered = torch.empty(info.world_size * k * RECORD_LENGTH, dtype=torch.int64, device=device)
-    all_gather_equal(gathered, local, info, what="all_gather (metadata exchange, full records)")
-    rows = gathered.view(info.world_size, k, RECORD_LENGTH).tolist()
-    return [[decode_record(row, rank=r) for row in rank_rows] for r, rank_rows in enumerate(rows)]
-
-
 def named(err: VarGatherError, index: int) -> VarGatherError:
     """``err`` for tensor ``index`` of a coalesced call (same class, same ranks)."""
     text = str(err).removeprefix("all_gather_v: ")
@@ -343,7 +367,7 @@ def _full_path(
         raise ArgumentMismatchError(f"all_gather_v_coalesced: {found[0]}", ranks=found[1])
     if not calls:
         return ()
-    per_rank = _full_records([c.record for c in calls], info)
+    per_rank = exchange_records([c.record for c in calls], info)
     layouts = []
     for i in range(len(calls)):
         try:
@@ -371,7 +395,10 @@ def exchange(
     w = info.world_size
     pg = process_group(info)
     state = _STATES.get(pg, {}).get(kind, _FRESH) if pg is not None else _FRESH
-    slots, capacity = state.slots, min(state.capacity, FUSED_MAX_BYTES)
+    slots = state.slots
+    wide = state.wide if len(state.wide) == w else ()
+    capacity = min(state.capacity, FUSED_MAX_BYTES)
+    room = wide or (capacity,) * w
     k = len(calls)
     device = info.default_device()
     records = tuple(c.record for c in calls)
@@ -383,25 +410,24 @@ def exchange(
     flags = _ELIGIBLE if local_ok else 0
     own = [t for t in tensors if isinstance(t, torch.Tensor)] if local_ok and k <= slots else []
     nbytes = sum(t.numel() * t.element_size() for t in own)
-    if nbytes > capacity:
+    if nbytes > room[info.rank]:
         own = []
+    if wide:
+        return _wide_round(kind, state, calls, (records, k, flags), own, nbytes, info, pg, wide)
     rnd = _round_for(pg, kind, w, slots, capacity, device)
     if rnd is not None and rnd.lock.acquire(blocking=False):
         try:
             rnd.fill((records, k, flags), own, nbytes)
             all_gather_equal(rnd.recv, rnd.send, info, what="all_gather (metadata exchange)")
-            return _decide(kind, state, calls, rnd.rows(), info, pg, rnd.cut)
+            return _decide(kind, state, calls, rnd.rows(), info, pg, rnd.cut, room)
         finally:
             rnd.lock.release()
     # Fresh buffers: another device than the CPU, a round too large to keep, or a
     # thread already using this group's buffers.
     head = slots * HEADER_BYTES
     block = head + capacity
-    words: list[int] = []
-    for i in range(slots):
-        words += _encode_header(records[i] if i < k else None, k, flags)
     send = torch.empty(block, dtype=torch.uint8, device=device)
-    send[:head].copy_(torch.tensor(words, dtype=torch.int64).view(torch.uint8))
+    send[:head].copy_(_header_bytes(slots, records, k, flags))
     filled = 0
     if own:
         send[head : head + nbytes].copy_(pack(own))
@@ -416,7 +442,110 @@ def exchange(
     def cut(layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
         return unpack([grid[r, head : head + needs[r]] for r in range(w)], layouts)
 
-    return _decide(kind, state, calls, rows, info, pg, cut)
+    return _decide(kind, state, calls, rows, info, pg, cut, room)
+
+
+def _header_bytes(slots: int, records: Sequence[CallRecord], k: int, flags: int) -> torch.Tensor:
+    """``slots`` compact headers (``_wire``) as bytes: ``records`` and unused slots."""
+    words: list[int] = []
+    for i in range(slots):
+        words += encode_header(records[i] if i < k else None, k, flags)
+    return torch.tensor(words, dtype=torch.int64).view(torch.uint8)
+
+
+_MOVE_CHUNK: Final = 1 << 20
+"""Bytes moved at a time when the wide round compacts its buffer in place."""
+
+
+def _move_left(buf: torch.Tensor, dst: int, src: int, n: int) -> None:
+    """``buf[dst : dst + n] = buf[src : src + n]`` for ``dst < src`` (ranges may
+    overlap), ``buf`` a contiguous uint8 tensor: one ``memmove`` on the CPU (made for
+    overlapping ranges), else ``_move_chunked``."""
+    if buf.device.type == "cpu" and buf.is_contiguous():
+        base = buf.data_ptr()
+        ctypes.memmove(base + dst, base + src, n)
+        return
+    _move_chunked(buf, dst, src, n)
+
+
+def _move_chunked(buf: torch.Tensor, dst: int, src: int, n: int) -> None:
+    """``_move_left`` with tensor copies: chunk by chunk, each through a copy of at most
+    ``_MOVE_CHUNK`` bytes when the chunk overlaps its destination; a write never reaches
+    bytes not yet moved."""
+    gap = src - dst
+    at = 0
+    while at < n:
+        m = min(n - at, max(gap, _MOVE_CHUNK))
+        piece = buf[src + at : src + at + m]
+        if m > gap:  # overlapping: through a temporary
+            m = min(m, _MOVE_CHUNK)
+            piece = buf[src + at : src + at + m].clone()
+        buf[dst + at : dst + at + m].copy_(piece)
+        at += m
+
+
+def _wide_round(
+    kind: Kind,
+    state: FusedState,
+    calls: Sequence[CheckedCall],
+    header_key: tuple[tuple[CallRecord, ...], int, int],
+    own: Sequence[torch.Tensor],
+    nbytes: int,
+    info: GroupInfo,
+    pg: dist.ProcessGroup | None,
+    wide: tuple[int, ...],
+) -> Exchanged:
+    """The wide round (module doc): every rank broadcasts its headers into its row of
+    one header buffer and its payload slot (``wide[r]`` bytes) into its region of one
+    rank-major payload buffer; all 2W broadcasts in flight at once, one batch."""
+    w, rank = info.world_size, info.rank
+    records, k, flags = header_key
+    head = state.slots * HEADER_BYTES
+    device = info.default_device()
+    starts = [0] * (w + 1)
+    for r in range(w):
+        starts[r + 1] = starts[r] + wide[r]
+    buf = torch.empty(starts[w], dtype=torch.uint8, device=device)
+    heads = torch.empty(w * head, dtype=torch.uint8, device=device)
+    mine = starts[rank]
+    if own:
+        at = mine
+        for t in own:
+            n = t.numel() * t.element_size()
+            region = buf[at : at + n]
+            if at % t.element_size() == 0:  # one copy whatever the strides
+                region.view(t.dtype).view(t.shape).copy_(t.detach())
+            else:
+                region.copy_(_bytes_of(t))
+            at += n
+    filled = nbytes if own else 0
+    buf[mine + filled : starts[rank + 1]].zero_()  # no stale memory to the peers
+    heads[rank * head : (rank + 1) * head].copy_(_header_bytes(state.slots, records, k, flags))
+    blocks = [heads[r * head : (r + 1) * head] for r in range(w)]
+    blocks += [buf[starts[r] : starts[r + 1]] for r in range(w)]
+    broadcast_from_each(
+        blocks, info, what=f"broadcast x{2 * w} (metadata exchange)", sources=[*range(w)] * 2
+    )
+    values = heads.cpu().view(torch.int64).view(w, -1).tolist()
+    rows = tuple(tuple(row) for row in values)
+
+    def cut(layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
+        if len(layouts) == 1 and layouts[0].pre == 1:
+            # One tensor whose blocks are adjacent in the result: compact in place
+            # (nothing moves when every slot was a rank's exact need); the result is a
+            # view of the received buffer, no second buffer.
+            lay = layouts[0]
+            at = 0
+            for r in range(w):
+                if starts[r] != at and needs[r]:
+                    _move_left(buf, at, starts[r], needs[r])
+                at += needs[r]
+            if lay.total == 0:
+                return [torch.empty(lay.output_shape, dtype=lay.dtype, device=buf.device)]
+            return [buf[:at].view(lay.dtype).view(lay.output_shape)]
+        return unpack([buf[starts[r] : starts[r] + needs[r]] for r in range(w)], layouts)
+
+    return _decide(kind, state, calls, rows, info, pg, cut, wide)
 
 
 _FRESH: Final = FusedState()
@@ -471,7 +600,7 @@ class _Round:
         if header_key != self.header_key:
             words: list[int] = []
             for i in range(self.slots):
-                words += _encode_header(records[i] if i < k else None, k, flags)
+                words += encode_header(records[i] if i < k else None, k, flags)
             self.fmt.pack_into(self.raw_send, 0, *words)
             self.header_key = header_key
         filled = 0
@@ -529,7 +658,7 @@ def _parts(payloads: Sequence[torch.Tensor], layouts: Sequence[Layout]) -> list[
     offsets = [0] * len(payloads)
     found = []
     for layout in layouts:
-        row = layout.post * layout.dtype.itemsize
+        row = layout.row_bytes
         parts = []
         for r, region in enumerate(payloads):
             n = layout.pre * layout.sizes[r] * row
@@ -578,20 +707,22 @@ def _decide(
     info: GroupInfo,
     pg: dist.ProcessGroup | None,
     cut: Cut,
+    room: tuple[int, ...],
 ) -> Exchanged:
-    """Every rank's verdict from the gathered headers ``rows`` (the same on every rank)."""
+    """Every rank's verdict from the gathered headers ``rows`` (the same on every rank);
+    ``room[r]``: the payload bytes rank r's slot held in this round."""
     last = None if pg is None else _LAST.get(pg, {}).get(kind)
     if last is not None and last[0] == rows:
         # The very headers of the last call that validated: the verdict is a pure
         # function of them, so it is the same (and the same on every rank).
-        return _finish(kind, state, last[1], last[2], True, info, pg, last[3], cut)
+        return _finish(kind, state, last[1], last[2], True, info, pg, last[3], cut, room)
     if last is not None:
         resized = _resized(last[0], last[1], rows)
         if resized is not None:
             needs = _needs(resized, info.world_size)
             if pg is not None:
                 _LAST.setdefault(pg, {})[kind] = (rows, resized, last[2], needs)
-            return _finish(kind, state, resized, last[2], True, info, pg, needs, cut)
+            return _finish(kind, state, resized, last[2], True, info, pg, needs, cut, room)
     k = len(calls)
     per_rank = [
         [row[i * HEADER_WORDS : (i + 1) * HEADER_WORDS] for i in range(len(row) // HEADER_WORDS)]
@@ -619,7 +750,7 @@ def _decide(
         try:
             layouts = tuple(
                 validate_records(
-                    [_decode_header(headers[i]) for headers in per_rank], rank=info.rank
+                    [decode_header(headers[i]) for headers in per_rank], rank=info.rank
                 )
                 for i in range(k)
             )
@@ -629,11 +760,11 @@ def _decide(
     if layouts is None:
         layouts = _full_path(kind, calls, counts, info)
         needs = _needs(layouts, w)
-        return _finish(kind, state, layouts, fusable, False, info, pg, needs, cut)
+        return _finish(kind, state, layouts, fusable, False, info, pg, needs, cut, room)
     needs = _needs(layouts, w)
     if pg is not None:
         _LAST.setdefault(pg, {})[kind] = (rows, layouts, fusable, needs)
-    return _finish(kind, state, layouts, fusable, True, info, pg, needs, cut)
+    return _finish(kind, state, layouts, fusable, True, info, pg, needs, cut, room)
 
 
 def _resized(
@@ -673,7 +804,7 @@ def _resized(
 
 
 def _needs(layouts: Sequence[Layout], world: int) -> tuple[int, ...]:
-    return tuple(sum(payload_nbytes(lay, r) for lay in layouts) for r in range(world))
+    return tuple(sum(lay.shard_bytes(r) for lay in layouts) for r in range(world))
 
 
 _LAST: weakref.WeakKeyDictionary[
@@ -695,14 +826,15 @@ def _finish(
     pg: dist.ProcessGroup | None,
     needs: tuple[int, ...],
     cut: Cut,
+    room: tuple[int, ...],
 ) -> Exchanged:
     """Advance the state from the validated layouts; cut out the results if fused."""
     need = max(needs, default=0)
-    after = advance(state, fusable=fusable, need=need, count=len(layouts))
+    after = advance(state, fusable=fusable, need=need, count=len(layouts), needs=needs)
     if pg is not None and after is not state:
         _STATES.setdefault(pg, {})[kind] = after
-    capacity = min(state.capacity, FUSED_MAX_BYTES)
-    if not (compact and fusable and need <= capacity):
+    fits = all(n <= c for n, c in zip(needs, room, strict=True))
+    if not (compact and fusable and fits):
         return Exchanged(layouts, None)
     return Exchanged(layouts, cut(layouts, needs))
 
@@ -733,7 +865,7 @@ def gather_bytes(
     ragged run of bytes, gathered by ``transport`` (``auto``: its policy for those
     bytes), then cut back into tensors."""
     w = info.world_size
-    sizes = tuple(sum(payload_nbytes(lay, r) for lay in layouts) for r in range(w))
+    sizes = _needs(layouts, w)
     if sum(sizes) == 0:
         device = tensors[0].device if tensors else info.default_device()
         return unpack([torch.empty(0, dtype=torch.uint8, device=device)] * w, layouts)
@@ -750,9 +882,11 @@ def gather_bytes(
     return unpack([gathered[flat.block(r)] for r in range(w)], layouts)
 
 
-def replace_state(group: dist.ProcessGroup | None, kind: Kind, **changes: int) -> None:
+def replace_state(
+    group: dist.ProcessGroup | None, kind: Kind, **changes: int | tuple[int, ...]
+) -> None:
     """Tests only: set fields of ``group``'s state on this rank (every rank must do the
     same, or the ranks disagree on the next round's size)."""
     pg = _key(group)
     if pg is not None:
-        _STATES.setdefault(pg, {})[kind] = replace(state_of(group, kind), **changes)
+        _STATES.setdefault(pg, {})[kind] = replace(state_of(group, kind), **changes)  # type: ignore[arg-type]  # each field keeps its own type; tests pass them right

@@ -112,6 +112,20 @@ class Layout:
         padded = self.world_size * self.max_size
         return 0.0 if padded == 0 else 1.0 - self.total / padded
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one index along ``dim`` of one leading block: ``post * itemsize``."""
+        return self.post * self.dtype.itemsize
+
+    def shard_bytes(self, rank: int) -> int:
+        """Bytes of ``rank``'s shard: ``pre * n_r * post * itemsize``."""
+        return self.pre * self.sizes[rank] * self.row_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the gathered result: ``pre * total * post * itemsize``."""
+        return self.pre * self.total * self.row_bytes
+
     def shard_shape(self, rank: int) -> tuple[int, ...]:
         """Shape of ``rank``'s input."""
         return (*self.leading_shape, self.sizes[rank], *self.trailing_shape)

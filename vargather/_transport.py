@@ -207,7 +207,7 @@ def _unpadded_backward(grad_output: torch.Tensor, layout: Layout, info: GroupInf
     when it fits in twice the output's memory, else one all_reduce of the gradient,
     which beats the memory-bounded alltoallv rounds on skewed sizes.
     """
-    if info.backend == "gloo" and payload_bytes(layout) < GLOO_REDUCE_SCATTER_MIN_BYTES:
+    if info.backend == "gloo" and layout.nbytes < GLOO_REDUCE_SCATTER_MIN_BYTES:
         if alltoallv_rounds(layout) == 1:
             return _alltoallv_blocks(grad_output, layout, info)
         return _all_reduce_blocks(grad_output, layout, info)
@@ -333,8 +333,8 @@ NCCL_MAX_PADDED_WASTE: Final = 0.25
 
 
 def payload_bytes(layout: Layout) -> int:
-    """Bytes of the gathered result: ``pre * total * post * itemsize``."""
-    return layout.pre * layout.total * layout.post * layout.dtype.itemsize
+    """Bytes of the gathered result (``Layout.nbytes``; kept for the callers of this name)."""
+    return layout.nbytes
 
 
 def auto_transport_name(layout: Layout, backend: str) -> str:
@@ -350,13 +350,13 @@ def auto_transport_name(layout: Layout, backend: str) -> str:
     * any other backend: ``padded``, the one path that needs only equal collectives.
     """
     if backend == "gloo":
-        if payload_bytes(layout) < GLOO_SMALL_BYTES:
+        if layout.nbytes < GLOO_SMALL_BYTES:
             return "padded" if layout.is_even else "alltoallv"
         return "broadcast"
     if backend == "nccl":
         if (
             layout.is_even
-            or payload_bytes(layout) < NCCL_SMALL_BYTES
+            or layout.nbytes < NCCL_SMALL_BYTES
             or layout.padding_waste <= NCCL_MAX_PADDED_WASTE
         ):
             return "padded"

@@ -10,6 +10,16 @@ message as ``MESSAGE_WORDS`` words of ASCII) and the shape, zero-padded to
 ``MAX_NDIM``. Integers are saturated into int64, the message is ASCII with ``?`` for
 anything else and cut at ``8 * MESSAGE_WORDS`` bytes; everything else survives the
 round trip exactly. A vector vargather cannot read raises ``ProtocolMismatchError``.
+
+The same module holds the fused round's **compact header** (``encode_header``,
+``decode_header``): ``HEADER_WORDS`` int64 carrying what validation compares and no
+message text, sent with the payload on the common path (``_fused``). A header word by
+word: magic and version; flags (``FLAG_PROBLEM``, ``FLAG_LONG``: more than
+``SHAPE_SLOTS`` dims, ``FLAG_ELIGIBLE``, ``FLAG_REQUIRES_GRAD``); the ndim, dtype,
+normalized dim, contract, transport and device codes, a byte each, in one word; the
+call's tensor count; the passed sizes' length and hash; ``SHAPE_SLOTS`` dims of the
+shape. A problem only sets a flag: its text travels in a full record, on the error
+path.
 """
 
 from __future__ import annotations
@@ -29,7 +39,23 @@ from ._errors import (
     VarGatherError,
 )
 
-__all__ = ["MESSAGE_WORDS", "RECORD_LENGTH", "decode_record", "encode_record", "wire_text"]
+__all__ = [
+    "FLAG_ELIGIBLE",
+    "FLAG_LONG",
+    "FLAG_PROBLEM",
+    "FLAG_REQUIRES_GRAD",
+    "HEADER_BYTES",
+    "HEADER_MAGIC",
+    "HEADER_WORDS",
+    "MESSAGE_WORDS",
+    "RECORD_LENGTH",
+    "SHAPE_SLOTS",
+    "decode_header",
+    "decode_record",
+    "encode_header",
+    "encode_record",
+    "wire_text",
+]
 
 MAGIC: Final = 0x76617267  # "varg"
 PROTOCOL_VERSION: Final = 3
@@ -150,4 +176,77 @@ def decode_record(values: Sequence[int], *, rank: int) -> CallRecord:
         sizes_sum=f["sizes_sum"],
         sizes_hash=f["sizes_hash"],
         shape=tuple(int(v) for v in values[_SHAPE_AT : _SHAPE_AT + max(0, min(ndim, MAX_NDIM))]),
+    )
+
+
+# --- the compact header of the fused round ---------------------------------------------
+
+HEADER_WORDS: Final = 12
+HEADER_BYTES: Final = 8 * HEADER_WORDS
+SHAPE_SLOTS: Final = 6
+"""Dims of the shape a compact header carries; a wider tensor takes the full path."""
+
+HEADER_MAGIC: Final = (0x76676675 << 8) | 1  # "vgfu", fused header version 1
+FLAG_PROBLEM: Final = 1
+FLAG_LONG: Final = 2
+FLAG_ELIGIBLE: Final = 4
+FLAG_REQUIRES_GRAD: Final = 8
+
+
+def _byte(v: int) -> int:
+    return max(0, min(255, v))
+
+
+def encode_header(record: CallRecord | None, count: int, flags: int) -> list[int]:
+    """A compact header: ``record`` (``None``: an unused slot) of a call of ``count``
+    tensors, with ``flags`` (the caller's ``FLAG_ELIGIBLE``) and the record's own."""
+    if record is None:
+        return [HEADER_MAGIC, flags, 0, saturate(count), -1, -1] + [0] * SHAPE_SLOTS
+    if record.problem is not None:
+        flags |= FLAG_PROBLEM
+    if record.ndim > SHAPE_SLOTS:
+        flags |= FLAG_LONG
+    if record.requires_grad:
+        flags |= FLAG_REQUIRES_GRAD
+    codes = (
+        _byte(record.ndim)
+        | _byte(record.dtype_code) << 8
+        | _byte(record.normalized_dim + 1) << 16
+        | _byte(record.contract_code + 1) << 24
+        | _byte(record.transport_code + 1) << 32
+        | _byte(record.device_code + 1) << 40
+    )
+    shape = list(record.shape[:SHAPE_SLOTS])
+    return [
+        HEADER_MAGIC,
+        flags,
+        codes,
+        saturate(count),
+        record.sizes_len,
+        record.sizes_hash,
+        *shape,
+        *[0] * (SHAPE_SLOTS - len(shape)),
+    ]
+
+
+def decode_header(h: Sequence[int]) -> CallRecord:
+    """A compact header (no problem, ndim <= SHAPE_SLOTS) as a problem-free record."""
+    codes = h[2]
+    ndim = codes & 0xFF
+    normalized_dim = ((codes >> 16) & 0xFF) - 1
+    return CallRecord(
+        problem=None,
+        ndim=ndim,
+        dtype_code=(codes >> 8) & 0xFF,
+        dim=normalized_dim,
+        normalized_dim=normalized_dim,
+        contract_code=((codes >> 24) & 0xFF) - 1,
+        transport_code=((codes >> 32) & 0xFF) - 1,
+        requires_grad=bool(h[1] & FLAG_REQUIRES_GRAD),
+        device_code=((codes >> 40) & 0xFF) - 1,
+        sizes_len=h[4],
+        sizes_own=-1,
+        sizes_sum=-1,
+        sizes_hash=h[5],
+        shape=tuple(h[6 : 6 + min(ndim, SHAPE_SLOTS)]),
     )

@@ -1,0 +1,165 @@
+"""The bench's plot (matplotlib, Agg): ratio to the limit against payload, per part.
+
+Where it sits: the parent side, beside ``_tables``; pure function of the records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import torch
+
+    _State: TypeAlias = tuple[torch.Tensor, torch.Tensor] | None
+    """A variant's untimed state: the backward's ``(x, out)``, nothing for the others."""
+from ._tables import _columns, _short
+
+
+def plot(
+    cells: Sequence[dict[str, Any]],
+    path: str,
+    small: Sequence[dict[str, Any]] = (),
+    coalesced: Sequence[dict[str, Any]] = (),
+    peers: Sequence[dict[str, Any]] = (),
+) -> None:
+    """One panel per (direction, world size) and profile: ratio to the limit vs payload;
+    then per world size the small-payload sweep and the coalesced case vs total."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [c for c in coalesced if "forward" in c]
+    names = list(
+        dict.fromkeys(
+            [
+                *_columns(cells, "forward"),
+                *_columns(cells, "backward"),
+                *_columns(small, "forward"),
+                *(f"coalesced: {n}" for n in _columns(done, "forward")),
+                *(f"peers: {n}" for n in _columns(peers, "forward")),
+            ]
+        )
+    )
+    cmap = plt.get_cmap("tab20")  # 20 colors: the dark ones first, then the light ones
+    color = {n: cmap((2 * i) % 20 if i < 10 else (2 * i + 1) % 20) for i, n in enumerate(names)}
+    worlds = sorted({c["world_size"] for c in cells})
+    small_worlds = sorted({c["world_size"] for c in [*small, *done, *peers]})
+    profiles = list(dict.fromkeys(c["profile"] for c in cells))
+    rows: list[tuple[str, int]] = [
+        *((d, w) for d in ("forward", "backward") for w in worlds),
+        *(("small", w) for w in small_worlds),
+    ]
+    ncols = max(len(profiles), 3 if small_worlds else 1)
+    fig, axes = plt.subplots(
+        len(rows), ncols, figsize=(4.2 * ncols, 3.2 * len(rows)), squeeze=False
+    )
+
+    def curve(ax: Any, sel: Sequence[dict[str, Any]], name: str, key: str, label: str) -> None:
+        xs = [c["payload_kb"] for c in sel]
+        ys = [c["forward"][name]["median_ratio"] if name in c["forward"] else math.nan for c in sel]
+        style = "-" if name.startswith(("vargather", "coalesced")) else "--"
+        ax.plot(
+            xs,
+            ys,
+            style,
+            marker="o",
+            markersize=3,
+            linewidth=2.5 if name in ("vargather:auto", "coalesced") else 1.2,
+            color=color[key],
+            label=label,
+        )
+
+    def finish(
+        ax: Any, title: str, xlabel: str, xs: Sequence[float], first: bool, last: bool
+    ) -> None:
+        from matplotlib.ticker import LogLocator, NullFormatter, NullLocator, ScalarFormatter
+
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(set(xs))))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, which="both", linewidth=0.3)
+        if first:
+            ax.set_ylabel("time / limit")
+        if last:
+            ax.set_xlabel(xlabel)
+
+    for i, (direction, w) in enumerate(rows):
+        for ax in axes[i]:
+            ax.set_visible(False)
+        last = i == len(rows) - 1 or rows[i + 1][0] != direction
+        if direction == "small":
+            panels = [
+                (sorted((c for c in small if c["world_size"] == w), key=_kb), "small payloads"),
+                (sorted((c for c in done if c["world_size"] == w), key=_kb), "coalesced (3)"),
+                (sorted((c for c in peers if c["world_size"] == w), key=_kb), "peers"),
+            ]
+            for j, (sel, title) in enumerate(panels):
+                if not sel:
+                    continue
+                ax = axes[i][j]
+                ax.set_visible(True)
+                for name in _columns(sel, "forward"):
+                    key = name if j == 0 else f"{('coalesced', 'peers')[j - 1]}: {name}"
+                    curve(ax, sel, name, key, _short(key))
+                ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+                xs = [c["payload_kb"] for c in sel]
+                finish(ax, f"{title}, W={w}", "gathered in total (KiB)", xs, j == 0, True)
+            continue
+        for j, prof in enumerate(profiles):
+            ax = axes[i][j]
+            sel = sorted(
+                (c for c in cells if c["world_size"] == w and c["profile"] == prof),
+                key=lambda c: c["payload_mb"],
+            )
+            if not sel:
+                continue
+            ax.set_visible(True)
+            xs = [c["payload_mb"] for c in sel]
+            for name in _columns(sel, direction):
+                ys = [
+                    c[direction][name]["median_ratio"] if name in c[direction] else math.nan
+                    for c in sel
+                ]
+                style = "-" if name.startswith("vargather") else "--"
+                width = 2.5 if name == "vargather:auto" else 1.2
+                ax.plot(
+                    xs,
+                    ys,
+                    style,
+                    marker="o",
+                    markersize=3,
+                    linewidth=width,
+                    color=color[name],
+                    label=_short(name),
+                )
+            if direction == "forward":
+                ax.axhline(sel[0]["floor"], color="grey", linewidth=0.8, linestyle=":")
+            finish(ax, f"{direction}, W={w}, {prof}", "payload (MB)", xs, j == 0, last)
+    handles: dict[str, Any] = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+    fig.legend(
+        list(handles.values()),
+        list(handles.keys()),
+        loc="upper center",
+        ncol=min(len(handles), 8),
+        fontsize=8,
+    )
+    legend_rows = math.ceil(len(handles) / 8)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.03 * legend_rows * 4 / max(len(rows), 1)))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _kb(record: dict[str, Any]) -> float:
+    return float(record["payload_kb"])

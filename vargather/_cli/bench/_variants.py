@@ -1,0 +1,314 @@
+"""The bench's variants: the shards, what each variant runs and how it is checked.
+
+Where it sits: between the rank programs (``_ranks``), which time them with ``_meter``, and
+the library and its peers, which they call. Shard values are small integers from a formula
+(``_pattern``), so every expected output and gradient is regenerated exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
+
+if TYPE_CHECKING:
+    import torch
+
+    _State: TypeAlias = tuple[torch.Tensor, torch.Tensor] | None
+    """A variant's untimed state: the backward's ``(x, out)``, nothing for the others."""
+from ._config import (
+    COALESCED_DIM,
+    KNOWN_SIZES_VARIANT,
+    ROW_ELEMENTS,
+    BenchConfig,
+    forward_transports,
+)
+
+# --- the rank side ---------------------------------------------------------------------------------
+
+
+def _pattern(start: int, count: int, a: int, b: int, modulus: int) -> torch.Tensor:
+    """``(i * a + b) % modulus - modulus // 2`` for ``i`` in ``[start, start + count)``,
+    as float32: small integers, so sums are exact."""
+    import torch
+
+    i = torch.arange(start, start + count, dtype=torch.int64)
+    return ((i * a + b) % modulus - modulus // 2).to(torch.float32)
+
+
+def _shard(rank: int, rows: int) -> torch.Tensor:
+    return _pattern(0, rows * ROW_ELEMENTS, 7, 13 * rank, 23).view(rows, ROW_ELEMENTS)
+
+
+def _upstream_rows(rank: int, first_row: int, rows: int) -> torch.Tensor:
+    """Rows ``[first_row, first_row + rows)`` of rank ``rank``'s upstream gradient."""
+    start = first_row * ROW_ELEMENTS
+    return _pattern(start, rows * ROW_ELEMENTS, 5, 11 * rank, 19).view(rows, ROW_ELEMENTS)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    import torch
+
+    return bool(
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    )
+
+
+@dataclass
+class _Cell:
+    """One (world size, payload, profile) on one rank."""
+
+    rank: int
+    world_size: int
+    sizes: list[int]
+    offsets: list[int]
+    total: int
+    eq_rows: int  # rows per rank of the equal-size limit
+
+    @property
+    def rows(self) -> int:
+        return self.sizes[self.rank]
+
+
+def _check_output(cell: _Cell, out: torch.Tensor) -> bool:
+    if tuple(out.shape) != (cell.total, ROW_ELEMENTS):
+        return False
+    for r in range(cell.world_size):
+        o, n = cell.offsets[r], cell.sizes[r]
+        if not _same(out[o : o + n], _shard(r, n)):
+            return False
+    return True
+
+
+def _expected_grad(cell: _Cell, first_row: int, rows: int) -> torch.Tensor:
+    total = _upstream_rows(0, first_row, rows)
+    for j in range(1, cell.world_size):
+        total = total + _upstream_rows(j, first_row, rows)
+    return total
+
+
+@dataclass
+class _Variant:
+    """How to run, check and measure one variant on a rank.
+
+    ``prepare()`` builds the untimed state (fresh each call); ``run(state)`` is the timed
+    part and returns what ``check(result)`` verifies.
+    """
+
+    name: str
+    prepare: Callable[[], _State]
+    run: Callable[[_State], torch.Tensor]
+    check: Callable[[torch.Tensor], bool]
+
+
+def _forward_variants(cell: _Cell) -> list[_Variant]:
+    import torch
+    import torch.distributed as dist
+
+    import vargather
+    from vargather.testing.seed import all_gather_variable_dim
+
+    x = _shard(cell.rank, cell.rows)
+    eq_x = _shard(cell.rank, cell.eq_rows)
+    eq_cell = _Cell(
+        cell.rank,
+        cell.world_size,
+        [cell.eq_rows] * cell.world_size,
+        [r * cell.eq_rows for r in range(cell.world_size)],
+        cell.eq_rows * cell.world_size,
+        cell.eq_rows,
+    )
+    gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+    def limit(_: _State) -> torch.Tensor:
+        out = eq_x.new_empty((eq_cell.total, ROW_ELEMENTS))
+        gather_single(out, eq_x)
+        return out
+
+    def vargather_run(transport: str) -> Callable[[_State], torch.Tensor]:
+        def run(_: _State) -> torch.Tensor:
+            return vargather.all_gather_v(x, 0, transport=transport)  # type: ignore[arg-type]  # a name from TRANSPORT_NAMES
+
+        return run
+
+    def vargather_known(_: _State) -> torch.Tensor:
+        return vargather.all_gather_v(x, 0, sizes=cell.sizes, validate=False)
+
+    def seed(_: _State) -> torch.Tensor:
+        return all_gather_variable_dim(x, 0)[0]
+
+    def gather_object(_: _State) -> torch.Tensor:
+        objects: list[torch.Tensor | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(objects, x)
+        return torch.cat([o for o in objects if o is not None], dim=0)
+
+    variants = [_Variant("limit", lambda: None, limit, lambda out: _check_output(eq_cell, out))]
+    variants += [
+        _Variant(
+            f"vargather:{t}",
+            lambda: None,
+            vargather_run(t),
+            lambda out: _check_output(cell, out),
+        )
+        for t in forward_transports()
+    ]
+    variants.append(
+        _Variant(
+            KNOWN_SIZES_VARIANT,
+            lambda: None,
+            vargather_known,
+            lambda out: _check_output(cell, out),
+        )
+    )
+    variants.append(_Variant("seed", lambda: None, seed, lambda out: _check_output(cell, out)))
+    variants.append(
+        _Variant(
+            "all_gather_object", lambda: None, gather_object, lambda out: _check_output(cell, out)
+        )
+    )
+    return variants
+
+
+def _backward_variants(cell: _Cell) -> list[_Variant]:
+    import torch
+    import torch.distributed as dist
+
+    import vargather
+
+    reduce_scatter_single = (
+        getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    )
+    upstream = _upstream_rows(cell.rank, 0, cell.total)
+    eq_upstream = _upstream_rows(cell.rank, 0, cell.eq_rows * cell.world_size)
+    own = slice(cell.offsets[cell.rank], cell.offsets[cell.rank] + cell.rows)
+    want = _expected_grad(cell, cell.offsets[cell.rank], cell.rows)
+    eq_want = _expected_grad(cell, cell.rank * cell.eq_rows, cell.eq_rows)
+
+    def limit(_: _State) -> torch.Tensor:
+        out = eq_upstream.new_empty((cell.eq_rows, ROW_ELEMENTS))
+        reduce_scatter_single(out, eq_upstream)
+        return out
+
+    def prepare(transport: str) -> Callable[[], _State]:
+        def make() -> _State:
+            x = _shard(cell.rank, cell.rows).requires_grad_(True)
+            out = vargather.all_gather_v(x, 0, transport=transport)  # type: ignore[arg-type]  # a name from TRANSPORT_NAMES
+            return x, out
+
+        return make
+
+    def backward(state: _State) -> torch.Tensor:
+        assert state is not None  # made by prepare()
+        x, out = state
+        torch.autograd.backward(out, upstream)
+        assert x.grad is not None  # x requires grad and the gather is differentiable
+        return x.grad
+
+    def all_reduce(_: _State) -> torch.Tensor:
+        full = upstream.clone()
+        dist.all_reduce(full)
+        return full[own].clone()
+
+    variants = [_Variant("limit", lambda: None, limit, lambda g: _same(g, eq_want))]
+    variants += [
+        _Variant(f"vargather:{t}", prepare(t), backward, lambda g: _same(g, want))
+        for t in forward_transports()
+    ]
+    variants.append(_Variant("all_reduce", lambda: None, all_reduce, lambda g: _same(g, want)))
+    return variants
+
+
+def _selected(variants: list[_Variant], cfg: BenchConfig) -> list[_Variant]:
+    if cfg.variants is None:
+        return variants
+    return [v for v in variants if v.name == "limit" or v.name in cfg.variants]
+
+
+def _flat_shard(rank: int, n: int) -> torch.Tensor:
+    return _pattern(0, n, 7, 13 * rank, 23)
+
+
+def _flat_expected(sizes: Sequence[int]) -> torch.Tensor:
+    import torch
+
+    return torch.cat([_flat_shard(r, n) for r, n in enumerate(sizes)])
+
+
+def changing_sizes(base: Sequence[int], step: int, i: int) -> list[int]:
+    """The small part's sizes at call ``i``: ``base`` with rank ``i % W`` one ``step``
+    larger and rank ``(i + 1) % W`` one ``step`` smaller (never below 0): every call's
+    sizes differ from the previous call's, within ``step`` of ``base``, same total."""
+    w = len(base)
+    sizes = list(base)
+    grow, shrink = i % w, (i + 1) % w
+    moved = min(step, sizes[shrink])
+    sizes[grow] += moved
+    sizes[shrink] -= moved
+    return sizes
+
+
+def _coalesced_shards(rank: int, n: int) -> list[torch.Tensor]:
+    """Rank ``rank``'s three tensors of ``n`` rows: int64 ids (high bits set), float32
+    embeddings, a bool mask."""
+    import torch
+
+    ids = torch.arange(n, dtype=torch.int64) * 7 + ((rank + 1) << 40)
+    emb = _pattern(0, n * COALESCED_DIM, 5, 11 * rank, 19).view(n, COALESCED_DIM)
+    mask = torch.arange(n, dtype=torch.int64).add(rank) % 3 == 0
+    return [ids, emb, mask]
+
+
+def coalesced_row_bytes() -> int:
+    """Bytes of one row of the coalesced case's three tensors together."""
+    return 8 + 4 * COALESCED_DIM + 1
+
+
+def peer_gathers() -> dict[str, Callable[[torch.Tensor], torch.Tensor] | str]:
+    """The gathers users reach for instead, by variant name: each a function of this
+    rank's shard returning the gathered tensor, or (not installed) the note saying so.
+
+    ``ignite``: ``ignite.distributed.all_gather_tensors_with_shapes``, which needs every
+    rank's shape beforehand: its docs' shape exchange, ``idist.all_gather`` of the
+    shape, runs first in every call, then the gather and a ``cat`` of its list.
+    ``torchmetrics``: ``torchmetrics.utilities.distributed.gather_all_tensors`` (a
+    barrier, a shape all_gather, a padded list all_gather, trimming) and a ``cat``.
+    ``seed``: the seed's algorithm (``vargather.testing.seed``).
+    """
+    import torch
+
+    from vargather.testing.seed import all_gather_variable_dim
+
+    found: dict[str, Callable[[torch.Tensor], torch.Tensor] | str] = {}
+    try:
+        import ignite.distributed as idist
+    except ImportError:
+        found["ignite"] = "pytorch-ignite is not installed (pip install pytorch-ignite)"
+    else:
+
+        def ignite(x: torch.Tensor) -> torch.Tensor:
+            shape = torch.tensor(x.shape, dtype=torch.int64)
+            gathered = idist.all_gather(shape)
+            assert isinstance(gathered, torch.Tensor)  # a tensor in, a tensor out
+            every = gathered.view(-1, x.dim()).tolist()
+            return torch.cat(idist.all_gather_tensors_with_shapes(x, every), dim=0)
+
+        found["ignite"] = ignite
+    try:
+        from torchmetrics.utilities.distributed import gather_all_tensors
+    except ImportError:
+        found["torchmetrics"] = "torchmetrics is not installed (pip install torchmetrics)"
+    else:
+
+        def torchmetrics(x: torch.Tensor) -> torch.Tensor:
+            return torch.cat(gather_all_tensors(x), dim=0)
+
+        found["torchmetrics"] = torchmetrics
+    found["seed"] = lambda x: all_gather_variable_dim(x, 0)[0]
+    return found
+
+
+def peer_shard(rank: int, rows: int, columns: int) -> torch.Tensor:
+    """Rank ``rank``'s shard of the peers part: ``rows x columns`` float32."""
+    return _pattern(0, rows * columns, 7, 13 * rank, 23).view(rows, columns)
