@@ -686,6 +686,9 @@ class Implementation:
     ctor_takes_dim: bool = False
     emulate: str | None = None
     coalesced_ref: str | None = None
+    call: str | None = None
+    """A call template (``vargather.testing.calls``), ``"(x, group=group)"``: ATTR is
+    called with it instead of the convention's call."""
 
     def __post_init__(self) -> None:
         for what in ("ref", "coalesced_ref"):

@@ -16,6 +16,7 @@ vargather repro`` (``describe_coalesced``: a tensor of a coalesced call, with th
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import itertools
 import os
@@ -31,6 +32,7 @@ import torch
 
 from vargather import CONTRACTS, CollectiveError, VarGatherError
 
+from .calls import CallTemplate, parse_call
 from .cases import (
     COMPAT,
     DIGEST_MIN_BYTES,
@@ -336,7 +338,19 @@ def _call(
         fn = fn(**ctor)  # type: ignore[assignment]  # the configured object is called below
         assert callable(fn)  # checked in the parent before any world starts
     sizes = case.sizes_argument()
-    if impl.convention == "seed":
+    if impl.call is not None:
+        args, keywords = _template(impl.call).build(
+            {
+                "x": x,
+                "dim": case.dim,
+                "sizes": sizes,
+                "shapes": [list(s) for s in case.shapes],
+                "group": group,
+                "grad": case.contract,
+            }
+        )
+        result = fn(*args, **keywords)
+    elif impl.convention == "seed":
         result = fn(*head, sizes)
     else:
         kwargs: dict[str, object] = {"grad": case.contract} if impl.takes_grad else {}
@@ -348,6 +362,12 @@ def _call(
             kwargs["transport"] = case.transport
         result = fn(*head, **kwargs)
     return _unpack(impl, case, result)
+
+
+@functools.lru_cache(maxsize=16)
+def _template(text: str) -> CallTemplate:
+    """A call template, parsed once per process (``calls.parse_call``)."""
+    return parse_call(text)
 
 
 def _is_tensor_list(value: object) -> bool:
@@ -969,12 +989,14 @@ def repro_args(case: GatherCase, implementation: Implementation = VARGATHER) -> 
         args += ["--contracts", ",".join(impl.contracts)]
     if impl.transports is not None:
         args += ["--transports", ",".join(impl.transports)]
-    if impl.convention == "vargather" and not impl.takes_group:
+    if impl.convention == "vargather" and not impl.takes_group and impl.call is None:
         args.append("--no-group")
-    if impl.convention == "vargather" and not impl.takes_grad:
+    if impl.convention == "vargather" and not impl.takes_grad and impl.call is None:
         args.append("--no-grad-kw")
     if impl.returns != "auto":
         args += ["--returns", impl.returns]
+    if impl.call is not None:
+        args += ["--call", impl.call]
     if impl.ctor_takes_dim:
         args.append("--ctor-dim")
     if impl.emulate is not None:
