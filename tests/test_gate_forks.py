@@ -319,8 +319,57 @@ def test_a_convention_that_does_not_fit_is_exit_2_naming_the_options(
     err = capsys.readouterr().err
     assert "--sizes never" in err
     assert "does not fit" in err
-    info = resolve_impl(ref, sizes="never", grad="local")
+    # Its signature is (result, group=None): even without sizes, the convention's
+    # ATTR(x, dim, ...) would pass dim as its group. Exit 2, naming the template.
+    argv = ["--impl", ref, "--sizes", "never", "--no-progress", "--no-config"]
+    assert check_cli.main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "passes dim as ATTR's parameter 'group'" in err
+    assert "--call '(x, group=group)'" in err
+    info = resolve_impl(ref, sizes="never", grad="local", call="(x, group=group)")
     assert (info.convention, info.takes_grad, info.takes_group) == ("vargather", False, True)
+
+
+@pytest.mark.usefixtures("in_root")
+@pytest.mark.parametrize(
+    ("ref", "call", "fragment"),
+    [
+        ("tests.forks.function_apply:AllGather.apply", "(x, dim)", "its forward, less ctx,"),
+        ("tests.forks.with_shapes:all_gather_tensors_with_shapes", "(x)", "'shapes'"),
+        ("tests.forks.sizes_flag:all_gather_v", "(x, group=group)", "'sizes'"),
+        ("tests.forks.dim0_only:gather_rows", "(x, y)", "unknown name 'y'"),
+        ("tests.forks.dim0_only:gather_rows", "(x, __import__('os'))", "nor a literal"),
+        ("tests.forks.dim0_only:gather_rows", "(x) or (1)", "one argument list"),
+    ],
+)
+def test_a_call_template_that_does_not_fit_is_exit_2_before_any_world(
+    ref: str, call: str, fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--impl", ref, "--call", call, "--no-progress", "--no-config"]
+    assert check_cli.main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("vargather check: error: --call"), err
+    assert fragment in err, err
+
+
+@pytest.mark.usefixtures("in_root")
+def test_what_a_template_leaves_out_is_out_of_scope() -> None:
+    info = resolve_impl("tests.forks.function_apply:AllGather.apply", call="(x)")
+    assert info.scope is not None
+    assert (info.scope.dims, info.scope.sizes, info.scope.takes_group) == ((0,), "never", False)
+    listed = CheckOptions(
+        impl="tests.forks.list_return:gather_all_tensors", call="(x, group=group)", returns="list"
+    )
+    from vargather.testing.resolve import resolve_options_impl
+
+    scope = resolve_options_impl(listed, None).scope
+    assert scope is not None
+    assert (scope.dims, scope.sizes, scope.takes_group) == (None, "never", True)
+    # A declared scope the call cannot reach is a usage error naming the option.
+    options = CheckOptions(impl="tests.forks.dim0_only:gather_rows", call="(x)", dims=(0, 1))
+    with pytest.raises(CheckUsageError) as caught:
+        resolve_options_impl(options, None)
+    assert str(caught.value).startswith("dims 0,1: the call (x) passes no dim"), caught.value
 
 
 @pytest.mark.usefixtures("in_root")

@@ -24,6 +24,7 @@ _FLAG = {
     "sizes": "--sizes",
     "returns": "--returns",
     "emulate": "--emulate",
+    "call": "--call",
 }
 
 

@@ -282,7 +282,7 @@ def _check_fits(
         shape += ", ".join([*kw, "group", "transport"]) + ")"
     for args, kwargs in attempts:
         try:
-            sig.bind(*args, **kwargs)
+            bound = sig.bind(*args, **kwargs)
         except TypeError as err:
             hints: list[str] = []
             params = sig.parameters
@@ -297,12 +297,47 @@ def _check_fits(
                     "MODULE:ATTR(dim=...) if ATTR is a class configured with dim, with "
                     "--dims naming the dims it supports"
                 )
+            hints.append(f"--call '{_suggested_call(sig)}' (the arguments ATTR takes)")
             advice = "; pass " + " or ".join(hints) if hints else ""
             raise OptionError(
                 "impl",
                 f"{ref}: the call convention {how} calls {shape}, which does not fit "
                 f"its signature {sig}: {err}{advice}",
             ) from None
+        # It binds, but a positional argument may land in a parameter named otherwise
+        # (``f(x, group=None)`` called as ``f(x, dim)`` receives dim as its group).
+        names = list(bound.arguments)
+        wrong = [
+            (value, name)
+            for value, name in zip(("x", "dim", "sizes"), names[: len(args)], strict=False)
+            if name != value and name in ("dim", "sizes", "group", "grad", "shapes", "transport")
+        ]
+        if wrong:
+            value, name = wrong[0]
+            raise OptionError(
+                "impl",
+                f"{ref}: the call convention {how} calls {shape}, which passes {value} as "
+                f"ATTR's parameter {name!r} (its signature is {sig}); pass --call "
+                f"'{_suggested_call(sig)}' (the arguments ATTR takes)",
+            )
+
+
+def _suggested_call(sig: inspect.Signature) -> str:
+    """A call template for ``sig``: its parameters the gate has names for, the first
+    one as ``x`` (a starting point: the fork decides what its call passes)."""
+    parts: list[str] = []
+    for i, p in enumerate(sig.parameters.values()):
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        name = "x" if i == 0 else p.name
+        if i > 0 and name not in ("dim", "sizes", "shapes", "group", "grad"):
+            if p.default is p.empty:
+                name = "..."
+            else:
+                continue
+        keyword = p.kind is p.KEYWORD_ONLY or (i > 0 and p.default is not p.empty)
+        parts.append(f"{p.name}={name}" if keyword and name != "..." else name)
+    return "(" + ", ".join(parts) + ")"
 
 
 def resolve_impl(
