@@ -99,7 +99,7 @@ ZOO: tuple[Fork, ...] = (
             "emulate": "nccl",
         },
         fails={"non-contiguous": ("error", "call")},
-        also=("one-rank", "subgroup", "uninitialized", "call-sequence"),
+        also=("gradient", "adjoint", "one-rank", "subgroup", "uninitialized", "call-sequence"),
         examples=20,
         bug=(
             "a strided shard reaches NCCL's all_gather (emulated): refused on its rank "
