@@ -377,6 +377,7 @@ _REPORT_SCHEMA: dict[str, Any] = {
     "impl": (str, type(None)),
     "impl_display": str,
     "convention": str,
+    "call": (str, type(None)),
     "grad": str,
     "world_sizes": [int],
     "max_examples": int,
