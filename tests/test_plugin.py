@@ -209,6 +209,24 @@ def test_every_schema_option_is_set_alike_by_flag_config_and_plugin(tmp_path: Pa
             assert value == expected, (option.name, surface, value, expected)
 
 
+def test_the_schema_and_the_options_model_name_the_same_options() -> None:
+    """Every schema option sets a ``CheckOptions`` field, and every field a user sets
+    is a schema option (the rest are the surfaces' bookkeeping); the isolated child's
+    options round-trip through JSON."""
+    import dataclasses
+
+    from vargather.testing import schema
+    from vargather.testing.options import CheckOptions
+
+    bookkeeping = {"config_path", "xfails", "progress", "in_flight"}
+    fields = {f.name for f in dataclasses.fields(CheckOptions)}
+    assert {o.field for o in schema.OPTIONS} == fields - bookkeeping
+    options = CheckOptions(
+        impl="m:f", call="(x)", dims=(0,), world_sizes=(2, 3), xfails=frozenset({"dims"})
+    )
+    assert CheckOptions.from_json(json.loads(json.dumps(options.to_json()))) == options
+
+
 def test_plugin_values_need_the_impl() -> None:
     import _vargather_pytestplugin as plugin
 
