@@ -28,11 +28,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from vargather.testing import property_ids
+
+if TYPE_CHECKING:
+    from vargather.testing.schema import Option
 
 ROOT = Path(__file__).resolve().parents[1]
 README_SECTION = "## Test your own distributed code"
@@ -131,7 +134,7 @@ _SAMPLES: dict[str, str] = {
 }
 
 
-def _sample(option: Any, tmp_path: Path) -> str:
+def _sample(option: Option, tmp_path: Path) -> str:
     """A value of ``option`` other than its default, as text."""
     if option.name in _SAMPLES:
         return _SAMPLES[option.name]
@@ -142,10 +145,11 @@ def _sample(option: Any, tmp_path: Path) -> str:
         if option.name == "xfails":
             path.write_text("gradient\n")
         return str(path)
-    return {"int": "7", "float": "12.5", "flag": "true"}[option.kind]
+    text: str = {"int": "7", "float": "12.5", "flag": "true"}[option.kind]
+    return text
 
 
-def _toml(option: Any, text: str) -> str:
+def _toml(option: Option, text: str) -> str:
     """``text`` as the TOML value the config table takes for ``option``."""
     if option.kind == "flag":
         return "true"

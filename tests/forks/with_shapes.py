@@ -26,5 +26,5 @@ def all_gather_tensors_with_shapes(
     padded = tensor.new_zeros(max_shape)
     padded[tuple(slice(0, n) for n in tensor.shape)] = tensor.detach()
     out = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(out, padded, group=group)  # type: ignore[arg-type]  # the same
+    dist.all_gather(out, padded, group=group)
     return [o[tuple(slice(0, int(n)) for n in shape)] for o, shape in zip(out, shapes, strict=True)]
