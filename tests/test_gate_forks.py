@@ -475,6 +475,18 @@ def test_zoo_member_at_default_settings(fork: Fork) -> None:
     # measured by `python -m tests.forks.run_zoo` and reported in docs/conformance.md.
 
 
+@pytest.mark.slow  # default run: the two determinism tests above (strided_bug, function_apply)
+@multirank
+@pytest.mark.usefixtures("in_root")
+@pytest.mark.parametrize("fork", ZOO, ids=[f.name for f in ZOO])
+def test_zoo_member_gives_byte_identical_json_for_one_seed(fork: Fork) -> None:
+    texts = []
+    for _ in range(2):
+        report = zoo_check(fork, max_examples=20, shrink_budget=40, only=(), seed=1)
+        texts.append(json.dumps(_strip_timings(report.to_json()), sort_keys=True))
+    assert texts[0] == texts[1]
+
+
 @multirank
 @pytest.mark.usefixtures("in_root")
 def test_gradient_counterexample_prefers_non_empty_shards() -> None:
