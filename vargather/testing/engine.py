@@ -36,6 +36,7 @@ import torch
 
 import vargather
 
+from .calls import parse_call
 from .cases import DTYPE_NAMES, GatherCase, Implementation, RankReport
 from .judge import Failure
 from .options import DEFAULT_TIMEOUT, CheckOptions, CheckUsageError
@@ -643,6 +644,24 @@ def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:
     return scope
 
 
+def _call_reason(row_id: str, reason: str | None, info: ImplInfo) -> str | None:
+    """A row the call template put out of scope says so (instead of naming the
+    option the template stands for)."""
+    if reason is None or info.call is None or info.scope is None:
+        return reason
+    template = parse_call(info.call)
+    left_out = {
+        "dims": "dim",
+        "subgroup": "group",
+        "sizes-list": "sizes",
+        "sizes-tensor": "sizes",
+    }.get(row_id)
+    if left_out is None or template.uses(left_out):
+        return reason
+    what = {"dim": "dim 0 only", "group": "no subgroup", "sizes": "sizes never passed"}
+    return f"--call {info.call} passes no {left_out}: {what[left_out]}"
+
+
 _PROBE_TOKENS = iter(range(-1, -(1 << 62), -1))
 
 
@@ -829,7 +848,7 @@ def _run_check(
         progress.retotal(len(split))  # a refused dtype is a row of its own
         for row_id, row in split:
             progress.phase(f"checking {row_id}")
-            reason = row.not_applicable(world_sizes, returns)
+            reason = _call_reason(row.id, row.not_applicable(world_sizes, returns), info)
             if reason is None and row.id == "uninitialized" and options.requires_init:
                 reason = "--requires-init: needs an initialized torch.distributed"
             stopped = options.exitfirst and any(r.failed for r in report.results)
