@@ -99,7 +99,19 @@ CLI = PACKAGE / "_cli"
 
 # The gate's engine in the kit, bottom to top: a module imports only engine modules
 # earlier in this list (and the rest of the kit, beneath the engine).
-ENGINE_ORDER = ["schema", "calls", "results", "options", "resolve", "verdict", "engine", "plugin"]
+ENGINE_ORDER = [
+    "schema",
+    "calls",
+    "results",
+    "options",
+    "resolve",
+    "verdict",
+    "progress",
+    "isolated",
+    "evaluate",
+    "engine",
+    "plugin",
+]
 
 
 def _module_imports(path: pathlib.Path, package: str) -> set[str]:

@@ -2,8 +2,9 @@
 
 Where it sits: the command-line layer (``vargather._cli``). The engine lives in the
 testing kit: the options model (``vargather.testing.options``), implementation
-resolution (``vargather.testing.resolve``), the property runs (``run_check``,
-``vargather.testing.engine``), the verdict rules (``vargather.testing.verdict``) and
+resolution (``vargather.testing.resolve``), the property evaluation
+(``vargather.testing.evaluate``), ``run_check`` (``vargather.testing.engine``), the
+verdict rules (``vargather.testing.verdict``) and
 the results (``vargather.testing.results``). This module re-exports them for callers
 of the old ``vargather._cli.gate`` names, with errors spelled as the command line's
 flags (``--grad``).
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from vargather.testing import engine as _engine
 from vargather.testing import resolve as _resolve
 from vargather.testing.cases import Implementation
-from vargather.testing.engine import CRASH_SHRINK_BUDGET, render_failures, run_check
+from vargather.testing.engine import run_check
+from vargather.testing.evaluate import CRASH_SHRINK_BUDGET, evaluate, render_failures
 from vargather.testing.options import (
     CONVENTIONS,
     DEFAULT_MAX_EXAMPLES,
@@ -87,6 +88,6 @@ def _evaluate(
     factory: Callable[[int], RankPool],
     progress: Progress,
 ) -> PropertyResult:
-    """One property's Hypothesis run (``engine.evaluate``), shown on ``progress``."""
+    """One property's Hypothesis run (``evaluate.evaluate``), shown on ``progress``."""
     del progress  # the engine reports through callbacks; this display shows nothing
-    return _engine.evaluate(prop, options, world_sizes, factory)
+    return evaluate(prop, options, world_sizes, factory)

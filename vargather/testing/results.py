@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from .cases import GatherCase
 from .properties import BATCH
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "PropertyFailure",
     "PropertyResult",
     "Report",
+    "case_data",
     "describe_case_dict",
 ]
 
@@ -331,3 +333,27 @@ def describe_case_dict(case: dict[str, Any]) -> str:
     head = [f"{k.replace('_', ' ')} {case[k]}" for k in keys if k in case]
     rest = [f"{k.replace('_', ' ')} {v}" for k, v in case.items() if k not in keys]
     return ", ".join(head + rest)
+
+
+def case_data(case: GatherCase) -> dict[str, Any]:
+    """A ``GatherCase`` as plain JSON data (the counterexample in the report)."""
+    return {
+        "world_size": case.group_size,
+        "shapes": [list(s) for s in case.shapes],
+        "sizes": list(case.sizes),
+        "dim": case.dim,
+        "dtype": case.dtype,
+        "contract": case.contract,
+        "transport": case.transport,
+        "sizes_passed": case.sizes_form,
+        "memory": [case.memory_of(r) for r in range(case.group_size)],
+        "values": case.values,
+        "upstream": case.upstream,
+        "requires_grad": case.requires_grad,
+        "seed": case.seed,
+        "payload_bytes": list(case.shard_bytes),
+        "subgroup": None if case.members is None else list(case.members),
+        "world": case.world_size,
+        "initialized": case.initialized,
+        "repr": repr(case),
+    }
