@@ -272,7 +272,10 @@ def read_config(path: str) -> dict[str, object]:
         try:
             value = option.parse_toml(raw, where)
         except schema.OptionError as err:
-            raise OptionError("config", f": {where}: {err.spelled(key)}") from None
+            text = err.spelled(key)
+            raise OptionError(
+                "config", f": {text}" if where in text else f": {where}: {text}"
+            ) from None
         if option.kind == "path" and isinstance(value, str) and not os.path.isabs(value):
             value = os.path.join(os.path.dirname(os.path.abspath(path)), value)
         values[key] = value
