@@ -307,9 +307,12 @@ def _check_fits(
         # It binds, but a positional argument may land in a parameter named otherwise
         # (``f(x, group=None)`` called as ``f(x, dim)`` receives dim as its group).
         names = list(bound.arguments)
+        passed = ["x", "dim"] if dim_in_call else ["x"]
+        if convention == "seed":
+            passed.append("sizes")
         wrong = [
             (value, name)
-            for value, name in zip(("x", "dim", "sizes"), names[: len(args)], strict=False)
+            for value, name in zip(passed, names[: len(args)], strict=False)
             if name != value and name in ("dim", "sizes", "group", "grad", "shapes", "transport")
         ]
         if wrong:
