@@ -8,8 +8,9 @@ imported only by a session that uses it:
 * ``pytest --vargather-impl MODULE:ATTR [--vargather-grad local ...]`` collects the
   conformance properties of ``python -m vargather check`` as test items, one per
   property, ``vargather::ID`` (``-k``, ``-n`` (xdist), ``-x`` and the reports work on
-  them as on any test). Each ``--vargather-NAME VALUE`` is the check's ``--NAME VALUE``
-  (``CHECK_OPTIONS``), parsed and validated by the check's own parser;
+  them as on any test). Each ``--vargather-NAME VALUE`` is the check's option ``NAME``
+  of the gate's one option schema (``vargather/testing/schema.py``, loaded by path so
+  that nothing of vargather is imported), validated by the gate's options model;
 * the fixture ``vargather_world``: ``vargather_world(3).run(fn, payload)`` runs a
   module-level ``fn(ctx, payload)`` on every rank of the session's 3-rank gloo world.
 
@@ -19,41 +20,56 @@ this module: only the ``vargather`` option group in ``pytest --help``.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
-from typing import TYPE_CHECKING, Final
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final
 
 import pytest
 
 if TYPE_CHECKING:
-    from vargather._cli.gate import CheckOptions
+    from vargather.testing.options import CheckOptions
     from vargather.testing.plugin import WorldFactory
+    from vargather.testing.schema import Option
 
-__all__ = ["CHECK_OPTIONS", "check_argv"]
+__all__ = ["CHECK_OPTIONS", "check_values", "plugin_options"]
 
-CHECK_OPTIONS: Final[tuple[tuple[str, str | None, str], ...]] = (
-    ("grad", "CONTRACT", "the gradient contract ATTR claims: sum, local or mean"),
-    ("world-sizes", "W,W,...", "world sizes to run the properties on, e.g. 2,3"),
-    ("max-examples", "N", "Hypothesis examples per property"),
-    ("seed", "S", "Hypothesis seed; a given seed gives the same run"),
-    ("convention", "auto|seed|vargather", "how to call ATTR"),
-    ("transports", "auto|none|NAME,...", "transport= values to call a vargather-style ATTR with"),
-    ("timeout", "SECONDS", "longest a batch of examples may take before ATTR counts as hung"),
-    ("shrink-budget", "SECONDS", "time a property may spend shrinking a failure"),
-    ("xfails", "FILE", "property ids expected to fail, one per line (strict)"),
-    # The declared scope: what ATTR claims to support.
-    ("dims", "D,D,...", "the dim values ATTR supports, e.g. 0 or 0,-1"),
-    ("sizes", "any|tensor|required|never", "how ATTR takes sizes"),
-    ("returns", "auto|tensor|tuple|list", "what ATTR returns"),
-    ("requires-init", None, "ATTR needs an initialized torch.distributed"),
-    ("emulate", "BACKEND", "run with the collectives behaving as BACKEND does"),
-    ("strict", None, "an unsupported row (a dtype the backend refuses) fails too"),
-    ("config", "FILE", "the TOML file whose [tool.vargather.check] table to read"),
-    ("no-config", None, "read no [tool.vargather.check] table"),
-)
-"""The check's options the plugin takes: ``--vargather-NAME VALUE`` is passed on as
-``python -m vargather check``'s ``--NAME VALUE`` (see its ``--help`` for the defaults).
-(name, metavar, help); a metavar of ``None`` is a flag (``--vargather-NAME`` passes
-``--NAME``). A new check option reaches pytest by a row here."""
+_SCHEMA_NAME: Final = "_vargather_check_schema"
+
+
+def _schema() -> ModuleType:
+    """The gate's one option schema, ``vargather/testing/schema.py``, loaded by file
+    path under a private name: importing ``vargather.testing`` would import vargather
+    and torch in every pytest session. The schema imports the standard library only."""
+    loaded = sys.modules.get(_SCHEMA_NAME)
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.find_spec("vargather")  # finds, does not import, the package
+    if spec is None or spec.origin is None:
+        raise pytest.UsageError("vargather: the vargather package is not importable")
+    path = os.path.join(os.path.dirname(spec.origin), "testing", "schema.py")
+    schema_spec = importlib.util.spec_from_file_location(_SCHEMA_NAME, path)
+    assert schema_spec is not None  # a .py file
+    assert schema_spec.loader is not None
+    module = importlib.util.module_from_spec(schema_spec)
+    sys.modules[_SCHEMA_NAME] = module  # dataclasses look their module up by name
+    schema_spec.loader.exec_module(module)
+    return module
+
+
+def plugin_options() -> tuple[Option, ...]:
+    """The check's options the plugin takes, ``--vargather-NAME``: the schema's
+    options settable from pytest (``impl`` among them)."""
+    schema = _schema()
+    found: tuple[Option, ...] = schema.on(schema.PLUGIN)
+    return found
+
+
+CHECK_OPTIONS: Final = ("config", "no-config")
+"""The plugin's options that are not check options but say where the config table is
+(``--vargather-config FILE``, ``--vargather-no-config``); every other
+``--vargather-NAME`` is an option of the schema (``plugin_options``)."""
 
 _OPTIONS_KEY: Final[pytest.StashKey[CheckOptions]] = pytest.StashKey()
 _USED_KEY: Final[pytest.StashKey[bool]] = pytest.StashKey()
@@ -67,55 +83,65 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup(
         "vargather", "vargather: the conformance properties of `python -m vargather check`"
     )
+    for option in plugin_options():
+        how: dict[str, Any] = {"default": None, "dest": _dest(option.name)}
+        if option.is_flag:
+            how["action"] = "store_true"
+        elif option.kind == "choice":
+            how["choices"] = option.choices
+        else:
+            how["metavar"] = option.metavar or option.name.upper()
+        text = option.help
+        if option.name == "impl":
+            text = (
+                "collect vargather's conformance properties as test items (vargather::ID), "
+                "run against the ragged all_gather MODULE:ATTR (importable from the current "
+                "directory or PYTHONPATH)"
+            )
+        else:
+            text = f"{text} (check's --{option.name}; needs --vargather-impl)"
+        group.addoption(f"--vargather-{option.name}", help=text, **how)
     group.addoption(
-        "--vargather-impl",
-        metavar="MODULE:ATTR",
+        "--vargather-config",
+        metavar="FILE",
         default=None,
-        dest="vargather_impl",
-        help=(
-            "collect vargather's conformance properties as test items (vargather::ID), run "
-            "against the ragged all_gather MODULE:ATTR (importable from the current "
-            "directory or PYTHONPATH)"
-        ),
+        dest=_dest("config"),
+        help="the TOML file whose [tool.vargather.check] table to read (needs --vargather-impl)",
     )
-    for name, metavar, text in CHECK_OPTIONS:
-        how = {"action": "store_true"} if metavar is None else {"metavar": metavar}
-        group.addoption(
-            f"--vargather-{name}",
-            default=None,
-            dest=_dest(name),
-            help=f"{text} (check's --{name}; needs --vargather-impl)",
-            **how,
-        )
+    group.addoption(
+        "--vargather-no-config",
+        action="store_true",
+        default=None,
+        dest=_dest("no-config"),
+        help="read no [tool.vargather.check] table (needs --vargather-impl)",
+    )
 
 
-def check_argv(config: pytest.Config) -> list[str] | None:
-    """The ``python -m vargather check`` arguments the ``--vargather-*`` options spell;
-    ``None`` when the session does not ask for the properties (no ``--vargather-impl``)."""
-    impl = config.getoption("vargather_impl")
-    given = [
-        (name, config.getoption(_dest(name)))
-        for name, _, _ in CHECK_OPTIONS
+def check_values(config: pytest.Config) -> dict[str, object] | None:
+    """The option values the ``--vargather-*`` options give (option name -> the text
+    given, ``True`` for a flag), ``config``/``no-config`` among them; ``None`` when the
+    session does not ask for the properties (no ``--vargather-impl``)."""
+    names = [o.name for o in plugin_options()] + list(CHECK_OPTIONS)
+    given = {
+        name: config.getoption(_dest(name))
+        for name in names
         if config.getoption(_dest(name)) is not None
-    ]
-    if impl is None:
+    }
+    if "impl" not in given:
         if given:
-            flags = ", ".join(f"--vargather-{name}" for name, _ in given)
+            flags = ", ".join(f"--vargather-{name}" for name in given)
             raise pytest.UsageError(f"vargather: {flags} given without --vargather-impl")
         return None
-    argv = ["--impl", str(impl)]
-    for name, value in given:
-        argv += [f"--{name}"] if value is True else [f"--{name}", str(value)]
-    return argv
+    return given
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    argv = check_argv(config)
-    if argv is None:
+    values = check_values(config)
+    if values is None:
         return
     from vargather.testing.plugin import configure
 
-    config.stash[_OPTIONS_KEY] = configure(argv)
+    config.stash[_OPTIONS_KEY] = configure(values)
     config.stash[_USED_KEY] = True
 
 

@@ -1,5 +1,6 @@
 """The conformance gate, ``python -m vargather check`` (``vargather/_cli/check.py``, the
-command, and ``vargather/_cli/gate.py``, the run).
+command, and the engine it runs, ``vargather/testing/engine.py`` and its modules, here
+through their command-line names in ``vargather/_cli/gate.py``).
 
 Options, import errors and the report are checked directly; the issue's classification
 claims are checked by running the check for real on gloo worlds: vargather holds under
@@ -387,6 +388,7 @@ _REPORT_SCHEMA: dict[str, Any] = {
     "impl": (str, type(None)),
     "impl_display": str,
     "convention": str,
+    "call": (str, type(None)),
     "grad": str,
     "world_sizes": [int],
     "max_examples": int,

@@ -92,3 +92,27 @@ def test_the_printed_command_splits_back_into_its_arguments(path: str) -> None:
     argv = _argv(describe(CASE, impl))
     assert parse_case(argv[0]) == CASE
     assert argv[-2:] == ["--path", path]
+
+
+@pytest.mark.multirank
+def test_the_reproduce_line_carries_the_call_template(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork called through ``--call`` is re-run through the same template: the
+    ``reproduce:`` line carries it, and without the template the call no longer fits."""
+    from vargather.testing.cases import Implementation
+
+    monkeypatch.chdir(REPO_ROOT)
+    ref = "tests.forks.function_apply:AllGather.apply"
+    impl = Implementation(
+        ref, contracts=("local",), search_path=(str(REPO_ROOT),), call="(x)", takes_group=False
+    )
+    case = GatherCase(shapes=((2, 3), (1, 3)), dim=0, dtype="float32", contract="local", seed=3)
+    argv = _argv(describe(case, impl))
+    assert argv[argv.index("--call") + 1] == "(x)"
+    assert "--no-group" not in argv
+    assert repro.main(argv) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASSED")
+    without = [a for i, a in enumerate(argv) if a != "--call" and argv[i - 1] != "--call"]
+    assert repro.main(without) == 1  # ATTR(x, dim, sizes=...) does not fit forward(ctx, x)
+    assert "FAILED" in capsys.readouterr().out

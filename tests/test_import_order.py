@@ -96,3 +96,80 @@ def test_import_vargather_loads_none_of_the_kit() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- the testing kit and the command line ------------------------------------------------
+
+KIT = PACKAGE / "testing"
+CLI = PACKAGE / "_cli"
+
+# The gate's engine in the kit, bottom to top: a module imports only engine modules
+# earlier in this list (and the rest of the kit, beneath the engine).
+ENGINE_ORDER = [
+    "schema",
+    "calls",
+    "results",
+    "options",
+    "resolve",
+    "verdict",
+    "progress",
+    "isolated",
+    "evaluate",
+    "engine",
+    "plugin",
+]
+
+
+def _module_imports(path: pathlib.Path, package: str) -> set[str]:
+    """Every module ``path`` imports, as absolute dotted names (relative imports
+    resolved against ``package``)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+                found.add(target)
+                if not node.module:
+                    found.update(f"{base}.{alias.name}" for alias in node.names)
+            elif node.module:
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(KIT.glob("*.py")), ids=lambda p: p.stem)
+def test_the_kit_imports_nothing_of_the_command_line(path: pathlib.Path) -> None:
+    imported = _module_imports(path, "vargather.testing")
+    assert not {m for m in imported if m.startswith("vargather._cli")}, path.name
+
+
+@pytest.mark.parametrize("module", ENGINE_ORDER)
+def test_an_engine_module_imports_only_engine_modules_below_it(module: str) -> None:
+    imported = _module_imports(KIT / f"{module}.py", "vargather.testing")
+    engine = {m.removeprefix("vargather.testing.") for m in imported} & set(ENGINE_ORDER)
+    below = set(ENGINE_ORDER[: ENGINE_ORDER.index(module)])
+    assert engine <= below, f"{module} imports {engine - below}"
+
+
+def test_the_schema_imports_the_standard_library_only() -> None:
+    """The pytest plugin loads ``testing/schema.py`` by path in every session."""
+    imported = _module_imports(KIT / "schema.py", "vargather.testing")
+    assert all(m.split(".")[0] in sys.stdlib_module_names for m in imported), imported
+
+
+def test_the_command_line_reaches_the_kit_not_the_reverse() -> None:
+    """``_cli`` modules import the kit; running the kit's engine and plugin loads no
+    ``vargather._cli`` module."""
+    assert any(
+        m.startswith("vargather.testing")
+        for m in _module_imports(CLI / "check.py", "vargather._cli")
+    )
+    code = (
+        "import sys, vargather.testing.engine, vargather.testing.plugin; "
+        "print(sorted(m for m in sys.modules if m.startswith('vargather._cli')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

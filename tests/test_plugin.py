@@ -20,6 +20,7 @@ both, pytest would register the module twice and refuse).
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import shlex
@@ -27,10 +28,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from vargather.testing import property_ids
+
+if TYPE_CHECKING:
+    from vargather.testing.schema import Option
 
 ROOT = Path(__file__).resolve().parents[1]
 README_SECTION = "## Test your own distributed code"
@@ -116,19 +121,118 @@ PROPERTY_OPTIONS = ("--vargather-world-sizes", "2", "--vargather-max-examples", 
 # --- the properties as items -----------------------------------------------------------
 
 
-def test_every_plugin_option_is_a_check_option_spelled_alike() -> None:
-    """``--vargather-NAME`` passes ``--NAME`` to the check's own parser: each row of the
-    table must be an option of ``python -m vargather check``, a flag where it is one."""
+_SAMPLES: dict[str, str] = {
+    # The str and path options need a value that means something; every other kind
+    # gets one from the schema itself (_sample).
+    "impl": "vargather.testing.seed:all_gather",
+    "call": "(x, dim, sizes)",
+    "transports": "none",
+    "world-sizes": "2,3",
+    "dims": "0,-1",
+    "max-payload": "512KiB",
+    "only": "forward-float,dims",
+}
+
+
+def _sample(option: Option, tmp_path: Path) -> str:
+    """A value of ``option`` other than its default, as text."""
+    if option.name in _SAMPLES:
+        return _SAMPLES[option.name]
+    if option.kind == "choice":
+        return option.choices[-1]
+    if option.kind == "path":
+        path = tmp_path / f"{option.name}.txt"
+        if option.name == "xfails":
+            path.write_text("gradient\n")
+        return str(path)
+    text: str = {"int": "7", "float": "12.5", "flag": "true"}[option.kind]
+    return text
+
+
+def _toml(option: Option, text: str) -> str:
+    """``text`` as the TOML value the config table takes for ``option``."""
+    if option.kind == "flag":
+        return "true"
+    if option.kind in ("int", "float"):
+        return text
+    if option.kind == "ints":
+        return "[" + text + "]"
+    return json.dumps(text)
+
+
+def test_every_schema_option_is_set_alike_by_flag_config_and_plugin(tmp_path: Path) -> None:
+    """The one option schema: every option reaches the same ``CheckOptions`` field with
+    the same value through each surface it is declared for (the command line's flag,
+    the ``[tool.vargather.check]`` table, the plugin's ``--vargather-*``), and each
+    surface offers exactly the schema's options."""
     import argparse
 
-    import _vargather_pytestplugin as plugin
-    from vargather._cli.check import _parser
+    import _vargather_pytestplugin as plugin_module
+    from vargather._cli.check import _parser, parse_args
+    from vargather.testing import schema
+    from vargather.testing.plugin import configure
 
     actions = _parser()._option_string_actions
-    for name, metavar, _ in plugin.CHECK_OPTIONS:
-        assert f"--{name}" in actions, f"--vargather-{name}: check has no --{name}"
-        is_flag = isinstance(actions[f"--{name}"], argparse._StoreTrueAction)
-        assert is_flag == (metavar is None), f"--vargather-{name}: flag or not, unlike check"
+    plugin_names = {o.name for o in plugin_module.plugin_options()}
+    assert plugin_names == {o.name for o in schema.on(schema.PLUGIN)}
+    base = {"impl": "vargather.testing.seed:all_gather", "grad": "local"}
+    for option in schema.OPTIONS:
+        text = _sample(option, tmp_path)
+        expected = True if option.is_flag else option.parse_text(text)
+        if option.name == "world-sizes":
+            expected = tuple(sorted(set(expected)))  # type: ignore[call-overload]  # a tuple of ints
+        extra = {k: v for k, v in base.items() if k != option.name}
+        if option.name == "call":
+            extra["convention"] = "auto"
+        if option.name in ("convention", "transports"):
+            extra.pop("call", None)
+        got: dict[str, object] = {}
+        if schema.CLI in option.surfaces:
+            flag = "--" + option.name
+            assert flag in actions, flag
+            assert isinstance(actions[flag], argparse._StoreTrueAction) == option.is_flag
+            argv = ["--no-config", *(a for k, v in extra.items() for a in (f"--{k}", v))]
+            argv += [flag] if option.is_flag else [flag, text]
+            got["flag"] = getattr(parse_args(argv), option.field)
+        else:
+            assert "--" + option.name not in actions, option.name
+        if schema.CONFIG in option.surfaces:
+            config = tmp_path / f"{option.name}.toml"
+            lines = [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
+            lines.append(f"{option.name} = {_toml(option, text)}")
+            config.write_text("[tool.vargather.check]\n" + "\n".join(lines) + "\n")
+            got["config"] = getattr(parse_args(["--config", str(config)]), option.field)
+            via_plugin = configure({"impl": base["impl"], "config": str(config)})
+            got["plugin config"] = getattr(via_plugin, option.field)
+        if schema.PLUGIN in option.surfaces:
+            values: dict[str, object] = {**extra, "no-config": True}
+            values[option.name] = True if option.is_flag else text
+            got["plugin"] = getattr(configure(values), option.field)
+        assert got, f"{option.name}: settable nowhere"
+        for surface, value in got.items():
+            assert value == expected, (option.name, surface, value, expected)
+
+
+def test_the_schema_and_the_options_model_name_the_same_options() -> None:
+    """Every schema option sets a ``CheckOptions`` field, and every field a user sets
+    is a schema option (the rest are the surfaces' bookkeeping); the isolated child's
+    options round-trip through JSON."""
+    import dataclasses
+
+    from vargather.testing import schema
+    from vargather.testing.options import CheckOptions
+
+    bookkeeping = {"config_path", "xfails", "progress", "in_flight"}
+    fields = {f.name for f in dataclasses.fields(CheckOptions)}
+    assert {o.field for o in schema.OPTIONS} == fields - bookkeeping
+    options = CheckOptions(
+        impl="m:f", call="(x)", dims=(0,), world_sizes=(2, 3), xfails=frozenset({"dims"})
+    )
+    assert CheckOptions.from_json(json.loads(json.dumps(options.to_json()))) == options
+
+
+def test_plugin_values_need_the_impl() -> None:
+    import _vargather_pytestplugin as plugin
 
     class Config:
         def __init__(self, **values: object) -> None:
@@ -138,9 +242,11 @@ def test_every_plugin_option_is_a_check_option_spelled_alike() -> None:
             return self.values.get(dest)
 
     config = Config(vargather_impl="pkg:f", vargather_grad="local", vargather_seed="3")
-    argv = plugin.check_argv(config)  # type: ignore[arg-type]  # a stand-in for pytest.Config
-    assert argv == ["--impl", "pkg:f", "--grad", "local", "--seed", "3"]
-    assert plugin.check_argv(Config()) is None  # type: ignore[arg-type]  # the same stand-in
+    values = plugin.check_values(config)  # type: ignore[arg-type]  # a stand-in for pytest.Config
+    assert values == {"impl": "pkg:f", "grad": "local", "seed": "3"}
+    assert plugin.check_values(Config()) is None  # type: ignore[arg-type]  # the same stand-in
+    with pytest.raises(pytest.UsageError, match="--vargather-seed given without --vargather-impl"):
+        plugin.check_values(Config(vargather_seed="3"))  # type: ignore[arg-type]  # the same
 
 
 def test_one_item_per_property_named_by_its_id(tmp_path: Path) -> None:

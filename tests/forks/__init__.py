@@ -20,7 +20,8 @@ class Fork:
     name: str
     ref: str
     scope: dict[str, Any]
-    """``CheckOptions`` keyword arguments: the declared scope."""
+    """``CheckOptions`` keyword arguments: the declared scope, and the ``call``
+    template of the member's own signature (no adapter)."""
     fails: dict[str, tuple[str, str]] = field(default_factory=dict)
     """property id -> (failure kind, aspect) for the rows that must fail; every other
     row passes, is n/a or unsupported, except the ``also`` rows."""
@@ -41,11 +42,11 @@ ZOO: tuple[Fork, ...] = (
         {"grad": "local", "world_sizes": (2, 3, 4), "requires_init": True, "sizes": "tensor"},
     ),
     Fork("sizes_one_rank", "tests.forks.sizes_one_rank:all_gather", {"grad": "local"}),
-    Fork("dim0_only", "tests.forks.dim0_only:gather_rows", {"grad": "none", "dims": (0,)}),
+    Fork("dim0_only", "tests.forks.dim0_only:gather_rows", {"grad": "none", "call": "(x)"}),
     Fork(
         "list_return",
         "tests.forks.list_return:gather_all_tensors",
-        {"grad": "local", "sizes": "never", "returns": "list"},
+        {"grad": "local", "call": "(x, group=group)", "returns": "list"},
     ),
     Fork(
         "sizes_required",
@@ -58,16 +59,57 @@ ZOO: tuple[Fork, ...] = (
         {"grad": "sum"},
     ),
     Fork("broadcast_based", "tests.forks.broadcast_based:all_gather", {"grad": "local"}),
-    Fork("pickle_based", "tests.forks.pickle_based:gather_objects", {"grad": "none"}),
+    Fork(
+        "pickle_based",
+        "tests.forks.pickle_based:gather_objects",
+        {"grad": "none", "call": "(x, dim)"},
+    ),
     Fork(
         "nccl_uneven",
         "tests.forks.nccl_uneven:gather_uneven",
-        {"grad": "none", "emulate": "nccl"},
+        {"grad": "none", "emulate": "nccl", "call": "(x, dim)"},
+    ),
+    Fork(
+        "function_apply",
+        "tests.forks.function_apply:AllGather.apply",
+        {"grad": "local", "call": "(x)"},
+    ),
+    Fork(
+        "with_shapes",
+        "tests.forks.with_shapes:all_gather_tensors_with_shapes",
+        {"grad": "none", "call": "(x, shapes, group=group)", "returns": "list"},
+    ),
+    Fork(
+        "sizes_flag",
+        "tests.forks.sizes_flag:all_gather_v",
+        {
+            "grad": "sum",
+            "call": "(x, sizes, dim, True, group)",
+            "sizes": "required",
+            "emulate": "nccl",
+        },
+    ),
+    Fork(
+        "nccl_hang",
+        "tests.forks.nccl_hang:all_gather_v",
+        {
+            "grad": "sum",
+            "call": "(x, sizes, dim, True, group)",
+            "sizes": "required",
+            "emulate": "nccl",
+        },
+        fails={"non-contiguous": ("error", "call")},
+        also=("gradient", "adjoint", "one-rank", "subgroup", "uninitialized", "call-sequence"),
+        examples=20,
+        bug=(
+            "a strided shard reaches NCCL's all_gather (emulated): refused on its rank "
+            "while the peers wait in the collective until the group's timeout"
+        ),
     ),
     Fork(
         "strided_bug",
         "tests.forks.strided_bug:gather_fast",
-        {"grad": "none", "emulate": "nccl"},
+        {"grad": "none", "emulate": "nccl", "call": "(x, dim)"},
         fails={"non-contiguous": ("error", "call")},
         also=("one-rank", "subgroup", "uninitialized", "call-sequence"),
         examples=20,

@@ -1,5 +1,5 @@
-"""Gathers along dim 0 only (pads ``x.shape[0]``), no autograd: scope ``--dims 0
---grad none``."""
+"""Gathers along dim 0 only (pads ``x.shape[0]``), no autograd; takes the shard alone:
+``--call "(x)" --grad none`` (no dim in the call: dim 0 only; no sizes)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import torch
 import torch.distributed as dist
 
 
-def gather_rows(x: torch.Tensor, dim: int = 0, sizes: object = None) -> torch.Tensor:
-    assert dim == 0, "only dim 0 is supported"
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
     if not dist.is_initialized():
         return x.detach().clone()
     world = dist.get_world_size()

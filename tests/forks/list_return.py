@@ -1,6 +1,8 @@
-"""torchmetrics-style ``gather_all_tensors``: a list of per-rank tensors, padded along
-every dim to the largest shape then trimmed; the own rank's entry is the input itself,
-so gradients reach the own slice only (``local``). Takes ``group=``, no ``sizes``."""
+"""torchmetrics-style ``gather_all_tensors(result, group=None)``: a list of per-rank
+tensors, padded along every dim to the largest shape then trimmed (ragged in any
+dim); the own rank's entry is the input itself, so gradients reach the own slice only
+(``local``). Called with ``--call "(x, group=group)" --returns list``: no dim (the
+gate concatenates the list along any dim), no sizes."""
 
 from __future__ import annotations
 
@@ -8,15 +10,13 @@ import torch
 import torch.distributed as dist
 
 
-def gather_all_tensors(
-    result: torch.Tensor, dim: int = 0, group: object = None
-) -> list[torch.Tensor]:
+def gather_all_tensors(result: torch.Tensor, group: object = None) -> list[torch.Tensor]:
     if not dist.is_initialized():
         return [result]
     if group is None:
         group = dist.group.WORLD
-    world_size = dist.get_world_size(group)
-    rank = dist.get_rank(group)
+    world_size = dist.get_world_size(group)  # type: ignore[arg-type]  # a ProcessGroup
+    rank = dist.get_rank(group)  # type: ignore[arg-type]  # the same
     local_size = torch.tensor(result.shape, dtype=torch.long)
     local_sizes = [torch.zeros_like(local_size) for _ in range(world_size)]
     dist.all_gather(local_sizes, local_size, group=group)

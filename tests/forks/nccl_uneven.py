@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 
-def gather_uneven(x: torch.Tensor, dim: int = 0, sizes: object = None) -> torch.Tensor:
+def gather_uneven(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
     if not dist.is_initialized():
         return x.detach().clone()
     world = dist.get_world_size()

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 
-def gather_objects(x: torch.Tensor, dim: int = 0, sizes: object = None) -> torch.Tensor:
+def gather_objects(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
     if not dist.is_initialized():
         return x.detach().clone()
     objs: list[object] = [None] * dist.get_world_size()

@@ -1,8 +1,11 @@
 """Run every zoo member through ``python -m vargather check`` at default settings.
 
-``python -m tests.forks.run_zoo [NAME ...]`` from the repository root prints, per
-member, its declared scope, verdict (exit status, failing rows) and wall time: the
-numbers docs/conformance.md records. Extra ``check`` options go after ``--``.
+``python -m tests.forks.run_zoo [--twice] [NAME ...]`` from the repository root
+prints, per member, its declared scope (its call template among it), verdict (exit
+status, failing rows) and wall time: the numbers docs/conformance.md records. With
+``--twice`` each member runs twice with the same seed and ``identical`` says whether
+the two JSON reports are byte for byte the same, timings aside. Extra ``check``
+options go after ``--``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ _FLAG = {
     "sizes": "--sizes",
     "returns": "--returns",
     "emulate": "--emulate",
+    "call": "--call",
 }
 
 
@@ -39,6 +43,14 @@ def scope_args(scope: dict[str, Any]) -> list[str]:
             value = ",".join(map(str, value))
         args += [_FLAG[key], str(value)]
     return args
+
+
+def _strip_timings(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _strip_timings(v) for k, v in data.items() if k != "seconds"}
+    if isinstance(data, list):
+        return [_strip_timings(v) for v in data]
+    return data
 
 
 def run(fork: Fork, extra: list[str]) -> dict[str, Any]:
@@ -58,7 +70,9 @@ def run(fork: Fork, extra: list[str]) -> dict[str, Any]:
             with open(path, encoding="utf-8") as f:
                 report = json.load(f)
     rows = {p["id"]: p["status"] for p in (report or {}).get("properties", [])}
+    text = json.dumps(_strip_timings(report), sort_keys=True)
     return {
+        "json": text,
         "name": fork.name,
         "scope": " ".join(scope_args(fork.scope)),
         "exit": proc.returncode,
@@ -76,10 +90,18 @@ def main(argv: list[str]) -> int:
         names, extra = argv[:i], argv[i + 1 :]
     else:
         names = argv
+    twice = "--twice" in names
+    names = [n for n in names if n != "--twice"]
     for fork in ZOO:
         if names and fork.name not in names:
             continue
-        print(json.dumps(run(fork, extra)), flush=True)
+        first = run(fork, extra)
+        text = first.pop("json")
+        if twice:
+            second = run(fork, extra)
+            first["identical"] = second.pop("json") == text
+            first["seconds_second_run"] = second["seconds"]
+        print(json.dumps(first), flush=True)
     return 0
 
 

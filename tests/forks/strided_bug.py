@@ -10,7 +10,7 @@ import torch.distributed as dist
 from ._common import pad_dim_to
 
 
-def gather_fast(x: torch.Tensor, dim: int = 0, sizes: object = None) -> torch.Tensor:
+def gather_fast(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
     if not dist.is_initialized():
         return x.detach().clone()
     world = dist.get_world_size()

@@ -1,19 +1,28 @@
-"""The command line's report model and its renderings: text, JSON, progress.
+"""The command line's progress display (``check`` and ``bench``), and the gate's results
+model under its old names.
 
 Where it sits: in the command-line layer (``vargather._cli``), below the commands.
-``check`` fills a ``Report`` (one ``PropertyResult`` per property of the catalogue)
-from the kit's structured verdicts and prints it here; ``bench`` shares ``Progress``.
-Nothing here parses text back: every line is rendered from fields.
+The results model (``Report``, ``PropertyResult``, their JSON and text) is the
+testing kit's (``vargather.testing.results``); ``check`` renders it and shows the
+engine's progress events here; ``bench`` shares ``Progress``.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from vargather.testing.properties import BATCH
+from vargather.testing.results import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    REPORT_SCHEMA,
+    STATUSES,
+    PropertyFailure,
+    PropertyResult,
+    Report,
+    describe_case_dict,
+)
 
 if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress
@@ -32,308 +41,8 @@ __all__ = [
     "describe_case_dict",
 ]
 
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
 
-REPORT_SCHEMA: Final = "vargather-check-report/1"
-STATUSES: Final = ("pass", "fail", "xfail", "xpass", "unsupported", "n/a", "skipped")
-
-
-@dataclass(frozen=True)
-class PropertyFailure:
-    """Why a property failed, on its minimal counterexample.
-
-    ``kind``: ``mismatch`` (a wrong output, sizes or gradient), ``error`` (the
-    implementation raised), ``crash`` (a rank process died: a gloo abort, a segfault),
-    ``hang`` (no reply within ``--timeout``), ``checker`` (the check itself could not
-    run the property; never the implementation's fault, never a pass). ``aspect``: the
-    judge's aspect of the first failure (``output``, ``sizes``, ``gradient``,
-    ``adjoint``, ``call``; ``None`` when no case was judged).
-    ``case`` is the counterexample as plain data (world size, per-rank shapes, dim,
-    dtype, contract, ...); ``reproduction`` the case in words with the
-    ``python -m vargather repro`` command that re-runs it.
-    """
-
-    kind: str
-    message: str
-    case: dict[str, Any] | None = None
-    reproduction: str | None = None
-    shrunk: bool = True
-    aspect: str | None = None
-
-    @property
-    def command(self) -> str | None:
-        """The shell command in ``reproduction`` that re-runs the case, if there is one."""
-        for line in (self.reproduction or "").splitlines():
-            head, sep, command = line.partition("reproduce: ")
-            if sep and not head.strip():
-                return command.strip()
-        return None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "message": self.message,
-            "case": self.case,
-            "reproduction": self.reproduction,
-            "command": self.command,
-            "shrunk": self.shrunk,
-            "aspect": self.aspect,
-        }
-
-
-@dataclass(frozen=True)
-class PropertyResult:
-    """One row of the table.
-
-    ``examples`` counts the Hypothesis examples run before the verdict (for a failure:
-    up to and including the first failing one), ``cases`` the gathers they held (an
-    example is a batch of up to ``BATCH`` cases on one world, one pool round trip);
-    ``shrink_runs`` the further examples Hypothesis ran shrinking a failure. ``status``: pass, fail, xfail (failed and listed in
-    the xfails file), xpass (listed but held: a failure, xfails are strict), ``n/a``
-    (does not apply to this implementation or these world sizes; ``reason`` says why).
-    """
-
-    id: str
-    title: str
-    status: str
-    examples: int = 0
-    cases: int = 0
-    shrink_runs: int = 0
-    seconds: float = 0.0
-    reason: str | None = None
-    failure: PropertyFailure | None = None
-
-    @property
-    def failed(self) -> bool:
-        return self.status in ("fail", "xpass")
-
-    def progress_line(self) -> str:
-        """The property's line in plain progress output."""
-        return (
-            f"{self.id:<18} {_STATUS_TEXT[self.status]:<5} {self.cases:>5} cases  "
-            f"{self.seconds:6.1f} s"
-        )
-
-    @staticmethod
-    def from_json(data: dict[str, Any]) -> PropertyResult:
-        """The inverse of ``to_json``."""
-        failure = data["failure"]
-        return PropertyResult(
-            data["id"],
-            data["title"],
-            data["status"],
-            examples=data["examples"],
-            cases=data["cases"],
-            shrink_runs=data["shrink_runs"],
-            seconds=data["seconds"],
-            reason=data["reason"],
-            failure=None
-            if failure is None
-            else PropertyFailure(
-                failure["kind"],
-                failure["message"],
-                failure["case"],
-                failure["reproduction"],
-                failure["shrunk"],
-                failure.get("aspect"),
-            ),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "title": self.title,
-            "status": self.status,
-            "examples": self.examples,
-            "cases": self.cases,
-            "shrink_runs": self.shrink_runs,
-            "seconds": round(self.seconds, 3),
-            "reason": self.reason,
-            "failure": None if self.failure is None else self.failure.to_json(),
-        }
-
-
-@dataclass
-class Report:
-    """The outcome of one check run: a header and one ``PropertyResult`` per property."""
-
-    impl: str | None
-    impl_display: str
-    convention: str
-    grad: str
-    world_sizes: tuple[int, ...]
-    max_examples: int
-    seed: int
-    xfails_path: str | None
-    results: list[PropertyResult] = field(default_factory=list)
-    seconds: float = 0.0
-    versions: dict[str, str] = field(default_factory=dict)
-    transports: tuple[str, ...] | None = None
-    refused_transports: dict[str, str] = field(default_factory=dict)
-    scope: dict[str, str] = field(default_factory=dict)
-    """The declared scope (``--grad``, ``--dims``, ``--sizes``, ...), option -> value."""
-    strict: bool = False
-    """``--strict``: an ``unsupported`` row (the backend refused a dtype) fails too."""
-
-    @property
-    def exit_status(self) -> int:
-        failed = any(r.failed or (self.strict and r.status == "unsupported") for r in self.results)
-        return EXIT_FAILED if failed else EXIT_OK
-
-    def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(STATUSES, 0)
-        for r in self.results:
-            out[r.status] += 1
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": REPORT_SCHEMA,
-            "impl": self.impl,
-            "impl_display": self.impl_display,
-            "convention": self.convention,
-            "grad": self.grad,
-            "world_sizes": list(self.world_sizes),
-            "max_examples": self.max_examples,
-            "seed": self.seed,
-            "xfails_file": self.xfails_path,
-            "versions": dict(self.versions),
-            "transports": None if self.transports is None else list(self.transports),
-            "refused_transports": dict(self.refused_transports),
-            "scope": dict(self.scope),
-            "strict": self.strict,
-            "properties": [r.to_json() for r in self.results],
-            "summary": self.counts(),
-            "exit_status": self.exit_status,
-            "seconds": round(self.seconds, 3),
-        }
-
-    def write_json(self, path: str) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f, indent=2)
-            f.write("\n")
-
-    # -- text
-
-    def header_lines(self) -> list[str]:
-        convention = (
-            "the seed's convention ATTR(t, dim, sizes)"
-            if self.convention == "seed"
-            else "vargather's convention ATTR(x, dim, *, sizes, group, grad)"
-        )
-        versions = ", ".join(f"{k} {v}" for k, v in self.versions.items())
-        extra: list[str] = []
-        if self.transports is not None:
-            extra.append("transports: " + ", ".join(self.transports))
-            extra.extend(
-                f"transport {name!r} not run: {why}"
-                for name, why in self.refused_transports.items()
-            )
-        scope = ", ".join(f"{k} {v}" for k, v in self.scope.items()) or "no limits declared"
-        return [
-            f"vargather check: {self.impl_display} ({convention})",
-            f"declared scope: {scope}",
-            f"claimed gradient contract: {self.grad}; world sizes "
-            f"{','.join(str(w) for w in self.world_sizes)}; up to {self.max_examples} "
-            f"examples per property (each a batch of up to {BATCH} gathers); seed {self.seed}"
-            + (f"; xfails from {self.xfails_path}" if self.xfails_path else ""),
-            *extra,
-            versions,
-        ]
-
-    def table_lines(self) -> list[str]:
-        rows = [("property", "status", "examples", "cases", "what it checks")]
-        for r in self.results:
-            examples = str(r.examples)
-            if r.shrink_runs:
-                examples += f" (+{r.shrink_runs} shrinking)"
-            what = r.title if r.reason is None else f"{r.title} [{r.reason}]"
-            rows.append((r.id, _STATUS_TEXT[r.status], examples, str(r.cases), what))
-        n = len(rows[0]) - 1
-        widths = [max(len(row[i]) for row in rows) for i in range(n)]
-        lines = []
-        for i, row in enumerate(rows):
-            cells = [row[j].ljust(widths[j]) for j in range(n)]
-            lines.append("  ".join([*cells, row[n]]).rstrip())
-            if i == 0:
-                lines.append("  ".join(["-" * w for w in widths] + ["-" * 14]))
-        return lines
-
-    def failure_lines(self) -> list[str]:
-        lines: list[str] = []
-        for r in self.results:
-            if r.failure is None:
-                continue
-            label = {"fail": "FAILED", "xfail": "failed as expected (xfail)"}.get(
-                r.status, r.status
-            )
-            lines.append("")
-            lines.append(f"=== {r.id}: {label} ({r.failure.kind}) ===")
-            lines.extend(r.failure.message.rstrip().splitlines())
-            if r.failure.reproduction:
-                lines.append(
-                    "minimal counterexample (Hypothesis shrank it):"
-                    if r.failure.shrunk
-                    else "counterexample (not shrunk):"
-                )
-                lines.extend("  " + line for line in r.failure.reproduction.rstrip().splitlines())
-            elif r.failure.case is not None:
-                lines.append("counterexample: " + describe_case_dict(r.failure.case))
-        for r in self.results:
-            if r.status == "xpass":
-                lines.append("")
-                lines.append(
-                    f"=== {r.id}: XPASS ===\nlisted in {self.xfails_path} as expected to fail, "
-                    f"but it held on {r.cases} cases: remove it from the xfails file"
-                )
-        return lines
-
-    def summary_line(self) -> str:
-        c = self.counts()
-        failed = c["fail"] + c["xpass"] + (c["unsupported"] if self.strict else 0)
-        verdict = "FAILED" if failed else "PASSED"
-        parts = [f"{c['pass']} passed", f"{c['fail']} failed"]
-        if c["xfail"]:
-            parts.append(f"{c['xfail']} xfailed")
-        if c["xpass"]:
-            parts.append(f"{c['xpass']} xpassed (strict: a failure)")
-        if c["unsupported"]:
-            strict = " (--strict: a failure)" if self.strict else ""
-            parts.append(f"{c['unsupported']} unsupported by the backend{strict}")
-        if c["n/a"]:
-            parts.append(f"{c['n/a']} not applicable")
-        if c["skipped"]:
-            parts.append(f"{c['skipped']} skipped")
-        return f"{verdict}: {', '.join(parts)} of {len(self.results)} properties in {self.seconds:.1f} s"
-
-    def render(self) -> str:
-        lines = [*self.header_lines(), "", *self.table_lines(), *self.failure_lines(), ""]
-        lines.append(self.summary_line())
-        return "\n".join(lines) + "\n"
-
-
-_STATUS_TEXT: Final = {
-    "skipped": "skipped",
-    "pass": "pass",
-    "fail": "FAIL",
-    "xfail": "xfail",
-    "xpass": "XPASS",
-    "n/a": "n/a",
-    "unsupported": "unsupported",
-}
-
-
-def describe_case_dict(case: dict[str, Any]) -> str:
-    """One line for a counterexample given as plain data."""
-    keys = ("world_size", "shapes", "dim", "dtype", "contract")
-    head = [f"{k.replace('_', ' ')} {case[k]}" for k in keys if k in case]
-    rest = [f"{k.replace('_', ' ')} {v}" for k, v in case.items() if k not in keys]
-    return ", ".join(head + rest)
-
-
-# --- progress ------------------------------------------------------------------------
+# --- progress---------------------------------------------------------------------
 
 
 class Progress:

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from vargather import CONTRACTS
+from vargather.testing.calls import parse_call
 from vargather.testing.cases import (
     COMPAT,
     CONVENTIONS,
@@ -26,6 +27,7 @@ from vargather.testing.cases import (
     Implementation,
     parse_case,
 )
+from vargather.testing.results import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from vargather.testing.runner import (
     ImplementationError,
     describe,
@@ -35,7 +37,6 @@ from vargather.testing.runner import (
 )
 
 from . import ArgumentParser, UsageError
-from .report import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 __all__ = ["main"]
 
@@ -77,6 +78,12 @@ def _parser() -> ArgumentParser:
         action="store_true",
         help="MODULE:ATTR(key=literal, ...) is constructed with dim= too",
     )
+    parser.add_argument(
+        "--call",
+        metavar="(ARGS)",
+        default=None,
+        help="the call template ATTR is called with, e.g. '(x, group=group)'",
+    )
     parser.add_argument("--emulate", default=None, choices=("nccl",), help="emulate a backend")
     parser.add_argument(
         "--path", action="append", default=[], help="prepend to sys.path (repeatable)"
@@ -107,6 +114,8 @@ def _implementation(args: argparse.Namespace) -> Implementation:
         return COMPAT
     paths = tuple(os.path.abspath(p) for p in args.path) or (os.getcwd(),)
     load_callable(args.impl, paths)  # fail here, with a clear message, not in every rank
+    if args.call is not None:
+        parse_call(args.call)  # a ValueError: a usage error
     _, ctor = parse_impl_ref(args.impl)
     return Implementation(
         args.impl,
@@ -121,6 +130,7 @@ def _implementation(args: argparse.Namespace) -> Implementation:
         ctor_kwargs=ctor,
         ctor_takes_dim=args.ctor_dim,
         emulate=args.emulate,
+        call=args.call,
     )
 
 

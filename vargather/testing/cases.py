@@ -711,6 +711,9 @@ class Implementation:
     emulate: str | None = None
     coalesced_ref: str | None = None
     compiles: bool | None = None
+    call: str | None = None
+    """A call template (``vargather.testing.calls``), ``"(x, group=group)"``: ATTR is
+    called with it instead of the convention's call."""
 
     def __post_init__(self) -> None:
         for what in ("ref", "coalesced_ref"):

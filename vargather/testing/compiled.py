@@ -67,9 +67,16 @@ def _step(fn: Callable[..., object], backend: str) -> Callable[..., object]:
     if step is None:
 
         def gather_step(
-            x: torch.Tensor, w: torch.Tensor, rest: tuple[object, ...], kwargs: dict[str, object]
+            x: torch.Tensor,
+            w: torch.Tensor,
+            rest: tuple[object, ...],
+            kwargs: dict[str, object],
+            at: int | str,
         ) -> object:
-            return fn(x * w, *rest, **kwargs)
+            h = x * w
+            if isinstance(at, str):  # the shard is passed by keyword
+                return fn(*rest, **{**kwargs, at: h})
+            return fn(*rest[:at], h, *rest[at:], **kwargs)
 
         step = torch.compile(gather_step, backend=backend, fullgraph=True)
         _STEPS[key] = step
@@ -105,12 +112,13 @@ def call_compiled(
     fn: Callable[..., object],
     case: GatherCase,
     x: torch.Tensor,
-    rest: Sequence[object],
+    args: Sequence[object],
     kwargs: Mapping[str, object],
 ) -> object:
-    """``fn(x, *rest, **kwargs)`` as the compiled step of ``case.compile_backend`` runs
-    it (module docstring): what ``fn`` returned, for the runner to unpack. The runner
-    runs the case (its backward too) inside ``patient_default_group``."""
+    """``fn(*args, **kwargs)``, where the shard ``x`` is one of the arguments, as the
+    compiled step of ``case.compile_backend`` runs it (module docstring): what ``fn``
+    returned, for the runner to unpack. The runner runs the case (its backward too)
+    inside ``patient_default_group``."""
     backend = case.compile_backend
     if backend is None:
         raise ValueError("call_compiled needs a case with a compile_backend")
@@ -119,8 +127,17 @@ def call_compiled(
     if _CALLS[0] % _CACHE_LIMIT == 0:
         torch._dynamo.reset()
         _STEPS.clear()
+    at: int | str
+    position = [i for i, a in enumerate(args) if a is x]
+    if position:
+        at, rest, named = position[0], (*args[: position[0]], *args[position[0] + 1 :]), kwargs
+    else:
+        names = [k for k, v in kwargs.items() if v is x]
+        if not names:
+            raise ValueError("call_compiled: the shard is not among the call's arguments")
+        at, rest, named = names[0], tuple(args), {k: v for k, v in kwargs.items() if k != names[0]}
     w = torch.ones((), dtype=x.dtype, requires_grad=x.requires_grad)
-    return _step(fn, backend)(x, w, tuple(rest), dict(kwargs))
+    return _step(fn, backend)(x, w, rest, dict(named), at)
 
 
 def warm_backends(ctx: object, backends: Sequence[str]) -> list[str]:

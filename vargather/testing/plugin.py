@@ -1,17 +1,19 @@
 """The pytest plugin's machinery: the conformance properties as test items, the world fixture.
 
-Where it sits: at the top of the testing kit, beside the command line's gate
-(``vargather._cli.gate``), which it runs. The plugin itself is the top-level module
+Where it sits: at the top of the testing kit, beside the command line: both run the
+gate's engine (``engine.run_check``) and neither imports the other; nothing here
+imports ``vargather._cli``. The plugin itself is the top-level module
 ``_vargather_pytestplugin`` (the ``pytest11`` entry point ``vargather``), kept free of
 torch and Hypothesis so that a pytest session that does not use it pays nothing; it
 imports this module only when a session asks for vargather (``--vargather-impl``, or a
 test that uses the ``vargather_world`` fixture).
 
-* ``configure``: the plugin's ``--vargather-*`` options as ``CheckOptions``, through
-  the command line's own parser (``vargather._cli.check.parse_args``: every check
-  option means the same in both places, with the same validation);
+* ``configure``: the plugin's ``--vargather-*`` values as ``CheckOptions``, built
+  directly by the options model (``options.build_options``) from the one option
+  schema (``schema``) the command line's flags come from too, with the same
+  validation; an error names the plugin's option (``--vargather-grad``);
 * ``property_items``: one ``PropertyItem`` per property of the kit's one catalogue,
-  named ``vargather::ID``; each runs ``gate.run_check`` for its property alone, so a
+  named ``vargather::ID``; each runs ``engine.run_check`` for its property alone, so a
   failure is the check's report (the minimal counterexample and the ``reproduce:``
   line), n/a is a skip and an xfails entry an xfail;
 * ``WorldFactory``: what the ``vargather_world`` fixture returns;
@@ -24,18 +26,26 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import pytest
 
 from vargather import VarGatherError
-from vargather._cli.check import parse_args
-from vargather._cli.gate import CheckOptions, CheckUsageError, resolve_options_impl, run_check
-from vargather._cli.report import PropertyResult, Report
 
+from . import schema
+from .engine import run_check
+from .options import (
+    CheckOptions,
+    CheckUsageError,
+    OptionError,
+    build_options,
+    config_values,
+)
 from .pool import PoolFailure, RankContext, RankError, RankPool, get_pool
 from .properties import catalogue
+from .resolve import resolve_options_impl
+from .results import PropertyResult, Report
 
 __all__ = [
     "PropertyFailedError",
@@ -54,19 +64,41 @@ R = TypeVar("R")
 # --- the conformance properties as test items ----------------------------------------
 
 
-def configure(check_argv: Sequence[str]) -> CheckOptions:
-    """The check's options from ``check_argv`` (``--impl ... --grad ...``, what the
-    plugin's ``--vargather-*`` options spell), validated as the command line validates
-    them, with the implementation imported once here; ``pytest.UsageError`` otherwise."""
+def configure(values: Mapping[str, object]) -> CheckOptions:
+    """The check's options from the plugin's values (option name -> the text given,
+    ``True`` for a flag; ``config``/``no-config`` say where the config table is),
+    validated by the options model, with the implementation imported once here;
+    ``pytest.UsageError`` naming the plugin's option otherwise."""
     try:
-        options = parse_args([*check_argv, "--no-progress"])
+        table, config_path = config_values(
+            None if values.get("config") is None else str(values["config"]),
+            bool(values.get("no-config")),
+        )
+        given = dict(table)
+        for option in schema.on(schema.PLUGIN):
+            raw = values.get(option.name)
+            if raw is not None:
+                given[option.name] = True if option.is_flag else option.parse_text(str(raw))
+        options = build_options(given, config_path=config_path, progress=False)
         info = resolve_options_impl(options, None)
-    except CheckUsageError as err:
-        message = str(err).split("\n\nusage:", 1)[0]  # argparse's usage is check's, not ours
-        message = _OPTION.sub(r"--vargather-\1", message)
+    except schema.OptionError as err:
+        raise pytest.UsageError(
+            f"vargather: {_plugin_spelling(err.spelled('--vargather-' + err.option))}"
+        ) from None
+    except OptionError as err:
+        message = _plugin_spelling(err.spelled("--vargather-" + err.option))
         raise pytest.UsageError(f"vargather: {message}") from None
+    except CheckUsageError as err:
+        raise pytest.UsageError(f"vargather: {_plugin_spelling(str(err))}") from None
     # Resolved once: every item (and every xdist worker) calls ATTR the same way.
+    if info.call is not None:
+        return options
     return dataclasses.replace(options, convention=info.convention)
+
+
+def _plugin_spelling(message: str) -> str:
+    """Other options a message names (``pass --sizes never``) as the plugin's."""
+    return _OPTION.sub(r"--vargather-\1", message)
 
 
 _OPTION: Final = re.compile(r"(?<![\w-])--(?!vargather-)([a-z][a-z-]*)")
@@ -100,7 +132,7 @@ class PropertyItem(pytest.Item):
     def runtest(self) -> None:
         options = dataclasses.replace(self.options, only=(self.name,))
         try:
-            report = run_check(options, progress_stream=None)
+            report = run_check(options)
         except CheckUsageError as err:
             # Validated and imported at configure time already: what is left is the
             # ranks failing to import MODULE:ATTR (a rank died or hung doing it).

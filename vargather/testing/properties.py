@@ -550,7 +550,7 @@ def _scoped(row: Property) -> Property:
     if row.compiled and not impl.claims_compile:
         return replace(
             row,
-            out_of_scope="not claimed to compile (check --compile claims torch.compile support)",
+            out_of_scope="not claimed to compile (--compile claims torch.compile support)",
         )
     if row.coalesced and impl.coalesced_form is None:
         return replace(

@@ -16,6 +16,7 @@ vargather repro`` (``describe_coalesced``: a tensor of a coalesced call, with th
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import itertools
 import os
@@ -31,6 +32,7 @@ import torch
 
 from vargather import CONTRACTS, CollectiveError, VarGatherError
 
+from .calls import CallTemplate, parse_call
 from .cases import (
     COMPAT,
     DIGEST_MIN_BYTES,
@@ -348,8 +350,20 @@ def _call(
         fn = fn(**ctor)  # type: ignore[assignment]  # the configured object is called below
         assert callable(fn)  # checked in the parent before any world starts
     sizes = case.sizes_argument()
-    if impl.convention == "seed":
-        result = _invoke(fn, case, (*head, sizes), {})
+    if impl.call is not None:
+        args, keywords = _template(impl.call).build(
+            {
+                "x": x,
+                "dim": case.dim,
+                "sizes": sizes,
+                "shapes": [list(s) for s in case.shapes],
+                "group": group,
+                "grad": case.contract,
+            }
+        )
+        result = _invoke(fn, case, x, tuple(args), dict(keywords))
+    elif impl.convention == "seed":
+        result = _invoke(fn, case, x, (*head, sizes), {})
     else:
         kwargs: dict[str, object] = {"grad": case.contract} if impl.takes_grad else {}
         if sizes is not None:
@@ -358,25 +372,30 @@ def _call(
             kwargs["group"] = group
         if impl.transports is not None:
             kwargs["transport"] = case.transport
-        result = _invoke(fn, case, head, kwargs)
+        result = _invoke(fn, case, x, head, kwargs)
     return _unpack(impl, case, result)
 
 
 def _invoke(
     fn: Callable[..., object],
     case: GatherCase,
+    x: torch.Tensor,
     args: tuple[object, ...],
     kwargs: dict[str, object],
 ) -> object:
     """``fn(*args, **kwargs)``, or inside the compiled step of ``case.compile_backend``
-    (``vargather.testing.compiled``; ``args[0]`` is the shard)."""
+    (``vargather.testing.compiled``; the shard ``x`` is among the arguments)."""
     if case.compile_backend is None:
         return fn(*args, **kwargs)
     from .compiled import call_compiled  # torch.compile only where a case asks
 
-    x = args[0]
-    assert isinstance(x, torch.Tensor)  # the shard the runner built
-    return call_compiled(fn, case, x, args[1:], kwargs)
+    return call_compiled(fn, case, x, args, kwargs)
+
+
+@functools.lru_cache(maxsize=16)
+def _template(text: str) -> CallTemplate:
+    """A call template, parsed once per process (``calls.parse_call``)."""
+    return parse_call(text)
 
 
 def _is_tensor_list(value: object) -> bool:
@@ -999,12 +1018,14 @@ def repro_args(case: GatherCase, implementation: Implementation = VARGATHER) -> 
         args += ["--contracts", ",".join(impl.contracts)]
     if impl.transports is not None:
         args += ["--transports", ",".join(impl.transports)]
-    if impl.convention == "vargather" and not impl.takes_group:
+    if impl.convention == "vargather" and not impl.takes_group and impl.call is None:
         args.append("--no-group")
-    if impl.convention == "vargather" and not impl.takes_grad:
+    if impl.convention == "vargather" and not impl.takes_grad and impl.call is None:
         args.append("--no-grad-kw")
     if impl.returns != "auto":
         args += ["--returns", impl.returns]
+    if impl.call is not None:
+        args += ["--call", impl.call]
     if impl.ctor_takes_dim:
         args.append("--ctor-dim")
     if impl.emulate is not None:

@@ -1,0 +1,123 @@
+"""Call templates: the argument list the gate calls an implementation with.
+
+Where it sits: in the testing kit, beneath ``runner`` (which builds each rank's call
+from a template) and ``resolve`` (which checks a template against the callable before
+any world starts). ``--call "(x, group=group)"`` is Python call syntax over the names
+
+* ``x``: this rank's shard; ``dim``: the gather dim; ``sizes``: every rank's size
+  along ``dim`` (as the case passes it: ``None``, a list, or a 1-d int64 tensor);
+  ``shapes``: every rank's full shape, a list of lists of ints; ``group``: the process
+  group (``None``: the default group); ``grad``: the claimed contract's name;
+
+and literals (numbers, strings, ``True``/``False``/``None``, tuples, lists and dicts of
+them). It is parsed with ``ast`` and never evaluated: a name outside the list, a
+call, an attribute, ``*args`` or ``**kwargs`` is refused.
+
+What a template leaves out is out of the implementation's scope and never drawn:
+no ``dim``, dim 0 only (unless it returns per-rank lists, which the gate
+concatenates along any dim); no ``sizes``, sizes never passed; no ``group``, no
+subgroup cases; no ``grad``, the contract is claimed but not passed.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["CONVENTION_CALLS", "NAMES", "Arg", "CallTemplate", "parse_call"]
+
+NAMES: Final = ("x", "dim", "sizes", "shapes", "group", "grad")
+"""The names a template may use."""
+
+CONVENTION_CALLS: Final = {
+    "seed": "(x, dim, sizes)",
+    "vargather": "(x, dim, sizes=sizes, group=group, grad=grad)",
+}
+"""The template each ``--convention`` stands for (vargather's also passes
+``transport=`` when ATTR takes it, and ``sizes=``/``group=`` only when drawn)."""
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument: a name of ``NAMES`` or a literal value."""
+
+    name: str | None
+    value: object = None
+
+    def text(self) -> str:
+        return self.name if self.name is not None else repr(self.value)
+
+
+@dataclass(frozen=True)
+class CallTemplate:
+    """A parsed ``--call``: positional ``args`` and keyword ``kwargs`` in order."""
+
+    text: str
+    args: tuple[Arg, ...]
+    kwargs: tuple[tuple[str, Arg], ...]
+
+    def uses(self, name: str) -> bool:
+        """Whether the template passes ``name`` anywhere."""
+        return any(a.name == name for a in (*self.args, *(v for _, v in self.kwargs)))
+
+    def build(self, values: Mapping[str, object]) -> tuple[list[object], dict[str, object]]:
+        """The positional and keyword arguments, with the names bound to ``values``."""
+
+        def value(arg: Arg) -> object:
+            return values[arg.name] if arg.name is not None else arg.value
+
+        return [value(a) for a in self.args], {k: value(v) for k, v in self.kwargs}
+
+    def shape(self, attr: str = "ATTR") -> str:
+        """``ATTR(x, group=group)``: how reports show the call."""
+        parts = [a.text() for a in self.args] + [f"{k}={v.text()}" for k, v in self.kwargs]
+        return f"{attr}({', '.join(parts)})"
+
+
+def _arg(node: ast.expr, text: str) -> Arg:
+    if isinstance(node, ast.Name):
+        if node.id not in NAMES:
+            raise ValueError(
+                f"{text}: unknown name {node.id!r}; a template may use {', '.join(NAMES)} "
+                "and literals"
+            )
+        return Arg(node.id)
+    try:
+        return Arg(None, ast.literal_eval(node))
+    except ValueError:
+        raise ValueError(
+            f"{text}: {ast.unparse(node)!r} is neither one of {', '.join(NAMES)} nor a "
+            "literal (nothing in a template is evaluated as code)"
+        ) from None
+
+
+def parse_call(text: str) -> CallTemplate:
+    """Parse ``"(x, sizes, dim, True, group)"``; ``ValueError`` naming what is wrong."""
+    stripped = text.strip()
+    if not (stripped.startswith("(") and stripped.endswith(")")):
+        raise ValueError(f"expected an argument list in parentheses like '(x, dim)', got {text!r}")
+    try:
+        tree = ast.parse("ATTR" + stripped, mode="eval")
+    except SyntaxError as err:
+        raise ValueError(f"{text!r} is not Python call syntax: {err.msg}") from None
+    call = tree.body
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+        raise ValueError(f"expected one argument list like '(x, dim)', got {text!r}")
+    if call.func.id != "ATTR":
+        raise ValueError(f"expected one argument list like '(x, dim)', got {text!r}")
+    args: list[Arg] = []
+    for node in call.args:
+        if isinstance(node, ast.Starred):
+            raise ValueError(f"{text}: *args is not allowed in a template")
+        args.append(_arg(node, text))
+    kwargs: list[tuple[str, Arg]] = []
+    for kw in call.keywords:
+        if kw.arg is None:
+            raise ValueError(f"{text}: **kwargs is not allowed in a template")
+        kwargs.append((kw.arg, _arg(kw.value, text)))
+    template = CallTemplate(stripped, tuple(args), tuple(kwargs))
+    if not template.uses("x"):
+        raise ValueError(f"{text}: the template must pass x (this rank's shard)")
+    return template

@@ -1,0 +1,385 @@
+"""The conformance gate's engine: ``run_check``, the catalogue against one implementation.
+
+Where it sits: at the top of the gate's engine in the testing kit, above ``options``
+(what to run), ``resolve`` (what ``impl`` names and how to call it), ``evaluate`` (one
+property's Hypothesis run), ``isolated`` (the row run in a child process), ``verdict``
+(the status rules), ``progress`` and ``results`` (the report). It starts the gloo worlds
+(``vargather.testing.pool``), runs every property of the kit's one catalogue
+(``vargather.testing.properties``: the properties the test suite and the mutant
+search run) as a seeded Hypothesis test, shrinking a failure to a minimal
+counterexample within a budget counted in examples (a failure whose attempts cost a
+world, a timeout or a crash, gets a few attempts only), and returns a ``Report``. The
+property whose cases run without torch.distributed runs in a child process
+(``python -m vargather.testing.engine OPTIONS.json``), so a crash or hang there is
+that property's failure. Both surfaces call ``run_check``: the command line
+(``vargather._cli.check``) and the pytest plugin (``vargather.testing.plugin``), each
+with its own ``progress`` callback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+import vargather
+
+from .calls import parse_call
+from .cases import DTYPE_NAMES, GatherCase, Implementation, RankReport
+from .evaluate import evaluate_row, hypothesis_storage, prefer_nonempty
+from .isolated import run_isolated
+from .options import CheckOptions, CheckUsageError
+from .pool import PoolFailure, RankError, RankPool, get_pool
+from .progress import Progress, ProgressCallback, ProgressEvent
+from .properties import Property, catalogue
+from .resolve import ImplInfo, ensure_import_path, resolve_options_impl
+from .results import EXIT_USAGE, PropertyResult, Report
+from .runner import backend_refusals, rank_preflight, run_on_rank
+from .verdict import UNSUPPORTED_EXAMPLES, split_rows, with_unsupported, with_xfail
+
+__all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]
+
+
+# --- running a check -----------------------------------------------------------------
+
+
+def _implementation(info: ImplInfo, options: CheckOptions, cwd: str) -> Implementation:
+    """The ``Implementation`` the kit's runner calls: the claimed contract and the
+    declared scope only."""
+    grad = options.grad
+    narrowed = info.scope  # what a call template leaves out
+    scope: dict[str, Any] = {
+        "contracts": ("sum",) if grad == "none" else (grad,),
+        "differentiable": grad != "none",
+        "dims": options.dims if narrowed is None else narrowed.dims,
+        "sizes_scope": options.sizes if narrowed is None else narrowed.sizes,
+        "returns": options.returns,
+        "emulate": options.emulate,
+        "takes_grad": info.takes_grad,
+        "call": info.call,
+    }
+    if options.compile:
+        scope["compiles"] = True  # vargather's own claims it anyway
+    if info.ref is None:
+        return Implementation(None, transports=info.transports, name="vargather", **scope)
+    return Implementation(
+        info.ref,
+        convention=info.convention,
+        transports=info.transports,
+        search_path=(cwd,),
+        name=info.ref,
+        takes_group=info.takes_group,
+        ctor_kwargs=info.ctor_kwargs,
+        ctor_takes_dim=info.ctor_takes_dim,
+        **scope,
+    )
+
+
+def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:
+    """The declared scope for the report (every option that limits what is drawn, as
+    the call template narrowed it)."""
+    scope = {"--grad": options.grad}
+    narrowed = info.scope
+    if info.call is not None:
+        scope["--call"] = info.call
+    dims = options.dims if narrowed is None else narrowed.dims
+    if dims is not None:
+        scope["--dims"] = ",".join(map(str, dims))
+    scope["--sizes"] = options.sizes if narrowed is None else narrowed.sizes
+    scope["--returns"] = options.returns
+    scope["--world-sizes"] = ",".join(map(str, options.world_sizes))
+    if options.requires_init:
+        scope["--requires-init"] = "yes"
+    if options.compile:
+        scope["--compile"] = "yes"
+    if options.emulate is not None:
+        scope["--emulate"] = options.emulate
+    return scope
+
+
+def _call_reason(row_id: str, reason: str | None, info: ImplInfo) -> str | None:
+    """A row the call template put out of scope says so (instead of naming the
+    option the template stands for)."""
+    if reason is None or info.call is None or info.scope is None:
+        return reason
+    template = parse_call(info.call)
+    left_out = {
+        "dims": "dim",
+        "subgroup": "group",
+        "sizes-list": "sizes",
+        "sizes-tensor": "sizes",
+    }.get(row_id)
+    if left_out is None or template.uses(left_out):
+        return reason
+    what = {"dim": "dim 0 only", "group": "no subgroup", "sizes": "sizes never passed"}
+    return f"--call {info.call} passes no {left_out}: {what[left_out]}"
+
+
+_PROBE_TOKENS = iter(range(-1, -(1 << 62), -1))
+
+
+def _probe_returns(
+    impl: Implementation, world_sizes: Sequence[int], factory: Callable[[int], RankPool]
+) -> str:
+    """What the implementation returns beside the tensor on a small 2-rank (or 1-rank)
+    gather: ``sizes``, ``layout``, ``none`` (a bare tensor), or ``unknown``."""
+    multi = [w for w in world_sizes if w >= 2]
+    w = min(multi) if multi else 1
+    case = GatherCase(
+        shapes=tuple((1 + r % 2, 2) for r in range(w)),
+        dim=0,
+        dtype="float32",
+        contract=impl.contracts[0],
+        values="integers",
+        requires_grad=False,
+    )
+    try:
+        reports = factory(w).run(run_on_rank, (impl, case, next(_PROBE_TOKENS)))
+    except (PoolFailure, RankError):  # the properties will report what went wrong
+        return "unknown"
+    kinds = {
+        r.extra[0]
+        for r in reports
+        if isinstance(r, RankReport) and r.error is None and r.out is not None
+    }
+    if len(kinds) != 1:
+        return "unknown"
+    kind = kinds.pop()
+    return str(kind) if kind in ("sizes", "layout", "none") else "unknown"
+
+
+def _check_json_path(path: str | None) -> None:
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CheckUsageError(f"--json: folder {folder!r} does not exist")
+    if os.path.isdir(path):
+        raise CheckUsageError(f"--json: {path!r} is a folder, expected a file path")
+    if not os.access(folder, os.W_OK):
+        raise CheckUsageError(f"--json: cannot write into {folder!r}")
+
+
+def _preflight(
+    info: ImplInfo,
+    cwd: str,
+    world_sizes: Sequence[int],
+    factory: Callable[[int], RankPool],
+    emulate: str | None = None,
+) -> None:
+    """Import ``MODULE:ATTR`` in every rank of every world before any property runs."""
+    if info.ref is None:
+        return
+    for w in world_sizes:
+        try:
+            factory(w).run(rank_preflight, (info.ref, (cwd,), emulate))
+        except RankError as err:
+            first = err.failures[0]
+            message = str(first.exception) if first.exception is not None else first.exc_type_name
+            raise CheckUsageError(
+                f"--impl {message}\n(imported in the parent, but failed in rank {first.rank} of a "
+                f"{w}-rank world)"
+            ) from None
+        except PoolFailure as err:
+            raise CheckUsageError(
+                f"--impl {info.ref}: a rank of a {w}-rank world died or hung while importing "
+                f"it: {type(err).__name__}: {err}"
+            ) from None
+
+
+def _selected(row: Property, options: CheckOptions) -> bool:
+    return not options.only or row.id in options.only
+
+
+def _backend_refusals(
+    factory: Callable[[int], RankPool], worlds: Sequence[int], emulate: str | None
+) -> tuple[str, ...]:
+    """The dtypes the backend's own all_gather refuses (asked of a real world, or of the
+    emulation's table under ``--emulate``)."""
+    if emulate is not None:
+        from vargather.testing.emulate import refused_dtypes
+
+        return refused_dtypes(emulate)
+    multi = [w for w in worlds if w >= 2]
+    if not multi:
+        return ()
+    found: list[object] = []
+    for _attempt in range(2):  # once more on a fresh world: the rows must not depend on luck
+        try:
+            found = factory(min(multi)).run(backend_refusals, tuple(DTYPE_NAMES))
+            break
+        except (PoolFailure, RankError):
+            continue
+    if not found:
+        return ()
+    first = found[0]
+    assert isinstance(first, tuple)  # what backend_refusals returns
+    return tuple(str(d) for d in first)
+
+
+def run_check(
+    options: CheckOptions,
+    *,
+    progress: ProgressCallback | None = None,
+    pool_factory: Callable[[int], RankPool] | None = None,
+) -> Report:
+    """Run the check ``options`` describe and return its ``Report`` (what the command
+    line and the pytest plugin both call; they only build the options and render).
+
+    ``progress(event)`` is told what runs (``ProgressEvent``); ``pool_factory(world_size)``
+    gives the rank pool for a world size (default: ``vargather.testing.get_pool`` with
+    ``call_timeout=options.timeout``). Raises ``CheckUsageError`` (``OptionError``
+    naming the option) for a usage or import error.
+    """
+    with hypothesis_storage(options.db):
+        return _run_check(options, progress, pool_factory)
+
+
+def _run_check(
+    options: CheckOptions,
+    progress_callback: ProgressCallback | None,
+    pool_factory: Callable[[int], RankPool] | None,
+) -> Report:
+    started = time.monotonic()
+    _check_json_path(options.json_path)
+    cwd = ensure_import_path()
+    info = resolve_options_impl(options, cwd)
+    impl = _implementation(info, options, cwd)
+    transports = info.transports
+    world_sizes = tuple(sorted(options.world_sizes))
+    if pool_factory is None:
+        timeout = options.timeout
+
+        def pool_factory(w: int) -> RankPool:
+            # forkserver: a world rebuilt after a crash forks from a server that
+            # imported torch once, instead of spawning fresh interpreters.
+            return get_pool(w, call_timeout=timeout, start_method="forkserver")
+
+    factory = pool_factory
+    selected = [r for r in catalogue(impl) if _selected(r, options)]
+    needed = sorted(
+        {
+            w
+            for r in selected
+            if r.initialized and r.not_applicable(world_sizes) is None
+            for w in r.worlds(world_sizes)
+        }
+    )
+    progress = Progress(progress_callback, len(selected))
+    try:
+        if needed:
+            progress.phase(f"starting gloo worlds of {', '.join(map(str, needed))} rank(s)")
+        for w in needed:
+            factory(w)  # start every world now: they come up in parallel
+        _preflight(info, cwd, needed, factory, options.emulate)
+        returns = {"tensor": "none", "tuple": "sizes"}.get(options.returns, "unknown")
+        if returns == "unknown" and needed and any(r.id == "returned-sizes" for r in selected):
+            returns = _probe_returns(impl, needed, factory)
+        refused = _backend_refusals(factory, needed, options.emulate) if needed else ()
+    except BaseException:
+        progress.close()
+        raise
+    rows = [r for r in catalogue(impl, returns=returns) if _selected(r, options)]
+    report = Report(
+        impl=info.ref,
+        impl_display=info.display,
+        convention=info.convention,
+        grad=options.grad,
+        world_sizes=world_sizes,
+        max_examples=options.max_examples,
+        seed=options.seed,
+        xfails_path=options.xfails_path,
+        versions=_versions(),
+        transports=transports,
+        refused_transports=dict(info.refused_transports),
+        scope=_scope_text(options, info),
+        strict=options.strict,
+        call=info.call,
+    )
+    try:
+        split = list(split_rows(rows, refused, options.xfails))
+        progress.retotal(len(split))  # a refused dtype is a row of its own
+        for row_id, row in split:
+            progress.phase(f"checking {row_id}")
+            reason = _call_reason(row.id, row.not_applicable(world_sizes, returns), info)
+            if reason is None and row.id == "uninitialized" and options.requires_init:
+                reason = "--requires-init: needs an initialized torch.distributed"
+            stopped = options.exitfirst and any(r.failed for r in report.results)
+            dtype = row_id.partition(":")[2]
+            if stopped:
+                result = PropertyResult(
+                    row_id, row.title, "skipped", reason="--exitfirst: an earlier property failed"
+                )
+            elif reason is not None:
+                result = PropertyResult(row_id, row.title, "n/a", reason=reason)
+            elif not row.initialized and options.in_flight is None:
+                result = run_isolated(row, options, info)
+            else:
+                small = dtype in refused
+                examples = min(options.max_examples, UNSUPPORTED_EXAMPLES) if small else None
+                result = evaluate_row(
+                    row,
+                    options,
+                    world_sizes,
+                    factory,
+                    progress,
+                    row_id=row_id,
+                    max_examples=examples,
+                )
+                result = prefer_nonempty(result, row, options, world_sizes, factory, progress)
+            if dtype in refused:
+                result = with_unsupported(result, dtype)
+            result = with_xfail(result, options.xfails)
+            report.results.append(result)
+            progress.row(result)
+    finally:
+        progress.close()
+    report.seconds = time.monotonic() - started
+    return report
+
+
+# --- entry point ---------------------------------------------------------------------
+
+
+def _versions() -> dict[str, str]:
+    versions = {"vargather": vargather.__version__, "torch": str(torch.__version__)}
+    try:
+        import hypothesis
+
+        versions["hypothesis"] = hypothesis.__version__
+    except ImportError:
+        pass
+    versions["python"] = platform.python_version()
+    return versions
+
+
+# --- the isolated child --------------------------------------------------------------
+
+
+def child_main(argv: Sequence[str]) -> int:
+    """``python -m vargather.testing.engine OPTIONS.json``: run the check the options
+    (``CheckOptions.to_json``) describe and write its report to their ``json_path``;
+    the exit status is the report's (2: a usage error, printed)."""
+    if len(argv) != 1:
+        print("usage: python -m vargather.testing.engine OPTIONS.json", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        with open(argv[0], encoding="utf-8") as f:
+            options = CheckOptions.from_json(json.load(f))
+        report = run_check(options)
+    except CheckUsageError as err:
+        print(f"vargather check (child): error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    if options.json_path is not None:
+        report.write_json(options.json_path)
+    return report.exit_status
+
+
+if __name__ == "__main__":
+    raise SystemExit(child_main(sys.argv[1:]))

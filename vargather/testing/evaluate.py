@@ -1,0 +1,363 @@
+"""One property as a seeded Hypothesis run: the gate's property evaluation.
+
+Where it sits: in the gate's engine in the testing kit, beneath ``engine`` (which runs
+every row through ``evaluate``) and above ``results``, ``progress`` and ``isolated``.
+Examples and shrinking are budgeted by count, never by time, so a loaded machine runs
+the same examples; a failing attempt's cost sets how far it is shrunk: a timeout
+waited out (a hang, or ranks left in a collective until the group's timeout) ends the
+search at once, a world rebuilt (a crash, a collective error) allows a few attempts,
+anything else the whole ``shrink_budget``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from .cases import GatherCase, Implementation
+from .isolated import in_flight
+from .judge import Failure
+from .options import CheckOptions
+from .pool import RankPool
+from .progress import Progress, ProgressCallback
+from .properties import BATCH, Property
+from .results import PropertyFailure, PropertyResult, case_data
+from .runner import describe, describe_coalesced, short_traceback
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+__all__ = [
+    "CRASH_SHRINK_BUDGET",
+    "evaluate",
+    "evaluate_row",
+    "hypothesis_storage",
+    "prefer_nonempty",
+    "render_failures",
+]
+
+CRASH_SHRINK_BUDGET: Final = 4
+"""At most this many shrinking examples once a property's failure costs a world: a
+crash, or a collective that failed (the world is rebuilt after each)."""
+
+
+def render_failures(failures: Sequence[Failure], limit: int = 4) -> str:
+    """The judge's failures of one case, one per distinct failure (ranks that failed
+    alike are one ``Failure`` already), at most ``limit`` of them."""
+    lines = [f.render() for f in failures[:limit]]
+    if len(failures) > limit:
+        lines.append(f"... and {len(failures) - limit} more distinct failure(s)")
+    return "\n".join(lines)
+
+
+def _property_failure(
+    failures: Sequence[Failure],
+    case: GatherCase,
+    impl: Implementation,
+    before: Sequence[GatherCase] = (),
+    reproduction: str | None = None,
+) -> PropertyFailure:
+    """A property's failure on ``case``, from the judge's records (the first one's kind
+    and aspect; a crash or a hang anywhere is the property's kind). ``reproduction``
+    replaces ``describe(case, impl, before=before)`` (a coalesced call's)."""
+    kinds = {f.kind for f in failures}
+    kind = next((k for k in ("crash", "hang") if k in kinds), failures[0].kind)
+    return PropertyFailure(
+        kind,
+        render_failures(failures),
+        case_data(case),
+        reproduction or describe(case, impl, before=before),
+        aspect=failures[0].aspect,
+    )
+
+
+class _FailingBatchError(AssertionError):
+    """Raised inside the Hypothesis test body: the batch has a failing case."""
+
+    def __init__(self, failure: PropertyFailure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+_COST_CHEAP: Final = 0
+_COST_WORLD: Final = 1
+_COST_TIMEOUT: Final = 2
+_TIMEOUT_MARKS: Final = ("Timed out", "timed out")
+
+
+class _UsedPools:
+    """The pool factory of one attempt, remembering each world's generation when the
+    attempt first asked for it: an attempt that rebuilt or discarded a world (a crash,
+    a hang, a collective that failed) cost a world."""
+
+    def __init__(self, factory: Callable[[int], RankPool]) -> None:
+        self.factory = factory
+        self.pools: dict[int, tuple[RankPool, int]] = {}
+
+    def __call__(self, world_size: int) -> RankPool:
+        pool = self.factory(world_size)
+        if world_size not in self.pools:
+            self.pools[world_size] = (pool, getattr(pool, "generation", 0))
+        return pool
+
+    def rebuilt(self) -> bool:
+        for pool, generation in self.pools.values():
+            # A discarded world is rebuilt on the next call; the pool says "stale".
+            if getattr(pool, "generation", 0) != generation or "stale" in repr(pool):
+                return True
+        return False
+
+
+def _attempt_cost(results: Sequence[tuple[Any, Sequence[Failure]]], used: _UsedPools) -> int:
+    """What a failing attempt cost, whatever the implementation did (counted, never
+    timed, so every run shrinks alike): ``_COST_TIMEOUT`` when a rank hung or waited
+    out a collective's timeout (a peer never came: every further attempt costs the
+    timeout again), ``_COST_WORLD`` when a world died or was discarded (a crash, a
+    collective error: every further attempt costs a world rebuild), else cheap."""
+    texts = [f.render() for _, failures in results for f in failures]
+    kinds = {f.kind for _, failures in results for f in failures}
+    if "hang" in kinds or any(m in t for t in texts for m in _TIMEOUT_MARKS):
+        return _COST_TIMEOUT
+    if "crash" in kinds or used.rebuilt():
+        return _COST_WORLD
+    return _COST_CHEAP
+
+
+@dataclass
+class _PropertyState:
+    cost: int = _COST_CHEAP
+    examples: int = 0
+    cases: int = 0
+    shrink_runs: int = 0
+    failed_at: float | None = None
+    last: PropertyFailure | None = None
+    memo: dict[tuple[GatherCase, ...], PropertyFailure | None] = field(default_factory=dict)
+
+
+def evaluate_row(
+    prop: Property,
+    options: CheckOptions,
+    world_sizes: Sequence[int],
+    factory: Callable[[int], RankPool],
+    progress: Progress,
+    *,
+    row_id: str | None = None,
+    max_examples: int | None = None,
+) -> PropertyResult:
+    """Run one property as a Hypothesis test; shrink its first failure to a minimal case.
+
+    Deterministic for a given seed: examples and shrinking are budgeted by count, never
+    by time, so a loaded machine runs the same examples."""
+    from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+
+    started = time.monotonic()
+    state = _PropertyState()
+    strategy: SearchStrategy[list[GatherCase]] = prop.strategy(
+        world_sizes, batch=BATCH, max_payload=options.max_payload
+    )
+    impl = prop.implementation
+
+    def out_of_budget() -> bool:
+        if state.failed_at is None:
+            return False
+        budget = options.shrink_budget
+        if state.cost == _COST_WORLD:  # every such attempt costs a world restart
+            budget = min(budget, CRASH_SHRINK_BUDGET)
+        return state.cost == _COST_TIMEOUT or state.shrink_runs >= budget
+
+    def run(batch: list[GatherCase]) -> PropertyFailure | None:
+        if state.failed_at is not None:
+            if out_of_budget():
+                # End the search: past the budget Hypothesis would propose a thousand
+                # more shrinks, each drawing a whole batch to be turned away here.
+                raise _ShrinkBudgetSpent
+            state.shrink_runs += 1
+        used = _UsedPools(factory)
+        with in_flight(options.in_flight, batch, impl):
+            results = prop.run(batch, pool_factory=used)
+        if state.failed_at is None:
+            state.examples += 1
+            state.cases += sum(1 for v, _ in results if not v.not_run)
+            progress.note(f"{prop.id}: {state.cases} cases")
+        for index, (verdict, failures) in enumerate(results):
+            if failures:
+                if state.failed_at is None:
+                    state.failed_at = time.monotonic()
+                state.cost = max(state.cost, _attempt_cost(results, used))
+                if prop.coalesced:  # one call of every case: it lists them all
+                    shown = describe_coalesced(batch, index, impl)
+                    return _property_failure(failures, verdict.case, impl, reproduction=shown)
+                # The calls that ran before it on the same world (state carried over);
+                # Hypothesis keeps only those the failure needs.
+                before = batch[:index]
+                return _property_failure(failures, verdict.case, impl, before)
+        return None
+
+    def body(batch: list[GatherCase]) -> None:
+        key = tuple(batch)
+        failure = state.memo[key] if key in state.memo else run(batch)
+        if failure is not None:
+            state.memo[key] = state.last = failure
+            # One raise site: Hypothesis tells failures apart by where they are raised.
+            raise _FailingBatchError(failure)
+
+    test = settings(
+        # A property whose examples cost seconds each (compiling) caps its own count.
+        max_examples=prop.max_examples(max_examples or options.max_examples),
+        derandomize=False,  # the seed below makes a run reproducible
+        database=_database(options.db),  # nothing written into the caller's checkout
+        deadline=None,  # no timed verdicts: a slow machine is not a failure
+        verbosity=Verbosity.quiet,  # the report prints the counterexample, not Hypothesis
+        print_blob=False,
+        report_multiple_bugs=False,
+        phases=(Phase.explicit, Phase.generate, Phase.target, Phase.shrink),
+        # Health checks judge the strategies (the property suite's own tests run them);
+        # here they would blame the implementation under test for how cases are drawn.
+        suppress_health_check=list(HealthCheck),
+    )(seed(options.seed)(given(strategy)(body)))
+    failure: PropertyFailure | None = None
+    try:
+        test()
+    except _FailingBatchError as err:
+        failure = err.failure
+    except _ShrinkBudgetSpent:
+        # Every failing example the shrinker runs is smaller than the one before (it
+        # only tries smaller ones), so the last failure seen is the smallest found.
+        failure = state.last
+    except Exception as err:  # Hypothesis's Flaky, or the check itself broke
+        if state.last is not None:
+            note = (
+                f"\n(the failure did not reproduce on a re-run: {type(err).__name__}; "
+                "the implementation may be nondeterministic)"
+            )
+            failure = dataclasses.replace(state.last, message=state.last.message + note)
+        else:
+            failure = PropertyFailure(
+                "checker",
+                f"the check could not run this property: {type(err).__name__}: {err}\n"
+                + short_traceback(err, 12),
+            )
+    seconds = time.monotonic() - started
+    if failure is None and state.cases == 0:
+        failure = PropertyFailure("checker", "no case ran (every drawn case was filtered out)")
+    return PropertyResult(
+        row_id or prop.id,
+        prop.title,
+        "pass" if failure is None else "fail",
+        examples=state.examples,
+        cases=state.cases,
+        shrink_runs=state.shrink_runs,
+        seconds=seconds,
+        failure=failure,
+    )
+
+
+def evaluate(
+    prop: Property,
+    options: CheckOptions,
+    world_sizes: Sequence[int],
+    factory: Callable[[int], RankPool],
+    progress: ProgressCallback | None = None,
+) -> PropertyResult:
+    """One property's seeded Hypothesis run on ``factory``'s worlds, shrinking its
+    first failure within the budget (what ``run_check`` does for every row)."""
+    return evaluate_row(prop, options, world_sizes, factory, Progress(progress, 1))
+
+
+class _ShrinkBudgetSpent(BaseException):
+    """Raised from inside a Hypothesis test to end its shrinking: a ``BaseException``
+    that is not an ``Exception``, so Hypothesis lets it through instead of recording a
+    failure."""
+
+
+NONEMPTY_EXAMPLES: Final = 20
+"""Examples of the second search for a gradient counterexample without empty shards."""
+
+
+def _all_nonempty(case: GatherCase) -> bool:
+    return all(n > 0 for n in case.sizes)
+
+
+def prefer_nonempty(
+    result: PropertyResult,
+    row: Property,
+    options: CheckOptions,
+    world_sizes: Sequence[int],
+    factory: Callable[[int], RankPool],
+    progress: Progress,
+) -> PropertyResult:
+    """A gradient failure shrunk to a case with an empty shard reads like a quibble
+    ("x.grad=NoneType, should be shape (0,)"); when the same property also fails on
+    cases whose shards are all non-empty, report that counterexample instead (a
+    second, seeded search restricted to them)."""
+    f = result.failure
+    if result.status != "fail" or f is None or f.aspect not in ("gradient", "adjoint"):
+        return result
+    if f.case is None or all(n > 0 for n in f.case["sizes"]):
+        return result
+    keep = row.keep
+
+    def nonempty(case: GatherCase) -> bool:
+        return _all_nonempty(case) and (keep is None or keep(case))
+
+    second = evaluate_row(
+        dataclasses.replace(row, keep=nonempty),
+        options,
+        world_sizes,
+        factory,
+        progress,
+        row_id=result.id,
+        max_examples=min(options.max_examples, NONEMPTY_EXAMPLES),
+    )
+    g = second.failure
+    if second.status != "fail" or g is None or g.aspect not in ("gradient", "adjoint"):
+        return result
+    note = "\n(it fails with empty shards too; this counterexample has none)"
+    return dataclasses.replace(
+        result,
+        shrink_runs=result.shrink_runs + second.examples + second.shrink_runs,
+        failure=dataclasses.replace(g, message=g.message + note),
+    )
+
+
+def _database(path: str | None) -> Any:
+    """Hypothesis's example database: none, or ``--db PATH``."""
+    if path is None:
+        return None
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    return DirectoryBasedExampleDatabase(path)
+
+
+_STORAGE_ENV: Final = "HYPOTHESIS_STORAGE_DIRECTORY"
+
+
+@contextlib.contextmanager
+def hypothesis_storage(db: str | None) -> Iterator[None]:
+    """Point Hypothesis's storage directory (it caches ``constants/`` there even with
+    ``database=None``) at a temporary directory for the run, in this process and in the
+    child processes it starts, so nothing is written into the caller's directory; with
+    ``--db`` the database lives where asked and the rest beside it."""
+    from hypothesis import configuration
+
+    key = "__hypothesis_home_directory"
+    before_home = getattr(configuration, key, None)
+    before_env = os.environ.get(_STORAGE_ENV)
+    with tempfile.TemporaryDirectory(prefix="vargather-hypothesis-") as tmp:
+        home = os.path.join(os.path.abspath(db), ".hypothesis") if db is not None else tmp
+        configuration.set_hypothesis_home_dir(home)
+        os.environ[_STORAGE_ENV] = home
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(before_home)
+            if before_env is None:
+                os.environ.pop(_STORAGE_ENV, None)
+            else:
+                os.environ[_STORAGE_ENV] = before_env

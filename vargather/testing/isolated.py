@@ -1,0 +1,169 @@
+"""The isolated row: a property whose cases run in the checking process itself.
+
+Where it sits: in the gate's engine in the testing kit, beneath ``evaluate`` and
+``engine``. The ``uninitialized`` row runs its cases without torch.distributed, in the
+process that runs them; so that a crash or a hang of the implementation is that
+row's failure and not the checker's, ``engine`` runs it in a child process,
+``python -m vargather.testing.engine OPTIONS.json``, whose options are the parent's
+serialized as JSON (``CheckOptions.to_json``: no flag spelled again). The child
+records the batch in flight (``in_flight``) and exits with ``HUNG_EXIT`` when a batch
+outlives ``--timeout``; the parent names the case from the record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Final
+
+from .cases import GatherCase, Implementation
+from .options import DEFAULT_TIMEOUT, CheckOptions
+from .properties import Property
+from .resolve import ImplInfo
+from .results import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PropertyFailure, PropertyResult, case_data
+from .runner import describe
+
+__all__ = ["CHILD_MODULE", "HUNG_EXIT", "in_flight", "run_isolated"]
+
+CHILD_MODULE: Final = "vargather.testing.engine"
+"""The module the child runs (``python -m``): the engine's ``child_main``."""
+
+
+HUNG_EXIT: Final = 75  # the child's exit status when its watchdog fired
+
+
+@contextlib.contextmanager
+def in_flight(
+    path: str | None, batch: Sequence[GatherCase], impl: Implementation
+) -> Iterator[None]:
+    """In the child that runs the in-process row: record ``batch`` in ``path`` while it
+    runs (so the parent can name the case if this process dies) and exit with
+    ``HUNG_EXIT`` if it does not finish within the timeout the parent set."""
+    if path is None:
+        yield
+        return
+    record = {
+        "cases": [case_data(c) for c in batch],
+        "reproduction": describe(batch[0], impl) if batch else None,
+    }
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    timeout = float(os.environ.get(_CHILD_TIMEOUT_ENV, DEFAULT_TIMEOUT))
+    watchdog = threading.Timer(timeout, os._exit, args=(HUNG_EXIT,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.cancel()
+
+
+_CHILD_TIMEOUT_ENV: Final = "VARGATHER_CHECK_BATCH_TIMEOUT"
+
+
+def _child_options(
+    row: Property, options: CheckOptions, info: ImplInfo, report: str, in_flight: str
+) -> CheckOptions:
+    """The isolated child's options: the parent's, resolved (the convention and
+    transports it picked), for this row alone; xfails stay with the parent."""
+    transports = "none" if info.transports is None else ",".join(info.transports)
+    return dataclasses.replace(
+        options,
+        only=(row.id,),
+        convention="auto" if info.call is not None else info.convention,
+        transports=("auto" if info.call is not None else transports)
+        if info.ref is not None
+        else options.transports,
+        json_path=report,
+        progress=False,
+        in_flight=in_flight,
+        xfails=frozenset(),
+        xfails_path=None,
+        exitfirst=False,
+        config_path=None,
+    )
+
+
+def run_isolated(row: Property, options: CheckOptions, info: ImplInfo) -> PropertyResult:
+    """Run a row whose cases execute in the checking process itself (torch.distributed
+    not initialized) in a child check process instead, so a crash or a hang of the
+    implementation is that row's failure, not the checker's."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="vargather-check-") as tmp:
+        report_path = os.path.join(tmp, "report.json")
+        in_flight = os.path.join(tmp, "in-flight.json")
+        options_path = os.path.join(tmp, "options.json")
+        child = _child_options(row, options, info, report_path, in_flight)
+        with open(options_path, "w", encoding="utf-8") as f:
+            json.dump(child.to_json(), f)
+        command = [sys.executable, "-m", CHILD_MODULE, options_path]
+        env = {**os.environ, _CHILD_TIMEOUT_ENV: str(options.timeout)}
+        # Backstop only: the child's own watchdog reports a hung batch after --timeout.
+        backstop = 120.0 + 2 * options.timeout + options.shrink_budget + options.max_examples
+        try:
+            proc = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=backstop, check=False
+            )
+        except subprocess.TimeoutExpired:
+            what = f"the child check process did not finish within {backstop:g} s"
+            return _child_failure(row, "hang", what, "", in_flight, started)
+        if proc.returncode in (EXIT_OK, EXIT_FAILED) and os.path.exists(report_path):
+            with open(report_path, encoding="utf-8") as f:
+                data = json.load(f)
+            (result,) = [PropertyResult.from_json(p) for p in data["properties"]]
+            return dataclasses.replace(result, seconds=time.monotonic() - started)
+        tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
+        if proc.returncode == HUNG_EXIT:
+            what = f"a batch did not finish within --timeout={options.timeout:g} s"
+            return _child_failure(row, "hang", what, "", in_flight, started)
+        if proc.returncode < 0:
+            what = f"the process running it was killed by signal {_signal_name(-proc.returncode)}"
+            return _child_failure(row, "crash", what, tail, in_flight, started)
+        what = f"the child check process exited with status {proc.returncode}"
+        kind = "checker" if proc.returncode == EXIT_USAGE else "crash"
+        return _child_failure(row, kind, what, tail, in_flight, started)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def _child_failure(
+    row: Property, kind: str, what: str, stderr: str, in_flight: str, started: float
+) -> PropertyResult:
+    case: dict[str, Any] | None = None
+    reproduction: str | None = None
+    cases = 0
+    try:
+        with open(in_flight, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        record = None
+    if record is not None and record["cases"]:
+        cases = len(record["cases"])
+        case = record["cases"][0]
+        reproduction = record["reproduction"]
+        what += f", running a batch of {cases} case(s) (the first is shown)"
+    message = f"torch.distributed not initialized, in a child process: {what}"
+    if stderr:
+        message += f"\nits stderr:\n{stderr}"
+    return PropertyResult(
+        row.id,
+        row.title,
+        "fail",
+        cases=cases,
+        seconds=time.monotonic() - started,
+        failure=PropertyFailure(kind, message, case, reproduction, shrunk=False, aspect="call"),
+    )

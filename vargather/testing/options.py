@@ -1,0 +1,336 @@
+"""The conformance gate's options model: ``CheckOptions``, built from the one schema.
+
+Where it sits: in the gate's engine in the testing kit, above ``schema`` (the option
+list) and beneath ``resolve`` and ``engine``. Every surface builds a ``CheckOptions``
+through here: the command line (``vargather._cli.check``) from its parsed flags, the
+pytest plugin (``vargather.testing.plugin``) from its ``--vargather-*`` values, the
+config table (``read_config``) from TOML, the isolated child (``from_json``) from the
+parent's options serialized as JSON. A bad value raises ``OptionError`` naming the
+option (``grad``), which each surface spells its own way (``--grad``,
+``--vargather-grad``, ``grad = ...`` in the table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from vargather import CONTRACTS, VarGatherError
+
+from . import schema
+from .cases import CONVENTIONS as CALL_CONVENTIONS
+from .cases import DTYPE_NAMES, RETURN_KINDS, SIZES_SCOPES
+from .properties import property_ids
+from .scale import DEFAULT_MAX_PAYLOAD
+
+__all__ = [
+    "CONFIG_TABLE",
+    "CheckOptions",
+    "CheckUsageError",
+    "OptionError",
+    "build_options",
+    "config_values",
+    "load_xfails",
+    "read_config",
+]
+
+CONVENTIONS: Final = ("auto", *CALL_CONVENTIONS)
+DEFAULT_WORLD_SIZES: Final = (1, 2, 3, 4)
+MAX_WORLD_SIZE: Final = 16
+MAX_NDIM: Final = 8
+DEFAULT_MAX_EXAMPLES: Final = 60
+DEFAULT_SEED: Final = 0
+DEFAULT_TIMEOUT: Final = 30.0
+DEFAULT_SHRINK_BUDGET: Final = 200
+"""Examples a property may run shrinking its first failure (a count, not seconds, so
+a loaded machine shrinks to the same counterexample)."""
+GRADS: Final = (*CONTRACTS, "none")
+"""``grad``: a contract, or ``none`` (not differentiable: gradient rows n/a)."""
+EMULATIONS: Final = ("nccl",)
+CONFIG_TABLE: Final = ("tool", "vargather", "check")
+
+
+class CheckUsageError(VarGatherError, ValueError):
+    """The check cannot start: a bad option, an unreadable xfails file, or an
+    implementation that does not import or whose call does not fit. The command line
+    prints it and exits with status 2; the pytest plugin stops the session."""
+
+
+class OptionError(CheckUsageError):
+    """A bad value of one option: ``option`` is its name, ``detail`` the rest of the
+    message; ``spelled(spelling)`` is the message as a surface spells the option."""
+
+    def __init__(self, option: str, detail: str) -> None:
+        self.option = option
+        self.detail = detail
+        super().__init__(self.spelled(option))
+
+    def spelled(self, spelling: str) -> str:
+        joiner = "" if self.detail.startswith((":", ",")) else " "
+        return f"{spelling}{joiner}{self.detail}"
+
+    @classmethod
+    def of(cls, err: schema.OptionError) -> OptionError:
+        return cls(err.option, err.detail)
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """Everything a check run needs, validated. Each field but the bookkeeping ones
+    (``config_path``, ``xfails``, ``progress``, ``in_flight``) is an option of
+    ``schema.OPTIONS`` (its ``field``)."""
+
+    impl: str | None = None
+    call: str | None = None
+    """A call template, ``"(x, group=group)"`` (``resolve.parse_call``); ``None``: the
+    convention's."""
+    grad: str = "sum"
+    dims: tuple[int, ...] | None = None
+    requires_init: bool = False
+    compile: bool = False
+    sizes: str = "any"
+    returns: str = "auto"
+    emulate: str | None = None
+    strict: bool = False
+    db: str | None = None
+    config_path: str | None = field(default=None, compare=False)
+    """The config file whose ``[tool.vargather.check]`` table gave defaults, if any."""
+    world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES
+    max_examples: int = DEFAULT_MAX_EXAMPLES
+    seed: int = DEFAULT_SEED
+    xfails: frozenset[str] = frozenset()
+    xfails_path: str | None = None
+    json_path: str | None = None
+    convention: str = "auto"
+    transports: str = "auto"
+    exitfirst: bool = False
+    timeout: float = DEFAULT_TIMEOUT
+    shrink_budget: int = DEFAULT_SHRINK_BUDGET
+    progress: bool = True
+    only: tuple[str, ...] = ()
+    in_flight: str | None = None
+    """Set in the child process that runs the in-process property (``uninitialized``):
+    the file where it records the batch in flight, for the parent to name a crash or
+    hang."""
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    """Bytes a large case's shard may reach on one rank (0: small cases only)."""
+
+    def __post_init__(self) -> None:
+        choices = (
+            ("grad", self.grad, GRADS),
+            ("sizes", self.sizes, SIZES_SCOPES),
+            ("returns", self.returns, RETURN_KINDS),
+            ("convention", self.convention, CONVENTIONS),
+        )
+        for name, value, allowed in choices:
+            if value not in allowed:
+                raise OptionError(name, f"must be one of {', '.join(allowed)}, got {value!r}")
+        if self.emulate is not None and self.emulate not in EMULATIONS:
+            raise OptionError(
+                "emulate", f"must be one of {', '.join(EMULATIONS)}, got {self.emulate!r}"
+            )
+        dims_ok = self.dims is None or (
+            bool(self.dims) and all(type(d) is int and -MAX_NDIM <= d < MAX_NDIM for d in self.dims)
+        )
+        if not dims_ok:
+            raise OptionError(
+                "dims", f": expected integers in [-{MAX_NDIM}, {MAX_NDIM}), got {self.dims!r}"
+            )
+        if not self.world_sizes:
+            raise OptionError("world-sizes", ": expected at least one world size")
+        for w in self.world_sizes:
+            if type(w) is not int or not 1 <= w <= MAX_WORLD_SIZE:
+                raise OptionError(
+                    "world-sizes",
+                    f": each world size must be in [1, {MAX_WORLD_SIZE}], got {w!r}",
+                )
+        if type(self.max_examples) is not int or self.max_examples < 1:
+            raise OptionError(
+                "max-examples", f"must be a positive integer, got {self.max_examples!r}"
+            )
+        if type(self.seed) is not int or self.seed < 0:
+            raise OptionError("seed", f"must be a non-negative integer, got {self.seed!r}")
+        if type(self.shrink_budget) is not int or self.shrink_budget < 0:
+            raise OptionError(
+                "shrink-budget", f"must be a number of examples >= 0, got {self.shrink_budget!r}"
+            )
+        if type(self.max_payload) is not int or self.max_payload < 0:
+            raise OptionError(
+                "max-payload", f"must be a number of bytes >= 0, got {self.max_payload!r}"
+            )
+        if not (self.timeout > 0):
+            raise OptionError(
+                "timeout", f"must be a positive number of seconds, got {self.timeout!r}"
+            )
+        if self.call is not None:
+            from .calls import parse_call  # the template's syntax, checked here
+
+            try:
+                parse_call(self.call)
+            except ValueError as err:
+                raise OptionError("call", f": {err}") from None
+        known = property_ids()
+        xfail_rows = {x.partition(":")[0] for x in self.xfails}
+        for name, ids in (("only", set(self.only)), ("xfails", xfail_rows)):
+            unknown = sorted(set(ids) - set(known))
+            if unknown:
+                raise OptionError(
+                    name,
+                    f": unknown property id(s) {', '.join(unknown)}; known: " + ", ".join(known),
+                )
+
+    # -- the isolated child's options
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field as JSON data (``from_json`` inverts it): how the isolated child
+        gets its options, without any flag spelled again."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, frozenset):
+                value = sorted(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> CheckOptions:
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(CheckOptions):
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            if f.name == "xfails":
+                value = frozenset(value)
+            elif isinstance(value, list):
+                value = tuple(value)
+            values[f.name] = value
+        return CheckOptions(**values)
+
+
+def build_options(values: Mapping[str, object], **extra: Any) -> CheckOptions:
+    """A ``CheckOptions`` from option values keyed by option name (``max-payload``) as
+    the schema's parsers give them; loads the xfails file. ``extra``: bookkeeping
+    fields (``config_path``, ``progress``, ...)."""
+    fields: dict[str, Any] = dict(extra)
+    for name, value in values.items():
+        if value is None:
+            continue
+        option = schema.by_name(name)
+        fields[option.field] = value
+    path = fields.get("xfails_path")
+    if path is not None:
+        fields["xfails"] = load_xfails(str(path))
+    if "world_sizes" in fields:
+        fields["world_sizes"] = tuple(sorted(set(fields["world_sizes"])))
+    if "dims" in fields:
+        fields["dims"] = tuple(dict.fromkeys(fields["dims"]))
+    return CheckOptions(**fields)
+
+
+# --- the config table ----------------------------------------------------------------
+
+
+def _load_toml(path: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - the backport on 3.10
+        import tomli as tomllib  # type: ignore[import-not-found, no-redef, unused-ignore]  # the backport, absent on 3.11+
+    try:
+        with open(path, "rb") as f:
+            data: dict[str, Any] = tomllib.load(f)
+    except OSError as err:
+        raise OptionError("config", f": cannot read {path!r}: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise OptionError("config", f": {path} is not valid TOML: {err}") from None
+    return data
+
+
+def read_config(path: str) -> dict[str, object]:
+    """The ``[tool.vargather.check]`` table of ``path`` as option values (option name
+    -> parsed value, ``xfails`` made absolute against the file's folder); unknown keys
+    and wrong types are usage errors. A file without the table gives ``{}``."""
+    table: object = _load_toml(path)
+    for key in CONFIG_TABLE:
+        table = table.get(key, {}) if isinstance(table, dict) else None
+    where = f"{path} [{'.'.join(CONFIG_TABLE)}]"
+    if not isinstance(table, dict):
+        raise OptionError("config", f": {where} must be a table")
+    settable = {o.name: o for o in schema.on(schema.CONFIG)}
+    values: dict[str, object] = {}
+    for key, raw in table.items():
+        option = settable.get(key)
+        if option is None:
+            raise OptionError(
+                "config",
+                f": {where}: unknown key {key!r}; known keys: " + ", ".join(sorted(settable)),
+            )
+        try:
+            value = option.parse_toml(raw, where)
+        except schema.OptionError as err:
+            text = err.spelled(key)
+            raise OptionError(
+                "config", f": {text}" if where in text else f": {where}: {text}"
+            ) from None
+        if option.kind == "path" and isinstance(value, str) and not os.path.isabs(value):
+            value = os.path.join(os.path.dirname(os.path.abspath(path)), value)
+        values[key] = value
+    return values
+
+
+def config_values(
+    config: str | None, no_config: bool, cwd: str | None = None
+) -> tuple[dict[str, object], str | None]:
+    """The config file's option values: ``config``, else ``./pyproject.toml`` when it
+    exists, none with ``no_config``; and the file's absolute path when it gave any."""
+    if no_config:
+        return {}, None
+    path = config
+    if path is None:
+        candidate = os.path.join(cwd or os.getcwd(), "pyproject.toml")
+        if not os.path.isfile(candidate):
+            return {}, None
+        path = candidate
+    values = read_config(path)
+    return values, (os.path.abspath(path) if values else None)
+
+
+# --- xfails --------------------------------------------------------------------------
+
+
+def load_xfails(path: str) -> frozenset[str]:
+    """Read an xfails file: one property id (or ``PROPERTY:DTYPE``) per line; ``#``
+    starts a comment. Every id must name a property (a typo would otherwise silently
+    expect nothing)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as err:
+        raise OptionError("xfails", f": cannot read {path!r}: {err.strerror or err}") from None
+    known = set(property_ids())
+    ids: set[str] = set()
+    for number, line in enumerate(lines, start=1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        if len(text.split()) != 1:
+            raise OptionError(
+                "xfails", f": {path}:{number}: expected one property id per line, got {text!r}"
+            )
+        prop, colon, dtype = text.partition(":")
+        if colon and prop in known and dtype in DTYPE_NAMES:
+            ids.add(text)
+            continue
+        if text not in known:
+            raise OptionError(
+                "xfails",
+                f": {path}:{number}: unknown property id {text!r}; known ids: "
+                + ", ".join(property_ids()),
+            )
+        ids.add(text)
+    return frozenset(ids)

@@ -1,0 +1,506 @@
+"""Implementation resolution: what ``impl`` names and how the gate calls it.
+
+Where it sits: in the gate's engine in the testing kit, above ``options`` and
+``calls`` and beneath ``engine``. ``resolve_impl`` imports ``MODULE:ATTR`` in the
+checking process (through the kit's one importer, ``runner.load_callable``), builds a
+configured ``MODULE:ATTR(key=literal)`` once, picks the call (a ``call`` template, or
+the ``convention``'s), checks it against the callable's signature (an ``nn.Module``'s
+``forward``; a ``torch.autograd.Function``'s ``apply`` against its ``forward`` minus
+``ctx``) and derives what the call leaves out of scope. Everything here happens
+before any world starts: a call that does not fit is exit 2, naming the mismatch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .calls import CallTemplate, parse_call
+from .options import CheckOptions, OptionError
+from .runner import (
+    ImplementationError,
+    gloo_transports,
+    load_callable,
+    parse_impl_ref,
+    prepend_import_paths,
+)
+
+__all__ = [
+    "ImplInfo",
+    "Scope",
+    "call_scope",
+    "ensure_import_path",
+    "load_impl",
+    "resolve_impl",
+    "resolve_options_impl",
+]
+
+
+@dataclass(frozen=True)
+class ImplInfo:
+    """What ``--impl`` names, as resolved in the parent.
+
+    ``ref`` is ``None`` for vargather's own ``all_gather_v``. ``convention`` is
+    ``"seed"`` (``ATTR(t, dim, sizes)``) or ``"vargather"``
+    (``ATTR(x, dim, *, sizes=None, group=None, grad=...)``). ``transports``: the
+    ``transport=`` names it is called with (``None``: it is not passed);
+    ``refused_transports``: vargather's names left out, with the reason.
+    ``takes_grad``: whether ``grad=`` is passed; ``ctor_kwargs``/``ctor_takes_dim``:
+    ``MODULE:ATTR(key=literal, ...)``, constructed per call (with ``dim=`` too when
+    ATTR takes it and the reference does not set it).
+    """
+
+    ref: str | None
+    display: str
+    convention: str
+    takes_group: bool
+    transports: tuple[str, ...] | None = None
+    refused_transports: tuple[tuple[str, str], ...] = ()
+    takes_grad: bool = True
+    ctor_kwargs: tuple[tuple[str, object], ...] | None = None
+    ctor_takes_dim: bool = False
+    call: str | None = None
+    """The ``call`` template ATTR is called with (``None``: the convention's)."""
+    scope: Scope | None = None
+    """What the call template leaves out of scope (``None``: no template)."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The declared scope as a call template narrows it: ``dims`` (``None``: every
+    dim), ``sizes`` (``--sizes``), ``takes_group``, ``takes_grad``; ``notes`` say what
+    the template left out, for the report."""
+
+    dims: tuple[int, ...] | None
+    sizes: str
+    takes_group: bool
+    takes_grad: bool
+    notes: tuple[str, ...] = ()
+
+
+def call_scope(template: CallTemplate, options: CheckOptions) -> Scope:
+    """What ``template`` leaves out is out of scope (never drawn); a declared scope
+    that asks for what the template cannot pass is an ``OptionError``.
+
+    No ``dim``: dim 0 only, unless ATTR returns per-rank lists (``returns='list'``,
+    concatenated by the gate along any dim). No ``sizes``: ``sizes='never'``. No
+    ``group``: no subgroup cases. No ``grad``: the contract is not passed."""
+    notes: list[str] = []
+    dims = options.dims
+    if not template.uses("dim") and options.returns != "list":
+        if dims is not None and any(d != 0 for d in dims):
+            raise OptionError(
+                "dims",
+                f"{','.join(map(str, dims))}: the call {template.text} passes no dim, so "
+                "only dim 0 can be checked (or --returns list, concatenated by the gate)",
+            )
+        dims = (0,)
+        notes.append("no dim: dim 0 only")
+    sizes = options.sizes
+    if not template.uses("sizes"):
+        if sizes not in ("any", "never"):
+            raise OptionError(
+                "sizes", f"{sizes}: the call {template.text} passes no sizes (use --sizes never)"
+            )
+        if sizes != "never":
+            notes.append("no sizes: --sizes never")
+        sizes = "never"
+    takes_group = template.uses("group")
+    if not takes_group:
+        notes.append("no group: no subgroup cases")
+    return Scope(dims, sizes, takes_group, template.uses("grad"), tuple(notes))
+
+
+_PROBE_VALUES: dict[str, object] = {
+    "dim": 0,
+    "sizes": [1],
+    "shapes": [[1]],
+    "group": None,
+    "grad": "sum",
+}
+
+
+def _check_call_fits(ref: str, target: object, template: CallTemplate) -> None:
+    """``OptionError`` naming the mismatch when ``template`` does not bind to
+    ``target``'s signature (before any world starts)."""
+    sig = _signature(target)
+    if sig is None:
+        return
+    args, kwargs = template.build({"x": torch.zeros(1), **_PROBE_VALUES})
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as err:
+        where = "its forward, less ctx," if _is_function_apply(target) else "its signature"
+        raise OptionError(
+            "call",
+            f"{template.text} does not fit {ref}: {where} is {sig}: {err}",
+        ) from None
+
+
+def ensure_import_path(cwd: str | None = None) -> str:
+    """Put the current directory first on ``sys.path`` (``python -m`` does; an embedding
+    caller may not), so ``MODULE`` resolves as the docs say. Returns the directory."""
+    here = os.path.abspath(cwd if cwd is not None else os.getcwd())
+    prepend_import_paths([here])
+    return here
+
+
+def load_impl(ref: str, cwd: str | None = None) -> Callable[..., object]:
+    """``MODULE:ATTR`` imported by the kit's importer, from ``cwd`` (default: the current
+    directory) and ``PYTHONPATH``; ``CheckUsageError`` naming ``--impl`` otherwise."""
+    here = ensure_import_path(cwd)
+    try:
+        return load_callable(ref, (here,))
+    except ImplementationError as err:
+        raise OptionError("impl", str(err)) from None
+
+
+def _function_forward(fn: object) -> inspect.Signature | None:
+    """A ``torch.autograd.Function``'s ``apply``: the signature of its ``forward``
+    without ``ctx`` (a ``forward`` with a separate ``setup_context`` takes no ctx)."""
+    owner = getattr(fn, "__self__", None)
+    assert isinstance(owner, type)  # _is_function_apply said so
+    try:
+        sig = inspect.signature(getattr(owner, "forward"))  # noqa: B009  # a Function subclass's
+    except (TypeError, ValueError):
+        return None
+    params = list(sig.parameters.values())
+    if not _overrides_setup_context(owner) and params:
+        params = params[1:]
+    return sig.replace(parameters=params)
+
+
+def _overrides_setup_context(owner: type) -> bool:
+    """Whether a class of ``owner``'s own (not torch's) defines ``setup_context``."""
+    for klass in owner.__mro__:
+        if klass.__module__.startswith("torch."):
+            return False
+        if "setup_context" in vars(klass):
+            return True
+    return False
+
+
+def _signature(fn: object) -> inspect.Signature | None:
+    """``fn``'s call signature (an ``nn.Module``'s ``forward``; a ``Function.apply``'s
+    ``forward`` less ``ctx``); ``None`` when unknown or when it takes anything
+    (``*args, **kwargs``)."""
+    target = fn
+    if _is_function_apply(fn):
+        sig = _function_forward(fn)
+        if sig is None:
+            return None
+        kinds = {p.kind for p in sig.parameters.values()}
+        both = {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
+        return None if both <= kinds else sig
+    if isinstance(fn, torch.nn.Module):
+        target = fn.forward
+    try:
+        sig = inspect.signature(target)  # type: ignore[arg-type]  # any callable
+    except (TypeError, ValueError):
+        return None
+    kinds = {p.kind for p in sig.parameters.values()}
+    if inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.VAR_KEYWORD in kinds:
+        return None
+    return sig
+
+
+def _takes(fn: object, name: str) -> bool:
+    """Whether ``fn`` accepts the keyword ``name`` (by name, or through ``**kwargs``)."""
+    sig = _signature(fn)
+    if sig is None:
+        return False
+    params = sig.parameters
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _is_function_apply(fn: object) -> bool:
+    """``SomeFunction.apply`` of a ``torch.autograd.Function`` (the seed's
+    ``all_gather = AllGather.apply``), whose signature is ``(*args, **kwargs)``."""
+    owner = getattr(fn, "__self__", None)
+    return (
+        getattr(fn, "__name__", None) == "apply"
+        and isinstance(owner, type)
+        and issubclass(owner, torch.autograd.Function)
+    )
+
+
+def _construct(
+    ref: str, fn: Callable[..., object], ctor: tuple[tuple[str, object], ...]
+) -> tuple[object, bool]:
+    """Build ``MODULE:ATTR(key=literal, ...)`` once in the parent (dim=0 where ATTR takes
+    ``dim`` and the reference does not set it), to read the configured object's call
+    signature; returns it and whether ``dim`` goes to the constructor."""
+    kwargs = dict(ctor)
+    takes_dim = "dim" not in kwargs and _takes(fn, "dim")
+    if takes_dim:
+        kwargs["dim"] = 0
+    try:
+        obj = fn(**kwargs)
+    except Exception as err:
+        raise OptionError(
+            "impl", f"{ref}: constructing it failed: {type(err).__name__}: {err}"
+        ) from None
+    if not callable(obj):
+        raise OptionError(
+            "impl", f"{ref}: constructing it gave a {type(obj).__name__}, not a callable"
+        )
+    return obj, takes_dim
+
+
+def _check_fits(
+    ref: str,
+    target: object,
+    convention: str,
+    *,
+    dim_in_call: bool,
+    takes_grad: bool,
+    sizes: str,
+    guessed: bool,
+) -> None:
+    """``CheckUsageError`` (exit 2, before any world starts) when the call the gate
+    would make does not fit ``target``'s signature, saying which options to pass."""
+    sig = _signature(target)
+    if sig is None:
+        return
+    x = torch.zeros(1)
+    head: tuple[object, ...] = (x, 0) if dim_in_call else (x,)
+    how = "guessed (--convention auto)" if guessed else f"--convention {convention}"
+    attempts: list[tuple[tuple[object, ...], dict[str, object]]]
+    if convention == "seed":
+        attempts = [((*head, None), {})]
+        shape = "ATTR(t, dim, sizes)" if dim_in_call else "ATTR(t, sizes)"
+    else:
+        kw: dict[str, object] = {"grad": "sum"} if takes_grad else {}
+        if sizes != "never":
+            kw["sizes"] = [1]
+        attempts = [(head, kw)]
+        shape = "ATTR(x, dim, *, " if dim_in_call else "ATTR(x, *, "
+        shape += ", ".join([*kw, "group", "transport"]) + ")"
+    for args, kwargs in attempts:
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as err:
+            hints: list[str] = []
+            params = sig.parameters
+            if convention == "vargather" and sizes != "never" and not _takes(target, "sizes"):
+                hints.append("--sizes never (ATTR takes no sizes=)")
+            if convention == "seed" and ("grad" in params or "group" in params):
+                hints.append("--convention vargather")
+            if convention == "vargather" and not ("grad" in params or "group" in params):
+                hints.append("--convention seed")
+            if dim_in_call and "dim" not in params and len(params) <= 2:
+                hints.append(
+                    "MODULE:ATTR(dim=...) if ATTR is a class configured with dim, with "
+                    "--dims naming the dims it supports"
+                )
+            hints.append(f"--call '{_suggested_call(sig)}' (the arguments ATTR takes)")
+            advice = "; pass " + " or ".join(hints) if hints else ""
+            raise OptionError(
+                "impl",
+                f"{ref}: the call convention {how} calls {shape}, which does not fit "
+                f"its signature {sig}: {err}{advice}",
+            ) from None
+        # It binds, but a positional argument may land in a parameter named otherwise
+        # (``f(x, group=None)`` called as ``f(x, dim)`` receives dim as its group).
+        names = list(bound.arguments)
+        passed = ["x", "dim"] if dim_in_call else ["x"]
+        if convention == "seed":
+            passed.append("sizes")
+        wrong = [
+            (value, name)
+            for value, name in zip(passed, names[: len(args)], strict=False)
+            if name != value and name in ("dim", "sizes", "group", "grad", "shapes", "transport")
+        ]
+        if wrong:
+            value, name = wrong[0]
+            raise OptionError(
+                "impl",
+                f"{ref}: the call convention {how} calls {shape}, which passes {value} as "
+                f"ATTR's parameter {name!r} (its signature is {sig}); pass --call "
+                f"'{_suggested_call(sig)}' (the arguments ATTR takes)",
+            )
+
+
+def _suggested_call(sig: inspect.Signature) -> str:
+    """A call template for ``sig``: its parameters the gate has names for, the first
+    one as ``x`` (a starting point: the fork decides what its call passes)."""
+    parts: list[str] = []
+    for i, p in enumerate(sig.parameters.values()):
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        name = "x" if i == 0 else p.name
+        if i > 0 and name not in ("dim", "sizes", "shapes", "group", "grad"):
+            if p.default is p.empty:
+                name = "..."
+            else:
+                continue
+        keyword = p.kind is p.KEYWORD_ONLY or (i > 0 and p.default is not p.empty)
+        parts.append(f"{p.name}={name}" if keyword and name != "..." else name)
+    return "(" + ", ".join(parts) + ")"
+
+
+def resolve_impl(
+    ref: str | None,
+    convention: str = "auto",
+    cwd: str | None = None,
+    transports: str = "auto",
+    *,
+    sizes: str = "any",
+    grad: str = "sum",
+    call: str | None = None,
+    options: CheckOptions | None = None,
+) -> ImplInfo:
+    """Check ``--impl`` in the parent (import, attribute, callable, the call's fit to
+    its signature) and pick how to call it.
+
+    ``convention="auto"``: the seed's ``(t, dim, sizes)`` for a
+    ``torch.autograd.Function``'s ``apply``; vargather's when ATTR accepts ``grad=`` or
+    ``group=`` (by name or through ``**kwargs``); the seed's otherwise. ``grad=`` is
+    passed only to an ATTR that takes it (and never under ``--grad none``).
+    ``transports="auto"``: a vargather-style ATTR that accepts ``transport=`` is called
+    with each of vargather's transports that run on gloo; ``"none"``: never passed;
+    else a comma-separated list of names.
+
+    ``call``: a call template (``calls.parse_call``) instead of a convention; checked
+    against the callable here, and the scope it leaves out derived (``call_scope``,
+    from ``options``: the declared scope).
+    """
+    if call is not None:
+        return _resolve_call(ref, call, cwd, options or CheckOptions(sizes=sizes, grad=grad))
+    usable, refused = gloo_transports()
+    if ref is None:
+        if convention == "seed":
+            raise OptionError(
+                "convention", "seed needs --impl (vargather's own API is vargather-style)"
+            )
+        chosen = usable if transports == "auto" else _transport_list(transports, "vargather")
+        if chosen is None:
+            raise OptionError("transports", "none needs --impl (vargather takes transport=)")
+        return ImplInfo(
+            None,
+            "vargather.all_gather_v",
+            "vargather",
+            True,
+            chosen,
+            tuple(refused.items()),
+            takes_grad=grad != "none",
+        )
+    try:
+        _, ctor = parse_impl_ref(ref)
+    except ImplementationError as err:
+        raise OptionError("impl", str(err)) from None
+    fn = load_impl(ref, cwd)
+    target: object = fn
+    ctor_takes_dim = False
+    if ctor is not None:
+        target, ctor_takes_dim = _construct(ref, fn, ctor)
+    guessed = convention == "auto"
+    if guessed:
+        vargather_style = not _is_function_apply(target) and (
+            _takes(target, "grad") or _takes(target, "group")
+        )
+        convention = "vargather" if vargather_style else "seed"
+    takes_group = convention == "vargather" and _takes(target, "group")
+    takes_grad = convention == "vargather" and grad != "none" and _takes(target, "grad")
+    _check_fits(
+        ref,
+        target,
+        convention,
+        dim_in_call=not ctor_takes_dim,
+        takes_grad=takes_grad,
+        sizes=sizes,
+        guessed=guessed,
+    )
+    if transports == "auto":
+        takes = convention == "vargather" and _takes(target, "transport")
+        chosen = usable if takes else None
+        left_out = tuple(refused.items()) if takes else ()
+    else:
+        chosen, left_out = _transport_list(transports, convention), ()
+    return ImplInfo(
+        ref,
+        ref,
+        convention,
+        takes_group,
+        chosen,
+        left_out,
+        takes_grad=takes_grad,
+        ctor_kwargs=ctor,
+        ctor_takes_dim=ctor_takes_dim,
+    )
+
+
+def resolve_options_impl(options: CheckOptions, cwd: str | None) -> ImplInfo:
+    """``resolve_impl`` for the implementation, call, convention, transports and scope
+    that ``options`` name (the command line's and the pytest plugin's one call)."""
+    return resolve_impl(
+        options.impl,
+        options.convention,
+        cwd,
+        options.transports,
+        sizes=options.sizes,
+        grad=options.grad,
+        call=options.call,
+        options=options,
+    )
+
+
+def _resolve_call(ref: str | None, call: str, cwd: str | None, options: CheckOptions) -> ImplInfo:
+    """``resolve_impl`` for a call template."""
+    if ref is None:
+        raise OptionError("call", "needs --impl (vargather's own API is called as documented)")
+    if options.convention != "auto":
+        raise OptionError(
+            "call", f"and --convention {options.convention} both say how to call ATTR: give one"
+        )
+    if options.transports not in ("auto", "none"):
+        raise OptionError("transports", ": a call template passes no transport=")
+    try:
+        template = parse_call(call)
+    except ValueError as err:
+        raise OptionError("call", f": {err}") from None
+    try:
+        _, ctor = parse_impl_ref(ref)
+    except ImplementationError as err:
+        raise OptionError("impl", str(err)) from None
+    fn = load_impl(ref, cwd)
+    target: object = fn
+    ctor_takes_dim = False
+    if ctor is not None:
+        target, ctor_takes_dim = _construct(ref, fn, ctor)
+        if ctor_takes_dim and template.uses("dim"):
+            ctor_takes_dim = False  # the template passes dim to the call instead
+    _check_call_fits(ref, target, template)
+    scope = call_scope(template, options)
+    if ctor_takes_dim:  # dim= goes to the constructor: every dim can be asked for
+        scope = Scope(options.dims, scope.sizes, scope.takes_group, scope.takes_grad)
+    return ImplInfo(
+        ref,
+        ref,
+        "vargather",
+        scope.takes_group,
+        None,
+        (),
+        takes_grad=scope.takes_grad and options.grad != "none",
+        ctor_kwargs=ctor,
+        ctor_takes_dim=ctor_takes_dim,
+        call=template.text,
+        scope=scope,
+    )
+
+
+def _transport_list(text: str, convention: str) -> tuple[str, ...] | None:
+    if text.strip() == "none":
+        return None
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise OptionError("transports", f": expected 'auto', 'none' or names, got {text!r}")
+    if convention == "seed":
+        raise OptionError(
+            "transports", ": the seed's convention ATTR(t, dim, sizes) takes no transport"
+        )
+    return names

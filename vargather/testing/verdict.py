@@ -1,0 +1,78 @@
+"""The gate's verdict rules: how a property's run becomes its row's status.
+
+Where it sits: in the gate's engine in the testing kit, beside ``results`` (the rows)
+and beneath ``engine`` (which applies these rules to every row it runs): the xfails
+file (``PROPERTY`` covers its ``PROPERTY:DTYPE`` rows; a listed row that holds is
+``xpass``, a failure), a dtype the backend refuses split into its own row, and such a
+row that failed only because the implementation handed the dtype to the backend
+becoming ``unsupported``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Final
+
+from .properties import Property
+from .results import PropertyResult
+
+__all__ = ["UNSUPPORTED_EXAMPLES", "split_rows", "with_unsupported", "with_xfail"]
+
+
+def with_xfail(result: PropertyResult, xfails: frozenset[str]) -> PropertyResult:
+    """Apply the xfails file: ``PROPERTY`` covers the row and its ``PROPERTY:DTYPE``
+    rows; ``PROPERTY:DTYPE`` that one row only."""
+    listed = result.id in xfails or result.id.partition(":")[0] in xfails
+    if not listed or result.status not in ("pass", "fail"):
+        return result
+    if result.status == "fail":
+        return dataclasses.replace(result, status="xfail")
+    return dataclasses.replace(
+        result, status="xpass", reason="listed in the xfails file, but it held"
+    )
+
+
+def split_rows(
+    rows: Sequence[Property], refused: Sequence[str], xfails: frozenset[str] = frozenset()
+) -> list[tuple[str, Property]]:
+    """Each row as (id, property): a row whose dtypes the backend refuses (or that the
+    xfails file names as ``PROPERTY:DTYPE``) runs without them, and each such dtype runs
+    as its own row ``PROPERTY:DTYPE``."""
+    out: list[tuple[str, Property]] = []
+    for row in rows:
+        raw = row.kwargs.get("dtypes")
+        dtypes: tuple[str, ...] = tuple(raw) if isinstance(raw, tuple) else ()
+        bad = [d for d in dtypes if d in refused or f"{row.id}:{d}" in xfails]
+        if not bad or row.out_of_scope is not None:
+            out.append((row.id, row))
+            continue
+        rest = tuple(d for d in dtypes if d not in refused)
+        if rest:
+            out.append((row.id, dataclasses.replace(row, kwargs={**row.kwargs, "dtypes": rest})))
+        for d in bad:
+            one = dataclasses.replace(
+                row, title=f"{row.title} [{d} only]", kwargs={**row.kwargs, "dtypes": (d,)}
+            )
+            out.append((f"{row.id}:{d}", one))
+    return out
+
+
+_BACKEND_MARKS: Final = ("gloo", "Gloo", "NCCL", "nccl", "distributed_c10d", "Unsupported")
+UNSUPPORTED_EXAMPLES: Final = 10
+"""Examples of a ``PROPERTY:DTYPE`` row for a dtype the backend refuses."""
+
+
+def with_unsupported(result: PropertyResult, dtype: str) -> PropertyResult:
+    """A ``PROPERTY:DTYPE`` row that failed only because the backend refused the dtype
+    (the implementation raised from the backend) becomes ``unsupported``."""
+    f = result.failure
+    if result.status != "fail" or f is None or f.kind != "error" or f.aspect != "call":
+        return result
+    if not any(mark in f.message for mark in _BACKEND_MARKS):
+        return result
+    return dataclasses.replace(
+        result,
+        status="unsupported",
+        reason=f"the backend refuses {dtype}; the implementation hands it to the backend",
+    )
