@@ -42,6 +42,13 @@ ZOO: tuple[Fork, ...] = (
         {"grad": "local", "world_sizes": (2, 3, 4), "requires_init": True, "sizes": "tensor"},
     ),
     Fork("sizes_one_rank", "tests.forks.sizes_one_rank:all_gather", {"grad": "local"}),
+    # all_gather(x, dim): the call (x, dim) is inferred from the parameter names.
+    Fork("plain_all_gather", "tests.forks.plain_all_gather:all_gather", {"grad": "none"}),
+    Fork(
+        "plain_dim0",
+        "tests.forks.plain_all_gather:dim0_gather",
+        {"grad": "none", "dims": (0,)},
+    ),
     Fork("dim0_only", "tests.forks.dim0_only:gather_rows", {"grad": "none", "call": "(x)"}),
     Fork(
         "list_return",

@@ -41,7 +41,7 @@ from .properties import Property, catalogue
 from .resolve import ImplInfo, ensure_import_path, resolve_options_impl
 from .results import EXIT_USAGE, PropertyResult, Report
 from .runner import backend_refusals, rank_preflight, run_on_rank
-from .verdict import UNSUPPORTED_EXAMPLES, split_rows, with_unsupported, with_xfail
+from .verdict import UNSUPPORTED_EXAMPLES, scope_hints, split_rows, with_unsupported, with_xfail
 
 __all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]
 
@@ -340,6 +340,7 @@ def _run_check(
             progress.row(result)
     finally:
         progress.close()
+    report.results = scope_hints(report.results)
     report.seconds = time.monotonic() - started
     return report
 

@@ -16,6 +16,7 @@ import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 import torch
 
@@ -325,6 +326,35 @@ def _check_fits(
             )
 
 
+_SHARD_NAMES: Final = ("x", "t", "tensor", "input", "inp", "data", "result")
+"""Names a gather's first parameter (this rank's shard) goes by in public code."""
+_CALL_NAMES: Final = ("dim", "sizes", "shapes", "group", "grad")
+
+
+def inferred_call(target: object) -> str | None:
+    """The call template ``target``'s parameter names spell out, or ``None`` when they
+    do not: the first parameter named like a shard (``x``, ``t``, ``tensor``,
+    ``input``, ...), every other required one among ``dim``, ``sizes``, ``shapes``,
+    ``group``, ``grad`` (optional parameters of those names are passed by keyword,
+    others left at their defaults). ``all_gather(x, dim)`` -> ``(x, dim)``;
+    ``gather_all_tensors(result, group=None)`` -> ``(x, group=group)``."""
+    sig = _signature(target)
+    if sig is None:
+        return None
+    params = [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not params or params[0].name not in _SHARD_NAMES or params[0].kind is params[0].KEYWORD_ONLY:
+        return None
+    parts = ["x"]
+    for p in params[1:]:
+        if p.name not in _CALL_NAMES:
+            if p.default is p.empty:
+                return None  # a required argument the gate has no value for
+            continue
+        keyword = p.kind is p.KEYWORD_ONLY or p.default is not p.empty
+        parts.append(f"{p.name}={p.name}" if keyword else p.name)
+    return "(" + ", ".join(parts) + ")"
+
+
 def _suggested_call(sig: inspect.Signature) -> str:
     """A call template for ``sig``: its parameters the gate has names for, the first
     one as ``x`` (a starting point: the fork decides what its call passes)."""
@@ -406,15 +436,22 @@ def resolve_impl(
         convention = "vargather" if vargather_style else "seed"
     takes_group = convention == "vargather" and _takes(target, "group")
     takes_grad = convention == "vargather" and grad != "none" and _takes(target, "grad")
-    _check_fits(
-        ref,
-        target,
-        convention,
-        dim_in_call=not ctor_takes_dim,
-        takes_grad=takes_grad,
-        sizes=sizes,
-        guessed=guessed,
-    )
+    try:
+        _check_fits(
+            ref,
+            target,
+            convention,
+            dim_in_call=not ctor_takes_dim,
+            takes_grad=takes_grad,
+            sizes=sizes,
+            guessed=guessed,
+        )
+    except OptionError:
+        # Neither guessed convention fits: the parameters' names may say the call.
+        inferred = inferred_call(target) if guessed and ctor is None else None
+        if inferred is None or transports not in ("auto", "none"):
+            raise
+        return _resolve_call(ref, inferred, cwd, options or CheckOptions(sizes=sizes, grad=grad))
     if transports == "auto":
         takes = convention == "vargather" and _takes(target, "transport")
         chosen = usable if takes else None

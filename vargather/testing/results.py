@@ -102,6 +102,9 @@ class PropertyResult:
     seconds: float = 0.0
     reason: str | None = None
     failure: PropertyFailure | None = None
+    hint: str | None = None
+    """Beside a failure: the declared-scope option that would explain it, if the
+    failure looks like one (``verdict.scope_hints``); it never changes the status."""
 
     @property
     def failed(self) -> bool:
@@ -127,6 +130,7 @@ class PropertyResult:
             shrink_runs=data["shrink_runs"],
             seconds=data["seconds"],
             reason=data["reason"],
+            hint=data.get("hint"),
             failure=None
             if failure is None
             else PropertyFailure(
@@ -150,6 +154,7 @@ class PropertyResult:
             "seconds": round(self.seconds, 3),
             "reason": self.reason,
             "failure": None if self.failure is None else self.failure.to_json(),
+            "hint": self.hint,
         }
 
 
@@ -274,6 +279,8 @@ class Report:
             lines.append("")
             lines.append(f"=== {r.id}: {label} ({r.failure.kind}) ===")
             lines.extend(r.failure.message.rstrip().splitlines())
+            if r.hint:
+                lines.append(f"hint: {r.hint}")
             if r.failure.reproduction:
                 lines.append(
                     "minimal counterexample (Hypothesis shrank it):"

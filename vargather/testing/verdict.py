@@ -5,7 +5,8 @@ and beneath ``engine`` (which applies these rules to every row it runs): the xfa
 file (``PROPERTY`` covers its ``PROPERTY:DTYPE`` rows; a listed row that holds is
 ``xpass``, a failure), a dtype the backend refuses split into its own row, and such a
 row that failed only because the implementation handed the dtype to the backend
-becoming ``unsupported``.
+becoming ``unsupported``; and the hint beside a failure that a declared-scope option
+would explain (``scope_hints``: a note, never a status).
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Final
 from .properties import Property
 from .results import PropertyResult
 
-__all__ = ["UNSUPPORTED_EXAMPLES", "split_rows", "with_unsupported", "with_xfail"]
+__all__ = [
+    "UNSUPPORTED_EXAMPLES",
+    "scope_hints",
+    "split_rows",
+    "with_unsupported",
+    "with_xfail",
+]
 
 
 def with_xfail(result: PropertyResult, xfails: frozenset[str]) -> PropertyResult:
@@ -76,3 +83,58 @@ def with_unsupported(result: PropertyResult, dtype: str) -> PropertyResult:
         status="unsupported",
         reason=f"the backend refuses {dtype}; the implementation hands it to the backend",
     )
+
+
+# --- what a failure says about the declared scope -----------------------------------------
+
+_NOT_INITIALIZED: Final = ("not been initialized", "not initialized", "init_process_group")
+
+
+def _failed(result: PropertyResult) -> bool:
+    return result.status == "fail" and result.failure is not None
+
+
+def _hint_for(result: PropertyResult, by_id: dict[str, PropertyResult]) -> str | None:
+    """The scope option that would explain ``result``'s failure, or ``None``."""
+    f = result.failure
+    if f is None or not _failed(result):
+        return None
+    row = result.id.partition(":")[0]
+    message = f.message
+    case = f.case or {}
+    if row == "sizes-list" and by_id.get("sizes-tensor", result).status == "pass":
+        return (
+            "sizes-list fails while sizes-tensor passes: if your callers pass sizes as a "
+            "tensor (the seed's convention), declare that scope with --sizes tensor "
+            "(sizes-list is then out of scope)"
+        )
+    if row == "uninitialized" and f.kind == "error" and any(m in message for m in _NOT_INITIALIZED):
+        return (
+            "it raised because torch.distributed is not initialized: if it needs an "
+            "initialized process group, declare --requires-init (the row is then out of scope)"
+        )
+    if row == "one-rank" and f.kind == "error" and "AssertionError" in message:
+        return (
+            "it asserts in a world of one rank: if it needs at least two ranks, run "
+            "--world-sizes 2,3,4"
+        )
+    no_gradient = ("out.requires_grad=False", "x.grad=NoneType", "does not require grad")
+    if f.aspect == "gradient" and any(m in message for m in no_gradient):
+        return (
+            "no gradient at all reached the input: if it is not differentiable, declare "
+            "--grad none (the gradient rows are then out of scope)"
+        )
+    dim = case.get("dim")
+    if f.kind == "error" and isinstance(dim, int) and dim != 0:
+        return (
+            f"the minimal failing case raised along dim={dim} (Hypothesis found no failure "
+            "along dim 0, toward which it shrinks): if it supports dim 0 only, declare --dims 0"
+        )
+    return None
+
+
+def scope_hints(results: Sequence[PropertyResult]) -> list[PropertyResult]:
+    """``results``, each failure that a declared-scope option would explain noted with
+    that option (``PropertyResult.hint``); statuses unchanged."""
+    by_id = {r.id: r for r in results}
+    return [dataclasses.replace(r, hint=_hint_for(r, by_id) or r.hint) for r in results]
