@@ -326,18 +326,20 @@ def _check_fits(
             )
 
 
-_SHARD_NAMES: Final = ("x", "t", "tensor", "input", "inp", "data", "result")
-"""Names a gather's first parameter (this rank's shard) goes by in public code."""
+_SHARD_NAMES: Final = ("x", "t", "tensor", "input")
+"""The names the README gives a gather's first parameter (this rank's shard). Other
+names (``result``, ``data``) are not guessed: such a call exits 2 with the template to
+pass, which also says whether it returns a list (``--returns list``)."""
 _CALL_NAMES: Final = ("dim", "sizes", "shapes", "group", "grad")
 
 
 def inferred_call(target: object) -> str | None:
     """The call template ``target``'s parameter names spell out, or ``None`` when they
     do not: the first parameter named like a shard (``x``, ``t``, ``tensor``,
-    ``input``, ...), every other required one among ``dim``, ``sizes``, ``shapes``,
+    ``input``), every other required one among ``dim``, ``sizes``, ``shapes``,
     ``group``, ``grad`` (optional parameters of those names are passed by keyword,
     others left at their defaults). ``all_gather(x, dim)`` -> ``(x, dim)``;
-    ``gather_all_tensors(result, group=None)`` -> ``(x, group=group)``."""
+    ``gather(tensor, group=None)`` -> ``(x, group=group)``."""
     sig = _signature(target)
     if sig is None:
         return None
