@@ -399,6 +399,38 @@ def test_a_table_cut_by_a_blank_line_is_found() -> None:
     ]
 
 
+# --- what the docs say of the catalogue ------------------------------------------------------
+
+
+def _table_ids(text: str, header: str) -> list[str]:
+    """The backticked ids of the first column of the table whose header row starts
+    with ``header`` (a cell may list several: ``forward-float``, ``forward-half``)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    ids = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        first = line.split("|")[1]
+        found = re.findall(r"`([^`]+)`", first)
+        assert found, f"a row of the {header!r} table without a backticked id: {line[:60]}"
+        ids.extend(found)
+    return ids
+
+
+def test_the_docs_count_and_list_the_catalogues_properties() -> None:
+    from vargather.testing import property_ids
+
+    ids = list(property_ids())
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    counts = [int(n) for n in re.findall(r"its (\d+) properties", readme)]
+    assert counts == [len(ids)], f"README counts {counts}, the catalogue has {len(ids)}"
+    conformance = (ROOT / "docs" / "conformance.md").read_text(encoding="utf-8")
+    assert _table_ids(conformance, "| id | what holds |") == ids
+    suite = (ROOT / "docs" / "property-suite.md").read_text(encoding="utf-8")
+    assert _table_ids(suite, "| property | claim |") == ids
+
+
 # --- the tests ----------------------------------------------------------------------------------
 
 

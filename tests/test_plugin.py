@@ -380,9 +380,15 @@ def test_the_readme_example_passes_for_a_correct_gather_and_fails_readably(
     (project / "tests" / "test_my_gather.py").write_text(example)
     broken = example.replace("from mypkg.distributed import", "from mypkg.broken import")
     (project / "tests" / "test_my_broken_gather.py").write_text(broken)
+    # The typical hand-written gather (sizes exchanged, padded, dist.all_gather, cut):
+    # plain gloo refuses int16, which the strategies leave out by default.
+    plain = (ROOT / "tests" / "forks" / "plain_all_gather.py").read_text(encoding="utf-8")
+    (project / "mypkg" / "plain.py").write_text(plain)
+    handwritten = example.replace("from mypkg.distributed import", "from mypkg.plain import")
+    (project / "tests" / "test_my_plain_gather.py").write_text(handwritten)
     proc = run_pytest(project, "-q", "-p", "no:xdist")
     assert proc.returncode == 1, output(proc)
-    assert re.search(r"\b1 failed, 1 passed\b", proc.stdout), output(proc)
+    assert re.search(r"\b1 failed, 2 passed\b", proc.stdout), output(proc)
     assert "FAILED tests/test_my_broken_gather.py::" in proc.stdout, output(proc)
     # The README's failure line, up to the numbers of the minimal case Hypothesis found.
     line = readme_failure_line()
@@ -455,24 +461,53 @@ def test_the_world_fixture_fails_naming_the_rank_and_recovers(tmp_path: Path) ->
     assert proc.returncode == 1, output(proc)
     assert re.search(r"\b3 failed, 2 passed\b", out), output(proc)
     summary = out.split("short test summary info")[1]
-    assert (
-        "FAILED test_worlds.py::test_an_exception - Failed: vargather_world(2).run(raise_on_one): 1 of 2 rank(s) raised"
-        in summary
-    )
+    assert "WorldRunError: vargather_world(2).run(raise_on_one): 1 of 2 rank(s) raised" in summary
     assert "rank 1 (ValueError)" in out, output(proc)
     assert "ValueError: rank 1 refuses 'x'" in out, output(proc)  # the rank's traceback
     assert 'raise ValueError(f"rank {ctx.rank} refuses {payload!r}")' in out, output(proc)
     assert "During handling of the above exception" not in out, output(proc)
-    assert (
-        "FAILED test_worlds.py::test_a_crash - Failed: vargather_world(2).run(die_on_one): rank 1 (exit code 7) died"
-        in summary
-    )
-    assert (
-        "FAILED test_worlds.py::test_a_hang - Failed: vargather_world(2).run(hang_on_zero): rank(s) 0 did not reply"
-        in summary
-    )
+    assert "WorldRunError: vargather_world(2).run(die_on_one): rank 1 (exit code 7) died" in summary
+    assert "WorldRunError: vargather_world(2).run(hang_on_zero): rank(s) 0 did not reply" in summary
     # The two tests after a fault are the two that passed: the worlds were rebuilt.
     assert "test_rebuilt_after" not in summary, output(proc)
+    for name in ("test_an_exception", "test_a_crash", "test_a_hang"):
+        assert f"FAILED test_worlds.py::{name} - " in summary, output(proc)
+
+
+REFUSED_DTYPE_TEST = """\
+from hypothesis import given, settings
+
+from pkg.plain import all_gather
+from vargather.strategies import gather_cases
+
+
+def gather_on_rank(ctx, case):
+    return all_gather(case.shard_values(ctx.rank), case.dim)
+
+
+@settings(max_examples=5, deadline=None, database=None)
+@given(case=gather_cases(world_size=2, dtypes=["int16"]))
+def test_int16(vargather_world, case):
+    vargather_world(case.world_size).run(gather_on_rank, case)
+"""
+
+
+def test_a_rank_failure_keeps_hypothesis_falsifying_example_and_names_a_refusal(
+    tmp_path: Path,
+) -> None:
+    """A backend refusal inside a user's test: the falsifying example Hypothesis found,
+    the rank's traceback, and what to do about the dtype."""
+    project = make_project(tmp_path)
+    plain = (ROOT / "tests" / "forks" / "plain_all_gather.py").read_text(encoding="utf-8")
+    (project / "pkg" / "plain.py").write_text(plain)
+    (project / "test_refused.py").write_text(REFUSED_DTYPE_TEST)
+    proc = run_pytest(project, "-p", "no:xdist")
+    out = proc.stdout
+    assert proc.returncode == 1, output(proc)
+    assert re.search(r"(Falsifying example|Failing test case): test_int16\(", out), output(proc)
+    assert "RuntimeError: Invalid scalar type" in out, output(proc)
+    assert "the backend refused the dtype" in out, output(proc)
+    assert "vargather.GLOO_NATIVE_DTYPES" in out, output(proc)
 
 
 # --- a project that does not ask ------------------------------------------------------------

@@ -234,8 +234,31 @@ class World:
         except (RankError, PoolFailure) as err:
             failure = err
         # Outside the except block: the message is the whole story, not a chained one.
+        # An ordinary exception, not pytest.fail: Hypothesis shrinks it and prints the
+        # falsifying example (it lets pytest's outcome exceptions through untouched).
         name = getattr(fn, "__qualname__", repr(fn))
-        pytest.fail(f"{self!r}.run({name}): {failure}", pytrace=False)
+        raise WorldRunError(f"{self!r}.run({name}): {failure}{_refusal_note(str(failure))}")
+
+
+class WorldRunError(AssertionError):
+    """A rank of ``vargather_world(W).run`` raised, died or hung: the message names the
+    rank(s) and quotes each traceback (an ``AssertionError``, so pytest shows it as a
+    test failure and Hypothesis shrinks the example that caused it)."""
+
+
+_REFUSALS: Final = ("Invalid scalar type",)
+
+
+def _refusal_note(text: str) -> str:
+    """What to do when the ranks' error is the backend refusing a dtype."""
+    if not any(r in text for r in _REFUSALS):
+        return ""
+    return (
+        "\n(the backend refused the dtype: gloo's own collectives carry the dtypes of "
+        "vargather.GLOO_NATIVE_DTYPES, not int16. gather_cases() draws only those by "
+        "default; a case with others came from an explicit dtypes=: leave it out, e.g. "
+        "gather_cases(dtypes=[d for d in names if d != 'int16']))"
+    )
 
 
 class WorldFactory:
