@@ -431,6 +431,28 @@ def test_the_docs_count_and_list_the_catalogues_properties() -> None:
     assert _table_ids(suite, "| property | claim |") == ids
 
 
+def test_the_options_table_has_one_row_per_option_of_the_schema() -> None:
+    """docs/conformance.md's options table: one row for each option the command line
+    takes (``vargather.testing.schema``), none for an option it does not."""
+    from vargather.testing import schema
+
+    text = (ROOT / "docs" / "conformance.md").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| option | default |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(line.split("|")[1])
+    flags = {m for row in rows for m in re.findall(r"`(-{1,2}[a-z][a-z-]*)", row)}
+    for option in schema.on(schema.CLI):
+        hits = [row for row in rows if re.search(rf"`--{re.escape(option.name)}[` ]", row)]
+        assert len(hits) == 1, f"--{option.name}: {len(hits)} rows of the options table"
+    documented = {f.removeprefix("--") for f in flags if f.startswith("--")}
+    known = {o.name for o in schema.on(schema.CLI)} | {"config", "no-config", "list", "no-progress"}
+    assert documented <= known, f"rows for options the check does not take: {documented - known}"
+
+
 # --- the tests ----------------------------------------------------------------------------------
 
 
