@@ -38,6 +38,7 @@ from ._errors import (
     ProtocolMismatchError,
     RequiresGradMismatchError,
     ShapeMismatchError,
+    SizesError,
     VarGatherError,
 )
 from ._exchange import _disagreement
@@ -95,11 +96,13 @@ def check_tensor(
     validate: object = True,
     timeout: object = None,
     requires_grad: bool | None = None,
+    split: bool = False,
 ) -> tuple[CallRecord, timedelta | None]:
     """``_args.check_call``'s record of ``x`` (no ``sizes``, ``transport="auto"``) and
     the parsed per-call timeout. ``requires_grad`` overrides what ``x`` says (the
     custom operators run below autograd and pass the caller's). A 0-d ``x`` is checked
-    as its 1-element view and recorded with its own shape ``()``."""
+    as its 1-element view and recorded with its own shape ``()``; with ``split`` (a
+    collective that splits ``x`` along ``dim`` by sizes) it is a ``SizesError``."""
     scalar = isinstance(x, torch.Tensor) and x.ndim == 0 and x.layout == torch.strided
     probe = x.reshape(1) if isinstance(x, torch.Tensor) and scalar else x
     checked = check_call(
@@ -119,6 +122,11 @@ def check_tensor(
             record = replace(record, requires_grad=x.requires_grad and torch.is_grad_enabled())
     if requires_grad is not None:
         record = replace(record, requires_grad=requires_grad)
+    if split and record.ndim == 0:
+        record = with_problem(
+            record,
+            Problem(SizesError, "expected a tensor with at least 1 dimension, got a 0-d tensor"),
+        )
     return record, checked.timeout
 
 

@@ -91,13 +91,14 @@ def _local_call(
     requires_grad: bool | None,
 ) -> FamilyCall:
     record, call_timeout = check_tensor(
-        x, dim, info=info, validate=validate, timeout=timeout, requires_grad=requires_grad
+        x,
+        dim,
+        info=info,
+        validate=validate,
+        timeout=timeout,
+        requires_grad=requires_grad,
+        split=True,
     )
-    if record.ndim == 0 and record.problem is None:
-        record = with_problem(
-            record,
-            Problem(SizesError, "expected a tensor with at least 1 dimension, got a 0-d tensor"),
-        )
     parsed, words = sizes_words(sizes, info.world_size)
     problem: Problem | None = None
     if parsed is None:
