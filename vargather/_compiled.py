@@ -1,4 +1,4 @@
-"""torch.compile support: the gather as two ``torch.library`` custom operators.
+"""torch.compile support: the gather as ``torch.library`` custom operators.
 
 Where it sits: beside the pipeline. Eager calls never come here; under
 ``torch.compile`` (``torch.compiler.is_compiling()``) ``_api`` routes each call to
@@ -7,18 +7,25 @@ Where it sits: beside the pipeline. Eager calls never come here; under
 * ``sizes`` given as Python ints (and plain ``grad``/``transport``/``validate``/
   ``timeout`` values): one call of ``vargather::all_gather_v``, no graph break. Its
   eager implementation is the eager pipeline itself (the metadata exchange and its
-  validation, unless ``validate=False``; then the transport), opaque to dynamo, so the
-  errors, the checks and the bytes are the eager ones. Its fake implementation gives
-  the output shape from ``sizes``; its autograd formula calls
-  ``vargather::all_gather_v_backward``, the eager backward of the chosen contract (one
-  reduce-scatter for ``sum`` and ``mean``, this rank's slice for ``local``), so the
-  forward and the backward trace into one graph each.
-* anything else (``sizes=None``, ``sizes`` as a tensor, a ``timedelta`` timeout,
-  arguments the eager path would refuse): the eager ``all_gather_v`` behind
-  ``torch.compiler.disable``, exactly one graph break per call. The sizes are data on
-  other ranks: knowing them inside the graph would take a data-dependent output shape
-  (an unbacked size, which dynamo captures only with ``capture_scalar_outputs``), so
-  vargather does not try.
+  validation, the payload in the same fused round when it fits, else the transport),
+  opaque to dynamo, so the errors, the checks, the bytes and the collectives are the
+  eager ones. Its fake implementation gives the output shape from ``sizes``; its
+  autograd formula calls ``vargather::all_gather_v_backward``, the eager backward of
+  the chosen contract (one reduce-scatter for ``sum`` and ``mean``, this rank's slice
+  for ``local``), so the forward and the backward trace into one graph each.
+* ``sizes=None`` where dynamo allows data-dependent output shapes (``fullgraph=True``):
+  ``vargather::exchange_sizes`` (the validated exchange, every rank's size as an int64
+  tensor) then ``vargather::all_gather_v_sized_by``, whose output length is an
+  unbacked symbolic int; no graph break.
+* anything else (``sizes`` as a tensor, ``sizes=None`` without ``fullgraph`` or with
+  the ``Layout`` asked for, a ``timedelta`` timeout, arguments the eager path would
+  refuse): the eager ``all_gather_v`` behind ``torch.compiler.disable``, exactly one
+  graph break per call.
+
+Every operator is an ordered effect (``declare_ordered``) and tracing one turns off
+inductor's peak-memory reordering (``keep_collective_order``): whatever a compiler
+decides from a rank's own shapes, every rank issues the same collectives in the same
+order (``docs/compile.md``).
 
 A process group travels into the operator by name (``ProcessGroup.group_name``,
 resolved back with ``_resolve_process_group``), as torch's functional collectives do;
