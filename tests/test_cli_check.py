@@ -382,6 +382,7 @@ _PROPERTY_SCHEMA: dict[str, Any] = {
     "seconds": (int, float),
     "reason": (str, type(None)),
     "failure": (_FAILURE_SCHEMA, type(None)),
+    "hint": (str, type(None)),
 }
 _REPORT_SCHEMA: dict[str, Any] = {
     "schema": str,
