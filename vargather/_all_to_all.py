@@ -39,6 +39,7 @@ from ._family import (
     common_checks,
     exchange,
     raise_local,
+    raise_own_problem,
     requires_grad_check,
     sizes_words,
     with_problem,
@@ -195,18 +196,7 @@ def plan_all_to_all(
                 f"expected recv_sizes == send_sizes in a world of one rank, got "
                 f"recv_sizes={list(recv)} and send_sizes={list(send or ())}",
             )
-        if problem is not None:
-            where = (
-                " (validate=False: raised on this rank only; its peers wait in the payload "
-                "collective until they time out)"
-                if trusted and info.communicates
-                else ""
-            )
-            raise problem.error(
-                f"{NAME}{where}: invalid arguments on rank(s) [{info.rank}]: rank "
-                f"{info.rank}: {problem.message}",
-                ranks=[info.rank],
-            )
+        raise_own_problem(NAME, problem, info, trusted=trusted)
         assert send is not None
         recv = recv if recv is not None else send
     else:

@@ -130,6 +130,27 @@ def check_tensor(
     return record, checked.timeout
 
 
+def raise_own_problem(
+    name: str, problem: Problem | None, info: GroupInfo, *, trusted: bool
+) -> None:
+    """Raise this rank's own ``problem`` (if any) where no exchange tells the peers: a
+    world of one rank, or ``trusted`` (``validate=False`` with known sizes), when the
+    message says the peers are left waiting."""
+    if problem is None:
+        return
+    where = (
+        " (validate=False: raised on this rank only; its peers wait in the payload "
+        "collective until they time out)"
+        if trusted and info.communicates
+        else ""
+    )
+    raise problem.error(
+        f"{name}{where}: invalid arguments on rank(s) [{info.rank}]: rank "
+        f"{info.rank}: {problem.message}",
+        ranks=[info.rank],
+    )
+
+
 def with_problem(record: CallRecord, problem: Problem | None) -> CallRecord:
     """``record`` with ``problem`` added, unless it already holds one (first wins)."""
     if problem is None or record.problem is not None:

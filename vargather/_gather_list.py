@@ -41,7 +41,7 @@ from ._errors import (
     SizesTypeError,
     VarGatherError,
 )
-from ._family import FamilyCall, agree, check_tensor, with_problem
+from ._family import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
 from ._layout import Layout
 from ._reduce_scatter import reduce_scatter_blocks
 from ._transport import choose_transport
@@ -173,18 +173,7 @@ def plan_gather_list(
     trusted = validate is False and shapes is not None
     if trusted or not info.communicates:
         problem = call.record.problem
-        if problem is not None:
-            where = (
-                " (validate=False: raised on this rank only; its peers wait in the payload "
-                "collective until they time out)"
-                if trusted and info.communicates
-                else ""
-            )
-            raise problem.error(
-                f"{NAME}{where}: invalid arguments on rank(s) [{info.rank}]: rank "
-                f"{info.rank}: {problem.message}",
-                ranks=[info.rank],
-            )
+        raise_own_problem(NAME, problem, info, trusted=trusted)
         found = tuple(s or () for s in call.sizes) if shapes is not None else (call.record.shape,)
         assert isinstance(x, torch.Tensor)  # validated
         assert isinstance(grad, str)

@@ -39,6 +39,7 @@ from ._family import (
     common_checks,
     exchange,
     raise_local,
+    raise_own_problem,
     requires_grad_check,
     sizes_words,
     with_problem,
@@ -163,18 +164,7 @@ def plan_reduce_scatter(
         info = info.with_timeout(call.timeout)
     if validate is False or not info.communicates:
         problem = call.record.problem
-        if problem is not None:
-            where = (
-                " (validate=False: raised on this rank only; its peers wait in the payload "
-                "collective until they time out)"
-                if validate is False and info.communicates
-                else ""
-            )
-            raise problem.error(
-                f"{NAME}{where}: invalid arguments on rank(s) [{info.rank}]: rank "
-                f"{info.rank}: {problem.message}",
-                ranks=[info.rank],
-            )
+        raise_own_problem(NAME, problem, info, trusted=validate is False)
         found = call.sizes[0]
         assert found is not None  # a problem-free call parsed its sizes
     else:
