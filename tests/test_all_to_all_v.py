@@ -1,18 +1,16 @@
-"""all_to_all_v on real gloo worlds: the family properties, issue 20's 3-rank
+"""all_to_all_v on real gloo worlds (its catalogue rows: tests/test_family_properties.py): issue 20's 3-rank
 scenario (a send matrix with zeros), recv_sizes, misuse and the edges."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
 
 import vargather
 from vargather.testing import assert_bitwise_equal, get_pool
 from vargather.testing.family import (
     AllToAllCase,
     MisuseCase,
-    all_to_all_cases,
     check_case,
     check_misuse,
 )
@@ -20,19 +18,6 @@ from vargather.testing.family import (
 from . import _family_fns as fns
 
 pytestmark = pytest.mark.multirank
-
-
-@settings(max_examples=25, deadline=None)
-@given(case=all_to_all_cases())
-def test_property_forward_gradient_adjoint(case: AllToAllCase) -> None:
-    assert check_case(get_pool(case.world_size), case) == []
-
-
-@pytest.mark.slow
-@settings(max_examples=300, deadline=None)
-@given(case=all_to_all_cases(world_sizes=(2, 3, 4)))
-def test_property_sweep(case: AllToAllCase) -> None:
-    assert check_case(get_pool(case.world_size), case) == []
 
 
 @pytest.mark.parametrize("dim", [0, -1, 1])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
 
 import vargather
 from vargather import oracle
@@ -15,25 +14,11 @@ from vargather.testing.family import (
     ReduceScatterCase,
     check_case,
     check_misuse,
-    reduce_scatter_cases,
 )
 
 from . import _family_fns as fns
 
 pytestmark = pytest.mark.multirank
-
-
-@settings(max_examples=25, deadline=None)
-@given(case=reduce_scatter_cases())
-def test_property_forward_gradient_adjoint(case: ReduceScatterCase) -> None:
-    assert check_case(get_pool(case.world_size), case) == []
-
-
-@pytest.mark.slow
-@settings(max_examples=300, deadline=None)
-@given(case=reduce_scatter_cases(world_sizes=(2, 3, 4)))
-def test_property_sweep(case: ReduceScatterCase) -> None:
-    assert check_case(get_pool(case.world_size), case) == []
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "bool", "int16", "complex64", "float16"])

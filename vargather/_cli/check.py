@@ -27,7 +27,6 @@ from vargather.testing import options as _options
 from vargather.testing import schema
 from vargather.testing.engine import ProgressEvent, run_check
 from vargather.testing.options import CheckOptions, OptionError
-from vargather.testing.properties import property_ids
 from vargather.testing.results import EXIT_OK, EXIT_USAGE
 
 from . import ArgumentParser, UsageError
@@ -171,7 +170,11 @@ def main(argv: Sequence[str]) -> int:
         _parser().print_help()
         return EXIT_OK
     if "--list" in args:
-        for prop_id in property_ids():
+        op = args[args.index("--op") + 1] if "--op" in args[:-1] else "all_gather_v"
+        if op not in _options.OPS:
+            print(f"vargather check: error: --op: invalid choice: {op!r}", file=sys.stderr)
+            return EXIT_USAGE
+        for prop_id in _options.ids_of(op):
             print(prop_id)
         return EXIT_OK
     try:

@@ -22,7 +22,7 @@ subgroup cases; no ``grad``, the contract is claimed but not passed.
 from __future__ import annotations
 
 import ast
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -76,11 +76,11 @@ class CallTemplate:
         return f"{attr}({', '.join(parts)})"
 
 
-def _arg(node: ast.expr, text: str) -> Arg:
+def _arg(node: ast.expr, text: str, names: Sequence[str]) -> Arg:
     if isinstance(node, ast.Name):
-        if node.id not in NAMES:
+        if node.id not in names:
             raise ValueError(
-                f"{text}: unknown name {node.id!r}; a template may use {', '.join(NAMES)} "
+                f"{text}: unknown name {node.id!r}; a template may use {', '.join(names)} "
                 "and literals"
             )
         return Arg(node.id)
@@ -88,13 +88,15 @@ def _arg(node: ast.expr, text: str) -> Arg:
         return Arg(None, ast.literal_eval(node))
     except ValueError:
         raise ValueError(
-            f"{text}: {ast.unparse(node)!r} is neither one of {', '.join(NAMES)} nor a "
+            f"{text}: {ast.unparse(node)!r} is neither one of {', '.join(names)} nor a "
             "literal (nothing in a template is evaluated as code)"
         ) from None
 
 
-def parse_call(text: str) -> CallTemplate:
-    """Parse ``"(x, sizes, dim, True, group)"``; ``ValueError`` naming what is wrong."""
+def parse_call(text: str, names: Sequence[str] = NAMES) -> CallTemplate:
+    """Parse ``"(x, sizes, dim, True, group)"``; ``ValueError`` naming what is wrong.
+    ``names``: the names the template may use (the family's collectives have their
+    own: ``vargather.testing.family.FAMILY_NAMES``)."""
     stripped = text.strip()
     if not (stripped.startswith("(") and stripped.endswith(")")):
         raise ValueError(f"expected an argument list in parentheses like '(x, dim)', got {text!r}")
@@ -111,12 +113,12 @@ def parse_call(text: str) -> CallTemplate:
     for node in call.args:
         if isinstance(node, ast.Starred):
             raise ValueError(f"{text}: *args is not allowed in a template")
-        args.append(_arg(node, text))
+        args.append(_arg(node, text, names))
     kwargs: list[tuple[str, Arg]] = []
     for kw in call.keywords:
         if kw.arg is None:
             raise ValueError(f"{text}: **kwargs is not allowed in a template")
-        kwargs.append((kw.arg, _arg(kw.value, text)))
+        kwargs.append((kw.arg, _arg(kw.value, text, names)))
     template = CallTemplate(stripped, tuple(args), tuple(kwargs))
     if not template.uses("x"):
         raise ValueError(f"{text}: the template must pass x (this rank's shard)")

@@ -223,6 +223,15 @@ def _backend_refusals(
     return tuple(str(d) for d in first)
 
 
+def _default_factory(timeout: float) -> Callable[[int], RankPool]:
+    def pool_factory(w: int) -> RankPool:
+        # forkserver: a world rebuilt after a crash forks from a server that
+        # imported torch once, instead of spawning fresh interpreters.
+        return get_pool(w, call_timeout=timeout, start_method="forkserver")
+
+    return pool_factory
+
+
 def run_check(
     options: CheckOptions,
     *,
@@ -249,19 +258,16 @@ def _run_check(
     started = time.monotonic()
     _check_json_path(options.json_path)
     cwd = ensure_import_path()
+    if options.op != "all_gather_v":
+        from .family_check import run_family_check
+
+        factory = pool_factory or _default_factory(options.timeout)
+        return run_family_check(options, Progress(progress_callback, 0), factory, cwd, _versions())
     info = resolve_options_impl(options, cwd)
     impl = _implementation(info, options, cwd)
     transports = info.transports
     world_sizes = tuple(sorted(options.world_sizes))
-    if pool_factory is None:
-        timeout = options.timeout
-
-        def pool_factory(w: int) -> RankPool:
-            # forkserver: a world rebuilt after a crash forks from a server that
-            # imported torch once, instead of spawning fresh interpreters.
-            return get_pool(w, call_timeout=timeout, start_method="forkserver")
-
-    factory = pool_factory
+    factory = pool_factory or _default_factory(options.timeout)
     selected = [r for r in catalogue(impl) if _selected(r, options)]
     needed = sorted(
         {

@@ -40,6 +40,7 @@ from .pool import RankContext, RankPool
 __all__ = [
     "COLLECTIVES",
     "DTYPES",
+    "FAMILY_NAMES",
     "MISUSE_KINDS",
     "AllToAllCase",
     "FamilyFailure",
@@ -49,9 +50,11 @@ __all__ = [
     "Report",
     "all_to_all_cases",
     "call_sequences",
+    "call_values",
     "check_case",
     "check_misuse",
     "check_sequence",
+    "function_of",
     "gather_list_cases",
     "inputs_of",
     "judge_case",
@@ -65,6 +68,16 @@ __all__ = [
 ]
 
 COLLECTIVES = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
+FAMILY_NAMES: dict[str, tuple[str, ...]] = {
+    "reduce_scatter_v": ("x", "sizes", "dim", "group"),
+    "all_to_all_v": ("x", "send_sizes", "recv_sizes", "dim", "group"),
+    "all_gather_list": ("x", "shapes", "group", "grad"),
+}
+"""The names a call template (``--call``) of each collective may use: ``x`` this rank's
+tensor; ``sizes`` every rank's block size (reduce_scatter_v); ``send_sizes`` /
+``recv_sizes`` this rank's send and receive sizes (all_to_all_v; ``recv_sizes`` is
+``None`` where a case leaves it to the exchange); ``shapes`` every rank's shape or
+``None`` (all_gather_list); ``dim``, ``group`` and ``grad`` as for all_gather_v."""
 DTYPES = (
     "float32",
     "float64",
@@ -102,7 +115,8 @@ class ReduceScatterCase:
     group: tuple[int, ...] | None = None  # the world's ranks forming the group
     validate: bool = True
     impl: str = "vargather"
-    collective: str = field(default="reduce_scatter_v", init=False)
+    call: str | None = None
+    collective: str = field(default="reduce_scatter_v", init=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -121,7 +135,8 @@ class AllToAllCase:
     pass_recv: bool = False
     validate: bool = True
     impl: str = "vargather"
-    collective: str = field(default="all_to_all_v", init=False)
+    call: str | None = None
+    collective: str = field(default="all_to_all_v", init=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -139,7 +154,8 @@ class GatherListCase:
     pass_shapes: bool = False
     validate: bool = True
     impl: str = "vargather"
-    collective: str = field(default="all_gather_list", init=False)
+    call: str | None = None
+    collective: str = field(default="all_gather_list", init=False, repr=False)
 
 
 Case = ReduceScatterCase | AllToAllCase | GatherListCase
@@ -338,9 +354,28 @@ class Report(NamedTuple):
     error: tuple[str, str, tuple[int, ...]] | None
 
 
-def _function(case: Case) -> Callable[..., Any]:
-    fn: Callable[..., Any] = getattr(importlib.import_module(case.impl), case.collective)
+def function_of(impl: str, collective: str) -> Callable[..., Any]:
+    """The callable ``impl`` names: ``MODULE:ATTR``, or ``MODULE`` (its ``collective``)."""
+    module, _, attr = impl.partition(":")
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), attr or collective)
     return fn
+
+
+def _function(case: Case) -> Callable[..., Any]:
+    return function_of(case.impl, case.collective)
+
+
+def call_values(case: Case, x: torch.Tensor, r: int, group: Any) -> dict[str, object]:
+    """The names a call template of ``case.collective`` may use, bound for group rank
+    ``r`` (``FAMILY_NAMES``)."""
+    if isinstance(case, ReduceScatterCase):
+        return {"x": x, "sizes": list(case.sizes), "dim": case.dim, "group": group}
+    if isinstance(case, AllToAllCase):
+        recv = [s[r] for s in case.send] if case.pass_recv else None
+        send = list(case.send[r])
+        return {"x": x, "send_sizes": send, "recv_sizes": recv, "dim": case.dim, "group": group}
+    shapes = [list(s) for s in case.shapes] if case.pass_shapes else None
+    return {"x": x, "shapes": shapes, "group": group, "grad": case.grad}
 
 
 def _group_of(ctx: RankContext, case: Case) -> tuple[Any, int | None]:
@@ -353,6 +388,13 @@ def _group_of(ctx: RankContext, case: Case) -> tuple[Any, int | None]:
 
 def _call(case: Case, x: torch.Tensor, r: int, group: Any, timeout: float | None) -> Any:
     fn = _function(case)
+    if case.call is not None:  # a fork called as it is (``calls.parse_call``)
+        from .calls import parse_call
+
+        args, kwargs = parse_call(case.call, FAMILY_NAMES[case.collective]).build(
+            call_values(case, x, r, group)
+        )
+        return fn(*args, **kwargs)
     if isinstance(case, ReduceScatterCase):
         return fn(
             x, list(case.sizes), case.dim, group=group, validate=case.validate, timeout=timeout
@@ -629,7 +671,7 @@ def misuse_cases(
 
 
 def _misuse_call(case: MisuseCase, rank: int, timeout: float, wrong: bool) -> Any:
-    fn: Callable[..., Any] = getattr(importlib.import_module(case.impl), case.collective)
+    fn = function_of(case.impl, case.collective)
     w, k = case.world_size, case.kind if wrong else ""
     dtype = torch.int32 if k == "dtype" else torch.float32
     grad = k == "requires_grad"  # the odd rank alone needs a gradient

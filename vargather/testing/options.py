@@ -51,6 +51,19 @@ a loaded machine shrinks to the same counterexample)."""
 GRADS: Final = (*CONTRACTS, "none")
 """``grad``: a contract, or ``none`` (not differentiable: gradient rows n/a)."""
 EMULATIONS: Final = ("nccl",)
+OPS: Final = schema.by_name("op").choices
+"""The collectives ``--op`` names: ``all_gather_v`` and the family."""
+
+
+def ids_of(op: str) -> tuple[str, ...]:
+    """The property ids of ``op``'s catalogue (what ``--only`` and an xfails file name)."""
+    if op == "all_gather_v":
+        return property_ids()
+    from .family_properties import family_property_ids
+
+    return family_property_ids(op)
+
+
 CONFIG_TABLE: Final = ("tool", "vargather", "check")
 
 
@@ -84,6 +97,8 @@ class CheckOptions:
     (``config_path``, ``xfails``, ``progress``, ``in_flight``) is an option of
     ``schema.OPTIONS`` (its ``field``)."""
 
+    op: str = "all_gather_v"
+    """The collective checked: ``all_gather_v`` or one of the family (``--op``)."""
     impl: str | None = None
     call: str | None = None
     """A call template, ``"(x, group=group)"`` (``resolve.parse_call``); ``None``: the
@@ -166,14 +181,17 @@ class CheckOptions:
             raise OptionError(
                 "timeout", f"must be a positive number of seconds, got {self.timeout!r}"
             )
+        if self.op not in OPS:
+            raise OptionError("op", f"must be one of {', '.join(OPS)}, got {self.op!r}")
         if self.call is not None:
-            from .calls import parse_call  # the template's syntax, checked here
+            from .calls import NAMES, parse_call  # the template's syntax, checked here
+            from .family import FAMILY_NAMES
 
             try:
-                parse_call(self.call)
+                parse_call(self.call, FAMILY_NAMES.get(self.op, NAMES))
             except ValueError as err:
                 raise OptionError("call", f": {err}") from None
-        known = property_ids()
+        known = ids_of(self.op)
         xfail_rows = {x.partition(":")[0] for x in self.xfails}
         for name, ids in (("only", set(self.only)), ("xfails", xfail_rows)):
             unknown = sorted(set(ids) - set(known))
@@ -225,7 +243,7 @@ def build_options(values: Mapping[str, object], **extra: Any) -> CheckOptions:
         fields[option.field] = value
     path = fields.get("xfails_path")
     if path is not None:
-        fields["xfails"] = load_xfails(str(path))
+        fields["xfails"] = load_xfails(str(path), str(fields.get("op", "all_gather_v")))
     if "world_sizes" in fields:
         fields["world_sizes"] = tuple(sorted(set(fields["world_sizes"])))
     if "dims" in fields:
@@ -303,16 +321,16 @@ def config_values(
 # --- xfails --------------------------------------------------------------------------
 
 
-def load_xfails(path: str) -> frozenset[str]:
+def load_xfails(path: str, op: str = "all_gather_v") -> frozenset[str]:
     """Read an xfails file: one property id (or ``PROPERTY:DTYPE``) per line; ``#``
-    starts a comment. Every id must name a property (a typo would otherwise silently
-    expect nothing)."""
+    starts a comment. Every id must name a property of ``op``'s catalogue (a typo would
+    otherwise silently expect nothing)."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError as err:
         raise OptionError("xfails", f": cannot read {path!r}: {err.strerror or err}") from None
-    known = set(property_ids())
+    known = set(ids_of(op))
     ids: set[str] = set()
     for number, line in enumerate(lines, start=1):
         text = line.split("#", 1)[0].strip()
@@ -330,7 +348,7 @@ def load_xfails(path: str) -> frozenset[str]:
             raise OptionError(
                 "xfails",
                 f": {path}:{number}: unknown property id {text!r}; known ids: "
-                + ", ".join(property_ids()),
+                + ", ".join(ids_of(op)),
             )
         ids.add(text)
     return frozenset(ids)

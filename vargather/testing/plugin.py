@@ -186,9 +186,18 @@ class PropertyCollector(pytest.Collector):
 
     def collect(self) -> list[pytest.Item]:
         return [
-            PropertyItem.from_parent(self, name=row.id, title=row.title, options=self.options)
-            for row in catalogue()
+            PropertyItem.from_parent(self, name=row_id, title=title, options=self.options)
+            for row_id, title in _rows(self.options.op)
         ]
+
+
+def _rows(op: str) -> list[tuple[str, str]]:
+    """The (id, title) of every row of ``op``'s catalogue."""
+    if op == "all_gather_v":
+        return [(row.id, row.title) for row in catalogue()]
+    from .family_properties import FamilyTarget, family_catalogue
+
+    return [(row.id, row.title) for row in family_catalogue(FamilyTarget(op))]
 
 
 def property_items(session: pytest.Session, options: CheckOptions) -> list[pytest.Item]:

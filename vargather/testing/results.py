@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .cases import GatherCase
+from .family_properties import FAMILY_BATCH
 from .properties import BATCH
 
 __all__ = [
@@ -181,6 +182,8 @@ class Report:
     """``--strict``: an ``unsupported`` row (the backend refused a dtype) fails too."""
     call: str | None = None
     """The call template ATTR is called with (``None``: the convention's)."""
+    op: str = "all_gather_v"
+    """The collective checked (``--op``)."""
 
     @property
     def exit_status(self) -> int:
@@ -200,6 +203,7 @@ class Report:
             "impl_display": self.impl_display,
             "convention": self.convention,
             "call": self.call,
+            "op": self.op,
             "grad": self.grad,
             "world_sizes": list(self.world_sizes),
             "max_examples": self.max_examples,
@@ -224,6 +228,7 @@ class Report:
     # -- text
 
     def header_lines(self) -> list[str]:
+        family = self.op != "all_gather_v"
         if self.call is not None:
             convention = f"called as ATTR{self.call}"
         elif self.convention == "seed":
@@ -244,7 +249,8 @@ class Report:
             f"declared scope: {scope}",
             f"claimed gradient contract: {self.grad}; world sizes "
             f"{','.join(str(w) for w in self.world_sizes)}; up to {self.max_examples} "
-            f"examples per property (each a batch of up to {BATCH} gathers); seed {self.seed}"
+            f"examples per property (each a batch of up to {FAMILY_BATCH if family else BATCH} "
+            f"{'calls' if family else 'gathers'}); seed {self.seed}"
             + (f"; xfails from {self.xfails_path}" if self.xfails_path else ""),
             *extra,
             versions,

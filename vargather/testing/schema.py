@@ -190,6 +190,13 @@ _SCOPE_NOTE: Final = " (scope: what the implementation claims)"
 
 OPTIONS: Final[tuple[Option, ...]] = (
     Option(
+        "op",
+        "choice",
+        "the collective to check: all_gather_v, or one of the family (reduce_scatter_v, "
+        "all_to_all_v, all_gather_list), each with its own catalogue (default: all_gather_v)",
+        choices=("all_gather_v", "reduce_scatter_v", "all_to_all_v", "all_gather_list"),
+    ),
+    Option(
         "impl",
         "str",
         "the implementation under test, MODULE:ATTR, imported in every rank from the current "

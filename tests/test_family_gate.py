@@ -1,0 +1,194 @@
+"""The gate for the family (issue 20): ``python -m vargather check --op ...`` passes
+vargather, fails every family mutant of ``tests/mutants`` with a shrunk, reproducible
+counterexample, calls forks through their own signatures (``--call``), and refuses
+options that do not apply to the collective."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from vargather.testing.engine import run_check
+from vargather.testing.family import COLLECTIVES
+from vargather.testing.options import CheckOptions, CheckUsageError, OptionError
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MUTANTS = sorted(
+    p.stem for p in (ROOT / "tests" / "mutants").glob("*.py") if p.stem.startswith(COLLECTIVES)
+)
+QUICK = {"max_examples": 15, "shrink_budget": 10, "world_sizes": (2, 3), "progress": False}
+OK = ("pass", "n/a")
+CLAIMS = {"all_gather_list_mean_not_divided": "mean"}
+"""The contract a mutant whose bug is in another contract than sum claims."""
+
+
+@pytest.fixture
+def in_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from the repository root, where ``tests.mutants`` and ``tests.forks`` import."""
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.mark.multirank
+def test_the_command_passes_vargather_and_writes_the_report(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "report.json"
+    args = ["--op", "all_to_all_v", "--max-examples", "3", "--world-sizes", "2,3"]
+    done = subprocess.run(
+        [sys.executable, "-m", "vargather", "check", *args, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "vargather check: vargather.all_to_all_v (called as ATTR(x, send_sizes, dim" in done.stdout
+    )
+    report = json.loads(out.read_text())
+    assert report["op"] == "all_to_all_v"
+    assert report["scope"]["--op"] == "all_to_all_v"
+    statuses = {p["id"]: p["status"] for p in report["properties"]}
+    assert set(statuses.values()) == {"pass"}, statuses
+    assert "misuse" in statuses
+    assert "payload-scale" in statuses
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_every_family_mutant_fails_the_gate(mutant: str, in_root: None) -> None:
+    op = next(c for c in COLLECTIVES if mutant.startswith(c))
+    ref = f"tests.mutants.{mutant}:{op}"
+    grad = CLAIMS.get(mutant, "sum")
+    report = run_check(CheckOptions(op=op, impl=ref, grad=grad, exitfirst=True, **QUICK))
+    assert report.exit_status == 1, f"{mutant} passed the gate:\n{report.render()}"
+    failed = [r for r in report.results if r.status == "fail"]
+    failure = failed[0].failure
+    assert failure is not None
+    assert failure.kind in ("mismatch", "error"), report.render()
+    command = failure.command
+    assert command is not None
+    assert "check_sequence" in command
+    assert ref in command
+
+
+@pytest.mark.multirank
+def test_a_reproduction_line_reruns_the_counterexample(in_root: None) -> None:
+    ref = "tests.mutants.reduce_scatter_v_dim_ignored:reduce_scatter_v"
+    options = CheckOptions(op="reduce_scatter_v", impl=ref, only=("dims",), **QUICK)
+    report = run_check(options)
+    failure = report.results[0].failure
+    assert failure is not None
+    assert failure.command is not None
+    code = failure.command.split("python -c ", 1)[1]
+    done = subprocess.run(
+        [sys.executable, "-c", shlex.split(code)[0]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"FamilyFailure(property='reduce_scatter_v', aspect='{failure.aspect}'" in done.stdout
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(
+    ("op", "ref", "call", "grad", "out_of_scope"),
+    [
+        ("reduce_scatter_v", "reduce_scatter", "(x, sizes)", "sum", {"dims", "subgroup"}),
+        (
+            "all_to_all_v",
+            "exchange",
+            "(x, send_sizes, dim, recv=recv_sizes, pg=group)",
+            "sum",
+            set(),
+        ),
+        ("all_gather_list", "gather_tensors", "(x, group=group)", "sum", {"dims"}),
+        (
+            "all_gather_list",
+            "gather_tensors_detached",
+            "(x, group=group)",
+            "none",
+            {"dims", "gradient", "adjoint"},
+        ),
+    ],
+)
+def test_a_fork_is_called_through_its_own_signature(
+    op: str, ref: str, call: str, grad: str, out_of_scope: set[str], in_root: None
+) -> None:
+    options = CheckOptions(
+        op=op,
+        impl=f"tests.forks.family_calls:{ref}",
+        call=call,
+        grad=grad,
+        **{**QUICK, "max_examples": 4},
+    )
+    report = run_check(options)
+    statuses = {r.id: r.status for r in report.results}
+    assert all(s in OK for s in statuses.values()), report.render()
+    na = {r.id for r in report.results if r.status == "n/a"}
+    assert na == out_of_scope | {"misuse"}, statuses  # misuse calls vargather's signature
+    assert report.call == call
+
+
+@pytest.mark.multirank
+def test_a_detached_fork_claiming_gradients_fails(in_root: None) -> None:
+    options = CheckOptions(
+        op="all_gather_list",
+        impl="tests.forks.family_calls:gather_tensors_detached",
+        call="(x, group=group)",
+        only=("gradient",),
+        **QUICK,
+    )
+    report = run_check(options)
+    assert [r.status for r in report.results] == ["fail"], report.render()
+    failure = report.results[0].failure
+    assert failure is not None
+    assert "does not require grad" in failure.message
+
+
+def test_options_the_collective_does_not_take_are_refused() -> None:
+    for field, value in (("sizes", "required"), ("returns", "tensor"), ("compile", True)):
+        options = CheckOptions(op="reduce_scatter_v", **{field: value})
+        with pytest.raises(OptionError, match="does not apply to --op reduce_scatter_v"):
+            run_check(options)
+    with pytest.raises(OptionError, match="does not apply to --op all_to_all_v"):
+        run_check(CheckOptions(op="all_to_all_v", grad="local"))
+    with pytest.raises(OptionError, match="unknown name 'shapes'"):
+        CheckOptions(op="reduce_scatter_v", impl="m:f", call="(x, shapes)")
+    with pytest.raises(OptionError, match=r"unknown property id.*non-contiguous"):
+        CheckOptions(op="all_gather_list", only=("non-contiguous",))
+    with pytest.raises(CheckUsageError, match="needs --impl"):
+        run_check(CheckOptions(op="all_gather_list", call="(x)"))
+
+
+def test_the_list_flag_lists_the_collectives_rows() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "vargather", "check", "--op", "all_gather_list", "--list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = done.stdout.split()
+    assert rows[0] == "forward-float"
+    assert "misuse" in rows
+    assert "dims" in rows
+
+
+def test_options_round_trip_with_the_op() -> None:
+    options = CheckOptions(op="all_to_all_v", only=("empty",))
+    assert CheckOptions.from_json(options.to_json()) == options
+    with pytest.raises(OptionError, match="unknown property id"):
+        dataclasses.replace(options, op="all_gather_v")  # its catalogue has empty-some
+
+
+def test_there_are_mutants_for_every_collective() -> None:
+    for op in COLLECTIVES:
+        assert sum(m.startswith(op) for m in MUTANTS) >= 3, op

@@ -1,0 +1,72 @@
+"""The family's property suite: every row of each collective's catalogue
+(``vargather.testing.family_properties``) against vargather on real gloo worlds.
+
+Each test is one row run as the gate runs it (``family_check.evaluate_family_row``: a
+seeded Hypothesis test drawn in this process, its calls run on ``get_pool(W)``, a
+failure shrunk here), for vargather's own functions claiming every contract. The same
+rows gate a fork (``python -m vargather check --op ...``, ``tests/test_family_gate.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vargather.testing import get_pool
+from vargather.testing.family import COLLECTIVES
+from vargather.testing.family_check import evaluate_family_row
+from vargather.testing.family_properties import FamilyTarget, family_catalogue
+from vargather.testing.options import CheckOptions
+from vargather.testing.progress import Progress
+
+pytestmark = pytest.mark.multirank
+
+WORLDS = (2, 3, 4)
+EXAMPLES = {"payload-scale": 3, "misuse": 4}
+"""Examples per row where the default (``DEFAULT_EXAMPLES``) would cost too much."""
+DEFAULT_EXAMPLES = 8
+
+ROWS = [
+    pytest.param(op, row.id, id=f"{op}-{row.id}")
+    for op in COLLECTIVES
+    for row in family_catalogue(FamilyTarget(op))
+    if row.not_applicable(WORLDS) is None
+]
+
+
+def _run(op: str, row_id: str, examples: int, seed: int = 0) -> None:
+    row = next(r for r in family_catalogue(FamilyTarget(op)) if r.id == row_id)
+    options = CheckOptions(op=op, max_examples=examples, seed=seed)
+    result = evaluate_family_row(row, options, WORLDS, get_pool, Progress(None, 1))
+    assert result.status == "pass", "\n".join(
+        [
+            f"{op} {row_id}: {result.status}",
+            result.failure.message if result.failure else "",
+            result.failure.reproduction or "" if result.failure else "",
+        ]
+    )
+    assert result.cases > 0
+
+
+@pytest.mark.parametrize(("op", "row_id"), ROWS)
+def test_row_holds_for_vargather(op: str, row_id: str) -> None:
+    _run(op, row_id, EXAMPLES.get(row_id, DEFAULT_EXAMPLES))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("op", "row_id"), ROWS)
+def test_row_holds_for_vargather_sweep(op: str, row_id: str) -> None:
+    _run(op, row_id, 100, seed=1)
+
+
+def test_every_collective_has_the_rows() -> None:
+    for op in COLLECTIVES:
+        ids = [r.id for r in family_catalogue(FamilyTarget(op))]
+        assert ids[:5] == [
+            "forward-float",
+            "forward-half",
+            "forward-complex",
+            "forward-int",
+            "forward-bool",
+        ]
+        for needed in ("empty", "subgroup", "gradient", "adjoint", "call-sequence", "misuse"):
+            assert needed in ids, (op, needed)
