@@ -1,5 +1,6 @@
-"""all_gather_list on real gloo worlds (its catalogue rows: tests/test_family_properties.py): issue 20's 3-rank
-scenario ((2, 3), (0, 1), (4, 2)), the contracts, misuse, DeviceMesh, torch.compile."""
+"""all_gather_list on real gloo worlds: issue 20's 3-rank scenario ((2, 3), (0, 1),
+(4, 2)), the contracts, misuse, DeviceMesh, torch.compile (its catalogue rows,
+Hypothesis-drawn, run in tests/test_family_properties.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""all_to_all_v on real gloo worlds (its catalogue rows: tests/test_family_properties.py): issue 20's 3-rank
-scenario (a send matrix with zeros), recv_sizes, misuse and the edges."""
+"""all_to_all_v on real gloo worlds: issue 20's 3-rank scenario (a send matrix with
+zeros), recv_sizes, misuse and the edges (its catalogue rows, Hypothesis-drawn, run in
+tests/test_family_properties.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""reduce_scatter_v on real gloo worlds: the family properties (Hypothesis, drawn in
-the parent, run on ``get_pool(W)``), issue 20's 3-rank scenarios, and the edges."""
+"""reduce_scatter_v on real gloo worlds: issue 20's 3-rank scenarios and the edges (its
+catalogue rows, Hypothesis-drawn, run in tests/test_family_properties.py)."""
 
 from __future__ import annotations
 
