@@ -390,6 +390,7 @@ _REPORT_SCHEMA: dict[str, Any] = {
     "impl_display": str,
     "convention": str,
     "call": (str, type(None)),
+    "op": str,
     "grad": str,
     "world_sizes": [int],
     "max_examples": int,

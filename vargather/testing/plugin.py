@@ -108,9 +108,14 @@ _OPTION: Final = re.compile(r"(?<![\w-])--(?!vargather-)([a-z][a-z-]*)")
 def header_lines(options: CheckOptions) -> list[str]:
     """The lines the plugin adds to pytest's header: what is checked, and how."""
     sizes = ",".join(str(w) for w in options.world_sizes)
+    how = f"called as ATTR{options.call}" if options.call else f"{options.convention} convention"
+    if options.op != "all_gather_v":
+        how = f"--op {options.op}, " + (
+            f"called as ATTR{options.call}" if options.call else "vargather's signature"
+        )
     return [
-        f"vargather properties: {options.impl or 'vargather.all_gather_v'} "
-        f"({options.convention} convention), claimed gradient contract: {options.grad}",
+        f"vargather properties: {options.impl or 'vargather.' + options.op} "
+        f"({how}), claimed gradient contract: {options.grad}",
         f"vargather properties: world sizes {sizes}; up to {options.max_examples} examples "
         f"per property; seed {options.seed}"
         + (f"; xfails from {options.xfails_path}" if options.xfails_path else ""),
