@@ -16,6 +16,10 @@ Where it sits: the second layer of the package, on top of the gather library
   ``run_cases``;
 * ``properties``: the one property catalogue pytest, the mutant search and
   ``python -m vargather check`` run;
+* ``family`` and ``family_properties``: the same for ``reduce_scatter_v``,
+  ``all_to_all_v`` and ``all_gather_list`` (case models, strategies, rank runners and
+  judge; each collective's catalogue, ``family_catalogue``, which the suite and
+  ``check --op`` run);
 * ``seed``: a faithful re-implementation of the seed ``distributed.py``, the
   implementation the benchmark and the conformance tests measure against.
 """
@@ -37,6 +41,9 @@ from .cases import VARGATHER as VARGATHER
 from .cases import GatherCase as GatherCase
 from .cases import Implementation as Implementation
 from .cases import parse_case as parse_case
+from .family_properties import FamilyProperty as FamilyProperty
+from .family_properties import FamilyTarget as FamilyTarget
+from .family_properties import family_catalogue as family_catalogue
 from .judge import Failure as Failure
 from .pool import COLLECTIVE_TIMEOUT_ENV as COLLECTIVE_TIMEOUT_ENV
 from .pool import PoolConfig as PoolConfig
@@ -64,6 +71,8 @@ __all__ = [
     "COMPAT",
     "VARGATHER",
     "Failure",
+    "FamilyProperty",
+    "FamilyTarget",
     "GatherCase",
     "Implementation",
     "ImplementationError",
@@ -84,6 +93,7 @@ __all__ = [
     "catalogue",
     "close_all_pools",
     "describe",
+    "family_catalogue",
     "get_pool",
     "parse_case",
     "property_ids",
