@@ -58,6 +58,7 @@ class _Found(BaseException):
         self.bad = bad
 
 
+@pytest.mark.slow  # inductor compiles and a hang's timeout: about a minute on 2 cores
 def test_the_compiled_property_catches_a_gather_whose_compiled_ranks_diverge() -> None:
     prop = _by_id(MUTANT)["compiled"]
     assert prop.not_applicable((2,)) is None

@@ -167,19 +167,15 @@ def test_options_the_collective_does_not_take_are_refused() -> None:
         run_check(CheckOptions(op="all_gather_list", call="(x)"))
 
 
-def test_the_list_flag_lists_the_collectives_rows() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "vargather", "check", "--op", "all_gather_list", "--list"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr
-    rows = done.stdout.split()
+def test_the_list_flag_lists_the_collectives_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    from vargather._cli import check as check_cli
+
+    assert check_cli.main(["--op", "all_gather_list", "--list"]) == 0
+    rows = capsys.readouterr().out.split()
     assert rows[0] == "forward-float"
     assert "misuse" in rows
     assert "dims" in rows
+    assert check_cli.main(["--op", "gather", "--list"]) == 2
 
 
 def test_options_round_trip_with_the_op() -> None:

@@ -44,8 +44,9 @@ def load_example() -> ModuleType:
     return module
 
 
-BATCH_SIZES = ("5,2,7", "5,0,7")
-"""Ragged batches, and one with an empty rank (whose loss is 0, not nan)."""
+BATCH_SIZES = (pytest.param("5,2,7", marks=pytest.mark.slow), "5,0,7")
+"""Ragged batches, and one with an empty rank (whose loss is 0, not nan): the default
+run starts torchrun once, with the empty rank (ragged too)."""
 
 
 @pytest.fixture(scope="module", params=BATCH_SIZES)
