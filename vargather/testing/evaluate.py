@@ -35,11 +35,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CRASH_SHRINK_BUDGET",
+    "FailingBatchError",
+    "ShrinkBudgetSpent",
     "evaluate",
     "evaluate_row",
     "hypothesis_storage",
     "prefer_nonempty",
     "render_failures",
+    "seeded_search",
 ]
 
 CRASH_SHRINK_BUDGET: Final = 4
@@ -77,7 +80,7 @@ def _property_failure(
     )
 
 
-class _FailingBatchError(AssertionError):
+class FailingBatchError(AssertionError):
     """Raised inside the Hypothesis test body: the batch has a failing case."""
 
     def __init__(self, failure: PropertyFailure) -> None:
@@ -154,8 +157,6 @@ def evaluate_row(
 
     Deterministic for a given seed: examples and shrinking are budgeted by count, never
     by time, so a loaded machine runs the same examples."""
-    from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
-
     started = time.monotonic()
     state = _PropertyState()
     strategy: SearchStrategy[list[GatherCase]] = prop.strategy(
@@ -176,7 +177,7 @@ def evaluate_row(
             if out_of_budget():
                 # End the search: past the budget Hypothesis would propose a thousand
                 # more shrinks, each drawing a whole batch to be turned away here.
-                raise _ShrinkBudgetSpent
+                raise ShrinkBudgetSpent
             state.shrink_runs += 1
         used = _UsedPools(factory)
         with in_flight(options.in_flight, batch, impl):
@@ -205,44 +206,11 @@ def evaluate_row(
         if failure is not None:
             state.memo[key] = state.last = failure
             # One raise site: Hypothesis tells failures apart by where they are raised.
-            raise _FailingBatchError(failure)
+            raise FailingBatchError(failure)
 
-    test = settings(
-        # A property whose examples cost seconds each (compiling) caps its own count.
-        max_examples=prop.max_examples(max_examples or options.max_examples),
-        derandomize=False,  # the seed below makes a run reproducible
-        database=_database(options.db),  # nothing written into the caller's checkout
-        deadline=None,  # no timed verdicts: a slow machine is not a failure
-        verbosity=Verbosity.quiet,  # the report prints the counterexample, not Hypothesis
-        print_blob=False,
-        report_multiple_bugs=False,
-        phases=(Phase.explicit, Phase.generate, Phase.target, Phase.shrink),
-        # Health checks judge the strategies (the property suite's own tests run them);
-        # here they would blame the implementation under test for how cases are drawn.
-        suppress_health_check=list(HealthCheck),
-    )(seed(options.seed)(given(strategy)(body)))
-    failure: PropertyFailure | None = None
-    try:
-        test()
-    except _FailingBatchError as err:
-        failure = err.failure
-    except _ShrinkBudgetSpent:
-        # Every failing example the shrinker runs is smaller than the one before (it
-        # only tries smaller ones), so the last failure seen is the smallest found.
-        failure = state.last
-    except Exception as err:  # Hypothesis's Flaky, or the check itself broke
-        if state.last is not None:
-            note = (
-                f"\n(the failure did not reproduce on a re-run: {type(err).__name__}; "
-                "the implementation may be nondeterministic)"
-            )
-            failure = dataclasses.replace(state.last, message=state.last.message + note)
-        else:
-            failure = PropertyFailure(
-                "checker",
-                f"the check could not run this property: {type(err).__name__}: {err}\n"
-                + short_traceback(err, 12),
-            )
+    # A property whose examples cost seconds each (compiling) caps its own count.
+    count = prop.max_examples(max_examples or options.max_examples)
+    failure = seeded_search(strategy, body, options, count, lambda: state.last)
     seconds = time.monotonic() - started
     if failure is None and state.cases == 0:
         failure = PropertyFailure("checker", "no case ran (every drawn case was filtered out)")
@@ -258,6 +226,57 @@ def evaluate_row(
     )
 
 
+def seeded_search(
+    strategy: SearchStrategy[Any],
+    body: Callable[[Any], None],
+    options: CheckOptions,
+    max_examples: int,
+    last: Callable[[], PropertyFailure | None],
+) -> PropertyFailure | None:
+    """``body`` over ``strategy`` as a seeded Hypothesis test of ``max_examples``
+    examples: the failure ``body`` raised (``FailingBatchError``; after
+    ``ShrinkBudgetSpent`` ended the shrinking, ``last()``, the smallest seen), or
+    ``None``. Examples and shrinking are budgeted by count (``body`` counts), so a
+    given seed gives the same run on any machine."""
+    from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+
+    test = settings(
+        max_examples=max_examples,
+        derandomize=False,  # the seed below makes a run reproducible
+        database=_database(options.db),  # nothing written into the caller's checkout
+        deadline=None,  # no timed verdicts: a slow machine is not a failure
+        verbosity=Verbosity.quiet,  # the report prints the counterexample, not Hypothesis
+        print_blob=False,
+        report_multiple_bugs=False,
+        phases=(Phase.explicit, Phase.generate, Phase.target, Phase.shrink),
+        # Health checks judge the strategies (the property suite's own tests run them);
+        # here they would blame the implementation under test for how cases are drawn.
+        suppress_health_check=list(HealthCheck),
+    )(seed(options.seed)(given(strategy)(body)))
+    try:
+        test()
+    except FailingBatchError as err:
+        return err.failure
+    except ShrinkBudgetSpent:
+        # Every failing example the shrinker runs is smaller than the one before (it
+        # only tries smaller ones), so the last failure seen is the smallest found.
+        return last()
+    except Exception as err:  # Hypothesis's Flaky, or the check itself broke
+        seen = last()
+        if seen is not None:
+            note = (
+                f"\n(the failure did not reproduce on a re-run: {type(err).__name__}; "
+                "the implementation may be nondeterministic)"
+            )
+            return dataclasses.replace(seen, message=seen.message + note)
+        return PropertyFailure(
+            "checker",
+            f"the check could not run this property: {type(err).__name__}: {err}\n"
+            + short_traceback(err, 12),
+        )
+    return None
+
+
 def evaluate(
     prop: Property,
     options: CheckOptions,
@@ -270,7 +289,7 @@ def evaluate(
     return evaluate_row(prop, options, world_sizes, factory, Progress(progress, 1))
 
 
-class _ShrinkBudgetSpent(BaseException):
+class ShrinkBudgetSpent(BaseException):
     """Raised from inside a Hypothesis test to end its shrinking: a ``BaseException``
     that is not an ``Exception``, so Hypothesis lets it through instead of recording a
     failure."""

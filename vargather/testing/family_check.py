@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .calls import parse_call
+from .evaluate import FailingBatchError, ShrinkBudgetSpent, seeded_search
 from .family import COLLECTIVES, FAMILY_NAMES, FamilyFailure
 from .family_properties import FamilyProperty, FamilyTarget, case_dict, family_catalogue
 from .family_properties import reproduction as describe_calls
@@ -105,16 +106,6 @@ class _RowState:
     memo: dict[str, PropertyFailure | None] = field(default_factory=dict)
 
 
-class _FailingBatchError(AssertionError):
-    def __init__(self, failure: PropertyFailure) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
-
-
-class _BudgetSpent(BaseException):
-    """Ends Hypothesis's shrinking (not an ``Exception``: Hypothesis lets it through)."""
-
-
 def _failure(
     row: FamilyProperty, failures: Sequence[FamilyFailure], calls: Sequence[Any]
 ) -> PropertyFailure:
@@ -153,8 +144,6 @@ def evaluate_family_row(
 ) -> PropertyResult:
     """One row as a seeded Hypothesis test; its first failure shrunk within
     ``options.shrink_budget`` examples (none after a hang or a crash)."""
-    from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
-
     started = time.monotonic()
     state = _RowState()
     strategy: SearchStrategy[list[Any]] = row.strategy(world_sizes)
@@ -162,7 +151,7 @@ def evaluate_family_row(
     def run(batch: list[Any]) -> PropertyFailure | None:
         if state.failed:
             if state.stop or state.shrink_runs >= options.shrink_budget:
-                raise _BudgetSpent
+                raise ShrinkBudgetSpent
             state.shrink_runs += 1
         else:
             state.examples += 1
@@ -187,35 +176,11 @@ def evaluate_family_row(
         state.memo[key] = failure
         if failure is not None:
             state.last = failure
-            raise _FailingBatchError(failure)
+            raise FailingBatchError(failure)
 
-    test = settings(
-        max_examples=options.max_examples,
-        derandomize=False,  # the seed below makes a run reproducible
-        database=None,
-        deadline=None,
-        verbosity=Verbosity.quiet,
-        print_blob=False,
-        report_multiple_bugs=False,
-        phases=(Phase.explicit, Phase.generate, Phase.target, Phase.shrink),
-        suppress_health_check=list(HealthCheck),
-    )(seed(options.seed)(given(strategy)(body)))
-    failure: PropertyFailure | None = None
-    try:
-        test()
-    except _FailingBatchError as err:
-        failure = err.failure
-    except _BudgetSpent:
-        failure = state.last  # every shrink tried is smaller: the last is the smallest
-    except Exception as err:  # Hypothesis's Flaky, or the check itself broke
-        if state.last is not None:
-            failure = replace(
-                state.last,
-                message=state.last.message
-                + f"\n(the failure did not reproduce on a re-run: {type(err).__name__})",
-            )
-        else:
-            failure = PropertyFailure("checker", f"the check could not run: {err!r}")
+    failure = seeded_search(strategy, body, options, options.max_examples, lambda: state.last)
+    if failure is None and state.cases == 0:
+        failure = PropertyFailure("checker", "no call ran (every drawn batch was filtered out)")
     return PropertyResult(
         row.id,
         row.title,
