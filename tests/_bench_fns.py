@@ -1,5 +1,6 @@
 """Module-level rank functions for tests/test_cli_bench.py: the bench's coalesced cell
-with a stand-in ``all_gather_v_coalesced`` (right, wrong, or none at all).
+with a stand-in ``all_gather_v_coalesced`` (right, wrong, or none at all), and its
+family cell with wrong stand-ins for the family collectives.
 
 The pool pickles ``fn`` by reference, so these live at module level in a module the rank
 processes can import. Each installs its stand-in in the rank process only, runs the
@@ -69,3 +70,35 @@ def coalesced_with_wrong_stub(ctx: RankContext, job: Any) -> dict[str, Any] | No
 
 def coalesced_without(ctx: RankContext, job: Any) -> dict[str, Any] | None:
     return _with(None, ctx, job)
+
+
+# --- the family cell with wrong stand-ins ---------------------------------------------
+
+_FAMILY = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
+
+
+def _off_by_one(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``'s result with one element changed (a list: its first tensor's)."""
+
+    def wrong(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        first = out[0] if isinstance(out, list) else out
+        first = first.clone()
+        if first.numel():
+            first.view(-1)[-1] += 1
+        return [first, *out[1:]] if isinstance(out, list) else first
+
+    return wrong
+
+
+def family_with_wrong_stand_ins(ctx: RankContext, job: Any) -> dict[str, Any] | None:
+    """The bench's family cell with every family collective off by one element (the
+    baselines, all_gather_v included, untouched)."""
+    saved = {name: getattr(vargather, name) for name in _FAMILY}
+    try:
+        for name, fn in saved.items():
+            setattr(vargather, name, _off_by_one(fn))
+        return _ranks._rank_family(ctx, job)
+    finally:
+        for name, fn in saved.items():
+            setattr(vargather, name, fn)

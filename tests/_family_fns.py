@@ -189,3 +189,20 @@ def compiled_three_in_one_graph(ctx: RankContext, _: None) -> tuple[list[str], l
     finally:
         comm.translate_collective_errors = original
     return forward, list(log)
+
+
+def list_beside_coalesced(ctx: RankContext, _: None) -> tuple[Any, list[list[float]]]:
+    """Rank 0 calls ``all_gather_list``, the others ``all_gather_v_coalesced`` of one
+    1-d tensor of the same dtype (after a good call, so the round's state is warm):
+    every rank raises; then a good call works."""
+    x = torch.arange(4, dtype=torch.float32) + ctx.rank
+    vargather.all_gather_list(x)
+    raised: Any = None
+    try:
+        if ctx.rank == 0:
+            vargather.all_gather_list(x)
+        else:
+            vargather.all_gather_v_coalesced([x])
+    except vargather.VarGatherError as err:
+        raised = _error(err)
+    return raised, [t.tolist() for t in vargather.all_gather_list(x)]

@@ -54,6 +54,16 @@ def test_misuse_same_error_everywhere(kind: str) -> None:
     assert check_misuse(get_pool(3), MisuseCase("all_gather_list", kind, 3, 2)) == []
 
 
+def test_a_peer_calling_all_gather_v_coalesced_is_caught_on_every_rank() -> None:
+    """all_gather_list's round (kind ``coalesced``, one carrier) beside a peer's
+    ``all_gather_v_coalesced([x])``: the carrier's ndim differs, every rank raises the
+    same error before any output, and the next call works."""
+    results = get_pool(2).run(fns.list_beside_coalesced, None)
+    assert [r[0][0] if r[0] else None for r in results] == ["ShapeMismatchError"] * 2
+    for _, after in results:
+        assert after == [[0.0, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]]
+
+
 def test_absent_rank_is_the_named_timeout() -> None:
     assert check_misuse(get_pool(3), MisuseCase("all_gather_list", "absent", 3, 0)) == []
 

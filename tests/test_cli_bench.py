@@ -5,8 +5,9 @@ document: its schema, that every variant of every cell was timed, that every var
 results (forward outputs and backward gradients) matched what they must be, and that
 time was taken with default malloc settings while memory was measured in a pass of its
 own. The coalesced cell's code path runs on a 2-rank pool with a stand-in
-``all_gather_v_coalesced`` (right, wrong, missing): ``tests/_bench_fns.py``. Speed is
-never asserted here: the benchmark prints ratios, tests do not time.
+``all_gather_v_coalesced`` (right, wrong, missing), and the family cell with wrong
+stand-ins for the three family collectives: ``tests/_bench_fns.py``. Speed is never
+asserted here: the benchmark prints ratios, tests do not time.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ SMALL = [
     "seed",
 ]
 COALESCED = ["limit", "coalesced", "coalesced+sizes", "separate"]
+FAMILY = {
+    "reduce_scatter_v": ["limit", "vargather", "vargather+sizes"],
+    "all_to_all_v": ["limit", "vargather", "vargather+sizes"],
+    "all_gather_list": ["limit", "all_gather_v+sizes", "vargather", "vargather+sizes"],
+}
 
 
 def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -85,6 +91,8 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
         "--small-repeats",
         "3",
         "--peer-sizes",
+        "8",
+        "--family-sizes",
         "8",
         "--calls",
         "2",
@@ -159,7 +167,7 @@ def test_small_part_timed_in_bursts_and_verified(
             assert entry["median_cpu_ms"] >= 0, where
             q1, q3 = entry["quartile_ratios"]
             assert q1 <= entry["median_ratio"] <= q3, where
-    assert document["config"]["parts"] == ["large", "small", "coalesced", "peers"]
+    assert document["config"]["parts"] == ["large", "small", "coalesced", "peers", "family"]
 
 
 def test_coalesced_part_measured_or_skipped_with_a_note(
@@ -218,6 +226,51 @@ def test_peers_part_checked_against_vargather_and_timed_with_spread(
     assert any(t["target"] == "fastest peer / auto (speed-up)" for t in document["targets"])
 
 
+def test_family_part_checked_against_its_baselines_with_spread(
+    smoke: tuple[dict[str, Any], Path, str],
+) -> None:
+    """Per cell (8 KiB, even and mild) and collective: the baseline and vargather's
+    calls, sizes unknown and known, each verified and timed in the same bursts; each
+    ratio per burst with its quartiles and range; one target per ratio."""
+    document, _, stdout = smoke
+    family = document["family"]
+    assert [(c["world_size"], c["payload_kb"], c["profile"]) for c in family] == [
+        (2, 8.0, "even"),
+        (2, 8.0, "mild"),
+    ]
+    for c in family:
+        assert c["malloc_env"] == {}
+        assert c["calls_per_burst"] == 2
+        assert list(c["collectives"]) == list(FAMILY)
+        for op, g in c["collectives"].items():
+            assert list(g["forward"]) == FAMILY[op], op
+            assert g["notes"] == {}, op
+            assert g["baseline"] == _variants.FAMILY_BASELINES[op]
+            for name, entry in g["forward"].items():
+                assert entry["verified"] is True, (op, name)
+                assert len(entry["times_s"]) == 3, (op, name)
+            for known in ("unknown", "known"):
+                r = g["ratios"][known]
+                assert r["min"] <= r["q1"] <= r["median"] <= r["q3"] <= r["max"], (op, known)
+                assert r["n"] == 3
+            # the known call skips the metadata round: one collective
+            assert g["forward"]["vargather+sizes"]["collectives_per_call"] == 1, op
+        rs = c["collectives"]["reduce_scatter_v"]
+        assert sum(rs["sizes"]) == rs["rows"] == 8 * 1024 // (4 * c["columns"])
+    mild = family[1]["collectives"]["all_gather_list"]["sizes"]
+    assert mild == _bench.split_rows(32, _bench.profile_shares("mild", 2))
+    targets = [t for t in document["targets"] if t["target"].startswith("family ")]
+    assert len(targets) == 2 * 3 * 2  # cells x collectives x (unknown, known)
+    assert {t["target"] for t in targets} >= {
+        "family reduce_scatter_v / reduce_scatter_tensor",
+        "family all_to_all_v+sizes / all_to_all_single",
+        "family all_gather_list+sizes / all_gather_v+sizes",
+    }
+    assert all(t["bound"] == 1.15 and t["spread"] for t in targets)
+    assert "**family**" in stdout
+    assert "| 2 | 8 | mild | all_to_all_v |" in stdout
+
+
 def test_tables_and_plot_are_written(smoke: tuple[dict[str, Any], Path, str]) -> None:
     _, out, stdout = smoke
     markdown = (out / "bench.md").read_text()
@@ -226,6 +279,7 @@ def test_tables_and_plot_are_written(smoke: tuple[dict[str, Any], Path, str]) ->
         "**small payloads**",
         "**coalesced**",
         "**peers**",
+        "**family**",
         "**CPU time per call**",
         "**forward**",
         "**backward**",
@@ -250,6 +304,8 @@ def test_tables_and_plot_are_written(smoke: tuple[dict[str, Any], Path, str]) ->
         (["--small-profile", "lopsided"], "lopsided"),
         (["--peer-profile", "lopsided"], "lopsided"),
         (["--peer-sizes", "0"], "--peer-sizes"),
+        (["--family-sizes", "0"], "--family-sizes"),
+        (["--family-profiles", "lopsided"], "lopsided"),
     ],
 )
 def test_usage_errors_exit_2(
@@ -307,7 +363,36 @@ def test_coalesced_cell_skipped_without_the_function(pool: RankPool) -> None:
     assert _tables.evaluate_targets([], [], [record]) == []
 
 
+def test_family_cell_catches_wrong_results(pool: RankPool) -> None:
+    """A family collective one element off is caught before it is timed (a note) and
+    by the checks of the timed calls; the baselines stay verified."""
+    record = pool.run(_bench_fns.family_with_wrong_stand_ins, (CONFIG, 2.0, "mild"))[0]
+    assert record is not None
+    for op, g in record["collectives"].items():
+        verdicts = {n: e["verified"] for n, e in g["forward"].items()}
+        assert verdicts == {n: not n.startswith("vargather") for n in FAMILY[op]}, op
+        assert set(g["notes"]) == {"vargather", "vargather+sizes"}, op
+        assert all("differed from the reference" in t for t in g["notes"].values())
+    report = _tables.markdown_report([], [], family=[record])
+    assert "WRONG" in report
+    assert "**family**: all_to_all_v vargather: its first result differed" in report
+
+
 # --- pure pieces --------------------------------------------------------------------------
+
+
+def test_the_family_checker_rejects_a_wrong_result() -> None:
+    right = _variants.family_shard(1, 2, 3, 4)
+    assert _variants.family_same(right, right.clone())
+    wrong = right.clone()
+    wrong[2, 3] += 1
+    assert not _variants.family_same(wrong, right)
+    assert not _variants.family_same(right.double(), right)
+    pieces = [right, _variants.family_shard(0, 0, 0, 4)]
+    assert _variants.family_same([p.clone() for p in pieces], pieces)
+    assert not _variants.family_same(pieces[::-1], pieces)
+    assert not _variants.family_same(pieces[:1], pieces)
+    assert not _variants.family_same(right, pieces)
 
 
 def test_profiles() -> None:
@@ -408,8 +493,9 @@ def test_cell_count() -> None:
         ranks=(2, 4), sizes_mb=(1.0, 4.0), profiles=("even",), small_kb=(1.0, 4.0, 16.0)
     )
     peers = len(cfg.peer_kb)
+    family = len(cfg.family_kb) * len(cfg.family_profiles)
     assert _config.cell_count(cfg) == 2 * (
-        3 + 3 + peers + 2 * 2
-    )  # small, coalesced, peers, large x2
+        3 + 3 + peers + family + 2 * 2
+    )  # small, coalesced, peers, family, large x2
     no_mem = _bench.BenchConfig(ranks=(4,), sizes_mb=(1.0,), memory=False, parts=("large",))
     assert _config.cell_count(no_mem) == len(no_mem.profiles)

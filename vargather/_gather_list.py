@@ -2,8 +2,9 @@
 
 Where it sits: a family collective built on ``_family`` (stages 1-3), ``_transport``
 and ``_fused`` (the
-validated call: every rank's flat run of elements and its shape ride in ``_fused``'s
-round of kind ``coalesced``, the payload in the same collective when it is small) and
+validated call: every rank's shape words and flat run of elements, one *carrier* tensor
+of its dtype, ride in ``_fused``'s round of kind ``coalesced``, the payload in the same
+collective when it fits) and
 ``_reduce_scatter`` (the ``sum``/``mean`` backward). ``_family_api`` calls it eagerly;
 ``_compiled_family`` wraps it in custom operators.
 
@@ -26,7 +27,7 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Final
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -35,6 +36,7 @@ from . import _fused
 from ._args import CheckedCall, Problem, check_call, sizes_hash
 from ._comm import GroupInfo
 from ._errors import (
+    ProtocolMismatchError,
     ShapeMismatchError,
     SizesError,
     SizesMismatchError,
@@ -189,9 +191,92 @@ def _renamed(err: VarGatherError) -> VarGatherError:
     return type(err)(f"{NAME}: {text.removeprefix('all_gather_v: ')}", ranks=err.ranks)
 
 
+LIST_MAGIC: Final = 0x76676C73  # "vgls": the first word of every rank's carrier
+"""Marks an ``all_gather_list`` carrier: a peer whose run does not start with it made
+another call of the same round kind (``all_gather_v_coalesced`` of one tensor)."""
+
+
 def _meta_words(record_shape: tuple[int, ...], words: Sequence[int]) -> list[int]:
-    """This rank's shape and passed-shapes words: ``[ndim, *shape, passed, hash]``."""
-    return [len(record_shape), *record_shape, *words]
+    """This rank's shape and passed-shapes words: ``[magic, ndim, *shape, passed, hash]``."""
+    return [LIST_MAGIC, len(record_shape), *record_shape, *words]
+
+
+CARRIER_SHAPE: Final = (-1, 1, 1)
+"""The carrier's shape: ``(n, 1, 1)``, a shape no other caller of the round is likely to
+send, so a peer calling ``all_gather_v_coalesced`` of one tensor beside this call
+disagrees on the ndim in the headers and every rank, that one included, raises
+``ShapeMismatchError`` before any payload is used."""
+
+
+def _head_elements(words: int, dtype: torch.dtype, element_size: int) -> int:
+    """Elements of the carrier's dtype that hold ``words`` int64 words: their bytes,
+    zero-padded to whole elements; for ``bool`` (whose elements hold 0 or 1, no other
+    byte survives a copy) one element per bit."""
+    if dtype == torch.bool:
+        return 64 * words
+    return -(-8 * words // element_size)
+
+
+_BITS: Final = torch.arange(64, dtype=torch.int64)
+
+
+def _carrier(x: torch.Tensor, words: Sequence[int]) -> torch.Tensor:
+    """One ``(n, 1, 1)`` tensor of ``x``'s dtype (``CARRIER_SHAPE``): the metadata
+    ``words`` (int64: their bytes, zero-padded to whole elements, or for ``bool`` their
+    bits), then ``x``'s elements in row-major order. Nothing is computed on ``x``: exact for every dtype (a lazily
+    conjugated or negated ``x`` gives its values, as a gather of ``x`` does)."""
+    e = x.element_size()
+    head = _head_elements(len(words), x.dtype, e)
+    out = torch.empty(head + x.numel(), dtype=x.dtype, device=x.device)
+    meta = torch.tensor(list(words), dtype=torch.int64)
+    if x.dtype == torch.bool:
+        out[:head].copy_(((meta.unsqueeze(1) >> _BITS) & 1).reshape(-1))
+    else:
+        raw = out[:head].view(torch.uint8)
+        raw[: 8 * len(words)].copy_(meta.view(torch.uint8))
+        raw[8 * len(words) :].zero_()
+    if x.numel():
+        out[head:].view(x.shape).copy_(x.detach())
+    return out.view(CARRIER_SHAPE)
+
+
+def _words(region: torch.Tensor, count: int) -> list[int] | None:
+    """The first ``count`` int64 words of a carrier region, or ``None`` if it is
+    shorter."""
+    head = _head_elements(count, region.dtype, region.element_size())
+    if region.numel() < head:
+        return None
+    part = region[:head].detach().cpu()
+    if region.dtype == torch.bool:
+        values = (part.to(torch.int64).view(count, 64) << _BITS).sum(dim=1)
+    else:
+        values = part.view(torch.uint8)[: 8 * count].clone().view(torch.int64)
+    return [int(v) for v in values.tolist()]
+
+
+def _read_carriers(run: torch.Tensor, sizes: Sequence[int]) -> list[tuple[list[int], torch.Tensor]]:
+    """Every rank's metadata words and elements (a view of ``run``) from the gathered
+    carriers; a region that is not an ``all_gather_list`` carrier raises
+    ``ProtocolMismatchError`` (every rank reads the same regions: the same error)."""
+    out: list[tuple[list[int], torch.Tensor]] = []
+    bad: list[int] = []
+    for r, region in enumerate(torch.split(run, list(sizes))):
+        first = _words(region, 2)
+        ndim = first[1] if first is not None and first[0] == LIST_MAGIC else -1
+        words = _words(region, ndim + 4) if 0 <= ndim <= 64 else None
+        if words is None:
+            bad.append(r)
+            continue
+        head = _head_elements(ndim + 4, region.dtype, region.element_size())
+        out.append((words, region[head:]))
+    if bad:
+        raise ProtocolMismatchError(
+            f"{NAME}: rank(s) {bad} sent no all_gather_list metadata: expected an "
+            f"{NAME} call on every rank of the group (another call of the same round, "
+            "such as all_gather_v_coalesced, or another vargather version)",
+            ranks=bad,
+        )
+    return out
 
 
 def _fused_plan(
@@ -203,17 +288,17 @@ def _fused_plan(
     timeout: object,
     requires_grad: bool | None,
 ) -> GatherListPlan:
-    """The validated call through ``_fused`` (kind ``coalesced``): two 1-d tensors per
-    rank, the flat run of ``x`` and its metadata ``[ndim, *shape, passed, hash]``, in one
-    fused round when small (the payload rides along) or a round and one payload
-    collective. The headers validate the flat run (dtype, device type, ``grad``,
-    ``requires_grad``, every local problem) before any payload moves; the ndim and the
-    passed shapes are checked from the gathered metadata, the same on every rank."""
-    flat: object = x
-    if isinstance(x, torch.Tensor) and call.record.problem is None:
-        flat = x.reshape(-1)
+    """The validated call through ``_fused`` (kind ``coalesced``, one tensor): every
+    rank's *carrier*, an ``(n, 1, 1)`` tensor of ``x``'s dtype holding its metadata words
+    ``[magic, ndim, *shape, passed, hash]`` then the flat run of ``x``, in the fused
+    round when it fits (the payload rides along), else the round and one gather of the
+    carriers. One tensor, so the wide round hands back its received buffer and every
+    rank's tensor is a view of it (two tensors would be joined with a copy each). The
+    headers validate the carrier (dtype, device type, ``grad``, ``requires_grad``,
+    every local problem) before any payload moves; the ndim and the passed shapes are
+    checked from the gathered metadata, the same on every rank."""
     checked = check_call(
-        flat,
+        x.reshape(-1) if isinstance(x, torch.Tensor) and call.record.problem is None else x,
         0,
         sizes=None,
         grad=grad,
@@ -223,28 +308,30 @@ def _fused_plan(
         timeout=timeout,
     )
     record = checked.record
+    carrier: object = x
+    if isinstance(x, torch.Tensor) and call.record.problem is None and record.problem is None:
+        carrier = _carrier(x, _meta_words(call.record.shape, call.extras))
+        own = check_call(
+            carrier, 0, sizes=None, grad=grad, transport="auto", info=info, validate=validate
+        )
+        record = replace(own.record, requires_grad=record.requires_grad)
     if requires_grad is not None:
         record = replace(record, requires_grad=requires_grad)
     if call.record.problem is not None:  # this family's own checks (the shapes), first
         record = replace(record, problem=call.record.problem)
-    # On x's device: the fused round packs both tensors' bytes together.
-    device = x.device if isinstance(x, torch.Tensor) else info.default_device()
-    meta = torch.tensor(
-        _meta_words(call.record.shape, call.extras), dtype=torch.int64, device=device
-    )
-    meta_call = check_call(
-        meta, 0, sizes=None, grad=grad, transport="auto", info=info, validate=validate
-    )
-    calls = [CheckedCall(record, None, checked.timeout), meta_call]
+    calls = [CheckedCall(record, None, checked.timeout)]
     try:
-        found = _fused.exchange("coalesced", calls, [flat, meta], info, eligible=True)
-        outputs = found.outputs
-        if outputs is None:
-            assert isinstance(flat, torch.Tensor)  # the headers validated
-            outputs = _fused.gather_bytes([flat, meta], found.layouts, info, "auto")
+        found = _fused.exchange("coalesced", calls, [carrier], info, eligible=True)
+        assert isinstance(carrier, torch.Tensor)  # the headers validated
+        if found.outputs is not None:
+            run = found.outputs[0].reshape(-1)
+        else:
+            lay = found.layouts[0]
+            run = choose_transport("auto", lay, info).gather(carrier, lay, info).reshape(-1)
     except VarGatherError as err:
         raise _renamed(err) from None
-    rows = [m.tolist() for m in torch.split(outputs[1], list(found.layouts[1].sizes))]
+    read = _read_carriers(run, found.layouts[0].sizes)
+    rows = [words[1:] for words, _ in read]
     ndims = [int(row[0]) for row in rows]
     agree(NAME, [(ShapeMismatchError, "ndim", list(ndims), repr)])
     shapes = tuple(
@@ -259,10 +346,9 @@ def _fused_plan(
             f"shapes on rank(s) {liars}",
             ranks=liars,
         )
-    pieces = torch.split(outputs[0], list(found.layouts[0].sizes))
     assert isinstance(x, torch.Tensor)  # validated
     assert isinstance(grad, str)
-    gathered = [p.view(s) for p, s in zip(pieces, shapes, strict=True)]
+    gathered = [p.view(s) for (_, p), s in zip(read, shapes, strict=True)]
     return GatherListPlan(shapes, info, grad, x.dtype, [gathered])
 
 

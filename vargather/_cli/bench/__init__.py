@@ -8,7 +8,7 @@ The package splits by job: ``_config`` (profiles, options, variant names), ``_me
 (timing and memory metering on the ranks), ``_variants`` (the shards, what each
 variant runs, how it is checked, the peers), ``_ranks`` (the rank programs, one cell
 each), ``_tables`` (markdown, the targets) and ``_plots``; this module is the parent
-side. Four parts, each optional (``--parts``):
+side. Five parts, each optional (``--parts``):
 
 large (1 MB to 64 MB, per size profile), forward
     ``limit``: ``all_gather_single`` (``all_gather_into_tensor``) of equal shards moving
@@ -46,11 +46,23 @@ peers (64 KiB to 16 MiB, rows of 64 float32, mild by default), forward, steady s
     result is checked equal to vargather's before it is timed; a peer that is not
     installed is skipped with a note. vargather's speed-up over the fastest peer is
     taken per burst and reported with its quartiles and range.
+family (64 KiB, 1 MiB, 16 MiB; even and mild; rows of 64 float32), steady state
+    per collective of the family, its baseline and vargather's call twice, sizes
+    unknown (validated) and known (``validate=False``): ``reduce_scatter_v(x, sizes)``
+    against one ``reduce_scatter_tensor`` of the equal split of the same input;
+    ``all_to_all_v(x, send_sizes)`` (and with ``recv_sizes``) against one
+    ``all_to_all_single`` with the same splits; ``all_gather_list(x)`` (and with
+    ``shapes``) against ``all_gather_v`` of the same tensors (validated; with the sizes
+    and ``validate=False`` for the known variant). Each vargather call's first result
+    is checked equal to the reference (the same splits through ``dist.reduce_scatter``,
+    ``all_to_all_single``, ``all_gather_v``) before it is timed; each ratio is taken per
+    burst against its baseline in the same repeat and reported with its quartiles and
+    range, with the collectives each call issues.
 
 Timing, large cells: each repeat times every variant once, in a rotated order, each
 after a barrier; a variant's time is the slowest rank's. Its ratio is its time over the
 limit's time in the same repeat, and the tables report the median ratio over the
-repeats, with their quartiles. Small, coalesced and peers cells: each repeat runs
+repeats, with their quartiles. Small, coalesced, peers and family cells: each repeat runs
 every variant as a *burst*, in a rotated order: one untimed call, a barrier, then ``--calls`` back-to-back timed calls; a
 variant's time is the slowest rank's burst time over ``--calls``, its ratio is taken
 against the limit's burst in the same repeat, and the median over (many) repeats is
@@ -106,7 +118,7 @@ from ._config import (
     split_rows,
 )
 from ._plots import plot
-from ._ranks import _rank_cell, _rank_coalesced, _rank_peers, _rank_small
+from ._ranks import _rank_cell, _rank_coalesced, _rank_family, _rank_peers, _rank_small
 from ._tables import _payload, evaluate_targets, markdown_report
 
 __all__ = [
@@ -184,6 +196,12 @@ def _run_world(world_size: int, cfg: BenchConfig, progress: Progress) -> dict[st
         jobs += [(f"W={w} {kb:g} KiB coalesced", _rank_coalesced, (cfg, kb)) for kb in cfg.small_kb]
     if "peers" in cfg.parts:
         jobs += [(f"W={w} {kb:g} KiB peers", _rank_peers, (cfg, kb)) for kb in cfg.peer_kb]
+    if "family" in cfg.parts:
+        jobs += [
+            (f"W={w} {kb:g} KiB {profile} family", _rank_family, (cfg, kb, profile))
+            for kb in cfg.family_kb
+            for profile in cfg.family_profiles
+        ]
     large = [
         (mb, profile) for mb in cfg.sizes_mb for profile in cfg.profiles if "large" in cfg.parts
     ]
@@ -192,11 +210,18 @@ def _run_world(world_size: int, cfg: BenchConfig, progress: Progress) -> dict[st
         for mb, profile in large
     ]
     timed = _pool_calls(w, cfg, progress, None, jobs) if jobs else []
-    out: dict[str, list[Any]] = {"small": [], "coalesced": [], "peers": [], "large": []}
+    out: dict[str, list[Any]] = {
+        "small": [],
+        "coalesced": [],
+        "peers": [],
+        "family": [],
+        "large": [],
+    }
     part_of: dict[object, str] = {
         _rank_small: "small",
         _rank_coalesced: "coalesced",
         _rank_peers: "peers",
+        _rank_family: "family",
     }
     for (_, fn, _), record in zip(jobs, timed, strict=True):
         part = part_of.get(fn, "large")
@@ -283,6 +308,7 @@ def main(argv: Sequence[str]) -> int:
     small: list[dict[str, Any]] = []
     coalesced: list[dict[str, Any]] = []
     peers: list[dict[str, Any]] = []
+    family: list[dict[str, Any]] = []
     try:
         for w in cfg.ranks:
             world = _run_world(w, cfg, progress)
@@ -290,20 +316,28 @@ def main(argv: Sequence[str]) -> int:
             small += world["small"]
             coalesced += world["coalesced"]
             peers += world["peers"]
+            family += world["family"]
     except BenchError as err:
         progress.close()
         print(f"vargather bench failed: {err}", file=sys.stderr)
         return 1
     finally:
         progress.close()
-    targets = evaluate_targets(cells, small, coalesced, peers)
-    report = markdown_report(cells, targets, small, coalesced, peers)
+    targets = evaluate_targets(cells, small, coalesced, peers, family)
+    report = markdown_report(cells, targets, small, coalesced, peers, family)
     _print_report(report)
     wrong = [
         f"{n} ({d}, W={c['world_size']}, {_payload(c)}, {c['profile']})"
         for c in [*cells, *small, *(c for c in coalesced if "forward" in c), *peers]
         for d in ("forward", "backward")
         for n, e in c.get(d, {}).items()
+        if not e["verified"]
+    ]
+    wrong += [
+        f"{n} ({op}, W={c['world_size']}, {_payload(c)}, {c['profile']})"
+        for c in family
+        for op, g in c["collectives"].items()
+        for n, e in g["forward"].items()
         if not e["verified"]
     ]
     document = {
@@ -315,6 +349,7 @@ def main(argv: Sequence[str]) -> int:
         "small": small,
         "coalesced": coalesced,
         "peers": peers,
+        "family": family,
         "targets": targets,
         "all_verified": not wrong,
     }
@@ -326,7 +361,7 @@ def main(argv: Sequence[str]) -> int:
             f.write(report)
     if args.plot:
         try:
-            plot(cells, args.plot, small, coalesced, peers)
+            plot(cells, args.plot, small, coalesced, peers, family)
         except ImportError:
             print(
                 "vargather bench: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr

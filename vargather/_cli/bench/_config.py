@@ -26,10 +26,19 @@ SCHEMA: Final = "vargather-bench/2"
 PROFILES: Final = ("even", "mild", "heavy", "empty")
 
 
-PARTS: Final = ("large", "small", "coalesced", "peers")
+PARTS: Final = ("large", "small", "coalesced", "peers", "family")
 PEER_SIZES_KB: Final = (64.0, 256.0, 1024.0, 4096.0, 16384.0)
 PEER_COLUMNS: Final = 64
 """float32 columns of the peers part's rows (256-byte rows, as the issue's figures)."""
+
+
+FAMILY_SIZES_KB: Final = (64.0, 1024.0, 16384.0)
+FAMILY_PROFILES: Final = ("even", "mild")
+FAMILY_COLUMNS: Final = 64
+"""float32 columns of the family part's rows (256-byte rows, as the peers part)."""
+FAMILY_COLLECTIVES: Final = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
+"""The family part's collectives, in their order; each is timed against its own
+baseline (``FAMILY_BASELINES``) in the same bursts."""
 
 
 ROW_ELEMENTS: Final = 256  # float32 elements per row: 1 KiB rows
@@ -113,6 +122,8 @@ class BenchConfig:
     small_profile: str = "even"
     small_repeats: int = 31
     calls: int = 20
+    family_kb: tuple[float, ...] = FAMILY_SIZES_KB
+    family_profiles: tuple[str, ...] = FAMILY_PROFILES
 
 
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
@@ -203,6 +214,20 @@ def _parser() -> argparse.ArgumentParser:
         help="small and coalesced parts: timed calls per burst (default 20)",
     )
     p.add_argument(
+        "--family-sizes",
+        type=_csv(float),
+        default=None,
+        help="family part: totals in KiB (reduce_scatter_v: each rank's input; "
+        "all_to_all_v: every rank's input together; all_gather_list: gathered) "
+        "(default 64,1024,16384)",
+    )
+    p.add_argument(
+        "--family-profiles",
+        type=_csv(str),
+        default=None,
+        help="family part: size profiles (default even,mild)",
+    )
+    p.add_argument(
         "--variants",
         type=_csv(str),
         default=None,
@@ -245,6 +270,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
             args.small_repeats if args.small_repeats is not None else (5 if quick else 31)
         ),
         calls=args.calls if args.calls is not None else (10 if quick else 20),
+        family_kb=args.family_sizes or ((64.0,) if quick else FAMILY_SIZES_KB),
+        family_profiles=args.family_profiles or FAMILY_PROFILES,
     )
     for w in cfg.ranks:
         if w < 2:
@@ -255,11 +282,15 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     for mb in cfg.sizes_mb:
         if not mb > 0:
             raise ValueError(f"--sizes: payloads must be > 0 MB, got {mb}")
-    for option, totals in (("--small-sizes", cfg.small_kb), ("--peer-sizes", cfg.peer_kb)):
+    for option, totals in (
+        ("--small-sizes", cfg.small_kb),
+        ("--peer-sizes", cfg.peer_kb),
+        ("--family-sizes", cfg.family_kb),
+    ):
         for kb in totals:
             if not kb > 0:
                 raise ValueError(f"{option}: totals must be > 0 KiB, got {kb}")
-    for prof in (*cfg.profiles, cfg.small_profile, cfg.peer_profile):
+    for prof in (*cfg.profiles, cfg.small_profile, cfg.peer_profile, *cfg.family_profiles):
         profile_shares(prof, 2)  # raises on an unknown name
     if cfg.repeats < 1 or cfg.warmup < 0 or cfg.small_repeats < 1 or cfg.calls < 1:
         raise ValueError("--repeats, --small-repeats and --calls must be >= 1 and --warmup >= 0")
@@ -335,4 +366,5 @@ def cell_count(cfg: BenchConfig) -> int:
     large = len(cfg.sizes_mb) * len(cfg.profiles) if "large" in cfg.parts else 0
     small = len(cfg.small_kb) * (("small" in cfg.parts) + ("coalesced" in cfg.parts))
     peers = len(cfg.peer_kb) if "peers" in cfg.parts else 0
-    return len(cfg.ranks) * (small + peers + large * (2 if cfg.memory else 1))
+    family = len(cfg.family_kb) * len(cfg.family_profiles) if "family" in cfg.parts else 0
+    return len(cfg.ranks) * (small + peers + family + large * (2 if cfg.memory else 1))

@@ -23,9 +23,12 @@ def plot(
     small: Sequence[dict[str, Any]] = (),
     coalesced: Sequence[dict[str, Any]] = (),
     peers: Sequence[dict[str, Any]] = (),
+    family: Sequence[dict[str, Any]] = (),
 ) -> None:
     """One panel per (direction, world size) and profile: ratio to the limit vs payload;
-    then per world size the small-payload sweep and the coalesced case vs total."""
+    then per world size the small-payload sweep and the coalesced case vs total; then
+    per world size one panel per family collective: its ratio to its baseline (median,
+    quartiles as error bars) vs total, sizes unknown and known, per profile."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -51,8 +54,9 @@ def plot(
     rows: list[tuple[str, int]] = [
         *((d, w) for d in ("forward", "backward") for w in worlds),
         *(("small", w) for w in small_worlds),
+        *(("family", w) for w in sorted({c["world_size"] for c in family})),
     ]
-    ncols = max(len(profiles), 3 if small_worlds else 1)
+    ncols = max(len(profiles), 3 if small_worlds or family else 1)
     fig, axes = plt.subplots(
         len(rows), ncols, figsize=(4.2 * ncols, 3.2 * len(rows)), squeeze=False
     )
@@ -96,6 +100,9 @@ def plot(
         for ax in axes[i]:
             ax.set_visible(False)
         last = i == len(rows) - 1 or rows[i + 1][0] != direction
+        if direction == "family":
+            _family_row(axes[i], [c for c in family if c["world_size"] == w], w, finish)
+            continue
         if direction == "small":
             panels = [
                 (sorted((c for c in small if c["world_size"] == w), key=_kb), "small payloads"),
@@ -163,3 +170,42 @@ def plot(
 
 def _kb(record: dict[str, Any]) -> float:
     return float(record["payload_kb"])
+
+
+def _family_row(axes: Any, cells: Sequence[dict[str, Any]], w: int, finish: Any) -> None:
+    """One panel per family collective: the median ratio to its baseline with its
+    quartiles, sizes unknown (solid) and known (dashed), one color per profile."""
+    ops = list(dict.fromkeys(op for c in cells for op in c["collectives"]))
+    profiles = list(dict.fromkeys(c["profile"] for c in cells))
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:red")
+    for j, op in enumerate(ops[: len(axes)]):
+        ax = axes[j]
+        ax.set_visible(True)
+        xs_all: list[float] = []
+        for k, prof in enumerate(profiles):
+            sel = sorted(
+                (c for c in cells if c["profile"] == prof and op in c["collectives"]), key=_kb
+            )
+            xs = [_kb(c) for c in sel]
+            xs_all += xs
+            for known, style in (("unknown", "-"), ("known", "--")):
+                r = [c["collectives"][op]["ratios"][known] for c in sel]
+                ys = [e["median"] for e in r]
+                lo = [y - e["q1"] for y, e in zip(ys, r, strict=True)]
+                hi = [e["q3"] - y for y, e in zip(ys, r, strict=True)]
+                err = [lo, hi]
+                ax.errorbar(
+                    xs,
+                    ys,
+                    yerr=err,
+                    fmt=style,
+                    marker="o",
+                    markersize=3,
+                    capsize=2,
+                    linewidth=1.4,
+                    color=colors[k % len(colors)],
+                    label=f"family: {prof}, sizes {known}",
+                )
+        ax.axhline(1.15, color="grey", linewidth=0.8, linestyle=":")
+        ax.axhline(1.0, color="grey", linewidth=0.5)
+        finish(ax, f"{op} / its baseline, W={w}", "total (KiB)", xs_all, j == 0, True)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     """A variant's untimed state: the backward's ``(x, out)``, nothing for the others."""
 from ._config import (
     CHANGING_VARIANT,
+    FAMILY_COLUMNS,
     FORCED_VARIANT,
     KNOWN_SIZES_VARIANT,
     PEER_COLUMNS,
@@ -32,6 +33,7 @@ from ._config import (
 )
 from ._meter import _all_true, _Burst, _measure, _measure_bursts, _measure_memory, spread
 from ._variants import (
+    FAMILY_BASELINES,
     _backward_variants,
     _Cell,
     _coalesced_shards,
@@ -42,6 +44,8 @@ from ._variants import (
     _selected,
     changing_sizes,
     coalesced_row_bytes,
+    family_groups,
+    family_same,
     peer_gathers,
     peer_shard,
 )
@@ -331,4 +335,84 @@ def _rank_peers(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, A
         "notes": notes,
         "forward": results,
         "speedup_vs_fastest_peer": _speedups(results, peers),
+    }
+
+
+def _paired(results: dict[str, dict[str, Any]], name: str, baseline: str) -> dict[str, Any]:
+    """Per burst, ``name``'s time over ``baseline``'s in the same repeat: its median,
+    quartiles and range."""
+    mine, base = results[name]["times_s"], results[baseline]["times_s"]
+    return spread([t / b for t, b in zip(mine, base, strict=True)])
+
+
+def _issued_per_call(call: Callable[[int], Any]) -> int | None:
+    """Collectives one steady-state call enters through ``vargather._comm`` (``None``
+    where this vargather cannot count them); every rank makes the call."""
+    from vargather import _comm
+
+    count = getattr(_comm, "collectives_issued", None)
+    if count is None:
+        return None
+    before = count()
+    call(0)
+    return int(count() - before)
+
+
+def _rank_family(ctx: RankContext, job: tuple[BenchConfig, float, str]) -> dict[str, Any] | None:
+    """Rank function of the family part: one (total KiB, profile) on this world, rows of
+    ``FAMILY_COLUMNS`` float32. Per collective (``_variants.family_groups``) its baseline
+    and vargather's validated and known-sizes calls, timed in the same rotated bursts;
+    each vargather call's first result is checked equal to the reference (a collective
+    with the same splits) before anything is timed. Rank 0 returns the record."""
+    import torch
+
+    torch.set_num_threads(1)
+    cfg, kb, profile = job
+    rank, w = ctx.rank, ctx.world_size
+    shares = profile_shares(profile, w)
+    collectives: dict[str, Any] = {}
+    for group in family_groups(rank, w, kb, shares, FAMILY_COLUMNS):
+        notes: dict[str, str] = {}
+        via = "all_gather_v" if group.collective == "all_gather_list" else "torch.distributed"
+        for burst in group.bursts:
+            if not burst.name.startswith("vargather"):
+                continue
+            first = _all_true(family_same(burst.call(0), group.reference))  # every rank
+            if not first:
+                notes[burst.name] = (
+                    f"its first result differed from the reference (the same splits through {via})"
+                )
+        results = _measure_bursts(group.bursts, cfg.small_repeats, cfg.calls, max(cfg.warmup, w))
+        for name in notes:
+            results[name]["verified"] = False
+        for burst in group.bursts:
+            if burst.name != "limit" or group.collective == "all_gather_list":
+                results[burst.name]["collectives_per_call"] = _issued_per_call(burst.call)
+        collectives[group.collective] = {
+            "baseline": FAMILY_BASELINES[group.collective],
+            "known_baseline": (
+                FAMILY_BASELINES[group.collective]
+                if group.known_baseline == "limit"
+                else group.known_baseline
+            ),
+            **group.shapes,
+            "notes": notes,
+            "forward": results,
+            "ratios": {
+                "unknown": _paired(results, "vargather", "limit"),
+                "known": _paired(results, "vargather+sizes", group.known_baseline),
+            },
+        }
+    if rank != 0:
+        return None
+    return {
+        "world_size": w,
+        "payload_kb": kb,
+        "profile": profile,
+        "shares": list(shares),
+        "columns": FAMILY_COLUMNS,
+        "element_bytes": 4,
+        "calls_per_burst": cfg.calls,
+        "malloc_env": malloc_environment(),
+        "collectives": collectives,
     }

@@ -200,16 +200,96 @@ def _peer_tables(peers: Sequence[dict[str, Any]]) -> list[str]:
     return parts
 
 
+FAMILY_TARGET: Final = 1.15
+"""The issue's bound on every family ratio, sizes known and unknown."""
+
+
+def _issued(entry: dict[str, Any]) -> str:
+    n = entry.get("collectives_per_call")
+    return "?" if n is None else str(n)
+
+
+def family_tables(family: Sequence[dict[str, Any]]) -> list[str]:
+    """The family part: per cell and collective, vargather's time over its baseline's,
+    sizes unknown and known, each with its spread over the bursts."""
+    if not family:
+        return []
+    rows: list[list[str]] = []
+    for c in family:
+        for op, g in c["collectives"].items():
+            f = g["forward"]
+            marks = {
+                k: "" if f[n]["verified"] else " WRONG"
+                for k, n in (("unknown", "vargather"), ("known", "vargather+sizes"))
+            }
+            rows.append(
+                [
+                    str(c["world_size"]),
+                    f"{c['payload_kb']:g}",
+                    c["profile"],
+                    op,
+                    f"{f['limit']['median_ms'] * 1e3:.0f}",
+                    _fmt_spread(g["ratios"]["unknown"]) + marks["unknown"],
+                    _fmt_spread(g["ratios"]["known"]) + marks["known"],
+                    f"{_issued(f['vargather'])} / {_issued(f['vargather+sizes'])}",
+                ]
+            )
+    head = [
+        "W",
+        "KiB",
+        "profile",
+        "collective",
+        "baseline µs/call",
+        "sizes unknown",
+        "sizes known",
+        "collectives",
+    ]
+    c0 = family[0]
+    g0 = next(iter(c0["collectives"].values()))
+    parts = [
+        "**family**, steady state, rows of "
+        f"{c0['columns']} float32 columns: median over "
+        f"{len(g0['forward']['limit']['times_s'])} bursts of {c0['calls_per_burst']} "
+        "calls of the per-burst ratio of vargather's time to its baseline's in the same "
+        "repeat: median (quartiles; range); lower is better, the issue's target is "
+        f"{FAMILY_TARGET:.2f}x. `reduce_scatter_v(x, sizes)` against one "
+        "`reduce_scatter_tensor` of the same input cut into equal blocks (gloo runs it); "
+        "`all_to_all_v(x, send_sizes)` against one `all_to_all_single` with the same "
+        "splits; `all_gather_list(x)` against `all_gather_v(x)` of the same tensors. "
+        "sizes unknown: validated (the sizes exchanged and checked; all_to_all_v "
+        "without `recv_sizes`, all_gather_list without `shapes`); sizes known: the sizes "
+        "passed with `validate=False` (all_gather_list's baseline then "
+        "`all_gather_v(x, sizes=..., validate=False)`). collectives: what one call issues "
+        "through vargather (unknown / known); the baseline is one. KiB: reduce_scatter_v's "
+        "input on every rank, all_to_all_v's inputs together, all_gather_list's output. "
+        "Every vargather result was checked equal to the same splits through "
+        "`dist.reduce_scatter`, `all_to_all_single` or `all_gather_v` before it was "
+        "timed\n\n" + _table(head, rows)
+    ]
+    notes = sorted(
+        {
+            f"{op} {n}: {t}"
+            for c in family
+            for op, g in c["collectives"].items()
+            for n, t in g.get("notes", {}).items()
+        }
+    )
+    parts += [f"**family**: {n}" for n in notes]
+    return parts
+
+
 def markdown_report(
     cells: Sequence[dict[str, Any]],
     targets: Sequence[dict[str, Any]],
     small: Sequence[dict[str, Any]] = (),
     coalesced: Sequence[dict[str, Any]] = (),
     peers: Sequence[dict[str, Any]] = (),
+    family: Sequence[dict[str, Any]] = (),
 ) -> str:
-    """The tables: the small, coalesced and peers parts, the large part's forward and
-    backward ratios (median and quartiles) and peak extra memory, the targets."""
-    parts: list[str] = _small_tables(small, coalesced) + _peer_tables(peers)
+    """The tables: the small, coalesced, peers and family parts, the large part's
+    forward and backward ratios (median and quartiles) and peak extra memory, the
+    targets."""
+    parts: list[str] = _small_tables(small, coalesced) + _peer_tables(peers) + family_tables(family)
     for direction in ("forward", "backward") if cells else ():
         cols = _columns(cells, direction)
         head = ["W", "MB", "profile", "floor", "auto ->", *(_short(n) for n in cols)]
@@ -298,10 +378,12 @@ def evaluate_targets(
     small: Sequence[dict[str, Any]] = (),
     coalesced: Sequence[dict[str, Any]] = (),
     peers: Sequence[dict[str, Any]] = (),
+    family: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """The issue's targets, one verdict per cell: ``vargather:auto`` in the large part,
     validated gathers from 4 KiB up in the small part (fixed and changing sizes), the
-    coalesced gather, and vargather's speed-up over the fastest peer."""
+    coalesced gather, vargather's speed-up over the fastest peer, and every family
+    collective against its baseline (sizes unknown and known)."""
     out: list[dict[str, Any]] = []
 
     def add(
@@ -354,6 +436,19 @@ def evaluate_targets(
                 1.5,
                 (up["q1"], up["q3"]),
             )
+    for c in family:
+        for op, g in c["collectives"].items():
+            for known, label in (("unknown", ""), ("known", "+sizes")):
+                r = g["ratios"][known]
+                base = g["baseline"] if known == "unknown" else g["known_baseline"]
+                add(
+                    c,
+                    f"family {op}{label} / {base}",
+                    r["median"],
+                    "<=",
+                    FAMILY_TARGET,
+                    (r["q1"], r["q3"]),
+                )
     for c in coalesced:
         f = c.get("forward", {})
         if "coalesced" not in f:

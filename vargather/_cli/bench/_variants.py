@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 if TYPE_CHECKING:
     import torch
+
+    from ._meter import _Burst
 
     _State: TypeAlias = tuple[torch.Tensor, torch.Tensor] | None
     """A variant's untimed state: the backward's ``(x, out)``, nothing for the others."""
@@ -22,6 +24,7 @@ from ._config import (
     ROW_ELEMENTS,
     BenchConfig,
     forward_transports,
+    split_rows,
 )
 
 # --- the rank side ---------------------------------------------------------------------------------
@@ -312,3 +315,183 @@ def peer_gathers() -> dict[str, Callable[[torch.Tensor], torch.Tensor] | str]:
 def peer_shard(rank: int, rows: int, columns: int) -> torch.Tensor:
     """Rank ``rank``'s shard of the peers part: ``rows x columns`` float32."""
     return _pattern(0, rows * columns, 7, 13 * rank, 23).view(rows, columns)
+
+
+# --- the family part: reduce_scatter_v, all_to_all_v, all_gather_list ----------------------
+
+
+FAMILY_BASELINES: Final = {
+    "reduce_scatter_v": "reduce_scatter_tensor",
+    "all_to_all_v": "all_to_all_single",
+    "all_gather_list": "all_gather_v",
+}
+"""What each family collective is timed against (the variant ``limit`` of its group)."""
+
+
+@dataclass
+class FamilyGroup:
+    """One collective of a family cell on one rank: its bursts (``limit`` is the
+    baseline), the baseline of the known-sizes variant, and ``reference``: the
+    result a torch (or vargather) collective with the same splits gives, which each
+    vargather variant's first call must equal before it is timed."""
+
+    collective: str
+    bursts: list[_Burst]
+    known_baseline: str
+    reference: object
+    shapes: dict[str, object]
+
+
+def family_same(out: object, expected: object) -> bool:
+    """``out`` equals ``expected`` bit for bit: tensors, or lists of tensors (the
+    same length, each equal)."""
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        return isinstance(out, torch.Tensor) and _same(out, expected)
+    assert isinstance(expected, (list, tuple))  # all_gather_list's result
+    return (
+        isinstance(out, (list, tuple))
+        and len(out) == len(expected)
+        and all(
+            isinstance(o, torch.Tensor) and _same(o, e) for o, e in zip(out, expected, strict=True)
+        )
+    )
+
+
+def family_shard(rank: int, first_row: int, rows: int, columns: int) -> torch.Tensor:
+    """Rows ``[first_row, first_row + rows)`` of rank ``rank``'s family input
+    (``columns`` float32 columns; small integers, so every sum is exact)."""
+    start = first_row * columns
+    return _pattern(start, rows * columns, 7, 13 * rank, 23).view(rows, columns)
+
+
+def _block_sum(w: int, first_row: int, rows: int, columns: int) -> torch.Tensor:
+    total = family_shard(0, first_row, rows, columns)
+    for j in range(1, w):
+        total = total + family_shard(j, first_row, rows, columns)
+    return total
+
+
+def family_groups(
+    rank: int, w: int, kb: float, shares: Sequence[float], columns: int
+) -> list[FamilyGroup]:
+    """The three collectives of a family cell (``kb`` KiB, rows of ``columns`` float32,
+    split by ``shares``), each with its baseline, on rank ``rank`` of ``w``.
+
+    ``reduce_scatter_v``: every rank's input holds ``kb`` (``T`` rows, a multiple of
+    ``W``), cut by ``shares``; the baseline is one ``reduce_scatter_tensor`` of the same
+    input cut into equal blocks. ``all_to_all_v``: every rank sends ``kb / W`` (``R``
+    rows) cut by ``shares`` (rank ``r`` receives share ``r`` of every rank's rows); the
+    baseline is one ``all_to_all_single`` with the same splits. ``all_gather_list``:
+    rank ``r`` holds share ``r`` of ``kb`` (``n_r x columns``); the baselines are
+    ``all_gather_v`` of the same tensors (validated, and with the sizes passed and
+    ``validate=False`` for the known-sizes variant). vargather's functions are looked up
+    on the module at every call (a test can stand in a wrong one).
+    """
+    import torch
+    import torch.distributed as dist
+
+    import vargather
+
+    from ._meter import _Burst  # here: _meter imports this module
+
+    row_bytes = 4 * columns
+    reduce_scatter_single = (
+        getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    )
+
+    def same(expected: object) -> Callable[[int, object], bool]:
+        return lambda _, out: family_same(out, expected)
+
+    # reduce_scatter_v
+    t = w * max(1, round(kb * 1024 / (row_bytes * w)))
+    sizes = split_rows(t, shares)
+    offsets = [sum(sizes[:r]) for r in range(w)]
+    x = family_shard(rank, 0, t, columns)
+    eq = t // w
+    rs_limit_want = _block_sum(w, rank * eq, eq, columns)
+    rs_want = _block_sum(w, offsets[rank], sizes[rank], columns)
+    rs_reference = x.new_empty((sizes[rank], columns))
+    dist.reduce_scatter(rs_reference, list(torch.split(x, sizes)))
+
+    def rs_limit(_: int) -> torch.Tensor:
+        out = x.new_empty((eq, columns))
+        reduce_scatter_single(out, x)
+        return out
+
+    rs = FamilyGroup(
+        "reduce_scatter_v",
+        [
+            _Burst("limit", rs_limit, same(rs_limit_want)),
+            _Burst("vargather", lambda _: vargather.reduce_scatter_v(x, sizes), same(rs_want)),
+            _Burst(
+                "vargather+sizes",
+                lambda _: vargather.reduce_scatter_v(x, sizes, validate=False),
+                same(rs_want),
+            ),
+        ],
+        "limit",
+        rs_reference,
+        {"rows": t, "sizes": sizes, "baseline_rows": [eq] * w},
+    )
+
+    # all_to_all_v
+    per_rank = max(1, round(kb * 1024 / (row_bytes * w)))
+    send = split_rows(per_rank, shares)
+    recv = [send[rank]] * w
+    starts = [sum(send[:r]) for r in range(w)]
+    xa = family_shard(rank, 0, per_rank, columns)
+    a2a_want = torch.cat([family_shard(j, starts[rank], send[rank], columns) for j in range(w)])
+    a2a_reference = xa.new_empty((sum(recv), columns))
+    dist.all_to_all_single(a2a_reference, xa, recv, send)
+
+    def a2a_limit(_: int) -> torch.Tensor:
+        out = xa.new_empty((sum(recv), columns))
+        dist.all_to_all_single(out, xa, recv, send)
+        return out
+
+    a2a = FamilyGroup(
+        "all_to_all_v",
+        [
+            _Burst("limit", a2a_limit, same(a2a_want)),
+            _Burst("vargather", lambda _: vargather.all_to_all_v(xa, send), same(a2a_want)),
+            _Burst(
+                "vargather+sizes",
+                lambda _: vargather.all_to_all_v(xa, send, recv_sizes=recv, validate=False),
+                same(a2a_want),
+            ),
+        ],
+        "limit",
+        a2a_reference,
+        {"rows_per_rank": per_rank, "send_sizes": send},
+    )
+
+    # all_gather_list
+    rows = split_rows(t, shares)
+    xl = family_shard(rank, 0, rows[rank], columns)
+    pieces = [family_shard(r, 0, n, columns) for r, n in enumerate(rows)]
+    cat_want = torch.cat(pieces)
+    shapes = [(n, columns) for n in rows]
+    list_reference = list(torch.split(vargather.all_gather_v(xl), rows))
+    lst = FamilyGroup(
+        "all_gather_list",
+        [
+            _Burst("limit", lambda _: vargather.all_gather_v(xl), same(cat_want)),
+            _Burst(
+                "all_gather_v+sizes",
+                lambda _: vargather.all_gather_v(xl, sizes=rows, validate=False),
+                same(cat_want),
+            ),
+            _Burst("vargather", lambda _: vargather.all_gather_list(xl), same(pieces)),
+            _Burst(
+                "vargather+sizes",
+                lambda _: vargather.all_gather_list(xl, shapes=shapes, validate=False),
+                same(pieces),
+            ),
+        ],
+        "all_gather_v+sizes",
+        list_reference,
+        {"rows": t, "sizes": rows},
+    )
+    return [rs, a2a, lst]
