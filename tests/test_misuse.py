@@ -31,6 +31,7 @@ from vargather.testing import (
     RankPool,
     assert_bitwise_equal,
     bitwise_difference,
+    family,
     get_pool,
 )
 
@@ -102,6 +103,110 @@ def test_misuse_raises_the_same_error_on_every_rank(
     assert_usable(pool, generation)
 
 
+# --- the family: reduce_scatter_v, all_to_all_v, all_gather_list --------------------
+
+
+def _family_case(misuse: fns.FamilyMisuse, w: int, o: int) -> Any:
+    # A rank that never arrives costs a timeout and a rebuilt world: one per
+    # collective (3 ranks, the middle one absent) in the default run, the rest slow.
+    slow = misuse.absent and (w, o) != (3, 1)
+    return pytest.param(
+        misuse,
+        w,
+        o,
+        id=f"{misuse.name}-W{w}-offender{o}",
+        marks=[pytest.mark.slow] if slow else [],
+    )
+
+
+FAMILY_CASES = [
+    _family_case(m, w, o) for m in fns.FAMILY_CATALOGUE for w in (2, 3) for o in range(w)
+]
+
+
+def assert_timed_out(
+    outcomes: Sequence[RankOutcome[Any]],
+    absent: int,
+    error: type[vargather.VarGatherError],
+    fragments: Sequence[str],
+    blamed: Sequence[int],
+) -> None:
+    """The absent rank returned at once; every other rank raised exactly ``error`` (the
+    named timeout: its message says where that rank waited, so it differs per rank)
+    naming the absent rank."""
+    assert outcomes[absent].ok
+    assert outcomes[absent].value is None
+    for o in outcomes:
+        if o.rank == absent:
+            continue
+        assert type(o.exception) is error, f"rank {o.rank}: {o.exc_type_name}: {o.exception}"
+        assert isinstance(o.exception, vargather.VarGatherError)
+        assert o.exception.ranks == tuple(blamed), (o.exception.ranks, str(o.exception))
+        message = str(o.exception)
+        missing = [f for f in fragments if f not in message]
+        assert not missing, f"rank {o.rank}: {missing} not in the message: {message}"
+        assert f"on rank {o.rank} of {len(outcomes)} timed out" in message, message
+
+
+def valid_family_case(collective: str, world_size: int, seed: int = 5) -> Any:
+    """A correct call of ``collective`` with gradients, as the family's property
+    suite models it (``vargather.testing.family``), judged against the oracle."""
+    w = world_size
+    if collective == "reduce_scatter_v":
+        return family.ReduceScatterCase(w, tuple(fns.rs_sizes(w)), (2,), -1, "float64", seed=seed)
+    if collective == "all_to_all_v":
+        send = tuple(tuple(fns.a2a_send(w, r)) for r in range(w))
+        return family.AllToAllCase(w, send, (3,), 0, "float64", seed=seed, pass_recv=True)
+    shapes = tuple(fns.list_shape(r) for r in range(w))
+    return family.GatherListCase(w, shapes, "float64", seed=seed, pass_shapes=True)
+
+
+def assert_family_usable(pool: RankPool, collective: str, generation: int) -> None:
+    """The next correct call of the same collective works, forward and gradient bit
+    for bit against the oracle, on the world of ``generation``."""
+    assert family.check_case(pool, valid_family_case(collective, pool.world_size)) == []
+    assert pool.generation == generation, "the pool rebuilt its process group"
+
+
+@pytest.mark.parametrize(("misuse", "world_size", "offender"), FAMILY_CASES)
+def test_family_misuse_raises_the_same_error_on_every_rank(
+    misuse: fns.FamilyMisuse, world_size: int, offender: int
+) -> None:
+    pool = get_pool(world_size)
+    generation = pool.generation
+    outcomes = pool.run_outcomes(fns.run_family, misuse.build(world_size, offender))
+    fragments = misuse.fragments(world_size, offender)
+    blamed = misuse.blamed_ranks(world_size, offender)
+    if misuse.absent:
+        try:
+            assert_timed_out(outcomes, offender, misuse.error, fragments, blamed)
+        finally:  # the timed-out group is out of step: the world is rebuilt
+            pool.restart()
+        generation = pool.generation
+    else:
+        assert_same_error(outcomes, misuse.error, fragments, blamed)
+    assert_family_usable(pool, misuse.collective, generation)
+
+
+def test_family_catalogue_covers_every_collective() -> None:
+    names = [m.name for m in fns.FAMILY_CATALOGUE]
+    assert len(names) == len(set(names))
+    assert not set(names) & {m.name for m in fns.CATALOGUE}
+    for collective in fns.FAMILY:
+        entries = [m for m in fns.FAMILY_CATALOGUE if m.collective == collective]
+        assert sum(m.absent for m in entries) == 1, collective
+        kinds = {m.error for m in entries}
+        assert vargather.DTypeMismatchError in kinds
+        assert vargather.ShapeMismatchError in kinds
+        assert vargather.RequiresGradMismatchError in kinds
+        assert vargather.InputTypeError in kinds
+        assert vargather.SizesError in kinds
+        assert vargather.CollectiveTimeoutError in kinds
+    for m in fns.FAMILY_CATALOGUE:
+        assert issubclass(m.error, vargather.VarGatherError)
+        assert m.error.__module__ == "vargather"
+
+
 def test_the_catalogue_is_what_the_docs_count() -> None:
     names = [m.name for m in fns.CATALOGUE]
     assert len(names) == len(set(names))
@@ -110,6 +215,12 @@ def test_the_catalogue_is_what_the_docs_count() -> None:
     assert f"**{len(fns.CATALOGUE)} misuse classes** on every rank" in doc
     for name in names:
         assert f"`{name}`" in doc, f"{name} is not in docs/misuse.md"
+    family_names = [m.name for m in fns.FAMILY_CATALOGUE]
+    assert f"**{len(family_names)} misuse classes of the family** on every rank" in doc
+    for name in family_names:
+        assert f"`{name}`" in doc, f"{name} is not in docs/misuse.md"
+    cases = len(CASES) + len(FAMILY_CASES)
+    assert f"({cases} cases)" in doc
 
 
 def test_every_error_class_of_the_catalogue_subclasses_a_builtin() -> None:
