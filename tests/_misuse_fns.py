@@ -948,6 +948,12 @@ def _list_shapes_lie(w: int, o: int) -> list[list[int]]:
     return lie
 
 
+def _list_shapes_extra_dim(w: int, o: int) -> list[list[int]]:
+    lie = list_shapes(w)
+    lie[(o + 1) % w] = [*lie[(o + 1) % w], 7]
+    return lie
+
+
 def _absent_fragments(what: str) -> Callable[[int, int], tuple[str, ...]]:
     return lambda w, o: (
         what,
@@ -1231,8 +1237,21 @@ FAMILY_CATALOGUE: Final[tuple[FamilyMisuse, ...]] = (
         lambda w, o: (
             f"shapes passed on rank(s) [{o}] contradict the tensors",
             f"expected shapes={list_shapes(w)}",
+            f"got rank {o} passed shapes={_list_shapes_lie(w, o)}",
         ),
         good=lambda r, w: _list(r, w, shapes=list_shapes(w)),
+    ),
+    _list_entry(
+        "list-shapes-lie-about-ndim",
+        "shapes gives a peer one more dimension than its tensor has, on one rank",
+        vargather.SizesMismatchError,
+        lambda r, w: _list(r, w, shapes=_list_shapes_extra_dim(w, r)),
+        lambda w, o: (
+            f"shapes passed on rank(s) [{o}] contradict the tensors",
+            f"expected shapes={list_shapes(w)}",
+            f"got rank {o} passed shapes=[",
+            f"{list_shapes(w)[(o + 1) % w]} + 1 more dims",
+        ),
     ),
     _list_entry(
         "list-shapes-wrong-own-entry",
