@@ -10,7 +10,9 @@ the same descriptions.
 ``CATALOGUE`` lists the misuse classes: each entry builds the scenario for a world
 size and an offending rank, and states the error class every rank must raise and the
 fragments its message must contain (the offending rank, what was expected, what was
-got). The pool pickles ``fn`` by reference, so everything the ranks call lives at
+got). ``FAMILY_CATALOGUE`` does the same for ``reduce_scatter_v``, ``all_to_all_v``
+and ``all_gather_list`` (a ``FamilyScenario`` of ``FamilyArgs``, run by ``run_family``).
+The pool pickles ``fn`` by reference, so everything the ranks call lives at
 module level here.
 """
 
