@@ -22,6 +22,7 @@ import importlib
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -458,3 +459,107 @@ def _fuzz_multirank() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# --- the fuzz judge of the family, both ways -----------------------------------------
+
+
+def _a2a_honest_resend(mod: Any) -> Any:
+    """3 ranks, receive sizes passed everywhere; rank 0 changes its plan honestly (a new
+    send row and a tensor that fits it), so the receive sizes ranks 1 and 2 passed,
+    true of the call all meant to make, now contradict rank 0's send sizes."""
+    send = [[1, 0, 2], [0, 2, 1], [2, 1, 0]]
+    calls = []
+    for r in range(3):
+        recv = [send[j][r] for j in range(3)]
+        row = [1, 2, 0] if r == 0 else send[r]
+        x = mod.TensorSpec((sum(row), 2), "float32")
+        calls.append(mod.FamilyArgs(x, sizes=row, recv_sizes=recv))
+    return mod.FamilyScenario("all_to_all_v", tuple(calls))
+
+
+def _list_honest_reshape(mod: Any) -> Any:
+    """2 ranks, shapes passed on both; rank 1 holds another tensor and says so in its own
+    shapes, so rank 0's (once true) shapes are now the lie."""
+    before, after = [[2, 3], [0, 1]], [[2, 3], [4, 1]]
+    calls = (
+        mod.FamilyArgs(mod.TensorSpec((2, 3)), shapes=before),
+        mod.FamilyArgs(mod.TensorSpec((4, 1)), shapes=after),
+    )
+    return mod.FamilyScenario("all_gather_list", calls)
+
+
+def test_family_fuzz_judge_accepts_an_honest_rank_blamed_for_a_peers_change() -> None:
+    """The subtlety of the family's judge: a mutated rank can make an unmutated rank's
+    passed values wrong. vargather blames the ranks whose passed values contradict the
+    others (here the unmutated ones), and the judge accepts exactly that: the blamed
+    ranks name the mutated rank. With no rank mutated, the same refusal is a defect."""
+    fuzz = _fuzz_multirank()
+    for build, liars, changed in [(_a2a_honest_resend, (1, 2), 0), (_list_honest_reshape, (0,), 1)]:
+        scenario = build(fns)
+        pool = get_pool(scenario.world_size)
+        generation = pool.generation
+        outcomes = pool.run_outcomes(fns.run_family, scenario)
+        judged = build(fuzz.fns)  # the same scenario, of the fuzz module's own import
+        assert fuzz.family_verdict(judged) == ("SizesMismatchError", liars)
+        assert fuzz.judge_family(judged, outcomes, (changed,)) == "refused"
+        assert all(o.exception.ranks == liars for o in outcomes)  # type: ignore[union-attr]
+        with pytest.raises(AssertionError, match="none mutated"):
+            fuzz.judge_family(judged, outcomes, ())
+        assert_family_usable(pool, scenario.collective, generation)
+
+
+def _raised(error: vargather.VarGatherError, world_size: int) -> list[RankOutcome[Any]]:
+    return [
+        RankOutcome(r, exception=error, exc_type_name=f"vargather.{type(error).__name__}")
+        for r in range(world_size)
+    ]
+
+
+def test_family_fuzz_judge_refuses_every_wrong_outcome() -> None:
+    """Each way an outcome can be wrong is refused: a valid call refused, a call
+    refused on some ranks only, different messages, another class, other ranks
+    blamed, a wrong answer accepted, and a local problem told as a mismatch."""
+    fuzz = _fuzz_multirank()
+    m = fuzz.fns
+    rs = [m.FamilyArgs(m.TensorSpec((3, 2)), sizes=[1, 2]) for _ in range(2)]
+    valid = m.FamilyScenario("reduce_scatter_v", tuple(rs))
+    right = fuzz.fns.family_expected(valid)
+    ok = [RankOutcome(r, value=right[r]) for r in range(2)]
+    assert fuzz.judge_family(valid, ok, (1,)) == "harmless"
+    wrong = [RankOutcome(0, value=right[0]), RankOutcome(1, value=right[1] + 1)]
+    with pytest.raises(AssertionError):
+        fuzz.judge_family(valid, wrong, (1,))
+    with pytest.raises(AssertionError, match="a valid call was refused"):
+        fuzz.judge_family(valid, _raised(vargather.SizesError("x", ranks=[1]), 2), (1,))
+
+    dtype = m.FamilyScenario(
+        "reduce_scatter_v", (rs[0], replace(rs[1], x=m.TensorSpec((3, 2), "int32")))
+    )
+    assert fuzz.family_verdict(dtype) == ("DTypeMismatchError", (0, 1))  # a tie of two
+    message = "reduce_scatter_v: dtype differs across ranks: rank 0 ... rank 1"
+    good = _raised(vargather.DTypeMismatchError(message, ranks=[0, 1]), 2)
+    assert fuzz.judge_family(dtype, good, (1,)) == "refused"
+    cases = {
+        "on every rank": [good[0], RankOutcome(1, value=right[1])],
+        "different messages": [
+            good[0],
+            _raised(vargather.DTypeMismatchError(message + ".", ranks=[0, 1]), 2)[1],
+        ],
+        "expected DTypeMismatchError": _raised(
+            vargather.ShapeMismatchError(message, ranks=[0, 1]), 2
+        ),
+        "to blame": _raised(vargather.DTypeMismatchError(message, ranks=[1]), 2),
+    }
+    for why, outcomes in cases.items():
+        with pytest.raises(AssertionError, match=why):
+            fuzz.judge_family(dtype, outcomes, (1,))
+
+    local = m.FamilyScenario("reduce_scatter_v", (rs[0], replace(rs[1], sizes=[1, 1])))
+    assert fuzz.family_verdict(local) == ("local", (1,))
+    told = "reduce_scatter_v: invalid arguments on rank(s) [1]: rank 1: expected sum(sizes) == 3"
+    assert fuzz.judge_family(local, _raised(vargather.SizesError(told, ranks=[1]), 2), (1,))
+    with pytest.raises(AssertionError, match="own problem"):
+        fuzz.judge_family(local, _raised(vargather.SizesMismatchError(told, ranks=[1]), 2), (1,))
+    with pytest.raises(AssertionError, match="none mutated"):
+        fuzz.judge_family(local, _raised(vargather.SizesError(told, ranks=[1]), 2), (0,))
