@@ -19,7 +19,23 @@ Each example is one of
   every rank returns the oracle's answer (the mutation was harmless, e.g. ``dim=-1``
   for ``dim=1``), or every rank raises the same ``VarGatherError`` subclass with the
   same message, naming ranks that were mutated (for local problems and sizes lies) and
-  no rank aborts or hangs; then the same process group must still gather correctly.
+  no rank aborts or hangs; then the same process group must still gather correctly;
+* a **valid family call** (``reduce_scatter_v``, ``all_to_all_v``, ``all_gather_list``)
+  drawn by the family's property strategies (``vargather.testing.family``: every gloo
+  dtype, any ``dim``, empty blocks, subgroups, sizes or shapes known), judged by the
+  kit's ``check_case`` (forward and gradients bit for bit against ``vargather.oracle``);
+* a **mutated family call**: a valid base call (``family_bases``) with one rank's
+  arguments changed by one kind drawn per collective (``FAMILY_MUTATIONS``: sizes,
+  send sizes, receive sizes, dtype, shape, ``dim``, gradient, shapes, the input). An
+  independent verdict from the raw arguments (``family_verdict``) says what must
+  happen, and ``judge_family`` accepts exactly that: every rank the oracle's answer
+  for a valid call; else every rank the same ``VarGatherError`` subclass and message,
+  of the predicted class (any local one for a rank's own problem), blaming exactly the
+  predicted ranks: the odd ones out by majority (both of two on a tie), the ranks with
+  local problems, or the ranks whose passed receive sizes or shapes contradict the
+  others, which may be unmutated ranks made wrong by a mutated peer that changed its
+  send sizes or its tensor honestly. Then the same group runs a correct call of the
+  same collective.
 
 Failures are shrunk by Hypothesis and saved in the example database (``--db``,
 default ``.hypothesis/fuzz``); the next run replays them first. Prints the examples
@@ -31,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import sys
 import time
@@ -375,9 +392,18 @@ def check_valid(case: GatherCase) -> None:
 # --- the family: reduce_scatter_v, all_to_all_v, all_gather_list --------------------------
 
 FAMILY_MUTATIONS: dict[str, tuple[str, ...]] = {
-    "reduce_scatter_v": ("sizes", "dtype", "shape", "dim", "grad", "input"),
-    "all_to_all_v": ("send_sizes", "recv_sizes", "dtype", "shape", "dim", "grad", "input"),
-    "all_gather_list": ("dtype", "shape", "grad", "shapes", "input"),
+    "reduce_scatter_v": ("sizes", "dtype", "shape", "dim", "grad", "input", "options"),
+    "all_to_all_v": (
+        "send_sizes",
+        "recv_sizes",
+        "dtype",
+        "shape",
+        "dim",
+        "grad",
+        "input",
+        "options",
+    ),
+    "all_gather_list": ("dtype", "shape", "grad", "shapes", "input", "options"),
 }
 """What the mutated rank of a family call changes, per collective."""
 
@@ -512,7 +538,28 @@ def mutate_family(
     if kind == "input":
         odd = [None, [1.0, 2.0], fns.TensorSpec(()), fns.TensorSpec((2, 2), layout="sparse")]
         return replace(call, x=draw(st.sampled_from(odd)))
+    if kind == "options":  # validate=False is not fuzzed (it trusts the caller by design)
+        if draw(st.booleans()):
+            return replace(call, validate=draw(odd_values.filter(lambda v: v is not False)))
+        # a valid timeout on one rank is harmless when generous (a short one is a fault)
+        return replace(
+            call, timeout=draw(st.one_of(st.floats(5, 60), odd_values.filter(_not_a_short_timeout)))
+        )
     raise AssertionError(kind)
+
+
+def _timeout_ok(value: object) -> bool:
+    """``timeout=`` as vargather accepts it: ``None``, or seconds (a number or a
+    ``timedelta``, not a bool) from 1 ms to 1e9 s."""
+    if value is None:
+        return True
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value) if abs(value) < 1e300 else math.inf
+    else:
+        return False
+    return math.isfinite(seconds) and 1e-3 <= seconds <= 1e9
 
 
 @st.composite
@@ -544,6 +591,8 @@ def _local_ok(scenario: fns.FamilyScenario, r: int) -> bool:
     """Rank ``r``'s call has no local problem."""
     call, w, name = scenario.calls[r], scenario.world_size, scenario.collective
     spec = call.x
+    if not isinstance(call.validate, bool) or not _timeout_ok(call.timeout):
+        return False
     if not isinstance(spec, fns.TensorSpec) or spec.layout == "sparse":
         return False
     if spec.dtype not in GLOO_NAMES or len(spec.shape) > 32:
