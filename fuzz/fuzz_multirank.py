@@ -19,7 +19,23 @@ Each example is one of
   every rank returns the oracle's answer (the mutation was harmless, e.g. ``dim=-1``
   for ``dim=1``), or every rank raises the same ``VarGatherError`` subclass with the
   same message, naming ranks that were mutated (for local problems and sizes lies) and
-  no rank aborts or hangs; then the same process group must still gather correctly.
+  no rank aborts or hangs; then the same process group must still gather correctly;
+* a **valid family call** (``reduce_scatter_v``, ``all_to_all_v``, ``all_gather_list``)
+  drawn by the family's property strategies (``vargather.testing.family``: every gloo
+  dtype, any ``dim``, empty blocks, subgroups, sizes or shapes known), judged by the
+  kit's ``check_case`` (forward and gradients bit for bit against ``vargather.oracle``);
+* a **mutated family call**: a valid base call (``family_bases``) with one rank's
+  arguments changed by one kind drawn per collective (``FAMILY_MUTATIONS``: sizes,
+  send sizes, receive sizes, dtype, shape, ``dim``, gradient, shapes, the input). An
+  independent verdict from the raw arguments (``family_verdict``) says what must
+  happen, and ``judge_family`` accepts exactly that: every rank the oracle's answer
+  for a valid call; else every rank the same ``VarGatherError`` subclass and message,
+  of the predicted class (any local one for a rank's own problem), blaming exactly the
+  predicted ranks: the odd ones out by majority (both of two on a tie), the ranks with
+  local problems, or the ranks whose passed receive sizes or shapes contradict the
+  others, which may be unmutated ranks made wrong by a mutated peer that changed its
+  send sizes or its tensor honestly. Then the same group runs a correct call of the
+  same collective.
 
 Failures are shrunk by Hypothesis and saved in the example database (``--db``,
 default ``.hypothesis/fuzz``); the next run replays them first. Prints the examples
@@ -31,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import sys
 import time
@@ -63,6 +80,7 @@ from vargather.testing import (  # noqa: E402
     assert_bitwise_equal,
     close_all_pools,
     describe,
+    family,
     get_pool,
     run_cases,
 )
@@ -371,11 +389,457 @@ def check_valid(case: GatherCase) -> None:
         )
 
 
+# --- the family: reduce_scatter_v, all_to_all_v, all_gather_list --------------------------
+
+FAMILY_MUTATIONS: dict[str, tuple[str, ...]] = {
+    "reduce_scatter_v": ("sizes", "dtype", "shape", "dim", "grad", "input", "options"),
+    "all_to_all_v": (
+        "send_sizes",
+        "recv_sizes",
+        "dtype",
+        "shape",
+        "dim",
+        "grad",
+        "input",
+        "options",
+    ),
+    "all_gather_list": ("dtype", "shape", "grad", "shapes", "input", "options"),
+}
+"""What the mutated rank of a family call changes, per collective."""
+
+FamilyJob = tuple[fns.FamilyScenario, tuple[int, ...], str]
+"""A mutated family call: the scenario, the mutated ranks, the mutation kind."""
+
+
+@st.composite
+def family_bases(draw: st.DrawFn, collective: str | None = None) -> fns.FamilyScenario:
+    """A valid call of a family collective on 2 or 3 ranks (every gloo dtype, any
+    ``dim``, empty blocks, sizes/shapes passed or not)."""
+    if collective is None:
+        collective = draw(st.sampled_from(fns.FAMILY))
+    w = draw(st.integers(2, 3))
+    dtype = draw(st.sampled_from(GLOO_NAMES))
+    requires_grad = dtype in FLOATING and draw(st.booleans())
+    seed = draw(st.integers(0, 99))
+
+    def spec(shape: Sequence[int]) -> fns.TensorSpec:
+        return fns.TensorSpec(tuple(shape), dtype, requires_grad=requires_grad, seed=seed)
+
+    if collective == "all_gather_list":
+        ndim = draw(st.integers(0, 3))
+        dims = st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim)
+        shapes = [draw(dims) for _ in range(w)]
+        passed = [list(s) for s in shapes] if draw(st.booleans()) else None
+        grad = draw(st.sampled_from(vargather.CONTRACTS))
+        calls = tuple(fns.FamilyArgs(spec(s), shapes=passed, grad=grad) for s in shapes)
+        return fns.FamilyScenario(collective, calls)
+    ndim = draw(st.integers(1, 3))
+    dim = draw(st.integers(-ndim, ndim - 1))
+    other = draw(st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim))
+    if collective == "reduce_scatter_v":
+        sizes = draw(st.lists(st.integers(0, 4), min_size=w, max_size=w))
+        shape = list(other)
+        shape[dim] = sum(sizes)
+        calls = tuple(fns.FamilyArgs(spec(shape), sizes=list(sizes), dim=dim) for _ in range(w))
+        return fns.FamilyScenario(collective, calls)
+    send = [draw(st.lists(st.integers(0, 3), min_size=w, max_size=w)) for _ in range(w)]
+    pass_recv = draw(st.booleans())
+    out = []
+    for r in range(w):
+        shape = list(other)
+        shape[dim] = sum(send[r])
+        recv = [send[j][r] for j in range(w)] if pass_recv else None
+        out.append(fns.FamilyArgs(spec(shape), sizes=list(send[r]), recv_sizes=recv, dim=dim))
+    return fns.FamilyScenario(collective, tuple(out))
+
+
+def mutate_family(
+    draw: st.DrawFn, scenario: fns.FamilyScenario, m: int, kind: str
+) -> fns.FamilyArgs:
+    """Rank ``m``'s call with ``kind`` changed (drawn; possibly harmlessly)."""
+    call, w = scenario.calls[m], scenario.world_size
+    spec = call.x
+    assert isinstance(spec, fns.TensorSpec)  # a base call's
+    if kind == "dtype":
+        dtype = draw(st.sampled_from([*GLOO_NAMES, "float8_e5m2"]))
+        return replace(call, x=replace(spec, dtype=dtype, requires_grad=False))
+    if kind == "shape":
+        shape = list(spec.shape)
+        i = draw(st.integers(0, len(shape)))
+        if i == len(shape):
+            shape.append(draw(st.integers(1, 2)))
+        else:
+            shape[i] = draw(st.integers(0, 4))
+        new = replace(call, x=replace(spec, shape=tuple(shape)))
+        if call.shapes is not None and draw(st.booleans()):  # and says so, honestly
+            passed = [list(s) for s in call.shapes]
+            passed[m] = shape
+            new = replace(new, shapes=passed)
+        return new
+    if kind == "dim":
+        return replace(call, dim=draw(st.one_of(st.integers(-4, 4), st.sampled_from([None, 1.0]))))
+    if kind == "grad":
+        if scenario.collective == "all_gather_list" and draw(st.booleans()):
+            return replace(call, grad=draw(st.sampled_from([*vargather.CONTRACTS, "avg"])))
+        if spec.dtype in FLOATING:
+            return replace(call, x=replace(spec, requires_grad=not spec.requires_grad))
+        return call
+    if kind == "sizes":
+        base = list(call.sizes)
+        return replace(
+            call,
+            sizes=draw(
+                st.one_of(
+                    st.permutations(base).map(list),
+                    st.lists(st.integers(-1, 5), min_size=w - 1, max_size=w + 1),
+                )
+            ),
+        )
+    if kind == "send_sizes":
+        if draw(st.booleans()):  # a lie about its own tensor
+            return replace(
+                call, sizes=draw(st.lists(st.integers(-1, 4), min_size=w - 1, max_size=w + 1))
+            )
+        # an honest change of plan: another row, and a tensor that fits it
+        d = call.dim
+        assert isinstance(d, int)
+        row = draw(st.lists(st.integers(0, 3), min_size=w, max_size=w))
+        shape = list(spec.shape)
+        shape[d] = sum(row)
+        return replace(call, sizes=row, x=replace(spec, shape=tuple(shape)))
+    if kind == "recv_sizes":
+        truth = [list(c.sizes)[m] for c in scenario.calls]
+        lie = list(truth)
+        lie[draw(st.integers(0, w - 1))] += 1
+        value = draw(
+            st.one_of(
+                st.none(),
+                st.just(truth),
+                st.just(lie),
+                st.lists(st.integers(-1, 4), min_size=w - 1, max_size=w + 1),
+            )
+        )
+        return replace(call, recv_sizes=value)
+    if kind == "shapes":
+        truth = [list(c.x.shape) for c in scenario.calls]
+        which = draw(st.integers(0, w - 1))
+        changed = [list(s) for s in truth]
+        changed[which] = [*changed[which], 1] if draw(st.booleans()) else [9] * len(truth[which])
+        value = draw(
+            st.one_of(
+                st.none(),
+                st.just(truth),
+                st.just(changed),
+                st.just(truth[:-1]),
+                st.just([len(s) for s in truth]),
+            )
+        )
+        return replace(call, shapes=value)
+    if kind == "input":
+        odd = [None, [1.0, 2.0], fns.TensorSpec(()), fns.TensorSpec((2, 2), layout="sparse")]
+        return replace(call, x=draw(st.sampled_from(odd)))
+    if kind == "options":  # validate=False is not fuzzed (it trusts the caller by design)
+        if draw(st.booleans()):
+            return replace(call, validate=draw(odd_values.filter(lambda v: v is not False)))
+        # a valid timeout on one rank is harmless when generous (a short one is a fault)
+        return replace(
+            call, timeout=draw(st.one_of(st.floats(5, 60), odd_values.filter(_not_a_short_timeout)))
+        )
+    raise AssertionError(kind)
+
+
+def _timeout_ok(value: object) -> bool:
+    """``timeout=`` as vargather accepts it: ``None``, or seconds (a number or a
+    ``timedelta``, not a bool) from 1 ms to 1e9 s."""
+    if value is None:
+        return True
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value) if abs(value) < 1e300 else math.inf
+    else:
+        return False
+    return math.isfinite(seconds) and 1e-3 <= seconds <= 1e9
+
+
+@st.composite
+def family_mutated_calls(draw: st.DrawFn) -> FamilyJob:
+    """A valid family call with one rank's arguments changed by one drawn kind."""
+    base = draw(family_bases())
+    m = draw(st.integers(0, base.world_size - 1))
+    kind = draw(st.sampled_from(FAMILY_MUTATIONS[base.collective]))
+    calls = list(base.calls)
+    calls[m] = mutate_family(draw, base, m, kind)
+    return fns.FamilyScenario(base.collective, tuple(calls)), (m,), kind
+
+
+# The independent verdict: what vargather must do with a family scenario, derived from
+# the raw arguments alone (docs/misuse.md, the order of the family's checks).
+
+
+def _int_list(value: object) -> list[int] | None:
+    """``value`` as a list of non-negative ints, if it is one (a base's or a mutation's
+    values: lists of ints, never tensors)."""
+    if not isinstance(value, list) or any(
+        isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value
+    ):
+        return None
+    return list(value)
+
+
+def _local_ok(scenario: fns.FamilyScenario, r: int) -> bool:
+    """Rank ``r``'s call has no local problem."""
+    call, w, name = scenario.calls[r], scenario.world_size, scenario.collective
+    spec = call.x
+    if not isinstance(call.validate, bool) or not _timeout_ok(call.timeout):
+        return False
+    if not isinstance(spec, fns.TensorSpec) or spec.layout == "sparse":
+        return False
+    if spec.dtype not in GLOO_NAMES or len(spec.shape) > 32:
+        return False
+    ndim = len(spec.shape)
+    if name == "all_gather_list":
+        if call.grad not in vargather.CONTRACTS:
+            return False
+        if call.shapes is None:
+            return True
+        shapes = call.shapes
+        if not isinstance(shapes, list) or len(shapes) != w:
+            return False
+        if not all(_int_list(s) is not None for s in shapes):
+            return False
+        return tuple(shapes[r]) == spec.shape
+    if ndim == 0:
+        return False
+    dim = call.dim
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
+        return False
+    sizes = _int_list(call.sizes)
+    if sizes is None or len(sizes) != w or sum(sizes) != spec.shape[dim]:
+        return False
+    if name == "all_to_all_v" and call.recv_sizes is not None:
+        recv = _int_list(call.recv_sizes)
+        if recv is None or len(recv) != w:
+            return False
+    return True
+
+
+def _odd_ranks(values: Sequence[object]) -> list[int] | None:
+    """``None`` when every rank agrees, else the ranks vargather blames: those not
+    holding the value most ranks hold, or every rank on a tie."""
+    counts = Counter(values).most_common()
+    if len(counts) == 1:
+        return None
+    if counts[0][1] > counts[1][1]:
+        return [r for r, v in enumerate(values) if v != counts[0][0]]
+    return list(range(len(values)))
+
+
+def family_verdict(scenario: fns.FamilyScenario) -> tuple[str | None, tuple[int, ...]]:
+    """``(None, ())``: the call is valid. Else what every rank must raise: the class
+    name (``"local"``: a rank's own problem, any local class) and the blamed ranks."""
+    w, name, calls = scenario.world_size, scenario.collective, scenario.calls
+    bad = [r for r in range(w) if not _local_ok(scenario, r)]
+    if bad:
+        return "local", tuple(bad)
+    specs = [c.x for c in calls]
+    assert all(isinstance(s, fns.TensorSpec) for s in specs)
+    shapes = [s.shape for s in specs]
+    dtypes = [s.dtype for s in specs]
+    grads = [s.requires_grad for s in specs]
+    checks: list[tuple[str, list[object]]] = []
+    if name == "all_gather_list":
+        checks.append(("ArgumentMismatchError", [c.grad for c in calls]))
+        checks.append(("DTypeMismatchError", list(dtypes)))
+        if calls[0].grad != "local":
+            checks.append(("RequiresGradMismatchError", list(grads)))
+        checks.append(("ShapeMismatchError", [len(s) for s in shapes]))
+    else:
+        ndims = [len(s) for s in shapes]
+        dims = [c.dim % n for c, n in zip(calls, ndims, strict=True)]
+        checks.append(("ShapeMismatchError", list(ndims)))
+        checks.append(("ArgumentMismatchError", list(dims)))
+        checks.append(("DTypeMismatchError", list(dtypes)))
+        if name == "reduce_scatter_v":
+            checks.append(("ShapeMismatchError", list(shapes)))
+            checks.append(("SizesMismatchError", [tuple(c.sizes) for c in calls]))
+        else:
+            other = [
+                s[: d % len(s)] + s[d % len(s) + 1 :] for s, d in zip(shapes, dims, strict=True)
+            ]
+            checks.append(("ShapeMismatchError", other))
+        checks.append(("RequiresGradMismatchError", list(grads)))
+    for error, values in checks:
+        odd = _odd_ranks(values)
+        if odd is not None:
+            return error, tuple(odd)
+    liars = _family_liars(scenario)
+    return ("SizesMismatchError", tuple(liars)) if liars else (None, ())
+
+
+def _family_liars(scenario: fns.FamilyScenario) -> list[int]:
+    """The ranks whose passed receive sizes (``all_to_all_v``) or shapes
+    (``all_gather_list``) contradict the other ranks' send sizes or tensors: an
+    unmutated rank is one when a mutated peer changed what it sends or holds."""
+    w, calls = scenario.world_size, scenario.calls
+    if scenario.collective == "all_to_all_v":
+        matrix = [list(c.sizes) for c in calls]
+        return [
+            r
+            for r, c in enumerate(calls)
+            if c.recv_sizes is not None and list(c.recv_sizes) != [matrix[j][r] for j in range(w)]
+        ]
+    if scenario.collective == "all_gather_list":
+        truth = [list(c.x.shape) for c in calls]
+        return [
+            r
+            for r, c in enumerate(calls)
+            if c.shapes is not None and [list(s) for s in c.shapes] != truth
+        ]
+    return []
+
+
+def judge_family(
+    scenario: fns.FamilyScenario,
+    outcomes: Sequence[RankOutcome[Any]],
+    mutated: tuple[int, ...],
+) -> str:
+    """Accept exactly the right outcome (``family_verdict``): every rank the oracle's
+    answer for a valid call; else every rank the same ``VarGatherError`` (class and
+    message) blaming exactly the predicted ranks, which are mutated ones or (a lie
+    about receive sizes or shapes) ranks whose passed values a mutated rank made
+    wrong. Returns ``"harmless"`` or ``"refused"``; raises ``AssertionError``."""
+    error_name, blamed = family_verdict(scenario)
+    ok = [o.ok for o in outcomes]
+    detail = "; ".join(
+        f"rank {o.rank}: " + ("returned" if o.ok else f"{o.exc_type_name}: {o.exception}")
+        for o in outcomes
+    )
+    if error_name is None:
+        assert all(ok), f"a valid call was refused: {detail}"
+        want = fns.family_expected(scenario)
+        for o in outcomes:
+            got = o.value
+            if isinstance(want[o.rank], list):
+                assert isinstance(got, list), f"rank {o.rank}: expected a list, got {type(got)}"
+                assert len(got) == len(want[o.rank]), f"rank {o.rank}: {len(got)} tensors"
+                for k, (g, t) in enumerate(zip(got, want[o.rank], strict=True)):
+                    assert_bitwise_equal(g, t, msg=f"rank {o.rank}, entry {k}")
+            else:
+                assert_bitwise_equal(got, want[o.rank], msg=f"rank {o.rank}")
+        return "harmless"
+    assert not any(ok), f"expected {error_name} on every rank blaming {list(blamed)}: {detail}"
+    messages = {str(o.exception) for o in outcomes}
+    assert len({o.exc_type_name for o in outcomes}) == 1, (
+        f"ranks raised different classes: {detail}"
+    )
+    assert len(messages) == 1, f"ranks raised different messages: {messages}"
+    error = outcomes[0].exception
+    assert isinstance(error, vargather.VarGatherError), f"not a VarGatherError: {error!r}"
+    message = str(error)
+    if error_name == "local":
+        assert not isinstance(error, (vargather.MismatchError, vargather.CollectiveError)), (
+            f"expected a rank's own problem blaming {list(blamed)}: {type(error).__name__}: {message}"
+        )
+    else:
+        assert type(error).__name__ == error_name, (
+            f"expected {error_name} blaming {list(blamed)}, got {type(error).__name__}: {message}"
+        )
+    assert error.ranks == blamed, f"expected the error to blame {list(blamed)}: {message}"
+    for r in error.ranks:
+        assert f"rank {r}" in message or f"{r}]" in message or f"[{r}" in message, message
+    # The blamed ranks were mutated, or (a tie, or a lie a mutated rank made of an
+    # honest rank's passed values) a mutated rank is among them or named by them.
+    involved = set(blamed) | (
+        _mutated_named(scenario, blamed) if error_name == "SizesMismatchError" else set()
+    )
+    assert involved & set(mutated), f"blamed {list(blamed)}, none mutated {mutated}: {message}"
+    return "refused"
+
+
+def _mutated_named(scenario: fns.FamilyScenario, blamed: Sequence[int]) -> set[int]:
+    """The ranks whose sizes or shape a blamed rank's passed values misstate."""
+    w, calls = scenario.world_size, scenario.calls
+    out: set[int] = set()
+    for b in blamed:
+        if scenario.collective == "all_to_all_v":
+            recv = list(calls[b].recv_sizes)
+            out |= {j for j in range(w) if list(calls[j].sizes)[b] != recv[j]}
+        elif scenario.collective == "all_gather_list":
+            passed = calls[b].shapes
+            out |= {j for j in range(w) if list(passed[j]) != list(calls[j].x.shape)}
+    return out
+
+
+def check_family_mutated(job: FamilyJob) -> None:
+    scenario, mutated, kind = job
+    history = _remember(scenario.world_size, job)
+    try:
+        _check_family_mutated(scenario, mutated, kind)
+    except AssertionError as err:
+        raise AssertionError(
+            f"{scenario.collective}, {kind} on rank(s) {mutated}: {err}{history}"
+        ) from None
+
+
+def _check_family_mutated(
+    scenario: fns.FamilyScenario, mutated: tuple[int, ...], kind: str
+) -> None:
+    w = scenario.world_size
+    pool = get_pool(w)
+    generation = pool.generation
+    COUNTS["family mutated"] += 1
+    try:
+        outcomes = pool.run_outcomes(fns.run_family, scenario)
+    except PoolFailure as failure:
+        raise AssertionError(f"the world failed (abort or hang): {failure}") from None
+    COUNTS[f"family mutated, {judge_family(scenario, outcomes, mutated)}"] += 1
+    follow = family_follow_up(scenario.collective, w)
+    failures = family.check_case(pool, follow)
+    assert not failures, f"the next {scenario.collective} on the group failed: {failures}"
+    assert pool.generation == generation, "the process group had to be rebuilt"
+
+
+def family_follow_up(collective: str, w: int) -> family.Case:
+    """A correct call with gradients, judged against the oracle by the family's kit."""
+    if collective == "reduce_scatter_v":
+        return family.ReduceScatterCase(w, (2, 0, 3)[:w], (2,), 0, "float64", seed=3)
+    if collective == "all_to_all_v":
+        send = tuple(tuple((r + j) % 3 for j in range(w)) for r in range(w))
+        return family.AllToAllCase(w, send, (2,), -1, "float64", seed=3)
+    return family.GatherListCase(w, ((2, 1), (0, 3), (1, 1))[:w], "float64", seed=3)
+
+
+def check_family_valid(case: family.Case) -> None:
+    COUNTS["family valid"] += 1
+    history = _remember(case.world_size, case)
+    failures = family.check_case(get_pool(case.world_size), case)
+    if failures:
+        raise AssertionError(f"{case}\n" + "\n".join(map(str, failures)) + history)
+
+
+family_valid_cases = st.one_of(
+    family.reduce_scatter_cases(dtypes=GLOO_NAMES),
+    family.all_to_all_cases(dtypes=GLOO_NAMES),
+    family.gather_list_cases(dtypes=GLOO_NAMES),
+)
+"""Valid family calls: the family's property strategies (subgroups, ``validate=False``
+with known sizes, every gloo dtype)."""
+
+family_examples: st.SearchStrategy[Any] = st.sampled_from([False, True, True]).flatmap(
+    lambda mutated: family_mutated_calls() if mutated else family_valid_cases
+)
+"""A third of the family's examples valid, two thirds mutated (the valid ones are the
+property suite's too). One strategy, not a ``one_of``: Hypothesis flattens nested
+``one_of``s into their branches, which would give the family most of the examples."""
+
+
 examples = st.one_of(
     vst.gather_cases(
         min_world_size=2, max_world_size=3, transports=GLOO_TRANSPORTS, dtypes=DTYPE_NAMES
     ),
     mutated_calls(),
+    family_examples,
 )
 
 
@@ -383,6 +847,12 @@ def fuzz_one(example: Any) -> None:
     """One example, valid or mutated (the body of the ``@given`` test)."""
     if isinstance(example, GatherCase):
         check_valid(example)
+    elif isinstance(
+        example, (family.ReduceScatterCase, family.AllToAllCase, family.GatherListCase)
+    ):
+        check_family_valid(example)
+    elif isinstance(example[0], fns.FamilyScenario):
+        check_family_mutated(example)
     else:
         check_mutated(example)
 
@@ -442,13 +912,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     failures = run_timed(args.minutes * 60, args.db, args.chunk, args.seed)
     elapsed = time.monotonic() - started
-    total = COUNTS["valid"] + COUNTS["mutated"]
+    total = COUNTS["valid"] + COUNTS["mutated"] + COUNTS["family valid"] + COUNTS["family mutated"]
     drawn = "fresh randomness" if args.seed is None else f"seeds {args.seed}, {args.seed + 1}, ..."
     print(f"fuzz_multirank: {elapsed:.0f} s, database {args.db}, {drawn}")
     print(f"  valid cases (property-suite strategy): {COUNTS['valid']}")
     print(
         f"  mutated calls: {COUNTS['mutated']} ({COUNTS['mutated, refused']} refused on every "
         f"rank, {COUNTS['mutated, harmless']} harmless and correct)"
+    )
+    print(
+        f"  family (reduce_scatter_v, all_to_all_v, all_gather_list): {COUNTS['family valid']} "
+        f"valid cases, {COUNTS['family mutated']} mutated calls "
+        f"({COUNTS['family mutated, refused']} refused on every rank, "
+        f"{COUNTS['family mutated, harmless']} harmless and correct)"
     )
     print(f"  total: {total} examples, {len(failures)} failure(s)")
     for failure in failures:

@@ -31,6 +31,10 @@ The targets (the stage under test in brackets):
     rank-major, then compacting, gives ``torch.cat`` bit for bit; and the backward's
     buffers (``scatter_into_padded``, ``rank_major_gradient``) put each rank's block
     where the transports expect it.
+``family_verdict_is_rank_independent`` [the family's stages 1-3, ``_family`` and its modules]
+    ``reduce_scatter_v`` / ``all_to_all_v``: the local checks never raise, and every
+    rank's validation of the exchanged rows reaches the same verdict (the same error,
+    or plans that agree with the tensors); the unchanged base call is accepted.
 ``layout_math`` [``Layout``]
     offsets are the exclusive prefix sums, blocks tile ``[0, total)``, ``max_size``
     and ``is_even`` agree with the sizes; invalid layouts raise ``ValueError``.
@@ -517,6 +521,110 @@ def verdict_is_rank_independent(world: list[dict[str, Any]]) -> None:
         )
     xs = [c["x"] for c in world]
     assert first.sizes == tuple(x.shape[first.dim] for x in xs)
+
+
+@st.composite
+def family_worlds(draw: st.DrawFn) -> tuple[str, list[dict[str, Any]], list[bool]]:
+    """W ranks' calls of ``reduce_scatter_v`` or ``all_to_all_v`` around one valid base
+    call, some ranks' ``x``, ``dim``, sizes or receive sizes changed (and which)."""
+    name = draw(st.sampled_from(["reduce_scatter_v", "all_to_all_v"]))
+    w = draw(st.integers(2, 4))
+    ndim = draw(st.integers(1, 3))
+    dim = draw(st.integers(-ndim, ndim - 1))
+    trail = draw(st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim))
+    dtype = draw(st.sampled_from(GLOO_NAMES))
+    floating = getattr(torch, dtype).is_floating_point or getattr(torch, dtype).is_complex
+    requires_grad = floating and draw(st.booleans())
+    row = st.lists(st.integers(0, 4), min_size=w, max_size=w)
+    common = draw(row)
+    send = [draw(row) for _ in range(w)]
+    pass_recv = draw(st.booleans())
+    out, changed = [], []
+    for r in range(w):
+        sizes = common if name == "reduce_scatter_v" else send[r]
+        shape = list(trail)
+        shape[dim] = sum(sizes)
+        x = torch.zeros(tuple(shape), dtype=getattr(torch, dtype)).requires_grad_(requires_grad)
+        recv = [send[j][r] for j in range(w)] if pass_recv else None
+        call = {"x": x, "dim": dim, "sizes": list(sizes), "recv_sizes": recv}
+        mutated = draw(st.integers(0, 3)) == 0
+        if mutated:
+            key = draw(st.sampled_from(sorted(call)))
+            if key == "x":
+                call[key] = draw(st.one_of(tensors(), anything()))
+            elif key == "dim":
+                call[key] = draw(st.one_of(st.integers(-5, 5), anything()))
+            else:
+                call[key] = draw(sizes_values(w))
+        out.append(call)
+        changed.append(mutated)
+    return name, out, changed
+
+
+@target(family_worlds())
+def family_verdict_is_rank_independent(
+    world: tuple[str, list[dict[str, Any]], list[bool]],
+) -> None:
+    """The family's local checks never raise, and validating the exchanged rows (the
+    wire's view of each record) gives every rank the same verdict: the same error
+    class and message, naming ranks of the world, or plans that agree with the
+    tensors (``reduce_scatter_v``: sizes adding up to every rank's rows, the same
+    everywhere; ``all_to_all_v``: rank r's send row adding up to its rows). The base
+    call, unchanged, is accepted."""
+    from vargather import _all_to_all, _reduce_scatter
+    from vargather._family import Row
+
+    _count("family_verdict_is_rank_independent")
+    name, calls_, changed = world
+    w = len(calls_)
+    rows = []
+    for r, c in enumerate(calls_):
+        info = GroupInfo(None, r, w, True, "gloo")
+        if name == "reduce_scatter_v":
+            call = _reduce_scatter._local_call(c["x"], c["sizes"], c["dim"], info, True, None, None)
+        else:
+            call = _all_to_all._local_call(
+                c["x"], c["sizes"], c["recv_sizes"], c["dim"], info, True, None, None
+            )
+        assert call.kind == name
+        assert all(isinstance(v, int) and INT64_MIN <= v <= INT64_MAX for v in call.extras)
+        rows.append(Row(decode_record(encode_record(call.record), rank=r), call.extras))
+    assert len({len(row.extras) for row in rows}) == 1, "rows of unequal length"
+    verdicts: list[object] = []
+    for r in range(w):
+        try:
+            if name == "reduce_scatter_v":
+                verdicts.append(_reduce_scatter.validate_rows(rows, rank=r))
+            else:
+                verdicts.append(_all_to_all.validate_rows(rows, rank=r))
+        except vargather.VarGatherError as err:
+            verdicts.append((type(err).__name__, str(err), err.ranks))
+    first = verdicts[0]
+    assert all(v == first for v in verdicts), verdicts
+    if isinstance(first, tuple) and isinstance(first[0], str):
+        _, message, ranks = first
+        assert ranks, message
+        assert all(0 <= b < w for b in ranks), message
+        assert all(f"{b}" in message for b in ranks), message
+        assert any(changed), f"the valid base call was refused: {message}"
+        return
+    xs = [c["x"] for c in calls_]
+    assert all(isinstance(x, torch.Tensor) for x in xs)
+    d = calls_[0]["dim"] % xs[0].ndim
+    assert len({(x.dtype, x.ndim, x.shape[:d] + x.shape[d + 1 :]) for x in xs}) == 1
+    if name == "reduce_scatter_v":
+        assert isinstance(first, tuple)
+        assert all(sum(first) == x.shape[d] for x in xs), (first, [x.shape for x in xs])
+        assert len({x.shape for x in xs}) == 1
+    else:
+        assert isinstance(first, tuple)
+        for r, x in enumerate(xs):
+            assert sum(first[r]) == x.shape[d], (first, r, x.shape)
+            recv = calls_[r]["recv_sizes"]
+            if recv is not None:
+                passed = recv.tolist() if isinstance(recv, torch.Tensor) else list(recv)
+                assert passed == [first[j][r] for j in range(w)]
+    assert len({bool(x.requires_grad) for x in xs}) == 1
 
 
 @st.composite

@@ -10,7 +10,9 @@ the same descriptions.
 ``CATALOGUE`` lists the misuse classes: each entry builds the scenario for a world
 size and an offending rank, and states the error class every rank must raise and the
 fragments its message must contain (the offending rank, what was expected, what was
-got). The pool pickles ``fn`` by reference, so everything the ranks call lives at
+got). ``FAMILY_CATALOGUE`` does the same for ``reduce_scatter_v``, ``all_to_all_v``
+and ``all_gather_list`` (a ``FamilyScenario`` of ``FamilyArgs``, run by ``run_family``).
+The pool pickles ``fn`` by reference, so everything the ranks call lives at
 module level here.
 """
 
@@ -678,9 +680,662 @@ def with_calls(scenario: Scenario, rank: int, **changes: Any) -> Scenario:
     return Scenario(tuple(calls))
 
 
+# --- the family's catalogue: reduce_scatter_v, all_to_all_v, all_gather_list -----------
+
+
+FAMILY: Final = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
+
+
+@dataclass(frozen=True)
+class FamilyArgs:
+    """What one rank passes to a family collective. ``sizes`` is ``reduce_scatter_v``'s
+    ``sizes`` or ``all_to_all_v``'s ``send_sizes``; ``x`` a ``TensorSpec`` or any
+    picklable non-tensor."""
+
+    x: object
+    sizes: object = None
+    recv_sizes: object = None
+    shapes: object = None
+    dim: object = 0
+    grad: object = "sum"
+    validate: object = True
+    timeout: object = None
+
+
+@dataclass(frozen=True)
+class FamilyScenario:
+    """One ``FamilyArgs`` per rank of a ``collective`` call; ``absent``: a rank that
+    never makes its call."""
+
+    collective: str
+    calls: tuple[FamilyArgs, ...]
+    absent: int | None = None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.calls)
+
+
+def call_family(collective: str, call: FamilyArgs, rank: int) -> Any:
+    """Rank ``rank`` makes ``call`` of ``collective``; raises what vargather raises."""
+    x: Any = _build_x(call.x, rank)
+    sizes: Any = _build_sizes(call.sizes)
+    dim: Any = call.dim
+    validate: Any = call.validate
+    timeout: Any = call.timeout
+    if collective == "reduce_scatter_v":
+        return vargather.reduce_scatter_v(x, sizes, dim, validate=validate, timeout=timeout)
+    if collective == "all_to_all_v":
+        recv: Any = _build_sizes(call.recv_sizes)
+        return vargather.all_to_all_v(
+            x, sizes, dim, recv_sizes=recv, validate=validate, timeout=timeout
+        )
+    shapes: Any = call.shapes
+    grad: Any = call.grad
+    return vargather.all_gather_list(
+        x, shapes=shapes, grad=grad, validate=validate, timeout=timeout
+    )
+
+
+def run_family(ctx: Any, scenario: FamilyScenario) -> Any:
+    """Rank ``ctx.rank`` makes its call of ``scenario`` (``None`` on the absent rank):
+    the output detached (a list of tensors for ``all_gather_list``)."""
+    if ctx.rank == scenario.absent:
+        return None
+    out = call_family(scenario.collective, scenario.calls[ctx.rank], ctx.rank)
+    if isinstance(out, (list, tuple)):
+        return [t.detach() for t in out]
+    return out.detach()
+
+
+def family_expected(scenario: FamilyScenario) -> list[Any]:
+    """The oracle's output per rank for a valid scenario (every rank's inputs rebuilt
+    from their descriptions, ``dim`` as rank 0 passed it)."""
+    xs = []
+    for r, call in enumerate(scenario.calls):
+        x = _build_x(call.x, r)
+        assert isinstance(x, torch.Tensor)
+        xs.append(x.detach())
+    first = scenario.calls[0]
+    if scenario.collective == "all_gather_list":
+        gathered = oracle.expected_gather_list(xs)
+        return [gathered for _ in xs]
+    dim = first.dim
+    assert isinstance(dim, int)
+    if scenario.collective == "reduce_scatter_v":
+        sizes = _build_sizes(first.sizes)
+        assert isinstance(sizes, (list, tuple, torch.Tensor))
+        return list(oracle.expected_reduce_scatter(xs, [int(n) for n in sizes], dim))
+    send = []
+    for call in scenario.calls:
+        row = _build_sizes(call.sizes)
+        assert isinstance(row, (list, tuple, torch.Tensor))
+        send.append([int(n) for n in row])
+    return list(oracle.expected_all_to_all(xs, send, dim))
+
+
+@dataclass(frozen=True)
+class FamilyMisuse:
+    """One class of misuse of a family collective, as ``Misuse`` for ``all_gather_v``.
+
+    ``absent``: the offender never calls; its peers raise ``error`` (the named
+    timeout) and the world is rebuilt after.
+    """
+
+    name: str
+    collective: str
+    summary: str
+    error: type[vargather.VarGatherError]
+    build: Callable[[int, int], FamilyScenario]
+    fragments: Callable[[int, int], tuple[str, ...]]
+    blamed: Callable[[int, int], tuple[int, ...]] | None = None
+    absent: bool = False
+
+    def blamed_ranks(self, world_size: int, offender: int) -> tuple[int, ...]:
+        if self.blamed is not None:
+            return self.blamed(world_size, offender)
+        tie = issubclass(self.error, vargather.MismatchError) and not issubclass(
+            self.error, vargather.SizesMismatchError
+        )
+        return (0, 1) if world_size == 2 and tie else (offender,)
+
+
+def _tie(w: int, o: int) -> tuple[int, ...]:
+    """Two ranks disagreeing have no majority: both are named."""
+    return (0, 1) if w == 2 else (o,)
+
+
+def rs_sizes(w: int) -> list[int]:
+    """The base ``reduce_scatter_v`` sizes: 2, 0, 3 (one empty block)."""
+    return [(2, 0, 3, 1)[r] for r in range(w)]
+
+
+def _rs(
+    r: int,
+    w: int,
+    *,
+    rows: int | None = None,
+    trail: tuple[int, ...] = (2,),
+    dtype: str = "float32",
+    requires_grad: bool = False,
+    **kw: Any,
+) -> FamilyArgs:
+    n = sum(rs_sizes(w)) if rows is None else rows
+    kw.setdefault("sizes", rs_sizes(w))
+    return FamilyArgs(TensorSpec((n, *trail), dtype, requires_grad=requires_grad), **kw)
+
+
+def a2a_send(w: int, r: int) -> list[int]:
+    """Rank ``r``'s base send sizes (a matrix with zeros in it)."""
+    return [(r + 2 * j) % 3 for j in range(w)]
+
+
+def a2a_recv(w: int, r: int) -> list[int]:
+    """Rank ``r``'s true receive sizes: column ``r`` of the send matrix."""
+    return [a2a_send(w, j)[r] for j in range(w)]
+
+
+def _a2a(
+    r: int,
+    w: int,
+    *,
+    extra_rows: int = 0,
+    trail: tuple[int, ...] = (2,),
+    dtype: str = "float32",
+    requires_grad: bool = False,
+    **kw: Any,
+) -> FamilyArgs:
+    kw.setdefault("sizes", a2a_send(w, r))
+    n = sum(a2a_send(w, r)) + extra_rows
+    return FamilyArgs(TensorSpec((n, *trail), dtype, requires_grad=requires_grad), **kw)
+
+
+def list_shape(r: int) -> tuple[int, int]:
+    """Rank ``r``'s base ``all_gather_list`` shape: every dimension differs, one empty."""
+    return ((2, 3), (0, 1), (4, 2), (1, 1))[r]
+
+
+def list_shapes(w: int) -> list[list[int]]:
+    return [list(list_shape(r)) for r in range(w)]
+
+
+def _list(
+    r: int,
+    w: int,
+    *,
+    extra: tuple[int, ...] = (),
+    dtype: str = "float32",
+    requires_grad: bool = False,
+    **kw: Any,
+) -> FamilyArgs:
+    return FamilyArgs(
+        TensorSpec((*list_shape(r), *extra), dtype, requires_grad=requires_grad), **kw
+    )
+
+
+def _family_scenario(
+    collective: str,
+    w: int,
+    o: int,
+    good: Callable[[int, int], FamilyArgs],
+    bad: Callable[[int, int], FamilyArgs] | None = None,
+    absent: bool = False,
+) -> FamilyScenario:
+    calls = tuple(bad(r, w) if bad is not None and r == o else good(r, w) for r in range(w))
+    return FamilyScenario(collective, calls, o if absent else None)
+
+
+def _family_entry(
+    collective: str,
+    name: str,
+    summary: str,
+    error: type[vargather.VarGatherError],
+    bad: Callable[[int, int], FamilyArgs] | None,
+    fragments: Callable[[int, int], tuple[str, ...]],
+    *,
+    good: Callable[[int, int], FamilyArgs] | None = None,
+    blamed: Callable[[int, int], tuple[int, ...]] | None = None,
+    absent: bool = False,
+) -> FamilyMisuse:
+    base = (
+        good
+        or {"reduce_scatter_v": _rs, "all_to_all_v": _a2a, "all_gather_list": _list}[collective]
+    )
+    return FamilyMisuse(
+        name=name,
+        collective=collective,
+        summary=summary,
+        error=error,
+        build=lambda w, o: _family_scenario(collective, w, o, base, bad, absent),
+        fragments=fragments,
+        blamed=blamed,
+        absent=absent,
+    )
+
+
+ABSENT_TIMEOUT: Final = 2.0
+"""The per-call timeout of the ``absent`` entries: what the peers wait for the rank
+that never arrives."""
+
+
+def _rs_entry(name: str, *args: Any, **kw: Any) -> FamilyMisuse:
+    return _family_entry("reduce_scatter_v", name, *args, **kw)
+
+
+def _a2a_entry(name: str, *args: Any, **kw: Any) -> FamilyMisuse:
+    return _family_entry("all_to_all_v", name, *args, **kw)
+
+
+def _list_entry(name: str, *args: Any, **kw: Any) -> FamilyMisuse:
+    return _family_entry("all_gather_list", name, *args, **kw)
+
+
+def _reversed_sizes(w: int) -> list[int]:
+    return list(reversed(rs_sizes(w)))
+
+
+def _a2a_recv_lie(w: int, o: int) -> list[int]:
+    lie = a2a_recv(w, o)
+    lie[(o + 1) % w] += 1
+    return lie
+
+
+def _a2a_matrix(w: int) -> list[list[int]]:
+    return [a2a_send(w, j) for j in range(w)]
+
+
+def _list_shapes_lie(w: int, o: int) -> list[list[int]]:
+    lie = list_shapes(w)
+    lie[(o + 1) % w] = [5, 5]
+    return lie
+
+
+def _list_shapes_extra_dim(w: int, o: int) -> list[list[int]]:
+    lie = list_shapes(w)
+    lie[(o + 1) % w] = [*lie[(o + 1) % w], 7]
+    return lie
+
+
+def _absent_fragments(what: str) -> Callable[[int, int], tuple[str, ...]]:
+    return lambda w, o: (
+        what,
+        f"rank(s) [{o}] never arrived at this collective",
+        "metadata exchange)",
+        f"within {ABSENT_TIMEOUT:g} s (this call's timeout)",
+        "destroy it and create a new one",
+    )
+
+
+FAMILY_CATALOGUE: Final[tuple[FamilyMisuse, ...]] = (
+    # reduce_scatter_v(x, sizes, dim): the same sizes, shape and dtype on every rank
+    _rs_entry(
+        "rs-sizes-differ",
+        "sizes differ across ranks (each adds up to the rows of its tensor)",
+        vargather.SizesMismatchError,
+        lambda r, w: _rs(r, w, sizes=_reversed_sizes(w)),
+        lambda w, o: (
+            "sizes differs across ranks",
+            f"sizes={rs_sizes(w)}",
+            f"sizes={_reversed_sizes(w)}",
+            f"[{o}]",
+        ),
+        blamed=_tie,
+    ),
+    _rs_entry(
+        "rs-sum-mismatch",
+        "sum(sizes) does not match x.shape[dim] on one rank (one more row)",
+        vargather.SizesError,
+        lambda r, w: _rs(r, w, rows=sum(rs_sizes(w)) + 1),
+        lambda w, o: (
+            f"rank(s) [{o}]",
+            f"rank {o}: expected sum(sizes) == {sum(rs_sizes(w)) + 1}",
+            f"got sum(sizes) = {sum(rs_sizes(w))}",
+        ),
+    ),
+    _rs_entry(
+        "rs-sizes-wrong-length",
+        "sizes has one entry too many on one rank",
+        vargather.SizesError,
+        lambda r, w: _rs(r, w, sizes=[*rs_sizes(w), 0]),
+        lambda w, o: (f"rank {o}: expected len(sizes) == world size {w}, got {w + 1}",),
+    ),
+    _rs_entry(
+        "rs-sizes-missing",
+        "one rank passes sizes=None",
+        vargather.SizesError,
+        lambda r, w: _rs(r, w, sizes=None),
+        lambda w, o: (f"rank {o}: sizes is required", "expected one block size per rank"),
+    ),
+    _rs_entry(
+        "rs-sizes-negative",
+        "sizes holds a negative entry on one rank",
+        vargather.SizesError,
+        lambda r, w: _rs(
+            r, w, sizes=[-1, *rs_sizes(w)[1:-1], rs_sizes(w)[-1] + rs_sizes(w)[0] + 1]
+        ),
+        lambda w, o: (f"rank {o}: sizes must be >= 0", "= -1"),
+    ),
+    _rs_entry(
+        "rs-sizes-float-tensor",
+        "sizes is a float tensor on one rank",
+        vargather.SizesTypeError,
+        lambda r, w: _rs(r, w, sizes=SizesTensor(tuple(rs_sizes(w)), "float32")),
+        lambda w, o: (f"rank {o}: sizes must hold integers", "float32"),
+    ),
+    _rs_entry(
+        "rs-dtype-differs",
+        "one rank passes int32 where the others pass float32",
+        vargather.DTypeMismatchError,
+        lambda r, w: _rs(r, w, dtype="int32"),
+        lambda w, o: ("dtype differs", "torch.float32", "torch.int32", f"[{o}]"),
+    ),
+    _rs_entry(
+        "rs-ndim-differs",
+        "one rank passes a tensor with one more dimension",
+        vargather.ShapeMismatchError,
+        lambda r, w: _rs(r, w, trail=(2, 1)),
+        lambda w, o: ("ndim differs", "2", "3", f"[{o}]"),
+    ),
+    _rs_entry(
+        "rs-trailing-dim-differs",
+        "a dimension other than dim differs on one rank",
+        vargather.ShapeMismatchError,
+        lambda r, w: _rs(r, w, trail=(3,)),
+        lambda w, o: (
+            "shape differs",
+            f"({sum(rs_sizes(w))}, 2)",
+            f"({sum(rs_sizes(w))}, 3)",
+            f"[{o}]",
+        ),
+    ),
+    _rs_entry(
+        "rs-dim-differs",
+        "one rank scatters along dim 1 of its transposed tensor (valid locally)",
+        vargather.ArgumentMismatchError,
+        lambda r, w: FamilyArgs(TensorSpec((2, sum(rs_sizes(w)))), sizes=rs_sizes(w), dim=1),
+        lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]"),
+    ),
+    _rs_entry(
+        "rs-dim-out-of-range",
+        "dim is out of range on one rank",
+        vargather.DimError,
+        lambda r, w: _rs(r, w, dim=2),
+        lambda w, o: (f"rank(s) [{o}]", f"rank {o}: dim=2", "expected -2 <= dim < 2"),
+    ),
+    _rs_entry(
+        "rs-requires-grad-differs",
+        "one rank needs a gradient and its peers do not",
+        vargather.RequiresGradMismatchError,
+        lambda r, w: _rs(r, w, dtype="float64", requires_grad=True),
+        lambda w, o: ("requires_grad", "True", "False", f"[{o}]"),
+        good=lambda r, w: _rs(r, w, dtype="float64"),
+    ),
+    _rs_entry(
+        "rs-zero-dim-input",
+        "one rank passes a 0-d tensor (nothing to split)",
+        vargather.SizesError,
+        lambda r, w: FamilyArgs(TensorSpec(()), sizes=rs_sizes(w)),
+        lambda w, o: (f"rank {o}: expected a tensor with at least 1 dimension", "0-d"),
+    ),
+    _rs_entry(
+        "rs-not-a-tensor",
+        "one rank passes a list",
+        vargather.InputTypeError,
+        lambda r, w: FamilyArgs([1.0, 2.0], sizes=rs_sizes(w)),
+        lambda w, o: (f"rank {o}: expected a torch.Tensor, got list",),
+    ),
+    _rs_entry(
+        "rs-absent",
+        "one rank never calls reduce_scatter_v",
+        vargather.CollectiveTimeoutError,
+        None,
+        _absent_fragments("reduce_scatter_v"),
+        good=lambda r, w: _rs(r, w, timeout=ABSENT_TIMEOUT),
+        absent=True,
+    ),
+    # all_to_all_v(x, send_sizes, dim, recv_sizes=): one send vector per rank, the
+    # receive sizes its transpose; every dimension but dim agrees
+    _a2a_entry(
+        "a2a-send-sizes-wrong-length",
+        "the send-size vector has one entry too many on one rank",
+        vargather.SizesError,
+        lambda r, w: _a2a(r, w, sizes=[*a2a_send(w, r), 0]),
+        lambda w, o: (f"rank {o}: expected len(send_sizes) == world size {w}, got {w + 1}",),
+    ),
+    _a2a_entry(
+        "a2a-sum-mismatch",
+        "sum(send_sizes) does not match x.shape[dim] on one rank (one more row)",
+        vargather.SizesError,
+        lambda r, w: _a2a(r, w, extra_rows=1),
+        lambda w, o: (
+            f"rank(s) [{o}]",
+            f"rank {o}: expected sum(send_sizes) == {sum(a2a_send(w, o)) + 1}",
+            f"got sum(send_sizes) = {sum(a2a_send(w, o))}",
+        ),
+    ),
+    _a2a_entry(
+        "a2a-send-sizes-missing",
+        "one rank passes send_sizes=None",
+        vargather.SizesError,
+        lambda r, w: _a2a(r, w, sizes=None),
+        lambda w, o: (f"rank {o}: send_sizes is required",),
+    ),
+    _a2a_entry(
+        "a2a-send-sizes-a-string",
+        "send_sizes is a string on one rank",
+        vargather.SizesTypeError,
+        lambda r, w: _a2a(r, w, sizes="1,2"),
+        lambda w, o: (f"rank {o}: send_sizes must hold integers", "str"),
+    ),
+    _a2a_entry(
+        "a2a-recv-sizes-lie",
+        "recv_sizes (passed on every rank) is wrong about one sender on one rank",
+        vargather.SizesMismatchError,
+        lambda r, w: _a2a(r, w, recv_sizes=_a2a_recv_lie(w, r)),
+        lambda w, o: (
+            f"recv_sizes passed on rank(s) [{o}] contradict the send sizes",
+            f"send matrix {_a2a_matrix(w)}",
+            f"rank {o}: expected recv_sizes={a2a_recv(w, o)}",
+            f"got recv_sizes={_a2a_recv_lie(w, o)}",
+        ),
+        good=lambda r, w: _a2a(r, w, recv_sizes=a2a_recv(w, r)),
+    ),
+    _a2a_entry(
+        "a2a-recv-sizes-lie-on-one-rank-only",
+        "only one rank passes recv_sizes, and they are wrong",
+        vargather.SizesMismatchError,
+        lambda r, w: _a2a(r, w, recv_sizes=_a2a_recv_lie(w, r)),
+        lambda w, o: (
+            f"rank {o}: expected recv_sizes={a2a_recv(w, o)}",
+            f"got recv_sizes={_a2a_recv_lie(w, o)}",
+        ),
+    ),
+    _a2a_entry(
+        "a2a-recv-sizes-wrong-length",
+        "recv_sizes has one entry too few on one rank",
+        vargather.SizesError,
+        lambda r, w: _a2a(r, w, recv_sizes=a2a_recv(w, r)[:-1]),
+        lambda w, o: (f"rank {o}: expected len(recv_sizes) == world size {w}, got {w - 1}",),
+    ),
+    _a2a_entry(
+        "a2a-dtype-differs",
+        "one rank passes float64 where the others pass float32",
+        vargather.DTypeMismatchError,
+        lambda r, w: _a2a(r, w, dtype="float64"),
+        lambda w, o: ("dtype differs", "torch.float32", "torch.float64", f"[{o}]"),
+    ),
+    _a2a_entry(
+        "a2a-ndim-differs",
+        "one rank passes a tensor with one more dimension",
+        vargather.ShapeMismatchError,
+        lambda r, w: _a2a(r, w, trail=(2, 1)),
+        lambda w, o: ("ndim differs", "2", "3", f"[{o}]"),
+    ),
+    _a2a_entry(
+        "a2a-trailing-dim-differs",
+        "a dimension other than dim differs on one rank",
+        vargather.ShapeMismatchError,
+        lambda r, w: _a2a(r, w, trail=(3,)),
+        lambda w, o: ("shape outside the split dimension differs", "(2,)", "(3,)", f"[{o}]"),
+    ),
+    _a2a_entry(
+        "a2a-dim-differs",
+        "one rank splits along dim 1 of its transposed tensor (valid locally)",
+        vargather.ArgumentMismatchError,
+        lambda r, w: FamilyArgs(TensorSpec((2, sum(a2a_send(w, r)))), sizes=a2a_send(w, r), dim=1),
+        lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]"),
+    ),
+    _a2a_entry(
+        "a2a-dim-out-of-range",
+        "dim is out of range on one rank",
+        vargather.DimError,
+        lambda r, w: _a2a(r, w, dim=-3),
+        lambda w, o: (f"rank(s) [{o}]", f"rank {o}: dim=-3", "expected -2 <= dim < 2"),
+    ),
+    _a2a_entry(
+        "a2a-requires-grad-differs",
+        "one rank does not need a gradient and its peers do",
+        vargather.RequiresGradMismatchError,
+        lambda r, w: _a2a(r, w, dtype="float64"),
+        lambda w, o: ("requires_grad", "True", "False", f"[{o}]"),
+        good=lambda r, w: _a2a(r, w, dtype="float64", requires_grad=True),
+    ),
+    _a2a_entry(
+        "a2a-not-a-tensor",
+        "one rank passes None",
+        vargather.InputTypeError,
+        lambda r, w: FamilyArgs(None, sizes=a2a_send(w, r)),
+        lambda w, o: (f"rank {o}: expected a torch.Tensor, got NoneType",),
+    ),
+    _a2a_entry(
+        "a2a-absent",
+        "one rank never calls all_to_all_v",
+        vargather.CollectiveTimeoutError,
+        None,
+        _absent_fragments("all_to_all_v"),
+        good=lambda r, w: _a2a(r, w, timeout=ABSENT_TIMEOUT),
+        absent=True,
+    ),
+    # all_gather_list(x, shapes=, grad=): the same ndim, dtype and contract everywhere
+    _list_entry(
+        "list-dtype-differs",
+        "one rank passes bfloat16 where the others pass float32",
+        vargather.DTypeMismatchError,
+        lambda r, w: _list(r, w, dtype="bfloat16"),
+        lambda w, o: ("dtype differs", "torch.float32", "torch.bfloat16", f"[{o}]"),
+    ),
+    _list_entry(
+        "list-ndim-differs",
+        "one rank passes a tensor with one more dimension",
+        vargather.ShapeMismatchError,
+        lambda r, w: _list(r, w, extra=(1,)),
+        lambda w, o: ("ndim differs", "2", "3", f"[{o}]"),
+    ),
+    _list_entry(
+        "list-shapes-lie",
+        "shapes (passed on every rank) is wrong about a peer on one rank",
+        vargather.SizesMismatchError,
+        lambda r, w: _list(r, w, shapes=_list_shapes_lie(w, r)),
+        lambda w, o: (
+            f"shapes passed on rank(s) [{o}] contradict the tensors",
+            f"expected shapes={list_shapes(w)}",
+            f"got rank {o} passed shapes={_list_shapes_lie(w, o)}",
+        ),
+        good=lambda r, w: _list(r, w, shapes=list_shapes(w)),
+    ),
+    _list_entry(
+        "list-shapes-lie-about-ndim",
+        "shapes gives a peer one more dimension than its tensor has, on one rank",
+        vargather.SizesMismatchError,
+        lambda r, w: _list(r, w, shapes=_list_shapes_extra_dim(w, r)),
+        lambda w, o: (
+            f"shapes passed on rank(s) [{o}] contradict the tensors",
+            f"expected shapes={list_shapes(w)}",
+            f"got rank {o} passed shapes=[",
+            f"{list_shapes(w)[(o + 1) % w]} + 1 more dims",
+        ),
+    ),
+    _list_entry(
+        "list-shapes-wrong-own-entry",
+        "shapes is wrong about the rank's own tensor",
+        vargather.SizesError,
+        lambda r, w: _list(r, w, shapes=[[9, 9]] * w),
+        lambda w, o: (
+            f"rank {o}: expected shapes[{o}] == {list_shape(o)}",
+            f"got ({9}, {9})",
+        ),
+    ),
+    _list_entry(
+        "list-shapes-wrong-length",
+        "shapes has one entry too many on one rank",
+        vargather.SizesError,
+        lambda r, w: _list(r, w, shapes=[*list_shapes(w), [1, 1]]),
+        lambda w, o: (f"rank {o}: expected len(shapes) == world size {w}, got {w + 1}",),
+    ),
+    _list_entry(
+        "list-shapes-not-shapes",
+        "shapes is a flat list of ints on one rank",
+        vargather.SizesTypeError,
+        lambda r, w: _list(r, w, shapes=[2, 3]),
+        lambda w, o: (f"rank {o}: shapes[0] must be a sequence of ints, got int",),
+    ),
+    _list_entry(
+        "list-grad-contract-differs",
+        "one rank asks for grad='mean', its peers for grad='sum'",
+        vargather.ArgumentMismatchError,
+        lambda r, w: _list(r, w, grad="mean"),
+        lambda w, o: ("gradient contract", "'sum'", "'mean'", f"[{o}]"),
+    ),
+    _list_entry(
+        "list-grad-contract-unknown",
+        "one rank passes an unknown gradient contract",
+        vargather.ArgumentError,
+        lambda r, w: _list(r, w, grad="avg"),
+        lambda w, o: (f"rank {o}: grad must be one of 'sum', 'local', 'mean'", "'avg'"),
+    ),
+    _list_entry(
+        "list-requires-grad-differs",
+        "under grad='sum' one rank needs a gradient and its peers do not",
+        vargather.RequiresGradMismatchError,
+        lambda r, w: _list(r, w, dtype="float64", requires_grad=True),
+        lambda w, o: ("requires_grad", "True", "False", f"[{o}]"),
+        good=lambda r, w: _list(r, w, dtype="float64"),
+    ),
+    _list_entry(
+        "list-not-a-tensor",
+        "one rank passes a float",
+        vargather.InputTypeError,
+        lambda r, w: FamilyArgs(1.5),
+        lambda w, o: (f"rank {o}: expected a torch.Tensor, got float",),
+    ),
+    _list_entry(
+        "list-absent",
+        "one rank never calls all_gather_list",
+        vargather.CollectiveTimeoutError,
+        None,
+        _absent_fragments("all_gather_list"),
+        good=lambda r, w: _list(r, w, timeout=ABSENT_TIMEOUT),
+        absent=True,
+    ),
+)
+"""Every misuse class of the family, each raised as the same error on every rank (the
+named timeout on the others, for a rank that never arrives)."""
+
+
+def family_misuse_by_name(name: str) -> FamilyMisuse:
+    for m in FAMILY_CATALOGUE:
+        if m.name == name:
+            return m
+    raise KeyError(name)
+
+
 __all__ = [
     "CATALOGUE",
+    "FAMILY_CATALOGUE",
     "Call",
+    "FamilyArgs",
+    "FamilyMisuse",
+    "FamilyScenario",
     "GatherOutput",
     "Misuse",
     "Scenario",

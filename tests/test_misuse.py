@@ -4,7 +4,11 @@ For every entry of ``_misuse_fns.CATALOGUE``, on 2 and 3 ranks and with the offe
 every rank: every rank raises exactly the catalogued ``VarGatherError`` subclass with
 the same message, naming the offending rank(s), the expected and the got value; no rank
 returns data, aborts or hangs; and afterwards the *same* process group (the pool was
-not rebuilt) performs a correct gather, checked against the oracle bit for bit.
+not rebuilt) performs a correct gather, checked against the oracle bit for bit. The
+family's entries (``_misuse_fns.FAMILY_CATALOGUE``: ``reduce_scatter_v``,
+``all_to_all_v``, ``all_gather_list``) are judged alike, the follow-up being a correct
+call of the same collective; a rank that never arrives gives the named timeout on the
+others, then a rebuilt world.
 
 The cases that are not "every rank raises" are here too, each stating why: a rank that
 is not a member of the group it passes, a group passed without torch.distributed, and
@@ -18,6 +22,7 @@ import importlib
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -31,6 +36,7 @@ from vargather.testing import (
     RankPool,
     assert_bitwise_equal,
     bitwise_difference,
+    family,
     get_pool,
 )
 
@@ -102,6 +108,110 @@ def test_misuse_raises_the_same_error_on_every_rank(
     assert_usable(pool, generation)
 
 
+# --- the family: reduce_scatter_v, all_to_all_v, all_gather_list --------------------
+
+
+def _family_case(misuse: fns.FamilyMisuse, w: int, o: int) -> Any:
+    # A rank that never arrives costs a timeout and a rebuilt world: one per
+    # collective (3 ranks, the middle one absent) in the default run, the rest slow.
+    slow = misuse.absent and (w, o) != (3, 1)
+    return pytest.param(
+        misuse,
+        w,
+        o,
+        id=f"{misuse.name}-W{w}-offender{o}",
+        marks=[pytest.mark.slow] if slow else [],
+    )
+
+
+FAMILY_CASES = [
+    _family_case(m, w, o) for m in fns.FAMILY_CATALOGUE for w in (2, 3) for o in range(w)
+]
+
+
+def assert_timed_out(
+    outcomes: Sequence[RankOutcome[Any]],
+    absent: int,
+    error: type[vargather.VarGatherError],
+    fragments: Sequence[str],
+    blamed: Sequence[int],
+) -> None:
+    """The absent rank returned at once; every other rank raised exactly ``error`` (the
+    named timeout: its message says where that rank waited, so it differs per rank)
+    naming the absent rank."""
+    assert outcomes[absent].ok
+    assert outcomes[absent].value is None
+    for o in outcomes:
+        if o.rank == absent:
+            continue
+        assert type(o.exception) is error, f"rank {o.rank}: {o.exc_type_name}: {o.exception}"
+        assert isinstance(o.exception, vargather.VarGatherError)
+        assert o.exception.ranks == tuple(blamed), (o.exception.ranks, str(o.exception))
+        message = str(o.exception)
+        missing = [f for f in fragments if f not in message]
+        assert not missing, f"rank {o.rank}: {missing} not in the message: {message}"
+        assert f"on rank {o.rank} of {len(outcomes)} timed out" in message, message
+
+
+def valid_family_case(collective: str, world_size: int, seed: int = 5) -> Any:
+    """A correct call of ``collective`` with gradients, as the family's property
+    suite models it (``vargather.testing.family``), judged against the oracle."""
+    w = world_size
+    if collective == "reduce_scatter_v":
+        return family.ReduceScatterCase(w, tuple(fns.rs_sizes(w)), (2,), -1, "float64", seed=seed)
+    if collective == "all_to_all_v":
+        send = tuple(tuple(fns.a2a_send(w, r)) for r in range(w))
+        return family.AllToAllCase(w, send, (3,), 0, "float64", seed=seed, pass_recv=True)
+    shapes = tuple(fns.list_shape(r) for r in range(w))
+    return family.GatherListCase(w, shapes, "float64", seed=seed, pass_shapes=True)
+
+
+def assert_family_usable(pool: RankPool, collective: str, generation: int) -> None:
+    """The next correct call of the same collective works, forward and gradient bit
+    for bit against the oracle, on the world of ``generation``."""
+    assert family.check_case(pool, valid_family_case(collective, pool.world_size)) == []
+    assert pool.generation == generation, "the pool rebuilt its process group"
+
+
+@pytest.mark.parametrize(("misuse", "world_size", "offender"), FAMILY_CASES)
+def test_family_misuse_raises_the_same_error_on_every_rank(
+    misuse: fns.FamilyMisuse, world_size: int, offender: int
+) -> None:
+    pool = get_pool(world_size)
+    generation = pool.generation
+    outcomes = pool.run_outcomes(fns.run_family, misuse.build(world_size, offender))
+    fragments = misuse.fragments(world_size, offender)
+    blamed = misuse.blamed_ranks(world_size, offender)
+    if misuse.absent:
+        try:
+            assert_timed_out(outcomes, offender, misuse.error, fragments, blamed)
+        finally:  # the timed-out group is out of step: the world is rebuilt
+            pool.restart()
+        generation = pool.generation
+    else:
+        assert_same_error(outcomes, misuse.error, fragments, blamed)
+    assert_family_usable(pool, misuse.collective, generation)
+
+
+def test_family_catalogue_covers_every_collective() -> None:
+    names = [m.name for m in fns.FAMILY_CATALOGUE]
+    assert len(names) == len(set(names))
+    assert not set(names) & {m.name for m in fns.CATALOGUE}
+    for collective in fns.FAMILY:
+        entries = [m for m in fns.FAMILY_CATALOGUE if m.collective == collective]
+        assert sum(m.absent for m in entries) == 1, collective
+        kinds = {m.error for m in entries}
+        assert vargather.DTypeMismatchError in kinds
+        assert vargather.ShapeMismatchError in kinds
+        assert vargather.RequiresGradMismatchError in kinds
+        assert vargather.InputTypeError in kinds
+        assert vargather.SizesError in kinds
+        assert vargather.CollectiveTimeoutError in kinds
+    for m in fns.FAMILY_CATALOGUE:
+        assert issubclass(m.error, vargather.VarGatherError)
+        assert m.error.__module__ == "vargather"
+
+
 def test_the_catalogue_is_what_the_docs_count() -> None:
     names = [m.name for m in fns.CATALOGUE]
     assert len(names) == len(set(names))
@@ -110,6 +220,15 @@ def test_the_catalogue_is_what_the_docs_count() -> None:
     assert f"**{len(fns.CATALOGUE)} misuse classes** on every rank" in doc
     for name in names:
         assert f"`{name}`" in doc, f"{name} is not in docs/misuse.md"
+    family_names = [m.name for m in fns.FAMILY_CATALOGUE]
+    assert f"**{len(family_names)} misuse classes of the family** on every rank" in doc
+    for name in family_names:
+        assert f"`{name}`" in doc, f"{name} is not in docs/misuse.md"
+    cases = len(CASES) + len(FAMILY_CASES)
+    flat = " ".join(doc.split())
+    assert (
+        f"({cases} cases: {len(CASES)} of `all_gather_v`, {len(FAMILY_CASES)} of the family" in flat
+    )
 
 
 def test_every_error_class_of_the_catalogue_subclasses_a_builtin() -> None:
@@ -340,3 +459,107 @@ def _fuzz_multirank() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# --- the fuzz judge of the family, both ways -----------------------------------------
+
+
+def _a2a_honest_resend(mod: Any) -> Any:
+    """3 ranks, receive sizes passed everywhere; rank 0 changes its plan honestly (a new
+    send row and a tensor that fits it), so the receive sizes ranks 1 and 2 passed,
+    true of the call all meant to make, now contradict rank 0's send sizes."""
+    send = [[1, 0, 2], [0, 2, 1], [2, 1, 0]]
+    calls = []
+    for r in range(3):
+        recv = [send[j][r] for j in range(3)]
+        row = [1, 2, 0] if r == 0 else send[r]
+        x = mod.TensorSpec((sum(row), 2), "float32")
+        calls.append(mod.FamilyArgs(x, sizes=row, recv_sizes=recv))
+    return mod.FamilyScenario("all_to_all_v", tuple(calls))
+
+
+def _list_honest_reshape(mod: Any) -> Any:
+    """2 ranks, shapes passed on both; rank 1 holds another tensor and says so in its own
+    shapes, so rank 0's (once true) shapes are now the lie."""
+    before, after = [[2, 3], [0, 1]], [[2, 3], [4, 1]]
+    calls = (
+        mod.FamilyArgs(mod.TensorSpec((2, 3)), shapes=before),
+        mod.FamilyArgs(mod.TensorSpec((4, 1)), shapes=after),
+    )
+    return mod.FamilyScenario("all_gather_list", calls)
+
+
+def test_family_fuzz_judge_accepts_an_honest_rank_blamed_for_a_peers_change() -> None:
+    """The subtlety of the family's judge: a mutated rank can make an unmutated rank's
+    passed values wrong. vargather blames the ranks whose passed values contradict the
+    others (here the unmutated ones), and the judge accepts exactly that: the blamed
+    ranks name the mutated rank. With no rank mutated, the same refusal is a defect."""
+    fuzz = _fuzz_multirank()
+    for build, liars, changed in [(_a2a_honest_resend, (1, 2), 0), (_list_honest_reshape, (0,), 1)]:
+        scenario = build(fns)
+        pool = get_pool(scenario.world_size)
+        generation = pool.generation
+        outcomes = pool.run_outcomes(fns.run_family, scenario)
+        judged = build(fuzz.fns)  # the same scenario, of the fuzz module's own import
+        assert fuzz.family_verdict(judged) == ("SizesMismatchError", liars)
+        assert fuzz.judge_family(judged, outcomes, (changed,)) == "refused"
+        assert all(o.exception.ranks == liars for o in outcomes)  # type: ignore[union-attr]
+        with pytest.raises(AssertionError, match="none mutated"):
+            fuzz.judge_family(judged, outcomes, ())
+        assert_family_usable(pool, scenario.collective, generation)
+
+
+def _raised(error: vargather.VarGatherError, world_size: int) -> list[RankOutcome[Any]]:
+    return [
+        RankOutcome(r, exception=error, exc_type_name=f"vargather.{type(error).__name__}")
+        for r in range(world_size)
+    ]
+
+
+def test_family_fuzz_judge_refuses_every_wrong_outcome() -> None:
+    """Each way an outcome can be wrong is refused: a valid call refused, a call
+    refused on some ranks only, different messages, another class, other ranks
+    blamed, a wrong answer accepted, and a local problem told as a mismatch."""
+    fuzz = _fuzz_multirank()
+    m = fuzz.fns
+    rs = [m.FamilyArgs(m.TensorSpec((3, 2)), sizes=[1, 2]) for _ in range(2)]
+    valid = m.FamilyScenario("reduce_scatter_v", tuple(rs))
+    right = fuzz.fns.family_expected(valid)
+    ok = [RankOutcome(r, value=right[r]) for r in range(2)]
+    assert fuzz.judge_family(valid, ok, (1,)) == "harmless"
+    wrong = [RankOutcome(0, value=right[0]), RankOutcome(1, value=right[1] + 1)]
+    with pytest.raises(AssertionError):
+        fuzz.judge_family(valid, wrong, (1,))
+    with pytest.raises(AssertionError, match="a valid call was refused"):
+        fuzz.judge_family(valid, _raised(vargather.SizesError("x", ranks=[1]), 2), (1,))
+
+    dtype = m.FamilyScenario(
+        "reduce_scatter_v", (rs[0], replace(rs[1], x=m.TensorSpec((3, 2), "int32")))
+    )
+    assert fuzz.family_verdict(dtype) == ("DTypeMismatchError", (0, 1))  # a tie of two
+    message = "reduce_scatter_v: dtype differs across ranks: rank 0 ... rank 1"
+    good = _raised(vargather.DTypeMismatchError(message, ranks=[0, 1]), 2)
+    assert fuzz.judge_family(dtype, good, (1,)) == "refused"
+    cases = {
+        "on every rank": [good[0], RankOutcome(1, value=right[1])],
+        "different messages": [
+            good[0],
+            _raised(vargather.DTypeMismatchError(message + ".", ranks=[0, 1]), 2)[1],
+        ],
+        "expected DTypeMismatchError": _raised(
+            vargather.ShapeMismatchError(message, ranks=[0, 1]), 2
+        ),
+        "to blame": _raised(vargather.DTypeMismatchError(message, ranks=[1]), 2),
+    }
+    for why, outcomes in cases.items():
+        with pytest.raises(AssertionError, match=why):
+            fuzz.judge_family(dtype, outcomes, (1,))
+
+    local = m.FamilyScenario("reduce_scatter_v", (rs[0], replace(rs[1], sizes=[1, 1])))
+    assert fuzz.family_verdict(local) == ("local", (1,))
+    told = "reduce_scatter_v: invalid arguments on rank(s) [1]: rank 1: expected sum(sizes) == 3"
+    assert fuzz.judge_family(local, _raised(vargather.SizesError(told, ranks=[1]), 2), (1,))
+    with pytest.raises(AssertionError, match="own problem"):
+        fuzz.judge_family(local, _raised(vargather.SizesMismatchError(told, ranks=[1]), 2), (1,))
+    with pytest.raises(AssertionError, match="none mutated"):
+        fuzz.judge_family(local, _raised(vargather.SizesError(told, ranks=[1]), 2), (0,))

@@ -33,8 +33,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _fused
-from ._args import CheckedCall, Problem, check_call, sizes_hash
-from ._comm import GroupInfo
+from ._args import CheckedCall, Problem, check_call, saturate, sizes_hash
+from ._comm import GroupInfo, all_gather_equal
 from ._errors import (
     ProtocolMismatchError,
     ShapeMismatchError,
@@ -279,6 +279,36 @@ def _read_carriers(run: torch.Tensor, sizes: Sequence[int]) -> list[tuple[list[i
     return out
 
 
+def _exchange_passed_shapes(
+    own: Sequence[tuple[int, ...] | None], ndim: int, info: GroupInfo
+) -> list[str]:
+    """Every rank's passed shapes, shown (``ndim`` entries of each, then how many
+    more): one equal-size all_gather, only on the error path, after every rank found
+    the same lie. ``own`` is this rank's parsed shapes (empty: none passed)."""
+    w, width = info.world_size, 1 + ndim
+    row = [-1] * (w * width)
+    for r, shape in enumerate(own[:w]):
+        if shape is None:
+            continue
+        row[r * width] = len(shape)
+        for i, n in enumerate(shape[:ndim]):
+            row[r * width + 1 + i] = saturate(n)
+    device = info.default_device()
+    local = torch.tensor(row, dtype=torch.int64, device=device)
+    gathered = torch.empty(w * len(row), dtype=torch.int64, device=device)
+    all_gather_equal(
+        gathered, local, info, what=f"all_gather (shapes of a {NAME} mismatch message)"
+    )
+    shown = []
+    for words in gathered.view(w, w, width).tolist():
+        entries = []
+        for n, *dims in words:
+            kept = [int(v) for v in dims[: max(0, min(n, ndim))]]
+            entries.append(str(kept) if n <= ndim else f"{kept} + {n - ndim} more dims")
+        shown.append("[" + ", ".join(entries) + "]")
+    return shown
+
+
 def _fused_plan(
     x: object,
     call: FamilyCall,
@@ -339,11 +369,12 @@ def _fused_plan(
     )
     truth = sizes_hash([v for s in shapes for v in (len(s), *s)])
     liars = [r for r, row in enumerate(rows) if row[-2] == 1 and row[-1] != truth]
-    if liars:
+    if liars:  # every rank knows: all take one more small gather, to show the lies
+        passed = _exchange_passed_shapes(call.sizes, ndims[0], info)
+        got = "; ".join(f"rank {r} passed shapes={passed[r]}" for r in liars)
         raise SizesMismatchError(
             f"{NAME}: shapes passed on rank(s) {liars} contradict the tensors: expected "
-            f"shapes={[list(s) for s in shapes]} (every rank's tensor's shape), got other "
-            f"shapes on rank(s) {liars}",
+            f"shapes={[list(s) for s in shapes]} (every rank's tensor's shape), got {got}",
             ranks=liars,
         )
     assert isinstance(x, torch.Tensor)  # validated
