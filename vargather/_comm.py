@@ -203,6 +203,30 @@ def all_gather_equal(
         )
 
 
+def all_gather_equal_each(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    info: GroupInfo,
+    *,
+    what: str = "all_gather x2",
+) -> None:
+    """``all_gather_equal`` for every ``(output, local)`` pair, all in flight at once:
+    issued asynchronously in order (every rank issues them in the same order, so the
+    backend pairs them by sequence number), then awaited."""
+    with translate_collective_errors(what, info):
+        works = [
+            _all_gather_single()(
+                movable(output.view(-1), rows=False),
+                movable(local.reshape(-1), rows=False),
+                group=info.group,
+                async_op=True,
+            )
+            for output, local in pairs
+        ]
+        for work in works:
+            if work is not None:
+                work.wait()
+
+
 def all_gather_list(
     outputs: Sequence[torch.Tensor],
     local: torch.Tensor,
@@ -281,9 +305,11 @@ def broadcast_from_each(
     *,
     what: str | None = None,
     sources: Sequence[int] | None = None,
+    gather: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Block ``i`` of every rank receives block ``i`` of rank ``sources[i]`` (default:
-    rank ``i``), for every ``i``.
+    rank ``i``), for every ``i``; with ``gather`` (``(output, local)``), an equal
+    all_gather issued first, in flight with the broadcasts.
 
     One broadcast per non-empty block, all issued asynchronously and then awaited:
     every rank issues them in the same order, so the backend pairs them by sequence
@@ -293,7 +319,17 @@ def broadcast_from_each(
     """
     src = range(len(blocks)) if sources is None else sources
     with translate_collective_errors(what or f"broadcast x{len(blocks)}", info):
-        works = [
+        works = []
+        if gather is not None:
+            works.append(
+                _all_gather_single()(
+                    movable(gather[0].view(-1), rows=False),
+                    movable(gather[1].reshape(-1), rows=False),
+                    group=info.group,
+                    async_op=True,
+                )
+            )
+        works += [
             dist.broadcast(
                 movable(block, rows=False),  # its bytes when the backend refuses the dtype
                 src=_global_rank(info, r),

@@ -98,7 +98,7 @@ import torch
 import torch.distributed as dist
 
 from ._args import CallRecord, CheckedCall
-from ._comm import GroupInfo, all_gather_equal, broadcast_from_each
+from ._comm import GroupInfo, all_gather_equal, all_gather_equal_each, broadcast_from_each
 from ._errors import ArgumentMismatchError, ProtocolMismatchError, VarGatherError
 from ._exchange import _disagreement, exchange_records, plan_layout, validate_records
 from ._group import process_group
@@ -147,6 +147,16 @@ round); a group whose calls carry more switches to the *wide* round (module doc)
 WIDE_MIN_BYTES: Final = FUSED_MAX_BYTES
 """A group switches to the wide round once a call's largest payload per rank exceeds
 this many bytes (and back after ``SHRINK_AFTER`` calls that do not)."""
+
+SPLIT_MIN_BYTES: Final = 128 * 1024
+"""A gather round whose capacity exceeds this many bytes sends its headers apart: one
+small all_gather of the headers and one equal all_gather of the payload slots, both in
+flight at once (the *split* gather round): the payload then needs no copy into a
+shared block, and a stable even gather's result is the received buffer itself."""
+
+WIDE_HEADS_GATHER: Final = False
+"""Experiment: the wide round's headers by one all_gather in flight with the W payload
+broadcasts (W + 1 operations) instead of W broadcasts of their own (2W)."""
 
 SHRINK_AFTER: Final = 8
 """Idle calls in a row after which the capacity (or the slots) shrink."""
@@ -414,6 +424,10 @@ def exchange(
         own = []
     if wide:
         return _wide_round(kind, state, calls, (records, k, flags), own, nbytes, info, pg, wide)
+    if capacity > SPLIT_MIN_BYTES:
+        return _split_round(
+            kind, state, calls, (records, k, flags), own, nbytes, info, pg, capacity
+        )
     rnd = _round_for(pg, kind, w, slots, capacity, device)
     if rnd is not None and rnd.lock.acquire(blocking=False):
         try:
@@ -520,16 +534,33 @@ def _wide_round(
             at += n
     filled = nbytes if own else 0
     buf[mine + filled : starts[rank + 1]].zero_()  # no stale memory to the peers
-    heads[rank * head : (rank + 1) * head].copy_(_header_bytes(state.slots, records, k, flags))
-    blocks = [heads[r * head : (r + 1) * head] for r in range(w)]
-    blocks += [buf[starts[r] : starts[r + 1]] for r in range(w)]
-    broadcast_from_each(
-        blocks, info, what=f"broadcast x{2 * w} (metadata exchange)", sources=[*range(w)] * 2
-    )
+    mine_head = _header_bytes(state.slots, records, k, flags).to(device)
+    if WIDE_HEADS_GATHER:
+        broadcast_from_each(
+            [buf[starts[r] : starts[r + 1]] for r in range(w)],
+            info,
+            what=f"all_gather + broadcast x{w} (metadata exchange)",
+            gather=(heads, mine_head),
+        )
+    else:
+        heads[rank * head : (rank + 1) * head].copy_(mine_head)
+        blocks = [heads[r * head : (r + 1) * head] for r in range(w)]
+        blocks += [buf[starts[r] : starts[r + 1]] for r in range(w)]
+        broadcast_from_each(
+            blocks, info, what=f"broadcast x{2 * w} (metadata exchange)", sources=[*range(w)] * 2
+        )
     values = heads.cpu().view(torch.int64).view(w, -1).tolist()
     rows = tuple(tuple(row) for row in values)
 
+    return _decide(kind, state, calls, rows, info, pg, _cutter(buf, starts), wide)
+
+
+def _cutter(buf: torch.Tensor, starts: Sequence[int]) -> Cut:
+    """The results from one rank-major payload buffer whose region r (rank r's slot)
+    starts at ``starts[r]``."""
+
     def cut(layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
+        w = len(needs)
         if len(layouts) == 1 and layouts[0].pre == 1:
             # One tensor whose blocks are adjacent in the result: compact in place
             # (nothing moves when every slot was a rank's exact need); the result is a
@@ -545,7 +576,58 @@ def _wide_round(
             return [buf[:at].view(lay.dtype).view(lay.output_shape)]
         return unpack([buf[starts[r] : starts[r] + needs[r]] for r in range(w)], layouts)
 
-    return _decide(kind, state, calls, rows, info, pg, cut, wide)
+    return cut
+
+
+def _fill_slot(slot: torch.Tensor, own: Sequence[torch.Tensor], filled: int) -> None:
+    """This rank's payload into its slot (one copy per tensor, whatever the strides),
+    zeros after it (no stale memory to the peers)."""
+    at = 0
+    for t in own:
+        n = t.numel() * t.element_size()
+        region = slot[at : at + n]
+        if at % t.element_size() == 0:
+            region.view(t.dtype).view(t.shape).copy_(t.detach())
+        else:
+            region.copy_(_bytes_of(t))
+        at += n
+    slot[filled:].zero_()
+
+
+def _split_round(
+    kind: Kind,
+    state: FusedState,
+    calls: Sequence[CheckedCall],
+    header_key: tuple[tuple[CallRecord, ...], int, int],
+    own: Sequence[torch.Tensor],
+    nbytes: int,
+    info: GroupInfo,
+    pg: dist.ProcessGroup | None,
+    capacity: int,
+) -> Exchanged:
+    """The split gather round (``SPLIT_MIN_BYTES``): the headers by one small all_gather
+    and the payload slots (``capacity`` bytes each) by one equal all_gather, both in
+    flight at once; a payload exactly ``capacity`` bytes of one contiguous tensor is
+    sent from the tensor itself."""
+    w = info.world_size
+    records, k, flags = header_key
+    device = info.default_device()
+    mine = _header_bytes(state.slots, records, k, flags).to(device)
+    heads = torch.empty(w * mine.numel(), dtype=torch.uint8, device=device)
+    one = own[0] if len(own) == 1 else None
+    if one is not None and nbytes == capacity and one.is_contiguous():
+        send = _bytes_of(one)  # a view: no copy
+    else:
+        send = torch.empty(capacity, dtype=torch.uint8, device=device)
+        _fill_slot(send, own, nbytes if own else 0)
+    buf = torch.empty(w * capacity, dtype=torch.uint8, device=device)
+    all_gather_equal_each(
+        [(heads, mine), (buf, send)], info, what="all_gather x2 (metadata exchange)"
+    )
+    values = heads.cpu().view(torch.int64).view(w, -1).tolist()
+    rows = tuple(tuple(row) for row in values)
+    starts = [r * capacity for r in range(w)]
+    return _decide(kind, state, calls, rows, info, pg, _cutter(buf, starts), (capacity,) * w)
 
 
 _FRESH: Final = FusedState()
