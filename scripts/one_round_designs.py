@@ -38,7 +38,7 @@ from vargather.testing import RankContext, RankPool
 _HUGE = 1 << 62
 _DEFAULTS = {
     name: getattr(_fused, name)
-    for name in ("FUSED_MAX_BYTES", "WIDE_MIN_BYTES", "PAD_LIMIT", "WASTE_LIMIT", "SPLIT_MIN_BYTES", "WIDE_HEADS_GATHER")
+    for name in ("FUSED_MAX_BYTES", "WIDE_MIN_BYTES", "PAD_LIMIT", "WASTE_LIMIT", "SPLIT_MIN_BYTES", "WIDE_HEADS_GATHER", "SMALL_BYTES")
     if hasattr(_fused, name)
 }
 
@@ -47,27 +47,23 @@ def _set(variant: str) -> None:
     """Module switches for ``variant`` (read by ``_fused`` at call time), state reset."""
     for name, value in _DEFAULTS.items():
         setattr(_fused, name, value)
+    old = 128 * 1024
+    switches: dict[str, object] = {}
     if variant == "two-rounds":
-        _fused.WIDE_MIN_BYTES = _HUGE  # type: ignore[misc]  # an experiment's switch
-        _fused.PAD_LIMIT = _HUGE  # type: ignore[misc]
-        _fused.FUSED_MAX_BYTES = 128 * 1024  # type: ignore[misc]
-        _fused.SPLIT_MIN_BYTES = _HUGE  # type: ignore[misc]
-        if "WASTE_LIMIT" in _DEFAULTS:
-            _fused.WASTE_LIMIT = -1.0  # type: ignore[attr-defined]
+        switches = {"FUSED_MAX_BYTES": old, "WIDE_MIN_BYTES": _HUGE, "PAD_LIMIT": _HUGE}
+        switches |= {"WASTE_LIMIT": float(_HUGE), "SMALL_BYTES": old}
     elif variant in ("padded", "split"):
-        _fused.SPLIT_MIN_BYTES = _HUGE if variant == "padded" else 128 * 1024  # type: ignore[misc]
-        _fused.WIDE_MIN_BYTES = _HUGE  # type: ignore[misc]
-        _fused.PAD_LIMIT = _HUGE  # type: ignore[misc]
-        _fused.FUSED_MAX_BYTES = _HUGE  # type: ignore[misc]
-        if "WASTE_LIMIT" in _DEFAULTS:
-            _fused.WASTE_LIMIT = float(_HUGE)  # type: ignore[attr-defined]
-    elif variant in ("wide", "wide1"):
-        _fused.WIDE_HEADS_GATHER = variant == "wide1"  # type: ignore[misc]
-        _fused.WIDE_MIN_BYTES = 128 * 1024  # type: ignore[misc]
-        _fused.FUSED_MAX_BYTES = 128 * 1024  # type: ignore[misc]
-        _fused.PAD_LIMIT = 4  # type: ignore[misc]
-        if "WASTE_LIMIT" in _DEFAULTS:
-            _fused.WASTE_LIMIT = -1.0  # type: ignore[attr-defined]
+        switches = {"FUSED_MAX_BYTES": _HUGE, "WIDE_MIN_BYTES": _HUGE, "PAD_LIMIT": _HUGE}
+        switches |= {"WASTE_LIMIT": float(_HUGE), "SMALL_BYTES": old}
+        switches["SPLIT_MIN_BYTES"] = old if variant == "split" else _HUGE
+    elif variant in ("wide", "wide1"):  # the policy before: wide above 128 KiB
+        switches = {"FUSED_MAX_BYTES": old, "WIDE_MIN_BYTES": old, "PAD_LIMIT": 4}
+        switches |= {"SMALL_BYTES": old, "WIDE_HEADS_GATHER": variant == "wide1"}
+    elif variant == "auto1":
+        switches = {"WIDE_HEADS_GATHER": True}
+    for name, value in switches.items():
+        if name in _DEFAULTS:
+            setattr(_fused, name, value)
     fresh = _fused.FusedState()
     for kind in ("single", "coalesced"):
         _fused.replace_state(None, kind, **fresh.__dict__)  # type: ignore[arg-type]
