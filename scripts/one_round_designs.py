@@ -38,7 +38,15 @@ from vargather.testing import RankContext, RankPool
 _HUGE = 1 << 62
 _DEFAULTS = {
     name: getattr(_fused, name)
-    for name in ("FUSED_MAX_BYTES", "WIDE_MIN_BYTES", "PAD_LIMIT", "WASTE_LIMIT", "SPLIT_MIN_BYTES", "WIDE_HEADS_GATHER", "SMALL_BYTES")
+    for name in (
+        "FUSED_MAX_BYTES",
+        "WIDE_MIN_BYTES",
+        "PAD_LIMIT",
+        "WASTE_LIMIT",
+        "SPLIT_MIN_BYTES",
+        "WIDE_HEADS_GATHER",
+        "SMALL_BYTES",
+    )
     if hasattr(_fused, name)
 }
 
@@ -81,7 +89,10 @@ def _rank(ctx: RankContext, job: tuple[int, tuple[float, ...], int, int, tuple[s
     eq = torch.zeros(total // 4 // w, dtype=torch.float32)
     out = torch.empty(eq.numel() * w)
     want = torch.cat(
-        [torch.arange(n * cols, dtype=torch.float32).reshape(n, cols) + q for q, n in enumerate(rows)]
+        [
+            torch.arange(n * cols, dtype=torch.float32).reshape(n, cols) + q
+            for q, n in enumerate(rows)
+        ]
     )
     found: list[dict[str, float]] = []
     for rep in range(repeats):

@@ -334,7 +334,7 @@ def test_lazily_conjugated_or_negated_shards_ride_the_fused_round(kind: str) -> 
                 assert one_collective, f"call {i} on rank {r} took more than one collective"
 
 
-BIG = 40_000  # rows of 4 bytes: 160 KB on one rank, past the gather round's 128 KiB
+BIG = 140_000  # rows of 4 bytes: 560 KB on one rank, past the gather round's 512 KiB
 
 
 def test_wide_round_ranks_agree_on_every_call_at_three_ranks() -> None:
@@ -494,7 +494,9 @@ def test_gather_round_past_small_bytes_keeps_ranks_in_step_at_three_ranks() -> N
         skew,  # padding past the bound: this call still fits, the group goes wide
         skew,  # the wide round: one collective
     ]
-    steps += [mild] * _fused.SHRINK_AFTER  # back to the gather round (padding 22 %)
+    # rank 2 outgrows its wide slot with padding within the bound (22 %): back to the
+    # gather round at once (two rounds), whose capacity the same call grew
+    steps += [mild, mild]
     steps += [past, past]  # past FUSED_MAX_BYTES: wide
     errors: list[str | None] = [None] * len(steps)
     errors[5] = "DTypeMismatchError"
@@ -504,17 +506,20 @@ def test_gather_round_past_small_bytes_keeps_ranks_in_step_at_three_ranks() -> N
     collectives[2] = 2
     collectives[3] = collectives[4] = 1
     collectives[6] = collectives[7] = 1
+    collectives[8], collectives[9] = 2, 1
     collectives[-1] = 1
     results = check_script(3, steps, errors, collectives)
     states = [results[0][s]["state"][0] for s in range(len(steps))]
     capacity = [s[0] for s in states]
     wide = [tuple(s[6]) for s in states]
-    assert capacity[0] == _fused.bucket(4 * m) and wide[0] == ()
-    assert capacity[2] == _fused.bucket(4 * m * 6 // 4) and wide[2] == ()
+    assert capacity[0] == _fused.bucket(4 * m)
+    assert wide[0] == ()
+    assert capacity[2] == _fused.bucket(4 * m * 6 // 4)
+    assert wide[2] == ()
     assert capacity[4] == capacity[2]
     assert wide[6] == (4 * m, 2 * m, 12)  # the skew's exact needs
-    assert wide[7 + _fused.SHRINK_AFTER - 1] != ()
-    assert wide[7 + _fused.SHRINK_AFTER] == ()  # back in the gather round
+    assert wide[8] == ()  # back in the gather round
+    assert capacity[8] == capacity[2]
     assert wide[-1] == (12 * m,) * 3
 
 
@@ -529,7 +534,8 @@ def test_gather_round_waste_bound_picks_the_round() -> None:
     n = 280_000
     mild = tuple(int(n * f) for f in (1, 1.25, 1.5, 1.75))  # 27 % padding, 28 % bucketed
     s = _fused.advance(_fused.FusedState(), fusable=True, need=max(mild), count=1, needs=mild)
-    assert s.wide == () and s.capacity == _fused.bucket(max(mild))
+    assert s.wide == ()
+    assert s.capacity == _fused.bucket(max(mild))
     assert 4 * s.capacity <= (1 + _fused.WASTE_LIMIT) * sum(mild)  # the stated bound
     skew = (n, n, n, 2 * n)  # 60 % padding
     t = _fused.advance(_fused.FusedState(), fusable=True, need=2 * n, count=1, needs=skew)
@@ -537,9 +543,19 @@ def test_gather_round_waste_bound_picks_the_round() -> None:
     # the same skew below SMALL_BYTES is latency-bound: the gather round pads it
     low = tuple(x * small // (4 * n) for x in skew)
     u = _fused.advance(_fused.FusedState(), fusable=True, need=max(low), count=1, needs=low)
-    assert u.wide == () and u.capacity == _fused.bucket(max(low))
+    assert u.wide == ()
+    assert u.capacity == _fused.bucket(max(low))
     past = (most + 1,) * 4
     v = _fused.advance(_fused.FusedState(), fusable=True, need=most + 1, count=1, needs=past)
-    assert v.wide == past and v.capacity == 0
+    assert v.wide == past
+    assert v.capacity == 0
     # the same needs give the same state, whoever computes it
     assert _fused.advance(_fused.FusedState(), fusable=True, need=2 * n, count=1, needs=skew) == t
+    # a group gone wide whose call outgrows a slot with padding within the bound goes
+    # back to the gather round at once (its capacity grown by the same call)
+    back = _fused.advance(t, fusable=True, need=n + 1, count=1, needs=(n + 1, n, n, n))
+    assert back.wide == ()
+    assert back.capacity >= n + 1
+    # within its slots it stays wide until SHRINK_AFTER such calls
+    stay = _fused.advance(t, fusable=True, need=n, count=1, needs=(n, n, n, n))
+    assert (stay.wide, stay.wide_idle) == (skew, 1)

@@ -237,8 +237,11 @@ def _advance_wide(
         return tuple(needs), 0, ()
     if not wide:
         return wide, 0, ()
-    if large and any(n > c for n, c in zip(needs, wide, strict=True)):  # a miss: grow
+    missed = any(n > c for n, c in zip(needs, wide, strict=True))
+    if large and missed:  # a miss: grow
         return tuple(max(c, bucket(n)) for n, c in zip(needs, wide, strict=True)), 0, ()
+    if missed and fusable:  # a miss the gather round holds (it grew to it): back at once
+        return (), 0, ()
     if large and not any(2 * bucket(n) <= c for n, c in zip(needs, wide, strict=True)):
         return wide, 0, ()  # in use, no slot twice too large
     # idle: not large (small, or a rank not eligible), or some slot twice too large
