@@ -3,8 +3,11 @@
 A design experiment beside the bench (not part of the package), the successor of
 ``one_round_alternatives.py``. On a real gloo world, per rank size and profile, it times
 in the same repeats (each a burst of ``--calls`` calls per variant, in a rotated order,
-the slowest rank's mean time per call) and prints each variant's ratio to ``limit`` of
-the same repeat, min-median-max over the repeats:
+the slowest rank's mean time per call, and the CPU time per call of every rank's
+process together, gloo's threads included: on a shared 2-core machine the CPU a design
+burns is what a quiet run's wall time follows, and it is far less disturbed by other
+processes) and prints each variant's ratio to ``limit`` of the same repeat, min-median-max
+over the repeats:
 
 * ``limit``: one equal ``all_gather_single`` of the same total bytes;
 * ``auto``: the library as it is (whatever round its policy picks);
@@ -69,6 +72,8 @@ def _set(variant: str) -> None:
         switches |= {"SMALL_BYTES": old, "WIDE_HEADS_GATHER": variant == "wide1"}
     elif variant == "auto1":
         switches = {"WIDE_HEADS_GATHER": True}
+    elif variant == "auto-1m":  # the gather round up to 1 MiB per rank
+        switches = {"FUSED_MAX_BYTES": 1 << 20, "WIDE_MIN_BYTES": 1 << 20}
     for name, value in switches.items():
         if name in _DEFAULTS:
             setattr(_fused, name, value)
@@ -106,6 +111,7 @@ def _rank(ctx: RankContext, job: tuple[int, tuple[float, ...], int, int, tuple[s
                 if rep == 0:
                     assert torch.equal(got, want), v
             dist.barrier()
+            c0 = time.process_time()
             t0 = time.perf_counter()
             for _ in range(calls):
                 if v == "limit":
@@ -113,8 +119,11 @@ def _rank(ctx: RankContext, job: tuple[int, tuple[float, ...], int, int, tuple[s
                 else:
                     vargather.all_gather_v(x)
             dt = torch.tensor([(time.perf_counter() - t0) / calls])
+            cpu = torch.tensor([(time.process_time() - c0) / calls])
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            dist.all_reduce(cpu, op=dist.ReduceOp.SUM)
             times[v] = float(dt)
+            times[v + "@cpu"] = float(cpu)
         found.append(times)
     _set("auto")
     return found
@@ -140,12 +149,15 @@ def main() -> None:
         print("|---|" + "---|" * len(variants))
         for kb in (int(s) for s in a.per_rank_kb.split(",")):
             res = pool.run(_rank, (kb * 1024, shares, a.repeats, a.calls, variants))[0]
-            cells = []
-            for v in variants[1:]:
-                ratios = sorted(t[v] / t["limit"] for t in res)
-                cells.append(f"{ratios[0]:.2f}-{statistics.median(ratios):.2f}-{ratios[-1]:.2f}")
-            limit_ms = statistics.median(t["limit"] for t in res) * 1e3
-            print(f"| {kb} KiB | " + " | ".join(cells) + f" | {limit_ms:.2f} |", flush=True)
+            for what in ("", "@cpu"):
+                cells = []
+                for v in variants[1:]:
+                    ratios = sorted(t[v + what] / t["limit" + what] for t in res)
+                    lo, mid, hi = ratios[0], statistics.median(ratios), ratios[-1]
+                    cells.append(f"{lo:.2f}-{mid:.2f}-{hi:.2f}")
+                limit_ms = statistics.median(t["limit" + what] for t in res) * 1e3
+                label = f"{kb} KiB" + (" (CPU, all ranks)" if what else "")
+                print(f"| {label} | " + " | ".join(cells) + f" | {limit_ms:.2f} |", flush=True)
         print(f"load average at end: {os.getloadavg()}")
 
 

@@ -203,30 +203,6 @@ def all_gather_equal(
         )
 
 
-def all_gather_equal_each(
-    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    info: GroupInfo,
-    *,
-    what: str = "all_gather x2",
-) -> None:
-    """``all_gather_equal`` for every ``(output, local)`` pair, all in flight at once:
-    issued asynchronously in order (every rank issues them in the same order, so the
-    backend pairs them by sequence number), then awaited."""
-    with translate_collective_errors(what, info):
-        works = [
-            _all_gather_single()(
-                movable(output.view(-1), rows=False),
-                movable(local.reshape(-1), rows=False),
-                group=info.group,
-                async_op=True,
-            )
-            for output, local in pairs
-        ]
-        for work in works:
-            if work is not None:
-                work.wait()
-
-
 def all_gather_list(
     outputs: Sequence[torch.Tensor],
     local: torch.Tensor,

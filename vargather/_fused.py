@@ -15,12 +15,16 @@ but the headers until they validated. The round is one of two kinds:
 
 * the **gather round** (``state.wide`` empty): one equal-size all_gather of bytes; each
   rank sends ``slots * HEADER_BYTES + capacity`` bytes, ``slots`` compact headers (one
-  per gathered tensor) and a payload slot of ``capacity`` bytes, the same on every
-  rank. Latency-optimal for small payloads; every slot is as large as the largest.
-* the **wide round** (``state.wide[r]``: rank r's own payload slot): 2W broadcasts in
-  flight at once, one batch (``_comm.broadcast_from_each``): rank r broadcasts its
-  headers into row r of a header buffer and its slot of ``wide[r]`` bytes into region
-  r of one rank-major payload buffer. No rank pads to another's size: for a stable
+  per gathered tensor) and a payload slot of ``capacity`` bytes (at most
+  ``FUSED_MAX_BYTES``, 512 KiB), the same on every rank. One collective, the fastest
+  up to 512 KiB per rank on gloo when the slots are about equal; every slot is as
+  large as the largest, so past ``SMALL_BYTES`` a group keeps it only while that pads
+  by at most ``WASTE_LIMIT`` of the payload.
+* the **wide round** (``state.wide[r]``: rank r's own payload slot): W + 1 operations
+  in flight at once, one batch (``_comm.broadcast_from_each``): one all_gather of every
+  rank's headers into a header buffer, and rank r's broadcast of its slot of
+  ``wide[r]`` bytes into region r of one rank-major payload buffer (W broadcasts, faster
+  than gloo's ring all_gather from 1 MiB per rank). No rank pads to another's size: for a stable
   skew each slot is the rank's own need, the regions are then exactly the result's
   blocks, and a single tensor gathered along a leading dim is returned as a view of
   the payload buffer without any copy (a slot larger than its need is closed up in
@@ -54,15 +58,19 @@ The state rule (``advance``), applied on every rank after a call whose headers v
   ``4 * need > capacity``) sets ``capacity = max(capacity, bucket(need))`` and ends any
   idle streak; any other call is idle: after ``SHRINK_AFTER`` idle calls in a row the
   capacity becomes ``bucket`` of the largest eligible small need among them (0 if none);
-* wide round: a call *goes wide* when every rank is eligible and either some rank's
-  payload exceeds ``WIDE_MIN_BYTES`` or the gather round would carry more than
-  ``PAD_LIMIT`` times the payload (and more than ``FUSED_MAX_BYTES``): strong skew on
-  many ranks. A group's first such call sets ``wide = needs`` exactly; a later one
-  where some rank outgrew its slot (a miss: that call took two rounds) sets every slot
-  to ``max(wide[r], bucket(needs[r]))``; a call that goes wide and fits, with no slot
-  at least twice ``bucket`` of its need, ends any idle streak; any other call is idle,
-  and after ``SHRINK_AFTER`` idle calls in a row ``wide`` becomes the largest needs of
-  the streak's wide calls (or empty, back to the gather round, when none went wide);
+* wide round: a call *goes wide* when every rank is eligible and, with ``padded = W *
+  bucket(need)`` (what the gather round would carry) and ``sum(needs)`` the payload:
+  ``need > WIDE_MIN_BYTES`` (512 KiB), or ``padded > max(PAD_LIMIT * sum(needs),
+  SMALL_BYTES)`` (strong skew on many ranks), or ``need > SMALL_BYTES`` (128 KiB) and
+  ``padded > (1 + WASTE_LIMIT) * sum(needs)`` (skew where the padding costs bandwidth).
+  A group's first such call sets ``wide = needs`` exactly; a later one where some rank
+  outgrew its slot (a miss: that call took two rounds) sets every slot to
+  ``max(wide[r], bucket(needs[r]))``; a miss by an eligible call that does not go wide
+  ends the wide round at once (the gather round's capacity grew to it in the same
+  call); a call that goes wide and fits, with no slot at least twice ``bucket`` of its
+  need, ends any idle streak; any other call is idle, and after ``SHRINK_AFTER`` idle
+  calls in a row ``wide`` becomes the largest needs of the streak's wide calls (or
+  empty, back to the gather round, when none went wide);
 * ``slots`` grows at once to a call's tensor count and, after ``SHRINK_AFTER`` calls in
   a row with fewer tensors, shrinks to the most among them.
 
@@ -72,8 +80,15 @@ had since the slots were set once sizes move (12.5 % of that, 64 bytes at least)
 never more than twice ``bucket`` of its need for more than ``SHRINK_AFTER - 1`` calls in
 a row; no rank's slot depends on another rank's size. In the gather round every slot
 is ``capacity`` (at most ``FUSED_MAX_BYTES``), so a rank receives at most ``W *
-capacity`` bytes, more than ``PAD_LIMIT`` times the payload only while that is at most
-``FUSED_MAX_BYTES``.
+capacity`` bytes. A group is in the gather round only after a call that did not go
+wide, so for that call's sizes ``W * bucket(need) <= max(PAD_LIMIT * sum(needs),
+SMALL_BYTES)`` and, once ``need > SMALL_BYTES``, ``<= (1 + WASTE_LIMIT) * sum(needs)``:
+padding at most ``WASTE_LIMIT`` (50 %) of the payload past 128 KiB per rank, at most
+``PAD_LIMIT`` times it (or 128 KiB in all) below. While sizes move the capacity is
+``bucket`` of the largest need of the last ``SHRINK_AFTER`` calls (or of the calls
+since it last grew), not of the current call, so one call's padding can exceed the
+bound by what its sizes fell since then; ``SHRINK_AFTER`` calls at the smaller sizes
+restore it.
 
 Calls that raise in validation change nothing (every rank raises from the same
 headers); calls with ``sizes`` and ``validate=False`` skip the round and change nothing;
@@ -98,7 +113,7 @@ import torch
 import torch.distributed as dist
 
 from ._args import CallRecord, CheckedCall
-from ._comm import GroupInfo, all_gather_equal, all_gather_equal_each, broadcast_from_each
+from ._comm import GroupInfo, all_gather_equal, broadcast_from_each
 from ._errors import ArgumentMismatchError, ProtocolMismatchError, VarGatherError
 from ._exchange import _disagreement, exchange_records, plan_layout, validate_records
 from ._group import process_group
@@ -152,20 +167,10 @@ SMALL_BYTES: Final = 128 * 1024
 """Up to this largest payload per rank the gather round may pad up to ``PAD_LIMIT``
 times the payload (latency dominates there); above it only ``WASTE_LIMIT``."""
 
-WASTE_LIMIT: Final = 0.3
+WASTE_LIMIT: Final = 0.5
 """Above ``SMALL_BYTES`` a group stays in the gather round only while its padding is at
 most this fraction of the payload: ``W * bucket(max n) <= (1 + WASTE_LIMIT) * sum n``
 (even sizes: none; the mild 1 : 1.25 : 1.5 : 1.75 profile: 27 %); more skew goes wide."""
-
-SPLIT_MIN_BYTES: Final = 1 << 62
-"""A gather round whose capacity exceeds this many bytes sends its headers apart: one
-small all_gather of the headers and one equal all_gather of the payload slots, both in
-flight at once (the *split* gather round): the payload then needs no copy into a
-shared block, and a stable even gather's result is the received buffer itself."""
-
-WIDE_HEADS_GATHER: Final = False
-"""Experiment: the wide round's headers by one all_gather in flight with the W payload
-broadcasts (W + 1 operations) instead of W broadcasts of their own (2W)."""
 
 SHRINK_AFTER: Final = 8
 """Idle calls in a row after which the capacity (or the slots) shrink."""
@@ -211,8 +216,8 @@ class FusedState:
 
 PAD_LIMIT: Final = 4
 """The gather round pads every rank's slot to the largest need; once that would carry
-more than ``PAD_LIMIT`` times the payload and more than ``FUSED_MAX_BYTES`` in all
-(``W * bucket(max n) > max(PAD_LIMIT * sum n, FUSED_MAX_BYTES)``: strong skew on many
+more than ``PAD_LIMIT`` times the payload and more than ``SMALL_BYTES`` in all
+(``W * bucket(max n) > max(PAD_LIMIT * sum n, SMALL_BYTES)``: strong skew on many
 ranks) a group takes the wide round even for small payloads."""
 
 
@@ -438,10 +443,6 @@ def exchange(
         own = []
     if wide:
         return _wide_round(kind, state, calls, (records, k, flags), own, nbytes, info, pg, wide)
-    if capacity > SPLIT_MIN_BYTES:
-        return _split_round(
-            kind, state, calls, (records, k, flags), own, nbytes, info, pg, capacity
-        )
     rnd = _round_for(pg, kind, w, slots, capacity, device)
     if rnd is not None and rnd.lock.acquire(blocking=False):
         try:
@@ -523,9 +524,10 @@ def _wide_round(
     pg: dist.ProcessGroup | None,
     wide: tuple[int, ...],
 ) -> Exchanged:
-    """The wide round (module doc): every rank broadcasts its headers into its row of
-    one header buffer and its payload slot (``wide[r]`` bytes) into its region of one
-    rank-major payload buffer; all 2W broadcasts in flight at once, one batch."""
+    """The wide round (module doc): one all_gather of every rank's headers into one
+    header buffer and every rank's broadcast of its payload slot (``wide[r]`` bytes)
+    into its region of one rank-major payload buffer; all W + 1 operations in flight at
+    once, one batch."""
     w, rank = info.world_size, info.rank
     records, k, flags = header_key
     head = state.slots * HEADER_BYTES
@@ -548,21 +550,12 @@ def _wide_round(
             at += n
     filled = nbytes if own else 0
     buf[mine + filled : starts[rank + 1]].zero_()  # no stale memory to the peers
-    mine_head = _header_bytes(state.slots, records, k, flags).to(device)
-    if WIDE_HEADS_GATHER:
-        broadcast_from_each(
-            [buf[starts[r] : starts[r + 1]] for r in range(w)],
-            info,
-            what=f"all_gather + broadcast x{w} (metadata exchange)",
-            gather=(heads, mine_head),
-        )
-    else:
-        heads[rank * head : (rank + 1) * head].copy_(mine_head)
-        blocks = [heads[r * head : (r + 1) * head] for r in range(w)]
-        blocks += [buf[starts[r] : starts[r + 1]] for r in range(w)]
-        broadcast_from_each(
-            blocks, info, what=f"broadcast x{2 * w} (metadata exchange)", sources=[*range(w)] * 2
-        )
+    broadcast_from_each(
+        [buf[starts[r] : starts[r + 1]] for r in range(w)],
+        info,
+        what=f"all_gather + broadcast x{w} (metadata exchange)",
+        gather=(heads, _header_bytes(state.slots, records, k, flags).to(device)),
+    )
     values = heads.cpu().view(torch.int64).view(w, -1).tolist()
     rows = tuple(tuple(row) for row in values)
 
@@ -591,57 +584,6 @@ def _cutter(buf: torch.Tensor, starts: Sequence[int]) -> Cut:
         return unpack([buf[starts[r] : starts[r] + needs[r]] for r in range(w)], layouts)
 
     return cut
-
-
-def _fill_slot(slot: torch.Tensor, own: Sequence[torch.Tensor], filled: int) -> None:
-    """This rank's payload into its slot (one copy per tensor, whatever the strides),
-    zeros after it (no stale memory to the peers)."""
-    at = 0
-    for t in own:
-        n = t.numel() * t.element_size()
-        region = slot[at : at + n]
-        if at % t.element_size() == 0:
-            region.view(t.dtype).view(t.shape).copy_(t.detach())
-        else:
-            region.copy_(_bytes_of(t))
-        at += n
-    slot[filled:].zero_()
-
-
-def _split_round(
-    kind: Kind,
-    state: FusedState,
-    calls: Sequence[CheckedCall],
-    header_key: tuple[tuple[CallRecord, ...], int, int],
-    own: Sequence[torch.Tensor],
-    nbytes: int,
-    info: GroupInfo,
-    pg: dist.ProcessGroup | None,
-    capacity: int,
-) -> Exchanged:
-    """The split gather round (``SPLIT_MIN_BYTES``): the headers by one small all_gather
-    and the payload slots (``capacity`` bytes each) by one equal all_gather, both in
-    flight at once; a payload exactly ``capacity`` bytes of one contiguous tensor is
-    sent from the tensor itself."""
-    w = info.world_size
-    records, k, flags = header_key
-    device = info.default_device()
-    mine = _header_bytes(state.slots, records, k, flags).to(device)
-    heads = torch.empty(w * mine.numel(), dtype=torch.uint8, device=device)
-    one = own[0] if len(own) == 1 else None
-    if one is not None and nbytes == capacity and one.is_contiguous():
-        send = _bytes_of(one)  # a view: no copy
-    else:
-        send = torch.empty(capacity, dtype=torch.uint8, device=device)
-        _fill_slot(send, own, nbytes if own else 0)
-    buf = torch.empty(w * capacity, dtype=torch.uint8, device=device)
-    all_gather_equal_each(
-        [(heads, mine), (buf, send)], info, what="all_gather x2 (metadata exchange)"
-    )
-    values = heads.cpu().view(torch.int64).view(w, -1).tolist()
-    rows = tuple(tuple(row) for row in values)
-    starts = [r * capacity for r in range(w)]
-    return _decide(kind, state, calls, rows, info, pg, _cutter(buf, starts), (capacity,) * w)
 
 
 _FRESH: Final = FusedState()
