@@ -15,10 +15,13 @@ over the repeats:
   gather round past 128 KiB);
 * ``padded``: the gather round stretched to every size (headers and payload in one
   equal all_gather, padded to the largest rank);
-* ``wide``: the wide round at every size above 128 KiB (2W broadcasts);
-* ``split``: the library's policy with ``SPLIT`` forced on where it exists (headers
-  by one small all_gather, the payload by one equal padded all_gather in flight at the
-  same time), if the library has it.
+* ``wide``: the policy before this study: the wide round above 128 KiB per rank;
+* ``auto-1m``: the library's policy with the gather round stretched to 1 MiB.
+
+The other designs this study weighed were timed with earlier versions of this script
+(``docs/performance.md``, "One round at every size"): the *split* gather round (the
+headers by one small all_gather in flight with the equal payload all_gather) and the
+wide round's headers as W broadcasts of their own (2W operations).
 
 Run: ``python scripts/one_round_designs.py --per-rank-kb 256,1024,4096 --profile even``.
 """
@@ -41,15 +44,7 @@ from vargather.testing import RankContext, RankPool
 _HUGE = 1 << 62
 _DEFAULTS = {
     name: getattr(_fused, name)
-    for name in (
-        "FUSED_MAX_BYTES",
-        "WIDE_MIN_BYTES",
-        "PAD_LIMIT",
-        "WASTE_LIMIT",
-        "SPLIT_MIN_BYTES",
-        "WIDE_HEADS_GATHER",
-        "SMALL_BYTES",
-    )
+    for name in ("FUSED_MAX_BYTES", "WIDE_MIN_BYTES", "PAD_LIMIT", "WASTE_LIMIT", "SMALL_BYTES")
     if hasattr(_fused, name)
 }
 
@@ -63,15 +58,12 @@ def _set(variant: str) -> None:
     if variant == "two-rounds":
         switches = {"FUSED_MAX_BYTES": old, "WIDE_MIN_BYTES": _HUGE, "PAD_LIMIT": _HUGE}
         switches |= {"WASTE_LIMIT": float(_HUGE), "SMALL_BYTES": old}
-    elif variant in ("padded", "split"):
+    elif variant == "padded":
         switches = {"FUSED_MAX_BYTES": _HUGE, "WIDE_MIN_BYTES": _HUGE, "PAD_LIMIT": _HUGE}
         switches |= {"WASTE_LIMIT": float(_HUGE), "SMALL_BYTES": old}
-        switches["SPLIT_MIN_BYTES"] = old if variant == "split" else _HUGE
-    elif variant in ("wide", "wide1"):  # the policy before: wide above 128 KiB
+    elif variant == "wide":  # the policy before: wide above 128 KiB
         switches = {"FUSED_MAX_BYTES": old, "WIDE_MIN_BYTES": old, "PAD_LIMIT": 4}
-        switches |= {"SMALL_BYTES": old, "WIDE_HEADS_GATHER": variant == "wide1"}
-    elif variant == "auto1":
-        switches = {"WIDE_HEADS_GATHER": True}
+        switches["SMALL_BYTES"] = old
     elif variant == "auto-1m":  # the gather round up to 1 MiB per rank
         switches = {"FUSED_MAX_BYTES": 1 << 20, "WIDE_MIN_BYTES": 1 << 20}
     for name, value in switches.items():
@@ -136,7 +128,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=11)
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--profile", default="mild", choices=("even", "mild"))
-    p.add_argument("--variants", default="limit,two-rounds,padded,split,wide")
+    p.add_argument("--variants", default="limit,auto,two-rounds,padded,wide")
     a = p.parse_args()
     w = a.ranks
     variants = tuple(a.variants.split(","))
