@@ -502,8 +502,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profiles", default="even,mild,heavy")
     p.add_argument(
         "--per-rank",
-        default="4096,262144",
-        help="average payload bytes per rank (default: 4 KiB, the gather round; 256 KiB, the wide round)",
+        default="1024,262144,1048576",
+        help=(
+            "average payload bytes per rank (default: 1 KiB and 256 KiB, the gather round "
+            "for even and mild sizes; 1 MiB, the wide round)"
+        ),
     )
     p.add_argument("--calls", type=int, default=2)
     p.add_argument("--markdown", metavar="PATH")
