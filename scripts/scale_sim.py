@@ -174,19 +174,36 @@ class Exchange:
 
     # -- the collectives ---------------------------------------------------------------
 
-    def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, group: Any = None) -> None:
+    def all_gather_single(
+        self, out: torch.Tensor, inp: torch.Tensor, group: Any = None, async_op: bool = False
+    ) -> Any:
         key = self._next("all_gather")
         self._post(key, (_kept(inp), _nbytes(inp)), self.world)
-        got = self._wait(key)
-        n = _nbytes(inp)
-        flat = out.reshape(-1).view(torch.uint8) if out.dtype != torch.uint8 else out.reshape(-1)
-        for q in range(self.world):
-            _land(flat[q * n : (q + 1) * n], got[q][0])
-        self._done(key)
-        t = self.tally
-        t.sent += n
-        t.received += n * (self.world - 1)
-        t.buffer(out)
+        exchange = self
+
+        class Work:
+            def wait(self) -> bool:
+                got = exchange._wait(key)
+                n = _nbytes(inp)
+                flat = (
+                    out.reshape(-1).view(torch.uint8)
+                    if out.dtype != torch.uint8
+                    else out.reshape(-1)
+                )
+                for q in range(exchange.world):
+                    _land(flat[q * n : (q + 1) * n], got[q][0])
+                exchange._done(key)
+                t = exchange.tally
+                t.sent += n
+                t.received += n * (exchange.world - 1)
+                t.buffer(out)
+                return True
+
+        work = Work()
+        if not async_op:
+            work.wait()
+            return None
+        return work
 
     def broadcast(
         self, tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False
@@ -485,8 +502,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profiles", default="even,mild,heavy")
     p.add_argument(
         "--per-rank",
-        default="4096,262144",
-        help="average payload bytes per rank (default: 4 KiB, the gather round; 256 KiB, the wide round)",
+        default="1024,262144,1048576",
+        help=(
+            "average payload bytes per rank (default: 1 KiB and 256 KiB, the gather round "
+            "for even and mild sizes; 1 MiB, the wide round)"
+        ),
     )
     p.add_argument("--calls", type=int, default=2)
     p.add_argument("--markdown", metavar="PATH")

@@ -334,7 +334,7 @@ def test_lazily_conjugated_or_negated_shards_ride_the_fused_round(kind: str) -> 
                 assert one_collective, f"call {i} on rank {r} took more than one collective"
 
 
-BIG = 40_000  # rows of 4 bytes: 160 KB on one rank, past the gather round's 128 KiB
+BIG = 140_000  # rows of 4 bytes: 560 KB on one rank, past the gather round's 512 KiB
 
 
 def test_wide_round_ranks_agree_on_every_call_at_three_ranks() -> None:
@@ -468,3 +468,94 @@ def test_gradients_through_the_wide_round_match_the_oracle(contract: str) -> Non
     steps = [Step("v", shapes, ("float32",) * 2, grad=contract)] * 2
     steps.append(Step("v", ((2, BIG // 8, 2), (2, 3, 2)), ("float64",) * 2, dim=1, grad=contract))
     check_script(2, steps, [None] * 3, [2, 1, None])
+
+
+MID = 70_000  # rows of 4 bytes: 280 KB per rank, past SMALL_BYTES, within FUSED_MAX_BYTES
+
+
+def test_gather_round_past_small_bytes_keeps_ranks_in_step_at_three_ranks() -> None:
+    """The gather round stretched past ``SMALL_BYTES`` (up to ``FUSED_MAX_BYTES``) while
+    its padding stays within ``WASTE_LIMIT``: every rank keeps the same capacity through
+    a miss on one rank, an error, a skew past the waste bound (the group goes wide) and
+    sizes past ``FUSED_MAX_BYTES`` (wide as well); a call that fits takes one
+    collective, and every output is the oracle's."""
+    m = MID
+    even = Step("v", ((m, 1), (m, 1), (m, 1)), F32)
+    mild = Step("v", ((m, 1), (m * 5 // 4, 1), (m * 6 // 4, 1)), F32)
+    skew = Step("v", ((m, 1), (m // 2, 1), (3, 1)), F32)
+    past = Step("v", ((3 * m, 1), (3 * m, 1), (3 * m, 1)), F32)
+    steps = [
+        even,  # first call: headers, then the payload; the capacity is learned
+        even,  # one collective: the gather round
+        mild,  # a miss on ranks 1 and 2: two rounds, every rank grows alike
+        mild,  # within the capacity: one collective
+        even,  # smaller, within the capacity: one collective
+        Step("v", ((m, 1), (m, 1), (m, 1)), ("float32", "float32", "int32")),  # an error
+        skew,  # padding past the bound: this call still fits, the group goes wide
+        skew,  # the wide round: one collective
+    ]
+    # rank 2 outgrows its wide slot with padding within the bound (22 %): back to the
+    # gather round at once (two rounds), whose capacity the same call grew
+    steps += [mild, mild]
+    steps += [past, past]  # past FUSED_MAX_BYTES: wide
+    errors: list[str | None] = [None] * len(steps)
+    errors[5] = "DTypeMismatchError"
+    collectives: list[int | None] = [None] * len(steps)
+    collectives[0] = 2
+    collectives[1] = 1
+    collectives[2] = 2
+    collectives[3] = collectives[4] = 1
+    collectives[6] = collectives[7] = 1
+    collectives[8], collectives[9] = 2, 1
+    collectives[-1] = 1
+    results = check_script(3, steps, errors, collectives)
+    states = [results[0][s]["state"][0] for s in range(len(steps))]
+    capacity = [s[0] for s in states]
+    wide = [tuple(s[6]) for s in states]
+    assert capacity[0] == _fused.bucket(4 * m)
+    assert wide[0] == ()
+    assert capacity[2] == _fused.bucket(4 * m * 6 // 4)
+    assert wide[2] == ()
+    assert capacity[4] == capacity[2]
+    assert wide[6] == (4 * m, 2 * m, 12)  # the skew's exact needs
+    assert wide[8] == ()  # back in the gather round
+    assert capacity[8] == capacity[2]
+    assert wide[-1] == (12 * m,) * 3
+
+
+def test_gather_round_waste_bound_picks_the_round() -> None:
+    """``advance``: past ``SMALL_BYTES`` the gather round is kept only while
+    ``W * bucket(max n) <= (1 + WASTE_LIMIT) * sum n``; past ``FUSED_MAX_BYTES`` the
+    group goes wide whatever the skew; the state is a pure function of the needs."""
+    small, most = _fused.SMALL_BYTES, _fused.FUSED_MAX_BYTES
+    even = (most,) * 4
+    s = _fused.advance(_fused.FusedState(), fusable=True, need=most, count=1, needs=even)
+    assert (s.capacity, s.wide) == (most, ())
+    n = 280_000
+    mild = tuple(int(n * f) for f in (1, 1.25, 1.5, 1.75))  # 27 % padding, 28 % bucketed
+    s = _fused.advance(_fused.FusedState(), fusable=True, need=max(mild), count=1, needs=mild)
+    assert s.wide == ()
+    assert s.capacity == _fused.bucket(max(mild))
+    assert 4 * s.capacity <= (1 + _fused.WASTE_LIMIT) * sum(mild)  # the stated bound
+    skew = (n, n, n, 2 * n)  # 60 % padding
+    t = _fused.advance(_fused.FusedState(), fusable=True, need=2 * n, count=1, needs=skew)
+    assert t.wide == skew
+    # the same skew below SMALL_BYTES is latency-bound: the gather round pads it
+    low = tuple(x * small // (4 * n) for x in skew)
+    u = _fused.advance(_fused.FusedState(), fusable=True, need=max(low), count=1, needs=low)
+    assert u.wide == ()
+    assert u.capacity == _fused.bucket(max(low))
+    past = (most + 1,) * 4
+    v = _fused.advance(_fused.FusedState(), fusable=True, need=most + 1, count=1, needs=past)
+    assert v.wide == past
+    assert v.capacity == 0
+    # the same needs give the same state, whoever computes it
+    assert _fused.advance(_fused.FusedState(), fusable=True, need=2 * n, count=1, needs=skew) == t
+    # a group gone wide whose call outgrows a slot with padding within the bound goes
+    # back to the gather round at once (its capacity grown by the same call)
+    back = _fused.advance(t, fusable=True, need=n + 1, count=1, needs=(n + 1, n, n, n))
+    assert back.wide == ()
+    assert back.capacity >= n + 1
+    # within its slots it stays wide until SHRINK_AFTER such calls
+    stay = _fused.advance(t, fusable=True, need=n, count=1, needs=(n, n, n, n))
+    assert (stay.wide, stay.wide_idle) == (skew, 1)

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from vargather import _wire
+from vargather import _fused, _wire
 from vargather.testing import get_pool
 
 from ._fused_fns import collectives_per_call
@@ -36,7 +36,13 @@ def _load() -> ModuleType:
 
 @pytest.mark.parametrize(
     ("profile", "per_rank"),
-    [("even", 4096), ("heavy", 4096), ("mild", 256 * 1024), ("heavy", 256 * 1024)],
+    [
+        ("even", 4096),
+        ("heavy", 4096),
+        ("mild", 256 * 1024),
+        ("heavy", 256 * 1024),
+        ("even", 1024 * 1024),
+    ],
 )
 def test_simulation_counts_what_a_real_world_issues(profile: str, per_rank: int) -> None:
     sim = _load()
@@ -53,8 +59,10 @@ def test_simulation_counts_what_a_real_world_issues(profile: str, per_rank: int)
         # a rank receives every other rank's payload, their headers and the padding
         assert r.received_max <= output + r.header_max + r.padding_max
     steady = results[-1]
-    if per_rank > 128 * 1024:  # the wide round: 2W broadcasts in one batch, no padding
-        assert steady.operations == 2 * world
+    needs = [n * 4 * sim.COLUMNS for n in rows]
+    if _fused._wants_wide(needs):  # the wide round: W broadcasts and one all_gather
+        assert per_rank > _fused.SMALL_BYTES or profile == "heavy"
+        assert steady.operations == world + 1
         assert steady.padding_max == 0
         assert steady.state_ints == world
     else:  # the gather round: one all_gather, every slot as large as the largest need

@@ -15,12 +15,16 @@ but the headers until they validated. The round is one of two kinds:
 
 * the **gather round** (``state.wide`` empty): one equal-size all_gather of bytes; each
   rank sends ``slots * HEADER_BYTES + capacity`` bytes, ``slots`` compact headers (one
-  per gathered tensor) and a payload slot of ``capacity`` bytes, the same on every
-  rank. Latency-optimal for small payloads; every slot is as large as the largest.
-* the **wide round** (``state.wide[r]``: rank r's own payload slot): 2W broadcasts in
-  flight at once, one batch (``_comm.broadcast_from_each``): rank r broadcasts its
-  headers into row r of a header buffer and its slot of ``wide[r]`` bytes into region
-  r of one rank-major payload buffer. No rank pads to another's size: for a stable
+  per gathered tensor) and a payload slot of ``capacity`` bytes (at most
+  ``FUSED_MAX_BYTES``, 512 KiB), the same on every rank. One collective, the fastest
+  up to 512 KiB per rank on gloo when the slots are about equal; every slot is as
+  large as the largest, so past ``SMALL_BYTES`` a group keeps it only while that pads
+  by at most ``WASTE_LIMIT`` of the payload.
+* the **wide round** (``state.wide[r]``: rank r's own payload slot): W + 1 operations
+  in flight at once, one batch (``_comm.broadcast_from_each``): one all_gather of every
+  rank's headers into a header buffer, and rank r's broadcast of its slot of
+  ``wide[r]`` bytes into region r of one rank-major payload buffer (W broadcasts, faster
+  than gloo's ring all_gather from 1 MiB per rank). No rank pads to another's size: for a stable
   skew each slot is the rank's own need, the regions are then exactly the result's
   blocks, and a single tensor gathered along a leading dim is returned as a view of
   the payload buffer without any copy (a slot larger than its need is closed up in
@@ -54,15 +58,19 @@ The state rule (``advance``), applied on every rank after a call whose headers v
   ``4 * need > capacity``) sets ``capacity = max(capacity, bucket(need))`` and ends any
   idle streak; any other call is idle: after ``SHRINK_AFTER`` idle calls in a row the
   capacity becomes ``bucket`` of the largest eligible small need among them (0 if none);
-* wide round: a call *goes wide* when every rank is eligible and either some rank's
-  payload exceeds ``WIDE_MIN_BYTES`` or the gather round would carry more than
-  ``PAD_LIMIT`` times the payload (and more than ``FUSED_MAX_BYTES``): strong skew on
-  many ranks. A group's first such call sets ``wide = needs`` exactly; a later one
-  where some rank outgrew its slot (a miss: that call took two rounds) sets every slot
-  to ``max(wide[r], bucket(needs[r]))``; a call that goes wide and fits, with no slot
-  at least twice ``bucket`` of its need, ends any idle streak; any other call is idle,
-  and after ``SHRINK_AFTER`` idle calls in a row ``wide`` becomes the largest needs of
-  the streak's wide calls (or empty, back to the gather round, when none went wide);
+* wide round: a call *goes wide* when every rank is eligible and, with ``padded = W *
+  bucket(need)`` (what the gather round would carry) and ``sum(needs)`` the payload:
+  ``need > WIDE_MIN_BYTES`` (512 KiB), or ``padded > max(PAD_LIMIT * sum(needs),
+  SMALL_BYTES)`` (strong skew on many ranks), or ``need > SMALL_BYTES`` (128 KiB) and
+  ``padded > (1 + WASTE_LIMIT) * sum(needs)`` (skew where the padding costs bandwidth).
+  A group's first such call sets ``wide = needs`` exactly; a later one where some rank
+  outgrew its slot (a miss: that call took two rounds) sets every slot to
+  ``max(wide[r], bucket(needs[r]))``; a miss by an eligible call that does not go wide
+  ends the wide round at once (the gather round's capacity grew to it in the same
+  call); a call that goes wide and fits, with no slot at least twice ``bucket`` of its
+  need, ends any idle streak; any other call is idle, and after ``SHRINK_AFTER`` idle
+  calls in a row ``wide`` becomes the largest needs of the streak's wide calls (or
+  empty, back to the gather round, when none went wide);
 * ``slots`` grows at once to a call's tensor count and, after ``SHRINK_AFTER`` calls in
   a row with fewer tensors, shrinks to the most among them.
 
@@ -72,8 +80,15 @@ had since the slots were set once sizes move (12.5 % of that, 64 bytes at least)
 never more than twice ``bucket`` of its need for more than ``SHRINK_AFTER - 1`` calls in
 a row; no rank's slot depends on another rank's size. In the gather round every slot
 is ``capacity`` (at most ``FUSED_MAX_BYTES``), so a rank receives at most ``W *
-capacity`` bytes, more than ``PAD_LIMIT`` times the payload only while that is at most
-``FUSED_MAX_BYTES``.
+capacity`` bytes. A group is in the gather round only after a call that did not go
+wide, so for that call's sizes ``W * bucket(need) <= max(PAD_LIMIT * sum(needs),
+SMALL_BYTES)`` and, once ``need > SMALL_BYTES``, ``<= (1 + WASTE_LIMIT) * sum(needs)``:
+padding at most ``WASTE_LIMIT`` (50 %) of the payload past 128 KiB per rank, at most
+``PAD_LIMIT`` times it (or 128 KiB in all) below. While sizes move the capacity is
+``bucket`` of the largest need of the last ``SHRINK_AFTER`` calls (or of the calls
+since it last grew), not of the current call, so one call's padding can exceed the
+bound by what its sizes fell since then; ``SHRINK_AFTER`` calls at the smaller sizes
+restore it.
 
 Calls that raise in validation change nothing (every rank raises from the same
 headers); calls with ``sizes`` and ``validate=False`` skip the round and change nothing;
@@ -140,13 +155,22 @@ __all__ = [
 
 Kind = Literal["single", "coalesced"]
 
-FUSED_MAX_BYTES: Final = 128 * 1024
+FUSED_MAX_BYTES: Final = 512 * 1024
 """Largest payload per rank that rides in the equal-size fused round (the *gather*
 round); a group whose calls carry more switches to the *wide* round (module doc)."""
 
 WIDE_MIN_BYTES: Final = FUSED_MAX_BYTES
 """A group switches to the wide round once a call's largest payload per rank exceeds
 this many bytes (and back after ``SHRINK_AFTER`` calls that do not)."""
+
+SMALL_BYTES: Final = 128 * 1024
+"""Up to this largest payload per rank the gather round may pad up to ``PAD_LIMIT``
+times the payload (latency dominates there); above it only ``WASTE_LIMIT``."""
+
+WASTE_LIMIT: Final = 0.5
+"""Above ``SMALL_BYTES`` a group stays in the gather round only while its padding is at
+most this fraction of the payload: ``W * bucket(max n) <= (1 + WASTE_LIMIT) * sum n``
+(even sizes: none; the mild 1 : 1.25 : 1.5 : 1.75 profile: 27 %); more skew goes wide."""
 
 SHRINK_AFTER: Final = 8
 """Idle calls in a row after which the capacity (or the slots) shrink."""
@@ -192,8 +216,8 @@ class FusedState:
 
 PAD_LIMIT: Final = 4
 """The gather round pads every rank's slot to the largest need; once that would carry
-more than ``PAD_LIMIT`` times the payload and more than ``FUSED_MAX_BYTES`` in all
-(``W * bucket(max n) > max(PAD_LIMIT * sum n, FUSED_MAX_BYTES)``: strong skew on many
+more than ``PAD_LIMIT`` times the payload and more than ``SMALL_BYTES`` in all
+(``W * bucket(max n) > max(PAD_LIMIT * sum n, SMALL_BYTES)``: strong skew on many
 ranks) a group takes the wide round even for small payloads."""
 
 
@@ -203,7 +227,9 @@ def _wants_wide(needs: Sequence[int]) -> bool:
         return False
     most = max(needs)
     padded = len(needs) * bucket(most)
-    return most > WIDE_MIN_BYTES or padded > max(PAD_LIMIT * sum(needs), FUSED_MAX_BYTES)
+    if most > WIDE_MIN_BYTES or padded > max(PAD_LIMIT * sum(needs), SMALL_BYTES):
+        return True
+    return most > SMALL_BYTES and padded > (1 + WASTE_LIMIT) * sum(needs)
 
 
 def _advance_wide(
@@ -216,8 +242,11 @@ def _advance_wide(
         return tuple(needs), 0, ()
     if not wide:
         return wide, 0, ()
-    if large and any(n > c for n, c in zip(needs, wide, strict=True)):  # a miss: grow
+    missed = any(n > c for n, c in zip(needs, wide, strict=True))
+    if large and missed:  # a miss: grow
         return tuple(max(c, bucket(n)) for n, c in zip(needs, wide, strict=True)), 0, ()
+    if missed and fusable:  # a miss the gather round holds (it grew to it): back at once
+        return (), 0, ()
     if large and not any(2 * bucket(n) <= c for n, c in zip(needs, wide, strict=True)):
         return wide, 0, ()  # in use, no slot twice too large
     # idle: not large (small, or a rank not eligible), or some slot twice too large
@@ -495,9 +524,10 @@ def _wide_round(
     pg: dist.ProcessGroup | None,
     wide: tuple[int, ...],
 ) -> Exchanged:
-    """The wide round (module doc): every rank broadcasts its headers into its row of
-    one header buffer and its payload slot (``wide[r]`` bytes) into its region of one
-    rank-major payload buffer; all 2W broadcasts in flight at once, one batch."""
+    """The wide round (module doc): one all_gather of every rank's headers into one
+    header buffer and every rank's broadcast of its payload slot (``wide[r]`` bytes)
+    into its region of one rank-major payload buffer; all W + 1 operations in flight at
+    once, one batch."""
     w, rank = info.world_size, info.rank
     records, k, flags = header_key
     head = state.slots * HEADER_BYTES
@@ -520,16 +550,24 @@ def _wide_round(
             at += n
     filled = nbytes if own else 0
     buf[mine + filled : starts[rank + 1]].zero_()  # no stale memory to the peers
-    heads[rank * head : (rank + 1) * head].copy_(_header_bytes(state.slots, records, k, flags))
-    blocks = [heads[r * head : (r + 1) * head] for r in range(w)]
-    blocks += [buf[starts[r] : starts[r + 1]] for r in range(w)]
     broadcast_from_each(
-        blocks, info, what=f"broadcast x{2 * w} (metadata exchange)", sources=[*range(w)] * 2
+        [buf[starts[r] : starts[r + 1]] for r in range(w)],
+        info,
+        what=f"all_gather + broadcast x{w} (metadata exchange)",
+        gather=(heads, _header_bytes(state.slots, records, k, flags).to(device)),
     )
     values = heads.cpu().view(torch.int64).view(w, -1).tolist()
     rows = tuple(tuple(row) for row in values)
 
+    return _decide(kind, state, calls, rows, info, pg, _cutter(buf, starts), wide)
+
+
+def _cutter(buf: torch.Tensor, starts: Sequence[int]) -> Cut:
+    """The results from one rank-major payload buffer whose region r (rank r's slot)
+    starts at ``starts[r]``."""
+
     def cut(layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
+        w = len(needs)
         if len(layouts) == 1 and layouts[0].pre == 1:
             # One tensor whose blocks are adjacent in the result: compact in place
             # (nothing moves when every slot was a rank's exact need); the result is a
@@ -545,11 +583,11 @@ def _wide_round(
             return [buf[:at].view(lay.dtype).view(lay.output_shape)]
         return unpack([buf[starts[r] : starts[r] + needs[r]] for r in range(w)], layouts)
 
-    return _decide(kind, state, calls, rows, info, pg, cut, wide)
+    return cut
 
 
 _FRESH: Final = FusedState()
-_ZEROS: Final = bytes(FUSED_MAX_BYTES)
+_ZEROS: Final = bytes(SMALL_BYTES)
 _REUSE_MAX_BYTES: Final = 4 << 20
 """The largest receive buffer (``W x block`` bytes) a group keeps between calls."""
 
@@ -615,9 +653,12 @@ class _Round:
                     view.copy_(_bytes_of(t))
             filled = nbytes
         if self.dirty > filled:  # no stale memory to the peers
-            self.raw_send[self.head + filled : self.head + self.dirty] = _ZEROS[
-                : self.dirty - filled
-            ]
+            if self.dirty - filled <= len(_ZEROS):
+                self.raw_send[self.head + filled : self.head + self.dirty] = _ZEROS[
+                    : self.dirty - filled
+                ]
+            else:
+                self.send[self.head + filled : self.head + self.dirty].zero_()
         self.dirty = filled
 
     def _slot_views(self, own: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, bool]]:
