@@ -13,8 +13,7 @@ import gc
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
     _State: TypeAlias = tuple[torch.Tensor, torch.Tensor] | None
     """A variant's untimed state: the backward's ``(x, out)``, nothing for the others."""
 from ._config import BenchConfig
-from ._variants import _Variant
+from ._variants import _Burst, _Variant
 
 # --- memory --------------------------------------------------------------------------------------
 
@@ -174,16 +173,6 @@ def _measure_memory(variants: Sequence[_Variant]) -> dict[str, dict[str, Any]]:
 
 
 # --- the rank side: small payloads and coalesced gathers, in bursts ----------------------
-
-
-@dataclass
-class _Burst:
-    """One variant of a small or coalesced cell: ``call(i)`` is its ``i``-th call (the
-    index picks the sizes where they change), ``check(i, result)`` verifies it."""
-
-    name: str
-    call: Callable[[int], Any]
-    check: Callable[[int, Any], bool]
 
 
 def _measure_bursts(

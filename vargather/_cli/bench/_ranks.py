@@ -31,10 +31,11 @@ from ._config import (
     profile_shares,
     split_rows,
 )
-from ._meter import _all_true, _Burst, _measure, _measure_bursts, _measure_memory, spread
+from ._meter import _all_true, _measure, _measure_bursts, _measure_memory, spread
 from ._variants import (
     FAMILY_BASELINES,
     _backward_variants,
+    _Burst,
     _Cell,
     _coalesced_shards,
     _flat_expected,

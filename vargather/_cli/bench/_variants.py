@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 if TYPE_CHECKING:
     import torch
-
-    from ._meter import _Burst
 
     _State: TypeAlias = tuple[torch.Tensor, torch.Tensor] | None
     """A variant's untimed state: the backward's ``(x, out)``, nothing for the others."""
@@ -57,6 +55,16 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
         and a.dtype == b.dtype
         and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
     )
+
+
+@dataclass(frozen=True)
+class _Burst:
+    """One variant of a small or coalesced cell: ``call(i)`` is its ``i``-th call (the
+    index picks the sizes where they change), ``check(i, result)`` verifies it."""
+
+    name: str
+    call: Callable[[int], Any]
+    check: Callable[[int, Any], bool]
 
 
 @dataclass
@@ -393,8 +401,6 @@ def family_groups(
     import torch.distributed as dist
 
     import vargather
-
-    from ._meter import _Burst  # here: _meter imports this module
 
     row_bytes = 4 * columns
     reduce_scatter_single = (
