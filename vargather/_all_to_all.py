@@ -21,7 +21,8 @@ upstream gradients, with send sizes ``recv_sizes`` and receive sizes ``send_size
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,10 +38,11 @@ from ._family import (
     agree,
     check_tensor,
     common_checks,
-    exchange,
+    exchange_fused,
     raise_local,
     raise_own_problem,
     requires_grad_check,
+    settle,
     sizes_words,
     with_problem,
 )
@@ -49,6 +51,7 @@ from ._layout import Layout
 __all__ = [
     "AllToAllPlan",
     "AllToAllVFunction",
+    "cut_blocks",
     "exchange_blocks",
     "plan_all_to_all",
     "split_layout",
@@ -61,11 +64,14 @@ NAME = "all_to_all_v"
 class AllToAllPlan:
     """A validated ``all_to_all_v``: this rank's send blocks and receive blocks as
     ``Layout``s (``send.sizes`` = ``send_sizes``, ``recv.sizes`` = ``recv_sizes``; the
-    receive layout's offsets are where each source rank's rows sit in the result)."""
+    receive layout's offsets are where each source rank's rows sit in the result).
+    ``result``: the payload's result when it rode in the metadata exchange
+    (``_family.settle``)."""
 
     send: Layout
     recv: Layout
     info: GroupInfo
+    result: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
 def split_layout(
@@ -199,19 +205,40 @@ def plan_all_to_all(
         raise_own_problem(NAME, problem, info, trusted=trusted)
         assert send is not None
         recv = recv if recv is not None else send
+        slots = None
     else:
-        matrix = validate_rows(exchange(call, info), rank=info.rank)
+        ex = exchange_fused(call, info, x)
+        matrix = validate_rows(ex.rows, rank=info.rank)
+        slots = settle(NAME, ex, info)
         send = matrix[info.rank]
         recv = tuple(s[info.rank] for s in matrix)
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     shape = tuple(int(n) for n in x.shape)
     d = call.record.normalized_dim
     recv_shape = (*shape[:d], sum(recv), *shape[d + 1 :])
-    return AllToAllPlan(
-        split_layout(shape, d, send, x.dtype, info),
-        split_layout(recv_shape, d, recv, x.dtype, info),
-        info,
-    )
+    recv_layout = split_layout(recv_shape, d, recv, x.dtype, info)
+    result = None
+    if slots is not None:
+        others = (*shape[:d], 0, *shape[d + 1 :])
+        sends = [
+            split_layout((*others[:d], sum(s), *others[d + 1 :]), d, s, x.dtype, info)
+            for s in matrix
+        ]
+        result = cut_blocks(slots, sends, recv_layout)
+    return AllToAllPlan(split_layout(shape, d, send, x.dtype, info), recv_layout, info, result)
+
+
+def cut_blocks(
+    slots: Sequence[torch.Tensor], sends: Sequence[Layout], recv: Layout
+) -> torch.Tensor:
+    """What ``exchange_blocks`` returns, from every rank's ``x`` as flat bytes
+    (``slots[j]``, sent under ``sends[j]``): block ``recv.rank`` of each, in rank order."""
+    r = recv.rank
+    blocks = [
+        slot.view(lay.dtype).view(lay.pre, lay.total, lay.post)[:, lay.block(r)]
+        for slot, lay in zip(slots, sends, strict=True)
+    ]
+    return torch.cat(blocks, dim=1).view(recv.output_shape)
 
 
 def exchange_blocks(x: torch.Tensor, send: Layout, recv: Layout, info: GroupInfo) -> torch.Tensor:
@@ -238,6 +265,8 @@ class AllToAllVFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, plan: AllToAllPlan) -> torch.Tensor:
         ctx.plan = plan
+        if plan.result is not None:
+            return plan.result
         return exchange_blocks(x, plan.send, plan.recv, plan.info)
 
     @staticmethod
