@@ -45,9 +45,16 @@ def mesh_calls(ctx: RankContext, _: None) -> tuple[torch.Tensor, torch.Tensor, l
     return rs, a2a, lst
 
 
-def timeouts_and_counts(ctx: RankContext, _: None) -> tuple[int, int, int, int]:
-    """Collectives per call: validated (exchange + payload) and trusted (payload)."""
+def timeouts_and_counts(ctx: RankContext, _: None) -> tuple[int, int, int, int, int]:
+    """Collectives per call: validated (exchange + payload on a fresh state, then the
+    payload riding in the exchange) and trusted (payload)."""
+    from vargather import _family
+
+    _family.reset_family_state()
     x = torch.ones(3, 2)
+    c0 = collectives_issued()
+    vargather.reduce_scatter_v(x, [1, 2], timeout=5.0)
+    validated = collectives_issued() - c0
     c0 = collectives_issued()
     vargather.reduce_scatter_v(x, [1, 2], timeout=5.0)
     c1 = collectives_issued()
@@ -64,7 +71,7 @@ def timeouts_and_counts(ctx: RankContext, _: None) -> tuple[int, int, int, int]:
     c4 = collectives_issued()
     vargather.all_gather_list(x[: ctx.rank + 1])
     c5 = collectives_issued()
-    return c1 - c0, c2 - c1, c3 - c2, c5 - c4
+    return validated, c1 - c0, c2 - c1, c3 - c2, c5 - c4
 
 
 def trusted_local_problem(ctx: RankContext, _: None) -> Any:

@@ -76,7 +76,8 @@ def test_a_subgroup_keeps_its_own_state() -> None:
     assert results[1] is None
     (c0, res0, s0), (c2, res2, s2) = results[0], results[2]
     assert c0 == c2 == [4, 2]  # two kinds: two rounds each, then one each
-    assert s0 == s2 and s0.capacity > 0
+    assert s0 == s2
+    assert s0.capacity > 0
     xs = [torch.arange(6.0).view(3, 2) + 10 * r for r in (0, 2)]
     a2a = oracle.expected_all_to_all(xs, [[1, 2], [3, 0]])
     rs = oracle.expected_reduce_scatter(xs, [2, 1])

@@ -12,11 +12,12 @@ checks: the tensor, ``dim``, ``grad``, ``validate``, ``timeout``, the dtype the 
 carries), the first local problem found (the collective's own checks, such as
 ``sum(sizes) == x.shape[dim]``, appended by its module), and a fixed-length run of
 int64 *extras* (the passed size vectors, ``-1`` where absent). The exchange sends
-``encode_record(record) + [FAMILY_MAGIC, kind] + extras`` in one equal-size
-all_gather of int64: every rank sends the same length (``extras`` depends only on
-the world size), so nothing but equal-length integers moves before validation, and
-every rank decides from the same matrix: the same error on every rank, or the same
-answer. A peer issuing another collective of the family is caught by ``kind``.
+``encode_record(record) + [FAMILY_MAGIC, kind] + extras + [flags]`` (int64, padded
+to an even count) and a payload slot of the group's capacity in one equal-size
+all_gather of bytes: every rank sends the same length (``extras`` depends only on the
+world size, the capacity on the group's state), nothing of a slot is read before the
+rows validated, and every rank decides from the same matrix: the same error on every
+rank, or the same answer. A peer issuing another collective of the family is caught by ``kind``.
 
 **One round for small payloads** (``exchange_fused``, ``settle``). The exchange also
 carries a payload slot of ``capacity`` bytes per rank, ``FamilyState.capacity`` of the
@@ -301,8 +302,11 @@ def exchange_fused(call: FamilyCall, info: GroupInfo, x: object = None) -> Excha
     local[: 8 * words].view(torch.int64).copy_(
         torch.tensor(vector, dtype=torch.int64, device=device)
     )
+    used = 0
     if payload is not None and payload.numel():
-        local[8 * words : 8 * words + payload.numel()].copy_(payload)
+        used = payload.numel()
+        local[8 * words : 8 * words + used].copy_(payload)
+    local[8 * words + used :].zero_()  # no stale memory leaves this rank
     gathered = torch.empty(info.world_size * width, dtype=torch.uint8, device=device)
     all_gather_equal(gathered, local, info, what=f"all_gather ({call.kind} metadata exchange)")
     table = gathered.view(info.world_size, width)
