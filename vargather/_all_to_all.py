@@ -21,6 +21,7 @@ upstream gradients, with send sizes ``recv_sizes`` and receive sizes ``send_size
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ from ._family import (
     sizes_words,
     with_problem,
 )
+from ._fused import pack
 from ._layout import Layout
 
 __all__ = [
@@ -207,36 +209,50 @@ def plan_all_to_all(
         recv = recv if recv is not None else send
         slots = None
     else:
-        ex = exchange_fused(call, info, x)
+        ex = exchange_fused(call, info, x, functools.partial(_outgoing, x, call, info))
         matrix = validate_rows(ex.rows, rank=info.rank)
-        slots = settle(NAME, ex, info)
         send = matrix[info.rank]
         recv = tuple(s[info.rank] for s in matrix)
+        assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
+        unit = _block_unit(x, call.record.normalized_dim)
+        need = max((n for s in matrix for n in s), default=0) * unit
+        slots = settle(NAME, ex, info, need, [n * unit for n in recv])
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     shape = tuple(int(n) for n in x.shape)
     d = call.record.normalized_dim
     recv_shape = (*shape[:d], sum(recv), *shape[d + 1 :])
     recv_layout = split_layout(recv_shape, d, recv, x.dtype, info)
-    result = None
-    if slots is not None:
-        others = (*shape[:d], 0, *shape[d + 1 :])
-        sends = [
-            split_layout((*others[:d], sum(s), *others[d + 1 :]), d, s, x.dtype, info)
-            for s in matrix
-        ]
-        result = cut_blocks(slots, sends, recv_layout)
+    result = None if slots is None else cut_blocks(slots, recv_layout)
     return AllToAllPlan(split_layout(shape, d, send, x.dtype, info), recv_layout, info, result)
 
 
-def cut_blocks(
-    slots: Sequence[torch.Tensor], sends: Sequence[Layout], recv: Layout
-) -> torch.Tensor:
-    """What ``exchange_blocks`` returns, from every rank's ``x`` as flat bytes
-    (``slots[j]``, sent under ``sends[j]``): block ``recv.rank`` of each, in rank order."""
-    r = recv.rank
+def _block_unit(x: torch.Tensor, d: int) -> int:
+    """Bytes of one row of ``x`` along ``d`` (the other dimensions' product)."""
+    unit = x.element_size()
+    for i, n in enumerate(x.shape):
+        if i != d:
+            unit *= int(n)
+    return unit
+
+
+def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tensor, list[int]]:
+    """This rank's payload as ``exchange_blocks`` sends it, as bytes (a problem-free
+    call, whose ``x`` is a tensor)."""
+    send = call.sizes[0]
+    assert isinstance(x, torch.Tensor)
+    assert send is not None
+    d = call.record.normalized_dim
+    layout = split_layout(tuple(int(n) for n in x.shape), d, send, x.dtype, info)
+    unit = _block_unit(x, d)
+    return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in send]
+
+
+def cut_blocks(slots: Sequence[torch.Tensor], recv: Layout) -> torch.Tensor:
+    """What ``exchange_blocks`` returns, from the bytes each rank sent this rank
+    (``slots[j]``: its ``(pre, recv.sizes[j], post)`` block), joined in rank order."""
     blocks = [
-        slot.view(lay.dtype).view(lay.pre, lay.total, lay.post)[:, lay.block(r)]
-        for slot, lay in zip(slots, sends, strict=True)
+        slot.view(recv.dtype).view(recv.pre, n, recv.post)
+        for slot, n in zip(slots, recv.sizes, strict=True)
     ]
     return torch.cat(blocks, dim=1).view(recv.output_shape)
 

@@ -21,6 +21,7 @@ gradients (the exact adjoint), one gather through ``_transport``'s ``auto`` choi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ from ._family import (
     sizes_words,
     with_problem,
 )
+from ._fused import pack
 from ._layout import Layout
 from ._transport import choose_transport
 
@@ -174,30 +176,38 @@ def plan_reduce_scatter(
         assert found is not None  # a problem-free call parsed its sizes
         slots = None
     else:
-        ex = exchange_fused(call, info, x)
+        ex = exchange_fused(call, info, x, functools.partial(_outgoing, x, call, info))
         found = validate_rows(ex.rows, rank=info.rank)
-        slots = settle(NAME, ex, info)
+        assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
+        lay = scatter_layout(x, call.record.normalized_dim, found, info)
+        unit = lay.pre * lay.post * x.element_size()
+        own = lay.local_size * unit
+        slots = settle(NAME, ex, info, max(found, default=0) * unit, [own] * info.world_size)
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     layout = scatter_layout(x, call.record.normalized_dim, found, info)
     result = None if slots is None else fold_slots(slots, layout)
     return ReduceScatterPlan(layout, info, result)
 
 
+def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tensor, list[int]]:
+    """This rank's payload as ``reduce_scatter_blocks`` sends it, as bytes (a
+    problem-free call, whose ``x`` is a tensor)."""
+    sizes = call.sizes[0]
+    assert isinstance(x, torch.Tensor)
+    assert sizes is not None
+    layout = scatter_layout(x, call.record.normalized_dim, sizes, info)
+    unit = layout.pre * layout.post * x.element_size()
+    return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in sizes]
+
+
 def fold_slots(slots: Sequence[torch.Tensor], layout: Layout) -> torch.Tensor:
-    """What ``reduce_scatter_blocks`` returns, from every rank's ``x`` as flat bytes
-    (``slots[j]``): block ``r`` of each, stacked in rank order and folded alike."""
+    """What ``reduce_scatter_blocks`` returns, from the bytes of block ``r`` each rank
+    sent this rank (``slots[j]``), stacked in rank order and folded alike."""
     r = layout.rank
     own = layout.pre * layout.local_size * layout.post
     if layout.total == 0 or own == 0:
         return torch.empty(layout.shard_shape(r), dtype=layout.dtype, device=slots[0].device)
-    blocks = torch.stack(
-        [
-            slot.view(layout.dtype)
-            .view(layout.pre, layout.total, layout.post)[:, layout.block(r)]
-            .reshape(-1)
-            for slot in slots
-        ]
-    )
+    blocks = torch.stack([slot.view(layout.dtype) for slot in slots])
     return fold_blocks(blocks).view(layout.shard_shape(r))
 
 
