@@ -45,9 +45,16 @@ def mesh_calls(ctx: RankContext, _: None) -> tuple[torch.Tensor, torch.Tensor, l
     return rs, a2a, lst
 
 
-def timeouts_and_counts(ctx: RankContext, _: None) -> tuple[int, int, int, int]:
-    """Collectives per call: validated (exchange + payload) and trusted (payload)."""
+def timeouts_and_counts(ctx: RankContext, _: None) -> tuple[int, int, int, int, int]:
+    """Collectives per call: validated (exchange + payload on a fresh state, then the
+    payload riding in the exchange) and trusted (payload)."""
+    from vargather import _family
+
+    _family.reset_family_state()
     x = torch.ones(3, 2)
+    c0 = collectives_issued()
+    vargather.reduce_scatter_v(x, [1, 2], timeout=5.0)
+    validated = collectives_issued() - c0
     c0 = collectives_issued()
     vargather.reduce_scatter_v(x, [1, 2], timeout=5.0)
     c1 = collectives_issued()
@@ -64,7 +71,7 @@ def timeouts_and_counts(ctx: RankContext, _: None) -> tuple[int, int, int, int]:
     c4 = collectives_issued()
     vargather.all_gather_list(x[: ctx.rank + 1])
     c5 = collectives_issued()
-    return c1 - c0, c2 - c1, c3 - c2, c5 - c4
+    return validated, c1 - c0, c2 - c1, c3 - c2, c5 - c4
 
 
 def trusted_local_problem(ctx: RankContext, _: None) -> Any:
@@ -206,3 +213,98 @@ def list_beside_coalesced(ctx: RankContext, _: None) -> tuple[Any, list[list[flo
     except vargather.VarGatherError as err:
         raised = _error(err)
     return raised, [t.tolist() for t in vargather.all_gather_list(x)]
+
+
+# --- one round for small payloads (the metadata exchange carries x) ------------------------
+
+FusedCase = tuple[str, str, int, int, bool, tuple[tuple[int, ...], ...]]
+"""``(kind, dtype, cols, dim, transposed, sizes)``: ``sizes[j]`` rank j's send sizes
+(``all_to_all_v``) or ``sizes[0]`` every rank's sizes (``reduce_scatter_v``)."""
+
+
+def fused_input(case: FusedCase, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s ``x`` of ``case``: special values (NaN payloads, -0.0, inf) for
+    floats, a transposed (strided) view when asked."""
+    kind, dtype_name, cols, dim, transposed, sizes = case
+    dtype = getattr(torch, dtype_name)
+    rows = sum(sizes[rank] if kind == "all_to_all_v" else sizes[0])
+    g = torch.Generator().manual_seed(7919 * rank + 31 * rows + cols)
+    raw = torch.randint(-300, 300, (rows, cols), generator=g)
+    if dtype == torch.bool:
+        x = raw > 0
+    elif dtype.is_floating_point:
+        x = (raw.to(torch.float64) / 7).to(dtype)
+        flat = x.view(-1)
+        if flat.numel() >= 4:
+            bits = {torch.float32: torch.int32, torch.float64: torch.int64}.get(dtype)
+            flat[0] = -0.0
+            flat[1] = float("inf")
+            flat[2] = float("nan")
+            if bits is not None:  # a NaN with a payload
+                flat[3:4].view(bits).fill_(0x7FC01234 if bits == torch.int32 else -0x7A)
+    else:
+        x = raw.to(dtype)
+    if transposed:  # the same elements, laid out (cols, rows) and viewed back
+        x = x.t().contiguous().t()
+    return x if dim == 0 else x.t()
+
+
+def fused_calls(ctx: RankContext, cases: tuple[FusedCase, ...]) -> list[Any]:
+    """Each case called on a fresh family state: the collectives each call issued on
+    this rank, both kinds' states after it, and its result."""
+    from vargather import _family
+
+    _family.reset_family_state()
+    out: list[Any] = []
+    for case in cases:
+        kind, _, _, dim, _, sizes = case
+        x = fused_input(case, ctx.rank, ctx.world_size)
+        d = dim if dim == 0 else -1
+        before = collectives_issued()
+        if kind == "all_to_all_v":
+            y = vargather.all_to_all_v(x, list(sizes[ctx.rank]), d)
+        else:
+            y = vargather.reduce_scatter_v(x, list(sizes[0]), d)
+        issued = collectives_issued() - before
+        states = tuple(
+            _family.family_state_of(None, k) for k in ("all_to_all_v", "reduce_scatter_v")
+        )
+        out.append((issued, states, y))
+    return out
+
+
+def fused_subgroup(ctx: RankContext, _: None) -> Any:
+    """A subgroup of ranks 0 and 2 keeps its own state: its second call is one round."""
+    from vargather import _family
+
+    sub = dist.new_group([0, 2])
+    if ctx.rank == 1:
+        return None
+    _family.reset_family_state(sub)
+    me = 0 if ctx.rank == 0 else 1
+    x = torch.arange(6.0).view(3, 2) + 10 * ctx.rank
+    counts, results = [], []
+    for _ in range(2):
+        before = collectives_issued()
+        a = vargather.all_to_all_v(x, [1, 2] if me == 0 else [3, 0], group=sub)
+        r = vargather.reduce_scatter_v(x, [2, 1], group=sub)
+        counts.append(collectives_issued() - before)
+        results.append((a, r))
+    return counts, results, _family.family_state_of(sub, "all_to_all_v")
+
+
+def fused_autograd(ctx: RankContext, _: None) -> Any:
+    """Gradients through the one-round forward: the backward paths are unchanged."""
+    from vargather import _family
+
+    _family.reset_family_state()
+    send = [1, 2, 0] if ctx.rank == 0 else [2, 0, 1]
+    grads = []
+    for _ in range(2):
+        x = (torch.arange(9.0).view(3, 3) * (ctx.rank + 1)).requires_grad_(True)
+        y = vargather.all_to_all_v(x, send)
+        z = vargather.reduce_scatter_v(x, [1, 1, 1])
+        (y.sum() * 2 + (z * z).sum()).backward()
+        assert x.grad is not None
+        grads.append(x.grad.clone())
+    return grads

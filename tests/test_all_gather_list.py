@@ -99,8 +99,9 @@ def test_compiled_fullgraph_step_with_an_empty_block(backend: str, which: tuple[
         assert len(counts) == 1, (name, counts)  # the same collectives on every rank
         (forward, backward) = counts.pop()
         assert backward == 1, name
-        # 2 (exchange + payload); all_gather_list's fused round is 1 to 3 (its state)
-        assert forward == 2 or (name == "all_gather_list" and 1 <= forward <= 3), name
+        # 2 (exchange + payload) or 1 (a small payload riding in the exchange, once the
+        # group's state holds a slot); all_gather_list's fused round is 1 to 3
+        assert forward in (1, 2) or (name == "all_gather_list" and forward <= 3), name
         for r, found in enumerate(results):
             _, got, want = found[name]
             assert got is not None, (name, r)

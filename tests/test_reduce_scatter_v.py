@@ -80,10 +80,11 @@ def test_noncontiguous_input() -> None:
 
 
 def test_collectives_per_call_and_trusted_sizes() -> None:
-    for validated, trusted, a2a_trusted, gather_list in get_pool(2).run(
+    for validated, steady, trusted, a2a_trusted, gather_list in get_pool(2).run(
         fns.timeouts_and_counts, None
     ):
-        assert (validated, trusted, a2a_trusted) == (2, 1, 1)
+        # a fresh state: exchange + payload; then the payload rides in the exchange
+        assert (validated, steady, trusted, a2a_trusted) == (2, 1, 1, 1)
         assert gather_list == 1  # steady state: the payload rides in the fused round
 
 

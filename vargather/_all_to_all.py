@@ -21,7 +21,9 @@ upstream gradients, with send sizes ``recv_sizes`` and receive sizes ``send_size
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,18 +39,21 @@ from ._family import (
     agree,
     check_tensor,
     common_checks,
-    exchange,
+    exchange_fused,
     raise_local,
     raise_own_problem,
     requires_grad_check,
+    settle,
     sizes_words,
     with_problem,
 )
+from ._fused import pack
 from ._layout import Layout
 
 __all__ = [
     "AllToAllPlan",
     "AllToAllVFunction",
+    "cut_blocks",
     "exchange_blocks",
     "plan_all_to_all",
     "split_layout",
@@ -61,11 +66,14 @@ NAME = "all_to_all_v"
 class AllToAllPlan:
     """A validated ``all_to_all_v``: this rank's send blocks and receive blocks as
     ``Layout``s (``send.sizes`` = ``send_sizes``, ``recv.sizes`` = ``recv_sizes``; the
-    receive layout's offsets are where each source rank's rows sit in the result)."""
+    receive layout's offsets are where each source rank's rows sit in the result).
+    ``result``: the payload's result when it rode in the metadata exchange
+    (``_family.settle``)."""
 
     send: Layout
     recv: Layout
     info: GroupInfo
+    result: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
 def split_layout(
@@ -199,19 +207,54 @@ def plan_all_to_all(
         raise_own_problem(NAME, problem, info, trusted=trusted)
         assert send is not None
         recv = recv if recv is not None else send
+        slots = None
     else:
-        matrix = validate_rows(exchange(call, info), rank=info.rank)
+        ex = exchange_fused(call, info, x, functools.partial(_outgoing, x, call, info))
+        matrix = validate_rows(ex.rows, rank=info.rank)
         send = matrix[info.rank]
         recv = tuple(s[info.rank] for s in matrix)
+        assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
+        unit = _block_unit(x, call.record.normalized_dim)
+        need = max((n for s in matrix for n in s), default=0) * unit
+        slots = settle(NAME, ex, info, need, [n * unit for n in recv])
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     shape = tuple(int(n) for n in x.shape)
     d = call.record.normalized_dim
     recv_shape = (*shape[:d], sum(recv), *shape[d + 1 :])
-    return AllToAllPlan(
-        split_layout(shape, d, send, x.dtype, info),
-        split_layout(recv_shape, d, recv, x.dtype, info),
-        info,
-    )
+    recv_layout = split_layout(recv_shape, d, recv, x.dtype, info)
+    result = None if slots is None else cut_blocks(slots, recv_layout)
+    return AllToAllPlan(split_layout(shape, d, send, x.dtype, info), recv_layout, info, result)
+
+
+def _block_unit(x: torch.Tensor, d: int) -> int:
+    """Bytes of one row of ``x`` along ``d`` (the other dimensions' product)."""
+    unit = x.element_size()
+    for i, n in enumerate(x.shape):
+        if i != d:
+            unit *= int(n)
+    return unit
+
+
+def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tensor, list[int]]:
+    """This rank's payload as ``exchange_blocks`` sends it, as bytes (a problem-free
+    call, whose ``x`` is a tensor)."""
+    send = call.sizes[0]
+    assert isinstance(x, torch.Tensor)
+    assert send is not None
+    d = call.record.normalized_dim
+    layout = split_layout(tuple(int(n) for n in x.shape), d, send, x.dtype, info)
+    unit = _block_unit(x, d)
+    return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in send]
+
+
+def cut_blocks(slots: Sequence[torch.Tensor], recv: Layout) -> torch.Tensor:
+    """What ``exchange_blocks`` returns, from the bytes each rank sent this rank
+    (``slots[j]``: its ``(pre, recv.sizes[j], post)`` block), joined in rank order."""
+    blocks = [
+        slot.view(recv.dtype).view(recv.pre, n, recv.post)
+        for slot, n in zip(slots, recv.sizes, strict=True)
+    ]
+    return torch.cat(blocks, dim=1).view(recv.output_shape)
 
 
 def exchange_blocks(x: torch.Tensor, send: Layout, recv: Layout, info: GroupInfo) -> torch.Tensor:
@@ -238,6 +281,8 @@ class AllToAllVFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, plan: AllToAllPlan) -> torch.Tensor:
         ctx.plan = plan
+        if plan.result is not None:
+            return plan.result
         return exchange_blocks(x, plan.send, plan.recv, plan.info)
 
     @staticmethod

@@ -100,6 +100,8 @@ def _rs_op(
         x, list(sizes), dim, info, validate=validate, timeout=timeout, requires_grad=requires_grad
     )
     with torch.no_grad():
+        if plan.result is not None:
+            return _fresh(plan.result, x)
         return _fresh(reduce_scatter_blocks(x, plan.layout, plan.info), x)
 
 
@@ -187,6 +189,8 @@ def _a2a_op(
         requires_grad=requires_grad,
     )
     with torch.no_grad():
+        if plan.result is not None:
+            return _fresh(plan.result, x)
         return _fresh(exchange_blocks(x, plan.send, plan.recv, plan.info), x)
 
 

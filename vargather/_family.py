@@ -12,25 +12,44 @@ checks: the tensor, ``dim``, ``grad``, ``validate``, ``timeout``, the dtype the 
 carries), the first local problem found (the collective's own checks, such as
 ``sum(sizes) == x.shape[dim]``, appended by its module), and a fixed-length run of
 int64 *extras* (the passed size vectors, ``-1`` where absent). The exchange sends
-``encode_record(record) + [FAMILY_MAGIC, kind] + extras`` in one equal-size
-all_gather of int64: every rank sends the same length (``extras`` depends only on
-the world size), so nothing but equal-length integers moves before validation, and
-every rank decides from the same matrix: the same error on every rank, or the same
-answer. A peer issuing another collective of the family is caught by ``kind``.
+``encode_record(record) + [FAMILY_MAGIC, kind] + extras + [flags]`` (int64, padded
+to an even count) and a payload slot of the group's capacity to every rank in one
+equal-split all_to_all of bytes: every rank sends the same length (``extras`` depends only on the
+world size, the capacity on the group's state), nothing of a slot is read before the
+rows validated, and every rank decides from the same matrix: the same error on every
+rank, or the same answer. A peer issuing another collective of the family is caught by ``kind``.
+
+**One round for small payloads** (``exchange_fused``, ``settle``). The exchange is an
+equal-split all_to_all: rank ``j`` sends every rank the same row, followed by a payload
+slot of ``capacity`` bytes (``FamilyState.capacity`` of the group and kind, the same on
+every rank because every rank updates it from the same validated rows only) holding
+the block the payload collective would send that rank, when every block fits and the
+rank has no local problem; a flag word of the row says so. After the rows validated
+(nothing of a slot is read before), a call whose every rank's slots hold its blocks
+is answered from the slots: one collective in all. The state rule (``advance``,
+applied after every validated call, from the validated rows only): a call whose every
+rank is eligible and whose largest block (``need``, bytes) is at most
+``FAMILY_FUSED_MAX`` grows the capacity to ``bucket(need)`` when ``4 * need`` exceeds it;
+any other call is idle, and after ``SHRINK_AFTER`` idle calls in a row the capacity
+shrinks to ``bucket`` of the largest eligible small need among them (0 if none). Calls
+that raise change nothing. Bound: every rank sends and receives
+``W * (8 * len(vector) + capacity)`` bytes, ``capacity <= FAMILY_FUSED_MAX`` (64 KiB).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Final
 
 import torch
+import torch.distributed as dist
 
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
 from ._choices import CONTRACTS, DEVICE_TYPES
-from ._comm import GroupInfo, all_gather_equal
+from ._comm import GroupInfo, all_to_all_uneven
 from ._dtypes import dtype_from_code
 from ._errors import (
     ArgumentMismatchError,
@@ -42,19 +61,27 @@ from ._errors import (
     VarGatherError,
 )
 from ._exchange import _disagreement
+from ._fused import SHRINK_AFTER, bucket
+from ._group import process_group
 from ._wire import RECORD_LENGTH, decode_record, encode_record
 
 __all__ = [
+    "FAMILY_FUSED_MAX",
     "FAMILY_MAGIC",
     "KINDS",
     "Check",
+    "Exchanged",
     "FamilyCall",
+    "FamilyState",
     "Row",
     "agree",
     "check_tensor",
     "common_checks",
     "exchange",
+    "exchange_fused",
+    "family_state_of",
     "raise_local",
+    "settle",
     "sizes_words",
     "with_problem",
 ]
@@ -173,22 +200,138 @@ def sizes_words(
     return parsed, words + [-1] * (1 + world_size - len(words))
 
 
-def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:
-    """Every rank's row, in group-rank order: one equal-size all_gather of int64.
+FAMILY_FUSED_MAX: Final = 64 * 1024
+"""Largest block (bytes, from one rank to one rank) that rides in the metadata exchange:
+the round moves ``W`` slots of the capacity (at most this) from and to every rank."""
+
+_ELIGIBLE: Final = 1  # flag word: no local problem, x on the exchange's device
+_USED: Final = 2  # flag word: the payload slot holds this rank's whole x
+
+
+@dataclass(frozen=True)
+class FamilyState:
+    """What one group's ranks agree on for a kind's next exchange (module doc): the
+    payload slot's ``capacity`` (bytes) and its shrink streak (``idle``, ``idle_need``)."""
+
+    capacity: int = 0
+    idle: int = 0
+    idle_need: int = 0
+
+
+def advance(state: FamilyState, *, fusable: bool, need: int) -> FamilyState:
+    """The state after a call that validated: a pure function of what every rank saw
+    (``fusable``: every rank eligible; ``need``: the largest ``x`` of any rank, bytes)."""
+    capacity, idle, idle_need = state.capacity, state.idle, state.idle_need
+    small = fusable and need <= FAMILY_FUSED_MAX
+    if small and 4 * need > capacity:
+        capacity, idle, idle_need = max(capacity, _slot(need)), 0, 0
+    else:
+        idle += 1
+        if small:
+            idle_need = max(idle_need, need)
+        if idle >= SHRINK_AFTER:
+            capacity, idle, idle_need = _slot(idle_need), 0, 0
+    if (capacity, idle, idle_need) == (state.capacity, state.idle, state.idle_need):
+        return state
+    return FamilyState(capacity, idle, idle_need)
+
+
+def _slot(n: int) -> int:
+    """``bucket(n)`` rounded up to 16 bytes (every slot starts 16-byte aligned)."""
+    return -(-bucket(n) // 16) * 16
+
+
+_STATES: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, FamilyState]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def family_state_of(group: dist.ProcessGroup | None, kind: str) -> FamilyState:
+    """This process's copy of ``group``'s state for ``kind`` (``None``: the default group)."""
+    pg = group if group is not None else dist.group.WORLD
+    if not isinstance(pg, dist.ProcessGroup):
+        return FamilyState()
+    return _STATES.get(pg, {}).get(kind, FamilyState())
+
+
+@dataclass(frozen=True)
+class Exchanged:
+    """Every rank's row and, unread until the rows validated, the payload slots.
+
+    ``slots``: ``(W, capacity)`` bytes, row ``j`` the slot rank ``j`` sent this rank
+    (``None`` in a world of one rank); ``flags``: every rank's flag word; ``state``: the
+    state the round was sized from."""
+
+    rows: list[Row]
+    slots: torch.Tensor | None
+    flags: tuple[int, ...]
+    state: FamilyState
+
+
+Outgoing = Callable[[], tuple[torch.Tensor, Sequence[int]]]
+"""What a rank would send in its payload collective: its flat bytes, block ``r``
+(``sizes[r]`` bytes) for rank ``r``, in rank order. Called only for an eligible call."""
+
+
+def _flags(
+    call: FamilyCall, x: object, outgoing: Outgoing | None, capacity: int, info: GroupInfo
+) -> tuple[int, tuple[torch.Tensor, Sequence[int]] | None]:
+    """This rank's flag word and, when every block fits the slot, its blocks' bytes."""
+    if call.record.problem is not None or not isinstance(x, torch.Tensor) or outgoing is None:
+        return 0, None
+    if x.device.type != info.default_device().type or x.layout != torch.strided:
+        return 0, None
+    if x.numel() * x.element_size() > capacity * info.world_size:  # some block is larger
+        return _ELIGIBLE, None
+    flat, sizes = outgoing()
+    if max(sizes, default=0) > capacity:
+        return _ELIGIBLE, None
+    return _ELIGIBLE | _USED, (flat, sizes)
+
+
+def exchange_fused(
+    call: FamilyCall, info: GroupInfo, x: object = None, outgoing: Outgoing | None = None
+) -> Exchanged:
+    """Every rank's row, in group-rank order, and this rank's payload slots: one
+    equal-split all_to_all of ``8 * len(vector) + capacity`` bytes from every rank to
+    every rank (its row, the same for all, and its block for that rank; module doc).
 
     In a world of one rank nothing is sent. A row vargather cannot read, or one of
     another collective of the family, raises ``ProtocolMismatchError`` on every rank.
     """
     kind_code = KINDS.index(call.kind) + 1
-    vector = [*encode_record(call.record), FAMILY_MAGIC, kind_code, *call.extras]
-    if not info.communicates:
-        return [Row(call.record, call.extras)]
+    pg = process_group(info) if info.communicates else None
+    state = _STATES.get(pg, {}).get(call.kind, FamilyState()) if pg is not None else FamilyState()
+    capacity = state.capacity
     device = info.default_device()
-    local = torch.tensor(vector, dtype=torch.int64, device=device)
-    gathered = torch.empty(info.world_size * len(vector), dtype=torch.int64, device=device)
-    all_gather_equal(gathered, local, info, what=f"all_gather ({call.kind} metadata exchange)")
-    rows = gathered.view(info.world_size, len(vector)).tolist()
+    flag, payload = _flags(call, x, outgoing, capacity, info) if pg is not None else (0, None)
+    vector = [*encode_record(call.record), FAMILY_MAGIC, kind_code, *call.extras, flag]
+    vector += [0] * (len(vector) % 2)  # 16-byte rows: every slot starts aligned
+    if not info.communicates:
+        return Exchanged([Row(call.record, call.extras)], None, (flag,), state)
+    w, words = info.world_size, len(vector)
+    width = 8 * words + capacity
+    local = torch.zeros(w, width, dtype=torch.uint8, device=device)  # no stale bytes leave
+    local[:, : 8 * words] = torch.tensor(vector, dtype=torch.int64, device=device).view(torch.uint8)
+    if payload is not None:
+        flat, sizes = payload
+        at = 0
+        for r, n in enumerate(sizes):
+            if n:
+                local[r, 8 * words : 8 * words + n] = flat[at : at + n]
+            at += n
+    received = torch.empty(w, width, dtype=torch.uint8, device=device)
+    all_to_all_uneven(
+        received,
+        local,
+        output_splits=[1] * w,
+        input_splits=[1] * w,
+        info=info,
+        what=f"all_to_all ({call.kind} metadata exchange)",
+    )
+    rows = received[:, : 8 * words].contiguous().view(torch.int64).tolist()
     out: list[Row] = []
+    flags: list[int] = []
     for r, row in enumerate(rows):
         magic, code = row[RECORD_LENGTH], row[RECORD_LENGTH + 1]
         if magic != FAMILY_MAGIC or code != kind_code:
@@ -199,8 +342,34 @@ def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:
                 + f": expected a {call.kind} call on every rank of the group",
                 ranks=[r],
             )
-        out.append(Row(decode_record(row[:RECORD_LENGTH], rank=r), tuple(row[RECORD_LENGTH + 2 :])))
-    return out
+        extras = tuple(row[RECORD_LENGTH + 2 : RECORD_LENGTH + 2 + len(call.extras)])
+        flags.append(int(row[RECORD_LENGTH + 2 + len(call.extras)]))
+        out.append(Row(decode_record(row[:RECORD_LENGTH], rank=r), extras))
+    return Exchanged(out, received[:, 8 * words :], tuple(flags), state)
+
+
+def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:
+    """Every rank's rows (``exchange_fused`` without a payload)."""
+    return exchange_fused(call, info).rows
+
+
+def settle(
+    kind: str, ex: Exchanged, info: GroupInfo, need: int, incoming: Sequence[int]
+) -> tuple[torch.Tensor, ...] | None:
+    """After the rows of ``ex`` validated: advance the group's state (every rank alike;
+    ``need``: the largest block any rank sends any rank, bytes, from the validated rows)
+    and, when every rank's slot holds its blocks, the block (``incoming[j]`` bytes) each
+    rank ``j`` sent this rank (``None``: the payload collective runs)."""
+    if ex.slots is None:
+        return None
+    fusable = all(f & _ELIGIBLE for f in ex.flags)
+    after = advance(ex.state, fusable=fusable, need=need)
+    pg = process_group(info)
+    if pg is not None and after is not ex.state:
+        _STATES.setdefault(pg, {})[kind] = after
+    if not all(f & _USED for f in ex.flags) or need > ex.state.capacity:
+        return None
+    return tuple(ex.slots[j, :n] for j, n in enumerate(incoming))
 
 
 # --- validation helpers ----------------------------------------------------------------
@@ -295,3 +464,11 @@ def requires_grad_check(records: Sequence[CallRecord], why: str) -> Check:
         [rec.requires_grad for rec in records],
         repr,
     )
+
+
+def reset_family_state(group: dist.ProcessGroup | None = None) -> None:
+    """Tests only: forget ``group``'s state on this rank (every rank must do the same,
+    or the ranks disagree on the next exchange's size)."""
+    pg = group if group is not None else dist.group.WORLD
+    if isinstance(pg, dist.ProcessGroup):
+        _STATES.pop(pg, None)

@@ -21,7 +21,9 @@ gradients (the exact adjoint), one gather through ``_transport``'s ``auto`` choi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,13 +39,15 @@ from ._family import (
     agree,
     check_tensor,
     common_checks,
-    exchange,
+    exchange_fused,
     raise_local,
     raise_own_problem,
     requires_grad_check,
+    settle,
     sizes_words,
     with_problem,
 )
+from ._fused import pack
 from ._layout import Layout
 from ._transport import choose_transport
 
@@ -51,6 +55,7 @@ __all__ = [
     "ReduceScatterPlan",
     "ReduceScatterVFunction",
     "fold_blocks",
+    "fold_slots",
     "plan_reduce_scatter",
     "reduce_scatter_blocks",
     "scatter_layout",
@@ -62,10 +67,12 @@ NAME = "reduce_scatter_v"
 @dataclass(frozen=True)
 class ReduceScatterPlan:
     """A validated ``reduce_scatter_v``: the blocks' ``Layout`` (``shard_shape(r)`` is
-    rank r's result, ``output_shape`` the input's shape) and the group."""
+    rank r's result, ``output_shape`` the input's shape) and the group. ``result``: the
+    payload's result when it rode in the metadata exchange (``_family.settle``)."""
 
     layout: Layout
     info: GroupInfo
+    result: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
 def scatter_layout(x: torch.Tensor, dim: int, sizes: tuple[int, ...], info: GroupInfo) -> Layout:
@@ -167,10 +174,41 @@ def plan_reduce_scatter(
         raise_own_problem(NAME, problem, info, trusted=validate is False)
         found = call.sizes[0]
         assert found is not None  # a problem-free call parsed its sizes
+        slots = None
     else:
-        found = validate_rows(exchange(call, info), rank=info.rank)
+        ex = exchange_fused(call, info, x, functools.partial(_outgoing, x, call, info))
+        found = validate_rows(ex.rows, rank=info.rank)
+        assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
+        lay = scatter_layout(x, call.record.normalized_dim, found, info)
+        unit = lay.pre * lay.post * x.element_size()
+        own = lay.local_size * unit
+        slots = settle(NAME, ex, info, max(found, default=0) * unit, [own] * info.world_size)
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
-    return ReduceScatterPlan(scatter_layout(x, call.record.normalized_dim, found, info), info)
+    layout = scatter_layout(x, call.record.normalized_dim, found, info)
+    result = None if slots is None else fold_slots(slots, layout)
+    return ReduceScatterPlan(layout, info, result)
+
+
+def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tensor, list[int]]:
+    """This rank's payload as ``reduce_scatter_blocks`` sends it, as bytes (a
+    problem-free call, whose ``x`` is a tensor)."""
+    sizes = call.sizes[0]
+    assert isinstance(x, torch.Tensor)
+    assert sizes is not None
+    layout = scatter_layout(x, call.record.normalized_dim, sizes, info)
+    unit = layout.pre * layout.post * x.element_size()
+    return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in sizes]
+
+
+def fold_slots(slots: Sequence[torch.Tensor], layout: Layout) -> torch.Tensor:
+    """What ``reduce_scatter_blocks`` returns, from the bytes of block ``r`` each rank
+    sent this rank (``slots[j]``), stacked in rank order and folded alike."""
+    r = layout.rank
+    own = layout.pre * layout.local_size * layout.post
+    if layout.total == 0 or own == 0:
+        return torch.empty(layout.shard_shape(r), dtype=layout.dtype, device=slots[0].device)
+    blocks = torch.stack([slot.view(layout.dtype) for slot in slots])
+    return fold_blocks(blocks).view(layout.shard_shape(r))
 
 
 def fold_blocks(blocks: torch.Tensor) -> torch.Tensor:
@@ -223,6 +261,8 @@ class ReduceScatterVFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, plan: ReduceScatterPlan) -> torch.Tensor:
         ctx.plan = plan
+        if plan.result is not None:
+            return plan.result
         return reduce_scatter_blocks(x, plan.layout, plan.info)
 
     @staticmethod

@@ -1,0 +1,97 @@
+"""One round for small payloads: a validated ``all_to_all_v`` / ``reduce_scatter_v``
+whose every rank's ``x`` fits the group's payload slot rides in the metadata exchange
+(``_family.exchange_fused``): one collective, bit for bit the oracle's result, the
+state the same on every rank after every call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests import _family_fns as fns
+from vargather import oracle
+from vargather._family import FAMILY_FUSED_MAX, FamilyState, advance
+from vargather.testing import get_pool
+from vargather.testing.asserts import assert_bitwise_equal
+
+pytestmark = pytest.mark.multirank
+
+A2A, RS = "all_to_all_v", "reduce_scatter_v"
+SEND = ((3, 0, 5), (0, 0, 0), (2, 4, 1))
+CASES: tuple[fns.FusedCase, ...] = (
+    (A2A, "float32", 16, 0, False, SEND),  # 512 B: the first call, two rounds
+    (A2A, "bfloat16", 16, 0, False, SEND),
+    (A2A, "bool", 16, 1, True, SEND),
+    (A2A, "int16", 16, 0, True, SEND),
+    (A2A, "float64", 8, 1, False, SEND),
+    (RS, "float32", 16, 0, False, ((2, 0, 3),)),  # the first reduce_scatter_v
+    (RS, "bfloat16", 16, 0, False, ((2, 0, 3),)),
+    (RS, "bool", 16, 1, True, ((2, 0, 3),)),
+    (RS, "int16", 16, 0, False, ((2, 0, 3),)),
+    (RS, "float64", 16, 0, False, ((0, 0, 0),)),  # every block empty
+    (A2A, "float32", 512, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # 80 KiB block
+    (A2A, "float32", 512, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),
+    (A2A, "float32", 16, 0, False, SEND),  # small again: one round
+    (RS, "float32", 256, 0, False, ((50, 20, 0),)),  # a 50 KiB block: grows the slot
+    (RS, "float64", 128, 1, False, ((50, 20, 0),)),
+    (RS, "float32", 256, 0, False, ((70, 0, 10),)),  # a 70 KiB block: above the bound
+)
+ISSUED = [2, 1, 1, 1, 1, 2, 1, 1, 1, 1, 2, 2, 1, 2, 1, 2]
+
+
+def _expected(case: fns.FusedCase, world: int) -> list[torch.Tensor]:
+    kind, _, _, dim, _, sizes = case
+    xs = [fns.fused_input(case, j, world) for j in range(world)]
+    d = 0 if dim == 0 else -1
+    if kind == A2A:
+        return oracle.expected_all_to_all(xs, sizes, d)
+    return oracle.expected_reduce_scatter(xs, sizes[0], d)
+
+
+def _need(case: fns.FusedCase, world: int) -> int:
+    """The largest block (bytes) any rank sends any rank."""
+    sizes = case[5]
+    t = fns.fused_input(case, 0, world)
+    row = t.element_size() * t.numel() // max(1, sum(sizes[0]))
+    if sum(sizes[0]) == 0:  # rank 0 has no rows: size a row from the column count
+        row = t.element_size() * case[2]
+    return max(n for s in sizes for n in s) * row
+
+
+def test_one_round_in_steady_state_two_above_the_bound() -> None:
+    w = 3
+    per_rank = get_pool(w).run(fns.fused_calls, CASES)
+    model = {A2A: FamilyState(), RS: FamilyState()}
+    for i, case in enumerate(CASES):
+        need = _need(case, w)
+        predicted = 1 if need <= model[case[0]].capacity else 2
+        model[case[0]] = advance(model[case[0]], fusable=True, need=need)
+        expected = _expected(case, w)
+        for r in range(w):
+            issued, states, y = per_rank[r][i]
+            assert issued == predicted == ISSUED[i], f"call #{i} on rank {r}: {issued} rounds"
+            assert states == (model[A2A], model[RS]), f"call #{i}: rank {r}'s state"
+            assert_bitwise_equal(y, expected[r], f"call #{i} on rank {r}")
+    assert max(model[A2A].capacity, model[RS].capacity) <= FAMILY_FUSED_MAX
+
+
+def test_a_subgroup_keeps_its_own_state() -> None:
+    results = get_pool(3).run(fns.fused_subgroup, None)
+    assert results[1] is None
+    (c0, res0, s0), (c2, res2, s2) = results[0], results[2]
+    assert c0 == c2 == [4, 2]  # two kinds: two rounds each, then one each
+    assert s0 == s2
+    assert s0.capacity > 0
+    xs = [torch.arange(6.0).view(3, 2) + 10 * r for r in (0, 2)]
+    a2a = oracle.expected_all_to_all(xs, [[1, 2], [3, 0]])
+    rs = oracle.expected_reduce_scatter(xs, [2, 1])
+    for me, res in enumerate((res0, res2)):
+        for a, r in res:
+            assert_bitwise_equal(a, a2a[me])
+            assert_bitwise_equal(r, rs[me])
+
+
+def test_gradients_through_the_one_round_forward_match_the_two_round_one() -> None:
+    per_rank = get_pool(3).run(fns.fused_autograd, None)
+    for first, second in per_rank:
+        assert_bitwise_equal(first, second)  # the second call rode in the exchange
