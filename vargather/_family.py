@@ -61,7 +61,7 @@ from ._errors import (
     VarGatherError,
 )
 from ._exchange import _disagreement
-from ._fused import SHRINK_AFTER, bucket
+from ._fused import bucket, capacity_step
 from ._group import process_group
 from ._wire import RECORD_LENGTH, decode_record, encode_record
 
@@ -221,16 +221,12 @@ class FamilyState:
 def advance(state: FamilyState, *, fusable: bool, need: int) -> FamilyState:
     """The state after a call that validated: a pure function of what every rank saw
     (``fusable``: every rank eligible; ``need``: the largest ``x`` of any rank, bytes)."""
-    capacity, idle, idle_need = state.capacity, state.idle, state.idle_need
-    small = fusable and need <= FAMILY_FUSED_MAX
-    if small and 4 * need > capacity:
-        capacity, idle, idle_need = max(capacity, _slot(need)), 0, 0
-    else:
-        idle += 1
-        if small:
-            idle_need = max(idle_need, need)
-        if idle >= SHRINK_AFTER:
-            capacity, idle, idle_need = _slot(idle_need), 0, 0
+    capacity, idle, idle_need = capacity_step(
+        (state.capacity, state.idle, state.idle_need),
+        small=fusable and need <= FAMILY_FUSED_MAX,
+        need=need,
+        slot=_slot,
+    )
     if (capacity, idle, idle_need) == (state.capacity, state.idle, state.idle_need):
         return state
     return FamilyState(capacity, idle, idle_need)

@@ -144,6 +144,7 @@ __all__ = [
     "advance",
     "bucket",
     "capacity_of",
+    "capacity_step",
     "exchange",
     "gather_bytes",
     "named",
@@ -260,22 +261,37 @@ def _advance_wide(
     return (), 0, ()
 
 
+def capacity_step(
+    current: tuple[int, int, int], *, small: bool, need: int, slot: Callable[[int], int]
+) -> tuple[int, int, int]:
+    """One call's step of a learned capacity ``(capacity, idle, idle_need)``: a small
+    call in use (``4 * need > capacity``) grows it to ``slot(need)`` and ends the idle
+    streak; any other call is idle, and after ``SHRINK_AFTER`` idle calls in a row the
+    capacity becomes ``slot`` of the largest small need among them (the fused round's
+    rule, and the family exchange's)."""
+    capacity, idle, idle_need = current
+    if small and 4 * need > capacity:
+        return max(capacity, slot(need)), 0, 0
+    idle += 1
+    if small:
+        idle_need = max(idle_need, need)
+    if idle >= SHRINK_AFTER:
+        return slot(idle_need), 0, 0
+    return capacity, idle, idle_need
+
+
 def advance(
     state: FusedState, *, fusable: bool, need: int, count: int, needs: Sequence[int] = ()
 ) -> FusedState:
     """The state after a call that validated: a pure function of what every rank saw
     (``need``: the largest payload of any rank; ``needs``: every rank's, for the wide
     round; without them the wide slots only count the call as idle)."""
-    capacity, idle, idle_need = state.capacity, state.idle, state.idle_need
-    small = fusable and need <= FUSED_MAX_BYTES
-    if small and 4 * need > capacity:
-        capacity, idle, idle_need = max(capacity, bucket(need)), 0, 0
-    else:
-        idle += 1
-        if small:
-            idle_need = max(idle_need, need)
-        if idle >= SHRINK_AFTER:
-            capacity, idle, idle_need = bucket(idle_need), 0, 0
+    capacity, idle, idle_need = capacity_step(
+        (state.capacity, state.idle, state.idle_need),
+        small=fusable and need <= FUSED_MAX_BYTES,
+        need=need,
+        slot=bucket,
+    )
     slots, fewer, fewer_max = state.slots, state.fewer, state.fewer_max
     if count > slots:
         slots, fewer, fewer_max = count, 0, 0
