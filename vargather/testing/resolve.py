@@ -375,6 +375,24 @@ def _suggested_call(sig: inspect.Signature) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+def _load_target(
+    ref: str, cwd: str | None
+) -> tuple[tuple[tuple[str, object], ...] | None, object, bool]:
+    """``MODULE:ATTR[(ctor)]`` imported: its constructor arguments (or ``None``), what
+    is called (the constructed object, or the callable itself) and whether the
+    constructor takes ``dim``; ``OptionError`` naming a bad reference."""
+    try:
+        _, ctor = parse_impl_ref(ref)
+    except ImplementationError as err:
+        raise OptionError("impl", str(err)) from None
+    fn = load_impl(ref, cwd)
+    target: object = fn
+    ctor_takes_dim = False
+    if ctor is not None:
+        target, ctor_takes_dim = _construct(ref, fn, ctor)
+    return ctor, target, ctor_takes_dim
+
+
 def resolve_impl(
     ref: str | None,
     convention: str = "auto",
@@ -421,15 +439,7 @@ def resolve_impl(
             tuple(refused.items()),
             takes_grad=grad != "none",
         )
-    try:
-        _, ctor = parse_impl_ref(ref)
-    except ImplementationError as err:
-        raise OptionError("impl", str(err)) from None
-    fn = load_impl(ref, cwd)
-    target: object = fn
-    ctor_takes_dim = False
-    if ctor is not None:
-        target, ctor_takes_dim = _construct(ref, fn, ctor)
+    ctor, target, ctor_takes_dim = _load_target(ref, cwd)
     guessed = convention == "auto"
     if guessed:
         vargather_style = not _is_function_apply(target) and (
@@ -502,17 +512,9 @@ def _resolve_call(ref: str | None, call: str, cwd: str | None, options: CheckOpt
         template = parse_call(call)
     except ValueError as err:
         raise OptionError("call", f": {err}") from None
-    try:
-        _, ctor = parse_impl_ref(ref)
-    except ImplementationError as err:
-        raise OptionError("impl", str(err)) from None
-    fn = load_impl(ref, cwd)
-    target: object = fn
-    ctor_takes_dim = False
-    if ctor is not None:
-        target, ctor_takes_dim = _construct(ref, fn, ctor)
-        if ctor_takes_dim and template.uses("dim"):
-            ctor_takes_dim = False  # the template passes dim to the call instead
+    ctor, target, ctor_takes_dim = _load_target(ref, cwd)
+    if ctor_takes_dim and template.uses("dim"):
+        ctor_takes_dim = False  # the template passes dim to the call instead
     _check_call_fits(ref, target, template)
     scope = call_scope(template, options)
     if ctor_takes_dim:  # dim= goes to the constructor: every dim can be asked for
