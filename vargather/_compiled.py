@@ -471,8 +471,53 @@ def eager_gather(x: Any, dim: Any, **kwargs: Any) -> Any:
     return _eager().gather_with_layout(x, dim, **kwargs)
 
 
-# torch.compiler.disable is untyped in torch's stubs.
-_eager_gather_disabled = torch.compiler.disable(eager_gather, recursive=True)  # type: ignore[no-untyped-call]
+def _constant_of_the_trace(fn: Callable[[], bool]) -> Callable[[], bool]:
+    """``torch._dynamo.assume_constant_result(fn)`` without importing dynamo.
+
+    That decorator only marks the function (``fn._dynamo_marked_constant = True``, torch
+    2.4 to 2.13) for dynamo to call instead of trace. Importing ``torch._dynamo`` to
+    apply it cost ``import vargather`` about a second, in every process, compiled or
+    not; ``tests/test_compile.py`` shows dynamo still honours the mark (a graph with no
+    break under ``fullgraph=True``) and ``tests/test_import_order.py`` that
+    ``import vargather`` leaves dynamo unimported.
+    """
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]  # dynamo's own marker attribute
+    return fn
+
+
+_PLAIN: dict[str, Callable[..., Any]] = {}
+_UNTRACED: dict[str, Callable[..., Any]] = {}
+
+
+def register_untraced(name: str, fn: Callable[..., Any]) -> None:
+    """Declare ``fn`` as an eager call that traced code runs behind
+    ``torch.compiler.disable`` (one graph break), through :func:`call_untraced`."""
+    _PLAIN[name] = fn
+
+
+def _make_untraced() -> bool:
+    """Every registered function behind ``torch.compiler.disable(fn, recursive=True)``.
+
+    Built the first time a trace needs one (dynamo, importing which costs about a
+    second, is loaded by then) rather than at ``import vargather``, which therefore
+    leaves dynamo unimported."""
+    for name, fn in _PLAIN.items():
+        if name not in _UNTRACED:
+            _UNTRACED[name] = torch.compiler.disable(fn, recursive=True)  # type: ignore[no-untyped-call]  # untyped in torch's stubs
+    return True
+
+
+# Called by dynamo while tracing (its side effect is the point), not traced.
+_untraced_ready = _constant_of_the_trace(_make_untraced)
+
+
+def call_untraced(name: str, *args: Any, **kwargs: Any) -> Any:
+    """Run the registered eager function ``name`` from traced code, untraced."""
+    _untraced_ready()
+    return _UNTRACED[name](*args, **kwargs)
+
+
+register_untraced("all_gather_v", eager_gather)
 
 
 def group_of(group: object, mesh_dim: object) -> tuple[str, int, int] | None:
@@ -536,7 +581,7 @@ def _unbacked_sizes_allowed() -> bool:
 
 
 # Read while tracing, a constant of the trace: dynamo calls it instead of tracing it.
-_unbacked_sizes_allowed_here = torch._dynamo.assume_constant_result(_unbacked_sizes_allowed)  # type: ignore[no-untyped-call]  # assume_constant_result is untyped in torch's stubs
+_unbacked_sizes_allowed_here = _constant_of_the_trace(_unbacked_sizes_allowed)
 
 
 def _keep_collective_order() -> bool:
@@ -559,7 +604,7 @@ def _keep_collective_order() -> bool:
 
 
 # Called by dynamo while tracing (its side effect is the point), not traced.
-keep_collective_order = torch._dynamo.assume_constant_result(_keep_collective_order)  # type: ignore[no-untyped-call]  # assume_constant_result is untyped in torch's stubs
+keep_collective_order = _constant_of_the_trace(_keep_collective_order)
 
 
 class _RoutedCall(NamedTuple):
@@ -625,7 +670,8 @@ def compiled_gather(
                 call.x, found, call.dim, name, call.grad, call.transport, call.seconds
             )
             return out, None
-    result = _eager_gather_disabled(
+    result = call_untraced(
+        "all_gather_v",
         x,
         dim,
         sizes=sizes,

@@ -18,6 +18,7 @@ import torch
 
 from ._all_to_all import AllToAllVFunction, plan_all_to_all, split_layout
 from ._choices import GradContract
+from ._compiled import call_untraced, register_untraced
 from ._compiled_family import (
     compiled_all_gather_list,
     compiled_all_to_all,
@@ -97,10 +98,9 @@ def _eager_all_gather_list(
 
 
 # One graph break per eager call under torch.compile.
-_UNTRACED = torch.compiler.disable  # untyped in torch's stubs
-_rs_disabled = _UNTRACED(_eager_reduce_scatter, recursive=True)  # type: ignore[no-untyped-call]  # torch.compiler.disable is untyped
-_a2a_disabled = _UNTRACED(_eager_all_to_all, recursive=True)  # type: ignore[no-untyped-call]  # torch.compiler.disable is untyped
-_list_disabled = _UNTRACED(_eager_all_gather_list, recursive=True)  # type: ignore[no-untyped-call]  # torch.compiler.disable is untyped
+register_untraced("reduce_scatter_v", _eager_reduce_scatter)
+register_untraced("all_to_all_v", _eager_all_to_all)
+register_untraced("all_gather_list", _eager_all_gather_list)
 
 
 def reduce_scatter_v(
@@ -134,7 +134,9 @@ def reduce_scatter_v(
         out = compiled_reduce_scatter(x, sizes, dim, group, mesh_dim, validate, timeout)
         if out is not None:
             return out
-        result: torch.Tensor = _rs_disabled(x, sizes, dim, group, mesh_dim, validate, timeout)
+        result: torch.Tensor = call_untraced(
+            "reduce_scatter_v", x, sizes, dim, group, mesh_dim, validate, timeout
+        )
         return result
     return _eager_reduce_scatter(x, sizes, dim, group, mesh_dim, validate, timeout)
 
@@ -161,8 +163,8 @@ def all_to_all_v_with_layout(
             assert isinstance(send_sizes, (list, tuple))
             layout = split_layout(tuple(out.shape), dim, tuple(recv_sizes), x.dtype, info)
             return AllToAllResult(out, layout, tuple(send_sizes))
-        found: AllToAllResult = _a2a_disabled(
-            x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout
+        found: AllToAllResult = call_untraced(
+            "all_to_all_v", x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout
         )
         return found
     return _eager_all_to_all(x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout)
@@ -226,8 +228,8 @@ def all_gather_list(
         out = compiled_all_gather_list(x, shapes, group, mesh_dim, grad, validate, timeout)
         if out is not None:
             return out
-        result: list[torch.Tensor] = _list_disabled(
-            x, shapes, group, mesh_dim, grad, validate, timeout
+        result: list[torch.Tensor] = call_untraced(
+            "all_gather_list", x, shapes, group, mesh_dim, grad, validate, timeout
         )
         return result
     return _eager_all_gather_list(x, shapes, group, mesh_dim, grad, validate, timeout)
