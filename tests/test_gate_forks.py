@@ -147,7 +147,7 @@ def _run_command(command: str) -> subprocess.CompletedProcess[str]:
 @multirank
 @pytest.mark.usefixtures("in_root")
 def test_a_crash_is_blamed_on_the_case_that_crashed_and_its_repro_fails() -> None:
-    report = zoo_check(_fork(_CRASHING), only=("dims",), max_examples=6)
+    report = zoo_check(_fork(_CRASHING), only=("dims",), max_examples=6, shrink_budget=2)
     (row,) = report.results
     assert report.exit_status == EXIT_FAILED
     assert row.status == "fail"
