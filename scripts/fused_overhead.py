@@ -29,7 +29,9 @@ the top functions by own time (``--top``). Nothing is asserted.
 ``fake``-backend world of ``--world`` ranks whose all_gather is replaced by a local
 copy of this rank's block into every rank's slot (every rank sent the same), so the
 figures are vargather's own CPU work per call (the arrival census writes to a
-``FakeStore``, which costs nothing; on a real store it is one write per collective).
+``FakeStore``, which costs nothing; on a real store its writes are a writer thread's,
+off the calling thread). ``--local`` models only the gather round: a 4-rank total past
+2 MiB goes wide, whose asynchronous operations the fake all_gather does not take.
 
     python scripts/fused_overhead.py                       # 2 ranks, 4 KB total
     python scripts/fused_overhead.py --world 4 --total 65536

@@ -214,6 +214,13 @@ def kept_buffers(ctx: RankContext, world: int) -> list[str]:
         ("complex128, dim 1", lambda q: (2, 2 + q), "complex128", 1, False),
         ("bool", lambda q: (5 + 2 * q,), "bool", 0, False),
         ("empty on rank 0", lambda q: (q, 3), "float64", 0, False),
+        # Past _KEEP_RECV_MAX received: a fresh receive buffer closed up in place and
+        # returned (sizes differ: gaps), then sizes whose padding is past the waste
+        # bound (cut out instead), stale bytes, and a leading dim (not adjacent: kept).
+        ("large, fresh buffer", lambda q: (100 + q, 1024), "float32", 0, False),
+        ("large, strided", lambda q: (100 + q, 1024), "float32", 0, True),
+        ("large, fewer rows", lambda q: (60 + 3 * q, 1024), "float32", 0, False),
+        ("large, dim 1", lambda q: (2, 50 + q, 1024), "float32", 1, False),
     ]
     for i, (what, shape_of, dtype, dim, strided) in enumerate(cases):
         for repeat in range(3):  # the first call may grow the capacity; then fused

@@ -1,21 +1,35 @@
 """The arrival census: which ranks never arrived at a collective that failed.
 
-Below every stage, under ``_comm``: before each collective a rank writes one key on
+Below every stage, under ``_comm``: before each collective a rank records one key on
 the group's store, ``vargather/arrival/<rank> = "<n> <what>"``, where ``n`` counts this
 process's vargather collectives on the group. Ranks in step are at the same ``n``.
-When a collective fails, the rank reads every peer's key: a peer at a lower ``n`` (or
-with no key) never arrived at this collective; a peer at the same ``n`` in a
-different collective (``what``) is out of step. Gloo's own messages name no rank
-(``Timed out waiting 3000ms for recv operation to complete``; ``Connection closed by
-peer [127.0.0.1]:31657``), so this is the only way to say who is missing.
+When a collective fails, the rank writes its own key at once (``flush``) and reads
+every peer's key: a peer at a lower ``n`` (or with no key) never arrived at this
+collective; a peer at the same ``n`` in a different collective (``what``) is out of
+step. Gloo's own messages name no rank (``Timed out waiting 3000ms for recv operation
+to complete``; ``Connection closed by peer [127.0.0.1]:31657``), so this is the only
+way to say who is missing.
 
-The census costs one store write per collective, small against the smallest gloo
-collective (``docs/misuse.md`` has the figures), and reads only after a failure.
-``VARGATHER_ARRIVAL_CENSUS=0`` turns it off. It needs the group's store
-(``ProcessGroup.get_group_store()``, else torch's private group map, each guarded);
-without one, errors just name no rank. The counters live in the store for the
-store's lifetime: re-creating a process group on the same store and prefix after a
-failure can make a census misattribute, so its verdict is a diagnosis, not a proof.
+The store write is off the calling thread's critical path: ``arrive`` only counts and
+hands the value to this process's writer thread (``_Writer``: started at the first
+arrival, a daemon, re-created in a forked child), which writes each group's latest
+value (a value superseded before it was written is never written: coalescing) and
+then pauses ``_WRITE_INTERVAL_S``, so a process writes at most one key per group per
+pause however fast its collectives come. Writes of a group are ordered (a lock per
+group; a value older than the one written is skipped), so a key never goes back. A
+store that raises once is not asked again (the census then names no rank). Before
+this the write (a TCPStore or FileStore round trip, 60-100 us) ran synchronously before
+every collective (``docs/misuse.md`` and ``docs/performance.md`` have the figures).
+
+After a timeout the peers had the whole timeout to have their keys written: "never
+arrived". After a lost peer the census is read at once, and a peer's last arrival
+may not have landed yet (its writer pauses between writes, and a peer that died may
+never have written it): "had not arrived". ``VARGATHER_ARRIVAL_CENSUS=0`` turns the
+census off. It needs the group's store (``ProcessGroup.get_group_store()``, else
+torch's private group map, each guarded); without one, errors just name no rank. The
+counters live in the store for the store's lifetime: re-creating a process group on
+the same store and prefix after a failure can make a census misattribute, so its
+verdict is a diagnosis, not a proof.
 """
 
 from __future__ import annotations
@@ -23,8 +37,9 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import torch.distributed as dist
@@ -57,10 +72,100 @@ def arrival_census_enabled() -> bool:
 _KEY: Final = "vargather/arrival/"
 
 
+_WRITE_INTERVAL_S: Final = 0.002
+"""The writer thread's pause after each batch of writes: at most one store write per
+group per pause (the latest value), however fast the collectives come."""
+
+
 @dataclass
 class _GroupArrivals:
-    store: Any  # a torch.distributed.Store, or None when unavailable
+    """One group's counter on this rank, and what of it reached the store."""
+
+    store: Any  # a torch.distributed.Store, or None when unavailable (or it failed)
+    key: str = ""
     count: int = 0
+    latest: str = ""  # the value of arrival ``count``
+    written: int = 0  # the arrival whose value the store holds
+    lock: threading.Lock = field(default_factory=threading.Lock)  # orders the writes
+
+    def write(self, count: int, value: str) -> None:
+        """Write arrival ``count``'s ``value`` unless a later one is already written."""
+        with self.lock:
+            store = self.store
+            if store is None or count <= self.written:
+                return
+            try:
+                store.set(self.key, value)
+            except Exception:
+                self.store = None  # a store that fails once is not asked again
+                return
+            self.written = count
+
+    def flush(self) -> None:
+        """Write the latest arrival now, on the calling thread (the failure path)."""
+        self.write(self.count, self.latest)
+
+
+class _Writer:
+    """This process's census writer: a daemon thread that writes each group's latest
+    pending arrival (``submit``), then pauses ``_WRITE_INTERVAL_S``.
+
+    Started at the first ``submit``, not at import: a thread does not survive a fork,
+    so a forked child (the test pool forks its ranks) starts its own (``_after_fork``
+    forgets the parent's, whose pending values are the parent's). Where no thread can
+    be started (interpreter shutdown) the write runs on the calling thread.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._pending: dict[int, tuple[_GroupArrivals, int, str]] = {}
+        self._thread: threading.Thread | None = None
+
+    def submit(self, state: _GroupArrivals, count: int, value: str) -> None:
+        """Have ``value`` (arrival ``count``) written soon, replacing any pending one."""
+        with self._cond:
+            if self._thread is not None or self._start():
+                if not self._pending:
+                    self._cond.notify()
+                self._pending[id(state)] = (state, count, value)
+                return
+        state.write(count, value)  # no thread could start: synchronously, as before
+
+    def _start(self) -> bool:
+        thread = threading.Thread(target=self._run, name="vargather-census", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:
+            return False
+        self._thread = thread
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                batch = list(self._pending.values())
+                self._pending.clear()
+            for state, count, value in batch:
+                state.write(count, value)
+            time.sleep(_WRITE_INTERVAL_S)
+
+    def idle(self, timeout: float) -> bool:
+        """Tests only: wait until nothing is pending (the last batch may be in flight)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self._cond:
+                if not self._pending:
+                    return True
+            time.sleep(0.001)
+        return False
+
+    def _after_fork(self) -> None:
+        self._reset()  # the parent's thread is gone, its pending values are the parent's
 
 
 class _Arrivals:
@@ -69,6 +174,7 @@ class _Arrivals:
     def __init__(self) -> None:
         self._groups: weakref.WeakKeyDictionary[Any, _GroupArrivals] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        self.writer = _Writer()
 
     @staticmethod
     def _store_of(pg: dist.ProcessGroup) -> Any:
@@ -89,24 +195,30 @@ class _Arrivals:
         with self._lock:
             state = self._groups.get(pg)
             if state is None:
-                state = _GroupArrivals(self._store_of(pg))
+                state = _GroupArrivals(self._store_of(pg), f"{_KEY}{info.rank}")
                 self._groups[pg] = state
             return state
 
     def arrive(self, info: GroupInfo, what: str) -> int:
-        """Record that this rank enters collective ``what``; its number (0: no census)."""
+        """Record that this rank enters collective ``what``; its number (0: no census).
+        The store write is the writer thread's (module doc)."""
         if not _CENSUS_ON or not info.communicates:
             return 0
         state = self._state(info)
         if state is None or state.store is None:
             return 0
         state.count += 1
-        try:
-            state.store.set(f"{_KEY}{info.rank}", f"{state.count} {what}")
-        except Exception:
-            state.store = None  # a store that fails once is not asked again
-            return 0
+        state.latest = value = f"{state.count} {what}"
+        self.writer.submit(state, state.count, value)
         return state.count
+
+    def _after_fork(self) -> None:
+        """In a forked child: fresh locks (a parent thread may have held one) and a
+        fresh writer."""
+        self._lock = threading.Lock()
+        for state in list(self._groups.values()):
+            state.lock = threading.Lock()
+        self.writer._after_fork()
 
     def census(
         self, info: GroupInfo, count: int, what: str, *, timed_out: bool
@@ -117,9 +229,12 @@ class _Arrivals:
         After a lost peer the census is read at once: "had not arrived".
         """
         state = self._state(info)
-        if count == 0 or state is None or state.store is None:
+        if count == 0 or state is None:
             return [], ""
+        state.flush()  # this rank's own arrival, before reading the peers'
         store = state.store
+        if store is None:
+            return [], ""
         behind: list[tuple[int, int, str]] = []
         elsewhere: list[tuple[int, int, str]] = []
         try:
@@ -159,3 +274,5 @@ class _Arrivals:
 
 ARRIVALS: Final = _Arrivals()
 """This process's arrival counters, one per process group."""
+
+os.register_at_fork(after_in_child=ARRIVALS._after_fork)

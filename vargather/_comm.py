@@ -196,9 +196,9 @@ def all_gather_equal(
     # Flat views: backends disagree on which output shapes they accept (gloo takes
     # only the "cat along dim 0" form); 1-d is accepted everywhere.
     with translate_collective_errors(what, info):
-        _all_gather_single()(
-            movable(output.view(-1), rows=False),
-            movable(local.reshape(-1), rows=False),
+        _all_gather_single()(  # 1-d already (the fused round's buffers): no new views
+            movable(output if output.dim() == 1 else output.view(-1), rows=False),
+            movable(local if local.dim() == 1 else local.reshape(-1), rows=False),
             group=info.group,
         )
 

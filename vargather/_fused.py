@@ -102,6 +102,8 @@ states).
 from __future__ import annotations
 
 import ctypes
+import functools
+import math
 import struct
 import threading
 import weakref
@@ -463,12 +465,13 @@ def exchange(
     if rnd is not None and rnd.lock.acquire(blocking=False):
         try:
             rnd.fill((records, k, flags), own, nbytes)
-            all_gather_equal(rnd.recv, rnd.send, info, what="all_gather (metadata exchange)")
-            return _decide(kind, state, calls, rnd.rows(), info, pg, rnd.cut, room)
+            recv = rnd.receive(k == 1 and _adjacent(records[0]))
+            all_gather_equal(recv, rnd.send, info, what="all_gather (metadata exchange)")
+            return _decide(kind, state, calls, rnd.rows(recv), info, pg, rnd.cutter(recv), room)
         finally:
             rnd.lock.release()
-    # Fresh buffers: another device than the CPU, a round too large to keep, or a
-    # thread already using this group's buffers.
+    # Fresh buffers: another device than the CPU, or a thread already using this
+    # group's buffers.
     head = slots * HEADER_BYTES
     block = head + capacity
     send = torch.empty(block, dtype=torch.uint8, device=device)
@@ -604,6 +607,9 @@ def _cutter(buf: torch.Tensor, starts: Sequence[int]) -> Cut:
 
 _FRESH: Final = FusedState()
 _ZEROS: Final = bytes(SMALL_BYTES)
+_KEEP_RECV_MAX: Final = 512 << 10
+"""Past this many bytes received (``W x block``) a round whose one result's rank blocks
+are adjacent receives into a fresh buffer that becomes the result (``_Round``)."""
 _REUSE_MAX_BYTES: Final = 4 << 20
 """The largest receive buffer (``W x block`` bytes) a group keeps between calls."""
 
@@ -611,16 +617,27 @@ Cut = Callable[[tuple[Layout, ...], tuple[int, ...]], list[torch.Tensor]]
 
 
 class _Round:
-    """One group's send and receive buffers for the fused round of one kind, kept from
-    call to call (CPU only; at most ``_REUSE_MAX_BYTES`` received): the headers are
+    """One group's send buffer (and, for a small round, its receive buffer) for the
+    fused round of one kind, kept from call to call (CPU only): the headers are
     rewritten only when they change, the payload is copied into its slot in one copy,
     the bytes that must be zero are cleared only where an earlier payload left others,
-    and the received headers are read with ``struct`` from Python's own buffer.
+    and the received headers are read with ``struct`` straight from the received bytes.
 
-    Safe to reuse because the all_gather is synchronous on the CPU and every result is
-    a fresh tensor (``torch.cat`` of views of the receive buffer): nothing returned to
-    the caller aliases these buffers. ``lock`` keeps a second thread on the same group
-    (already a misuse of the group) from sharing them: it takes fresh buffers instead.
+    A round of at most ``_KEEP_RECV_MAX`` received bytes keeps its receive buffer (a
+    ``bytearray``) and cuts every result out of it as a fresh tensor (``torch.cat`` of
+    views): nothing returned aliases the kept buffers. A larger round receives into a
+    fresh buffer per call (``receive``) and, for one tensor whose rank blocks are
+    adjacent in the result (``pre == 1``), closes the header gaps and the unused slot
+    space up in place (``_move_left``) and returns a view of it: one pass over bytes
+    that are still in cache instead of a copy into a second buffer as large. Keeping
+    the buffer and copying out of it made a 1 MiB call's working set (payload, send
+    slot, receive buffer, result) outgrow this machine's 2 MiB L2: the copy-out alone
+    cost 4x the 512 KiB one (``docs/performance.md``). The result then holds the whole
+    receive buffer, at most ``1 + WASTE_LIMIT`` times its bytes plus the headers (else
+    it is cut out by ``torch.cat`` as for a kept buffer).
+
+    ``lock`` keeps a second thread on the same group (already a misuse of the group)
+    from sharing the kept buffers: it takes fresh buffers instead.
     """
 
     def __init__(self, world: int, slots: int, capacity: int) -> None:
@@ -631,9 +648,10 @@ class _Round:
         self.fmt = struct.Struct(f"={slots * HEADER_WORDS}q")
         self.raw_send = bytearray(self.block)
         self.send = torch.frombuffer(self.raw_send, dtype=torch.uint8)
-        self.raw_recv = bytearray(world * self.block)
-        self.recv = torch.frombuffer(self.raw_recv, dtype=torch.uint8)
-        self.payloads = self.recv.view(world, self.block)[:, self.head :].unbind(0)
+        self.view_of: type[ctypes.Array[ctypes.c_char]] = ctypes.c_char * (world * self.block)
+        self.raw_recv = bytearray()  # the kept receive buffer, made at its first use
+        self.recv: torch.Tensor | None = None
+        self.payloads: Sequence[torch.Tensor] = ()
         self.slots = slots
         self.lock = threading.Lock()
         self.header_key: object = None  # what the headers in ``send`` encode
@@ -692,12 +710,55 @@ class _Round:
             at += n
         return views
 
-    def rows(self) -> tuple[tuple[int, ...], ...]:
-        """Every rank's received headers as int64 words."""
-        return tuple(self.fmt.unpack_from(self.raw_recv, r * self.block) for r in range(self.world))
+    def receive(self, adjacent: bool) -> torch.Tensor:
+        """The buffer this call's round receives into: a fresh one for a large round
+        whose one result's rank blocks are ``adjacent`` (it becomes the result) or for
+        a round too large to keep, else the kept one (made at its first use)."""
+        size = self.world * self.block
+        if (adjacent and size > _KEEP_RECV_MAX) or size > _REUSE_MAX_BYTES:
+            return torch.empty(size, dtype=torch.uint8)
+        if self.recv is None:
+            self.raw_recv = bytearray(size)
+            self.recv = torch.frombuffer(self.raw_recv, dtype=torch.uint8)
+            self.payloads = self.recv.view(self.world, self.block)[:, self.head :].unbind(0)
+        return self.recv
+
+    def rows(self, recv: torch.Tensor) -> tuple[tuple[int, ...], ...]:
+        """Every rank's received headers in ``recv`` as int64 words (only the headers
+        are read: ``struct`` over the bytes where they landed)."""
+        raw: bytearray | ctypes.Array[ctypes.c_char] = (
+            self.raw_recv if recv is self.recv else self.view_of.from_address(recv.data_ptr())
+        )
+        return tuple(self.fmt.unpack_from(raw, r * self.block) for r in range(self.world))
+
+    def cutter(self, recv: torch.Tensor) -> Cut:
+        """How this call's results are cut out of ``recv`` (``receive``'s buffer)."""
+        if recv is self.recv:
+            return self.cut
+
+        def cut(layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
+            total = sum(needs)
+            lay = layouts[0] if len(layouts) == 1 else None
+            if (
+                lay is None
+                or lay.pre != 1
+                or recv.numel() > (1 + WASTE_LIMIT) * total + (self.world * self.head)
+            ):
+                grid = recv.view(self.world, self.block)
+                return unpack(
+                    [grid[r, self.head : self.head + needs[r]] for r in range(self.world)], layouts
+                )
+            at = 0
+            for r, n in enumerate(needs):
+                if n:
+                    _move_left(recv, at, r * self.block + self.head, n)
+                at += n
+            return [recv[:at].view(lay.dtype).view(lay.output_shape)]
+
+        return cut
 
     def cut(self, layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
-        """The results, fresh tensors, from the received payloads (``unpack``'s values)."""
+        """The results, fresh tensors, from the kept receive buffer (``unpack``'s values)."""
         if layouts is not self.cut_key:
             self.cut_parts = _parts(self.payloads, layouts)
             self.cut_key = layouts
@@ -708,6 +769,13 @@ class _Round:
                 continue
             outputs.append(torch.cat(parts, dim=1).view(layout.dtype).view(layout.output_shape))
         return outputs
+
+
+def _adjacent(record: CallRecord) -> bool:
+    """Whether the result of a gather of this call has its rank blocks one after the
+    other (``Layout.pre == 1``: no dimension before the gather dimension but 1s)."""
+    dim = record.normalized_dim
+    return 0 <= dim <= len(record.shape) and math.prod(record.shape[:dim]) == 1
 
 
 def _parts(payloads: Sequence[torch.Tensor], layouts: Sequence[Layout]) -> list[list[torch.Tensor]]:
@@ -742,8 +810,6 @@ def _round_for(
 ) -> _Round | None:
     """``pg``'s kept buffers for a round of this size (made or remade), or ``None``."""
     if pg is None or device.type != "cpu":
-        return None
-    if world * (slots * HEADER_BYTES + capacity) > _REUSE_MAX_BYTES:
         return None
     kept = _ROUNDS.get(pg)
     if kept is None:
@@ -873,6 +939,15 @@ layouts, whether every rank was eligible and every rank's payload bytes (a cache
 pure function)."""
 
 
+@functools.lru_cache(maxsize=64)
+def _advanced(state: FusedState, fusable: bool, count: int, needs: tuple[int, ...]) -> FusedState:
+    """``advance`` after a call with every rank's payload ``needs``, remembered: a pure
+    function of its arguments (the same on every rank), and in the steady state the
+    same arguments every call (saves its ~8 us of Python per call)."""
+    need = max(needs, default=0)
+    return advance(state, fusable=fusable, need=need, count=count, needs=needs)
+
+
 def _finish(
     kind: Kind,
     state: FusedState,
@@ -886,8 +961,7 @@ def _finish(
     room: tuple[int, ...],
 ) -> Exchanged:
     """Advance the state from the validated layouts; cut out the results if fused."""
-    need = max(needs, default=0)
-    after = advance(state, fusable=fusable, need=need, count=len(layouts), needs=needs)
+    after = _advanced(state, fusable, len(layouts), needs)
     if pg is not None and after is not state:
         _STATES.setdefault(pg, {})[kind] = after
     fits = all(n <= c for n, c in zip(needs, room, strict=True))

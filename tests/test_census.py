@@ -1,0 +1,141 @@
+"""The arrival census's writer thread (``vargather._census``), in one process with
+stand-in stores: it coalesces (only a group's latest pending arrival is written), the
+failure path writes this rank's own arrival at once, a forked child starts its own
+writer, and a store that raises is not asked again (the caller never sees it). The
+census's verdicts on real gloo worlds are tests/test_faults.py's and test_pool.py's."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from vargather import _census
+
+
+class RecordingStore:
+    """A store that records every ``set``; ``gate``, when given, holds each ``set``
+    until it is set (so a test can pile arrivals up behind a write in flight)."""
+
+    def __init__(self, gate: threading.Event | None = None, fail: bool = False) -> None:
+        self.sets: list[tuple[str, str]] = []
+        self.gate = gate
+        self.fail = fail
+        self.entered = threading.Event()
+
+    def set(self, key: str, value: str) -> None:
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        if self.fail:
+            raise RuntimeError("store down")
+        self.sets.append((key, value))
+
+
+def _arrive(writer: _census._Writer, state: _census._GroupArrivals, what: str) -> None:
+    """What ``_Arrivals.arrive`` does once it has the group's state."""
+    state.count += 1
+    state.latest = value = f"{state.count} {what}"
+    writer.submit(state, state.count, value)
+
+
+def _wait_for(cond: Any, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def test_the_writer_writes_off_the_calling_thread_and_coalesces() -> None:
+    gate = threading.Event()
+    store = RecordingStore(gate)
+    state = _census._GroupArrivals(store, "vargather/arrival/0")
+    writer = _census._Writer()
+    _arrive(writer, state, "a")
+    assert store.entered.wait(10)  # the first write is in flight, held by the gate
+    caller = threading.current_thread()
+    for what in ("b", "c", "d"):  # piled up behind it: only the last is written
+        _arrive(writer, state, what)
+    assert writer._thread is not None
+    assert writer._thread is not caller
+    gate.set()
+    assert _wait_for(lambda: state.written == 4)
+    assert store.sets == [("vargather/arrival/0", "1 a"), ("vargather/arrival/0", "4 d")]
+
+
+def test_the_failure_path_writes_its_own_arrival_at_once() -> None:
+    gate = threading.Event()
+    store = RecordingStore(gate)
+    state = _census._GroupArrivals(store, "k")
+    writer = _census._Writer()
+    _arrive(writer, state, "a")
+    assert store.entered.wait(10)
+    _arrive(writer, state, "b")  # pending behind the held write
+    flushed = threading.Thread(target=state.flush)
+    flushed.start()
+    gate.set()
+    flushed.join(10)
+    # flush returned with the latest value written (after the one in flight), and the
+    # writer's own copy of it, now stale, is skipped: the key never goes back
+    assert store.sets[-1] == ("k", "2 b")
+    assert state.written == 2
+    assert writer.idle(10)
+    time.sleep(0.05)
+    assert store.sets == [("k", "1 a"), ("k", "2 b")]
+
+
+def test_a_store_that_raises_is_not_asked_again_and_others_still_are() -> None:
+    bad = RecordingStore(fail=True)
+    good = RecordingStore()
+    broken = _census._GroupArrivals(bad, "k")
+    fine = _census._GroupArrivals(good, "k")
+    writer = _census._Writer()
+    _arrive(writer, broken, "a")  # the caller never sees the store's error
+    assert _wait_for(lambda: broken.store is None)
+    _arrive(writer, broken, "b")
+    _arrive(writer, fine, "a")
+    assert _wait_for(lambda: fine.written == 1)
+    assert writer._thread is not None
+    assert writer._thread.is_alive()
+    broken.flush()  # nothing: the store is off
+    assert bad.sets == []
+    assert good.sets == [("k", "1 a")]
+
+
+def _child(conn: Any) -> None:
+    """In a forked child: an arrival must be written by the child's own writer."""
+    store = RecordingStore()
+    state = _census._GroupArrivals(store, "k")
+    parent_thread = _census.ARRIVALS.writer._thread
+    _arrive(_census.ARRIVALS.writer, state, "child")
+    ok = _wait_for(lambda: state.written == 1, 10)
+    thread = _census.ARRIVALS.writer._thread
+    conn.send((ok, parent_thread is None, thread is not None and thread.is_alive()))
+
+
+def test_a_forked_child_starts_its_own_writer() -> None:
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    # the parent's writer is running (and holding its lock in a write) at the fork
+    gate = threading.Event()
+    store = RecordingStore(gate)
+    state = _census._GroupArrivals(store, "k")
+    _arrive(_census.ARRIVALS.writer, state, "parent")
+    assert store.entered.wait(10)
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_child, args=(theirs,))
+    child.start()
+    try:
+        assert ours.poll(20), "the child's arrival was never written"
+        assert ours.recv() == (True, True, True)
+    finally:
+        gate.set()
+        child.join(20)
+    assert child.exitcode == 0
+    assert _wait_for(lambda: state.written == 1)
