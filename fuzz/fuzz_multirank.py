@@ -26,7 +26,9 @@ Each example is one of
   kit's ``check_case`` (forward and gradients bit for bit against ``vargather.oracle``);
 * a **mutated family call**: a valid base call (``family_bases``) with one rank's
   arguments changed by one kind drawn per collective (``FAMILY_MUTATIONS``: sizes,
-  send sizes, receive sizes, dtype, shape, ``dim``, gradient, shapes, the input). An
+  send sizes, receive sizes, dtype, shape, ``dim``, gradient, shapes, the input, and
+  for ``reduce_scatter_v`` / ``all_to_all_v`` the collective: the other one of the same
+  metadata round, a ``ProtocolMismatchError`` blaming the odd ranks). An
   independent verdict from the raw arguments (``family_verdict``) says what must
   happen, and ``judge_family`` accepts exactly that: every rank the oracle's answer
   for a valid call; else every rank the same ``VarGatherError`` subclass and message,
@@ -392,8 +394,18 @@ def check_valid(case: GatherCase) -> None:
 # --- the family: reduce_scatter_v, all_to_all_v, all_gather_list --------------------------
 
 FAMILY_MUTATIONS: dict[str, tuple[str, ...]] = {
-    "reduce_scatter_v": ("sizes", "dtype", "shape", "dim", "grad", "input", "options"),
+    "reduce_scatter_v": (
+        "sizes",
+        "dtype",
+        "shape",
+        "dim",
+        "grad",
+        "input",
+        "options",
+        "collective",
+    ),
     "all_to_all_v": (
+        "collective",
         "send_sizes",
         "recv_sizes",
         "dtype",
@@ -460,6 +472,9 @@ def mutate_family(
     call, w = scenario.calls[m], scenario.world_size
     spec = call.x
     assert isinstance(spec, fns.TensorSpec)  # a base call's
+    if kind == "collective":  # the other collective of the same metadata round
+        other = "all_to_all_v" if scenario.collective == "reduce_scatter_v" else "reduce_scatter_v"
+        return replace(call, collective=other)
     if kind == "dtype":
         dtype = draw(st.sampled_from([*GLOO_NAMES, "float8_e5m2"]))
         return replace(call, x=replace(spec, dtype=dtype, requires_grad=False))
@@ -639,6 +654,10 @@ def family_verdict(scenario: fns.FamilyScenario) -> tuple[str | None, tuple[int,
     """``(None, ())``: the call is valid. Else what every rank must raise: the class
     name (``"local"``: a rank's own problem, any local class) and the blamed ranks."""
     w, name, calls = scenario.world_size, scenario.collective, scenario.calls
+    # A rank calling the other collective of the round: its row's kind, read first.
+    odd_kind = _odd_ranks([c.collective or name for c in calls])
+    if odd_kind is not None:
+        return "ProtocolMismatchError", tuple(odd_kind)
     bad = [r for r in range(w) if not _local_ok(scenario, r)]
     if bad:
         return "local", tuple(bad)

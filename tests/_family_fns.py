@@ -251,7 +251,7 @@ def fused_input(case: FusedCase, rank: int, world: int) -> torch.Tensor:
 
 def fused_calls(ctx: RankContext, cases: tuple[FusedCase, ...]) -> list[Any]:
     """Each case called on a fresh family state: the collectives each call issued on
-    this rank, both kinds' states after it, and its result."""
+    this rank, the group's state after it (one for every kind), and its result."""
     from vargather import _family
 
     _family.reset_family_state()
@@ -266,10 +266,7 @@ def fused_calls(ctx: RankContext, cases: tuple[FusedCase, ...]) -> list[Any]:
         else:
             y = vargather.reduce_scatter_v(x, list(sizes[0]), d)
         issued = collectives_issued() - before
-        states = tuple(
-            _family.family_state_of(None, k) for k in ("all_to_all_v", "reduce_scatter_v")
-        )
-        out.append((issued, states, y))
+        out.append((issued, _family.family_state_of(None), y))
     return out
 
 
@@ -290,7 +287,7 @@ def fused_subgroup(ctx: RankContext, _: None) -> Any:
         r = vargather.reduce_scatter_v(x, [2, 1], group=sub)
         counts.append(collectives_issued() - before)
         results.append((a, r))
-    return counts, results, _family.family_state_of(sub, "all_to_all_v")
+    return counts, results, _family.family_state_of(sub)
 
 
 def fused_autograd(ctx: RankContext, _: None) -> Any:

@@ -690,7 +690,9 @@ FAMILY: Final = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
 class FamilyArgs:
     """What one rank passes to a family collective. ``sizes`` is ``reduce_scatter_v``'s
     ``sizes`` or ``all_to_all_v``'s ``send_sizes``; ``x`` a ``TensorSpec`` or any
-    picklable non-tensor."""
+    picklable non-tensor. ``collective``: this rank calls another collective than the
+    scenario's (a mixed call; also ``all_gather_v`` and ``all_gather_v_coalesced``, of
+    ``[x, x]``)."""
 
     x: object
     sizes: object = None
@@ -700,6 +702,7 @@ class FamilyArgs:
     grad: object = "sum"
     validate: object = True
     timeout: object = None
+    collective: str | None = None
 
 
 @dataclass(frozen=True)
@@ -723,6 +726,11 @@ def call_family(collective: str, call: FamilyArgs, rank: int) -> Any:
     dim: Any = call.dim
     validate: Any = call.validate
     timeout: Any = call.timeout
+    collective = call.collective or collective
+    if collective == "all_gather_v":
+        return vargather.all_gather_v(x, dim, validate=validate, timeout=timeout)
+    if collective == "all_gather_v_coalesced":
+        return vargather.all_gather_v_coalesced([x, x], dim, validate=validate, timeout=timeout)
     if collective == "reduce_scatter_v":
         return vargather.reduce_scatter_v(x, sizes, dim, validate=validate, timeout=timeout)
     if collective == "all_to_all_v":
@@ -779,7 +787,8 @@ class FamilyMisuse:
     """One class of misuse of a family collective, as ``Misuse`` for ``all_gather_v``.
 
     ``absent``: the offender never calls; its peers raise ``error`` (the named
-    timeout) and the world is rebuilt after.
+    timeout) and the world is rebuilt after. ``sampled``: only W=2 with offender 0 and
+    W=3 with offender 1 run by default (the others are marked slow).
     """
 
     name: str
@@ -790,6 +799,7 @@ class FamilyMisuse:
     fragments: Callable[[int, int], tuple[str, ...]]
     blamed: Callable[[int, int], tuple[int, ...]] | None = None
     absent: bool = False
+    sampled: bool = False
 
     def blamed_ranks(self, world_size: int, offender: int) -> tuple[int, ...]:
         if self.blamed is not None:
@@ -896,10 +906,16 @@ def _family_entry(
     good: Callable[[int, int], FamilyArgs] | None = None,
     blamed: Callable[[int, int], tuple[int, ...]] | None = None,
     absent: bool = False,
+    sampled: bool = False,
 ) -> FamilyMisuse:
     base = (
         good
-        or {"reduce_scatter_v": _rs, "all_to_all_v": _a2a, "all_gather_list": _list}[collective]
+        or {
+            "reduce_scatter_v": _rs,
+            "all_to_all_v": _a2a,
+            "all_gather_list": _list,
+            "all_gather_v": _gather,
+        }[collective]
     )
     return FamilyMisuse(
         name=name,
@@ -910,6 +926,7 @@ def _family_entry(
         fragments=fragments,
         blamed=blamed,
         absent=absent,
+        sampled=sampled,
     )
 
 
@@ -928,6 +945,42 @@ def _a2a_entry(name: str, *args: Any, **kw: Any) -> FamilyMisuse:
 
 def _list_entry(name: str, *args: Any, **kw: Any) -> FamilyMisuse:
     return _family_entry("all_gather_list", name, *args, **kw)
+
+
+def _gather(r: int, w: int, **kw: Any) -> FamilyArgs:
+    """A plain ragged ``all_gather_v`` shard (sizes 2, 0, 3, 1)."""
+    return FamilyArgs(TensorSpec((_size(r), 2)), **kw)
+
+
+def _mixed_entry(
+    name: str,
+    collective: str,
+    other: str,
+    error: type[vargather.VarGatherError],
+    fragments: Callable[[int, int], tuple[str, ...]],
+    bad: Callable[[int, int], FamilyArgs],
+) -> FamilyMisuse:
+    """The offender calls ``other`` (with its own valid arguments) where its peers call
+    ``collective``: a mismatch every rank sees in the one metadata round."""
+    return _family_entry(
+        collective,
+        name,
+        f"one rank calls {other} while its peers call {collective}",
+        error,
+        lambda r, w: replace(bad(r, w), collective=other),
+        fragments,
+        blamed=_tie,
+        sampled=True,
+    )
+
+
+def _mixed_family_fragments(bad: str, good: str) -> Callable[[int, int], tuple[str, ...]]:
+    return lambda w, o: (
+        "reduce_scatter_v / all_to_all_v: collective differs across ranks",
+        f"'{bad}' on rank(s) [{o}]",
+        f"'{good}'",
+        "call the same collective on every rank",
+    )
 
 
 def _reversed_sizes(w: int) -> list[int]:
@@ -1316,6 +1369,36 @@ FAMILY_CATALOGUE: Final[tuple[FamilyMisuse, ...]] = (
         _absent_fragments("all_gather_list"),
         good=lambda r, w: _list(r, w, timeout=ABSENT_TIMEOUT),
         absent=True,
+    ),
+    # one rank calls another collective of the same metadata round
+    _mixed_entry(
+        "mixed-rs-beside-a2a",
+        "all_to_all_v",
+        "reduce_scatter_v",
+        vargather.ProtocolMismatchError,
+        _mixed_family_fragments("reduce_scatter_v", "all_to_all_v"),
+        _rs,
+    ),
+    _mixed_entry(
+        "mixed-a2a-beside-rs",
+        "reduce_scatter_v",
+        "all_to_all_v",
+        vargather.ProtocolMismatchError,
+        _mixed_family_fragments("all_to_all_v", "reduce_scatter_v"),
+        _a2a,
+    ),
+    _mixed_entry(
+        "mixed-coalesced-beside-all-gather-v",
+        "all_gather_v",
+        "all_gather_v_coalesced",
+        vargather.ArgumentMismatchError,
+        lambda w, o: (
+            "all_gather_v / all_gather_v_coalesced: number of tensors differs across ranks",
+            f"2 on rank(s) [{o}]",
+            f"all_gather_v_coalesced on rank(s) [{o}]",
+            "call the same one on every rank",
+        ),
+        _gather,
     ),
 )
 """Every misuse class of the family, each raised as the same error on every rank (the

@@ -70,16 +70,20 @@ def test_coalesced_matches_the_oracle_and_is_one_collective_in_steady_state(worl
         # empty on every rank, and no tensors at all
         Step("co", tuple(((0, 2), (0,)) for _ in range(world)), (("float32", "int32"),) * world),
         Step("co", ((),) * world, ((),) * world),
-        # a single call in between keeps its own state
+        # a single call in between uses (and advances) the group's one state
         Step("v", tuple((r, 2) for r in range(world)), ("float32",) * world),
         Step("co", three(world), d, dim=DIMS3),
     ]
     collectives: list[int | None] = [3, 1, None, 2, 2, 2, 1, 1, None, 1, 1, None, 1]
     results = check_script(world, steps, [None] * len(steps), collectives)
-    # the coalesced state holds three header slots; the single one is apart
+    # the group's state holds three header slots, and a single call sends as many: one
+    # state for every kind, so a peer calling the other kind sends the same length
     coalesced_state = results[0][1]["state"][1]
     assert coalesced_state[1] == 3
-    assert results[0][11]["state"][1] == results[0][11]["state_before"][1]
+    single_before, coalesced_before = results[0][11]["state_before"]
+    assert single_before == coalesced_before
+    assert single_before[1] == 3
+    assert results[0][11]["state"][0] == results[0][11]["state"][1]
 
 
 @pytest.mark.parametrize("contract", ["sum", "local", "mean"])

@@ -205,3 +205,41 @@ def test_the_census_switch_is_validated_at_import() -> None:
     code = "import vargather._census as c; print(c.arrival_census_enabled())"
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert off.stdout.strip() == "False", off.stderr
+
+
+@pytest.mark.parametrize(
+    ("gather", "other"),
+    [
+        ("all_gather_v", "reduce_scatter_v"),
+        pytest.param("all_gather_list", "all_to_all_v", marks=pytest.mark.slow),
+    ],
+    ids=["all_gather_v-beside-reduce_scatter_v", "all_gather_list-beside-all_to_all_v"],
+)
+def test_an_all_gather_beside_an_all_to_all_times_out_naming_the_other_collective(
+    pool: RankPool, gather: str, other: str
+) -> None:
+    """Not "every rank raises the same error" (docs/misuse.md): rank 0 calls an
+    all_gather-based collective, rank 1 an all_to_all-based one, so their metadata
+    rounds are different collective types and neither can read the other's. Both wait
+    for the group's timeout (2 s); each raises the named timeout (or, when its peer
+    gave up first, the lost peer) whose census says the ranks are out of step and in
+    which collective the other rank is. The group is out of step: the world is rebuilt,
+    and then the collective works."""
+    shape = (fns._size(0), 2) if gather == "all_gather_v" else fns.list_shape(0)
+    build = fns._rs if other == "reduce_scatter_v" else fns._a2a
+    calls = (fns.FamilyArgs(fns.TensorSpec(shape), collective=gather), build(1, 2))
+    outcomes = pool.run_outcomes(fns.run_family, fns.FamilyScenario(other, calls))
+    where = {0: "is in all_gather (", 1: f"is in all_to_all ({other} metadata exchange)"}
+    for o in outcomes:
+        assert isinstance(
+            o.exception, (vargather.CollectiveTimeoutError, vargather.PeerLostError)
+        ), f"rank {o.rank}: {o.exc_type_name}: {o.exception}"
+        message = str(o.exception)
+        peer = 1 - o.rank
+        assert "ranks are out of step at collective" in message, message
+        assert f"rank {peer} {where[peer]}" in message, message
+        assert "destroy it and create a new one" in message, message
+    pool.restart()
+    valid = fns.FamilyScenario(other, (build(0, 2), build(1, 2)))
+    for got, want in zip(pool.run(fns.run_family, valid), fns.family_expected(valid), strict=True):
+        assert_bitwise_equal(got, want)

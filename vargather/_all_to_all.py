@@ -216,7 +216,7 @@ def plan_all_to_all(
         assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
         unit = _block_unit(x, call.record.normalized_dim)
         need = max((n for s in matrix for n in s), default=0) * unit
-        slots = settle(NAME, ex, info, need, [n * unit for n in recv])
+        slots = settle(ex, info, need, [n * unit for n in recv])
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     shape = tuple(int(n) for n in x.shape)
     d = call.record.normalized_dim

@@ -10,19 +10,27 @@ validates the gathered rows with the helpers below; then it moves the payload th
 A ``FamilyCall`` is a ``CallRecord`` of this rank's tensor (``_args.check_call``'s
 checks: the tensor, ``dim``, ``grad``, ``validate``, ``timeout``, the dtype the backend
 carries), the first local problem found (the collective's own checks, such as
-``sum(sizes) == x.shape[dim]``, appended by its module), and a fixed-length run of
-int64 *extras* (the passed size vectors, ``-1`` where absent). The exchange sends
+``sum(sizes) == x.shape[dim]``, appended by its module), and a run of int64
+*extras* (the passed size vectors, ``-1`` where absent). The exchange sends
 ``encode_record(record) + [FAMILY_MAGIC, kind] + extras + [flags]`` (int64, padded
 to an even count) and a payload slot of the group's capacity to every rank in one
-equal-split all_to_all of bytes: every rank sends the same length (``extras`` depends only on the
-world size, the capacity on the group's state), nothing of a slot is read before the
-rows validated, and every rank decides from the same matrix: the same error on every
-rank, or the same answer. A peer issuing another collective of the family is caught by ``kind``.
+equal-split all_to_all of bytes: every rank sends the same length, *whichever kind of
+the family it called*: the extras are padded with ``-1`` to ``extra_words(W) = 2 * (W
++ 1)`` words for every kind (``all_to_all_v``'s two size vectors; ``reduce_scatter_v``
+passes ``W + 1``), and the capacity is the group's one ``FamilyState``, shared by every
+kind. Nothing of a slot is read before the rows validated, and every rank decides
+from the same matrix: the same error on every rank, or the same answer. A peer
+issuing another collective of the family is caught by ``kind``: every rank raises the
+same ``ProtocolMismatchError``, naming which rank called which (``_check_kinds``),
+and the group's state is unchanged, so the next call of one collective on every rank
+works. (A peer in an all_gather-based collective, ``all_gather_list`` or
+``all_gather_v``, issues another collective type: that cannot be told apart from a
+late peer, and ends in the named timeout; ``docs/misuse.md``.)
 
 **One round for small payloads** (``exchange_fused``, ``settle``). The exchange is an
 equal-split all_to_all: rank ``j`` sends every rank the same row, followed by a payload
-slot of ``capacity`` bytes (``FamilyState.capacity`` of the group and kind, the same on
-every rank because every rank updates it from the same validated rows only) holding
+slot of ``capacity`` bytes (``FamilyState.capacity`` of the group, for every kind, the
+same on every rank because every rank updates it from the same validated rows only) holding
 the block the payload collective would send that rank, when every block fits and the
 rank has no local problem; a flag word of the row says so. After the rows validated
 (nothing of a slot is read before), a call whose every rank's slots hold its blocks
@@ -31,9 +39,14 @@ applied after every validated call, from the validated rows only): a call whose 
 rank is eligible and whose largest block (``need``, bytes) is at most
 ``FAMILY_FUSED_MAX`` grows the capacity to ``bucket(need)`` when ``4 * need`` exceeds it;
 any other call is idle, and after ``SHRINK_AFTER`` idle calls in a row the capacity
-shrinks to ``bucket`` of the largest eligible small need among them (0 if none). Calls
-that raise change nothing. Bound: every rank sends and receives
-``W * (8 * len(vector) + capacity)`` bytes, ``capacity <= FAMILY_FUSED_MAX`` (64 KiB).
+shrinks to ``bucket`` of the largest eligible small need among them (0 if none).
+Every kind advances the one state (a ``reduce_scatter_v`` after an ``all_to_all_v``
+uses and moves the same slot). Calls that raise change nothing. Bound: every rank
+sends and receives ``W * (8 * len(vector) + capacity)`` bytes, ``len(vector) <=
+RECORD_LENGTH + 2 * W + 6`` (the record, magic and kind, ``2 * (W + 1)`` extras, the
+flag word, one word of padding), ``capacity <= FAMILY_FUSED_MAX`` (64 KiB):
+``reduce_scatter_v``'s row is ``8 * (W + 1)`` bytes longer than its own extras need,
+the price of one row length for the family.
 """
 
 from __future__ import annotations
@@ -79,6 +92,7 @@ __all__ = [
     "common_checks",
     "exchange",
     "exchange_fused",
+    "extra_words",
     "family_state_of",
     "raise_local",
     "settle",
@@ -210,7 +224,7 @@ _USED: Final = 2  # flag word: the payload slot holds this rank's whole x
 
 @dataclass(frozen=True)
 class FamilyState:
-    """What one group's ranks agree on for a kind's next exchange (module doc): the
+    """What one group's ranks agree on for the family's next exchange (module doc): the
     payload slot's ``capacity`` (bytes) and its shrink streak (``idle``, ``idle_need``)."""
 
     capacity: int = 0
@@ -237,17 +251,26 @@ def _slot(n: int) -> int:
     return -(-bucket(n) // 16) * 16
 
 
-_STATES: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, FamilyState]] = (
-    weakref.WeakKeyDictionary()
-)
+_STATES: weakref.WeakKeyDictionary[dist.ProcessGroup, FamilyState] = weakref.WeakKeyDictionary()
+"""Per group, the one state every kind's exchange is sized from (module doc)."""
+
+_FRESH: Final = FamilyState()
 
 
-def family_state_of(group: dist.ProcessGroup | None, kind: str) -> FamilyState:
-    """This process's copy of ``group``'s state for ``kind`` (``None``: the default group)."""
+def family_state_of(group: dist.ProcessGroup | None) -> FamilyState:
+    """This process's copy of ``group``'s state, shared by every kind of the family
+    (``None``: the default group)."""
     pg = group if group is not None else dist.group.WORLD
     if not isinstance(pg, dist.ProcessGroup):
         return FamilyState()
-    return _STATES.get(pg, {}).get(kind, FamilyState())
+    return _STATES.get(pg, _FRESH)
+
+
+def extra_words(world_size: int) -> int:
+    """The length of every kind's extras on the wire: ``all_to_all_v``'s two size
+    vectors, ``2 * (W + 1)`` words (a shorter kind's are padded with ``-1``), so that
+    a peer calling another kind of the family sends a row of the same length."""
+    return 2 * (world_size + 1)
 
 
 @dataclass(frozen=True)
@@ -297,11 +320,13 @@ def exchange_fused(
     """
     kind_code = KINDS.index(call.kind) + 1
     pg = process_group(info) if info.communicates else None
-    state = _STATES.get(pg, {}).get(call.kind, FamilyState()) if pg is not None else FamilyState()
+    state = _STATES.get(pg, _FRESH) if pg is not None else _FRESH
     capacity = state.capacity
     device = info.default_device()
     flag, payload = _flags(call, x, outgoing, capacity, info) if pg is not None else (0, None)
-    vector = [*encode_record(call.record), FAMILY_MAGIC, kind_code, *call.extras, flag]
+    n_extras = extra_words(info.world_size)
+    pad = [-1] * (n_extras - len(call.extras))
+    vector = [*encode_record(call.record), FAMILY_MAGIC, kind_code, *call.extras, *pad, flag]
     vector += [0] * (len(vector) % 2)  # 16-byte rows: every slot starts aligned
     if not info.communicates:
         return Exchanged([Row(call.record, call.extras)], None, (flag,), state)
@@ -326,22 +351,41 @@ def exchange_fused(
         what=f"all_to_all ({call.kind} metadata exchange)",
     )
     rows = received[:, : 8 * words].contiguous().view(torch.int64).tolist()
+    _check_kinds(call.kind, [(row[RECORD_LENGTH], row[RECORD_LENGTH + 1]) for row in rows])
     out: list[Row] = []
     flags: list[int] = []
+    at = RECORD_LENGTH + 2
     for r, row in enumerate(rows):
-        magic, code = row[RECORD_LENGTH], row[RECORD_LENGTH + 1]
-        if magic != FAMILY_MAGIC or code != kind_code:
-            other = KINDS[code - 1] if magic == FAMILY_MAGIC and 0 < code <= len(KINDS) else None
-            raise ProtocolMismatchError(
-                f"{call.kind}: rank {r} sent metadata of "
-                + (repr(other) if other else "another collective or vargather version")
-                + f": expected a {call.kind} call on every rank of the group",
-                ranks=[r],
-            )
-        extras = tuple(row[RECORD_LENGTH + 2 : RECORD_LENGTH + 2 + len(call.extras)])
-        flags.append(int(row[RECORD_LENGTH + 2 + len(call.extras)]))
+        extras = tuple(row[at : at + len(call.extras)])
+        flags.append(int(row[at + n_extras]))
         out.append(Row(decode_record(row[:RECORD_LENGTH], rank=r), extras))
     return Exchanged(out, received[:, 8 * words :], tuple(flags), state)
+
+
+def _check_kinds(kind: str, marks: Sequence[tuple[int, int]]) -> None:
+    """Raise ``ProtocolMismatchError`` unless every rank's row (``marks[r]``: its magic
+    and kind code) is a ``kind`` call's: a row vargather cannot read names its rank; a
+    peer calling another kind of the family gets one message on every rank, naming
+    which rank called which (a pure function of the rows)."""
+    kind_code = KINDS.index(kind) + 1
+    if all(magic == FAMILY_MAGIC and code == kind_code for magic, code in marks):
+        return
+    for r, (magic, code) in enumerate(marks):
+        if magic != FAMILY_MAGIC or not 0 < code <= len(KINDS):
+            raise ProtocolMismatchError(
+                f"{kind}: rank {r} sent metadata of another collective or vargather "
+                f"version: expected a {kind} call on every rank of the group",
+                ranks=[r],
+            )
+    names = [KINDS[code - 1] for _, code in marks]
+    found = _disagreement("collective", names)
+    assert found is not None  # some rank's kind differs
+    message, blamed = found
+    present = " / ".join(k for k in KINDS if k in names)
+    raise ProtocolMismatchError(
+        f"{present}: {message}: call the same collective on every rank of the group",
+        ranks=blamed,
+    )
 
 
 def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:
@@ -350,7 +394,7 @@ def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:
 
 
 def settle(
-    kind: str, ex: Exchanged, info: GroupInfo, need: int, incoming: Sequence[int]
+    ex: Exchanged, info: GroupInfo, need: int, incoming: Sequence[int]
 ) -> tuple[torch.Tensor, ...] | None:
     """After the rows of ``ex`` validated: advance the group's state (every rank alike;
     ``need``: the largest block any rank sends any rank, bytes, from the validated rows)
@@ -362,7 +406,7 @@ def settle(
     after = advance(ex.state, fusable=fusable, need=need)
     pg = process_group(info)
     if pg is not None and after is not ex.state:
-        _STATES.setdefault(pg, {})[kind] = after
+        _STATES[pg] = after
     if not all(f & _USED for f in ex.flags) or need > ex.state.capacity:
         return None
     return tuple(ex.slots[j, :n] for j, n in enumerate(incoming))

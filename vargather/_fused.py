@@ -95,8 +95,18 @@ headers); calls with ``sizes`` and ``validate=False`` skip the round and change 
 a miss on one rank only is seen by every rank in the headers, so every rank grows the
 slots alike. Errors after validation (a timeout in the payload collective) leave the
 group out of step anyway. The state is kept per process group (weakly keyed, subgroups
-apart) and per kind (``all_gather_v`` and ``all_gather_v_coalesced`` keep separate
-states).
+apart) and is **one for every kind** (``Kind``: ``all_gather_v`` with ``gather_layout``
+and ``all_gather_v_with_layout``, ``all_gather_v_coalesced``, ``all_gather_list``):
+the round's length is a function of the group's state only, so a rank calling one
+kind beside a peer calling another sends the same length and gets an error, never a
+gloo abort. Every header carries its caller's kind (``_wire.KIND_SHIFT``), and what
+the full path moves is decided from every rank's headers alone: ranks whose tensor
+counts differ raise ``ArgumentMismatchError`` at once, naming which rank called which
+collective; otherwise one all_gather of the records, and ``plan_layout``'s extra
+all_gather of a sizes mismatch only when every rank called ``all_gather_v``. Kinds
+that agree on the headers (``all_gather_v(x)`` beside ``all_gather_v_coalesced([x])``)
+gather alike. Sharing costs a group that mixes kinds a little padding: its capacity
+and header slots follow the largest need and tensor count of every kind's calls.
 """
 
 from __future__ import annotations
@@ -128,6 +138,7 @@ from ._wire import (
     HEADER_BYTES,
     HEADER_MAGIC,
     HEADER_WORDS,
+    KIND_SHIFT,
     SHAPE_SLOTS,
     decode_header,
     encode_header,
@@ -156,7 +167,13 @@ __all__ = [
     "unpack",
 ]
 
-Kind = Literal["single", "coalesced"]
+Kind = Literal["single", "coalesced", "list"]
+"""Who runs the round: ``all_gather_v`` (and ``gather_layout``,
+``all_gather_v_with_layout``), ``all_gather_v_coalesced``, ``all_gather_list``. Every
+kind sizes its round from the group's one state and sends its kind in the headers."""
+
+_KIND_CODES: Final = {"single": 0, "coalesced": 1, "list": 2}
+_KIND_NAMES: Final = ("all_gather_v", "all_gather_v_coalesced", "all_gather_list")
 
 FUSED_MAX_BYTES: Final = 512 * 1024
 """Largest payload per rank that rides in the equal-size fused round (the *gather*
@@ -320,9 +337,9 @@ def advance(
     return FusedState(*after)
 
 
-_STATES: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, FusedState]] = (
-    weakref.WeakKeyDictionary()
-)
+_STATES: weakref.WeakKeyDictionary[dist.ProcessGroup, FusedState] = weakref.WeakKeyDictionary()
+"""Per group, the one state every kind's round is sized from (module doc: a peer
+calling another kind must send the same length, or gloo aborts)."""
 
 
 def _key(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
@@ -331,15 +348,17 @@ def _key(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
 
 
 def state_of(group: dist.ProcessGroup | None = None, kind: Kind = "single") -> FusedState:
-    """This process's copy of ``group``'s state (read only; ``None``: the default group)."""
+    """This process's copy of ``group``'s state (read only; ``None``: the default group).
+    ``kind`` is accepted for old callers: every kind shares the group's state."""
+    del kind
     pg = _key(group)
     if pg is None:
         return FusedState()
-    return _STATES.get(pg, {}).get(kind, FusedState())
+    return _STATES.get(pg, _FRESH)
 
 
 def capacity_of(group: dist.ProcessGroup | None = None, kind: Kind = "single") -> int:
-    """The payload bytes per rank the next fused round of ``group`` reserves."""
+    """The payload bytes per rank the next fused round of ``group`` reserves (any kind)."""
     return state_of(group, kind).capacity
 
 
@@ -404,14 +423,27 @@ def named(err: VarGatherError, index: int) -> VarGatherError:
 
 
 def _full_path(
-    kind: Kind, calls: Sequence[CheckedCall], counts: Sequence[int], info: GroupInfo
+    kind: Kind,
+    calls: Sequence[CheckedCall],
+    counts: Sequence[int],
+    kinds: Sequence[int],
+    info: GroupInfo,
 ) -> tuple[Layout, ...]:
-    """Today's exchange of full records: the same error on every rank, or the layouts."""
-    if kind == "single":
+    """The exchange of full records: the same error on every rank, or the layouts.
+
+    What moves is decided from the headers alone (``counts``, ``kinds``: every rank's),
+    so that a peer of another kind issues the same collectives: no records when the
+    counts differ, one all_gather of ``count`` records otherwise, and
+    ``plan_layout``'s extra all_gather of a sizes mismatch only when every rank
+    called ``all_gather_v``."""
+    if kind == "single" and len(set(kinds)) == 1:
         return (plan_layout(calls[0], info),)
     found = _disagreement("number of tensors", list(counts))
     if found is not None:
-        raise ArgumentMismatchError(f"all_gather_v_coalesced: {found[0]}", ranks=found[1])
+        raise ArgumentMismatchError(
+            f"{_mixed_prefix(kinds) or 'all_gather_v_coalesced'}: {found[0]}" + _called(kinds),
+            ranks=found[1],
+        )
     if not calls:
         return ()
     per_rank = exchange_records([c.record for c in calls], info)
@@ -420,8 +452,31 @@ def _full_path(
         try:
             layouts.append(validate_records([row[i] for row in per_rank], rank=info.rank))
         except VarGatherError as err:
-            raise named(err, i) from None
+            raise (err if kind == "single" else named(err, i)) from None
     return tuple(layouts)
+
+
+def _mixed_prefix(kinds: Sequence[int]) -> str:
+    """The names of the collectives the ranks called, when they differ (``""`` when
+    every rank called the same one): the same text on every rank."""
+    present = sorted(set(kinds))
+    if len(present) == 1:
+        return ""
+    return " / ".join(_KIND_NAMES[k] if 0 <= k < len(_KIND_NAMES) else "?" for k in present)
+
+
+def _called(kinds: Sequence[int]) -> str:
+    """Which rank called which collective, when they differ (else ``""``)."""
+    if len(set(kinds)) == 1:
+        return ""
+    by_kind: dict[int, list[int]] = {}
+    for r, k in enumerate(kinds):
+        by_kind.setdefault(k, []).append(r)
+    told = "; ".join(
+        f"{_KIND_NAMES[k] if 0 <= k < len(_KIND_NAMES) else '?'} on rank(s) {ranks}"
+        for k, ranks in sorted(by_kind.items())
+    )
+    return f" (the ranks called different collectives: {told}; call the same one on every rank)"
 
 
 def exchange(
@@ -441,7 +496,7 @@ def exchange(
     """
     w = info.world_size
     pg = process_group(info)
-    state = _STATES.get(pg, {}).get(kind, _FRESH) if pg is not None else _FRESH
+    state = _STATES.get(pg, _FRESH) if pg is not None else _FRESH
     slots = state.slots
     wide = state.wide if len(state.wide) == w else ()
     capacity = min(state.capacity, FUSED_MAX_BYTES)
@@ -454,7 +509,7 @@ def exchange(
         and all(rec.problem is None and rec.ndim <= SHAPE_SLOTS for rec in records)
         and all(isinstance(t, torch.Tensor) and t.device.type == device.type for t in tensors)
     )
-    flags = _ELIGIBLE if local_ok else 0
+    flags = (_ELIGIBLE if local_ok else 0) | _KIND_CODES[kind] << KIND_SHIFT
     own = [t for t in tensors if isinstance(t, torch.Tensor)] if local_ok and k <= slots else []
     nbytes = sum(t.numel() * t.element_size() for t in own)
     if nbytes > room[info.rank]:
@@ -862,6 +917,7 @@ def _decide(
                 )
     slots = len(per_rank[0]) if per_rank else 0
     counts = [headers[0][3] for headers in per_rank]
+    kinds = [headers[0][1] >> KIND_SHIFT for headers in per_rank]
     fusable = all(headers[0][1] & _ELIGIBLE for headers in per_rank)
     compact = len(set(counts)) == 1 and k <= slots
     if compact:
@@ -881,7 +937,7 @@ def _decide(
             layouts = None
     w = info.world_size
     if layouts is None:
-        layouts = _full_path(kind, calls, counts, info)
+        layouts = _full_path(kind, calls, counts, kinds, info)
         needs = _needs(layouts, w)
         return _finish(kind, state, layouts, fusable, False, info, pg, needs, cut, room)
     needs = _needs(layouts, w)
@@ -963,7 +1019,7 @@ def _finish(
     """Advance the state from the validated layouts; cut out the results if fused."""
     after = _advanced(state, fusable, len(layouts), needs)
     if pg is not None and after is not state:
-        _STATES.setdefault(pg, {})[kind] = after
+        _STATES[pg] = after
     fits = all(n <= c for n, c in zip(needs, room, strict=True))
     if not (compact and fusable and fits):
         return Exchanged(layouts, None)
@@ -1020,4 +1076,4 @@ def replace_state(
     same, or the ranks disagree on the next round's size)."""
     pg = _key(group)
     if pg is not None:
-        _STATES.setdefault(pg, {})[kind] = replace(state_of(group, kind), **changes)  # type: ignore[arg-type]  # each field keeps its own type; tests pass them right
+        _STATES[pg] = replace(state_of(group, kind), **changes)  # type: ignore[arg-type]  # each field keeps its own type; tests pass them right

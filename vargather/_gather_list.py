@@ -186,6 +186,8 @@ def plan_gather_list(
 def _renamed(err: VarGatherError) -> VarGatherError:
     """An error of the fused round, told as ``all_gather_list``'s (same class, ranks)."""
     text = str(err)
+    if " / " in text.partition(": ")[0]:  # ranks called different collectives: told alike
+        return err
     for prefix in ("all_gather_v_coalesced: tensor #0: ", "all_gather_v_coalesced: "):
         text = text.removeprefix(prefix)
     return type(err)(f"{NAME}: {text.removeprefix('all_gather_v: ')}", ranks=err.ranks)
@@ -193,7 +195,7 @@ def _renamed(err: VarGatherError) -> VarGatherError:
 
 LIST_MAGIC: Final = 0x76676C73  # "vgls": the first word of every rank's carrier
 """Marks an ``all_gather_list`` carrier: a peer whose run does not start with it made
-another call of the same round kind (``all_gather_v_coalesced`` of one tensor)."""
+another call of the same fused round (``all_gather_v_coalesced`` of one tensor)."""
 
 
 def _meta_words(record_shape: tuple[int, ...], words: Sequence[int]) -> list[int]:
@@ -318,7 +320,7 @@ def _fused_plan(
     timeout: object,
     requires_grad: bool | None,
 ) -> GatherListPlan:
-    """The validated call through ``_fused`` (kind ``coalesced``, one tensor): every
+    """The validated call through ``_fused`` (kind ``list``, one tensor): every
     rank's *carrier*, an ``(n, 1, 1)`` tensor of ``x``'s dtype holding its metadata words
     ``[magic, ndim, *shape, passed, hash]`` then the flat run of ``x``, in the fused
     round when it fits (the payload rides along), else the round and one gather of the
@@ -351,7 +353,7 @@ def _fused_plan(
         record = replace(record, problem=call.record.problem)
     calls = [CheckedCall(record, None, checked.timeout)]
     try:
-        found = _fused.exchange("coalesced", calls, [carrier], info, eligible=True)
+        found = _fused.exchange("list", calls, [carrier], info, eligible=True)
         assert isinstance(carrier, torch.Tensor)  # the headers validated
         if found.outputs is not None:
             run = found.outputs[0].reshape(-1)

@@ -182,7 +182,7 @@ def plan_reduce_scatter(
         lay = scatter_layout(x, call.record.normalized_dim, found, info)
         unit = lay.pre * lay.post * x.element_size()
         own = lay.local_size * unit
-        slots = settle(NAME, ex, info, max(found, default=0) * unit, [own] * info.world_size)
+        slots = settle(ex, info, max(found, default=0) * unit, [own] * info.world_size)
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     layout = scatter_layout(x, call.record.normalized_dim, found, info)
     result = None if slots is None else fold_slots(slots, layout)

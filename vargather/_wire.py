@@ -15,7 +15,9 @@ The same module holds the fused round's **compact header** (``encode_header``,
 ``decode_header``): ``HEADER_WORDS`` int64 carrying what validation compares and no
 message text, sent with the payload on the common path (``_fused``). A header word by
 word: magic and version; flags (``FLAG_PROBLEM``, ``FLAG_LONG``: more than
-``SHAPE_SLOTS`` dims, ``FLAG_ELIGIBLE``, ``FLAG_REQUIRES_GRAD``); the ndim, dtype,
+``SHAPE_SLOTS`` dims, ``FLAG_ELIGIBLE``, ``FLAG_REQUIRES_GRAD``, and from bit
+``KIND_SHIFT`` the caller's kind: 0 ``all_gather_v``, 1 ``all_gather_v_coalesced``, 2
+``all_gather_list``, so that every rank knows which collective each peer called); the ndim, dtype,
 normalized dim, contract, transport and device codes, a byte each, in one word; the
 call's tensor count; the passed sizes' length and hash; ``SHAPE_SLOTS`` dims of the
 shape. A problem only sets a flag: its text travels in a full record, on the error
@@ -47,6 +49,7 @@ __all__ = [
     "HEADER_BYTES",
     "HEADER_MAGIC",
     "HEADER_WORDS",
+    "KIND_SHIFT",
     "MESSAGE_WORDS",
     "RECORD_LENGTH",
     "SHAPE_SLOTS",
@@ -191,6 +194,8 @@ FLAG_PROBLEM: Final = 1
 FLAG_LONG: Final = 2
 FLAG_ELIGIBLE: Final = 4
 FLAG_REQUIRES_GRAD: Final = 8
+KIND_SHIFT: Final = 4
+"""The flags word's bits from here on hold the kind of the call (``_fused.Kind``)."""
 
 
 def _byte(v: int) -> int:
