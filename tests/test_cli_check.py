@@ -746,6 +746,7 @@ def _reproduced_cases(reproduction: str) -> list[GatherCase]:
 
 
 @multirank
+@pytest.mark.slow  # default run: test_mutants catches chunked_tail_zeroed (dims[W=2])
 def test_a_chunking_bug_above_a_few_kib_fails_the_default_check(in_root: None) -> None:
     """The issue's example: an implementation that moves shards of more than 4 KiB in
     chunks and loses the last partial chunk fails the default check, from the command
@@ -771,10 +772,11 @@ def test_a_chunking_bug_above_a_few_kib_fails_the_default_check(in_root: None) -
 
 @multirank
 @pytest.mark.parametrize(
-    "seed", [*range(1, 3), *(pytest.param(s, marks=pytest.mark.slow) for s in range(3, 21))]
+    "seed", [1, *(pytest.param(s, marks=pytest.mark.slow) for s in range(2, 21))]
 )
 def test_no_false_alarm_on_vargather_across_seeds(seed: int, in_root: None) -> None:
-    # Small budgets, each contract in turn; the in-process row is left to the
+    # Small budgets, each contract in turn (the default run: seed 1, under ``local``;
+    # ``sum`` is the per-contract test above, ``mean`` test_properties.py's); the in-process row is left to the
     # per-contract test above (it costs a child process per run).
     grad = ("sum", "local", "mean")[seed % 3]
     only = tuple(p for p in PROPERTY_IDS if p != "uninitialized")
