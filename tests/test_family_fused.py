@@ -11,7 +11,7 @@ import torch
 
 from tests import _family_fns as fns
 from vargather import oracle
-from vargather._family import FAMILY_FUSED_MAX, FamilyState, advance
+from vargather._family import FAMILY_FUSED_MAX, FAMILY_STRETCH_MAX, FamilyState, advance
 from vargather.testing import get_pool
 from vargather.testing.asserts import assert_bitwise_equal
 
@@ -36,8 +36,11 @@ CASES: tuple[fns.FusedCase, ...] = (
     (RS, "float32", 256, 0, False, ((50, 20, 0),)),  # a 50 KiB block: grows the slot
     (RS, "float64", 128, 1, False, ((50, 20, 0),)),
     (RS, "float32", 256, 0, False, ((70, 0, 10),)),  # a 70 KiB block: above the bound
+    (A2A, "float32", 512, 0, False, ((40,) * 3,) * 3),  # 80 KiB blocks, even: no waste
+    (A2A, "float32", 512, 0, False, ((40,) * 3,) * 3),  # ... so they ride
+    (A2A, "float32", 16, 0, False, SEND),  # small in the large slot: one round
 )
-ISSUED = [2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 1, 2, 1, 2]
+ISSUED = [2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 1, 2, 1, 2, 2, 1, 1]
 
 
 def _expected(case: fns.FusedCase, world: int) -> list[torch.Tensor]:
@@ -59,6 +62,15 @@ def _need(case: fns.FusedCase, world: int) -> int:
     return max(n for s in sizes for n in s) * row
 
 
+def _total(case: fns.FusedCase, world: int) -> int:
+    """Every block of every rank together (bytes)."""
+    kind, sizes = case[0], case[5]
+    per_row = _need(case, world) // max(1, max(n for s in sizes for n in s))
+    if kind == A2A:
+        return sum(n for s in sizes for n in s) * per_row
+    return world * sum(sizes[0]) * per_row
+
+
 def test_one_round_in_steady_state_two_above_the_bound() -> None:
     w = 3
     per_rank = get_pool(w).run(fns.fused_calls, CASES)
@@ -66,14 +78,15 @@ def test_one_round_in_steady_state_two_above_the_bound() -> None:
     for i, case in enumerate(CASES):
         need = _need(case, w)
         predicted = 1 if need <= model.capacity else 2
-        model = advance(model, fusable=True, need=need)
+        model = advance(model, fusable=True, need=need, total=_total(case, w), world=w)
         expected = _expected(case, w)
         for r in range(w):
             issued, state, y = per_rank[r][i]
             assert issued == predicted == ISSUED[i], f"call #{i} on rank {r}: {issued} rounds"
             assert state == model, f"call #{i}: rank {r}'s state"
             assert_bitwise_equal(y, expected[r], f"call #{i} on rank {r}")
-        assert model.capacity <= FAMILY_FUSED_MAX
+        assert model.capacity <= FAMILY_STRETCH_MAX
+    assert model.capacity > FAMILY_FUSED_MAX  # the even 80 KiB blocks stretched the slot
 
 
 def test_a_subgroup_keeps_its_own_state() -> None:

@@ -216,7 +216,8 @@ def plan_all_to_all(
         assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
         unit = _block_unit(x, call.record.normalized_dim)
         need = max((n for s in matrix for n in s), default=0) * unit
-        slots = settle(ex, info, need, [n * unit for n in recv])
+        total = sum(n for s in matrix for n in s) * unit
+        slots = settle(ex, info, need, [n * unit for n in recv], total)
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     shape = tuple(int(n) for n in x.shape)
     d = call.record.normalized_dim

@@ -36,15 +36,20 @@ rank has no local problem; a flag word of the row says so. After the rows valida
 (nothing of a slot is read before), a call whose every rank's slots hold its blocks
 is answered from the slots: one collective in all. The state rule (``advance``,
 applied after every validated call, from the validated rows only): a call whose every
-rank is eligible and whose largest block (``need``, bytes) is at most
-``FAMILY_FUSED_MAX`` grows the capacity to ``bucket(need)`` when ``4 * need`` exceeds it;
-any other call is idle, and after ``SHRINK_AFTER`` idle calls in a row the capacity
+rank is eligible and whose blocks ride (``rides``: the largest block, ``need`` bytes,
+is at most ``FAMILY_FUSED_MAX``, or at most ``FAMILY_STRETCH_MAX`` with the ``W * W``
+slots padding the call's ``total`` bytes by at most ``WASTE_LIMIT``:
+``W * W * slot(need) <= 1.5 * total``) grows the capacity to ``slot(need)`` when
+``4 * need`` exceeds it; any other call is idle, and after ``SHRINK_AFTER`` idle calls in a row the capacity
 shrinks to ``bucket`` of the largest eligible small need among them (0 if none).
 Every kind advances the one state (a ``reduce_scatter_v`` after an ``all_to_all_v``
 uses and moves the same slot). Calls that raise change nothing. Bound: every rank
 sends and receives ``W * (8 * len(vector) + capacity)`` bytes, ``len(vector) <=
 RECORD_LENGTH + 2 * W + 6`` (the record, magic and kind, ``2 * (W + 1)`` extras, the
-flag word, one word of padding), ``capacity <= FAMILY_FUSED_MAX`` (64 KiB):
+flag word, one word of padding), ``capacity <= FAMILY_STRETCH_MAX`` (1 MiB), and
+past ``FAMILY_FUSED_MAX`` (64 KiB) the slots of the call that set the capacity pad
+its payload by at most ``WASTE_LIMIT`` (50 %); a later call of smaller blocks pays the
+larger slots until the capacity shrinks (``SHRINK_AFTER`` calls):
 ``reduce_scatter_v``'s row is ``8 * (W + 1)`` bytes longer than its own extras need,
 the price of one row length for the family.
 """
@@ -74,13 +79,14 @@ from ._errors import (
     VarGatherError,
 )
 from ._exchange import _disagreement
-from ._fused import bucket, capacity_step
+from ._fused import WASTE_LIMIT, bucket, capacity_step
 from ._group import process_group
 from ._wire import RECORD_LENGTH, decode_record, encode_record
 
 __all__ = [
     "FAMILY_FUSED_MAX",
     "FAMILY_MAGIC",
+    "FAMILY_STRETCH_MAX",
     "KINDS",
     "Check",
     "Exchanged",
@@ -95,6 +101,7 @@ __all__ = [
     "extra_words",
     "family_state_of",
     "raise_local",
+    "rides",
     "settle",
     "sizes_words",
     "with_problem",
@@ -218,6 +225,12 @@ FAMILY_FUSED_MAX: Final = 64 * 1024
 """Largest block (bytes, from one rank to one rank) that rides in the metadata exchange:
 the round moves ``W`` slots of the capacity (at most this) from and to every rank."""
 
+FAMILY_STRETCH_MAX: Final = 1024 * 1024
+"""Largest block that rides in the exchange at all: past ``FAMILY_FUSED_MAX`` only
+while the slots' padding is bounded, ``W * W * slot(need) <= (1 + WASTE_LIMIT) *
+total`` (every block of every rank padded to the slot; ``_fused.WASTE_LIMIT``)."""
+
+
 _ELIGIBLE: Final = 1  # flag word: no local problem, x on the exchange's device
 _USED: Final = 2  # flag word: the payload slot holds this rank's whole x
 
@@ -232,18 +245,31 @@ class FamilyState:
     idle_need: int = 0
 
 
-def advance(state: FamilyState, *, fusable: bool, need: int) -> FamilyState:
+def advance(
+    state: FamilyState, *, fusable: bool, need: int, total: int = 0, world: int = 1
+) -> FamilyState:
     """The state after a call that validated: a pure function of what every rank saw
-    (``fusable``: every rank eligible; ``need``: the largest ``x`` of any rank, bytes)."""
+    (``fusable``: every rank eligible; ``need``: the largest block any rank sends any
+    rank, bytes; ``total``: every block of every rank together; ``world``: ``W``)."""
     capacity, idle, idle_need = capacity_step(
         (state.capacity, state.idle, state.idle_need),
-        small=fusable and need <= FAMILY_FUSED_MAX,
+        small=fusable and rides(need, total, world),
         need=need,
         slot=_slot,
     )
     if (capacity, idle, idle_need) == (state.capacity, state.idle, state.idle_need):
         return state
     return FamilyState(capacity, idle, idle_need)
+
+
+def rides(need: int, total: int, world: int) -> bool:
+    """Whether a call of these blocks may ride in the exchange's slots (module doc): any
+    call whose largest block is at most ``FAMILY_FUSED_MAX`` (latency dominates there),
+    and one of blocks up to ``FAMILY_STRETCH_MAX`` whose ``W * W`` slots pad its
+    ``total`` bytes by at most ``WASTE_LIMIT``."""
+    if need <= FAMILY_FUSED_MAX:
+        return True
+    return need <= FAMILY_STRETCH_MAX and world * world * _slot(need) <= (1 + WASTE_LIMIT) * total
 
 
 def _slot(n: int) -> int:
@@ -332,15 +358,20 @@ def exchange_fused(
         return Exchanged([Row(call.record, call.extras)], None, (flag,), state)
     w, words = info.world_size, len(vector)
     width = 8 * words + capacity
-    local = torch.zeros(w, width, dtype=torch.uint8, device=device)  # no stale bytes leave
+    local = torch.empty(w, width, dtype=torch.uint8, device=device)
     local[:, : 8 * words] = torch.tensor(vector, dtype=torch.int64, device=device).view(torch.uint8)
+    filled = [0] * w
     if payload is not None:
         flat, sizes = payload
         at = 0
         for r, n in enumerate(sizes):
             if n:
                 local[r, 8 * words : 8 * words + n] = flat[at : at + n]
+            filled[r] = n
             at += n
+    for r, n in enumerate(filled):  # no stale bytes leave: what no block filled is zero
+        if 8 * words + n < width:
+            local[r, 8 * words + n :].zero_()
     received = torch.empty(w, width, dtype=torch.uint8, device=device)
     all_to_all_uneven(
         received,
@@ -394,16 +425,17 @@ def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:
 
 
 def settle(
-    ex: Exchanged, info: GroupInfo, need: int, incoming: Sequence[int]
+    ex: Exchanged, info: GroupInfo, need: int, incoming: Sequence[int], total: int
 ) -> tuple[torch.Tensor, ...] | None:
     """After the rows of ``ex`` validated: advance the group's state (every rank alike;
-    ``need``: the largest block any rank sends any rank, bytes, from the validated rows)
-    and, when every rank's slot holds its blocks, the block (``incoming[j]`` bytes) each
-    rank ``j`` sent this rank (``None``: the payload collective runs)."""
+    ``need``: the largest block any rank sends any rank, ``total``: every rank's blocks
+    together, bytes, from the validated rows) and, when every rank's slot holds its
+    blocks, the block (``incoming[j]`` bytes) each rank ``j`` sent this rank (``None``:
+    the payload collective runs)."""
     if ex.slots is None:
         return None
     fusable = all(f & _ELIGIBLE for f in ex.flags)
-    after = advance(ex.state, fusable=fusable, need=need)
+    after = advance(ex.state, fusable=fusable, need=need, total=total, world=info.world_size)
     pg = process_group(info)
     if pg is not None and after is not ex.state:
         _STATES[pg] = after
