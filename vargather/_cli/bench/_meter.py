@@ -157,11 +157,17 @@ def _summarize(results: dict[str, dict[str, Any]]) -> None:
 
 
 def _measure_memory(variants: Sequence[_Variant]) -> dict[str, dict[str, Any]]:
-    """The memory pass: per variant one checked call under the peak meter."""
+    """The memory pass: per variant one call unmetered (what a process pays once, such
+    as torch's own first ``backward()``, which imports ``torch.fx``'s symbolic shapes
+    and sympy: about 40 MB resident), then one checked call under the peak meter."""
     import torch.distributed as dist
 
     results: dict[str, dict[str, Any]] = {}
     for v in variants:
+        warm = v.prepare()
+        dist.barrier()
+        v.run(warm)  # the warm-up: its result is dropped at once
+        del warm
         state = v.prepare()
         dist.barrier()
         with _peak_meter() as meter:
