@@ -787,8 +787,7 @@ class FamilyMisuse:
     """One class of misuse of a family collective, as ``Misuse`` for ``all_gather_v``.
 
     ``absent``: the offender never calls; its peers raise ``error`` (the named
-    timeout) and the world is rebuilt after. ``sampled``: only W=2 with offender 0 and
-    W=3 with offender 1 run by default (the others are marked slow).
+    timeout) and the world is rebuilt after.
     """
 
     name: str
@@ -799,7 +798,6 @@ class FamilyMisuse:
     fragments: Callable[[int, int], tuple[str, ...]]
     blamed: Callable[[int, int], tuple[int, ...]] | None = None
     absent: bool = False
-    sampled: bool = False
 
     def blamed_ranks(self, world_size: int, offender: int) -> tuple[int, ...]:
         if self.blamed is not None:
@@ -906,7 +904,6 @@ def _family_entry(
     good: Callable[[int, int], FamilyArgs] | None = None,
     blamed: Callable[[int, int], tuple[int, ...]] | None = None,
     absent: bool = False,
-    sampled: bool = False,
 ) -> FamilyMisuse:
     base = (
         good
@@ -926,7 +923,6 @@ def _family_entry(
         fragments=fragments,
         blamed=blamed,
         absent=absent,
-        sampled=sampled,
     )
 
 
@@ -970,7 +966,6 @@ def _mixed_entry(
         lambda r, w: replace(bad(r, w), collective=other),
         fragments,
         blamed=_tie,
-        sampled=True,
     )
 
 

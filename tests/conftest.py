@@ -81,6 +81,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Under -n (xdist's default "load"), the tests marked xdist_group("compile") share
+    # one worker, whose rank processes then pay inductor's warm-up once (several
+    # seconds per pool on 2 cores) instead of on every worker: "loadgroup" is "load"
+    # but for those. Set here, not in addopts, so that -p no:xdist keeps working.
+    if getattr(config.option, "dist", None) == "load":
+        config.option.dist = "loadgroup"
     n = config.getoption("--max-examples")
     if n is not None:
         if n < 1:

@@ -81,7 +81,7 @@ ALL = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
 @pytest.mark.parametrize(
     ("backend", "which"),
     [
-        ("inductor", ("reduce_scatter_v",)),
+        pytest.param("inductor", ("reduce_scatter_v",), marks=pytest.mark.xdist_group("compile")),
         ("aot_eager", ALL),
         pytest.param("inductor", ALL, marks=pytest.mark.slow),
     ],

@@ -465,7 +465,7 @@ def seed_sum(
     path = tmp_path_factory.mktemp("seed-sum") / "report.json"
     proc = cli(
         "--impl", SEED, "--grad", "sum", "--world-sizes", "1,2,3", "--max-examples", "6",
-        "--shrink-budget", "10", "--json", str(path),
+        "--shrink-budget", "3", "--json", str(path),
     )  # fmt: skip
     return proc, json.loads(path.read_text()) if path.exists() else None
 

@@ -20,7 +20,7 @@ from vargather.testing import assert_bitwise_equal, get_pool
 
 from . import _compile_fns as fns
 
-pytestmark = pytest.mark.multirank
+pytestmark = [pytest.mark.multirank, pytest.mark.xdist_group("compile")]
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "compile.md"
 

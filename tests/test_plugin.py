@@ -461,7 +461,7 @@ def test_rebuilt_after_the_crash(vargather_world):
 
 
 def test_a_hang(vargather_world):
-    vargather_world(2, call_timeout=5).run(hang_on_zero, None)
+    vargather_world(2, call_timeout=2).run(hang_on_zero, None)
 
 
 def test_rebuilt_after_the_hang(vargather_world):

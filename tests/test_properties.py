@@ -143,6 +143,7 @@ def test_coalesced_calls_hold_on_each_world(
 
 
 @pytest.mark.multirank
+@pytest.mark.xdist_group("compile")  # one worker's ranks pay inductor's warm-up (pyproject)
 @settings(max_examples=_by_id(VARGATHER)["compiled"].max_examples(10**6))
 @given(data=st.data())
 def test_compiled_steps_hold_the_property(props: dict[str, Property], data: st.DataObject) -> None:
