@@ -176,3 +176,20 @@ def test_the_command_line_reaches_the_kit_not_the_reverse() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_trace_constant_mark_is_dynamos_own() -> None:
+    """vargather marks its trace-time constants itself (``_compiled._constant_of_the_trace``)
+    instead of importing dynamo for ``assume_constant_result``: the mark must stay the
+    attribute that decorator sets, or a torch upgrade would have dynamo trace them."""
+    import torch._dynamo
+
+    from vargather import _compiled
+
+    def probe() -> bool:
+        return True
+
+    marked = torch._dynamo.assume_constant_result(probe)  # type: ignore[no-untyped-call]
+    mine = _compiled._constant_of_the_trace(lambda: True)
+    assert set(vars(marked)) == set(vars(mine)) == {"_dynamo_marked_constant"}
+    assert vars(marked) == vars(mine)
