@@ -9,6 +9,7 @@ with its own bug, whose ``reproduce:`` line exits non-zero.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -53,31 +54,26 @@ def in_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
 
 
-_ZOO_POOLS: dict[int, RankPool] = {}
+_ZOO_POOLS: dict[tuple[int, float | None], RankPool] = {}
 
 
-def _zoo_pool(world_size: int) -> RankPool:
+def _zoo_pool(world_size: int, collective_timeout: float | None = None) -> RankPool:
     """The zoo's own worlds, forked from a forkserver as the command line's are (a
     crashing member rebuilds its world many times), apart from the suite's shared
-    pools so those are not replaced."""
-    pool = _ZOO_POOLS.get(world_size)
-    if pool is None or pool.closed:
-        pool = RankPool(world_size, call_timeout=30.0, start_method="forkserver")
-        _ZOO_POOLS[world_size] = pool
-    return pool
-
-
-def _short_timeout_pool(world_size: int) -> RankPool:
-    """A zoo world whose collectives time out after 2 s instead of the default 10 s:
-    for the member whose failing row waits out the group's timeout."""
-    key = -world_size
+    pools so those are not replaced; ``collective_timeout``: the group's timeout
+    (default: the pool's)."""
+    key = (world_size, collective_timeout)
     pool = _ZOO_POOLS.get(key)
     if pool is None or pool.closed:
-        pool = RankPool(
-            world_size, collective_timeout=2.0, call_timeout=30.0, start_method="forkserver"
-        )
+        timeout = {} if collective_timeout is None else {"collective_timeout": collective_timeout}
+        pool = RankPool(world_size, call_timeout=30.0, start_method="forkserver", **timeout)
         _ZOO_POOLS[key] = pool
     return pool
+
+
+_short_timeout_pool = functools.partial(_zoo_pool, collective_timeout=2.0)
+"""A zoo world whose collectives time out after 2 s instead of the default 10 s: for
+the member whose failing row waits out the group's timeout."""
 
 
 @pytest.fixture(scope="module", autouse=True)

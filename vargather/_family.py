@@ -79,7 +79,7 @@ from ._errors import (
     VarGatherError,
 )
 from ._exchange import _disagreement
-from ._fused import WASTE_LIMIT, bucket, capacity_step
+from ._fused import bucket, capacity_step, within_waste
 from ._group import process_group
 from ._wire import RECORD_LENGTH, decode_record, encode_record
 
@@ -272,7 +272,7 @@ def rides(need: int, total: int, world: int) -> bool:
     ``total`` bytes by at most ``WASTE_LIMIT``."""
     if need <= FAMILY_FUSED_MAX:
         return True
-    return need <= FAMILY_STRETCH_MAX and world * world * _slot(need) <= (1 + WASTE_LIMIT) * total
+    return need <= FAMILY_STRETCH_MAX and within_waste(world * world * _slot(need), total)
 
 
 def _slot(n: int) -> int:

@@ -165,6 +165,7 @@ __all__ = [
     "payload_nbytes",
     "state_of",
     "unpack",
+    "within_waste",
 ]
 
 Kind = Literal["single", "coalesced", "list"]
@@ -241,6 +242,13 @@ more than ``PAD_LIMIT`` times the payload and more than ``SMALL_BYTES`` in all
 ranks) a group takes the wide round even for small payloads."""
 
 
+def within_waste(padded: int, payload: int) -> bool:
+    """Whether ``padded`` bytes carry ``payload`` bytes with at most ``WASTE_LIMIT`` of
+    padding: the bound of the stretched gather round, of a result handed back with its
+    receive buffer, and of the family's stretched slot (``_family.rides``)."""
+    return padded <= (1 + WASTE_LIMIT) * payload
+
+
 def _wants_wide(needs: Sequence[int]) -> bool:
     """Whether a call with every rank's payload ``needs`` makes a group go wide."""
     if not needs:
@@ -249,7 +257,7 @@ def _wants_wide(needs: Sequence[int]) -> bool:
     padded = len(needs) * bucket(most)
     if most > WIDE_MIN_BYTES or padded > max(PAD_LIMIT * sum(needs), SMALL_BYTES):
         return True
-    return most > SMALL_BYTES and padded > (1 + WASTE_LIMIT) * sum(needs)
+    return most > SMALL_BYTES and not within_waste(padded, sum(needs))
 
 
 def _advance_wide(
@@ -791,24 +799,16 @@ class _Round:
         if recv is self.recv:
             return self.cut
 
+        starts = [r * self.block + self.head for r in range(self.world)]
+        in_place = _cutter(recv, starts)  # the wide round's: closed up in place, or unpacked
+
         def cut(layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
-            total = sum(needs)
-            lay = layouts[0] if len(layouts) == 1 else None
-            if (
-                lay is None
-                or lay.pre != 1
-                or recv.numel() > (1 + WASTE_LIMIT) * total + (self.world * self.head)
-            ):
-                grid = recv.view(self.world, self.block)
+            if not within_waste(recv.numel() - self.world * self.head, sum(needs)):
+                # Too much padding to hand back with the result: cut it out.
                 return unpack(
-                    [grid[r, self.head : self.head + needs[r]] for r in range(self.world)], layouts
+                    [recv[a : a + n] for a, n in zip(starts, needs, strict=True)], layouts
                 )
-            at = 0
-            for r, n in enumerate(needs):
-                if n:
-                    _move_left(recv, at, r * self.block + self.head, n)
-                at += n
-            return [recv[:at].view(lay.dtype).view(lay.output_shape)]
+            return in_place(layouts, needs)
 
         return cut
 
