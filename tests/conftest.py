@@ -95,6 +95,51 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.load_profile("vargather-max-examples")
 
 
+SHARED_MODULE_FIXTURES = ("smoke", "seed_sum", "dumps", "sdist")
+"""Module-scoped fixtures that run a command for many seconds (the bench smoke, the
+seed's gate run, torchrun, the sdist build). xdist sets a module fixture up on every
+worker that runs a test using it; the tests using one of these share an xdist group
+named after it instead (one worker, one after the other), so it runs once per run."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        for name in SHARED_MODULE_FIXTURES:
+            if name in names and item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(f"fixture-{name}"))
+    if hasattr(config, "workerinput"):
+        _name_the_groups(items)
+
+
+def _name_the_groups(items: list[pytest.Item]) -> None:
+    """On an xdist worker: the ``@group`` suffix of every grouped test's node id, which
+    is what the controller's ``loadgroup`` scheduler groups by.
+
+    pytest-xdist 3.8 appends it by assigning ``item._nodeid``, which pytest 9.2 no
+    longer reads (node ids are structured, ``item._id``): the marks are then silently
+    ignored and a group's tests spread over every worker (pytest-dev/pytest-xdist#1386,
+    open). This sets the structured id the same way, once, where the suffix is missing;
+    with an xdist that does it itself it does nothing. The suffix is harmless under the
+    other schedulers (``load`` ignores it, ``loadscope`` and ``loadfile`` cut it off with
+    the test's name)."""
+    try:
+        from _pytest.nodes import coerce_node_id
+    except ImportError:  # a pytest before structured ids: xdist's own suffix works
+        return
+    for item in items:
+        groups = sorted(
+            {
+                str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                for m in item.iter_markers("xdist_group")
+            }
+        )
+        if not groups or "@" in item.nodeid.rpartition("]")[2] or not hasattr(item, "_id"):
+            continue
+        item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     current = settings()
     profile = config.getoption("--hypothesis-profile", default=None) or _DEFAULT_PROFILE
