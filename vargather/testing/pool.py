@@ -114,7 +114,7 @@ DEFAULT_SHARED_START_METHOD = (
 """How ``get_pool``'s shared worlds start their ranks (``RankPool`` itself: spawn)."""
 
 _CLOSE_GRACE = 15.0  # seconds ranks get to leave cleanly before being killed
-_CRASH_GRACE = 1.0  # seconds to collect the survivors' replies after a rank died
+_CRASH_GRACE = 0.25  # seconds to collect the survivors' replies after a rank died
 _STDERR_TAIL = 3000  # characters of a rank's stderr quoted in a failure message
 _PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
