@@ -13,9 +13,10 @@ operations under them, the logical bytes each rank contributed (sent) and receiv
 the bytes of the buffers the collectives wrote into.
 
 Every byte that can steer the code travels: contributions of up to ``COPY_BYTES`` whole,
-and of a larger all_gather block its first ``HEAD_BYTES`` (where the gather round keeps
-its headers; the wide round's headers are broadcasts of their own, and a larger
-broadcast is pure payload). The rest of a large payload is counted, not copied: payload bytes never steer vargather, and copying them would need
+of a larger all_gather block its first ``HEAD_BYTES`` (where the gather round keeps
+its headers), of a larger broadcast its last ``HEAD_BYTES`` (where the wide round's
+region carries its headers). The rest of a large payload is counted, not copied:
+payload bytes never steer vargather, and copying them would need
 W times the output's memory (results are therefore not checked here: the bench and the
 test suite do that on real worlds).
 
@@ -89,9 +90,20 @@ def _kept(t: torch.Tensor, head: int = HEAD_BYTES) -> torch.Tensor:
     return flat.clone() if n <= COPY_BYTES else flat[:head].clone()
 
 
-def _land(dst: torch.Tensor, src: torch.Tensor) -> None:
+def _tail(t: torch.Tensor) -> torch.Tensor:
+    """What of a broadcast travels: all of it, or its last ``HEAD_BYTES`` (where the wide
+    round's region carries its headers)."""
+    flat = t.reshape(-1).view(torch.uint8) if t.dtype != torch.uint8 else t.reshape(-1)
+    n = flat.numel()
+    return flat.clone() if n <= COPY_BYTES else flat[n - HEAD_BYTES :].clone()
+
+
+def _land(dst: torch.Tensor, src: torch.Tensor, *, at_end: bool = False) -> None:
     flat = dst.reshape(-1).view(torch.uint8) if dst.dtype != torch.uint8 else dst.reshape(-1)
-    flat[: src.numel()].copy_(src)
+    if at_end:
+        flat[flat.numel() - src.numel() :].copy_(src)
+    else:
+        flat[: src.numel()].copy_(src)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -211,7 +223,7 @@ class Exchange:
         key = self._next("broadcast")
         n = _nbytes(tensor)
         if self.rank == src:
-            self._post(key, _kept(tensor, 0), 1)  # a large broadcast is pure payload
+            self._post(key, _tail(tensor), 1)
             self.tally.sent += n
         exchange = self
 
@@ -219,7 +231,7 @@ class Exchange:
             def wait(self) -> bool:
                 if exchange.rank != src:
                     got = exchange._wait(key)
-                    _land(tensor, got[src])
+                    _land(tensor, got[src], at_end=True)
                     exchange.tally.received += n
                     exchange.tally.buffer(tensor)
                 exchange._done(key)

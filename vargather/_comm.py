@@ -281,11 +281,9 @@ def broadcast_from_each(
     *,
     what: str | None = None,
     sources: Sequence[int] | None = None,
-    gather: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Block ``i`` of every rank receives block ``i`` of rank ``sources[i]`` (default:
-    rank ``i``), for every ``i``; with ``gather`` (``(output, local)``), an equal
-    all_gather issued first, in flight with the broadcasts.
+    rank ``i``), for every ``i``.
 
     One broadcast per non-empty block, all issued asynchronously and then awaited:
     every rank issues them in the same order, so the backend pairs them by sequence
@@ -295,17 +293,7 @@ def broadcast_from_each(
     """
     src = range(len(blocks)) if sources is None else sources
     with translate_collective_errors(what or f"broadcast x{len(blocks)}", info):
-        works = []
-        if gather is not None:
-            works.append(
-                _all_gather_single()(
-                    movable(gather[0].view(-1), rows=False),
-                    movable(gather[1].reshape(-1), rows=False),
-                    group=info.group,
-                    async_op=True,
-                )
-            )
-        works += [
+        works = [
             dist.broadcast(
                 movable(block, rows=False),  # its bytes when the backend refuses the dtype
                 src=_global_rank(info, r),

@@ -606,19 +606,18 @@ def _wide_round(
     pg: dist.ProcessGroup | None,
     wide: tuple[int, ...],
 ) -> Exchanged:
-    """The wide round (module doc): one all_gather of every rank's headers into one
-    header buffer and every rank's broadcast of its payload slot (``wide[r]`` bytes)
-    into its region of one rank-major payload buffer; all W + 1 operations in flight at
-    once, one batch."""
+    """The wide round (module doc): every rank's broadcast of its region of one
+    rank-major buffer, its payload slot (``wide[r]`` bytes) followed by its headers; all
+    W operations in flight at once, one batch. The headers are read where they landed,
+    then the payload regions are closed up in place (``_cutter``)."""
     w, rank = info.world_size, info.rank
     records, k, flags = header_key
     head = state.slots * HEADER_BYTES
     device = info.default_device()
-    starts = [0] * (w + 1)
+    starts = [0] * (w + 1)  # region r: [starts[r], starts[r] + wide[r]) payload, then headers
     for r in range(w):
-        starts[r + 1] = starts[r] + wide[r]
+        starts[r + 1] = starts[r] + wide[r] + head
     buf = torch.empty(starts[w], dtype=torch.uint8, device=device)
-    heads = torch.empty(w * head, dtype=torch.uint8, device=device)
     mine = starts[rank]
     if own:
         at = mine
@@ -631,17 +630,44 @@ def _wide_round(
                 region.copy_(_bytes_of(t))
             at += n
     filled = nbytes if own else 0
-    buf[mine + filled : starts[rank + 1]].zero_()  # no stale memory to the peers
+    buf[mine + filled : mine + wide[rank]].zero_()  # no stale memory to the peers
+    ours = mine + wide[rank]
+    buf[ours : ours + head].copy_(_header_bytes(state.slots, records, k, flags).to(device))
     broadcast_from_each(
         [buf[starts[r] : starts[r + 1]] for r in range(w)],
         info,
-        what=f"all_gather + broadcast x{w} (metadata exchange)",
-        gather=(heads, _header_bytes(state.slots, records, k, flags).to(device)),
+        what=f"broadcast x{w} (metadata exchange)",
     )
-    values = heads.cpu().view(torch.int64).view(w, -1).tolist()
-    rows = tuple(tuple(row) for row in values)
+    return _decide(
+        kind,
+        state,
+        calls,
+        _read_headers(buf, [starts[r] + wide[r] for r in range(w)], state.slots),
+        info,
+        pg,
+        _cutter(buf, starts),
+        wide,
+    )
 
-    return _decide(kind, state, calls, rows, info, pg, _cutter(buf, starts), wide)
+
+def _read_headers(
+    buf: torch.Tensor, at: Sequence[int], slots: int
+) -> tuple[tuple[int, ...], ...]:
+    """Every rank's ``slots`` compact headers as int64 words, from the bytes of ``buf``
+    at ``at[r]`` (only the headers are read: on the CPU with ``struct`` where they
+    landed, elsewhere copied to the host together)."""
+    fmt = _header_format(slots)
+    if buf.device.type == "cpu":
+        raw = (ctypes.c_char * buf.numel()).from_address(buf.data_ptr())
+        return tuple(fmt.unpack_from(raw, a) for a in at)
+    head = slots * HEADER_BYTES
+    words = torch.cat([buf[a : a + head] for a in at]).cpu().view(torch.int64)
+    return tuple(tuple(row) for row in words.view(len(at), -1).tolist())
+
+
+@functools.lru_cache(maxsize=16)
+def _header_format(slots: int) -> struct.Struct:
+    return struct.Struct(f"={slots * HEADER_WORDS}q")
 
 
 def _cutter(buf: torch.Tensor, starts: Sequence[int]) -> Cut:
@@ -708,7 +734,7 @@ class _Round:
         self.world = world
         self.head = slots * HEADER_BYTES
         self.block = self.head + capacity
-        self.fmt = struct.Struct(f"={slots * HEADER_WORDS}q")
+        self.fmt = _header_format(slots)
         self.raw_send = bytearray(self.block)
         self.send = torch.frombuffer(self.raw_send, dtype=torch.uint8)
         self.view_of: type[ctypes.Array[ctypes.c_char]] = ctypes.c_char * (world * self.block)

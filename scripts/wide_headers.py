@@ -1,0 +1,145 @@
+"""Where the wide round's time goes at 1 MiB per rank, and whether its headers can ride
+in the broadcasts (a design experiment beside the bench, not part of the package).
+
+On a real gloo world, per rank size, in the same repeats (each a burst of ``--calls``
+calls per variant in a rotated order, the slowest rank's mean time per call), each
+variant's ratio to ``limit``, min-median-max over the repeats:
+
+* ``limit``: one equal ``all_gather_into_tensor`` of the same total bytes into a fresh
+  output;
+* ``bcast``: the W payload broadcasts alone into a fresh rank-major buffer (what the
+  wide round costs without its header all_gather: the payload's floor on this design);
+* ``bcast+ag``: the same with the headers' small all_gather in flight (the wide round's
+  collectives, without vargather's Python around them);
+* ``trail``: the W broadcasts with each rank's headers at the end of its region, then
+  the regions closed up in place (one ``memmove`` per rank but the first);
+* ``auto``: ``vargather.all_gather_v`` as it is;
+* ``auto~changing``: the same with the bench's sizes changing every call.
+
+Run: ``python scripts/wide_headers.py --per-rank-kb 256,1024,4096``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import vargather
+from vargather.testing import RankContext, RankPool
+
+HEAD = 96
+
+
+def _rank(ctx: RankContext, job: tuple[int, int, int, tuple[str, ...]]) -> Any:
+    per_rank, repeats, calls, variants = job
+    torch.set_num_threads(1)
+    w, r = ctx.world_size, ctx.rank
+    n = per_rank // 4
+    x = torch.arange(n, dtype=torch.float32) + r
+    step = max(1, n // 20)
+    phases = []
+    for i in range(w):
+        sizes = [n] * w
+        sizes[i % w] += step
+        sizes[(i + 1) % w] -= step
+        phases.append(torch.arange(sizes[r], dtype=torch.float32) + r)
+    eq = torch.zeros(n, dtype=torch.float32)
+    head = torch.full((HEAD,), r, dtype=torch.uint8)
+    nb = n * 4
+
+    def limit(_: int) -> None:
+        out = torch.empty(n * w)
+        dist.all_gather_into_tensor(out, eq)
+
+    def bcast(i: int, with_headers: bool = False) -> None:
+        buf = torch.empty(w * nb, dtype=torch.uint8)
+        buf[r * nb : (r + 1) * nb].view(torch.float32).copy_(x)
+        works = []
+        if with_headers:
+            heads = torch.empty(w * HEAD, dtype=torch.uint8)
+            works.append(dist.all_gather_into_tensor(heads, head, async_op=True))
+        works += [
+            dist.broadcast(buf[q * nb : (q + 1) * nb], src=q, async_op=True) for q in range(w)
+        ]
+        for wk in works:
+            wk.wait()
+
+    def trail(i: int) -> None:
+        block = nb + HEAD
+        buf = torch.empty(w * block, dtype=torch.uint8)
+        at = r * block
+        buf[at : at + nb].view(torch.float32).copy_(x)
+        buf[at + nb : at + block].copy_(head)
+        works = [
+            dist.broadcast(buf[q * block : (q + 1) * block], src=q, async_op=True)
+            for q in range(w)
+        ]
+        for wk in works:
+            wk.wait()
+        base = buf.data_ptr()
+        for q in range(1, w):
+            ctypes.memmove(base + q * nb, base + q * block, nb)
+        buf[: w * nb].view(torch.float32)
+
+    runs = {
+        "limit": limit,
+        "bcast": bcast,
+        "bcast+ag": lambda i: bcast(i, True),
+        "trail": trail,
+        "auto": lambda i: vargather.all_gather_v(x),
+        "auto~changing": lambda i: vargather.all_gather_v(phases[i % w]),
+    }
+    found: list[dict[str, float]] = []
+    for v in variants:
+        for i in range(2 * w):
+            runs[v](i)
+    for rep in range(repeats):
+        times: dict[str, float] = {}
+        k = rep % len(variants)
+        for v in variants[k:] + variants[:k]:
+            fn = runs[v]
+            dist.barrier()
+            t0 = time.perf_counter()
+            for i in range(calls):
+                fn(i)
+            dt = torch.tensor([(time.perf_counter() - t0) / calls])
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            times[v] = float(dt)
+        found.append(times)
+    return found
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--per-rank-kb", default="256,1024,4096")
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--variants", default="limit,bcast,bcast+ag,trail,auto,auto~changing")
+    a = p.parse_args()
+    variants = tuple(a.variants.split(","))
+    with RankPool(a.ranks, collective_timeout=300.0, call_timeout=1800.0) as pool:
+        print(f"{a.ranks} ranks, even; ratio to the limit min-median-max over {a.repeats}")
+        print(f"load average at start: {os.getloadavg()}")
+        print("| per rank | " + " | ".join(variants[1:]) + " | limit ms |")
+        print("|---|" + "---|" * len(variants))
+        for kb in (int(s) for s in a.per_rank_kb.split(",")):
+            res = pool.run(_rank, (kb * 1024, a.repeats, a.calls, variants))[0]
+            cells = []
+            for v in variants[1:]:
+                ratios = sorted(t[v] / t["limit"] for t in res)
+                cells.append(f"{ratios[0]:.2f}-{statistics.median(ratios):.2f}-{ratios[-1]:.2f}")
+            limit_ms = statistics.median(t["limit"] for t in res) * 1e3
+            print(f"| {kb} KiB | " + " | ".join(cells) + f" | {limit_ms:.2f} |", flush=True)
+        print(f"load average at end: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
