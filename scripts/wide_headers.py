@@ -14,7 +14,10 @@ variant's ratio to ``limit``, min-median-max over the repeats:
 * ``trail``: the W broadcasts with each rank's headers at the end of its region, then
   the regions closed up in place (one ``memmove`` per rank but the first);
 * ``auto``: ``vargather.all_gather_v`` as it is;
-* ``auto~changing``: the same with the bench's sizes changing every call.
+* ``auto~changing``: the same with the bench's sizes changing every call;
+* ``auto@group``, ``limit@group``: ``auto`` and ``limit`` on a group of every rank made
+  with ``new_group`` (a group of its own is what the bench gives each of vargather's
+  variants).
 
 Run: ``python scripts/wide_headers.py --per-rank-kb 256,1024,4096``.
 """
@@ -95,7 +98,10 @@ def _rank(ctx: RankContext, job: tuple[int, int, int, tuple[str, ...]]) -> Any:
         "trail": trail,
         "auto": lambda i: vargather.all_gather_v(x),
         "auto~changing": lambda i: vargather.all_gather_v(phases[i % w]),
+        "auto@group": lambda i: vargather.all_gather_v(x, group=group),
+        "limit@group": lambda i: dist.all_gather_into_tensor(torch.empty(n * w), eq, group=group),
     }
+    group = dist.new_group(list(range(w)))
     found: list[dict[str, float]] = []
     for v in variants:
         for i in range(2 * w):

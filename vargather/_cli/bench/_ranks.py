@@ -47,6 +47,7 @@ from ._variants import (
     coalesced_row_bytes,
     family_groups,
     family_same,
+    own_group,
     peer_gathers,
     peer_shard,
 )
@@ -151,10 +152,14 @@ def _rank_small(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, A
 
     variants = [
         _Burst("limit", limit, same(eq_want)),
-        _Burst("vargather:auto", lambda _: vargather.all_gather_v(x), same(want)),
+        _Burst(
+            "vargather:auto",
+            lambda _: vargather.all_gather_v(x, group=own_group("vargather:auto")),
+            same(want),
+        ),
         _Burst(
             CHANGING_VARIANT,
-            lambda i: vargather.all_gather_v(phase_x[i % w]),
+            lambda i: vargather.all_gather_v(phase_x[i % w], group=own_group(CHANGING_VARIANT)),
             lambda i, out: _same(out, phase_want[i % w]),
         ),
         _Burst(
@@ -164,7 +169,7 @@ def _rank_small(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, A
         ),
         _Burst(
             FORCED_VARIANT,
-            lambda _: vargather.all_gather_v(x, transport=forced),  # type: ignore[arg-type]  # a name from TRANSPORT_NAMES
+            lambda _: vargather.all_gather_v(x, transport=forced, group=own_group(FORCED_VARIANT)),  # type: ignore[arg-type]  # a name from TRANSPORT_NAMES
             same(want),
         ),
         _Burst("seed", lambda _: all_gather_variable_dim(x, 0)[0], same(want)),
@@ -241,13 +246,17 @@ def _rank_coalesced(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[st
 
     variants = [
         _Burst("limit", limit, lambda _, out: _same(out, eq_want)),
-        _Burst("coalesced", lambda _: coalesced(mine), same_list),
+        _Burst("coalesced", lambda _: coalesced(mine, group=own_group("coalesced")), same_list),
         _Burst(
             "coalesced+sizes",
             lambda _: coalesced(mine, sizes=every_sizes, validate=False),
             same_list,
         ),
-        _Burst("separate", lambda _: [vargather.all_gather_v(t) for t in mine], same_list),
+        _Burst(
+            "separate",
+            lambda _: [vargather.all_gather_v(t, group=own_group("separate")) for t in mine],
+            same_list,
+        ),
     ]
     variants = [v for v in variants if v.name == "limit" or _wanted(v.name, cfg)]
     record["forward"] = _measure_bursts(variants, cfg.small_repeats, cfg.calls, max(cfg.warmup, 1))
@@ -300,7 +309,11 @@ def _rank_peers(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, A
 
     variants = [
         _Burst("limit", limit, same(eq_want)),
-        _Burst("vargather:auto", lambda _: vargather.all_gather_v(x), same(want)),
+        _Burst(
+            "vargather:auto",
+            lambda _: vargather.all_gather_v(x, group=own_group("peers:auto")),
+            same(want),
+        ),
     ]
     notes: dict[str, str] = {}
     for name, fn in peer_gathers().items():
