@@ -40,56 +40,61 @@ from vargather.testing import RankContext, RankPool
 HEAD = 96
 
 
-def _rank(ctx: RankContext, job: tuple[int, int, int, tuple[str, ...]]) -> Any:
-    per_rank, repeats, calls, variants = job
+def _rank(ctx: RankContext, job: tuple[int, int, int, tuple[str, ...], str]) -> Any:
+    per_rank, repeats, calls, variants, profile = job
     torch.set_num_threads(1)
     w, r = ctx.world_size, ctx.rank
     n = per_rank // 4
-    x = torch.arange(n, dtype=torch.float32) + r
+    weights = [1.0] * w if profile == "even" else [1 + 0.25 * q for q in range(w)]
+    mine = [int(n * w * q / sum(weights)) for q in weights]
+    x = torch.arange(mine[r], dtype=torch.float32) + r
+    own = [m * 4 for m in mine]  # bytes per rank
     step = max(1, n // 20)
     phases = []
     for i in range(w):
-        sizes = [n] * w
+        sizes = list(mine)
         sizes[i % w] += step
         sizes[(i + 1) % w] -= step
         phases.append(torch.arange(sizes[r], dtype=torch.float32) + r)
     eq = torch.zeros(n, dtype=torch.float32)
     head = torch.full((HEAD,), r, dtype=torch.uint8)
-    nb = n * 4
 
     def limit(_: int) -> None:
         out = torch.empty(n * w)
         dist.all_gather_into_tensor(out, eq)
 
+    starts = [sum(own[:q]) for q in range(w + 1)]
+
     def bcast(i: int, with_headers: bool = False) -> None:
-        buf = torch.empty(w * nb, dtype=torch.uint8)
-        buf[r * nb : (r + 1) * nb].view(torch.float32).copy_(x)
+        buf = torch.empty(starts[w], dtype=torch.uint8)
+        buf[starts[r] : starts[r + 1]].view(torch.float32).copy_(x)
         works = []
         if with_headers:
             heads = torch.empty(w * HEAD, dtype=torch.uint8)
             works.append(dist.all_gather_into_tensor(heads, head, async_op=True))
         works += [
-            dist.broadcast(buf[q * nb : (q + 1) * nb], src=q, async_op=True) for q in range(w)
+            dist.broadcast(buf[starts[q] : starts[q + 1]], src=q, async_op=True) for q in range(w)
         ]
         for wk in works:
             wk.wait()
 
     def trail(i: int) -> None:
-        block = nb + HEAD
-        buf = torch.empty(w * block, dtype=torch.uint8)
-        at = r * block
-        buf[at : at + nb].view(torch.float32).copy_(x)
-        buf[at + nb : at + block].copy_(head)
+        buf = torch.empty(starts[w] + w * HEAD, dtype=torch.uint8)
+        at = starts[r] + r * HEAD
+        buf[at : at + own[r]].view(torch.float32).copy_(x)
+        buf[at + own[r] : at + own[r] + HEAD].copy_(head)
         works = [
-            dist.broadcast(buf[q * block : (q + 1) * block], src=q, async_op=True)
+            dist.broadcast(
+                buf[starts[q] + q * HEAD : starts[q + 1] + (q + 1) * HEAD], src=q, async_op=True
+            )
             for q in range(w)
         ]
         for wk in works:
             wk.wait()
         base = buf.data_ptr()
         for q in range(1, w):
-            ctypes.memmove(base + q * nb, base + q * block, nb)
-        buf[: w * nb].view(torch.float32)
+            ctypes.memmove(base + starts[q], base + starts[q] + q * HEAD, own[q])
+        buf[: starts[w]].view(torch.float32)
 
     runs = {
         "limit": limit,
@@ -129,15 +134,16 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--variants", default="limit,bcast,bcast+ag,trail,auto,auto~changing")
+    p.add_argument("--profile", default="even", choices=("even", "mild"))
     a = p.parse_args()
     variants = tuple(a.variants.split(","))
     with RankPool(a.ranks, collective_timeout=300.0, call_timeout=1800.0) as pool:
-        print(f"{a.ranks} ranks, even; ratio to the limit min-median-max over {a.repeats}")
+        print(f"{a.ranks} ranks, {a.profile}; ratio to the limit min-median-max over {a.repeats}")
         print(f"load average at start: {os.getloadavg()}")
         print("| per rank | " + " | ".join(variants[1:]) + " | limit ms |")
         print("|---|" + "---|" * len(variants))
         for kb in (int(s) for s in a.per_rank_kb.split(",")):
-            res = pool.run(_rank, (kb * 1024, a.repeats, a.calls, variants))[0]
+            res = pool.run(_rank, (kb * 1024, a.repeats, a.calls, variants, a.profile))[0]
             cells = []
             for v in variants[1:]:
                 ratios = sorted(t[v] / t["limit"] for t in res)

@@ -320,3 +320,61 @@ def collectives_per_call(ctx: RankContext, job: tuple[list[int], int, int]) -> l
         seen.append(_comm.collectives_issued() - before)
     reset(None)  # leave the world's state fresh for the next test on this pool
     return seen
+
+
+def handed_back_buffers(ctx: RankContext, world: int) -> list[str]:
+    """Large rounds whose result is a view of the buffer they received into (the wide
+    round; the gather round past ``_KEEP_RECV_MAX``): once a result is dropped its
+    buffer is received into again; a result still held (by a name, or only by autograd
+    for the backward) is never written. The failures found on this rank."""
+    reset(None)
+    failures: list[str] = []
+    cases = [
+        ("wide round", lambda q: (600 + 10 * q, 1024)),  # ~2.4 MB per rank
+        ("gather round", lambda q: (100 + q, 1024)),  # ~400 KB per rank, 1.6 MB received
+    ]
+    for what, shape_of in cases:
+        every = [  # small integers: every sum below is exact
+            (torch.arange(math.prod(shape_of(q))) % 97 + q).float().view(shape_of(q))
+            for q in range(world)
+        ]
+        want = torch.cat(every)
+        x = every[ctx.rank]
+        for _ in range(2):  # the state learns its slots
+            vargather.all_gather_v(x)
+        out = vargather.all_gather_v(x)
+        first = out.data_ptr()
+        if not torch.equal(out, want):
+            failures.append(f"{what}: wrong result")
+        del out
+        out = vargather.all_gather_v(x)
+        if out.data_ptr() != first:
+            failures.append(f"{what}: a dropped result's buffer was not received into again")
+        if not torch.equal(out, want):
+            failures.append(f"{what}: wrong result in a buffer received into again")
+        held, copy = out, out.clone()
+        del out
+        other = vargather.all_gather_v(x * 2)
+        if other.data_ptr() == held.data_ptr() or not torch.equal(held, copy):
+            failures.append(f"{what}: a held result was written by the next call")
+        if not torch.equal(other, want * 2):
+            failures.append(f"{what}: wrong result beside a held one")
+        del held, other
+        leaf = x.clone().requires_grad_(True)
+        out = vargather.all_gather_v(leaf)
+        loss = (out * out).sum()  # saves ``out`` for the backward
+        ptr = out.data_ptr()
+        del out
+        later = vargather.all_gather_v(x * 3)
+        if later.data_ptr() == ptr:
+            failures.append(f"{what}: a result autograd saved was received into")
+        loss.backward()
+        assert leaf.grad is not None
+        # sum contract: rank r's gradient is the sum over ranks of 2 * want[its rows]
+        rows = [e.shape[0] for e in every]
+        start = sum(rows[: ctx.rank])
+        expected = 2 * want[start : start + rows[ctx.rank]] * world
+        if not torch.equal(leaf.grad, expected):
+            failures.append(f"{what}: wrong gradient after a later call")
+        del later
+    return failures

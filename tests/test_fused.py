@@ -24,6 +24,7 @@ from vargather.testing import assert_bitwise_equal, get_pool
 from ._fused_fns import (
     Step,
     grad_shard,
+    handed_back_buffers,
     kept_buffers,
     lazy_views_in_the_fused_round,
     make_shard,
@@ -290,6 +291,31 @@ def test_kept_buffers_give_fresh_exact_results(world: int) -> None:
     other than 0, unaligned coalesced offsets) and no later call changes an earlier one."""
     results = get_pool(world).run(kept_buffers, world)
     assert results == [[]] * world, results
+
+
+def test_a_large_rounds_buffer_is_received_into_again_only_once_its_result_is_gone() -> None:
+    world = 3
+    results = get_pool(world).run(handed_back_buffers, world)
+    assert results == [[]] * world, results
+
+
+def test_the_storage_owner_count_sees_views_and_saved_tensors() -> None:
+    """``_fused._unreferenced`` reads torch's private count of a storage's owners: it
+    must see a view, a ``numpy()`` array and a tensor autograd saved for the backward."""
+    buf = torch.empty(64, dtype=torch.uint8)
+    assert _fused._unreferenced(buf)
+    view = buf[:32].view(torch.float32)
+    assert not _fused._unreferenced(buf)
+    del view
+    assert _fused._unreferenced(buf)
+    array = buf[:8].numpy()
+    assert not _fused._unreferenced(buf)
+    del array
+    weight = torch.ones(2, dtype=torch.float32, requires_grad=True)
+    loss = (buf[:8].view(torch.float32) * weight).sum()  # saves the view for the backward
+    assert not _fused._unreferenced(buf)
+    del loss
+    assert _fused._unreferenced(buf)
 
 
 @pytest.mark.multirank

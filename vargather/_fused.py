@@ -530,7 +530,10 @@ def exchange(
             rnd.fill((records, k, flags), own, nbytes)
             recv = rnd.receive(k == 1 and _adjacent(records[0]))
             all_gather_equal(recv, rnd.send, info, what="all_gather (metadata exchange)")
-            return _decide(kind, state, calls, rnd.rows(recv), info, pg, rnd.cutter(recv), room)
+            found = _decide(kind, state, calls, rnd.rows(recv), info, pg, rnd.cutter(recv), room)
+            if recv is not rnd.recv:
+                _hand_back(pg, "gather", recv)
+            return found
         finally:
             rnd.lock.release()
     # Fresh buffers: another device than the CPU, or a thread already using this
@@ -617,7 +620,7 @@ def _wide_round(
     starts = [0] * (w + 1)  # region r: [starts[r], starts[r] + wide[r]) payload, then headers
     for r in range(w):
         starts[r + 1] = starts[r] + wide[r] + head
-    buf = torch.empty(starts[w], dtype=torch.uint8, device=device)
+    buf = _handed_back_buffer(pg, "wide", starts[w], device)
     mine = starts[rank]
     if own:
         at = mine
@@ -638,7 +641,7 @@ def _wide_round(
         info,
         what=f"broadcast x{w} (metadata exchange)",
     )
-    return _decide(
+    found = _decide(
         kind,
         state,
         calls,
@@ -648,11 +651,11 @@ def _wide_round(
         _cutter(buf, starts),
         wide,
     )
+    _hand_back(pg, "wide", buf)
+    return found
 
 
-def _read_headers(
-    buf: torch.Tensor, at: Sequence[int], slots: int
-) -> tuple[tuple[int, ...], ...]:
+def _read_headers(buf: torch.Tensor, at: Sequence[int], slots: int) -> tuple[tuple[int, ...], ...]:
     """Every rank's ``slots`` compact headers as int64 words, from the bytes of ``buf``
     at ``at[r]`` (only the headers are read: on the CPU with ``struct`` where they
     landed, elsewhere copied to the host together)."""
@@ -668,6 +671,55 @@ def _read_headers(
 @functools.lru_cache(maxsize=16)
 def _header_format(slots: int) -> struct.Struct:
     return struct.Struct(f"={slots * HEADER_WORDS}q")
+
+
+_HANDED_BACK: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, torch.Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per group: the last buffer a large round received into and handed back as (a view
+of) its result, kept to be received into again once nothing else refers to it."""
+
+
+def _handed_back_buffer(
+    pg: dist.ProcessGroup | None, purpose: str, size: int, device: torch.device
+) -> torch.Tensor:
+    """A buffer of ``size`` bytes for a round whose result is a view of it: the group's
+    last one when it is this size and its result is gone, else a fresh one (kept for
+    the next call).
+
+    Why: a fresh buffer of a few MiB is often fresh pages (the allocator maps them or
+    grows its heap), about one page fault per 4 KiB touched: 1,000 for 4 MB, measured
+    at 1-3 ms a call when other allocations come between two calls, as much as the
+    collective. A result is gone when nothing holds the buffer's storage but this
+    cache: no tensor or view of it (autograd's saved tensors and ``numpy()`` arrays hold
+    it too), counted by the storage's use count. On the CPU only (another device's
+    memory may still be in use by a stream). The cache holds at most one buffer per
+    group and purpose, which the next call of another size replaces; the kept buffer
+    is memory the group holds between calls (up to the last large result's size).
+    """
+    if pg is None or device.type != "cpu":
+        return torch.empty(size, dtype=torch.uint8, device=device)
+    kept = _HANDED_BACK.get(pg)
+    if kept is None:
+        kept = _HANDED_BACK.setdefault(pg, {})
+    buf = kept.pop(purpose, None)  # taken until handed back: another thread makes its own
+    if buf is not None and buf.numel() == size and _unreferenced(buf):
+        return buf
+    return torch.empty(size, dtype=torch.uint8)
+
+
+def _hand_back(pg: dist.ProcessGroup | None, purpose: str, buf: torch.Tensor) -> None:
+    """Keep ``buf`` for ``_handed_back_buffer`` after the round that received into it."""
+    if pg is not None and buf.device.type == "cpu":
+        _HANDED_BACK.setdefault(pg, {})[purpose] = buf
+
+
+def _unreferenced(buf: torch.Tensor) -> bool:
+    """Whether nothing but ``buf`` itself holds its storage (no result, no view)."""
+    storage = buf.untyped_storage()
+    # ``storage`` is one reference of its own, ``buf`` the other (torch's private count
+    # of the storage's owners; ``test_fused`` checks it against views and saved tensors).
+    return torch._C._storage_Use_Count(storage._cdata) <= 2
 
 
 def _cutter(buf: torch.Tensor, starts: Sequence[int]) -> Cut:
@@ -715,7 +767,8 @@ class _Round:
     A round of at most ``_KEEP_RECV_MAX`` received bytes keeps its receive buffer (a
     ``bytearray``) and cuts every result out of it as a fresh tensor (``torch.cat`` of
     views): nothing returned aliases the kept buffers. A larger round receives into a
-    fresh buffer per call (``receive``) and, for one tensor whose rank blocks are
+    buffer of its own per call (``receive``: fresh, or the last one once its result is
+    gone, ``_handed_back_buffer``) and, for one tensor whose rank blocks are
     adjacent in the result (``pre == 1``), closes the header gaps and the unused slot
     space up in place (``_move_left``) and returns a view of it: one pass over bytes
     that are still in cache instead of a copy into a second buffer as large. Keeping
@@ -729,8 +782,11 @@ class _Round:
     from sharing the kept buffers: it takes fresh buffers instead.
     """
 
-    def __init__(self, world: int, slots: int, capacity: int) -> None:
+    def __init__(
+        self, world: int, slots: int, capacity: int, group: dist.ProcessGroup | None = None
+    ) -> None:
         self.key = (world, slots, capacity)
+        self.group = group
         self.world = world
         self.head = slots * HEADER_BYTES
         self.block = self.head + capacity
@@ -805,7 +861,7 @@ class _Round:
         a round too large to keep, else the kept one (made at its first use)."""
         size = self.world * self.block
         if (adjacent and size > _KEEP_RECV_MAX) or size > _REUSE_MAX_BYTES:
-            return torch.empty(size, dtype=torch.uint8)
+            return _handed_back_buffer(self.group, "gather", size, torch.device("cpu"))
         if self.recv is None:
             self.raw_recv = bytearray(size)
             self.recv = torch.frombuffer(self.raw_recv, dtype=torch.uint8)
@@ -899,7 +955,7 @@ def _round_for(
     if rnd is None or rnd.key != (world, slots, capacity):
         if rnd is not None and rnd.lock.locked():
             return None  # another thread's round: leave it to it
-        rnd = kept[kind] = _Round(world, slots, capacity)
+        rnd = kept[kind] = _Round(world, slots, capacity, pg)
     return rnd
 
 
