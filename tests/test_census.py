@@ -7,6 +7,8 @@ census's verdicts on real gloo worlds are tests/test_faults.py's and test_pool.p
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -66,6 +68,45 @@ def test_the_writer_writes_off_the_calling_thread_and_coalesces() -> None:
     gate.set()
     assert _wait_for(lambda: state.written == 4)
     assert store.sets == [("vargather/arrival/0", "1 a"), ("vargather/arrival/0", "4 d")]
+
+
+def test_at_exit_the_writer_ends_after_its_write_in_flight_and_later_writes_are_direct() -> None:
+    gate = threading.Event()
+    store = RecordingStore(gate)
+    state = _census._GroupArrivals(store, "k")
+    writer = _census._Writer()
+    _arrive(writer, state, "a")
+    assert store.entered.wait(10)  # a write in flight
+    thread = writer._thread
+    assert thread is not None
+    _arrive(writer, state, "b")  # pending: dropped at exit
+    stopping = threading.Thread(target=writer.stop)
+    stopping.start()
+    gate.set()
+    stopping.join(10)
+    assert not thread.is_alive()  # stop() returned after the thread ended
+    assert store.sets == [("k", "1 a")]
+    _arrive(writer, state, "c")  # after stop: on the calling thread, at once
+    assert writer._thread is None
+    assert store.sets == [("k", "1 a"), ("k", "3 c")]
+
+
+def test_the_census_writer_is_stopped_at_exit() -> None:
+    # Registered before vargather is imported, so it runs after vargather's own handler.
+    script = (
+        "import atexit\n"
+        "def check():\n"
+        "    from vargather import _census\n"
+        "    print('closing', _census.ARRIVALS.writer._closing)\n"
+        "atexit.register(check)\n"
+        "from vargather import _census\n"
+        "print('closing', _census.ARRIVALS.writer._closing)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["closing", "False", "closing", "True"], proc.stdout
 
 
 def test_the_failure_path_writes_its_own_arrival_at_once() -> None:

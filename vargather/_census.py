@@ -34,6 +34,7 @@ verdict is a diagnosis, not a proof.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import threading
@@ -123,6 +124,7 @@ class _Writer:
         self._cond = threading.Condition(threading.Lock())
         self._pending: dict[int, tuple[_GroupArrivals, int, str]] = {}
         self._thread: threading.Thread | None = None
+        self._closing = False
 
     def submit(self, state: _GroupArrivals, count: int, value: str) -> None:
         """Have ``value`` (arrival ``count``) written soon, replacing any pending one."""
@@ -135,6 +137,8 @@ class _Writer:
         state.write(count, value)  # no thread could start: synchronously, as before
 
     def _start(self) -> bool:
+        if self._closing:
+            return False
         thread = threading.Thread(target=self._run, name="vargather-census", daemon=True)
         try:
             thread.start()
@@ -146,8 +150,10 @@ class _Writer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending:
+                while not self._pending and not self._closing:
                     self._cond.wait()
+                if self._closing:
+                    return
                 batch = list(self._pending.values())
                 self._pending.clear()
             for state, count, value in batch:
@@ -163,6 +169,20 @@ class _Writer:
                     return True
             time.sleep(0.001)
         return False
+
+    def stop(self) -> None:
+        """At interpreter exit (``atexit``): end the thread, pending values dropped (a
+        census is read by peers while this process runs, not after), so that it is not
+        inside a store call while torch's objects are torn down (a process that exited
+        so under torchrun was seen dying with SIGABRT, "terminate called without an
+        active exception"). Later arrivals, if any, are written synchronously."""
+        with self._cond:
+            self._closing = True
+            self._pending.clear()
+            self._cond.notify()
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
 
     def _after_fork(self) -> None:
         self._reset()  # the parent's thread is gone, its pending values are the parent's
@@ -276,3 +296,4 @@ ARRIVALS: Final = _Arrivals()
 """This process's arrival counters, one per process group."""
 
 os.register_at_fork(after_in_child=ARRIVALS._after_fork)
+atexit.register(ARRIVALS.writer.stop)
