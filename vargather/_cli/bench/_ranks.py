@@ -152,14 +152,10 @@ def _rank_small(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, A
 
     variants = [
         _Burst("limit", limit, same(eq_want)),
-        _Burst(
-            "vargather:auto",
-            lambda _: vargather.all_gather_v(x, group=own_group("vargather:auto")),
-            same(want),
-        ),
+        _Burst("vargather:auto", lambda _: vargather.all_gather_v(x), same(want)),
         _Burst(
             CHANGING_VARIANT,
-            lambda i: vargather.all_gather_v(phase_x[i % w], group=own_group(CHANGING_VARIANT)),
+            lambda i: vargather.all_gather_v(phase_x[i % w]),
             lambda i, out: _same(out, phase_want[i % w]),
         ),
         _Burst(
@@ -246,17 +242,13 @@ def _rank_coalesced(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[st
 
     variants = [
         _Burst("limit", limit, lambda _, out: _same(out, eq_want)),
-        _Burst("coalesced", lambda _: coalesced(mine, group=own_group("coalesced")), same_list),
+        _Burst("coalesced", lambda _: coalesced(mine), same_list),
         _Burst(
             "coalesced+sizes",
             lambda _: coalesced(mine, sizes=every_sizes, validate=False),
             same_list,
         ),
-        _Burst(
-            "separate",
-            lambda _: [vargather.all_gather_v(t, group=own_group("separate")) for t in mine],
-            same_list,
-        ),
+        _Burst("separate", lambda _: [vargather.all_gather_v(t) for t in mine], same_list),
     ]
     variants = [v for v in variants if v.name == "limit" or _wanted(v.name, cfg)]
     record["forward"] = _measure_bursts(variants, cfg.small_repeats, cfg.calls, max(cfg.warmup, 1))
@@ -309,11 +301,7 @@ def _rank_peers(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, A
 
     variants = [
         _Burst("limit", limit, same(eq_want)),
-        _Burst(
-            "vargather:auto",
-            lambda _: vargather.all_gather_v(x, group=own_group("peers:auto")),
-            same(want),
-        ),
+        _Burst("vargather:auto", lambda _: vargather.all_gather_v(x), same(want)),
     ]
     notes: dict[str, str] = {}
     for name, fn in peer_gathers().items():

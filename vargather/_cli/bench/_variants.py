@@ -32,20 +32,23 @@ _OWN_GROUPS: dict[tuple[int, str], Any] = {}
 
 
 def own_group(name: str) -> Any:
-    """The process group vargather's variant ``name`` runs on: one of its own per world,
+    """A process group of every rank for the variant ``name``, its own on this world,
     made on first use (every rank makes the variants in the same order, so the groups
-    too). vargather learns per group what its rounds carry (``_fused.FusedState``: the
-    slots of the steady state); a variant on its own group keeps what it learned, as a
-    program that calls one way on its group does, instead of the state the bench's other
-    variants, interleaved with it burst by burst, leave behind (a forced transport's
-    calls reset it, a fixed-size variant's slots are another's misses)."""
+    too). Only for the small part's forced transport: vargather learns per group what
+    its rounds carry (``_fused.FusedState``), and a burst of calls that do not use the
+    learned slots (a forced transport's) resets them, so that the next burst of
+    ``auto`` on the same group (sizes changing, above all) would re-learn them: about a
+    quarter of its calls paid two rounds. Every other variant runs on the default group,
+    as users' calls and the limit do: moving vargather's variants to groups of their own
+    made the limit on the default group some 15 % faster in the same run (3.0 against
+    3.5 ms at 4 KiB), for reasons not pinned down, and every ratio worse."""
     import torch.distributed as dist
 
     world = dist.group.WORLD
     key = (id(world), name)
     group = _OWN_GROUPS.get(key)
     if group is None:
-        if len(_OWN_GROUPS) > 64 or any(k[0] != id(world) for k in _OWN_GROUPS):
+        if any(k[0] != id(world) for k in _OWN_GROUPS):
             _OWN_GROUPS.clear()  # another world: its groups are gone with it
         group = _OWN_GROUPS[key] = dist.new_group(list(range(dist.get_world_size())))
     return group
@@ -163,14 +166,12 @@ def _forward_variants(cell: _Cell) -> list[_Variant]:
 
     def vargather_run(transport: str) -> Callable[[_State], torch.Tensor]:
         def run(_: _State) -> torch.Tensor:
-            group = own_group(f"vargather:{transport}")
-            return vargather.all_gather_v(x, 0, transport=transport, group=group)  # type: ignore[arg-type]  # a name from TRANSPORT_NAMES
+            return vargather.all_gather_v(x, 0, transport=transport)  # type: ignore[arg-type]  # a name from TRANSPORT_NAMES
 
         return run
 
     def vargather_known(_: _State) -> torch.Tensor:
-        group = own_group(KNOWN_SIZES_VARIANT)
-        return vargather.all_gather_v(x, 0, sizes=cell.sizes, validate=False, group=group)
+        return vargather.all_gather_v(x, 0, sizes=cell.sizes, validate=False)
 
     def seed(_: _State) -> torch.Tensor:
         return all_gather_variable_dim(x, 0)[0]
@@ -230,8 +231,7 @@ def _backward_variants(cell: _Cell) -> list[_Variant]:
     def prepare(transport: str) -> Callable[[], _State]:
         def make() -> _State:
             x = _shard(cell.rank, cell.rows).requires_grad_(True)
-            group = own_group(f"vargather:{transport}")
-            out = vargather.all_gather_v(x, 0, transport=transport, group=group)  # type: ignore[arg-type]  # a name from TRANSPORT_NAMES
+            out = vargather.all_gather_v(x, 0, transport=transport)  # type: ignore[arg-type]  # a name from TRANSPORT_NAMES
             return x, out
 
         return make
@@ -456,11 +456,7 @@ def family_groups(
         "reduce_scatter_v",
         [
             _Burst("limit", rs_limit, same(rs_limit_want)),
-            _Burst(
-                "vargather",
-                lambda _: vargather.reduce_scatter_v(x, sizes, group=own_group("rs")),
-                same(rs_want),
-            ),
+            _Burst("vargather", lambda _: vargather.reduce_scatter_v(x, sizes), same(rs_want)),
             _Burst(
                 "vargather+sizes",
                 lambda _: vargather.reduce_scatter_v(x, sizes, validate=False),
@@ -491,11 +487,7 @@ def family_groups(
         "all_to_all_v",
         [
             _Burst("limit", a2a_limit, same(a2a_want)),
-            _Burst(
-                "vargather",
-                lambda _: vargather.all_to_all_v(xa, send, group=own_group("a2a")),
-                same(a2a_want),
-            ),
+            _Burst("vargather", lambda _: vargather.all_to_all_v(xa, send), same(a2a_want)),
             _Burst(
                 "vargather+sizes",
                 lambda _: vargather.all_to_all_v(xa, send, recv_sizes=recv, validate=False),
@@ -517,21 +509,13 @@ def family_groups(
     lst = FamilyGroup(
         "all_gather_list",
         [
-            _Burst(
-                "limit",
-                lambda _: vargather.all_gather_v(xl, group=own_group("list:limit")),
-                same(cat_want),
-            ),
+            _Burst("limit", lambda _: vargather.all_gather_v(xl), same(cat_want)),
             _Burst(
                 "all_gather_v+sizes",
                 lambda _: vargather.all_gather_v(xl, sizes=rows, validate=False),
                 same(cat_want),
             ),
-            _Burst(
-                "vargather",
-                lambda _: vargather.all_gather_list(xl, group=own_group("list")),
-                same(pieces),
-            ),
+            _Burst("vargather", lambda _: vargather.all_gather_list(xl), same(pieces)),
             _Burst(
                 "vargather+sizes",
                 lambda _: vargather.all_gather_list(xl, shapes=shapes, validate=False),
