@@ -20,15 +20,16 @@ but the headers until they validated. The round is one of two kinds:
   up to 512 KiB per rank on gloo when the slots are about equal; every slot is as
   large as the largest, so past ``SMALL_BYTES`` a group keeps it only while that pads
   by at most ``WASTE_LIMIT`` of the payload.
-* the **wide round** (``state.wide[r]``: rank r's own payload slot): W + 1 operations
-  in flight at once, one batch (``_comm.broadcast_from_each``): one all_gather of every
-  rank's headers into a header buffer, and rank r's broadcast of its slot of
-  ``wide[r]`` bytes into region r of one rank-major payload buffer (W broadcasts, faster
-  than gloo's ring all_gather from 1 MiB per rank). No rank pads to another's size: for a stable
-  skew each slot is the rank's own need, the regions are then exactly the result's
-  blocks, and a single tensor gathered along a leading dim is returned as a view of
-  the payload buffer without any copy (a slot larger than its need is closed up in
-  place, ``_move_left``: one ``memmove`` on the CPU, never a second buffer).
+* the **wide round** (``state.wide[r]``: rank r's own payload slot): W broadcasts in
+  flight at once, one batch (``_comm.broadcast_from_each``): rank r broadcasts region r
+  of one rank-major buffer, its payload slot of ``wide[r]`` bytes followed by its
+  ``slots`` headers (W broadcasts are faster than gloo's ring all_gather from 1 MiB
+  per rank; the headers' own all_gather in flight beside them cost about a quarter of
+  one all_gather more). No rank pads to another's size: for a stable skew each slot
+  is the rank's own need, and a single tensor gathered along a leading dim is
+  returned as a view of the buffer after the payload regions are closed up over the
+  headers in place (``_move_left``: one ``memmove`` per rank but the first on the CPU,
+  never a second buffer).
 
 The compact header (``_wire.encode_header``, ``HEADER_WORDS`` int64) carries what
 validation compares, with no message text: a problem only sets a flag.
