@@ -529,7 +529,7 @@ def exchange(
     if rnd is not None and rnd.lock.acquire(blocking=False):
         try:
             rnd.fill((records, k, flags), own, nbytes)
-            recv = rnd.receive(k == 1 and _adjacent(records[0]))
+            recv = rnd.receive(k == 1 and _adjacent(records[0]), pg)
             all_gather_equal(recv, rnd.send, info, what="all_gather (metadata exchange)")
             found = _decide(kind, state, calls, rnd.rows(recv), info, pg, rnd.cutter(recv), room)
             if recv is not rnd.recv:
@@ -783,11 +783,8 @@ class _Round:
     from sharing the kept buffers: it takes fresh buffers instead.
     """
 
-    def __init__(
-        self, world: int, slots: int, capacity: int, group: dist.ProcessGroup | None = None
-    ) -> None:
+    def __init__(self, world: int, slots: int, capacity: int) -> None:
         self.key = (world, slots, capacity)
-        self.group = group
         self.world = world
         self.head = slots * HEADER_BYTES
         self.block = self.head + capacity
@@ -856,13 +853,15 @@ class _Round:
             at += n
         return views
 
-    def receive(self, adjacent: bool) -> torch.Tensor:
-        """The buffer this call's round receives into: a fresh one for a large round
-        whose one result's rank blocks are ``adjacent`` (it becomes the result) or for
-        a round too large to keep, else the kept one (made at its first use)."""
+    def receive(self, adjacent: bool, pg: dist.ProcessGroup | None) -> torch.Tensor:
+        """The buffer this call's round receives into: a buffer of its own for a large
+        round whose one result's rank blocks are ``adjacent`` (it becomes the result)
+        or for a round too large to keep (``pg``'s handed-back one, or fresh), else the
+        kept one (made at its first use). ``pg`` is passed, not kept: ``_ROUNDS`` is
+        weakly keyed by it."""
         size = self.world * self.block
         if (adjacent and size > _KEEP_RECV_MAX) or size > _REUSE_MAX_BYTES:
-            return _handed_back_buffer(self.group, "gather", size, torch.device("cpu"))
+            return _handed_back_buffer(pg, "gather", size, torch.device("cpu"))
         if self.recv is None:
             self.raw_recv = bytearray(size)
             self.recv = torch.frombuffer(self.raw_recv, dtype=torch.uint8)
@@ -956,7 +955,7 @@ def _round_for(
     if rnd is None or rnd.key != (world, slots, capacity):
         if rnd is not None and rnd.lock.locked():
             return None  # another thread's round: leave it to it
-        rnd = kept[kind] = _Round(world, slots, capacity, pg)
+        rnd = kept[kind] = _Round(world, slots, capacity)
     return rnd
 
 
