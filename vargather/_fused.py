@@ -551,8 +551,7 @@ def exchange(
     gathered = torch.empty(w * block, dtype=torch.uint8, device=device)
     all_gather_equal(gathered, send, info, what="all_gather (metadata exchange)")
     grid = gathered.view(w, block)
-    values = grid[:, :head].cpu().contiguous().view(torch.int64).view(w, -1).tolist()
-    rows = tuple(tuple(row) for row in values)
+    rows = _read_headers(gathered, [r * block for r in range(w)], slots)
 
     def cut(layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
         return unpack([grid[r, head : head + needs[r]] for r in range(w)], layouts)
@@ -659,10 +658,10 @@ def _wide_round(
 def _read_headers(buf: torch.Tensor, at: Sequence[int], slots: int) -> tuple[tuple[int, ...], ...]:
     """Every rank's ``slots`` compact headers as int64 words, from the bytes of ``buf``
     at ``at[r]`` (only the headers are read: on the CPU with ``struct`` where they
-    landed, elsewhere copied to the host together)."""
+    landed, elsewhere copied to the host together). Every round reads its headers here."""
     fmt = _header_format(slots)
     if buf.device.type == "cpu":
-        raw = (ctypes.c_char * buf.numel()).from_address(buf.data_ptr())
+        raw = _char_array(buf.numel()).from_address(buf.data_ptr())
         return tuple(fmt.unpack_from(raw, a) for a in at)
     head = slots * HEADER_BYTES
     words = torch.cat([buf[a : a + head] for a in at]).cpu().view(torch.int64)
@@ -672,6 +671,12 @@ def _read_headers(buf: torch.Tensor, at: Sequence[int], slots: int) -> tuple[tup
 @functools.lru_cache(maxsize=16)
 def _header_format(slots: int) -> struct.Struct:
     return struct.Struct(f"={slots * HEADER_WORDS}q")
+
+
+@functools.lru_cache(maxsize=16)
+def _char_array(n: int) -> type[ctypes.Array[ctypes.c_char]]:
+    """The ctypes type of ``n`` bytes (made once per size: a type is costly to make)."""
+    return ctypes.c_char * n
 
 
 _HANDED_BACK: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, torch.Tensor]] = (
@@ -700,10 +705,8 @@ def _handed_back_buffer(
     """
     if pg is None or device.type != "cpu":
         return torch.empty(size, dtype=torch.uint8, device=device)
-    kept = _HANDED_BACK.get(pg)
-    if kept is None:
-        kept = _HANDED_BACK.setdefault(pg, {})
-    buf = kept.pop(purpose, None)  # taken until handed back: another thread makes its own
+    # Taken until handed back (``_hand_back``): another thread on the group makes its own.
+    buf = _HANDED_BACK.get(pg, {}).pop(purpose, None)
     if buf is not None and buf.numel() == size and _unreferenced(buf):
         return buf
     return torch.empty(size, dtype=torch.uint8)
@@ -789,9 +792,9 @@ class _Round:
         self.head = slots * HEADER_BYTES
         self.block = self.head + capacity
         self.fmt = _header_format(slots)
+        self.header_at = [r * self.block for r in range(world)]  # where each rank's headers land
         self.raw_send = bytearray(self.block)
         self.send = torch.frombuffer(self.raw_send, dtype=torch.uint8)
-        self.view_of: type[ctypes.Array[ctypes.c_char]] = ctypes.c_char * (world * self.block)
         self.raw_recv = bytearray()  # the kept receive buffer, made at its first use
         self.recv: torch.Tensor | None = None
         self.payloads: Sequence[torch.Tensor] = ()
@@ -869,12 +872,8 @@ class _Round:
         return self.recv
 
     def rows(self, recv: torch.Tensor) -> tuple[tuple[int, ...], ...]:
-        """Every rank's received headers in ``recv`` as int64 words (only the headers
-        are read: ``struct`` over the bytes where they landed)."""
-        raw: bytearray | ctypes.Array[ctypes.c_char] = (
-            self.raw_recv if recv is self.recv else self.view_of.from_address(recv.data_ptr())
-        )
-        return tuple(self.fmt.unpack_from(raw, r * self.block) for r in range(self.world))
+        """Every rank's received headers in ``recv`` as int64 words (``_read_headers``)."""
+        return _read_headers(recv, self.header_at, self.slots)
 
     def cutter(self, recv: torch.Tensor) -> Cut:
         """How this call's results are cut out of ``recv`` (``receive``'s buffer)."""
