@@ -53,13 +53,22 @@ def _wait_for(cond: Any, timeout: float = 10.0) -> bool:
     return False
 
 
-def test_the_writer_writes_off_the_calling_thread_and_coalesces() -> None:
+def _write_in_flight(
+    key: str,
+) -> tuple[threading.Event, RecordingStore, _census._GroupArrivals, _census._Writer]:
+    """A writer whose first write (arrival 1, ``"a"``) is in flight, held by the gate
+    until it is set: (gate, store, the group's state, writer)."""
     gate = threading.Event()
     store = RecordingStore(gate)
-    state = _census._GroupArrivals(store, "vargather/arrival/0")
+    state = _census._GroupArrivals(store, key)
     writer = _census._Writer()
     _arrive(writer, state, "a")
-    assert store.entered.wait(10)  # the first write is in flight, held by the gate
+    assert store.entered.wait(10)
+    return gate, store, state, writer
+
+
+def test_the_writer_writes_off_the_calling_thread_and_coalesces() -> None:
+    gate, store, state, writer = _write_in_flight("vargather/arrival/0")
     caller = threading.current_thread()
     for what in ("b", "c", "d"):  # piled up behind it: only the last is written
         _arrive(writer, state, what)
@@ -71,12 +80,7 @@ def test_the_writer_writes_off_the_calling_thread_and_coalesces() -> None:
 
 
 def test_at_exit_the_writer_ends_after_its_write_in_flight_and_later_writes_are_direct() -> None:
-    gate = threading.Event()
-    store = RecordingStore(gate)
-    state = _census._GroupArrivals(store, "k")
-    writer = _census._Writer()
-    _arrive(writer, state, "a")
-    assert store.entered.wait(10)  # a write in flight
+    gate, store, state, writer = _write_in_flight("k")
     thread = writer._thread
     assert thread is not None
     _arrive(writer, state, "b")  # pending: dropped at exit
@@ -110,12 +114,7 @@ def test_the_census_writer_is_stopped_at_exit() -> None:
 
 
 def test_the_failure_path_writes_its_own_arrival_at_once() -> None:
-    gate = threading.Event()
-    store = RecordingStore(gate)
-    state = _census._GroupArrivals(store, "k")
-    writer = _census._Writer()
-    _arrive(writer, state, "a")
-    assert store.entered.wait(10)
+    gate, store, state, writer = _write_in_flight("k")
     _arrive(writer, state, "b")  # pending behind the held write
     flushed = threading.Thread(target=state.flush)
     flushed.start()
