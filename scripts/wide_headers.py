@@ -40,9 +40,11 @@ from vargather.testing import RankContext, RankPool
 HEAD = 96
 
 
-def _rank(ctx: RankContext, job: tuple[int, int, int, tuple[str, ...], str]) -> Any:
-    per_rank, repeats, calls, variants, profile = job
+def _rank(ctx: RankContext, job: tuple[int, int, int, tuple[str, ...], str, int]) -> Any:
+    per_rank, repeats, calls, variants, profile, wide_min = job
     torch.set_num_threads(1)
+    if wide_min >= 0:  # where the library's groups switch to the wide round, for this study
+        vargather._fused.WIDE_MIN_BYTES = wide_min  # type: ignore[misc]  # a Final, moved on purpose
     w, r = ctx.world_size, ctx.rank
     n = per_rank // 4
     weights = [1.0] * w if profile == "even" else [1 + 0.25 * q for q in range(w)]
@@ -135,15 +137,19 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--variants", default="limit,bcast,bcast+ag,trail,auto,auto~changing")
     p.add_argument("--profile", default="even", choices=("even", "mild"))
+    p.add_argument(
+        "--wide-min-kb", type=int, default=-1, help="move the switch to the wide round (KiB)"
+    )
     a = p.parse_args()
     variants = tuple(a.variants.split(","))
+    wide = a.wide_min_kb * 1024 if a.wide_min_kb >= 0 else -1
     with RankPool(a.ranks, collective_timeout=300.0, call_timeout=1800.0) as pool:
         print(f"{a.ranks} ranks, {a.profile}; ratio to the limit min-median-max over {a.repeats}")
         print(f"load average at start: {os.getloadavg()}")
         print("| per rank | " + " | ".join(variants[1:]) + " | limit ms |")
         print("|---|" + "---|" * len(variants))
         for kb in (int(s) for s in a.per_rank_kb.split(",")):
-            res = pool.run(_rank, (kb * 1024, a.repeats, a.calls, variants, a.profile))[0]
+            res = pool.run(_rank, (kb * 1024, a.repeats, a.calls, variants, a.profile, wide))[0]
             cells = []
             for v in variants[1:]:
                 ratios = sorted(t[v] / t["limit"] for t in res)

@@ -294,7 +294,7 @@ def test_kept_buffers_give_fresh_exact_results(world: int) -> None:
 
 
 def test_a_large_rounds_buffer_is_received_into_again_only_once_its_result_is_gone() -> None:
-    world = 3
+    world = 4  # the gather round's receive buffer passes _KEEP_RECV_MAX from 4 ranks
     results = get_pool(world).run(handed_back_buffers, world)
     assert results == [[]] * world, results
 
@@ -496,19 +496,19 @@ def test_gradients_through_the_wide_round_match_the_oracle(contract: str) -> Non
     check_script(2, steps, [None] * 3, [2, 1, None])
 
 
-MID = 70_000  # rows of 4 bytes: 280 KB per rank, past SMALL_BYTES, within FUSED_MAX_BYTES
+MID = 20_000  # rows of 4 bytes: 80 KB per rank; 1.5x that is within FUSED_MAX_BYTES
 
 
-def test_gather_round_past_small_bytes_keeps_ranks_in_step_at_three_ranks() -> None:
-    """The gather round stretched past ``SMALL_BYTES`` (up to ``FUSED_MAX_BYTES``) while
-    its padding stays within ``WASTE_LIMIT``: every rank keeps the same capacity through
-    a miss on one rank, an error, a skew past the waste bound (the group goes wide) and
-    sizes past ``FUSED_MAX_BYTES`` (wide as well); a call that fits takes one
-    collective, and every output is the oracle's."""
+def test_gather_round_and_wide_round_keep_ranks_in_step_at_three_ranks() -> None:
+    """Switching between the gather round (at most ``FUSED_MAX_BYTES`` per rank) and the
+    wide round: every rank keeps the same state through a miss on one rank, an error, a
+    skew past ``FUSED_MAX_BYTES`` (the group goes wide), a call that outgrows a wide
+    slot within the gather round's bound (back at once) and sizes past it again; a
+    call that fits takes one collective, and every output is the oracle's."""
     m = MID
     even = Step("v", ((m, 1), (m, 1), (m, 1)), F32)
     mild = Step("v", ((m, 1), (m * 5 // 4, 1), (m * 6 // 4, 1)), F32)
-    skew = Step("v", ((m, 1), (m // 2, 1), (3, 1)), F32)
+    skew = Step("v", ((2 * m, 1), (3, 1), (3, 1)), F32)  # rank 0 past FUSED_MAX_BYTES
     past = Step("v", ((3 * m, 1), (3 * m, 1), (3 * m, 1)), F32)
     steps = [
         even,  # first call: headers, then the payload; the capacity is learned
@@ -517,13 +517,13 @@ def test_gather_round_past_small_bytes_keeps_ranks_in_step_at_three_ranks() -> N
         mild,  # within the capacity: one collective
         even,  # smaller, within the capacity: one collective
         Step("v", ((m, 1), (m, 1), (m, 1)), ("float32", "float32", "int32")),  # an error
-        skew,  # padding past the bound: this call still fits, the group goes wide
+        skew,  # rank 0 outgrows the gather round: two rounds, the group goes wide
         skew,  # the wide round: one collective
     ]
-    # rank 2 outgrows its wide slot with padding within the bound (22 %): back to the
-    # gather round at once (two rounds), whose capacity the same call grew
+    # ranks 1 and 2 outgrow their wide slots within the gather round's bound: back to
+    # the gather round at once (two rounds), whose capacity holds them
     steps += [mild, mild]
-    steps += [past, past]  # past FUSED_MAX_BYTES: wide
+    steps += [past, past]  # past FUSED_MAX_BYTES on every rank: wide again
     errors: list[str | None] = [None] * len(steps)
     errors[5] = "DTypeMismatchError"
     collectives: list[int | None] = [None] * len(steps)
@@ -531,9 +531,9 @@ def test_gather_round_past_small_bytes_keeps_ranks_in_step_at_three_ranks() -> N
     collectives[1] = 1
     collectives[2] = 2
     collectives[3] = collectives[4] = 1
-    collectives[6] = collectives[7] = 1
+    collectives[6], collectives[7] = 2, 1
     collectives[8], collectives[9] = 2, 1
-    collectives[-1] = 1
+    collectives[10], collectives[11] = 2, 1
     results = check_script(3, steps, errors, collectives)
     states = [results[0][s]["state"][0] for s in range(len(steps))]
     capacity = [s[0] for s in states]
@@ -543,41 +543,48 @@ def test_gather_round_past_small_bytes_keeps_ranks_in_step_at_three_ranks() -> N
     assert capacity[2] == _fused.bucket(4 * m * 6 // 4)
     assert wide[2] == ()
     assert capacity[4] == capacity[2]
-    assert wide[6] == (4 * m, 2 * m, 12)  # the skew's exact needs
+    assert wide[6] == (8 * m, 12, 12)  # the skew's exact needs
     assert wide[8] == ()  # back in the gather round
     assert capacity[8] == capacity[2]
     assert wide[-1] == (12 * m,) * 3
 
 
-def test_gather_round_waste_bound_picks_the_round() -> None:
-    """``advance``: past ``SMALL_BYTES`` the gather round is kept only while
-    ``W * bucket(max n) <= (1 + WASTE_LIMIT) * sum n``; past ``FUSED_MAX_BYTES`` the
-    group goes wide whatever the skew; the state is a pure function of the needs."""
+def test_the_switch_to_the_wide_round() -> None:
+    """``advance``: a group goes wide once a call's largest payload per rank is past
+    ``FUSED_MAX_BYTES`` whatever the skew, or when the gather round would carry more
+    than ``PAD_LIMIT`` times the payload and more than ``SMALL_BYTES`` in all (strong
+    skew on many ranks); the state is a pure function of the needs."""
     small, most = _fused.SMALL_BYTES, _fused.FUSED_MAX_BYTES
+    assert most == _fused.WIDE_MIN_BYTES
     even = (most,) * 4
     s = _fused.advance(_fused.FusedState(), fusable=True, need=most, count=1, needs=even)
     assert (s.capacity, s.wide) == (most, ())
-    n = 280_000
-    mild = tuple(int(n * f) for f in (1, 1.25, 1.5, 1.75))  # 27 % padding, 28 % bucketed
+    n = most // 2
+    mild = tuple(int(n * f) for f in (1, 1.25, 1.5, 1.75))  # within FUSED_MAX_BYTES
     s = _fused.advance(_fused.FusedState(), fusable=True, need=max(mild), count=1, needs=mild)
     assert s.wide == ()
     assert s.capacity == _fused.bucket(max(mild))
-    assert 4 * s.capacity <= (1 + _fused.WASTE_LIMIT) * sum(mild)  # the stated bound
-    skew = (n, n, n, 2 * n)  # 60 % padding
-    t = _fused.advance(_fused.FusedState(), fusable=True, need=2 * n, count=1, needs=skew)
+    skew = (n, n, n, 3 * n)  # one rank past FUSED_MAX_BYTES
+    t = _fused.advance(_fused.FusedState(), fusable=True, need=3 * n, count=1, needs=skew)
     assert t.wide == skew
-    # the same skew below SMALL_BYTES is latency-bound: the gather round pads it
-    low = tuple(x * small // (4 * n) for x in skew)
-    u = _fused.advance(_fused.FusedState(), fusable=True, need=max(low), count=1, needs=low)
-    assert u.wide == ()
-    assert u.capacity == _fused.bucket(max(low))
-    past = (most + 1,) * 4
-    v = _fused.advance(_fused.FusedState(), fusable=True, need=most + 1, count=1, needs=past)
-    assert v.wide == past
-    assert v.capacity == 0
+    assert t.capacity == 0  # not a call of the gather round
+    # a strong skew on many ranks below FUSED_MAX_BYTES: the gather round would carry
+    # far more than PAD_LIMIT times the payload
+    many = (small // 2,) + (64,) * 63
+    assert 64 * _fused.bucket(max(many)) > _fused.PAD_LIMIT * sum(many)
+    u = _fused.advance(_fused.FusedState(), fusable=True, need=max(many), count=1, needs=many)
+    assert u.wide == many
+    # the same skew on 4 ranks pads the gather round within PAD_LIMIT: it stays
+    low = (small // 2, 64, 64, 64)
+    v = _fused.advance(_fused.FusedState(), fusable=True, need=max(low), count=1, needs=low)
+    assert v.wide == ()
+    assert v.capacity == _fused.bucket(max(low))
+    # a rank not eligible: never wide
+    x = _fused.advance(_fused.FusedState(), fusable=False, need=3 * n, count=1, needs=skew)
+    assert (x.wide, x.capacity) == ((), 0)
     # the same needs give the same state, whoever computes it
-    assert _fused.advance(_fused.FusedState(), fusable=True, need=2 * n, count=1, needs=skew) == t
-    # a group gone wide whose call outgrows a slot with padding within the bound goes
+    assert _fused.advance(_fused.FusedState(), fusable=True, need=3 * n, count=1, needs=skew) == t
+    # a group gone wide whose call outgrows a slot within the gather round's bound goes
     # back to the gather round at once (its capacity grown by the same call)
     back = _fused.advance(t, fusable=True, need=n + 1, count=1, needs=(n + 1, n, n, n))
     assert back.wide == ()

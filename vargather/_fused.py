@@ -16,15 +16,16 @@ but the headers until they validated. The round is one of two kinds:
 * the **gather round** (``state.wide`` empty): one equal-size all_gather of bytes; each
   rank sends ``slots * HEADER_BYTES + capacity`` bytes, ``slots`` compact headers (one
   per gathered tensor) and a payload slot of ``capacity`` bytes (at most
-  ``FUSED_MAX_BYTES``, 512 KiB), the same on every rank. One collective, the fastest
-  up to 512 KiB per rank on gloo when the slots are about equal; every slot is as
-  large as the largest, so past ``SMALL_BYTES`` a group keeps it only while that pads
-  by at most ``WASTE_LIMIT`` of the payload.
+  ``FUSED_MAX_BYTES``, 128 KiB), the same on every rank. One collective, the fewest
+  operations for small payloads, where latency rules; every slot is as large as the
+  largest, so a group keeps it only while that carries at most ``PAD_LIMIT`` times the
+  payload (or ``SMALL_BYTES`` in all).
 * the **wide round** (``state.wide[r]``: rank r's own payload slot): W broadcasts in
   flight at once, one batch (``_comm.broadcast_from_each``): rank r broadcasts region r
   of one rank-major buffer, its payload slot of ``wide[r]`` bytes followed by its
   ``slots`` headers (W broadcasts are faster than gloo's ring all_gather from 1 MiB
-  per rank; the headers' own all_gather in flight beside them cost about a quarter of
+  per rank, and with the headers riding in them faster than the gather round from
+  128 KiB per rank; a headers' all_gather in flight beside them cost about a quarter of
   one all_gather more). No rank pads to another's size: for a stable skew each slot
   is the rank's own need, and a single tensor gathered along a leading dim is
   returned as a view of the buffer after the payload regions are closed up over the
@@ -61,9 +62,8 @@ The state rule (``advance``), applied on every rank after a call whose headers v
   capacity becomes ``bucket`` of the largest eligible small need among them (0 if none);
 * wide round: a call *goes wide* when every rank is eligible and, with ``padded = W *
   bucket(need)`` (what the gather round would carry) and ``sum(needs)`` the payload:
-  ``need > WIDE_MIN_BYTES`` (512 KiB), or ``padded > max(PAD_LIMIT * sum(needs),
-  SMALL_BYTES)`` (strong skew on many ranks), or ``need > SMALL_BYTES`` (128 KiB) and
-  ``padded > (1 + WASTE_LIMIT) * sum(needs)`` (skew where the padding costs bandwidth).
+  ``need > WIDE_MIN_BYTES`` (128 KiB), or ``padded > max(PAD_LIMIT * sum(needs),
+  SMALL_BYTES)`` (strong skew on many ranks).
   A group's first such call sets ``wide = needs`` exactly; a later one where some rank
   outgrew its slot (a miss: that call took two rounds) sets every slot to
   ``max(wide[r], bucket(needs[r]))``; a miss by an eligible call that does not go wide
@@ -83,9 +83,8 @@ a row; no rank's slot depends on another rank's size. In the gather round every 
 is ``capacity`` (at most ``FUSED_MAX_BYTES``), so a rank receives at most ``W *
 capacity`` bytes. A group is in the gather round only after a call that did not go
 wide, so for that call's sizes ``W * bucket(need) <= max(PAD_LIMIT * sum(needs),
-SMALL_BYTES)`` and, once ``need > SMALL_BYTES``, ``<= (1 + WASTE_LIMIT) * sum(needs)``:
-padding at most ``WASTE_LIMIT`` (50 %) of the payload past 128 KiB per rank, at most
-``PAD_LIMIT`` times it (or 128 KiB in all) below. While sizes move the capacity is
+SMALL_BYTES)`` with ``need <= FUSED_MAX_BYTES``: at most ``PAD_LIMIT`` times the
+payload, or 128 KiB in all, and never more than 128 KiB per rank. While sizes move the capacity is
 ``bucket`` of the largest need of the last ``SHRINK_AFTER`` calls (or of the calls
 since it last grew), not of the current call, so one call's padding can exceed the
 bound by what its sizes fell since then; ``SHRINK_AFTER`` calls at the smaller sizes
@@ -177,22 +176,23 @@ kind sizes its round from the group's one state and sends its kind in the header
 _KIND_CODES: Final = {"single": 0, "coalesced": 1, "list": 2}
 _KIND_NAMES: Final = ("all_gather_v", "all_gather_v_coalesced", "all_gather_list")
 
-FUSED_MAX_BYTES: Final = 512 * 1024
+FUSED_MAX_BYTES: Final = 128 * 1024
 """Largest payload per rank that rides in the equal-size fused round (the *gather*
-round); a group whose calls carry more switches to the *wide* round (module doc)."""
+round); a group whose calls carry more switches to the *wide* round (module doc).
+512 KiB until the wide round's headers rode in its broadcasts: since then its W
+broadcasts beat the gather round from 128 KiB per rank up (``docs/performance.md``)."""
 
 WIDE_MIN_BYTES: Final = FUSED_MAX_BYTES
 """A group switches to the wide round once a call's largest payload per rank exceeds
 this many bytes (and back after ``SHRINK_AFTER`` calls that do not)."""
 
 SMALL_BYTES: Final = 128 * 1024
-"""Up to this largest payload per rank the gather round may pad up to ``PAD_LIMIT``
-times the payload (latency dominates there); above it only ``WASTE_LIMIT``."""
+"""Bytes in all that the gather round may always carry: up to ``PAD_LIMIT`` times the
+payload or this much, whichever is more (latency dominates there)."""
 
 WASTE_LIMIT: Final = 0.5
-"""Above ``SMALL_BYTES`` a group stays in the gather round only while its padding is at
-most this fraction of the payload: ``W * bucket(max n) <= (1 + WASTE_LIMIT) * sum n``
-(even sizes: none; the mild 1 : 1.25 : 1.5 : 1.75 profile: 27 %); more skew goes wide."""
+"""The padding, as a fraction of the payload, that a result handed back with its whole
+receive buffer may carry (``within_waste``; the family's stretched slot too)."""
 
 SHRINK_AFTER: Final = 8
 """Idle calls in a row after which the capacity (or the slots) shrink."""
@@ -245,8 +245,8 @@ ranks) a group takes the wide round even for small payloads."""
 
 def within_waste(padded: int, payload: int) -> bool:
     """Whether ``padded`` bytes carry ``payload`` bytes with at most ``WASTE_LIMIT`` of
-    padding: the bound of the stretched gather round, of a result handed back with its
-    receive buffer, and of the family's stretched slot (``_family.rides``)."""
+    padding: the bound of a result handed back with its receive buffer and of the
+    family's stretched slot (``_family.rides``)."""
     return padded <= (1 + WASTE_LIMIT) * payload
 
 
@@ -256,9 +256,7 @@ def _wants_wide(needs: Sequence[int]) -> bool:
         return False
     most = max(needs)
     padded = len(needs) * bucket(most)
-    if most > WIDE_MIN_BYTES or padded > max(PAD_LIMIT * sum(needs), SMALL_BYTES):
-        return True
-    return most > SMALL_BYTES and not within_waste(padded, sum(needs))
+    return most > WIDE_MIN_BYTES or padded > max(PAD_LIMIT * sum(needs), SMALL_BYTES)
 
 
 def _advance_wide(
@@ -679,43 +677,57 @@ def _char_array(n: int) -> type[ctypes.Array[ctypes.c_char]]:
     return ctypes.c_char * n
 
 
-_HANDED_BACK: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, torch.Tensor]] = (
+_HANDED_BACK: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, list[torch.Tensor]]] = (
     weakref.WeakKeyDictionary()
 )
-"""Per group: the last buffer a large round received into and handed back as (a view
-of) its result, kept to be received into again once nothing else refers to it."""
+"""Per group and purpose: the last ``_KEPT_BUFFERS`` buffers a large round received into
+and handed back as (a view of) its result, newest first, kept to be received into
+again once nothing else refers to them."""
+
+_KEPT_BUFFERS: Final = 2
+"""Buffers kept per group and purpose. Two, not one: gloo's worker thread lets go of a
+collective's tensors a moment after ``wait()`` returns, so the last call's buffer is
+often still held when the next call starts (measured at 4 ranks, calls back to back:
+in a quarter to a third of the calls); the one before it is free by then."""
+
+_KEPT_LOCK: Final = threading.Lock()
 
 
 def _handed_back_buffer(
     pg: dist.ProcessGroup | None, purpose: str, size: int, device: torch.device
 ) -> torch.Tensor:
-    """A buffer of ``size`` bytes for a round whose result is a view of it: the group's
-    last one when it is this size and its result is gone, else a fresh one (kept for
-    the next call).
+    """A buffer of ``size`` bytes for a round whose result is a view of it: one of the
+    group's last ``_KEPT_BUFFERS`` when it is this size and its result is gone, else a
+    fresh one (kept for the next calls).
 
     Why: a fresh buffer of a few MiB is often fresh pages (the allocator maps them or
     grows its heap), about one page fault per 4 KiB touched: 1,000 for 4 MB, measured
     at 1-3 ms a call when other allocations come between two calls, as much as the
     collective. A result is gone when nothing holds the buffer's storage but this
     cache: no tensor or view of it (autograd's saved tensors and ``numpy()`` arrays hold
-    it too), counted by the storage's use count. On the CPU only (another device's
-    memory may still be in use by a stream). The cache holds at most one buffer per
-    group and purpose, which the next call of another size replaces; the kept buffer
-    is memory the group holds between calls (up to the last large result's size).
+    it too; so does gloo for a moment after a collective), counted by the storage's use
+    count. On the CPU only (another device's memory may still be in use by a stream).
+    The cache holds at most ``_KEPT_BUFFERS`` buffers per group and purpose, the newest
+    ones, whatever their size: memory the group holds between calls (up to twice the
+    last large result's size, less what the caller still holds of them).
     """
     if pg is None or device.type != "cpu":
         return torch.empty(size, dtype=torch.uint8, device=device)
-    # Taken until handed back (``_hand_back``): another thread on the group makes its own.
-    buf = _HANDED_BACK.get(pg, {}).pop(purpose, None)
-    if buf is not None and buf.numel() == size and _unreferenced(buf):
-        return buf
+    kept = _HANDED_BACK.get(pg, {}).get(purpose, [])
+    with _KEPT_LOCK:  # taken out until handed back: another thread makes its own
+        for i, buf in enumerate(kept):
+            if buf.numel() == size and _unreferenced(buf):
+                return kept.pop(i)
     return torch.empty(size, dtype=torch.uint8)
 
 
 def _hand_back(pg: dist.ProcessGroup | None, purpose: str, buf: torch.Tensor) -> None:
     """Keep ``buf`` for ``_handed_back_buffer`` after the round that received into it."""
     if pg is not None and buf.device.type == "cpu":
-        _HANDED_BACK.setdefault(pg, {})[purpose] = buf
+        with _KEPT_LOCK:
+            kept = _HANDED_BACK.setdefault(pg, {}).setdefault(purpose, [])
+            kept.insert(0, buf)
+            del kept[_KEPT_BUFFERS:]
 
 
 def _unreferenced(buf: torch.Tensor) -> bool:
