@@ -783,8 +783,8 @@ class _Round:
     A round of at most ``_KEEP_RECV_MAX`` received bytes keeps its receive buffer (a
     ``bytearray``) and cuts every result out of it as a fresh tensor (``torch.cat`` of
     views): nothing returned aliases the kept buffers. A larger round receives into a
-    buffer of its own per call (``receive``: fresh, or one of the last two once its
-    result is gone, ``_handed_back_buffer``) and, for one tensor whose rank blocks are
+    buffer of its own per call (``receive``: fresh, or one of the group's last
+    ``_KEPT_BUFFERS`` once its result is gone, ``_handed_back_buffer``) and, for one tensor whose rank blocks are
     adjacent in the result (``pre == 1``), closes the header gaps and the unused slot
     space up in place (``_move_left``) and returns a view of it: one pass over bytes
     that are still in cache instead of a copy into a second buffer as large. Keeping
