@@ -5,8 +5,9 @@ Where it sits: a study beside the bench (``python -m vargather bench`` needs a r
 world, which this machine holds up to a few ranks). Here W threads of one process each
 play one rank and call the real ``vargather.all_gather_v``; the only thing replaced is
 what lies under ``vargather._comm``: the ``torch.distributed`` functions it calls
-(``all_gather_single``, ``broadcast``, ``all_to_all_single``, ``all_gather``,
-``reduce_scatter``, ``all_reduce``, ``barrier``) and the group queries ``_group`` makes.
+(``all_gather_single``, ``broadcast``, ``batch_isend_irecv`` with its ``P2POp``,
+``all_to_all_single``, ``all_gather``, ``reduce_scatter``, ``all_reduce``, ``barrier``)
+and the group queries ``_group`` makes.
 A *recording exchange* implements each collective between the threads and counts, per
 rank: the collectives ``_comm`` entered (its own counter, made per thread), the backend
 operations under them, the logical bytes each rank contributed (sent) and received, and
@@ -14,8 +15,8 @@ the bytes of the buffers the collectives wrote into.
 
 Every byte that can steer the code travels: contributions of up to ``COPY_BYTES`` whole,
 of a larger all_gather block its first ``HEAD_BYTES`` (where the gather round keeps
-its headers), of a larger broadcast its last ``HEAD_BYTES`` (where the wide round's
-region carries its headers). The rest of a large payload is counted, not copied:
+its headers), of a larger broadcast or point-to-point send its last ``HEAD_BYTES``
+(where the wide round's region carries its headers). The rest of a large payload is counted, not copied:
 payload bytes never steer vargather, and copying them would need
 W times the output's memory (results are therefore not checked here: the bench and the
 test suite do that on real worlds).
@@ -110,6 +111,19 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+@dataclass
+class _P2POp:
+    """``dist.P2POp`` without its group lookups (the simulated groups are not
+    registered with torch)."""
+
+    op: Any
+    tensor: torch.Tensor
+    peer: int | None = None
+    group: Any = None
+    tag: int = 0
+    group_peer: int | None = None
+
+
 class _Slot:
     """One collective's contributions; ``ready`` once every expected one is in."""
 
@@ -125,7 +139,7 @@ class Exchange:
     def __init__(self, world: int) -> None:
         self.world = world
         self.lock = threading.Lock()
-        self.slots: dict[tuple[str, int], _Slot] = {}
+        self.slots: dict[tuple[Any, ...], _Slot] = {}
         self.local = threading.local()
         self.failed = False
 
@@ -154,14 +168,14 @@ class Exchange:
         self.tally.operations += 1
         return (kind, int(self.local.seq))
 
-    def _slot(self, key: tuple[str, int]) -> _Slot:
+    def _slot(self, key: tuple[Any, ...]) -> _Slot:
         with self.lock:
             slot = self.slots.get(key)
             if slot is None:
                 slot = self.slots[key] = _Slot()
             return slot
 
-    def _post(self, key: tuple[str, int], value: Any, expected: int) -> None:
+    def _post(self, key: tuple[Any, ...], value: Any, expected: int) -> None:
         """This rank's contribution to ``key``, which ``expected`` ranks contribute."""
         slot = self._slot(key)
         with self.lock:
@@ -169,7 +183,7 @@ class Exchange:
             if len(slot.values) == expected:
                 slot.ready.set()
 
-    def _wait(self, key: tuple[str, int]) -> dict[int, Any]:
+    def _wait(self, key: tuple[Any, ...]) -> dict[int, Any]:
         slot = self._slot(key)
         while not slot.ready.wait(timeout=1.0):
             if self.failed:
@@ -242,6 +256,45 @@ class Exchange:
             work.wait()
             return None
         return work
+
+    def batch_isend_irecv(self, ops: Sequence[Any]) -> list[Any]:
+        """Point-to-point sends and receives (``_comm.exchange_with_each``): each an
+        operation of its own, matched per (sender, receiver) pair in order; a send
+        travels whole or as its last ``HEAD_BYTES`` (where the wide round's region
+        carries its headers), as a broadcast does."""
+        me = self.rank
+        pairs = self.local.__dict__.setdefault("pairs", {})
+        works: list[Any] = []
+        exchange = self
+        for op in ops:
+            peer = op.group_peer if op.group_peer is not None else op.peer
+            tensor = op.tensor
+            n = _nbytes(tensor)
+            self.tally.operations += 1
+            sending = op.op is dist.isend
+            pair = (me, peer) if sending else (peer, me)
+            count = pairs[(sending, *pair)] = pairs.get((sending, *pair), 0) + 1
+            key = ("p2p", *pair, count)
+            if sending:
+                self._post(key, _tail(tensor), 1)
+                self.tally.sent += n
+
+            class Work:
+                def __init__(self, key: Any, tensor: torch.Tensor, n: int, sending: bool):
+                    self.key, self.tensor, self.n, self.sending = key, tensor, n, sending
+
+                def wait(self, timeout: Any = None) -> bool:
+                    if not self.sending:
+                        got = exchange._wait(self.key)
+                        _land(self.tensor, got[self.key[1]], at_end=True)
+                        exchange.tally.received += self.n
+                        exchange.tally.buffer(self.tensor)
+                        with exchange.lock:
+                            exchange.slots.pop(self.key, None)
+                    return True
+
+            works.append(Work(key, tensor, n, sending))
+        return works
 
     def all_to_all_single(
         self,
@@ -327,6 +380,8 @@ def install(ex: Exchange) -> Callable[[], None]:
     put("all_gather_single", ex.all_gather_single)
     put("all_gather_into_tensor", ex.all_gather_single)
     put("broadcast", ex.broadcast)
+    put("batch_isend_irecv", ex.batch_isend_irecv)
+    put("P2POp", _P2POp)
     put("all_to_all_single", ex.all_to_all_single)
     put("all_gather", ex.all_gather)
     put("all_reduce", ex.all_reduce)

@@ -45,6 +45,7 @@ __all__ = [
     "all_to_all_uneven",
     "broadcast_from_each",
     "collectives_issued",
+    "exchange_with_each",
     "group_timeout",
     "movable",
     "reduce_scatter_equal",
@@ -78,7 +79,8 @@ _ISSUED = [0]  # collectives this process has entered through this module
 
 def collectives_issued() -> int:
     """How many collectives this process has entered through ``_comm`` so far (every
-    wrapper counts one; ``broadcast_from_each`` counts one for its batch). Tests read it
+    wrapper counts one; ``broadcast_from_each`` and ``exchange_with_each`` count one for
+    their batch). Tests read it
     before and after a call to count the call's round trips."""
     return _ISSUED[0]
 
@@ -306,3 +308,65 @@ def broadcast_from_each(
         for work in works:
             if work is not None:
                 work.wait()
+
+
+P2P_TAG: Final = 0x5647  # "VG": vargather's sends never match a caller's untagged recv
+"""The tag of ``exchange_with_each``'s sends and receives (gloo keys a point-to-point
+message by peer and tag, apart from its collectives' slots)."""
+
+
+def exchange_with_each(
+    blocks: Sequence[torch.Tensor],
+    info: GroupInfo,
+    *,
+    what: str | None = None,
+) -> None:
+    """Block ``i`` of every rank receives block ``i`` of rank ``i``, for every ``i``:
+    what ``broadcast_from_each`` does, by direct sends.
+
+    Rank r sends its own block to each peer and receives each peer's block straight
+    into that block: 2 (W - 1) point-to-point operations, all posted before any is
+    awaited, one batch (``dist.batch_isend_irecv``: gloo runs them on its transport's
+    event loop, concurrently, without its collective worker threads; NCCL groups them
+    into one launch). Every byte crosses one link once, never forwarded through a
+    third rank. Sends start at the next rank up, so no rank is every rank's first
+    destination. Empty blocks are skipped by every rank alike (every rank knows every
+    size). Every block must be a contiguous receive buffer of the same size on every
+    rank: a size mismatch is not survivable on gloo.
+
+    The waits take the call's timeout (``info.timeout``), else the group's: a missing
+    peer raises ``CollectiveTimeoutError`` like a collective's.
+    """
+    w, rank = info.world_size, info.rank
+    ops: list[dist.P2POp] = []
+    for k in range(1, w):  # receives first, from the next rank up
+        q = (rank + k) % w
+        if blocks[q].numel() > 0:
+            ops.append(
+                dist.P2POp(
+                    dist.irecv,
+                    movable(blocks[q], rows=False),
+                    group=info.group,
+                    tag=P2P_TAG,
+                    group_peer=q,
+                )
+            )
+    own = blocks[rank]
+    if own.numel() > 0:
+        sent = movable(own, rows=False)
+        for k in range(1, w):
+            ops.append(
+                dist.P2POp(
+                    dist.isend, sent, group=info.group, tag=P2P_TAG, group_peer=(rank + k) % w
+                )
+            )
+    if not ops:
+        return
+    with translate_collective_errors(what or f"send/recv x{len(ops)}", info):
+        limit = info.timeout or group_timeout(info)
+        works = dist.batch_isend_irecv(ops)
+        for work in works:
+            if limit is None:
+                work.wait()
+            else:
+                work.wait(limit)

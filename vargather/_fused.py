@@ -125,7 +125,7 @@ import torch
 import torch.distributed as dist
 
 from ._args import CallRecord, CheckedCall
-from ._comm import GroupInfo, all_gather_equal, broadcast_from_each
+from ._comm import GroupInfo, all_gather_equal, exchange_with_each
 from ._errors import ArgumentMismatchError, ProtocolMismatchError, VarGatherError
 from ._exchange import _disagreement, exchange_records, plan_layout, validate_records
 from ._group import process_group
@@ -634,10 +634,10 @@ def _wide_round(
     buf[mine + filled : mine + wide[rank]].zero_()  # no stale memory to the peers
     ours = mine + wide[rank]
     buf[ours : ours + head].copy_(_header_bytes(state.slots, records, k, flags).to(device))
-    broadcast_from_each(
+    exchange_with_each(
         [buf[starts[r] : starts[r + 1]] for r in range(w)],
         info,
-        what=f"broadcast x{w} (metadata exchange)",
+        what=f"send/recv x{2 * (w - 1)} (metadata exchange)",
     )
     found = _decide(
         kind,
