@@ -200,6 +200,23 @@ def skip_call_on(ctx: Any, job: tuple[int, Scenario]) -> GatherOutput | None:
     return run_call(ctx, scenario)
 
 
+def skip_a_wide_call_on(ctx: Any, job: tuple[int, float | None]) -> object:
+    """Every rank gathers 256 KiB twice (the group goes wide: its next round is the
+    wide round's direct sends), then every rank but ``job[0]`` calls again under the
+    call timeout ``job[1]``; ``job[0]`` never arrives. Returns the wide slots seen
+    before that call (on the rank that skips it)."""
+    absent, timeout = job
+    x = torch.full((64 * 1024 + 16 * ctx.rank,), float(ctx.rank))
+    for _ in range(2):
+        vargather.all_gather_v(x)
+    from vargather import _fused
+
+    wide = _fused.state_of(None).wide
+    if ctx.rank == absent:
+        return wide
+    return vargather.all_gather_v(x, timeout=timeout)
+
+
 def layout_only_on(ctx: Any, job: tuple[int, Scenario]) -> object:
     """Rank ``job[0]`` runs only the metadata exchange (``gather_layout``) and leaves:
     its peers wait for it in the payload collective."""

@@ -191,6 +191,33 @@ def test_a_per_call_timeout_replaces_the_groups_for_that_call(pool: RankPool) ->
     assert pool.run(fns.group_timeout_seconds, None) == [TIMEOUT] * 2
 
 
+@pytest.mark.parametrize(("world_size", "timeout"), [(3, None), (2, 1.0)])
+def test_a_rank_that_never_arrives_at_a_wide_round_is_named_by_the_others(
+    request: pytest.FixtureRequest, world_size: int, timeout: float | None
+) -> None:
+    """The wide round moves by point-to-point sends, not collectives: a missing rank is
+    still named, within the call's timeout when it has one (the waits take it)."""
+    pool: RankPool = request.getfixturevalue("pool" if world_size == 2 else "pool3")
+    absent = 1
+    outcomes = pool.run_outcomes(fns.skip_a_wide_call_on, (absent, timeout))
+    assert outcomes[absent].ok
+    assert len(outcomes[absent].value) == world_size, "the group never went wide"
+    for o in outcomes:
+        if o.rank == absent:
+            continue
+        error = o.exception
+        assert type(error) is vargather.CollectiveTimeoutError, o.traceback
+        message = str(error)
+        assert f"rank(s) [{absent}] never arrived at this collective" in message
+        assert f"send/recv x{2 * (world_size - 1)} (metadata exchange)" in message
+        if timeout is None:
+            assert f"within {TIMEOUT:g} s (the group's timeout)" in message
+        else:
+            assert f"within {timeout:g} s (this call's timeout)" in message
+        assert error.ranks == (absent,)
+    assert_recovers(pool)
+
+
 def test_the_census_switch_is_validated_at_import() -> None:
     """``VARGATHER_ARRIVAL_CENSUS`` takes '1' or '0'; anything else fails at import,
     listing the valid values."""
