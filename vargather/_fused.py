@@ -20,17 +20,18 @@ but the headers until they validated. The round is one of two kinds:
   operations for small payloads, where latency rules; every slot is as large as the
   largest, so a group keeps it only while that carries at most ``PAD_LIMIT`` times the
   payload (or ``SMALL_BYTES`` in all).
-* the **wide round** (``state.wide[r]``: rank r's own payload slot): W broadcasts in
-  flight at once, one batch (``_comm.broadcast_from_each``): rank r broadcasts region r
-  of one rank-major buffer, its payload slot of ``wide[r]`` bytes followed by its
-  ``slots`` headers (W broadcasts are faster than gloo's ring all_gather from 1 MiB
-  per rank, and with the headers riding in them faster than the gather round from
-  128 KiB per rank; a headers' all_gather in flight beside them cost about a quarter of
-  one all_gather more). No rank pads to another's size: for a stable skew each slot
-  is the rank's own need, and a single tensor gathered along a leading dim is
-  returned as a view of the buffer after the payload regions are closed up over the
-  headers in place (``_move_left``: one ``memmove`` per rank but the first on the CPU,
-  never a second buffer).
+* the **wide round** (``state.wide[r]``: rank r's own payload slot): one batch of
+  direct sends (``_comm.exchange_with_each``): rank r sends region r of one
+  rank-major buffer, its payload slot of ``wide[r]`` bytes followed by its ``slots``
+  headers, to every peer, and receives every peer's region in place; 2 (W - 1)
+  point-to-point operations in flight at once. Every byte crosses one link once and
+  no rank forwards another's: at 4 gloo ranks this ran 0.56-0.79x one equal ring
+  all_gather from 256 KiB to 4 MiB per rank, where W broadcasts in flight (the round's
+  transport until then) ran 0.76-0.94x. No rank pads to another's size: for a stable
+  skew each slot is the rank's own need, and a single tensor gathered along a leading
+  dim is returned as a view of the buffer after the payload regions are closed up
+  over the headers in place (``_move_left``: one ``memmove`` per rank but the first
+  on the CPU, never a second buffer).
 
 The compact header (``_wire.encode_header``, ``HEADER_WORDS`` int64) carries what
 validation compares, with no message text: a problem only sets a flag.
@@ -179,8 +180,9 @@ _KIND_NAMES: Final = ("all_gather_v", "all_gather_v_coalesced", "all_gather_list
 FUSED_MAX_BYTES: Final = 128 * 1024
 """Largest payload per rank that rides in the equal-size fused round (the *gather*
 round); a group whose calls carry more switches to the *wide* round (module doc).
-512 KiB until the wide round's headers rode in its broadcasts: since then its W
-broadcasts beat the gather round from 128 KiB per rank up (``docs/performance.md``)."""
+512 KiB until the wide round's headers rode in its broadcasts: since then the wide
+round beats the gather round from 128 KiB per rank up (``docs/performance.md``); below,
+the two are even at 4 ranks and the gather round is one operation, not 2 (W - 1)."""
 
 WIDE_MIN_BYTES: Final = FUSED_MAX_BYTES
 """A group switches to the wide round once a call's largest payload per rank exceeds
@@ -607,10 +609,11 @@ def _wide_round(
     pg: dist.ProcessGroup | None,
     wide: tuple[int, ...],
 ) -> Exchanged:
-    """The wide round (module doc): every rank's broadcast of its region of one
-    rank-major buffer, its payload slot (``wide[r]`` bytes) followed by its headers; all
-    W operations in flight at once, one batch. The headers are read where they landed,
-    then the payload regions are closed up in place (``_cutter``)."""
+    """The wide round (module doc): every rank sends its region of one rank-major
+    buffer, its payload slot (``wide[r]`` bytes) followed by its headers, to each peer
+    and receives theirs in place; all 2 (W - 1) operations in flight at once, one
+    batch. The headers are read where they landed, then the payload regions are
+    closed up in place (``_cutter``)."""
     w, rank = info.world_size, info.rank
     records, k, flags = header_key
     head = state.slots * HEADER_BYTES
