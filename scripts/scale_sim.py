@@ -261,9 +261,11 @@ class Exchange:
         """Point-to-point sends and receives (``_comm.exchange_with_each``): each an
         operation of its own, matched per (sender, receiver) pair in order; a send
         travels whole or as its last ``HEAD_BYTES`` (where the wide round's region
-        carries its headers), as a broadcast does."""
+        carries its headers), as a broadcast does. ``sent`` counts a block once however
+        many peers it goes to (the logical contribution, as for every collective here)."""
         me = self.rank
         pairs = self.local.__dict__.setdefault("pairs", {})
+        contributed: set[tuple[int, int]] = set()  # a block sent to W - 1 peers counts once
         works: list[Any] = []
         exchange = self
         for op in ops:
@@ -277,7 +279,9 @@ class Exchange:
             key = ("p2p", *pair, count)
             if sending:
                 self._post(key, _tail(tensor), 1)
-                self.tally.sent += n
+                if (tensor.data_ptr(), n) not in contributed:
+                    contributed.add((tensor.data_ptr(), n))
+                    self.tally.sent += n
 
             class Work:
                 def __init__(self, key: Any, tensor: torch.Tensor, n: int, sending: bool):

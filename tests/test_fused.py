@@ -432,6 +432,18 @@ def test_wide_round_ranks_agree_on_every_call_at_three_ranks() -> None:
     assert "expected a tensor with at least 1 dimension" in results[0][6]["error"][1]
 
 
+def test_the_wide_round_on_a_subgroup_sends_to_its_members_global_ranks() -> None:
+    """The wide round's direct sends name their peers by group rank: on the subgroup
+    of global ranks 1 and 2 (group ranks 0 and 1), a wide call is one collective and
+    every output is the oracle's; the world's rank 0 is not in it."""
+    big = Step("v", ((BIG, 1), (BIG // 3, 1)), ("float32",) * 2, group=(1, 2))
+    within = Step("v", ((BIG - 9, 1), (0, 1)), ("float32",) * 2, group=(1, 2))
+    results = check_script(3, [big, big, within], [None] * 3, [2, 1, 1])
+    assert results[0] == [None] * 3
+    wide = [tuple(results[1][s]["state"][0][6]) for s in range(3)]
+    assert wide[1] == (4 * BIG, 4 * (BIG // 3)), "the subgroup did not go wide"
+
+
 def test_wide_slots_shrink_after_idle_calls_and_bound_the_padding() -> None:
     s = _fused.FusedState()
     big = (300_000, 150_000, 64)
