@@ -330,6 +330,16 @@ def pool() -> Any:
 CONFIG = _bench.BenchConfig(small_repeats=2, calls=2, warmup=1)
 
 
+def test_each_vargather_variant_of_the_small_part_learns_its_own_slots(pool: RankPool) -> None:
+    """``own_state``: a fixed-size caller beside one whose sizes grow, on one group,
+    keeps its exact slots (no slack from the other's growth), and the group's own state
+    is left as it was."""
+    results = pool.run(_bench_fns.own_states_kept_apart, 40_000)
+    for got in results:
+        assert got["fixed_wide"] == got["needs"], got
+        assert got["untouched"], got
+
+
 def test_coalesced_cell_with_a_stand_in(pool: RankPool) -> None:
     record = pool.run(_bench_fns.coalesced_with_stub, (CONFIG, 2.0))[0]
     assert record is not None

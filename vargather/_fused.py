@@ -1165,6 +1165,19 @@ def gather_bytes(
     return unpack([gathered[flat.block(r)] for r in range(w)], layouts)
 
 
+def swap_state(group: dist.ProcessGroup | None, state: FusedState) -> FusedState:
+    """Install ``state`` as ``group``'s learned state on this rank; return the one it
+    replaces (``FusedState()`` for a group that had none). For the bench, which gives
+    each of its call patterns on one group the state that pattern alone would have
+    learned; every rank must swap alike, or the ranks disagree on the next round."""
+    pg = _key(group)
+    if pg is None:
+        return state
+    before = _STATES.get(pg, _FRESH)
+    _STATES[pg] = state
+    return before
+
+
 def replace_state(
     group: dist.ProcessGroup | None, kind: Kind, **changes: int | tuple[int, ...]
 ) -> None:

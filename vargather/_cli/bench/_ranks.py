@@ -48,6 +48,7 @@ from ._variants import (
     family_groups,
     family_same,
     own_group,
+    own_state,
     peer_gathers,
     peer_shard,
 )
@@ -152,10 +153,10 @@ def _rank_small(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, A
 
     variants = [
         _Burst("limit", limit, same(eq_want)),
-        _Burst("vargather:auto", lambda _: vargather.all_gather_v(x), same(want)),
+        _Burst("vargather:auto", own_state(lambda _: vargather.all_gather_v(x)), same(want)),
         _Burst(
             CHANGING_VARIANT,
-            lambda i: vargather.all_gather_v(phase_x[i % w]),
+            own_state(lambda i: vargather.all_gather_v(phase_x[i % w])),
             lambda i, out: _same(out, phase_want[i % w]),
         ),
         _Burst(
