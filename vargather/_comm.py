@@ -334,8 +334,11 @@ def exchange_with_each(
     size). Every block must be a contiguous receive buffer of the same size on every
     rank: a size mismatch is not survivable on gloo.
 
-    The waits take the call's timeout (``info.timeout``), else the group's: a missing
-    peer raises ``CollectiveTimeoutError`` like a collective's.
+    On gloo the waits take the call's timeout (``info.timeout``), else the group's,
+    explicitly: its point-to-point waits follow neither ``ProcessGroup.set_timeout``
+    nor the group's timeout, and a missing peer must raise ``CollectiveTimeoutError``
+    like a collective's. NCCL's waits stay asynchronous (a timed wait would block the
+    host until the GPU finished); its watchdog applies the group's timeout.
     """
     w, rank = info.world_size, info.rank
     ops: list[dist.P2POp] = []
@@ -363,7 +366,7 @@ def exchange_with_each(
     if not ops:
         return
     with translate_collective_errors(what or f"send/recv x{len(ops)}", info):
-        limit = info.timeout or group_timeout(info)
+        limit = None if info.backend == "nccl" else info.timeout or group_timeout(info)
         works = dist.batch_isend_irecv(ops)
         for work in works:
             if limit is None:
