@@ -16,13 +16,13 @@ import importlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import vargather
-from vargather.testing import RankCrashed, RankPool, assert_bitwise_equal
+from vargather.testing import RankCrashed, RankOutcome, RankPool, assert_bitwise_equal
 
 if TYPE_CHECKING:
     import _misuse_fns as fns
@@ -73,6 +73,30 @@ def assert_recovers(pool: RankPool) -> None:
         assert_bitwise_equal(got.grad, want_grad)
 
 
+def assert_the_others_name(
+    outcomes: Sequence[RankOutcome[Any]], absent: int, what: str, timeout: float | None
+) -> None:
+    """Rank ``absent`` returned; every other rank raised ``CollectiveTimeoutError`` in
+    ``what``, naming it, within ``timeout`` (the call's) or else the group's."""
+    assert outcomes[absent].ok
+    within = (
+        f"within {TIMEOUT:g} s (the group's timeout)"
+        if timeout is None
+        else f"within {timeout:g} s (this call's timeout)"
+    )
+    for o in outcomes:
+        if o.rank == absent:
+            continue
+        error = o.exception
+        assert type(error) is vargather.CollectiveTimeoutError, o.traceback
+        message = str(error)
+        assert f"rank(s) [{absent}] never arrived at this collective" in message
+        assert what in message
+        assert within in message
+        assert "destroy it and create a new one" in message
+        assert error.ranks == (absent,)
+
+
 @pytest.mark.parametrize(
     ("world_size", "absent"),
     # W=3 with a middle rank absent in the default run; W=2 (the same census, one peer)
@@ -84,19 +108,8 @@ def test_a_rank_that_never_arrives_is_named_by_the_others(
 ) -> None:
     pool: RankPool = request.getfixturevalue("pool" if world_size == 2 else "pool3")
     outcomes = pool.run_outcomes(fns.skip_call_on, (absent, ragged(world_size)))
-    assert outcomes[absent].ok
     assert outcomes[absent].value is None
-    for o in outcomes:
-        if o.rank == absent:
-            continue
-        error = o.exception
-        assert type(error) is vargather.CollectiveTimeoutError, o.traceback
-        message = str(error)
-        assert f"rank(s) [{absent}] never arrived at this collective" in message
-        assert "all_gather (metadata exchange)" in message
-        assert f"within {TIMEOUT:g} s (the group's timeout)" in message
-        assert "destroy it and create a new one" in message
-        assert error.ranks == (absent,)
+    assert_the_others_name(outcomes, absent, "all_gather (metadata exchange)", None)
     assert_recovers(pool)
 
 
@@ -200,21 +213,9 @@ def test_a_rank_that_never_arrives_at_a_wide_round_is_named_by_the_others(
     pool: RankPool = request.getfixturevalue("pool" if world_size == 2 else "pool3")
     absent = 1
     outcomes = pool.run_outcomes(fns.skip_a_wide_call_on, (absent, timeout))
-    assert outcomes[absent].ok
     assert len(outcomes[absent].value) == world_size, "the group never went wide"
-    for o in outcomes:
-        if o.rank == absent:
-            continue
-        error = o.exception
-        assert type(error) is vargather.CollectiveTimeoutError, o.traceback
-        message = str(error)
-        assert f"rank(s) [{absent}] never arrived at this collective" in message
-        assert f"send/recv x{2 * (world_size - 1)} (metadata exchange)" in message
-        if timeout is None:
-            assert f"within {TIMEOUT:g} s (the group's timeout)" in message
-        else:
-            assert f"within {timeout:g} s (this call's timeout)" in message
-        assert error.ranks == (absent,)
+    what = f"send/recv x{2 * (world_size - 1)} (metadata exchange)"
+    assert_the_others_name(outcomes, absent, what, timeout)
     assert_recovers(pool)
 
 
