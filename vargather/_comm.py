@@ -80,8 +80,8 @@ _ISSUED = [0]  # collectives this process has entered through this module
 def collectives_issued() -> int:
     """How many collectives this process has entered through ``_comm`` so far (every
     wrapper counts one; ``broadcast_from_each`` and ``exchange_with_each`` count one for
-    their batch). Tests read it
-    before and after a call to count the call's round trips."""
+    their batch). Tests read it before and after a call to count the call's round
+    trips."""
     return _ISSUED[0]
 
 

@@ -25,9 +25,10 @@ but the headers until they validated. The round is one of two kinds:
   rank-major buffer, its payload slot of ``wide[r]`` bytes followed by its ``slots``
   headers, to every peer, and receives every peer's region in place; 2 (W - 1)
   point-to-point operations in flight at once. Every byte crosses one link once and
-  no rank forwards another's: at 4 gloo ranks this ran 0.56-0.79x one equal ring
-  all_gather from 256 KiB to 4 MiB per rank, where W broadcasts in flight (the round's
-  transport until then) ran 0.76-0.94x. No rank pads to another's size: for a stable
+  no rank forwards another's: at 4 gloo ranks, even sizes, the raw sends ran
+  0.60-0.86x one equal ring all_gather from 128 KiB to 4 MiB per rank, where W
+  broadcasts in flight (the round's transport until then) ran 0.68-0.96x
+  (``docs/performance.md``, "The wide round by direct sends"). No rank pads to another's size: for a stable
   skew each slot is the rank's own need, and a single tensor gathered along a leading
   dim is returned as a view of the buffer after the payload regions are closed up
   over the headers in place (``_move_left``: one ``memmove`` per rank but the first
