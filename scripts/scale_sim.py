@@ -124,6 +124,34 @@ class _P2POp:
     group_peer: int | None = None
 
 
+class _Done:
+    """A simulated send's handle: its value is posted, nothing is left to wait for."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+
+@dataclass
+class _Received:
+    """A simulated receive's handle: waiting lands the sender's bytes (those that
+    travel) in ``tensor`` and counts them for this rank."""
+
+    exchange: Exchange
+    key: tuple[Any, ...]  # ("p2p", sender, receiver, n-th message of that pair)
+    tensor: torch.Tensor
+    n: int
+
+    def wait(self, timeout: Any = None) -> bool:
+        ex = self.exchange
+        got = ex._wait(self.key)
+        _land(self.tensor, got[self.key[1]], at_end=True)
+        ex.tally.received += self.n
+        ex.tally.buffer(self.tensor)
+        with ex.lock:
+            ex.slots.pop(self.key, None)
+        return True
+
+
 class _Slot:
     """One collective's contributions; ``ready`` once every expected one is in."""
 
@@ -266,8 +294,7 @@ class Exchange:
         me = self.rank
         pairs = self.local.__dict__.setdefault("pairs", {})
         contributed: set[tuple[int, int]] = set()  # a block sent to W - 1 peers counts once
-        works: list[Any] = []
-        exchange = self
+        works: list[_Done | _Received] = []
         for op in ops:
             peer = op.group_peer if op.group_peer is not None else op.peer
             tensor = op.tensor
@@ -275,29 +302,17 @@ class Exchange:
             self.tally.operations += 1
             sending = op.op is dist.isend
             pair = (me, peer) if sending else (peer, me)
-            count = pairs[(sending, *pair)] = pairs.get((sending, *pair), 0) + 1
-            key = ("p2p", *pair, count)
-            if sending:
-                self._post(key, _tail(tensor), 1)
-                if (tensor.data_ptr(), n) not in contributed:
-                    contributed.add((tensor.data_ptr(), n))
-                    self.tally.sent += n
-
-            class Work:
-                def __init__(self, key: Any, tensor: torch.Tensor, n: int, sending: bool):
-                    self.key, self.tensor, self.n, self.sending = key, tensor, n, sending
-
-                def wait(self, timeout: Any = None) -> bool:
-                    if not self.sending:
-                        got = exchange._wait(self.key)
-                        _land(self.tensor, got[self.key[1]], at_end=True)
-                        exchange.tally.received += self.n
-                        exchange.tally.buffer(self.tensor)
-                        with exchange.lock:
-                            exchange.slots.pop(self.key, None)
-                    return True
-
-            works.append(Work(key, tensor, n, sending))
+            direction = (sending, pair[0], pair[1])
+            count = pairs[direction] = pairs.get(direction, 0) + 1
+            key = ("p2p", pair[0], pair[1], count)
+            if not sending:
+                works.append(_Received(self, key, tensor, n))
+                continue
+            self._post(key, _tail(tensor), 1)
+            if (tensor.data_ptr(), n) not in contributed:
+                contributed.add((tensor.data_ptr(), n))
+                self.tally.sent += n
+            works.append(_Done())
         return works
 
     def all_to_all_single(
