@@ -16,8 +16,8 @@ the bytes of the buffers the collectives wrote into.
 Every byte that can steer the code travels: contributions of up to ``COPY_BYTES`` whole,
 of a larger all_gather block its first ``HEAD_BYTES`` (where the gather round keeps
 its headers), of a larger broadcast or point-to-point send its last ``HEAD_BYTES``
-(where the wide round's region carries its headers). The rest of a large payload is counted, not copied:
-payload bytes never steer vargather, and copying them would need
+(where the wide round's region carries its headers). The rest of a large payload is
+counted, not copied: payload bytes never steer vargather, and copying them would need
 W times the output's memory (results are therefore not checked here: the bench and the
 test suite do that on real worlds).
 

@@ -28,11 +28,11 @@ but the headers until they validated. The round is one of two kinds:
   no rank forwards another's: at 4 gloo ranks, even sizes, the raw sends ran
   0.60-0.86x one equal ring all_gather from 128 KiB to 4 MiB per rank, where W
   broadcasts in flight (the round's transport until then) ran 0.68-0.96x
-  (``docs/performance.md``, "The wide round by direct sends"). No rank pads to another's size: for a stable
-  skew each slot is the rank's own need, and a single tensor gathered along a leading
-  dim is returned as a view of the buffer after the payload regions are closed up
-  over the headers in place (``_move_left``: one ``memmove`` per rank but the first
-  on the CPU, never a second buffer).
+  (``docs/performance.md``, "The wide round by direct sends"). No rank pads to
+  another's size: for a stable skew each slot is the rank's own need, and a single
+  tensor gathered along a leading dim is returned as a view of the buffer after the
+  payload regions are closed up over the headers in place (``_move_left``: one
+  ``memmove`` per rank but the first on the CPU, never a second buffer).
 
 The compact header (``_wire.encode_header``, ``HEADER_WORDS`` int64) carries what
 validation compares, with no message text: a problem only sets a flag.
