@@ -76,3 +76,40 @@ def test_layout_refuses_impossible_fields(kwargs: dict[str, Any], message: str) 
     fields.update(kwargs)
     with pytest.raises(ValueError, match=re.escape(message)):
         Layout(**fields)
+
+
+@given(
+    before=st.lists(st.integers(0, 6), min_size=1, max_size=5),
+    data=st.data(),
+    lead=st.lists(st.integers(1, 3), max_size=2),
+    trail=st.lists(st.integers(0, 3), max_size=2),
+)
+def test_with_sizes_is_the_layout_built_from_those_sizes(
+    before: list[int], data: st.DataObject, lead: list[int], trail: list[int]
+) -> None:
+    # The fused round's shortcut for a call whose sizes alone changed: every field and
+    # every derived value (cached ones read before the change included) must be what a
+    # freshly built layout of the new sizes has.
+    after = data.draw(st.lists(st.integers(0, 6), min_size=len(before), max_size=len(before)))
+    fields: dict[str, Any] = {
+        "dim": len(lead),
+        "leading_shape": tuple(lead),
+        "trailing_shape": tuple(trail),
+        "dtype": torch.bfloat16,
+        "rank": len(before) - 1,
+        "world_size": len(before),
+    }
+    old = Layout(sizes=tuple(before), **fields)
+    assert old.pre and old.row_bytes >= 0  # cached before the copy
+    new = old.with_sizes(tuple(after))
+    fresh = Layout(sizes=tuple(after), **fields)
+    assert new == fresh
+    assert (new.offsets, new.total, new.max_size) == (fresh.offsets, fresh.total, fresh.max_size)
+    assert (new.pre, new.post, new.row_bytes) == (fresh.pre, fresh.post, fresh.row_bytes)
+    assert [new.shard_bytes(r) for r in range(len(after))] == [
+        fresh.shard_bytes(r) for r in range(len(after))
+    ]
+    assert new.nbytes == fresh.nbytes and new.output_shape == fresh.output_shape
+    assert old.sizes == tuple(before)  # the original is untouched
+    with pytest.raises(ValueError, match="len"):
+        old.with_sizes((*after, 1))

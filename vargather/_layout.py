@@ -20,6 +20,7 @@ adjacent in memory, which is what makes the copy-free paths possible.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -75,18 +76,42 @@ class Layout:
         object.__setattr__(self, "total", running)
         object.__setattr__(self, "max_size", max(self.sizes) if self.sizes else 0)
 
+    def with_sizes(self, sizes: tuple[int, ...]) -> Layout:
+        """This layout with ``sizes`` (same length, none negative: the caller checked)
+        in place of its own: ``dataclasses.replace`` without re-running the checks of
+        the fields that did not change (the fused round's steady state with sizes
+        changing every call builds one per call)."""
+        if len(sizes) != self.world_size:
+            raise ValueError(f"Layout: len(sizes)={len(sizes)} but world_size={self.world_size}")
+        new = object.__new__(Layout)
+        new.__dict__.update(self.__dict__)  # the fields and the size-free cached values
+        offsets: list[int] = []
+        running = 0
+        for n in sizes:
+            offsets.append(running)
+            running += n
+        new.__dict__.update(
+            sizes=sizes, offsets=tuple(offsets), total=running, max_size=max(sizes, default=0)
+        )
+        return new
+
     # -- derived quantities ---------------------------------------------------------
 
     @property
     def ndim(self) -> int:
         return len(self.leading_shape) + 1 + len(self.trailing_shape)
 
-    @property
+    # ``pre``, ``post`` and ``row_bytes`` do not depend on the sizes and are read for
+    # every rank on every call: computed once per layout (``cached_property`` writes the
+    # instance's ``__dict__``, which a frozen dataclass allows). No cached value may
+    # depend on the sizes: ``with_sizes`` carries them over.
+
+    @functools.cached_property
     def pre(self) -> int:
         """Product of the leading dimensions (1 when ``dim == 0``)."""
         return math.prod(self.leading_shape)
 
-    @property
+    @functools.cached_property
     def post(self) -> int:
         """Product of the trailing dimensions (1 when ``dim`` is the last)."""
         return math.prod(self.trailing_shape)
@@ -112,7 +137,7 @@ class Layout:
         padded = self.world_size * self.max_size
         return 0.0 if padded == 0 else 1.0 - self.total / padded
 
-    @property
+    @functools.cached_property
     def row_bytes(self) -> int:
         """Bytes of one index along ``dim`` of one leading block: ``post * itemsize``."""
         return self.post * self.dtype.itemsize
