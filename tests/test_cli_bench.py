@@ -123,17 +123,19 @@ def test_schema_and_every_variant_verified(smoke: tuple[dict[str, Any], Path, st
         # timed with default malloc settings; memory in a pass of its own under the meter's
         assert c["malloc_env"] == {}
         assert c["memory_malloc_env"] == {"MALLOC_MMAP_THRESHOLD_": "65536"}
+        # --repeats 2 at 0.05 MB: scaled up to 4x, each variant's calls moving 256 MB
+        assert c["repeats"] == 8
         for direction, names in (("forward", FORWARD), ("backward", BACKWARD)):
             assert list(c[direction]) == names
             for name, entry in c[direction].items():
                 where = f"{direction} {name} {c['profile']}"
                 assert entry["verified"] is True, where
-                assert len(entry["times_s"]) == 2, where
-                assert len(entry["ratios"]) == 2, where
+                assert len(entry["times_s"]) == 8, where
+                assert len(entry["ratios"]) == 8, where
                 assert all(t > 0 for t in entry["times_s"]), where
                 assert entry["median_ratio"] > 0, where
                 if name == "limit":
-                    assert entry["ratios"] == [1.0, 1.0]
+                    assert entry["ratios"] == [1.0] * 8
                 assert isinstance(entry["peak_extra_bytes"], int), where
     targets = document["targets"]
     assert {t["target"] for t in targets} >= {
@@ -510,3 +512,23 @@ def test_cell_count() -> None:
     )  # small, coalesced, peers, family, large x2
     no_mem = _bench.BenchConfig(ranks=(4,), sizes_mb=(1.0,), memory=False, parts=("large",))
     assert _config.cell_count(no_mem) == len(no_mem.profiles)
+
+
+def test_large_repeats_scale_with_the_payload() -> None:
+    # --repeats counts at 64 MB; smaller payloads get more calls, so that each variant
+    # moves 256 MB in all, at most 4x as many
+    assert _config.large_repeats(7, 64) == 7
+    assert _config.large_repeats(7, 16) == 16
+    assert _config.large_repeats(7, 4) == 28
+    assert _config.large_repeats(7, 1) == 28
+    assert _config.large_repeats(7, 256) == 7
+    assert _config.large_repeats(2, 0.05) == 8
+
+
+def test_large_tables_say_how_many_calls_each_size_took() -> None:
+    cells = [{"payload_mb": 4.0, "repeats": 28}, {"payload_mb": 64.0, "repeats": 7}]
+    assert _tables._repeats_by_size(cells) == (
+        " over single calls per variant (28 at 4 MB, 7 at 64 MB)"
+    )
+    assert _tables._repeats_by_size(cells[1:]) == " over 7 single calls per variant"
+    assert _tables._repeats_by_size([{"payload_mb": 4.0}]) == ""  # an older record

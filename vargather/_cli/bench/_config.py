@@ -105,6 +105,24 @@ def floor_ratio(shares: Sequence[float]) -> float:
 # --- configuration ---------------------------------------------------------------------------
 
 
+LARGE_MOVED_MB: Final = 256.0
+"""The large part times each variant at least this many MB in all (``large_repeats``)."""
+
+LARGE_REPEATS_FACTOR: Final = 4
+"""At most this many times ``--repeats`` single calls per variant in a large cell."""
+
+
+def large_repeats(repeats: int, mb: float) -> int:
+    """The timed single calls per variant of a large cell of ``mb`` MB: ``repeats`` (the
+    64 MB cells' count), more for smaller payloads, so that each variant moves at least
+    ``LARGE_MOVED_MB`` in all, at most ``LARGE_REPEATS_FACTOR`` times ``repeats``. A 4 MB
+    call lasts a few milliseconds, which this 2-core machine's scheduling jitter
+    matches: over 7 calls a median ratio moved by a third from run to run (1.08x and
+    1.47x at 4 MB, even), over 28 calls it is steadier, for some 10 s more per cell."""
+    wanted = math.ceil(LARGE_MOVED_MB / mb) if mb > 0 else repeats
+    return max(repeats, min(LARGE_REPEATS_FACTOR * repeats, wanted))
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     ranks: tuple[int, ...] = (2, 4)
@@ -171,7 +189,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"large part: size profiles (default {','.join(PROFILES)})",
     )
     p.add_argument(
-        "--repeats", type=int, default=None, help="large part: timed repeats (default 7)"
+        "--repeats",
+        type=int,
+        default=None,
+        help="large part: timed single calls per variant at 64 MB (default 7); smaller "
+        "payloads take more, up to 4x, so that each variant moves 256 MB",
     )
     p.add_argument(
         "--warmup",

@@ -27,6 +27,7 @@ from ._config import (
     BenchConfig,
     _wanted,
     floor_ratio,
+    large_repeats,
     malloc_environment,
     profile_shares,
     split_rows,
@@ -85,8 +86,9 @@ def _rank_cell(ctx: RankContext, job: tuple[BenchConfig, float, str, str]) -> di
         forward = _measure_memory(_selected(_forward_variants(cell), cfg))
         backward = _measure_memory(_selected(_backward_variants(cell), cfg))
     else:
-        forward = _measure(_selected(_forward_variants(cell), cfg), cfg)
-        backward = _measure(_selected(_backward_variants(cell), cfg), cfg)
+        repeats = large_repeats(cfg.repeats, mb)
+        forward = _measure(_selected(_forward_variants(cell), cfg), cfg, repeats)
+        backward = _measure(_selected(_backward_variants(cell), cfg), cfg, repeats)
     if rank != 0:
         return None
     return {
@@ -99,6 +101,7 @@ def _rank_cell(ctx: RankContext, job: tuple[BenchConfig, float, str, str]) -> di
         "output_bytes": total * ROW_ELEMENTS * 4,
         "limit_bytes": cell.eq_rows * world_size * ROW_ELEMENTS * 4,
         "floor": floor_ratio(shares),
+        "repeats": large_repeats(cfg.repeats, mb),
         "auto_transport": auto_transport_name(layout, "gloo"),
         "malloc_env": malloc_environment(),
         "forward": forward,

@@ -52,6 +52,18 @@ def _row_label(c: dict[str, Any]) -> list[str]:
     return [str(c["world_size"]), f"{c['payload_mb']:g}", f"{c['profile']} ({shares})"]
 
 
+def _repeats_by_size(cells: Sequence[dict[str, Any]]) -> str:
+    """`` over N single calls per variant`` (per payload when they differ), or ``""``
+    for records that do not say."""
+    by_size = {c["payload_mb"]: c["repeats"] for c in cells if "repeats" in c}
+    if not by_size:
+        return ""
+    if len(set(by_size.values())) == 1:
+        return f" over {next(iter(by_size.values()))} single calls per variant"
+    told = ", ".join(f"{n} at {mb:g} MB" for mb, n in sorted(by_size.items()))
+    return f" over single calls per variant ({told})"
+
+
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -303,7 +315,8 @@ def markdown_report(
             for c in cells
         ]
         parts.append(
-            f"**{direction}**, median of per-repeat ratios (quartiles in parentheses) to the equal-size "
+            f"**{direction}**, median of per-repeat ratios{_repeats_by_size(cells)} "
+            "(quartiles in parentheses) to the equal-size "
             f"{'all_gather' if direction == 'forward' else 'reduce_scatter'} of the same bytes "
             "(lower is better; `limit` is 1.00x by definition)\n\n" + _table(head, rows)
         )
