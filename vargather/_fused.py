@@ -780,12 +780,15 @@ Cut = Callable[[tuple[Layout, ...], tuple[int, ...]], list[torch.Tensor]]
 class _Round:
     """One group's send buffer (and, for a small round, its receive buffer) for the
     fused round of one kind, kept from call to call (CPU only): the headers are
-    rewritten only when they change, the payload is copied into its slot in one copy,
-    the bytes that must be zero are cleared only where an earlier payload left others,
-    and the received headers are read with ``struct`` straight from the received bytes.
+    rewritten only when they change, the payload is copied into its slot in one copy
+    per tensor (a ``memmove`` from a plain tensor's bytes, ``_plain``; else a typed
+    view's ``copy_``), the bytes that must be zero are cleared only where an earlier
+    payload left others, and the received headers are read with ``struct`` straight
+    from the received bytes.
 
     A round of at most ``_KEEP_RECV_MAX`` received bytes keeps its receive buffer (a
-    ``bytearray``) and cuts every result out of it as a fresh tensor (``torch.cat`` of
+    ``bytearray``) and cuts every result out of it as a fresh tensor (one ``memmove``
+    per rank when its rank blocks are adjacent, ``_copied_out``; else ``torch.cat`` of
     views): nothing returned aliases the kept buffers. A larger round receives into a
     buffer of its own per call (``receive``: fresh, or one of the group's last
     ``_KEPT_BUFFERS`` once its result is gone, ``_handed_back_buffer``) and, for one tensor whose rank blocks are
