@@ -276,7 +276,7 @@ def _gathered_bytes(x: torch.Tensor) -> tuple[bytes, bool]:
     before = _comm.collectives_issued()
     out = vargather.all_gather_v(x, 0)
     issued = _comm.collectives_issued() - before
-    return raw_bytes(out), issued == 1
+    return raw_bytes(out.detach()), issued == 1
 
 
 def strided_in_the_fused_round(ctx: RankContext, dtype: str) -> list[tuple[bytes, bool]]:
@@ -302,6 +302,31 @@ def lazy_views_in_the_fused_round(ctx: RankContext, kind: str) -> list[tuple[byt
         base = make_shard((ctx.rank + 1, 3), dtype, seed=21 + ctx.rank)
         x = base.conj() if kind == "conj" else base._neg_view()
         assert x.is_conj() or x.is_neg()
+        seen.append(_gathered_bytes(x))
+    return seen
+
+
+class _Tagged(torch.Tensor):
+    """A trivial tensor subclass: the fused round must not take its ``data_ptr`` as its
+    bytes (``_fused._plain``), yet gather it exactly."""
+
+
+def wrapped_in_the_fused_round(ctx: RankContext, kind: str) -> list[tuple[bytes, bool]]:
+    """A shard as an ``nn.Parameter``, a tensor subclass, or a contiguous view that
+    starts past its storage's first element, gathered three times on one group (the
+    later calls ride in the fused round, the payload copied by ``memmove`` or by a view
+    copy); each result's bytes and whether its call issued a single collective."""
+    seen: list[tuple[bytes, bool]] = []
+    for _ in range(3):
+        base = make_shard((ctx.rank + 3, 5), "float64", seed=41 + ctx.rank)
+        if kind == "parameter":
+            x = torch.nn.Parameter(base[1:].clone())
+        elif kind == "subclass":
+            x = base[1:].clone().as_subclass(_Tagged)
+        else:
+            x = base[1:]  # offset: contiguous, its data one row into the storage
+            assert x.is_contiguous()
+            assert x.storage_offset() == 5
         seen.append(_gathered_bytes(x))
     return seen
 

@@ -33,6 +33,7 @@ from ._fused_fns import (
     strided_in_the_fused_round,
     upstream,
     views_on_one_rank,
+    wrapped_in_the_fused_round,
 )
 
 pytestmark = pytest.mark.multirank
@@ -337,6 +338,24 @@ def test_strided_shards_ride_the_fused_round(dtype: str) -> None:
             assert got == want, f"call {i} ({layout}) on rank {r}: bytes differ from the oracle"
             if i >= 2:
                 assert one_collective, f"call {i} on rank {r} took more than one collective"
+
+
+@pytest.mark.parametrize("kind", ["parameter", "subclass", "offset"])
+def test_parameters_subclasses_and_offset_views_ride_the_fused_round(kind: str) -> None:
+    """The gather round copies a plain contiguous CPU tensor's bytes from its
+    ``data_ptr()`` (a ``Parameter`` and a view into its storage are plain; a subclass
+    is not, and takes the view copy): every rank gets the oracle's bytes in one
+    collective either way."""
+    world = 3
+    results = get_pool(world).run(wrapped_in_the_fused_round, kind)
+    want = raw_bytes(
+        torch.cat([make_shard((r + 3, 5), "float64", seed=41 + r)[1:] for r in range(world)])
+    )
+    for r in range(world):
+        for i, (got, one_collective) in enumerate(results[r]):
+            assert got == want, f"{kind}, call {i} on rank {r}: bytes differ from the oracle"
+            if i >= 1:
+                assert one_collective, f"{kind}, call {i} on rank {r}: more than one collective"
 
 
 @pytest.mark.multirank
