@@ -29,6 +29,19 @@ import torch
 __all__ = ["Layout"]
 
 
+def _size_fields(sizes: tuple[int, ...]) -> dict[str, int | tuple[int, ...]]:
+    """The fields that follow from the sizes: ``offsets`` (``o_r``, the exclusive
+    running sum), ``total`` and ``max_size``."""
+    # A plain loop and ``max`` without ``default=``: dynamo traces this with symbolic
+    # sizes (``torch.compile``), and it refuses ``max(..., default=...)``.
+    offsets: list[int] = []
+    running = 0
+    for n in sizes:
+        offsets.append(running)
+        running += n
+    return {"offsets": tuple(offsets), "total": running, "max_size": max(sizes) if sizes else 0}
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where every rank's shard lands in the gathered tensor.
@@ -67,14 +80,8 @@ class Layout:
             raise ValueError(
                 f"Layout: dim={self.dim} but leading_shape has {len(self.leading_shape)} dims"
             )
-        offsets: list[int] = []
-        running = 0
-        for n in self.sizes:
-            offsets.append(running)
-            running += n
-        object.__setattr__(self, "offsets", tuple(offsets))
-        object.__setattr__(self, "total", running)
-        object.__setattr__(self, "max_size", max(self.sizes) if self.sizes else 0)
+        # a frozen dataclass's own fields, set as ``object.__setattr__`` would
+        self.__dict__.update(_size_fields(self.sizes))
 
     def with_sizes(self, sizes: tuple[int, ...]) -> Layout:
         """This layout with ``sizes`` (same length, none negative: the caller checked)
@@ -85,14 +92,7 @@ class Layout:
             raise ValueError(f"Layout: len(sizes)={len(sizes)} but world_size={self.world_size}")
         new = object.__new__(Layout)
         new.__dict__.update(self.__dict__)  # the fields and the size-free cached values
-        offsets: list[int] = []
-        running = 0
-        for n in sizes:
-            offsets.append(running)
-            running += n
-        new.__dict__.update(
-            sizes=sizes, offsets=tuple(offsets), total=running, max_size=max(sizes, default=0)
-        )
+        new.__dict__.update(_size_fields(sizes), sizes=sizes)
         return new
 
     # -- derived quantities ---------------------------------------------------------

@@ -82,11 +82,11 @@ def _rank_cell(ctx: RankContext, job: tuple[BenchConfig, float, str, str]) -> di
         rank=rank,
         world_size=world_size,
     )
+    repeats = large_repeats(cfg.repeats, mb)
     if mode == "memory":
         forward = _measure_memory(_selected(_forward_variants(cell), cfg))
         backward = _measure_memory(_selected(_backward_variants(cell), cfg))
     else:
-        repeats = large_repeats(cfg.repeats, mb)
         forward = _measure(_selected(_forward_variants(cell), cfg), cfg, repeats)
         backward = _measure(_selected(_backward_variants(cell), cfg), cfg, repeats)
     if rank != 0:
@@ -101,7 +101,7 @@ def _rank_cell(ctx: RankContext, job: tuple[BenchConfig, float, str, str]) -> di
         "output_bytes": total * ROW_ELEMENTS * 4,
         "limit_bytes": cell.eq_rows * world_size * ROW_ELEMENTS * 4,
         "floor": floor_ratio(shares),
-        "repeats": large_repeats(cfg.repeats, mb),
+        "repeats": repeats,
         "auto_transport": auto_transport_name(layout, "gloo"),
         "malloc_env": malloc_environment(),
         "forward": forward,
