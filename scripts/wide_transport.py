@@ -17,7 +17,16 @@ per call (the rank process's, every thread, largest over ranks):
 * ``auto``: ``vargather.all_gather_v`` as it is (the wide round by direct sends past
   128 KiB per rank);
 * ``auto-bcast``: the same library with the wide round's transport put back to W
-  broadcasts (``_comm.broadcast_from_each``), an A/B of the one change.
+  broadcasts (``_comm.broadcast_from_each``), an A/B of the one change;
+* ``ring``: the same buffer, each block forwarded around a ring of W ranks (at step k
+  rank r sends block ``r - k`` to ``r + 1``), cut into ``RING_CHUNK`` bytes (environment,
+  default 1 MiB) each sent on as soon as it arrived: every rank sends ``T - s[r + 1]``
+  and receives ``T - s[r]`` bytes, what no rank exceeds under skew (direct sends make
+  the largest rank send ``(W - 1) s[max]``), at W - 1 dependent steps;
+* ``p2p-lib``: the same buffer through the library's ``_comm.exchange_with_each``
+  (``batch_isend_irecv``), against ``p2p``'s loose ``isend``/``irecv``.
+
+``--calls 1`` times single calls (each after a barrier), as the bench's large part does.
 
 Run: ``python scripts/wide_transport.py --per-rank-kb 256,1024,4096``.
 """
@@ -35,9 +44,11 @@ import torch.distributed as dist
 
 import vargather
 from vargather import _comm, _fused
+from vargather._group import resolve_group
 from vargather.testing import RankContext, RankPool
 
-VARIANTS = "limit,bcast,p2p,p2p-nocopy,a2a,auto,auto-bcast"
+CHUNK = int(os.environ.get("RING_CHUNK", 1 << 20))
+VARIANTS = "limit,bcast,p2p,p2p-nocopy,a2a,auto,auto-bcast,ring,p2p-lib"
 
 
 def _rank(ctx: RankContext, job: tuple[int, int, int, tuple[str, ...], str]) -> Any:
@@ -51,6 +62,7 @@ def _rank(ctx: RankContext, job: tuple[int, int, int, tuple[str, ...], str]) -> 
     own = [m * 4 for m in mine]
     starts = [sum(own[:q]) for q in range(w + 1)]
     eq = torch.zeros(n)
+    info = resolve_group(None)
     want = torch.cat([torch.arange(m, dtype=torch.float32) + q for q, m in enumerate(mine)])
 
     def limit() -> torch.Tensor:
@@ -85,6 +97,41 @@ def _rank(ctx: RankContext, job: tuple[int, int, int, tuple[str, ...], str]) -> 
             work.wait()
         return buf.view(torch.float32)
 
+    def ring(chunk: int = CHUNK) -> torch.Tensor:
+        # block b travels r -> r+1 -> ...; at step k rank r forwards block (r - k) to its
+        # right, cut into chunks sent as soon as each has arrived from the left
+        buf = filled()
+        left, right = (r - 1) % w, (r + 1) % w
+
+        def pieces(b: int) -> list[torch.Tensor]:
+            block = buf[starts[b] : starts[b + 1]]
+            return [block[i : i + chunk] for i in range(0, block.numel(), chunk)]
+
+        recvs = [
+            [
+                dist.irecv(c, src=left, tag=k * 4096 + j)
+                for j, c in enumerate(pieces((left - k) % w))
+            ]
+            for k in range(w - 1)
+        ]
+        works = [dist.isend(c, dst=right, tag=j) for j, c in enumerate(pieces(r))]
+        for k in range(1, w - 1):
+            for j, c in enumerate(pieces((r - k) % w)):
+                recv = recvs[k - 1][j]
+                assert recv is not None
+                recv.wait()
+                works.append(dist.isend(c, dst=right, tag=k * 4096 + j))
+        for work in [x for row in recvs[w - 2 :] for x in row] + works:  # a gloo recv's
+            # wait() waits for one more message: the forwarded ones were waited already
+            assert work is not None
+            work.wait()
+        return buf.view(torch.float32)
+
+    def p2p_lib() -> torch.Tensor:
+        buf = filled()
+        _comm.exchange_with_each([buf[starts[q] : starts[q + 1]] for q in range(w)], info)
+        return buf.view(torch.float32)
+
     def a2a() -> torch.Tensor:
         buf = torch.empty(starts[w], dtype=torch.uint8)
         dist.all_to_all_single(buf, x.view(torch.uint8).repeat(w), own, [own[r]] * w)
@@ -111,6 +158,8 @@ def _rank(ctx: RankContext, job: tuple[int, int, int, tuple[str, ...], str]) -> 
         "a2a": a2a,
         "auto": lambda: vargather.all_gather_v(x),
         "auto-bcast": auto_bcast,
+        "ring": ring,
+        "p2p-lib": p2p_lib,
     }
     for v in variants:  # checked, then warm (the library learns its slots)
         for _ in range(2 * w):

@@ -123,19 +123,19 @@ def test_schema_and_every_variant_verified(smoke: tuple[dict[str, Any], Path, st
         # timed with default malloc settings; memory in a pass of its own under the meter's
         assert c["malloc_env"] == {}
         assert c["memory_malloc_env"] == {"MALLOC_MMAP_THRESHOLD_": "65536"}
-        # --repeats 2 at 0.05 MB: scaled up to 4x, each variant's calls moving 256 MB
-        assert c["repeats"] == 8
+        # --repeats 2 at 0.05 MB: scaled up to 8x, each variant's calls moving 1 GB
+        assert c["repeats"] == 16
         for direction, names in (("forward", FORWARD), ("backward", BACKWARD)):
             assert list(c[direction]) == names
             for name, entry in c[direction].items():
                 where = f"{direction} {name} {c['profile']}"
                 assert entry["verified"] is True, where
-                assert len(entry["times_s"]) == 8, where
-                assert len(entry["ratios"]) == 8, where
+                assert len(entry["times_s"]) == 16, where
+                assert len(entry["ratios"]) == 16, where
                 assert all(t > 0 for t in entry["times_s"]), where
                 assert entry["median_ratio"] > 0, where
                 if name == "limit":
-                    assert entry["ratios"] == [1.0] * 8
+                    assert entry["ratios"] == [1.0] * 16
                 assert isinstance(entry["peak_extra_bytes"], int), where
     targets = document["targets"]
     assert {t["target"] for t in targets} >= {
@@ -515,14 +515,15 @@ def test_cell_count() -> None:
 
 
 def test_large_repeats_scale_with_the_payload() -> None:
-    # --repeats counts at 64 MB; smaller payloads get more calls, so that each variant
-    # moves 256 MB in all, at most 4x as many
-    assert _config.large_repeats(7, 64) == 7
-    assert _config.large_repeats(7, 16) == 16
-    assert _config.large_repeats(7, 4) == 28
-    assert _config.large_repeats(7, 1) == 28
+    # --repeats is the fewest (from 1 GB up); smaller payloads get more calls, so that
+    # each variant moves 1 GB in all, at most 8x as many
+    assert _config.large_repeats(7, 64) == 16
+    assert _config.large_repeats(7, 16) == 56
+    assert _config.large_repeats(7, 4) == 56
+    assert _config.large_repeats(7, 1) == 56
     assert _config.large_repeats(7, 256) == 7
-    assert _config.large_repeats(2, 0.05) == 8
+    assert _config.large_repeats(7, 1024) == 7
+    assert _config.large_repeats(2, 0.05) == 16
 
 
 def test_large_tables_say_how_many_calls_each_size_took() -> None:

@@ -60,10 +60,10 @@ family (64 KiB, 1 MiB, 16 MiB; even and mild; rows of 64 float32), steady state
     range, with the collectives each call issues.
 
 Timing, large cells: each repeat times every variant once, in a rotated order, each
-after a barrier; a variant's time is the slowest rank's. ``--repeats`` repeats at 64 MB,
-more for smaller payloads (``large_repeats``: each variant moves at least 256 MB, at
-most 4x ``--repeats`` calls), as a call of a few MB lasts about as long as this
-machine's scheduling jitter. Its ratio is its time over the
+after a barrier; a variant's time is the slowest rank's. ``--repeats`` repeats from 1 GB
+up, more for smaller payloads (``large_repeats``: each variant moves at least 1 GB, at
+most 8x ``--repeats`` calls: 56 at 1-16 MB, 16 at 64 MB by default), as a call of a few
+MB lasts about as long as this machine's scheduling jitter. Its ratio is its time over the
 limit's time in the same repeat, and the tables report the median ratio over the
 repeats, with their quartiles. Small, coalesced, peers and family cells: each repeat runs
 every variant as a *burst*, in a rotated order: one untimed call, a barrier, then ``--calls`` back-to-back timed calls; a

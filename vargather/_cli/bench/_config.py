@@ -105,20 +105,23 @@ def floor_ratio(shares: Sequence[float]) -> float:
 # --- configuration ---------------------------------------------------------------------------
 
 
-LARGE_MOVED_MB: Final = 256.0
+LARGE_MOVED_MB: Final = 1024.0
 """The large part times each variant at least this many MB in all (``large_repeats``)."""
 
-LARGE_REPEATS_FACTOR: Final = 4
+LARGE_REPEATS_FACTOR: Final = 8
 """At most this many times ``--repeats`` single calls per variant in a large cell."""
 
 
 def large_repeats(repeats: int, mb: float) -> int:
     """The timed single calls per variant of a large cell of ``mb`` MB: ``repeats`` (the
-    64 MB cells' count), more for smaller payloads, so that each variant moves at least
+    count from 1 GB up), more for smaller payloads, so that each variant moves at least
     ``LARGE_MOVED_MB`` in all, at most ``LARGE_REPEATS_FACTOR`` times ``repeats``. A 4 MB
     call lasts a few milliseconds, which this 2-core machine's scheduling jitter
-    matches: over 7 calls a median ratio moved by a third from run to run (1.08x and
-    1.47x at 4 MB, even), over 28 calls it is steadier, for some 10 s more per cell."""
+    matches, and one single call of 4-16 MB reads anywhere from 0.5x to 1.6x the
+    limit's call beside it: over 7 calls a median ratio moved by a third from run to run
+    (1.08x and 1.47x at 4 MB, even), over 28 calls still by a quarter (1.05x and 1.35x
+    at 4 MB, mild). 56 calls per variant at 1-16 MB (at the default ``--repeats 7``)
+    cost about a minute more per run."""
     wanted = math.ceil(LARGE_MOVED_MB / mb) if mb > 0 else repeats
     return max(repeats, min(LARGE_REPEATS_FACTOR * repeats, wanted))
 
@@ -192,8 +195,8 @@ def _parser() -> argparse.ArgumentParser:
         "--repeats",
         type=int,
         default=None,
-        help="large part: timed single calls per variant at 64 MB (default 7); smaller "
-        "payloads take more, up to 4x, so that each variant moves 256 MB",
+        help="large part: timed single calls per variant from 1 GB up (default 7); smaller "
+        "payloads take more, up to 8x, so that each variant moves 1 GB",
     )
     p.add_argument(
         "--warmup",
