@@ -490,6 +490,95 @@ def test_wide_slots_shrink_after_idle_calls_and_bound_the_padding() -> None:
     assert s.wide == ()
 
 
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ((4_000_000,) * 4, (2_909_184, 3_636_224, 4_363_264, 5_090_304)),  # even -> mild
+        ((2_909_184, 3_636_224, 4_363_264, 5_090_304), (4_000_000,) * 4),  # mild -> even
+        ((300_000, 150_000, 64), (299_000, 149_000, 40)),  # smaller within every slot
+    ],
+)
+def test_wide_slots_become_a_stable_skews_exact_needs(
+    before: tuple[int, ...], after: tuple[int, ...]
+) -> None:
+    """Sizes that moved and then stay: the slots an earlier miss grew (or larger sizes
+    left) become the new needs exactly after ``SHRINK_AFTER`` calls in a row with the
+    same needs, and no sooner; without this rule an even-then-mild group sent 12 % more
+    than its payload on every call, forever."""
+    s = _fused.FusedState()
+    for _ in range(3):
+        s = _fused.advance(s, fusable=True, need=max(before), count=1, needs=before)
+    assert s.wide == before
+    s = _fused.advance(s, fusable=True, need=max(after), count=1, needs=after)
+    loose = s.wide  # grown by a miss, or the larger sizes' slots
+    assert loose != after
+    assert all(c >= n for c, n in zip(loose, after, strict=True))
+    for k in range(2, _fused.SHRINK_AFTER):
+        s = _fused.advance(s, fusable=True, need=max(after), count=1, needs=after)
+        assert s.wide == loose, k  # not yet: the streak counts calls with the same needs
+    assert (s.wide, s.wide_steady) == (loose, _fused.SHRINK_AFTER - 1)
+    s = _fused.advance(s, fusable=True, need=max(after), count=1, needs=after)  # the 8th
+    assert s.wide == after
+    assert (s.wide_steady, s.wide_last, s.wide_idle) == (0, (), 0)
+    # exact slots: nothing of the wide round changes from call to call
+    t = _fused.advance(s, fusable=True, need=max(after), count=1, needs=after)
+    assert (t.wide, t.wide_idle, t.wide_max, t.wide_steady, t.wide_last) == (after, 0, (), 0, ())
+
+
+def test_a_stable_skew_after_other_sizes_sends_its_exact_needs_at_three_ranks() -> None:
+    """On a real world: even sizes past ``WIDE_MIN_BYTES``, then a mild skew that stays.
+    The skew's first call misses (two rounds, every slot grown alike); the next calls
+    take one collective each, and after ``SHRINK_AFTER`` calls with the skew every
+    rank's slots are its exact needs, on every rank alike, every output the oracle's."""
+    b = BIG
+    even = Step("v", ((b, 1), (b, 1), (b, 1)), F32)
+    mild = Step("v", ((b * 3 // 4, 1), (b, 1), (b * 5 // 4, 1)), F32)
+    steps = [even, even] + [mild] * (_fused.SHRINK_AFTER + 1)
+    collectives: list[int | None] = [2, 1, 2] + [1] * _fused.SHRINK_AFTER
+    results = check_script(3, steps, [None] * len(steps), collectives)
+    wide = [tuple(results[0][s]["state"][0][6]) for s in range(len(steps))]
+    needs = (4 * (b * 3 // 4), 4 * b, 4 * (b * 5 // 4))
+    assert wide[1] == (4 * b,) * 3
+    assert wide[2] == tuple(max(4 * b, _fused.bucket(n)) for n in needs)  # the miss: grown
+    assert wide[2 + _fused.SHRINK_AFTER - 2] == wide[2]  # loose until the streak is full
+    assert wide[2 + _fused.SHRINK_AFTER - 1] == needs  # then exact: no padding sent
+    assert wide[-1] == needs
+
+
+def test_wide_slots_stay_loose_while_sizes_keep_moving() -> None:
+    """Sizes that change every call (within the slots) never make a streak: the slots
+    keep their headroom, and a call with other needs restarts the count."""
+    s = _fused.FusedState()
+    base = (400_000, 500_000, 600_000, 700_000)
+    s = _fused.advance(s, fusable=True, need=700_000, count=1, needs=base)
+    grown = (400_000, 500_000, 600_000, 700_001)
+    s = _fused.advance(s, fusable=True, need=700_001, count=1, needs=grown)  # a miss
+    loose = s.wide
+    for k in range(3 * _fused.SHRINK_AFTER):
+        needs = tuple(n - 1_000 * (k % 2) for n in grown)
+        s = _fused.advance(s, fusable=True, need=max(needs), count=1, needs=needs)
+        assert s.wide == loose, k
+    # SHRINK_AFTER - 1 calls with the same needs, one other, then the same again: the
+    # streak starts over
+    for _ in range(_fused.SHRINK_AFTER - 1):
+        s = _fused.advance(s, fusable=True, need=max(grown), count=1, needs=grown)
+    assert (s.wide, s.wide_steady) == (loose, _fused.SHRINK_AFTER - 1)
+    s = _fused.advance(s, fusable=True, need=max(base), count=1, needs=base)
+    assert (s.wide, s.wide_steady) == (loose, 1)
+    s = _fused.advance(s, fusable=True, need=max(grown), count=1, needs=grown)
+    assert (s.wide, s.wide_steady) == (loose, 1)
+    # calls that do not go wide (another transport, a rank not eligible, small ones)
+    # between them neither count nor break the row
+    for k in range(2, _fused.SHRINK_AFTER + 1):
+        s = _fused.advance(s, fusable=False, need=max(grown), count=1, needs=grown)
+        s = _fused.advance(s, fusable=True, need=100, count=1, needs=(100,) * 4)
+        assert (s.wide, s.wide_steady) == (loose, k - 1), k
+        s = _fused.advance(s, fusable=True, need=max(grown), count=1, needs=grown)
+        if k < _fused.SHRINK_AFTER:
+            assert (s.wide, s.wide_steady) == (loose, k), k
+    assert s.wide == grown
+
+
 @pytest.mark.parametrize("move", ["_move_left", "_move_chunked"])
 def test_in_place_compaction_moves_overlapping_ranges_exactly(move: str) -> None:
     """The wide round's in-place compaction (``memmove`` on the CPU, chunked tensor

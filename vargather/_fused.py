@@ -71,17 +71,21 @@ The state rule (``advance``), applied on every rank after a call whose headers v
   ``max(wide[r], bucket(needs[r]))``; a miss by an eligible call that does not go wide
   ends the wide round at once (the gather round's capacity grew to it in the same
   call); a call that goes wide and fits, with no slot at least twice ``bucket`` of its
-  need, ends any idle streak; any other call is idle, and after ``SHRINK_AFTER`` idle
-  calls in a row ``wide`` becomes the largest needs of the streak's wide calls (or
-  empty, back to the gather round, when none went wide);
+  need, ends any idle streak, and once ``SHRINK_AFTER`` such calls in a row had the
+  very same needs (calls that do not go wide between them neither count nor break
+  the row), ``wide`` becomes those needs exactly (a stable skew sends no padding,
+  whatever sizes came before it); any other call is idle, and after
+  ``SHRINK_AFTER`` idle calls in a row ``wide`` becomes the largest needs of the
+  streak's wide calls (or empty, back to the gather round, when none went wide);
 * ``slots`` grows at once to a call's tensor count and, after ``SHRINK_AFTER`` calls in
   a row with fewer tensors, shrinks to the most among them.
 
 **Padding bound.** ``bucket(n) <= max(64, 1.125 n)``. In the wide round a rank's slot
-is its exact need while its size is stable, at most ``bucket`` of the largest need it
-had since the slots were set once sizes move (12.5 % of that, 64 bytes at least), and
-never more than twice ``bucket`` of its need for more than ``SHRINK_AFTER - 1`` calls in
-a row; no rank's slot depends on another rank's size. In the gather round every slot
+is its exact need from a group's first wide call while sizes stay, and again after
+``SHRINK_AFTER`` calls in a row with the same sizes once they moved; in between it is
+at most ``bucket`` of the largest need it had since the slots were set (12.5 % of that,
+64 bytes at least), and never more than twice ``bucket`` of its need for more than
+``SHRINK_AFTER - 1`` calls in a row; no rank's slot depends on another rank's size. In the gather round every slot
 is ``capacity`` (at most ``FUSED_MAX_BYTES``), so a rank receives at most ``W *
 capacity`` bytes. A group is in the gather round only after a call that did not go
 wide, so for that call's sizes ``W * bucket(need) <= max(PAD_LIMIT * sum(needs),
@@ -225,7 +229,9 @@ class FusedState:
     ``capacity``, ``idle``, ``idle_need``: the gather round's one payload slot and its
     shrink streak. ``slots``, ``fewer``, ``fewer_max``: the header slots. ``wide``: the
     wide round's per-rank payload slots (empty: the group runs the gather round);
-    ``wide_idle`` and ``wide_max``: its shrink streak and the largest needs in it.
+    ``wide_idle`` and ``wide_max``: its shrink streak and the largest needs in it;
+    ``wide_steady`` and ``wide_last``: its calls in a row with the same needs
+    (``wide_last``) within slots that are not exactly those needs.
     """
 
     capacity: int = 0
@@ -237,6 +243,8 @@ class FusedState:
     wide: tuple[int, ...] = ()
     wide_idle: int = 0
     wide_max: tuple[int, ...] = ()
+    wide_steady: int = 0
+    wide_last: tuple[int, ...] = ()
 
 
 PAD_LIMIT: Final = 4
@@ -262,32 +270,47 @@ def _wants_wide(needs: Sequence[int]) -> bool:
     return most > WIDE_MIN_BYTES or padded > max(PAD_LIMIT * sum(needs), SMALL_BYTES)
 
 
-def _advance_wide(
-    state: FusedState, fusable: bool, needs: Sequence[int]
-) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
+_WideStep = tuple[tuple[int, ...], int, tuple[int, ...], int, tuple[int, ...]]
+"""``(wide, wide_idle, wide_max, wide_steady, wide_last)`` after a call."""
+
+
+def _advance_wide(state: FusedState, fusable: bool, needs: Sequence[int]) -> _WideStep:
     """The wide round's part of ``advance`` (module doc, "the wide round")."""
     wide, idle, most = state.wide, state.wide_idle, state.wide_max
     large = fusable and _wants_wide(needs)
     if large and len(wide) != len(needs):  # a group's first large call: its exact needs
-        return tuple(needs), 0, ()
+        return tuple(needs), 0, (), 0, ()
     if not wide:
-        return wide, 0, ()
+        return wide, 0, (), 0, ()
     missed = any(n > c for n, c in zip(needs, wide, strict=True))
-    if large and missed:  # a miss: grow
-        return tuple(max(c, bucket(n)) for n, c in zip(needs, wide, strict=True)), 0, ()
+    if large and missed:  # a miss: grow (the first call of a streak with these needs)
+        grown = tuple(max(c, bucket(n)) for n, c in zip(needs, wide, strict=True))
+        return grown, 0, (), 1, tuple(needs)
     if missed and fusable:  # a miss the gather round holds (it grew to it): back at once
-        return (), 0, ()
+        return (), 0, (), 0, ()
     if large and not any(2 * bucket(n) <= c for n, c in zip(needs, wide, strict=True)):
-        return wide, 0, ()  # in use, no slot twice too large
+        # in use, no slot twice too large. Slots that are not the needs themselves
+        # (grown by an earlier miss, or left from larger sizes) become them after
+        # SHRINK_AFTER calls in a row with the very same needs: a stable skew sends
+        # no padding, however it got there.
+        now = tuple(needs)
+        if now == wide:
+            return wide, 0, (), 0, ()
+        steady = state.wide_steady + 1 if now == state.wide_last else 1
+        if steady >= SHRINK_AFTER:
+            return now, 0, (), 0, ()
+        return wide, 0, (), steady, now
     # idle: not large (small, or a rank not eligible), or some slot twice too large
     idle += 1
-    if large:
+    steady, last = state.wide_steady, state.wide_last  # a call not wide says nothing of
+    if large:  # the wide calls' sizes; one with a slot twice too large ends the streak
         most = tuple(max(a, b) for a, b in zip(most or (0,) * len(needs), needs, strict=True))
+        steady, last = 0, ()
     if idle < SHRINK_AFTER:
-        return wide, idle, most
+        return wide, idle, most, steady, last
     if _wants_wide(most):
-        return most, 0, ()
-    return (), 0, ()
+        return most, 0, (), 0, ()
+    return (), 0, (), 0, ()
 
 
 def capacity_step(
@@ -330,8 +353,8 @@ def advance(
             slots, fewer, fewer_max = max(1, fewer_max), 0, 0
     else:
         fewer, fewer_max = 0, 0
-    wide, wide_idle, wide_max = _advance_wide(state, fusable, needs)
-    after = (capacity, slots, idle, idle_need, fewer, fewer_max, wide, wide_idle, wide_max)
+    wide_step = _advance_wide(state, fusable, needs)
+    after = (capacity, slots, idle, idle_need, fewer, fewer_max, *wide_step)
     if after == (
         state.capacity,
         state.slots,
@@ -342,6 +365,8 @@ def advance(
         state.wide,
         state.wide_idle,
         state.wide_max,
+        state.wide_steady,
+        state.wide_last,
     ):
         return state  # unchanged (the steady state): no new object
     return FusedState(*after)
