@@ -549,7 +549,9 @@ def simulate(world: int, profile: str, per_rank_bytes: int, calls: int = 3) -> l
                 padding_ratio=ratio,
                 buffers_max=max(t.buffers for t in tallies),
                 output_bytes=output,
-                state_ints=(len(state.wide) + len(state.wide_max)) if state is not None else 0,
+                state_ints=(len(state.wide) + len(state.wide_max) + len(state.wide_last))
+                if state is not None
+                else 0,
                 rss_per_rank=rss_growth // world,
             )
         )
