@@ -85,7 +85,8 @@ is its exact need from a group's first wide call while sizes stay, and again aft
 ``SHRINK_AFTER`` calls in a row with the same sizes once they moved; in between it is
 at most ``bucket`` of the largest need it had since the slots were set (12.5 % of that,
 64 bytes at least), and never more than twice ``bucket`` of its need for more than
-``SHRINK_AFTER - 1`` calls in a row; no rank's slot depends on another rank's size. In the gather round every slot
+``SHRINK_AFTER - 1`` calls in a row; no rank's slot depends on another rank's size.
+In the gather round every slot
 is ``capacity`` (at most ``FUSED_MAX_BYTES``), so a rank receives at most ``W *
 capacity`` bytes. A group is in the gather round only after a call that did not go
 wide, so for that call's sizes ``W * bucket(need) <= max(PAD_LIMIT * sum(needs),
