@@ -20,10 +20,20 @@ from vargather._wire import (
     HEADER_WORDS,
     RECORD_LENGTH,
     SHAPE_SLOTS,
+    call_flags,
     decode_header,
     decode_record,
     encode_header,
+    encode_headers,
     encode_record,
+    header_count,
+    header_flags,
+    header_kind,
+    header_struct,
+    magic_mismatch,
+    size_word_at,
+    sizes_len_word_at,
+    split_headers,
     wire_text,
 )
 
@@ -85,6 +95,39 @@ def test_compact_headers_carry_what_validation_compares(data: st.DataObject) -> 
     unused = encode_header(None, count, 0)
     assert len(unused) == HEADER_WORDS
     assert unused[3] == count
+
+
+@given(data=st.data())
+def test_headers_read_back_from_their_bytes_field_by_field(data: st.DataObject) -> None:
+    """What the fused round reads of a rank's headers (``_wire``'s accessors: flags,
+    kind, count, the size along the gather dim, the passed sizes' length) is what the
+    sender encoded, after the words went through their byte form (``header_struct``,
+    the same bytes as a ``torch.int64`` tensor) and were split per slot."""
+    w = data.draw(st.integers(1, 4), label="world_size")
+    slots = data.draw(st.integers(1, 4), label="slots")
+    count = data.draw(st.integers(1, slots), label="count")
+    records = [data.draw(calls(w, 0), label=f"record {i}") for i in range(count)]
+    eligible = data.draw(st.booleans(), label="eligible")
+    kind = data.draw(st.integers(0, 2), label="kind")
+    words = encode_headers(slots, records, count, call_flags(eligible=eligible, kind_code=kind))
+    raw = header_struct(slots).pack(*words)
+    assert raw == torch.tensor(words, dtype=torch.int64).numpy().tobytes()
+    row = header_struct(slots).unpack(raw)
+    headers = split_headers(row)
+    assert len(headers) == slots
+    for i, h in enumerate(headers):
+        assert magic_mismatch(h) is None
+        assert header_kind(h) == kind
+        assert header_count(h) == count
+        assert bool(header_flags(h) & FLAG_ELIGIBLE) == eligible
+        if i < count:
+            rec = records[i]
+            assert bool(header_flags(h) & FLAG_PROBLEM) == (rec.problem is not None)
+            assert row[sizes_len_word_at(i)] == rec.sizes_len
+            for d in range(min(rec.ndim, SHAPE_SLOTS)):
+                assert row[size_word_at(i, d)] == rec.shape[d]
+    foreign = [0, *words[1:HEADER_WORDS]]
+    assert magic_mismatch(foreign) == f"expected magic {HEADER_MAGIC:#x}, got 0x0"
 
 
 def test_a_foreign_vector_is_a_protocol_mismatch() -> None:

@@ -121,7 +121,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import struct
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -143,12 +142,19 @@ from ._wire import (
     FLAG_LONG,
     FLAG_PROBLEM,
     HEADER_BYTES,
-    HEADER_MAGIC,
     HEADER_WORDS,
-    KIND_SHIFT,
     SHAPE_SLOTS,
+    call_flags,
     decode_header,
-    encode_header,
+    encode_headers,
+    header_count,
+    header_flags,
+    header_kind,
+    header_struct,
+    magic_mismatch,
+    size_word_at,
+    sizes_len_word_at,
+    split_headers,
 )
 
 __all__ = [
@@ -206,10 +212,6 @@ SHRINK_AFTER: Final = 8
 """Idle calls in a row after which the capacity (or the slots) shrink."""
 
 _MIN_BUCKET: Final = 64
-_MAGIC: Final = HEADER_MAGIC
-_PROBLEM: Final = FLAG_PROBLEM
-_LONG: Final = FLAG_LONG
-_ELIGIBLE: Final = FLAG_ELIGIBLE
 
 
 def bucket(n: int) -> int:
@@ -545,7 +547,7 @@ def exchange(
         and all(rec.problem is None and rec.ndim <= SHAPE_SLOTS for rec in records)
         and all(isinstance(t, torch.Tensor) and t.device.type == device.type for t in tensors)
     )
-    flags = (_ELIGIBLE if local_ok else 0) | _KIND_CODES[kind] << KIND_SHIFT
+    flags = call_flags(eligible=local_ok, kind_code=_KIND_CODES[kind])
     own = [t for t in tensors if isinstance(t, torch.Tensor)] if local_ok and k <= slots else []
     nbytes = sum(t.numel() * t.element_size() for t in own)
     if nbytes > room[info.rank]:
@@ -588,10 +590,8 @@ def exchange(
 
 def _header_bytes(slots: int, records: Sequence[CallRecord], k: int, flags: int) -> torch.Tensor:
     """``slots`` compact headers (``_wire``) as bytes: ``records`` and unused slots."""
-    words: list[int] = []
-    for i in range(slots):
-        words += encode_header(records[i] if i < k else None, k, flags)
-    return torch.tensor(words, dtype=torch.int64).view(torch.uint8)
+    words = encode_headers(slots, records, k, flags)
+    return torch.frombuffer(bytearray(header_struct(slots).pack(*words)), dtype=torch.uint8)
 
 
 _MOVE_CHUNK: Final = 1 << 20
@@ -687,18 +687,13 @@ def _read_headers(buf: torch.Tensor, at: Sequence[int], slots: int) -> tuple[tup
     """Every rank's ``slots`` compact headers as int64 words, from the bytes of ``buf``
     at ``at[r]`` (only the headers are read: on the CPU with ``struct`` where they
     landed, elsewhere copied to the host together). Every round reads its headers here."""
-    fmt = _header_format(slots)
+    fmt = header_struct(slots)
     if buf.device.type == "cpu":
         raw = _char_array(buf.numel()).from_address(buf.data_ptr())
         return tuple(fmt.unpack_from(raw, a) for a in at)
     head = slots * HEADER_BYTES
     words = torch.cat([buf[a : a + head] for a in at]).cpu().view(torch.int64)
     return tuple(tuple(row) for row in words.view(len(at), -1).tolist())
-
-
-@functools.lru_cache(maxsize=16)
-def _header_format(slots: int) -> struct.Struct:
-    return struct.Struct(f"={slots * HEADER_WORDS}q")
 
 
 @functools.lru_cache(maxsize=16)
@@ -836,7 +831,7 @@ class _Round:
         self.world = world
         self.head = slots * HEADER_BYTES
         self.block = self.head + capacity
-        self.fmt = _header_format(slots)
+        self.fmt = header_struct(slots)
         self.header_at = [r * self.block for r in range(world)]  # where each rank's headers land
         self.raw_send = bytearray(self.block)
         self.send = torch.frombuffer(self.raw_send, dtype=torch.uint8)
@@ -863,10 +858,7 @@ class _Round:
         """Headers (when changed), this rank's payload and zeros into ``send``."""
         records, k, flags = header_key
         if header_key != self.header_key:
-            words: list[int] = []
-            for i in range(self.slots):
-                words += encode_header(records[i] if i < k else None, k, flags)
-            self.fmt.pack_into(self.raw_send, 0, *words)
+            self.fmt.pack_into(self.raw_send, 0, *encode_headers(self.slots, records, k, flags))
             self.header_key = header_key
         filled = 0
         if own and all(_plain(t) for t in own):
@@ -1077,27 +1069,27 @@ def _decide(
                 _LAST.setdefault(pg, {})[kind] = (rows, resized, last[2], needs)
             return _finish(kind, state, resized, last[2], True, info, pg, needs, cut, room)
     k = len(calls)
-    per_rank = [
-        [row[i * HEADER_WORDS : (i + 1) * HEADER_WORDS] for i in range(len(row) // HEADER_WORDS)]
-        for row in rows
-    ]
+    per_rank = [split_headers(row) for row in rows]
     for r, headers in enumerate(per_rank):
         for h in headers:
-            if h[0] != _MAGIC:
+            mismatch = magic_mismatch(h)
+            if mismatch is not None:
                 raise ProtocolMismatchError(
-                    f"all_gather_v: cannot read rank {r}'s fused header: expected magic "
-                    f"{_MAGIC:#x}, got {h[0]:#x} (another vargather version, or another "
-                    "collective issued on this group?)",
+                    f"all_gather_v: cannot read rank {r}'s fused header: {mismatch} "
+                    "(another vargather version, or another collective issued on this "
+                    "group?)",
                     ranks=[r],
                 )
     slots = len(per_rank[0]) if per_rank else 0
-    counts = [headers[0][3] for headers in per_rank]
-    kinds = [headers[0][1] >> KIND_SHIFT for headers in per_rank]
-    fusable = all(headers[0][1] & _ELIGIBLE for headers in per_rank)
+    counts = [header_count(headers[0]) for headers in per_rank]
+    kinds = [header_kind(headers[0]) for headers in per_rank]
+    fusable = all(header_flags(headers[0]) & FLAG_ELIGIBLE for headers in per_rank)
     compact = len(set(counts)) == 1 and k <= slots
     if compact:
         compact = not any(
-            headers[i][1] & (_PROBLEM | _LONG) for headers in per_rank for i in range(k)
+            header_flags(headers[i]) & (FLAG_PROBLEM | FLAG_LONG)
+            for headers in per_rank
+            for i in range(k)
         )
     layouts: tuple[Layout, ...] | None = None
     if compact:
@@ -1136,9 +1128,9 @@ def _resized(
     """
     if len(rows) != len(before) or not layouts:
         return None
-    at = [i * HEADER_WORDS + 6 + lay.dim for i, lay in enumerate(layouts)]
     if any(lay.dim >= SHAPE_SLOTS for lay in layouts):
         return None
+    at = [size_word_at(i, lay.dim) for i, lay in enumerate(layouts)]
     for row, old in zip(rows, before, strict=True):
         if len(row) != len(old):
             return None
@@ -1149,7 +1141,7 @@ def _resized(
             start = p + 1
         if row[start:] != old[start:]:
             return None
-    if any(old[i * HEADER_WORDS + 4] != -1 for old in before for i in range(len(layouts))):
+    if any(old[sizes_len_word_at(i)] != -1 for old in before for i in range(len(layouts))):
         return None  # sizes passed: their hash depends on the sizes
     return tuple(
         lay.with_sizes(tuple(row[p] for row in rows)) for lay, p in zip(layouts, at, strict=True)

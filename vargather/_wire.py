@@ -21,11 +21,18 @@ word: magic and version; flags (``FLAG_PROBLEM``, ``FLAG_LONG``: more than
 normalized dim, contract, transport and device codes, a byte each, in one word; the
 call's tensor count; the passed sizes' length and hash; ``SHAPE_SLOTS`` dims of the
 shape. A problem only sets a flag: its text travels in a full record, on the error
-path.
+path. This module is the header's only reader and writer: the round moves
+``slots`` headers as native-endian int64 bytes (``header_struct``, the bytes of a
+``torch.int64`` tensor), writes them with ``encode_headers`` and reads them with
+``split_headers`` and the accessors (``magic_mismatch``, ``header_flags``,
+``header_kind``, ``header_count``, and the word positions ``size_word_at`` and
+``sizes_len_word_at`` that the resized-call check compares in place).
 """
 
 from __future__ import annotations
 
+import functools
+import struct
 from collections.abc import Sequence
 from typing import Final
 
@@ -53,10 +60,20 @@ __all__ = [
     "MESSAGE_WORDS",
     "RECORD_LENGTH",
     "SHAPE_SLOTS",
+    "call_flags",
     "decode_header",
     "decode_record",
     "encode_header",
+    "encode_headers",
     "encode_record",
+    "header_count",
+    "header_flags",
+    "header_kind",
+    "header_struct",
+    "magic_mismatch",
+    "size_word_at",
+    "sizes_len_word_at",
+    "split_headers",
     "wire_text",
 ]
 
@@ -198,6 +215,15 @@ KIND_SHIFT: Final = 4
 """The flags word's bits from here on hold the kind of the call (``_fused.Kind``)."""
 
 
+_FLAGS_AT: Final = 1
+_CODES_AT: Final = 2
+_COUNT_AT: Final = 3
+_SIZES_LEN_AT: Final = 4
+_SIZES_HASH_AT: Final = 5
+_HEADER_SHAPE_AT: Final = 6
+"""Word positions in a compact header (module doc); word 0 is ``HEADER_MAGIC``."""
+
+
 def _byte(v: int) -> int:
     return max(0, min(255, v))
 
@@ -234,9 +260,70 @@ def encode_header(record: CallRecord | None, count: int, flags: int) -> list[int
     ]
 
 
+def call_flags(*, eligible: bool, kind_code: int) -> int:
+    """The flags a call passes to ``encode_header``: ``FLAG_ELIGIBLE`` when this rank
+    may take the fused transport, and the caller's kind from bit ``KIND_SHIFT``."""
+    return (FLAG_ELIGIBLE if eligible else 0) | kind_code << KIND_SHIFT
+
+
+def encode_headers(slots: int, records: Sequence[CallRecord], count: int, flags: int) -> list[int]:
+    """``slots`` compact headers back to back: ``records[i]`` for ``i < count``, unused
+    slots after them (``slots >= count``)."""
+    words: list[int] = []
+    for i in range(slots):
+        words += encode_header(records[i] if i < count else None, count, flags)
+    return words
+
+
+@functools.lru_cache(maxsize=16)
+def header_struct(slots: int) -> struct.Struct:
+    """The bytes of ``slots`` compact headers: native-endian int64, as a tensor of
+    ``torch.int64`` lies in memory (the round writes them with either)."""
+    return struct.Struct(f"={slots * HEADER_WORDS}q")
+
+
+def split_headers(row: Sequence[int]) -> list[Sequence[int]]:
+    """One rank's received words as its compact headers, in slot order."""
+    return [row[i * HEADER_WORDS : (i + 1) * HEADER_WORDS] for i in range(len(row) // HEADER_WORDS)]
+
+
+def magic_mismatch(h: Sequence[int]) -> str | None:
+    """Why ``h`` is not a compact header of this version (``None`` when it is)."""
+    if h[0] == HEADER_MAGIC:
+        return None
+    return f"expected magic {HEADER_MAGIC:#x}, got {h[0]:#x}"
+
+
+def header_flags(h: Sequence[int]) -> int:
+    """The flag bits of ``h`` (``FLAG_*``), without the kind."""
+    return h[_FLAGS_AT] & ((1 << KIND_SHIFT) - 1)
+
+
+def header_kind(h: Sequence[int]) -> int:
+    """The caller's kind code in ``h`` (0 ``all_gather_v``, 1 coalesced, 2 list)."""
+    return h[_FLAGS_AT] >> KIND_SHIFT
+
+
+def header_count(h: Sequence[int]) -> int:
+    """The tensor count of the call that sent ``h``."""
+    return h[_COUNT_AT]
+
+
+def size_word_at(slot: int, dim: int) -> int:
+    """Where, in one rank's words, the header of ``slot`` holds its size along ``dim``
+    (``dim < SHAPE_SLOTS``)."""
+    return slot * HEADER_WORDS + _HEADER_SHAPE_AT + dim
+
+
+def sizes_len_word_at(slot: int) -> int:
+    """Where, in one rank's words, the header of ``slot`` holds the passed sizes'
+    length (-1: none passed)."""
+    return slot * HEADER_WORDS + _SIZES_LEN_AT
+
+
 def decode_header(h: Sequence[int]) -> CallRecord:
     """A compact header (no problem, ndim <= SHAPE_SLOTS) as a problem-free record."""
-    codes = h[2]
+    codes = h[_CODES_AT]
     ndim = codes & 0xFF
     normalized_dim = ((codes >> 16) & 0xFF) - 1
     return CallRecord(
@@ -247,11 +334,11 @@ def decode_header(h: Sequence[int]) -> CallRecord:
         normalized_dim=normalized_dim,
         contract_code=((codes >> 24) & 0xFF) - 1,
         transport_code=((codes >> 32) & 0xFF) - 1,
-        requires_grad=bool(h[1] & FLAG_REQUIRES_GRAD),
+        requires_grad=bool(h[_FLAGS_AT] & FLAG_REQUIRES_GRAD),
         device_code=((codes >> 40) & 0xFF) - 1,
-        sizes_len=h[4],
+        sizes_len=h[_SIZES_LEN_AT],
         sizes_own=-1,
         sizes_sum=-1,
-        sizes_hash=h[5],
-        shape=tuple(h[6 : 6 + min(ndim, SHAPE_SLOTS)]),
+        sizes_hash=h[_SIZES_HASH_AT],
+        shape=tuple(h[_HEADER_SHAPE_AT : _HEADER_SHAPE_AT + min(ndim, SHAPE_SLOTS)]),
     )
