@@ -142,7 +142,6 @@ from ._wire import (
     FLAG_LONG,
     FLAG_PROBLEM,
     HEADER_BYTES,
-    HEADER_WORDS,
     SHAPE_SLOTS,
     call_flags,
     decode_header,
@@ -160,7 +159,6 @@ from ._wire import (
 __all__ = [
     "FUSED_MAX_BYTES",
     "HEADER_BYTES",
-    "HEADER_WORDS",
     "SHAPE_SLOTS",
     "SHRINK_AFTER",
     "Exchanged",
