@@ -1139,7 +1139,8 @@ def _resized(
             start = p + 1
         if row[start:] != old[start:]:
             return None
-    if any(old[sizes_len_word_at(i)] != -1 for old in before for i in range(len(layouts))):
+    lens_at = [sizes_len_word_at(i) for i in range(len(layouts))]
+    if any(old[p] != -1 for old in before for p in lens_at):
         return None  # sizes passed: their hash depends on the sizes
     return tuple(
         lay.with_sizes(tuple(row[p] for row in rows)) for lay, p in zip(layouts, at, strict=True)
