@@ -20,6 +20,7 @@ ORDER = [
     "_errors",
     "_dtypes",
     "_choices",
+    "_collectives",
     "_group",
     "_mesh",
     "_census",

@@ -24,13 +24,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from ._args import Problem
 from ._buffers import rank_major_gradient
+from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import SizesError, SizesMismatchError
 from ._family import (
@@ -61,7 +62,7 @@ __all__ = [
     "scatter_layout",
 ]
 
-NAME = "reduce_scatter_v"
+NAME: Final[CollectiveName] = "reduce_scatter_v"
 
 
 @dataclass(frozen=True)
