@@ -44,6 +44,7 @@ ORDER = [
     "oracle",
     "compat",
     "__init__",
+    "internal",
 ]
 
 
