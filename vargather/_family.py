@@ -57,14 +57,12 @@ the price of one row length for the family.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Final
 
 import torch
-import torch.distributed as dist
 
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
 from ._choices import CONTRACTS, DEVICE_TYPES
@@ -81,18 +79,15 @@ from ._errors import (
     VarGatherError,
 )
 from ._exchange import _disagreement
-from ._fused import bucket, capacity_step, within_waste
 from ._group import process_group
+from ._round_state import STATES, FusedState, advance_blocks, set_state
 from ._wire import RECORD_LENGTH, decode_record, encode_record
 
 __all__ = [
-    "FAMILY_FUSED_MAX",
     "FAMILY_MAGIC",
-    "FAMILY_STRETCH_MAX",
     "Check",
     "Exchanged",
     "FamilyCall",
-    "FamilyState",
     "Row",
     "agree",
     "check_tensor",
@@ -100,9 +95,7 @@ __all__ = [
     "exchange",
     "exchange_fused",
     "extra_words",
-    "family_state_of",
     "raise_local",
-    "rides",
     "settle",
     "sizes_words",
     "with_problem",
@@ -220,78 +213,9 @@ def sizes_words(
     return parsed, words + [-1] * (1 + world_size - len(words))
 
 
-FAMILY_FUSED_MAX: Final = 64 * 1024
-"""Largest block (bytes, from one rank to one rank) that rides in the metadata exchange:
-the round moves ``W`` slots of the capacity (at most this) from and to every rank."""
-
-FAMILY_STRETCH_MAX: Final = 256 * 1024
-"""Largest block that rides in the exchange at all: past ``FAMILY_FUSED_MAX`` only
-while the slots' padding is bounded, ``W * W * slot(need) <= (1 + WASTE_LIMIT) *
-total`` (every block of every rank padded to the slot; ``_fused.WASTE_LIMIT``). Past
-it the two copies the slots cost (into the send slots, out of the received ones) cost
-more than the metadata round they save: measured on 4 gloo ranks, 1 MiB blocks rode
-at 2.35x one ``all_to_all_single`` against 1.75x in two rounds (``docs/family.md``)."""
-
-
+_FRESH: Final = FusedState()
 _ELIGIBLE: Final = 1  # flag word: no local problem, x on the exchange's device
 _USED: Final = 2  # flag word: the payload slot holds this rank's whole x
-
-
-@dataclass(frozen=True)
-class FamilyState:
-    """What one group's ranks agree on for the family's next exchange (module doc): the
-    payload slot's ``capacity`` (bytes) and its shrink streak (``idle``, ``idle_need``)."""
-
-    capacity: int = 0
-    idle: int = 0
-    idle_need: int = 0
-
-
-def advance(
-    state: FamilyState, *, fusable: bool, need: int, total: int = 0, world: int = 1
-) -> FamilyState:
-    """The state after a call that validated: a pure function of what every rank saw
-    (``fusable``: every rank eligible; ``need``: the largest block any rank sends any
-    rank, bytes; ``total``: every block of every rank together; ``world``: ``W``)."""
-    capacity, idle, idle_need = capacity_step(
-        (state.capacity, state.idle, state.idle_need),
-        small=fusable and rides(need, total, world),
-        need=need,
-        slot=_slot,
-    )
-    if (capacity, idle, idle_need) == (state.capacity, state.idle, state.idle_need):
-        return state
-    return FamilyState(capacity, idle, idle_need)
-
-
-def rides(need: int, total: int, world: int) -> bool:
-    """Whether a call of these blocks may ride in the exchange's slots (module doc): any
-    call whose largest block is at most ``FAMILY_FUSED_MAX`` (latency dominates there),
-    and one of blocks up to ``FAMILY_STRETCH_MAX`` whose ``W * W`` slots pad its
-    ``total`` bytes by at most ``WASTE_LIMIT``."""
-    if need <= FAMILY_FUSED_MAX:
-        return True
-    return need <= FAMILY_STRETCH_MAX and within_waste(world * world * _slot(need), total)
-
-
-def _slot(n: int) -> int:
-    """``bucket(n)`` rounded up to 16 bytes (every slot starts 16-byte aligned)."""
-    return -(-bucket(n) // 16) * 16
-
-
-_STATES: weakref.WeakKeyDictionary[dist.ProcessGroup, FamilyState] = weakref.WeakKeyDictionary()
-"""Per group, the one state every kind's exchange is sized from (module doc)."""
-
-_FRESH: Final = FamilyState()
-
-
-def family_state_of(group: dist.ProcessGroup | None) -> FamilyState:
-    """This process's copy of ``group``'s state, shared by every kind of the family
-    (``None``: the default group)."""
-    pg = group if group is not None else dist.group.WORLD
-    if not isinstance(pg, dist.ProcessGroup):
-        return FamilyState()
-    return _STATES.get(pg, _FRESH)
 
 
 def extra_words(world_size: int) -> int:
@@ -307,12 +231,13 @@ class Exchanged:
 
     ``slots``: ``(W, capacity)`` bytes, row ``j`` the slot rank ``j`` sent this rank
     (``None`` in a world of one rank); ``flags``: every rank's flag word; ``state``: the
-    state the round was sized from."""
+    state the round was sized from; ``kind``: the collective whose round it was."""
 
     rows: list[Row]
     slots: torch.Tensor | None
     flags: tuple[int, ...]
-    state: FamilyState
+    state: FusedState
+    kind: CollectiveName
 
 
 Outgoing = Callable[[], tuple[torch.Tensor, Sequence[int]]]
@@ -348,7 +273,7 @@ def exchange_fused(
     """
     kind_code = COLLECTIVES[call.kind].code
     pg = process_group(info) if info.communicates else None
-    state = _STATES.get(pg, _FRESH) if pg is not None else _FRESH
+    state = (STATES.get(pg, COLLECTIVES[call.kind].round) if pg is not None else None) or _FRESH
     capacity = state.capacity
     device = info.default_device()
     flag, payload = _flags(call, x, outgoing, capacity, info) if pg is not None else (0, None)
@@ -357,7 +282,7 @@ def exchange_fused(
     vector = [*encode_record(call.record), FAMILY_MAGIC, kind_code, *call.extras, *pad, flag]
     vector += [0] * (len(vector) % 2)  # 16-byte rows: every slot starts aligned
     if not info.communicates:
-        return Exchanged([Row(call.record, call.extras)], None, (flag,), state)
+        return Exchanged([Row(call.record, call.extras)], None, (flag,), state, call.kind)
     w, words = info.world_size, len(vector)
     width = 8 * words + capacity
     local = torch.empty(w, width, dtype=torch.uint8, device=device)
@@ -392,7 +317,7 @@ def exchange_fused(
         extras = tuple(row[at : at + len(call.extras)])
         flags.append(int(row[at + n_extras]))
         out.append(Row(decode_record(row[:RECORD_LENGTH], rank=r), extras))
-    return Exchanged(out, received[:, 8 * words :], tuple(flags), state)
+    return Exchanged(out, received[:, 8 * words :], tuple(flags), state, call.kind)
 
 
 def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None:
@@ -438,10 +363,9 @@ def settle(
     if ex.slots is None:
         return None
     fusable = all(f & _ELIGIBLE for f in ex.flags)
-    after = advance(ex.state, fusable=fusable, need=need, total=total, world=info.world_size)
-    pg = process_group(info)
-    if pg is not None and after is not ex.state:
-        _STATES[pg] = after
+    after = advance_blocks(ex.state, fusable=fusable, need=need, total=total, world=info.world_size)
+    if after is not ex.state:
+        set_state(process_group(info), ex.kind, after)
     if not all(f & _USED for f in ex.flags) or need > ex.state.capacity:
         return None
     return tuple(ex.slots[j, :n] for j, n in enumerate(incoming))
@@ -539,11 +463,3 @@ def requires_grad_check(records: Sequence[CallRecord], why: str) -> Check:
         [rec.requires_grad for rec in records],
         repr,
     )
-
-
-def reset_family_state(group: dist.ProcessGroup | None = None) -> None:
-    """Tests only: forget ``group``'s state on this rank (every rank must do the same,
-    or the ranks disagree on the next exchange's size)."""
-    pg = group if group is not None else dist.group.WORLD
-    if isinstance(pg, dist.ProcessGroup):
-        _STATES.pop(pg, None)
