@@ -12,11 +12,11 @@ checks: the tensor, ``dim``, ``grad``, ``validate``, ``timeout``, the dtype the 
 carries), the first local problem found (the collective's own checks, such as
 ``sum(sizes) == x.shape[dim]``, appended by its module), and a run of int64
 *extras* (the passed size vectors, ``-1`` where absent). The exchange sends
-``encode_record(record) + [FAMILY_MAGIC, code] + extras + [flags]`` (``code``: the
+``_wire.encode_row``: ``encode_record(record) + [ROW_MAGIC, code] + extras + [flags]`` (``code``: the
 collective's wire code, ``_collectives``) (int64, padded
 to an even count) and a payload slot of the group's capacity to every rank in one
 equal-split all_to_all of bytes: every rank sends the same length, *whichever kind of
-the family it called*: the extras are padded with ``-1`` to ``extra_words(W) = 2 * (W
+the family it called*: the extras are padded with ``-1`` to ``row_extra_words(W) = 2 * (W
 + 1)`` words for every kind (``all_to_all_v``'s two size vectors; ``reduce_scatter_v``
 passes ``W + 1``), and the capacity is the group's one ``FamilyState``, shared by every
 kind. Nothing of a slot is read before the rows validated, and every rank decides
@@ -81,10 +81,9 @@ from ._errors import (
 from ._exchange import _disagreement
 from ._group import process_group
 from ._round_state import STATES, FusedState, advance_blocks, set_state
-from ._wire import RECORD_LENGTH, decode_record, encode_record
+from ._wire import ROW_MAGIC, decode_row, encode_row, row_mark
 
 __all__ = [
-    "FAMILY_MAGIC",
     "Check",
     "Exchanged",
     "FamilyCall",
@@ -94,14 +93,11 @@ __all__ = [
     "common_checks",
     "exchange",
     "exchange_fused",
-    "extra_words",
     "raise_local",
     "settle",
     "sizes_words",
     "with_problem",
 ]
-
-FAMILY_MAGIC: Final = 0x76676661  # "vgfa"
 
 
 @dataclass(frozen=True)
@@ -218,13 +214,6 @@ _ELIGIBLE: Final = 1  # flag word: no local problem, x on the exchange's device
 _USED: Final = 2  # flag word: the payload slot holds this rank's whole x
 
 
-def extra_words(world_size: int) -> int:
-    """The length of every kind's extras on the wire: ``all_to_all_v``'s two size
-    vectors, ``2 * (W + 1)`` words (a shorter kind's are padded with ``-1``), so that
-    a peer calling another kind of the family sends a row of the same length."""
-    return 2 * (world_size + 1)
-
-
 @dataclass(frozen=True)
 class Exchanged:
     """Every rank's row and, unread until the rows validated, the payload slots.
@@ -277,10 +266,7 @@ def exchange_fused(
     capacity = state.capacity
     device = info.default_device()
     flag, payload = _flags(call, x, outgoing, capacity, info) if pg is not None else (0, None)
-    n_extras = extra_words(info.world_size)
-    pad = [-1] * (n_extras - len(call.extras))
-    vector = [*encode_record(call.record), FAMILY_MAGIC, kind_code, *call.extras, *pad, flag]
-    vector += [0] * (len(vector) % 2)  # 16-byte rows: every slot starts aligned
+    vector = encode_row(call.record, kind_code, call.extras, info.world_size, flag)
     if not info.communicates:
         return Exchanged([Row(call.record, call.extras)], None, (flag,), state, call.kind)
     w, words = info.world_size, len(vector)
@@ -309,14 +295,13 @@ def exchange_fused(
         what=f"all_to_all ({call.kind} metadata exchange)",
     )
     rows = received[:, : 8 * words].contiguous().view(torch.int64).tolist()
-    _check_kinds(call.kind, [(row[RECORD_LENGTH], row[RECORD_LENGTH + 1]) for row in rows])
+    _check_kinds(call.kind, [row_mark(row) for row in rows])
     out: list[Row] = []
     flags: list[int] = []
-    at = RECORD_LENGTH + 2
     for r, row in enumerate(rows):
-        extras = tuple(row[at : at + len(call.extras)])
-        flags.append(int(row[at + n_extras]))
-        out.append(Row(decode_record(row[:RECORD_LENGTH], rank=r), extras))
+        record, extras, flag = decode_row(row, len(call.extras), w, rank=r)
+        flags.append(flag)
+        out.append(Row(record, extras))
     return Exchanged(out, received[:, 8 * words :], tuple(flags), state, call.kind)
 
 
@@ -326,11 +311,11 @@ def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None
     peer calling another kind of the family gets one message on every rank, naming
     which rank called which (a pure function of the rows)."""
     kind_code = COLLECTIVES[kind].code
-    if all(magic == FAMILY_MAGIC and code == kind_code for magic, code in marks):
+    if all(magic == ROW_MAGIC and code == kind_code for magic, code in marks):
         return
     for r, (magic, code) in enumerate(marks):
         found_kind = by_code(code)
-        if magic != FAMILY_MAGIC or found_kind is None or found_kind.round != "all_to_all":
+        if magic != ROW_MAGIC or found_kind is None or found_kind.round != "all_to_all":
             raise ProtocolMismatchError(
                 f"{kind}: rank {r} sent metadata of another collective or vargather "
                 f"version: expected a {kind} call on every rank of the group",
