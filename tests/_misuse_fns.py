@@ -234,7 +234,7 @@ def kill_between_exchange_and_payload(ctx: Any, job: tuple[int, Scenario]) -> ob
     before the payload collective (its peers are already waiting there)."""
     victim, scenario = job
     if ctx.rank == victim:
-        import vargather._api as api
+        import vargather._gather as api
 
         def die(*args: object, **kwargs: object) -> object:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -81,11 +81,11 @@ __all__ = [
 __all__ += _errors.__all__
 
 # The ragged collective family (docs/family.md).
-from ._family_api import AllToAllResult as AllToAllResult  # noqa: E402
-from ._family_api import all_gather_list as all_gather_list  # noqa: E402
-from ._family_api import all_to_all_v as all_to_all_v  # noqa: E402
-from ._family_api import all_to_all_v_with_layout as all_to_all_v_with_layout  # noqa: E402
-from ._family_api import reduce_scatter_v as reduce_scatter_v  # noqa: E402
+from ._api import AllToAllResult as AllToAllResult  # noqa: E402
+from ._api import all_gather_list as all_gather_list  # noqa: E402
+from ._api import all_to_all_v as all_to_all_v  # noqa: E402
+from ._api import all_to_all_v_with_layout as all_to_all_v_with_layout  # noqa: E402
+from ._api import reduce_scatter_v as reduce_scatter_v  # noqa: E402
 
 __all__ += [
     "AllToAllResult",

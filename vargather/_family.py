@@ -18,7 +18,7 @@ to an even count) and a payload slot of the group's capacity to every rank in on
 equal-split all_to_all of bytes: every rank sends the same length, *whichever kind of
 the family it called*: the extras are padded with ``-1`` to ``row_extra_words(W) = 2 * (W
 + 1)`` words for every kind (``all_to_all_v``'s two size vectors; ``reduce_scatter_v``
-passes ``W + 1``), and the capacity is the group's one ``FamilyState``, shared by every
+passes ``W + 1``), and the capacity is the group's one state of this round (``_round_state``), shared by every
 kind. Nothing of a slot is read before the rows validated, and every rank decides
 from the same matrix: the same error on every rank, or the same answer. A peer
 issuing another collective of the family is caught by ``kind``: every rank raises the
@@ -30,7 +30,7 @@ late peer, and ends in the named timeout; ``docs/misuse.md``.)
 
 **One round for small payloads** (``exchange_fused``, ``settle``). The exchange is an
 equal-split all_to_all: rank ``j`` sends every rank the same row, followed by a payload
-slot of ``capacity`` bytes (``FamilyState.capacity`` of the group, for every kind, the
+slot of ``capacity`` bytes (the ``capacity`` of the group's state, for every kind, the
 same on every rank because every rank updates it from the same validated rows only) holding
 the block the payload collective would send that rank, when every block fits and the
 rank has no local problem; a flag word of the row says so. After the rows validated

@@ -5,8 +5,8 @@ and ``_fused`` (the
 validated call: every rank's shape words and flat run of elements, one *carrier* tensor
 of its dtype, ride in ``_fused``'s round as ``all_gather_list``, the payload in the same
 collective when it fits) and
-``_reduce_scatter`` (the ``sum``/``mean`` backward). ``_family_api`` calls it eagerly;
-``_compiled_family`` wraps it in custom operators.
+``_reduce_scatter`` (the ``sum``/``mean`` backward). The public face (``_api``)
+calls its eager code; ``_compiled_family`` wraps it in custom operators.
 
 The math, once. Rank ``r`` holds ``x_r`` of shape ``shape_r`` (the same ndim, dtype
 and device type everywhere; every dimension may differ, empties too) with
@@ -46,6 +46,7 @@ from ._errors import (
 )
 from ._family import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
 from ._layout import Layout
+from ._mesh import call_group
 from ._reduce_scatter import reduce_scatter_blocks
 from ._transport import choose_transport
 from ._wire import carrier_ndim, carrier_words
@@ -54,6 +55,7 @@ __all__ = [
     "GatherListFunction",
     "GatherListPlan",
     "flat_layout",
+    "gather_list_eager",
     "parse_shapes",
     "plan_gather_list",
 ]
@@ -420,3 +422,17 @@ class GatherListFunction(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None
         return list_gradient(grads, ctx.plan), None
+
+
+def gather_list_eager(
+    x: Any, shapes: Any, group: Any, mesh_dim: Any, grad: Any, validate: Any, timeout: Any
+) -> list[torch.Tensor]:
+    """The eager ``all_gather_list`` (its arguments unchecked: the plan judges them, on
+    every rank): the plan, then the payload inside ``GatherListFunction``."""
+    plan = plan_gather_list(
+        x, shapes, grad, call_group(group, mesh_dim), validate=validate, timeout=timeout
+    )
+    if not plan.info.communicates:
+        return [x]
+    outs = GatherListFunction.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
+    return list(outs)

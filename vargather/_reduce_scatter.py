@@ -2,7 +2,8 @@
 
 Where it sits: a family collective built on ``_family`` (stages 1-3), ``_layout``,
 ``_buffers`` and ``_comm`` (the payload), and ``_transport`` (its backward is a gather).
-``_family_api`` calls it eagerly; ``_compiled_family`` wraps it in custom operators.
+The public face (``_api``) calls its eager code; ``_compiled_family`` wraps it in
+custom operators.
 
 The math, once. Every rank ``j`` holds ``x_j`` with ``total = Σ_r n_r`` along ``dim``
 (the same shape everywhere), ``sizes = (n_0, ..., n_{W-1})`` the same on every rank,
@@ -49,6 +50,7 @@ from ._family import (
     with_problem,
 )
 from ._layout import Layout
+from ._mesh import call_group
 from ._round_buffers import pack
 from ._transport import choose_transport
 
@@ -59,6 +61,7 @@ __all__ = [
     "fold_slots",
     "plan_reduce_scatter",
     "reduce_scatter_blocks",
+    "reduce_scatter_eager",
     "scatter_layout",
 ]
 
@@ -274,3 +277,16 @@ class ReduceScatterVFunction(torch.autograd.Function):
             return None, None
         plan: ReduceScatterPlan = ctx.plan
         return gather_gradient(grad_output, plan.layout, plan.info), None
+
+
+def reduce_scatter_eager(
+    x: Any, sizes: Any, dim: Any, group: Any, mesh_dim: Any, validate: Any, timeout: Any
+) -> torch.Tensor:
+    """The eager ``reduce_scatter_v`` (its arguments unchecked: the plan judges them, on
+    every rank): the plan, then the payload inside ``ReduceScatterVFunction``."""
+    plan = plan_reduce_scatter(
+        x, sizes, dim, call_group(group, mesh_dim), validate=validate, timeout=timeout
+    )
+    out = ReduceScatterVFunction.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
+    assert isinstance(out, torch.Tensor)
+    return out
