@@ -19,6 +19,7 @@ PACKAGE = pathlib.Path(vargather.__file__).parent
 ORDER = [
     "_errors",
     "_dtypes",
+    "_nan",
     "_choices",
     "_collectives",
     "_group",

@@ -46,6 +46,7 @@ from ._errors import (
 )
 from ._family import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
 from ._layout import Layout
+from ._nan import canonical_nans_
 from ._reduce_scatter import reduce_scatter_blocks
 from ._transport import choose_transport
 
@@ -408,7 +409,7 @@ def list_gradient(grads: Sequence[torch.Tensor], plan: GatherListPlan) -> torch.
     flat = torch.cat([g.reshape(-1) for g in grads])
     out = reduce_scatter_blocks(flat, layout, info).view(plan.shapes[r])
     if plan.contract == "mean":
-        out.div_(info.world_size)
+        canonical_nans_(out.div_(info.world_size))  # a complex division may make NaNs
     return out
 
 
