@@ -209,9 +209,9 @@ def skip_a_wide_call_on(ctx: Any, job: tuple[int, float | None]) -> object:
     x = torch.full((64 * 1024 + 16 * ctx.rank,), float(ctx.rank))
     for _ in range(2):
         vargather.all_gather_v(x)
-    from vargather import _fused
+    from vargather import _round_state
 
-    wide = _fused.state_of(None).wide
+    wide = _round_state.state_of(None).wide
     if ctx.rank == absent:
         return wide
     return vargather.all_gather_v(x, timeout=timeout)

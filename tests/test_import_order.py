@@ -32,6 +32,8 @@ ORDER = [
     "_exchange",
     "_buffers",
     "_transport",
+    "_round_state",
+    "_round_buffers",
     "_fused",
     "_autograd",
     "_compiled",

@@ -49,9 +49,9 @@ from ._family import (
     sizes_words,
     with_problem,
 )
-from ._fused import pack
 from ._layout import Layout
 from ._nan import canonical_nans_
+from ._round_buffers import pack
 from ._transport import choose_transport
 
 __all__ = [
