@@ -32,6 +32,7 @@ import vargather
 from .calls import parse_call
 from .cases import DTYPE_NAMES
 from .catalogues import catalogue_of
+from .collectives import DEFAULT
 from .evaluate import evaluate_row, hypothesis_storage, prefer_nonempty
 from .isolated import run_isolated
 from .options import CheckOptions, CheckUsageError
@@ -52,7 +53,8 @@ __all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]
 def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:
     """The declared scope for the report (every option that limits what is drawn, as
     the call template narrowed it)."""
-    scope = {"--op": options.op, "--grad": options.grad}
+    scope = {} if options.op == DEFAULT else {"--op": options.op}  # set: said, as --dims
+    scope["--grad"] = options.grad
     narrowed = info.scope
     if info.call is not None:
         scope["--call"] = info.call
