@@ -24,6 +24,7 @@ model ``all_gather_v``), for ``reduce_scatter_v``, ``all_to_all_v`` and
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -101,6 +102,7 @@ class ReduceScatterCase:
     validate: bool = True
     impl: str = "vargather"
     call: str | None = None
+    emulate: str | None = None  # "nccl": the ranks' torch.distributed behaves as NCCL
     collective: str = field(default="reduce_scatter_v", init=False, repr=False)
 
 
@@ -121,6 +123,7 @@ class AllToAllCase:
     validate: bool = True
     impl: str = "vargather"
     call: str | None = None
+    emulate: str | None = None  # "nccl": the ranks' torch.distributed behaves as NCCL
     collective: str = field(default="all_to_all_v", init=False, repr=False)
 
 
@@ -140,6 +143,7 @@ class GatherListCase:
     validate: bool = True
     impl: str = "vargather"
     call: str | None = None
+    emulate: str | None = None  # "nccl": the ranks' torch.distributed behaves as NCCL
     collective: str = field(default="all_gather_list", init=False, repr=False)
 
 
@@ -386,9 +390,19 @@ def _call(case: Case, x: torch.Tensor, r: int, group: Any, timeout: float | None
     )
 
 
+def _emulation(backend: str | None) -> None:
+    """Emulate ``backend`` in this rank (``vargather.testing.emulate``), or stop
+    emulating where an earlier case did (a rank pool serves both)."""
+    if backend is not None or f"{__package__}.emulate" in sys.modules:
+        from .emulate import activate
+
+        activate(backend)
+
+
 def run_case(ctx: RankContext, case: Case) -> CallReport | None:
     """Rank side: build this rank's input, call, backward with this rank's upstream
     gradient. ``None`` on a rank outside the case's group."""
+    _emulation(case.emulate)
     group, r = _group_of(ctx, case)
     if r is None:
         return None
@@ -635,6 +649,7 @@ class MisuseCase:
     world_size: int = 3
     odd: int = 1
     impl: str = "vargather"
+    emulate: str | None = None
 
 
 @st.composite
@@ -694,6 +709,7 @@ def run_misuse(
     """Rank side: the misused call (the odd rank's arguments wrong; absent: it does not
     call), then, except after a timeout, one correct call. Returns the error raised
     (class, message, blamed ranks) and whether the follow-up call worked."""
+    _emulation(case.emulate)
     wrong = ctx.rank == case.odd
     error = None
     if not (wrong and case.kind == "absent"):

@@ -124,7 +124,7 @@ def _with_dim(case: Any, dim: int) -> Any:
 def _fitted(target: Implementation, case: Any) -> Any:
     """A drawn case within ``target``'s scope: its implementation and call, the names
     its call does not pass left at their defaults, the dims it supports."""
-    case = replace(case, impl=target.ref or "vargather", call=target.call)
+    case = replace(case, impl=target.ref or "vargather", call=target.call, emulate=target.emulate)
     if target.call is not None:
         case = replace(case, validate=True)  # a template passes no validate=
     if not target.differentiable:
@@ -132,11 +132,16 @@ def _fitted(target: Implementation, case: Any) -> Any:
     if isinstance(case, GatherListCase):
         grad = case.grad if case.grad in target.contracts else target.contracts[0]
         case = replace(case, grad=grad)
-        if not passes(target, "shapes"):
+        if not passes(target, "shapes") or target.sizes_scope == "never":
             case = replace(case, pass_shapes=False, validate=True)
+        elif target.sizes_scope == "required":  # every rank's shape always passed
+            case = replace(case, pass_shapes=True)
         return case
-    if isinstance(case, AllToAllCase) and not passes(target, "recv_sizes"):
-        case = replace(case, pass_recv=False)
+    if isinstance(case, AllToAllCase):
+        if not passes(target, "recv_sizes") or target.sizes_scope == "never":
+            case = replace(case, pass_recv=False)
+        elif target.sizes_scope == "required":  # the receive sizes always passed
+            case = replace(case, pass_recv=True)
     if not passes(target, "dim"):
         return replace(case, dim=0)
     if target.dims is not None and case.dim not in target.dims:
@@ -346,10 +351,9 @@ class FamilyCatalogue:
                 "transports",
                 f"does not apply to --op {op}: it takes no transport= argument",
             )
-        for name, default in _LEFT_OUT.items():
-            if getattr(options, name) != default:
-                spelled = name.replace("_", "-")
-                raise OptionError(spelled, f"does not apply to --op {op} (all_gather_v only)")
+        refused = _refused(op, options)
+        if refused is not None:
+            raise OptionError(*refused)
         if op != "all_gather_list" and options.grad not in ("sum", "none"):
             # one gradient, the exact adjoint; --grad sum (the default) claims it
             raise OptionError(
@@ -383,6 +387,9 @@ class FamilyCatalogue:
             contracts=grads,
             differentiable=options.grad != "none",
             dims=options.dims,
+            sizes_scope=options.sizes,
+            returns=options.returns,
+            emulate=options.emulate,
             call=info.call,
             name=info.display,
             search_path=(cwd,),
@@ -413,6 +420,7 @@ class FamilyCatalogue:
                 st.just(world),
                 st.integers(0, world - 1),
                 st.just(target.ref or "vargather"),
+                st.just(target.emulate),
             )
             return st.lists(misuse, min_size=1, max_size=batch)
         if kw.get("large"):
@@ -496,14 +504,49 @@ class FamilyCatalogue:
         return "none"  # a tensor, or a list of them: no sizes beside it
 
 
-_LEFT_OUT: Final = {
-    "sizes": "any",
-    "returns": "auto",
-    "emulate": None,
-    "compile": False,
-    "requires_init": False,
+_SIZES_NAME: Final = {
+    "reduce_scatter_v": "sizes",
+    "all_to_all_v": "recv_sizes",
+    "all_gather_list": "shapes",
 }
-"""The options of the all_gather_v gate that ``--op`` does not take, at their defaults."""
+"""The argument ``--sizes`` is about: what the caller may know and pass beside ``x``
+(``required``: always passed; ``never``: left to the exchange)."""
+
+_RETURNS: Final = {
+    "reduce_scatter_v": ("auto", "tensor"),
+    "all_to_all_v": ("auto", "tensor"),
+    "all_gather_list": ("auto", "list"),
+}
+
+
+def _refused(op: str, options: CheckOptions) -> tuple[str, str] | None:
+    """(option, why) for a scope option that cannot apply to ``op``, or ``None``."""
+    name = _SIZES_NAME[op]
+    if options.sizes == "tensor":
+        return "sizes", f"tensor does not apply to --op {op}: its {name} are lists of ints"
+    if options.sizes == "never" and op == "reduce_scatter_v":
+        return "sizes", (
+            "never does not apply to --op reduce_scatter_v: its sizes are its required "
+            "argument (always passed)"
+        )
+    if options.sizes == "required" and options.call is not None:
+        try:
+            uses = parse_call(options.call, FAMILY_NAMES[op]).uses(name)
+        except ValueError:
+            uses = True  # the --call check names the template's own problem
+        if not uses:
+            return "sizes", f"required, but --call {options.call} passes no {name}"
+    if options.returns not in _RETURNS[op]:
+        what = "a list of tensors" if op == "all_gather_list" else "one tensor"
+        return "returns", (
+            f"{options.returns} does not apply to --op {op}: it returns {what}, nothing beside it"
+        )
+    if options.compile:
+        return "compile", (
+            f"does not apply to --op {op} yet: its catalogue has no compiled row (only "
+            "all_gather_v's cases run inside torch.compile)"
+        )
+    return None
 
 
 def reproduction(cases: Sequence[Any], misuse: bool = False) -> str:
