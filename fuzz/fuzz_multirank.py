@@ -8,7 +8,7 @@ Not part of the pipeline: it drives the whole of it, on the persistent rank pool
 Each example is one of
 
 * a **valid** ragged gather drawn by the property suite's strategy
-  (``vargather.strategies.gather_cases``: every gloo dtype over its full value range,
+  (``vargather.testing.strategies.gather_cases``: every gloo dtype over its full value range,
   any ``dim``, sizes including 0, non-contiguous shards, sizes passed or not, every
   contract and transport, gradients with per-rank upstream), run and judged by
   ``vargather._cases`` (forward bit for bit, gradients against the oracle);
