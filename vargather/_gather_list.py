@@ -46,8 +46,8 @@ from ._errors import (
 )
 from ._family import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
 from ._layout import Layout
-from ._nan import canonical_nans_
 from ._reduce_scatter import reduce_scatter_blocks
+from ._reduced import mean_
 from ._transport import choose_transport
 from ._wire import carrier_ndim, carrier_words
 
@@ -400,7 +400,7 @@ def list_gradient(grads: Sequence[torch.Tensor], plan: GatherListPlan) -> torch.
     flat = torch.cat([g.reshape(-1) for g in grads])
     out = reduce_scatter_blocks(flat, layout, info).view(plan.shapes[r])
     if plan.contract == "mean":
-        canonical_nans_(out.div_(info.world_size))  # a complex division may make NaNs
+        mean_(out, info.world_size)
     return out
 
 
