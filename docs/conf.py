@@ -21,7 +21,8 @@ from collections.abc import Iterable
 from typing import Any
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, ROOT)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 import vargather  # noqa: E402  # after the path: the checkout's package, not another
 
