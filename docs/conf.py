@@ -58,6 +58,8 @@ autodoc_inherit_docstrings = True
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
+# Every public function states its shapes and its gradient in sections of these names.
+napoleon_custom_sections = ["Shapes", "Gradient"]
 
 # Nitpicky mode (-n) resolves every cross-reference. Names of torch, of the standard
 # library's typing helpers and the package's private aliases have no page here (no
