@@ -68,14 +68,14 @@ def grad_shard(shape: tuple[int, ...], dtype: str, seed: int) -> torch.Tensor:
 
 def _state(group: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (
-        dataclasses.astuple(_fused.state_of(group, "single")),
-        dataclasses.astuple(_fused.state_of(group, "coalesced")),
+        dataclasses.astuple(_fused.state_of(group, "all_gather_v")),
+        dataclasses.astuple(_fused.state_of(group, "all_gather_v_coalesced")),
     )
 
 
 def reset(group: Any) -> None:
     fresh = dataclasses.asdict(_fused.FusedState())
-    for kind in ("single", "coalesced"):
+    for kind in ("all_gather_v", "all_gather_v_coalesced"):
         _fused.replace_state(group, kind, **fresh)  # type: ignore[arg-type]
 
 

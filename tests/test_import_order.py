@@ -19,7 +19,9 @@ PACKAGE = pathlib.Path(vargather.__file__).parent
 ORDER = [
     "_errors",
     "_dtypes",
+    "_nan",
     "_choices",
+    "_collectives",
     "_group",
     "_mesh",
     "_census",
@@ -43,6 +45,7 @@ ORDER = [
     "oracle",
     "compat",
     "__init__",
+    "internal",
 ]
 
 

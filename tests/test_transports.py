@@ -216,7 +216,7 @@ def run_case(ctx: RankContext, case: Case) -> Outcome | None:
             # and the wide round: no group goes wide, none left wide by an earlier test
             stack.callback(setattr, fused_module, "WIDE_MIN_BYTES", fused_module.WIDE_MIN_BYTES)
             fused_module.WIDE_MIN_BYTES = 1 << 62  # type: ignore[misc]  # the wide round off
-            fused_module.replace_state(group, "single", wide=(), wide_idle=0, wide_max=())
+            fused_module.replace_state(group, "all_gather_v", wide=(), wide_idle=0, wide_max=())
         if case.emulate_views:
             original = transport_module.all_gather_list
             transport_module.all_gather_list = _emulated_list_gather  # type: ignore[assignment]

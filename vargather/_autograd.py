@@ -36,6 +36,7 @@ from torch.autograd.function import once_differentiable
 from ._choices import GradContract
 from ._group import GroupInfo
 from ._layout import Layout
+from ._nan import canonical_nans_
 from ._transport import Transport
 
 __all__ = [
@@ -97,7 +98,7 @@ def contract_backward(
     grad = transport.reduce_scatter_sum(grad_output, layout, info)
     if contract == "mean":
         grad.div_(layout.world_size)  # in place: the transport returns a fresh tensor
-    return grad
+    return canonical_nans_(grad)  # the backend's sum: its NaNs' bits are its own
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ import torch.distributed as dist
 from ._group import GroupInfo, per_call_timeout_supported, resolve_group
 from ._layout import Layout
 from ._mesh import is_device_mesh, resolve_mesh
+from ._nan import canonical_nans_
 from ._transport import choose_transport
 
 __all__ = [
@@ -266,7 +267,7 @@ def _backward_eagerly(
         out = chosen.reduce_scatter_sum(grad_output, layout, info)
         if grad == "mean":
             out.div_(layout.world_size)
-        return out.contiguous()
+        return canonical_nans_(out).contiguous()  # as GatherVFunction's backward
 
 
 @torch.library.custom_op("vargather::all_gather_v_backward", mutates_args=())

@@ -12,7 +12,8 @@ checks: the tensor, ``dim``, ``grad``, ``validate``, ``timeout``, the dtype the 
 carries), the first local problem found (the collective's own checks, such as
 ``sum(sizes) == x.shape[dim]``, appended by its module), and a run of int64
 *extras* (the passed size vectors, ``-1`` where absent). The exchange sends
-``encode_record(record) + [FAMILY_MAGIC, kind] + extras + [flags]`` (int64, padded
+``encode_record(record) + [FAMILY_MAGIC, code] + extras + [flags]`` (``code``: the
+collective's wire code, ``_collectives``) (int64, padded
 to an even count) and a payload slot of the group's capacity to every rank in one
 equal-split all_to_all of bytes: every rank sends the same length, *whichever kind of
 the family it called*: the extras are padded with ``-1`` to ``extra_words(W) = 2 * (W
@@ -67,6 +68,7 @@ import torch.distributed as dist
 
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
 from ._choices import CONTRACTS, DEVICE_TYPES
+from ._collectives import COLLECTIVE_NAMES, COLLECTIVES, CollectiveName, by_code, name_of_code
 from ._comm import GroupInfo, all_to_all_uneven
 from ._dtypes import dtype_from_code
 from ._errors import (
@@ -87,7 +89,6 @@ __all__ = [
     "FAMILY_FUSED_MAX",
     "FAMILY_MAGIC",
     "FAMILY_STRETCH_MAX",
-    "KINDS",
     "Check",
     "Exchanged",
     "FamilyCall",
@@ -108,8 +109,6 @@ __all__ = [
 ]
 
 FAMILY_MAGIC: Final = 0x76676661  # "vgfa"
-KINDS: Final = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
-"""The collectives of the family; position + 1 is the kind code on the wire."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,7 @@ class FamilyCall:
     malformed), for this rank's own use; ``extras`` is what the peers see of them.
     """
 
-    kind: str
+    kind: CollectiveName
     record: CallRecord
     extras: tuple[int, ...]
     sizes: tuple[tuple[int, ...] | None, ...]
@@ -347,7 +346,7 @@ def exchange_fused(
     In a world of one rank nothing is sent. A row vargather cannot read, or one of
     another collective of the family, raises ``ProtocolMismatchError`` on every rank.
     """
-    kind_code = KINDS.index(call.kind) + 1
+    kind_code = COLLECTIVES[call.kind].code
     pg = process_group(info) if info.communicates else None
     state = _STATES.get(pg, _FRESH) if pg is not None else _FRESH
     capacity = state.capacity
@@ -396,26 +395,27 @@ def exchange_fused(
     return Exchanged(out, received[:, 8 * words :], tuple(flags), state)
 
 
-def _check_kinds(kind: str, marks: Sequence[tuple[int, int]]) -> None:
+def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None:
     """Raise ``ProtocolMismatchError`` unless every rank's row (``marks[r]``: its magic
     and kind code) is a ``kind`` call's: a row vargather cannot read names its rank; a
     peer calling another kind of the family gets one message on every rank, naming
     which rank called which (a pure function of the rows)."""
-    kind_code = KINDS.index(kind) + 1
+    kind_code = COLLECTIVES[kind].code
     if all(magic == FAMILY_MAGIC and code == kind_code for magic, code in marks):
         return
     for r, (magic, code) in enumerate(marks):
-        if magic != FAMILY_MAGIC or not 0 < code <= len(KINDS):
+        found_kind = by_code(code)
+        if magic != FAMILY_MAGIC or found_kind is None or found_kind.round != "all_to_all":
             raise ProtocolMismatchError(
                 f"{kind}: rank {r} sent metadata of another collective or vargather "
                 f"version: expected a {kind} call on every rank of the group",
                 ranks=[r],
             )
-    names = [KINDS[code - 1] for _, code in marks]
+    names = [name_of_code(code) for _, code in marks]
     found = _disagreement("collective", names)
     assert found is not None  # some rank's kind differs
     message, blamed = found
-    present = " / ".join(k for k in KINDS if k in names)
+    present = " / ".join(k for k in COLLECTIVE_NAMES if k in names)
     raise ProtocolMismatchError(
         f"{present}: {message}: call the same collective on every rank of the group",
         ranks=blamed,

@@ -125,12 +125,13 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Final, Literal
+from typing import Final, TypeAlias
 
 import torch
 import torch.distributed as dist
 
 from ._args import CallRecord, CheckedCall
+from ._collectives import COLLECTIVES, CollectiveName, name_of_code
 from ._comm import GroupInfo, all_gather_equal, exchange_with_each
 from ._errors import ArgumentMismatchError, ProtocolMismatchError, VarGatherError
 from ._exchange import _disagreement, exchange_records, plan_layout, validate_records
@@ -179,13 +180,11 @@ __all__ = [
     "within_waste",
 ]
 
-Kind = Literal["single", "coalesced", "list"]
-"""Who runs the round: ``all_gather_v`` (and ``gather_layout``,
+Kind: TypeAlias = CollectiveName
+"""Who runs the round: a collective whose round is all_gather-shaped
+(``_collectives``): ``all_gather_v`` (and ``gather_layout``,
 ``all_gather_v_with_layout``), ``all_gather_v_coalesced``, ``all_gather_list``. Every
-kind sizes its round from the group's one state and sends its kind in the headers."""
-
-_KIND_CODES: Final = {"single": 0, "coalesced": 1, "list": 2}
-_KIND_NAMES: Final = ("all_gather_v", "all_gather_v_coalesced", "all_gather_list")
+kind sizes its round from the group's one state and sends its wire code in the headers."""
 
 FUSED_MAX_BYTES: Final = 128 * 1024
 """Largest payload per rank that rides in the equal-size fused round (the *gather*
@@ -383,7 +382,7 @@ def _key(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     return pg if isinstance(pg, dist.ProcessGroup) else None
 
 
-def state_of(group: dist.ProcessGroup | None = None, kind: Kind = "single") -> FusedState:
+def state_of(group: dist.ProcessGroup | None = None, kind: Kind = "all_gather_v") -> FusedState:
     """This process's copy of ``group``'s state (read only; ``None``: the default group).
     ``kind`` is accepted for old callers: every kind shares the group's state."""
     del kind
@@ -393,7 +392,7 @@ def state_of(group: dist.ProcessGroup | None = None, kind: Kind = "single") -> F
     return _STATES.get(pg, _FRESH)
 
 
-def capacity_of(group: dist.ProcessGroup | None = None, kind: Kind = "single") -> int:
+def capacity_of(group: dist.ProcessGroup | None = None, kind: Kind = "all_gather_v") -> int:
     """The payload bytes per rank the next fused round of ``group`` reserves (any kind)."""
     return state_of(group, kind).capacity
 
@@ -472,7 +471,7 @@ def _full_path(
     counts differ, one all_gather of ``count`` records otherwise, and
     ``plan_layout``'s extra all_gather of a sizes mismatch only when every rank
     called ``all_gather_v``."""
-    if kind == "single" and len(set(kinds)) == 1:
+    if kind == "all_gather_v" and len(set(kinds)) == 1:
         return (plan_layout(calls[0], info),)
     found = _disagreement("number of tensors", list(counts))
     if found is not None:
@@ -488,7 +487,7 @@ def _full_path(
         try:
             layouts.append(validate_records([row[i] for row in per_rank], rank=info.rank))
         except VarGatherError as err:
-            raise (err if kind == "single" else named(err, i)) from None
+            raise (err if kind == "all_gather_v" else named(err, i)) from None
     return tuple(layouts)
 
 
@@ -498,7 +497,7 @@ def _mixed_prefix(kinds: Sequence[int]) -> str:
     present = sorted(set(kinds))
     if len(present) == 1:
         return ""
-    return " / ".join(_KIND_NAMES[k] if 0 <= k < len(_KIND_NAMES) else "?" for k in present)
+    return " / ".join(name_of_code(k) for k in present)
 
 
 def _called(kinds: Sequence[int]) -> str:
@@ -509,8 +508,7 @@ def _called(kinds: Sequence[int]) -> str:
     for r, k in enumerate(kinds):
         by_kind.setdefault(k, []).append(r)
     told = "; ".join(
-        f"{_KIND_NAMES[k] if 0 <= k < len(_KIND_NAMES) else '?'} on rank(s) {ranks}"
-        for k, ranks in sorted(by_kind.items())
+        f"{name_of_code(k)} on rank(s) {ranks}" for k, ranks in sorted(by_kind.items())
     )
     return f" (the ranks called different collectives: {told}; call the same one on every rank)"
 
@@ -545,7 +543,7 @@ def exchange(
         and all(rec.problem is None and rec.ndim <= SHAPE_SLOTS for rec in records)
         and all(isinstance(t, torch.Tensor) and t.device.type == device.type for t in tensors)
     )
-    flags = call_flags(eligible=local_ok, kind_code=_KIND_CODES[kind])
+    flags = call_flags(eligible=local_ok, kind_code=COLLECTIVES[kind].code)
     own = [t for t in tensors if isinstance(t, torch.Tensor)] if local_ok and k <= slots else []
     nbytes = sum(t.numel() * t.element_size() for t in own)
     if nbytes > room[info.rank]:

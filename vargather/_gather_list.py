@@ -3,7 +3,7 @@
 Where it sits: a family collective built on ``_family`` (stages 1-3), ``_transport``
 and ``_fused`` (the
 validated call: every rank's shape words and flat run of elements, one *carrier* tensor
-of its dtype, ride in ``_fused``'s round of kind ``coalesced``, the payload in the same
+of its dtype, ride in ``_fused``'s round as ``all_gather_list``, the payload in the same
 collective when it fits) and
 ``_reduce_scatter`` (the ``sum``/``mean`` backward). ``_family_api`` calls it eagerly;
 ``_compiled_family`` wraps it in custom operators.
@@ -34,6 +34,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _fused
 from ._args import CheckedCall, Problem, check_call, saturate, sizes_hash
+from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_gather_equal
 from ._errors import (
     ProtocolMismatchError,
@@ -45,6 +46,7 @@ from ._errors import (
 )
 from ._family import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
 from ._layout import Layout
+from ._nan import canonical_nans_
 from ._reduce_scatter import reduce_scatter_blocks
 from ._transport import choose_transport
 
@@ -56,7 +58,7 @@ __all__ = [
     "plan_gather_list",
 ]
 
-NAME = "all_gather_list"
+NAME: Final[CollectiveName] = "all_gather_list"
 
 Shapes = tuple[tuple[int, ...], ...]
 
@@ -320,7 +322,7 @@ def _fused_plan(
     timeout: object,
     requires_grad: bool | None,
 ) -> GatherListPlan:
-    """The validated call through ``_fused`` (kind ``list``, one tensor): every
+    """The validated call through ``_fused`` (as ``all_gather_list``, one tensor): every
     rank's *carrier*, an ``(n, 1, 1)`` tensor of ``x``'s dtype holding its metadata words
     ``[magic, ndim, *shape, passed, hash]`` then the flat run of ``x``, in the fused
     round when it fits (the payload rides along), else the round and one gather of the
@@ -353,7 +355,7 @@ def _fused_plan(
         record = replace(record, problem=call.record.problem)
     calls = [CheckedCall(record, None, checked.timeout)]
     try:
-        found = _fused.exchange("list", calls, [carrier], info, eligible=True)
+        found = _fused.exchange("all_gather_list", calls, [carrier], info, eligible=True)
         assert isinstance(carrier, torch.Tensor)  # the headers validated
         if found.outputs is not None:
             run = found.outputs[0].reshape(-1)
@@ -407,7 +409,7 @@ def list_gradient(grads: Sequence[torch.Tensor], plan: GatherListPlan) -> torch.
     flat = torch.cat([g.reshape(-1) for g in grads])
     out = reduce_scatter_blocks(flat, layout, info).view(plan.shapes[r])
     if plan.contract == "mean":
-        out.div_(info.world_size)
+        canonical_nans_(out.div_(info.world_size))  # a complex division may make NaNs
     return out
 
 

@@ -16,8 +16,9 @@ The same module holds the fused round's **compact header** (``encode_header``,
 message text, sent with the payload on the common path (``_fused``). A header word by
 word: magic and version; flags (``FLAG_PROBLEM``, ``FLAG_LONG``: more than
 ``SHAPE_SLOTS`` dims, ``FLAG_ELIGIBLE``, ``FLAG_REQUIRES_GRAD``, and from bit
-``KIND_SHIFT`` the caller's kind: 0 ``all_gather_v``, 1 ``all_gather_v_coalesced``, 2
-``all_gather_list``, so that every rank knows which collective each peer called); the ndim, dtype,
+``KIND_SHIFT`` the caller's collective as its wire code (``_collectives``: 0
+``all_gather_v``, 1 ``all_gather_v_coalesced``, 2 ``all_gather_list``), so that every
+rank knows which collective each peer called); the ndim, dtype,
 normalized dim, contract, transport and device codes, a byte each, in one word; the
 call's tensor count; the passed sizes' length and hash; ``SHAPE_SLOTS`` dims of the
 shape. A problem only sets a flag: its text travels in a full record, on the error
@@ -212,7 +213,7 @@ FLAG_LONG: Final = 2
 FLAG_ELIGIBLE: Final = 4
 FLAG_REQUIRES_GRAD: Final = 8
 KIND_SHIFT: Final = 4
-"""The flags word's bits from here on hold the kind of the call (``_fused.Kind``)."""
+"""The flags word's bits from here on hold the caller's collective (its wire code)."""
 
 
 _FLAGS_AT: Final = 1
@@ -300,7 +301,7 @@ def header_flags(h: Sequence[int]) -> int:
 
 
 def header_kind(h: Sequence[int]) -> int:
-    """The caller's kind code in ``h`` (0 ``all_gather_v``, 1 coalesced, 2 list)."""
+    """The caller's collective in ``h``, as its wire code (``_collectives``)."""
     return h[_FLAGS_AT] >> KIND_SHIFT
 
 

@@ -15,6 +15,13 @@ For ranks ``r = 0..W-1`` with shards ``x_r`` and upstream gradients ``g_r``
 
 (``<g, y>`` is the vector-Jacobian product autograd computes for ``grad_outputs=g``,
 so complex dtypes follow torch's convention without a hand-made real loss.)
+
+NaNs: what a reduction gives (``sum`` and ``mean`` above and ``reduce_scatter_v``
+below, in a group of two ranks or more) has every NaN set to its dtype's canonical
+quiet NaN by the helper the collectives use (``vargather._nan.canonical_nans_``), so
+the oracle's bits are those semantics' and not torch's kernel path's. What only moves
+data (the outputs, ``local``, the backwards of ``reduce_scatter_v`` and
+``all_to_all_v``) keeps every bit, NaN payloads and ``-0.0`` included.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import NamedTuple
 import torch
 
 from ._choices import CONTRACTS
+from ._nan import canonical_nans_
 
 __all__ = [
     "OracleResult",
@@ -77,10 +85,12 @@ def expected_input_grads(
         scale = 1.0 if contract == "sum" else 1.0 / world
         # Every rank j computes its own out_j = cat(x) and its own loss L_j.
         outs = [torch.cat(xs, dim=dim) for _ in range(world)]
+        if world == 1:  # nothing is summed: the gather of one rank is the identity
+            return [upstream[0].detach().clone()]
         if contract == "mean":
             outs = [out * scale for out in outs]
         grads = torch.autograd.grad(outs, xs, grad_outputs=[g.detach() for g in upstream])
-        return list(grads)
+        return [canonical_nans_(g) for g in grads]
     if contract == "local":
         result: list[torch.Tensor] = []
         for r in range(world):
@@ -110,18 +120,22 @@ def expected(
 # reduce_scatter_v: rank r receives x_0[o_r:o_r+n_r] + ... + x_{W-1}[o_r:o_r+n_r] (along
 # dim, o_r = n_0 + ... + n_{r-1}), added left to right in rank order in the input dtype:
 # that order is part of the definition, so the oracle and the collective agree bit for
-# bit on every float (NaN payloads, -0.0) and wrap alike on integers.
+# bit on every float (-0.0, and every NaN the canonical one) and wrap alike on integers.
 # all_to_all_v: rank r receives cat_j (block r of x_j), block r of x_j being
 # send_sizes[j][r] rows along dim. all_gather_list: every rank receives [x_0, ...].
 # Gradients come from autograd over these definitions (all_gather_list's sum and mean:
-# the rank-order sum of the upstream gradients, as the collective adds them).
+# the rank-order sum of the upstream gradients, as the collective adds them, NaNs
+# canonical). reduce_scatter_v's backward moves data only: split's backward is a cat,
+# with no zero-filled slice added to the gradient (which would turn -0.0 into +0.0).
 
 
 def _fold(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``blocks[0] + blocks[1] + ...`` left to right, NaNs canonical when there was a
+    sum (two blocks or more; one block is returned as it is)."""
     out = blocks[0].detach().clone()
     for b in blocks[1:]:
         out.add_(b.detach())
-    return out
+    return canonical_nans_(out) if len(blocks) > 1 else out
 
 
 def _offsets(sizes: Sequence[int]) -> list[int]:
@@ -148,11 +162,8 @@ def expected_reduce_scatter_grads(
 ) -> list[torch.Tensor]:
     """``dx_j`` of ``L = Σ_r <g_r, y_r>`` for every rank ``j`` (all equal: ``cat_r g_r``)."""
     xs = _leaves(inputs)
-    offsets = _offsets(sizes)
-    outs = [
-        functools.reduce(torch.add, [x.narrow(dim, offsets[r], n) for x in xs])
-        for r, n in enumerate(sizes)
-    ]
+    blocks = [torch.split(x, list(sizes), dim=dim) for x in xs]
+    outs = [functools.reduce(torch.add, [b[r] for b in blocks]) for r in range(len(sizes))]
     return list(torch.autograd.grad(outs, xs, grad_outputs=[g.detach() for g in upstream]))
 
 
@@ -204,7 +215,9 @@ def expected_gather_list_grads(
         return [upstream[r][r].detach().clone() for r in range(w)]
     if contract in ("sum", "mean"):
         sums = [_fold([upstream[j][r] for j in range(w)]) for r in range(w)]
-        return [s.div_(w) for s in sums] if contract == "mean" else sums
+        if contract == "mean" and w > 1:
+            return [canonical_nans_(s.div_(w)) for s in sums]
+        return sums
     raise ValueError(
         f"oracle: contract must be one of {', '.join(map(repr, CONTRACTS))}, got {contract!r}"
     )
