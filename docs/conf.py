@@ -15,13 +15,15 @@ an empty docstring, into a warning, which ``-W`` makes a failed build
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Iterable
 from typing import Any
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, ROOT)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 import vargather  # noqa: E402  # after the path: the checkout's package, not another
 
@@ -57,6 +59,8 @@ autodoc_inherit_docstrings = True
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
+# Every public function states its shapes and its gradient in sections of these names.
+napoleon_custom_sections = ["Shapes", "Gradient"]
 
 # Nitpicky mode (-n) resolves every cross-reference. Names of torch, of the standard
 # library's typing helpers and the package's private aliases have no page here (no
@@ -140,7 +144,20 @@ def _check_public_names(app: Any, env: Any) -> None:
         logger.warning(problem)
 
 
+def _drop_type_docstrings(
+    app: Any, what: str, name: str, obj: object, options: Any, lines: list[str]
+) -> None:
+    """A constant (a ``str``, a ``tuple``, an ``Implementation``) has no docstring of its
+    own: autodoc would show its type's. Its entry's text is the directive's content."""
+    if what not in ("data", "attribute") or not lines:
+        return
+    own = inspect.getdoc(type(obj))
+    if own and "\n".join(lines).strip() == own.strip():
+        lines.clear()
+
+
 def setup(app: Any) -> dict[str, Any]:
+    app.connect("autodoc-process-docstring", _drop_type_docstrings)
     app.connect("object-description-transform", _record)
     app.connect("env-purge-doc", _purge)
     app.connect("env-check-consistency", _check_public_names)

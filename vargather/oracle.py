@@ -58,7 +58,18 @@ class OracleResult(NamedTuple):
 
 
 def expected_output(shards: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
-    """What every rank must receive: ``torch.cat(shards, dim)``."""
+    """What every rank must receive: ``torch.cat(shards, dim)``.
+
+    Shapes:
+        ``shards[r]`` is rank ``r``'s ``lead + (n_r,) + trail``; returns
+        ``lead + (Σ_r n_r,) + trail``.
+
+    Gradient:
+        None: the shards are detached (``expected_input_grads`` has the gradients).
+
+    Raises:
+        RuntimeError: ``torch.cat``'s, for shards that do not concatenate.
+    """
     return torch.cat([s.detach() for s in shards], dim=dim)
 
 
@@ -77,7 +88,22 @@ def expected_input_grads(
     dim: int = 0,
     contract: str = "sum",
 ) -> list[torch.Tensor]:
-    """Each rank's expected ``dx_r`` under ``contract`` for upstream gradients ``upstream``."""
+    """Each rank's expected ``dx_r`` under ``contract`` for upstream gradients ``upstream``.
+
+    Rank ``j`` computes its own ``out_j = cat(shards)`` and receives ``upstream[j] =
+    dL_j / d out_j``. ``"sum"``: ``dx_r = Σ_j upstream[j][o_r : o_r + n_r]`` (the
+    gradient of ``Σ_j L_j``); ``"mean"``: that sum over ``W``; ``"local"``:
+    ``upstream[r][o_r : o_r + n_r]``. Computed by autograd through ``torch.cat``.
+
+    Shapes:
+        ``shards[r]``: ``lead + (n_r,) + trail``; every ``upstream[j]``: the gathered
+        shape ``lead + (Σ_r n_r,) + trail``; returns one tensor per rank, shaped as
+        its shard.
+
+    Raises:
+        ValueError: ``len(upstream) != len(shards)``, or an unknown ``contract``.
+        TypeError: a shard that is neither floating nor complex (no gradient).
+    """
     world = len(shards)
     if len(upstream) != world:
         raise ValueError(f"oracle: {world} shards but {len(upstream)} upstream gradients")
@@ -116,7 +142,20 @@ def expected(
     upstream: Sequence[torch.Tensor] | None = None,
     contract: str = "sum",
 ) -> OracleResult:
-    """Output and (when ``upstream`` is given) input gradients, in one call."""
+    """Output and (when ``upstream`` is given) input gradients, in one call.
+
+    Shapes:
+        As ``expected_output`` and ``expected_input_grads``: ``output`` is the
+        gathered ``lead + (Σ_r n_r,) + trail``, ``input_grads[r]`` shaped as
+        ``shards[r]`` (``None`` without ``upstream``).
+
+    Gradient:
+        ``input_grads`` under ``contract``, as ``expected_input_grads`` computes them.
+
+    Raises:
+        ValueError: see ``expected_input_grads``.
+        TypeError: see ``expected_input_grads``.
+    """
     grads = None if upstream is None else expected_input_grads(shards, upstream, dim, contract)
     return OracleResult(expected_output(shards, dim), grads)
 
@@ -156,7 +195,22 @@ def _offsets(sizes: Sequence[int]) -> list[int]:
 def expected_reduce_scatter(
     inputs: Sequence[torch.Tensor], sizes: Sequence[int], dim: int = 0
 ) -> list[torch.Tensor]:
-    """Each rank's ``reduce_scatter_v`` result for every rank's input ``inputs[j]``."""
+    """Each rank's ``reduce_scatter_v`` result for every rank's input ``inputs[j]``.
+
+    Rank ``r`` gets ``inputs[0][o_r : o_r + n_r] + ... + inputs[W-1][o_r : o_r + n_r]``
+    along ``dim``, added left to right in rank order in the inputs' dtype (every NaN
+    the canonical one), as the collective adds them.
+
+    Shapes:
+        every ``inputs[j]``: ``lead + (sum(sizes),) + trail``; returns ``W`` tensors,
+        rank ``r``'s ``lead + (sizes[r],) + trail``.
+
+    Gradient:
+        None (``expected_reduce_scatter_grads`` has it).
+
+    Raises:
+        RuntimeError: torch's, for inputs whose shapes or dtypes do not add up.
+    """
     offsets = _offsets(sizes)
     return [_fold([x.narrow(dim, offsets[r], n) for x in inputs]) for r, n in enumerate(sizes)]
 
@@ -167,7 +221,18 @@ def expected_reduce_scatter_grads(
     upstream: Sequence[torch.Tensor],
     dim: int = 0,
 ) -> list[torch.Tensor]:
-    """``dx_j`` of ``L = Σ_r <g_r, y_r>`` for every rank ``j`` (all equal: ``cat_r g_r``)."""
+    """``dx_j`` of ``L = Σ_r <g_r, y_r>`` for every rank ``j`` (all equal: ``cat_r g_r``).
+
+    Shapes:
+        ``inputs`` and ``sizes`` as for ``expected_reduce_scatter``; ``upstream[r]``
+        shaped as rank ``r``'s result; returns one tensor per rank, shaped as its input.
+
+    Gradient:
+        This is the gradient: the gather of the upstream gradients, by autograd.
+
+    Raises:
+        TypeError: an input that is neither floating nor complex.
+    """
     xs = _leaves(inputs)
     blocks = [torch.split(x, list(sizes), dim=dim) for x in xs]
     outs = [functools.reduce(torch.add, [b[r] for b in blocks]) for r in range(len(sizes))]
@@ -181,7 +246,22 @@ def _blocks(x: torch.Tensor, sizes: Sequence[int], dim: int) -> list[torch.Tenso
 def expected_all_to_all(
     inputs: Sequence[torch.Tensor], send_sizes: Sequence[Sequence[int]], dim: int = 0
 ) -> list[torch.Tensor]:
-    """Each rank's ``all_to_all_v`` result; ``send_sizes[j]`` is rank ``j``'s vector."""
+    """Each rank's ``all_to_all_v`` result; ``send_sizes[j]`` is rank ``j``'s vector.
+
+    Rank ``r`` receives block ``r`` of every rank's input (``send_sizes[j][r]`` rows
+    of ``inputs[j]`` along ``dim``), concatenated in rank order.
+
+    Shapes:
+        ``inputs[j]``: ``lead + (sum(send_sizes[j]),) + trail``; returns rank ``r``'s
+        ``lead + (Σ_j send_sizes[j][r],) + trail``.
+
+    Gradient:
+        None (``expected_all_to_all_grads`` has it).
+
+    Raises:
+        ValueError: ``len(send_sizes) != len(inputs)``.
+        RuntimeError: torch's, for sizes that do not split an input.
+    """
     split = [_blocks(x.detach(), s, dim) for x, s in zip(inputs, send_sizes, strict=True)]
     return [
         torch.cat([split[j][r] for j in range(len(inputs))], dim=dim) for r in range(len(inputs))
@@ -194,7 +274,19 @@ def expected_all_to_all_grads(
     upstream: Sequence[torch.Tensor],
     dim: int = 0,
 ) -> list[torch.Tensor]:
-    """``dx_j`` of ``L = Σ_r <g_r, y_r>``: the reverse exchange of the ``g_r``."""
+    """``dx_j`` of ``L = Σ_r <g_r, y_r>``: the reverse exchange of the ``g_r``.
+
+    Shapes:
+        ``inputs`` and ``send_sizes`` as for ``expected_all_to_all``; ``upstream[r]``
+        shaped as rank ``r``'s result; returns one tensor per rank, shaped as its input.
+
+    Gradient:
+        This is the gradient, by autograd over the exchange.
+
+    Raises:
+        TypeError: an input that is neither floating nor complex.
+        ValueError: ``len(send_sizes) != len(inputs)``.
+    """
     xs = _leaves(inputs)
     w = len(xs)
     split = [_blocks(x, s, dim) for x, s in zip(xs, send_sizes, strict=True)]
@@ -203,7 +295,16 @@ def expected_all_to_all_grads(
 
 
 def expected_gather_list(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """What every rank's ``all_gather_list`` returns: every rank's tensor, in order."""
+    """What every rank's ``all_gather_list`` returns: every rank's tensor, in order.
+
+    It raises nothing of its own.
+
+    Shapes:
+        any shape per rank (the same ndim and dtype); returns copies of the inputs.
+
+    Gradient:
+        None (``expected_gather_list_grads`` has it).
+    """
     return [x.detach().clone() for x in inputs]
 
 
@@ -214,8 +315,18 @@ def expected_gather_list_grads(
 ) -> list[torch.Tensor]:
     """``dx_r`` per rank; ``upstream[j][r]`` is rank ``j``'s gradient for output ``r``.
 
-    ``sum``: ``g_{0,r} + ... + g_{W-1,r}`` in rank order; ``local``: ``g_{r,r}``;
-    ``mean``: the sum divided by ``W``."""
+    Shapes:
+        ``upstream[j][r]`` shaped as ``inputs[r]``; returns one tensor per rank,
+        shaped as its input.
+
+    Gradient:
+        ``sum``: ``g_{0,r} + ... + g_{W-1,r}`` in rank order; ``local``: ``g_{r,r}``;
+        ``mean``: the sum divided by ``W``.
+
+    Raises:
+        ValueError: an unknown ``contract``.
+        TypeError: an input that is neither floating nor complex.
+    """
     _leaves(inputs)  # the same dtype check as every gradient oracle
     w = len(inputs)
     if contract == "local":
