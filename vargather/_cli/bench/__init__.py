@@ -120,6 +120,7 @@ from ._config import (
     profile_shares,
     split_rows,
 )
+from ._mpi import MpiLaunchError, mpi_tables, mpi_wrong, run_mpi
 from ._plots import plot
 from ._ranks import _rank_cell, _rank_coalesced, _rank_family, _rank_peers, _rank_small
 from ._tables import _payload, evaluate_targets, markdown_report
@@ -312,6 +313,7 @@ def main(argv: Sequence[str]) -> int:
     coalesced: list[dict[str, Any]] = []
     peers: list[dict[str, Any]] = []
     family: list[dict[str, Any]] = []
+    mpi: list[dict[str, Any]] = []
     try:
         for w in cfg.ranks:
             world = _run_world(w, cfg, progress)
@@ -320,7 +322,11 @@ def main(argv: Sequence[str]) -> int:
             coalesced += world["coalesced"]
             peers += world["peers"]
             family += world["family"]
-    except BenchError as err:
+            if "mpi" in cfg.parts:  # after the pool's world is gone: mpiexec's own ranks
+                progress.phase(f"W={w} mpi: measuring")
+                mpi += run_mpi(cfg, w)
+                progress.advance(f"done: W={w} mpi")
+    except (BenchError, MpiLaunchError) as err:
         progress.close()
         print(f"vargather bench failed: {err}", file=sys.stderr)
         return 1
@@ -328,6 +334,8 @@ def main(argv: Sequence[str]) -> int:
         progress.close()
     targets = evaluate_targets(cells, small, coalesced, peers, family)
     report = markdown_report(cells, targets, small, coalesced, peers, family)
+    if mpi:
+        report = "\n\n".join([*mpi_tables(mpi), report.strip()]).strip() + "\n"
     _print_report(report)
     wrong = [
         f"{n} ({d}, W={c['world_size']}, {_payload(c)}, {c['profile']})"
@@ -343,6 +351,7 @@ def main(argv: Sequence[str]) -> int:
         for n, e in g["forward"].items()
         if not e["verified"]
     ]
+    wrong += mpi_wrong(mpi)
     document = {
         "schema": SCHEMA,
         "environment": {**_environment(), "load_average_at_start": load_at_start},
@@ -353,6 +362,7 @@ def main(argv: Sequence[str]) -> int:
         "coalesced": coalesced,
         "peers": peers,
         "family": family,
+        "mpi": mpi,
         "targets": targets,
         "all_verified": not wrong,
     }
