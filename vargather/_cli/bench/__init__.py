@@ -59,6 +59,12 @@ family (64 KiB, 1 MiB, 16 MiB; even and mild; rows of 64 float32), steady state
     burst against its baseline in the same repeat and reported with its quartiles and
     range, with the collectives each call issues.
 
+mpi (4 KiB to 16 MiB, rows of 64 float32, mild by default), steady state, only when named
+    MPICH's ``Allgatherv`` and ``Alltoallv`` through mpi4py (the counts exchanged first,
+    and known) beside validated ``all_gather_v`` and ``all_to_all_v`` and gloo's own
+    collectives, in the same processes, launched by ``mpiexec`` instead of the pool:
+    ``_mpi`` has it all. Skipped with a note where mpi4py or ``mpiexec`` is missing.
+
 Timing, large cells: each repeat times every variant once, in a rotated order, each
 after a barrier; a variant's time is the slowest rank's. ``--repeats`` repeats from 1 GB
 up, more for smaller payloads (``large_repeats``: each variant moves at least 1 GB, at
@@ -374,7 +380,7 @@ def main(argv: Sequence[str]) -> int:
             f.write(report)
     if args.plot:
         try:
-            plot(cells, args.plot, small, coalesced, peers, family)
+            plot(cells, args.plot, small, coalesced, peers, family, mpi)
         except ImportError:
             print(
                 "vargather bench: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr

@@ -240,13 +240,14 @@ def _parser() -> argparse.ArgumentParser:
         "--small-repeats",
         type=int,
         default=None,
-        help="small and coalesced parts: timed bursts per variant (default 31)",
+        help="small, coalesced, peers, family and mpi parts: timed bursts per variant (default 31)",
     )
     p.add_argument(
         "--calls",
         type=int,
         default=None,
-        help="small and coalesced parts: timed calls per burst (default 20)",
+        help="small, coalesced, peers, family and mpi parts: timed calls per burst "
+        "(default 20; the mpi part: fewer where a burst would move over 128 MiB)",
     )
     p.add_argument(
         "--family-sizes",
