@@ -248,3 +248,24 @@ def test_the_private_import_check_can_fail(tmp_path: pathlib.Path) -> None:
         assert _private_library_imports(probe, "vargather.testing"), text
     probe.write_text("from vargather.internal import THRESHOLDS\nfrom .._cli import check\n")
     assert not _private_library_imports(probe, "vargather.testing")
+
+
+def test_every_collective_of_the_table_has_its_catalogue() -> None:
+    """A collective's catalogue plugs in as ``vargather.testing.catalogues.<name>``:
+    one module per collective with a catalogue in the library's table, no other."""
+    from vargather import COLLECTIVES
+    from vargather.testing.catalogues import catalogue_of
+
+    named = {c.catalogue for c in COLLECTIVES.values() if c.catalogue is not None}
+    modules = {p.stem for p in (KIT / "catalogues").glob("*.py")} - {"__init__"}
+    assert modules == named
+    for name in named:
+        assert catalogue_of(name).op == name
+
+
+def test_the_engine_names_no_collective() -> None:
+    """The engine's row loop is the same for every collective: it names none."""
+    from vargather import COLLECTIVES
+
+    text = (KIT / "engine.py").read_text()
+    assert not [name for name in COLLECTIVES if f'"{name}"' in text]
