@@ -10,12 +10,11 @@ import vargather
 from vargather import oracle
 from vargather.testing import assert_bitwise_equal, get_pool
 from vargather.testing.family import (
-    MisuseCase,
     ReduceScatterCase,
     check_case,
-    check_misuse,
     inputs_of,
 )
+from vargather.testing.misuse import MisuseCase, check_misuse
 
 from . import _family_fns as fns
 

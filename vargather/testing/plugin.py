@@ -82,7 +82,7 @@ def configure(values: Mapping[str, object]) -> CheckOptions:
                 given[option.name] = True if option.is_flag else option.parse_text(str(raw))
         options = build_options(given, config_path=config_path, progress=False)
         info = resolve_options_impl(options, None)
-    except schema.OptionError as err:
+    except schema.OptionValueError as err:
         raise pytest.UsageError(
             f"vargather: {_plugin_spelling(err.spelled('--vargather-' + err.option))}"
         ) from None

@@ -15,6 +15,9 @@ the pytest plugin loads it by file path in every pytest session, where importing
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -25,7 +28,7 @@ __all__ = [
     "OPTIONS",
     "PLUGIN",
     "Option",
-    "OptionError",
+    "OptionValueError",
     "by_name",
     "parse_bytes",
 ]
@@ -36,7 +39,7 @@ PLUGIN: Final = "plugin"
 EVERYWHERE: Final = frozenset({CLI, CONFIG, PLUGIN})
 
 
-class OptionError(ValueError):
+class OptionValueError(ValueError):
     """A bad value for one option. ``option`` is the option's name (``max-examples``);
     ``detail`` the rest of the message (``must be a positive integer, got 0``, or
     ``: expected ...``). ``str()`` names the option; each surface re-spells it
@@ -62,7 +65,7 @@ def parse_bytes(name: str, text: str) -> int:
     digits = raw.rstrip("kimbg")
     unit = raw[len(digits) :]
     if not digits.isdigit() or unit not in _UNITS:
-        raise OptionError(
+        raise OptionValueError(
             name, f": expected a number of bytes like 4194304, 4MiB or 512KiB, got {text!r}"
         )
     return int(digits) * _UNITS[unit]
@@ -73,11 +76,11 @@ def _ints(name: str, text: str, example: str, items: str) -> tuple[int, ...]:
     try:
         values = tuple(int(p) for p in parts)
     except ValueError:
-        raise OptionError(
+        raise OptionValueError(
             name, f": expected comma-separated {items} like {example}, got {text!r}"
         ) from None
     if not values:
-        raise OptionError(name, f": expected at least one value, got {text!r}")
+        raise OptionValueError(name, f": expected at least one value, got {text!r}")
     return values
 
 
@@ -135,9 +138,9 @@ class Option:
         return converters[self.kind](text)
 
     def parse_toml(self, value: object, where: str) -> object:
-        """The value from a TOML value of the config table; ``OptionError`` for a
+        """The value from a TOML value of the config table; ``OptionValueError`` for a
         wrong type (``where`` names the file and table)."""
-        wrong = OptionError(self.name, f"= {value!r} has the wrong type ({where})")
+        wrong = OptionValueError(self.name, f"= {value!r} has the wrong type ({where})")
         if self.kind == "flag":
             if not isinstance(value, bool):
                 raise wrong
@@ -167,7 +170,7 @@ class Option:
 
     def _choice(self, text: str) -> str:
         if text not in self.choices:
-            raise OptionError(
+            raise OptionValueError(
                 self.name,
                 f": invalid choice: {text!r} (choose from {', '.join(map(repr, self.choices))})",
             )
@@ -177,14 +180,33 @@ class Option:
         try:
             return int(text)
         except ValueError:
-            raise OptionError(self.name, f": expected an integer, got {text!r}") from None
+            raise OptionValueError(self.name, f": expected an integer, got {text!r}") from None
 
     def _float(self, text: str) -> float:
         try:
             return float(text)
         except ValueError:
-            raise OptionError(self.name, f": expected a number, got {text!r}") from None
+            raise OptionValueError(self.name, f": expected a number, got {text!r}") from None
 
+
+def _collectives_with_a_catalogue() -> tuple[str, ...]:
+    """The collectives ``--op`` may name, from the library's one table of collectives
+    (``vargather/_collectives.py``), loaded by file path: it imports the standard
+    library only, so this module still imports nothing of vargather (nor torch)."""
+    name = "_vargather_schema_collectives"
+    module = sys.modules.get(name)
+    if module is None:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        spec = importlib.util.spec_from_file_location(name, os.path.join(here, "_collectives.py"))
+        assert spec is not None  # a file we ship
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while it runs
+        spec.loader.exec_module(module)
+    return tuple(c.catalogue for c in module.COLLECTIVES.values() if c.catalogue is not None)
+
+
+_OPS: Final = _collectives_with_a_catalogue()
 
 _SCOPE_NOTE: Final = " (scope: what the implementation claims)"
 
@@ -192,9 +214,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "op",
         "choice",
-        "the collective to check: all_gather_v, or one of the family (reduce_scatter_v, "
-        "all_to_all_v, all_gather_list), each with its own catalogue (default: all_gather_v)",
-        choices=("all_gather_v", "reduce_scatter_v", "all_to_all_v", "all_gather_list"),
+        f"the collective to check, each with its own catalogue: {', '.join(_OPS)} "
+        f"(default: {_OPS[0]})",
+        choices=_OPS,
     ),
     Option(
         "impl",
