@@ -6,7 +6,7 @@ property's Hypothesis run), ``isolated`` (the row run in a child process), ``ver
 (the status rules), ``progress`` and ``results`` (the report). It starts the gloo worlds
 (``vargather.testing.pool``), runs every property of the kit's one catalogue
 (``vargather.testing.properties``: the properties the test suite and the mutant
-search run) as a seeded Hypothesis test, shrinking a failure to a minimal
+search run; a built-in ``--target`` fills the options first, ``targets``) as a seeded Hypothesis test, shrinking a failure to a minimal
 counterexample within a budget counted in examples (a failure whose attempts cost a
 world, a timeout or a crash, gets a few attempts only), and returns a ``Report``. The
 property whose cases run without torch.distributed runs in a child process
@@ -41,6 +41,7 @@ from .properties import Property, catalogue
 from .resolve import ImplInfo, ensure_import_path, resolve_options_impl
 from .results import EXIT_USAGE, PropertyResult, Report
 from .runner import backend_refusals, rank_preflight, run_on_rank
+from .targets import apply_target
 from .verdict import UNSUPPORTED_EXAMPLES, scope_hints, split_rows, with_unsupported, with_xfail
 
 __all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]
@@ -246,8 +247,12 @@ def run_check(
     ``call_timeout=options.timeout``). Raises ``CheckUsageError`` (``OptionError``
     naming the option) for a usage or import error.
     """
+    options = apply_target(options)  # OptionError for an unknown or unavailable target
     with hypothesis_storage(options.db):
-        return _run_check(options, progress, pool_factory)
+        report = _run_check(options, progress, pool_factory)
+    if options.target is not None:
+        report.scope = {"--target": options.target, **report.scope}
+    return report
 
 
 def _run_check(
@@ -258,6 +263,11 @@ def _run_check(
     started = time.monotonic()
     _check_json_path(options.json_path)
     cwd = ensure_import_path()
+    if options.target == "dtensor":  # rows of its own: DTensor's meshes and placements
+        from .dtensor_target import run_dtensor_check
+
+        factory = pool_factory or _default_factory(options.timeout)
+        return run_dtensor_check(options, Progress(progress_callback, 0), factory, _versions())
     if options.op != "all_gather_v":
         from .family_check import run_family_check
 

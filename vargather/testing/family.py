@@ -69,15 +69,17 @@ __all__ = [
 
 COLLECTIVES = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
 FAMILY_NAMES: dict[str, tuple[str, ...]] = {
-    "reduce_scatter_v": ("x", "sizes", "dim", "group"),
-    "all_to_all_v": ("x", "send_sizes", "recv_sizes", "dim", "group"),
+    "reduce_scatter_v": ("x", "sizes", "dim", "group", "out"),
+    "all_to_all_v": ("x", "send_sizes", "recv_sizes", "dim", "group", "out"),
     "all_gather_list": ("x", "shapes", "group", "grad"),
 }
 """The names a call template (``--call``) of each collective may use: ``x`` this rank's
 tensor; ``sizes`` every rank's block size (reduce_scatter_v); ``send_sizes`` /
 ``recv_sizes`` this rank's send and receive sizes (all_to_all_v; ``recv_sizes`` is
 ``None`` where a case leaves it to the exchange); ``shapes`` every rank's shape or
-``None`` (all_gather_list); ``dim``, ``group`` and ``grad`` as for all_gather_v."""
+``None`` (all_gather_list); ``out`` a preallocated output (an empty tensor of this
+rank's output shape and ``x``'s dtype and device); ``dim``, ``group`` and ``grad`` as
+for all_gather_v (``group``: the process-group object, never ``None``)."""
 DTYPES = (
     "float32",
     "float64",
@@ -116,6 +118,7 @@ class ReduceScatterCase:
     validate: bool = True
     impl: str = "vargather"
     call: str | None = None
+    emulate: str | None = None  # the backend emulated in the ranks (``emulate``)
     collective: str = field(default="reduce_scatter_v", init=False, repr=False)
 
 
@@ -136,6 +139,7 @@ class AllToAllCase:
     validate: bool = True
     impl: str = "vargather"
     call: str | None = None
+    emulate: str | None = None  # the backend emulated in the ranks (``emulate``)
     collective: str = field(default="all_to_all_v", init=False, repr=False)
 
 
@@ -155,6 +159,7 @@ class GatherListCase:
     validate: bool = True
     impl: str = "vargather"
     call: str | None = None
+    emulate: str | None = None  # the backend emulated in the ranks (``emulate``)
     collective: str = field(default="all_gather_list", init=False, repr=False)
 
 
@@ -368,12 +373,24 @@ def _function(case: Case) -> Callable[..., Any]:
 def call_values(case: Case, x: torch.Tensor, r: int, group: Any) -> dict[str, object]:
     """The names a call template of ``case.collective`` may use, bound for group rank
     ``r`` (``FAMILY_NAMES``)."""
+    from .calls import group_object
+
+    group = group_object(group)
     if isinstance(case, ReduceScatterCase):
-        return {"x": x, "sizes": list(case.sizes), "dim": case.dim, "group": group}
+        out = torch.empty(output_shapes(case)[r], dtype=x.dtype, device=x.device)
+        return {"x": x, "sizes": list(case.sizes), "dim": case.dim, "group": group, "out": out}
     if isinstance(case, AllToAllCase):
         recv = [s[r] for s in case.send] if case.pass_recv else None
         send = list(case.send[r])
-        return {"x": x, "send_sizes": send, "recv_sizes": recv, "dim": case.dim, "group": group}
+        out = torch.empty(output_shapes(case)[r], dtype=x.dtype, device=x.device)
+        return {
+            "x": x,
+            "send_sizes": send,
+            "recv_sizes": recv,
+            "dim": case.dim,
+            "group": group,
+            "out": out,
+        }
     shapes = [list(s) for s in case.shapes] if case.pass_shapes else None
     return {"x": x, "shapes": shapes, "group": group, "grad": case.grad}
 
@@ -416,9 +433,22 @@ def _call(case: Case, x: torch.Tensor, r: int, group: Any, timeout: float | None
     )
 
 
+def _emulation(backend: str | None) -> None:
+    """Emulate ``backend`` in this rank from now on, or stop emulating (a rank pool
+    serves emulated and plain checks alike)."""
+    import sys
+
+    if backend is None and f"{__package__}.emulate" not in sys.modules:
+        return  # never emulated in this process: nothing to switch off
+    from .emulate import activate
+
+    activate(backend)
+
+
 def run_case(ctx: RankContext, case: Case) -> Report | None:
     """Rank side: build this rank's input, call, backward with this rank's upstream
     gradient. ``None`` on a rank outside the case's group."""
+    _emulation(case.emulate)
     group, r = _group_of(ctx, case)
     if r is None:
         return None
@@ -437,8 +467,21 @@ def run_case(ctx: RankContext, case: Case) -> Report | None:
     except Exception as err:
         return Report(None, None, (type(err).__name__, str(err), tuple(getattr(err, "ranks", ()))))
     if isinstance(out, (list, tuple)):
-        return Report([o.detach() for o in out], x.grad, None)
-    return Report(out.detach(), x.grad, None)
+        return Report([_settled(o) for o in out], _settled(x.grad), None)
+    return Report(_settled(out), _settled(x.grad), None)
+
+
+def _settled(t: Any) -> Any:
+    """``t`` detached, and waited for when it is torch's ``AsyncCollectiveTensor`` (a
+    functional collective's result: its view ops, ``detach`` included, do not wait,
+    so its bytes would be read before the collective wrote them)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    if isinstance(t, AsyncCollectiveTensor):
+        return t.wait().detach()
+    return t.detach()
 
 
 # --- the judge ---------------------------------------------------------------------------

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .calls import parse_call
 from .evaluate import FailingBatchError, ShrinkBudgetSpent, seeded_search
-from .family import COLLECTIVES, FAMILY_NAMES, FamilyFailure
+from .family import COLLECTIVES, DTYPES, FAMILY_NAMES, FamilyFailure
 from .family_properties import FamilyProperty, FamilyTarget, case_dict, family_catalogue
 from .family_properties import reproduction as describe_calls
 from .options import CheckOptions, OptionError
@@ -28,8 +28,8 @@ from .pool import PoolFailure, RankCrashed, RankError, RankPool
 from .progress import Progress
 from .resolve import load_impl
 from .results import PropertyFailure, PropertyResult, Report
-from .runner import rank_preflight
-from .verdict import with_xfail
+from .runner import backend_refusals, rank_preflight
+from .verdict import UNSUPPORTED_EXAMPLES, with_unsupported, with_xfail
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -46,9 +46,7 @@ FAMILY_SIGNATURES = {
 _LEFT_OUT = {
     "convention": "auto",
     "transports": "auto",
-    "sizes": "any",
     "returns": "auto",
-    "emulate": None,
     "compile": False,
     "requires_init": False,
 }
@@ -64,6 +62,14 @@ def family_target(options: CheckOptions, cwd: str | None) -> FamilyTarget:
         if getattr(options, name) != default:
             spelled = name.replace("_", "-")
             raise OptionError(spelled, f"does not apply to --op {op} (all_gather_v only)")
+    if options.sizes not in ("any", "required", "never") or (
+        options.sizes == "never" and op == "reduce_scatter_v"
+    ):
+        raise OptionError(
+            "sizes",
+            f"{options.sizes} does not apply to --op {op} (any; required: every size "
+            "list always passed; never: the sizes a collective can go without never passed)",
+        )
     grads: tuple[str, ...]
     if options.grad == "none":
         grads = ()
@@ -80,7 +86,9 @@ def family_target(options: CheckOptions, cwd: str | None) -> FamilyTarget:
     if options.impl is None:
         if options.call is not None:
             raise OptionError("call", "needs --impl (vargather's own API is called as documented)")
-        return FamilyTarget(op, grads=grads, dims=options.dims)
+        return FamilyTarget(
+            op, grads=grads, dims=options.dims, sizes=options.sizes, emulate=options.emulate
+        )
     ref = options.impl
     if options.call is not None:
         try:
@@ -92,7 +100,15 @@ def family_target(options: CheckOptions, cwd: str | None) -> FamilyTarget:
         raise OptionError("impl", f"{ref} is not callable")
     module, colon, attr = ref.partition(":")
     impl = f"{module}:{attr}" if colon else f"{module}:{op}"
-    return FamilyTarget(op, impl=impl, call=options.call, grads=grads, dims=options.dims)
+    return FamilyTarget(
+        op,
+        impl=impl,
+        call=options.call,
+        grads=grads,
+        dims=options.dims,
+        sizes=options.sizes,
+        emulate=options.emulate,
+    )
 
 
 @dataclass
@@ -141,8 +157,10 @@ def evaluate_family_row(
     world_sizes: Sequence[int],
     factory: Callable[[int], RankPool],
     progress: Progress,
+    max_examples: int | None = None,
 ) -> PropertyResult:
-    """One row as a seeded Hypothesis test; its first failure shrunk within
+    """One row as a seeded Hypothesis test of ``max_examples`` (default
+    ``options.max_examples``) examples; its first failure shrunk within
     ``options.shrink_budget`` examples (none after a hang or a crash)."""
     started = time.monotonic()
     state = _RowState()
@@ -178,7 +196,8 @@ def evaluate_family_row(
             state.last = failure
             raise FailingBatchError(failure)
 
-    failure = seeded_search(strategy, body, options, options.max_examples, lambda: state.last)
+    examples = options.max_examples if max_examples is None else max_examples
+    failure = seeded_search(strategy, body, options, examples, lambda: state.last)
     if failure is None and state.cases == 0:
         failure = PropertyFailure("checker", "no call ran (every drawn batch was filtered out)")
     return PropertyResult(
@@ -199,8 +218,36 @@ def _scope(options: CheckOptions, target: FamilyTarget) -> dict[str, str]:
         scope["--call"] = target.call
     if target.dims is not None:
         scope["--dims"] = ",".join(map(str, target.dims))
+    if target.sizes != "any":
+        scope["--sizes"] = target.sizes
     scope["--world-sizes"] = ",".join(map(str, options.world_sizes))
+    if target.emulate is not None:
+        scope["--emulate"] = target.emulate
     return scope
+
+
+def _selected(row_id: str, options: CheckOptions) -> bool:
+    """Whether ``--only`` selects the row (a ``PROPERTY:DTYPE`` row by its property)."""
+    return row_id in options.only or row_id.partition(":")[0] in options.only
+
+
+def _refused(
+    factory: Callable[[int], RankPool], worlds: Sequence[int], emulate: str | None
+) -> tuple[str, ...]:
+    """The family's dtypes the backend refuses: the emulation's table under
+    ``--emulate``, else asked of the smallest multi-rank world (``backend_refusals``)."""
+    if emulate is not None:
+        from .emulate import refused_dtypes
+
+        return tuple(d for d in DTYPES if d in refused_dtypes(emulate))
+    multi = [w for w in worlds if w >= 2]
+    if not multi:
+        return ()
+    try:
+        found = factory(min(multi)).run(backend_refusals, DTYPES)
+    except (PoolFailure, RankError):
+        return ()
+    return tuple(str(d) for d in found[0])
 
 
 def run_family_check(
@@ -216,7 +263,7 @@ def run_family_check(
     started = time.monotonic()
     target = family_target(options, cwd)
     world_sizes = tuple(sorted(options.world_sizes))
-    rows = [r for r in family_catalogue(target) if not options.only or r.id in options.only]
+    rows = [r for r in family_catalogue(target) if not options.only or _selected(r.id, options)]
     progress.retotal(len(rows))
     needed = sorted(
         {w for r in rows if r.not_applicable(world_sizes) is None for w in r.worlds(world_sizes)}
@@ -228,11 +275,16 @@ def run_family_check(
     if target.impl != "vargather":
         for w in needed:
             try:
-                factory(w).run(rank_preflight, (target.impl, (cwd,), None))
+                factory(w).run(rank_preflight, (target.impl, (cwd,), target.emulate))
             except (RankError, PoolFailure) as err:
                 raise OptionError(
                     "impl", f"{target.impl}: failed to import in a {w}-rank world: {err}"
                 ) from None
+    refused = _refused(factory, needed, target.emulate)
+    if refused:
+        target = replace(target, refused=refused)
+        rows = [r for r in family_catalogue(target) if not options.only or _selected(r.id, options)]
+        progress.retotal(len(rows))
     call = target.call or FAMILY_SIGNATURES[target.op].removeprefix("ATTR")
     report = Report(
         impl=None if target.impl == "vargather" else options.impl,
@@ -260,7 +312,13 @@ def run_family_check(
             elif reason is not None:
                 result = PropertyResult(row.id, row.title, "n/a", reason=reason)
             else:
-                result = evaluate_family_row(row, options, world_sizes, factory, progress)
+                _, colon, dtype = row.id.partition(":")
+                examples = min(options.max_examples, UNSUPPORTED_EXAMPLES) if colon else None
+                result = evaluate_family_row(
+                    row, options, world_sizes, factory, progress, max_examples=examples
+                )
+                if colon:
+                    result = with_unsupported(result, dtype)
             result = with_xfail(result, options.xfails)
             report.results.append(result)
             progress.row(result)

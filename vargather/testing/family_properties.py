@@ -107,7 +107,9 @@ class FamilyTarget:
     over ``family.FAMILY_NAMES[op]`` (``None``: called as vargather's function is,
     ``validate=`` and ``timeout=`` included); ``grads``: the contracts claimed
     (all_gather_list) or ``()`` for not differentiable; ``dims``: the dims it supports
-    (``None``: every one).
+    (``None``: every one); ``sizes``: ``--sizes`` (for all_to_all_v ``required``: both
+    split lists always passed, ``never``: the receive sizes never passed); ``emulate``:
+    the backend emulated in the ranks (``vargather.testing.emulate``), or ``None``.
     """
 
     op: str
@@ -115,6 +117,11 @@ class FamilyTarget:
     call: str | None = None
     grads: tuple[str, ...] = CONTRACTS
     dims: tuple[int, ...] | None = None
+    sizes: str = "any"
+    emulate: str | None = None
+    refused: tuple[str, ...] = ()
+    """Dtypes the backend (or the emulated one) refuses: each forward row runs without
+    them, and each such dtype runs as a row of its own, ``PROPERTY:DTYPE``."""
 
     def __post_init__(self) -> None:
         if self.op not in COLLECTIVES:
@@ -204,7 +211,7 @@ def _with_dim(case: Any, dim: int) -> Any:
 def _fitted(target: FamilyTarget, case: Any) -> Any:
     """A drawn case within ``target``'s scope: its implementation and call, the names
     its call does not pass left at their defaults, the dims it supports."""
-    case = replace(case, impl=target.impl, call=target.call)
+    case = replace(case, impl=target.impl, call=target.call, emulate=target.emulate)
     if target.call is not None:
         case = replace(case, validate=True)  # a template passes no validate=
     if not target.differentiable:
@@ -217,6 +224,8 @@ def _fitted(target: FamilyTarget, case: Any) -> Any:
         return case
     if isinstance(case, AllToAllCase) and not target.passes("recv_sizes"):
         case = replace(case, pass_recv=False)
+    elif isinstance(case, AllToAllCase) and target.sizes in ("required", "never"):
+        case = replace(case, pass_recv=target.sizes == "required")
     if not target.passes("dim"):
         return replace(case, dim=0)
     if target.dims is not None and case.dim not in target.dims:
@@ -291,8 +300,9 @@ def family_catalogue(target: FamilyTarget) -> list[FamilyProperty]:
         batch: int = FAMILY_BATCH,
     ) -> Callable[[int], SearchStrategy[list[Any]]]:
         def one(world: int) -> SearchStrategy[Any]:
+            kept = tuple(d for d in dtypes if d not in target.refused) or tuple(dtypes)
             drawn: SearchStrategy[Any] = draw_cases(
-                world_sizes=(world,), dtypes=tuple(dtypes), subgroups=subgroups
+                world_sizes=(world,), dtypes=kept, subgroups=subgroups
             )
 
             def fit(case: Any) -> Any:
@@ -419,7 +429,17 @@ def family_catalogue(target: FamilyTarget) -> list[FamilyProperty]:
             misuse=True,
         ),
     ]
-    return [_scoped(row) for row in rows]
+    forward = {"forward-float": _FLOAT, "forward-half": _HALF, "forward-int": _INT}
+    forward |= {"forward-complex": ("complex64",), "forward-bool": ("bool",)}
+    split: list[FamilyProperty] = []
+    for row in rows:
+        split.append(row)
+        for d in forward.get(row.id, ()):
+            if d in target.refused:  # the refused dtype alone (rows_of keeps a lone one)
+                alone = rows_of((d,), grad=False)
+                title = f"{row.title} [{d} only]"
+                split.append(replace(row, id=f"{row.id}:{d}", title=title, cases=alone))
+    return [_scoped(row) for row in split]
 
 
 def _scoped(row: FamilyProperty) -> FamilyProperty:

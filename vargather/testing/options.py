@@ -55,8 +55,17 @@ OPS: Final = schema.by_name("op").choices
 """The collectives ``--op`` names: ``all_gather_v`` and the family."""
 
 
-def ids_of(op: str) -> tuple[str, ...]:
-    """The property ids of ``op``'s catalogue (what ``--only`` and an xfails file name)."""
+def ids_of(op: str, target: str | None = None) -> tuple[str, ...]:
+    """The property ids of ``op``'s catalogue (what ``--only`` and an xfails file name),
+    or of ``target``'s (a built-in target: its own collective's, or its own rows)."""
+    from . import targets
+
+    if target is not None and target in {t.name for t in targets.TARGETS}:
+        if target == "dtensor":
+            from .dtensor_target import DTENSOR_IDS
+
+            return DTENSOR_IDS
+        op = targets.by_name(target).op
     if op == "all_gather_v":
         return property_ids()
     from .family_properties import family_property_ids
@@ -97,6 +106,9 @@ class CheckOptions:
     (``config_path``, ``xfails``, ``progress``, ``in_flight``) is an option of
     ``schema.OPTIONS`` (its ``field``)."""
 
+    target: str | None = None
+    """A built-in target (``--target``, ``vargather.testing.targets``): the engine
+    fills ``op``, ``impl``, ``call`` and the scope from it."""
     op: str = "all_gather_v"
     """The collective checked: ``all_gather_v`` or one of the family (``--op``)."""
     impl: str | None = None
@@ -191,7 +203,7 @@ class CheckOptions:
                 parse_call(self.call, FAMILY_NAMES.get(self.op, NAMES))
             except ValueError as err:
                 raise OptionError("call", f": {err}") from None
-        known = ids_of(self.op)
+        known = ids_of(self.op, self.target)
         xfail_rows = {x.partition(":")[0] for x in self.xfails}
         for name, ids in (("only", set(self.only)), ("xfails", xfail_rows)):
             unknown = sorted(set(ids) - set(known))
@@ -243,7 +255,12 @@ def build_options(values: Mapping[str, object], **extra: Any) -> CheckOptions:
         fields[option.field] = value
     path = fields.get("xfails_path")
     if path is not None:
-        fields["xfails"] = load_xfails(str(path), str(fields.get("op", "all_gather_v")))
+        target = fields.get("target")
+        fields["xfails"] = load_xfails(
+            str(path),
+            str(fields.get("op", "all_gather_v")),
+            None if target is None else str(target),
+        )
     if "world_sizes" in fields:
         fields["world_sizes"] = tuple(sorted(set(fields["world_sizes"])))
     if "dims" in fields:
@@ -321,7 +338,7 @@ def config_values(
 # --- xfails --------------------------------------------------------------------------
 
 
-def load_xfails(path: str, op: str = "all_gather_v") -> frozenset[str]:
+def load_xfails(path: str, op: str = "all_gather_v", target: str | None = None) -> frozenset[str]:
     """Read an xfails file: one property id (or ``PROPERTY:DTYPE``) per line; ``#``
     starts a comment. Every id must name a property of ``op``'s catalogue (a typo would
     otherwise silently expect nothing)."""
@@ -330,7 +347,7 @@ def load_xfails(path: str, op: str = "all_gather_v") -> frozenset[str]:
             lines = f.read().splitlines()
     except OSError as err:
         raise OptionError("xfails", f": cannot read {path!r}: {err.strerror or err}") from None
-    known = set(ids_of(op))
+    known = set(ids_of(op, target))
     ids: set[str] = set()
     for number, line in enumerate(lines, start=1):
         text = line.split("#", 1)[0].strip()
@@ -348,7 +365,7 @@ def load_xfails(path: str, op: str = "all_gather_v") -> frozenset[str]:
             raise OptionError(
                 "xfails",
                 f": {path}:{number}: unknown property id {text!r}; known ids: "
-                + ", ".join(ids_of(op)),
+                + ", ".join(ids_of(op, target)),
             )
         ids.add(text)
     return frozenset(ids)

@@ -190,6 +190,16 @@ _SCOPE_NOTE: Final = " (scope: what the implementation claims)"
 
 OPTIONS: Final[tuple[Option, ...]] = (
     Option(
+        "target",
+        "str",
+        "a built-in target: torch's or Megatron-core's own ragged code with its declared "
+        "collective, call and scope (dtensor, funcol-all-to-all, nn-all-to-all, "
+        "nn-all-gather, megatron-all-to-all, megatron-sp-gather, "
+        "megatron-sp-reduce-scatter); 'list' lists them and which run here "
+        "(see docs/targets.md)",
+        metavar="NAME|list",
+    ),
+    Option(
         "op",
         "choice",
         "the collective to check: all_gather_v, or one of the family (reduce_scatter_v, "

@@ -1,0 +1,37 @@
+"""Broadcast-based, as ``lucidrains/vector-quantize-pytorch`` gathers: the sizes
+exchanged with an ``all_gather``, then every rank's shard broadcast with
+``async_op=True`` into freshly allocated buffers, a ``barrier`` and a ``cat``. Called
+``(x, dim)``; not differentiable.
+
+Where the backend refuses the dtype (gloo: int16) the refusal surfaces on some ranks
+only, at different points (an unwaited broadcast's error is raised by a later
+collective), while the other ranks wait in the barrier until the group's timeout:
+the racing member of the zoo (a refusal racing a peer's timeout).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _pad_shape(shape: torch.Size, size: int, dim: int) -> list[int]:
+    out = list(shape)
+    out[dim] = size
+    return out
+
+
+def all_gather(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return x
+    rank, world = dist.get_rank(), dist.get_world_size()
+    size = torch.tensor([x.shape[dim]], dtype=torch.long)
+    sizes = [torch.empty_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    parts = []
+    for i, n in enumerate(int(s) for s in sizes):
+        t = x.contiguous() if i == rank else x.new_empty(_pad_shape(x.shape, n, dim))
+        dist.broadcast(t, src=i, async_op=True)
+        parts.append(t)
+    dist.barrier()
+    return torch.cat(parts, dim=dim)
