@@ -441,7 +441,7 @@ def run_dtensor_check(
         factory(w)
     report = Report(
         impl=None,
-        impl_display="torch.distributed.tensor: DTensor.redistribute to Replicate",
+        impl_display="torch.distributed.tensor: DTensor.redistribute to all-Replicate",
         convention="dtensor",
         grad=options.grad,
         world_sizes=world_sizes,
@@ -451,7 +451,8 @@ def run_dtensor_check(
         versions=versions,
         scope={"--grad": options.grad, "--world-sizes": ",".join(map(str, world_sizes))},
         strict=options.strict,
-        call="distribute_tensor(t, mesh, placements).redistribute(mesh, [Replicate()] * n)",
+        call="distribute_tensor(t, mesh, placements).redistribute(mesh, [Replicate()] * n)"
+        ".to_local()",
     )
     try:
         for row, kind, title in rows:
