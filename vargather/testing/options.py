@@ -66,11 +66,7 @@ def ids_of(op: str, target: str | None = None) -> tuple[str, ...]:
 
             return DTENSOR_IDS
         op = targets.by_name(target).op
-    if op == "all_gather_v":
-        return property_ids()
-    from .family_properties import family_property_ids
-
-    return family_property_ids(op)
+    return property_ids(op)
 
 
 CONFIG_TABLE: Final = ("tool", "vargather", "check")
