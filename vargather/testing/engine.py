@@ -43,7 +43,7 @@ from .properties import BATCH, Property
 from .resolve import ImplInfo, ensure_import_path
 from .results import EXIT_USAGE, PropertyResult, Report
 from .runner import backend_refusals, rank_preflight
-from .targets import apply_target
+from .targets import apply_target, preload_target, target_refusals
 from .verdict import UNSUPPORTED_EXAMPLES, scope_hints, split_rows, with_unsupported, with_xfail
 
 __all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]
@@ -186,6 +186,7 @@ def run_check(
     naming the option) for a usage or import error.
     """
     options = apply_target(options)  # OptionError for an unknown or unavailable target
+    preload_target(options)
     with hypothesis_storage(options.db):
         report = _run_check(options, progress, pool_factory)
     if options.target is not None:
@@ -232,6 +233,7 @@ def _run_check(
         if returns == "unknown" and needed and any(r.id == "returned-sizes" for r in selected):
             returns = collective.probe_returns(impl, needed, factory)
         refused = _backend_refusals(factory, needed, options.emulate) if needed else ()
+        refused = (*refused, *(d for d in target_refusals(options) if d not in refused))
     except BaseException:
         progress.close()
         raise

@@ -432,13 +432,14 @@ def run_case(ctx: RankContext, case: Case) -> CallReport | None:
                 torch.autograd.backward(list(out), list(up))
             else:
                 out.backward(up)
+        # Waiting for an async result is part of the call (its errors are the call's).
+        if isinstance(out, (list, tuple)):
+            return CallReport([_settled(o) for o in out], _settled(x.grad), None)
+        return CallReport(_settled(out), _settled(x.grad), None)
     except Exception as err:
         return CallReport(
             None, None, (type(err).__name__, str(err), tuple(getattr(err, "ranks", ())))
         )
-    if isinstance(out, (list, tuple)):
-        return CallReport([_settled(o) for o in out], _settled(x.grad), None)
-    return CallReport(_settled(out), _settled(x.grad), None)
 
 
 def _settled(t: Any) -> Any:

@@ -29,7 +29,17 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from .options import CheckOptions
 
-__all__ = ["LIST", "TARGETS", "Target", "apply_target", "by_name", "listing", "unavailable"]
+__all__ = [
+    "LIST",
+    "TARGETS",
+    "Target",
+    "apply_target",
+    "by_name",
+    "listing",
+    "preload_target",
+    "target_refusals",
+    "unavailable",
+]
 
 LIST: Final = "list"
 """``--target list``: print the targets and exit."""
@@ -47,7 +57,7 @@ class Target:
     (``None`` for ``dtensor``, which runs rows of its own); ``scope``: the
     ``CheckOptions`` fields it declares; ``why``: one line per declared option, why
     the target has that scope; ``requires``: (module, what to install when it is
-    missing)."""
+    missing); ``preload``: modules imported once in the server the ranks fork from."""
 
     name: str
     title: str
@@ -57,9 +67,21 @@ class Target:
     scope: Mapping[str, Any] = field(default_factory=dict)
     why: tuple[str, ...] = ()
     requires: tuple[tuple[str, str], ...] = ()
+    preload: tuple[str, ...] = ()
+    refuses: tuple[str, ...] = ()
+    """Dtypes the backend refuses on this code path though ``torch.distributed``'s own
+    functions carry them (they convert; this code hands the tensor to the backend as
+    is): each runs as its own ``PROPERTY:DTYPE`` row, ``unsupported`` unless
+    ``--strict`` (docs/targets.md records each as a finding, with its repro)."""
+    """Modules the rank processes import before their first call (``pool.preload``):
+    what the code imports on first use, seconds per rank, which would otherwise count
+    against the first example's timeout."""
 
 
 _MEGATRON: Final = (("megatron.core", _MEGATRON_MISSING),)
+_DYNAMO: Final = ("torch._dynamo",)
+"""What torch's functional collectives, DTensor and the deprecated nn collectives
+import on first use (about 10 s of CPU per process, measured on the 2-core machine)."""
 _MAPPINGS: Final = "megatron.core.tensor_parallel.mappings"
 _CUDA_WHY: Final = (
     "--emulate nccl: Megatron allocates its outputs with device=torch.cuda.current_device() "
@@ -84,6 +106,7 @@ TARGETS: Final[tuple[Target, ...]] = (
             "of the global tensor, uneven when the dim does not divide",
         ),
         (("torch.distributed.tensor", "torch.distributed.tensor is not available"),),
+        (*_DYNAMO, "torch.distributed.tensor"),
     ),
     Target(
         "funcol-all-to-all",
@@ -97,7 +120,13 @@ TARGETS: Final[tuple[Target, ...]] = (
             "lists are always passed",
             "--call passes no dim: dim 0 only (torch splits dim 0)",
             "group is the case's process-group object (it refuses group=None)",
+            "complex64 unsupported: the functional collective hands a complex tensor to "
+            "gloo, which refuses it (torch.distributed.all_to_all_single passes a real "
+            "view); docs/repro/funcol_all_to_all_complex_gloo.py",
         ),
+        (),
+        _DYNAMO,
+        ("complex64",),
     ),
     Target(
         "nn-all-to-all",
@@ -111,6 +140,8 @@ TARGETS: Final[tuple[Target, ...]] = (
             "are always passed",
             "--call passes no dim: dim 0 only; out: the preallocated output it fills",
         ),
+        (),
+        _DYNAMO,
     ),
     Target(
         "nn-all-gather",
@@ -125,6 +156,8 @@ TARGETS: Final[tuple[Target, ...]] = (
             "--sizes never: it takes no sizes",
             "--grad sum: its backward sums every rank's gradient for this rank's block",
         ),
+        (),
+        _DYNAMO,
     ),
     Target(
         "megatron-all-to-all",
@@ -139,6 +172,7 @@ TARGETS: Final[tuple[Target, ...]] = (
             "--call passes no dim: dim 0 only",
         ),
         _MEGATRON,
+        _DYNAMO,
     ),
     Target(
         "megatron-sp-gather",
@@ -155,6 +189,7 @@ TARGETS: Final[tuple[Target, ...]] = (
             "--call passes no dim: dim 0 only (the sequence dim is first)",
         ),
         _MEGATRON,
+        _DYNAMO,
     ),
     Target(
         "megatron-sp-reduce-scatter",
@@ -165,6 +200,7 @@ TARGETS: Final[tuple[Target, ...]] = (
         {"grad": "sum", "emulate": "nccl"},
         (_CUDA_WHY, "--call passes no dim: dim 0 only"),
         _MEGATRON,
+        _DYNAMO,
     ),
 )
 """Every built-in target, in the order ``--target list`` prints them."""
@@ -203,6 +239,8 @@ def listing() -> str:
         scope = " ".join(f"--{k.replace('_', '-')} {_text(v)}" for k, v in t.scope.items())
         if scope:
             lines.append(f"  scope: {scope}")
+        if t.refuses:
+            lines.append(f"  the backend refuses on this path: {', '.join(t.refuses)}")
     return "\n".join(lines) + "\n"
 
 
@@ -253,3 +291,22 @@ def apply_target(options: CheckOptions) -> CheckOptions:
             f"got {spelled} {_text(given)} (a target's implementation and scope are its own)",
         )
     return dataclasses.replace(options, **wanted)
+
+
+def preload_target(options: CheckOptions) -> None:
+    """Have the rank processes the run starts import what ``options``' target imports
+    on first use (``Target.preload``)."""
+    if options.target is None or options.target not in _BY_NAME:
+        return
+    from .pool import preload
+
+    target = _BY_NAME[options.target]
+    if unavailable(target) is None:
+        preload(target.preload)
+
+
+def target_refusals(options: CheckOptions) -> tuple[str, ...]:
+    """The dtypes ``options``' target declares the backend refuses on its code path
+    (``Target.refuses``); none without a target."""
+    target = _BY_NAME.get(options.target or "")
+    return () if target is None else target.refuses
