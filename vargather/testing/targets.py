@@ -37,6 +37,7 @@ __all__ = [
     "by_name",
     "listing",
     "preload_target",
+    "target_ids",
     "target_refusals",
     "unavailable",
 ]
@@ -290,7 +291,33 @@ def apply_target(options: CheckOptions) -> CheckOptions:
             f"{name} declares {spelled} {_text(value) if value is not None else '(none)'}; "
             f"got {spelled} {_text(given)} (a target's implementation and scope are its own)",
         )
+    _check_ids(name, target, options)
     return dataclasses.replace(options, **wanted)
+
+
+def target_ids(target: Target) -> tuple[str, ...]:
+    """The row ids of ``target`` (what ``--only`` and an xfails file name)."""
+    if target.impl is None:  # the dtensor target's own rows
+        from .dtensor_target import DTENSOR_IDS
+
+        return DTENSOR_IDS
+    from .properties import property_ids
+
+    return property_ids(target.op)
+
+
+def _check_ids(name: str, target: Target, options: CheckOptions) -> None:
+    from .options import OptionError
+
+    known = target_ids(target)
+    for option, ids in (("only", options.only), ("xfails", tuple(options.xfails))):
+        unknown = sorted({i for i in ids if i.partition(":")[0] not in known})
+        if unknown:
+            raise OptionError(
+                option,
+                f": unknown property id(s) {', '.join(unknown)} of --target {name}; known: "
+                + ", ".join(known),
+            )
 
 
 def preload_target(options: CheckOptions) -> None:
