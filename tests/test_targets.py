@@ -131,6 +131,7 @@ def test_cuda_allocations_run_on_the_cpu_under_the_emulation() -> None:
         x = torch.ones(2)
         assert torch.empty(3, device=torch.cuda.current_device()).device.type == "cpu"
         assert x.new_empty((2,), device=0).device.type == "cpu"
+        assert torch.cuda.current_device() == torch.device("cpu")
         assert torch.zeros(2, device="cuda").device.type == "cpu"
         assert x.to("cuda").device.type == "cpu"
         assert x.cuda() is x

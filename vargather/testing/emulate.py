@@ -16,8 +16,10 @@ they would on NCCL wherever gloo differs:
   outside NCCL's type table (``int16``, ``uint16``, ``uint32``, ``uint64``:
   ``RuntimeError: Unsupported data type for NCCL process group``).
 
-CUDA-only code runs on the CPU: ``torch.cuda.current_device()`` returns 0 instead of
-raising on a CPU build, and a ``torch.overrides.TorchFunctionMode`` rewrites every CUDA
+CUDA-only code runs on the CPU: ``torch.cuda.current_device()`` returns
+``torch.device("cpu")`` instead of raising on a CPU build (not 0: the mode below is not
+active inside an autograd Function's backward, where ``device=0`` would ask for an
+accelerator), and a ``torch.overrides.TorchFunctionMode`` rewrites every CUDA
 device a torch call is given (``device=0``, ``device="cuda"``, ``"cuda:1"``,
 ``torch.device("cuda")``, as a keyword or as ``Tensor.to``'s positional argument) to
 the CPU, and makes ``Tensor.cuda()`` the identity. So code that allocates its outputs
@@ -108,10 +110,12 @@ class CudaOnCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _current_device(original: Callable[[], int]) -> Callable[[], int]:
-    def current_device() -> int:
+def _current_device(original: Callable[[], int]) -> Callable[[], Any]:
+    def current_device() -> Any:
         if _ACTIVE and _ACTIVE[0]:
-            return 0  # the CUDA-to-CPU mode maps device 0 to the CPU
+            # The CPU itself, not 0: an autograd Function's backward runs without the
+            # torch-function mode, where device=0 would ask for an accelerator.
+            return torch.device("cpu")
         return original()
 
     current_device.__wrapped__ = original  # type: ignore[attr-defined]  # functools.wraps' attribute

@@ -82,7 +82,11 @@ class Target:
 _MEGATRON: Final = (("megatron.core", _MEGATRON_MISSING),)
 _DYNAMO: Final = ("torch._dynamo",)
 """What torch's functional collectives, DTensor and the deprecated nn collectives
-import on first use (about 10 s of CPU per process, measured on the 2-core machine)."""
+import on first use (about 10 s of CPU per process, measured on the 2-core machine).
+Megatron-core's mappings are preloaded too (importing megatron.core took over 30 s per
+rank on the loaded 2-core machine); its module-level aliases of torch.distributed's
+functions (``dist_all_gather_func``, ``dist_reduce_scatter_func``, used for equal
+splits only, which the targets' templates never ask for) then keep gloo's behaviour."""
 _MAPPINGS: Final = "megatron.core.tensor_parallel.mappings"
 _CUDA_WHY: Final = (
     "--emulate nccl: Megatron allocates its outputs with device=torch.cuda.current_device() "
@@ -173,7 +177,7 @@ TARGETS: Final[tuple[Target, ...]] = (
             "--call passes no dim: dim 0 only",
         ),
         _MEGATRON,
-        _DYNAMO,
+        (*_DYNAMO, _MAPPINGS),
     ),
     Target(
         "megatron-sp-gather",
@@ -190,7 +194,7 @@ TARGETS: Final[tuple[Target, ...]] = (
             "--call passes no dim: dim 0 only (the sequence dim is first)",
         ),
         _MEGATRON,
-        _DYNAMO,
+        (*_DYNAMO, _MAPPINGS),
     ),
     Target(
         "megatron-sp-reduce-scatter",
@@ -201,7 +205,7 @@ TARGETS: Final[tuple[Target, ...]] = (
         {"grad": "sum", "emulate": "nccl"},
         (_CUDA_WHY, "--call passes no dim: dim 0 only"),
         _MEGATRON,
-        _DYNAMO,
+        (*_DYNAMO, _MAPPINGS),
     ),
 )
 """Every built-in target, in the order ``--target list`` prints them."""
