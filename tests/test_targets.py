@@ -178,7 +178,11 @@ def test_two_mesh_dims_shard_left_to_right() -> None:
 @multirank
 def test_funcol_all_to_all_is_called_with_the_group_object_and_both_lists() -> None:
     report = _quick("funcol-all-to-all", ("forward-float", "gradient"))
-    assert [r.status for r in report.results] == ["pass", "pass"], report.render()
+    statuses = {r.id: r.status for r in report.results}
+    # complex64 is declared refused on this path (the backend sees the complex tensor)
+    want = {"forward-float": "pass", "gradient": "pass", "gradient:complex64": "unsupported"}
+    assert statuses == want, report.render()
+    assert report.exit_status == EXIT_OK
     assert report.scope["--target"] == "funcol-all-to-all"
 
 
@@ -196,7 +200,10 @@ def test_dtensor_rows_hold_on_two_ranks() -> None:
 
 
 @multirank
+@pytest.mark.slow  # importing megatron.core costs a minute on the loaded 2-core machine
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed (the megatron extra)")
+# Importing megatron.core warns (torch.jit deprecations, no Transformer Engine/Apex).
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 def test_megatron_all_to_all_runs_on_the_cpu_under_the_emulation() -> None:
     report = _quick("megatron-all-to-all", ("forward-float",))
     assert report.results[0].status in ("pass", "fail"), report.render()
