@@ -1,6 +1,6 @@
 """The conformance gate, ``python -m vargather check`` (``vargather/_cli/check.py``, the
 command, and the engine it runs, ``vargather/testing/engine.py`` and its modules, here
-through their command-line names in ``vargather/_cli/gate.py``).
+through the kit's own names: ``vargather.testing.engine``, ``options``, ``resolve``).
 
 Options, import errors and the report are checked directly; the issue's classification
 claims are checked by running the check for real on gloo worlds: vargather holds under
@@ -30,14 +30,13 @@ import pytest
 import vargather
 from vargather._cli import check as check_cli
 from vargather._cli.check import load_xfails, parse_args
-from vargather._cli.gate import (
-    CheckOptions,
-    CheckUsageError,
-    render_failures,
-    resolve_impl,
-    run_check,
-)
-from vargather._cli.report import (
+from vargather.testing import Failure, RankPool, get_pool, property_ids
+from vargather.testing.cases import GatherCase, parse_case
+from vargather.testing.engine import run_check
+from vargather.testing.evaluate import render_failures
+from vargather.testing.options import CheckOptions, CheckUsageError
+from vargather.testing.resolve import resolve_impl
+from vargather.testing.results import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
@@ -46,8 +45,6 @@ from vargather._cli.report import (
     PropertyResult,
     Report,
 )
-from vargather.testing import Failure, RankPool, get_pool, property_ids
-from vargather.testing.cases import GatherCase, parse_case
 from vargather.testing.runner import run_cases
 
 PROPERTY_IDS = property_ids()

@@ -313,13 +313,13 @@ def test_a_crash_is_every_cases_failure() -> None:
 def test_the_gate_reports_a_coalesced_failure_with_the_whole_call() -> None:
     """``check``'s evaluation of the row (its Hypothesis run, shrinking included) fails
     a swapped coalesced form and prints every tensor of the failing call."""
-    from vargather._cli.gate import CheckOptions, _evaluate
-    from vargather._cli.report import Progress
     from vargather.testing import get_pool
+    from vargather.testing.evaluate import evaluate
+    from vargather.testing.options import CheckOptions
 
     options = CheckOptions(progress=False, shrink_budget=5, max_examples=10, max_payload=0)
     row = _row(_with_coalesced("swapped"))
-    result = _evaluate(row, options, (2,), get_pool, Progress(None, 1, title="t", unit="p"))
+    result = evaluate(row, options, (2,), get_pool)
     assert result.status == "fail"
     assert result.failure is not None
     assert result.failure.aspect == "output"

@@ -25,10 +25,12 @@ import pytest
 from tests.forks import ZOO, Fork
 from vargather._cli import check as check_cli
 from vargather._cli.check import parse_args, read_config
-from vargather._cli.gate import CheckOptions, CheckUsageError, resolve_impl, run_check
-from vargather._cli.report import EXIT_FAILED, EXIT_USAGE, Report
 from vargather.testing import RankPool, get_pool
 from vargather.testing.cases import GatherCase, Implementation
+from vargather.testing.engine import run_check
+from vargather.testing.options import CheckOptions, CheckUsageError
+from vargather.testing.resolve import resolve_impl
+from vargather.testing.results import EXIT_FAILED, EXIT_USAGE, Report
 from vargather.testing.runner import ImplementationError, parse_impl_ref, run_cases
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -496,7 +496,7 @@ REFUSED_DTYPE_TEST = """\
 from hypothesis import given, settings
 
 from pkg.plain import all_gather
-from vargather.strategies import gather_cases
+from vargather.testing.strategies import gather_cases
 
 
 def gather_on_rank(ctx, case):

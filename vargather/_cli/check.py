@@ -4,7 +4,7 @@ Where it sits: the command-line layer (``vargather._cli``), on top of the gate's
 engine in the testing kit. It maps its flags to options (every flag derived from the
 kit's one option schema, ``vargather.testing.schema``; the ``[tool.vargather.check]``
 table of the config file gives defaults), runs ``vargather.testing.engine.run_check``
-with a progress display of its own (``report.Progress``), and prints the report
+with a progress display of its own (``display.StreamProgress``), and prints the report
 (``vargather.testing.results``): per property pass / fail / xfail and how many
 examples ran; for each failure the minimal counterexample Hypothesis shrank to and
 the ``python -m vargather repro`` command that re-runs it.
@@ -31,12 +31,12 @@ from vargather.testing.options import CheckOptions, OptionError
 from vargather.testing.results import EXIT_OK, EXIT_USAGE
 
 from . import ArgumentParser, UsageError
-from .report import Progress
+from .display import StreamProgress
 
-__all__ = ["CheckUsageError", "load_xfails", "main", "parse_args", "read_config"]
+__all__ = ["FlagUsageError", "load_xfails", "main", "parse_args", "read_config"]
 
 
-class CheckUsageError(UsageError, _options.CheckUsageError):
+class FlagUsageError(UsageError, _options.CheckUsageError):
     """A usage error of the command line: the kit's ``CheckUsageError`` with the
     option spelled as a flag (``--grad``)."""
 
@@ -44,13 +44,13 @@ class CheckUsageError(UsageError, _options.CheckUsageError):
 def _spelled(err: _options.CheckUsageError) -> _options.CheckUsageError:
     """The engine's error with its option spelled as this command's flag."""
     if isinstance(err, OptionError):
-        return CheckUsageError(err.spelled("--" + err.option))
+        return FlagUsageError(err.spelled("--" + err.option))
     return err
 
 
 def _parser() -> ArgumentParser:
     parser = ArgumentParser(
-        error_type=CheckUsageError,
+        error_type=FlagUsageError,
         prog="python -m vargather check",
         description=(
             "Run vargather's property suite (ragged shapes, dims, dtypes, empty shards, "
@@ -108,7 +108,7 @@ def load_xfails(path: str) -> frozenset[str]:
 
 def parse_args(argv: Sequence[str]) -> CheckOptions:
     """Parse and validate the command line into ``CheckOptions``; raises
-    ``CheckUsageError`` naming the flag.
+    ``FlagUsageError`` naming the flag.
 
     ``--list`` and ``--help`` are handled by ``main``. Defaults come from the
     ``[tool.vargather.check]`` table of the config file; flags given override them.
@@ -123,8 +123,8 @@ def parse_args(argv: Sequence[str]) -> CheckOptions:
         return _options.build_options(
             values, config_path=config_path, progress=not args.no_progress
         )
-    except schema.OptionError as err:
-        raise CheckUsageError(err.spelled("--" + err.option)) from None
+    except schema.OptionValueError as err:
+        raise FlagUsageError(err.spelled("--" + err.option)) from None
     except _options.CheckUsageError as err:
         raise _spelled(err) from None
 
@@ -133,16 +133,16 @@ def parse_args(argv: Sequence[str]) -> CheckOptions:
 
 
 class _ProgressDisplay:
-    """The engine's progress events shown on a stream (``report.Progress``)."""
+    """The engine's progress events shown on a stream (``display.StreamProgress``)."""
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
-        self.display: Progress | None = None
+        self.display: StreamProgress | None = None
 
     def __call__(self, event: ProgressEvent) -> None:
         if event.kind == "total":
             if self.display is None:
-                self.display = Progress(
+                self.display = StreamProgress(
                     self.stream, event.total, title="vargather check", unit="properties"
                 )
             else:

@@ -83,7 +83,7 @@ class OptionError(CheckUsageError):
         return f"{spelling}{joiner}{self.detail}"
 
     @classmethod
-    def of(cls, err: schema.OptionError) -> OptionError:
+    def of(cls, err: schema.OptionValueError) -> OptionError:
         return cls(err.option, err.detail)
 
 
@@ -294,7 +294,7 @@ def read_config(path: str) -> dict[str, object]:
             )
         try:
             value = option.parse_toml(raw, where)
-        except schema.OptionError as err:
+        except schema.OptionValueError as err:
             text = err.spelled(key)
             raise OptionError(
                 "config", f": {text}" if where in text else f": {where}: {text}"

@@ -85,7 +85,7 @@ def configure(values: Mapping[str, object]) -> CheckOptions:
         if options.target == "dtensor":  # rows of its own, nothing to import or resolve
             return options
         info = resolve_options_impl(options, None)
-    except schema.OptionError as err:
+    except schema.OptionValueError as err:
         raise pytest.UsageError(
             f"vargather: {_plugin_spelling(err.spelled('--vargather-' + err.option))}"
         ) from None

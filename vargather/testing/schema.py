@@ -25,7 +25,7 @@ __all__ = [
     "OPTIONS",
     "PLUGIN",
     "Option",
-    "OptionError",
+    "OptionValueError",
     "by_name",
     "parse_bytes",
 ]
@@ -36,7 +36,7 @@ PLUGIN: Final = "plugin"
 EVERYWHERE: Final = frozenset({CLI, CONFIG, PLUGIN})
 
 
-class OptionError(ValueError):
+class OptionValueError(ValueError):
     """A bad value for one option. ``option`` is the option's name (``max-examples``);
     ``detail`` the rest of the message (``must be a positive integer, got 0``, or
     ``: expected ...``). ``str()`` names the option; each surface re-spells it
@@ -62,7 +62,7 @@ def parse_bytes(name: str, text: str) -> int:
     digits = raw.rstrip("kimbg")
     unit = raw[len(digits) :]
     if not digits.isdigit() or unit not in _UNITS:
-        raise OptionError(
+        raise OptionValueError(
             name, f": expected a number of bytes like 4194304, 4MiB or 512KiB, got {text!r}"
         )
     return int(digits) * _UNITS[unit]
@@ -73,11 +73,11 @@ def _ints(name: str, text: str, example: str, items: str) -> tuple[int, ...]:
     try:
         values = tuple(int(p) for p in parts)
     except ValueError:
-        raise OptionError(
+        raise OptionValueError(
             name, f": expected comma-separated {items} like {example}, got {text!r}"
         ) from None
     if not values:
-        raise OptionError(name, f": expected at least one value, got {text!r}")
+        raise OptionValueError(name, f": expected at least one value, got {text!r}")
     return values
 
 
@@ -135,9 +135,9 @@ class Option:
         return converters[self.kind](text)
 
     def parse_toml(self, value: object, where: str) -> object:
-        """The value from a TOML value of the config table; ``OptionError`` for a
+        """The value from a TOML value of the config table; ``OptionValueError`` for a
         wrong type (``where`` names the file and table)."""
-        wrong = OptionError(self.name, f"= {value!r} has the wrong type ({where})")
+        wrong = OptionValueError(self.name, f"= {value!r} has the wrong type ({where})")
         if self.kind == "flag":
             if not isinstance(value, bool):
                 raise wrong
@@ -167,7 +167,7 @@ class Option:
 
     def _choice(self, text: str) -> str:
         if text not in self.choices:
-            raise OptionError(
+            raise OptionValueError(
                 self.name,
                 f": invalid choice: {text!r} (choose from {', '.join(map(repr, self.choices))})",
             )
@@ -177,13 +177,13 @@ class Option:
         try:
             return int(text)
         except ValueError:
-            raise OptionError(self.name, f": expected an integer, got {text!r}") from None
+            raise OptionValueError(self.name, f": expected an integer, got {text!r}") from None
 
     def _float(self, text: str) -> float:
         try:
             return float(text)
         except ValueError:
-            raise OptionError(self.name, f": expected a number, got {text!r}") from None
+            raise OptionValueError(self.name, f": expected a number, got {text!r}") from None
 
 
 _SCOPE_NOTE: Final = " (scope: what the implementation claims)"

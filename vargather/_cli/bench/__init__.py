@@ -106,7 +106,7 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from vargather.testing import RankContext
 
-from ..report import Progress
+from ..display import StreamProgress
 from ._config import (
     _MALLOC_ENV,
     PROFILES,
@@ -161,7 +161,7 @@ def _merge_memory(cell: dict[str, Any], memory: dict[str, Any] | None) -> None:
 def _pool_calls(
     world_size: int,
     cfg: BenchConfig,
-    progress: Progress,
+    progress: StreamProgress,
     environment: dict[str, str] | None,
     jobs: Sequence[tuple[str, Callable[[RankContext, Any], dict[str, Any] | None], Any]],
 ) -> list[dict[str, Any]]:
@@ -188,7 +188,7 @@ def _pool_calls(
     return records
 
 
-def _run_world(world_size: int, cfg: BenchConfig, progress: Progress) -> dict[str, list[Any]]:
+def _run_world(world_size: int, cfg: BenchConfig, progress: StreamProgress) -> dict[str, list[Any]]:
     """Every cell of one world size: the timed cells on a pool with default malloc
     settings, then the memory pass on a pool of its own with ``_MALLOC_ENV``."""
     w = world_size
@@ -298,7 +298,7 @@ def main(argv: Sequence[str]) -> int:
         cfg = config_from_args(args)
     except ValueError as err:
         parser.error(str(err))
-    progress = Progress(
+    progress = StreamProgress(
         None if args.no_progress else sys.stderr,
         cell_count(cfg),
         title="bench",

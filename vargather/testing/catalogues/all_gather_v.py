@@ -22,6 +22,8 @@ Only vargather's own implementation has a coalesced form
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from itertools import count
@@ -41,6 +43,9 @@ from ..cases import (
     torch_dtype,
 )
 from ..compiled import warm_backends
+from ..judge import Failure
+from ..misuse import CATALOGUE as CATALOGUE_OF_MISUSES
+from ..misuse import GatherMisuseCase, judge_gather_misuse, misuse_by_name, run_gather_misuse
 from ..options import CheckOptions
 from ..pool import PoolFailure, RankError, RankPool
 from ..properties import Property
@@ -346,6 +351,16 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
             coalesced,
             coalesced=True,
         ),
+        Property(
+            impl,
+            "misuse",
+            "one rank's arguments wrong (the kit's misuse catalogue): the same error class "
+            "and message on every rank, naming that rank, and the next gather works",
+            frozenset({"misuse"}),
+            min_world=2,
+            misuse=True,
+            batch=2,
+        ),
     ]
     return [_scoped(row) for row in rows]
 
@@ -355,6 +370,12 @@ def _scoped(row: Property) -> Property:
     (``out_of_scope``) when the scope excludes what it is about, else its cases
     narrowed where a whole-row argument needs it (non-zero dims)."""
     impl = row.implementation
+    if row.misuse and impl.ref is not None:
+        return replace(
+            row,
+            out_of_scope="the misuse scenarios call vargather's own all_gather_v_with_layout "
+            "(transport=, validate=, timeout= included)",
+        )
     if row.compiled and not impl.claims_compile:
         return replace(
             row,
@@ -440,6 +461,17 @@ class _Gather:
         transports: Sequence[str] | None,
         max_payload: int,
     ) -> SearchStrategy[list[Any]]:
+        if prop.misuse:
+            one = st.sampled_from(CATALOGUE_OF_MISUSES).flatmap(
+                lambda m: st.builds(
+                    GatherMisuseCase,
+                    st.just(m.name),
+                    st.just(world),
+                    st.just(0) if m.all_ranks else st.integers(0, world - 1),
+                    st.just(prop.implementation.emulate),
+                )
+            )
+            return st.lists(one, min_size=1, max_size=batch)
         kwargs = {"max_payload": max_payload, **prop.kwargs}
         if transports is not None:
             kwargs["transports"] = tuple(transports)
@@ -475,18 +507,24 @@ class _Gather:
     def run(
         self, prop: Property, batch: Sequence[Any], pool_factory: Callable[[int], RankPool]
     ) -> list[Verdict]:
+        if prop.misuse:
+            return _run_misuse(prop, batch, pool_factory)
         run = run_coalesced if prop.coalesced else run_cases
         if prop.compiled:
             warm_backends_for(batch, pool_factory)
         return run(batch, prop.implementation, pool_factory=pool_factory)
 
     def describe(self, prop: Property, batch: Sequence[Any], index: int) -> str:
+        if prop.misuse:
+            return _misuse_reproduction(batch[: index + 1])
         if prop.coalesced:  # one call of every case: it lists them all
             return describe_coalesced(batch, index, prop.implementation)
         # The calls that ran before it on the same world (state carried over).
         return describe(batch[index], prop.implementation, before=list(batch[:index]))
 
     def case_data(self, case: Any) -> dict[str, Any]:
+        if isinstance(case, GatherMisuseCase):
+            return {**dataclasses.asdict(case), "repr": repr(case)}
         return case_data(case)
 
     def probe_returns(
@@ -522,5 +560,38 @@ class _Gather:
 
 
 _PROBE_TOKENS = count(-1, -1)
+
+
+def _run_misuse(
+    prop: Property, batch: Sequence[Any], pool_factory: Callable[[int], RankPool]
+) -> list[Verdict]:
+    """Each misuse on its world; a world that failed fails that case (``call``)."""
+    impl = prop.implementation
+    verdicts: list[Verdict] = []
+    for case in batch:
+        try:
+            reports = pool_factory(case.world_size).run(run_gather_misuse, case)
+        except (PoolFailure, RankError) as err:
+            kind = "error" if isinstance(err, RankError) else "crash"
+            failure = Failure("call", kind, f"{type(err).__name__}: {err}", (), case.world_size)
+            verdicts.append(Verdict(case, impl, (failure,)))
+            continue
+        verdicts.append(Verdict(case, impl, tuple(judge_gather_misuse(case, reports))))
+    return verdicts
+
+
+def _misuse_reproduction(cases: Sequence[Any]) -> str:
+    """The failing misuses in words, and a command that re-runs them."""
+    listed = ", ".join(repr(c) for c in cases)
+    code = (
+        "from vargather.testing import get_pool; "
+        "from vargather.testing.misuse import GatherMisuseCase, check_gather_misuse; "
+        f"print([check_gather_misuse(get_pool(c.world_size), c) for c in [{listed}]])"
+    )
+    lines = [f"{len(cases)} misuse(s) on a gloo world of {cases[0].world_size} rank(s):"]
+    lines += [f"  {c!r}: {misuse_by_name(c.name).summary}" for c in cases]
+    lines.append(f"reproduce: python -c {shlex.quote(code)}")
+    return "\n".join(lines)
+
 
 CATALOGUE: Final = _Gather()

@@ -1,10 +1,8 @@
-"""The command line's progress display (``check`` and ``bench``), and the gate's results
-model under its old names.
+"""The command line's progress display on a stream, for ``check`` and ``bench``.
 
 Where it sits: in the command-line layer (``vargather._cli``), below the commands.
-The results model (``Report``, ``PropertyResult``, their JSON and text) is the
-testing kit's (``vargather.testing.results``); ``check`` renders it and shows the
-engine's progress events here; ``bench`` shares ``Progress``.
+``check`` shows the engine's progress events (``vargather.testing.progress``) here;
+``bench`` shows its runs.
 """
 
 from __future__ import annotations
@@ -12,40 +10,17 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from vargather.testing.results import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    REPORT_SCHEMA,
-    STATUSES,
-    PropertyFailure,
-    PropertyResult,
-    Report,
-    describe_case_dict,
-)
-
 if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress
     from rich.progress import TaskID
 
-__all__ = [
-    "EXIT_FAILED",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "REPORT_SCHEMA",
-    "STATUSES",
-    "Progress",
-    "PropertyFailure",
-    "PropertyResult",
-    "Report",
-    "describe_case_dict",
-]
+__all__ = ["StreamProgress"]
 
 
 # --- progress---------------------------------------------------------------------
 
 
-class Progress:
+class StreamProgress:
     """Progress on a stream (stderr) for ``check`` and ``bench``: a live ``rich`` bar when
     the stream is a terminal and rich is installed, plain lines otherwise, nothing when
     ``stream`` is None.
