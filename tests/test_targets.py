@@ -286,22 +286,26 @@ def test_every_target_is_documented() -> None:
 
 
 def test_a_refusal_reads_the_same_whether_the_peers_wait_was_seen() -> None:
-    """One rank refuses int16 while its peers wait: seen as their timeouts, as a hang of
-    the pool, or not at all, the settled failure is the refusal alone, and it counts as
-    raced exactly when some waiting was seen (so shrinking never depends on timing)."""
+    """One rank refuses int16 while its peers wait: seen as their timeouts, their lost
+    connections, a hang of the pool, or not at all, the settled failure is the refusal
+    alone; every form of waiting counts as waiting (so shrinking stops alike)."""
     from vargather.testing.judge import Failure
-    from vargather.testing.races import raced, settle
+    from vargather.testing.races import is_wait, raced, settle
 
     refusal = Failure("call", "error", "raised RuntimeError: Invalid scalar type", (0,), 4)
     timeouts = Failure(
         "call", "error", "raised RuntimeError: [gloo] Timed out waiting 10000ms", (1, 2, 3), 4
     )
+    closed = Failure(
+        "call", "error", "raised RuntimeError: Connection closed by peer [127.0.0.1]:1", (1,), 4
+    )
     hang = Failure("call", "hang", "the 4-rank world failed running this case: RankHung")
     alone = settle([refusal])
     assert settle([refusal, timeouts]) == settle([timeouts, refusal]) == alone == [refusal]
-    assert settle([hang, refusal]) == alone
+    assert settle([hang, refusal]) == settle([refusal, closed]) == alone
+    assert all(is_wait(f) for f in (timeouts, closed, hang))
+    assert not is_wait(refusal)
     assert raced([refusal, timeouts])
-    assert raced([refusal, hang])
     assert not raced([refusal])
     assert settle([timeouts]) == [timeouts]  # nobody refused: the waiting is the failure
     assert not raced([timeouts, hang])

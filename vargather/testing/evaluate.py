@@ -26,7 +26,7 @@ from .options import CheckOptions
 from .pool import RankPool
 from .progress import Progress, ProgressCallback
 from .properties import BATCH, Property
-from .races import raced, settle
+from .races import is_wait, settle
 from .results import PropertyFailure, PropertyResult
 from .runner import short_traceback
 
@@ -118,10 +118,10 @@ def _attempt_cost(results: Sequence[tuple[Any, Sequence[Failure]]], used: _UsedP
     out a collective's timeout (a peer never came: every further attempt costs the
     timeout again), ``_COST_WORLD`` when a world died or was discarded (a crash, a
     collective error: every further attempt costs a world rebuild), else cheap."""
-    if any(raced(failures) for _, failures in results):
-        # A rank's refusal while its peers waited: whether their waiting shows as
-        # timeouts or as a hang is timing, so it costs a world either way (races).
-        return _COST_WORLD
+    if any(is_wait(f) for _, failures in results for f in failures):
+        # A peer waited (a timeout, a lost connection, a hang): however the waiting
+        # showed, and whether or not a refusal came with it, the same cost (races).
+        return _COST_TIMEOUT
     texts = [f.render() for _, failures in results for f in failures]
     kinds = {f.kind for _, failures in results for f in failures}
     if "hang" in kinds or any(m in t for t in texts for m in _TIMEOUT_MARKS):

@@ -11,10 +11,11 @@ seed gave a 4-rank timeout in one run and a 1-rank refusal in the other), so:
 * ``settle`` keeps a failing case's real errors and drops the peers' waiting (a
   timeout, a lost connection, a hang) whenever some rank raised a real error: the
   reported failure is the refusal, with the same message every run;
-* ``raced`` says whether such waiting was dropped; ``evaluate`` then shrinks such a
-  failure with the budget of a failure that costs a world (a few attempts, each a
-  fresh world), whether the peers' waiting was seen as timeouts or as a hang, instead
-  of stopping at once only when it was seen as a hang.
+* ``is_wait`` says what counts as waiting; ``evaluate`` stops shrinking at a failure
+  where any peer waited (each further attempt would wait again), whichever form the
+  waiting took: before, only gloo's "Timed out" or a hang stopped it, so a peer that
+  saw its refusing peer's connection drop instead let the search shrink on, to another
+  case than the run where the peer timed out.
 
 A failure with no real error anywhere (every rank waited, or hung) is left as it is.
 """
