@@ -259,8 +259,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "sizes",
         "choice",
         "how it takes sizes: 'any' none, a list or a tensor; 'tensor' none or a 1-d int64 "
-        "tensor; 'required' always the true sizes; 'never' called without (default: any)",
-        choices=("any", "tensor", "required", "never"),
+        "tensor; 'required' always the true sizes; 'list' always, as a list of ints; "
+        "'never' called without (default: any)",
+        choices=("any", "tensor", "required", "list", "never"),
     ),
     Option(
         "returns",

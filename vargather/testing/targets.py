@@ -154,11 +154,18 @@ TARGETS: Final[tuple[Target, ...]] = (
         "all_gather_v",
         "torch.distributed.nn.functional:all_gather",
         "(x, group)",
-        {"grad": "sum", "returns": "list", "emulate": "nccl", "sizes": "never"},
+        {
+            "grad": "sum",
+            "returns": "list",
+            "emulate": "nccl",
+            "sizes": "never",
+            "requires_init": True,
+        },
         (
             "--emulate nccl: a list all_gather of unequal tensors is NCCL-only; gloo refuses it",
             "--returns list: one tensor per rank, concatenated along dim by the gate",
             "--sizes never: it takes no sizes",
+            "--requires-init: it needs an initialized process group",
             "--grad sum: its backward sums every rank's gradient for this rank's block",
         ),
         (),
@@ -185,11 +192,18 @@ TARGETS: Final[tuple[Target, ...]] = (
         "all_gather_v",
         f"{_MAPPINGS}:gather_from_sequence_parallel_region",
         "(x, True, group, sizes)",
-        {"sizes": "required", "grad": "sum", "emulate": "nccl", "returns": "tensor"},
+        {
+            "sizes": "list",
+            "grad": "sum",
+            "emulate": "nccl",
+            "returns": "tensor",
+            "requires_init": True,
+        },
         (
             _CUDA_WHY,
-            "--sizes required: output_split_sizes=None means equal sizes, so the list is "
-            "always passed",
+            "--sizes list: output_split_sizes=None means equal sizes, so the list is "
+            "always passed, a list of ints (torch.split takes no tensor)",
+            "--requires-init: it asserts its group is not None",
             "--grad sum: tensor_parallel_output_grad=True, the backward reduce-scatters",
             "--call passes no dim: dim 0 only (the sequence dim is first)",
         ),
