@@ -37,9 +37,9 @@ def skip_a_wide_call_on(ctx: Any, job: tuple[int, float | None]) -> object:
     x = torch.full((64 * 1024 + 16 * ctx.rank,), float(ctx.rank))
     for _ in range(2):
         vargather.all_gather_v(x)
-    from vargather import _fused
+    from vargather import _round_state
 
-    wide = _fused.state_of(None).wide
+    wide = _round_state.state_of(None).wide
     if ctx.rank == absent:
         return wide
     return vargather.all_gather_v(x, timeout=timeout)
@@ -62,7 +62,7 @@ def kill_between_exchange_and_payload(ctx: Any, job: tuple[int, Scenario]) -> ob
     before the payload collective (its peers are already waiting there)."""
     victim, scenario = job
     if ctx.rank == victim:
-        import vargather._api as api
+        import vargather._gather as api
 
         def die(*args: object, **kwargs: object) -> object:
             os.kill(os.getpid(), signal.SIGKILL)

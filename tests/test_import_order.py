@@ -20,6 +20,7 @@ ORDER = [
     "_errors",
     "_dtypes",
     "_choices",
+    "_collectives",
     "_group",
     "_mesh",
     "_census",
@@ -30,19 +31,22 @@ ORDER = [
     "_exchange",
     "_buffers",
     "_transport",
+    "_round_state",
+    "_round_buffers",
     "_fused",
     "_autograd",
+    "_gather",
     "_compiled",
     "_family",
     "_reduce_scatter",
     "_all_to_all",
     "_gather_list",
     "_compiled_family",
-    "_family_api",
     "_api",
     "oracle",
     "compat",
     "__init__",
+    "internal",
 ]
 
 
@@ -196,3 +200,75 @@ def test_the_trace_constant_mark_is_dynamos_own() -> None:
     mine = _compiled._constant_of_the_trace(lambda: True)
     assert set(vars(marked)) == set(vars(mine)) == {"_dynamo_marked_constant"}
     assert vars(marked) == vars(mine)
+
+
+def _private_library_imports(path: pathlib.Path, package: str) -> set[str]:
+    """The private library modules ``path`` (a module of ``package``) imports
+    (``vargather._x``; ``vargather._cli`` not counted), by import statement, from
+    ``vargather`` or by ``importlib.import_module("vargather._x")``."""
+    names = _module_imports(path, package)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+            names.update(a.value for a in node.args if isinstance(a, ast.Constant))
+        if isinstance(node, ast.ImportFrom) and not node.module:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+        if isinstance(node, ast.ImportFrom) and node.module == "vargather" and not node.level:
+            names.update(f"vargather.{alias.name}" for alias in node.names)
+    return {
+        str(n)
+        for n in names
+        if str(n).startswith("vargather._")
+        and not str(n).startswith(("vargather._cli", "vargather.__"))
+    }
+
+
+def _package_of(path: pathlib.Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted([*KIT.rglob("*.py"), *CLI.rglob("*.py")]),
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_the_kit_and_the_command_line_import_no_private_library_module(
+    path: pathlib.Path,
+) -> None:
+    """What they need of the internals comes from ``vargather.internal``."""
+    assert not _private_library_imports(path, _package_of(path)), path.name
+
+
+def test_the_private_import_check_can_fail(tmp_path: pathlib.Path) -> None:
+    probe = tmp_path / "probe.py"
+    for text in (
+        "from vargather._fused import FusedState\n",
+        "from .. import _wire\n",
+        "from vargather import _round_state\n",
+        "import importlib\nimportlib.import_module('vargather._round_state')\n",
+    ):
+        probe.write_text(text)
+        assert _private_library_imports(probe, "vargather.testing"), text
+    probe.write_text("from vargather.internal import THRESHOLDS\nfrom .._cli import check\n")
+    assert not _private_library_imports(probe, "vargather.testing")
+
+
+def test_every_collective_of_the_table_has_its_catalogue() -> None:
+    """A collective's catalogue plugs in as ``vargather.testing.catalogues.<name>``:
+    one module per collective with a catalogue in the library's table, no other."""
+    from vargather import COLLECTIVES
+    from vargather.testing.catalogues import catalogue_of
+
+    named = {c.catalogue for c in COLLECTIVES.values() if c.catalogue is not None}
+    modules = {p.stem for p in (KIT / "catalogues").glob("*.py")} - {"__init__"}
+    assert modules == named
+    for name in named:
+        assert catalogue_of(name).op == name
+
+
+def test_the_engine_names_no_collective() -> None:
+    """The engine's row loop is the same for every collective: it names none."""
+    from vargather import COLLECTIVES
+
+    text = (KIT / "engine.py").read_text()
+    assert not [name for name in COLLECTIVES if f'"{name}"' in text]

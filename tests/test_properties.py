@@ -213,10 +213,12 @@ def test_every_property_runs_for_vargather() -> None:
         "adjoint",
         "coalesced",
         "compiled",
+        "misuse",
     }
     assert {prop_id for prop_id, _ in _applicable(ALL_GATHER_V)} == set(ids) - {
         "coalesced",
         "compiled",
+        "misuse",
     }
     for w in MULTI:
         assert {

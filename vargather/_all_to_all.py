@@ -1,8 +1,8 @@
 """``all_to_all_v``: plan (checks, exchange, validation), payload, autograd.
 
 Where it sits: a family collective built on ``_family`` (stages 1-3), ``_layout``,
-``_buffers`` and ``_comm`` (one alltoallv). ``_family_api`` calls it eagerly;
-``_compiled_family`` wraps it in custom operators.
+``_buffers`` and ``_comm`` (one alltoallv). The public face (``_api``) calls its
+eager code; ``_compiled_family`` wraps it in custom operators.
 
 The math, once. Rank ``j`` holds ``x_j`` with ``Σ_r s_{j,r}`` rows along ``dim``,
 ``s_j = send_sizes`` on rank ``j`` (the send matrix ``S``, row ``j``); block ``r`` of
@@ -24,13 +24,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, NamedTuple
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from ._args import Problem
 from ._buffers import compact_rank_major, rank_major_gradient
+from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import SizesError, SizesMismatchError
 from ._family import (
@@ -47,19 +48,22 @@ from ._family import (
     sizes_words,
     with_problem,
 )
-from ._fused import pack
 from ._layout import Layout
+from ._mesh import call_group
+from ._round_buffers import pack
 
 __all__ = [
     "AllToAllPlan",
+    "AllToAllResult",
     "AllToAllVFunction",
+    "all_to_all_eager",
     "cut_blocks",
     "exchange_blocks",
     "plan_all_to_all",
     "split_layout",
 ]
 
-NAME = "all_to_all_v"
+NAME: Final[CollectiveName] = "all_to_all_v"
 
 
 @dataclass(frozen=True)
@@ -293,3 +297,39 @@ class AllToAllVFunction(torch.autograd.Function):
             return None, None
         plan: AllToAllPlan = ctx.plan
         return exchange_blocks(grad_output, plan.recv, plan.send, plan.info), None
+
+
+class AllToAllResult(NamedTuple):
+    """An ``all_to_all_v`` result with its receive ``Layout`` (``layout.sizes`` are the
+    receive sizes, ``layout.offsets`` where each source rank's rows start) and this
+    rank's send sizes."""
+
+    tensor: torch.Tensor
+    layout: Layout
+    send_sizes: tuple[int, ...]
+
+
+def all_to_all_eager(
+    x: Any,
+    send_sizes: Any,
+    recv_sizes: Any,
+    dim: Any,
+    group: Any,
+    mesh_dim: Any,
+    validate: Any,
+    timeout: Any,
+) -> AllToAllResult:
+    """The eager ``all_to_all_v_with_layout`` (its arguments unchecked: the plan judges
+    them, on every rank): the plan, then the payload inside ``AllToAllVFunction``."""
+    plan = plan_all_to_all(
+        x,
+        send_sizes,
+        recv_sizes,
+        dim,
+        call_group(group, mesh_dim),
+        validate=validate,
+        timeout=timeout,
+    )
+    out = AllToAllVFunction.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
+    assert isinstance(out, torch.Tensor)
+    return AllToAllResult(out, plan.recv, plan.send.sizes)

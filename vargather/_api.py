@@ -1,111 +1,59 @@
-"""The public entry points: plan a gather (check, exchange, validate), then run it.
+"""The public face: one thin function per collective, and one route into compiled mode.
 
-``all_gather_v`` = ``gather_layout`` (argument checks ``_args``, exchange and
-validation ``_exchange``: the ``Layout``) + ``GatherVFunction`` (``_autograd``, which
-moves the payload through a ``_transport``).
+Where it sits: on top, under ``vargather/__init__``. Each function says what its
+collective means (its docstring is the user's documentation) and does one thing:
+under ``torch.compile`` (``torch.compiler.is_compiling()``) it hands the call to the
+compiled layer (``_compiled.compiled_gather``, ``_compiled_family``), which runs a
+custom operator or the eager call behind ``torch.compiler.disable``; otherwise it
+calls its collective's eager code (``_gather``, ``_reduce_scatter``, ``_all_to_all``,
+``_gather_list``), which resolves the group (``_mesh.call_group``), plans (checks, the
+one round, validation) and runs the payload inside its autograd function. Nothing
+below imports this module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import timedelta
-from typing import NamedTuple, TypeAlias
+from typing import TypeAlias
 
 import torch
-import torch.autograd.forward_ad as forward_ad
 
-from . import _fused
-from ._args import CheckedCall, Problem, check_call
-from ._autograd import CoalescedFunction, CoalescedPlan, GatherPlan, GatherVFunction
+from ._all_to_all import AllToAllResult, all_to_all_eager
 from ._choices import GradContract, TransportName
-from ._compiled import bind_eager, compiled_gather
-from ._errors import DimError, InputTypeError, SizesError, VarGatherError
-from ._exchange import plan_layout, trusted_layout
-from ._group import GroupInfo, resolve_group
+from ._compiled import compiled_gather
+from ._compiled_family import (
+    compiled_all_gather_list,
+    compiled_all_to_all,
+    compiled_reduce_scatter,
+)
+from ._gather import GatherResult, gather_coalesced, gather_with_layout, plan_gather
+from ._gather_list import gather_list_eager
 from ._layout import Layout
-from ._mesh import GroupLike, MeshDim, resolve_mesh
-from ._transport import Transport, choose_transport
+from ._mesh import GroupLike, MeshDim
+from ._reduce_scatter import reduce_scatter_eager
 
 __all__ = [
+    "AllToAllResult",
     "GatherResult",
     "GradContract",
     "TransportName",
+    "all_gather_list",
     "all_gather_v",
     "all_gather_v_coalesced",
     "all_gather_v_with_layout",
+    "all_to_all_v",
+    "all_to_all_v_with_layout",
     "gather_layout",
+    "reduce_scatter_v",
 ]
 
 Sizes: TypeAlias = "Sequence[int] | torch.Tensor | None"
+SplitSizes: TypeAlias = "Sequence[int] | torch.Tensor"
 Timeout: TypeAlias = "float | timedelta | None"
 
 
-class GatherResult(NamedTuple):
-    """A gathered tensor with the ``Layout`` that says where each rank's block is."""
-
-    tensor: torch.Tensor
-    layout: Layout
-
-
-def _plan(
-    x: object,
-    dim: object,
-    sizes: object,
-    group: object,
-    grad: object,
-    transport: object,
-    validate: object,
-    timeout: object = None,
-    mesh_dim: object = None,
-    *,
-    layout_only: bool = False,
-) -> tuple[Layout, GroupInfo, torch.Tensor | None]:
-    """Stages 1-3 for one call: every problem becomes the same error on every rank.
-
-    Returns the layout, the group, and the gathered tensor when the payload rode in
-    the fused round (``_fused``; ``None``: the payload still has to move).
-
-    Only two kinds of problem are raised on this rank alone: an unusable ``group``
-    (``resolve_group``: without a group there is nobody to tell) and, with
-    ``validate=False``, whatever the local checks find (the exchange that would tell
-    the peers is exactly what was skipped).
-    """
-    info = resolve_group(resolve_mesh(group, mesh_dim))  # type: ignore[arg-type]  # judged there
-    call = check_call(
-        x,
-        dim,
-        sizes=sizes,
-        grad=grad,
-        transport=transport,
-        info=info,
-        validate=validate,
-        timeout=timeout,
-    )
-    if call.timeout is not None:
-        info = info.with_timeout(call.timeout)
-    if sizes is not None and validate is False:
-        return trusted_layout(call, info), info, None
-    if not info.communicates:
-        return plan_layout(call, info), info, None
-    # A non-bool validate runs the exchange, which reports it on every rank.
-    eligible = _is_auto(transport) and not layout_only
-    found = _fused.exchange("single", [call], [x], info, eligible=eligible)
-    return found.layouts[0], info, None if found.outputs is None else found.outputs[0]
-
-
-def _autograd_needed(x: torch.Tensor) -> bool:
-    """Whether ``GatherVFunction.apply`` could do more than call its forward: a gradient
-    to record, a forward-mode AD level open, or functorch transforms active."""
-    return (
-        (x.requires_grad and torch.is_grad_enabled())
-        or getattr(forward_ad, "_current_level", 0) >= 0  # private; unknown: assume yes
-        or torch._C._are_functorch_transforms_active()
-    )
-
-
-def _is_auto(transport: object) -> bool:
-    return isinstance(transport, str) and transport == "auto"
+# --- all_gather_v and its forms ------------------------------------------------------------
 
 
 def gather_layout(
@@ -125,7 +73,7 @@ def gather_layout(
     A collective (the metadata exchange) unless ``sizes`` is given with
     ``validate=False``; it raises exactly what ``all_gather_v`` would, on every rank.
     """
-    layout, _, _ = _plan(
+    layout, _, _ = plan_gather(
         x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim, layout_only=True
     )
     return layout
@@ -159,27 +107,17 @@ def all_gather_v_with_layout(
         )
         assert layout is not None  # with_layout=True
         return GatherResult(out, layout)
-    layout, info, gathered = _plan(
-        x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim
+    return gather_with_layout(
+        x,
+        dim,
+        sizes=sizes,
+        group=group,
+        grad=grad,
+        transport=transport,
+        validate=validate,
+        timeout=timeout,
+        mesh_dim=mesh_dim,
     )
-    assert isinstance(x, torch.Tensor)  # validated by _plan on every rank
-    if not info.communicates:
-        return GatherResult(x, layout)
-    # grad and transport are valid and agreed on every rank by now.
-    if gathered is not None and not _autograd_needed(x):
-        # What GatherVFunction.forward hands back, without the autograd machinery that
-        # nothing here would use.
-        return GatherResult(gathered if layout.total else x.new_empty(layout.output_shape), layout)
-    chosen: Transport
-    if gathered is not None:  # the payload rode in the fused round (transport "auto")
-        chosen = _fused.Prefetched(gathered, choose_transport("auto", layout, info))
-    else:
-        chosen = choose_transport(str(transport), layout, info)
-    plan = GatherPlan(layout, info, chosen, grad)
-    # Function.apply is untyped in torch's stubs (it forwards *args to forward).
-    out = GatherVFunction.apply(x, plan)  # type: ignore[no-untyped-call]
-    assert isinstance(out, torch.Tensor)
-    return GatherResult(out, layout)
 
 
 def all_gather_v(
@@ -249,7 +187,7 @@ def all_gather_v(
             timeout=timeout,
             with_layout=False,
         )[0]
-    return all_gather_v_with_layout(
+    return gather_with_layout(
         x,
         dim,
         sizes=sizes,
@@ -263,79 +201,6 @@ def all_gather_v(
 
 
 # --- several tensors at once -------------------------------------------------------------
-
-
-def _is_sequence(value: object) -> bool:
-    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
-
-
-def _with_problem(call: CheckedCall, problem: Problem) -> CheckedCall:
-    return call._replace(record=replace(call.record, problem=problem))
-
-
-def _coalesced_calls(
-    tensors: object,
-    dim: object,
-    sizes: object,
-    grad: object,
-    transport: object,
-    info: GroupInfo,
-    validate: object,
-    timeout: object,
-) -> tuple[list[object], list[CheckedCall]]:
-    """Each tensor's checked call; a problem with the call as a whole (``tensors`` not a
-    sequence, ``dim`` or ``sizes`` not one per tensor) is tensor #0's problem."""
-    problem: Problem | None = None
-    items: list[object]
-    if isinstance(tensors, torch.Tensor) or not _is_sequence(tensors):
-        problem = Problem(
-            InputTypeError,
-            f"expected a sequence of tensors, got {type(tensors).__name__}",
-        )
-        items = [tensors]
-    else:
-        assert isinstance(tensors, Sequence)
-        items = list(tensors)
-    k = len(items)
-    dims: list[object] = [dim] * k
-    if _is_sequence(dim):
-        assert isinstance(dim, Sequence)
-        if len(dim) == k:
-            dims = list(dim)
-        else:
-            problem = problem or Problem(
-                DimError, f"expected one dim, or one per tensor ({k}), got {len(dim)} dims"
-            )
-            dims = [0] * k
-    each: list[object] = [None] * k
-    if sizes is not None:
-        if _is_sequence(sizes) and len(sizes) == k:  # type: ignore[arg-type]  # a Sequence by now
-            assert isinstance(sizes, Sequence)
-            each = list(sizes)
-        else:
-            what = f"{len(sizes)} entries" if _is_sequence(sizes) else type(sizes).__name__  # type: ignore[arg-type]  # a Sequence when _is_sequence
-            problem = problem or Problem(
-                SizesError, f"expected sizes=None or one entry per tensor ({k}), got {what}"
-            )
-    if problem is not None and not items:
-        items = [None]
-        dims, each = [0], [None]
-    calls = [
-        check_call(
-            t,
-            d,
-            sizes=s,
-            grad=grad,
-            transport=transport,
-            info=info,
-            validate=validate,
-            timeout=timeout,
-        )
-        for t, d, s in zip(items, dims, each, strict=True)
-    ]
-    if problem is not None:
-        calls[0] = _with_problem(calls[0], problem)
-    return items, calls
 
 
 def all_gather_v_coalesced(
@@ -364,54 +229,127 @@ def all_gather_v_coalesced(
     inputs are returned as they are. ``group`` may be a ``DeviceMesh`` (with
     ``mesh_dim``), as for ``all_gather_v``.
     """
-    info = resolve_group(resolve_mesh(group, mesh_dim))  # type: ignore[arg-type]  # judged there
-    items, calls = _coalesced_calls(tensors, dim, sizes, grad, transport, info, validate, timeout)
-    call_timeout = calls[0].timeout if calls else None
-    if call_timeout is not None:
-        info = info.with_timeout(call_timeout)
-    trusted = (
-        validate is False
-        and sizes is not None
-        and all(e is not None for e in sizes)
-        and len(items) == len(sizes)
+    return gather_coalesced(
+        tensors,
+        dim,
+        sizes=sizes,
+        group=group,
+        grad=grad,
+        transport=transport,
+        validate=validate,
+        timeout=timeout,
+        mesh_dim=mesh_dim,
     )
-    outputs: list[torch.Tensor] | None = None
-    if trusted:
-        layouts = []
-        for i, call in enumerate(calls):
-            try:
-                layouts.append(trusted_layout(call, info))
-            except VarGatherError as err:
-                raise _fused.named(err, i) from None
-    elif not info.communicates:
-        for i, call in enumerate(calls):
-            try:
-                plan_layout(call, info)
-            except VarGatherError as err:
-                raise _fused.named(err, i) from None
-        return [t for t in items if isinstance(t, torch.Tensor)]
-    else:
-        found = _fused.exchange("coalesced", calls, items, info, eligible=_is_auto(transport))
-        layouts = list(found.layouts)
-        outputs = found.outputs
-    if not info.communicates:
-        return [t for t in items if isinstance(t, torch.Tensor)]
-    xs = [t for t in items if isinstance(t, torch.Tensor)]
-    name = "auto" if outputs is not None else str(transport)
-    if outputs is None:
-        outputs = _fused.gather_bytes(xs, layouts, info, name)
-    if not any(x.requires_grad for x in xs) or not torch.is_grad_enabled():
-        return outputs
-    plan = CoalescedPlan(
-        tuple(layouts),
-        info,
-        tuple(choose_transport(name, lay, info) for lay in layouts),
-        grad,
-        [outputs],
-    )
-    # Function.apply is untyped in torch's stubs (it forwards *args to forward).
-    result = CoalescedFunction.apply(plan, *xs)  # type: ignore[no-untyped-call]
-    return list(result)
 
 
-bind_eager(_plan, all_gather_v_with_layout)
+# --- reduce_scatter_v, all_to_all_v, all_gather_list ---------------------------------------
+
+
+def reduce_scatter_v(
+    x: torch.Tensor,
+    sizes: SplitSizes,
+    dim: int = 0,
+    *,
+    group: GroupLike = None,
+    mesh_dim: MeshDim = None,
+    validate: bool = True,
+    timeout: Timeout = None,
+) -> torch.Tensor:
+    """Sum every rank's ``x`` and give rank ``r`` its block ``r`` along ``dim``.
+
+    Every rank holds ``x`` with ``sum(sizes)`` along ``dim`` (the same shape and dtype
+    everywhere); ``sizes`` (a sequence of ints or a 1-d integer tensor, the same on
+    every rank, in group-rank order) cuts it into one block per rank. Rank ``r``
+    returns ``x_0[o_r:o_r+n_r] + ... + x_{W-1}[o_r:o_r+n_r]`` along ``dim``, summed in
+    rank order in the input's dtype (bit for bit the same on every backend), a fresh
+    tensor. Gradient: ``dx_j = cat_r g_r`` on every rank (the ``all_gather_v`` of the
+    upstream gradients). ``validate=False`` skips the metadata exchange (the sizes are
+    then trusted); ``timeout``, ``group``, ``mesh_dim`` as for ``all_gather_v``.
+
+    Raises:
+        VarGatherError: a subclass naming the offending rank(s), on every rank, before
+            any payload moves (a ``SizesMismatchError`` for sizes that differ across
+            ranks, ``SizesError`` for ``sum(sizes) != x.shape[dim]``, ...).
+        CollectiveTimeoutError: a peer never arrived.
+    """
+    if torch.compiler.is_compiling():
+        return compiled_reduce_scatter(x, sizes, dim, group, mesh_dim, validate, timeout)
+    return reduce_scatter_eager(x, sizes, dim, group, mesh_dim, validate, timeout)
+
+
+def all_to_all_v_with_layout(
+    x: torch.Tensor,
+    send_sizes: SplitSizes,
+    dim: int = 0,
+    *,
+    recv_sizes: SplitSizes | None = None,
+    group: GroupLike = None,
+    mesh_dim: MeshDim = None,
+    validate: bool = True,
+    timeout: Timeout = None,
+) -> AllToAllResult:
+    """``all_to_all_v`` that also returns the receive ``Layout`` and the send sizes."""
+    if torch.compiler.is_compiling():
+        return compiled_all_to_all(
+            x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout
+        )
+    return all_to_all_eager(x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout)
+
+
+def all_to_all_v(
+    x: torch.Tensor,
+    send_sizes: SplitSizes,
+    dim: int = 0,
+    *,
+    recv_sizes: SplitSizes | None = None,
+    group: GroupLike = None,
+    mesh_dim: MeshDim = None,
+    validate: bool = True,
+    timeout: Timeout = None,
+) -> torch.Tensor:
+    """Send block ``j`` of ``x`` (``send_sizes[j]`` rows along ``dim``, in order) to rank
+    ``j``; return the blocks received, concatenated in rank order along ``dim``.
+
+    The receive sizes are the transposed send sizes (rank ``r`` receives
+    ``send_sizes[r]`` of every rank): exchanged and validated, or passed as
+    ``recv_sizes`` (then checked against the truth, or trusted with
+    ``validate=False``, which skips the exchange). Every dimension but ``dim``, the
+    ndim and the dtype must agree across ranks; blocks may be empty. Gradient: the
+    reverse all_to_all of the upstream gradient with the sizes transposed.
+    ``all_to_all_v_with_layout`` also returns the receive sizes.
+    """
+    return all_to_all_v_with_layout(
+        x,
+        send_sizes,
+        dim,
+        recv_sizes=recv_sizes,
+        group=group,
+        mesh_dim=mesh_dim,
+        validate=validate,
+        timeout=timeout,
+    ).tensor
+
+
+def all_gather_list(
+    x: torch.Tensor,
+    *,
+    shapes: Sequence[Sequence[int]] | None = None,
+    group: GroupLike = None,
+    mesh_dim: MeshDim = None,
+    grad: GradContract = "sum",
+    validate: bool = True,
+    timeout: Timeout = None,
+) -> list[torch.Tensor]:
+    """Every rank's ``x``, as a list in rank order, bit for bit.
+
+    The tensors share ndim, dtype and device type; every dimension may differ from
+    rank to rank (empties too). One metadata round (every rank's shape, validated),
+    then one payload collective. ``shapes`` (every rank's shape) may be passed: it is
+    checked against the truth, or with ``validate=False`` trusted and the metadata
+    round skipped (the compiled path needs it). Gradients by ``grad``: ``"sum"``
+    gives ``dx_r = Σ_j g_{j,r}``, ``"local"`` ``g_{r,r}``, ``"mean"`` the sum over
+    ``W``. In a world of one rank the result is ``[x]``.
+    """
+    if torch.compiler.is_compiling():
+        return compiled_all_gather_list(x, shapes, group, mesh_dim, grad, validate, timeout)
+    return gather_list_eager(x, shapes, group, mesh_dim, grad, validate, timeout)

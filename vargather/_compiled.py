@@ -1,8 +1,9 @@
 """torch.compile support: the gather as ``torch.library`` custom operators.
 
-Where it sits: beside the pipeline. Eager calls never come here; under
-``torch.compile`` (``torch.compiler.is_compiling()``) ``_api`` routes each call to
-:func:`compiled_gather`, which dynamo traces:
+Where it sits: above the gather's module (``_gather``), whose eager pipeline its
+operators run, and below the public face. Eager calls never come here; under
+``torch.compile`` (``torch.compiler.is_compiling()``) the face (``_api``) routes each
+call to :func:`compiled_gather`, which dynamo traces:
 
 * ``sizes`` given as Python ints (and plain ``grad``/``transport``/``validate``/
   ``timeout`` values): one call of ``vargather::all_gather_v``, no graph break. Its
@@ -41,61 +42,17 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from ._group import GroupInfo, per_call_timeout_supported, resolve_group
+from ._gather import gather_with_layout, plan_gather
 from ._layout import Layout
-from ._mesh import is_device_mesh, resolve_mesh
+from ._mesh import group_named, group_of, named_group
 from ._transport import choose_transport
 
 __all__ = [
-    "bind_eager",
     "compiled_gather",
     "declare_ordered",
-    "eager_gather",
-    "group_named",
-    "group_of",
     "keep_collective_order",
     "plain_sizes",
 ]
-
-
-class _EagerPipeline(NamedTuple):
-    """The eager entry points the operators run, handed over by ``_api`` (which imports
-    this module, so this module cannot import it)."""
-
-    plan: Callable[..., tuple[Layout, GroupInfo, torch.Tensor | None]]
-    gather_with_layout: Callable[..., Any]
-
-
-_BOUND: list[_EagerPipeline] = []
-
-
-def bind_eager(
-    plan: Callable[..., tuple[Layout, GroupInfo, torch.Tensor | None]],
-    gather_with_layout: Callable[..., Any],
-) -> None:
-    """Called once, by ``_api`` at import: ``_plan`` (stages 1-3 for one call, and the
-    payload when it rides in the fused round) and the eager ``all_gather_v_with_layout``."""
-    _BOUND[:] = [_EagerPipeline(plan, gather_with_layout)]
-
-
-def _eager() -> _EagerPipeline:
-    if not _BOUND:  # pragma: no cover - vargather/__init__ imports _api, which binds
-        raise RuntimeError("vargather._compiled used before vargather._api bound the eager path")
-    return _BOUND[0]
-
-
-_NO_GROUP = ""  # the operator's name for "torch.distributed not initialized"
-
-
-def group_named(name: str) -> dist.ProcessGroup | None:
-    """The process group an operator names (``""``: no torch.distributed)."""
-    if name == _NO_GROUP:
-        return None
-    from torch.distributed import distributed_c10d as c10d
-
-    # Private, as for torch's functional collectives (which resolve names the same way).
-    resolve: Callable[[Any], dist.ProcessGroup] = c10d._resolve_process_group  # type: ignore[attr-defined]  # not re-exported
-    return resolve(name)
 
 
 def _timeout_of(seconds: float | None) -> timedelta | None:
@@ -153,7 +110,7 @@ def _gather_eagerly(
     timeout: float | None,
     requires_grad: bool,
 ) -> tuple[torch.Tensor, Layout]:
-    """The eager gather inside an operator: ``_api._plan`` (exchange + validation, with
+    """The eager gather inside an operator: ``_gather.plan_gather`` (exchange + validation, with
     the payload in the same collective when the fused round takes it), else the
     transport; the output is fresh and contiguous, as an operator's must be.
 
@@ -164,7 +121,7 @@ def _gather_eagerly(
     with torch.enable_grad() if requires_grad else torch.no_grad():
         if requires_grad:
             probe.requires_grad_(True)
-        layout, info, fused = _eager().plan(
+        layout, info, fused = plan_gather(
             probe, dim, sizes, group_named(group_name), grad, transport, validate, timeout
         )
     with torch.no_grad():
@@ -248,12 +205,9 @@ def _backward_eagerly(
     timeout: float | None,
 ) -> torch.Tensor:
     """``GatherVFunction.backward`` for a forward that a forward operator validated."""
-    info = resolve_group(group_named(group_name))
+    info = named_group(group_name, timeout)
     if not info.communicates:
         return _contiguous(grad_output)  # the eager gather is the identity here
-    call_timeout = _timeout_of(timeout)
-    if call_timeout is not None and per_call_timeout_supported(info):
-        info = info.with_timeout(call_timeout)
     layout = _backward_layout(grad_output, dim, sizes, info.rank)
     with torch.no_grad():
         if layout.total == 0:
@@ -344,12 +298,12 @@ def _exchange_sizes_op(
     timeout: float | None,
     requires_grad: bool,
 ) -> torch.Tensor:
-    """The metadata exchange and its validation (``_api._plan``): every rank's size."""
+    """The metadata exchange and its validation (``_gather.plan_gather``): every rank's size."""
     probe = x.detach()
     with torch.enable_grad() if requires_grad else torch.no_grad():
         if requires_grad:
             probe.requires_grad_(True)
-        layout, _, _ = _eager().plan(
+        layout, _, _ = plan_gather(
             probe,
             dim,
             None,
@@ -466,11 +420,6 @@ for _op in (_exchange_sizes_op, _all_gather_v_sized_by_op, _all_gather_v_sized_b
 # --- the traced entry point --------------------------------------------------------------
 
 
-def eager_gather(x: Any, dim: Any, **kwargs: Any) -> Any:
-    """``all_gather_v_with_layout``, run where dynamo does not trace (eager)."""
-    return _eager().gather_with_layout(x, dim, **kwargs)
-
-
 def _constant_of_the_trace(fn: Callable[[], bool]) -> Callable[[], bool]:
     """``torch._dynamo.assume_constant_result(fn)`` without importing dynamo.
 
@@ -517,28 +466,7 @@ def call_untraced(name: str, *args: Any, **kwargs: Any) -> Any:
     return _UNTRACED[name](*args, **kwargs)
 
 
-register_untraced("all_gather_v", eager_gather)
-
-
-def group_of(group: object, mesh_dim: object) -> tuple[str, int, int] | None:
-    """The operator's name for ``group`` (with ``mesh_dim``), this rank's place in it
-    and its size; ``None`` when only the eager path can say what is wrong with it."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return (_NO_GROUP, 0, 1) if group is None and mesh_dim is None else None
-    if is_device_mesh(group):
-        try:
-            group = resolve_mesh(group, mesh_dim)
-        except Exception:
-            return None
-    elif mesh_dim is not None:
-        return None
-    pg = dist.group.WORLD if group is None else group
-    if not isinstance(pg, dist.ProcessGroup):
-        return None
-    rank = dist.get_rank(pg)
-    if rank < 0:
-        return None
-    return str(pg.group_name), rank, dist.get_world_size(pg)
+register_untraced("all_gather_v", gather_with_layout)  # the gather's eager code
 
 
 def plain_sizes(sizes: object, world_size: int) -> list[int] | None:

@@ -1,8 +1,10 @@
 """torch.compile support for the family: ``torch.library`` custom operators.
 
-Where it sits: beside the family's pipeline, as ``_compiled`` is beside the gather's.
-Under ``torch.compile`` (``torch.compiler.is_compiling()``) ``_family_api`` routes a
-call here when the sizes are known as Python ints (``reduce_scatter_v``'s ``sizes``,
+Where it sits: above the collectives' modules (``_reduce_scatter``, ``_all_to_all``,
+``_gather_list``), whose eager code its operators run and which it registers for the
+untraced route itself, and below the public face (``_api``), which routes every call
+here under ``torch.compile`` (``torch.compiler.is_compiling()``): an operator call
+when the sizes are known as Python ints (``reduce_scatter_v``'s ``sizes``,
 ``all_to_all_v``'s ``send_sizes`` *and* ``recv_sizes``, ``all_gather_list``'s
 ``shapes``): one operator call, no graph break. Each operator's eager implementation
 is the eager pipeline (exchange and validation unless ``validate=False``, then the
@@ -19,20 +21,38 @@ deadlock. An ordered effect keeps every call, in program order, on every rank.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any, Final
 
 import torch
 import torch.distributed as dist
 
-from ._all_to_all import exchange_blocks, plan_all_to_all, split_layout
-from ._compiled import declare_ordered, group_named, group_of, keep_collective_order, plain_sizes
-from ._gather_list import GatherListPlan, gather_flat, list_gradient, plan_gather_list
-from ._group import GroupInfo, per_call_timeout_supported, resolve_group
+from ._all_to_all import (
+    AllToAllResult,
+    all_to_all_eager,
+    exchange_blocks,
+    plan_all_to_all,
+    split_layout,
+)
+from ._compiled import (
+    call_untraced,
+    declare_ordered,
+    keep_collective_order,
+    plain_sizes,
+    register_untraced,
+)
+from ._gather_list import (
+    GatherListPlan,
+    gather_flat,
+    gather_list_eager,
+    list_gradient,
+    plan_gather_list,
+)
+from ._mesh import call_group, group_named, group_of, named_group
 from ._reduce_scatter import (
     gather_gradient,
     plan_reduce_scatter,
     reduce_scatter_blocks,
+    reduce_scatter_eager,
     scatter_layout,
 )
 
@@ -49,13 +69,6 @@ __all__ = [
 def _rank_of(name: str) -> int:
     group = group_named(name)
     return 0 if group is None else dist.get_rank(group)
-
-
-def _backward_info(name: str, timeout: float | None) -> GroupInfo:
-    info = resolve_group(group_named(name))
-    if timeout is not None and info.communicates and per_call_timeout_supported(info):
-        info = info.with_timeout(timedelta(seconds=timeout))
-    return info
 
 
 def _fresh(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -95,7 +108,7 @@ def _rs_op(
     timeout: float | None,
     requires_grad: bool,
 ) -> torch.Tensor:
-    info = resolve_group(group_named(group_name))
+    info = named_group(group_name)
     plan = plan_reduce_scatter(
         x, list(sizes), dim, info, validate=validate, timeout=timeout, requires_grad=requires_grad
     )
@@ -128,7 +141,7 @@ def _rs_backward_op(
     group_name: str,
     timeout: float | None,
 ) -> torch.Tensor:
-    info = _backward_info(group_name, timeout)
+    info = named_group(group_name, timeout)
     d = dim % grad_output.dim()
     shape = list(grad_output.shape)
     shape[d] = sum(sizes)
@@ -177,7 +190,7 @@ def _a2a_op(
     timeout: float | None,
     requires_grad: bool,
 ) -> torch.Tensor:
-    info = resolve_group(group_named(group_name))
+    info = named_group(group_name)
     plan = plan_all_to_all(
         x,
         list(send_sizes),
@@ -224,7 +237,7 @@ def _a2a_backward_op(
     timeout: float | None,
 ) -> torch.Tensor:
     """The reverse exchange: ``grad_output`` has the forward's receive sizes."""
-    info = _backward_info(group_name, timeout)
+    info = named_group(group_name, timeout)
     shape = tuple(int(n) for n in grad_output.shape)
     d = dim % grad_output.dim()
     back = tuple(_a2a_shape(grad_output, d, send_sizes))
@@ -272,7 +285,7 @@ def _list_op(
     timeout: float | None,
     requires_grad: bool,
 ) -> list[torch.Tensor]:
-    info = resolve_group(group_named(group_name))
+    info = named_group(group_name)
     plan = plan_gather_list(
         x,
         decode_shapes(shapes),
@@ -309,7 +322,7 @@ def _list_backward_op(
     grad: str,
     timeout: float | None,
 ) -> torch.Tensor:
-    info = _backward_info(group_name, timeout)
+    info = named_group(group_name, timeout)
     found = decode_shapes(shapes)
     if not info.communicates:
         return grads[0].clone(memory_format=torch.contiguous_format)
@@ -380,7 +393,7 @@ def _requires(x: torch.Tensor) -> bool:
     return x.requires_grad and torch.is_grad_enabled()
 
 
-def compiled_reduce_scatter(
+def _reduce_scatter_op_call(
     x: object,
     sizes: object,
     dim: object,
@@ -403,7 +416,7 @@ def compiled_reduce_scatter(
     return out
 
 
-def compiled_all_to_all(
+def _all_to_all_op_call(
     x: object,
     send_sizes: object,
     recv_sizes: object,
@@ -428,7 +441,7 @@ def compiled_all_to_all(
     return out
 
 
-def compiled_all_gather_list(
+def _gather_list_op_call(
     x: object,
     shapes: object,
     group: object,
@@ -456,3 +469,76 @@ def compiled_all_gather_list(
         x, encode_shapes(plain), where[0], grad, validate, seconds, _requires(x)
     )
     return out
+
+
+# --- the route into compiled mode: the operator, or the eager call untraced ----------
+
+# One graph break per eager call under torch.compile: each collective's eager code.
+register_untraced("reduce_scatter_v", reduce_scatter_eager)
+register_untraced("all_to_all_v", all_to_all_eager)
+register_untraced("all_gather_list", gather_list_eager)
+
+
+def compiled_reduce_scatter(
+    x: object,
+    sizes: object,
+    dim: object,
+    group: object,
+    mesh_dim: object,
+    validate: object,
+    timeout: object,
+) -> torch.Tensor:
+    """``reduce_scatter_v`` in traced code: its operator, else the eager call untraced."""
+    out = _reduce_scatter_op_call(x, sizes, dim, group, mesh_dim, validate, timeout)
+    if out is not None:
+        return out
+    result: torch.Tensor = call_untraced(
+        "reduce_scatter_v", x, sizes, dim, group, mesh_dim, validate, timeout
+    )
+    return result
+
+
+def compiled_all_to_all(
+    x: object,
+    send_sizes: object,
+    recv_sizes: object,
+    dim: object,
+    group: object,
+    mesh_dim: object,
+    validate: object,
+    timeout: object,
+) -> AllToAllResult:
+    """``all_to_all_v_with_layout`` in traced code: its operator (the receive layout
+    built from the sizes, which it needs as ints), else the eager call untraced."""
+    out = _all_to_all_op_call(x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout)
+    if out is not None:
+        assert isinstance(x, torch.Tensor)  # no operator call otherwise
+        assert isinstance(dim, int)
+        assert isinstance(recv_sizes, (list, tuple))  # plain ints, or no operator call
+        assert isinstance(send_sizes, (list, tuple))
+        info = call_group(group, mesh_dim)
+        layout = split_layout(tuple(out.shape), dim, tuple(recv_sizes), x.dtype, info)
+        return AllToAllResult(out, layout, tuple(send_sizes))
+    found: AllToAllResult = call_untraced(
+        "all_to_all_v", x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout
+    )
+    return found
+
+
+def compiled_all_gather_list(
+    x: object,
+    shapes: object,
+    group: object,
+    mesh_dim: object,
+    grad: object,
+    validate: object,
+    timeout: object,
+) -> list[torch.Tensor]:
+    """``all_gather_list`` in traced code: its operator, else the eager call untraced."""
+    out = _gather_list_op_call(x, shapes, group, mesh_dim, grad, validate, timeout)
+    if out is not None:
+        return out
+    result: list[torch.Tensor] = call_untraced(
+        "all_gather_list", x, shapes, group, mesh_dim, grad, validate, timeout
+    )
+    return result

@@ -1,8 +1,11 @@
-"""``group=`` as a ``DeviceMesh``: resolved to the process group of one mesh dimension.
+"""The one group resolver: ``group=`` (a process group or a ``DeviceMesh``) to a ``GroupInfo``.
 
-Where it sits: in front of the pipeline. ``_api`` hands ``group`` and ``mesh_dim`` here
-before ``_comm.resolve_group`` (which knows process groups only); the compiled path
-(``_compiled``) uses it too. As torch's functional collectives do, a 1-D mesh stands
+Where it sits: in front of every collective's pipeline, above ``_group`` (which knows
+process groups only). Every eager call resolves its group with ``call_group``; every
+custom operator, which receives its group by name, with ``named_group``; and traced
+code names a call's group with ``group_of``, which never raises and runs no more than
+dynamo can trace (the operators' route, ``_compiled``). A ``DeviceMesh`` is resolved
+to the process group of one mesh dimension (``resolve_mesh``). As torch's functional collectives do, a 1-D mesh stands
 for its only group and a mesh of more dimensions needs ``mesh_dim`` (an index or a
 dimension name). Every problem is a ``GroupError``, raised on this rank only, like
 ``resolve_group``'s: a rank that cannot name its group cannot tell its peers.
@@ -10,16 +13,29 @@ dimension name). Every problem is a ``GroupError``, raised on this rank only, li
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeAlias
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch.distributed as dist
 
 from ._errors import GroupError
+from ._group import GroupInfo, per_call_timeout_supported, resolve_group
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["GroupLike", "MeshDim", "is_device_mesh", "resolve_mesh"]
+__all__ = [
+    "NO_GROUP",
+    "GroupLike",
+    "MeshDim",
+    "call_group",
+    "group_named",
+    "group_of",
+    "is_device_mesh",
+    "named_group",
+    "resolve_mesh",
+]
 
 GroupLike: TypeAlias = "dist.ProcessGroup | DeviceMesh | None"
 """What ``group=`` accepts: a process group, a device mesh, or ``None`` (the world)."""
@@ -96,3 +112,56 @@ def resolve_mesh(group: object, mesh_dim: object) -> object:
             f"the DeviceMesh of shape {_mesh_shape(mesh)} has no usable process group for "
             f"mesh_dim={mesh_dim!r} (torch says: {err})"
         ) from None
+
+
+def call_group(group: object, mesh_dim: object = None) -> GroupInfo:
+    """The group of an eager call: ``group`` (``None``: the default group; a
+    ``DeviceMesh`` with ``mesh_dim``) as this rank's ``GroupInfo``. Every problem is a
+    ``GroupError`` raised on this rank only (``resolve_mesh``, ``resolve_group``)."""
+    return resolve_group(resolve_mesh(group, mesh_dim))  # type: ignore[arg-type]  # judged there
+
+
+# --- groups by name (the custom operators) ---------------------------------------------
+
+NO_GROUP = ""  # the operator's name for "torch.distributed not initialized"
+
+
+def group_named(name: str) -> dist.ProcessGroup | None:
+    """The process group an operator names (``""``: no torch.distributed)."""
+    if name == NO_GROUP:
+        return None
+    from torch.distributed import distributed_c10d as c10d
+
+    # Private, as for torch's functional collectives (which resolve names the same way).
+    resolve: Callable[[Any], dist.ProcessGroup] = c10d._resolve_process_group  # type: ignore[attr-defined]  # not re-exported
+    return resolve(name)
+
+
+def named_group(name: str, seconds: float | None = None) -> GroupInfo:
+    """The group of a custom operator, which names it (``group_named``), with the call's
+    per-call timeout of ``seconds`` where the backend supports one."""
+    info = resolve_group(group_named(name))
+    if seconds is not None and info.communicates and per_call_timeout_supported(info):
+        info = info.with_timeout(timedelta(seconds=seconds))
+    return info
+
+
+def group_of(group: object, mesh_dim: object) -> tuple[str, int, int] | None:
+    """The operator's name for ``group`` (with ``mesh_dim``), this rank's place in it
+    and its size; ``None`` when only the eager path can say what is wrong with it."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return (NO_GROUP, 0, 1) if group is None and mesh_dim is None else None
+    if is_device_mesh(group):
+        try:
+            group = resolve_mesh(group, mesh_dim)
+        except Exception:
+            return None
+    elif mesh_dim is not None:
+        return None
+    pg = dist.group.WORLD if group is None else group
+    if not isinstance(pg, dist.ProcessGroup):
+        return None
+    rank = dist.get_rank(pg)
+    if rank < 0:
+        return None
+    return str(pg.group_name), rank, dist.get_world_size(pg)

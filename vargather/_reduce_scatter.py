@@ -2,7 +2,8 @@
 
 Where it sits: a family collective built on ``_family`` (stages 1-3), ``_layout``,
 ``_buffers`` and ``_comm`` (the payload), and ``_transport`` (its backward is a gather).
-``_family_api`` calls it eagerly; ``_compiled_family`` wraps it in custom operators.
+The public face (``_api``) calls its eager code; ``_compiled_family`` wraps it in
+custom operators.
 
 The math, once. Every rank ``j`` holds ``x_j`` with ``total = Σ_r n_r`` along ``dim``
 (the same shape everywhere), ``sizes = (n_0, ..., n_{W-1})`` the same on every rank,
@@ -24,13 +25,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from ._args import Problem
 from ._buffers import rank_major_gradient
+from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import SizesError, SizesMismatchError
 from ._family import (
@@ -47,8 +49,9 @@ from ._family import (
     sizes_words,
     with_problem,
 )
-from ._fused import pack
 from ._layout import Layout
+from ._mesh import call_group
+from ._round_buffers import pack
 from ._transport import choose_transport
 
 __all__ = [
@@ -58,10 +61,11 @@ __all__ = [
     "fold_slots",
     "plan_reduce_scatter",
     "reduce_scatter_blocks",
+    "reduce_scatter_eager",
     "scatter_layout",
 ]
 
-NAME = "reduce_scatter_v"
+NAME: Final[CollectiveName] = "reduce_scatter_v"
 
 
 @dataclass(frozen=True)
@@ -273,3 +277,16 @@ class ReduceScatterVFunction(torch.autograd.Function):
             return None, None
         plan: ReduceScatterPlan = ctx.plan
         return gather_gradient(grad_output, plan.layout, plan.info), None
+
+
+def reduce_scatter_eager(
+    x: Any, sizes: Any, dim: Any, group: Any, mesh_dim: Any, validate: Any, timeout: Any
+) -> torch.Tensor:
+    """The eager ``reduce_scatter_v`` (its arguments unchecked: the plan judges them, on
+    every rank): the plan, then the payload inside ``ReduceScatterVFunction``."""
+    plan = plan_reduce_scatter(
+        x, sizes, dim, call_group(group, mesh_dim), validate=validate, timeout=timeout
+    )
+    out = ReduceScatterVFunction.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
+    assert isinstance(out, torch.Tensor)
+    return out

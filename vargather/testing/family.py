@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import torch
 from hypothesis import strategies as st
@@ -36,6 +36,7 @@ from vargather import oracle
 
 from .asserts import bitwise_difference
 from .cases import DTYPE_NAMES, is_differentiable, make_values, torch_dtype
+from .collectives import FAMILY
 from .judge import Failure
 from .pool import RankContext, RankPool
 from .runner import load_callable
@@ -67,7 +68,8 @@ __all__ = [
     "upstream_of",
 ]
 
-COLLECTIVES = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
+COLLECTIVES: Final = FAMILY
+"""The family's collectives (``collectives.FAMILY``, from the library's table)."""
 FAMILY_NAMES: dict[str, tuple[str, ...]] = {
     "reduce_scatter_v": ("x", "sizes", "dim", "group", "out"),
     "all_to_all_v": ("x", "send_sizes", "recv_sizes", "dim", "group", "out"),

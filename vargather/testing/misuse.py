@@ -32,6 +32,7 @@ import torch
 import vargather
 from vargather import oracle
 
+from .collectives import FAMILY as FAMILY_OF_THE_TABLE
 from .judge import Failure
 
 # --- descriptions of arguments --------------------------------------------------------
@@ -604,7 +605,8 @@ def with_calls(scenario: Scenario, rank: int, **changes: Any) -> Scenario:
 # --- the family's catalogue: reduce_scatter_v, all_to_all_v, all_gather_list -----------
 
 
-FAMILY: Final = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
+FAMILY: Final = FAMILY_OF_THE_TABLE
+"""The family's collectives (``collectives.FAMILY``, from the library's table)."""
 
 
 @dataclass(frozen=True)

@@ -1185,7 +1185,7 @@ def transport_refusals(names: Sequence[str], *, world_size: int = 2) -> dict[str
 def gloo_transports() -> tuple[tuple[str, ...], dict[str, str]]:
     """vargather's transports that run on gloo, and why the others do not (asked of
     vargather itself, so a transport added later is checked without editing this)."""
-    from vargather._transport import TRANSPORT_NAMES, unsupported_reason
+    from vargather.internal import TRANSPORT_NAMES, unsupported_reason
 
     usable: list[str] = []
     refused: dict[str, str] = {}

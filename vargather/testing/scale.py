@@ -12,12 +12,13 @@ smallest threshold that still fails, ``d`` rows off it.
 The targets, per rank (``per_rank_targets``):
 
 * powers of two in bytes, from ``MIN_LARGE_BYTES`` (1 KiB) up to ``max_payload``;
-* vargather's own thresholds at their real values, read from the library
-  (``library_thresholds``): the ``auto`` transport switch and the backward switch of
-  ``vargather._transport``, which count the bytes of the whole gathered output, so
-  the per-rank target is the threshold divided by the group size (every rank at the
-  target: the output is the threshold itself, give or take the drawn ``d``); and the
-  largest payload per rank that rides in the fused round (``vargather._fused``).
+* vargather's own thresholds at their real values, as the library declares them
+  (``library_thresholds``, from ``vargather.internal.THRESHOLDS``: every collective's):
+  those that count the bytes of the whole gathered output (the ``auto`` transport
+  switch, the backward switch) become the threshold divided by the group size (every
+  rank at the target: the output is the threshold itself, give or take the drawn
+  ``d``); those that count one rank's payload or one block (the one round's largest
+  payload and block) their value.
 
 ``max_payload`` (``python -m vargather check --max-payload``) bounds the bytes of any
 one rank's shard; 0 draws no large case at all.
@@ -25,7 +26,6 @@ one rank's shard; 0 draws no large case at all.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Sequence
 from typing import Final, NamedTuple
@@ -48,17 +48,6 @@ gathered output reaches vargather's 16 MiB backward switch)."""
 MIN_LARGE_BYTES: Final = 1024
 """The smallest power-of-two target (1 KiB): small cases reach about that already."""
 
-_LIBRARY_MODULES: Final = {
-    "vargather._transport": "gathered",
-    "vargather._fused": "per-rank",
-}
-"""Where vargather keeps its size thresholds, and what they count: ``_transport``'s
-count the bytes of the gathered output (``payload_bytes``), ``_fused``'s one rank's
-payload (``FUSED_MAX_BYTES``). A module missing from this version is skipped."""
-
-_NOT_THRESHOLDS: Final = frozenset({"vargather._fused.HEADER_BYTES"})
-"""``*_BYTES`` constants that are sizes of a format, not thresholds."""
-
 
 class Target(NamedTuple):
     """A per-rank shard size large cases are drawn around, and where it comes from."""
@@ -68,39 +57,23 @@ class Target(NamedTuple):
 
 
 def library_thresholds() -> dict[str, tuple[int, str]]:
-    """vargather's own byte thresholds, by name (``vargather._transport.GLOO_SMALL_BYTES``),
-    read from the library at run time: every public ``*_BYTES`` integer constant of the
-    modules that choose a code path by size, with what it counts (``"gathered"``: the
-    bytes of the gathered output; ``"per-rank"``: one rank's payload)."""
-    found: dict[str, tuple[int, str]] = {}
-    for name, counts in _LIBRARY_MODULES.items():
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        for attr in getattr(module, "__all__", ()):
-            value = getattr(module, attr, None)
-            key = f"{name}.{attr}"
-            if (
-                attr.endswith("_BYTES")
-                and type(value) is int
-                and value > 0
-                and key not in _NOT_THRESHOLDS
-            ):
-                found[key] = (value, counts)
-    return found
+    """vargather's own byte thresholds, by name (``GLOO_SMALL_BYTES``), as the library
+    declares them (``vargather.internal.THRESHOLDS``, every collective's), with what
+    each counts (``"gathered"``: the bytes of the gathered output; ``"per-rank"``: one
+    rank's payload; ``"per-block"``: the largest block one rank sends one peer, drawn
+    around as a rank's payload)."""
+    from vargather.internal import THRESHOLDS
+
+    return {t.name: (t.bytes, t.counts) for t in THRESHOLDS if t.bytes > 0}
 
 
 def sequence_length() -> int:
     """How many calls a call sequence may hold: two more than the idle calls after which
-    vargather's fused path shrinks a group's capacity (``_fused.SHRINK_AFTER``, read
-    from the library; 8 when it has none), so one sequence can grow, idle and shrink it."""
-    try:
-        module = importlib.import_module("vargather._fused")
-    except ImportError:
-        return 10
-    shrink = getattr(module, "SHRINK_AFTER", 8)
-    return (shrink if type(shrink) is int and shrink > 0 else 8) + 2
+    vargather's one round shrinks a group's capacity (``vargather.internal.SHRINK_AFTER``),
+    so one sequence can grow, idle and shrink it."""
+    from vargather.internal import SHRINK_AFTER
+
+    return SHRINK_AFTER + 2
 
 
 def per_rank_targets(group_size: int, max_payload: int) -> tuple[Target, ...]:
@@ -115,7 +88,7 @@ def per_rank_targets(group_size: int, max_payload: int) -> tuple[Target, ...]:
         gathered = counts == "gathered" and group_size > 1
         per_rank = -(-value // group_size) if gathered else value
         if MIN_LARGE_BYTES <= per_rank <= max_payload:
-            where = name.removeprefix("vargather.")
+            where = name
             label = f"{where} / {group_size} ranks" if gathered else where
             targets[per_rank] = f"{targets[per_rank]}, {label}" if per_rank in targets else label
     return tuple(Target(b, s) for b, s in sorted(targets.items()))

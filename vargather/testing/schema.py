@@ -15,6 +15,9 @@ the pytest plugin loads it by file path in every pytest session, where importing
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -186,6 +189,25 @@ class Option:
             raise OptionValueError(self.name, f": expected a number, got {text!r}") from None
 
 
+def _collectives_with_a_catalogue() -> tuple[str, ...]:
+    """The collectives ``--op`` may name, from the library's one table of collectives
+    (``vargather/_collectives.py``), loaded by file path: it imports the standard
+    library only, so this module still imports nothing of vargather (nor torch)."""
+    name = "_vargather_schema_collectives"
+    module = sys.modules.get(name)
+    if module is None:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        spec = importlib.util.spec_from_file_location(name, os.path.join(here, "_collectives.py"))
+        assert spec is not None  # a file we ship
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while it runs
+        spec.loader.exec_module(module)
+    return tuple(c.catalogue for c in module.COLLECTIVES.values() if c.catalogue is not None)
+
+
+_OPS: Final = _collectives_with_a_catalogue()
+
 _SCOPE_NOTE: Final = " (scope: what the implementation claims)"
 
 OPTIONS: Final[tuple[Option, ...]] = (
@@ -202,9 +224,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "op",
         "choice",
-        "the collective to check: all_gather_v, or one of the family (reduce_scatter_v, "
-        "all_to_all_v, all_gather_list), each with its own catalogue (default: all_gather_v)",
-        choices=("all_gather_v", "reduce_scatter_v", "all_to_all_v", "all_gather_list"),
+        f"the collective to check, each with its own catalogue: {', '.join(_OPS)} "
+        f"(default: {_OPS[0]})",
+        choices=_OPS,
     ),
     Option(
         "impl",

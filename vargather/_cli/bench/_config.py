@@ -36,9 +36,6 @@ FAMILY_SIZES_KB: Final = (64.0, 1024.0, 16384.0)
 FAMILY_PROFILES: Final = ("even", "mild")
 FAMILY_COLUMNS: Final = 64
 """float32 columns of the family part's rows (256-byte rows, as the peers part)."""
-FAMILY_COLLECTIVES: Final = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
-"""The family part's collectives, in their order; each is timed against its own
-baseline (``FAMILY_BASELINES``) in the same bursts."""
 
 
 ROW_ELEMENTS: Final = 256  # float32 elements per row: 1 KiB rows

@@ -62,7 +62,7 @@ def _rank_cell(ctx: RankContext, job: tuple[BenchConfig, float, str, str]) -> di
     import torch
 
     from vargather import Layout
-    from vargather._transport import auto_transport_name
+    from vargather.internal import auto_transport_name
 
     torch.set_num_threads(1)
     cfg, mb, profile, mode = job
@@ -117,7 +117,7 @@ def _rank_small(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, A
 
     import vargather
     from vargather import Layout
-    from vargather._transport import auto_transport_name
+    from vargather.internal import auto_transport_name
     from vargather.testing.seed import all_gather_variable_dim
 
     torch.set_num_threads(1)
@@ -352,13 +352,10 @@ def _paired(results: dict[str, dict[str, Any]], name: str, baseline: str) -> dic
 
 
 def _issued_per_call(call: Callable[[int], Any]) -> int | None:
-    """Collectives one steady-state call enters through ``vargather._comm`` (``None``
-    where this vargather cannot count them); every rank makes the call."""
-    from vargather import _comm
+    """Collectives one steady-state call enters (``vargather.internal.collectives_issued``);
+    every rank makes the call."""
+    from vargather.internal import collectives_issued as count
 
-    count = getattr(_comm, "collectives_issued", None)
-    if count is None:
-        return None
     before = count()
     call(0)
     return int(count() - before)

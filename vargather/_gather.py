@@ -1,0 +1,287 @@
+"""``all_gather_v``: plan (checks, exchange, validation), payload, autograd; and its
+coalesced form.
+
+Where it sits: one collective's module, beside ``_reduce_scatter``, ``_all_to_all``
+and ``_gather_list``; below the public face (``_api``) and the compiled route
+(``_compiled``), which both call the eager pipeline here. What is the gather's own:
+its round is the all_gather-shaped one (``_fused``, as ``all_gather_v`` or
+``all_gather_v_coalesced``), its blocks land one after the other along ``dim``
+(``Layout``), its payload moves by a transport (``_transport``) when it does not ride
+in the round, and its backward is ``GatherVFunction``'s (``_autograd``).
+
+``gather_with_layout`` = ``plan_gather`` (argument checks ``_args``, the group
+``_mesh.call_group``, the validated round ``_fused``: the ``Layout``, and the
+payload when it rode along) + ``GatherVFunction`` (``_autograd``, which moves the
+payload through a ``_transport`` when it did not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+import torch
+import torch.autograd.forward_ad as forward_ad
+
+from . import _fused
+from ._args import CheckedCall, Problem, check_call
+from ._autograd import CoalescedFunction, CoalescedPlan, GatherPlan, GatherVFunction
+from ._errors import DimError, InputTypeError, SizesError, VarGatherError
+from ._exchange import plan_layout, trusted_layout
+from ._group import GroupInfo
+from ._layout import Layout
+from ._mesh import call_group
+from ._transport import Transport, choose_transport
+
+__all__ = [
+    "GatherResult",
+    "gather_coalesced",
+    "gather_with_layout",
+    "plan_gather",
+]
+
+
+class GatherResult(NamedTuple):
+    """A gathered tensor with the ``Layout`` that says where each rank's block is."""
+
+    tensor: torch.Tensor
+    layout: Layout
+
+
+def plan_gather(
+    x: object,
+    dim: object,
+    sizes: object,
+    group: object,
+    grad: object,
+    transport: object,
+    validate: object,
+    timeout: object = None,
+    mesh_dim: object = None,
+    *,
+    layout_only: bool = False,
+) -> tuple[Layout, GroupInfo, torch.Tensor | None]:
+    """Stages 1-3 for one call: every problem becomes the same error on every rank.
+
+    Returns the layout, the group, and the gathered tensor when the payload rode in
+    the fused round (``_fused``; ``None``: the payload still has to move).
+
+    Only two kinds of problem are raised on this rank alone: an unusable ``group``
+    (``resolve_group``: without a group there is nobody to tell) and, with
+    ``validate=False``, whatever the local checks find (the exchange that would tell
+    the peers is exactly what was skipped).
+    """
+    info = call_group(group, mesh_dim)
+    call = check_call(
+        x,
+        dim,
+        sizes=sizes,
+        grad=grad,
+        transport=transport,
+        info=info,
+        validate=validate,
+        timeout=timeout,
+    )
+    if call.timeout is not None:
+        info = info.with_timeout(call.timeout)
+    if sizes is not None and validate is False:
+        return trusted_layout(call, info), info, None
+    if not info.communicates:
+        return plan_layout(call, info), info, None
+    # A non-bool validate runs the exchange, which reports it on every rank.
+    eligible = _is_auto(transport) and not layout_only
+    found = _fused.exchange("all_gather_v", [call], [x], info, eligible=eligible)
+    return found.layouts[0], info, None if found.outputs is None else found.outputs[0]
+
+
+def _autograd_needed(x: torch.Tensor) -> bool:
+    """Whether ``GatherVFunction.apply`` could do more than call its forward: a gradient
+    to record, a forward-mode AD level open, or functorch transforms active."""
+    return (
+        (x.requires_grad and torch.is_grad_enabled())
+        or getattr(forward_ad, "_current_level", 0) >= 0  # private; unknown: assume yes
+        or torch._C._are_functorch_transforms_active()
+    )
+
+
+def _is_auto(transport: object) -> bool:
+    return isinstance(transport, str) and transport == "auto"
+
+
+def gather_with_layout(
+    x: Any,
+    dim: Any = 0,
+    *,
+    sizes: Any = None,
+    group: Any = None,
+    grad: Any = "sum",
+    transport: Any = "auto",
+    validate: Any = True,
+    timeout: Any = None,
+    mesh_dim: Any = None,
+) -> GatherResult:
+    """The eager ``all_gather_v_with_layout`` (its arguments unchecked: the plan judges
+    them, on every rank)."""
+    layout, info, gathered = plan_gather(
+        x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim
+    )
+    assert isinstance(x, torch.Tensor)  # validated by _plan on every rank
+    if not info.communicates:
+        return GatherResult(x, layout)
+    # grad and transport are valid and agreed on every rank by now.
+    if gathered is not None and not _autograd_needed(x):
+        # What GatherVFunction.forward hands back, without the autograd machinery that
+        # nothing here would use.
+        return GatherResult(gathered if layout.total else x.new_empty(layout.output_shape), layout)
+    chosen: Transport
+    if gathered is not None:  # the payload rode in the fused round (transport "auto")
+        chosen = _fused.Prefetched(gathered, choose_transport("auto", layout, info))
+    else:
+        chosen = choose_transport(str(transport), layout, info)
+    plan = GatherPlan(layout, info, chosen, grad)
+    # Function.apply is untyped in torch's stubs (it forwards *args to forward).
+    out = GatherVFunction.apply(x, plan)  # type: ignore[no-untyped-call]
+    assert isinstance(out, torch.Tensor)
+    return GatherResult(out, layout)
+
+
+# --- several tensors at once -------------------------------------------------------------
+
+
+def _is_sequence(value: object) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _with_problem(call: CheckedCall, problem: Problem) -> CheckedCall:
+    return call._replace(record=replace(call.record, problem=problem))
+
+
+def _coalesced_calls(
+    tensors: object,
+    dim: object,
+    sizes: object,
+    grad: object,
+    transport: object,
+    info: GroupInfo,
+    validate: object,
+    timeout: object,
+) -> tuple[list[object], list[CheckedCall]]:
+    """Each tensor's checked call; a problem with the call as a whole (``tensors`` not a
+    sequence, ``dim`` or ``sizes`` not one per tensor) is tensor #0's problem."""
+    problem: Problem | None = None
+    items: list[object]
+    if isinstance(tensors, torch.Tensor) or not _is_sequence(tensors):
+        problem = Problem(
+            InputTypeError,
+            f"expected a sequence of tensors, got {type(tensors).__name__}",
+        )
+        items = [tensors]
+    else:
+        assert isinstance(tensors, Sequence)
+        items = list(tensors)
+    k = len(items)
+    dims: list[object] = [dim] * k
+    if _is_sequence(dim):
+        assert isinstance(dim, Sequence)
+        if len(dim) == k:
+            dims = list(dim)
+        else:
+            problem = problem or Problem(
+                DimError, f"expected one dim, or one per tensor ({k}), got {len(dim)} dims"
+            )
+            dims = [0] * k
+    each: list[object] = [None] * k
+    if sizes is not None:
+        if _is_sequence(sizes) and len(sizes) == k:  # type: ignore[arg-type]  # a Sequence by now
+            assert isinstance(sizes, Sequence)
+            each = list(sizes)
+        else:
+            what = f"{len(sizes)} entries" if _is_sequence(sizes) else type(sizes).__name__  # type: ignore[arg-type]  # a Sequence when _is_sequence
+            problem = problem or Problem(
+                SizesError, f"expected sizes=None or one entry per tensor ({k}), got {what}"
+            )
+    if problem is not None and not items:
+        items = [None]
+        dims, each = [0], [None]
+    calls = [
+        check_call(
+            t,
+            d,
+            sizes=s,
+            grad=grad,
+            transport=transport,
+            info=info,
+            validate=validate,
+            timeout=timeout,
+        )
+        for t, d, s in zip(items, dims, each, strict=True)
+    ]
+    if problem is not None:
+        calls[0] = _with_problem(calls[0], problem)
+    return items, calls
+
+
+def gather_coalesced(
+    tensors: Any,
+    dim: Any = 0,
+    *,
+    sizes: Any = None,
+    group: Any = None,
+    grad: Any = "sum",
+    transport: Any = "auto",
+    validate: Any = True,
+    timeout: Any = None,
+    mesh_dim: Any = None,
+) -> list[torch.Tensor]:
+    """The eager ``all_gather_v_coalesced`` (``_api`` has what it means)."""
+    info = call_group(group, mesh_dim)
+    items, calls = _coalesced_calls(tensors, dim, sizes, grad, transport, info, validate, timeout)
+    call_timeout = calls[0].timeout if calls else None
+    if call_timeout is not None:
+        info = info.with_timeout(call_timeout)
+    trusted = (
+        validate is False
+        and sizes is not None
+        and all(e is not None for e in sizes)
+        and len(items) == len(sizes)
+    )
+    outputs: list[torch.Tensor] | None = None
+    if trusted:
+        layouts = []
+        for i, call in enumerate(calls):
+            try:
+                layouts.append(trusted_layout(call, info))
+            except VarGatherError as err:
+                raise _fused.named(err, i) from None
+    elif not info.communicates:
+        for i, call in enumerate(calls):
+            try:
+                plan_layout(call, info)
+            except VarGatherError as err:
+                raise _fused.named(err, i) from None
+        return [t for t in items if isinstance(t, torch.Tensor)]
+    else:
+        found = _fused.exchange(
+            "all_gather_v_coalesced", calls, items, info, eligible=_is_auto(transport)
+        )
+        layouts = list(found.layouts)
+        outputs = found.outputs
+    if not info.communicates:
+        return [t for t in items if isinstance(t, torch.Tensor)]
+    xs = [t for t in items if isinstance(t, torch.Tensor)]
+    name = "auto" if outputs is not None else str(transport)
+    if outputs is None:
+        outputs = _fused.gather_bytes(xs, layouts, info, name)
+    if not any(x.requires_grad for x in xs) or not torch.is_grad_enabled():
+        return outputs
+    plan = CoalescedPlan(
+        tuple(layouts),
+        info,
+        tuple(choose_transport(name, lay, info) for lay in layouts),
+        grad,
+        [outputs],
+    )
+    # Function.apply is untyped in torch's stubs (it forwards *args to forward).
+    result = CoalescedFunction.apply(plan, *xs)  # type: ignore[no-untyped-call]
+    return list(result)
