@@ -122,7 +122,10 @@ ENGINE_ORDER = [
     "verdict",
     "progress",
     "isolated",
+    "races",
     "evaluate",
+    "dtensor_target",
+    "targets",
     "engine",
     "plugin",
 ]
