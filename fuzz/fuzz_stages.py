@@ -3,10 +3,11 @@
 Not part of the pipeline: each target is a Hypothesis ``@given`` test of one stage, so
 it runs three ways:
 
-* ``python fuzz/fuzz_stages.py --minutes N [--target NAME] [--db PATH]``: Hypothesis
+* ``python fuzz/fuzz_stages.py --minutes N [--target NAME] [--db PATH] [--report FILE]``:
+  first every stored finding (``fuzz/findings.py``) is replayed, then Hypothesis
   drives every target (or one) for N minutes in all, with a persistent example
-  database; prints examples run and failures; exits 1 on a failure. Saved failures
-  are replayed first on the next run.
+  database (its saved failures replayed first); prints examples run and failures,
+  also to ``FILE``; exits 1 on a failure.
 * ``python fuzz/fuzz_stages.py --atheris --target NAME [-- atheris options]``: atheris
   (optional, not a dependency) drives ``NAME.hypothesis.fuzz_one_input``;
 * ``pytest fuzz/fuzz_stages.py``: once, as ordinary tests.
@@ -944,7 +945,7 @@ def run_timed(
     names: Sequence[str],
     seconds: float,
     db_path: str,
-    chunk: int = 200,
+    chunk: int = 50,
     first_seed: int | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """Drive each target with Hypothesis for its share of ``seconds``.
@@ -974,6 +975,31 @@ def run_timed(
             if time.monotonic() >= end:
                 break
     return dict(EXAMPLES), failures
+
+
+def replay_findings(names: Sequence[str]) -> tuple[int, list[str]]:
+    """Every stored finding of the targets ``names`` (``fuzz/findings.py``), run once:
+    (how many ran, failure reports)."""
+    from findings import STAGES
+
+    ran, failures = 0, []
+    for label, name, args in STAGES:
+        if name not in names:
+            continue
+        ran += 1
+        try:
+            BODIES[name][0](*args)
+        except Exception as err:
+            failures.append(f"{name}: stored finding ({label}): {type(err).__name__}: {err}")
+    return ran, failures
+
+
+def write_report(path: str | None, lines: Sequence[str]) -> None:
+    """The printed summary, also to ``path`` (CI uploads it), when one is given."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def instrument_vargather(atheris: Any) -> int:
@@ -1006,6 +1032,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", choices=sorted(TARGETS), action="append")
     parser.add_argument("--db", default=DEFAULT_DB, help=f"example database (default {DEFAULT_DB})")
     parser.add_argument("--atheris", action="store_true", help="drive one --target with atheris")
+    parser.add_argument("--report", help="also write the summary and failures to this file")
     parser.add_argument(
         "--seed",
         type=int,
@@ -1037,15 +1064,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     started = time.monotonic()
-    counts, failures = run_timed(names, args.minutes * 60, args.db, first_seed=args.seed)
+    replayed, failures = replay_findings(names)
+    counts, found = run_timed(names, args.minutes * 60, args.db, first_seed=args.seed)
+    failures += found
     elapsed = time.monotonic() - started
     drawn = "fresh randomness" if args.seed is None else f"seeds {args.seed}, {args.seed + 1}, ..."
-    print(f"fuzz_stages: {elapsed:.0f} s, database {args.db}, {drawn}")
-    for name in names:
-        print(f"  {name}: {counts.get(name, 0)} examples")
-    print(f"  total: {sum(counts.values())} examples, {len(failures)} failure(s)")
-    for failure in failures:
-        print(f"FAILURE {failure}")
+    lines = [f"fuzz_stages: {elapsed:.0f} s, database {args.db}, {drawn}"]
+    lines.append(f"  stored findings replayed first (fuzz/findings.py): {replayed}")
+    lines += [f"  {name}: {counts.get(name, 0)} examples" for name in names]
+    lines.append(f"  total: {sum(counts.values())} examples, {len(failures)} failure(s)")
+    lines += [f"FAILURE {failure}" for failure in failures]
+    print("\n".join(lines))
+    write_report(args.report, lines)
     return 1 if failures else 0
 
 

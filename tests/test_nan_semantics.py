@@ -15,97 +15,12 @@ must moreover all be the canonical pattern.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
-
 import pytest
 from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
 
-import vargather
-from vargather._transport import unsupported_reason
-from vargather.testing import assert_bitwise_equal, get_pool
-
-from . import _nan_fns as nf
-from ._nan_fns import NanCase
+from ._nan_fns import NanCase, check, nan_cases
 
 pytestmark = pytest.mark.multirank
-
-GLOO_TRANSPORTS = tuple(
-    t for t in vargather.TRANSPORT_NAMES if unsupported_reason(t, "gloo") is None
-)
-
-
-def _atoms(dtype: str) -> st.SearchStrategy[nf.Atom]:
-    mant = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}
-    real = {"complex64": "float32", "complex128": "float64"}.get(dtype, dtype)
-    payload = st.integers(0, (1 << (mant[real] - 1)) - 1)
-    nan = st.tuples(st.booleans(), st.booleans(), payload)
-    return st.one_of(
-        st.integers(-8, 8),
-        st.sampled_from(["-0", "inf", "-inf"]),
-        nan,
-    )
-
-
-def _values(draw: Any, dtype: str, shapes: list[tuple[int, int]]) -> tuple[nf.Atom, ...]:
-    n = sum(nf.atoms_needed(dtype, s) for s in shapes)
-    return tuple(draw(st.lists(_atoms(dtype), min_size=n, max_size=n)))
-
-
-@st.composite
-def nan_cases(draw: Any) -> NanCase:
-    op = draw(st.sampled_from(nf.OPS))
-    dtype = draw(st.sampled_from(nf.DTYPES))
-    grad = draw(st.sampled_from(vargather.CONTRACTS)) if op in nf.REDUCING_BACKWARD else "sum"
-    gathers = op in ("all_gather_v", "all_gather_v_coalesced")
-    w = draw(st.integers(2, 3))
-    width = draw(st.integers(1, 3))
-    dim = draw(st.sampled_from([0, 1, -1]))
-    sizes = tuple(draw(st.lists(st.integers(0, 3), min_size=w, max_size=w)))
-    send: tuple[tuple[int, ...], ...] = ()
-    if op == "all_to_all_v":
-        row = st.lists(st.integers(0, 2), min_size=w, max_size=w).map(tuple)
-        send = tuple(draw(st.lists(row, min_size=w, max_size=w)))
-    case = NanCase(
-        op,
-        w,
-        dtype,
-        sizes,
-        width,
-        dim,
-        send=send,
-        grad=grad,
-        transport=draw(st.sampled_from(GLOO_TRANSPORTS)) if gathers else "auto",
-        strided=draw(st.booleans()),
-        ops=op != "all_gather_v_coalesced" and draw(st.booleans()),
-    )
-    values = tuple(_values(draw, dtype, [s]) for s in case.input_shapes())
-    upstream: tuple[tuple[nf.Atom, ...], ...] = ()
-    if draw(st.booleans()) or case.reducing:
-        upstream = tuple(_values(draw, dtype, case.output_shapes(r)) for r in range(w))
-    return replace(case, values=values, upstream=upstream)
-
-
-def check(case: NanCase) -> None:
-    results = get_pool(case.world_size).run(nf.run_nan_case, case)
-    want = nf.expected(case)
-    canonical = nf.canonical_bits(case.torch_dtype)
-    for r, ((outs, grads), (w_outs, w_grads)) in enumerate(zip(results, want, strict=True)):
-        assert len(outs) == len(w_outs), f"rank {r}: {len(outs)} outputs"
-        for k, (o, e) in enumerate(zip(outs, w_outs, strict=True)):
-            assert_bitwise_equal(o, e, f"rank {r}, output {k}")
-            if case.op == "reduce_scatter_v":
-                assert nf.nan_bit_patterns(o) <= {canonical}, f"rank {r}: a NaN not canonical"
-        for k, (g, e) in enumerate(zip(grads, w_grads, strict=True)):
-            if e is None:
-                assert g is None, f"rank {r}, gradient {k}: expected none"
-                continue
-            assert g is not None, f"rank {r}, gradient {k}: none"
-            assert_bitwise_equal(g, e, f"rank {r}, gradient {k} (grad={case.grad!r})")
-            if case.op in nf.REDUCING_BACKWARD and case.grad != "local":
-                assert nf.nan_bit_patterns(g) <= {canonical}, f"rank {r}: a NaN not canonical"
-
 
 Q, S = True, False  # a NaN's quiet bit
 NEG, POS = True, False  # its sign
