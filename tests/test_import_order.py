@@ -19,7 +19,7 @@ PACKAGE = pathlib.Path(vargather.__file__).parent
 ORDER = [
     "_errors",
     "_dtypes",
-    "_nan",
+    "_reduced",
     "_choices",
     "_collectives",
     "_group",
@@ -32,6 +32,8 @@ ORDER = [
     "_exchange",
     "_buffers",
     "_transport",
+    "_round_state",
+    "_round_buffers",
     "_fused",
     "_autograd",
     "_compiled",

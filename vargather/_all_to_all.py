@@ -48,8 +48,8 @@ from ._family import (
     sizes_words,
     with_problem,
 )
-from ._fused import pack
 from ._layout import Layout
+from ._round_buffers import pack
 
 __all__ = [
     "AllToAllPlan",

@@ -46,9 +46,10 @@ from ._errors import (
 )
 from ._family import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
 from ._layout import Layout
-from ._nan import canonical_nans_
 from ._reduce_scatter import reduce_scatter_blocks
+from ._reduced import mean_
 from ._transport import choose_transport
+from ._wire import carrier_ndim, carrier_words
 
 __all__ = [
     "GatherListFunction",
@@ -195,16 +196,6 @@ def _renamed(err: VarGatherError) -> VarGatherError:
     return type(err)(f"{NAME}: {text.removeprefix('all_gather_v: ')}", ranks=err.ranks)
 
 
-LIST_MAGIC: Final = 0x76676C73  # "vgls": the first word of every rank's carrier
-"""Marks an ``all_gather_list`` carrier: a peer whose run does not start with it made
-another call of the same fused round (``all_gather_v_coalesced`` of one tensor)."""
-
-
-def _meta_words(record_shape: tuple[int, ...], words: Sequence[int]) -> list[int]:
-    """This rank's shape and passed-shapes words: ``[magic, ndim, *shape, passed, hash]``."""
-    return [LIST_MAGIC, len(record_shape), *record_shape, *words]
-
-
 CARRIER_SHAPE: Final = (-1, 1, 1)
 """The carrier's shape: ``(n, 1, 1)``, a shape no other caller of the round is likely to
 send, so a peer calling ``all_gather_v_coalesced`` of one tensor beside this call
@@ -266,7 +257,7 @@ def _read_carriers(run: torch.Tensor, sizes: Sequence[int]) -> list[tuple[list[i
     bad: list[int] = []
     for r, region in enumerate(torch.split(run, list(sizes))):
         first = _words(region, 2)
-        ndim = first[1] if first is not None and first[0] == LIST_MAGIC else -1
+        ndim = carrier_ndim(first)
         words = _words(region, ndim + 4) if 0 <= ndim <= 64 else None
         if words is None:
             bad.append(r)
@@ -344,7 +335,7 @@ def _fused_plan(
     record = checked.record
     carrier: object = x
     if isinstance(x, torch.Tensor) and call.record.problem is None and record.problem is None:
-        carrier = _carrier(x, _meta_words(call.record.shape, call.extras))
+        carrier = _carrier(x, carrier_words(call.record.shape, call.extras))
         own = check_call(
             carrier, 0, sizes=None, grad=grad, transport="auto", info=info, validate=validate
         )
@@ -409,7 +400,7 @@ def list_gradient(grads: Sequence[torch.Tensor], plan: GatherListPlan) -> torch.
     flat = torch.cat([g.reshape(-1) for g in grads])
     out = reduce_scatter_blocks(flat, layout, info).view(plan.shapes[r])
     if plan.contract == "mean":
-        canonical_nans_(out.div_(info.world_size))  # a complex division may make NaNs
+        mean_(out, info.world_size)
     return out
 
 

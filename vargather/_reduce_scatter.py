@@ -11,7 +11,7 @@ The math, once. Every rank ``j`` holds ``x_j`` with ``total = Σ_r n_r`` along `
     y_r = x_0[o_r : o_r + n_r] + x_1[o_r : o_r + n_r] + ... + x_{W-1}[o_r : o_r + n_r]
 
 summed **in rank order**, left to right, in the input dtype (integers wrap, bool is
-logical or), every NaN of the sum then the dtype's canonical quiet NaN (``_nan``: the
+logical or), every NaN of the sum then the dtype's canonical quiet NaN (``_reduced``: the
 bits torch and the hardware give a NaN depend on the operands' memory layout), so the
 result is a function of the inputs alone, bit for bit, whatever the backend: rank ``j`` sends block ``r`` of ``x_j`` to rank ``r`` in one alltoallv
 (any dtype moves, int16 as bytes) and rank ``r`` adds the ``W`` blocks it received.
@@ -49,9 +49,9 @@ from ._family import (
     sizes_words,
     with_problem,
 )
-from ._fused import pack
 from ._layout import Layout
-from ._nan import canonical_nans_
+from ._reduced import add_, canonical_nans_
+from ._round_buffers import pack
 from ._transport import choose_transport
 
 __all__ = [
@@ -216,11 +216,12 @@ def fold_slots(slots: Sequence[torch.Tensor], layout: Layout) -> torch.Tensor:
 
 
 def fold_blocks(blocks: torch.Tensor) -> torch.Tensor:
-    """``blocks[0] + blocks[1] + ... `` along dim 0, left to right, in a fresh tensor,
-    its NaNs canonical (``_nan``) when there was a sum (two blocks or more)."""
+    """``blocks[0] + blocks[1] + ... `` along dim 0, left to right, in a fresh tensor
+    (complex per component), its NaNs canonical (``_reduced``) when there was a sum
+    (two blocks or more)."""
     out = blocks[0].clone()
     for j in range(1, blocks.shape[0]):
-        out.add_(blocks[j])
+        add_(out, blocks[j])
     return canonical_nans_(out) if blocks.shape[0] > 1 else out
 
 

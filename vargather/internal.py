@@ -22,8 +22,9 @@ from typing import Final, Literal, TypeAlias
 from ._choices import TRANSPORT_NAMES, unsupported_reason
 from ._collectives import COLLECTIVES, CollectiveName
 from ._comm import collectives_issued, swap_issued_counter
-from ._family import FAMILY_FUSED_MAX, FAMILY_STRETCH_MAX
-from ._fused import (
+from ._round_state import (
+    FAMILY_FUSED_MAX,
+    FAMILY_STRETCH_MAX,
     FUSED_MAX_BYTES,
     SHRINK_AFTER,
     SMALL_BYTES,

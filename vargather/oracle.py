@@ -11,14 +11,15 @@ For ranks ``r = 0..W-1`` with shards ``x_r`` and upstream gradients ``g_r``
 * output: ``torch.cat(x, dim)``, the same on every rank;
 * ``sum``: the gradient of ``Σ_j <g_j, cat(x)>`` with respect to each ``x_r``;
 * ``local``: for each r, the gradient of ``<g_r, cat(x)>`` with respect to ``x_r``;
-* ``mean``: the gradient of ``(1/W) Σ_j <g_j, cat(x)>``.
+* ``mean``: the gradient of ``(1/W) Σ_j <g_j, cat(x)>``, the ``sum`` one divided by
+  ``W`` component by component.
 
 (``<g, y>`` is the vector-Jacobian product autograd computes for ``grad_outputs=g``,
 so complex dtypes follow torch's convention without a hand-made real loss.)
 
 NaNs: what a reduction gives (``sum`` and ``mean`` above and ``reduce_scatter_v``
 below, in a group of two ranks or more) has every NaN set to its dtype's canonical
-quiet NaN by the helper the collectives use (``vargather._nan.canonical_nans_``), so
+quiet NaN by the helpers the collectives use (``vargather._reduced``), so
 the oracle's bits are those semantics' and not torch's kernel path's. What only moves
 data (the outputs, ``local``, the backwards of ``reduce_scatter_v`` and
 ``all_to_all_v``) keeps every bit, NaN payloads and ``-0.0`` included.
@@ -33,7 +34,7 @@ from typing import NamedTuple
 import torch
 
 from ._choices import CONTRACTS
-from ._nan import canonical_nans_
+from ._reduced import add_, canonical_nans_, mean_
 
 __all__ = [
     "OracleResult",
@@ -108,15 +109,20 @@ def expected_input_grads(
         raise ValueError(f"oracle: {world} shards but {len(upstream)} upstream gradients")
     xs = _leaves(shards)
     if contract in ("sum", "mean"):
-        scale = 1.0 if contract == "sum" else 1.0 / world
-        # Every rank j computes its own out_j = cat(x) and its own loss L_j.
-        outs = [torch.cat(xs, dim=dim) for _ in range(world)]
         if world == 1:  # nothing is summed: the gather of one rank is the identity
             return [upstream[0].detach().clone()]
+        # Every rank j computes its own out_j = cat(x) and its own loss L_j: autograd
+        # gives each L_j's gradient (cat's backward moves data), summed in rank order
+        # (autograd's own accumulation would add in its order with torch's complex add,
+        # ``_reduced.add_``); mean's 1/W divides that sum component by component.
+        per_loss = [
+            torch.autograd.grad(torch.cat(xs, dim=dim), xs, grad_outputs=g.detach())
+            for g in upstream
+        ]
+        sums = [_fold([per_loss[j][r] for j in range(world)]) for r in range(world)]
         if contract == "mean":
-            outs = [out * scale for out in outs]
-        grads = torch.autograd.grad(outs, xs, grad_outputs=[g.detach() for g in upstream])
-        return [canonical_nans_(g) for g in grads]
+            return [mean_(s, world) for s in sums]
+        return sums
     if contract == "local":
         result: list[torch.Tensor] = []
         for r in range(world):
@@ -169,11 +175,12 @@ def expected(
 
 
 def _fold(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``blocks[0] + blocks[1] + ...`` left to right, NaNs canonical when there was a
-    sum (two blocks or more; one block is returned as it is)."""
+    """``blocks[0] + blocks[1] + ...`` left to right (complex per component), NaNs
+    canonical when there was a sum (two blocks or more; one block is returned as it
+    is)."""
     out = blocks[0].detach().clone()
     for b in blocks[1:]:
-        out.add_(b.detach())
+        add_(out, b.detach())
     return canonical_nans_(out) if len(blocks) > 1 else out
 
 
@@ -327,7 +334,7 @@ def expected_gather_list_grads(
     if contract in ("sum", "mean"):
         sums = [_fold([upstream[j][r] for j in range(w)]) for r in range(w)]
         if contract == "mean" and w > 1:
-            return [canonical_nans_(s.div_(w)) for s in sums]
+            return [mean_(s, w) for s in sums]
         return sums
     raise ValueError(
         f"oracle: contract must be one of {', '.join(map(repr, CONTRACTS))}, got {contract!r}"

@@ -1,15 +1,17 @@
-"""``vargather._nan``: the canonical NaN of a reduction's result, per dtype, in one
-process (the collectives that use it are tested on gloo worlds in
+"""``vargather._reduced``: the canonical NaN of a reduction's result, per dtype, and the
+mean per component, in one process (the collectives that use it are tested on gloo worlds in
 tests/test_nan_semantics.py)."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from vargather import oracle
-from vargather._nan import canonical_nans_
 from vargather._reduce_scatter import fold_blocks
+from vargather._reduced import add_, canonical_nans_, mean_
 from vargather.testing import assert_bitwise_equal
 
 CANONICAL = {
@@ -102,3 +104,32 @@ def test_fold_and_oracle_agree_on_every_layout(dtype: torch.dtype) -> None:
     assert bool(want[1].isnan().any())
     bits = want[1][want[1].isnan()].view(INT_OF[dtype])
     assert set((bits & ((1 << torch.finfo(dtype).bits) - 1)).tolist()) == {CANONICAL[dtype]}
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_mean_divides_each_component_alone(dtype: torch.dtype) -> None:
+    """A complex division by ``3 + 0i`` would make ``inf + 1j`` a ``inf + nanj`` and
+    round ``1 * (1/3)``; the mean is ``inf/3 + (1/3)j``."""
+    t = torch.tensor(
+        [complex(math.inf, 1.0), complex(1.0, math.nan), complex(5.0, -0.0)], dtype=dtype
+    )
+    real = torch.view_as_real(t).clone()
+    mean_(t, 3)
+    assert_bitwise_equal(
+        torch.view_as_real(t), (real / 3).nan_to_num(nan=math.nan, posinf=math.inf)
+    )
+
+
+def test_mean_of_reals_is_the_division() -> None:
+    t = torch.tensor([1.0, -0.0, math.inf, 7.0], dtype=torch.float32)
+    want = t / 3
+    assert_bitwise_equal(mean_(t, 3), want)
+
+
+def test_complex_add_is_per_component() -> None:
+    """torch's ``a + b`` is ``a + (1+0i) * b``: ``0 + inf i`` would be ``nan + inf i``."""
+    a = torch.tensor([0j, complex(1, 2), complex(-0.0, -0.0)], dtype=torch.complex64)
+    b = torch.tensor([complex(0, math.inf), complex(math.inf, 0), complex(-0.0, 0.0)])
+    want = torch.view_as_real(a) + torch.view_as_real(b.to(torch.complex64))
+    assert_bitwise_equal(torch.view_as_real(add_(a, b.to(torch.complex64))), want)
+    assert not bool(a.isnan().any())

@@ -1,5 +1,9 @@
-"""Rank-side functions and the misuse catalogue for tests/test_misuse.py,
-tests/test_faults.py and fuzz/fuzz_multirank.py.
+"""The kit's misuse catalogue: every collective's wrong calls and the error each must raise.
+
+Where it sits: in the testing kit, beside ``family`` (whose ``MisuseCase`` rows the
+family's ``misuse`` row draws) and beneath ``catalogues.all_gather_v`` (whose ``misuse``
+row draws ``CATALOGUE``); ``tests/test_misuse.py``, ``tests/test_faults.py`` and
+``fuzz/fuzz_multirank.py`` import it as ``vargather.testing.misuse``.
 
 A ``Call`` says what one rank passes to ``vargather.all_gather_v``; a ``Scenario`` is one
 ``Call`` per rank. Everything is a small frozen dataclass, so it pickles to the ranks
@@ -19,18 +23,16 @@ module level here.
 from __future__ import annotations
 
 import math
-import os
-import signal
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import torch
-import torch.distributed as dist
 
 import vargather
 from vargather import oracle
+
+from .judge import Failure
 
 # --- descriptions of arguments --------------------------------------------------------
 
@@ -117,7 +119,7 @@ class GatherOutput:
     layout_sizes: tuple[int, ...]
 
 
-def _build_x(spec: object, rank: int) -> object:
+def build_x(spec: object, rank: int) -> object:
     return spec.build(rank) if isinstance(spec, TensorSpec) else spec
 
 
@@ -141,22 +143,24 @@ def run_call(ctx: Any, scenario: Scenario) -> GatherOutput:
     group: Any = None
     if call.group is not None:
         group = ctx.subgroup(list(call.group))
-    x = _build_x(call.x, ctx.rank)
+    x = build_x(call.x, ctx.rank)
+    wrong: Any = call  # deliberately anything: misuse is the point
     result = vargather.all_gather_v_with_layout(
-        x,  # type: ignore[arg-type]  # deliberately anything: misuse is the point
-        call.dim,  # type: ignore[arg-type]
-        sizes=_build_sizes(call.sizes),  # type: ignore[arg-type]
+        x,  # type: ignore[arg-type]  # any object: misuse is the point
+        wrong.dim,
+        sizes=_build_sizes(wrong.sizes),  # type: ignore[arg-type]  # any object, as above
         group=group,
-        grad=call.grad,  # type: ignore[arg-type]
-        transport=call.transport,  # type: ignore[arg-type]
-        validate=call.validate,  # type: ignore[arg-type]
-        timeout=call.timeout,  # type: ignore[arg-type]
+        grad=wrong.grad,
+        transport=wrong.transport,
+        validate=wrong.validate,
+        timeout=wrong.timeout,
     )
     grad = None
     if call.backward:
         assert isinstance(x, torch.Tensor)
         out = result.tensor
-        out.backward(upstream_for(out.shape, str(out.dtype).removeprefix("torch."), ctx.rank))
+        up = upstream_for(out.shape, str(out.dtype).removeprefix("torch."), ctx.rank)
+        torch.autograd.backward([out], [up])
         grad = x.grad
     return GatherOutput(result.tensor.detach(), grad, result.layout.sizes)
 
@@ -176,7 +180,7 @@ def expected_of(scenario: Scenario) -> tuple[torch.Tensor, list[torch.Tensor | N
     """The oracle's output and per-rank input gradients for a valid scenario."""
     shards = []
     for r, call in enumerate(scenario.calls):
-        x = _build_x(call.x, r)
+        x = build_x(call.x, r)
         assert isinstance(x, torch.Tensor)
         shards.append(x.detach())
     dim = scenario.calls[0].dim
@@ -190,106 +194,6 @@ def expected_of(scenario: Scenario) -> tuple[torch.Tensor, list[torch.Tensor | N
     ups = [upstream_for(out.shape, spec.dtype, r) for r in range(len(shards))]
     grads = oracle.expected_input_grads(shards, ups, dim, str(first.grad))
     return out, list(grads)
-
-
-def skip_call_on(ctx: Any, job: tuple[int, Scenario]) -> GatherOutput | None:
-    """Every rank but ``job[0]`` makes its call; ``job[0]`` never arrives."""
-    absent, scenario = job
-    if ctx.rank == absent:
-        return None
-    return run_call(ctx, scenario)
-
-
-def skip_a_wide_call_on(ctx: Any, job: tuple[int, float | None]) -> object:
-    """Every rank gathers 256 KiB twice (the group goes wide: its next round is the
-    wide round's direct sends), then every rank but ``job[0]`` calls again under the
-    call timeout ``job[1]``; ``job[0]`` never arrives. Returns the wide slots seen
-    before that call (on the rank that skips it)."""
-    absent, timeout = job
-    x = torch.full((64 * 1024 + 16 * ctx.rank,), float(ctx.rank))
-    for _ in range(2):
-        vargather.all_gather_v(x)
-    from vargather import _fused
-
-    wide = _fused.state_of(None).wide
-    if ctx.rank == absent:
-        return wide
-    return vargather.all_gather_v(x, timeout=timeout)
-
-
-def layout_only_on(ctx: Any, job: tuple[int, Scenario]) -> object:
-    """Rank ``job[0]`` runs only the metadata exchange (``gather_layout``) and leaves:
-    its peers wait for it in the payload collective."""
-    absent, scenario = job
-    if ctx.rank != absent:
-        return run_call(ctx, scenario)
-    call = scenario.calls[ctx.rank]
-    x = _build_x(call.x, ctx.rank)
-    assert isinstance(x, torch.Tensor)
-    return vargather.gather_layout(x, call.dim).sizes  # type: ignore[arg-type]  # an int in these scenarios
-
-
-def kill_between_exchange_and_payload(ctx: Any, job: tuple[int, Scenario]) -> object:
-    """Rank ``job[0]`` is SIGKILLed inside its call, after the metadata exchange and
-    before the payload collective (its peers are already waiting there)."""
-    victim, scenario = job
-    if ctx.rank == victim:
-        import vargather._api as api
-
-        def die(*args: object, **kwargs: object) -> object:
-            os.kill(os.getpid(), signal.SIGKILL)
-            time.sleep(60)  # not reached
-            raise AssertionError("unreachable")
-
-        api.choose_transport = die  # type: ignore[assignment]  # the fault injected
-    # Keep the payload out of the fused round on every rank, so that there is a
-    # payload collective to be killed before (with it, a small gather is one collective).
-    import vargather._fused as fused
-
-    fused.FUSED_MAX_BYTES = 0  # type: ignore[misc]  # this world is killed and rebuilt after
-    return run_call(ctx, scenario)
-
-
-def backward_on_one_rank(ctx: Any, job: tuple[int, Scenario]) -> object:
-    """Every rank gathers (grad="sum"); only rank ``job[0]`` calls backward, whose
-    reduce-scatter the others never join."""
-    lone, scenario = job
-    call = scenario.calls[ctx.rank]
-    x = _build_x(call.x, ctx.rank)
-    assert isinstance(x, torch.Tensor)
-    out = vargather.all_gather_v(x, call.dim, grad="sum", timeout=call.timeout)  # type: ignore[arg-type]
-    if ctx.rank == lone:
-        out.backward(upstream_for(out.shape, "float64", ctx.rank))
-    return tuple(out.shape)
-
-
-def group_timeout_seconds(ctx: Any, payload: object) -> float | None:
-    """The world group's current timeout, as vargather reads it."""
-    from vargather._comm import group_timeout, resolve_group
-
-    t = group_timeout(resolve_group(None))
-    return None if t is None else t.total_seconds()
-
-
-def run_with_group_object(ctx: Any, group: object) -> object:
-    """Pass ``group`` (not a process group) as the group, on every rank."""
-    return vargather.all_gather_v(torch.zeros(2), group=group)  # type: ignore[arg-type]  # the misuse
-
-
-def metadata_device(ctx: Any, payload: object) -> str:
-    """The device the metadata exchange uses in this world."""
-    from vargather._comm import resolve_group
-
-    return resolve_group(None).default_device().type
-
-
-def destroyed_subgroup(ctx: Any, x_shape: tuple[int, ...]) -> object:
-    """Create a subgroup of every rank, destroy it, then pass it to all_gather_v."""
-    group = dist.new_group(list(range(ctx.world_size)))
-    dist.barrier(group=group)  # every rank is connected before any rank tears it down
-    dist.destroy_process_group(group)
-    dist.barrier()  # and every rank has torn it down before any uses it
-    return vargather.all_gather_v(torch.zeros(x_shape), group=group)
 
 
 # --- the catalogue -------------------------------------------------------------------
@@ -738,7 +642,7 @@ class FamilyScenario:
 
 def call_family(collective: str, call: FamilyArgs, rank: int) -> Any:
     """Rank ``rank`` makes ``call`` of ``collective``; raises what vargather raises."""
-    x: Any = _build_x(call.x, rank)
+    x: Any = build_x(call.x, rank)
     sizes: Any = _build_sizes(call.sizes)
     dim: Any = call.dim
     validate: Any = call.validate
@@ -778,7 +682,7 @@ def family_expected(scenario: FamilyScenario) -> list[Any]:
     from their descriptions, ``dim`` as rank 0 passed it)."""
     xs = []
     for r, call in enumerate(scenario.calls):
-        x = _build_x(call.x, r)
+        x = build_x(call.x, r)
         assert isinstance(x, torch.Tensor)
         xs.append(x.detach())
     first = scenario.calls[0]
@@ -1440,3 +1344,97 @@ __all__ = [
     "run_call",
     "valid_scenario",
 ]
+
+
+# --- the gate's misuse row for all_gather_v ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class GatherMisuseCase:
+    """Entry ``name`` of ``CATALOGUE`` on ``world_size`` ranks, ``offender`` wrong."""
+
+    name: str
+    world_size: int
+    offender: int = 0
+    emulate: str | None = None
+    collective: str = "all_gather_v"
+
+
+RaisedError = tuple[str, str, tuple[int, ...]]
+"""What a rank raised: class name, message, the ranks the error blames."""
+
+
+def run_gather_misuse(ctx: Any, case: GatherMisuseCase) -> tuple[RaisedError | None, bool]:
+    """Rank side: the misused call, then one valid gather on the same world. Returns
+    the error raised (``None``: none) and whether the valid gather came out right."""
+    from .emulate import activate
+
+    activate(case.emulate)
+    entry = misuse_by_name(case.name)
+    error: RaisedError | None = None
+    try:
+        run_call(ctx, entry.build(case.world_size, case.offender))
+    except Exception as err:
+        error = (type(err).__name__, str(err), tuple(getattr(err, "ranks", ())))
+    scenario = valid_scenario(case.world_size)
+    try:
+        got = run_call(ctx, scenario)
+    except Exception:
+        return error, False
+    want, grads = expected_of(scenario)
+    right = got.output.shape == want.shape and bool(torch.equal(got.output, want))
+    own = grads[ctx.rank]
+    if own is not None:
+        right = right and got.grad is not None and bool(torch.equal(got.grad, own))
+    return error, right
+
+
+def judge_gather_misuse(
+    case: GatherMisuseCase, reports: Sequence[tuple[RaisedError | None, bool]]
+) -> list[Failure]:
+    """Every rank the entry's error class with one message holding its fragments and
+    blaming its ranks; the next gather right on every rank."""
+    entry = misuse_by_name(case.name)
+    w, o = case.world_size, case.offender
+    expected = entry.error.__name__
+
+    def failed(ranks: Sequence[int], message: str) -> Failure:
+        return Failure(
+            "misuse",
+            "mismatch",
+            f"{case.name}: {message}",
+            tuple(ranks),
+            w,
+            call="all_gather_v",
+            property="all_gather_v",
+        )
+
+    errors = [e for e, _ in reports]
+    quiet = [r for r, e in enumerate(errors) if e is None]
+    if quiet:
+        return [failed(quiet, f"expected {expected} on every rank, got no error")]
+    raised = [e for e in errors if e is not None]
+    failures: list[Failure] = []
+    kinds = sorted({e[0] for e in raised})
+    if kinds != [expected]:
+        failures.append(failed(range(w), f"expected {expected} on every rank, got {kinds}"))
+    messages = sorted({e[1] for e in raised})
+    if len(messages) != 1:
+        failures.append(failed(range(w), f"expected one message on every rank, got {messages}"))
+    missing = [f for f in entry.fragments(w, o) if f not in messages[0]]
+    if missing:
+        failures.append(failed(range(w), f"expected {missing} in the message {messages[0]!r}"))
+    blamed = entry.blamed_ranks(w, o)
+    if any(e[2] != blamed for e in raised):
+        failures.append(
+            failed(range(w), f"expected the error to blame {list(blamed)}, got {raised[0][2]}")
+        )
+    broken = [r for r, (_, right) in enumerate(reports) if not right]
+    if broken:
+        failures.append(failed(broken, "expected the group usable after: the next gather failed"))
+    return failures
+
+
+def check_gather_misuse(pool: Any, case: GatherMisuseCase) -> list[Failure]:
+    """The misuse property on ``pool`` (``case.world_size`` ranks)."""
+    return judge_gather_misuse(case, pool.run(run_gather_misuse, case))
