@@ -59,6 +59,7 @@ autodoc_inherit_docstrings = True
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
+napoleon_use_ivar = True
 # Every public function states its shapes and its gradient in sections of these names.
 napoleon_custom_sections = ["Shapes", "Gradient"]
 

@@ -7,8 +7,9 @@ fails here, and so does an entry for a name that is not public (a rename left be
 The site's build (``python -m sphinx -W -n ...``, the ``docs`` CI step) checks the same
 through ``docs/conf.py``'s hook, and that each entry has a docstring.
 
-The site's other promises checked here: every page is in the table of contents, and
-``docs/`` stays small (at most 30 files, none over 1 MB).
+The site's other promises checked here: every page is in the table of contents,
+``docs/`` stays small (at most 30 files, none over 1 MB), and the README, the changelog
+and the performance page stay within their line limits.
 """
 
 from __future__ import annotations
@@ -119,3 +120,15 @@ def test_docs_stays_small() -> None:
         f"{p.relative_to(ROOT)} ({p.stat().st_size} B)" for p in files if p.stat().st_size > 2**20
     ]
     assert not big, f"files over 1 MB in docs/: {big}"
+
+
+def test_the_read_in_ten_minutes_docs_stay_short() -> None:
+    """The README, the changelog and the performance page keep the lengths issue 33
+    set them (a user reads them in minutes; history lives in git)."""
+    limits = {"README.md": 250, "CHANGELOG.md": 150, "docs/performance.md": 300}
+    over = {
+        name: n
+        for name, limit in limits.items()
+        if (n := len((ROOT / name).read_text(encoding="utf-8").splitlines())) > limit
+    }
+    assert not over, f"over their line limits {limits}: {over}"
