@@ -471,7 +471,7 @@ def rank_main() -> None:
         if rank == 0:
             for record in records:
                 assert record is not None  # rank 0 returns every cell
-                record["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
+                record["mpi_library"] = " ".join(MPI.Get_library_version().split()[:3])
                 record["launch_elapsed_s"] = time.time() - started
             partial = where / "results.json.partial"
             partial.write_text(json.dumps(records))
