@@ -8,11 +8,11 @@ Not part of the pipeline: it drives the whole of it, on the persistent rank pool
 Each example is one of
 
 * a **valid** ragged gather drawn by the property suite's strategy
-  (``vargather.strategies.gather_cases``: every gloo dtype over its full value range,
+  (``vargather.testing.strategies.gather_cases``: every gloo dtype over its full value range,
   any ``dim``, sizes including 0, non-contiguous shards, sizes passed or not, every
   contract and transport, gradients with per-rank upstream), run and judged by
   ``vargather._cases`` (forward bit for bit, gradients against the oracle);
-* a **mutated** call: a valid base call (``tests/_misuse_fns``) with one or two
+* a **mutated** call: a valid base call (``vargather.testing.misuse``) with one or two
   mutations on one or more ranks (dtype, ndim, another dimension, ``dim``, ``sizes``,
   the input itself, ``grad``, ``transport``, ``requires_grad``, ``validate``,
   ``timeout``), drawn with their parameters. Judged by what vargather promises: either
@@ -60,21 +60,14 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TESTS = os.path.join(os.path.dirname(HERE), "tests")
-if TESTS not in sys.path:  # the ranks inherit sys.path, and import _misuse_fns from there
-    sys.path.insert(0, TESTS)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as seeded
+from hypothesis import strategies as st
+from hypothesis.database import DirectoryBasedExampleDatabase
 
-import _misuse_fns as fns  # noqa: E402  # needs the sys.path entry above
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import seed as seeded  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from hypothesis.database import DirectoryBasedExampleDatabase  # noqa: E402
-
-import vargather  # noqa: E402
-from vargather import strategies as vst  # noqa: E402
-from vargather._transport import unsupported_reason  # noqa: E402
-from vargather.testing import (  # noqa: E402
+import vargather
+from vargather._transport import unsupported_reason
+from vargather.testing import (
     COLLECTIVE_TIMEOUT_ENV,
     GatherCase,
     PoolFailure,
@@ -86,7 +79,9 @@ from vargather.testing import (  # noqa: E402
     get_pool,
     run_cases,
 )
-from vargather.testing.cases import DTYPE_NAMES  # noqa: E402
+from vargather.testing import misuse as fns
+from vargather.testing import strategies as vst
+from vargather.testing.cases import DTYPE_NAMES
 
 DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
 COUNTS: Counter[str] = Counter()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CI steps, defined once. .ci/run, tox.ini and the GitHub workflows call this
 # script by step name; each caller sets up its own environment (a venv with
-# `pip install -c constraints.txt -e ".[dev]"`, a tox env, a CI job's matrix install),
+# `pip install -c constraints.txt -e ".[dev,docs]"`, a tox env, a CI job's matrix install),
 # then runs the steps in it. tests/test_repo.py checks that every caller goes through
 # here and that the tests step is the README's test command.
 #
@@ -14,6 +14,8 @@
 #   actionlint  actionlint on .github/workflows/
 #   mypy        mypy --strict on the package
 #   tests       the README's test command
+#   docs        the documentation site, every warning an error (needs the docs extra:
+#               `pip install -c constraints.txt -e ".[docs]"`); into docs/_build/html
 #   slow        the tests marked slow, which the README's command leaves out (the
 #               fork zoo at default settings, every mutant through the CLI, more
 #               seeds and contracts of the gate): scheduled, not on every push
@@ -24,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STEPS="lint actionlint mypy tests slow fuzz-smoke fuzz"
+STEPS="lint actionlint mypy tests docs slow fuzz-smoke fuzz"
 start=$SECONDS
 banner() { printf '\n=== %s (%ds) ===\n' "$1" $((SECONDS - start)); }
 
@@ -45,6 +47,9 @@ run_step() {
         ;;
     tests)
         python -m pytest -n 2 "$@"
+        ;;
+    docs)
+        python -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
         ;;
     slow)
         python -m pytest -n 2 -m slow

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 import vargather
-from vargather import _comm, _fused, _wire
+from vargather import internal
 
 COPY_BYTES = 64 * 1024
 HEAD_BYTES = 4096
@@ -71,7 +71,8 @@ class Tally:
 
 
 class _PerThread(list):  # type: ignore[type-arg]  # stands in for _comm's one-int list
-    """``_comm._ISSUED``, one counter per thread (``_ISSUED[0] += 1`` reads and writes it)."""
+    """The library's collective counter (``internal.swap_issued_counter``), one per thread
+    (the library's ``counter[0] += 1`` reads and writes it)."""
 
     def __init__(self) -> None:
         super().__init__([0])
@@ -286,7 +287,7 @@ class Exchange:
         return work
 
     def batch_isend_irecv(self, ops: Sequence[Any]) -> list[Any]:
-        """Point-to-point sends and receives (``_comm.exchange_with_each``): each an
+        """Point-to-point sends and receives (``exchange_with_each``): each an
         operation of its own, matched per (sender, receiver) pair in order; a send
         travels whole or as its last ``HEAD_BYTES`` (where the wide round's region
         carries its headers), as a broadcast does. ``sent`` counts a block once however
@@ -408,8 +409,7 @@ def install(ex: Exchange) -> Callable[[], None]:
     put("reduce_scatter_single", ex.reduce_scatter_single)
     put("reduce_scatter_tensor", ex.reduce_scatter_single)
     put("barrier", ex.barrier)
-    issued = _comm._ISSUED
-    _comm._ISSUED = _PerThread()  # type: ignore[misc]  # per thread: each plays one rank
+    issued = internal.swap_issued_counter(_PerThread())  # per thread: each plays one rank
 
     def remove() -> None:
         for name, value in saved.items():
@@ -417,7 +417,7 @@ def install(ex: Exchange) -> Callable[[], None]:
                 delattr(dist, name)
             else:
                 setattr(dist, name, value)
-        _comm._ISSUED = issued  # type: ignore[misc]  # put back
+        internal.swap_issued_counter(issued)  # put back
 
     return remove
 
@@ -496,13 +496,13 @@ def simulate(world: int, profile: str, per_rank_bytes: int, calls: int = 3) -> l
             x[: min(rows[rank], 2)] = float(rank)  # a few real values; the rest untouched
             for c in range(calls):
                 ex.bind(rank)
-                before = _comm.collectives_issued()
+                before = internal.collectives_issued()
                 vargather.all_gather_v(x, group=group)
                 tally = ex.tally
-                tally.collectives = _comm.collectives_issued() - before
+                tally.collectives = internal.collectives_issued() - before
                 out[c][rank] = tally
                 if rank == 0:
-                    states[c] = _fused.state_of(group)
+                    states[c] = internal.state_of(group)
         except BaseException as err:  # reported by the caller
             errors.append(err)
             ex.failed = True
@@ -525,10 +525,10 @@ def simulate(world: int, profile: str, per_rank_bytes: int, calls: int = 3) -> l
     for c in range(calls):
         state = states[c]
         slots = state.slots if state is not None else 1
-        header = world * slots * _wire.HEADER_BYTES
+        header = world * slots * internal.HEADER_BYTES
         tallies = out[c]
         padding = [
-            max(0, t.received - (output - rows[r] * row) - (header - slots * _wire.HEADER_BYTES))
+            max(0, t.received - (output - rows[r] * row) - (header - slots * internal.HEADER_BYTES))
             for r, t in enumerate(tallies)
         ]
         ratio = max(

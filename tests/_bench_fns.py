@@ -109,14 +109,14 @@ def own_states_kept_apart(ctx: Any, rows: int) -> dict[str, Any]:
     interleaved: a fixed size past the gather round, and one rank's size growing every
     call (its slots grow and carry slack). Returns the fixed pattern's slots and needs,
     and whether the group's own state is what it was before."""
-    from vargather import _fused
+    from vargather import _round_state
     from vargather._cli.bench._variants import own_state
 
     w = ctx.world_size
-    before = _fused.state_of(None)
+    before = _round_state.state_of(None)
     x = torch.ones(rows + ctx.rank, 1)
     want = torch.cat([torch.ones(rows + r, 1) for r in range(w)])
-    fixed = own_state(lambda _: (vargather.all_gather_v(x), _fused.state_of(None)))
+    fixed = own_state(lambda _: (vargather.all_gather_v(x), _round_state.state_of(None)))
     grows = own_state(lambda i: vargather.all_gather_v(torch.ones(rows + ctx.rank + 64 * i, 1)))
     slots: list[int] = []
     for i in range(6):
@@ -127,5 +127,5 @@ def own_states_kept_apart(ctx: Any, rows: int) -> dict[str, Any]:
     return {
         "needs": [4 * (rows + r) for r in range(w)],
         "fixed_wide": slots,
-        "untouched": _fused.state_of(None) == before,
+        "untouched": _round_state.state_of(None) == before,
     }

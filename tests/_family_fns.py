@@ -48,9 +48,9 @@ def mesh_calls(ctx: RankContext, _: None) -> tuple[torch.Tensor, torch.Tensor, l
 def timeouts_and_counts(ctx: RankContext, _: None) -> tuple[int, int, int, int, int]:
     """Collectives per call: validated (exchange + payload on a fresh state, then the
     payload riding in the exchange) and trusted (payload)."""
-    from vargather import _family
+    from vargather import _round_state
 
-    _family.reset_family_state()
+    _round_state.reset_state(None, "reduce_scatter_v")
     x = torch.ones(3, 2)
     c0 = collectives_issued()
     vargather.reduce_scatter_v(x, [1, 2], timeout=5.0)
@@ -252,9 +252,9 @@ def fused_input(case: FusedCase, rank: int, world: int) -> torch.Tensor:
 def fused_calls(ctx: RankContext, cases: tuple[FusedCase, ...]) -> list[Any]:
     """Each case called on a fresh family state: the collectives each call issued on
     this rank, the group's state after it (one for every kind), and its result."""
-    from vargather import _family
+    from vargather import _round_state
 
-    _family.reset_family_state()
+    _round_state.reset_state(None, "reduce_scatter_v")
     out: list[Any] = []
     for case in cases:
         kind, _, _, dim, _, sizes = case
@@ -266,18 +266,18 @@ def fused_calls(ctx: RankContext, cases: tuple[FusedCase, ...]) -> list[Any]:
         else:
             y = vargather.reduce_scatter_v(x, list(sizes[0]), d)
         issued = collectives_issued() - before
-        out.append((issued, _family.family_state_of(None), y))
+        out.append((issued, _round_state.state_of(None, "reduce_scatter_v"), y))
     return out
 
 
 def fused_subgroup(ctx: RankContext, _: None) -> Any:
     """A subgroup of ranks 0 and 2 keeps its own state: its second call is one round."""
-    from vargather import _family
+    from vargather import _round_state
 
     sub = dist.new_group([0, 2])
     if ctx.rank == 1:
         return None
-    _family.reset_family_state(sub)
+    _round_state.reset_state(sub, "reduce_scatter_v")
     me = 0 if ctx.rank == 0 else 1
     x = torch.arange(6.0).view(3, 2) + 10 * ctx.rank
     counts, results = [], []
@@ -287,14 +287,14 @@ def fused_subgroup(ctx: RankContext, _: None) -> Any:
         r = vargather.reduce_scatter_v(x, [2, 1], group=sub)
         counts.append(collectives_issued() - before)
         results.append((a, r))
-    return counts, results, _family.family_state_of(sub)
+    return counts, results, _round_state.state_of(sub, "reduce_scatter_v")
 
 
 def fused_autograd(ctx: RankContext, _: None) -> Any:
     """Gradients through the one-round forward: the backward paths are unchanged."""
-    from vargather import _family
+    from vargather import _round_state
 
-    _family.reset_family_state()
+    _round_state.reset_state(None, "reduce_scatter_v")
     send = [1, 2, 0] if ctx.rank == 0 else [2, 0, 1]
     grads = []
     for _ in range(2):

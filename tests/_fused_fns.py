@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import vargather
-from vargather import _comm, _fused
+from vargather import _comm, _round_buffers, _round_state
 from vargather.testing import RankContext
 
 
@@ -68,15 +68,15 @@ def grad_shard(shape: tuple[int, ...], dtype: str, seed: int) -> torch.Tensor:
 
 def _state(group: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (
-        dataclasses.astuple(_fused.state_of(group, "single")),
-        dataclasses.astuple(_fused.state_of(group, "coalesced")),
+        dataclasses.astuple(_round_state.state_of(group, "all_gather_v")),
+        dataclasses.astuple(_round_state.state_of(group, "all_gather_v_coalesced")),
     )
 
 
 def reset(group: Any) -> None:
-    fresh = dataclasses.asdict(_fused.FusedState())
-    for kind in ("single", "coalesced"):
-        _fused.replace_state(group, kind, **fresh)  # type: ignore[arg-type]
+    fresh = dataclasses.asdict(_round_state.FusedState())
+    for kind in ("all_gather_v", "all_gather_v_coalesced"):
+        _round_state.replace_state(group, kind, **fresh)  # type: ignore[arg-type]
 
 
 def _sizes_along(shapes: tuple[Any, ...], dim: int) -> list[int]:
@@ -308,7 +308,7 @@ def lazy_views_in_the_fused_round(ctx: RankContext, kind: str) -> list[tuple[byt
 
 class _Tagged(torch.Tensor):
     """A trivial tensor subclass: the fused round must not take its ``data_ptr`` as its
-    bytes (``_fused._plain``), yet gather it exactly."""
+    bytes (``_round_buffers.plain``), yet gather it exactly."""
 
 
 def wrapped_in_the_fused_round(ctx: RankContext, kind: str) -> list[tuple[bytes, bool]]:
@@ -349,14 +349,14 @@ def collectives_per_call(ctx: RankContext, job: tuple[list[int], int, int]) -> l
 
 
 def _kept(purpose: str) -> list[torch.Tensor]:
-    return list(_fused._HANDED_BACK.get(dist.group.WORLD, {}).get(purpose, []))
+    return list(_round_buffers.HANDED_BACK.get(dist.group.WORLD, purpose) or [])
 
 
 def _until_one_is_free(purpose: str) -> set[int]:
     """The addresses of the kept buffers, once one of them is free: gloo's worker
     thread lets go of a collective's tensors a moment after ``wait()`` returns."""
     deadline = time.monotonic() + 5.0
-    while not any(_fused._unreferenced(b) for b in _kept(purpose)):
+    while not any(_round_buffers.unreferenced(b) for b in _kept(purpose)):
         if time.monotonic() > deadline:
             return set()
         time.sleep(0.001)

@@ -8,10 +8,10 @@ import torch
 from hypothesis import strategies as st
 
 import vargather
-from vargather import strategies as vst
 from vargather._args import CallRecord, check_call
 from vargather._comm import GroupInfo
 from vargather._layout import Layout
+from vargather.testing import strategies as vst
 from vargather.testing.cases import DTYPE_NAMES
 
 try:  # the case model's home once the testing kit is a subpackage

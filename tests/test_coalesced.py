@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 import vargather
 from vargather.testing.cases import COMPAT, VARGATHER, GatherCase, Implementation
-from vargather.testing.properties import Property, catalogue, one_call
+from vargather.testing.catalogues.all_gather_v import one_call
+from vargather.testing.properties import Property, catalogue
 from vargather.testing.runner import run_coalesced
 
 from ._fused_fns import Step

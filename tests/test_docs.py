@@ -1,6 +1,6 @@
 """The docs runner: every code block of README.md and docs/*.md that shows output is run.
 
-The convention (also in the README's Development section):
+The convention (the README's Development section points here):
 
 * a ```pycon block is a doctest (``>>>`` / ``...`` lines, then the expected output;
   ``...`` in the output matches anything). Without a marker it runs in the test
@@ -433,12 +433,12 @@ def test_the_docs_count_and_list_the_catalogues_properties() -> None:
 
 def test_the_family_table_lists_each_collectives_catalogue() -> None:
     from vargather.testing.family import COLLECTIVES
-    from vargather.testing.family_properties import family_property_ids
+    from vargather.testing.properties import property_ids
 
     conformance = (ROOT / "docs" / "conformance.md").read_text(encoding="utf-8")
     listed = _table_ids(conformance, "| family id | what holds |")
     for op in COLLECTIVES:
-        assert listed == list(family_property_ids(op)), op
+        assert listed == list(property_ids(op)), op
 
 
 def test_the_options_table_has_one_row_per_option_of_the_schema() -> None:

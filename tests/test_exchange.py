@@ -9,11 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import vargather
-from vargather import strategies as vst
 from vargather._args import check_call
 from vargather._comm import GroupInfo
 from vargather._exchange import validate_records
 from vargather._layout import Layout
+from vargather.testing import strategies as vst
 from vargather.testing.cases import DTYPE_NAMES
 
 from ._stage_fns import calls

@@ -11,7 +11,7 @@ import torch
 
 from tests import _family_fns as fns
 from vargather import oracle
-from vargather._family import FAMILY_FUSED_MAX, FAMILY_STRETCH_MAX, FamilyState, advance
+from vargather._round_state import FAMILY_FUSED_MAX, FAMILY_STRETCH_MAX, FusedState, advance_blocks
 from vargather.testing import get_pool
 from vargather.testing.asserts import assert_bitwise_equal
 
@@ -74,11 +74,11 @@ def _total(case: fns.FusedCase, world: int) -> int:
 def test_one_round_in_steady_state_two_above_the_bound() -> None:
     w = 3
     per_rank = get_pool(w).run(fns.fused_calls, CASES)
-    model = FamilyState()  # the group's one state, whichever kind is called
+    model = FusedState()  # the group's one state, whichever kind is called
     for i, case in enumerate(CASES):
         need = _need(case, w)
         predicted = 1 if need <= model.capacity else 2
-        model = advance(model, fusable=True, need=need, total=_total(case, w), world=w)
+        model = advance_blocks(model, fusable=True, need=need, total=_total(case, w), world=w)
         expected = _expected(case, w)
         for r in range(w):
             issued, state, y = per_rank[r][i]

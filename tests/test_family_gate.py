@@ -93,7 +93,8 @@ def test_a_reproduction_line_reruns_the_counterexample(in_root: None) -> None:
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
-    assert f"FamilyFailure(property='reduce_scatter_v', aspect='{failure.aspect}'" in done.stdout
+    assert f"Failure(aspect='{failure.aspect}'" in done.stdout
+    assert "property='reduce_scatter_v'" in done.stdout
 
 
 @pytest.mark.multirank
@@ -153,10 +154,23 @@ def test_a_detached_fork_claiming_gradients_fails(in_root: None) -> None:
 
 
 def test_options_the_collective_does_not_take_are_refused() -> None:
-    for field, value in (("sizes", "required"), ("returns", "tensor"), ("compile", True)):
+    for field, value in (
+        ("sizes", "tensor"),
+        ("sizes", "never"),
+        ("returns", "tuple"),
+        ("compile", True),
+        ("convention", "seed"),
+        ("transports", "ring"),
+    ):
         options = CheckOptions(op="reduce_scatter_v", **{field: value})
         with pytest.raises(OptionError, match="does not apply to --op reduce_scatter_v"):
             run_check(options)
+    with pytest.raises(OptionError, match="returns a list of tensors"):
+        run_check(CheckOptions(op="all_gather_list", returns="tensor"))
+    with pytest.raises(OptionError, match="passes no recv_sizes"):
+        run_check(
+            CheckOptions(op="all_to_all_v", impl="m:f", sizes="required", call="(x, send_sizes)")
+        )
     with pytest.raises(OptionError, match="does not apply to --op all_to_all_v"):
         run_check(CheckOptions(op="all_to_all_v", grad="local"))
     with pytest.raises(OptionError, match="unknown name 'shapes'"):
@@ -188,3 +202,41 @@ def test_options_round_trip_with_the_op() -> None:
 def test_there_are_mutants_for_every_collective() -> None:
     for op in COLLECTIVES:
         assert sum(m.startswith(op) for m in MUTANTS) >= 3, op
+
+
+@pytest.mark.parametrize("op", COLLECTIVES)
+def test_the_scope_options_apply_to_every_collective(op: str) -> None:
+    """--sizes required, --returns, --requires-init and --emulate nccl are a scope for
+    every collective: accepted, carried into the implementation the rows run."""
+    from vargather.testing.catalogues import catalogue_of
+    from vargather.testing.resolve import ensure_import_path
+
+    returns = "list" if op == "all_gather_list" else "tensor"
+    options = CheckOptions(
+        op=op, sizes="required", returns=returns, requires_init=True, emulate="nccl"
+    )
+    collective = catalogue_of(op)
+    cwd = ensure_import_path()
+    impl = collective.implementation(collective.resolve(options, cwd), options, cwd)
+    assert (impl.op, impl.sizes_scope, impl.returns, impl.emulate) == (
+        op,
+        "required",
+        returns,
+        "nccl",
+    )
+    assert "misuse" in [r.id for r in collective.rows(impl)]
+
+
+def test_sizes_required_always_passes_the_receive_sizes() -> None:
+    from hypothesis import find
+
+    from vargather.testing import Implementation, catalogue
+
+    impl = Implementation(op="all_to_all_v", sizes_scope="required", name="vargather")
+    row = next(r for r in catalogue(impl) if r.id == "forward-float")
+    batch = find(row.strategy((2, 3)), lambda b: len(b) >= 3)
+    assert all(c.pass_recv for c in batch)
+    never = Implementation(op="all_to_all_v", sizes_scope="never", name="vargather")
+    row = next(r for r in catalogue(never) if r.id == "forward-float")
+    batch = find(row.strategy((2, 3)), lambda b: len(b) >= 3)
+    assert not any(c.pass_recv for c in batch)

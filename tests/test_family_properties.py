@@ -1,7 +1,7 @@
 """The family's property suite: every row of each collective's catalogue
-(``vargather.testing.family_properties``) against vargather on real gloo worlds.
+(``vargather.testing.family_catalogue``) against vargather on real gloo worlds.
 
-Each test is one row run as the gate runs it (``family_check.evaluate_family_row``: a
+Each test is one row run as the gate runs it (``evaluate.evaluate_row``: a
 seeded Hypothesis test drawn in this process, its calls run on ``get_pool(W)``, a
 failure shrunk here), for vargather's own functions claiming every contract. The same
 rows gate a fork (``python -m vargather check --op ...``, ``tests/test_family_gate.py``).
@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from vargather.testing import get_pool
+from vargather.testing import Implementation, catalogue, get_pool
+from vargather.testing.evaluate import evaluate_row
 from vargather.testing.family import COLLECTIVES
-from vargather.testing.family_check import evaluate_family_row
-from vargather.testing.family_properties import FamilyTarget, family_catalogue
 from vargather.testing.options import CheckOptions
 from vargather.testing.progress import Progress
 
@@ -28,15 +27,15 @@ DEFAULT_EXAMPLES = 8
 ROWS = [
     pytest.param(op, row.id, id=f"{op}-{row.id}")
     for op in COLLECTIVES
-    for row in family_catalogue(FamilyTarget(op))
+    for row in catalogue(Implementation(op=op, name="vargather"))
     if row.not_applicable(WORLDS) is None
 ]
 
 
 def _run(op: str, row_id: str, examples: int, seed: int = 0) -> None:
-    row = next(r for r in family_catalogue(FamilyTarget(op)) if r.id == row_id)
+    row = next(r for r in catalogue(Implementation(op=op, name="vargather")) if r.id == row_id)
     options = CheckOptions(op=op, max_examples=examples, seed=seed)
-    result = evaluate_family_row(row, options, WORLDS, get_pool, Progress(None, 1))
+    result = evaluate_row(row, options, WORLDS, get_pool, Progress(None, 1))
     assert result.status == "pass", "\n".join(
         [
             f"{op} {row_id}: {result.status}",
@@ -60,7 +59,7 @@ def test_row_holds_for_vargather_sweep(op: str, row_id: str) -> None:
 
 def test_every_collective_has_the_rows() -> None:
     for op in COLLECTIVES:
-        ids = [r.id for r in family_catalogue(FamilyTarget(op))]
+        ids = [r.id for r in catalogue(Implementation(op=op, name="vargather"))]
         assert ids[:5] == [
             "forward-float",
             "forward-half",

@@ -23,11 +23,12 @@ import pytest
 
 import vargather
 from vargather.testing import RankCrashed, RankOutcome, RankPool, assert_bitwise_equal
+from vargather.testing import misuse as fns
 
 if TYPE_CHECKING:
-    import _misuse_fns as fns
+    import _fault_fns as faults
 else:  # a sibling module, whether or not tests/ is a package (its name is what the ranks import)
-    fns = importlib.import_module(f"{__package__}._misuse_fns" if __package__ else "_misuse_fns")
+    faults = importlib.import_module(f"{__package__}._fault_fns" if __package__ else "_fault_fns")
 
 pytestmark = pytest.mark.multirank
 
@@ -107,7 +108,7 @@ def test_a_rank_that_never_arrives_is_named_by_the_others(
     request: pytest.FixtureRequest, world_size: int, absent: int
 ) -> None:
     pool: RankPool = request.getfixturevalue("pool" if world_size == 2 else "pool3")
-    outcomes = pool.run_outcomes(fns.skip_call_on, (absent, ragged(world_size)))
+    outcomes = pool.run_outcomes(faults.skip_call_on, (absent, ragged(world_size)))
     assert outcomes[absent].value is None
     assert_the_others_name(outcomes, absent, "all_gather (metadata exchange)", None)
     assert_recovers(pool)
@@ -116,7 +117,7 @@ def test_a_rank_that_never_arrives_is_named_by_the_others(
 def test_a_rank_that_leaves_after_the_exchange_is_named(pool: RankPool) -> None:
     """Rank 1 runs only the metadata exchange: rank 0 waits for it in the payload
     collective, and the census says where rank 1 was last seen."""
-    outcomes = pool.run_outcomes(fns.layout_only_on, (1, ragged()))
+    outcomes = pool.run_outcomes(faults.layout_only_on, (1, ragged()))
     assert outcomes[1].ok
     assert outcomes[1].value == (2, 0)
     for r in (0,):
@@ -135,7 +136,7 @@ def test_a_rank_killed_mid_call_is_reported_and_the_world_recovers(pool: RankPoo
     payload collective rank 0 is already in. Rank 0 sees gloo's closed connection as
     ``PeerLostError`` at once; the pool reports the dead rank and rebuilds."""
     with pytest.raises(RankCrashed) as info:
-        pool.run(fns.kill_between_exchange_and_payload, (1, ragged()))
+        pool.run(faults.kill_between_exchange_and_payload, (1, ragged()))
     assert info.value.ranks == (1,)
     assert info.value.exitcodes[1] == -9
     report = str(info.value)
@@ -162,7 +163,7 @@ def test_a_backward_that_the_peers_skip_times_out(pool: RankPool) -> None:
             for r in range(2)
         )
     )
-    outcomes = pool.run_outcomes(fns.backward_on_one_rank, (0, scenario))
+    outcomes = pool.run_outcomes(faults.backward_on_one_rank, (0, scenario))
     assert [o.ok for o in outcomes] == [False, True]
     error = outcomes[0].exception
     assert type(error) is vargather.CollectiveTimeoutError, outcomes[0].traceback
@@ -189,7 +190,7 @@ def test_a_lie_under_validate_false_raises_alone_and_the_peers_time_out(pool: Ra
 
 
 def test_a_per_call_timeout_replaces_the_groups_for_that_call(pool: RankPool) -> None:
-    outcomes = pool.run_outcomes(fns.skip_call_on, (1, ragged(timeout=1.0)))
+    outcomes = pool.run_outcomes(faults.skip_call_on, (1, ragged(timeout=1.0)))
     for r in (0,):
         error = outcomes[r].exception
         assert type(error) is vargather.CollectiveTimeoutError, outcomes[r].traceback
@@ -201,7 +202,7 @@ def test_a_per_call_timeout_replaces_the_groups_for_that_call(pool: RankPool) ->
     want, _ = fns.expected_of(ragged())
     for got in results:
         assert_bitwise_equal(got.output, want)
-    assert pool.run(fns.group_timeout_seconds, None) == [TIMEOUT] * 2
+    assert pool.run(faults.group_timeout_seconds, None) == [TIMEOUT] * 2
 
 
 @pytest.mark.parametrize(("world_size", "timeout"), [(3, None), (2, 1.0)])
@@ -212,7 +213,7 @@ def test_a_rank_that_never_arrives_at_a_wide_round_is_named_by_the_others(
     still named, within the call's timeout when it has one (the waits take it)."""
     pool: RankPool = request.getfixturevalue("pool" if world_size == 2 else "pool3")
     absent = 1
-    outcomes = pool.run_outcomes(fns.skip_a_wide_call_on, (absent, timeout))
+    outcomes = pool.run_outcomes(faults.skip_a_wide_call_on, (absent, timeout))
     assert len(outcomes[absent].value) == world_size, "the group never went wide"
     what = f"send/recv x{2 * (world_size - 1)} (metadata exchange)"
     assert_the_others_name(outcomes, absent, what, timeout)

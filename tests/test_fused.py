@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from vargather import _fused, oracle
+from vargather import _round_buffers, _round_state, oracle
 from vargather.testing import assert_bitwise_equal, get_pool
 
 from ._fused_fns import (
@@ -136,40 +136,42 @@ F32 = ("float32",) * 3
 
 
 def test_bucket_overhead_and_steps() -> None:
-    assert _fused.bucket(0) == 0
-    assert _fused.bucket(1) == _fused.bucket(64) == 64
+    assert _round_state.bucket(0) == 0
+    assert _round_state.bucket(1) == _round_state.bucket(64) == 64
     previous = 0
     for n in range(1, 300_000, 37):
-        b = _fused.bucket(n)
+        b = _round_state.bucket(n)
         assert n <= b <= n * 1.125 or b == 64, n
         assert b >= previous  # monotone: a bigger need never gets a smaller bucket
         previous = b
-    assert _fused.bucket(_fused.FUSED_MAX_BYTES) == _fused.FUSED_MAX_BYTES
+    assert _round_state.bucket(_round_state.FUSED_MAX_BYTES) == _round_state.FUSED_MAX_BYTES
 
 
 def test_advance_grows_at_once_and_shrinks_after_idle_calls() -> None:
-    s = _fused.FusedState()
-    s = _fused.advance(s, fusable=True, need=1000, count=1)
+    s = _round_state.FusedState()
+    s = _round_state.advance(s, fusable=True, need=1000, count=1)
     assert s.capacity == 1024
-    s = _fused.advance(s, fusable=True, need=5000, count=1)  # a miss: grows
-    assert s.capacity == _fused.bucket(5000)
+    s = _round_state.advance(s, fusable=True, need=5000, count=1)  # a miss: grows
+    assert s.capacity == _round_state.bucket(5000)
     grown = s.capacity
-    for i in range(_fused.SHRINK_AFTER - 1):  # far below the capacity: idle
-        s = _fused.advance(s, fusable=True, need=100 + i, count=1)
+    for i in range(_round_state.SHRINK_AFTER - 1):  # far below the capacity: idle
+        s = _round_state.advance(s, fusable=True, need=100 + i, count=1)
         assert s.capacity == grown
-    s = _fused.advance(s, fusable=True, need=10, count=1)
-    assert s.capacity == _fused.bucket(100 + _fused.SHRINK_AFTER - 2)
+    s = _round_state.advance(s, fusable=True, need=10, count=1)
+    assert s.capacity == _round_state.bucket(100 + _round_state.SHRINK_AFTER - 2)
     # too large or not fusable: idle, the capacity never grows past the threshold
-    t = _fused.advance(_fused.FusedState(), fusable=True, need=_fused.FUSED_MAX_BYTES + 1, count=1)
+    t = _round_state.advance(
+        _round_state.FusedState(), fusable=True, need=_round_state.FUSED_MAX_BYTES + 1, count=1
+    )
     assert t.capacity == 0
     assert t.idle == 1
-    t = _fused.advance(_fused.FusedState(), fusable=False, need=100, count=1)
+    t = _round_state.advance(_round_state.FusedState(), fusable=False, need=100, count=1)
     assert t.capacity == 0
     # slots: up at once, down after SHRINK_AFTER calls with fewer tensors
-    u = _fused.advance(_fused.FusedState(), fusable=True, need=10, count=3)
+    u = _round_state.advance(_round_state.FusedState(), fusable=True, need=10, count=3)
     assert u.slots == 3
-    for _ in range(_fused.SHRINK_AFTER):
-        u = _fused.advance(u, fusable=True, need=10, count=2)
+    for _ in range(_round_state.SHRINK_AFTER):
+        u = _round_state.advance(u, fusable=True, need=10, count=2)
     assert u.slots == 2
 
 
@@ -225,12 +227,12 @@ def test_ranks_agree_on_every_call_of_a_mixed_script_at_three_ranks() -> None:
     collectives[18] = 2
     results = check_script(3, steps, errors, collectives)
     # the miss on rank 2 grew the capacity on every rank to hold 9 rows of 16 bytes
-    assert results[0][3]["state"][0][0] == _fused.bucket(9 * 16)
+    assert results[0][3]["state"][0][0] == _round_state.bucket(9 * 16)
     # the subgroup's state did not leak into the world's, nor the world's into the
     # subgroup's (rank 1 is not a member)
     world_before, world_after = results[0][7]["state"], results[0][10]["state_before"]
     assert world_before == world_after
-    assert results[0][8]["state_before"][0] == tuple(_fused.FusedState().__dict__.values())
+    assert results[0][8]["state_before"][0] == tuple(_round_state.FusedState().__dict__.values())
     # the error message is today's, with its text (sent in the follow-up round)
     assert "expected a tensor with at least 1 dimension" in results[0][6]["error"][1]
 
@@ -238,12 +240,12 @@ def test_ranks_agree_on_every_call_of_a_mixed_script_at_three_ranks() -> None:
 def test_capacity_shrinks_identically_after_idle_calls() -> None:
     big = Step("v", ((400, 4), (1, 4)), ("float32",) * 2)
     tiny = Step("v", ((1, 4), (1, 4)), ("float32",) * 2)
-    steps = [big, big] + [tiny] * (_fused.SHRINK_AFTER + 1)
-    collectives: list[int | None] = [2, 1] + [1] * (_fused.SHRINK_AFTER + 1)
+    steps = [big, big] + [tiny] * (_round_state.SHRINK_AFTER + 1)
+    collectives: list[int | None] = [2, 1] + [1] * (_round_state.SHRINK_AFTER + 1)
     results = check_script(2, steps, [None] * len(steps), collectives)
     caps = [results[0][s]["state"][0][0] for s in range(len(steps))]
-    assert caps[1] == _fused.bucket(400 * 16)
-    assert caps[1 + _fused.SHRINK_AFTER] == _fused.bucket(16), caps
+    assert caps[1] == _round_state.bucket(400 * 16)
+    assert caps[1 + _round_state.SHRINK_AFTER] == _round_state.bucket(16), caps
 
 
 @pytest.mark.parametrize("contract", ["sum", "local", "mean"])
@@ -301,22 +303,22 @@ def test_a_large_rounds_buffer_is_received_into_again_only_once_its_result_is_go
 
 
 def test_the_storage_owner_count_sees_views_and_saved_tensors() -> None:
-    """``_fused._unreferenced`` reads torch's private count of a storage's owners: it
+    """``_round_buffers.unreferenced`` reads torch's private count of a storage's owners: it
     must see a view, a ``numpy()`` array and a tensor autograd saved for the backward."""
     buf = torch.empty(64, dtype=torch.uint8)
-    assert _fused._unreferenced(buf)
+    assert _round_buffers.unreferenced(buf)
     view = buf[:32].view(torch.float32)
-    assert not _fused._unreferenced(buf)
+    assert not _round_buffers.unreferenced(buf)
     del view
-    assert _fused._unreferenced(buf)
+    assert _round_buffers.unreferenced(buf)
     array = buf[:8].numpy()
-    assert not _fused._unreferenced(buf)
+    assert not _round_buffers.unreferenced(buf)
     del array
     weight = torch.ones(2, dtype=torch.float32, requires_grad=True)
     loss = (buf[:8].view(torch.float32) * weight).sum()  # saves the view for the backward
-    assert not _fused._unreferenced(buf)
+    assert not _round_buffers.unreferenced(buf)
     del loss
-    assert _fused._unreferenced(buf)
+    assert _round_buffers.unreferenced(buf)
 
 
 @pytest.mark.multirank
@@ -423,7 +425,7 @@ def test_wide_round_ranks_agree_on_every_call_at_three_ranks() -> None:
     small = Step("v", ((3, 4), (1, 4), (2, 4)), F32)
     # a streak of idle calls that began with a large call whose slots were too large
     # re-sizes the slots to its large needs first, then the small ones end the wide round
-    steps += [small] * (2 * _fused.SHRINK_AFTER)
+    steps += [small] * (2 * _round_state.SHRINK_AFTER)
     errors: list[str | None] = [None] * len(steps)
     errors[5] = "DTypeMismatchError"
     errors[6] = "InputShapeError"
@@ -443,7 +445,7 @@ def test_wide_round_ranks_agree_on_every_call_at_three_ranks() -> None:
     wide = [tuple(results[0][s]["state"][0][6]) for s in range(len(steps))]
     assert wide[0] == (4 * b, 2 * b, 12)  # the first large call's exact needs
     # rank 2's miss: sizes move, every slot gets its bucket's slack
-    assert wide[3] == tuple(_fused.bucket(n) for n in (4 * b, 2 * b, 4 * b))
+    assert wide[3] == tuple(_round_state.bucket(n) for n in (4 * b, 2 * b, 4 * b))
     assert results[0][13]["state"][1][6], "the coalesced state went wide"
     # after the small calls the group is back in the gather round
     assert wide[-1] == (), wide[-3:]
@@ -464,29 +466,29 @@ def test_the_wide_round_on_a_subgroup_sends_to_its_members_global_ranks() -> Non
 
 
 def test_wide_slots_shrink_after_idle_calls_and_bound_the_padding() -> None:
-    s = _fused.FusedState()
+    s = _round_state.FusedState()
     big = (300_000, 150_000, 64)
-    s = _fused.advance(s, fusable=True, need=max(big), count=1, needs=big)
+    s = _round_state.advance(s, fusable=True, need=max(big), count=1, needs=big)
     assert s.wide == big  # a group's first large call: every rank's exact need
     # within every slot: unchanged
-    t = _fused.advance(s, fusable=True, need=299_000, count=1, needs=(299_000, 149_000, 40))
+    t = _round_state.advance(s, fusable=True, need=299_000, count=1, needs=(299_000, 149_000, 40))
     assert (t.wide, t.wide_idle) == (s.wide, 0)
     # a miss on rank 1: sizes move, every slot grows to its bucket (at most 12.5 % padding)
     grown = (300_000, 150_001, 64)
-    s = _fused.advance(s, fusable=True, need=300_000, count=1, needs=grown)
-    assert s.wide == tuple(_fused.bucket(n) for n in grown)
+    s = _round_state.advance(s, fusable=True, need=300_000, count=1, needs=grown)
+    assert s.wide == tuple(_round_state.bucket(n) for n in grown)
     for n, c in zip(grown, s.wide, strict=True):
         assert n <= c <= max(64, n * 1.125)  # the padding bound
     # a rank's need fell below half its slot: after SHRINK_AFTER such calls, re-sized
     fell = (300_000, 20_000, 64)
-    for _ in range(_fused.SHRINK_AFTER - 1):
-        s = _fused.advance(s, fusable=True, need=300_000, count=1, needs=fell)
-        assert s.wide[1] == _fused.bucket(150_001)
-    s = _fused.advance(s, fusable=True, need=300_000, count=1, needs=fell)
+    for _ in range(_round_state.SHRINK_AFTER - 1):
+        s = _round_state.advance(s, fusable=True, need=300_000, count=1, needs=fell)
+        assert s.wide[1] == _round_state.bucket(150_001)
+    s = _round_state.advance(s, fusable=True, need=300_000, count=1, needs=fell)
     assert s.wide == fell
     # small calls: back to the gather round after SHRINK_AFTER of them
-    for _ in range(_fused.SHRINK_AFTER):
-        s = _fused.advance(s, fusable=True, need=100, count=1, needs=(100, 100, 100))
+    for _ in range(_round_state.SHRINK_AFTER):
+        s = _round_state.advance(s, fusable=True, need=100, count=1, needs=(100, 100, 100))
     assert s.wide == ()
 
 
@@ -505,23 +507,23 @@ def test_wide_slots_become_a_stable_skews_exact_needs(
     left) become the new needs exactly after ``SHRINK_AFTER`` calls in a row with the
     same needs, and no sooner; without this rule an even-then-mild group sent 12 % more
     than its payload on every call, forever."""
-    s = _fused.FusedState()
+    s = _round_state.FusedState()
     for _ in range(3):
-        s = _fused.advance(s, fusable=True, need=max(before), count=1, needs=before)
+        s = _round_state.advance(s, fusable=True, need=max(before), count=1, needs=before)
     assert s.wide == before
-    s = _fused.advance(s, fusable=True, need=max(after), count=1, needs=after)
+    s = _round_state.advance(s, fusable=True, need=max(after), count=1, needs=after)
     loose = s.wide  # grown by a miss, or the larger sizes' slots
     assert loose != after
     assert all(c >= n for c, n in zip(loose, after, strict=True))
-    for k in range(2, _fused.SHRINK_AFTER):
-        s = _fused.advance(s, fusable=True, need=max(after), count=1, needs=after)
+    for k in range(2, _round_state.SHRINK_AFTER):
+        s = _round_state.advance(s, fusable=True, need=max(after), count=1, needs=after)
         assert s.wide == loose, k  # not yet: the streak counts calls with the same needs
-    assert (s.wide, s.wide_steady) == (loose, _fused.SHRINK_AFTER - 1)
-    s = _fused.advance(s, fusable=True, need=max(after), count=1, needs=after)  # the 8th
+    assert (s.wide, s.wide_steady) == (loose, _round_state.SHRINK_AFTER - 1)
+    s = _round_state.advance(s, fusable=True, need=max(after), count=1, needs=after)  # the 8th
     assert s.wide == after
     assert (s.wide_steady, s.wide_last, s.wide_idle) == (0, (), 0)
     # exact slots: nothing of the wide round changes from call to call
-    t = _fused.advance(s, fusable=True, need=max(after), count=1, needs=after)
+    t = _round_state.advance(s, fusable=True, need=max(after), count=1, needs=after)
     assert (t.wide, t.wide_idle, t.wide_max, t.wide_steady, t.wide_last) == (after, 0, (), 0, ())
 
 
@@ -533,63 +535,63 @@ def test_a_stable_skew_after_other_sizes_sends_its_exact_needs_at_three_ranks() 
     b = BIG
     even = Step("v", ((b, 1), (b, 1), (b, 1)), F32)
     mild = Step("v", ((b * 3 // 4, 1), (b, 1), (b * 5 // 4, 1)), F32)
-    steps = [even, even] + [mild] * (_fused.SHRINK_AFTER + 1)
-    collectives: list[int | None] = [2, 1, 2] + [1] * _fused.SHRINK_AFTER
+    steps = [even, even] + [mild] * (_round_state.SHRINK_AFTER + 1)
+    collectives: list[int | None] = [2, 1, 2] + [1] * _round_state.SHRINK_AFTER
     results = check_script(3, steps, [None] * len(steps), collectives)
     wide = [tuple(results[0][s]["state"][0][6]) for s in range(len(steps))]
     needs = (4 * (b * 3 // 4), 4 * b, 4 * (b * 5 // 4))
     assert wide[1] == (4 * b,) * 3
-    assert wide[2] == tuple(max(4 * b, _fused.bucket(n)) for n in needs)  # the miss: grown
-    assert wide[2 + _fused.SHRINK_AFTER - 2] == wide[2]  # loose until the streak is full
-    assert wide[2 + _fused.SHRINK_AFTER - 1] == needs  # then exact: no padding sent
+    assert wide[2] == tuple(max(4 * b, _round_state.bucket(n)) for n in needs)  # the miss: grown
+    assert wide[2 + _round_state.SHRINK_AFTER - 2] == wide[2]  # loose until the streak is full
+    assert wide[2 + _round_state.SHRINK_AFTER - 1] == needs  # then exact: no padding sent
     assert wide[-1] == needs
 
 
 def test_wide_slots_stay_loose_while_sizes_keep_moving() -> None:
     """Sizes that change every call (within the slots) never make a streak: the slots
     keep their headroom, and a call with other needs restarts the count."""
-    s = _fused.FusedState()
+    s = _round_state.FusedState()
     base = (400_000, 500_000, 600_000, 700_000)
-    s = _fused.advance(s, fusable=True, need=700_000, count=1, needs=base)
+    s = _round_state.advance(s, fusable=True, need=700_000, count=1, needs=base)
     grown = (400_000, 500_000, 600_000, 700_001)
-    s = _fused.advance(s, fusable=True, need=700_001, count=1, needs=grown)  # a miss
+    s = _round_state.advance(s, fusable=True, need=700_001, count=1, needs=grown)  # a miss
     loose = s.wide
-    for k in range(3 * _fused.SHRINK_AFTER):
+    for k in range(3 * _round_state.SHRINK_AFTER):
         needs = tuple(n - 1_000 * (k % 2) for n in grown)
-        s = _fused.advance(s, fusable=True, need=max(needs), count=1, needs=needs)
+        s = _round_state.advance(s, fusable=True, need=max(needs), count=1, needs=needs)
         assert s.wide == loose, k
     # SHRINK_AFTER - 1 calls with the same needs, one other, then the same again: the
     # streak starts over
-    for _ in range(_fused.SHRINK_AFTER - 1):
-        s = _fused.advance(s, fusable=True, need=max(grown), count=1, needs=grown)
-    assert (s.wide, s.wide_steady) == (loose, _fused.SHRINK_AFTER - 1)
-    s = _fused.advance(s, fusable=True, need=max(base), count=1, needs=base)
+    for _ in range(_round_state.SHRINK_AFTER - 1):
+        s = _round_state.advance(s, fusable=True, need=max(grown), count=1, needs=grown)
+    assert (s.wide, s.wide_steady) == (loose, _round_state.SHRINK_AFTER - 1)
+    s = _round_state.advance(s, fusable=True, need=max(base), count=1, needs=base)
     assert (s.wide, s.wide_steady) == (loose, 1)
-    s = _fused.advance(s, fusable=True, need=max(grown), count=1, needs=grown)
+    s = _round_state.advance(s, fusable=True, need=max(grown), count=1, needs=grown)
     assert (s.wide, s.wide_steady) == (loose, 1)
     # calls that do not go wide (another transport, a rank not eligible, small ones)
     # between them neither count nor break the row
-    for k in range(2, _fused.SHRINK_AFTER + 1):
-        s = _fused.advance(s, fusable=False, need=max(grown), count=1, needs=grown)
-        s = _fused.advance(s, fusable=True, need=100, count=1, needs=(100,) * 4)
+    for k in range(2, _round_state.SHRINK_AFTER + 1):
+        s = _round_state.advance(s, fusable=False, need=max(grown), count=1, needs=grown)
+        s = _round_state.advance(s, fusable=True, need=100, count=1, needs=(100,) * 4)
         assert (s.wide, s.wide_steady) == (loose, k - 1), k
-        s = _fused.advance(s, fusable=True, need=max(grown), count=1, needs=grown)
-        if k < _fused.SHRINK_AFTER:
+        s = _round_state.advance(s, fusable=True, need=max(grown), count=1, needs=grown)
+        if k < _round_state.SHRINK_AFTER:
             assert (s.wide, s.wide_steady) == (loose, k), k
     assert s.wide == grown
 
 
-@pytest.mark.parametrize("move", ["_move_left", "_move_chunked"])
+@pytest.mark.parametrize("move", ["move_left", "move_chunked"])
 def test_in_place_compaction_moves_overlapping_ranges_exactly(move: str) -> None:
     """The wide round's in-place compaction (``memmove`` on the CPU, chunked tensor
     copies elsewhere): for gaps smaller and larger than a chunk, what
     ``buf[dst:dst+n] = buf[src:src+n].clone()`` gives, nothing else touched."""
-    chunk = _fused._MOVE_CHUNK
+    chunk = _round_buffers.MOVE_CHUNK
     for gap, n in ((1, 3 * chunk + 5), (96, chunk + 1), (chunk + 3, 2 * chunk), (7, 10), (5, 5)):
         buf = torch.randint(0, 256, (gap + n + 11,), dtype=torch.uint8)
         want = buf.clone()
         want[2 : 2 + n] = buf[2 + gap : 2 + gap + n].clone()
-        getattr(_fused, move)(buf, 2, 2 + gap, n)
+        getattr(_round_buffers, move)(buf, 2, 2 + gap, n)
         assert torch.equal(buf, want), (move, gap, n)
 
 
@@ -598,12 +600,16 @@ def test_strong_skew_on_many_ranks_goes_wide_even_when_small() -> None:
     rank 20x the others that is ~20x the payload, so such a group goes wide; a few
     ranks, or small absolute sizes, stay in the gather round."""
     many = (20_000,) + (1_000,) * 1023
-    s = _fused.advance(_fused.FusedState(), fusable=True, need=20_000, count=1, needs=many)
+    s = _round_state.advance(
+        _round_state.FusedState(), fusable=True, need=20_000, count=1, needs=many
+    )
     assert s.wide == many
     few = (3_000, 150, 150, 150)
-    t = _fused.advance(_fused.FusedState(), fusable=True, need=3_000, count=1, needs=few)
+    t = _round_state.advance(
+        _round_state.FusedState(), fusable=True, need=3_000, count=1, needs=few
+    )
     assert t.wide == ()
-    assert t.capacity == _fused.bucket(3_000)
+    assert t.capacity == _round_state.bucket(3_000)
 
 
 @pytest.mark.parametrize("contract", ["sum", "local"])
@@ -658,9 +664,9 @@ def test_gather_round_and_wide_round_keep_ranks_in_step_at_three_ranks() -> None
     states = [results[0][s]["state"][0] for s in range(len(steps))]
     capacity = [s[0] for s in states]
     wide = [tuple(s[6]) for s in states]
-    assert capacity[0] == _fused.bucket(4 * m)
+    assert capacity[0] == _round_state.bucket(4 * m)
     assert wide[0] == ()
-    assert capacity[2] == _fused.bucket(4 * m * 6 // 4)
+    assert capacity[2] == _round_state.bucket(4 * m * 6 // 4)
     assert wide[2] == ()
     assert capacity[4] == capacity[2]
     assert wide[6] == (8 * m, 12, 12)  # the skew's exact needs
@@ -674,41 +680,58 @@ def test_the_switch_to_the_wide_round() -> None:
     ``FUSED_MAX_BYTES`` whatever the skew, or when the gather round would carry more
     than ``PAD_LIMIT`` times the payload and more than ``SMALL_BYTES`` in all (strong
     skew on many ranks); the state is a pure function of the needs."""
-    small, most = _fused.SMALL_BYTES, _fused.FUSED_MAX_BYTES
-    assert most == _fused.WIDE_MIN_BYTES
+    small, most = _round_state.SMALL_BYTES, _round_state.FUSED_MAX_BYTES
+    assert most == _round_state.WIDE_MIN_BYTES
     even = (most,) * 4
-    s = _fused.advance(_fused.FusedState(), fusable=True, need=most, count=1, needs=even)
+    s = _round_state.advance(
+        _round_state.FusedState(), fusable=True, need=most, count=1, needs=even
+    )
     assert (s.capacity, s.wide) == (most, ())
     n = most // 2
     mild = tuple(int(n * f) for f in (1, 1.25, 1.5, 1.75))  # within FUSED_MAX_BYTES
-    s = _fused.advance(_fused.FusedState(), fusable=True, need=max(mild), count=1, needs=mild)
+    s = _round_state.advance(
+        _round_state.FusedState(), fusable=True, need=max(mild), count=1, needs=mild
+    )
     assert s.wide == ()
-    assert s.capacity == _fused.bucket(max(mild))
+    assert s.capacity == _round_state.bucket(max(mild))
     skew = (n, n, n, 3 * n)  # one rank past FUSED_MAX_BYTES
-    t = _fused.advance(_fused.FusedState(), fusable=True, need=3 * n, count=1, needs=skew)
+    t = _round_state.advance(
+        _round_state.FusedState(), fusable=True, need=3 * n, count=1, needs=skew
+    )
     assert t.wide == skew
     assert t.capacity == 0  # not a call of the gather round
     # a strong skew on many ranks below FUSED_MAX_BYTES: the gather round would carry
     # far more than PAD_LIMIT times the payload
     many = (small // 2,) + (64,) * 63
-    assert 64 * _fused.bucket(max(many)) > _fused.PAD_LIMIT * sum(many)
-    u = _fused.advance(_fused.FusedState(), fusable=True, need=max(many), count=1, needs=many)
+    assert 64 * _round_state.bucket(max(many)) > _round_state.PAD_LIMIT * sum(many)
+    u = _round_state.advance(
+        _round_state.FusedState(), fusable=True, need=max(many), count=1, needs=many
+    )
     assert u.wide == many
     # the same skew on 4 ranks pads the gather round within PAD_LIMIT: it stays
     low = (small // 2, 64, 64, 64)
-    v = _fused.advance(_fused.FusedState(), fusable=True, need=max(low), count=1, needs=low)
+    v = _round_state.advance(
+        _round_state.FusedState(), fusable=True, need=max(low), count=1, needs=low
+    )
     assert v.wide == ()
-    assert v.capacity == _fused.bucket(max(low))
+    assert v.capacity == _round_state.bucket(max(low))
     # a rank not eligible: never wide
-    x = _fused.advance(_fused.FusedState(), fusable=False, need=3 * n, count=1, needs=skew)
+    x = _round_state.advance(
+        _round_state.FusedState(), fusable=False, need=3 * n, count=1, needs=skew
+    )
     assert (x.wide, x.capacity) == ((), 0)
     # the same needs give the same state, whoever computes it
-    assert _fused.advance(_fused.FusedState(), fusable=True, need=3 * n, count=1, needs=skew) == t
+    assert (
+        _round_state.advance(
+            _round_state.FusedState(), fusable=True, need=3 * n, count=1, needs=skew
+        )
+        == t
+    )
     # a group gone wide whose call outgrows a slot within the gather round's bound goes
     # back to the gather round at once (its capacity grown by the same call)
-    back = _fused.advance(t, fusable=True, need=n + 1, count=1, needs=(n + 1, n, n, n))
+    back = _round_state.advance(t, fusable=True, need=n + 1, count=1, needs=(n + 1, n, n, n))
     assert back.wide == ()
     assert back.capacity >= n + 1
     # within its slots it stays wide until SHRINK_AFTER such calls
-    stay = _fused.advance(t, fusable=True, need=n, count=1, needs=(n, n, n, n))
+    stay = _round_state.advance(t, fusable=True, need=n, count=1, needs=(n, n, n, n))
     assert (stay.wide, stay.wide_idle) == (skew, 1)

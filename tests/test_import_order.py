@@ -19,7 +19,9 @@ PACKAGE = pathlib.Path(vargather.__file__).parent
 ORDER = [
     "_errors",
     "_dtypes",
+    "_reduced",
     "_choices",
+    "_collectives",
     "_group",
     "_mesh",
     "_census",
@@ -30,6 +32,8 @@ ORDER = [
     "_exchange",
     "_buffers",
     "_transport",
+    "_round_state",
+    "_round_buffers",
     "_fused",
     "_autograd",
     "_compiled",
@@ -43,6 +47,7 @@ ORDER = [
     "oracle",
     "compat",
     "__init__",
+    "internal",
 ]
 
 

@@ -1,11 +1,11 @@
 """The misuse catalogue on real gloo worlds: every rank raises the same error.
 
-For every entry of ``_misuse_fns.CATALOGUE``, on 2 and 3 ranks and with the offender on
+For every entry of ``vargather.testing.misuse.CATALOGUE``, on 2 and 3 ranks and with the offender on
 every rank: every rank raises exactly the catalogued ``VarGatherError`` subclass with
 the same message, naming the offending rank(s), the expected and the got value; no rank
 returns data, aborts or hangs; and afterwards the *same* process group (the pool was
 not rebuilt) performs a correct gather, checked against the oracle bit for bit. The
-family's entries (``_misuse_fns.FAMILY_CATALOGUE``: ``reduce_scatter_v``,
+family's entries (``vargather.testing.misuse.FAMILY_CATALOGUE``: ``reduce_scatter_v``,
 ``all_to_all_v``, ``all_gather_list``) are judged alike, the follow-up being a correct
 call of the same collective; a rank that never arrives gives the named timeout on the
 others, then a rebuilt world.
@@ -39,11 +39,12 @@ from vargather.testing import (
     family,
     get_pool,
 )
+from vargather.testing import misuse as fns
 
 if TYPE_CHECKING:
-    import _misuse_fns as fns
+    import _fault_fns as faults
 else:  # a sibling module, whether or not tests/ is a package (its name is what the ranks import)
-    fns = importlib.import_module(f"{__package__}._misuse_fns" if __package__ else "_misuse_fns")
+    faults = importlib.import_module(f"{__package__}._fault_fns" if __package__ else "_fault_fns")
 
 pytestmark = pytest.mark.multirank
 
@@ -319,7 +320,7 @@ def test_a_non_member_raises_alone_and_the_members_gather() -> None:
 def test_a_destroyed_group_is_refused_on_every_rank() -> None:
     pool = get_pool(2)
     generation = pool.generation
-    outcomes = pool.run_outcomes(fns.destroyed_subgroup, (2, 3))
+    outcomes = pool.run_outcomes(faults.destroyed_subgroup, (2, 3))
     assert [type(o.exception) for o in outcomes] == [vargather.GroupError] * 2
     for o in outcomes:
         assert f"global rank {o.rank} cannot use the process group it passed" in str(o.exception)
@@ -330,7 +331,7 @@ def test_a_destroyed_group_is_refused_on_every_rank() -> None:
 def test_something_else_than_a_group_is_refused_on_every_rank() -> None:
     pool = get_pool(2)
     generation = pool.generation
-    outcomes = pool.run_outcomes(fns.run_with_group_object, "world")
+    outcomes = pool.run_outcomes(faults.run_with_group_object, "world")
     assert [type(o.exception) for o in outcomes] == [vargather.GroupError] * 2
     for o in outcomes:
         message = str(o.exception)
@@ -397,7 +398,7 @@ def test_sizes_that_lie_about_a_peer_go_undetected_without_validation() -> None:
 
 
 def test_metadata_of_a_non_tensor_stays_on_the_cpu_under_gloo() -> None:
-    assert get_pool(2).run(fns.metadata_device, None) == ["cpu", "cpu"]
+    assert get_pool(2).run(faults.metadata_device, None) == ["cpu", "cpu"]
 
 
 @pytest.mark.parametrize("layout", ["strided", "sliced"])
@@ -444,7 +445,7 @@ def test_true_sizes_about_a_tensor_a_peer_changed_blame_the_sizes_and_name_the_p
     )
     assert_usable(pool, generation)
     fuzz = _fuzz_multirank()
-    spec = fuzz.fns.TensorSpec((0, 0), "bfloat16")  # its own import of _misuse_fns
+    spec = fuzz.fns.TensorSpec((0, 0), "bfloat16")  # its own import of the catalogue
     scenario = fuzz.fns.Scenario(
         (fuzz.fns.Call(spec, dim=1), fuzz.fns.Call(spec, dim=1, sizes=[1, 0]))
     )

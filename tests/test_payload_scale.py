@@ -13,7 +13,7 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 
-from vargather import _fused, _transport
+from vargather import _round_state, _transport
 from vargather.testing import strategies as vst
 from vargather.testing.cases import DIGEST_MIN_BYTES, GatherCase
 from vargather.testing.properties import catalogue
@@ -43,8 +43,11 @@ def test_library_thresholds_are_read_from_the_library() -> None:
     assert found["vargather._transport.GLOO_SMALL_BYTES"] == (small, "gathered")
     backward = _transport.GLOO_REDUCE_SCATTER_MIN_BYTES
     assert found["vargather._transport.GLOO_REDUCE_SCATTER_MIN_BYTES"] == (backward, "gathered")
-    assert found["vargather._fused.FUSED_MAX_BYTES"] == (_fused.FUSED_MAX_BYTES, "per-rank")
-    assert "vargather._fused.HEADER_BYTES" not in found
+    assert found["vargather._round_state.FUSED_MAX_BYTES"] == (
+        _round_state.FUSED_MAX_BYTES,
+        "per-rank",
+    )
+    assert not [k for k in found if k.endswith("HEADER_BYTES")]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -64,7 +67,7 @@ def test_targets_cover_powers_of_two_and_the_real_thresholds(world: int) -> None
     assert -(-_transport.GLOO_SMALL_BYTES // world) in sizes
     if world == 4:
         assert _transport.GLOO_REDUCE_SCATTER_MIN_BYTES // 4 in sizes
-    assert _fused.FUSED_MAX_BYTES in sizes  # per rank: the fused round's largest payload
+    assert _round_state.FUSED_MAX_BYTES in sizes  # per rank: the fused round's largest payload
 
 
 def test_max_payload_bounds_the_targets() -> None:

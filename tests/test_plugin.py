@@ -260,14 +260,14 @@ def test_one_item_per_property_named_by_its_id(tmp_path: Path) -> None:
 
 @pytest.mark.multirank
 def test_the_op_option_collects_and_runs_the_family_catalogue(tmp_path: Path) -> None:
-    from vargather.testing.family_properties import family_property_ids
+    from vargather.testing.properties import property_ids
 
     project = make_project(tmp_path)
     op = ("--vargather-op", "reduce_scatter_v", "--vargather-impl", "vargather:reduce_scatter_v")
     proc = run_pytest(project, *op, "--collect-only", "-q")
     assert proc.returncode == 0, output(proc)
     items = [line for line in proc.stdout.splitlines() if line.startswith("vargather::")]
-    assert items == [f"vargather::{p}" for p in family_property_ids("reduce_scatter_v")]
+    assert items == [f"vargather::{p}" for p in property_ids("reduce_scatter_v")]
     proc = run_pytest(project, *op, *PROPERTY_OPTIONS, "-k", "empty or misuse")
     assert proc.returncode == 0, output(proc)
     assert "2 passed" in proc.stdout, output(proc)
@@ -496,7 +496,7 @@ REFUSED_DTYPE_TEST = """\
 from hypothesis import given, settings
 
 from pkg.plain import all_gather
-from vargather.strategies import gather_cases
+from vargather.testing.strategies import gather_cases
 
 
 def gather_on_rank(ctx, case):

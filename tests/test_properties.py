@@ -26,8 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vargather
-from vargather import strategies as vst
 from vargather.testing import property_ids
+from vargather.testing import strategies as vst
 from vargather.testing.cases import (
     COMPAT,
     DTYPE_NAMES,

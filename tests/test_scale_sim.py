@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from vargather import _fused, _wire
+from vargather import _round_state, _wire
 from vargather.testing import get_pool
 
 from ._fused_fns import collectives_per_call
@@ -60,8 +60,8 @@ def test_simulation_counts_what_a_real_world_issues(profile: str, per_rank: int)
         assert r.received_max <= output + r.header_max + r.padding_max
     steady = results[-1]
     needs = [n * 4 * sim.COLUMNS for n in rows]
-    if _fused._wants_wide(needs):  # the wide round: direct sends, headers in each region
-        assert per_rank > _fused.SMALL_BYTES or profile == "heavy"
+    if _round_state._wants_wide(needs):  # the wide round: direct sends, headers in each region
+        assert per_rank > _round_state.SMALL_BYTES or profile == "heavy"
         assert steady.operations == 2 * (world - 1)  # a send to and a receive from each peer
         assert steady.padding_max == 0
         assert steady.state_ints == world

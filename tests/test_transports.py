@@ -39,6 +39,7 @@ import torch.distributed as dist
 import vargather
 import vargather._choices as choices_module
 import vargather._fused as fused_module
+import vargather._round_state as round_state_module
 import vargather._transport as transport_module
 from vargather import oracle
 from vargather._buffers import rank_major_gradient, scatter_into_padded
@@ -211,12 +212,17 @@ def run_case(ctx: RankContext, case: Case) -> Outcome | None:
             setattr(transport_module, name, value)
         stack.callback(lambda: [setattr(transport_module, k, v) for k, v in saved.items()])
         if not case.fused:
-            stack.callback(setattr, fused_module, "FUSED_MAX_BYTES", fused_module.FUSED_MAX_BYTES)
-            fused_module.FUSED_MAX_BYTES = 0  # type: ignore[misc]  # the fused path off
+            for module in (fused_module, round_state_module):  # the round and its state rule
+                stack.callback(setattr, module, "FUSED_MAX_BYTES", module.FUSED_MAX_BYTES)
+                module.FUSED_MAX_BYTES = 0  # type: ignore[misc]  # the fused path off
             # and the wide round: no group goes wide, none left wide by an earlier test
-            stack.callback(setattr, fused_module, "WIDE_MIN_BYTES", fused_module.WIDE_MIN_BYTES)
-            fused_module.WIDE_MIN_BYTES = 1 << 62  # type: ignore[misc]  # the wide round off
-            fused_module.replace_state(group, "single", wide=(), wide_idle=0, wide_max=())
+            stack.callback(
+                setattr, round_state_module, "WIDE_MIN_BYTES", round_state_module.WIDE_MIN_BYTES
+            )
+            round_state_module.WIDE_MIN_BYTES = 1 << 62  # type: ignore[misc]  # the wide round off
+            round_state_module.replace_state(
+                group, "all_gather_v", wide=(), wide_idle=0, wide_max=()
+            )
         if case.emulate_views:
             original = transport_module.all_gather_list
             transport_module.all_gather_list = _emulated_list_gather  # type: ignore[assignment]

@@ -168,3 +168,37 @@ def _any_record() -> CallRecord:
         transport="auto",
         info=GroupInfo(None, 0, 1, False, "none"),
     ).record
+
+
+def test_every_format_on_the_wire_has_a_magic_of_one_scheme() -> None:
+    """Four letters naming the format, its version in the low byte: no two formats
+    share a magic, so a peer sending another format fails the magic check."""
+    from vargather import _wire
+
+    magics = {
+        "varg": _wire.MAGIC,
+        "vgfu": _wire.HEADER_MAGIC,
+        "vgfa": _wire.ROW_MAGIC,
+        "vgls": _wire.CARRIER_MAGIC,
+    }
+    assert len(set(magics.values())) == len(magics)
+    for tag, magic in magics.items():
+        assert (magic >> 8).to_bytes(4, "big") == tag.encode("ascii")
+        assert magic == _wire.tagged_magic(tag, magic & 0xFF)
+    assert _wire.MAGIC & 0xFF == _wire.PROTOCOL_VERSION
+
+
+@pytest.mark.parametrize("world", [1, 2, 5])
+@pytest.mark.parametrize("n_extras", [0, 3])
+def test_a_row_round_trips_with_its_mark_extras_and_flag(world: int, n_extras: int) -> None:
+    from vargather import _wire
+
+    record = _any_record()
+    extras = tuple(range(7, 7 + min(n_extras, 2 * (world + 1))))
+    row = _wire.encode_row(record, 4, extras, world, 3)
+    assert len(row) % 2 == 0
+    rows_of_other_lengths = {len(_wire.encode_row(record, 3, (), world, 0)), len(row)}
+    assert rows_of_other_lengths == {len(row)}  # one length whatever the extras
+    assert _wire.row_mark(row) == (_wire.ROW_MAGIC, 4)
+    decoded, got, flag = _wire.decode_row(row, len(extras), world, rank=0)
+    assert (decoded, got, flag) == (record, extras, 3)

@@ -8,9 +8,10 @@ The pipeline, one private module per stage (``docs/architecture.md`` has the map
 ``_args`` (local argument checks -> a record) -> ``_wire`` (record <-> int64 vector)
 -> ``_exchange`` (exchange + cross-rank validation) -> ``_layout`` (``Layout``) ->
 ``_transport`` (with ``_buffers``) -> ``_autograd``; every collective goes through
-``_comm``, and ``_dtypes`` and ``_choices`` hold the vocabularies. ``vargather.oracle``
-defines the right answer; ``vargather.compat`` replaces the seed ``distributed.py``
-that many repos copy.
+``_comm``, and ``_dtypes``, ``_choices`` and ``_collectives`` hold the vocabularies
+(``COLLECTIVES``: every collective's name, wire code, checks, oracle and catalogue).
+``vargather.oracle`` defines the right answer; ``vargather.compat`` replaces the seed
+``distributed.py`` that many repos copy.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from ._choices import CONTRACTS as CONTRACTS
 from ._choices import TRANSPORT_NAMES as TRANSPORT_NAMES
 from ._choices import GradContract as GradContract
 from ._choices import TransportName as TransportName
+from ._collectives import COLLECTIVE_NAMES as COLLECTIVE_NAMES
+from ._collectives import COLLECTIVES as COLLECTIVES
+from ._collectives import Collective as Collective
+from ._collectives import CollectiveName as CollectiveName
 from ._dtypes import GLOO_DTYPES as GLOO_DTYPES
 from ._dtypes import NATIVE_DTYPES as GLOO_NATIVE_DTYPES
 from ._errors import ArgumentError as ArgumentError
@@ -55,10 +60,14 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
 __all__ = [
+    "COLLECTIVES",
+    "COLLECTIVE_NAMES",
     "CONTRACTS",
     "GLOO_DTYPES",
     "GLOO_NATIVE_DTYPES",
     "TRANSPORT_NAMES",
+    "Collective",
+    "CollectiveName",
     "GatherResult",
     "GradContract",
     "Layout",

@@ -24,13 +24,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from ._args import Problem
 from ._buffers import compact_rank_major, rank_major_gradient
+from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import SizesError, SizesMismatchError
 from ._family import (
@@ -47,8 +48,8 @@ from ._family import (
     sizes_words,
     with_problem,
 )
-from ._fused import pack
 from ._layout import Layout
+from ._round_buffers import pack
 
 __all__ = [
     "AllToAllPlan",
@@ -59,7 +60,7 @@ __all__ = [
     "split_layout",
 ]
 
-NAME = "all_to_all_v"
+NAME: Final[CollectiveName] = "all_to_all_v"
 
 
 @dataclass(frozen=True)

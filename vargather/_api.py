@@ -90,7 +90,7 @@ def _plan(
         return plan_layout(call, info), info, None
     # A non-bool validate runs the exchange, which reports it on every rank.
     eligible = _is_auto(transport) and not layout_only
-    found = _fused.exchange("single", [call], [x], info, eligible=eligible)
+    found = _fused.exchange("all_gather_v", [call], [x], info, eligible=eligible)
     return found.layouts[0], info, None if found.outputs is None else found.outputs[0]
 
 
@@ -391,7 +391,9 @@ def all_gather_v_coalesced(
                 raise _fused.named(err, i) from None
         return [t for t in items if isinstance(t, torch.Tensor)]
     else:
-        found = _fused.exchange("coalesced", calls, items, info, eligible=_is_auto(transport))
+        found = _fused.exchange(
+            "all_gather_v_coalesced", calls, items, info, eligible=_is_auto(transport)
+        )
         layouts = list(found.layouts)
         outputs = found.outputs
     if not info.communicates:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, MutableSequence, Sequence
 from datetime import timedelta
 from typing import Any, Final
 
@@ -51,6 +51,7 @@ __all__ = [
     "reduce_scatter_equal",
     "reduce_scatter_uneven",
     "resolve_group",
+    "swap_issued_counter",
     "translate_collective_errors",
 ]
 
@@ -74,7 +75,7 @@ _OUT_OF_STEP: Final = (
 )
 
 
-_ISSUED = [0]  # collectives this process has entered through this module
+_ISSUED: MutableSequence[int] = [0]  # collectives this process has entered through this module
 
 
 def collectives_issued() -> int:
@@ -83,6 +84,16 @@ def collectives_issued() -> int:
     their batch). Tests read it before and after a call to count the call's round
     trips."""
     return _ISSUED[0]
+
+
+def swap_issued_counter(counter: MutableSequence[int]) -> MutableSequence[int]:
+    """Count the collectives entered from now on in ``counter[0]``; return the counter
+    it replaces. For the scale simulation, which plays every rank on a thread of one
+    process and so counts each thread's collectives apart (a ``counter`` whose item
+    0 is per thread); put the returned one back when done."""
+    global _ISSUED
+    before, _ISSUED = _ISSUED, counter
+    return before
 
 
 def translate_collective_errors(

@@ -44,6 +44,7 @@ import torch.distributed as dist
 from ._group import GroupInfo, per_call_timeout_supported, resolve_group
 from ._layout import Layout
 from ._mesh import is_device_mesh, resolve_mesh
+from ._reduced import canonical_nans_, mean_
 from ._transport import choose_transport
 
 __all__ = [
@@ -265,8 +266,8 @@ def _backward_eagerly(
         chosen = choose_transport(transport, layout, info)
         out = chosen.reduce_scatter_sum(grad_output, layout, info)
         if grad == "mean":
-            out.div_(layout.world_size)
-        return out.contiguous()
+            return mean_(out, layout.world_size).contiguous()  # as GatherVFunction's backward
+        return canonical_nans_(out).contiguous()
 
 
 @torch.library.custom_op("vargather::all_gather_v_backward", mutates_args=())

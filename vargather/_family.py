@@ -12,10 +12,11 @@ checks: the tensor, ``dim``, ``grad``, ``validate``, ``timeout``, the dtype the 
 carries), the first local problem found (the collective's own checks, such as
 ``sum(sizes) == x.shape[dim]``, appended by its module), and a run of int64
 *extras* (the passed size vectors, ``-1`` where absent). The exchange sends
-``encode_record(record) + [FAMILY_MAGIC, kind] + extras + [flags]`` (int64, padded
+``_wire.encode_row``: ``encode_record(record) + [ROW_MAGIC, code] + extras + [flags]`` (``code``: the
+collective's wire code, ``_collectives``) (int64, padded
 to an even count) and a payload slot of the group's capacity to every rank in one
 equal-split all_to_all of bytes: every rank sends the same length, *whichever kind of
-the family it called*: the extras are padded with ``-1`` to ``extra_words(W) = 2 * (W
+the family it called*: the extras are padded with ``-1`` to ``row_extra_words(W) = 2 * (W
 + 1)`` words for every kind (``all_to_all_v``'s two size vectors; ``reduce_scatter_v``
 passes ``W + 1``), and the capacity is the group's one ``FamilyState``, shared by every
 kind. Nothing of a slot is read before the rows validated, and every rank decides
@@ -56,17 +57,16 @@ the price of one row length for the family.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Final
 
 import torch
-import torch.distributed as dist
 
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
 from ._choices import CONTRACTS, DEVICE_TYPES
+from ._collectives import COLLECTIVE_NAMES, COLLECTIVES, CollectiveName, by_code, name_of_code
 from ._comm import GroupInfo, all_to_all_uneven
 from ._dtypes import dtype_from_code
 from ._errors import (
@@ -79,37 +79,25 @@ from ._errors import (
     VarGatherError,
 )
 from ._exchange import _disagreement
-from ._fused import bucket, capacity_step, within_waste
 from ._group import process_group
-from ._wire import RECORD_LENGTH, decode_record, encode_record
+from ._round_state import STATES, FusedState, advance_blocks, set_state
+from ._wire import ROW_MAGIC, decode_row, encode_row, row_mark
 
 __all__ = [
-    "FAMILY_FUSED_MAX",
-    "FAMILY_MAGIC",
-    "FAMILY_STRETCH_MAX",
-    "KINDS",
     "Check",
     "Exchanged",
     "FamilyCall",
-    "FamilyState",
     "Row",
     "agree",
     "check_tensor",
     "common_checks",
     "exchange",
     "exchange_fused",
-    "extra_words",
-    "family_state_of",
     "raise_local",
-    "rides",
     "settle",
     "sizes_words",
     "with_problem",
 ]
-
-FAMILY_MAGIC: Final = 0x76676661  # "vgfa"
-KINDS: Final = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
-"""The collectives of the family; position + 1 is the kind code on the wire."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +108,7 @@ class FamilyCall:
     malformed), for this rank's own use; ``extras`` is what the peers see of them.
     """
 
-    kind: str
+    kind: CollectiveName
     record: CallRecord
     extras: tuple[int, ...]
     sizes: tuple[tuple[int, ...] | None, ...]
@@ -221,85 +209,9 @@ def sizes_words(
     return parsed, words + [-1] * (1 + world_size - len(words))
 
 
-FAMILY_FUSED_MAX: Final = 64 * 1024
-"""Largest block (bytes, from one rank to one rank) that rides in the metadata exchange:
-the round moves ``W`` slots of the capacity (at most this) from and to every rank."""
-
-FAMILY_STRETCH_MAX: Final = 256 * 1024
-"""Largest block that rides in the exchange at all: past ``FAMILY_FUSED_MAX`` only
-while the slots' padding is bounded, ``W * W * slot(need) <= (1 + WASTE_LIMIT) *
-total`` (every block of every rank padded to the slot; ``_fused.WASTE_LIMIT``). Past
-it the two copies the slots cost (into the send slots, out of the received ones) cost
-more than the metadata round they save: measured on 4 gloo ranks, 1 MiB blocks rode
-at 2.35x one ``all_to_all_single`` against 1.75x in two rounds (``docs/family.md``)."""
-
-
+_FRESH: Final = FusedState()
 _ELIGIBLE: Final = 1  # flag word: no local problem, x on the exchange's device
 _USED: Final = 2  # flag word: the payload slot holds this rank's whole x
-
-
-@dataclass(frozen=True)
-class FamilyState:
-    """What one group's ranks agree on for the family's next exchange (module doc): the
-    payload slot's ``capacity`` (bytes) and its shrink streak (``idle``, ``idle_need``)."""
-
-    capacity: int = 0
-    idle: int = 0
-    idle_need: int = 0
-
-
-def advance(
-    state: FamilyState, *, fusable: bool, need: int, total: int = 0, world: int = 1
-) -> FamilyState:
-    """The state after a call that validated: a pure function of what every rank saw
-    (``fusable``: every rank eligible; ``need``: the largest block any rank sends any
-    rank, bytes; ``total``: every block of every rank together; ``world``: ``W``)."""
-    capacity, idle, idle_need = capacity_step(
-        (state.capacity, state.idle, state.idle_need),
-        small=fusable and rides(need, total, world),
-        need=need,
-        slot=_slot,
-    )
-    if (capacity, idle, idle_need) == (state.capacity, state.idle, state.idle_need):
-        return state
-    return FamilyState(capacity, idle, idle_need)
-
-
-def rides(need: int, total: int, world: int) -> bool:
-    """Whether a call of these blocks may ride in the exchange's slots (module doc): any
-    call whose largest block is at most ``FAMILY_FUSED_MAX`` (latency dominates there),
-    and one of blocks up to ``FAMILY_STRETCH_MAX`` whose ``W * W`` slots pad its
-    ``total`` bytes by at most ``WASTE_LIMIT``."""
-    if need <= FAMILY_FUSED_MAX:
-        return True
-    return need <= FAMILY_STRETCH_MAX and within_waste(world * world * _slot(need), total)
-
-
-def _slot(n: int) -> int:
-    """``bucket(n)`` rounded up to 16 bytes (every slot starts 16-byte aligned)."""
-    return -(-bucket(n) // 16) * 16
-
-
-_STATES: weakref.WeakKeyDictionary[dist.ProcessGroup, FamilyState] = weakref.WeakKeyDictionary()
-"""Per group, the one state every kind's exchange is sized from (module doc)."""
-
-_FRESH: Final = FamilyState()
-
-
-def family_state_of(group: dist.ProcessGroup | None) -> FamilyState:
-    """This process's copy of ``group``'s state, shared by every kind of the family
-    (``None``: the default group)."""
-    pg = group if group is not None else dist.group.WORLD
-    if not isinstance(pg, dist.ProcessGroup):
-        return FamilyState()
-    return _STATES.get(pg, _FRESH)
-
-
-def extra_words(world_size: int) -> int:
-    """The length of every kind's extras on the wire: ``all_to_all_v``'s two size
-    vectors, ``2 * (W + 1)`` words (a shorter kind's are padded with ``-1``), so that
-    a peer calling another kind of the family sends a row of the same length."""
-    return 2 * (world_size + 1)
 
 
 @dataclass(frozen=True)
@@ -308,12 +220,13 @@ class Exchanged:
 
     ``slots``: ``(W, capacity)`` bytes, row ``j`` the slot rank ``j`` sent this rank
     (``None`` in a world of one rank); ``flags``: every rank's flag word; ``state``: the
-    state the round was sized from."""
+    state the round was sized from; ``kind``: the collective whose round it was."""
 
     rows: list[Row]
     slots: torch.Tensor | None
     flags: tuple[int, ...]
-    state: FamilyState
+    state: FusedState
+    kind: CollectiveName
 
 
 Outgoing = Callable[[], tuple[torch.Tensor, Sequence[int]]]
@@ -347,18 +260,15 @@ def exchange_fused(
     In a world of one rank nothing is sent. A row vargather cannot read, or one of
     another collective of the family, raises ``ProtocolMismatchError`` on every rank.
     """
-    kind_code = KINDS.index(call.kind) + 1
+    kind_code = COLLECTIVES[call.kind].code
     pg = process_group(info) if info.communicates else None
-    state = _STATES.get(pg, _FRESH) if pg is not None else _FRESH
+    state = (STATES.get(pg, COLLECTIVES[call.kind].round) if pg is not None else None) or _FRESH
     capacity = state.capacity
     device = info.default_device()
     flag, payload = _flags(call, x, outgoing, capacity, info) if pg is not None else (0, None)
-    n_extras = extra_words(info.world_size)
-    pad = [-1] * (n_extras - len(call.extras))
-    vector = [*encode_record(call.record), FAMILY_MAGIC, kind_code, *call.extras, *pad, flag]
-    vector += [0] * (len(vector) % 2)  # 16-byte rows: every slot starts aligned
+    vector = encode_row(call.record, kind_code, call.extras, info.world_size, flag)
     if not info.communicates:
-        return Exchanged([Row(call.record, call.extras)], None, (flag,), state)
+        return Exchanged([Row(call.record, call.extras)], None, (flag,), state, call.kind)
     w, words = info.world_size, len(vector)
     width = 8 * words + capacity
     local = torch.empty(w, width, dtype=torch.uint8, device=device)
@@ -385,37 +295,37 @@ def exchange_fused(
         what=f"all_to_all ({call.kind} metadata exchange)",
     )
     rows = received[:, : 8 * words].contiguous().view(torch.int64).tolist()
-    _check_kinds(call.kind, [(row[RECORD_LENGTH], row[RECORD_LENGTH + 1]) for row in rows])
+    _check_kinds(call.kind, [row_mark(row) for row in rows])
     out: list[Row] = []
     flags: list[int] = []
-    at = RECORD_LENGTH + 2
     for r, row in enumerate(rows):
-        extras = tuple(row[at : at + len(call.extras)])
-        flags.append(int(row[at + n_extras]))
-        out.append(Row(decode_record(row[:RECORD_LENGTH], rank=r), extras))
-    return Exchanged(out, received[:, 8 * words :], tuple(flags), state)
+        record, extras, flag = decode_row(row, len(call.extras), w, rank=r)
+        flags.append(flag)
+        out.append(Row(record, extras))
+    return Exchanged(out, received[:, 8 * words :], tuple(flags), state, call.kind)
 
 
-def _check_kinds(kind: str, marks: Sequence[tuple[int, int]]) -> None:
+def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None:
     """Raise ``ProtocolMismatchError`` unless every rank's row (``marks[r]``: its magic
     and kind code) is a ``kind`` call's: a row vargather cannot read names its rank; a
     peer calling another kind of the family gets one message on every rank, naming
     which rank called which (a pure function of the rows)."""
-    kind_code = KINDS.index(kind) + 1
-    if all(magic == FAMILY_MAGIC and code == kind_code for magic, code in marks):
+    kind_code = COLLECTIVES[kind].code
+    if all(magic == ROW_MAGIC and code == kind_code for magic, code in marks):
         return
     for r, (magic, code) in enumerate(marks):
-        if magic != FAMILY_MAGIC or not 0 < code <= len(KINDS):
+        found_kind = by_code(code)
+        if magic != ROW_MAGIC or found_kind is None or found_kind.round != "all_to_all":
             raise ProtocolMismatchError(
                 f"{kind}: rank {r} sent metadata of another collective or vargather "
                 f"version: expected a {kind} call on every rank of the group",
                 ranks=[r],
             )
-    names = [KINDS[code - 1] for _, code in marks]
+    names = [name_of_code(code) for _, code in marks]
     found = _disagreement("collective", names)
     assert found is not None  # some rank's kind differs
     message, blamed = found
-    present = " / ".join(k for k in KINDS if k in names)
+    present = " / ".join(k for k in COLLECTIVE_NAMES if k in names)
     raise ProtocolMismatchError(
         f"{present}: {message}: call the same collective on every rank of the group",
         ranks=blamed,
@@ -438,10 +348,9 @@ def settle(
     if ex.slots is None:
         return None
     fusable = all(f & _ELIGIBLE for f in ex.flags)
-    after = advance(ex.state, fusable=fusable, need=need, total=total, world=info.world_size)
-    pg = process_group(info)
-    if pg is not None and after is not ex.state:
-        _STATES[pg] = after
+    after = advance_blocks(ex.state, fusable=fusable, need=need, total=total, world=info.world_size)
+    if after is not ex.state:
+        set_state(process_group(info), ex.kind, after)
     if not all(f & _USED for f in ex.flags) or need > ex.state.capacity:
         return None
     return tuple(ex.slots[j, :n] for j, n in enumerate(incoming))
@@ -539,11 +448,3 @@ def requires_grad_check(records: Sequence[CallRecord], why: str) -> Check:
         [rec.requires_grad for rec in records],
         repr,
     )
-
-
-def reset_family_state(group: dist.ProcessGroup | None = None) -> None:
-    """Tests only: forget ``group``'s state on this rank (every rank must do the same,
-    or the ranks disagree on the next exchange's size)."""
-    pg = group if group is not None else dist.group.WORLD
-    if isinstance(pg, dist.ProcessGroup):
-        _STATES.pop(pg, None)

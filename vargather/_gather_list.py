@@ -3,7 +3,7 @@
 Where it sits: a family collective built on ``_family`` (stages 1-3), ``_transport``
 and ``_fused`` (the
 validated call: every rank's shape words and flat run of elements, one *carrier* tensor
-of its dtype, ride in ``_fused``'s round of kind ``coalesced``, the payload in the same
+of its dtype, ride in ``_fused``'s round as ``all_gather_list``, the payload in the same
 collective when it fits) and
 ``_reduce_scatter`` (the ``sum``/``mean`` backward). ``_family_api`` calls it eagerly;
 ``_compiled_family`` wraps it in custom operators.
@@ -34,6 +34,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _fused
 from ._args import CheckedCall, Problem, check_call, saturate, sizes_hash
+from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_gather_equal
 from ._errors import (
     ProtocolMismatchError,
@@ -46,7 +47,9 @@ from ._errors import (
 from ._family import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
 from ._layout import Layout
 from ._reduce_scatter import reduce_scatter_blocks
+from ._reduced import mean_
 from ._transport import choose_transport
+from ._wire import carrier_ndim, carrier_words
 
 __all__ = [
     "GatherListFunction",
@@ -56,7 +59,7 @@ __all__ = [
     "plan_gather_list",
 ]
 
-NAME = "all_gather_list"
+NAME: Final[CollectiveName] = "all_gather_list"
 
 Shapes = tuple[tuple[int, ...], ...]
 
@@ -193,16 +196,6 @@ def _renamed(err: VarGatherError) -> VarGatherError:
     return type(err)(f"{NAME}: {text.removeprefix('all_gather_v: ')}", ranks=err.ranks)
 
 
-LIST_MAGIC: Final = 0x76676C73  # "vgls": the first word of every rank's carrier
-"""Marks an ``all_gather_list`` carrier: a peer whose run does not start with it made
-another call of the same fused round (``all_gather_v_coalesced`` of one tensor)."""
-
-
-def _meta_words(record_shape: tuple[int, ...], words: Sequence[int]) -> list[int]:
-    """This rank's shape and passed-shapes words: ``[magic, ndim, *shape, passed, hash]``."""
-    return [LIST_MAGIC, len(record_shape), *record_shape, *words]
-
-
 CARRIER_SHAPE: Final = (-1, 1, 1)
 """The carrier's shape: ``(n, 1, 1)``, a shape no other caller of the round is likely to
 send, so a peer calling ``all_gather_v_coalesced`` of one tensor beside this call
@@ -264,7 +257,7 @@ def _read_carriers(run: torch.Tensor, sizes: Sequence[int]) -> list[tuple[list[i
     bad: list[int] = []
     for r, region in enumerate(torch.split(run, list(sizes))):
         first = _words(region, 2)
-        ndim = first[1] if first is not None and first[0] == LIST_MAGIC else -1
+        ndim = carrier_ndim(first)
         words = _words(region, ndim + 4) if 0 <= ndim <= 64 else None
         if words is None:
             bad.append(r)
@@ -320,7 +313,7 @@ def _fused_plan(
     timeout: object,
     requires_grad: bool | None,
 ) -> GatherListPlan:
-    """The validated call through ``_fused`` (kind ``list``, one tensor): every
+    """The validated call through ``_fused`` (as ``all_gather_list``, one tensor): every
     rank's *carrier*, an ``(n, 1, 1)`` tensor of ``x``'s dtype holding its metadata words
     ``[magic, ndim, *shape, passed, hash]`` then the flat run of ``x``, in the fused
     round when it fits (the payload rides along), else the round and one gather of the
@@ -342,7 +335,7 @@ def _fused_plan(
     record = checked.record
     carrier: object = x
     if isinstance(x, torch.Tensor) and call.record.problem is None and record.problem is None:
-        carrier = _carrier(x, _meta_words(call.record.shape, call.extras))
+        carrier = _carrier(x, carrier_words(call.record.shape, call.extras))
         own = check_call(
             carrier, 0, sizes=None, grad=grad, transport="auto", info=info, validate=validate
         )
@@ -353,7 +346,7 @@ def _fused_plan(
         record = replace(record, problem=call.record.problem)
     calls = [CheckedCall(record, None, checked.timeout)]
     try:
-        found = _fused.exchange("list", calls, [carrier], info, eligible=True)
+        found = _fused.exchange("all_gather_list", calls, [carrier], info, eligible=True)
         assert isinstance(carrier, torch.Tensor)  # the headers validated
         if found.outputs is not None:
             run = found.outputs[0].reshape(-1)
@@ -407,7 +400,7 @@ def list_gradient(grads: Sequence[torch.Tensor], plan: GatherListPlan) -> torch.
     flat = torch.cat([g.reshape(-1) for g in grads])
     out = reduce_scatter_blocks(flat, layout, info).view(plan.shapes[r])
     if plan.contract == "mean":
-        out.div_(info.world_size)
+        mean_(out, info.world_size)
     return out
 
 

@@ -148,7 +148,7 @@ class Layout:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the gathered result: ``pre * total * post * itemsize``."""
+        """The gathered result's size in bytes, ``pre * total * post * itemsize``."""
         return self.pre * self.total * self.row_bytes
 
     def shard_shape(self, rank: int) -> tuple[int, ...]:

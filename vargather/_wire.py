@@ -1,4 +1,9 @@
-"""Stage 2: the wire format, a ``CallRecord`` as one fixed-length int64 vector.
+"""Stage 2: the wire format: every byte layout vargather puts on the wire.
+
+Three formats, one magic scheme (``tagged_magic``: four letters and a version):
+the full record (``encode_record``), the all_gather-shaped round's compact header
+(``encode_header``) and the all_to_all-shaped round's row (``encode_row``), plus the
+words that open an ``all_gather_list`` carrier (``carrier_words``).
 
 Pipeline: argument checks -> **wire format** -> exchange and validation -> ``Layout``
 -> transport -> autograd.
@@ -16,8 +21,9 @@ The same module holds the fused round's **compact header** (``encode_header``,
 message text, sent with the payload on the common path (``_fused``). A header word by
 word: magic and version; flags (``FLAG_PROBLEM``, ``FLAG_LONG``: more than
 ``SHAPE_SLOTS`` dims, ``FLAG_ELIGIBLE``, ``FLAG_REQUIRES_GRAD``, and from bit
-``KIND_SHIFT`` the caller's kind: 0 ``all_gather_v``, 1 ``all_gather_v_coalesced``, 2
-``all_gather_list``, so that every rank knows which collective each peer called); the ndim, dtype,
+``KIND_SHIFT`` the caller's collective as its wire code (``_collectives``: 0
+``all_gather_v``, 1 ``all_gather_v_coalesced``, 2 ``all_gather_list``), so that every
+rank knows which collective each peer called); the ndim, dtype,
 normalized dim, contract, transport and device codes, a byte each, in one word; the
 call's tensor count; the passed sizes' length and hash; ``SHAPE_SLOTS`` dims of the
 shape. A problem only sets a flag: its text travels in a full record, on the error
@@ -49,6 +55,7 @@ from ._errors import (
 )
 
 __all__ = [
+    "CARRIER_MAGIC",
     "FLAG_ELIGIBLE",
     "FLAG_LONG",
     "FLAG_PROBLEM",
@@ -59,26 +66,46 @@ __all__ = [
     "KIND_SHIFT",
     "MESSAGE_WORDS",
     "RECORD_LENGTH",
+    "ROW_MAGIC",
     "SHAPE_SLOTS",
     "call_flags",
+    "carrier_ndim",
+    "carrier_words",
     "decode_header",
     "decode_record",
+    "decode_row",
     "encode_header",
     "encode_headers",
     "encode_record",
+    "encode_row",
     "header_count",
     "header_flags",
     "header_kind",
     "header_struct",
     "magic_mismatch",
+    "row_extra_words",
+    "row_mark",
     "size_word_at",
     "sizes_len_word_at",
     "split_headers",
+    "tagged_magic",
     "wire_text",
 ]
 
-MAGIC: Final = 0x76617267  # "varg"
+
+def tagged_magic(tag: str, version: int) -> int:
+    """The one magic scheme of every format on the wire: four ASCII letters naming the
+    format, then its version in the low byte (``"vgfu"``, 1 -> ``0x7667667501``). A
+    peer of another format or version fails the magic check, whichever it is."""
+    raw = tag.encode("ascii")
+    assert len(raw) == 4
+    assert 0 <= version < 256
+    return int.from_bytes(raw, "big") << 8 | version
+
+
 PROTOCOL_VERSION: Final = 3
+MAGIC: Final = tagged_magic("varg", PROTOCOL_VERSION)
+"""The full record's magic (its version also has a word of its own, ``version``)."""
 MESSAGE_WORDS: Final = 64  # 512 ASCII bytes of a problem's message
 
 _PROBLEM_ERRORS: Final[tuple[type[VarGatherError], ...]] = (
@@ -206,13 +233,14 @@ HEADER_BYTES: Final = 8 * HEADER_WORDS
 SHAPE_SLOTS: Final = 6
 """Dims of the shape a compact header carries; a wider tensor takes the full path."""
 
-HEADER_MAGIC: Final = (0x76676675 << 8) | 1  # "vgfu", fused header version 1
+HEADER_MAGIC: Final = tagged_magic("vgfu", 1)
+"""The compact header's magic (the all_gather-shaped round)."""
 FLAG_PROBLEM: Final = 1
 FLAG_LONG: Final = 2
 FLAG_ELIGIBLE: Final = 4
 FLAG_REQUIRES_GRAD: Final = 8
 KIND_SHIFT: Final = 4
-"""The flags word's bits from here on hold the kind of the call (``_fused.Kind``)."""
+"""The flags word's bits from here on hold the caller's collective (its wire code)."""
 
 
 _FLAGS_AT: Final = 1
@@ -300,7 +328,7 @@ def header_flags(h: Sequence[int]) -> int:
 
 
 def header_kind(h: Sequence[int]) -> int:
-    """The caller's kind code in ``h`` (0 ``all_gather_v``, 1 coalesced, 2 list)."""
+    """The caller's collective in ``h``, as its wire code (``_collectives``)."""
     return h[_FLAGS_AT] >> KIND_SHIFT
 
 
@@ -342,3 +370,67 @@ def decode_header(h: Sequence[int]) -> CallRecord:
         sizes_hash=h[_SIZES_HASH_AT],
         shape=tuple(h[_HEADER_SHAPE_AT : _HEADER_SHAPE_AT + min(ndim, SHAPE_SLOTS)]),
     )
+
+
+# --- the row of the all_to_all-shaped round ------------------------------------------
+
+ROW_MAGIC: Final = tagged_magic("vgfa", 1)
+"""The row's magic: the word after the record in every row of the all_to_all-shaped
+round (``_family``)."""
+
+_ROW_MARK_AT: Final = RECORD_LENGTH
+_ROW_EXTRAS_AT: Final = RECORD_LENGTH + 2
+
+
+def row_extra_words(world_size: int) -> int:
+    """The length of every row's extras: ``2 * (W + 1)`` words, the longest any
+    collective of the round sends (``all_to_all_v``'s two size vectors), so that every
+    row of every collective of the round has one length."""
+    return 2 * (world_size + 1)
+
+
+def encode_row(
+    record: CallRecord, code: int, extras: Sequence[int], world_size: int, flag: int
+) -> list[int]:
+    """One row of the all_to_all-shaped round: ``encode_record(record) + [ROW_MAGIC,
+    code] + extras + [flag]``, the extras padded with ``-1`` to ``row_extra_words(W)``
+    and the row to an even count of words (16-byte rows: every payload slot after a
+    row starts aligned). ``code``: the caller's collective (``_collectives``)."""
+    pad = [-1] * (row_extra_words(world_size) - len(extras))
+    words = [*encode_record(record), ROW_MAGIC, code, *extras, *pad, flag]
+    return words + [0] * (len(words) % 2)
+
+
+def row_mark(row: Sequence[int]) -> tuple[int, int]:
+    """A row's magic and collective code (read before anything else of it)."""
+    return row[_ROW_MARK_AT], row[_ROW_MARK_AT + 1]
+
+
+def decode_row(
+    row: Sequence[int], n_extras: int, world_size: int, *, rank: int
+) -> tuple[CallRecord, tuple[int, ...], int]:
+    """A row whose mark was checked: its record, its first ``n_extras`` extras and its
+    flag word."""
+    extras = tuple(row[_ROW_EXTRAS_AT : _ROW_EXTRAS_AT + n_extras])
+    flag = int(row[_ROW_EXTRAS_AT + row_extra_words(world_size)])
+    return decode_record(row[:RECORD_LENGTH], rank=rank), extras, flag
+
+
+# --- the words that open an all_gather_list carrier ----------------------------------
+
+CARRIER_MAGIC: Final = tagged_magic("vgls", 1)
+"""Marks an ``all_gather_list`` carrier (the first of its words): a peer whose run does
+not start with it made another call of the same round (``all_gather_v_coalesced`` of
+one tensor)."""
+
+
+def carrier_words(shape: Sequence[int], passed: Sequence[int]) -> list[int]:
+    """The int64 words that open a rank's ``all_gather_list`` carrier:
+    ``[CARRIER_MAGIC, ndim, *shape, *passed]`` (``passed``: whether shapes were passed,
+    and their hash)."""
+    return [CARRIER_MAGIC, len(shape), *shape, *passed]
+
+
+def carrier_ndim(first: Sequence[int] | None) -> int:
+    """The ndim a carrier's first two words announce (-1: not a carrier)."""
+    return first[1] if first is not None and first[0] == CARRIER_MAGIC else -1

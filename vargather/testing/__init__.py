@@ -14,12 +14,12 @@ Where it sits: the second layer of the package, on top of the gather library
 * ``judge``: a case's rank reports against ``vargather.oracle``, as ``Failure`` records;
 * ``runner``: the one importer of implementations under test, the rank side and
   ``run_cases``;
-* ``properties``: the one property catalogue pytest, the mutant search and
-  ``python -m vargather check`` run;
-* ``family`` and ``family_properties``: the same for ``reduce_scatter_v``,
-  ``all_to_all_v`` and ``all_gather_list`` (case models, strategies, rank runners and
-  judge; each collective's catalogue, ``family_catalogue``, which the suite and
-  ``check --op`` run);
+* ``properties``: the one kind of row, ``Property``, and ``catalogue(impl)``: the rows
+  of ``impl.op``'s catalogue (``catalogues.<collective>``, one module per collective),
+  which pytest, the mutant search and ``python -m vargather check`` run;
+* ``family`` and ``family_catalogue``: the case models, strategies, rank runners and
+  judge of ``reduce_scatter_v``, ``all_to_all_v`` and ``all_gather_list``, and their
+  rows;
 * ``seed``: a faithful re-implementation of the seed ``distributed.py``, the
   implementation the benchmark and the conformance tests measure against.
 """
@@ -41,9 +41,6 @@ from .cases import VARGATHER as VARGATHER
 from .cases import GatherCase as GatherCase
 from .cases import Implementation as Implementation
 from .cases import parse_case as parse_case
-from .family_properties import FamilyProperty as FamilyProperty
-from .family_properties import FamilyTarget as FamilyTarget
-from .family_properties import family_catalogue as family_catalogue
 from .judge import Failure as Failure
 from .pool import COLLECTIVE_TIMEOUT_ENV as COLLECTIVE_TIMEOUT_ENV
 from .pool import PoolConfig as PoolConfig
@@ -71,8 +68,6 @@ __all__ = [
     "COMPAT",
     "VARGATHER",
     "Failure",
-    "FamilyProperty",
-    "FamilyTarget",
     "GatherCase",
     "Implementation",
     "ImplementationError",
@@ -93,7 +88,6 @@ __all__ = [
     "catalogue",
     "close_all_pools",
     "describe",
-    "family_catalogue",
     "get_pool",
     "parse_case",
     "property_ids",

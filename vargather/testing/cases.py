@@ -238,7 +238,12 @@ def make_values(shape: Sequence[int], dtype: torch.dtype, seed: int, kind: str) 
     values (+-0, +-inf, NaNs, subnormal and normal extremes, integer extremes, int64
     values float64 cannot hold, float64 values float32 cannot hold); complex dtypes
     get both parts this way. ``kind="integers"``: integers in [-8, 8] (bool: 0/1).
+    ``kind="special"`` (``SPECIAL_VALUES``): those integers with, in a real float
+    dtype, about three in five elements -0.0, +inf or NaN (float32's NaNs carrying
+    distinct payloads): values whose sums are exact and do not depend on their order.
     """
+    if kind == SPECIAL_VALUES:
+        return _with_specials(make_values(shape, dtype, seed, "integers"), seed)
     if kind not in VALUE_KINDS:
         raise ValueError(f"kind={kind!r} is not one of {VALUE_KINDS}")
     gen = torch.Generator().manual_seed(seed)
@@ -261,6 +266,31 @@ def make_values(shape: Sequence[int], dtype: torch.dtype, seed: int, kind: str) 
     if dtype.is_complex:
         flat = torch.view_as_complex(flat.view(numel, 2))
     return flat.view(tuple(shape))
+
+
+SPECIAL_VALUES: Final = "special"
+"""``make_values``'s kind for reductions (the family's cases): small integers with
+-0.0, infinities and NaNs among them; not one of ``VALUE_KINDS`` (a gather's cases
+draw those)."""
+
+
+def _with_specials(t: torch.Tensor, seed: int) -> torch.Tensor:
+    """``t`` (real floats only) with -0.0, +inf and NaNs at seeded positions."""
+    if not t.dtype.is_floating_point or t.numel() == 0:
+        return t
+    g = torch.Generator().manual_seed(seed ^ 0x5EED)
+    flat = t.view(-1)
+    picks = torch.randint(0, 5, (flat.numel(),), generator=g)
+    flat[picks == 0] = -0.0
+    flat[picks == 1] = math.inf
+    if t.dtype == torch.float32:
+        nan = torch.tensor([0x7FC00001, -0x0003FFFF], dtype=torch.int32).view(torch.float32)
+        where = (picks == 2).nonzero().view(-1)
+        for i, k in enumerate(where.tolist()):
+            flat[k] = nan[i % 2]
+    else:
+        flat[picks == 2] = math.nan
+    return t
 
 
 def make_upstream(
@@ -714,6 +744,10 @@ class Implementation:
     call: str | None = None
     """A call template (``vargather.testing.calls``), ``"(x, group=group)"``: ATTR is
     called with it instead of the convention's call."""
+    op: str = "all_gather_v"
+    """The collective it implements (``--op``): which catalogue checks it. For a
+    collective other than ``all_gather_v`` ``ref=None`` is vargather's own function of
+    that name, called as vargather's is (the convention is ``vargather``)."""
 
     def __post_init__(self) -> None:
         for what in ("ref", "coalesced_ref"):
@@ -741,7 +775,16 @@ class Implementation:
     @property
     def label(self) -> str:
         """The full reference, for reports."""
-        return self.name or self.ref or "vargather:all_gather_v_with_layout"
+        return self.name or self.ref or self.own_ref
+
+    @property
+    def own_ref(self) -> str:
+        """vargather's own function of this collective, ``"module:attr"``."""
+        return (
+            "vargather:all_gather_v_with_layout"
+            if self.op == "all_gather_v"
+            else (f"vargather:{self.op}")
+        )
 
     @property
     def claims_compile(self) -> bool:
@@ -759,7 +802,7 @@ class Implementation:
     @property
     def short_name(self) -> str:
         """The function's name, for failure messages."""
-        ref = self.ref or "vargather:all_gather_v_with_layout"
+        ref = self.ref or self.own_ref
         attr = ref.partition(":")[2]
         parts = attr.split(".")
         return parts[-2] if parts[-1] == "apply" and len(parts) > 1 else parts[-1]

@@ -4,9 +4,9 @@ Where it sits: at the top of the gate's engine in the testing kit, above ``optio
 (what to run), ``resolve`` (what ``impl`` names and how to call it), ``evaluate`` (one
 property's Hypothesis run), ``isolated`` (the row run in a child process), ``verdict``
 (the status rules), ``progress`` and ``results`` (the report). It starts the gloo worlds
-(``vargather.testing.pool``), runs every property of the kit's one catalogue
-(``vargather.testing.properties``: the properties the test suite and the mutant
-search run) as a seeded Hypothesis test, shrinking a failure to a minimal
+(``vargather.testing.pool``), runs every row of the catalogue of the collective
+``--op`` names (``vargather.testing.catalogues``: the rows the test suite and the
+mutant search run; one loop, whichever the collective) as a seeded Hypothesis test, shrinking a failure to a minimal
 counterexample within a budget counted in examples (a failure whose attempts cost a
 world, a timeout or a crash, gets a few attempts only), and returns a ``Report``. The
 property whose cases run without torch.distributed runs in a child process
@@ -24,23 +24,24 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
 import vargather
 
 from .calls import parse_call
-from .cases import DTYPE_NAMES, GatherCase, Implementation, RankReport
+from .cases import DTYPE_NAMES
+from .catalogues import catalogue_of
+from .collectives import DEFAULT
 from .evaluate import evaluate_row, hypothesis_storage, prefer_nonempty
 from .isolated import run_isolated
 from .options import CheckOptions, CheckUsageError
 from .pool import PoolFailure, RankError, RankPool, get_pool
 from .progress import Progress, ProgressCallback, ProgressEvent
-from .properties import Property, catalogue
-from .resolve import ImplInfo, ensure_import_path, resolve_options_impl
+from .properties import BATCH, Property
+from .resolve import ImplInfo, ensure_import_path
 from .results import EXIT_USAGE, PropertyResult, Report
-from .runner import backend_refusals, rank_preflight, run_on_rank
+from .runner import backend_refusals, rank_preflight
 from .verdict import UNSUPPORTED_EXAMPLES, scope_hints, split_rows, with_unsupported, with_xfail
 
 __all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]
@@ -49,42 +50,11 @@ __all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]
 # --- running a check -----------------------------------------------------------------
 
 
-def _implementation(info: ImplInfo, options: CheckOptions, cwd: str) -> Implementation:
-    """The ``Implementation`` the kit's runner calls: the claimed contract and the
-    declared scope only."""
-    grad = options.grad
-    narrowed = info.scope  # what a call template leaves out
-    scope: dict[str, Any] = {
-        "contracts": ("sum",) if grad == "none" else (grad,),
-        "differentiable": grad != "none",
-        "dims": options.dims if narrowed is None else narrowed.dims,
-        "sizes_scope": options.sizes if narrowed is None else narrowed.sizes,
-        "returns": options.returns,
-        "emulate": options.emulate,
-        "takes_grad": info.takes_grad,
-        "call": info.call,
-    }
-    if options.compile:
-        scope["compiles"] = True  # vargather's own claims it anyway
-    if info.ref is None:
-        return Implementation(None, transports=info.transports, name="vargather", **scope)
-    return Implementation(
-        info.ref,
-        convention=info.convention,
-        transports=info.transports,
-        search_path=(cwd,),
-        name=info.ref,
-        takes_group=info.takes_group,
-        ctor_kwargs=info.ctor_kwargs,
-        ctor_takes_dim=info.ctor_takes_dim,
-        **scope,
-    )
-
-
 def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:
     """The declared scope for the report (every option that limits what is drawn, as
     the call template narrowed it)."""
-    scope = {"--grad": options.grad}
+    scope = {} if options.op == DEFAULT else {"--op": options.op}  # set: said, as --dims
+    scope["--grad"] = options.grad
     narrowed = info.scope
     if info.call is not None:
         scope["--call"] = info.call
@@ -119,39 +89,6 @@ def _call_reason(row_id: str, reason: str | None, info: ImplInfo) -> str | None:
         return reason
     what = {"dim": "dim 0 only", "group": "no subgroup", "sizes": "sizes never passed"}
     return f"--call {info.call} passes no {left_out}: {what[left_out]}"
-
-
-_PROBE_TOKENS = iter(range(-1, -(1 << 62), -1))
-
-
-def _probe_returns(
-    impl: Implementation, world_sizes: Sequence[int], factory: Callable[[int], RankPool]
-) -> str:
-    """What the implementation returns beside the tensor on a small 2-rank (or 1-rank)
-    gather: ``sizes``, ``layout``, ``none`` (a bare tensor), or ``unknown``."""
-    multi = [w for w in world_sizes if w >= 2]
-    w = min(multi) if multi else 1
-    case = GatherCase(
-        shapes=tuple((1 + r % 2, 2) for r in range(w)),
-        dim=0,
-        dtype="float32",
-        contract=impl.contracts[0],
-        values="integers",
-        requires_grad=False,
-    )
-    try:
-        reports = factory(w).run(run_on_rank, (impl, case, next(_PROBE_TOKENS)))
-    except (PoolFailure, RankError):  # the properties will report what went wrong
-        return "unknown"
-    kinds = {
-        r.extra[0]
-        for r in reports
-        if isinstance(r, RankReport) and r.error is None and r.out is not None
-    }
-    if len(kinds) != 1:
-        return "unknown"
-    kind = kinds.pop()
-    return str(kind) if kind in ("sizes", "layout", "none") else "unknown"
 
 
 def _check_json_path(path: str | None) -> None:
@@ -258,17 +195,13 @@ def _run_check(
     started = time.monotonic()
     _check_json_path(options.json_path)
     cwd = ensure_import_path()
-    if options.op != "all_gather_v":
-        from .family_check import run_family_check
-
-        factory = pool_factory or _default_factory(options.timeout)
-        return run_family_check(options, Progress(progress_callback, 0), factory, cwd, _versions())
-    info = resolve_options_impl(options, cwd)
-    impl = _implementation(info, options, cwd)
+    collective = catalogue_of(options.op)
+    info = collective.resolve(options, cwd)
+    impl = collective.implementation(info, options, cwd)
     transports = info.transports
     world_sizes = tuple(sorted(options.world_sizes))
     factory = pool_factory or _default_factory(options.timeout)
-    selected = [r for r in catalogue(impl) if _selected(r, options)]
+    selected = [r for r in collective.rows(impl) if _selected(r, options)]
     needed = sorted(
         {
             w
@@ -286,12 +219,12 @@ def _run_check(
         _preflight(info, cwd, needed, factory, options.emulate)
         returns = {"tensor": "none", "tuple": "sizes"}.get(options.returns, "unknown")
         if returns == "unknown" and needed and any(r.id == "returned-sizes" for r in selected):
-            returns = _probe_returns(impl, needed, factory)
+            returns = collective.probe_returns(impl, needed, factory)
         refused = _backend_refusals(factory, needed, options.emulate) if needed else ()
     except BaseException:
         progress.close()
         raise
-    rows = [r for r in catalogue(impl, returns=returns) if _selected(r, options)]
+    rows = [r for r in collective.rows(impl, returns) if _selected(r, options)]
     report = Report(
         impl=info.ref,
         impl_display=info.display,
@@ -306,7 +239,9 @@ def _run_check(
         refused_transports=dict(info.refused_transports),
         scope=_scope_text(options, info),
         strict=options.strict,
-        call=info.call,
+        call=info.call if info.call is not None else collective.default_call,
+        op=options.op,
+        batch=max((r.batch or BATCH for r in rows), default=BATCH),
     )
     try:
         split = list(split_rows(rows, refused, options.xfails))

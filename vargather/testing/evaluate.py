@@ -20,15 +20,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from .cases import GatherCase, Implementation
 from .isolated import in_flight
 from .judge import Failure
 from .options import CheckOptions
 from .pool import RankPool
 from .progress import Progress, ProgressCallback
 from .properties import BATCH, Property
-from .results import PropertyFailure, PropertyResult, case_data
-from .runner import describe, describe_coalesced, short_traceback
+from .results import PropertyFailure, PropertyResult
+from .runner import short_traceback
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -60,22 +59,17 @@ def render_failures(failures: Sequence[Failure], limit: int = 4) -> str:
 
 
 def _property_failure(
-    failures: Sequence[Failure],
-    case: GatherCase,
-    impl: Implementation,
-    before: Sequence[GatherCase] = (),
-    reproduction: str | None = None,
+    failures: Sequence[Failure], case_data: dict[str, Any], reproduction: str
 ) -> PropertyFailure:
-    """A property's failure on ``case``, from the judge's records (the first one's kind
-    and aspect; a crash or a hang anywhere is the property's kind). ``reproduction``
-    replaces ``describe(case, impl, before=before)`` (a coalesced call's)."""
+    """A property's failure on a case, from the judge's records (the first one's kind
+    and aspect; a crash or a hang anywhere is the property's kind)."""
     kinds = {f.kind for f in failures}
     kind = next((k for k in ("crash", "hang") if k in kinds), failures[0].kind)
     return PropertyFailure(
         kind,
         render_failures(failures),
-        case_data(case),
-        reproduction or describe(case, impl, before=before),
+        case_data,
+        reproduction,
         aspect=failures[0].aspect,
     )
 
@@ -140,7 +134,7 @@ class _PropertyState:
     shrink_runs: int = 0
     failed_at: float | None = None
     last: PropertyFailure | None = None
-    memo: dict[tuple[GatherCase, ...], PropertyFailure | None] = field(default_factory=dict)
+    memo: dict[tuple[Any, ...], PropertyFailure | None] = field(default_factory=dict)
 
 
 def evaluate_row(
@@ -159,10 +153,9 @@ def evaluate_row(
     by time, so a loaded machine runs the same examples."""
     started = time.monotonic()
     state = _PropertyState()
-    strategy: SearchStrategy[list[GatherCase]] = prop.strategy(
+    strategy: SearchStrategy[list[Any]] = prop.strategy(
         world_sizes, batch=BATCH, max_payload=options.max_payload
     )
-    impl = prop.implementation
 
     def out_of_budget() -> bool:
         if state.failed_at is None:
@@ -172,7 +165,7 @@ def evaluate_row(
             budget = min(budget, CRASH_SHRINK_BUDGET)
         return state.cost == _COST_TIMEOUT or state.shrink_runs >= budget
 
-    def run(batch: list[GatherCase]) -> PropertyFailure | None:
+    def run(batch: list[Any]) -> PropertyFailure | None:
         if state.failed_at is not None:
             if out_of_budget():
                 # End the search: past the budget Hypothesis would propose a thousand
@@ -180,7 +173,7 @@ def evaluate_row(
                 raise ShrinkBudgetSpent
             state.shrink_runs += 1
         used = _UsedPools(factory)
-        with in_flight(options.in_flight, batch, impl):
+        with in_flight(options.in_flight, batch, prop):
             results = prop.run(batch, pool_factory=used)
         if state.failed_at is None:
             state.examples += 1
@@ -191,16 +184,13 @@ def evaluate_row(
                 if state.failed_at is None:
                     state.failed_at = time.monotonic()
                 state.cost = max(state.cost, _attempt_cost(results, used))
-                if prop.coalesced:  # one call of every case: it lists them all
-                    shown = describe_coalesced(batch, index, impl)
-                    return _property_failure(failures, verdict.case, impl, reproduction=shown)
-                # The calls that ran before it on the same world (state carried over);
-                # Hypothesis keeps only those the failure needs.
-                before = batch[:index]
-                return _property_failure(failures, verdict.case, impl, before)
+                # The row tells the case with the calls that ran before it on the same
+                # world (state carried over); Hypothesis keeps only those it needs.
+                shown = prop.describe(batch, index)
+                return _property_failure(failures, prop.case_data(verdict.case), shown)
         return None
 
-    def body(batch: list[GatherCase]) -> None:
+    def body(batch: list[Any]) -> None:
         key = tuple(batch)
         failure = state.memo[key] if key in state.memo else run(batch)
         if failure is not None:
@@ -299,7 +289,7 @@ NONEMPTY_EXAMPLES: Final = 20
 """Examples of the second search for a gradient counterexample without empty shards."""
 
 
-def _all_nonempty(case: GatherCase) -> bool:
+def _all_nonempty(case: Any) -> bool:
     return all(n > 0 for n in case.sizes)
 
 
@@ -318,11 +308,12 @@ def prefer_nonempty(
     f = result.failure
     if result.status != "fail" or f is None or f.aspect not in ("gradient", "adjoint"):
         return result
-    if f.case is None or all(n > 0 for n in f.case["sizes"]):
-        return result
+    sizes = None if f.case is None else f.case.get("sizes")
+    if not isinstance(sizes, list) or all(n > 0 for n in sizes):
+        return result  # a case of no sizes (another collective's) has no empty shards
     keep = row.keep
 
-    def nonempty(case: GatherCase) -> bool:
+    def nonempty(case: Any) -> bool:
         return _all_nonempty(case) and (keep is None or keep(case))
 
     second = evaluate_row(

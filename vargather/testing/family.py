@@ -15,18 +15,18 @@ model ``all_gather_v``), for ``reduce_scatter_v``, ``all_to_all_v`` and
   function, a mutant for one) and reports what it returned, its gradient, or the
   error it raised;
 * **the judge and the properties** (``judge_case``, ``judge_misuse``, ``check_case``,
-  ``check_misuse``): plain functions over a drawn case returning ``FamilyFailure``s
-  (empty: the property holds), so a catalogue entry can call them. Forward results
+  ``check_misuse``): plain functions over a drawn case returning the kit's
+  ``judge.Failure`` records (empty: the property holds), so a catalogue entry can call
+  them. Forward results
   and gradients are compared bit for bit with ``vargather.oracle``; with integer
   values the adjoint identity ``Σ_r <y_r, g_r> == Σ_j <x_j, dx_j>`` is checked too.
 """
 
 from __future__ import annotations
 
-import importlib
-import math
+import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -35,26 +35,26 @@ from hypothesis import strategies as st
 from vargather import oracle
 
 from .asserts import bitwise_difference
+from .cases import DTYPE_NAMES, is_differentiable, make_values, torch_dtype
+from .judge import Failure
 from .pool import RankContext, RankPool
+from .runner import load_callable
 
 __all__ = [
     "COLLECTIVES",
-    "DTYPES",
     "FAMILY_NAMES",
     "MISUSE_KINDS",
     "AllToAllCase",
-    "FamilyFailure",
+    "CallReport",
     "GatherListCase",
     "MisuseCase",
     "ReduceScatterCase",
-    "Report",
     "all_to_all_cases",
     "call_sequences",
     "call_values",
     "check_case",
     "check_misuse",
     "check_sequence",
-    "function_of",
     "gather_list_cases",
     "inputs_of",
     "judge_case",
@@ -78,23 +78,9 @@ tensor; ``sizes`` every rank's block size (reduce_scatter_v); ``send_sizes`` /
 ``recv_sizes`` this rank's send and receive sizes (all_to_all_v; ``recv_sizes`` is
 ``None`` where a case leaves it to the exchange); ``shapes`` every rank's shape or
 ``None`` (all_gather_list); ``dim``, ``group`` and ``grad`` as for all_gather_v."""
-DTYPES = (
-    "float32",
-    "float64",
-    "bfloat16",
-    "float16",
-    "complex64",
-    "int64",
-    "int32",
-    "int16",
-    "int8",
-    "uint8",
-    "bool",
-)
 CALL_TIMEOUT = 15.0
 """Seconds each collective of a case may wait for its peers (a rank that raised leaves
 its peers waiting that long)."""
-_DIFFERENTIABLE = frozenset({"float32", "float64", "bfloat16", "float16", "complex64"})
 
 
 # --- case models -------------------------------------------------------------------------
@@ -116,6 +102,7 @@ class ReduceScatterCase:
     validate: bool = True
     impl: str = "vargather"
     call: str | None = None
+    emulate: str | None = None  # "nccl": the ranks' torch.distributed behaves as NCCL
     collective: str = field(default="reduce_scatter_v", init=False, repr=False)
 
 
@@ -136,6 +123,7 @@ class AllToAllCase:
     validate: bool = True
     impl: str = "vargather"
     call: str | None = None
+    emulate: str | None = None  # "nccl": the ranks' torch.distributed behaves as NCCL
     collective: str = field(default="all_to_all_v", init=False, repr=False)
 
 
@@ -155,6 +143,7 @@ class GatherListCase:
     validate: bool = True
     impl: str = "vargather"
     call: str | None = None
+    emulate: str | None = None  # "nccl": the ranks' torch.distributed behaves as NCCL
     collective: str = field(default="all_gather_list", init=False, repr=False)
 
 
@@ -173,26 +162,9 @@ def _shape(other: tuple[int, ...], dim: int, n: int) -> tuple[int, ...]:
 
 def values(shape: Sequence[int], dtype: str, seed: int, special: bool) -> torch.Tensor:
     """Small integer values of ``dtype`` (exact sums in every float format), and with
-    ``special`` NaNs with distinct payloads, -0.0 and infinities among them."""
-    g = torch.Generator().manual_seed(seed)
-    shape = tuple(shape)
-    if dtype == "bool":
-        return torch.randint(0, 2, shape, generator=g).bool()
-    lo = 0 if dtype == "uint8" else -8
-    t = torch.randint(lo, 8, shape, generator=g).to(getattr(torch, dtype))
-    if special and dtype in ("float32", "float64", "float16", "bfloat16") and t.numel() > 0:
-        flat = t.view(-1)
-        picks = torch.randint(0, 5, (flat.numel(),), generator=g)
-        flat[picks == 0] = -0.0
-        flat[picks == 1] = math.inf
-        if dtype == "float32":
-            nan = torch.tensor([0x7FC00001, -0x0003FFFF], dtype=torch.int32).view(torch.float32)
-            where = (picks == 2).nonzero().view(-1)
-            for i, k in enumerate(where.tolist()):
-                flat[k] = nan[i % 2]
-        else:
-            flat[picks == 2] = math.nan
-    return t
+    ``special`` NaNs with distinct payloads, -0.0 and infinities among them
+    (``cases.make_values``, the kit's one value generator)."""
+    return make_values(tuple(shape), torch_dtype(dtype), seed, "special" if special else "integers")
 
 
 def inputs_of(case: Case) -> list[torch.Tensor]:
@@ -239,7 +211,7 @@ def upstream_of(case: Case) -> list[Any]:
 
 
 def _differentiable(case: Case) -> bool:
-    return case.requires_grad and case.dtype in _DIFFERENTIABLE
+    return case.requires_grad and is_differentiable(torch_dtype(case.dtype))
 
 
 # --- strategies --------------------------------------------------------------------------
@@ -253,7 +225,7 @@ def _dims(draw: Any, max_dims: int = 2, most: int = 3) -> tuple[int, ...]:
 def reduce_scatter_cases(
     draw: Any,
     world_sizes: Sequence[int] = (2, 3),
-    dtypes: Sequence[str] = DTYPES,
+    dtypes: Sequence[str] = DTYPE_NAMES,
     subgroups: bool = True,
     most: int = 4,
 ) -> ReduceScatterCase:
@@ -288,7 +260,7 @@ def _draw_group(draw: Any, world: int, subgroups: bool) -> tuple[int, ...] | Non
 def all_to_all_cases(
     draw: Any,
     world_sizes: Sequence[int] = (2, 3),
-    dtypes: Sequence[str] = DTYPES,
+    dtypes: Sequence[str] = DTYPE_NAMES,
     subgroups: bool = True,
     most: int = 4,
 ) -> AllToAllCase:
@@ -317,7 +289,7 @@ def all_to_all_cases(
 def gather_list_cases(
     draw: Any,
     world_sizes: Sequence[int] = (2, 3),
-    dtypes: Sequence[str] = DTYPES,
+    dtypes: Sequence[str] = DTYPE_NAMES,
     subgroups: bool = True,
     most: int = 4,
 ) -> GatherListCase:
@@ -345,7 +317,7 @@ def gather_list_cases(
 # --- rank runners ------------------------------------------------------------------------
 
 
-class Report(NamedTuple):
+class CallReport(NamedTuple):
     """What one rank saw: its output (a list for ``all_gather_list``), its input's
     gradient, or the error it raised (class name, message, blamed ranks)."""
 
@@ -355,9 +327,11 @@ class Report(NamedTuple):
 
 
 def function_of(impl: str, collective: str) -> Callable[..., Any]:
-    """The callable ``impl`` names: ``MODULE:ATTR``, or ``MODULE`` (its ``collective``)."""
-    module, _, attr = impl.partition(":")
-    fn: Callable[..., Any] = getattr(importlib.import_module(module), attr or collective)
+    """The callable ``impl`` names: ``MODULE:ATTR``, or ``MODULE`` (its ``collective``),
+    imported by the kit's one importer (``runner.load_callable``)."""
+    ref = impl if ":" in impl else f"{impl}:{collective}"
+    fn = load_callable(ref)
+    assert callable(fn)  # load_callable refuses what is not
     return fn
 
 
@@ -416,9 +390,19 @@ def _call(case: Case, x: torch.Tensor, r: int, group: Any, timeout: float | None
     )
 
 
-def run_case(ctx: RankContext, case: Case) -> Report | None:
+def _emulation(backend: str | None) -> None:
+    """Emulate ``backend`` in this rank (``vargather.testing.emulate``), or stop
+    emulating where an earlier case did (a rank pool serves both)."""
+    if backend is not None or f"{__package__}.emulate" in sys.modules:
+        from .emulate import activate
+
+        activate(backend)
+
+
+def run_case(ctx: RankContext, case: Case) -> CallReport | None:
     """Rank side: build this rank's input, call, backward with this rank's upstream
     gradient. ``None`` on a rank outside the case's group."""
+    _emulation(case.emulate)
     group, r = _group_of(ctx, case)
     if r is None:
         return None
@@ -435,23 +419,33 @@ def run_case(ctx: RankContext, case: Case) -> Report | None:
             else:
                 out.backward(up)
     except Exception as err:
-        return Report(None, None, (type(err).__name__, str(err), tuple(getattr(err, "ranks", ()))))
+        return CallReport(
+            None, None, (type(err).__name__, str(err), tuple(getattr(err, "ranks", ())))
+        )
     if isinstance(out, (list, tuple)):
-        return Report([o.detach() for o in out], x.grad, None)
-    return Report(out.detach(), x.grad, None)
+        return CallReport([o.detach() for o in out], x.grad, None)
+    return CallReport(out.detach(), x.grad, None)
 
 
 # --- the judge ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class FamilyFailure:
-    """One property that did not hold: which, for which aspect and ranks, and how."""
+_ASPECTS = {"forward": "output", "raised": "call"}
+"""The judge's words for the family's checks, as the kit's ``Failure`` spells them."""
 
-    property: str
-    aspect: str  # "forward", "gradient", "adjoint", "raised", "misuse"
-    ranks: tuple[int, ...]
-    message: str
+
+def _failed(name: str, aspect: str, ranks: Sequence[int], message: str) -> Failure:
+    """A ``Failure`` of collective ``name``: ``raised`` (an exception, the ``call``
+    aspect) is an error; ``forward`` (the ``output``), ``gradient``, ``adjoint`` and
+    ``misuse`` are mismatches."""
+    kind = "error" if aspect == "raised" else "mismatch"
+    return Failure(
+        _ASPECTS.get(aspect, aspect), kind, message, tuple(ranks), call=name, property=name
+    )
+
+
+def _sized(failures: list[Failure], group_size: int) -> list[Failure]:
+    return [replace(f, group_size=group_size) for f in failures]
 
 
 def _expected(case: Case) -> tuple[list[Any], list[torch.Tensor] | None]:
@@ -484,29 +478,32 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((a.detach().to(torch.int64) * b.detach().to(torch.int64)).sum())
 
 
-def judge_case(case: Case, reports: Sequence[Report | None]) -> list[FamilyFailure]:
+def judge_case(case: Case, reports: Sequence[CallReport | None]) -> list[Failure]:
     """The members' reports against the oracle: forward and gradient bit for bit, and
     (integer values) the adjoint identity of the gradient."""
     name = case.collective
     mine = [rep for rep in reports if rep is not None]
     raised = [(r, rep.error) for r, rep in enumerate(mine) if rep.error is not None]
     if raised:  # rep.error is a (class name, message, ranks) triple
-        return [
-            FamilyFailure(
-                name,
-                "raised",
-                tuple(r for r, _ in raised),
-                "; ".join(f"rank {r}: {e[0]}: {e[1]}" for r, e in raised),
-            )
-        ]
+        return _sized(
+            [
+                _failed(
+                    name,
+                    "raised",
+                    tuple(r for r, _ in raised),
+                    "; ".join(f"rank {r}: {e[0]}: {e[1]}" for r, e in raised),
+                )
+            ],
+            len(mine),
+        )
     want, want_grads = _expected(case)
-    failures: list[FamilyFailure] = []
+    failures: list[Failure] = []
     for r, rep in enumerate(mine):
         got = rep.output
         if isinstance(case, GatherListCase):
             if not isinstance(got, list) or len(got) != len(want[r]):
                 failures.append(
-                    FamilyFailure(
+                    _failed(
                         name,
                         "forward",
                         (r,),
@@ -517,20 +514,18 @@ def judge_case(case: Case, reports: Sequence[Report | None]) -> list[FamilyFailu
             diffs = [(k, _differs(g, w)) for k, (g, w) in enumerate(zip(got, want[r], strict=True))]
             bad = [f"entry {k}: {d}" for k, d in diffs if d is not None]
             if bad:
-                failures.append(FamilyFailure(name, "forward", (r,), "; ".join(bad)))
+                failures.append(_failed(name, "forward", (r,), "; ".join(bad)))
         else:
             d = _differs(got, want[r])
             if d is not None:
-                failures.append(FamilyFailure(name, "forward", (r,), d))
+                failures.append(_failed(name, "forward", (r,), d))
         if want_grads is not None:
             if rep.grad is None:
-                failures.append(
-                    FamilyFailure(name, "gradient", (r,), "expected a gradient, got None")
-                )
+                failures.append(_failed(name, "gradient", (r,), "expected a gradient, got None"))
             else:
                 d = bitwise_difference(rep.grad, want_grads[r])
                 if d is not None:
-                    failures.append(FamilyFailure(name, "gradient", (r,), d))
+                    failures.append(_failed(name, "gradient", (r,), d))
     if (
         want_grads is not None
         and not case.special
@@ -557,17 +552,17 @@ def judge_case(case: Case, reports: Sequence[Report | None]) -> list[FamilyFailu
             )
         if lhs != rhs:
             failures.append(
-                FamilyFailure(
+                _failed(
                     name,
                     "adjoint",
                     (),
                     f"expected sum_r <y_r, g_r> == sum_j <x_j, dx_j>, got {lhs} != {rhs}",
                 )
             )
-    return failures
+    return _sized(failures, len(mine))
 
 
-def check_case(pool: RankPool, case: Case) -> list[FamilyFailure]:
+def check_case(pool: RankPool, case: Case) -> list[Failure]:
     """The property: run ``case`` on ``pool`` (``case.world_size`` ranks) and judge it."""
     return judge_case(case, pool.run(run_case, case))
 
@@ -575,20 +570,20 @@ def check_case(pool: RankPool, case: Case) -> list[FamilyFailure]:
 # --- call sequences ----------------------------------------------------------------------
 
 
-def run_sequence(ctx: RankContext, cases: tuple[Case, ...]) -> list[Report | None]:
+def run_sequence(ctx: RankContext, cases: tuple[Case, ...]) -> list[CallReport | None]:
     """Rank side: the cases one after the other on the same world."""
     return [run_case(ctx, case) for case in cases]
 
 
-def check_sequence(pool: RankPool, cases: Sequence[Case]) -> list[FamilyFailure]:
+def check_sequence(pool: RankPool, cases: Sequence[Case]) -> list[Failure]:
     """The call-sequence property: each call of a mixed sequence on one world (the
     fused round's state and the groups' sequence numbers carried from call to call)
     judged as if it ran alone."""
     per_rank = pool.run(run_sequence, tuple(cases))
-    failures: list[FamilyFailure] = []
+    failures: list[Failure] = []
     for i, case in enumerate(cases):
         for f in judge_case(case, [reports[i] for reports in per_rank]):
-            failures.append(FamilyFailure(f.property, f.aspect, f.ranks, f"call #{i}: {f.message}"))
+            failures.append(replace(f, message=f"call #{i}: {f.message}"))
     return failures
 
 
@@ -654,6 +649,7 @@ class MisuseCase:
     world_size: int = 3
     odd: int = 1
     impl: str = "vargather"
+    emulate: str | None = None
 
 
 @st.composite
@@ -713,6 +709,7 @@ def run_misuse(
     """Rank side: the misused call (the odd rank's arguments wrong; absent: it does not
     call), then, except after a timeout, one correct call. Returns the error raised
     (class, message, blamed ranks) and whether the follow-up call worked."""
+    _emulation(case.emulate)
     wrong = ctx.rank == case.odd
     error = None
     if not (wrong and case.kind == "absent"):
@@ -730,28 +727,28 @@ def run_misuse(
     return error, follow
 
 
-def judge_misuse(case: MisuseCase, reports: Sequence[tuple[Any, bool]]) -> list[FamilyFailure]:
+def judge_misuse(case: MisuseCase, reports: Sequence[tuple[Any, bool]]) -> list[Failure]:
     """Every rank the same error (class and message, naming the odd rank), the group
     usable after; a rank that never arrives: the named timeout on every other rank."""
     name, expected = case.collective, _EXPECTED_ERROR[case.kind]
-    failures: list[FamilyFailure] = []
+    failures: list[Failure] = []
     callers = [r for r in range(case.world_size) if not (case.kind == "absent" and r == case.odd)]
     errors = [reports[r][0] for r in callers]
     missing = [r for r, e in zip(callers, errors, strict=True) if e is None]
     if missing:
         failures.append(
-            FamilyFailure(
+            _failed(
                 name,
                 "misuse",
                 tuple(missing),
                 f"{case.kind}: expected {expected} on every rank, got no error on rank(s) {missing}",
             )
         )
-        return failures
+        return _sized(failures, case.world_size)
     kinds = {e[0] for e in errors if e is not None}
     if kinds != {expected}:
         failures.append(
-            FamilyFailure(
+            _failed(
                 name,
                 "misuse",
                 tuple(callers),
@@ -761,7 +758,7 @@ def judge_misuse(case: MisuseCase, reports: Sequence[tuple[Any, bool]]) -> list[
     if case.kind != "absent":
         if len({e[1] for e in errors if e is not None}) != 1:
             failures.append(
-                FamilyFailure(
+                _failed(
                     name,
                     "misuse",
                     tuple(callers),
@@ -770,7 +767,7 @@ def judge_misuse(case: MisuseCase, reports: Sequence[tuple[Any, bool]]) -> list[
             )
         if not all(case.odd in e[2] for e in errors if e is not None):
             failures.append(
-                FamilyFailure(
+                _failed(
                     name,
                     "misuse",
                     (case.odd,),
@@ -780,7 +777,7 @@ def judge_misuse(case: MisuseCase, reports: Sequence[tuple[Any, bool]]) -> list[
         broken = [r for r, (_, follow) in enumerate(reports) if not follow]
         if broken:
             failures.append(
-                FamilyFailure(
+                _failed(
                     name,
                     "misuse",
                     tuple(broken),
@@ -789,17 +786,17 @@ def judge_misuse(case: MisuseCase, reports: Sequence[tuple[Any, bool]]) -> list[
             )
     elif not all(case.odd in e[2] for e in errors if e is not None):
         failures.append(
-            FamilyFailure(
+            _failed(
                 name,
                 "misuse",
                 (case.odd,),
                 f"absent: expected the timeout to name rank {case.odd}, got {[e[2] for e in errors if e]}",
             )
         )
-    return failures
+    return _sized(failures, case.world_size)
 
 
-def check_misuse(pool: RankPool, case: MisuseCase) -> list[FamilyFailure]:
+def check_misuse(pool: RankPool, case: MisuseCase) -> list[Failure]:
     """The misuse property on ``pool``; after ``absent`` the world is rebuilt (a
     timed-out group is out of step)."""
     try:

@@ -25,12 +25,10 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
-from .cases import GatherCase, Implementation
 from .options import DEFAULT_TIMEOUT, CheckOptions
 from .properties import Property
 from .resolve import ImplInfo
-from .results import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PropertyFailure, PropertyResult, case_data
-from .runner import describe
+from .results import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PropertyFailure, PropertyResult
 
 __all__ = ["CHILD_MODULE", "HUNG_EXIT", "in_flight", "run_isolated"]
 
@@ -42,9 +40,7 @@ HUNG_EXIT: Final = 75  # the child's exit status when its watchdog fired
 
 
 @contextlib.contextmanager
-def in_flight(
-    path: str | None, batch: Sequence[GatherCase], impl: Implementation
-) -> Iterator[None]:
+def in_flight(path: str | None, batch: Sequence[Any], row: Property) -> Iterator[None]:
     """In the child that runs the in-process row: record ``batch`` in ``path`` while it
     runs (so the parent can name the case if this process dies) and exit with
     ``HUNG_EXIT`` if it does not finish within the timeout the parent set."""
@@ -52,8 +48,8 @@ def in_flight(
         yield
         return
     record = {
-        "cases": [case_data(c) for c in batch],
-        "reproduction": describe(batch[0], impl) if batch else None,
+        "cases": [row.case_data(c) for c in batch],
+        "reproduction": row.describe(batch, 0) if batch else None,
     }
     with open(path, "w", encoding="utf-8") as f:
         json.dump(record, f)

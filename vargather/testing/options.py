@@ -57,11 +57,7 @@ OPS: Final = schema.by_name("op").choices
 
 def ids_of(op: str) -> tuple[str, ...]:
     """The property ids of ``op``'s catalogue (what ``--only`` and an xfails file name)."""
-    if op == "all_gather_v":
-        return property_ids()
-    from .family_properties import family_property_ids
-
-    return family_property_ids(op)
+    return property_ids(op)
 
 
 CONFIG_TABLE: Final = ("tool", "vargather", "check")

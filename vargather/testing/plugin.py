@@ -34,6 +34,7 @@ import pytest
 from vargather import VarGatherError
 
 from . import schema
+from .cases import VARGATHER
 from .engine import run_check
 from .options import (
     CheckOptions,
@@ -198,11 +199,7 @@ class PropertyCollector(pytest.Collector):
 
 def _rows(op: str) -> list[tuple[str, str]]:
     """The (id, title) of every row of ``op``'s catalogue."""
-    if op == "all_gather_v":
-        return [(row.id, row.title) for row in catalogue()]
-    from .family_properties import FamilyTarget, family_catalogue
-
-    return [(row.id, row.title) for row in family_catalogue(FamilyTarget(op))]
+    return [(row.id, row.title) for row in catalogue(dataclasses.replace(VARGATHER, op=op))]
 
 
 def property_items(session: pytest.Session, options: CheckOptions) -> list[pytest.Item]:

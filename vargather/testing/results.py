@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .cases import GatherCase
-from .family_properties import FAMILY_BATCH
 from .properties import BATCH
 
 __all__ = [
@@ -184,6 +183,8 @@ class Report:
     """The call template ATTR is called with (``None``: the convention's)."""
     op: str = "all_gather_v"
     """The collective checked (``--op``)."""
+    batch: int = BATCH
+    """Calls per example at most (the header says so)."""
 
     @property
     def exit_status(self) -> int:
@@ -228,7 +229,6 @@ class Report:
     # -- text
 
     def header_lines(self) -> list[str]:
-        family = self.op != "all_gather_v"
         if self.call is not None:
             convention = f"called as ATTR{self.call}"
         elif self.convention == "seed":
@@ -249,8 +249,7 @@ class Report:
             f"declared scope: {scope}",
             f"claimed gradient contract: {self.grad}; world sizes "
             f"{','.join(str(w) for w in self.world_sizes)}; up to {self.max_examples} "
-            f"examples per property (each a batch of up to {FAMILY_BATCH if family else BATCH} "
-            f"{'calls' if family else 'gathers'}); seed {self.seed}"
+            f"examples per property (each a batch of up to {self.batch} calls); seed {self.seed}"
             + (f"; xfails from {self.xfails_path}" if self.xfails_path else ""),
             *extra,
             versions,

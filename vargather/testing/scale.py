@@ -17,7 +17,7 @@ The targets, per rank (``per_rank_targets``):
   ``vargather._transport``, which count the bytes of the whole gathered output, so
   the per-rank target is the threshold divided by the group size (every rank at the
   target: the output is the threshold itself, give or take the drawn ``d``); and the
-  largest payload per rank that rides in the fused round (``vargather._fused``).
+  largest payload per rank that rides in the fused round (``vargather._round_state``).
 
 ``max_payload`` (``python -m vargather check --max-payload``) bounds the bytes of any
 one rank's shard; 0 draws no large case at all.
@@ -50,13 +50,13 @@ MIN_LARGE_BYTES: Final = 1024
 
 _LIBRARY_MODULES: Final = {
     "vargather._transport": "gathered",
-    "vargather._fused": "per-rank",
+    "vargather._round_state": "per-rank",
 }
 """Where vargather keeps its size thresholds, and what they count: ``_transport``'s
-count the bytes of the gathered output (``payload_bytes``), ``_fused``'s one rank's
+count the bytes of the gathered output (``payload_bytes``), ``_round_state``'s one rank's
 payload (``FUSED_MAX_BYTES``). A module missing from this version is skipped."""
 
-_NOT_THRESHOLDS: Final = frozenset({"vargather._fused.HEADER_BYTES"})
+_NOT_THRESHOLDS: Final = frozenset({"vargather._wire.HEADER_BYTES"})
 """``*_BYTES`` constants that are sizes of a format, not thresholds."""
 
 
@@ -93,10 +93,10 @@ def library_thresholds() -> dict[str, tuple[int, str]]:
 
 def sequence_length() -> int:
     """How many calls a call sequence may hold: two more than the idle calls after which
-    vargather's fused path shrinks a group's capacity (``_fused.SHRINK_AFTER``, read
+    vargather's fused path shrinks a group's capacity (``_round_state.SHRINK_AFTER``, read
     from the library; 8 when it has none), so one sequence can grow, idle and shrink it."""
     try:
-        module = importlib.import_module("vargather._fused")
+        module = importlib.import_module("vargather._round_state")
     except ImportError:
         return 10
     shrink = getattr(module, "SHRINK_AFTER", 8)

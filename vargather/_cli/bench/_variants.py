@@ -56,23 +56,23 @@ def own_group(name: str) -> Any:
 
 def own_state(fn: Callable[[int], Any]) -> Callable[[int], Any]:
     """``fn`` (one call of a vargather variant on the default group) run with a learned
-    state of its own (``_fused.swap_state``): what vargather learns per group from its
+    state of its own (``internal.swap_state``): what vargather learns per group from its
     calls (the slots its round carries) is this variant's alone, as for a caller whose
     calls all follow this one pattern. Without it the fixed-size ``auto`` inherited the
     slots the sizes-changing variant had grown (12.5 % of slack at 1 MiB per rank, and
     the close-up over it), so its column measured a mix of both callers. The group
     itself stays shared: see ``own_group`` for why. Every rank runs the variants in the
     same order, so every rank swaps alike."""
-    from vargather import _fused
+    from vargather import internal
 
-    mine = [_fused.FusedState()]
+    mine = [internal.FusedState()]
 
     def run(i: int) -> Any:
-        before = _fused.swap_state(None, mine[0])
+        before = internal.swap_state(None, mine[0])
         try:
             return fn(i)
         finally:
-            mine[0] = _fused.swap_state(None, before)
+            mine[0] = internal.swap_state(None, before)
 
     return run
 

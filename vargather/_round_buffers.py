@@ -1,0 +1,486 @@
+"""The one round's kept buffers: bytes in and out, memmove close-up, cutters.
+
+Where it sits: beneath the all_gather-shaped round (``_fused``), above the wire codec
+(``_wire``: the headers' bytes) and the state policy (``_round_state``: the
+registries and ``within_waste``). It owns the bytes of a round on this rank: packing
+a call's tensors into a payload slot (``pack``, ``bytes_of``), cutting the results
+back out (``unpack``, ``tensor_parts``, ``region_cutter``, ``Round.cut``), the buffers a
+group keeps from call to call (``Round``, per group and collective in ``ROUNDS``),
+the receive buffers handed back as results and taken again once free
+(``handed_back_buffer``, ``hand_back``, ``HANDED_BACK``), and the in-place close-up
+of a received buffer (``move_left``: one ``memmove`` per rank on the CPU). Nothing
+here decides anything: what to send and what a call's verdict is belong to
+``_fused``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import torch
+import torch.distributed as dist
+
+from ._args import CallRecord
+from ._collectives import CollectiveName
+from ._layout import Layout
+from ._round_state import SMALL_BYTES, PerGroup, within_waste
+from ._wire import HEADER_BYTES, encode_headers, header_struct
+
+__all__ = [
+    "HANDED_BACK",
+    "MOVE_CHUNK",
+    "ROUNDS",
+    "Cut",
+    "Round",
+    "bytes_of",
+    "hand_back",
+    "handed_back_buffer",
+    "header_bytes",
+    "move_left",
+    "pack",
+    "payload_nbytes",
+    "plain",
+    "read_headers",
+    "region_cutter",
+    "round_for",
+    "tensor_parts",
+    "unpack",
+    "unreferenced",
+]
+
+
+def payload_nbytes(layout: Layout, rank: int) -> int:
+    """Bytes of ``rank``'s shard under ``layout`` (``Layout.shard_bytes``)."""
+    return layout.shard_bytes(rank)
+
+
+def bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements in row-major order, as flat bytes: a view when ``t`` is
+    contiguous, a copy of a strided one. Never raises (a rank that raised here would
+    leave its peers waiting in the round): viewing the new size-1 last dimension, whose
+    stride is 1, as bytes works for any strides, which ``t.view(uint8)`` does not."""
+    # A lazily conjugated or negated view has no bytes of its own to view: resolve it
+    # first (free when the bit is not set).
+    resolved = t.detach().resolve_conj().resolve_neg()
+    return resolved.unsqueeze(-1).view(torch.uint8).reshape(-1)
+
+
+def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Every tensor's bytes, one after the other."""
+    if len(tensors) == 1:
+        return bytes_of(tensors[0])
+    return (
+        torch.cat([bytes_of(t) for t in tensors]) if tensors else torch.empty(0, dtype=torch.uint8)
+    )
+
+
+def unpack(regions: Sequence[torch.Tensor], layouts: Sequence[Layout]) -> list[torch.Tensor]:
+    """The gathered tensors from each rank's payload bytes (``regions[r]``: rank r's
+    tensors' bytes one after the other). One ``cat`` per tensor, exact for any dtype."""
+    device = regions[0].device if regions else torch.device("cpu")
+    outputs: list[torch.Tensor] = []
+    for layout, parts in zip(layouts, tensor_parts(regions, layouts), strict=True):
+        if layout.pre * layout.total * layout.post == 0:
+            outputs.append(torch.empty(layout.output_shape, dtype=layout.dtype, device=device))
+            continue
+        joined = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].clone()
+        outputs.append(joined.view(layout.dtype).view(layout.output_shape))
+    return outputs
+
+
+def header_bytes(slots: int, records: Sequence[CallRecord], k: int, flags: int) -> torch.Tensor:
+    """``slots`` compact headers (``_wire``) as bytes: ``records`` and unused slots."""
+    words = encode_headers(slots, records, k, flags)
+    return torch.frombuffer(bytearray(header_struct(slots).pack(*words)), dtype=torch.uint8)
+
+
+def read_headers(buf: torch.Tensor, at: Sequence[int], slots: int) -> tuple[tuple[int, ...], ...]:
+    """Every rank's ``slots`` compact headers as int64 words, from the bytes of ``buf``
+    at ``at[r]`` (only the headers are read: on the CPU with ``struct`` where they
+    landed, elsewhere copied to the host together). Every round reads its headers here."""
+    fmt = header_struct(slots)
+    if buf.device.type == "cpu":
+        raw = _char_array(buf.numel()).from_address(buf.data_ptr())
+        return tuple(fmt.unpack_from(raw, a) for a in at)
+    head = slots * HEADER_BYTES
+    words = torch.cat([buf[a : a + head] for a in at]).cpu().view(torch.int64)
+    return tuple(tuple(row) for row in words.view(len(at), -1).tolist())
+
+
+@functools.lru_cache(maxsize=16)
+def _char_array(n: int) -> type[ctypes.Array[ctypes.c_char]]:
+    """The ctypes type of ``n`` bytes (made once per size: a type is costly to make)."""
+    return ctypes.c_char * n
+
+
+MOVE_CHUNK: Final = 1 << 20
+"""Bytes moved at a time when the wide round compacts its buffer in place."""
+
+
+def move_left(buf: torch.Tensor, dst: int, src: int, n: int) -> None:
+    """``buf[dst : dst + n] = buf[src : src + n]`` for ``dst < src`` (ranges may
+    overlap), ``buf`` a contiguous uint8 tensor: one ``memmove`` on the CPU (made for
+    overlapping ranges), else ``move_chunked``."""
+    if buf.device.type == "cpu" and buf.is_contiguous():
+        base = buf.data_ptr()
+        ctypes.memmove(base + dst, base + src, n)
+        return
+    move_chunked(buf, dst, src, n)
+
+
+def move_chunked(buf: torch.Tensor, dst: int, src: int, n: int) -> None:
+    """``move_left`` with tensor copies: chunk by chunk, each through a copy of at most
+    ``MOVE_CHUNK`` bytes when the chunk overlaps its destination; a write never reaches
+    bytes not yet moved."""
+    gap = src - dst
+    at = 0
+    while at < n:
+        m = min(n - at, max(gap, MOVE_CHUNK))
+        piece = buf[src + at : src + at + m]
+        if m > gap:  # overlapping: through a temporary
+            m = min(m, MOVE_CHUNK)
+            piece = buf[src + at : src + at + m].clone()
+        buf[dst + at : dst + at + m].copy_(piece)
+        at += m
+
+
+HANDED_BACK: Final = PerGroup[list[torch.Tensor]]()
+"""Per group and purpose: the last ``_KEPT_BUFFERS`` buffers a large round received into
+and handed back as (a view of) its result, newest first, kept to be received into
+again once nothing else refers to them."""
+
+
+_KEPT_BUFFERS: Final = 2
+"""Buffers kept per group and purpose. Two, not one: gloo's worker thread lets go of a
+collective's tensors a moment after ``wait()`` returns, so the last call's buffer is
+often still held when the next call starts (measured at 4 ranks, calls back to back:
+in a quarter to a third of the calls); the one before it is free by then."""
+
+
+_KEPT_LOCK: Final = threading.Lock()
+
+
+def handed_back_buffer(
+    pg: dist.ProcessGroup | None, purpose: str, size: int, device: torch.device
+) -> torch.Tensor:
+    """A buffer of ``size`` bytes for a round whose result is a view of it: one of the
+    group's last ``_KEPT_BUFFERS`` when it is this size and its result is gone, else a
+    fresh one (kept for the next calls).
+
+    Why: a fresh buffer of a few MiB is often fresh pages (the allocator maps them or
+    grows its heap), about one page fault per 4 KiB touched: 1,000 for 4 MB, measured
+    at 1-3 ms a call when other allocations come between two calls, as much as the
+    collective. A result is gone when nothing holds the buffer's storage but this
+    cache: no tensor or view of it (autograd's saved tensors and ``numpy()`` arrays hold
+    it too; so does gloo for a moment after a collective), counted by the storage's use
+    count. On the CPU only (another device's memory may still be in use by a stream).
+    The cache holds at most ``_KEPT_BUFFERS`` buffers per group and purpose, the newest
+    ones, whatever their size: memory the group holds between calls (up to twice the
+    last large result's size, less what the caller still holds of them).
+    """
+    if pg is None or device.type != "cpu":
+        return torch.empty(size, dtype=torch.uint8, device=device)
+    kept = HANDED_BACK.get(pg, purpose) or []
+    with _KEPT_LOCK:  # taken out until handed back: another thread makes its own
+        for i, buf in enumerate(kept):
+            if buf.numel() == size and unreferenced(buf):
+                return kept.pop(i)
+    return torch.empty(size, dtype=torch.uint8)
+
+
+def hand_back(pg: dist.ProcessGroup | None, purpose: str, buf: torch.Tensor) -> None:
+    """Keep ``buf`` for ``handed_back_buffer`` after the round that received into it."""
+    if pg is not None and buf.device.type == "cpu":
+        with _KEPT_LOCK:
+            kept = HANDED_BACK.of(pg, purpose, list)
+            kept.insert(0, buf)
+            del kept[_KEPT_BUFFERS:]
+
+
+def unreferenced(buf: torch.Tensor) -> bool:
+    """Whether nothing but ``buf`` itself holds its storage (no result, no view)."""
+    storage = buf.untyped_storage()
+    # ``storage`` is one reference of its own, ``buf`` the other (torch's private count
+    # of the storage's owners; ``test_fused`` checks it against views and saved tensors).
+    return torch._C._storage_Use_Count(storage._cdata) <= 2
+
+
+Cut = Callable[[tuple[Layout, ...], tuple[int, ...]], list[torch.Tensor]]
+
+
+def region_cutter(buf: torch.Tensor, starts: Sequence[int]) -> Cut:
+    """The results from one rank-major payload buffer whose region r (rank r's slot)
+    starts at ``starts[r]``."""
+
+    def cut(layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
+        w = len(needs)
+        if len(layouts) == 1 and layouts[0].pre == 1:
+            # One tensor whose blocks are adjacent in the result: compact in place
+            # (nothing moves when every slot was a rank's exact need); the result is a
+            # view of the received buffer, no second buffer.
+            lay = layouts[0]
+            at = 0
+            for r in range(w):
+                if starts[r] != at and needs[r]:
+                    move_left(buf, at, starts[r], needs[r])
+                at += needs[r]
+            if lay.total == 0:
+                return [torch.empty(lay.output_shape, dtype=lay.dtype, device=buf.device)]
+            return [buf[:at].view(lay.dtype).view(lay.output_shape)]
+        return unpack([buf[starts[r] : starts[r] + needs[r]] for r in range(w)], layouts)
+
+    return cut
+
+
+_ZEROS: Final = bytes(SMALL_BYTES)
+
+
+_KEEP_RECV_MAX: Final = 512 << 10
+"""Past this many bytes received (``W x block``) a round whose one result's rank blocks
+are adjacent receives into a fresh buffer that becomes the result (``Round``)."""
+
+
+_REUSE_MAX_BYTES: Final = 4 << 20
+"""The largest receive buffer (``W x block`` bytes) a group keeps between calls."""
+
+
+class Round:
+    """One group's send buffer (and, for a small round, its receive buffer) for the
+    round of one collective, kept from call to call (CPU only): the headers are
+    rewritten only when they change, the payload is copied into its slot in one copy
+    per tensor (a ``memmove`` from a plain tensor's bytes, ``plain``; else a typed
+    view's ``copy_``), the bytes that must be zero are cleared only where an earlier
+    payload left others, and the received headers are read with ``struct`` straight
+    from the received bytes.
+
+    A round of at most ``_KEEP_RECV_MAX`` received bytes keeps its receive buffer (a
+    ``bytearray``) and cuts every result out of it as a fresh tensor (one ``memmove``
+    per rank when its rank blocks are adjacent, ``_copied_out``; else ``torch.cat`` of
+    views): nothing returned aliases the kept buffers. A larger round receives into a
+    buffer of its own per call (``receive``: fresh, or one of the group's last
+    ``_KEPT_BUFFERS`` once its result is gone, ``handed_back_buffer``) and, for one tensor whose rank blocks are
+    adjacent in the result (``pre == 1``), closes the header gaps and the unused slot
+    space up in place (``move_left``) and returns a view of it: one pass over bytes
+    that are still in cache instead of a copy into a second buffer as large. Keeping
+    the buffer and copying out of it made a 1 MiB call's working set (payload, send
+    slot, receive buffer, result) outgrow this machine's 2 MiB L2: the copy-out alone
+    cost 4x the 512 KiB one (``docs/performance.md``). The result then holds the whole
+    receive buffer, at most ``1 + WASTE_LIMIT`` times its bytes plus the headers (else
+    it is cut out by ``torch.cat`` as for a kept buffer).
+
+    ``lock`` keeps a second thread on the same group (already a misuse of the group)
+    from sharing the kept buffers: it takes fresh buffers instead.
+    """
+
+    def __init__(self, world: int, slots: int, capacity: int) -> None:
+        self.key = (world, slots, capacity)
+        self.world = world
+        self.head = slots * HEADER_BYTES
+        self.block = self.head + capacity
+        self.fmt = header_struct(slots)
+        self.header_at = [r * self.block for r in range(world)]  # where each rank's headers land
+        self.raw_send = bytearray(self.block)
+        self.send = torch.frombuffer(self.raw_send, dtype=torch.uint8)
+        self.send_at = self.send.data_ptr() + self.head  # the payload slot's address
+        self.payload_at: list[int] = []  # where each rank's payload lands in ``recv``
+        self.raw_recv = bytearray()  # the kept receive buffer, made at its first use
+        self.recv: torch.Tensor | None = None
+        self.payloads: Sequence[torch.Tensor] = ()
+        self.slots = slots
+        self.lock = threading.Lock()
+        self.header_key: object = None  # what the headers in ``send`` encode
+        self.slot_key: object = None  # the records the payload views are cut for
+        self.slot_views: list[tuple[torch.Tensor, bool]] = []
+        self.dirty = 0  # payload bytes of ``send`` that may be non-zero
+        self.cut_key: object = None  # the layouts the output views are cut for
+        self.cut_parts: list[list[torch.Tensor]] = []
+
+    def fill(
+        self,
+        header_key: tuple[tuple[CallRecord, ...], int, int],
+        own: Sequence[torch.Tensor],
+        nbytes: int,
+    ) -> None:
+        """Headers (when changed), this rank's payload and zeros into ``send``."""
+        records, k, flags = header_key
+        if header_key != self.header_key:
+            self.fmt.pack_into(self.raw_send, 0, *encode_headers(self.slots, records, k, flags))
+            self.header_key = header_key
+        filled = 0
+        if own and all(plain(t) for t in own):
+            at = self.send_at
+            for t in own:  # each tensor's bytes as they lie, one ``memmove`` (no views)
+                n = t.numel() * t.element_size()
+                if n:
+                    ctypes.memmove(at, t.data_ptr(), n)
+                at += n
+            filled = nbytes
+        elif own:
+            if records != self.slot_key:
+                self.slot_views = self._slot_views(own)
+                self.slot_key = records
+            for t, (view, typed) in zip(own, self.slot_views, strict=True):
+                if typed:  # the same bytes as ``pack``'s, in one copy whatever the strides
+                    view.copy_(t.detach() if t.requires_grad else t)
+                else:
+                    view.copy_(bytes_of(t))
+            filled = nbytes
+        if self.dirty > filled:  # no stale memory to the peers
+            if self.dirty - filled <= len(_ZEROS):
+                self.raw_send[self.head + filled : self.head + self.dirty] = _ZEROS[
+                    : self.dirty - filled
+                ]
+            else:
+                self.send[self.head + filled : self.head + self.dirty].zero_()
+        self.dirty = filled
+
+    def _slot_views(self, own: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, bool]]:
+        """Where each tensor's bytes go in the payload slot: a view with its dtype and
+        shape when the offset allows (one copy, any strides), else flat bytes."""
+        views = []
+        at = self.head
+        for t in own:
+            n = t.numel() * t.element_size()
+            region = self.send[at : at + n]
+            if at % t.element_size() == 0:
+                views.append((region.view(t.dtype).view(t.shape), True))
+            else:
+                views.append((region, False))
+            at += n
+        return views
+
+    def receive(self, adjacent: bool, pg: dist.ProcessGroup | None) -> torch.Tensor:
+        """The buffer this call's round receives into: a buffer of its own for a large
+        round whose one result's rank blocks are ``adjacent`` (it becomes the result)
+        or for a round too large to keep (``pg``'s handed-back one, or fresh), else the
+        kept one (made at its first use). ``pg`` is passed, not kept: ``ROUNDS`` is
+        weakly keyed by it."""
+        size = self.world * self.block
+        if (adjacent and size > _KEEP_RECV_MAX) or size > _REUSE_MAX_BYTES:
+            return handed_back_buffer(pg, "gather", size, torch.device("cpu"))
+        if self.recv is None:
+            self.raw_recv = bytearray(size)
+            self.recv = torch.frombuffer(self.raw_recv, dtype=torch.uint8)
+            self.payloads = self.recv.view(self.world, self.block)[:, self.head :].unbind(0)
+            base = self.recv.data_ptr()
+            self.payload_at = [base + r * self.block + self.head for r in range(self.world)]
+        return self.recv
+
+    def rows(self, recv: torch.Tensor) -> tuple[tuple[int, ...], ...]:
+        """Every rank's received headers in ``recv`` as int64 words (``read_headers``)."""
+        return read_headers(recv, self.header_at, self.slots)
+
+    def cutter(self, recv: torch.Tensor) -> Cut:
+        """How this call's results are cut out of ``recv`` (``receive``'s buffer)."""
+        if recv is self.recv:
+            return self.cut
+
+        starts = [r * self.block + self.head for r in range(self.world)]
+        in_place = region_cutter(recv, starts)  # the wide round's: closed up in place, or unpacked
+
+        def cut(layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
+            if not within_waste(recv.numel() - self.world * self.head, sum(needs)):
+                # Too much padding to hand back with the result: cut it out.
+                return unpack(
+                    [recv[a : a + n] for a, n in zip(starts, needs, strict=True)], layouts
+                )
+            return in_place(layouts, needs)
+
+        return cut
+
+    def cut(self, layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
+        """The results, fresh tensors, from the kept receive buffer (``unpack``'s values)."""
+        if all(lay.pre == 1 for lay in layouts):
+            return _copied_out(self.payload_at, layouts)
+        if layouts is not self.cut_key:
+            self.cut_parts = tensor_parts(self.payloads, layouts)
+            self.cut_key = layouts
+        outputs = []
+        for layout, parts in zip(layouts, self.cut_parts, strict=True):
+            if layout.pre * layout.total * layout.post == 0:
+                outputs.append(torch.empty(layout.output_shape, dtype=layout.dtype))
+                continue
+            outputs.append(torch.cat(parts, dim=1).view(layout.dtype).view(layout.output_shape))
+        return outputs
+
+
+def plain(t: torch.Tensor) -> bool:
+    """Whether ``t``'s bytes, in row-major order, are the ``numel * element_size`` bytes
+    at ``t.data_ptr()``: a plain tensor (no subclass, no lazy conjugate or negation
+    bit), contiguous, on the CPU."""
+    return (
+        (type(t) is torch.Tensor or type(t) is torch.nn.Parameter)
+        and t.device.type == "cpu"
+        and t.is_contiguous()
+        and not t.is_conj()
+        and not t.is_neg()
+    )
+
+
+def _copied_out(at: Sequence[int], layouts: Sequence[Layout]) -> list[torch.Tensor]:
+    """The results of a round on the CPU whose rank r's payload (its tensors' bytes one
+    after the other) starts at address ``at[r]``, for layouts whose rank blocks are
+    adjacent in the result (``pre == 1``): each result a fresh tensor, filled by one
+    ``memmove`` per rank. With sizes changing every call this cuts no views (``parts``
+    would make 2 W of them per tensor, each a few microseconds of dispatch)."""
+    src = list(at)
+    outputs = []
+    for lay in layouts:
+        out = torch.empty(lay.output_shape, dtype=lay.dtype)
+        dst = out.data_ptr()
+        row = lay.row_bytes
+        for r, n in enumerate(lay.sizes):
+            nbytes = n * row
+            if nbytes:
+                ctypes.memmove(dst, src[r], nbytes)
+                dst += nbytes
+                src[r] += nbytes
+        outputs.append(out)
+    return outputs
+
+
+def tensor_parts(
+    payloads: Sequence[torch.Tensor], layouts: Sequence[Layout]
+) -> list[list[torch.Tensor]]:
+    """Per tensor, every rank's bytes of it as a ``(pre, n_r * row)`` view."""
+    offsets = [0] * len(payloads)
+    found = []
+    for layout in layouts:
+        row = layout.row_bytes
+        parts = []
+        for r, region in enumerate(payloads):
+            n = layout.pre * layout.sizes[r] * row
+            parts.append(
+                region[offsets[r] : offsets[r] + n].view(layout.pre, layout.sizes[r] * row)
+            )
+            offsets[r] += n
+        found.append(parts)
+    return found
+
+
+ROUNDS: Final = PerGroup[Round]()
+"""Per group and collective: the buffers of its round (``Round``), kept from call to call."""
+
+
+def round_for(
+    pg: dist.ProcessGroup | None,
+    collective: CollectiveName,
+    world: int,
+    slots: int,
+    capacity: int,
+    device: torch.device,
+) -> Round | None:
+    """``pg``'s kept buffers for a round of this size (made or remade), or ``None``."""
+    if pg is None or device.type != "cpu":
+        return None
+    rnd = ROUNDS.get(pg, collective)
+    if rnd is None or rnd.key != (world, slots, capacity):
+        if rnd is not None and rnd.lock.locked():
+            return None  # another thread's round: leave it to it
+        rnd = Round(world, slots, capacity)
+        ROUNDS.put(pg, collective, rnd)
+    return rnd

@@ -1,0 +1,489 @@
+"""The one round's state policy: one state type, its rules, the per-group registries.
+
+Where it sits: beneath the one-round exchanges (``_fused``: the all_gather-shaped
+round of ``all_gather_v``, ``all_gather_v_coalesced`` and ``all_gather_list``;
+``_family``: the all_to_all-shaped round of ``reduce_scatter_v`` and
+``all_to_all_v``) and their kept buffers (``_round_buffers``); it imports the
+collective table (``_collectives``) only. It holds the **one state type**
+(``FusedState``), the size rules (``bucket``, ``capacity_step``, the padding
+bounds), each round shape's ``advance`` rule, and the **per-group registries**
+(``PerGroup``, weakly keyed by process group) in which every round keeps its state,
+its buffers and its caches.
+
+The state is kept per group and round shape (``_collectives.RoundShape``): the
+collectives sharing a round shape share one state, so a rank calling one of them
+beside a peer calling another sends the same length and gets an error, never a gloo
+abort. ``state_of(group, collective)`` reads the state of that collective's round.
+
+**The all_gather-shaped round** (``advance``): the state rule, applied on every rank after a call whose headers validated
+(compact or full path), from the validated layouts only, before any payload moves:
+
+* ``need`` = the largest payload any rank had (bytes of all its tensors), ``needs`` =
+  every rank's;
+* gather round: a call in use (every rank eligible, ``need <= FUSED_MAX_BYTES`` and
+  ``4 * need > capacity``) sets ``capacity = max(capacity, bucket(need))`` and ends any
+  idle streak; any other call is idle: after ``SHRINK_AFTER`` idle calls in a row the
+  capacity becomes ``bucket`` of the largest eligible small need among them (0 if none);
+* wide round: a call *goes wide* when every rank is eligible and, with ``padded = W *
+  bucket(need)`` (what the gather round would carry) and ``sum(needs)`` the payload:
+  ``need > WIDE_MIN_BYTES`` (128 KiB), or ``padded > max(PAD_LIMIT * sum(needs),
+  SMALL_BYTES)`` (strong skew on many ranks).
+  A group's first such call sets ``wide = needs`` exactly; a later one where some rank
+  outgrew its slot (a miss: that call took two rounds) sets every slot to
+  ``max(wide[r], bucket(needs[r]))``; a miss by an eligible call that does not go wide
+  ends the wide round at once (the gather round's capacity grew to it in the same
+  call); a call that goes wide and fits, with no slot at least twice ``bucket`` of its
+  need, ends any idle streak, and once ``SHRINK_AFTER`` such calls in a row had the
+  very same needs (calls that do not go wide between them neither count nor break
+  the row), ``wide`` becomes those needs exactly (a stable skew sends no padding,
+  whatever sizes came before it); any other call is idle, and after
+  ``SHRINK_AFTER`` idle calls in a row ``wide`` becomes the largest needs of the
+  streak's wide calls (or empty, back to the gather round, when none went wide);
+* ``slots`` grows at once to a call's tensor count and, after ``SHRINK_AFTER`` calls in
+  a row with fewer tensors, shrinks to the most among them.
+
+**Padding bound.** ``bucket(n) <= max(64, 1.125 n)``. In the wide round a rank's slot
+is its exact need from a group's first wide call while sizes stay, and again after
+``SHRINK_AFTER`` calls in a row with the same sizes once they moved; in between it is
+at most ``bucket`` of the largest need it had since the slots were set (12.5 % of that,
+64 bytes at least), and never more than twice ``bucket`` of its need for more than
+``SHRINK_AFTER - 1`` calls in a row; no rank's slot depends on another rank's size.
+In the gather round every slot
+is ``capacity`` (at most ``FUSED_MAX_BYTES``), so a rank receives at most ``W *
+capacity`` bytes. A group is in the gather round only after a call that did not go
+wide, so for that call's sizes ``W * bucket(need) <= max(PAD_LIMIT * sum(needs),
+SMALL_BYTES)`` with ``need <= FUSED_MAX_BYTES``: at most ``PAD_LIMIT`` times the
+payload, or 128 KiB in all, and never more than 128 KiB per rank. While sizes move the capacity is
+``bucket`` of the largest need of the last ``SHRINK_AFTER`` calls (or of the calls
+since it last grew), not of the current call, so one call's padding can exceed the
+bound by what its sizes fell since then; ``SHRINK_AFTER`` calls at the smaller sizes
+restore it.
+
+Calls that raise in validation change nothing (every rank raises from the same
+headers); calls with ``sizes`` and ``validate=False`` skip the round and change nothing;
+a miss on one rank only is seen by every rank in the headers, so every rank grows the
+slots alike. Errors after validation (a timeout in the payload collective) leave the
+group out of step anyway. The state is kept per process group (weakly keyed, subgroups
+apart) and is **one for every kind** (``Kind``: ``all_gather_v`` with ``gather_layout``
+and ``all_gather_v_with_layout``, ``all_gather_v_coalesced``, ``all_gather_list``):
+the round's length is a function of the group's state only, so a rank calling one
+kind beside a peer calling another sends the same length and gets an error, never a
+gloo abort. Every header carries its caller's kind (``_wire.KIND_SHIFT``), and what
+the full path moves is decided from every rank's headers alone: ranks whose tensor
+counts differ raise ``ArgumentMismatchError`` at once, naming which rank called which
+collective; otherwise one all_gather of the records, and ``plan_layout``'s extra
+all_gather of a sizes mismatch only when every rank called ``all_gather_v``. Kinds
+that agree on the headers (``all_gather_v(x)`` beside ``all_gather_v_coalesced([x])``)
+gather alike. Sharing costs a group that mixes kinds a little padding: its capacity
+and header slots follow the largest need and tensor count of every kind's calls.
+
+**The all_to_all-shaped round** (``advance_blocks``): the state is the same type, of
+which the round uses ``capacity``, ``idle`` and ``idle_need``: the bytes of the payload
+slot each rank sends every rank. Applied after every validated call, from the
+validated rows only: a call whose every rank is eligible and whose blocks ride
+(``rides``: the largest block, ``need`` bytes, is at most ``FAMILY_FUSED_MAX``, or
+at most ``FAMILY_STRETCH_MAX`` with the ``W * W`` slots padding the call's ``total``
+bytes by at most ``WASTE_LIMIT``: ``W * W * block_slot(need) <= 1.5 * total``) grows
+the capacity to ``block_slot(need)`` when ``4 * need`` exceeds it; any other call is
+idle, and after ``SHRINK_AFTER`` idle calls in a row the capacity shrinks to the slot
+of the largest eligible small need among them (0 if none). Calls that raise change
+nothing.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Final, Generic, TypeVar
+
+import torch.distributed as dist
+
+from ._collectives import COLLECTIVES, CollectiveName
+
+__all__ = [
+    "FAMILY_FUSED_MAX",
+    "FAMILY_STRETCH_MAX",
+    "FUSED_MAX_BYTES",
+    "PAD_LIMIT",
+    "SHRINK_AFTER",
+    "SMALL_BYTES",
+    "STATES",
+    "WASTE_LIMIT",
+    "WIDE_MIN_BYTES",
+    "FusedState",
+    "PerGroup",
+    "advance",
+    "advance_blocks",
+    "block_slot",
+    "bucket",
+    "capacity_of",
+    "capacity_step",
+    "group_key",
+    "replace_state",
+    "reset_state",
+    "rides",
+    "set_state",
+    "state_of",
+    "swap_state",
+    "within_waste",
+]
+
+FUSED_MAX_BYTES: Final = 128 * 1024
+"""Largest payload per rank that rides in the equal-size fused round (the *gather*
+round); a group whose calls carry more switches to the *wide* round (module doc).
+512 KiB until the wide round's headers rode in its broadcasts: since then the wide
+round beats the gather round from 128 KiB per rank up (``docs/performance.md``); below,
+the two are even at 4 ranks and the gather round is one operation, not 2 (W - 1)."""
+
+WIDE_MIN_BYTES: Final = FUSED_MAX_BYTES
+"""A group switches to the wide round once a call's largest payload per rank exceeds
+this many bytes (and back after ``SHRINK_AFTER`` calls that do not)."""
+
+SMALL_BYTES: Final = 128 * 1024
+"""Bytes in all that the gather round may always carry: up to ``PAD_LIMIT`` times the
+payload or this much, whichever is more (latency dominates there)."""
+
+WASTE_LIMIT: Final = 0.5
+"""The padding, as a fraction of the payload, that a result handed back with its whole
+receive buffer may carry (``within_waste``; the family's stretched slot too)."""
+
+SHRINK_AFTER: Final = 8
+"""Idle calls in a row after which the capacity (or the slots) shrink."""
+
+_MIN_BUCKET: Final = 64
+
+
+def bucket(n: int) -> int:
+    """``n`` bytes rounded up: 0 stays 0, up to ``_MIN_BUCKET`` is ``_MIN_BUCKET``, else to a
+    multiple of 1/16 of the next power of two (at most 12.5 % more than ``n``)."""
+    if n <= 0:
+        return 0
+    if n <= _MIN_BUCKET:
+        return _MIN_BUCKET
+    step = max(16, (1 << (n - 1).bit_length()) // 16)
+    return -(-n // step) * step
+
+
+@dataclass(frozen=True)
+class FusedState:
+    """What one group's ranks agree on for the next fused round (see the module doc).
+
+    ``capacity``, ``idle``, ``idle_need``: the gather round's one payload slot and its
+    shrink streak. ``slots``, ``fewer``, ``fewer_max``: the header slots. ``wide``: the
+    wide round's per-rank payload slots (empty: the group runs the gather round);
+    ``wide_idle`` and ``wide_max``: its shrink streak and the largest needs in it;
+    ``wide_steady`` and ``wide_last``: its calls in a row with the same needs
+    (``wide_last``) within slots that are not exactly those needs.
+    """
+
+    capacity: int = 0
+    slots: int = 1
+    idle: int = 0
+    idle_need: int = 0
+    fewer: int = 0
+    fewer_max: int = 0
+    wide: tuple[int, ...] = ()
+    wide_idle: int = 0
+    wide_max: tuple[int, ...] = ()
+    wide_steady: int = 0
+    wide_last: tuple[int, ...] = ()
+
+
+PAD_LIMIT: Final = 4
+"""The gather round pads every rank's slot to the largest need; once that would carry
+more than ``PAD_LIMIT`` times the payload and more than ``SMALL_BYTES`` in all
+(``W * bucket(max n) > max(PAD_LIMIT * sum n, SMALL_BYTES)``: strong skew on many
+ranks) a group takes the wide round even for small payloads."""
+
+
+def within_waste(padded: int, payload: int) -> bool:
+    """Whether ``padded`` bytes carry ``payload`` bytes with at most ``WASTE_LIMIT`` of
+    padding: the bound of a result handed back with its receive buffer and of the
+    family's stretched slot (``_family.rides``)."""
+    return padded <= (1 + WASTE_LIMIT) * payload
+
+
+def _wants_wide(needs: Sequence[int]) -> bool:
+    """Whether a call with every rank's payload ``needs`` makes a group go wide."""
+    if not needs:
+        return False
+    most = max(needs)
+    padded = len(needs) * bucket(most)
+    return most > WIDE_MIN_BYTES or padded > max(PAD_LIMIT * sum(needs), SMALL_BYTES)
+
+
+_WideStep = tuple[tuple[int, ...], int, tuple[int, ...], int, tuple[int, ...]]
+"""``(wide, wide_idle, wide_max, wide_steady, wide_last)`` after a call."""
+
+
+def _advance_wide(state: FusedState, fusable: bool, needs: Sequence[int]) -> _WideStep:
+    """The wide round's part of ``advance`` (module doc, "the wide round")."""
+    wide, idle, most = state.wide, state.wide_idle, state.wide_max
+    large = fusable and _wants_wide(needs)
+    if large and len(wide) != len(needs):  # a group's first large call: its exact needs
+        return tuple(needs), 0, (), 0, ()
+    if not wide:
+        return wide, 0, (), 0, ()
+    missed = any(n > c for n, c in zip(needs, wide, strict=True))
+    if large and missed:  # a miss: grow (the first call of a streak with these needs)
+        grown = tuple(max(c, bucket(n)) for n, c in zip(needs, wide, strict=True))
+        return grown, 0, (), 1, tuple(needs)
+    if missed and fusable:  # a miss the gather round holds (it grew to it): back at once
+        return (), 0, (), 0, ()
+    if large and not any(2 * bucket(n) <= c for n, c in zip(needs, wide, strict=True)):
+        # in use, no slot twice too large. Slots that are not the needs themselves
+        # (grown by an earlier miss, or left from larger sizes) become them after
+        # SHRINK_AFTER calls in a row with the very same needs: a stable skew sends
+        # no padding, however it got there.
+        now = tuple(needs)
+        if now == wide:
+            return wide, 0, (), 0, ()
+        steady = state.wide_steady + 1 if now == state.wide_last else 1
+        if steady >= SHRINK_AFTER:
+            return now, 0, (), 0, ()
+        return wide, 0, (), steady, now
+    # idle: not large (small, or a rank not eligible), or some slot twice too large
+    idle += 1
+    steady, last = state.wide_steady, state.wide_last  # a call not wide says nothing of
+    if large:  # the wide calls' sizes; one with a slot twice too large ends the streak
+        most = tuple(max(a, b) for a, b in zip(most or (0,) * len(needs), needs, strict=True))
+        steady, last = 0, ()
+    if idle < SHRINK_AFTER:
+        return wide, idle, most, steady, last
+    if _wants_wide(most):
+        return most, 0, (), 0, ()
+    return (), 0, (), 0, ()
+
+
+def capacity_step(
+    current: tuple[int, int, int], *, small: bool, need: int, slot: Callable[[int], int]
+) -> tuple[int, int, int]:
+    """One call's step of a learned capacity ``(capacity, idle, idle_need)``: a small
+    call in use (``4 * need > capacity``) grows it to ``slot(need)`` and ends the idle
+    streak; any other call is idle, and after ``SHRINK_AFTER`` idle calls in a row the
+    capacity becomes ``slot`` of the largest small need among them (the fused round's
+    rule, and the family exchange's)."""
+    capacity, idle, idle_need = current
+    if small and 4 * need > capacity:
+        return max(capacity, slot(need)), 0, 0
+    idle += 1
+    if small:
+        idle_need = max(idle_need, need)
+    if idle >= SHRINK_AFTER:
+        return slot(idle_need), 0, 0
+    return capacity, idle, idle_need
+
+
+def advance(
+    state: FusedState, *, fusable: bool, need: int, count: int, needs: Sequence[int] = ()
+) -> FusedState:
+    """The state after a call that validated: a pure function of what every rank saw
+    (``need``: the largest payload of any rank; ``needs``: every rank's, for the wide
+    round; without them the wide slots only count the call as idle)."""
+    capacity, idle, idle_need = capacity_step(
+        (state.capacity, state.idle, state.idle_need),
+        small=fusable and need <= FUSED_MAX_BYTES,
+        need=need,
+        slot=bucket,
+    )
+    slots, fewer, fewer_max = state.slots, state.fewer, state.fewer_max
+    if count > slots:
+        slots, fewer, fewer_max = count, 0, 0
+    elif count < slots:
+        fewer, fewer_max = fewer + 1, max(fewer_max, count)
+        if fewer >= SHRINK_AFTER:
+            slots, fewer, fewer_max = max(1, fewer_max), 0, 0
+    else:
+        fewer, fewer_max = 0, 0
+    wide_step = _advance_wide(state, fusable, needs)
+    after = (capacity, slots, idle, idle_need, fewer, fewer_max, *wide_step)
+    if after == (
+        state.capacity,
+        state.slots,
+        state.idle,
+        state.idle_need,
+        state.fewer,
+        state.fewer_max,
+        state.wide,
+        state.wide_idle,
+        state.wide_max,
+        state.wide_steady,
+        state.wide_last,
+    ):
+        return state  # unchanged (the steady state): no new object
+    return FusedState(*after)
+
+
+FAMILY_FUSED_MAX: Final = 64 * 1024
+"""Largest block (bytes, from one rank to one rank) that always rides in the
+all_to_all-shaped round: it moves ``W`` slots of the capacity (at most this) from and
+to every rank."""
+
+FAMILY_STRETCH_MAX: Final = 256 * 1024
+"""Largest block that rides in the all_to_all-shaped round at all: past
+``FAMILY_FUSED_MAX`` only while the slots' padding is bounded, ``W * W *
+block_slot(need) <= (1 + WASTE_LIMIT) * total`` (every block of every rank padded to
+the slot). Past it the two copies the slots cost (into the send slots, out of the
+received ones) cost more than the metadata round they save: measured on 4 gloo ranks,
+1 MiB blocks rode at 2.35x one ``all_to_all_single`` against 1.75x in two rounds
+(``docs/family.md``)."""
+
+
+def block_slot(n: int) -> int:
+    """``bucket(n)`` rounded up to 16 bytes (every slot of the all_to_all-shaped round
+    starts 16-byte aligned)."""
+    return -(-bucket(n) // 16) * 16
+
+
+def rides(need: int, total: int, world: int) -> bool:
+    """Whether a call of these blocks may ride in the all_to_all-shaped round's slots
+    (module doc): any call whose largest block is at most ``FAMILY_FUSED_MAX`` (latency
+    dominates there), and one of blocks up to ``FAMILY_STRETCH_MAX`` whose ``W * W``
+    slots pad its ``total`` bytes by at most ``WASTE_LIMIT``."""
+    if need <= FAMILY_FUSED_MAX:
+        return True
+    return need <= FAMILY_STRETCH_MAX and within_waste(world * world * block_slot(need), total)
+
+
+def advance_blocks(
+    state: FusedState, *, fusable: bool, need: int, total: int = 0, world: int = 1
+) -> FusedState:
+    """The all_to_all-shaped round's state after a call that validated: a pure function
+    of what every rank saw (``fusable``: every rank eligible; ``need``: the largest
+    block any rank sends any rank, bytes; ``total``: every block of every rank
+    together; ``world``: ``W``)."""
+    capacity, idle, idle_need = capacity_step(
+        (state.capacity, state.idle, state.idle_need),
+        small=fusable and rides(need, total, world),
+        need=need,
+        slot=block_slot,
+    )
+    if (capacity, idle, idle_need) == (state.capacity, state.idle, state.idle_need):
+        return state
+    return replace(state, capacity=capacity, idle=idle, idle_need=idle_need)
+
+
+# --- the per-group registries ----------------------------------------------------------
+
+V = TypeVar("V")
+
+
+class PerGroup(Generic[V]):
+    """One registry of the rounds: per process group (weakly keyed, so a destroyed
+    group's entries go with it; subgroups apart) and per key (a round shape, a
+    collective, a purpose), one value. Every round keeps its state, its kept buffers
+    and its caches in one of these."""
+
+    def __init__(self) -> None:
+        self._by_group: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, V]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self, pg: dist.ProcessGroup | None, key: str) -> V | None:
+        """``pg``'s value under ``key`` (``None``: none yet, or no group)."""
+        if pg is None:
+            return None
+        found = self._by_group.get(pg)
+        return None if found is None else found.get(key)
+
+    def of(self, pg: dist.ProcessGroup, key: str, default: Callable[[], V]) -> V:
+        """``pg``'s value under ``key``, made by ``default`` when it has none."""
+        kept = self._by_group.get(pg)
+        if kept is None:
+            kept = self._by_group.setdefault(pg, {})
+        value = kept.get(key)
+        if value is None:
+            value = kept[key] = default()
+        return value
+
+    def put(self, pg: dist.ProcessGroup, key: str, value: V) -> None:
+        """Set ``pg``'s value under ``key``."""
+        kept = self._by_group.get(pg)
+        if kept is None:
+            kept = self._by_group.setdefault(pg, {})
+        kept[key] = value
+
+    def pop(self, pg: dist.ProcessGroup, key: str) -> None:
+        """Forget ``pg``'s value under ``key``."""
+        kept = self._by_group.get(pg)
+        if kept is not None:
+            kept.pop(key, None)
+
+
+STATES: Final = PerGroup[FusedState]()
+"""Per group and round shape, the one state its collectives' rounds are sized from
+(module doc: a peer calling another collective of the round must send the same
+length, or gloo aborts)."""
+
+_FRESH: Final = FusedState()
+
+
+def group_key(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    """The process group ``group`` names (``None``: the default group), or ``None`` when
+    there is none to key a registry by."""
+    pg = group if group is not None else dist.group.WORLD
+    return pg if isinstance(pg, dist.ProcessGroup) else None
+
+
+def state_of(
+    group: dist.ProcessGroup | None = None, collective: CollectiveName = "all_gather_v"
+) -> FusedState:
+    """This process's copy of the state of ``collective``'s round on ``group`` (read
+    only; ``None``: the default group), shared by every collective of that round."""
+    found = STATES.get(group_key(group), COLLECTIVES[collective].round)
+    return _FRESH if found is None else found
+
+
+def capacity_of(
+    group: dist.ProcessGroup | None = None, collective: CollectiveName = "all_gather_v"
+) -> int:
+    """The payload bytes per rank the next round of ``collective`` on ``group`` reserves."""
+    return state_of(group, collective).capacity
+
+
+def set_state(pg: dist.ProcessGroup | None, collective: CollectiveName, state: FusedState) -> None:
+    """After a validated call: ``state`` is the state of ``collective``'s round on ``pg``
+    (every rank sets alike, from what every rank saw)."""
+    if pg is not None:
+        STATES.put(pg, COLLECTIVES[collective].round, state)
+
+
+def swap_state(
+    group: dist.ProcessGroup | None, state: FusedState, collective: CollectiveName = "all_gather_v"
+) -> FusedState:
+    """Install ``state`` as the learned state of ``collective``'s round on ``group`` on
+    this rank; return the one it replaces (``FusedState()`` for a group that had none).
+    For the bench, which gives each of its call patterns on one group the state that
+    pattern alone would have learned; every rank must swap alike, or the ranks disagree
+    on the next round."""
+    pg = group_key(group)
+    if pg is None:
+        return state
+    before = state_of(pg, collective)
+    STATES.put(pg, COLLECTIVES[collective].round, state)
+    return before
+
+
+def replace_state(
+    group: dist.ProcessGroup | None, collective: CollectiveName, **changes: int | tuple[int, ...]
+) -> None:
+    """Tests only: set fields of the state of ``collective``'s round on ``group`` on
+    this rank (every rank must do the same, or the ranks disagree on the next round)."""
+    pg = group_key(group)
+    if pg is not None:
+        STATES.put(
+            pg,
+            COLLECTIVES[collective].round,
+            replace(state_of(pg, collective), **changes),  # type: ignore[arg-type]  # each field keeps its own type; tests pass them right
+        )
+
+
+def reset_state(
+    group: dist.ProcessGroup | None = None, collective: CollectiveName = "all_gather_v"
+) -> None:
+    """Tests only: forget the state of ``collective``'s round on ``group`` on this rank
+    (every rank must do the same, or the ranks disagree on the next round's size)."""
+    pg = group_key(group)
+    if pg is not None:
+        STATES.pop(pg, COLLECTIVES[collective].round)

@@ -1,0 +1,597 @@
+"""``all_gather_v``'s catalogue: the claims a ragged gather must hold.
+
+Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), above
+``cases`` -> ``strategies`` -> ``judge`` -> ``runner`` (the gather's case model, its
+draws, the judge and the rank side) and ``properties`` (the one ``Property``);
+beneath the engine, which runs these rows through ``CATALOGUE`` as it runs any
+collective's.
+
+Each property varies one thing: the forward properties run contiguous shards without
+``sizes`` and without backward, every dim and ragged shape (empty shards too); the
+structural ones use the common dtypes; the world ones (one rank, uninitialized,
+subgroup) use float32/float64/complex64 and mostly run backward. Every property draws
+some large cases (payload scale, ``vargather.testing.scale``); ``call-sequence`` draws
+call sequences (``strategies.call_sequences``): state carried from call to call;
+``coalesced`` runs each batch as one ``all_gather_v_coalesced`` call (every case one
+tensor of it, ``runner.run_coalesced``), judged case by case as if each had run alone.
+Only vargather's own implementation has a coalesced form
+(``Implementation.coalesced_form``): for any other, forks and the mutants of
+``tests/mutants`` included (they rebuild the single-tensor pipeline by hand and leave
+``all_gather_v_coalesced`` untouched), the row is not applicable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from itertools import count
+from typing import TYPE_CHECKING, Any, Final
+
+from hypothesis import strategies as st
+
+from .. import strategies as vst
+from ..cases import (
+    COMPILE_BACKENDS,
+    DTYPE_NAMES,
+    GatherCase,
+    Implementation,
+    RankReport,
+    dtype_family,
+    sizes_forms_for,
+    torch_dtype,
+)
+from ..compiled import warm_backends
+from ..judge import Failure
+from ..misuse import CATALOGUE as CATALOGUE_OF_MISUSES
+from ..misuse import GatherMisuseCase, judge_gather_misuse, misuse_by_name, run_gather_misuse
+from ..options import CheckOptions
+from ..pool import PoolFailure, RankError, RankPool
+from ..properties import Property
+from ..resolve import ImplInfo, resolve_options_impl
+from ..results import case_data
+from ..runner import Verdict, describe, describe_coalesced, run_cases, run_coalesced, run_on_rank
+from ..scale import sequence_length
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+__all__ = ["CATALOGUE", "COALESCED_MAX_PAYLOAD", "one_call"]
+
+
+def _on_backends(cases: list[GatherCase]) -> SearchStrategy[list[GatherCase]]:
+    """``cases``, each on a compile backend drawn for it (shrinking toward ``eager``)."""
+    backends = st.lists(st.sampled_from(COMPILE_BACKENDS), min_size=len(cases), max_size=len(cases))
+    return backends.map(
+        lambda names: [replace(c, compile_backend=b) for c, b in zip(cases, names, strict=True)]
+    )
+
+
+def warm_backends_for(
+    batch: Sequence[GatherCase], pool_factory: Callable[[int], RankPool] | None = None
+) -> None:
+    """Warm, on each world ``batch`` runs on, the compile backends its cases use
+    (``compiled.warm_backends``, once per rank process): a backend's one-time setup is
+    then not charged to the batch's call timeout."""
+    from ..pool import get_pool
+
+    factory = pool_factory or get_pool
+    worlds: dict[int, set[str]] = {}
+    for case in batch:
+        if case.compile_backend is not None and case.initialized:
+            worlds.setdefault(case.world_size, set()).add(case.compile_backend)
+    for world, backends in sorted(worlds.items()):
+        factory(world).run(warm_backends, sorted(backends))
+
+
+def one_call(cases: Sequence[GatherCase]) -> list[GatherCase]:
+    """``cases`` as the tensors of one coalesced call: every case takes the first's
+    contract and transport (the call takes them once); everything else stays each
+    case's own (dtype, shape, sizes, dim, memory layout, sizes form, requires_grad)."""
+    if not cases:
+        return []
+    first = cases[0]
+    return [replace(c, contract=first.contract, transport=first.transport) for c in cases]
+
+
+# --- the catalogue ----------------------------------------------------------------------
+
+
+def _dtypes(*families: str) -> tuple[str, ...]:
+    return tuple(n for n in DTYPE_NAMES if dtype_family(torch_dtype(n)) in families)
+
+
+_COMMON: Final = ("float32", "float64", "int64")
+"""The dtypes of the properties that are not about dtypes (each family has its own)."""
+
+_SEQUENCE_DTYPES: Final = ("float32", "float64", "bfloat16", "int64", "uint8")
+"""Dtypes a call sequence switches between: widths of 8, 4, 2 and 1 bytes, so one
+shape means different byte counts from call to call."""
+
+_OUTPUT: Final = frozenset({"output"})
+_SIZES: Final = frozenset({"output", "sizes"})
+_ALL: Final = frozenset({"output", "sizes", "gradient", "adjoint"})
+_VALUES: Final = frozenset({"output", "gradient", "adjoint"})
+
+COMPILED_EXAMPLES: Final = 3
+"""Examples of the ``compiled`` property per run by default: each costs compiles of a
+few seconds per backend and shape (inductor's the most)."""
+COMPILED_SLOW_EXAMPLES: Final = 25
+COMPILED_BATCH: Final = 3
+"""Cases per compiled batch: calls in a row through one compiled step per backend,
+sizes and shapes changing between them (dynamo's recompiles, then dynamic sizes)."""
+
+COALESCED_MAX_PAYLOAD: Final = 64 * 1024
+"""Bytes per rank's shard a large case of the ``coalesced`` property may reach: enough
+for outputs past ``DIGEST_MIN_BYTES`` and the coalesced call's small/large split, small
+enough that a batch of tensors costs one quick round trip."""
+
+
+def _some_empty(case: GatherCase) -> bool:
+    empty = sum(1 for n in case.sizes if n == 0)
+    return 0 < empty < case.group_size
+
+
+def _nonzero_dim(case: GatherCase) -> bool:
+    return case.dim != 0
+
+
+def _rows(implementation: Implementation, returns: str) -> list[Property]:
+    """Every property, in a fixed order, for ``implementation``.
+
+    Cases draw the contracts it claims and the transports it takes.
+    ``returns`` (``sizes``, ``layout``, ``none`` or ``unknown``) only words the titles
+    of the properties about what it returns beside the tensor.
+    """
+    impl = implementation
+    c: dict[str, object] = {"contracts": impl.contracts}
+    if impl.transports is not None:
+        c["transports"] = impl.transports
+    if impl.dims is not None:
+        c["dims"] = impl.dims
+    plain = ("none",) if "none" in sizes_forms_for(impl.sizes_scope) else None
+    none = plain or sizes_forms_for(impl.sizes_scope)  # --sizes required: always passed
+    fwd = {"sizes_forms": none, "memory": ("contiguous",), "requires_grad": False, **c}
+    common = {**fwd, "dtypes": tuple(d for d in _COMMON if d in DTYPE_NAMES)}
+    world: dict[str, object] = {
+        "sizes_forms": none,
+        "dtypes": ("float32", "float64", "complex64"),
+        **c,
+    }
+    if not impl.differentiable:
+        world["requires_grad"] = False
+    grads = {
+        "sizes_forms": none,
+        "requires_grad": True,
+        "dtypes": _dtypes("float", "half", "complex"),
+        **c,
+    }
+    # Sequences call without sizes where the scope allows (the state under test is the
+    # implementation's own); with --sizes required they pass them.
+    seq = {"sizes_forms": plain or none, "dtypes": _SEQUENCE_DTYPES, **c}
+    coalesced = {
+        "sizes_forms": sizes_forms_for(impl.sizes_scope),
+        "requires_grad": None if impl.differentiable else False,
+        "max_payload": COALESCED_MAX_PAYLOAD,
+        **c,
+    }
+    # Compiled: sizes passed as ints or not at all (a tensor of sizes takes the eager
+    # path behind a graph break, which fullgraph refuses), contiguous shards of
+    # integer values (``x * 1`` and every sum exact on any backend), empties often.
+    compiled = {
+        "sizes_forms": tuple(f for f in sizes_forms_for(impl.sizes_scope) if f != "tensor"),
+        "memory": ("contiguous",),
+        "values": ("integers",),
+        "dtypes": tuple(d for d in _COMMON if d in DTYPE_NAMES),
+        "max_payload": 0,
+        **c,
+    }
+    if not impl.differentiable:
+        compiled["requires_grad"] = False
+    what = "layout" if returns == "layout" else "sizes"
+    claimed = ", ".join(map(repr, impl.contracts))
+    same = "forward equals torch.cat(x, dim) bit for bit on every rank, "
+
+    rows = [
+        Property(
+            impl,
+            "forward-float",
+            same + "float32/float64",
+            _OUTPUT,
+            {**fwd, "dtypes": _dtypes("float")},
+        ),
+        Property(
+            impl,
+            "forward-half",
+            same + "float16/bfloat16",
+            _OUTPUT,
+            {**fwd, "dtypes": _dtypes("half")},
+        ),
+        Property(
+            impl,
+            "forward-complex",
+            same + "complex64/complex128",
+            _OUTPUT,
+            {**fwd, "dtypes": _dtypes("complex")},
+        ),
+        Property(
+            impl,
+            "forward-int",
+            same + "int8/16/32/64, uint8",
+            _OUTPUT,
+            {**fwd, "dtypes": _dtypes("int")},
+        ),
+        Property(impl, "forward-bool", same + "bool", _OUTPUT, {**fwd, "dtypes": _dtypes("bool")}),
+        Property(
+            impl,
+            "dims",
+            "forward along dims other than 0, negative ones included",
+            _OUTPUT,
+            {**common, "min_ndim": 2},
+            keep=_nonzero_dim,
+        ),
+        Property(
+            impl,
+            "empty-some",
+            "forward with some ranks' shards empty",
+            _OUTPUT,
+            common,
+            min_world=2,
+            keep=_some_empty,
+        ),
+        Property(
+            impl,
+            "empty-all",
+            "forward with every rank's shard empty",
+            _OUTPUT,
+            {**common, "max_size": 0},
+        ),
+        Property(
+            impl,
+            "non-contiguous",
+            "forward from transposed and strided (sliced) views",
+            _OUTPUT,
+            {**common, "memory": ("transposed", "sliced")},
+        ),
+        Property(
+            impl,
+            "sizes-list",
+            f"sizes passed as a list of ints: forward and returned {what}",
+            _SIZES,
+            {**common, "sizes_forms": ("list",)},
+        ),
+        Property(
+            impl,
+            "sizes-tensor",
+            f"sizes passed as a 1-d int64 tensor: forward and returned {what}",
+            _SIZES,
+            {**common, "sizes_forms": ("tensor",)},
+        ),
+        Property(
+            impl,
+            "returned-sizes",
+            f"the returned {what} equal the true ones",
+            frozenset({"sizes"}),
+            common,
+            needs_returned_sizes=True,
+        ),
+        Property(
+            impl,
+            "one-rank",
+            "a world of one rank: the identity, gradients flowing",
+            _ALL,
+            world,
+            max_world=1,
+        ),
+        Property(
+            impl,
+            "uninitialized",
+            "torch.distributed not initialized: the identity, gradients flowing",
+            _ALL,
+            world,
+            initialized=False,
+        ),
+        Property(
+            impl,
+            "subgroup",
+            "group= a subgroup: gathers its members only, gradients too",
+            _ALL,
+            world,
+            min_world=2,
+            subgroups=True,
+        ),
+        Property(
+            impl,
+            "gradient",
+            f"input gradients under grad={claimed}, upstream gradients differing per rank",
+            frozenset({"gradient"}),
+            grads,
+        ),
+        Property(
+            impl,
+            "adjoint",
+            "sum_r <dx_r, x_r> == sum_j <g_j, out_j> exactly (grad='sum', integer values)",
+            frozenset({"gradient", "adjoint"}),
+            {**grads, "contracts": ("sum",), "values": ("integers",), "upstream": ("integers",)},
+            min_world=2,
+            needs_sum=True,
+        ),
+        Property(
+            impl,
+            "call-sequence",
+            "gathers repeated on one world, sizes, dtypes, shapes and payload scale "
+            "changing between calls (state carried across calls)",
+            _ALL,
+            {**seq, "requires_grad": None if impl.differentiable else False},
+            min_world=2,
+            sequences=True,
+        ),
+        Property(
+            impl,
+            "compiled",
+            "the call inside a training step compiled with torch.compile(fullgraph=True) "
+            "on eager, aot_eager or inductor: output and input gradients equal eager's "
+            "bit for bit (integer values), empty shards and size changes between calls; "
+            "a rank that issues other collectives than its peers hangs the world",
+            _VALUES,
+            compiled,
+            compiled=True,
+            examples=COMPILED_EXAMPLES,
+            slow_examples=COMPILED_SLOW_EXAMPLES,
+            batch=COMPILED_BATCH,
+        ),
+        Property(
+            impl,
+            "coalesced",
+            "a batch of tensors gathered by one all_gather_v_coalesced call (each its own "
+            "dtype, shape, dim, memory layout and sizes form): every output bit for bit, "
+            f"gradients under the call's grad={claimed} after one backward over all outputs",
+            _VALUES,
+            coalesced,
+            coalesced=True,
+        ),
+        Property(
+            impl,
+            "misuse",
+            "one rank's arguments wrong (the kit's misuse catalogue): the same error class "
+            "and message on every rank, naming that rank, and the next gather works",
+            frozenset({"misuse"}),
+            min_world=2,
+            misuse=True,
+            batch=2,
+        ),
+    ]
+    return [_scoped(row) for row in rows]
+
+
+def _scoped(row: Property) -> Property:
+    """``row`` within its implementation's declared scope: the property left out
+    (``out_of_scope``) when the scope excludes what it is about, else its cases
+    narrowed where a whole-row argument needs it (non-zero dims)."""
+    impl = row.implementation
+    if row.misuse and impl.ref is not None:
+        return replace(
+            row,
+            out_of_scope="the misuse scenarios call vargather's own all_gather_v_with_layout "
+            "(transport=, validate=, timeout= included)",
+        )
+    if row.compiled and not impl.claims_compile:
+        return replace(
+            row,
+            out_of_scope="not claimed to compile (--compile claims torch.compile support)",
+        )
+    if row.coalesced and impl.coalesced_form is None:
+        return replace(
+            row,
+            out_of_scope="ATTR has no coalesced form (vargather.all_gather_v_coalesced only)",
+        )
+    forms = sizes_forms_for(impl.sizes_scope)
+    if row.id in ("sizes-list", "sizes-tensor"):
+        form = row.id.removeprefix("sizes-")
+        if form not in forms:
+            why = "never passed" if impl.sizes_scope == "never" else f"passed as {forms}"
+            return replace(row, out_of_scope=f"--sizes {impl.sizes_scope}: sizes is {why}")
+    if not impl.differentiable and row.id in ("gradient", "adjoint"):
+        return replace(row, out_of_scope="--grad none: not differentiable")
+    if row.id == "dims" and impl.dims is not None:
+        nonzero = tuple(d for d in impl.dims if d != 0)
+        if not nonzero:
+            return replace(row, out_of_scope=f"--dims {_dims_text(impl.dims)}: dim 0 only")
+        deepest = max((d + 1 for d in nonzero if d >= 0), default=1)
+        kwargs = {**row.kwargs, "dims": nonzero, "max_ndim": min(8, max(4, deepest))}
+        return replace(row, kwargs=kwargs)
+    return row
+
+
+def _dims_text(dims: Sequence[int]) -> str:
+    return ",".join(map(str, dims))
+
+
+# --- the catalogue's hooks -------------------------------------------------------------
+
+
+class _Gather:
+    """``all_gather_v``'s ``Catalogue``."""
+
+    op: Final = "all_gather_v"
+    default_call: Final = None
+
+    def resolve(self, options: CheckOptions, cwd: str) -> ImplInfo:
+        return resolve_options_impl(options, cwd)
+
+    def implementation(self, info: ImplInfo, options: CheckOptions, cwd: str) -> Implementation:
+        """The claimed contract and the declared scope only."""
+        grad = options.grad
+        narrowed = info.scope  # what a call template leaves out
+        scope: dict[str, Any] = {
+            "contracts": ("sum",) if grad == "none" else (grad,),
+            "differentiable": grad != "none",
+            "dims": options.dims if narrowed is None else narrowed.dims,
+            "sizes_scope": options.sizes if narrowed is None else narrowed.sizes,
+            "returns": options.returns,
+            "emulate": options.emulate,
+            "takes_grad": info.takes_grad,
+            "call": info.call,
+        }
+        if options.compile:
+            scope["compiles"] = True  # vargather's own claims it anyway
+        if info.ref is None:
+            return Implementation(None, transports=info.transports, name="vargather", **scope)
+        return Implementation(
+            info.ref,
+            convention=info.convention,
+            transports=info.transports,
+            search_path=(cwd,),
+            name=info.ref,
+            takes_group=info.takes_group,
+            ctor_kwargs=info.ctor_kwargs,
+            ctor_takes_dim=info.ctor_takes_dim,
+            **scope,
+        )
+
+    def rows(self, implementation: Implementation, returns: str = "unknown") -> list[Property]:
+        return _rows(implementation, returns)
+
+    def draw(
+        self,
+        prop: Property,
+        world: int,
+        batch: int,
+        transports: Sequence[str] | None,
+        max_payload: int,
+    ) -> SearchStrategy[list[Any]]:
+        if prop.misuse:
+            one = st.sampled_from(CATALOGUE_OF_MISUSES).flatmap(
+                lambda m: st.builds(
+                    GatherMisuseCase,
+                    st.just(m.name),
+                    st.just(world),
+                    st.just(0) if m.all_ranks else st.integers(0, world - 1),
+                    st.just(prop.implementation.emulate),
+                )
+            )
+            return st.lists(one, min_size=1, max_size=batch)
+        kwargs = {"max_payload": max_payload, **prop.kwargs}
+        if transports is not None:
+            kwargs["transports"] = tuple(transports)
+        keep = prop.keep
+        drawn: SearchStrategy[list[GatherCase]]
+        if prop.sequences:
+            drawn = vst.call_sequences(
+                min_world_size=world,
+                max_world_size=world,
+                max_length=max(batch, sequence_length()),
+                initialized=prop.initialized,
+                implementation=prop.implementation,
+                **kwargs,
+            )
+            return drawn
+        drawn = vst.case_batches(
+            min_world_size=world,
+            max_world_size=world,
+            max_batch=batch,
+            subgroups=prop.subgroups,
+            initialized=prop.initialized,
+            implementation=prop.implementation,
+            **kwargs,
+        )
+        if prop.coalesced:
+            drawn = drawn.map(one_call)
+        if prop.compiled:
+            drawn = drawn.flatmap(_on_backends)
+        if keep is not None:
+            drawn = drawn.map(lambda cases: [c for c in cases if keep(c)]).filter(bool)
+        return drawn
+
+    def run(
+        self, prop: Property, batch: Sequence[Any], pool_factory: Callable[[int], RankPool]
+    ) -> list[Verdict]:
+        if prop.misuse:
+            return _run_misuse(prop, batch, pool_factory)
+        run = run_coalesced if prop.coalesced else run_cases
+        if prop.compiled:
+            warm_backends_for(batch, pool_factory)
+        return run(batch, prop.implementation, pool_factory=pool_factory)
+
+    def describe(self, prop: Property, batch: Sequence[Any], index: int) -> str:
+        if prop.misuse:
+            return _misuse_reproduction(batch[: index + 1])
+        if prop.coalesced:  # one call of every case: it lists them all
+            return describe_coalesced(batch, index, prop.implementation)
+        # The calls that ran before it on the same world (state carried over).
+        return describe(batch[index], prop.implementation, before=list(batch[:index]))
+
+    def case_data(self, case: Any) -> dict[str, Any]:
+        if isinstance(case, GatherMisuseCase):
+            return {**dataclasses.asdict(case), "repr": repr(case)}
+        return case_data(case)
+
+    def probe_returns(
+        self,
+        implementation: Implementation,
+        world_sizes: Sequence[int],
+        factory: Callable[[int], RankPool],
+    ) -> str:
+        """What it returns beside the tensor on a small 2-rank (or 1-rank) gather."""
+        multi = [w for w in world_sizes if w >= 2]
+        w = min(multi) if multi else 1
+        case = GatherCase(
+            shapes=tuple((1 + r % 2, 2) for r in range(w)),
+            dim=0,
+            dtype="float32",
+            contract=implementation.contracts[0],
+            values="integers",
+            requires_grad=False,
+        )
+        try:
+            reports = factory(w).run(run_on_rank, (implementation, case, next(_PROBE_TOKENS)))
+        except (PoolFailure, RankError):  # the properties will report what went wrong
+            return "unknown"
+        kinds = {
+            r.extra[0]
+            for r in reports
+            if isinstance(r, RankReport) and r.error is None and r.out is not None
+        }
+        if len(kinds) != 1:
+            return "unknown"
+        kind = kinds.pop()
+        return str(kind) if kind in ("sizes", "layout", "none") else "unknown"
+
+
+_PROBE_TOKENS = count(-1, -1)
+
+
+def _run_misuse(
+    prop: Property, batch: Sequence[Any], pool_factory: Callable[[int], RankPool]
+) -> list[Verdict]:
+    """Each misuse on its world; a world that failed fails that case (``call``)."""
+    impl = prop.implementation
+    verdicts: list[Verdict] = []
+    for case in batch:
+        try:
+            reports = pool_factory(case.world_size).run(run_gather_misuse, case)
+        except (PoolFailure, RankError) as err:
+            kind = "error" if isinstance(err, RankError) else "crash"
+            failure = Failure("call", kind, f"{type(err).__name__}: {err}", (), case.world_size)
+            verdicts.append(Verdict(case, impl, (failure,)))
+            continue
+        verdicts.append(Verdict(case, impl, tuple(judge_gather_misuse(case, reports))))
+    return verdicts
+
+
+def _misuse_reproduction(cases: Sequence[Any]) -> str:
+    """The failing misuses in words, and a command that re-runs them."""
+    listed = ", ".join(repr(c) for c in cases)
+    code = (
+        "from vargather.testing import get_pool; "
+        "from vargather.testing.misuse import GatherMisuseCase, check_gather_misuse; "
+        f"print([check_gather_misuse(get_pool(c.world_size), c) for c in [{listed}]])"
+    )
+    lines = [f"{len(cases)} misuse(s) on a gloo world of {cases[0].world_size} rank(s):"]
+    lines += [f"  {c!r}: {misuse_by_name(c.name).summary}" for c in cases]
+    lines.append(f"reproduce: python -c {shlex.quote(code)}")
+    return "\n".join(lines)
+
+
+CATALOGUE: Final = _Gather()
