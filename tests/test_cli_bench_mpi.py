@@ -78,6 +78,32 @@ def test_skipped_with_a_note_without_mpiexec(
     assert "**MPI**: skipped, no mpiexec" in capsys.readouterr().out
 
 
+def test_a_failed_launch_fails_the_run_with_its_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stand-in ``mpiexec`` that reports one cell's progress, then fails: the run
+    exits 1 with the launch's output, and the progress line reached the callback."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"echo '{_mpi.PROGRESS_PREFIX}W=2 4 KiB mpi: done'\n"
+        "echo 'rank 1: something broke' >&2\n"
+        "exit 3\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setitem(sys.modules, "mpi4py", types.ModuleType("mpi4py"))
+    monkeypatch.setattr(_mpi, "mpiexec", lambda: str(fake))
+    seen: list[str] = []
+    with pytest.raises(_mpi.MpiLaunchError, match="exited with 3 and no results") as info:
+        _mpi.run_mpi(_bench.BenchConfig(mpi_kb=(4.0,)), 2, seen.append)
+    assert seen == ["W=2 4 KiB mpi: done"]
+    assert "rank 1: something broke" in str(info.value)
+    assert _bench.main(["--no-progress", "--parts", "mpi", "--ranks", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "vargather bench failed: mpiexec -n 2 exited with 3" in err
+    assert "rank 1: something broke" in err
+
+
 def test_mpiexec_is_looked_for_beside_this_python_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -193,7 +219,7 @@ def test_a_wrong_mpi_result_fails_the_run(
             for op, names in (("all_gather", GATHER), ("all_to_all", EXCHANGE))
         },
     }
-    monkeypatch.setattr(_bench, "run_mpi", lambda cfg, w: [record])
+    monkeypatch.setattr(_bench, "run_mpi", lambda cfg, w, progress=None: [record])
     code, document, markdown = _run(tmp_path)
     assert code == 1
     assert document["all_verified"] is False
@@ -208,11 +234,19 @@ def test_a_wrong_mpi_result_fails_the_run(
 
 @pytest.mark.multirank
 @pytest.mark.skipif(not HAS_MPI, reason="the mpi extra (mpi4py, mpich) is not installed")
-def test_mpi_part_runs_and_every_result_checks_out(tmp_path: Path) -> None:
+def test_mpi_part_runs_and_every_result_checks_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str] = []  # the launch's progress, as rank 0 finishes each cell
+    launch = _mpi.run_mpi
+    monkeypatch.setattr(
+        _bench, "run_mpi", lambda cfg, w, progress=None: launch(cfg, w, seen.append)
+    )
     code, document, markdown = _run(
         tmp_path, "--mpi-sizes", "4", "--small-repeats", "2", "--calls", "2"
     )
     assert code == 0, markdown
+    assert seen == ["W=2 4 KiB mpi: done"]
     assert document["all_verified"] is True
     (cell,) = document["mpi"]
     assert (cell["world_size"], cell["payload_kb"], cell["profile"]) == (2, 4.0, "mild")

@@ -330,7 +330,7 @@ def main(argv: Sequence[str]) -> int:
             family += world["family"]
             if "mpi" in cfg.parts:  # after the pool's world is gone: mpiexec's own ranks
                 progress.phase(f"W={w} mpi: measuring")
-                mpi += run_mpi(cfg, w)
+                mpi += run_mpi(cfg, w, progress.phase)
                 progress.advance(f"done: W={w} mpi")
     except (BenchError, MpiLaunchError) as err:
         progress.close()

@@ -57,6 +57,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -93,8 +94,15 @@ EXCHANGE_NAMES: Final = (
 """Each collective's variants, in their order; the first is the baseline."""
 
 _LAUNCH_GRACE_S: Final = 600.0
-"""Seconds the launch may take on top of the collective timeout (torch's import, the
-rendezvous) before it counts as hung and is killed."""
+"""Seconds the launch may take on top of its cells (torch's import, the rendezvous)."""
+
+_CELL_TIMEOUT_S: Final = 3600.0
+"""Seconds one cell (both collectives of one total) may take on the ranks before the
+launch counts as hung and is killed, as the pool's cells (a collective that hangs in
+gloo fails sooner, after ``--timeout``)."""
+
+PROGRESS_PREFIX: Final = "vargather-bench-mpi: "
+"""Rank 0's lines on stdout that say how far the launch is (shown as progress)."""
 
 
 class MpiLaunchError(RuntimeError):
@@ -143,10 +151,13 @@ def _tail(text: str, lines: int = 30) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_mpi(cfg: BenchConfig, world_size: int) -> list[dict[str, Any]]:
+def run_mpi(
+    cfg: BenchConfig, world_size: int, progress: Callable[[str], None] | None = None
+) -> list[dict[str, Any]]:
     """Every cell of the MPI part on ``world_size`` ranks, in one ``mpiexec`` launch:
-    rank 0's records, or one record saying why the part was skipped. Raises
-    ``MpiLaunchError`` when the launch or a rank fails."""
+    rank 0's records, or one record saying why the part was skipped. ``progress`` is
+    told each cell rank 0 finishes. Raises ``MpiLaunchError`` when the launch or a rank
+    fails."""
     note = mpi_unavailable()
     if note is not None:
         return [{"world_size": world_size, "skipped": note}]
@@ -172,16 +183,28 @@ def run_mpi(cfg: BenchConfig, world_size: int) -> list[dict[str, Any]]:
             env=_child_environment(),
             start_new_session=True,  # a group of its own: a hung launch is killed whole
         )
-        timeout = _LAUNCH_GRACE_S + cfg.timeout_s * (1 + 2 * len(cfg.mpi_kb))
+        lines: list[str] = []
+        reader = threading.Thread(target=_read, args=(proc, lines, progress), daemon=True)
+        reader.start()
+        timeout = _LAUNCH_GRACE_S + len(cfg.mpi_kb) * (_CELL_TIMEOUT_S + cfg.timeout_s)
+        timed_out = False
         try:
-            output, _ = proc.communicate(timeout=timeout)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
+            timed_out = True
+        finally:
+            if proc.returncode is None:  # hung, or interrupted (Ctrl-C): the whole group goes
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            reader.join()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        output = "".join(lines)
+        if timed_out:
             raise MpiLaunchError(
                 f"mpiexec -n {world_size} ran past {timeout:.0f} s and was killed; its "
                 f"output ended:\n{_tail(output)}"
-            ) from None
+            )
         results = Path(tmp, "results.json")
         if proc.returncode != 0 or not results.is_file():
             raise MpiLaunchError(
@@ -191,6 +214,18 @@ def run_mpi(cfg: BenchConfig, world_size: int) -> list[dict[str, Any]]:
             )
         records: list[dict[str, Any]] = json.loads(results.read_text())
     return records
+
+
+def _read(
+    proc: subprocess.Popen[str], lines: list[str], progress: Callable[[str], None] | None
+) -> None:
+    """Collect the launch's output into ``lines`` as it comes, telling ``progress`` rank
+    0's progress lines."""
+    assert proc.stdout is not None  # opened with stdout=PIPE
+    for line in proc.stdout:
+        lines.append(line)
+        if progress is not None and line.startswith(PROGRESS_PREFIX):
+            progress(line.removeprefix(PROGRESS_PREFIX).strip())
 
 
 # --- the rank side -----------------------------------------------------------------------
@@ -466,12 +501,16 @@ def rank_main() -> None:
             "gloo", store=store, rank=rank, world_size=w, timeout=timedelta(seconds=cfg.timeout_s)
         )
         started = time.time()
-        records = [_cell(comm, cfg, kb) for kb in cfg.mpi_kb]
+        records = []
+        for kb in cfg.mpi_kb:
+            records.append(_cell(comm, cfg, kb))
+            if rank == 0:
+                print(f"{PROGRESS_PREFIX}W={w} {kb:g} KiB mpi: done", flush=True)
         comm.Barrier()
         if rank == 0:
             for record in records:
                 assert record is not None  # rank 0 returns every cell
-                record["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
+                record["mpi_library"] = " ".join(MPI.Get_library_version().split()[:3])
                 record["launch_elapsed_s"] = time.time() - started
             partial = where / "results.json.partial"
             partial.write_text(json.dumps(records))

@@ -219,6 +219,11 @@ def _family_row(axes: Any, cells: Sequence[dict[str, Any]], w: int, finish: Any)
         finish(ax, f"{op} / its baseline, W={w}", "total (KiB)", xs_all, j == 0, True)
 
 
+_MPI_ROLES = ("MPI, counts exchanged", "MPI, counts known", "vargather, validated", "gloo")
+"""The MPI part's variants by position (``_mpi.GATHER_NAMES``, ``_mpi.EXCHANGE_NAMES``):
+one legend entry for both collectives."""
+
+
 def _mpi_row(axes: Any, cells: Sequence[dict[str, Any]], w: int, finish: Any) -> None:
     """One panel per collective of the MPI part: every variant's median ratio to MPI's
     call with the counts exchanged, quartiles as error bars, vs total."""
@@ -248,7 +253,7 @@ def _mpi_row(axes: Any, cells: Sequence[dict[str, Any]], w: int, finish: Any) ->
                 capsize=2,
                 linewidth=2.5 if name.startswith("vargather") else 1.2,
                 color=colors[k % len(colors)],
-                label=f"mpi part: {name}",
+                label=f"mpi part: {_MPI_ROLES[k % len(_MPI_ROLES)]}",
             )
         ax.axhline(1.0, color="grey", linewidth=0.5)
         finish(ax, f"{op} / MPI (counts exchanged), W={w}", "total (KiB)", xs, j == 0, True)
