@@ -76,7 +76,7 @@ nitpick_ignore_regex = [
     ("py:.*", r"(Literal|Final|Any|Callable|Sequence|Mapping|Iterator|Iterable|TypeVar)"),
     ("py:.*", r"(T|P|R|Self|NoneType|Ellipsis|ellipsis)"),
     ("py:.*", r"(ProcessGroup|DeviceMesh|Tensor|dtype|device|timedelta|SearchStrategy)"),
-    ("py:.*", r"(Sizes|GroupLike|Timeout|MeshDim|Shapes|DimArg|SizesArg)"),
+    ("py:.*", r"(Sizes|SplitSizes|GroupLike|Timeout|MeshDim|Shapes|DimArg|SizesArg)"),
     # The type variables of ``RankPool.run`` and two records the kit returns but does
     # not export (their fields are described where they are returned).
     ("py:.*", r"vargather\.testing\.pool\.[PR]"),
