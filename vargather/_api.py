@@ -70,8 +70,26 @@ def gather_layout(
 ) -> Layout:
     """The ``Layout`` (sizes, offsets, total, ...) a gather of ``x`` would have.
 
-    A collective (the metadata exchange) unless ``sizes`` is given with
-    ``validate=False``; it raises exactly what ``all_gather_v`` would, on every rank.
+    Takes ``all_gather_v``'s arguments. It runs the metadata exchange (a collective)
+    unless ``sizes`` is given with ``validate=False``, and moves no payload.
+
+    Shapes:
+        ``x`` as for ``all_gather_v``, ``lead + (n_r,) + trail``; the layout's
+        ``output_shape`` is the gathered ``lead + (Σ_r n_r,) + trail``.
+
+    Gradient:
+        None: it returns no tensor.
+
+    Raises:
+        VarGatherError: bad input on any rank, raised on every rank of the group with
+            the same message, naming the offending rank(s) (also as ``.ranks``), before
+            any payload moves; the group stays usable. The subclass says what:
+            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
+            ``SizesMismatchError``, ... (the misuse catalogue lists each).
+        GroupError: on this rank only, when ``group`` is unusable here.
+        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
+            group's timeout), naming it when the arrival census can.
+        PeerLostError: a peer died mid-call, naming it when it can.
     """
     layout, _, _ = plan_gather(
         x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim, layout_only=True
@@ -91,7 +109,30 @@ def all_gather_v_with_layout(
     timeout: Timeout = None,
     mesh_dim: MeshDim = None,
 ) -> GatherResult:
-    """``all_gather_v`` that also returns the gather's ``Layout``."""
+    """``all_gather_v`` that also returns the gather's ``Layout``.
+
+    Takes ``all_gather_v``'s arguments; returns ``GatherResult(tensor, layout)``, the
+    layout saying every rank's size and offset along ``dim``.
+
+    Shapes:
+        As ``all_gather_v``: ``x`` is ``lead + (n_r,) + trail``, ``tensor`` is
+        ``lead + (Σ_r n_r,) + trail``; ``layout.sizes`` and ``layout.offsets`` hold every
+        rank's ``n_r`` and ``o_r``.
+
+    Gradient:
+        As ``all_gather_v``, under ``grad`` (the layout carries none).
+
+    Raises:
+        VarGatherError: bad input on any rank, raised on every rank of the group with
+            the same message, naming the offending rank(s) (also as ``.ranks``), before
+            any payload moves; the group stays usable. The subclass says what:
+            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
+            ``SizesMismatchError``, ... (the misuse catalogue lists each).
+        GroupError: on this rank only, when ``group`` is unusable here.
+        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
+            group's timeout), naming it when the arrival census can.
+        PeerLostError: a peer died mid-call, naming it when it can.
+    """
     if torch.compiler.is_compiling():  # a custom operator dynamo can trace (``_compiled``)
         out, layout = compiled_gather(
             x,
@@ -134,45 +175,58 @@ def all_gather_v(
 ) -> torch.Tensor:
     """Gather tensors whose size along ``dim`` differs per rank: ``cat_r x_r`` on every rank.
 
-    Under ``torch.compile`` it is a custom operator: no graph break with ``sizes``
-    given as ints, one without (``vargather._compiled``, ``docs/compile.md``).
+    Under ``torch.compile`` it is a custom operator: no graph break with ``sizes`` given
+    as Python ints, none with ``sizes=None`` under ``fullgraph=True``.
 
     Args:
-        x: this rank's shard, ``lead + (n_r,) + trail``. ``lead``, ``trail``, ndim,
-            dtype and device type must agree across ranks; ``n_r`` may be 0.
+        x: this rank's shard (see Shapes).
         dim: the gather dimension, negative values counted from the end.
         sizes: every rank's ``n_r`` if the caller knows them (a sequence of ints or a
             1-d integer tensor, in group-rank order). With ``validate=True`` they are
             checked against the truth on every rank; with ``validate=False`` they are
-            trusted and the metadata exchange is skipped (see ``_exchange``).
-        group: the process group (``None``: the default group), or a
-            ``DeviceMesh`` (1-D, or with ``mesh_dim``). Without an initialized
-            torch.distributed, or in a world of one rank, the gather is the identity
-            and returns ``x`` itself.
+            trusted and the metadata exchange is skipped.
+        group: the process group (``None``: the default group), or a ``DeviceMesh``
+            (1-D, or with ``mesh_dim``).
         grad: the gradient contract, ``"sum"``, ``"local"`` or ``"mean"`` (see
-            ``GatherVFunction``); must be the same on every rank.
+            Gradient); the same on every rank.
         transport: ``"auto"``, ``"padded"``, ``"alltoallv"``, ``"broadcast"`` or
-            ``"views"`` (NCCL only); same on every rank (``docs/performance.md``).
-        validate: run the metadata exchange even when ``sizes`` is given (the
-            default). ``validate=False`` with ``sizes`` trusts them and skips it: a
-            lie is then raised on the lying rank only, or not detected at all (see
-            ``docs/misuse.md``); it must be the same on every rank.
-        timeout: seconds (or a ``timedelta``) each collective of this call, and of
-            its backward, may wait for the peers, instead of the group's timeout. On
-            expiry every waiting rank raises ``CollectiveTimeoutError`` naming the
-            ranks that never arrived; the group is out of step afterwards.
+            ``"views"`` (NCCL only); the same on every rank.
+        validate: run the metadata exchange even when ``sizes`` is given (the default).
+            ``validate=False`` with ``sizes`` trusts them: a lie is then raised on the
+            lying rank only, or not detected at all; the same on every rank.
+        timeout: seconds (or a ``timedelta``) each collective of this call and of its
+            backward may wait for the peers, instead of the group's timeout; after a
+            timeout the group is out of step (re-create it).
         mesh_dim: with a multi-dimensional ``DeviceMesh`` as ``group``, the mesh
             dimension (index or name) whose process group gathers.
 
     Returns:
-        ``lead + (Σ_r n_r,) + trail``, rank 0's block first.
+        The gathered tensor, rank 0's block first.
+
+    Shapes:
+        ``x`` is ``lead + (n_r,) + trail``: ``lead``, ``trail``, the ndim, the dtype and
+        the device type agree across ranks, ``n_r`` may differ and may be 0 (on every
+        rank too). The result is ``lead + (Σ_r n_r,) + trail``, rank ``r``'s block at
+        offset ``o_r = n_0 + ... + n_{r-1}`` along ``dim``. Without an initialized
+        torch.distributed, or in a world of one rank, it is ``x`` itself.
+
+    Gradient:
+        With ``g_j`` the upstream gradient on rank ``j``: ``"sum"`` gives
+        ``dx_r = Σ_j g_j[o_r : o_r + n_r]`` (one reduce-scatter; exact when each rank
+        computes its own loss), ``"mean"`` that sum divided by ``W``, ``"local"``
+        ``g_r[o_r : o_r + n_r]`` (no communication; exact only when every rank computes
+        the identical loss).
 
     Raises:
-        VarGatherError: a subclass naming the offending rank(s), raised on every rank
-            of the group before any payload moves (see ``vargather._errors``).
+        VarGatherError: bad input on any rank, raised on every rank of the group with
+            the same message, naming the offending rank(s) (also as ``.ranks``), before
+            any payload moves; the group stays usable. The subclass says what:
+            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
+            ``SizesMismatchError``, ... (the misuse catalogue lists each).
         GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveError: a peer never arrived (``CollectiveTimeoutError``) or died
-            (``PeerLostError``), naming it when the arrival census can.
+        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
+            group's timeout), naming it when the arrival census can.
+        PeerLostError: a peer died mid-call, naming it when it can.
     """
     if torch.compiler.is_compiling():  # a custom operator dynamo can trace (``_compiled``)
         return compiled_gather(
@@ -218,16 +272,33 @@ def all_gather_v_coalesced(
     """``all_gather_v`` of several tensors at once: one metadata exchange and one payload
     collective for all of them (one collective in all when they are small).
 
-    Each tensor has its own dtype, shape and ragged size along its ``dim``; ``dim`` is
-    one int or one per tensor, ``sizes`` ``None`` or one entry (``None`` or the sizes)
-    per tensor. Returns the gathered tensors in order. Every argument means what it
-    means for ``all_gather_v`` and is validated the same way; an error names the
-    tensor (``"tensor #1: ..."``) and is raised on every rank, the number of tensors
-    included. Gradients flow to every input under ``grad``; the backward runs one
-    collective per tensor that needs a gradient, in order. With ``validate=False`` and
-    every tensor's ``sizes`` given the exchange is skipped. In a world of one rank the
-    inputs are returned as they are. ``group`` may be a ``DeviceMesh`` (with
-    ``mesh_dim``), as for ``all_gather_v``.
+    Each argument means what it means for ``all_gather_v`` and is validated the same
+    way; ``dim`` is one int or one per tensor, ``sizes`` ``None`` or one entry
+    (``None`` or the sizes) per tensor. With ``validate=False`` and every tensor's
+    ``sizes`` given the exchange is skipped. Returns the gathered tensors, in order.
+
+    Shapes:
+        ``tensors[i]`` is ``lead_i + (n_{r,i},) + trail_i`` along ``dim[i]``, each with
+        its own dtype, shape and ragged size; result ``i`` is
+        ``lead_i + (Σ_r n_{r,i},) + trail_i``. In a world of one rank the inputs are
+        returned as they are.
+
+    Gradient:
+        Every input that requires one gets ``all_gather_v``'s gradient under ``grad``;
+        the backward runs one collective per such tensor, in order.
+
+    Raises:
+        VarGatherError: bad input on any rank, raised on every rank of the group with
+            the same message, naming the offending rank(s) (also as ``.ranks``), before
+            any payload moves (the message names the tensor, ``tensor #1: ...``; a
+            different number of tensors on one rank is an ``ArgumentMismatchError``);
+            the group stays usable. The subclass says what:
+            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
+            ``SizesMismatchError``, ... (the misuse catalogue lists each).
+        GroupError: on this rank only, when ``group`` is unusable here.
+        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
+            group's timeout), naming it when the arrival census can.
+        PeerLostError: a peer died mid-call, naming it when it can.
     """
     return gather_coalesced(
         tensors,
@@ -257,20 +328,39 @@ def reduce_scatter_v(
 ) -> torch.Tensor:
     """Sum every rank's ``x`` and give rank ``r`` its block ``r`` along ``dim``.
 
-    Every rank holds ``x`` with ``sum(sizes)`` along ``dim`` (the same shape and dtype
-    everywhere); ``sizes`` (a sequence of ints or a 1-d integer tensor, the same on
-    every rank, in group-rank order) cuts it into one block per rank. Rank ``r``
-    returns ``x_0[o_r:o_r+n_r] + ... + x_{W-1}[o_r:o_r+n_r]`` along ``dim``, summed in
-    rank order in the input's dtype (bit for bit the same on every backend), a fresh
-    tensor. Gradient: ``dx_j = cat_r g_r`` on every rank (the ``all_gather_v`` of the
-    upstream gradients). ``validate=False`` skips the metadata exchange (the sizes are
-    then trusted); ``timeout``, ``group``, ``mesh_dim`` as for ``all_gather_v``.
+    Rank ``r`` returns ``x_0[o_r : o_r + n_r] + ... + x_{W-1}[o_r : o_r + n_r]``,
+    added left to right in rank order in the input's dtype (bit for bit the same on
+    every backend; integers wrap, bool is a logical or), a fresh tensor.
+
+    Args:
+        x: this rank's input (see Shapes).
+        sizes: ``(n_0, ..., n_{W-1})``, a sequence of ints or a 1-d integer tensor,
+            the same on every rank, in group-rank order.
+        dim: the dimension cut into blocks, negative values counted from the end.
+        group: as for ``all_gather_v`` (a process group or a ``DeviceMesh``).
+        mesh_dim: as for ``all_gather_v``.
+        validate: ``False`` skips the metadata exchange; the sizes are then trusted.
+        timeout: as for ``all_gather_v``.
+
+    Shapes:
+        ``x`` is ``lead + (sum(sizes),) + trail``, the same shape and dtype on every
+        rank; rank ``r`` returns ``lead + (n_r,) + trail`` (blocks may be empty).
+
+    Gradient:
+        ``dx_j = cat_r g_r`` on every rank: the ``all_gather_v`` of the upstream
+        gradients (the exact adjoint).
 
     Raises:
-        VarGatherError: a subclass naming the offending rank(s), on every rank, before
-            any payload moves (a ``SizesMismatchError`` for sizes that differ across
-            ranks, ``SizesError`` for ``sum(sizes) != x.shape[dim]``, ...).
-        CollectiveTimeoutError: a peer never arrived.
+        VarGatherError: bad input on any rank, raised on every rank of the group with
+            the same message, naming the offending rank(s) (also as ``.ranks``), before
+            any payload moves; the group stays usable. The subclass says what:
+            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
+            ``SizesMismatchError`` for sizes that differ across ranks,
+            ``SizesError`` for ``sum(sizes) != x.shape[dim]``, ... (the misuse catalogue lists each).
+        GroupError: on this rank only, when ``group`` is unusable here.
+        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
+            group's timeout), naming it when the arrival census can.
+        PeerLostError: a peer died mid-call, naming it when it can.
     """
     if torch.compiler.is_compiling():
         return compiled_reduce_scatter(x, sizes, dim, group, mesh_dim, validate, timeout)
@@ -288,7 +378,29 @@ def all_to_all_v_with_layout(
     validate: bool = True,
     timeout: Timeout = None,
 ) -> AllToAllResult:
-    """``all_to_all_v`` that also returns the receive ``Layout`` and the send sizes."""
+    """``all_to_all_v`` that also returns the receive ``Layout`` and the send sizes.
+
+    Takes ``all_to_all_v``'s arguments; returns ``AllToAllResult(tensor, layout,
+    send_sizes)``: ``layout.sizes`` are the receive sizes, ``layout.offsets`` where each
+    source rank's rows start.
+
+    Shapes:
+        As ``all_to_all_v``.
+
+    Gradient:
+        As ``all_to_all_v``: the reverse exchange.
+
+    Raises:
+        VarGatherError: bad input on any rank, raised on every rank of the group with
+            the same message, naming the offending rank(s) (also as ``.ranks``), before
+            any payload moves; the group stays usable. The subclass says what:
+            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
+            ``SizesMismatchError``, ... (the misuse catalogue lists each).
+        GroupError: on this rank only, when ``group`` is unusable here.
+        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
+            group's timeout), naming it when the arrival census can.
+        PeerLostError: a peer died mid-call, naming it when it can.
+    """
     if torch.compiler.is_compiling():
         return compiled_all_to_all(
             x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout
@@ -307,16 +419,43 @@ def all_to_all_v(
     validate: bool = True,
     timeout: Timeout = None,
 ) -> torch.Tensor:
-    """Send block ``j`` of ``x`` (``send_sizes[j]`` rows along ``dim``, in order) to rank
-    ``j``; return the blocks received, concatenated in rank order along ``dim``.
+    """Send block ``j`` of ``x`` to rank ``j``; return the blocks received, in rank order.
 
-    The receive sizes are the transposed send sizes (rank ``r`` receives
-    ``send_sizes[r]`` of every rank): exchanged and validated, or passed as
-    ``recv_sizes`` (then checked against the truth, or trusted with
-    ``validate=False``, which skips the exchange). Every dimension but ``dim``, the
-    ndim and the dtype must agree across ranks; blocks may be empty. Gradient: the
-    reverse all_to_all of the upstream gradient with the sizes transposed.
-    ``all_to_all_v_with_layout`` also returns the receive sizes.
+    Block ``j`` is ``send_sizes[j]`` rows along ``dim``, in order. The receive sizes
+    (rank ``r`` receives ``send_sizes[r]`` of every rank) are exchanged and validated,
+    or passed as ``recv_sizes`` (checked against the truth, or trusted with
+    ``validate=False``, which skips the exchange).
+
+    Args:
+        x: this rank's input (see Shapes).
+        send_sizes: rows of ``x`` for each rank, a sequence of ints or a 1-d integer
+            tensor in group-rank order.
+        dim: the dimension cut into blocks, negative values counted from the end.
+        recv_sizes: the rows this rank receives from each rank, if known.
+        group: as for ``all_gather_v`` (a process group or a ``DeviceMesh``).
+        mesh_dim: as for ``all_gather_v``.
+        validate: ``False`` with ``recv_sizes`` trusts them and skips the exchange.
+        timeout: as for ``all_gather_v``.
+
+    Shapes:
+        ``x`` is ``lead + (sum(send_sizes),) + trail``: every dimension but ``dim``, the
+        ndim and the dtype agree across ranks; blocks may be empty. Rank ``r`` returns
+        ``lead + (Σ_j send_sizes_j[r],) + trail``.
+
+    Gradient:
+        The reverse exchange: the upstream gradient sent back with the sizes
+        transposed (pure data movement, exact).
+
+    Raises:
+        VarGatherError: bad input on any rank, raised on every rank of the group with
+            the same message, naming the offending rank(s) (also as ``.ranks``), before
+            any payload moves; the group stays usable. The subclass says what:
+            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
+            ``SizesMismatchError``, ... (the misuse catalogue lists each).
+        GroupError: on this rank only, when ``group`` is unusable here.
+        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
+            group's timeout), naming it when the arrival census can.
+        PeerLostError: a peer died mid-call, naming it when it can.
     """
     return all_to_all_v_with_layout(
         x,
@@ -342,13 +481,40 @@ def all_gather_list(
 ) -> list[torch.Tensor]:
     """Every rank's ``x``, as a list in rank order, bit for bit.
 
-    The tensors share ndim, dtype and device type; every dimension may differ from
-    rank to rank (empties too). One metadata round (every rank's shape, validated),
-    then one payload collective. ``shapes`` (every rank's shape) may be passed: it is
-    checked against the truth, or with ``validate=False`` trusted and the metadata
-    round skipped (the compiled path needs it). Gradients by ``grad``: ``"sum"``
-    gives ``dx_r = Σ_j g_{j,r}``, ``"local"`` ``g_{r,r}``, ``"mean"`` the sum over
-    ``W``. In a world of one rank the result is ``[x]``.
+    One metadata round (every rank's shape, validated), then one payload collective;
+    one collective in all in steady state when small. ``shapes`` (every rank's shape)
+    may be passed: it is checked against the truth, or with ``validate=False`` trusted
+    and the metadata round skipped (what ``torch.compile(fullgraph=True)`` needs).
+
+    Args:
+        x: this rank's tensor (see Shapes).
+        shapes: every rank's shape, in group-rank order, if known.
+        group: as for ``all_gather_v`` (a process group or a ``DeviceMesh``).
+        mesh_dim: as for ``all_gather_v``.
+        grad: ``"sum"``, ``"local"`` or ``"mean"`` (see Gradient); the same on every rank.
+        validate: ``False`` with ``shapes`` trusts them and skips the metadata round.
+        timeout: as for ``all_gather_v``.
+
+    Shapes:
+        ``x_r`` of any shape: the ndim, the dtype and the device type agree across
+        ranks, every dimension may differ (empties too). Every rank returns
+        ``[x_0, ..., x_{W-1}]``; in a world of one rank, ``[x]``.
+
+    Gradient:
+        With ``g_{j,r}`` rank ``j``'s upstream gradient for output ``r``: ``"sum"``
+        gives ``dx_r = g_{0,r} + ... + g_{W-1,r}`` (rank order), ``"local"``
+        ``g_{r,r}`` (no communication), ``"mean"`` the sum divided by ``W``.
+
+    Raises:
+        VarGatherError: bad input on any rank, raised on every rank of the group with
+            the same message, naming the offending rank(s) (also as ``.ranks``), before
+            any payload moves; the group stays usable. The subclass says what:
+            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
+            ``SizesMismatchError``, ... (the misuse catalogue lists each).
+        GroupError: on this rank only, when ``group`` is unusable here.
+        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
+            group's timeout), naming it when the arrival census can.
+        PeerLostError: a peer died mid-call, naming it when it can.
     """
     if torch.compiler.is_compiling():
         return compiled_all_gather_list(x, shapes, group, mesh_dim, grad, validate, timeout)

@@ -73,7 +73,10 @@ def bitwise_difference(actual: object, expected: object) -> str | None:
     bytes; otherwise what differs, in words: a type, the dtypes, the shapes
     (``dtype differs: got torch.float32, expected torch.float64``), or the elements
     (``in N of M elements; first at index I: got X, expected Y``, floats with their
-    bits)."""
+    bits).
+
+    It never raises: a non-tensor argument is a difference it describes.
+    """
     if not isinstance(actual, torch.Tensor):
         return _not_a_tensor("actual", actual)
     if not isinstance(expected, torch.Tensor):
@@ -109,6 +112,12 @@ def assert_bitwise_equal(actual: object, expected: object, msg: str | None = Non
     The ``AssertionError`` names what differs: the dtypes, the shapes, or the number of
     differing elements and the first one's index with both values (and their bits, for
     floating-point and complex dtypes). ``msg`` is put in front of it.
+
+    Shapes:
+        Any: a shape difference is one of the differences it reports.
+
+    Raises:
+        AssertionError: the two differ (the message says how), or either is not a tensor.
     """
     __tracebackhide__ = True  # pytest: the failure is the caller's line, not this one
     difference = bitwise_difference(actual, expected)

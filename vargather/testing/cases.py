@@ -889,7 +889,13 @@ class RankReport:
 
 
 def parse_case(text: str) -> GatherCase:
-    """The ``GatherCase`` written by ``repr(case)`` (literal arguments only, no eval)."""
+    """The ``GatherCase`` written by ``repr(case)`` (literal arguments only, no eval).
+
+    Raises:
+        ValueError: ``text`` is not ``GatherCase(field=literal, ...)``, or a field's
+            value is not a literal.
+        TypeError: ``text`` names a field ``GatherCase`` does not have.
+    """
     tree = ast.parse(text.strip(), mode="eval").body
     if not (
         isinstance(tree, ast.Call)

@@ -1265,6 +1265,10 @@ def get_pool(
     One pool per world size is kept alive until :func:`close_all_pools` or interpreter
     exit. Asking with different settings replaces (closes) the cached pool of that size.
     Each process (each pytest-xdist worker) has its own pools.
+
+    Raises:
+        ValueError: a setting out of range, named (``PoolConfig.resolve``). A world
+            that cannot start raises ``PoolStartError`` from the first call.
     """
     with _POOLS_LOCK:
         pool = _POOLS.get(world_size)

@@ -214,7 +214,11 @@ def catalogue(
     """Every property of ``implementation``'s collective (``implementation.op``), in a
     fixed order, for ``implementation``. ``returns`` (``sizes``, ``layout``, ``none`` or
     ``unknown``) only words the titles of the rows about what it returns beside its
-    result."""
+    result.
+
+    Raises:
+        ValueError: ``returns`` is none of ``sizes``, ``layout``, ``none``, ``unknown``.
+    """
     if returns not in RETURNS:
         raise ValueError(f"returns={returns!r} is not one of {RETURNS}")
     return catalogue_of(implementation.op).rows(implementation, returns)

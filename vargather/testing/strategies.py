@@ -165,7 +165,16 @@ def upstream_grads(
     kind: str | None = None,
 ) -> SearchStrategy[list[torch.Tensor]]:
     """One upstream gradient per rank, each of ``shape``, no two ranks' equal (when the
-    shape is not empty): ``kind="integers"`` (exact sums) or ``"real"``."""
+    shape is not empty): ``kind="integers"`` (exact sums) or ``"real"``.
+
+    Shapes:
+        Every drawn gradient has ``shape`` and ``dtype``, one per rank.
+
+    Raises:
+        TypeError: a ``world_size`` or ``shape`` entry that is not an int.
+        ValueError: an unknown ``dtype`` or ``kind``, a size out of range, or a dtype
+            without gradients (neither floating nor complex).
+    """
     w = _int("world_size", world_size, minimum=1)
     shape_t = tuple(_int(f"shape[{i}]", s, minimum=0) for i, s in enumerate(shape))
     name = _choices("dtype", [dtype], DTYPE_NAMES, DTYPE_NAMES)[0]
@@ -470,6 +479,11 @@ def gather_cases(
     the dtype allows). ``implementation`` (default vargather) limits contracts and
     transports to what it claims. ``dims``: the literal ``dim`` values drawn (default:
     every dim of the drawn ndim; ndims no given dim fits are not drawn).
+
+    Raises:
+        TypeError: a keyword argument of the wrong type (named), when called.
+        ValueError: a keyword argument out of range or contradicting another (named,
+            ``min_world_size=3 is larger than max_world_size=2``), when called.
     """
     cfg = _Config(
         implementation=implementation,
@@ -550,6 +564,10 @@ def case_batches(
     fast; Hypothesis shrinks a failing batch to the failing case. With
     ``subgroups=True`` every case gathers over a subgroup of the world. ``kwargs``
     are those of ``gather_cases`` (not ``world_size``/``pool_size``).
+
+    Raises:
+        TypeError: see ``gather_cases``.
+        ValueError: see ``gather_cases``.
     """
     lo, hi = _world_bounds(None, min_world_size, max_world_size)
     n = _int("max_batch", max_batch, minimum=1)
@@ -639,6 +657,10 @@ def call_sequences(
     first call is drawn from them, the others keep its world and the choices
     ``dtypes``, ``max_size``, ``max_side`` allow. Hypothesis shrinks a failing
     sequence by dropping calls and simplifying steps.
+
+    Raises:
+        TypeError: see ``gather_cases``.
+        ValueError: see ``gather_cases``.
     """
     lo, hi = _world_bounds(None, min_world_size, max_world_size)
     n = _int("max_length", max_length, minimum=2)
