@@ -98,6 +98,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 "run against the ragged all_gather MODULE:ATTR (importable from the current "
                 "directory or PYTHONPATH)"
             )
+        elif option.name == "target":
+            text = (
+                "collect a built-in target's properties as test items instead (torch's or "
+                "Megatron-core's ragged code: check's --target; 'list' is the command's)"
+            )
         else:
             text = f"{text} (check's --{option.name}; needs --vargather-impl)"
         group.addoption(f"--vargather-{option.name}", help=text, **how)
@@ -127,10 +132,12 @@ def check_values(config: pytest.Config) -> dict[str, object] | None:
         for name in names
         if config.getoption(_dest(name)) is not None
     }
-    if "impl" not in given:
+    if "impl" not in given and "target" not in given:
         if given:
             flags = ", ".join(f"--vargather-{name}" for name in given)
-            raise pytest.UsageError(f"vargather: {flags} given without --vargather-impl")
+            raise pytest.UsageError(
+                f"vargather: {flags} given without --vargather-impl or --vargather-target"
+            )
         return None
     return given
 

@@ -66,6 +66,11 @@ ZOO: tuple[Fork, ...] = (
         {"grad": "sum"},
     ),
     Fork("broadcast_based", "tests.forks.broadcast_based:all_gather", {"grad": "local"}),
+    # vector-quantize-pytorch's shape: async broadcasts, rank 0 waits for them, the
+    # others go to a barrier; int16's refusal races the peers' waiting (issue 34).
+    Fork(
+        "vq_broadcast", "tests.forks.vq_broadcast:all_gather", {"grad": "none", "call": "(x, dim)"}
+    ),
     Fork(
         "pickle_based",
         "tests.forks.pickle_based:gather_objects",

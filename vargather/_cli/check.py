@@ -19,6 +19,7 @@ Exit status: 0 every property holds (xfails failed as expected), 1 a property fa
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Sequence
 from typing import Any, Final
@@ -163,11 +164,23 @@ class _ProgressDisplay:
 # --- entry point ---------------------------------------------------------------------
 
 
+def _target_list(args: Sequence[str]) -> bool:
+    """Whether the command line asks ``--target list`` (list the built-in targets)."""
+    if "--target=list" in args:
+        return True
+    return any(a == "--target" and b == "list" for a, b in itertools.pairwise(args))
+
+
 def main(argv: Sequence[str]) -> int:
     """``python -m vargather check ...``; returns the exit status."""
     args = list(argv)
     if "-h" in args or "--help" in args:
         _parser().print_help()
+        return EXIT_OK
+    if _target_list(args):
+        from vargather.testing.targets import listing
+
+        sys.stdout.write(listing())
         return EXIT_OK
     if "--list" in args:
         op = args[args.index("--op") + 1] if "--op" in args[:-1] else "all_gather_v"

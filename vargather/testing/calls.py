@@ -7,7 +7,10 @@ any world starts). ``--call "(x, group=group)"`` is Python call syntax over the 
 * ``x``: this rank's shard; ``dim``: the gather dim; ``sizes``: every rank's size
   along ``dim`` (as the case passes it: ``None``, a list, or a 1-d int64 tensor);
   ``shapes``: every rank's full shape, a list of lists of ints; ``group``: the process
-  group (``None``: the default group); ``grad``: the claimed contract's name;
+  group object the case runs on (the world group, ``dist.group.WORLD``, for a
+  whole-world case; never ``None``); ``grad``: the claimed contract's name; ``out``:
+  a preallocated output, an empty tensor of the output's shape, dtype and device,
+  which the implementation fills (and may return);
 
 and literals (numbers, strings, ``True``/``False``/``None``, tuples, lists and dicts of
 them). It is parsed with ``ast`` and never evaluated: a name outside the list, a
@@ -16,7 +19,8 @@ call, an attribute, ``*args`` or ``**kwargs`` is refused.
 What a template leaves out is out of the implementation's scope and never drawn:
 no ``dim``, dim 0 only (unless it returns per-rank lists, which the gate
 concatenates along any dim); no ``sizes``, sizes never passed; no ``group``, no
-subgroup cases; no ``grad``, the contract is claimed but not passed.
+subgroup cases (whole-world cases only); no ``grad``, the contract is claimed but not
+passed.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["CONVENTION_CALLS", "NAMES", "Arg", "CallTemplate", "parse_call"]
+__all__ = ["CONVENTION_CALLS", "NAMES", "Arg", "CallTemplate", "group_object", "parse_call"]
 
-NAMES: Final = ("x", "dim", "sizes", "shapes", "group", "grad")
+NAMES: Final = ("x", "dim", "sizes", "shapes", "group", "grad", "out")
 """The names a template may use."""
 
 CONVENTION_CALLS: Final = {
@@ -74,6 +78,19 @@ class CallTemplate:
         """``ATTR(x, group=group)``: how reports show the call."""
         parts = [a.text() for a in self.args] + [f"{k}={v.text()}" for k, v in self.kwargs]
         return f"{attr}({', '.join(parts)})"
+
+
+def group_object(group: object) -> object:
+    """What a template's ``group`` is bound to: ``group``, or for a whole-world case
+    (``None``) the world's process-group object, ``dist.group.WORLD`` (functions such as
+    torch's functional collectives refuse ``group=None``)."""
+    if group is not None:
+        return group
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.group.WORLD
+    return None  # no world: nothing else to pass
 
 
 def _arg(node: ast.expr, text: str, names: Sequence[str]) -> Arg:

@@ -659,10 +659,11 @@ _expected_large = functools.lru_cache(maxsize=4)(_compute_expected)
 
 CONVENTIONS: Final = ("vargather", "seed")
 
-SIZES_SCOPES: Final = ("any", "tensor", "required", "never")
+SIZES_SCOPES: Final = ("any", "tensor", "required", "list", "never")
 """How an implementation takes ``sizes`` (``--sizes``): ``any`` none, a list or a
 tensor; ``tensor`` none or a 1-d int64 tensor; ``required`` always the true sizes (a
-list or a tensor); ``never`` called without sizes."""
+list or a tensor); ``list`` always the true sizes as a list of ints (Megatron's
+``output_split_sizes``); ``never`` called without sizes."""
 
 RETURN_KINDS: Final = ("auto", "tensor", "tuple", "list")
 """What an implementation returns (``--returns``): ``auto`` a tensor or ``(tensor,
@@ -677,6 +678,7 @@ def sizes_forms_for(scope: str) -> tuple[str, ...]:
         "any": SIZES_FORMS,
         "tensor": ("none", "tensor"),
         "required": ("list", "tensor"),
+        "list": ("list",),
         "never": ("none",),
     }[scope]
 

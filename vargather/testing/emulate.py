@@ -16,24 +16,39 @@ they would on NCCL wherever gloo differs:
   outside NCCL's type table (``int16``, ``uint16``, ``uint32``, ``uint64``:
   ``RuntimeError: Unsupported data type for NCCL process group``).
 
+CUDA-only code runs on the CPU: ``torch.cuda.current_device()`` returns
+``torch.device("cpu")`` instead of raising on a CPU build (not 0: the mode below is not
+active inside an autograd Function's backward, where ``device=0`` would ask for an
+accelerator), and a ``torch.overrides.TorchFunctionMode`` rewrites every CUDA
+device a torch call is given (``device=0``, ``device="cuda"``, ``"cuda:1"``,
+``torch.device("cuda")``, as a keyword or as ``Tensor.to``'s positional argument) to
+the CPU, and makes ``Tensor.cuda()`` the identity. So code that allocates its outputs
+with ``device=torch.cuda.current_device()`` (Megatron-core's mappings) or
+``device="cuda"`` allocates CPU tensors, which the intercepted collectives carry over
+gloo with NCCL's semantics above.
+
 It does not emulate NCCL's timing, its asynchrony (``async_op=True`` runs the
-collective at once and returns a finished handle), streams, device placement (the
-tensors stay on the CPU), its reduction order or numerics, nor collectives not
-listed in ``INTERCEPTED``; a name bound with ``from torch.distributed import ...``
-before ``install`` ran keeps gloo's behaviour (the runner installs before importing
-the implementation).
+collective at once and returns a finished handle), streams, events or
+``torch.cuda.synchronize``, device placement (the tensors stay on the CPU:
+``tensor.is_cuda`` is ``False``, ``torch.cuda.is_available()`` stays ``False``,
+``dist.get_backend()`` still says ``gloo``), its reduction order or numerics, nor
+collectives not listed in ``INTERCEPTED``; a name bound with ``from
+torch.distributed import ...`` before ``install`` ran keeps gloo's behaviour (the
+runner installs before importing the implementation).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 __all__ = [
     "INTERCEPTED",
     "NCCL_REFUSED_DTYPES",
+    "CudaOnCpu",
     "activate",
     "install",
     "installed",
@@ -56,6 +71,67 @@ INTERCEPTED: Final = (
 
 _INSTALLED: list[str] = []
 _ACTIVE: list[bool] = []
+_MODES: list[TorchFunctionMode] = []  # the CUDA-to-CPU mode, while it is pushed
+
+
+def _is_cuda(value: object) -> bool:
+    """Whether ``value`` names a CUDA device (an int is a CUDA ordinal to torch)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    if isinstance(value, str):
+        return value == "cuda" or value.startswith("cuda:")
+    return isinstance(value, torch.device) and value.type == "cuda"
+
+
+class CudaOnCpu(TorchFunctionMode):
+    """Every CUDA device a torch call is given, rewritten to the CPU; ``Tensor.cuda()``
+    is the identity (the module docstring says what this does not emulate)."""
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: object,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        kwargs = dict(kwargs or {})
+        name = getattr(func, "__name__", "")
+        if name == "cuda" and args and isinstance(args[0], torch.Tensor):
+            return args[0]
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs["device"] = "cpu"
+        if name == "to":
+            args = [
+                "cpu" if i > 0 and not isinstance(a, torch.Tensor) and _is_cuda(a) else a
+                for i, a in enumerate(args)
+            ]
+        return func(*args, **kwargs)
+
+
+def _current_device(original: Callable[[], int]) -> Callable[[], Any]:
+    def current_device() -> Any:
+        if _ACTIVE and _ACTIVE[0]:
+            # The CPU itself, not 0: an autograd Function's backward runs without the
+            # torch-function mode, where device=0 would ask for an accelerator.
+            return torch.device("cpu")
+        return original()
+
+    current_device.__wrapped__ = original  # type: ignore[attr-defined]  # functools.wraps' attribute
+    return current_device
+
+
+def _push_mode() -> None:
+    if not _MODES:
+        mode = CudaOnCpu()
+        mode.__enter__()  # type: ignore[no-untyped-call]  # TorchFunctionMode's dunder is untyped in torch
+        _MODES.append(mode)
+
+
+def _pop_mode() -> None:
+    if _MODES:
+        _MODES.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]  # as __enter__
 
 
 def refused_dtypes(backend: str) -> tuple[str, ...]:
@@ -209,8 +285,10 @@ def install(backend: str) -> None:
         dispatch = _dispatcher(fn, orig[name])
         setattr(dist, name, dispatch)
         setattr(c10d, name, dispatch)
+    torch.cuda.current_device = _current_device(torch.cuda.current_device)
     _INSTALLED.append(backend)
     _ACTIVE[:] = [True]
+    _push_mode()
 
 
 def _dispatcher(emulated: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
@@ -230,6 +308,8 @@ def activate(backend: str | None) -> None:
     if backend is None:
         if _ACTIVE:
             _ACTIVE[0] = False
+        _pop_mode()
         return
     install(backend)
     _ACTIVE[:] = [True]
+    _push_mode()

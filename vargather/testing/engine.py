@@ -6,7 +6,8 @@ property's Hypothesis run), ``isolated`` (the row run in a child process), ``ver
 (the status rules), ``progress`` and ``results`` (the report). It starts the gloo worlds
 (``vargather.testing.pool``), runs every row of the catalogue of the collective
 ``--op`` names (``vargather.testing.catalogues``: the rows the test suite and the
-mutant search run; one loop, whichever the collective) as a seeded Hypothesis test, shrinking a failure to a minimal
+mutant search run; one loop, whichever the collective; a built-in ``--target`` fills the options
+first, ``targets``) as a seeded Hypothesis test, shrinking a failure to a minimal
 counterexample within a budget counted in examples (a failure whose attempts cost a
 world, a timeout or a crash, gets a few attempts only), and returns a ``Report``. The
 property whose cases run without torch.distributed runs in a child process
@@ -42,6 +43,7 @@ from .properties import BATCH, Property
 from .resolve import ImplInfo, ensure_import_path
 from .results import EXIT_USAGE, PropertyResult, Report
 from .runner import backend_refusals, rank_preflight
+from .targets import apply_target, preload_target, target_refusals
 from .verdict import UNSUPPORTED_EXAMPLES, scope_hints, split_rows, with_unsupported, with_xfail
 
 __all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]
@@ -183,8 +185,13 @@ def run_check(
     ``call_timeout=options.timeout``). Raises ``CheckUsageError`` (``OptionError``
     naming the option) for a usage or import error.
     """
+    options = apply_target(options)  # OptionError for an unknown or unavailable target
+    preload_target(options)
     with hypothesis_storage(options.db):
-        return _run_check(options, progress, pool_factory)
+        report = _run_check(options, progress, pool_factory)
+    if options.target is not None:
+        report.scope = {"--target": options.target, **report.scope}
+    return report
 
 
 def _run_check(
@@ -195,6 +202,11 @@ def _run_check(
     started = time.monotonic()
     _check_json_path(options.json_path)
     cwd = ensure_import_path()
+    if options.target == "dtensor":  # rows of its own: DTensor's meshes and placements
+        from .dtensor_target import run_dtensor_check
+
+        factory = pool_factory or _default_factory(options.timeout)
+        return run_dtensor_check(options, Progress(progress_callback, 0), factory, _versions())
     collective = catalogue_of(options.op)
     info = collective.resolve(options, cwd)
     impl = collective.implementation(info, options, cwd)
@@ -221,6 +233,7 @@ def _run_check(
         if returns == "unknown" and needed and any(r.id == "returned-sizes" for r in selected):
             returns = collective.probe_returns(impl, needed, factory)
         refused = _backend_refusals(factory, needed, options.emulate) if needed else ()
+        refused = (*refused, *(d for d in target_refusals(options) if d not in refused))
     except BaseException:
         progress.close()
         raise

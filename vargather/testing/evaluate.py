@@ -26,6 +26,7 @@ from .options import CheckOptions
 from .pool import RankPool
 from .progress import Progress, ProgressCallback
 from .properties import BATCH, Property
+from .races import is_wait, settle
 from .results import PropertyFailure, PropertyResult
 from .runner import short_traceback
 
@@ -117,6 +118,10 @@ def _attempt_cost(results: Sequence[tuple[Any, Sequence[Failure]]], used: _UsedP
     out a collective's timeout (a peer never came: every further attempt costs the
     timeout again), ``_COST_WORLD`` when a world died or was discarded (a crash, a
     collective error: every further attempt costs a world rebuild), else cheap."""
+    if any(is_wait(f) for _, failures in results for f in failures):
+        # A peer waited (a timeout, a lost connection, a hang): however the waiting
+        # showed, and whether or not a refusal came with it, the same cost (races).
+        return _COST_TIMEOUT
     texts = [f.render() for _, failures in results for f in failures]
     kinds = {f.kind for _, failures in results for f in failures}
     if "hang" in kinds or any(m in t for t in texts for m in _TIMEOUT_MARKS):
@@ -187,7 +192,9 @@ def evaluate_row(
                 # The row tells the case with the calls that ran before it on the same
                 # world (state carried over); Hypothesis keeps only those it needs.
                 shown = prop.describe(batch, index)
-                return _property_failure(failures, prop.case_data(verdict.case), shown)
+                # A refusal racing its peers' waiting reads the same every run (races).
+                settled = settle(failures)
+                return _property_failure(settled, prop.case_data(verdict.case), shown)
         return None
 
     def body(batch: list[Any]) -> None:

@@ -64,15 +64,17 @@ __all__ = [
 COLLECTIVES: Final = FAMILY
 """The family's collectives (``collectives.FAMILY``, from the library's table)."""
 FAMILY_NAMES: dict[str, tuple[str, ...]] = {
-    "reduce_scatter_v": ("x", "sizes", "dim", "group"),
-    "all_to_all_v": ("x", "send_sizes", "recv_sizes", "dim", "group"),
+    "reduce_scatter_v": ("x", "sizes", "dim", "group", "out"),
+    "all_to_all_v": ("x", "send_sizes", "recv_sizes", "dim", "group", "out"),
     "all_gather_list": ("x", "shapes", "group", "grad"),
 }
 """The names a call template (``--call``) of each collective may use: ``x`` this rank's
 tensor; ``sizes`` every rank's block size (reduce_scatter_v); ``send_sizes`` /
 ``recv_sizes`` this rank's send and receive sizes (all_to_all_v; ``recv_sizes`` is
 ``None`` where a case leaves it to the exchange); ``shapes`` every rank's shape or
-``None`` (all_gather_list); ``dim``, ``group`` and ``grad`` as for all_gather_v."""
+``None`` (all_gather_list); ``out`` a preallocated output (an empty tensor of this
+rank's output shape and ``x``'s dtype and device); ``dim``, ``group`` and ``grad`` as
+for all_gather_v (``group``: the process-group object, never ``None``)."""
 CALL_TIMEOUT = 15.0
 """Seconds each collective of a case may wait for its peers (a rank that raised leaves
 its peers waiting that long)."""
@@ -337,12 +339,24 @@ def _function(case: Case) -> Callable[..., Any]:
 def call_values(case: Case, x: torch.Tensor, r: int, group: Any) -> dict[str, object]:
     """The names a call template of ``case.collective`` may use, bound for group rank
     ``r`` (``FAMILY_NAMES``)."""
+    from .calls import group_object
+
+    group = group_object(group)
     if isinstance(case, ReduceScatterCase):
-        return {"x": x, "sizes": list(case.sizes), "dim": case.dim, "group": group}
+        out = torch.empty(output_shapes(case)[r], dtype=x.dtype, device=x.device)
+        return {"x": x, "sizes": list(case.sizes), "dim": case.dim, "group": group, "out": out}
     if isinstance(case, AllToAllCase):
         recv = [s[r] for s in case.send] if case.pass_recv else None
         send = list(case.send[r])
-        return {"x": x, "send_sizes": send, "recv_sizes": recv, "dim": case.dim, "group": group}
+        out = torch.empty(output_shapes(case)[r], dtype=x.dtype, device=x.device)
+        return {
+            "x": x,
+            "send_sizes": send,
+            "recv_sizes": recv,
+            "dim": case.dim,
+            "group": group,
+            "out": out,
+        }
     shapes = [list(s) for s in case.shapes] if case.pass_shapes else None
     return {"x": x, "shapes": shapes, "group": group, "grad": case.grad}
 
@@ -413,13 +427,27 @@ def run_case(ctx: RankContext, case: Case) -> CallReport | None:
                 torch.autograd.backward(list(out), list(up))
             else:
                 out.backward(up)
+        # Waiting for an async result is part of the call (its errors are the call's).
+        if isinstance(out, (list, tuple)):
+            return CallReport([_settled(o) for o in out], _settled(x.grad), None)
+        return CallReport(_settled(out), _settled(x.grad), None)
     except Exception as err:
         return CallReport(
             None, None, (type(err).__name__, str(err), tuple(getattr(err, "ranks", ())))
         )
-    if isinstance(out, (list, tuple)):
-        return CallReport([o.detach() for o in out], x.grad, None)
-    return CallReport(out.detach(), x.grad, None)
+
+
+def _settled(t: Any) -> Any:
+    """``t`` detached, and waited for when it is torch's ``AsyncCollectiveTensor`` (a
+    functional collective's result: its view ops, ``detach`` included, do not wait,
+    so its bytes would be read before the collective wrote them)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    if isinstance(t, AsyncCollectiveTensor):
+        return t.wait().detach()
+    return t.detach()
 
 
 # --- the judge ---------------------------------------------------------------------------

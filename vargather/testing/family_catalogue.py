@@ -131,13 +131,13 @@ def _fitted(target: Implementation, case: Any) -> Any:
         case = replace(case, grad=grad)
         if not passes(target, "shapes") or target.sizes_scope == "never":
             case = replace(case, pass_shapes=False, validate=True)
-        elif target.sizes_scope == "required":  # every rank's shape always passed
+        elif target.sizes_scope in ("required", "list"):  # every rank's shape always passed
             case = replace(case, pass_shapes=True)
         return case
     if isinstance(case, AllToAllCase):
         if not passes(target, "recv_sizes") or target.sizes_scope == "never":
             case = replace(case, pass_recv=False)
-        elif target.sizes_scope == "required":  # the receive sizes always passed
+        elif target.sizes_scope in ("required", "list"):  # the receive sizes always passed
             case = replace(case, pass_recv=True)
     if not passes(target, "dim"):
         return replace(case, dim=0)
@@ -526,7 +526,7 @@ def _refused(op: str, options: CheckOptions) -> tuple[str, str] | None:
             "never does not apply to --op reduce_scatter_v: its sizes are its required "
             "argument (always passed)"
         )
-    if options.sizes == "required" and options.call is not None:
+    if options.sizes in ("required", "list") and options.call is not None:
         try:
             uses = parse_call(options.call, FAMILY_NAMES[op]).uses(name)
         except ValueError:

@@ -93,6 +93,9 @@ class CheckOptions:
     (``config_path``, ``xfails``, ``progress``, ``in_flight``) is an option of
     ``schema.OPTIONS`` (its ``field``)."""
 
+    target: str | None = None
+    """A built-in target (``--target``, ``vargather.testing.targets``): the engine
+    fills ``op``, ``impl``, ``call`` and the scope from it."""
     op: str = "all_gather_v"
     """The collective checked: ``all_gather_v`` or one of the family (``--op``)."""
     impl: str | None = None
@@ -187,6 +190,8 @@ class CheckOptions:
                 parse_call(self.call, FAMILY_NAMES.get(self.op, NAMES))
             except ValueError as err:
                 raise OptionError("call", f": {err}") from None
+        if self.target is not None:
+            return  # a built-in target's rows are its own: ``targets.apply_target`` checks
         known = ids_of(self.op)
         xfail_rows = {x.partition(":")[0] for x in self.xfails}
         for name, ids in (("only", set(self.only)), ("xfails", xfail_rows)):
@@ -239,7 +244,10 @@ def build_options(values: Mapping[str, object], **extra: Any) -> CheckOptions:
         fields[option.field] = value
     path = fields.get("xfails_path")
     if path is not None:
-        fields["xfails"] = load_xfails(str(path), str(fields.get("op", "all_gather_v")))
+        target = fields.get("target")
+        fields["xfails"] = load_xfails(
+            str(path), str(fields.get("op", "all_gather_v")), checked=target is None
+        )
     if "world_sizes" in fields:
         fields["world_sizes"] = tuple(sorted(set(fields["world_sizes"])))
     if "dims" in fields:
@@ -317,10 +325,11 @@ def config_values(
 # --- xfails --------------------------------------------------------------------------
 
 
-def load_xfails(path: str, op: str = "all_gather_v") -> frozenset[str]:
+def load_xfails(path: str, op: str = "all_gather_v", *, checked: bool = True) -> frozenset[str]:
     """Read an xfails file: one property id (or ``PROPERTY:DTYPE``) per line; ``#``
     starts a comment. Every id must name a property of ``op``'s catalogue (a typo would
-    otherwise silently expect nothing)."""
+    otherwise silently expect nothing); with ``checked=False`` (a built-in target, whose
+    rows ``targets.apply_target`` knows) the ids are checked there instead."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -340,7 +349,7 @@ def load_xfails(path: str, op: str = "all_gather_v") -> frozenset[str]:
         if colon and prop in known and dtype in DTYPE_NAMES:
             ids.add(text)
             continue
-        if text not in known:
+        if text not in known and checked:
             raise OptionError(
                 "xfails",
                 f": {path}:{number}: unknown property id {text!r}; known ids: "

@@ -47,6 +47,7 @@ from .pool import PoolFailure, RankContext, RankError, RankPool, get_pool
 from .properties import catalogue
 from .resolve import resolve_options_impl
 from .results import PropertyResult, Report
+from .targets import apply_target
 
 __all__ = [
     "PropertyFailedError",
@@ -80,7 +81,9 @@ def configure(values: Mapping[str, object]) -> CheckOptions:
             raw = values.get(option.name)
             if raw is not None:
                 given[option.name] = True if option.is_flag else option.parse_text(str(raw))
-        options = build_options(given, config_path=config_path, progress=False)
+        options = apply_target(build_options(given, config_path=config_path, progress=False))
+        if options.target == "dtensor":  # rows of its own, nothing to import or resolve
+            return options
         info = resolve_options_impl(options, None)
     except schema.OptionValueError as err:
         raise pytest.UsageError(
@@ -193,12 +196,16 @@ class PropertyCollector(pytest.Collector):
     def collect(self) -> list[pytest.Item]:
         return [
             PropertyItem.from_parent(self, name=row_id, title=title, options=self.options)
-            for row_id, title in _rows(self.options.op)
+            for row_id, title in _rows(self.options.op, self.options.target)
         ]
 
 
-def _rows(op: str) -> list[tuple[str, str]]:
-    """The (id, title) of every row of ``op``'s catalogue."""
+def _rows(op: str, target: str | None = None) -> list[tuple[str, str]]:
+    """The (id, title) of every row of ``op``'s catalogue (the dtensor target's own)."""
+    if target == "dtensor":
+        from .dtensor_target import ROWS
+
+        return [(row_id, title) for row_id, _, title in ROWS]
     return [(row.id, row.title) for row in catalogue(dataclasses.replace(VARGATHER, op=op))]
 
 

@@ -630,6 +630,20 @@ def _start_method(value: str) -> str:
     return value
 
 
+_PRELOAD: list[str] = []
+"""Modules the forkserver imports besides torch (``preload``)."""
+
+
+def preload(modules: Sequence[str]) -> None:
+    """Also import ``modules`` in the server that forkserver worlds fork from, so that
+    no rank pays for them in its first call (torch's functional collectives and
+    DTensor import ``torch._dynamo`` on first use: seconds of CPU per rank). Effective
+    for the server this process starts next; one already running keeps its imports."""
+    for name in modules:
+        if name not in _PRELOAD:
+            _PRELOAD.append(name)
+
+
 def _default_collective_timeout() -> float:
     raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV)
     if raw is None or raw.strip() == "":
@@ -680,7 +694,7 @@ class _World:
             # The server imports torch once; each rank is then a fork of it instead of a
             # process that imports torch itself. Takes effect when
             # this process's forkserver starts, and replaces any earlier preload list.
-            mp.set_forkserver_preload(["torch", "torch.distributed", __name__])
+            mp.set_forkserver_preload(["torch", "torch.distributed", *_PRELOAD, __name__])
         else:
             mp = multiprocessing.get_context("spawn")
         try:

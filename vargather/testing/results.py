@@ -229,7 +229,9 @@ class Report:
     # -- text
 
     def header_lines(self) -> list[str]:
-        if self.call is not None:
+        if self.convention == "dtensor":  # the dtensor target's own rows
+            convention = f"called as {self.call}"
+        elif self.call is not None:
             convention = f"called as ATTR{self.call}"
         elif self.convention == "seed":
             convention = "the seed's convention ATTR(t, dim, sizes)"

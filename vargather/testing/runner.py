@@ -32,7 +32,7 @@ import torch
 
 from vargather import CONTRACTS, CollectiveError, VarGatherError
 
-from .calls import CallTemplate, parse_call
+from .calls import CallTemplate, group_object, parse_call
 from .cases import (
     COMPAT,
     DIGEST_MIN_BYTES,
@@ -351,14 +351,19 @@ def _call(
         assert callable(fn)  # checked in the parent before any world starts
     sizes = case.sizes_argument()
     if impl.call is not None:
-        args, keywords = _template(impl.call).build(
+        template = _template(impl.call)
+        out = None
+        if template.uses("out"):  # a preallocated output the call fills
+            out = torch.empty(case.output_shape, dtype=x.dtype, device=x.device)
+        args, keywords = template.build(
             {
                 "x": x,
                 "dim": case.dim,
                 "sizes": sizes,
                 "shapes": [list(s) for s in case.shapes],
-                "group": group,
+                "group": group_object(group),
                 "grad": case.contract,
+                "out": out,
             }
         )
         result = _invoke(fn, case, x, tuple(args), dict(keywords))

@@ -212,6 +212,16 @@ _SCOPE_NOTE: Final = " (scope: what the implementation claims)"
 
 OPTIONS: Final[tuple[Option, ...]] = (
     Option(
+        "target",
+        "str",
+        "a built-in target: torch's or Megatron-core's own ragged code with its declared "
+        "collective, call and scope (dtensor, funcol-all-to-all, nn-all-to-all, "
+        "nn-all-gather, megatron-all-to-all, megatron-sp-gather, "
+        "megatron-sp-reduce-scatter); 'list' lists them and which run here "
+        "(see docs/targets.md)",
+        metavar="NAME|list",
+    ),
+    Option(
         "op",
         "choice",
         f"the collective to check, each with its own catalogue: {', '.join(_OPS)} "
@@ -271,8 +281,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "sizes",
         "choice",
         "how it takes sizes: 'any' none, a list or a tensor; 'tensor' none or a 1-d int64 "
-        "tensor; 'required' always the true sizes; 'never' called without (default: any)",
-        choices=("any", "tensor", "required", "never"),
+        "tensor; 'required' always the true sizes; 'list' always, as a list of ints; "
+        "'never' called without (default: any)",
+        choices=("any", "tensor", "required", "list", "never"),
     ),
     Option(
         "returns",

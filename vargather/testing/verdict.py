@@ -65,7 +65,15 @@ def split_rows(
     return out
 
 
-_BACKEND_MARKS: Final = ("gloo", "Gloo", "NCCL", "nccl", "distributed_c10d", "Unsupported")
+_BACKEND_MARKS: Final = (
+    "gloo",
+    "Gloo",
+    "NCCL",
+    "nccl",
+    "distributed_c10d",
+    "Unsupported",
+    "Invalid scalar type",  # gloo's refusal, as the family's one-line messages quote it
+)
 UNSUPPORTED_EXAMPLES: Final = 10
 """Examples of a ``PROPERTY:DTYPE`` row for a dtype the backend refuses."""
 
@@ -74,7 +82,9 @@ def with_unsupported(result: PropertyResult, dtype: str) -> PropertyResult:
     """A ``PROPERTY:DTYPE`` row that failed only because the backend refused the dtype
     (the implementation raised from the backend) becomes ``unsupported``."""
     f = result.failure
-    if result.status != "fail" or f is None or f.kind != "error" or f.aspect != "call":
+    if result.status != "fail" or f is None or f.kind != "error":
+        return result
+    if f.aspect not in ("call", "raised"):  # raised: the family's aspect of an error
         return result
     if not any(mark in f.message for mark in _BACKEND_MARKS):
         return result

@@ -1,0 +1,70 @@
+"""A failure whose ranks raced: one rank's refusal against its peers' waiting.
+
+Where it sits: in the gate's engine in the testing kit, beneath ``evaluate`` (which
+settles every failing case's failures here before it reports them and before it
+decides how far to shrink). When one rank raises (a backend refusing a dtype, a local
+check) while its peers wait for it inside a collective, what the gate sees of the peers
+depends on timing: their own timeout errors, a pool that stopped waiting (a hang),
+or nothing yet. Which is seen first must not decide the report (issue 34: the same
+seed gave a 4-rank timeout in one run and a 1-rank refusal in the other), so:
+
+* ``settle`` keeps a failing case's real errors and drops the peers' waiting (a
+  timeout, a lost connection, a hang) whenever some rank raised a real error: the
+  reported failure is the refusal, with the same message every run;
+* ``is_wait`` says what counts as waiting; ``evaluate`` stops shrinking at a failure
+  where any peer waited (each further attempt would wait again), whichever form the
+  waiting took: before, only gloo's "Timed out" or a hang stopped it, so a peer that
+  saw its refusing peer's connection drop instead let the search shrink on, to another
+  case than the run where the peer timed out.
+
+A failure with no real error anywhere (every rank waited, or hung) is left as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from .judge import Failure
+
+__all__ = ["WAIT_MARKS", "is_wait", "raced", "settle"]
+
+WAIT_MARKS: Final = (
+    "Timed out",
+    "timed out",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "CollectiveTimeoutError",
+    "PeerLostError",
+)
+"""What a rank that waited for a peer which never came raises (gloo's timeout and
+lost-connection errors, vargather's own)."""
+
+
+def is_wait(failure: Failure) -> bool:
+    """Whether ``failure`` is a rank waiting for a peer: a hang, or an error whose text
+    is a timeout or a lost connection."""
+    if failure.kind == "hang":
+        return True
+    if failure.kind != "error":
+        return False
+    text = failure.render()
+    return any(mark in text for mark in WAIT_MARKS)
+
+
+def _real(failure: Failure) -> bool:
+    return failure.kind == "error" and not is_wait(failure)
+
+
+def settle(failures: Sequence[Failure]) -> list[Failure]:
+    """``failures`` without the peers' waiting when some rank raised a real error (the
+    order of the rest kept); unchanged otherwise."""
+    if not any(_real(f) for f in failures):
+        return list(failures)
+    return [f for f in failures if not is_wait(f)]
+
+
+def raced(failures: Sequence[Failure]) -> bool:
+    """Whether ``settle`` drops something from ``failures``: a real error on some rank
+    while others waited."""
+    return any(_real(f) for f in failures) and any(is_wait(f) for f in failures)

@@ -1,0 +1,357 @@
+"""The gate's built-in targets: torch's own ragged paths and Megatron-core's, by name.
+
+Where it sits: in the gate's engine in the testing kit, beneath ``engine`` (which
+turns ``--target NAME`` into the options it stands for with ``apply_target`` before
+anything else runs) and beside ``dtensor_target`` (the rank side and rows of the one
+target that is not a plain ``MODULE:ATTR`` call). ``python -m vargather check
+--target NAME`` runs a target; ``--target list`` prints ``listing()``. Every target
+declares what a fork declares in its ``[tool.vargather.check]`` table: the collective
+(``--op``), the implementation (``--impl``), the call template (``--call``, the
+function's own signature, no adapter) and its scope (``--grad``, ``--sizes``,
+``--returns``, ``--emulate``, ``--world-sizes``), each with the reason it has that
+scope. A user may still set the run's budget (``--max-examples``, ``--seed``,
+``--timeout``, ``--world-sizes`` within the target's) but not what the target
+declares: a different ``--impl`` or scope is a usage error, not a silent override.
+
+This module imports only the standard library at import time: ``--target list``
+asks whether each target's modules are installed (``importlib.util.find_spec``)
+without importing them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from .options import CheckOptions
+
+__all__ = [
+    "LIST",
+    "TARGETS",
+    "Target",
+    "apply_target",
+    "by_name",
+    "listing",
+    "preload_target",
+    "target_ids",
+    "target_refusals",
+    "unavailable",
+]
+
+LIST: Final = "list"
+"""``--target list``: print the targets and exit."""
+
+_MEGATRON_MISSING: Final = (
+    "megatron-core is not installed (pip install -c constraints.txt 'vargather[megatron]')"
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One built-in target.
+
+    ``op``: the collective (``--op``); ``impl``/``call``: what is called and how
+    (``None`` for ``dtensor``, which runs rows of its own); ``scope``: the
+    ``CheckOptions`` fields it declares; ``why``: one line per declared option, why
+    the target has that scope; ``requires``: (module, what to install when it is
+    missing); ``preload``: modules imported once in the server the ranks fork from."""
+
+    name: str
+    title: str
+    op: str
+    impl: str | None
+    call: str | None
+    scope: Mapping[str, Any] = field(default_factory=dict)
+    why: tuple[str, ...] = ()
+    requires: tuple[tuple[str, str], ...] = ()
+    preload: tuple[str, ...] = ()
+    refuses: tuple[str, ...] = ()
+    """Dtypes the backend refuses on this code path though ``torch.distributed``'s own
+    functions carry them (they convert; this code hands the tensor to the backend as
+    is): each runs as its own ``PROPERTY:DTYPE`` row, ``unsupported`` unless
+    ``--strict`` (docs/targets.md records each as a finding, with its repro)."""
+    """Modules the rank processes import before their first call (``pool.preload``):
+    what the code imports on first use, seconds per rank, which would otherwise count
+    against the first example's timeout."""
+
+
+_MEGATRON: Final = (("megatron.core", _MEGATRON_MISSING),)
+_DYNAMO: Final = ("torch._dynamo",)
+"""What torch's functional collectives, DTensor and the deprecated nn collectives
+import on first use (about 10 s of CPU per process, measured on the 2-core machine).
+Megatron-core's mappings are preloaded too (importing megatron.core took over 30 s per
+rank on the loaded 2-core machine); its module-level aliases of torch.distributed's
+functions (``dist_all_gather_func``, ``dist_reduce_scatter_func``, used for equal
+splits only, which the targets' templates never ask for) then keep gloo's behaviour."""
+_MAPPINGS: Final = "megatron.core.tensor_parallel.mappings"
+_CUDA_WHY: Final = (
+    "--emulate nccl: Megatron allocates its outputs with device=torch.cuda.current_device() "
+    "and uses NCCL's uneven list collectives; the emulation runs them on CPU tensors over "
+    "gloo with NCCL's semantics (docs/targets.md)"
+)
+
+TARGETS: Final[tuple[Target, ...]] = (
+    Target(
+        "dtensor",
+        "DTensor.redistribute from Shard placements to all-Replicate (full_tensor), "
+        "shards as distribute_tensor makes them, 1-D, 2-D and flattened meshes",
+        "all_gather_v",
+        None,
+        None,
+        {"grad": "local", "world_sizes": (1, 2, 3, 4)},
+        (
+            "--grad local: redistribute's backward from Replicate to Shard takes this "
+            "rank's chunk of its own upstream gradient, no communication (a Replicate "
+            "gradient is the same on every rank by DTensor's contract)",
+            "sizes, dims and meshes are DTensor's own: each shard is torch.chunk's piece "
+            "of the global tensor, uneven when the dim does not divide",
+        ),
+        (("torch.distributed.tensor", "torch.distributed.tensor is not available"),),
+        (*_DYNAMO, "torch.distributed.tensor"),
+    ),
+    Target(
+        "funcol-all-to-all",
+        "torch.distributed._functional_collectives.all_to_all_single_autograd",
+        "all_to_all_v",
+        "torch.distributed._functional_collectives:all_to_all_single_autograd",
+        "(x, recv_sizes, send_sizes, group)",
+        {"sizes": "required", "grad": "sum"},
+        (
+            "--sizes required: output_split_sizes=None means equal splits, so both split "
+            "lists are always passed",
+            "--call passes no dim: dim 0 only (torch splits dim 0)",
+            "group is the case's process-group object (it refuses group=None)",
+            "complex64 unsupported: the functional collective hands a complex tensor to "
+            "gloo, which refuses it (torch.distributed.all_to_all_single passes a real "
+            "view); docs/repro/funcol_all_to_all_complex_gloo.py",
+        ),
+        (),
+        _DYNAMO,
+        ("complex64",),
+    ),
+    Target(
+        "nn-all-to-all",
+        "torch.distributed.nn.functional.all_to_all_single (a preallocated output)",
+        "all_to_all_v",
+        "torch.distributed.nn.functional:all_to_all_single",
+        "(out, x, recv_sizes, send_sizes, group)",
+        {"sizes": "required", "grad": "sum"},
+        (
+            "--sizes required: split sizes None means equal splits, so both split lists "
+            "are always passed",
+            "--call passes no dim: dim 0 only; out: the preallocated output it fills",
+        ),
+        (),
+        _DYNAMO,
+    ),
+    Target(
+        "nn-all-gather",
+        "torch.distributed.nn.functional.all_gather, the list form (uneven on NCCL only)",
+        "all_gather_v",
+        "torch.distributed.nn.functional:all_gather",
+        "(x, group)",
+        {
+            "grad": "sum",
+            "returns": "list",
+            "emulate": "nccl",
+            "sizes": "never",
+            "requires_init": True,
+        },
+        (
+            "--emulate nccl: a list all_gather of unequal tensors is NCCL-only; gloo refuses it",
+            "--returns list: one tensor per rank, concatenated along dim by the gate",
+            "--sizes never: it takes no sizes",
+            "--requires-init: it needs an initialized process group",
+            "--grad sum: its backward sums every rank's gradient for this rank's block",
+        ),
+        (),
+        _DYNAMO,
+    ),
+    Target(
+        "megatron-all-to-all",
+        "Megatron-core tensor_parallel.mappings.all_to_all",
+        "all_to_all_v",
+        f"{_MAPPINGS}:all_to_all",
+        "(group, x, recv_sizes, send_sizes)",
+        {"sizes": "required", "grad": "sum", "emulate": "nccl"},
+        (
+            _CUDA_WHY,
+            "--sizes required: split sizes None means equal splits",
+            "--call passes no dim: dim 0 only",
+        ),
+        _MEGATRON,
+        (*_DYNAMO, _MAPPINGS),
+    ),
+    Target(
+        "megatron-sp-gather",
+        "Megatron-core tensor_parallel.mappings.gather_from_sequence_parallel_region",
+        "all_gather_v",
+        f"{_MAPPINGS}:gather_from_sequence_parallel_region",
+        "(x, True, group, sizes)",
+        {
+            "sizes": "list",
+            "grad": "sum",
+            "emulate": "nccl",
+            "returns": "tensor",
+            "requires_init": True,
+        },
+        (
+            _CUDA_WHY,
+            "--sizes list: output_split_sizes=None means equal sizes, so the list is "
+            "always passed, a list of ints (torch.split takes no tensor)",
+            "--requires-init: it asserts its group is not None",
+            "--grad sum: tensor_parallel_output_grad=True, the backward reduce-scatters",
+            "--call passes no dim: dim 0 only (the sequence dim is first)",
+        ),
+        _MEGATRON,
+        (*_DYNAMO, _MAPPINGS),
+    ),
+    Target(
+        "megatron-sp-reduce-scatter",
+        "Megatron-core tensor_parallel.mappings.reduce_scatter_to_sequence_parallel_region",
+        "reduce_scatter_v",
+        f"{_MAPPINGS}:reduce_scatter_to_sequence_parallel_region",
+        "(x, group, sizes)",
+        {"grad": "sum", "emulate": "nccl"},
+        (_CUDA_WHY, "--call passes no dim: dim 0 only"),
+        _MEGATRON,
+        (*_DYNAMO, _MAPPINGS),
+    ),
+)
+"""Every built-in target, in the order ``--target list`` prints them."""
+
+_BY_NAME: Final = {t.name: t for t in TARGETS}
+
+
+def by_name(name: str) -> Target:
+    """The target called ``name`` (``KeyError`` otherwise)."""
+    return _BY_NAME[name]
+
+
+def unavailable(target: Target) -> str | None:
+    """Why ``target`` cannot run here (a module it needs is not installed), or
+    ``None``. Asks the import system; imports nothing."""
+    for module, missing in target.requires:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return missing
+    return None
+
+
+def listing() -> str:
+    """``--target list``: every target, whether it runs here, what it calls and how."""
+    lines = []
+    for t in TARGETS:
+        reason = unavailable(t)
+        state = "available" if reason is None else f"unavailable: {reason}"
+        lines.append(f"{t.name}: {state}")
+        lines.append(f"  {t.title}")
+        what = t.impl if t.impl is not None else "built-in rows (vargather.testing.dtensor_target)"
+        lines.append(f"  --op {t.op}, {what}" + (f", --call '{t.call}'" if t.call else ""))
+        scope = " ".join(f"--{k.replace('_', '-')} {_text(v)}" for k, v in t.scope.items())
+        if scope:
+            lines.append(f"  scope: {scope}")
+        if t.refuses:
+            lines.append(f"  the backend refuses on this path: {', '.join(t.refuses)}")
+    return "\n".join(lines) + "\n"
+
+
+def _text(value: object) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+_DECLARED: Final = ("op", "impl", "call")
+"""The options a target sets itself (its scope's options besides)."""
+
+
+def apply_target(options: CheckOptions) -> CheckOptions:
+    """``options`` with the target they name filled in (unchanged without one).
+
+    ``OptionError`` (``target``) for an unknown or unavailable target, or for an
+    option the user set that contradicts what the target declares. Applying twice
+    gives the same options (the isolated child gets them applied already)."""
+    from .options import CheckOptions, OptionError
+
+    name = options.target
+    if name is None:
+        return options
+    if name == LIST:
+        raise OptionError("target", "list: prints the targets; it runs nothing")
+    target = _BY_NAME.get(name)
+    if target is None:
+        known = ", ".join(t.name for t in TARGETS)
+        raise OptionError("target", f": unknown target {name!r}; known: {known}, or list")
+    reason = unavailable(target)
+    if reason is not None:
+        raise OptionError("target", f"{name} is unavailable here: {reason}")
+    defaults = CheckOptions()
+    wanted: dict[str, Any] = {"op": target.op, "impl": target.impl, "call": target.call}
+    wanted.update(target.scope)
+    for key, value in wanted.items():
+        given = getattr(options, key)
+        if given == value or given == getattr(defaults, key):
+            continue
+        if key == "world_sizes" and set(given) <= set(value):
+            wanted[key] = given  # fewer world sizes than the target's: the user's budget
+            continue
+        spelled = "--" + key.replace("_", "-")
+        raise OptionError(
+            "target",
+            f"{name} declares {spelled} {_text(value) if value is not None else '(none)'}; "
+            f"got {spelled} {_text(given)} (a target's implementation and scope are its own)",
+        )
+    _check_ids(name, target, options)
+    return dataclasses.replace(options, **wanted)
+
+
+def target_ids(target: Target) -> tuple[str, ...]:
+    """The row ids of ``target`` (what ``--only`` and an xfails file name)."""
+    if target.impl is None:  # the dtensor target's own rows
+        from .dtensor_target import DTENSOR_IDS
+
+        return DTENSOR_IDS
+    from .properties import property_ids
+
+    return property_ids(target.op)
+
+
+def _check_ids(name: str, target: Target, options: CheckOptions) -> None:
+    from .options import OptionError
+
+    known = target_ids(target)
+    for option, ids in (("only", options.only), ("xfails", tuple(options.xfails))):
+        unknown = sorted({i for i in ids if i.partition(":")[0] not in known})
+        if unknown:
+            raise OptionError(
+                option,
+                f": unknown property id(s) {', '.join(unknown)} of --target {name}; known: "
+                + ", ".join(known),
+            )
+
+
+def preload_target(options: CheckOptions) -> None:
+    """Have the rank processes the run starts import what ``options``' target imports
+    on first use (``Target.preload``)."""
+    if options.target is None or options.target not in _BY_NAME:
+        return
+    from .pool import preload
+
+    target = _BY_NAME[options.target]
+    if unavailable(target) is None:
+        preload(target.preload)
+
+
+def target_refusals(options: CheckOptions) -> tuple[str, ...]:
+    """The dtypes ``options``' target declares the backend refuses on its code path
+    (``Target.refuses``); none without a target."""
+    target = _BY_NAME.get(options.target or "")
+    return () if target is None else target.refuses
