@@ -15,7 +15,7 @@ large (1 MB to 64 MB, per size profile), forward
     the same total bytes, the practical limit every ratio is relative to;
     ``vargather:<transport>`` for ``auto`` and each transport gloo can run, and
     ``vargather:auto+sizes`` (sizes passed, ``validate=False``: no metadata exchange);
-    ``seed``: the seed ``distributed.py``'s algorithm, as ``vargather.testing.seed``
+    ``seed``: the seed ``distributed.py``'s algorithm, as ``vargather.testing.reference_seed``
     re-implements it (a size all_gather, pad to the max, list all_gather, ``cat``,
     mask, ``index_select``);
     ``all_gather_object``: pickle every shard to every rank, then ``cat``.
