@@ -3,7 +3,9 @@
 Not part of the pipeline: it drives the whole of it, on the persistent rank pools of
 ``vargather.testing`` (2 and 3 ranks), for a given time::
 
-    python fuzz/fuzz_multirank.py --minutes N [--db PATH] [--chunk K]
+    python fuzz/fuzz_multirank.py --minutes N [--db PATH] [--chunk K] [--report FILE]
+
+It first replays every stored finding (``fuzz/findings.py``), then draws.
 
 Each example is one of
 
@@ -37,7 +39,12 @@ Each example is one of
   local problems, or the ranks whose passed receive sizes or shapes contradict the
   others, which may be unmutated ranks made wrong by a mutated peer that changed its
   send sizes or its tensor honestly. Then the same group runs a correct call of the
-  same collective.
+  same collective;
+* a **NaN case** (``tests/_nan_fns.nan_cases``, the property of
+  ``tests/test_nan_semantics.py``): values and upstream gradients drawn element by
+  element, NaNs of both signs with payloads, ``-0.0``, infinities, through
+  ``reduce_scatter_v``'s forward and every backward (eager and the custom operators),
+  bit for bit against the oracle, a reduction's NaNs canonical.
 
 Failures are shrunk by Hypothesis and saved in the example database (``--db``,
 default ``.hypothesis/fuzz``); the next run replays them first. Prints the examples
@@ -82,6 +89,13 @@ from vargather.testing import (
 from vargather.testing import misuse as fns
 from vargather.testing import strategies as vst
 from vargather.testing.cases import DTYPE_NAMES
+
+# The NaN property lives in the test suite (tests/_nan_fns.py, run by
+# tests/test_nan_semantics.py); the repository root makes it importable as a module.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # the ranks inherit sys.path, and unpickle NanCase from there
+    sys.path.insert(0, ROOT)
+from tests import _nan_fns  # noqa: E402  # needs the sys.path entry above
 
 DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
 COUNTS: Counter[str] = Counter()
@@ -854,6 +868,7 @@ examples = st.one_of(
     ),
     mutated_calls(),
     family_examples,
+    _nan_fns.nan_cases(),
 )
 
 
@@ -861,6 +876,13 @@ def fuzz_one(example: Any) -> None:
     """One example, valid or mutated (the body of the ``@given`` test)."""
     if isinstance(example, GatherCase):
         check_valid(example)
+    elif isinstance(example, _nan_fns.NanCase):
+        COUNTS["nan"] += 1
+        history = _remember(example.world_size, example)
+        try:
+            _nan_fns.check(example)
+        except AssertionError as err:
+            raise AssertionError(f"{example}: {err}{history}") from None
     elif isinstance(
         example, (family.ReduceScatterCase, family.AllToAllCase, family.GatherListCase)
     ):
@@ -907,11 +929,25 @@ def run_timed(seconds: float, db_path: str, chunk: int, first_seed: int | None =
     return []
 
 
+def replay_findings() -> tuple[int, list[str]]:
+    """Every stored finding (``fuzz/findings.py``), run once: (how many, failures)."""
+    from findings import MULTIRANK
+
+    failures = []
+    for label, example in MULTIRANK:
+        try:
+            fuzz_one(example)
+        except Exception as err:
+            failures.append(f"stored finding ({label}): {describe_failure(err)}")
+    return len(MULTIRANK), failures
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=1.0)
     parser.add_argument("--db", default=DEFAULT_DB, help=f"example database (default {DEFAULT_DB})")
     parser.add_argument("--chunk", type=int, default=25, help="examples per Hypothesis run")
+    parser.add_argument("--report", help="also write the summary and failures to this file")
     parser.add_argument(
         "--seed",
         type=int,
@@ -924,25 +960,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     # pools start, so the property suite's runner and this file share them.
     os.environ.setdefault(COLLECTIVE_TIMEOUT_ENV, "30")
     started = time.monotonic()
-    failures = run_timed(args.minutes * 60, args.db, args.chunk, args.seed)
+    replayed, failures = replay_findings()
+    COUNTS.clear()  # the drawn examples only, below
+    failures += run_timed(args.minutes * 60, args.db, args.chunk, args.seed)
     elapsed = time.monotonic() - started
-    total = COUNTS["valid"] + COUNTS["mutated"] + COUNTS["family valid"] + COUNTS["family mutated"]
+    total = sum(COUNTS[k] for k in ("valid", "mutated", "family valid", "family mutated", "nan"))
     drawn = "fresh randomness" if args.seed is None else f"seeds {args.seed}, {args.seed + 1}, ..."
-    print(f"fuzz_multirank: {elapsed:.0f} s, database {args.db}, {drawn}")
-    print(f"  valid cases (property-suite strategy): {COUNTS['valid']}")
-    print(
+    lines = [
+        f"fuzz_multirank: {elapsed:.0f} s, database {args.db}, {drawn}",
+        f"  stored findings replayed first (fuzz/findings.py): {replayed}",
+        f"  valid cases (property-suite strategy): {COUNTS['valid']}",
         f"  mutated calls: {COUNTS['mutated']} ({COUNTS['mutated, refused']} refused on every "
-        f"rank, {COUNTS['mutated, harmless']} harmless and correct)"
-    )
-    print(
+        f"rank, {COUNTS['mutated, harmless']} harmless and correct)",
         f"  family (reduce_scatter_v, all_to_all_v, all_gather_list): {COUNTS['family valid']} "
         f"valid cases, {COUNTS['family mutated']} mutated calls "
         f"({COUNTS['family mutated, refused']} refused on every rank, "
-        f"{COUNTS['family mutated, harmless']} harmless and correct)"
-    )
-    print(f"  total: {total} examples, {len(failures)} failure(s)")
-    for failure in failures:
-        print(f"FAILURE {failure}")
+        f"{COUNTS['family mutated, harmless']} harmless and correct)",
+        f"  NaN cases (tests/_nan_fns.nan_cases): {COUNTS['nan']}",
+        f"  total: {total} examples, {len(failures)} failure(s)",
+    ]
+    lines += [f"FAILURE {failure}" for failure in failures]
+    print("\n".join(lines))
+    if args.report:
+        os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
+        with open(args.report, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
     close_all_pools()
     return 1 if failures else 0
 

@@ -3,10 +3,11 @@
 Not part of the pipeline: each target is a Hypothesis ``@given`` test of one stage, so
 it runs three ways:
 
-* ``python fuzz/fuzz_stages.py --minutes N [--target NAME] [--db PATH]``: Hypothesis
+* ``python fuzz/fuzz_stages.py --minutes N [--target NAME] [--db PATH] [--report FILE]``:
+  first every stored finding (``fuzz/findings.py``) is replayed, then Hypothesis
   drives every target (or one) for N minutes in all, with a persistent example
-  database; prints examples run and failures; exits 1 on a failure. Saved failures
-  are replayed first on the next run.
+  database (its saved failures replayed first); prints examples run and failures,
+  also to ``FILE``; exits 1 on a failure.
 * ``python fuzz/fuzz_stages.py --atheris --target NAME [-- atheris options]``: atheris
   (optional, not a dependency) drives ``NAME.hypothesis.fuzz_one_input``;
 * ``pytest fuzz/fuzz_stages.py``: once, as ordinary tests.
@@ -35,6 +36,16 @@ The targets (the stage under test in brackets):
     ``reduce_scatter_v`` / ``all_to_all_v``: the local checks never raise, and every
     rank's validation of the exchanged rows reaches the same verdict (the same error,
     or plans that agree with the tensors); the unchanged base call is accepted.
+``family_row_codec`` [the family's row, ``_family`` and its modules' local calls]
+    every kind's local call never raises and its record and size words survive the
+    int64 wire within ``row_extra_words(W)``; the kind marks pass exactly when every row
+    is this kind's, else blame ranks of the world.
+``family_payload_layout`` [the family's layout arithmetic, ``_reduce_scatter``,
+``_all_to_all``, ``_gather_list``]
+    the bytes each rank's payload sends (``_outgoing``, the carriers), moved as the
+    collective would, folded (``fold_slots``: NaNs canonical) or joined
+    (``cut_blocks``, ``_read_carriers``) give ``vargather.oracle``'s answer bit for bit
+    on random bits of every gloo dtype.
 ``layout_math`` [``Layout``]
     offsets are the exclusive prefix sums, blocks tile ``[0, total)``, ``max_size``
     and ``is_even`` agree with the sizes; invalid layouts raise ``ValueError``.
@@ -61,7 +72,7 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 import vargather
-from vargather import CONTRACTS, GLOO_DTYPES, TRANSPORT_NAMES, _buffers
+from vargather import CONTRACTS, GLOO_DTYPES, TRANSPORT_NAMES, _buffers, _wire
 from vargather._args import (
     INT64_MAX,
     INT64_MIN,
@@ -627,6 +638,174 @@ def family_verdict_is_rank_independent(
     assert len({bool(x.requires_grad) for x in xs}) == 1
 
 
+@target(
+    st.integers(1, 4).flatmap(lambda w: st.tuples(st.just(w), sizes_values(w))),
+    st.sampled_from(["reduce_scatter_v", "all_to_all_v", "all_gather_list"]),
+    st.one_of(tensors(), anything()),
+    st.lists(st.tuples(st.integers(-1, 2**16), st.integers(-1, 40)), min_size=1, max_size=4),
+)
+def family_row_codec(
+    world_sizes: tuple[int, Any], name: str, x: Any, marks: list[tuple[int, int]]
+) -> None:
+    """The family's row on the wire: every kind's local call never raises; its size
+    words (``sizes_words``: ``[len, n_0, ...]``, ``-1`` for absent, saturated) and its
+    record survive the int64 wire, within ``row_extra_words(W)``; ``_check_kinds`` over
+    any rows' (magic, kind) marks passes exactly when every row is this kind's, and
+    otherwise blames ranks of the world, the same on every rank."""
+    from vargather import _all_to_all, _gather_list, _reduce_scatter
+    from vargather._args import saturate
+    from vargather._collectives import COLLECTIVES
+    from vargather._family import _check_kinds, sizes_words
+    from vargather._wire import ROW_MAGIC, row_extra_words
+
+    _count("family_row_codec")
+    w, sizes = world_sizes
+    parsed, words = sizes_words(sizes, w)
+    assert len(words) == 1 + w
+    assert all(isinstance(v, int) and INT64_MIN <= v <= INT64_MAX for v in words)
+    if isinstance(parsed, tuple):
+        assert words[0] == len(parsed)
+        kept = [saturate(n) for n in parsed[:w]]
+        assert words[1 : 1 + len(kept)] == kept
+        assert words[1 + len(kept) :] == [-1] * (w - len(kept))
+    else:
+        assert words == [-1] * (1 + w)
+    for r in range(w):
+        info = GroupInfo(None, r, w, w > 1, "gloo")
+        if name == "reduce_scatter_v":
+            call = _reduce_scatter._local_call(x, sizes, 0, info, True, None, None)
+        elif name == "all_to_all_v":
+            call = _all_to_all._local_call(x, sizes, sizes, 0, info, True, None, None)
+        else:
+            call = _gather_list._local_call(x, sizes, "sum", info, True, None, None)
+        assert call.kind == name
+        assert len(call.extras) <= row_extra_words(w)
+        assert all(isinstance(v, int) and INT64_MIN <= v <= INT64_MAX for v in call.extras)
+        back = decode_record(encode_record(call.record), rank=r)
+        assert back.shape == call.record.shape
+        assert (back.problem is None) == (call.record.problem is None)
+        if not isinstance(x, torch.Tensor):
+            assert call.record.problem is not None
+    # The kind marks: the calling rank's row is its own kind's, the others anything.
+    code = COLLECTIVES[name].code  # type: ignore[index]  # name: one of the table's, as a str
+    rows = [(ROW_MAGIC if m % 3 else m, k % 5 if k >= 0 else k) for m, k in marks]
+    rows[marks[0][1] % len(rows)] = (ROW_MAGIC, code)
+    refused: vargather.ProtocolMismatchError | None = None
+    try:
+        _check_kinds(name, rows)
+    except vargather.ProtocolMismatchError as err:
+        refused = err
+    if refused is None:
+        assert all(r == (ROW_MAGIC, code) for r in rows), rows
+        return
+    assert any(r != (ROW_MAGIC, code) for r in rows), refused
+    assert refused.ranks, refused
+    assert all(0 <= b < len(rows) and f"{b}" in str(refused) for b in refused.ranks), refused
+
+
+@st.composite
+def family_payloads(draw: st.DrawFn) -> tuple[str, list[torch.Tensor], Any, int]:
+    """W ranks' tensors of a valid family call, random bits of any gloo dtype (NaN
+    payloads, -0.0 and infinities among the floats), some strided, and its sizes:
+    ``reduce_scatter_v``'s common sizes, ``all_to_all_v``'s send matrix or
+    ``all_gather_list``'s passed words."""
+    name = draw(st.sampled_from(["reduce_scatter_v", "all_to_all_v", "all_gather_list"]))
+    w = draw(st.integers(1, 4))
+    ndim = draw(st.integers(1, 3))
+    dim = draw(st.integers(-ndim, ndim - 1))
+    trail = draw(st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim))
+    dtype = getattr(torch, draw(st.sampled_from(GLOO_NAMES)))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    row = st.lists(st.integers(0, 4), min_size=w, max_size=w)
+    common = draw(row)
+    send = [draw(row) for _ in range(w)]
+    xs = []
+    for r in range(w):
+        shape = list(trail)
+        if name == "reduce_scatter_v":
+            shape[dim] = sum(common)
+        elif name == "all_to_all_v":
+            shape[dim] = sum(send[r])
+        else:
+            shape = draw(st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim))
+        raw = torch.randint(0, 256, (math.prod(shape) * dtype.itemsize,), generator=gen)
+        t = raw.to(torch.uint8).view(dtype).reshape(shape)
+        if dtype == torch.bool:
+            t = raw.to(torch.uint8).view(torch.bool).reshape(shape) & True
+        if draw(st.booleans()) and t.ndim >= 2:
+            t = t.transpose(0, -1).contiguous().transpose(0, -1)
+        xs.append(t)
+    if name == "reduce_scatter_v":
+        return name, xs, tuple(common), dim
+    if name == "all_to_all_v":
+        return name, xs, tuple(tuple(s) for s in send), dim
+    words = st.integers(INT64_MIN, INT64_MAX)  # the passed-shapes words are int64
+    return name, xs, draw(st.lists(words, min_size=2, max_size=2)), dim
+
+
+def _by_bytes(flat: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
+    return list(torch.split(flat.view(torch.uint8).reshape(-1), list(sizes)))
+
+
+@target(family_payloads())
+def family_payload_layout(case: tuple[str, list[torch.Tensor], Any, int]) -> None:
+    """The family's layout arithmetic against ``vargather.oracle``, bit for bit, by
+    moving the bytes the payload collective would move: ``reduce_scatter_v``'s send
+    buffer (``_outgoing``: rank j's block r for rank r) folded by ``fold_slots`` (a
+    reduction: NaNs canonical, -0.0 and integer wrap-around as the oracle's);
+    ``all_to_all_v``'s blocks joined by ``cut_blocks``; ``all_gather_list``'s carriers
+    (``_carrier``: metadata words then the elements, bool as bits) read back by
+    ``_read_carriers``."""
+    from vargather import _all_to_all, _gather_list, _reduce_scatter, oracle
+
+    _count("family_payload_layout")
+    name, xs, sizes, dim = case
+    w = len(xs)
+    infos_ = [GroupInfo(None, r, w, w > 1, "gloo") for r in range(w)]
+    d = dim % xs[0].ndim
+    if name == "reduce_scatter_v":
+        sent = []
+        for r, x in enumerate(xs):
+            call = _reduce_scatter._local_call(x, list(sizes), dim, infos_[r], True, None, None)
+            assert call.record.problem is None, call.record.problem
+            flat, splits = _reduce_scatter._outgoing(x, call, infos_[r])
+            assert sum(splits) == flat.numel() * flat.element_size()
+            sent.append(_by_bytes(flat, splits))
+        want = oracle.expected_reduce_scatter(xs, sizes, d)
+        for r in range(w):
+            lay = _reduce_scatter.scatter_layout(xs[r], d, sizes, infos_[r])
+            assert lay.shard_shape(r) == tuple(want[r].shape)
+            got = _reduce_scatter.fold_slots([sent[j][r] for j in range(w)], lay)
+            assert _same_bits(got, want[r]), (r, got, want[r])
+        return
+    if name == "all_to_all_v":
+        sent = []
+        for r, x in enumerate(xs):
+            call = _all_to_all._local_call(
+                x, list(sizes[r]), None, dim, infos_[r], True, None, None
+            )
+            assert call.record.problem is None, call.record.problem
+            flat, splits = _all_to_all._outgoing(x, call, infos_[r])
+            sent.append(_by_bytes(flat, splits))
+        want = oracle.expected_all_to_all(xs, sizes, d)
+        for r in range(w):
+            recv = tuple(sizes[j][r] for j in range(w))
+            shape = list(xs[r].shape)
+            shape[d] = sum(recv)
+            lay = _all_to_all.split_layout(tuple(shape), d, recv, xs[r].dtype, infos_[r])
+            got = _all_to_all.cut_blocks([sent[j][r] for j in range(w)], lay)
+            assert _same_bits(got, want[r]), (r, got, want[r])
+        return
+    carriers = [_gather_list._carrier(x, _wire.carrier_words(tuple(x.shape), sizes)) for x in xs]
+    run = torch.cat([c.reshape(-1) for c in carriers])
+    read = _gather_list._read_carriers(run, [c.numel() for c in carriers])
+    lay = _gather_list.flat_layout(tuple(tuple(x.shape) for x in xs), xs[0].dtype, infos_[0])
+    assert lay.sizes == tuple(x.numel() for x in xs)
+    for r, ((words, elements), x) in enumerate(zip(read, xs, strict=True)):
+        assert words == _wire.carrier_words(tuple(x.shape), sizes), r
+        assert _same_bits(elements.view(x.shape), x.contiguous()), r
+
+
 @st.composite
 def ragged_shards(draw: st.DrawFn) -> tuple[list[torch.Tensor], Layout]:
     w = draw(st.integers(1, 4))
@@ -666,9 +845,16 @@ def ragged_shards(draw: st.DrawFn) -> tuple[list[torch.Tensor], Layout]:
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
+    if a.numel() == 0:  # an empty tensor's strides need not allow a bytes view
+        return True
     if a.dtype == torch.bool:
         return torch.equal(a, b)
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    # unsqueeze(-1): a new last dimension of stride 1, which a bytes view needs (a
+    # contiguous tensor's size-1 last dimension may have another stride).
+    return torch.equal(
+        a.contiguous().unsqueeze(-1).view(torch.uint8),
+        b.contiguous().unsqueeze(-1).view(torch.uint8),
+    )
 
 
 @target(ragged_shards())
@@ -759,7 +945,7 @@ def run_timed(
     names: Sequence[str],
     seconds: float,
     db_path: str,
-    chunk: int = 200,
+    chunk: int = 50,
     first_seed: int | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """Drive each target with Hypothesis for its share of ``seconds``.
@@ -789,6 +975,31 @@ def run_timed(
             if time.monotonic() >= end:
                 break
     return dict(EXAMPLES), failures
+
+
+def replay_findings(names: Sequence[str]) -> tuple[int, list[str]]:
+    """Every stored finding of the targets ``names`` (``fuzz/findings.py``), run once:
+    (how many ran, failure reports)."""
+    from findings import STAGES
+
+    ran, failures = 0, []
+    for label, name, args in STAGES:
+        if name not in names:
+            continue
+        ran += 1
+        try:
+            BODIES[name][0](*args)
+        except Exception as err:
+            failures.append(f"{name}: stored finding ({label}): {type(err).__name__}: {err}")
+    return ran, failures
+
+
+def write_report(path: str | None, lines: Sequence[str]) -> None:
+    """The printed summary, also to ``path`` (CI uploads it), when one is given."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def instrument_vargather(atheris: Any) -> int:
@@ -821,6 +1032,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", choices=sorted(TARGETS), action="append")
     parser.add_argument("--db", default=DEFAULT_DB, help=f"example database (default {DEFAULT_DB})")
     parser.add_argument("--atheris", action="store_true", help="drive one --target with atheris")
+    parser.add_argument("--report", help="also write the summary and failures to this file")
     parser.add_argument(
         "--seed",
         type=int,
@@ -852,15 +1064,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     started = time.monotonic()
-    counts, failures = run_timed(names, args.minutes * 60, args.db, first_seed=args.seed)
+    replayed, failures = replay_findings(names)
+    counts, found = run_timed(names, args.minutes * 60, args.db, first_seed=args.seed)
+    failures += found
     elapsed = time.monotonic() - started
     drawn = "fresh randomness" if args.seed is None else f"seeds {args.seed}, {args.seed + 1}, ..."
-    print(f"fuzz_stages: {elapsed:.0f} s, database {args.db}, {drawn}")
-    for name in names:
-        print(f"  {name}: {counts.get(name, 0)} examples")
-    print(f"  total: {sum(counts.values())} examples, {len(failures)} failure(s)")
-    for failure in failures:
-        print(f"FAILURE {failure}")
+    lines = [f"fuzz_stages: {elapsed:.0f} s, database {args.db}, {drawn}"]
+    lines.append(f"  stored findings replayed first (fuzz/findings.py): {replayed}")
+    lines += [f"  {name}: {counts.get(name, 0)} examples" for name in names]
+    lines.append(f"  total: {sum(counts.values())} examples, {len(failures)} failure(s)")
+    lines += [f"FAILURE {failure}" for failure in failures]
+    print("\n".join(lines))
+    write_report(args.report, lines)
     return 1 if failures else 0
 
 

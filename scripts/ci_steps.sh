@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CI steps, defined once. .ci/run, tox.ini and the GitHub workflows call this
 # script by step name; each caller sets up its own environment (a venv with
-# `pip install -c constraints.txt -e ".[dev]"`, a tox env, a CI job's matrix install),
+# `pip install -c constraints.txt -e ".[dev,docs]"`, a tox env, a CI job's matrix install),
 # then runs the steps in it. tests/test_repo.py checks that every caller goes through
 # here and that the tests step is the README's test command.
 #
@@ -14,17 +14,22 @@
 #   actionlint  actionlint on .github/workflows/
 #   mypy        mypy --strict on the package
 #   tests       the README's test command
+#   docs        the documentation site, every warning an error (needs the docs extra:
+#               `pip install -c constraints.txt -e ".[docs]"`); into docs/_build/html
 #   slow        the tests marked slow, which the README's command leaves out (the
 #               fork zoo at default settings, every mutant through the CLI, more
 #               seeds and contracts of the gate): scheduled, not on every push
-#   fuzz-smoke  half a minute of each fuzz program from fixed seeds (what CI runs: the same
-#               examples on every push; the scheduled fuzz draws fresh ones)
-#   fuzz        FUZZ_MINUTES (default 10) of each fuzz program, example databases
-#               under FUZZ_DB (default .hypothesis/fuzz), both run even if one fails
+#   fuzz-smoke  each fuzz program replays the stored findings (fuzz/findings.py), then
+#               spends half a minute on fresh randomness (new examples on every push);
+#               what it finds goes to FUZZ_REPORT (default fuzz-report/) and its
+#               example databases (.hypothesis/ci-fuzz-*), which CI uploads
+#   fuzz        the same with FUZZ_MINUTES (default 10) of each fuzz program, example
+#               databases under FUZZ_DB (default .hypothesis/fuzz), both run even if
+#               one fails
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STEPS="lint actionlint mypy tests slow fuzz-smoke fuzz"
+STEPS="lint actionlint mypy tests docs slow fuzz-smoke fuzz"
 start=$SECONDS
 banner() { printf '\n=== %s (%ds) ===\n' "$1" $((SECONDS - start)); }
 
@@ -46,17 +51,27 @@ run_step() {
     tests)
         python -m pytest -n 2 "$@"
         ;;
+    docs)
+        python -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
+        ;;
     slow)
         python -m pytest -n 2 -m slow
         ;;
     fuzz-smoke)
-        python fuzz/fuzz_stages.py --minutes 0.5 --seed 0 --db .hypothesis/ci-fuzz-stages
-        python fuzz/fuzz_multirank.py --minutes 0.5 --seed 0 --db .hypothesis/ci-fuzz-multirank
+        local report=${FUZZ_REPORT:-fuzz-report} status=0
+        python fuzz/fuzz_stages.py --minutes 0.5 --db .hypothesis/ci-fuzz-stages \
+            --report "$report/stages.txt" || status=1
+        python fuzz/fuzz_multirank.py --minutes 0.5 --db .hypothesis/ci-fuzz-multirank \
+            --report "$report/multirank.txt" || status=1
+        return "$status"
         ;;
     fuzz)
         local minutes=${FUZZ_MINUTES:-10} db=${FUZZ_DB:-.hypothesis/fuzz} status=0
-        python fuzz/fuzz_stages.py --minutes "$minutes" --db "$db/stages" || status=1
-        python fuzz/fuzz_multirank.py --minutes "$minutes" --db "$db/multirank" || status=1
+        local report=${FUZZ_REPORT:-fuzz-report}
+        python fuzz/fuzz_stages.py --minutes "$minutes" --db "$db/stages" \
+            --report "$report/stages.txt" || status=1
+        python fuzz/fuzz_multirank.py --minutes "$minutes" --db "$db/multirank" \
+            --report "$report/multirank.txt" || status=1
         return "$status"
         ;;
     *)

@@ -12,12 +12,11 @@ from vargather import oracle
 from vargather.testing import assert_bitwise_equal, get_pool
 from vargather.testing.family import (
     GatherListCase,
-    MisuseCase,
     check_case,
-    check_misuse,
     inputs_of,
     upstream_of,
 )
+from vargather.testing.misuse import MisuseCase, check_misuse
 
 from . import _family_fns as fns
 

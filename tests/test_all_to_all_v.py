@@ -11,10 +11,9 @@ import vargather
 from vargather.testing import assert_bitwise_equal, get_pool
 from vargather.testing.family import (
     AllToAllCase,
-    MisuseCase,
     check_case,
-    check_misuse,
 )
+from vargather.testing.misuse import MisuseCase, check_misuse
 
 from . import _family_fns as fns
 

@@ -4,7 +4,7 @@ through the kit's own names: ``vargather.testing.engine``, ``options``, ``resolv
 
 Options, import errors and the report are checked directly; the issue's classification
 claims are checked by running the check for real on gloo worlds: vargather holds under
-every contract, the seed's algorithm (``vargather/testing/seed.py``) holds ``local`` except for
+every contract, the seed's algorithm (``vargather/testing/reference_seed.py``) holds ``local`` except for
 its two genuine bugs and fails ``sum`` with a gradient counterexample, every mutant of
 the catalogue fails, a crash or a hang is that property's failure, and a correct
 implementation raises no false alarm across 20 seeds.
@@ -50,7 +50,7 @@ from vargather.testing.runner import run_cases
 PROPERTY_IDS = property_ids()
 
 ROOT = Path(__file__).resolve().parent.parent
-SEED = "vargather.testing.seed:all_gather"
+SEED = "vargather.testing.reference_seed:all_gather"
 
 multirank = pytest.mark.multirank
 
@@ -179,8 +179,11 @@ _MODULES = {
                 "MODULE is imported from the current directory",
             ],
         ),
-        ("vargather.testing.seed:nope", ["'vargather.testing.seed'", "has no attribute 'nope'"]),
-        ("vargather.testing.seed:__doc__", ["'__doc__' is a str, not a callable"]),
+        (
+            "vargather.testing.reference_seed:nope",
+            ["'vargather.testing.reference_seed'", "has no attribute 'nope'"],
+        ),
+        ("vargather.testing.reference_seed:__doc__", ["'__doc__' is a str, not a callable"]),
         ("raises_at_import:f", ["importing 'raises_at_import' failed", "boom at import"]),
         (
             "missing_dependency:all_gather",

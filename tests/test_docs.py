@@ -1,6 +1,6 @@
 """The docs runner: every code block of README.md and docs/*.md that shows output is run.
 
-The convention (also in the README's Development section):
+The convention (the README's Development section points here):
 
 * a ```pycon block is a doctest (``>>>`` / ``...`` lines, then the expected output;
   ``...`` in the output matches anything). Without a marker it runs in the test

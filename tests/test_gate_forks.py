@@ -516,7 +516,7 @@ def test_gradient_counterexample_prefers_non_empty_shards() -> None:
     """The seed's ``local`` backward run under ``sum`` fails on empty shards and on
     full ones alike; the reported counterexample is a full one."""
     options = CheckOptions(
-        impl="vargather.testing.seed:all_gather",
+        impl="vargather.testing.reference_seed:all_gather",
         grad="sum",
         only=("gradient",),
         max_examples=6,

@@ -19,6 +19,7 @@ PACKAGE = pathlib.Path(vargather.__file__).parent
 ORDER = [
     "_errors",
     "_dtypes",
+    "_reduced",
     "_choices",
     "_collectives",
     "_group",

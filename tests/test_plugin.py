@@ -124,7 +124,7 @@ PROPERTY_OPTIONS = ("--vargather-world-sizes", "2", "--vargather-max-examples", 
 _SAMPLES: dict[str, str] = {
     # The str and path options need a value that means something; every other kind
     # gets one from the schema itself (_sample).
-    "impl": "vargather.testing.seed:all_gather",
+    "impl": "vargather.testing.reference_seed:all_gather",
     "call": "(x, dim, sizes)",
     "transports": "none",
     "world-sizes": "2,3",
@@ -176,7 +176,7 @@ def test_every_schema_option_is_set_alike_by_flag_config_and_plugin(tmp_path: Pa
     actions = _parser()._option_string_actions
     plugin_names = {o.name for o in plugin_module.plugin_options()}
     assert plugin_names == {o.name for o in schema.on(schema.PLUGIN)}
-    base = {"impl": "vargather.testing.seed:all_gather", "grad": "local"}
+    base = {"impl": "vargather.testing.reference_seed:all_gather", "grad": "local"}
     for option in schema.OPTIONS:
         text = _sample(option, tmp_path)
         expected = True if option.is_flag else option.parse_text(text)

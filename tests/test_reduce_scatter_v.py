@@ -10,11 +10,11 @@ import vargather
 from vargather import oracle
 from vargather.testing import assert_bitwise_equal, get_pool
 from vargather.testing.family import (
-    MisuseCase,
     ReduceScatterCase,
     check_case,
-    check_misuse,
+    inputs_of,
 )
+from vargather.testing.misuse import MisuseCase, check_misuse
 
 from . import _family_fns as fns
 
@@ -108,3 +108,29 @@ def test_one_process_world() -> None:
         vargather.reduce_scatter_v(x, [2])
     with pytest.raises(vargather.SizesError, match="world size 1"):
         vargather.reduce_scatter_v(x, [1, 2])
+
+
+def test_issue_36_nan_bits_do_not_depend_on_the_kernel_path() -> None:
+    """Issue 36, the fuzzer's finding: bfloat16 specials along dim 1. The collective
+    folds contiguous received blocks (torch's vectorized bfloat16 path wrote 0xffff for
+    a NaN), the oracle strided slices (the scalar path, 0x7fc0): every NaN of a sum is
+    now the canonical quiet NaN on both sides, compared bit for bit by the kit."""
+    case = ReduceScatterCase(
+        world_size=3,
+        sizes=(0, 1, 4),
+        other=(2, 4),
+        dim=1,
+        dtype="bfloat16",
+        requires_grad=False,
+        special=True,
+        seed=0,
+        group=None,
+        validate=False,
+        impl="vargather",
+        call=None,
+    )
+    want = oracle.expected_reduce_scatter(inputs_of(case), case.sizes, case.dim)
+    nans = want[2][want[2].isnan()]
+    assert nans.numel() > 0  # the case still reaches NaN sums
+    assert set(nans.view(torch.int16).tolist()) == {0x7FC0}
+    assert check_case(get_pool(3), case) == []

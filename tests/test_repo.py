@@ -98,6 +98,24 @@ def test_every_ci_entry_point_runs_the_steps_through_one_script() -> None:
             )
 
 
+def test_the_docs_step_runs_where_the_docs_extra_is_installed() -> None:
+    """The site builds with Sphinx from the `docs` extra: every caller of the docs step
+    installs it first (.ci/run's venv, tox's docs env, the workflow's docs job)."""
+    assert re.search(r'^docs = \[\n(\s+"[^"]+",\n)+\]', (ROOT / "pyproject.toml").read_text(), re.M)
+    ci_run = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r'pip install .*-e "\.\[[a-z,]*\bdocs\b[a-z,]*\]"', ci_run)
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ROOT / "tox.ini")
+    assert "docs" in config["testenv:docs"]["extras"].split()
+    for workflow in WORKFLOWS:
+        jobs = re.split(r"^  (?=[\w-]+:\n)", workflow.read_text(), flags=re.M)
+        for job in jobs:
+            if any("docs" in call for call in steps_called(job)):
+                assert re.search(r'pip install .*-e "\.\[[a-z,]*\bdocs\b[a-z,]*\]"', job), (
+                    f"{workflow.name}: a job runs the docs step without the docs extra"
+                )
+
+
 def test_constraints_pin_the_local_torch_build() -> None:
     lines = (ROOT / "constraints.txt").read_text().splitlines()
     assert "torch==2.13.0" in [line.strip() for line in lines]

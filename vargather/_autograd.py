@@ -36,6 +36,7 @@ from torch.autograd.function import once_differentiable
 from ._choices import GradContract
 from ._group import GroupInfo
 from ._layout import Layout
+from ._reduced import canonical_nans_, mean_
 from ._transport import Transport
 
 __all__ = [
@@ -96,8 +97,8 @@ def contract_backward(
     # gradient (each rank needs only its own block of the sum).
     grad = transport.reduce_scatter_sum(grad_output, layout, info)
     if contract == "mean":
-        grad.div_(layout.world_size)  # in place: the transport returns a fresh tensor
-    return grad
+        return mean_(grad, layout.world_size)  # in place: the transport's is a fresh tensor
+    return canonical_nans_(grad)  # the backend's sum: its NaNs' bits are its own
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ import torch.distributed as dist
 from ._gather import gather_with_layout, plan_gather
 from ._layout import Layout
 from ._mesh import group_named, group_of, named_group
+from ._reduced import canonical_nans_, mean_
 from ._transport import choose_transport
 
 __all__ = [
@@ -219,8 +220,8 @@ def _backward_eagerly(
         chosen = choose_transport(transport, layout, info)
         out = chosen.reduce_scatter_sum(grad_output, layout, info)
         if grad == "mean":
-            out.div_(layout.world_size)
-        return out.contiguous()
+            return mean_(out, layout.world_size).contiguous()  # as GatherVFunction's backward
+        return canonical_nans_(out).contiguous()
 
 
 @torch.library.custom_op("vargather::all_gather_v_backward", mutates_args=())

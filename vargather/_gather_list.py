@@ -48,6 +48,7 @@ from ._family import FamilyCall, agree, check_tensor, raise_own_problem, with_pr
 from ._layout import Layout
 from ._mesh import call_group
 from ._reduce_scatter import reduce_scatter_blocks
+from ._reduced import mean_
 from ._transport import choose_transport
 from ._wire import carrier_ndim, carrier_words
 
@@ -401,7 +402,7 @@ def list_gradient(grads: Sequence[torch.Tensor], plan: GatherListPlan) -> torch.
     flat = torch.cat([g.reshape(-1) for g in grads])
     out = reduce_scatter_blocks(flat, layout, info).view(plan.shapes[r])
     if plan.contract == "mean":
-        out.div_(info.world_size)
+        mean_(out, info.world_size)
     return out
 
 

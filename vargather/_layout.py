@@ -54,6 +54,18 @@ class Layout:
         dtype: the dtype of every shard and of the result.
         rank: this process's rank within the group.
         world_size: the number of ranks in the group.
+        offsets: ``o_r = n_0 + ... + n_{r-1}`` for every rank (computed).
+        total: ``Σ_r n_r``, the gathered size along ``dim`` (computed).
+        max_size: the largest ``n_r`` (computed; 0 for an empty group).
+
+    Shapes:
+        rank ``r``'s shard is ``leading_shape + (sizes[r],) + trailing_shape``
+        (``shard_shape``); the result is ``leading_shape + (total,) + trailing_shape``
+        (``output_shape``), rank ``r``'s block at ``offsets[r]`` along ``dim``.
+
+    Raises:
+        ValueError: on construction, sizes that do not fit ``world_size``, a rank
+            outside the group, or a negative size.
     """
 
     sizes: tuple[int, ...]
@@ -128,7 +140,7 @@ class Layout:
 
     @property
     def is_even(self) -> bool:
-        """Every rank contributes the same ``n``: no padding, maybe no copy."""
+        """Whether every rank contributes the same ``n`` (no padding, maybe no copy)."""
         return all(n == self.sizes[0] for n in self.sizes)
 
     @property
@@ -139,7 +151,7 @@ class Layout:
 
     @functools.cached_property
     def row_bytes(self) -> int:
-        """Bytes of one index along ``dim`` of one leading block: ``post * itemsize``."""
+        """The bytes of one index along ``dim`` of one leading block, ``post * itemsize``."""
         return self.post * self.dtype.itemsize
 
     def shard_bytes(self, rank: int) -> int:
@@ -148,7 +160,7 @@ class Layout:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the gathered result: ``pre * total * post * itemsize``."""
+        """The gathered result's size in bytes, ``pre * total * post * itemsize``."""
         return self.pre * self.total * self.row_bytes
 
     def shard_shape(self, rank: int) -> tuple[int, ...]:

@@ -12,8 +12,9 @@ The math, once. Every rank ``j`` holds ``x_j`` with ``total = Σ_r n_r`` along `
     y_r = x_0[o_r : o_r + n_r] + x_1[o_r : o_r + n_r] + ... + x_{W-1}[o_r : o_r + n_r]
 
 summed **in rank order**, left to right, in the input dtype (integers wrap, bool is
-logical or), so the result is a function of the inputs alone, bit for bit, whatever
-the backend: rank ``j`` sends block ``r`` of ``x_j`` to rank ``r`` in one alltoallv
+logical or), every NaN of the sum then the dtype's canonical quiet NaN (``_reduced``: the
+bits torch and the hardware give a NaN depend on the operands' memory layout), so the
+result is a function of the inputs alone, bit for bit, whatever the backend: rank ``j`` sends block ``r`` of ``x_j`` to rank ``r`` in one alltoallv
 (any dtype moves, int16 as bytes) and rank ``r`` adds the ``W`` blocks it received.
 The receive buffer is ``W x n_r`` rows. Gradient: ``L = Σ_r <g_r, y_r>`` gives
 ``dL/dx_j = cat_r g_r`` on every rank ``j``: the ``all_gather_v`` of the upstream
@@ -51,6 +52,7 @@ from ._family import (
 )
 from ._layout import Layout
 from ._mesh import call_group
+from ._reduced import add_, canonical_nans_
 from ._round_buffers import pack
 from ._transport import choose_transport
 
@@ -217,11 +219,13 @@ def fold_slots(slots: Sequence[torch.Tensor], layout: Layout) -> torch.Tensor:
 
 
 def fold_blocks(blocks: torch.Tensor) -> torch.Tensor:
-    """``blocks[0] + blocks[1] + ... `` along dim 0, left to right, in a fresh tensor."""
+    """``blocks[0] + blocks[1] + ... `` along dim 0, left to right, in a fresh tensor
+    (complex per component), its NaNs canonical (``_reduced``) when there was a sum
+    (two blocks or more)."""
     out = blocks[0].clone()
     for j in range(1, blocks.shape[0]):
-        out.add_(blocks[j])
-    return out
+        add_(out, blocks[j])
+    return canonical_nans_(out) if blocks.shape[0] > 1 else out
 
 
 def reduce_scatter_blocks(x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:

@@ -64,18 +64,13 @@ headers); calls with ``sizes`` and ``validate=False`` skip the round and change 
 a miss on one rank only is seen by every rank in the headers, so every rank grows the
 slots alike. Errors after validation (a timeout in the payload collective) leave the
 group out of step anyway. The state is kept per process group (weakly keyed, subgroups
-apart) and is **one for every kind** (``Kind``: ``all_gather_v`` with ``gather_layout``
-and ``all_gather_v_with_layout``, ``all_gather_v_coalesced``, ``all_gather_list``):
-the round's length is a function of the group's state only, so a rank calling one
-kind beside a peer calling another sends the same length and gets an error, never a
-gloo abort. Every header carries its caller's kind (``_wire.KIND_SHIFT``), and what
-the full path moves is decided from every rank's headers alone: ranks whose tensor
-counts differ raise ``ArgumentMismatchError`` at once, naming which rank called which
-collective; otherwise one all_gather of the records, and ``plan_layout``'s extra
-all_gather of a sizes mismatch only when every rank called ``all_gather_v``. Kinds
-that agree on the headers (``all_gather_v(x)`` beside ``all_gather_v_coalesced([x])``)
-gather alike. Sharing costs a group that mixes kinds a little padding: its capacity
-and header slots follow the largest need and tensor count of every kind's calls.
+apart) and is **one for every collective of the round** (``all_gather_v`` with
+``gather_layout`` and ``all_gather_v_with_layout``, ``all_gather_v_coalesced``,
+``all_gather_list``): the round's length is a function of the group's state only, so
+a rank calling one beside a peer calling another sends the same length and gets an
+error, never a gloo abort (``_fused`` names which rank called which). Sharing costs a
+group that mixes them a little padding: its capacity and header slots follow the
+largest need and tensor count of every one's calls.
 
 **The all_to_all-shaped round** (``advance_blocks``): the state is the same type, of
 which the round uses ``capacity``, ``idle`` and ``idle_need``: the bytes of the payload

@@ -77,6 +77,7 @@ from ._comm import (
     reduce_scatter_uneven,
 )
 from ._layout import Layout
+from ._reduced import add_
 
 __all__ = [
     "GLOO_REDUCE_SCATTER_MIN_BYTES",
@@ -148,6 +149,17 @@ def alltoallv_rounds(layout: Layout) -> int:
     return math.ceil((t + w * m) / (2 * t - m))  # m <= t, so 2t - m >= t > 0
 
 
+def _sum_rows(rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``rows[0] + rows[1] + ...`` in rank order, into ``out`` or a fresh tensor. Not
+    ``torch.sum``, which starts from ``+0.0`` and so turns a sum of ``-0.0``s into
+    ``+0.0``: a sum's bits are its operands' alone, as the backends' sums give them
+    (complex per component, ``_reduced.add_``)."""
+    out = rows[0].clone() if out is None else out.copy_(rows[0])
+    for j in range(1, rows.shape[0]):
+        add_(out, rows[j])
+    return out
+
+
 def _alltoallv_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
     """The sum contract's backward through alltoallv and a local sum.
 
@@ -164,7 +176,7 @@ def _alltoallv_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInfo
     if rounds == 1:
         received = send.new_empty(w * own)
         all_to_all_uneven(received, send, output_splits=[own] * w, input_splits=elems, info=info)
-        return received.view(w, own).sum(0).view(layout.shard_shape(layout.rank))
+        return _sum_rows(received.view(w, own)).view(layout.shard_shape(layout.rank))
     starts = [0]
     for e in elems[:-1]:
         starts.append(starts[-1] + e)
@@ -182,7 +194,7 @@ def _alltoallv_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInfo
             input_splits=[h - lo_r for h, lo_r in zip(hi, lo, strict=True)],
             info=info,
         )
-        torch.sum(received.view(w, piece), dim=0, out=result[lo[layout.rank] : hi[layout.rank]])
+        _sum_rows(received.view(w, piece), out=result[lo[layout.rank] : hi[layout.rank]])
         del received, pieces
     return result.view(layout.shard_shape(layout.rank))
 

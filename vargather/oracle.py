@@ -11,10 +11,18 @@ For ranks ``r = 0..W-1`` with shards ``x_r`` and upstream gradients ``g_r``
 * output: ``torch.cat(x, dim)``, the same on every rank;
 * ``sum``: the gradient of ``Σ_j <g_j, cat(x)>`` with respect to each ``x_r``;
 * ``local``: for each r, the gradient of ``<g_r, cat(x)>`` with respect to ``x_r``;
-* ``mean``: the gradient of ``(1/W) Σ_j <g_j, cat(x)>``.
+* ``mean``: the gradient of ``(1/W) Σ_j <g_j, cat(x)>``, the ``sum`` one divided by
+  ``W`` component by component.
 
 (``<g, y>`` is the vector-Jacobian product autograd computes for ``grad_outputs=g``,
 so complex dtypes follow torch's convention without a hand-made real loss.)
+
+NaNs: what a reduction gives (``sum`` and ``mean`` above and ``reduce_scatter_v``
+below, in a group of two ranks or more) has every NaN set to its dtype's canonical
+quiet NaN by the helpers the collectives use (``vargather._reduced``), so
+the oracle's bits are those semantics' and not torch's kernel path's. What only moves
+data (the outputs, ``local``, the backwards of ``reduce_scatter_v`` and
+``all_to_all_v``) keeps every bit, NaN payloads and ``-0.0`` included.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import NamedTuple
 import torch
 
 from ._choices import CONTRACTS
+from ._reduced import add_, canonical_nans_, mean_
 
 __all__ = [
     "OracleResult",
@@ -49,7 +58,18 @@ class OracleResult(NamedTuple):
 
 
 def expected_output(shards: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
-    """What every rank must receive: ``torch.cat(shards, dim)``."""
+    """What every rank must receive: ``torch.cat(shards, dim)``.
+
+    Shapes:
+        ``shards[r]`` is rank ``r``'s ``lead + (n_r,) + trail``; returns
+        ``lead + (Σ_r n_r,) + trail``.
+
+    Gradient:
+        None: the shards are detached (``expected_input_grads`` has the gradients).
+
+    Raises:
+        RuntimeError: ``torch.cat``'s, for shards that do not concatenate.
+    """
     return torch.cat([s.detach() for s in shards], dim=dim)
 
 
@@ -68,19 +88,41 @@ def expected_input_grads(
     dim: int = 0,
     contract: str = "sum",
 ) -> list[torch.Tensor]:
-    """Each rank's expected ``dx_r`` under ``contract`` for upstream gradients ``upstream``."""
+    """Each rank's expected ``dx_r`` under ``contract`` for upstream gradients ``upstream``.
+
+    Rank ``j`` computes its own ``out_j = cat(shards)`` and receives ``upstream[j] =
+    dL_j / d out_j``. ``"sum"``: ``dx_r = Σ_j upstream[j][o_r : o_r + n_r]`` (the
+    gradient of ``Σ_j L_j``); ``"mean"``: that sum over ``W``; ``"local"``:
+    ``upstream[r][o_r : o_r + n_r]``. Computed by autograd through ``torch.cat``.
+
+    Shapes:
+        ``shards[r]``: ``lead + (n_r,) + trail``; every ``upstream[j]``: the gathered
+        shape ``lead + (Σ_r n_r,) + trail``; returns one tensor per rank, shaped as
+        its shard.
+
+    Raises:
+        ValueError: ``len(upstream) != len(shards)``, or an unknown ``contract``.
+        TypeError: a shard that is neither floating nor complex (no gradient).
+    """
     world = len(shards)
     if len(upstream) != world:
         raise ValueError(f"oracle: {world} shards but {len(upstream)} upstream gradients")
     xs = _leaves(shards)
     if contract in ("sum", "mean"):
-        scale = 1.0 if contract == "sum" else 1.0 / world
-        # Every rank j computes its own out_j = cat(x) and its own loss L_j.
-        outs = [torch.cat(xs, dim=dim) for _ in range(world)]
+        if world == 1:  # nothing is summed: the gather of one rank is the identity
+            return [upstream[0].detach().clone()]
+        # Every rank j computes its own out_j = cat(x) and its own loss L_j: autograd
+        # gives each L_j's gradient (cat's backward moves data), summed in rank order
+        # (autograd's own accumulation would add in its order with torch's complex add,
+        # ``_reduced.add_``); mean's 1/W divides that sum component by component.
+        per_loss = [
+            torch.autograd.grad(torch.cat(xs, dim=dim), xs, grad_outputs=g.detach())
+            for g in upstream
+        ]
+        sums = [_fold([per_loss[j][r] for j in range(world)]) for r in range(world)]
         if contract == "mean":
-            outs = [out * scale for out in outs]
-        grads = torch.autograd.grad(outs, xs, grad_outputs=[g.detach() for g in upstream])
-        return list(grads)
+            return [mean_(s, world) for s in sums]
+        return sums
     if contract == "local":
         result: list[torch.Tensor] = []
         for r in range(world):
@@ -100,7 +142,20 @@ def expected(
     upstream: Sequence[torch.Tensor] | None = None,
     contract: str = "sum",
 ) -> OracleResult:
-    """Output and (when ``upstream`` is given) input gradients, in one call."""
+    """Output and (when ``upstream`` is given) input gradients, in one call.
+
+    Shapes:
+        As ``expected_output`` and ``expected_input_grads``: ``output`` is the
+        gathered ``lead + (Σ_r n_r,) + trail``, ``input_grads[r]`` shaped as
+        ``shards[r]`` (``None`` without ``upstream``).
+
+    Gradient:
+        ``input_grads`` under ``contract``, as ``expected_input_grads`` computes them.
+
+    Raises:
+        ValueError: see ``expected_input_grads``.
+        TypeError: see ``expected_input_grads``.
+    """
     grads = None if upstream is None else expected_input_grads(shards, upstream, dim, contract)
     return OracleResult(expected_output(shards, dim), grads)
 
@@ -110,18 +165,23 @@ def expected(
 # reduce_scatter_v: rank r receives x_0[o_r:o_r+n_r] + ... + x_{W-1}[o_r:o_r+n_r] (along
 # dim, o_r = n_0 + ... + n_{r-1}), added left to right in rank order in the input dtype:
 # that order is part of the definition, so the oracle and the collective agree bit for
-# bit on every float (NaN payloads, -0.0) and wrap alike on integers.
+# bit on every float (-0.0, and every NaN the canonical one) and wrap alike on integers.
 # all_to_all_v: rank r receives cat_j (block r of x_j), block r of x_j being
 # send_sizes[j][r] rows along dim. all_gather_list: every rank receives [x_0, ...].
 # Gradients come from autograd over these definitions (all_gather_list's sum and mean:
-# the rank-order sum of the upstream gradients, as the collective adds them).
+# the rank-order sum of the upstream gradients, as the collective adds them, NaNs
+# canonical). reduce_scatter_v's backward moves data only: split's backward is a cat,
+# with no zero-filled slice added to the gradient (which would turn -0.0 into +0.0).
 
 
 def _fold(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``blocks[0] + blocks[1] + ...`` left to right (complex per component), NaNs
+    canonical when there was a sum (two blocks or more; one block is returned as it
+    is)."""
     out = blocks[0].detach().clone()
     for b in blocks[1:]:
-        out.add_(b.detach())
-    return out
+        add_(out, b.detach())
+    return canonical_nans_(out) if len(blocks) > 1 else out
 
 
 def _offsets(sizes: Sequence[int]) -> list[int]:
@@ -135,7 +195,22 @@ def _offsets(sizes: Sequence[int]) -> list[int]:
 def expected_reduce_scatter(
     inputs: Sequence[torch.Tensor], sizes: Sequence[int], dim: int = 0
 ) -> list[torch.Tensor]:
-    """Each rank's ``reduce_scatter_v`` result for every rank's input ``inputs[j]``."""
+    """Each rank's ``reduce_scatter_v`` result for every rank's input ``inputs[j]``.
+
+    Rank ``r`` gets ``inputs[0][o_r : o_r + n_r] + ... + inputs[W-1][o_r : o_r + n_r]``
+    along ``dim``, added left to right in rank order in the inputs' dtype (every NaN
+    the canonical one), as the collective adds them.
+
+    Shapes:
+        every ``inputs[j]``: ``lead + (sum(sizes),) + trail``; returns ``W`` tensors,
+        rank ``r``'s ``lead + (sizes[r],) + trail``.
+
+    Gradient:
+        None (``expected_reduce_scatter_grads`` has it).
+
+    Raises:
+        RuntimeError: torch's, for inputs whose shapes or dtypes do not add up.
+    """
     offsets = _offsets(sizes)
     return [_fold([x.narrow(dim, offsets[r], n) for x in inputs]) for r, n in enumerate(sizes)]
 
@@ -146,13 +221,21 @@ def expected_reduce_scatter_grads(
     upstream: Sequence[torch.Tensor],
     dim: int = 0,
 ) -> list[torch.Tensor]:
-    """``dx_j`` of ``L = Σ_r <g_r, y_r>`` for every rank ``j`` (all equal: ``cat_r g_r``)."""
+    """``dx_j`` of ``L = Σ_r <g_r, y_r>`` for every rank ``j`` (all equal: ``cat_r g_r``).
+
+    Shapes:
+        ``inputs`` and ``sizes`` as for ``expected_reduce_scatter``; ``upstream[r]``
+        shaped as rank ``r``'s result; returns one tensor per rank, shaped as its input.
+
+    Gradient:
+        This is the gradient: the gather of the upstream gradients, by autograd.
+
+    Raises:
+        TypeError: an input that is neither floating nor complex.
+    """
     xs = _leaves(inputs)
-    offsets = _offsets(sizes)
-    outs = [
-        functools.reduce(torch.add, [x.narrow(dim, offsets[r], n) for x in xs])
-        for r, n in enumerate(sizes)
-    ]
+    blocks = [torch.split(x, list(sizes), dim=dim) for x in xs]
+    outs = [functools.reduce(torch.add, [b[r] for b in blocks]) for r in range(len(sizes))]
     return list(torch.autograd.grad(outs, xs, grad_outputs=[g.detach() for g in upstream]))
 
 
@@ -163,7 +246,22 @@ def _blocks(x: torch.Tensor, sizes: Sequence[int], dim: int) -> list[torch.Tenso
 def expected_all_to_all(
     inputs: Sequence[torch.Tensor], send_sizes: Sequence[Sequence[int]], dim: int = 0
 ) -> list[torch.Tensor]:
-    """Each rank's ``all_to_all_v`` result; ``send_sizes[j]`` is rank ``j``'s vector."""
+    """Each rank's ``all_to_all_v`` result; ``send_sizes[j]`` is rank ``j``'s vector.
+
+    Rank ``r`` receives block ``r`` of every rank's input (``send_sizes[j][r]`` rows
+    of ``inputs[j]`` along ``dim``), concatenated in rank order.
+
+    Shapes:
+        ``inputs[j]``: ``lead + (sum(send_sizes[j]),) + trail``; returns rank ``r``'s
+        ``lead + (Σ_j send_sizes[j][r],) + trail``.
+
+    Gradient:
+        None (``expected_all_to_all_grads`` has it).
+
+    Raises:
+        ValueError: ``len(send_sizes) != len(inputs)``.
+        RuntimeError: torch's, for sizes that do not split an input.
+    """
     split = [_blocks(x.detach(), s, dim) for x, s in zip(inputs, send_sizes, strict=True)]
     return [
         torch.cat([split[j][r] for j in range(len(inputs))], dim=dim) for r in range(len(inputs))
@@ -176,7 +274,19 @@ def expected_all_to_all_grads(
     upstream: Sequence[torch.Tensor],
     dim: int = 0,
 ) -> list[torch.Tensor]:
-    """``dx_j`` of ``L = Σ_r <g_r, y_r>``: the reverse exchange of the ``g_r``."""
+    """``dx_j`` of ``L = Σ_r <g_r, y_r>``: the reverse exchange of the ``g_r``.
+
+    Shapes:
+        ``inputs`` and ``send_sizes`` as for ``expected_all_to_all``; ``upstream[r]``
+        shaped as rank ``r``'s result; returns one tensor per rank, shaped as its input.
+
+    Gradient:
+        This is the gradient, by autograd over the exchange.
+
+    Raises:
+        TypeError: an input that is neither floating nor complex.
+        ValueError: ``len(send_sizes) != len(inputs)``.
+    """
     xs = _leaves(inputs)
     w = len(xs)
     split = [_blocks(x, s, dim) for x, s in zip(xs, send_sizes, strict=True)]
@@ -185,7 +295,16 @@ def expected_all_to_all_grads(
 
 
 def expected_gather_list(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """What every rank's ``all_gather_list`` returns: every rank's tensor, in order."""
+    """What every rank's ``all_gather_list`` returns: every rank's tensor, in order.
+
+    It raises nothing of its own.
+
+    Shapes:
+        any shape per rank (the same ndim and dtype); returns copies of the inputs.
+
+    Gradient:
+        None (``expected_gather_list_grads`` has it).
+    """
     return [x.detach().clone() for x in inputs]
 
 
@@ -196,15 +315,27 @@ def expected_gather_list_grads(
 ) -> list[torch.Tensor]:
     """``dx_r`` per rank; ``upstream[j][r]`` is rank ``j``'s gradient for output ``r``.
 
-    ``sum``: ``g_{0,r} + ... + g_{W-1,r}`` in rank order; ``local``: ``g_{r,r}``;
-    ``mean``: the sum divided by ``W``."""
+    Shapes:
+        ``upstream[j][r]`` shaped as ``inputs[r]``; returns one tensor per rank,
+        shaped as its input.
+
+    Gradient:
+        ``sum``: ``g_{0,r} + ... + g_{W-1,r}`` in rank order; ``local``: ``g_{r,r}``;
+        ``mean``: the sum divided by ``W``.
+
+    Raises:
+        ValueError: an unknown ``contract``.
+        TypeError: an input that is neither floating nor complex.
+    """
     _leaves(inputs)  # the same dtype check as every gradient oracle
     w = len(inputs)
     if contract == "local":
         return [upstream[r][r].detach().clone() for r in range(w)]
     if contract in ("sum", "mean"):
         sums = [_fold([upstream[j][r] for j in range(w)]) for r in range(w)]
-        return [s.div_(w) for s in sums] if contract == "mean" else sums
+        if contract == "mean" and w > 1:
+            return [mean_(s, w) for s in sums]
+        return sums
     raise ValueError(
         f"oracle: contract must be one of {', '.join(map(repr, CONTRACTS))}, got {contract!r}"
     )

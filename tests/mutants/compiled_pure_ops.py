@@ -20,6 +20,7 @@ import torch
 
 import vargather
 from vargather import _compiled as vc
+from vargather._mesh import group_of
 from vargather.testing.cases import GatherCase
 
 BUG = (
@@ -194,7 +195,7 @@ def all_gather_v(
             grad=grad,  # type: ignore[arg-type]  # passed through: validation is vargather's
             transport=transport,  # type: ignore[arg-type]  # as above
         )
-    where = vc.group_of(group, None)
+    where = group_of(group, None)
     assert where is not None  # the kit's groups resolve
     name = where[0]
     requires_grad = x.requires_grad and torch.is_grad_enabled()

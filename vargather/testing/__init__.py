@@ -20,7 +20,7 @@ Where it sits: the second layer of the package, on top of the gather library
 * ``family`` and ``family_catalogue``: the case models, strategies, rank runners and
   judge of ``reduce_scatter_v``, ``all_to_all_v`` and ``all_gather_list``, and their
   rows;
-* ``seed``: a faithful re-implementation of the seed ``distributed.py``, the
+* ``reference_seed``: a faithful re-implementation of the seed ``distributed.py``, the
   implementation the benchmark and the conformance tests measure against.
 """
 

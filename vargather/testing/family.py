@@ -4,18 +4,17 @@ Where it sits: in the testing kit, beside ``cases``/``strategies``/``judge`` (wh
 model ``all_gather_v``), for ``reduce_scatter_v``, ``all_to_all_v`` and
 ``all_gather_list``. Bottom up:
 
-* **case models** (``ReduceScatterCase``, ``AllToAllCase``, ``GatherListCase``,
-  ``MisuseCase``): frozen, picklable, everything a rank needs to rebuild its inputs
+* **case models** (``ReduceScatterCase``, ``AllToAllCase``, ``GatherListCase``): frozen, picklable, everything a rank needs to rebuild its inputs
   (``inputs_of``) and upstream gradients (``upstream_of``) from the case alone;
 * **strategies** (``reduce_scatter_cases``, ``all_to_all_cases``,
-  ``gather_list_cases``, ``misuse_cases``): Hypothesis draws, in the parent process;
-* **rank runners** (``run_case``, ``run_misuse``): module-level functions for
+  ``gather_list_cases``): Hypothesis draws, in the parent process;
+* **rank runners** (``run_case``): module-level functions for
   ``get_pool(W).run``; each imports the implementation under test by name
   (``case.impl``, ``"vargather"`` by default: any module with the collective's
   function, a mutant for one) and reports what it returned, its gradient, or the
   error it raised;
-* **the judge and the properties** (``judge_case``, ``judge_misuse``, ``check_case``,
-  ``check_misuse``): plain functions over a drawn case returning the kit's
+* **the judge and the properties** (``judge_case``, ``check_case``; their misuse
+  counterparts are the kit's misuse catalogue's, ``vargather.testing.misuse``): plain functions over a drawn case returning the kit's
   ``judge.Failure`` records (empty: the property holds), so a catalogue entry can call
   them. Forward results
   and gradients are compared bit for bit with ``vargather.oracle``; with integer
@@ -44,26 +43,20 @@ from .runner import load_callable
 __all__ = [
     "COLLECTIVES",
     "FAMILY_NAMES",
-    "MISUSE_KINDS",
     "AllToAllCase",
     "CallReport",
     "GatherListCase",
-    "MisuseCase",
     "ReduceScatterCase",
     "all_to_all_cases",
     "call_sequences",
     "call_values",
     "check_case",
-    "check_misuse",
     "check_sequence",
     "gather_list_cases",
     "inputs_of",
     "judge_case",
-    "judge_misuse",
-    "misuse_cases",
     "reduce_scatter_cases",
     "run_case",
-    "run_misuse",
     "run_sequence",
     "upstream_of",
 ]
@@ -406,7 +399,7 @@ def _call(case: Case, x: torch.Tensor, r: int, group: Any, timeout: float | None
     )
 
 
-def _emulation(backend: str | None) -> None:
+def emulation(backend: str | None) -> None:
     """Emulate ``backend`` in this rank (``vargather.testing.emulate``), or stop
     emulating where an earlier case did (a rank pool serves both)."""
     if backend is not None or f"{__package__}.emulate" in sys.modules:
@@ -418,7 +411,7 @@ def _emulation(backend: str | None) -> None:
 def run_case(ctx: RankContext, case: Case) -> CallReport | None:
     """Rank side: build this rank's input, call, backward with this rank's upstream
     gradient. ``None`` on a rank outside the case's group."""
-    _emulation(case.emulate)
+    emulation(case.emulate)
     group, r = _group_of(ctx, case)
     if r is None:
         return None
@@ -464,7 +457,7 @@ _ASPECTS = {"forward": "output", "raised": "call"}
 """The judge's words for the family's checks, as the kit's ``Failure`` spells them."""
 
 
-def _failed(name: str, aspect: str, ranks: Sequence[int], message: str) -> Failure:
+def failed(name: str, aspect: str, ranks: Sequence[int], message: str) -> Failure:
     """A ``Failure`` of collective ``name``: ``raised`` (an exception, the ``call``
     aspect) is an error; ``forward`` (the ``output``), ``gradient``, ``adjoint`` and
     ``misuse`` are mismatches."""
@@ -474,7 +467,7 @@ def _failed(name: str, aspect: str, ranks: Sequence[int], message: str) -> Failu
     )
 
 
-def _sized(failures: list[Failure], group_size: int) -> list[Failure]:
+def sized(failures: list[Failure], group_size: int) -> list[Failure]:
     return [replace(f, group_size=group_size) for f in failures]
 
 
@@ -515,9 +508,9 @@ def judge_case(case: Case, reports: Sequence[CallReport | None]) -> list[Failure
     mine = [rep for rep in reports if rep is not None]
     raised = [(r, rep.error) for r, rep in enumerate(mine) if rep.error is not None]
     if raised:  # rep.error is a (class name, message, ranks) triple
-        return _sized(
+        return sized(
             [
-                _failed(
+                failed(
                     name,
                     "raised",
                     tuple(r for r, _ in raised),
@@ -533,7 +526,7 @@ def judge_case(case: Case, reports: Sequence[CallReport | None]) -> list[Failure
         if isinstance(case, GatherListCase):
             if not isinstance(got, list) or len(got) != len(want[r]):
                 failures.append(
-                    _failed(
+                    failed(
                         name,
                         "forward",
                         (r,),
@@ -544,18 +537,18 @@ def judge_case(case: Case, reports: Sequence[CallReport | None]) -> list[Failure
             diffs = [(k, _differs(g, w)) for k, (g, w) in enumerate(zip(got, want[r], strict=True))]
             bad = [f"entry {k}: {d}" for k, d in diffs if d is not None]
             if bad:
-                failures.append(_failed(name, "forward", (r,), "; ".join(bad)))
+                failures.append(failed(name, "forward", (r,), "; ".join(bad)))
         else:
             d = _differs(got, want[r])
             if d is not None:
-                failures.append(_failed(name, "forward", (r,), d))
+                failures.append(failed(name, "forward", (r,), d))
         if want_grads is not None:
             if rep.grad is None:
-                failures.append(_failed(name, "gradient", (r,), "expected a gradient, got None"))
+                failures.append(failed(name, "gradient", (r,), "expected a gradient, got None"))
             else:
                 d = bitwise_difference(rep.grad, want_grads[r])
                 if d is not None:
-                    failures.append(_failed(name, "gradient", (r,), d))
+                    failures.append(failed(name, "gradient", (r,), d))
     if (
         want_grads is not None
         and not case.special
@@ -582,14 +575,14 @@ def judge_case(case: Case, reports: Sequence[CallReport | None]) -> list[Failure
             )
         if lhs != rhs:
             failures.append(
-                _failed(
+                failed(
                     name,
                     "adjoint",
                     (),
                     f"expected sum_r <y_r, g_r> == sum_j <x_j, dx_j>, got {lhs} != {rhs}",
                 )
             )
-    return _sized(failures, len(mine))
+    return sized(failures, len(mine))
 
 
 def check_case(pool: RankPool, case: Case) -> list[Failure]:
@@ -627,210 +620,3 @@ def call_sequences(draw: Any, world_size: int = 3, max_calls: int = 6, most: int
     )
     cases: list[Case] = draw(st.lists(one, min_size=2, max_size=max_calls))
     return cases
-
-
-# --- misuse ------------------------------------------------------------------------------
-
-MISUSE_KINDS: dict[str, tuple[str, ...]] = {
-    "reduce_scatter_v": (
-        "sizes_differ",
-        "sum_mismatch",
-        "dtype",
-        "ndim",
-        "trailing",
-        "requires_grad",
-        "absent",
-    ),
-    "all_to_all_v": (
-        "send_length",
-        "sum_mismatch",
-        "recv_lie",
-        "dtype",
-        "ndim",
-        "trailing",
-        "requires_grad",
-        "absent",
-    ),
-    "all_gather_list": ("dtype", "ndim", "shapes_lie", "contract", "requires_grad", "absent"),
-}
-"""What one odd rank does wrong, per collective."""
-
-_EXPECTED_ERROR = {
-    "sizes_differ": "SizesMismatchError",
-    "sum_mismatch": "SizesError",
-    "send_length": "SizesError",
-    "recv_lie": "SizesMismatchError",
-    "dtype": "DTypeMismatchError",
-    "ndim": "ShapeMismatchError",
-    "trailing": "ShapeMismatchError",
-    "shapes_lie": "SizesMismatchError",
-    "contract": "ArgumentMismatchError",
-    "requires_grad": "RequiresGradMismatchError",
-    "absent": "CollectiveTimeoutError",
-}
-
-
-@dataclass(frozen=True)
-class MisuseCase:
-    """One rank (``odd``) of ``world_size`` gets ``kind`` wrong in a ``collective`` call."""
-
-    collective: str
-    kind: str
-    world_size: int = 3
-    odd: int = 1
-    impl: str = "vargather"
-    emulate: str | None = None
-
-
-@st.composite
-def misuse_cases(
-    draw: Any, world_sizes: Sequence[int] = (2, 3), absent: bool = False
-) -> MisuseCase:
-    """``MisuseCase``s (``absent``: include a rank that never arrives, which costs a
-    timeout and a rebuilt world)."""
-    collective = draw(st.sampled_from(COLLECTIVES))
-    kinds = [k for k in MISUSE_KINDS[collective] if absent or k != "absent"]
-    world = draw(st.sampled_from(list(world_sizes)))
-    return MisuseCase(
-        collective, draw(st.sampled_from(kinds)), world, draw(st.integers(0, world - 1))
-    )
-
-
-def _misuse_call(case: MisuseCase, rank: int, timeout: float, wrong: bool) -> Any:
-    fn = function_of(case.impl, case.collective)
-    w, k = case.world_size, case.kind if wrong else ""
-    dtype = torch.int32 if k == "dtype" else torch.float32
-    grad = k == "requires_grad"  # the odd rank alone needs a gradient
-    trail: tuple[int, ...] = (3,) if k == "trailing" else (2,)
-    extra: tuple[int, ...] = (1,) if k == "ndim" else ()
-    if case.collective == "reduce_scatter_v":
-        sizes = [1] * w
-        if k == "sizes_differ":
-            sizes = [2] + [1] * (w - 2) + [0]
-        rows = w + (1 if k == "sum_mismatch" else 0)
-        x = torch.ones((rows, *trail, *extra), dtype=dtype, requires_grad=grad)
-        return fn(x, sizes, timeout=timeout)
-    if case.collective == "all_to_all_v":
-        send = [1] * w
-        recv = [1] * w
-        if k == "send_length":
-            send = [1] * (w + 1)
-        if k == "recv_lie":
-            recv = [2] + [1] * (w - 1)
-        rows = w + (1 if k in ("sum_mismatch", "send_length") else 0)
-        x = torch.ones((rows, *trail, *extra), dtype=dtype, requires_grad=grad)
-        return fn(x, send, recv_sizes=recv, timeout=timeout)
-    shape = (rank + 1, 2, *extra)
-    shapes: list[list[int]] | None = None
-    if k == "shapes_lie":  # a lie about a peer's shape (its own entry is checked locally)
-        shapes = [[r + 1, 2] for r in range(w)]
-        shapes[(rank + 1) % w] = [5, 5]
-    return fn(
-        torch.ones(shape, dtype=dtype, requires_grad=grad),
-        shapes=shapes,
-        grad="local" if k == "contract" else "sum",
-        timeout=timeout,
-    )
-
-
-def run_misuse(
-    ctx: RankContext, case: MisuseCase
-) -> tuple[tuple[str, str, tuple[int, ...]] | None, bool]:
-    """Rank side: the misused call (the odd rank's arguments wrong; absent: it does not
-    call), then, except after a timeout, one correct call. Returns the error raised
-    (class, message, blamed ranks) and whether the follow-up call worked."""
-    _emulation(case.emulate)
-    wrong = ctx.rank == case.odd
-    error = None
-    if not (wrong and case.kind == "absent"):
-        try:
-            _misuse_call(case, ctx.rank, 2.0 if case.kind == "absent" else 30.0, wrong)
-        except Exception as err:
-            error = (type(err).__name__, str(err), tuple(getattr(err, "ranks", ())))
-    if case.kind == "absent":
-        return error, True
-    try:
-        _misuse_call(case, ctx.rank, 30.0, False)
-        follow = True
-    except Exception:
-        follow = False
-    return error, follow
-
-
-def judge_misuse(case: MisuseCase, reports: Sequence[tuple[Any, bool]]) -> list[Failure]:
-    """Every rank the same error (class and message, naming the odd rank), the group
-    usable after; a rank that never arrives: the named timeout on every other rank."""
-    name, expected = case.collective, _EXPECTED_ERROR[case.kind]
-    failures: list[Failure] = []
-    callers = [r for r in range(case.world_size) if not (case.kind == "absent" and r == case.odd)]
-    errors = [reports[r][0] for r in callers]
-    missing = [r for r, e in zip(callers, errors, strict=True) if e is None]
-    if missing:
-        failures.append(
-            _failed(
-                name,
-                "misuse",
-                tuple(missing),
-                f"{case.kind}: expected {expected} on every rank, got no error on rank(s) {missing}",
-            )
-        )
-        return _sized(failures, case.world_size)
-    kinds = {e[0] for e in errors if e is not None}
-    if kinds != {expected}:
-        failures.append(
-            _failed(
-                name,
-                "misuse",
-                tuple(callers),
-                f"{case.kind}: expected {expected} on every rank, got {sorted(kinds)}",
-            )
-        )
-    if case.kind != "absent":
-        if len({e[1] for e in errors if e is not None}) != 1:
-            failures.append(
-                _failed(
-                    name,
-                    "misuse",
-                    tuple(callers),
-                    f"{case.kind}: expected the same message on every rank, got {[e[1] for e in errors if e]}",
-                )
-            )
-        if not all(case.odd in e[2] for e in errors if e is not None):
-            failures.append(
-                _failed(
-                    name,
-                    "misuse",
-                    (case.odd,),
-                    f"{case.kind}: expected the error to blame rank {case.odd}, got {[e[2] for e in errors if e]}",
-                )
-            )
-        broken = [r for r, (_, follow) in enumerate(reports) if not follow]
-        if broken:
-            failures.append(
-                _failed(
-                    name,
-                    "misuse",
-                    tuple(broken),
-                    f"{case.kind}: expected the group usable after, but the next call failed on rank(s) {broken}",
-                )
-            )
-    elif not all(case.odd in e[2] for e in errors if e is not None):
-        failures.append(
-            _failed(
-                name,
-                "misuse",
-                (case.odd,),
-                f"absent: expected the timeout to name rank {case.odd}, got {[e[2] for e in errors if e]}",
-            )
-        )
-    return _sized(failures, case.world_size)
-
-
-def check_misuse(pool: RankPool, case: MisuseCase) -> list[Failure]:
-    """The misuse property on ``pool``; after ``absent`` the world is rebuilt (a
-    timed-out group is out of step)."""
-    try:
-        return judge_misuse(case, pool.run(run_misuse, case))
-    finally:
-        if case.kind == "absent":
-            pool.restart()

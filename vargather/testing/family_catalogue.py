@@ -29,7 +29,7 @@ counts everywhere):
   payload slot, so the second-round transports run);
 * ``call-sequence``: calls of the collective in a row on one world, shapes, dtypes,
   sizes and ``validate`` changing between calls (state carried from call to call);
-* ``misuse``: one rank's arguments wrong (``family.MISUSE_KINDS`` but the absent rank,
+* ``misuse``: one rank's arguments wrong (``misuse.MISUSE_KINDS`` but the absent rank,
   which costs a timeout per case): every rank raises the same error class and message
   naming that rank, and the next call works.
 """
@@ -48,21 +48,18 @@ from .calls import parse_call
 from .cases import Implementation
 from .family import (
     FAMILY_NAMES,
-    MISUSE_KINDS,
     AllToAllCase,
     Case,
     GatherListCase,
-    MisuseCase,
     ReduceScatterCase,
     all_to_all_cases,
     gather_list_cases,
     judge_case,
-    judge_misuse,
     reduce_scatter_cases,
-    run_misuse,
     run_sequence,
 )
 from .judge import Failure
+from .misuse import MISUSE_KINDS, MisuseCase, judge_misuse, run_misuse
 from .options import CheckOptions, OptionError
 from .pool import PoolFailure, RankCrashed, RankError, RankPool
 from .properties import Property
@@ -557,9 +554,10 @@ def reproduction(cases: Sequence[Any], misuse: bool = False) -> str:
         body = f"[check_misuse(get_pool(c.world_size), c) for c in [{listed}]]"
     else:
         body = f"check_sequence(get_pool({cases[0].world_size}), [{listed}])"
+    module = "misuse" if misuse else "family"
     code = (
         "from vargather.testing import get_pool; "
-        f"from vargather.testing.family import {', '.join(names)}, "
+        f"from vargather.testing.{module} import {', '.join(names)}, "
         f"{'check_misuse' if misuse else 'check_sequence'}; print({body})"
     )
     where = f"on a gloo world of {cases[0].world_size} rank(s)"

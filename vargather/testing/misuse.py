@@ -1,8 +1,11 @@
-"""The kit's misuse catalogue: every collective's wrong calls and the error each must raise.
+"""The kit's one misuse catalogue: every collective's wrong calls and the error each must raise.
 
-Where it sits: in the testing kit, beside ``family`` (whose ``MisuseCase`` rows the
-family's ``misuse`` row draws) and beneath ``catalogues.all_gather_v`` (whose ``misuse``
-row draws ``CATALOGUE``); ``tests/test_misuse.py``, ``tests/test_faults.py`` and
+Where it sits: in the testing kit, above ``family`` (the family's case models and
+importer) and beneath the catalogues, whose ``misuse`` rows draw from here:
+``all_gather_v``'s from ``CATALOGUE`` (``GatherMisuseCase``, ``check_gather_misuse``),
+the family's from ``MISUSE_KINDS`` (``MisuseCase``, ``check_misuse``);
+``FAMILY_CATALOGUE`` states the family's misuses scenario by scenario for the suite.
+``tests/test_misuse.py``, ``tests/test_faults.py``, the per-collective tests and
 ``fuzz/fuzz_multirank.py`` import it as ``vargather.testing.misuse``.
 
 A ``Call`` says what one rank passes to ``vargather.all_gather_v``; a ``Scenario`` is one
@@ -28,12 +31,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import torch
+from hypothesis import strategies as st
 
 import vargather
 from vargather import oracle
 
 from .collectives import FAMILY as FAMILY_OF_THE_TABLE
+from .family import COLLECTIVES, emulation, failed, function_of, sized
 from .judge import Failure
+from .pool import RankContext, RankPool
 
 # --- descriptions of arguments --------------------------------------------------------
 
@@ -1333,17 +1339,27 @@ def family_misuse_by_name(name: str) -> FamilyMisuse:
 __all__ = [
     "CATALOGUE",
     "FAMILY_CATALOGUE",
+    "MISUSE_KINDS",
     "Call",
     "FamilyArgs",
     "FamilyMisuse",
     "FamilyScenario",
+    "GatherMisuseCase",
     "GatherOutput",
     "Misuse",
+    "MisuseCase",
     "Scenario",
     "SizesTensor",
     "TensorSpec",
+    "check_gather_misuse",
+    "check_misuse",
     "expected_of",
+    "judge_gather_misuse",
+    "judge_misuse",
+    "misuse_cases",
     "run_call",
+    "run_gather_misuse",
+    "run_misuse",
     "valid_scenario",
 ]
 
@@ -1440,3 +1456,210 @@ def judge_gather_misuse(
 def check_gather_misuse(pool: Any, case: GatherMisuseCase) -> list[Failure]:
     """The misuse property on ``pool`` (``case.world_size`` ranks)."""
     return judge_gather_misuse(case, pool.run(run_gather_misuse, case))
+
+
+# --- the family's misuse row: one rank's arguments wrong in a family call ------------------------------------------------------------------------------
+
+MISUSE_KINDS: dict[str, tuple[str, ...]] = {
+    "reduce_scatter_v": (
+        "sizes_differ",
+        "sum_mismatch",
+        "dtype",
+        "ndim",
+        "trailing",
+        "requires_grad",
+        "absent",
+    ),
+    "all_to_all_v": (
+        "send_length",
+        "sum_mismatch",
+        "recv_lie",
+        "dtype",
+        "ndim",
+        "trailing",
+        "requires_grad",
+        "absent",
+    ),
+    "all_gather_list": ("dtype", "ndim", "shapes_lie", "contract", "requires_grad", "absent"),
+}
+"""What one odd rank does wrong, per collective."""
+
+_EXPECTED_ERROR = {
+    "sizes_differ": "SizesMismatchError",
+    "sum_mismatch": "SizesError",
+    "send_length": "SizesError",
+    "recv_lie": "SizesMismatchError",
+    "dtype": "DTypeMismatchError",
+    "ndim": "ShapeMismatchError",
+    "trailing": "ShapeMismatchError",
+    "shapes_lie": "SizesMismatchError",
+    "contract": "ArgumentMismatchError",
+    "requires_grad": "RequiresGradMismatchError",
+    "absent": "CollectiveTimeoutError",
+}
+
+
+@dataclass(frozen=True)
+class MisuseCase:
+    """One rank (``odd``) of ``world_size`` gets ``kind`` wrong in a ``collective`` call."""
+
+    collective: str
+    kind: str
+    world_size: int = 3
+    odd: int = 1
+    impl: str = "vargather"
+    emulate: str | None = None
+
+
+@st.composite
+def misuse_cases(
+    draw: Any, world_sizes: Sequence[int] = (2, 3), absent: bool = False
+) -> MisuseCase:
+    """``MisuseCase``s (``absent``: include a rank that never arrives, which costs a
+    timeout and a rebuilt world)."""
+    collective = draw(st.sampled_from(COLLECTIVES))
+    kinds = [k for k in MISUSE_KINDS[collective] if absent or k != "absent"]
+    world = draw(st.sampled_from(list(world_sizes)))
+    return MisuseCase(
+        collective, draw(st.sampled_from(kinds)), world, draw(st.integers(0, world - 1))
+    )
+
+
+def _misuse_call(case: MisuseCase, rank: int, timeout: float, wrong: bool) -> Any:
+    fn = function_of(case.impl, case.collective)
+    w, k = case.world_size, case.kind if wrong else ""
+    dtype = torch.int32 if k == "dtype" else torch.float32
+    grad = k == "requires_grad"  # the odd rank alone needs a gradient
+    trail: tuple[int, ...] = (3,) if k == "trailing" else (2,)
+    extra: tuple[int, ...] = (1,) if k == "ndim" else ()
+    if case.collective == "reduce_scatter_v":
+        sizes = [1] * w
+        if k == "sizes_differ":
+            sizes = [2] + [1] * (w - 2) + [0]
+        rows = w + (1 if k == "sum_mismatch" else 0)
+        x = torch.ones((rows, *trail, *extra), dtype=dtype, requires_grad=grad)
+        return fn(x, sizes, timeout=timeout)
+    if case.collective == "all_to_all_v":
+        send = [1] * w
+        recv = [1] * w
+        if k == "send_length":
+            send = [1] * (w + 1)
+        if k == "recv_lie":
+            recv = [2] + [1] * (w - 1)
+        rows = w + (1 if k in ("sum_mismatch", "send_length") else 0)
+        x = torch.ones((rows, *trail, *extra), dtype=dtype, requires_grad=grad)
+        return fn(x, send, recv_sizes=recv, timeout=timeout)
+    shape = (rank + 1, 2, *extra)
+    shapes: list[list[int]] | None = None
+    if k == "shapes_lie":  # a lie about a peer's shape (its own entry is checked locally)
+        shapes = [[r + 1, 2] for r in range(w)]
+        shapes[(rank + 1) % w] = [5, 5]
+    return fn(
+        torch.ones(shape, dtype=dtype, requires_grad=grad),
+        shapes=shapes,
+        grad="local" if k == "contract" else "sum",
+        timeout=timeout,
+    )
+
+
+def run_misuse(
+    ctx: RankContext, case: MisuseCase
+) -> tuple[tuple[str, str, tuple[int, ...]] | None, bool]:
+    """Rank side: the misused call (the odd rank's arguments wrong; absent: it does not
+    call), then, except after a timeout, one correct call. Returns the error raised
+    (class, message, blamed ranks) and whether the follow-up call worked."""
+    emulation(case.emulate)
+    wrong = ctx.rank == case.odd
+    error = None
+    if not (wrong and case.kind == "absent"):
+        try:
+            _misuse_call(case, ctx.rank, 2.0 if case.kind == "absent" else 30.0, wrong)
+        except Exception as err:
+            error = (type(err).__name__, str(err), tuple(getattr(err, "ranks", ())))
+    if case.kind == "absent":
+        return error, True
+    try:
+        _misuse_call(case, ctx.rank, 30.0, False)
+        follow = True
+    except Exception:
+        follow = False
+    return error, follow
+
+
+def judge_misuse(case: MisuseCase, reports: Sequence[tuple[Any, bool]]) -> list[Failure]:
+    """Every rank the same error (class and message, naming the odd rank), the group
+    usable after; a rank that never arrives: the named timeout on every other rank."""
+    name, expected = case.collective, _EXPECTED_ERROR[case.kind]
+    failures: list[Failure] = []
+    callers = [r for r in range(case.world_size) if not (case.kind == "absent" and r == case.odd)]
+    errors = [reports[r][0] for r in callers]
+    missing = [r for r, e in zip(callers, errors, strict=True) if e is None]
+    if missing:
+        failures.append(
+            failed(
+                name,
+                "misuse",
+                tuple(missing),
+                f"{case.kind}: expected {expected} on every rank, got no error on rank(s) {missing}",
+            )
+        )
+        return sized(failures, case.world_size)
+    kinds = {e[0] for e in errors if e is not None}
+    if kinds != {expected}:
+        failures.append(
+            failed(
+                name,
+                "misuse",
+                tuple(callers),
+                f"{case.kind}: expected {expected} on every rank, got {sorted(kinds)}",
+            )
+        )
+    if case.kind != "absent":
+        if len({e[1] for e in errors if e is not None}) != 1:
+            failures.append(
+                failed(
+                    name,
+                    "misuse",
+                    tuple(callers),
+                    f"{case.kind}: expected the same message on every rank, got {[e[1] for e in errors if e]}",
+                )
+            )
+        if not all(case.odd in e[2] for e in errors if e is not None):
+            failures.append(
+                failed(
+                    name,
+                    "misuse",
+                    (case.odd,),
+                    f"{case.kind}: expected the error to blame rank {case.odd}, got {[e[2] for e in errors if e]}",
+                )
+            )
+        broken = [r for r, (_, follow) in enumerate(reports) if not follow]
+        if broken:
+            failures.append(
+                failed(
+                    name,
+                    "misuse",
+                    tuple(broken),
+                    f"{case.kind}: expected the group usable after, but the next call failed on rank(s) {broken}",
+                )
+            )
+    elif not all(case.odd in e[2] for e in errors if e is not None):
+        failures.append(
+            failed(
+                name,
+                "misuse",
+                (case.odd,),
+                f"absent: expected the timeout to name rank {case.odd}, got {[e[2] for e in errors if e]}",
+            )
+        )
+    return sized(failures, case.world_size)
+
+
+def check_misuse(pool: RankPool, case: MisuseCase) -> list[Failure]:
+    """The misuse property on ``pool``; after ``absent`` the world is rebuilt (a
+    timed-out group is out of step)."""
+    try:
+        return judge_misuse(case, pool.run(run_misuse, case))
+    finally:
+        if case.kind == "absent":
+            pool.restart()

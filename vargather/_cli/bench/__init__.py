@@ -15,7 +15,7 @@ large (1 MB to 64 MB, per size profile), forward
     the same total bytes, the practical limit every ratio is relative to;
     ``vargather:<transport>`` for ``auto`` and each transport gloo can run, and
     ``vargather:auto+sizes`` (sizes passed, ``validate=False``: no metadata exchange);
-    ``seed``: the seed ``distributed.py``'s algorithm, as ``vargather.testing.seed``
+    ``seed``: the seed ``distributed.py``'s algorithm, as ``vargather.testing.reference_seed``
     re-implements it (a size all_gather, pad to the max, list all_gather, ``cat``,
     mask, ``index_select``);
     ``all_gather_object``: pickle every shard to every rank, then ``cat``.
@@ -58,6 +58,12 @@ family (64 KiB, 1 MiB, 16 MiB; even and mild; rows of 64 float32), steady state
     ``all_to_all_single``, ``all_gather_v``) before it is timed; each ratio is taken per
     burst against its baseline in the same repeat and reported with its quartiles and
     range, with the collectives each call issues.
+
+mpi (4 KiB to 16 MiB, rows of 64 float32, mild by default), steady state, only when named
+    MPICH's ``Allgatherv`` and ``Alltoallv`` through mpi4py (the counts exchanged first,
+    and known) beside validated ``all_gather_v`` and ``all_to_all_v`` and gloo's own
+    collectives, in the same processes, launched by ``mpiexec`` instead of the pool:
+    ``_mpi`` has it all. Skipped with a note where mpi4py or ``mpiexec`` is missing.
 
 Timing, large cells: each repeat times every variant once, in a rotated order, each
 after a barrier; a variant's time is the slowest rank's. ``--repeats`` repeats from 1 GB
@@ -120,6 +126,7 @@ from ._config import (
     profile_shares,
     split_rows,
 )
+from ._mpi import MpiLaunchError, mpi_tables, mpi_wrong, run_mpi
 from ._plots import plot
 from ._ranks import _rank_cell, _rank_coalesced, _rank_family, _rank_peers, _rank_small
 from ._tables import _payload, evaluate_targets, markdown_report
@@ -312,6 +319,7 @@ def main(argv: Sequence[str]) -> int:
     coalesced: list[dict[str, Any]] = []
     peers: list[dict[str, Any]] = []
     family: list[dict[str, Any]] = []
+    mpi: list[dict[str, Any]] = []
     try:
         for w in cfg.ranks:
             world = _run_world(w, cfg, progress)
@@ -320,7 +328,11 @@ def main(argv: Sequence[str]) -> int:
             coalesced += world["coalesced"]
             peers += world["peers"]
             family += world["family"]
-    except BenchError as err:
+            if "mpi" in cfg.parts:  # after the pool's world is gone: mpiexec's own ranks
+                progress.phase(f"W={w} mpi: measuring")
+                mpi += run_mpi(cfg, w, progress.phase)
+                progress.advance(f"done: W={w} mpi")
+    except (BenchError, MpiLaunchError) as err:
         progress.close()
         print(f"vargather bench failed: {err}", file=sys.stderr)
         return 1
@@ -328,6 +340,8 @@ def main(argv: Sequence[str]) -> int:
         progress.close()
     targets = evaluate_targets(cells, small, coalesced, peers, family)
     report = markdown_report(cells, targets, small, coalesced, peers, family)
+    if mpi:
+        report = "\n\n".join([*mpi_tables(mpi), report.strip()]).strip() + "\n"
     _print_report(report)
     wrong = [
         f"{n} ({d}, W={c['world_size']}, {_payload(c)}, {c['profile']})"
@@ -343,6 +357,7 @@ def main(argv: Sequence[str]) -> int:
         for n, e in g["forward"].items()
         if not e["verified"]
     ]
+    wrong += mpi_wrong(mpi)
     document = {
         "schema": SCHEMA,
         "environment": {**_environment(), "load_average_at_start": load_at_start},
@@ -353,6 +368,7 @@ def main(argv: Sequence[str]) -> int:
         "coalesced": coalesced,
         "peers": peers,
         "family": family,
+        "mpi": mpi,
         "targets": targets,
         "all_verified": not wrong,
     }
@@ -364,7 +380,7 @@ def main(argv: Sequence[str]) -> int:
             f.write(report)
     if args.plot:
         try:
-            plot(cells, args.plot, small, coalesced, peers, family)
+            plot(cells, args.plot, small, coalesced, peers, family, mpi)
         except ImportError:
             print(
                 "vargather bench: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr

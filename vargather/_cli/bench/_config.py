@@ -27,9 +27,16 @@ PROFILES: Final = ("even", "mild", "heavy", "empty")
 
 
 PARTS: Final = ("large", "small", "coalesced", "peers", "family")
+OPTIONAL_PARTS: Final = ("mpi",)
+"""Parts run only when ``--parts`` names them (``mpi``: launched by ``mpiexec``, needs
+the ``mpi`` extra; ``_mpi`` has it)."""
 PEER_SIZES_KB: Final = (64.0, 256.0, 1024.0, 4096.0, 16384.0)
 PEER_COLUMNS: Final = 64
 """float32 columns of the peers part's rows (256-byte rows, as the issue's figures)."""
+
+
+MPI_SIZES_KB: Final = (4.0, 64.0, 1024.0, 16384.0)
+"""The mpi part's totals (KiB): all_gather's output, all_to_all's inputs together."""
 
 
 FAMILY_SIZES_KB: Final = (64.0, 1024.0, 16384.0)
@@ -142,6 +149,8 @@ class BenchConfig:
     calls: int = 20
     family_kb: tuple[float, ...] = FAMILY_SIZES_KB
     family_profiles: tuple[str, ...] = FAMILY_PROFILES
+    mpi_kb: tuple[float, ...] = MPI_SIZES_KB
+    mpi_profile: str = "mild"
 
 
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
@@ -174,7 +183,8 @@ def _parser() -> argparse.ArgumentParser:
         "--parts",
         type=_csv(str),
         default=None,
-        help=f"which parts to run (default {','.join(PARTS)})",
+        help=f"which parts to run (default {','.join(PARTS)}; also "
+        f"{','.join(OPTIONAL_PARTS)}: MPI beside gloo, needs mpi4py and mpich)",
     )
     p.add_argument(
         "--sizes",
@@ -227,13 +237,14 @@ def _parser() -> argparse.ArgumentParser:
         "--small-repeats",
         type=int,
         default=None,
-        help="small and coalesced parts: timed bursts per variant (default 31)",
+        help="small, coalesced, peers, family and mpi parts: timed bursts per variant (default 31)",
     )
     p.add_argument(
         "--calls",
         type=int,
         default=None,
-        help="small and coalesced parts: timed calls per burst (default 20)",
+        help="small, coalesced, peers, family and mpi parts: timed calls per burst "
+        "(default 20; the mpi part: fewer where a burst would move over 128 MiB)",
     )
     p.add_argument(
         "--family-sizes",
@@ -248,6 +259,18 @@ def _parser() -> argparse.ArgumentParser:
         type=_csv(str),
         default=None,
         help="family part: size profiles (default even,mild)",
+    )
+    p.add_argument(
+        "--mpi-sizes",
+        type=_csv(float),
+        default=None,
+        help="mpi part: totals in KiB (all_gather's output, all_to_all's inputs together) "
+        "(default 4,64,1024,16384)",
+    )
+    p.add_argument(
+        "--mpi-profile",
+        default=None,
+        help="mpi part: the size profile (default mild)",
     )
     p.add_argument(
         "--variants",
@@ -294,13 +317,18 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         calls=args.calls if args.calls is not None else (10 if quick else 20),
         family_kb=args.family_sizes or ((64.0,) if quick else FAMILY_SIZES_KB),
         family_profiles=args.family_profiles or FAMILY_PROFILES,
+        mpi_kb=args.mpi_sizes or ((4.0, 64.0) if quick else MPI_SIZES_KB),
+        mpi_profile=args.mpi_profile or "mild",
     )
     for w in cfg.ranks:
         if w < 2:
             raise ValueError(f"--ranks: every world size must be >= 2, got {w}")
-    unknown_parts = [p for p in cfg.parts if p not in PARTS]
+    unknown_parts = [p for p in cfg.parts if p not in (*PARTS, *OPTIONAL_PARTS)]
     if unknown_parts:
-        raise ValueError(f"--parts: unknown {unknown_parts}; expected some of {', '.join(PARTS)}")
+        raise ValueError(
+            f"--parts: unknown {unknown_parts}; expected some of "
+            f"{', '.join((*PARTS, *OPTIONAL_PARTS))}"
+        )
     for mb in cfg.sizes_mb:
         if not mb > 0:
             raise ValueError(f"--sizes: payloads must be > 0 MB, got {mb}")
@@ -308,11 +336,18 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         ("--small-sizes", cfg.small_kb),
         ("--peer-sizes", cfg.peer_kb),
         ("--family-sizes", cfg.family_kb),
+        ("--mpi-sizes", cfg.mpi_kb),
     ):
         for kb in totals:
             if not kb > 0:
                 raise ValueError(f"{option}: totals must be > 0 KiB, got {kb}")
-    for prof in (*cfg.profiles, cfg.small_profile, cfg.peer_profile, *cfg.family_profiles):
+    for prof in (
+        *cfg.profiles,
+        cfg.small_profile,
+        cfg.peer_profile,
+        *cfg.family_profiles,
+        cfg.mpi_profile,
+    ):
         profile_shares(prof, 2)  # raises on an unknown name
     if cfg.repeats < 1 or cfg.warmup < 0 or cfg.small_repeats < 1 or cfg.calls < 1:
         raise ValueError("--repeats, --small-repeats and --calls must be >= 1 and --warmup >= 0")
@@ -389,4 +424,5 @@ def cell_count(cfg: BenchConfig) -> int:
     small = len(cfg.small_kb) * (("small" in cfg.parts) + ("coalesced" in cfg.parts))
     peers = len(cfg.peer_kb) if "peers" in cfg.parts else 0
     family = len(cfg.family_kb) * len(cfg.family_profiles) if "family" in cfg.parts else 0
-    return len(cfg.ranks) * (small + peers + family + large * (2 if cfg.memory else 1))
+    mpi = 1 if "mpi" in cfg.parts else 0  # one mpiexec launch per world size
+    return len(cfg.ranks) * (small + peers + family + mpi + large * (2 if cfg.memory else 1))

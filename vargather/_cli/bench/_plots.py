@@ -24,11 +24,14 @@ def plot(
     coalesced: Sequence[dict[str, Any]] = (),
     peers: Sequence[dict[str, Any]] = (),
     family: Sequence[dict[str, Any]] = (),
+    mpi: Sequence[dict[str, Any]] = (),
 ) -> None:
     """One panel per (direction, world size) and profile: ratio to the limit vs payload;
     then per world size the small-payload sweep and the coalesced case vs total; then
     per world size one panel per family collective: its ratio to its baseline (median,
-    quartiles as error bars) vs total, sizes unknown and known, per profile."""
+    quartiles as error bars) vs total, sizes unknown and known, per profile; then per
+    world size the MPI part's two collectives, every variant's ratio to MPI's call with
+    the counts exchanged."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,8 +58,9 @@ def plot(
         *((d, w) for d in ("forward", "backward") for w in worlds),
         *(("small", w) for w in small_worlds),
         *(("family", w) for w in sorted({c["world_size"] for c in family})),
+        *(("mpi", w) for w in sorted({c["world_size"] for c in mpi if "collectives" in c})),
     ]
-    ncols = max(len(profiles), 3 if small_worlds or family else 1)
+    ncols = max(len(profiles), 3 if small_worlds or family else 2 if mpi else 1)
     fig, axes = plt.subplots(
         len(rows), ncols, figsize=(4.2 * ncols, 3.2 * len(rows)), squeeze=False
     )
@@ -102,6 +106,10 @@ def plot(
         last = i == len(rows) - 1 or rows[i + 1][0] != direction
         if direction == "family":
             _family_row(axes[i], [c for c in family if c["world_size"] == w], w, finish)
+            continue
+        if direction == "mpi":
+            sel = [c for c in mpi if c["world_size"] == w and "collectives" in c]
+            _mpi_row(axes[i], sel, w, finish)
             continue
         if direction == "small":
             panels = [
@@ -209,3 +217,43 @@ def _family_row(axes: Any, cells: Sequence[dict[str, Any]], w: int, finish: Any)
         ax.axhline(1.15, color="grey", linewidth=0.8, linestyle=":")
         ax.axhline(1.0, color="grey", linewidth=0.5)
         finish(ax, f"{op} / its baseline, W={w}", "total (KiB)", xs_all, j == 0, True)
+
+
+_MPI_ROLES = ("MPI, counts exchanged", "MPI, counts known", "vargather, validated", "gloo")
+"""The MPI part's variants by position (``_mpi.GATHER_NAMES``, ``_mpi.EXCHANGE_NAMES``):
+one legend entry for both collectives."""
+
+
+def _mpi_row(axes: Any, cells: Sequence[dict[str, Any]], w: int, finish: Any) -> None:
+    """One panel per collective of the MPI part: every variant's median ratio to MPI's
+    call with the counts exchanged, quartiles as error bars, vs total."""
+    ops = list(dict.fromkeys(op for c in cells for op in c["collectives"]))
+    styles = ("-", "--", "-", "--")
+    colors = ("tab:blue", "tab:cyan", "tab:red", "tab:green")
+    for j, op in enumerate(ops[: len(axes)]):
+        ax = axes[j]
+        ax.set_visible(True)
+        sel = sorted((c for c in cells if op in c["collectives"]), key=_kb)
+        xs = [_kb(c) for c in sel]
+        names = list(sel[0]["collectives"][op]["forward"])
+        for k, name in enumerate(names):
+            r = [c["collectives"][op]["ratios"][name] for c in sel]
+            ys = [e["median"] for e in r]
+            err = [
+                [y - e["q1"] for y, e in zip(ys, r, strict=True)],
+                [e["q3"] - y for y, e in zip(ys, r, strict=True)],
+            ]
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=err,
+                fmt=styles[k % len(styles)],
+                marker="o",
+                markersize=3,
+                capsize=2,
+                linewidth=2.5 if name.startswith("vargather") else 1.2,
+                color=colors[k % len(colors)],
+                label=f"mpi part: {_MPI_ROLES[k % len(_MPI_ROLES)]}",
+            )
+        ax.axhline(1.0, color="grey", linewidth=0.5)
+        finish(ax, f"{op} / MPI (counts exchanged), W={w}", "total (KiB)", xs, j == 0, True)

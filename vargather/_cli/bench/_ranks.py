@@ -118,7 +118,7 @@ def _rank_small(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, A
     import vargather
     from vargather import Layout
     from vargather.internal import auto_transport_name
-    from vargather.testing.seed import all_gather_variable_dim
+    from vargather.testing.reference_seed import all_gather_variable_dim
 
     torch.set_num_threads(1)
     cfg, kb = job

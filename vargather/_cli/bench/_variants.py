@@ -168,7 +168,7 @@ def _forward_variants(cell: _Cell) -> list[_Variant]:
     import torch.distributed as dist
 
     import vargather
-    from vargather.testing.seed import all_gather_variable_dim
+    from vargather.testing.reference_seed import all_gather_variable_dim
 
     x = _shard(cell.rank, cell.rows)
     eq_x = _shard(cell.rank, cell.eq_rows)
@@ -334,11 +334,11 @@ def peer_gathers() -> dict[str, Callable[[torch.Tensor], torch.Tensor] | str]:
     shape, runs first in every call, then the gather and a ``cat`` of its list.
     ``torchmetrics``: ``torchmetrics.utilities.distributed.gather_all_tensors`` (a
     barrier, a shape all_gather, a padded list all_gather, trimming) and a ``cat``.
-    ``seed``: the seed's algorithm (``vargather.testing.seed``).
+    ``seed``: the seed's algorithm (``vargather.testing.reference_seed``).
     """
     import torch
 
-    from vargather.testing.seed import all_gather_variable_dim
+    from vargather.testing.reference_seed import all_gather_variable_dim
 
     found: dict[str, Callable[[torch.Tensor], torch.Tensor] | str] = {}
     try:
