@@ -312,3 +312,16 @@ def test_a_refusal_reads_the_same_whether_the_peers_wait_was_seen() -> None:
     assert not raced([refusal])
     assert settle([timeouts]) == [timeouts]  # nobody refused: the waiting is the failure
     assert not raced([timeouts, hang])
+
+
+def test_list_with_a_target_prints_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_cli.main(["--target", "dtensor", "--list"]) == EXIT_OK
+    assert capsys.readouterr().out.split() == [
+        "forward-1d",
+        "mesh-2d",
+        "flattened",
+        "empty-shards",
+        "gradient",
+    ]
+    assert check_cli.main(["--target", "nn-all-to-all", "--list"]) == EXIT_OK
+    assert "forward-float" in capsys.readouterr().out.split()
