@@ -131,6 +131,7 @@ _SAMPLES: dict[str, str] = {
     "dims": "0,-1",
     "max-payload": "512KiB",
     "only": "forward-float,dims",
+    "target": "dtensor",  # its declared --grad local is the base's; it takes no --impl
 }
 
 
@@ -182,6 +183,8 @@ def test_every_schema_option_is_set_alike_by_flag_config_and_plugin(tmp_path: Pa
         if option.name == "world-sizes":
             expected = tuple(sorted(set(expected)))  # type: ignore[call-overload]  # a tuple of ints
         extra = {k: v for k, v in base.items() if k != option.name}
+        if option.name == "target":  # a target names its implementation itself
+            extra.pop("impl")
         if option.name == "call":
             extra["convention"] = "auto"
         if option.name in ("convention", "transports"):
@@ -202,7 +205,8 @@ def test_every_schema_option_is_set_alike_by_flag_config_and_plugin(tmp_path: Pa
             lines.append(f"{option.name} = {_toml(option, text)}")
             config.write_text("[tool.vargather.check]\n" + "\n".join(lines) + "\n")
             got["config"] = getattr(parse_args(["--config", str(config)]), option.field)
-            via_plugin = configure({"impl": base["impl"], "config": str(config)})
+            impl = {} if option.name == "target" else {"impl": base["impl"]}
+            via_plugin = configure({**impl, "config": str(config)})
             got["plugin config"] = getattr(via_plugin, option.field)
         if schema.PLUGIN in option.surfaces:
             values: dict[str, object] = {**extra, "no-config": True}

@@ -290,7 +290,7 @@ def test_a_refusal_reads_the_same_whether_the_peers_wait_was_seen() -> None:
     connections, a hang of the pool, or not at all, the settled failure is the refusal
     alone; every form of waiting counts as waiting (so shrinking stops alike)."""
     from vargather.testing.judge import Failure
-    from vargather.testing.races import is_wait, raced, settle
+    from vargather.testing.races import PEERS_WAITED, is_wait, raced, settle
 
     refusal = Failure("call", "error", "raised RuntimeError: Invalid scalar type", (0,), 4)
     timeouts = Failure(
@@ -300,12 +300,28 @@ def test_a_refusal_reads_the_same_whether_the_peers_wait_was_seen() -> None:
         "call", "error", "raised RuntimeError: Connection closed by peer [127.0.0.1]:1", (1,), 4
     )
     hang = Failure("call", "hang", "the 4-rank world failed running this case: RankHung")
-    alone = settle([refusal])
-    assert settle([refusal, timeouts]) == settle([timeouts, refusal]) == alone == [refusal]
-    assert settle([hang, refusal]) == settle([refusal, closed]) == alone
+    assert settle([refusal]) == [refusal]  # nobody waited: nothing to settle
+    settled = settle([refusal, timeouts])
+    assert settle([timeouts, refusal]) == settle([hang, refusal]) == settled
+    assert settle([refusal, closed]) == settle(settled) == settled
+    assert settled[0] == refusal
+    assert [f.message for f in settled[1:]] == [PEERS_WAITED]  # the same every time
     assert all(is_wait(f) for f in (timeouts, closed, hang))
     assert not is_wait(refusal)
     assert raced([refusal, timeouts])
     assert not raced([refusal])
     assert settle([timeouts]) == [timeouts]  # nobody refused: the waiting is the failure
     assert not raced([timeouts, hang])
+
+
+def test_list_with_a_target_prints_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_cli.main(["--target", "dtensor", "--list"]) == EXIT_OK
+    assert capsys.readouterr().out.split() == [
+        "forward-1d",
+        "mesh-2d",
+        "flattened",
+        "empty-shards",
+        "gradient",
+    ]
+    assert check_cli.main(["--target", "nn-all-to-all", "--list"]) == EXIT_OK
+    assert "forward-float" in capsys.readouterr().out.split()

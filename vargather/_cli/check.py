@@ -187,7 +187,16 @@ def main(argv: Sequence[str]) -> int:
         if op not in _options.OPS:
             print(f"vargather check: error: --op: invalid choice: {op!r}", file=sys.stderr)
             return EXIT_USAGE
-        for prop_id in _options.ids_of(op):
+        ids = _options.ids_of(op)
+        if "--target" in args[:-1]:  # a built-in target's rows (the dtensor target's own)
+            from vargather.testing import targets
+
+            name = args[args.index("--target") + 1]
+            if name not in {t.name for t in targets.TARGETS}:
+                print(f"vargather check: error: --target: unknown {name!r}", file=sys.stderr)
+                return EXIT_USAGE
+            ids = targets.target_ids(targets.by_name(name))
+        for prop_id in ids:
             print(prop_id)
         return EXIT_OK
     try:

@@ -8,9 +8,9 @@ depends on timing: their own timeout errors, a pool that stopped waiting (a hang
 or nothing yet. Which is seen first must not decide the report (issue 34: the same
 seed gave a 4-rank timeout in one run and a 1-rank refusal in the other), so:
 
-* ``settle`` keeps a failing case's real errors and drops the peers' waiting (a
-  timeout, a lost connection, a hang) whenever some rank raised a real error: the
-  reported failure is the refusal, with the same message every run;
+* ``settle`` keeps a failing case's real errors and replaces the peers' waiting (a
+  timeout, a lost connection, a hang) by one fixed note whenever some rank raised a
+  real error: the reported failure is the refusal, with the same message every run;
 * ``is_wait`` says what counts as waiting; ``evaluate`` stops shrinking at a failure
   where any peer waited (each further attempt would wait again), whichever form the
   waiting took: before, only gloo's "Timed out" or a hang stopped it, so a peer that
@@ -27,7 +27,7 @@ from typing import Final
 
 from .judge import Failure
 
-__all__ = ["WAIT_MARKS", "is_wait", "raced", "settle"]
+__all__ = ["PEERS_WAITED", "WAIT_MARKS", "is_wait", "raced", "settle"]
 
 WAIT_MARKS: Final = (
     "Timed out",
@@ -56,12 +56,21 @@ def _real(failure: Failure) -> bool:
     return failure.kind == "error" and not is_wait(failure)
 
 
+PEERS_WAITED: Final = (
+    "its peers waited for it in the collective until they timed out (or the pool stopped "
+    "waiting for them)"
+)
+"""What a settled failure says of the peers' waiting, whichever form it took."""
+
+
 def settle(failures: Sequence[Failure]) -> list[Failure]:
-    """``failures`` without the peers' waiting when some rank raised a real error (the
-    order of the rest kept); unchanged otherwise."""
-    if not any(_real(f) for f in failures):
+    """``failures`` with the peers' waiting, when some rank raised a real error, as one
+    fixed note after the real errors (the order of those kept); unchanged otherwise."""
+    if not raced(failures):
         return list(failures)
-    return [f for f in failures if not is_wait(f)]
+    real = [f for f in failures if not is_wait(f)]
+    note = Failure(real[0].aspect, "error", PEERS_WAITED, call=real[0].call)
+    return [*real, note]
 
 
 def raced(failures: Sequence[Failure]) -> bool:
