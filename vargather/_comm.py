@@ -51,6 +51,7 @@ __all__ = [
     "reduce_scatter_equal",
     "reduce_scatter_uneven",
     "resolve_group",
+    "send_receive",
     "swap_issued_counter",
     "translate_collective_errors",
 ]
@@ -322,8 +323,8 @@ def broadcast_from_each(
 
 
 P2P_TAG: Final = 0x5647  # "VG": vargather's sends never match a caller's untagged recv
-"""The tag of ``exchange_with_each``'s sends and receives (gloo keys a point-to-point
-message by peer and tag, apart from its collectives' slots)."""
+"""The tag of ``send_receive``'s first message to a peer (message ``i``: ``P2P_TAG + i``;
+gloo keys a point-to-point message by peer and tag, apart from its collectives' slots)."""
 
 
 def exchange_with_each(
@@ -333,17 +334,35 @@ def exchange_with_each(
     what: str | None = None,
 ) -> None:
     """Block ``i`` of every rank receives block ``i`` of rank ``i``, for every ``i``:
-    what ``broadcast_from_each`` does, by direct sends.
+    what ``broadcast_from_each`` does, by direct sends (``send_receive`` with this
+    rank's block to every peer and each peer's block received in place: 2 (W - 1)
+    operations). Every block must be a contiguous receive buffer of the same size on
+    every rank."""
+    own = (blocks[info.rank],)
+    send_receive([own] * len(blocks), [(b,) for b in blocks], info, what=what)
 
-    Rank r sends its own block to each peer and receives each peer's block straight
-    into that block: 2 (W - 1) point-to-point operations, all posted before any is
-    awaited, one batch (``dist.batch_isend_irecv``: gloo runs them on its transport's
-    event loop, concurrently, without its collective worker threads; NCCL groups them
-    into one launch). Every byte crosses one link once, never forwarded through a
-    third rank. Sends start at the next rank up, so no rank is every rank's first
-    destination. Empty blocks are skipped by every rank alike (every rank knows every
-    size). Every block must be a contiguous receive buffer of the same size on every
-    rank: a size mismatch is not survivable on gloo.
+
+def send_receive(
+    outgoing: Sequence[Sequence[torch.Tensor]],
+    incoming: Sequence[Sequence[torch.Tensor]],
+    info: GroupInfo,
+    *,
+    what: str | None = None,
+) -> None:
+    """Direct sends: message ``i`` of ``outgoing[q]`` goes to rank ``q`` and lands in
+    message ``i`` of rank ``q``'s ``incoming[rank]``, for every peer ``q`` (the entries
+    at this rank's own index are ignored).
+
+    Every operation is posted before any is awaited, one batch
+    (``dist.batch_isend_irecv``: gloo runs them on its transport's event loop,
+    concurrently, without its collective worker threads; NCCL groups them into one
+    launch). Every byte crosses one link once, never forwarded through a third rank.
+    Message ``i`` travels under tag ``P2P_TAG + i``, so a payload and a header to the
+    same peer never match each other's receive. Peers are taken from the next rank up,
+    so no rank is every rank's first destination. Empty messages are skipped by both
+    sides alike: every size must be known to both sides (the same on the sender and
+    the receiver: a size mismatch is not survivable on gloo), and every received
+    message must be a contiguous buffer.
 
     On gloo the waits take the call's timeout (``info.timeout``), else the group's,
     explicitly: its point-to-point waits follow neither ``ProcessGroup.set_timeout``
@@ -353,27 +372,31 @@ def exchange_with_each(
     """
     w, rank = info.world_size, info.rank
     ops: list[dist.P2POp] = []
-    for k in range(1, w):  # receives first, from the next rank up
-        q = (rank + k) % w
-        if blocks[q].numel() > 0:
-            ops.append(
-                dist.P2POp(
-                    dist.irecv,
-                    movable(blocks[q], rows=False),
-                    group=info.group,
-                    tag=P2P_TAG,
-                    group_peer=q,
+    peers = [(rank + k) % w for k in range(1, w)]
+    for q in peers:  # receives first
+        for i, t in enumerate(incoming[q]):
+            if t.numel() > 0:
+                ops.append(
+                    dist.P2POp(
+                        dist.irecv,
+                        movable(t, rows=False),
+                        group=info.group,
+                        tag=P2P_TAG + i,
+                        group_peer=q,
+                    )
                 )
-            )
-    own = blocks[rank]
-    if own.numel() > 0:
-        sent = movable(own, rows=False)
-        for k in range(1, w):
-            ops.append(
-                dist.P2POp(
-                    dist.isend, sent, group=info.group, tag=P2P_TAG, group_peer=(rank + k) % w
+    for q in peers:
+        for i, t in enumerate(outgoing[q]):
+            if t.numel() > 0:
+                ops.append(
+                    dist.P2POp(
+                        dist.isend,
+                        movable(t, rows=False),
+                        group=info.group,
+                        tag=P2P_TAG + i,
+                        group_peer=q,
+                    )
                 )
-            )
     if not ops:
         return
     with translate_collective_errors(what or f"send/recv x{len(ops)}", info):

@@ -79,7 +79,7 @@ import torch.distributed as dist
 
 from ._args import CallRecord, CheckedCall
 from ._collectives import COLLECTIVES, CollectiveName, name_of_code
-from ._comm import GroupInfo, all_gather_equal, exchange_with_each
+from ._comm import GroupInfo, all_gather_equal, exchange_with_each, send_receive
 from ._errors import ArgumentMismatchError, ProtocolMismatchError, VarGatherError
 from ._exchange import _disagreement, exchange_records, plan_layout, validate_records
 from ._group import process_group
@@ -246,7 +246,7 @@ def exchange(
         try:
             rnd.fill((records, k, flags), own, nbytes)
             recv = rnd.receive(k == 1 and _adjacent(records[0]), pg)
-            all_gather_equal(recv, rnd.send, info, what="all_gather (metadata exchange)")
+            _gather_blocks(recv, rnd.send, info)
             found = _decide(kind, state, calls, rnd.rows(recv), info, pg, rnd.cutter(recv), room)
             if recv is not rnd.recv:
                 hand_back(pg, "gather", recv)
@@ -265,7 +265,7 @@ def exchange(
         filled = nbytes
     send[head + filled :].zero_()  # no stale memory to the peers
     gathered = torch.empty(w * block, dtype=torch.uint8, device=device)
-    all_gather_equal(gathered, send, info, what="all_gather (metadata exchange)")
+    _gather_blocks(gathered, send, info)
     grid = gathered.view(w, block)
     rows = read_headers(gathered, [r * block for r in range(w)], slots)
 
@@ -273,6 +273,24 @@ def exchange(
         return unpack([grid[r, head : head + needs[r]] for r in range(w)], layouts)
 
     return _decide(kind, state, calls, rows, info, pg, cut, room)
+
+
+def _gather_blocks(recv: torch.Tensor, send: torch.Tensor, info: GroupInfo) -> None:
+    """The gather round's transport: every rank's equal ``send`` block into row r of
+    ``recv`` (``W`` blocks). On gloo by direct sends (``exchange_with_each``: this
+    rank's block copied into its own row, then sent from there to every peer, each
+    peer's received in place), which move the bytes faster than gloo's ring all_gather
+    at every size measured (``docs/performance.md``); one equal all_gather elsewhere
+    (NCCL's all_gather is one kernel)."""
+    if info.backend != "gloo":
+        all_gather_equal(recv, send, info, what="all_gather (metadata exchange)")
+        return
+    block = send.numel()
+    rows = [recv[r * block : (r + 1) * block] for r in range(info.world_size)]
+    rows[info.rank].copy_(send)
+    exchange_with_each(
+        rows, info, what=f"send/recv x{2 * (info.world_size - 1)} (metadata exchange)"
+    )
 
 
 def _wide_round(
@@ -286,18 +304,19 @@ def _wide_round(
     pg: dist.ProcessGroup | None,
     wide: tuple[int, ...],
 ) -> Exchanged:
-    """The wide round (module doc): every rank sends its region of one rank-major
-    buffer, its payload slot (``wide[r]`` bytes) followed by its headers, to each peer
-    and receives theirs in place; all 2 (W - 1) operations in flight at once, one
-    batch. The headers are read where they landed, then the payload regions are
-    closed up in place (``region_cutter``)."""
+    """The wide round (module doc): every rank's payload slot (``wide[r]`` bytes) is
+    region r of one rank-major buffer, its headers a message of their own; each rank
+    sends both to every peer and receives theirs in place, all 4 (W - 1) operations in
+    flight at once, one batch (``send_receive``). The headers are read where they
+    landed; when every slot is its rank's exact need the buffer is the result as it
+    lies, else the payload regions are closed up in place (``region_cutter``)."""
     w, rank = info.world_size, info.rank
     records, k, flags = header_key
     head = state.slots * HEADER_BYTES
     device = info.default_device()
-    starts = [0] * (w + 1)  # region r: [starts[r], starts[r] + wide[r]) payload, then headers
+    starts = [0] * (w + 1)  # region r: [starts[r], starts[r + 1]), rank r's payload slot
     for r in range(w):
-        starts[r + 1] = starts[r] + wide[r] + head
+        starts[r + 1] = starts[r] + wide[r]
     buf = handed_back_buffer(pg, "wide", starts[w], device)
     mine = starts[rank]
     if own:
@@ -311,22 +330,26 @@ def _wide_round(
                 region.copy_(bytes_of(t))
             at += n
     filled = nbytes if own else 0
-    buf[mine + filled : mine + wide[rank]].zero_()  # no stale memory to the peers
-    ours = mine + wide[rank]
-    buf[ours : ours + head].copy_(header_bytes(state.slots, records, k, flags).to(device))
-    exchange_with_each(
-        [buf[starts[r] : starts[r + 1]] for r in range(w)],
+    buf[mine + filled : starts[rank + 1]].zero_()  # no stale memory to the peers
+    heads = torch.empty(w * head, dtype=torch.uint8, device=device)
+    heads[rank * head : (rank + 1) * head].copy_(
+        header_bytes(state.slots, records, k, flags).to(device)
+    )
+    regions = [(buf[starts[r] : starts[r + 1]], heads[r * head : (r + 1) * head]) for r in range(w)]
+    send_receive(
+        [regions[rank]] * w,
+        regions,
         info,
-        what=f"send/recv x{2 * (w - 1)} (metadata exchange)",
+        what=f"send/recv x{4 * (w - 1)} (metadata exchange)",
     )
     found = _decide(
         kind,
         state,
         calls,
-        read_headers(buf, [starts[r] + wide[r] for r in range(w)], state.slots),
+        read_headers(heads, [r * head for r in range(w)], state.slots),
         info,
         pg,
-        region_cutter(buf, starts),
+        region_cutter(buf, starts[:w]),
         wide,
     )
     hand_back(pg, "wide", buf)
