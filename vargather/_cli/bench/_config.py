@@ -390,8 +390,16 @@ CHANGING_VARIANT: Final = "vargather:auto~changing"
 FORCED_VARIANT: Final = "vargather:forced"
 
 
+FLOOR_VARIANT: Final = "sends"
+"""The small part's floor: every rank's block sent straight to every peer and received
+in place, sizes known, nothing validated (one ``batch_isend_irecv`` of 2 (W - 1)
+operations): gloo's fastest way to move a gather's bytes. Every small ratio is shown
+against it, beside the ratio to one equal all_gather (``limit``)."""
+
+
 SMALL_NAMES: Final = (
     "limit",
+    FLOOR_VARIANT,
     "vargather:auto",
     CHANGING_VARIANT,
     KNOWN_SIZES_VARIANT,

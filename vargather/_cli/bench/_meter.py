@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     _State: TypeAlias = tuple[torch.Tensor, torch.Tensor] | None
     """A variant's untimed state: the backward's ``(x, out)``, nothing for the others."""
-from ._config import BenchConfig
+from ._config import FLOOR_VARIANT, BenchConfig
 from ._variants import _Burst, _Variant
 
 # --- memory --------------------------------------------------------------------------------------
@@ -143,8 +143,11 @@ def spread(values: Sequence[float]) -> dict[str, Any]:
 
 
 def _summarize(results: dict[str, dict[str, Any]]) -> None:
-    """Ratios to the limit repeat by repeat, their median and quartiles, median ms."""
+    """Ratios to the limit repeat by repeat, their median and quartiles, median ms; the
+    same against the floor (``floor_*``: ``FLOOR_VARIANT``, the direct sends) where the
+    part measured it."""
     limit_times = results["limit"]["times_s"]
+    floor = results.get(FLOOR_VARIANT)
     for entry in results.values():
         ratios = [t / lim for t, lim in zip(entry["times_s"], limit_times, strict=True)]
         entry["ratios"] = ratios
@@ -154,6 +157,13 @@ def _summarize(results: dict[str, dict[str, Any]]) -> None:
             entry["quartile_ratios"] = [q1, q3]
         entry["range_ratios"] = [min(ratios), max(ratios)]
         entry["median_ms"] = statistics.median(entry["times_s"]) * 1e3
+        if floor is not None:
+            below = [t / f for t, f in zip(entry["times_s"], floor["times_s"], strict=True)]
+            entry["floor_ratios"] = below
+            entry["floor_median_ratio"] = statistics.median(below)
+            if len(below) >= 2:
+                q1, _, q3 = statistics.quantiles(below, n=4, method="inclusive")
+                entry["floor_quartile_ratios"] = [q1, q3]
         if entry.get("cpu_s"):
             entry["median_cpu_ms"] = statistics.median(entry["cpu_s"]) * 1e3
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 from ._config import (
     CHANGING_VARIANT,
     FAMILY_COLUMNS,
+    FLOOR_VARIANT,
     FORCED_VARIANT,
     KNOWN_SIZES_VARIANT,
     PEER_COLUMNS,
@@ -151,11 +152,29 @@ def _rank_small(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, A
         gather_single(out, eq_x)
         return out
 
+    offsets = [sum(sizes[:r]) for r in range(w)]
+    peers = [(rank + k) % w for k in range(1, w)]
+
+    def floor(_: int) -> torch.Tensor:
+        out = x.new_empty((total,))
+        ops = [
+            dist.P2POp(dist.irecv, out[offsets[q] : offsets[q] + sizes[q]], peer=q)
+            for q in peers
+            if sizes[q]
+        ]
+        if sizes[rank]:
+            ops += [dist.P2POp(dist.isend, x, peer=q) for q in peers]
+        out[offsets[rank] : offsets[rank] + sizes[rank]].copy_(x)
+        for work in dist.batch_isend_irecv(ops) if ops else ():
+            work.wait()
+        return out
+
     def same(expected: torch.Tensor) -> Callable[[int, Any], bool]:
         return lambda _, out: _same(out, expected)
 
     variants = [
         _Burst("limit", limit, same(eq_want)),
+        _Burst(FLOOR_VARIANT, floor, same(want)),
         _Burst("vargather:auto", own_state(lambda _: vargather.all_gather_v(x)), same(want)),
         _Burst(
             CHANGING_VARIANT,

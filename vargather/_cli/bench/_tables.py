@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from ._config import CHANGING_VARIANT, COALESCED_DIM
+from ._config import CHANGING_VARIANT, COALESCED_DIM, FLOOR_VARIANT
 from ._variants import coalesced_row_bytes
 
 # --- reporting -------------------------------------------------------------------------------------
@@ -23,6 +23,16 @@ def _fmt_ratio(entry: dict[str, Any] | None) -> str:
     q = entry.get("quartile_ratios")
     spread = f" ({q[0]:.2f}-{q[1]:.2f})" if q else ""
     return f"{entry['median_ratio']:.2f}x{spread}{mark}"
+
+
+def _fmt_floor_ratio(entry: dict[str, Any] | None) -> str:
+    """``_fmt_ratio`` of the ratios to the floor (``FLOOR_VARIANT``)."""
+    if entry is None or "floor_median_ratio" not in entry:
+        return "—"
+    mark = "" if entry["verified"] else " WRONG"
+    q = entry.get("floor_quartile_ratios")
+    spread = f" ({q[0]:.2f}-{q[1]:.2f})" if q else ""
+    return f"{entry['floor_median_ratio']:.2f}x{spread}{mark}"
 
 
 def _fmt_spread(s: dict[str, Any] | None) -> str:
@@ -89,23 +99,32 @@ def _small_tables(
 ) -> list[str]:
     parts: list[str] = []
     if small:
-        cols = _columns(small, "forward")
-        head = ["W", "KiB", "sizes", "limit µs/call", *(_short(n) for n in cols)]
+        floored = all(FLOOR_VARIANT in c["forward"] for c in small)
+        cols = [n for n in _columns(small, "forward") if not (floored and n == FLOOR_VARIANT)]
+        base = FLOOR_VARIANT if floored else "limit"
+        head = ["W", "KiB", "sizes", f"{base} µs/call", *(_short(n) for n in cols)]
+        fmt = _fmt_floor_ratio if floored else _fmt_ratio
         rows = [
             [
                 str(c["world_size"]),
                 f"{c['payload_kb']:g}",
                 "/".join(str(n) for n in c["sizes"]),
-                _limit_us(c),
-                *(_fmt_ratio(c["forward"].get(n)) for n in cols),
+                f"{c['forward'][base]['median_ms'] * 1e3:.0f}",
+                *(fmt(c["forward"].get(n)) for n in cols),
             ]
             for c in small
         ]
         c0 = small[0]
+        against = (
+            "the direct sends of the same bytes with sizes known (`sends`: gloo's fastest "
+            "way to move them; `limit`: one equal-size all_gather of the same bytes)"
+            if floored
+            else "one equal-size all_gather of the same bytes"
+        )
         parts.append(
             "**small payloads**, forward in steady state: median over "
             f"{len(c0['forward']['limit']['times_s'])} bursts of {c0['calls_per_burst']} "
-            "calls of the per-burst ratio to one equal-size all_gather of the same bytes "
+            f"calls of the per-burst ratio to {against} "
             "(float32 elements; `auto`: validated, fixed sizes; `auto~changing`: validated, "
             "sizes changing every call by about 5% of a share; `auto+sizes`: "
             "`validate=False`; `forced`: validated, the payload's transport forced, so "
@@ -429,7 +448,18 @@ def evaluate_targets(
             continue
         for name, bound in (("vargather:auto", 1.15), (CHANGING_VARIANT, 1.15)):
             entry = c["forward"].get(name)
-            if entry is not None:
+            if entry is None:
+                continue
+            if "floor_median_ratio" in entry:  # against the direct sends
+                add(
+                    c,
+                    f"small {_short(name)} / {FLOOR_VARIANT}",
+                    entry["floor_median_ratio"],
+                    "<=",
+                    bound,
+                    entry.get("floor_quartile_ratios"),
+                )
+            else:
                 add(
                     c,
                     f"small {_short(name)} / limit",
