@@ -11,7 +11,13 @@ import torch
 
 from tests import _family_fns as fns
 from vargather import oracle
-from vargather._round_state import FAMILY_FUSED_MAX, FAMILY_STRETCH_MAX, FusedState, advance_blocks
+from vargather._round_state import (
+    FAMILY_FUSED_MAX,
+    FAMILY_STRETCH_MAX,
+    FusedState,
+    advance_blocks,
+    wide_blocks,
+)
 from vargather.testing import get_pool
 from vargather.testing.asserts import assert_bitwise_equal
 
@@ -30,17 +36,17 @@ CASES: tuple[fns.FusedCase, ...] = (
     (RS, "bool", 16, 1, True, ((2, 0, 3),)),
     (RS, "int16", 16, 0, False, ((2, 0, 3),)),
     (RS, "float64", 16, 0, False, ((0, 0, 0),)),  # every block empty
-    (A2A, "float32", 512, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # 80 KiB block
-    (A2A, "float32", 512, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),
-    (A2A, "float32", 16, 0, False, SEND),  # small again: one round
+    (A2A, "float32", 512, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # 80 KiB: wide
+    (A2A, "float32", 512, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # its exact slots
+    (A2A, "float32", 16, 0, False, SEND),  # small: rides the wide round, then back
     (RS, "float32", 256, 0, False, ((50, 20, 0),)),  # a 50 KiB block: grows the slot
     (RS, "float64", 128, 1, False, ((50, 20, 0),)),
-    (RS, "float32", 256, 0, False, ((70, 0, 10),)),  # a 70 KiB block: above the bound
-    (A2A, "float32", 512, 0, False, ((40,) * 3,) * 3),  # 80 KiB blocks, even: no waste
+    (RS, "float32", 256, 0, False, ((70, 0, 10),)),  # a 70 KiB block: wide again
+    (A2A, "float32", 512, 0, False, ((40,) * 3,) * 3),  # 80 KiB blocks: a miss, slots grow
     (A2A, "float32", 512, 0, False, ((40,) * 3,) * 3),  # ... so they ride
-    (A2A, "float32", 16, 0, False, SEND),  # small in the large slot: one round
+    (A2A, "float32", 16, 0, False, SEND),  # small in the large slots: one round
 )
-ISSUED = [2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 1, 2, 1, 2, 2, 1, 1]
+ISSUED = [2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 2, 2, 1, 1]
 
 
 def _expected(case: fns.FusedCase, world: int) -> list[torch.Tensor]:
@@ -62,13 +68,13 @@ def _need(case: fns.FusedCase, world: int) -> int:
     return max(n for s in sizes for n in s) * row
 
 
-def _total(case: fns.FusedCase, world: int) -> int:
-    """Every block of every rank together (bytes)."""
+def _blocks(case: fns.FusedCase, world: int) -> list[int]:
+    """The bytes rank ``j`` sends rank ``k``, at ``j * W + k``."""
     kind, sizes = case[0], case[5]
     per_row = _need(case, world) // max(1, max(n for s in sizes for n in s))
     if kind == A2A:
-        return sum(n for s in sizes for n in s) * per_row
-    return world * sum(sizes[0]) * per_row
+        return [n * per_row for s in sizes for n in s]
+    return [n * per_row for n in sizes[0]] * world  # every rank sends block k to rank k
 
 
 def test_one_round_in_steady_state_two_above_the_bound() -> None:
@@ -76,9 +82,10 @@ def test_one_round_in_steady_state_two_above_the_bound() -> None:
     per_rank = get_pool(w).run(fns.fused_calls, CASES)
     model = FusedState()  # the group's one state, whichever kind is called
     for i, case in enumerate(CASES):
-        need = _need(case, w)
-        predicted = 1 if need <= model.capacity else 2
-        model = advance_blocks(model, fusable=True, need=need, total=_total(case, w), world=w)
+        blocks = _blocks(case, w)
+        room = wide_blocks(model) if model.wide else (model.capacity,) * (w * w)
+        predicted = 1 if all(b <= c for b, c in zip(blocks, room, strict=True)) else 2
+        model = advance_blocks(model, fusable=True, blocks=blocks, world=w)
         expected = _expected(case, w)
         for r in range(w):
             issued, state, y = per_rank[r][i]
@@ -86,7 +93,9 @@ def test_one_round_in_steady_state_two_above_the_bound() -> None:
             assert state == model, f"call #{i}: rank {r}'s state"
             assert_bitwise_equal(y, expected[r], f"call #{i} on rank {r}")
         assert model.capacity <= FAMILY_STRETCH_MAX
-    assert model.capacity > FAMILY_FUSED_MAX  # the even 80 KiB blocks stretched the slot
+    # The even 80 KiB blocks went wide: a slot per pair of ranks, each the block.
+    assert model.wide == (80 * 1024,) * (w * w)
+    assert FAMILY_FUSED_MAX < 80 * 1024
 
 
 def test_a_subgroup_keeps_its_own_state() -> None:

@@ -121,6 +121,7 @@ __all__ = [
     "set_state",
     "state_of",
     "swap_state",
+    "wide_blocks",
     "within_waste",
 ]
 
@@ -212,10 +213,18 @@ _WideStep = tuple[tuple[int, ...], int, tuple[int, ...], int, tuple[int, ...]]
 """``(wide, wide_idle, wide_max, wide_steady, wide_last)`` after a call."""
 
 
-def _advance_wide(state: FusedState, fusable: bool, needs: Sequence[int]) -> _WideStep:
-    """The wide round's part of ``advance`` (module doc, "the wide round")."""
+def _advance_wide(
+    state: FusedState,
+    fusable: bool,
+    needs: Sequence[int],
+    wants: Callable[[Sequence[int]], bool] = _wants_wide,
+) -> _WideStep:
+    """The wide round's part of ``advance`` (module doc, "the wide round") and of
+    ``advance_blocks``: learned slots, one per entry of ``needs`` (a rank's payload in
+    the all_gather-shaped round, a block from one rank to one rank in the
+    all_to_all-shaped one); ``wants``: whether a call of these needs goes wide."""
     wide, idle, most = state.wide, state.wide_idle, state.wide_max
-    large = fusable and _wants_wide(needs)
+    large = fusable and wants(needs)
     if large and len(wide) != len(needs):  # a group's first large call: its exact needs
         return tuple(needs), 0, (), 0, ()
     if not wide:
@@ -246,7 +255,7 @@ def _advance_wide(state: FusedState, fusable: bool, needs: Sequence[int]) -> _Wi
         steady, last = 0, ()
     if idle < SHRINK_AFTER:
         return wide, idle, most, steady, last
-    if _wants_wide(most):
+    if wants(most):
         return most, 0, (), 0, ()
     return (), 0, (), 0, ()
 
@@ -341,22 +350,61 @@ def rides(need: int, total: int, world: int) -> bool:
     return need <= FAMILY_STRETCH_MAX and within_waste(world * world * block_slot(need), total)
 
 
+def _wants_wide_blocks(needs: Sequence[int]) -> bool:
+    """Whether a call of these blocks (bytes, one per ordered pair of ranks) makes a
+    group's all_to_all-shaped round go wide: its largest block is past
+    ``FAMILY_FUSED_MAX``, where the equal slots' two copies cost more than the
+    transfer they join."""
+    return max(needs, default=0) > FAMILY_FUSED_MAX
+
+
+def wide_blocks(state: FusedState) -> tuple[int, ...]:
+    """The all_to_all-shaped wide round's slot per ordered pair of ranks (``j * W +
+    k``: the bytes rank ``j`` may send rank ``k``): its learned slot, or the equal
+    round's ``capacity`` when that is larger, so a small call after large ones still
+    rides (on gloo only the block's own bytes travel, whatever its slot)."""
+    return tuple(max(c, state.capacity) for c in state.wide)
+
+
 def advance_blocks(
-    state: FusedState, *, fusable: bool, need: int, total: int = 0, world: int = 1
+    state: FusedState, *, fusable: bool, blocks: Sequence[int], world: int
 ) -> FusedState:
     """The all_to_all-shaped round's state after a call that validated: a pure function
-    of what every rank saw (``fusable``: every rank eligible; ``need``: the largest
-    block any rank sends any rank, bytes; ``total``: every block of every rank
-    together; ``world``: ``W``)."""
+    of what every rank saw (``fusable``: every rank eligible; ``blocks``: the bytes
+    rank ``j`` sends rank ``k`` at ``j * W + k``; ``world``: ``W``). The equal slots'
+    ``capacity`` follows ``capacity_step``; the wide slots (``wide``, ``W * W`` of
+    them) follow the wide round's rule (``_advance_wide``) with blocks for needs."""
+    need, total = max(blocks, default=0), sum(blocks)
     capacity, idle, idle_need = capacity_step(
         (state.capacity, state.idle, state.idle_need),
         small=fusable and rides(need, total, world),
         need=need,
         slot=block_slot,
     )
-    if (capacity, idle, idle_need) == (state.capacity, state.idle, state.idle_need):
+    wide_step = _advance_wide(state, fusable, blocks, _wants_wide_blocks)
+    after = (capacity, idle, idle_need, *wide_step)
+    if after == (
+        state.capacity,
+        state.idle,
+        state.idle_need,
+        state.wide,
+        state.wide_idle,
+        state.wide_max,
+        state.wide_steady,
+        state.wide_last,
+    ):
         return state
-    return replace(state, capacity=capacity, idle=idle, idle_need=idle_need)
+    return replace(
+        state,
+        capacity=capacity,
+        idle=idle,
+        idle_need=idle_need,
+        wide=wide_step[0],
+        wide_idle=wide_step[1],
+        wide_max=wide_step[2],
+        wide_steady=wide_step[3],
+        wide_last=wide_step[4],
+    )
 
 
 # --- the per-group registries ----------------------------------------------------------
