@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests import _family_fns as fns
-from vargather import oracle
+from vargather import _round_state, oracle
 from vargather._round_state import (
     FAMILY_FUSED_MAX,
     FAMILY_STRETCH_MAX,
@@ -118,3 +120,56 @@ def test_gradients_through_the_one_round_forward_match_the_two_round_one() -> No
     per_rank = get_pool(3).run(fns.fused_autograd, None)
     for first, second in per_rank:
         assert_bitwise_equal(first, second)  # the second call rode in the exchange
+
+
+_WIDE_PAST = 48
+"""Bytes past which the property's blocks go wide (``FAMILY_FUSED_MAX`` patched down)."""
+
+
+@st.composite
+def _wide_cases(draw: st.DrawFn, w: int = 3) -> tuple[fns.FusedCase, ...]:
+    """A run of calls whose blocks mostly go wide: sizes that change, grow past their
+    slots, shrink, empty out, or stay; both kinds; dims 0 and -1; strided inputs; NaN
+    payloads."""
+    cases = []
+    for _ in range(draw(st.integers(2, 5))):
+        kind = draw(st.sampled_from([A2A, RS]))
+        dtype = draw(st.sampled_from(["float32", "bfloat16", "bool", "int16", "float64"]))
+        cols, dim, transposed = draw(st.sampled_from([(4, 0, False), (3, 1, False), (5, 0, True)]))
+        n = st.integers(0, 9)
+        if kind == A2A:
+            sizes = tuple(tuple(draw(n) for _ in range(w)) for _ in range(w))
+        else:
+            sizes = (tuple(draw(n) for _ in range(w)),)
+        # repeated: the steady state, where every slot is its block exactly
+        cases += [(kind, dtype, cols, dim, transposed, sizes)] * draw(st.integers(1, 3))
+    return tuple(cases)
+
+
+@settings(max_examples=12, deadline=None)
+@given(cases=_wide_cases())
+def test_the_wide_round_is_the_oracle_bit_for_bit_and_the_model_s_rounds(
+    cases: tuple[fns.FusedCase, ...],
+) -> None:
+    """With blocks going wide past a few bytes, every call is bit for bit the oracle's,
+    issues one round when every block fits its pair's slot (two otherwise, as the
+    model of the state predicts), and every rank holds the model's state."""
+    w = 3
+    per_rank = get_pool(w).run(fns.fused_calls_wide, (cases, _WIDE_PAST))
+    saved = _round_state.FAMILY_FUSED_MAX
+    _round_state.FAMILY_FUSED_MAX = _WIDE_PAST  # type: ignore[misc]  # the model's, as the ranks'
+    try:
+        model = FusedState()
+        for i, case in enumerate(cases):
+            blocks = _blocks(case, w)
+            room = wide_blocks(model) if model.wide else (model.capacity,) * (w * w)
+            predicted = 1 if all(b <= c for b, c in zip(blocks, room, strict=True)) else 2
+            model = advance_blocks(model, fusable=True, blocks=blocks, world=w)
+            expected = _expected(case, w)
+            for r in range(w):
+                issued, state, y = per_rank[r][i]
+                assert issued == predicted, f"call #{i} on rank {r}: {issued} rounds"
+                assert state == model, f"call #{i}: rank {r}'s state"
+                assert_bitwise_equal(y, expected[r], f"call #{i} on rank {r}")
+    finally:
+        _round_state.FAMILY_FUSED_MAX = saved  # type: ignore[misc]  # restored
