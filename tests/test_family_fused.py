@@ -15,9 +15,9 @@ from tests import _family_fns as fns
 from vargather import _round_state, oracle
 from vargather._round_state import (
     FAMILY_FUSED_MAX,
-    FAMILY_STRETCH_MAX,
     FusedState,
     advance_blocks,
+    block_slot,
     wide_blocks,
 )
 from vargather.testing import get_pool
@@ -94,7 +94,7 @@ def test_one_round_in_steady_state_two_above_the_bound() -> None:
             assert issued == predicted == ISSUED[i], f"call #{i} on rank {r}: {issued} rounds"
             assert state == model, f"call #{i}: rank {r}'s state"
             assert_bitwise_equal(y, expected[r], f"call #{i} on rank {r}")
-        assert model.capacity <= FAMILY_STRETCH_MAX
+        assert model.capacity <= block_slot(FAMILY_FUSED_MAX)
     # The even 80 KiB blocks went wide: a slot per pair of ranks, each the block.
     assert model.wide == (80 * 1024,) * (w * w)
     assert FAMILY_FUSED_MAX < 80 * 1024

@@ -28,31 +28,45 @@ works. (A peer in an all_gather-based collective, ``all_gather_list`` or
 ``all_gather_v``, issues another collective type: that cannot be told apart from a
 late peer, and ends in the named timeout; ``docs/misuse.md``.)
 
-**One round for small payloads** (``exchange_fused``, ``settle``). The exchange is an
-equal-split all_to_all: rank ``j`` sends every rank the same row, followed by a payload
-slot of ``capacity`` bytes (the ``capacity`` of the group's state, for every kind, the
-same on every rank because every rank updates it from the same validated rows only) holding
-the block the payload collective would send that rank, when every block fits and the
-rank has no local problem; a flag word of the row says so. After the rows validated
-(nothing of a slot is read before), a call whose every rank's slots hold its blocks
-is answered from the slots: one collective in all. The state rule (``advance``,
-applied after every validated call, from the validated rows only): a call whose every
-rank is eligible and whose blocks ride (``rides``: the largest block, ``need`` bytes,
-is at most ``FAMILY_FUSED_MAX``, or at most ``FAMILY_STRETCH_MAX`` with the ``W * W``
-slots padding the call's ``total`` bytes by at most ``WASTE_LIMIT``:
-``W * W * slot(need) <= 1.5 * total``) grows the capacity to ``slot(need)`` when
-``4 * need`` exceeds it; any other call is idle, and after ``SHRINK_AFTER`` idle calls in a row the capacity
-shrinks to ``bucket`` of the largest eligible small need among them (0 if none).
-Every kind advances the one state (a ``reduce_scatter_v`` after an ``all_to_all_v``
-uses and moves the same slot). Calls that raise change nothing. Bound: every rank
-sends and receives ``W * (8 * len(vector) + capacity)`` bytes, ``len(vector) <=
-RECORD_LENGTH + 2 * W + 6`` (the record, magic and kind, ``2 * (W + 1)`` extras, the
-flag word, one word of padding), ``capacity <= FAMILY_STRETCH_MAX`` (256 KiB), and
-past ``FAMILY_FUSED_MAX`` (64 KiB) the slots of the call that set the capacity pad
-its payload by at most ``WASTE_LIMIT`` (50 %); a later call of smaller blocks pays the
-larger slots until the capacity shrinks (``SHRINK_AFTER`` calls):
-``reduce_scatter_v``'s row is ``8 * (W + 1)`` bytes longer than its own extras need,
-the price of one row length for the family.
+**One round** (``exchange_fused``, ``settle``), of one of two kinds, chosen from the
+group's state alone (every rank the same):
+
+* the **equal round** (``state.wide`` empty): an equal-split all_to_all: rank ``j``
+  sends every rank the same row, followed by a payload slot of ``capacity`` bytes
+  holding the block the payload collective would send that rank, when every block
+  fits and the rank has no local problem (a flag word of the row says so);
+* the **wide round** (``state.wide``: ``W * W`` learned slots, ``wide[j * W + k]``
+  the bytes rank ``j`` may send rank ``k``, at least ``capacity``): direct sends,
+  ``_wide_exchange``: to every peer its row as one message and its block as another,
+  into a slot of its own size; on gloo the block is sent as it lies in ``x`` (no copy
+  when ``x`` is contiguous with its blocks one after the other) and only its own
+  bytes, which gloo receives into the larger slot; the blocks land in the regions of
+  one buffer, which ``all_to_all_v`` returns closed up in place (nothing moves when
+  every slot is its block exactly).
+
+After the rows validated (nothing of a slot is read before), a call whose every
+rank's slots hold its blocks is answered from the slots: one collective in all;
+otherwise the payload collective runs (two). The state rule (``advance_blocks``,
+applied after every validated call, from the validated rows only, every kind moving
+the one state: a ``reduce_scatter_v`` after an ``all_to_all_v`` uses the same slots):
+the ``capacity`` follows the equal round's rule for calls whose largest block is at
+most ``FAMILY_FUSED_MAX`` (64 KiB); a call with a larger block, every rank eligible,
+makes the round go wide, with the all_gather-shaped wide round's rule over the
+``W * W`` blocks (``_round_state``: the exact blocks at first, ``bucket`` growth on a
+miss, the exact blocks again after ``SHRINK_AFTER`` calls in a row with the same
+blocks, back to the equal round after ``SHRINK_AFTER`` calls that do not go wide).
+Calls that raise change nothing. Bound: the equal round moves ``W * (8 *
+len(vector) + capacity)`` bytes from and to every rank, ``len(vector) <= RECORD_LENGTH
++ 2 * W + 6`` (the record, magic and kind, ``2 * (W + 1)`` extras, the flag word, one
+word of padding; ``reduce_scatter_v``'s row is ``8 * (W + 1)`` bytes longer than its
+own extras need, the price of one row length for the family), ``capacity <=
+block_slot(FAMILY_FUSED_MAX)``; the wide round moves, on gloo, the rows and exactly
+the payload, and receives into slots of at most ``max(capacity, bucket`` of the
+largest block a pair had since the slots were set``)`` (``bucket``: 12.5 % over, 64
+bytes at least), each slot its block exactly while the blocks stay the same. A rank
+in the all_to_all-shaped round beside one in the all_gather-shaped round sends under
+other tags (``_comm.BLOCKS_TAG``) or another collective: both wait and raise the named
+timeout, never a misread.
 """
 
 from __future__ import annotations
