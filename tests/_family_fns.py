@@ -270,18 +270,21 @@ def fused_calls(ctx: RankContext, cases: tuple[FusedCase, ...]) -> list[Any]:
     return out
 
 
-def fused_calls_wide(ctx: RankContext, job: tuple[tuple[FusedCase, ...], int]) -> list[Any]:
+def fused_calls_wide(ctx: RankContext, job: tuple[tuple[FusedCase, ...], int, bool]) -> list[Any]:
     """``fused_calls`` with the all_to_all-shaped round going wide past ``job[1]``-byte
-    blocks instead of ``FAMILY_FUSED_MAX`` (restored after)."""
-    from vargather import _round_state
+    blocks instead of ``FAMILY_FUSED_MAX``, and with every message exactly its slot
+    (the path of backends that take no shorter message) unless ``job[2]`` (restored
+    after)."""
+    from vargather import _family, _round_state
 
-    cases, fused_max = job
-    saved = _round_state.FAMILY_FUSED_MAX
+    cases, fused_max, short = job
+    saved = _round_state.FAMILY_FUSED_MAX, _family.SHORT_MESSAGES
     _round_state.FAMILY_FUSED_MAX = fused_max  # type: ignore[misc]  # a Final, patched for this test
+    _family.SHORT_MESSAGES = ("gloo",) if short else ()
     try:
         return fused_calls(ctx, cases)
     finally:
-        _round_state.FAMILY_FUSED_MAX = saved  # type: ignore[misc]  # restored
+        _round_state.FAMILY_FUSED_MAX, _family.SHORT_MESSAGES = saved  # type: ignore[misc]  # restored
 
 
 def fused_subgroup(ctx: RankContext, _: None) -> Any:

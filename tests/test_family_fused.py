@@ -147,15 +147,17 @@ def _wide_cases(draw: st.DrawFn, w: int = 3) -> tuple[fns.FusedCase, ...]:
 
 
 @settings(max_examples=12, deadline=None)
-@given(cases=_wide_cases())
+@given(cases=_wide_cases(), short=st.booleans())
 def test_the_wide_round_is_the_oracle_bit_for_bit_and_the_model_s_rounds(
-    cases: tuple[fns.FusedCase, ...],
+    cases: tuple[fns.FusedCase, ...], short: bool
 ) -> None:
     """With blocks going wide past a few bytes, every call is bit for bit the oracle's,
     issues one round when every block fits its pair's slot (two otherwise, as the
-    model of the state predicts), and every rank holds the model's state."""
+    model of the state predicts), and every rank holds the model's state; with
+    blocks sent as they lie (gloo's short messages) or as whole slots (``short``
+    false: the path of every other backend)."""
     w = 3
-    per_rank = get_pool(w).run(fns.fused_calls_wide, (cases, _WIDE_PAST))
+    per_rank = get_pool(w).run(fns.fused_calls_wide, (cases, _WIDE_PAST, short))
     saved = _round_state.FAMILY_FUSED_MAX
     _round_state.FAMILY_FUSED_MAX = _WIDE_PAST  # type: ignore[misc]  # the model's, as the ranks'
     try:

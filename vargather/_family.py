@@ -41,8 +41,8 @@ group's state alone (every rank the same):
   into a slot of its own size; on gloo the block is sent as it lies in ``x`` (no copy
   when ``x`` is contiguous with its blocks one after the other) and only its own
   bytes, which gloo receives into the larger slot; the blocks land in the regions of
-  one buffer, which ``all_to_all_v`` returns closed up in place (nothing moves when
-  every slot is its block exactly).
+  one buffer, each at a 16-byte boundary, which ``all_to_all_v`` returns closed up in
+  place (nothing moves when every slot is its block exactly, in whole 16 bytes).
 
 After the rows validated (nothing of a slot is read before), a call whose every
 rank's slots hold its blocks is answered from the slots: one collective in all;
@@ -338,6 +338,12 @@ def exchange_fused(
     return Exchanged(out, received[:, 8 * words :].unbind(0), tuple(flags), state, call.kind)
 
 
+SHORT_MESSAGES: tuple[str, ...] = ("gloo",)
+"""Backends whose point-to-point receive takes a message shorter than its buffer (gloo:
+a receive of ``n`` bytes takes any message of at most ``n``), so the wide round sends
+a block as it lies; elsewhere every message is exactly its slot."""
+
+
 def _wide_exchange(
     call: FamilyCall,
     info: GroupInfo,
@@ -375,11 +381,11 @@ def _wide_exchange(
     words = len(vector)
     rows = torch.empty(w, 8 * words, dtype=torch.uint8, device=device)
     rows[rank].copy_(torch.tensor(vector, dtype=torch.int64).view(torch.uint8))
-    starts = [0] * (w + 1)
+    starts = [0] * (w + 1)  # region j at a 16-byte boundary: any dtype views it
     for j in range(w):
-        starts[j + 1] = starts[j] + in_slots[j]
+        starts[j + 1] = -(-(starts[j] + in_slots[j]) // 16) * 16
     buf = handed_back_buffer(pg, "blocks", starts[w], device)
-    exact = info.backend == "gloo"
+    exact = info.backend in SHORT_MESSAGES
     zero = torch.zeros(1, dtype=torch.uint8, device=device)
     messages: list[tuple[torch.Tensor, ...]] = []
     for k in range(w):
@@ -398,7 +404,7 @@ def _wide_exchange(
         else:
             sent = zero[:0]
         messages.append((rows[rank], sent))
-    regions = [buf[starts[j] : starts[j + 1]] for j in range(w)]
+    regions = [buf[starts[j] : starts[j] + in_slots[j]] for j in range(w)]
     send_receive(
         messages,
         [(rows[j], regions[j]) for j in range(w)],
