@@ -48,6 +48,7 @@ from ._errors import (
     VarGatherError,
 )
 from ._family import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
+from ._gather import _autograd_needed
 from ._layout import Layout
 from ._mesh import call_group
 from ._reduce_scatter import reduce_scatter_blocks
@@ -577,5 +578,9 @@ def gather_list_eager(
     )
     if not plan.info.communicates:
         return [x]
+    if plan.box and not _autograd_needed(x):
+        # What GatherListFunction.forward hands back (the tensors the fused round
+        # gathered), without the autograd machinery that nothing here would use.
+        return plan.box.pop()
     outs = GatherListFunction.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
     return list(outs)
