@@ -270,6 +270,20 @@ def fused_calls(ctx: RankContext, cases: tuple[FusedCase, ...]) -> list[Any]:
     return out
 
 
+def fused_calls_wide(ctx: RankContext, job: tuple[tuple[FusedCase, ...], int]) -> list[Any]:
+    """``fused_calls`` with the all_to_all-shaped round going wide past ``job[1]``-byte
+    blocks instead of ``FAMILY_FUSED_MAX`` (restored after)."""
+    from vargather import _round_state
+
+    cases, fused_max = job
+    saved = _round_state.FAMILY_FUSED_MAX
+    _round_state.FAMILY_FUSED_MAX = fused_max  # type: ignore[misc]  # a Final, patched for this test
+    try:
+        return fused_calls(ctx, cases)
+    finally:
+        _round_state.FAMILY_FUSED_MAX = saved  # type: ignore[misc]  # restored
+
+
 def fused_subgroup(ctx: RankContext, _: None) -> Any:
     """A subgroup of ranks 0 and 2 keeps its own state: its second call is one round."""
     from vargather import _round_state

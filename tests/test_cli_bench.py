@@ -51,6 +51,7 @@ BACKWARD = [
 ]
 SMALL = [
     "limit",
+    "sends",
     "vargather:auto",
     "vargather:auto~changing",
     "vargather:auto+sizes",
@@ -142,8 +143,8 @@ def test_schema_and_every_variant_verified(smoke: tuple[dict[str, Any], Path, st
         "forward auto / limit",
         "backward auto / limit",
         "seed / auto (speed-up)",
-        "small auto / limit",
-        "small auto~changing / limit",
+        "small auto / sends",
+        "small auto~changing / sends",
     }
     assert all(isinstance(t["met"], bool) for t in targets)
     # the 8 KiB cell is in the targets' range (from 4 KiB up), the 1 KiB cell is not
@@ -171,6 +172,13 @@ def test_small_part_timed_in_bursts_and_verified(
             assert entry["median_cpu_ms"] >= 0, where
             q1, q3 = entry["quartile_ratios"]
             assert q1 <= entry["median_ratio"] <= q3, where
+            # every ratio against the floor too: the direct sends, timed in the same bursts
+            floor = c["forward"]["sends"]["times_s"]
+            assert entry["floor_ratios"] == [
+                t / f for t, f in zip(entry["times_s"], floor, strict=True)
+            ]
+            q1, q3 = entry["floor_quartile_ratios"]
+            assert q1 <= entry["floor_median_ratio"] <= q3, where
     assert document["config"]["parts"] == ["large", "small", "coalesced", "peers", "family"]
 
 
@@ -499,6 +507,39 @@ def test_small_and_coalesced_targets() -> None:
         ("coalesced / limit", 64.0): (True, 1.2),
         ("coalesced / separate", 64.0): (False, 1.0),  # not faster: missed
     }
+
+
+def test_small_targets_read_against_the_floor_when_measured() -> None:
+    """A small cell that timed the direct sends is judged against them, not against the
+    equal all_gather (whose ratio it still shows)."""
+    floored = dict(_entry(0.8), floor_median_ratio=1.1, floor_quartile_ratios=[1.0, 1.2])
+    slow = dict(_entry(0.9), floor_median_ratio=1.2, floor_quartile_ratios=[1.1, 1.3])
+    small = [
+        {
+            "world_size": 4,
+            "payload_kb": 64.0,
+            "profile": "mild",
+            "sizes": [10, 12, 15, 17],
+            "calls_per_burst": 3,
+            "forward": {
+                "limit": _entry(1.0),
+                "sends": dict(_entry(0.7), floor_median_ratio=1.0),
+                "vargather:auto": floored,
+                "vargather:auto~changing": slow,
+            },
+        }
+    ]
+    got = {
+        t["target"]: (t["met"], t["value"], t["spread"])
+        for t in _tables.evaluate_targets([], small)
+    }
+    assert got == {
+        "small auto / sends": (True, 1.1, [1.0, 1.2]),
+        "small auto~changing / sends": (False, 1.2, [1.1, 1.3]),
+    }
+    table = _tables.markdown_report([], [], small=small)
+    assert "sends µs/call" in table
+    assert "1.10x (1.00-1.20)" in table
 
 
 def test_cell_count() -> None:

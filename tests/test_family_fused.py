@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests import _family_fns as fns
-from vargather import oracle
-from vargather._round_state import FAMILY_FUSED_MAX, FAMILY_STRETCH_MAX, FusedState, advance_blocks
+from vargather import _round_state, oracle
+from vargather._round_state import (
+    FAMILY_FUSED_MAX,
+    FusedState,
+    advance_blocks,
+    block_slot,
+    wide_blocks,
+)
 from vargather.testing import get_pool
 from vargather.testing.asserts import assert_bitwise_equal
 
@@ -30,17 +38,17 @@ CASES: tuple[fns.FusedCase, ...] = (
     (RS, "bool", 16, 1, True, ((2, 0, 3),)),
     (RS, "int16", 16, 0, False, ((2, 0, 3),)),
     (RS, "float64", 16, 0, False, ((0, 0, 0),)),  # every block empty
-    (A2A, "float32", 512, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # 80 KiB block
-    (A2A, "float32", 512, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),
-    (A2A, "float32", 16, 0, False, SEND),  # small again: one round
+    (A2A, "float32", 512, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # 80 KiB: wide
+    (A2A, "float32", 512, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # its exact slots
+    (A2A, "float32", 16, 0, False, SEND),  # small: rides the wide round, then back
     (RS, "float32", 256, 0, False, ((50, 20, 0),)),  # a 50 KiB block: grows the slot
     (RS, "float64", 128, 1, False, ((50, 20, 0),)),
-    (RS, "float32", 256, 0, False, ((70, 0, 10),)),  # a 70 KiB block: above the bound
-    (A2A, "float32", 512, 0, False, ((40,) * 3,) * 3),  # 80 KiB blocks, even: no waste
+    (RS, "float32", 256, 0, False, ((70, 0, 10),)),  # a 70 KiB block: wide again
+    (A2A, "float32", 512, 0, False, ((40,) * 3,) * 3),  # 80 KiB blocks: a miss, slots grow
     (A2A, "float32", 512, 0, False, ((40,) * 3,) * 3),  # ... so they ride
-    (A2A, "float32", 16, 0, False, SEND),  # small in the large slot: one round
+    (A2A, "float32", 16, 0, False, SEND),  # small in the large slots: one round
 )
-ISSUED = [2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 1, 2, 1, 2, 2, 1, 1]
+ISSUED = [2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 2, 2, 1, 1]
 
 
 def _expected(case: fns.FusedCase, world: int) -> list[torch.Tensor]:
@@ -62,13 +70,13 @@ def _need(case: fns.FusedCase, world: int) -> int:
     return max(n for s in sizes for n in s) * row
 
 
-def _total(case: fns.FusedCase, world: int) -> int:
-    """Every block of every rank together (bytes)."""
+def _blocks(case: fns.FusedCase, world: int) -> list[int]:
+    """The bytes rank ``j`` sends rank ``k``, at ``j * W + k``."""
     kind, sizes = case[0], case[5]
     per_row = _need(case, world) // max(1, max(n for s in sizes for n in s))
     if kind == A2A:
-        return sum(n for s in sizes for n in s) * per_row
-    return world * sum(sizes[0]) * per_row
+        return [n * per_row for s in sizes for n in s]
+    return [n * per_row for n in sizes[0]] * world  # every rank sends block k to rank k
 
 
 def test_one_round_in_steady_state_two_above_the_bound() -> None:
@@ -76,17 +84,20 @@ def test_one_round_in_steady_state_two_above_the_bound() -> None:
     per_rank = get_pool(w).run(fns.fused_calls, CASES)
     model = FusedState()  # the group's one state, whichever kind is called
     for i, case in enumerate(CASES):
-        need = _need(case, w)
-        predicted = 1 if need <= model.capacity else 2
-        model = advance_blocks(model, fusable=True, need=need, total=_total(case, w), world=w)
+        blocks = _blocks(case, w)
+        room = wide_blocks(model) if model.wide else (model.capacity,) * (w * w)
+        predicted = 1 if all(b <= c for b, c in zip(blocks, room, strict=True)) else 2
+        model = advance_blocks(model, fusable=True, blocks=blocks, world=w)
         expected = _expected(case, w)
         for r in range(w):
             issued, state, y = per_rank[r][i]
             assert issued == predicted == ISSUED[i], f"call #{i} on rank {r}: {issued} rounds"
             assert state == model, f"call #{i}: rank {r}'s state"
             assert_bitwise_equal(y, expected[r], f"call #{i} on rank {r}")
-        assert model.capacity <= FAMILY_STRETCH_MAX
-    assert model.capacity > FAMILY_FUSED_MAX  # the even 80 KiB blocks stretched the slot
+        assert model.capacity <= block_slot(FAMILY_FUSED_MAX)
+    # The even 80 KiB blocks went wide: a slot per pair of ranks, each the block.
+    assert model.wide == (80 * 1024,) * (w * w)
+    assert FAMILY_FUSED_MAX < 80 * 1024
 
 
 def test_a_subgroup_keeps_its_own_state() -> None:
@@ -109,3 +120,56 @@ def test_gradients_through_the_one_round_forward_match_the_two_round_one() -> No
     per_rank = get_pool(3).run(fns.fused_autograd, None)
     for first, second in per_rank:
         assert_bitwise_equal(first, second)  # the second call rode in the exchange
+
+
+_WIDE_PAST = 48
+"""Bytes past which the property's blocks go wide (``FAMILY_FUSED_MAX`` patched down)."""
+
+
+@st.composite
+def _wide_cases(draw: st.DrawFn, w: int = 3) -> tuple[fns.FusedCase, ...]:
+    """A run of calls whose blocks mostly go wide: sizes that change, grow past their
+    slots, shrink, empty out, or stay; both kinds; dims 0 and -1; strided inputs; NaN
+    payloads."""
+    cases = []
+    for _ in range(draw(st.integers(2, 5))):
+        kind = draw(st.sampled_from([A2A, RS]))
+        dtype = draw(st.sampled_from(["float32", "bfloat16", "bool", "int16", "float64"]))
+        cols, dim, transposed = draw(st.sampled_from([(4, 0, False), (3, 1, False), (5, 0, True)]))
+        n = st.integers(0, 9)
+        if kind == A2A:
+            sizes = tuple(tuple(draw(n) for _ in range(w)) for _ in range(w))
+        else:
+            sizes = (tuple(draw(n) for _ in range(w)),)
+        # repeated: the steady state, where every slot is its block exactly
+        cases += [(kind, dtype, cols, dim, transposed, sizes)] * draw(st.integers(1, 3))
+    return tuple(cases)
+
+
+@settings(max_examples=12, deadline=None)
+@given(cases=_wide_cases())
+def test_the_wide_round_is_the_oracle_bit_for_bit_and_the_model_s_rounds(
+    cases: tuple[fns.FusedCase, ...],
+) -> None:
+    """With blocks going wide past a few bytes, every call is bit for bit the oracle's,
+    issues one round when every block fits its pair's slot (two otherwise, as the
+    model of the state predicts), and every rank holds the model's state."""
+    w = 3
+    per_rank = get_pool(w).run(fns.fused_calls_wide, (cases, _WIDE_PAST))
+    saved = _round_state.FAMILY_FUSED_MAX
+    _round_state.FAMILY_FUSED_MAX = _WIDE_PAST  # type: ignore[misc]  # the model's, as the ranks'
+    try:
+        model = FusedState()
+        for i, case in enumerate(cases):
+            blocks = _blocks(case, w)
+            room = wide_blocks(model) if model.wide else (model.capacity,) * (w * w)
+            predicted = 1 if all(b <= c for b, c in zip(blocks, room, strict=True)) else 2
+            model = advance_blocks(model, fusable=True, blocks=blocks, world=w)
+            expected = _expected(case, w)
+            for r in range(w):
+                issued, state, y = per_rank[r][i]
+                assert issued == predicted, f"call #{i} on rank {r}: {issued} rounds"
+                assert state == model, f"call #{i}: rank {r}'s state"
+                assert_bitwise_equal(y, expected[r], f"call #{i} on rank {r}")
+    finally:
+        _round_state.FAMILY_FUSED_MAX = saved  # type: ignore[misc]  # restored

@@ -22,7 +22,7 @@ upstream gradients, with send sizes ``recv_sizes`` and receive sizes ``send_size
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
@@ -200,6 +200,7 @@ def plan_all_to_all(
         info = info.with_timeout(call.timeout)
     send, recv = call.sizes
     trusted = validate is False and recv is not None
+    cut: Callable[[tuple[Layout, ...]], list[torch.Tensor]] | None = None
     if trusted or not info.communicates:
         problem = call.record.problem
         if problem is None and not info.communicates and recv is not None and recv != send:
@@ -219,15 +220,20 @@ def plan_all_to_all(
         recv = tuple(s[info.rank] for s in matrix)
         assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
         unit = _block_unit(x, call.record.normalized_dim)
-        need = max((n for s in matrix for n in s), default=0) * unit
-        total = sum(n for s in matrix for n in s) * unit
-        slots = settle(ex, info, need, [n * unit for n in recv], total)
+        slots = settle(ex, info, [n * unit for s in matrix for n in s])
+        if slots is not None and ex.cut is not None:  # the wide round's one buffer
+            wide_cut, needs = ex.cut, tuple(n * unit for n in recv)
+            cut = lambda layouts: wide_cut(layouts, needs)  # noqa: E731
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     shape = tuple(int(n) for n in x.shape)
     d = call.record.normalized_dim
     recv_shape = (*shape[:d], sum(recv), *shape[d + 1 :])
     recv_layout = split_layout(recv_shape, d, recv, x.dtype, info)
-    result = None if slots is None else cut_blocks(slots, recv_layout)
+    result = None
+    if cut is not None:
+        result = cut((recv_layout,))[0]
+    elif slots is not None:
+        result = cut_blocks(slots, recv_layout)
     return AllToAllPlan(split_layout(shape, d, send, x.dtype, info), recv_layout, info, result)
 
 

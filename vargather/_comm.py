@@ -38,6 +38,7 @@ from ._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from ._group import GroupInfo, call_timeout, group_timeout, resolve_group
 
 __all__ = [
+    "BLOCKS_TAG",
     "GroupInfo",
     "all_gather_equal",
     "all_gather_list",
@@ -323,8 +324,15 @@ def broadcast_from_each(
 
 
 P2P_TAG: Final = 0x5647  # "VG": vargather's sends never match a caller's untagged recv
-"""The tag of ``send_receive``'s first message to a peer (message ``i``: ``P2P_TAG + i``;
-gloo keys a point-to-point message by peer and tag, apart from its collectives' slots)."""
+"""The tag of ``send_receive``'s first message to a peer by default (message ``i``:
+``P2P_TAG + i``; gloo keys a point-to-point message by peer and tag, apart from its
+collectives' slots): the all_gather-shaped round's."""
+
+BLOCKS_TAG: Final = P2P_TAG + 16
+"""The first tag of the all_to_all-shaped round's direct sends: apart from the
+all_gather-shaped round's, so a rank in one beside a peer in the other never receives
+a message of the other's length (gloo cannot survive that): both wait, and time out
+naming each other."""
 
 
 def exchange_with_each(
@@ -348,6 +356,7 @@ def send_receive(
     info: GroupInfo,
     *,
     what: str | None = None,
+    tag: int = P2P_TAG,
 ) -> None:
     """Direct sends: message ``i`` of ``outgoing[q]`` goes to rank ``q`` and lands in
     message ``i`` of rank ``q``'s ``incoming[rank]``, for every peer ``q`` (the entries
@@ -357,8 +366,9 @@ def send_receive(
     (``dist.batch_isend_irecv``: gloo runs them on its transport's event loop,
     concurrently, without its collective worker threads; NCCL groups them into one
     launch). Every byte crosses one link once, never forwarded through a third rank.
-    Message ``i`` travels under tag ``P2P_TAG + i``, so a payload and a header to the
-    same peer never match each other's receive. Peers are taken from the next rank up,
+    Message ``i`` travels under tag ``tag + i``, so a payload and a header to the
+    same peer never match each other's receive (and rounds of different shapes, given
+    tags apart, never match each other's messages). Peers are taken from the next rank up,
     so no rank is every rank's first destination. Empty messages are skipped by both
     sides alike: every size must be known to both sides (the same on the sender and
     the receiver: a size mismatch is not survivable on gloo), and every received
@@ -381,7 +391,7 @@ def send_receive(
                         dist.irecv,
                         movable(t, rows=False),
                         group=info.group,
-                        tag=P2P_TAG + i,
+                        tag=tag + i,
                         group_peer=q,
                     )
                 )
@@ -393,7 +403,7 @@ def send_receive(
                         dist.isend,
                         movable(t, rows=False),
                         group=info.group,
-                        tag=P2P_TAG + i,
+                        tag=tag + i,
                         group_peer=q,
                     )
                 )

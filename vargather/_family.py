@@ -28,31 +28,45 @@ works. (A peer in an all_gather-based collective, ``all_gather_list`` or
 ``all_gather_v``, issues another collective type: that cannot be told apart from a
 late peer, and ends in the named timeout; ``docs/misuse.md``.)
 
-**One round for small payloads** (``exchange_fused``, ``settle``). The exchange is an
-equal-split all_to_all: rank ``j`` sends every rank the same row, followed by a payload
-slot of ``capacity`` bytes (the ``capacity`` of the group's state, for every kind, the
-same on every rank because every rank updates it from the same validated rows only) holding
-the block the payload collective would send that rank, when every block fits and the
-rank has no local problem; a flag word of the row says so. After the rows validated
-(nothing of a slot is read before), a call whose every rank's slots hold its blocks
-is answered from the slots: one collective in all. The state rule (``advance``,
-applied after every validated call, from the validated rows only): a call whose every
-rank is eligible and whose blocks ride (``rides``: the largest block, ``need`` bytes,
-is at most ``FAMILY_FUSED_MAX``, or at most ``FAMILY_STRETCH_MAX`` with the ``W * W``
-slots padding the call's ``total`` bytes by at most ``WASTE_LIMIT``:
-``W * W * slot(need) <= 1.5 * total``) grows the capacity to ``slot(need)`` when
-``4 * need`` exceeds it; any other call is idle, and after ``SHRINK_AFTER`` idle calls in a row the capacity
-shrinks to ``bucket`` of the largest eligible small need among them (0 if none).
-Every kind advances the one state (a ``reduce_scatter_v`` after an ``all_to_all_v``
-uses and moves the same slot). Calls that raise change nothing. Bound: every rank
-sends and receives ``W * (8 * len(vector) + capacity)`` bytes, ``len(vector) <=
-RECORD_LENGTH + 2 * W + 6`` (the record, magic and kind, ``2 * (W + 1)`` extras, the
-flag word, one word of padding), ``capacity <= FAMILY_STRETCH_MAX`` (256 KiB), and
-past ``FAMILY_FUSED_MAX`` (64 KiB) the slots of the call that set the capacity pad
-its payload by at most ``WASTE_LIMIT`` (50 %); a later call of smaller blocks pays the
-larger slots until the capacity shrinks (``SHRINK_AFTER`` calls):
-``reduce_scatter_v``'s row is ``8 * (W + 1)`` bytes longer than its own extras need,
-the price of one row length for the family.
+**One round** (``exchange_fused``, ``settle``), of one of two kinds, chosen from the
+group's state alone (every rank the same):
+
+* the **equal round** (``state.wide`` empty): an equal-split all_to_all: rank ``j``
+  sends every rank the same row, followed by a payload slot of ``capacity`` bytes
+  holding the block the payload collective would send that rank, when every block
+  fits and the rank has no local problem (a flag word of the row says so);
+* the **wide round** (``state.wide``: ``W * W`` learned slots, ``wide[j * W + k]``
+  the bytes rank ``j`` may send rank ``k``, at least ``capacity``): direct sends,
+  ``_wide_exchange``: to every peer its row as one message and its block as another,
+  into a slot of its own size; on gloo the block is sent as it lies in ``x`` (no copy
+  when ``x`` is contiguous with its blocks one after the other) and only its own
+  bytes, which gloo receives into the larger slot; the blocks land in the regions of
+  one buffer, which ``all_to_all_v`` returns closed up in place (nothing moves when
+  every slot is its block exactly).
+
+After the rows validated (nothing of a slot is read before), a call whose every
+rank's slots hold its blocks is answered from the slots: one collective in all;
+otherwise the payload collective runs (two). The state rule (``advance_blocks``,
+applied after every validated call, from the validated rows only, every kind moving
+the one state: a ``reduce_scatter_v`` after an ``all_to_all_v`` uses the same slots):
+the ``capacity`` follows the equal round's rule for calls whose largest block is at
+most ``FAMILY_FUSED_MAX`` (64 KiB); a call with a larger block, every rank eligible,
+makes the round go wide, with the all_gather-shaped wide round's rule over the
+``W * W`` blocks (``_round_state``: the exact blocks at first, ``bucket`` growth on a
+miss, the exact blocks again after ``SHRINK_AFTER`` calls in a row with the same
+blocks, back to the equal round after ``SHRINK_AFTER`` calls that do not go wide).
+Calls that raise change nothing. Bound: the equal round moves ``W * (8 *
+len(vector) + capacity)`` bytes from and to every rank, ``len(vector) <= RECORD_LENGTH
++ 2 * W + 6`` (the record, magic and kind, ``2 * (W + 1)`` extras, the flag word, one
+word of padding; ``reduce_scatter_v``'s row is ``8 * (W + 1)`` bytes longer than its
+own extras need, the price of one row length for the family), ``capacity <=
+block_slot(FAMILY_FUSED_MAX)``; the wide round moves, on gloo, the rows and exactly
+the payload, and receives into slots of at most ``max(capacity, bucket`` of the
+largest block a pair had since the slots were set``)`` (``bucket``: 12.5 % over, 64
+bytes at least), each slot its block exactly while the blocks stay the same. A rank
+in the all_to_all-shaped round beside one in the all_gather-shaped round sends under
+other tags (``_comm.BLOCKS_TAG``) or another collective: both wait and raise the named
+timeout, never a misread.
 """
 
 from __future__ import annotations
@@ -63,11 +77,12 @@ from datetime import timedelta
 from typing import Final
 
 import torch
+import torch.distributed as dist
 
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
 from ._choices import CONTRACTS, DEVICE_TYPES
 from ._collectives import COLLECTIVE_NAMES, COLLECTIVES, CollectiveName, by_code, name_of_code
-from ._comm import GroupInfo, all_to_all_uneven
+from ._comm import BLOCKS_TAG, GroupInfo, all_to_all_uneven, send_receive
 from ._dtypes import dtype_from_code
 from ._errors import (
     ArgumentMismatchError,
@@ -80,7 +95,8 @@ from ._errors import (
 )
 from ._exchange import _disagreement
 from ._group import process_group
-from ._round_state import STATES, FusedState, advance_blocks, set_state
+from ._round_buffers import Cut, hand_back, handed_back_buffer, region_cutter
+from ._round_state import STATES, FusedState, advance_blocks, set_state, wide_blocks
 from ._wire import ROW_MAGIC, decode_row, encode_row, row_mark
 
 __all__ = [
@@ -218,15 +234,20 @@ _USED: Final = 2  # flag word: the payload slot holds this rank's whole x
 class Exchanged:
     """Every rank's row and, unread until the rows validated, the payload slots.
 
-    ``slots``: ``(W, capacity)`` bytes, row ``j`` the slot rank ``j`` sent this rank
-    (``None`` in a world of one rank); ``flags``: every rank's flag word; ``state``: the
+    ``slots``: per rank ``j``, the bytes of the slot rank ``j`` sent this rank
+    (``capacity`` of them in the equal round, ``wide[j * W + rank]`` in the wide one;
+    ``None`` in a world of one rank); ``flags``: every rank's flag word; ``state``: the
     state the round was sized from; ``kind``: the collective whose round it was."""
 
     rows: list[Row]
-    slots: torch.Tensor | None
+    slots: Sequence[torch.Tensor] | None
     flags: tuple[int, ...]
     state: FusedState
     kind: CollectiveName
+    cut: Cut | None = None
+    """The wide round's: the results cut from its one receive buffer, whose regions are
+    ``slots`` (``_round_buffers.region_cutter``: closed up in place when the rank blocks
+    are adjacent in the result)."""
 
 
 Outgoing = Callable[[], tuple[torch.Tensor, Sequence[int]]]
@@ -234,14 +255,24 @@ Outgoing = Callable[[], tuple[torch.Tensor, Sequence[int]]]
 (``sizes[r]`` bytes) for rank ``r``, in rank order. Called only for an eligible call."""
 
 
+def _eligible(call: FamilyCall, x: object, info: GroupInfo) -> bool:
+    """Whether this rank's payload may ride in the round: no local problem, a strided
+    tensor on the exchange's device."""
+    return (
+        call.record.problem is None
+        and isinstance(x, torch.Tensor)
+        and x.device.type == info.default_device().type
+        and x.layout == torch.strided
+    )
+
+
 def _flags(
     call: FamilyCall, x: object, outgoing: Outgoing | None, capacity: int, info: GroupInfo
 ) -> tuple[int, tuple[torch.Tensor, Sequence[int]] | None]:
     """This rank's flag word and, when every block fits the slot, its blocks' bytes."""
-    if call.record.problem is not None or not isinstance(x, torch.Tensor) or outgoing is None:
+    if outgoing is None or not _eligible(call, x, info):
         return 0, None
-    if x.device.type != info.default_device().type or x.layout != torch.strided:
-        return 0, None
+    assert isinstance(x, torch.Tensor)  # an eligible call's
     if x.numel() * x.element_size() > capacity * info.world_size:  # some block is larger
         return _ELIGIBLE, None
     flat, sizes = outgoing()
@@ -263,6 +294,8 @@ def exchange_fused(
     kind_code = COLLECTIVES[call.kind].code
     pg = process_group(info) if info.communicates else None
     state = (STATES.get(pg, COLLECTIVES[call.kind].round) if pg is not None else None) or _FRESH
+    if pg is not None and len(state.wide) == info.world_size**2:
+        return _wide_exchange(call, info, x, outgoing, state, pg)
     capacity = state.capacity
     device = info.default_device()
     flag, payload = _flags(call, x, outgoing, capacity, info) if pg is not None else (0, None)
@@ -302,7 +335,87 @@ def exchange_fused(
         record, extras, flag = decode_row(row, len(call.extras), w, rank=r)
         flags.append(flag)
         out.append(Row(record, extras))
-    return Exchanged(out, received[:, 8 * words :], tuple(flags), state, call.kind)
+    return Exchanged(out, received[:, 8 * words :].unbind(0), tuple(flags), state, call.kind)
+
+
+def _wide_exchange(
+    call: FamilyCall,
+    info: GroupInfo,
+    x: object,
+    outgoing: Outgoing | None,
+    state: FusedState,
+    pg: dist.ProcessGroup,
+) -> Exchanged:
+    """The wide round (module doc): to every peer ``k``, this rank's row as one message
+    and its block for ``k`` as another, into a slot of ``wide[rank * W + k]`` bytes;
+    every peer's row and block received in place, the blocks into the regions of one
+    buffer (rank ``j``'s at its slot's offset, this rank's own block copied in): all
+    4 (W - 1) operations in one batch (``send_receive``, under ``BLOCKS_TAG``).
+
+    On gloo a block is sent as it lies in the caller's tensor (no copy when ``x`` is
+    contiguous and its blocks lie one after the other) and only its bytes, at most the
+    slot: gloo receives a shorter message into a larger buffer, and the row says how
+    many bytes came. A block larger than its slot sends its first ``slot`` bytes (the
+    call takes a second round, every rank sees it in the rows); a slot with nothing
+    to fill gets one zero byte. Elsewhere every message is exactly its slot (the
+    block and zeros, copied)."""
+    w, rank = info.world_size, info.rank
+    device = info.default_device()
+    room = wide_blocks(state)
+    out_slots = room[rank * w : (rank + 1) * w]
+    in_slots = [room[j * w + rank] for j in range(w)]
+    flag = 0
+    blocks: list[torch.Tensor] | None = None
+    if outgoing is not None and _eligible(call, x, info):
+        flat, sizes = outgoing()
+        blocks = list(torch.split(flat, list(sizes)))
+        fits = all(n <= c for n, c in zip(sizes, out_slots, strict=True))
+        flag = _ELIGIBLE | (_USED if fits else 0)
+    vector = encode_row(call.record, COLLECTIVES[call.kind].code, call.extras, w, flag)
+    words = len(vector)
+    rows = torch.empty(w, 8 * words, dtype=torch.uint8, device=device)
+    rows[rank].copy_(torch.tensor(vector, dtype=torch.int64).view(torch.uint8))
+    starts = [0] * (w + 1)
+    for j in range(w):
+        starts[j + 1] = starts[j] + in_slots[j]
+    buf = handed_back_buffer(pg, "blocks", starts[w], device)
+    exact = info.backend == "gloo"
+    zero = torch.zeros(1, dtype=torch.uint8, device=device)
+    messages: list[tuple[torch.Tensor, ...]] = []
+    for k in range(w):
+        slot = out_slots[k]
+        piece = blocks[k][:slot] if blocks is not None else zero[:0]
+        if k == rank:
+            if piece.numel():
+                buf[starts[k] : starts[k] + piece.numel()].copy_(piece)
+            messages.append(())
+            continue
+        if slot and exact:
+            sent = piece if piece.numel() else zero
+        elif slot:
+            sent = torch.zeros(slot, dtype=torch.uint8, device=device)
+            sent[: piece.numel()].copy_(piece)
+        else:
+            sent = zero[:0]
+        messages.append((rows[rank], sent))
+    regions = [buf[starts[j] : starts[j + 1]] for j in range(w)]
+    send_receive(
+        messages,
+        [(rows[j], regions[j]) for j in range(w)],
+        info,
+        what=f"send/recv x{4 * (w - 1)} ({call.kind} metadata exchange)",
+        tag=BLOCKS_TAG,
+    )
+    hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
+    marks = rows.view(torch.int64).tolist()
+    _check_kinds(call.kind, [row_mark(row) for row in marks])
+    out: list[Row] = []
+    flags: list[int] = []
+    for r, row in enumerate(marks):
+        record, extras, found = decode_row(row, len(call.extras), w, rank=r)
+        flags.append(found)
+        out.append(Row(record, extras))
+    return Exchanged(out, regions, tuple(flags), state, call.kind, region_cutter(buf, starts[:w]))
 
 
 def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None:
@@ -338,22 +451,25 @@ def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:
 
 
 def settle(
-    ex: Exchanged, info: GroupInfo, need: int, incoming: Sequence[int], total: int
+    ex: Exchanged, info: GroupInfo, blocks: Sequence[int]
 ) -> tuple[torch.Tensor, ...] | None:
     """After the rows of ``ex`` validated: advance the group's state (every rank alike;
-    ``need``: the largest block any rank sends any rank, ``total``: every rank's blocks
-    together, bytes, from the validated rows) and, when every rank's slot holds its
-    blocks, the block (``incoming[j]`` bytes) each rank ``j`` sent this rank (``None``:
-    the payload collective runs)."""
+    ``blocks[j * W + k]``: the bytes rank ``j`` sends rank ``k``, from the validated
+    rows) and, when every rank's slots hold its blocks, the block each rank ``j``
+    sent this rank (``None``: the payload collective runs)."""
     if ex.slots is None:
         return None
+    w, rank = info.world_size, info.rank
     fusable = all(f & _ELIGIBLE for f in ex.flags)
-    after = advance_blocks(ex.state, fusable=fusable, need=need, total=total, world=info.world_size)
+    after = advance_blocks(ex.state, fusable=fusable, blocks=blocks, world=w)
     if after is not ex.state:
         set_state(process_group(info), ex.kind, after)
-    if not all(f & _USED for f in ex.flags) or need > ex.state.capacity:
+    room = wide_blocks(ex.state) if ex.cut is not None else (ex.state.capacity,) * (w * w)
+    if not all(f & _USED for f in ex.flags) or any(
+        n > c for n, c in zip(blocks, room, strict=True)
+    ):
         return None
-    return tuple(ex.slots[j, :n] for j, n in enumerate(incoming))
+    return tuple(ex.slots[j][: blocks[j * w + rank]] for j in range(w))
 
 
 # --- validation helpers ----------------------------------------------------------------

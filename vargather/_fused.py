@@ -16,26 +16,25 @@ rank has seen: a mismatched dtype or shape cannot abort a rank or be misread, as
 nothing but agreed-length bytes moves before validation, and nothing received is read
 but the headers until they validated. The round is one of two kinds:
 
-* the **gather round** (``state.wide`` empty): one equal-size all_gather of bytes; each
-  rank sends ``slots * HEADER_BYTES + capacity`` bytes, ``slots`` compact headers (one
-  per gathered tensor) and a payload slot of ``capacity`` bytes (at most
-  ``FUSED_MAX_BYTES``, 128 KiB), the same on every rank. One collective, the fewest
-  operations for small payloads, where latency rules; every slot is as large as the
-  largest, so a group keeps it only while that carries at most ``PAD_LIMIT`` times the
-  payload (or ``SMALL_BYTES`` in all).
+* the **gather round** (``state.wide`` empty): every rank sends ``slots *
+  HEADER_BYTES + capacity`` bytes, ``slots`` compact headers (one per gathered
+  tensor) and a payload slot of ``capacity`` bytes (at most ``FUSED_MAX_BYTES``, 128
+  KiB), the same on every rank; on gloo by direct sends (``_gather_blocks``: 2 (W -
+  1) point-to-point operations in one batch, faster than gloo's ring all_gather of
+  the same bytes at every size measured), elsewhere one equal all_gather. Every slot
+  is as large as the largest, so a group keeps it only while that carries at most
+  ``PAD_LIMIT`` times the payload (or ``SMALL_BYTES`` in all).
 * the **wide round** (``state.wide[r]``: rank r's own payload slot): one batch of
-  direct sends (``_comm.exchange_with_each``): rank r sends region r of one
-  rank-major buffer, its payload slot of ``wide[r]`` bytes followed by its ``slots``
-  headers, to every peer, and receives every peer's region in place; 2 (W - 1)
+  direct sends (``_comm.send_receive``): rank r's payload slot of ``wide[r]`` bytes,
+  region r of one rank-major buffer, and its ``slots`` headers as a message of their
+  own, to every peer; every peer's region and headers received in place; 4 (W - 1)
   point-to-point operations in flight at once. Every byte crosses one link once and
-  no rank forwards another's: at 4 gloo ranks, even sizes, the raw sends ran
-  0.60-0.86x one equal ring all_gather from 128 KiB to 4 MiB per rank, where W
-  broadcasts in flight (the round's transport until then) ran 0.68-0.96x
-  (``docs/performance.md``, "The wide round by direct sends"). No rank pads to
-  another's size: for a stable skew each slot is the rank's own need, and a single
-  tensor gathered along a leading dim is returned as a view of the buffer after the
-  payload regions are closed up over the headers in place (``_move_left``: one
-  ``memmove`` per rank but the first on the CPU, never a second buffer).
+  no rank forwards another's. No rank pads to another's size: for a stable skew each
+  slot is the rank's own need, so the regions lie one after the other and a single
+  tensor gathered along a leading dim is returned as the buffer itself, nothing
+  moved; when a slot is larger than its need the payload regions are closed up in
+  place (``_move_left``: one ``memmove`` per rank but the first on the CPU, never a
+  second buffer).
 
 The compact header (``_wire.encode_header``, ``HEADER_WORDS`` int64) carries what
 validation compares, with no message text: a problem only sets a flag.

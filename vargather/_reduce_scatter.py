@@ -187,9 +187,9 @@ def plan_reduce_scatter(
         assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
         lay = scatter_layout(x, call.record.normalized_dim, found, info)
         unit = lay.pre * lay.post * x.element_size()
-        own = lay.local_size * unit
-        total = info.world_size * sum(found) * unit  # every rank sends its whole x
-        slots = settle(ex, info, max(found, default=0) * unit, [own] * info.world_size, total)
+        slots = settle(
+            ex, info, [n * unit for n in found] * info.world_size
+        )  # the same blocks on every rank
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     layout = scatter_layout(x, call.record.normalized_dim, found, info)
     result = None if slots is None else fold_slots(slots, layout)

@@ -72,17 +72,17 @@ error, never a gloo abort (``_fused`` names which rank called which). Sharing co
 group that mixes them a little padding: its capacity and header slots follow the
 largest need and tensor count of every one's calls.
 
-**The all_to_all-shaped round** (``advance_blocks``): the state is the same type, of
-which the round uses ``capacity``, ``idle`` and ``idle_need``: the bytes of the payload
-slot each rank sends every rank. Applied after every validated call, from the
-validated rows only: a call whose every rank is eligible and whose blocks ride
-(``rides``: the largest block, ``need`` bytes, is at most ``FAMILY_FUSED_MAX``, or
-at most ``FAMILY_STRETCH_MAX`` with the ``W * W`` slots padding the call's ``total``
-bytes by at most ``WASTE_LIMIT``: ``W * W * block_slot(need) <= 1.5 * total``) grows
-the capacity to ``block_slot(need)`` when ``4 * need`` exceeds it; any other call is
-idle, and after ``SHRINK_AFTER`` idle calls in a row the capacity shrinks to the slot
-of the largest eligible small need among them (0 if none). Calls that raise change
-nothing.
+**The all_to_all-shaped round** (``advance_blocks``): the state is the same type. Its
+equal slots are ``capacity``, ``idle`` and ``idle_need`` (the bytes of the payload
+slot each rank sends every rank): a call whose every rank is eligible and whose
+largest block, ``need`` bytes, is at most ``FAMILY_FUSED_MAX`` grows the capacity to
+``block_slot(need)`` when ``4 * need`` exceeds it; any other call is idle, and after
+``SHRINK_AFTER`` idle calls in a row the capacity shrinks to the slot of the largest
+eligible small need among them (0 if none). Its wide slots are ``wide`` and its
+streak fields, one slot per ordered pair of ranks (``wide[j * W + k]``: rank ``j`` to
+rank ``k``), moved by the wide round's rule above with the ``W * W`` blocks for needs
+and ``need > FAMILY_FUSED_MAX`` for going wide (``wide_blocks``: the slots the round
+uses, at least ``capacity``). Calls that raise change nothing.
 """
 
 from __future__ import annotations
@@ -98,7 +98,6 @@ from ._collectives import COLLECTIVES, CollectiveName
 
 __all__ = [
     "FAMILY_FUSED_MAX",
-    "FAMILY_STRETCH_MAX",
     "FUSED_MAX_BYTES",
     "PAD_LIMIT",
     "SHRINK_AFTER",
@@ -117,10 +116,10 @@ __all__ = [
     "group_key",
     "replace_state",
     "reset_state",
-    "rides",
     "set_state",
     "state_of",
     "swap_state",
+    "wide_blocks",
     "within_waste",
 ]
 
@@ -212,10 +211,18 @@ _WideStep = tuple[tuple[int, ...], int, tuple[int, ...], int, tuple[int, ...]]
 """``(wide, wide_idle, wide_max, wide_steady, wide_last)`` after a call."""
 
 
-def _advance_wide(state: FusedState, fusable: bool, needs: Sequence[int]) -> _WideStep:
-    """The wide round's part of ``advance`` (module doc, "the wide round")."""
+def _advance_wide(
+    state: FusedState,
+    fusable: bool,
+    needs: Sequence[int],
+    wants: Callable[[Sequence[int]], bool] = _wants_wide,
+) -> _WideStep:
+    """The wide round's part of ``advance`` (module doc, "the wide round") and of
+    ``advance_blocks``: learned slots, one per entry of ``needs`` (a rank's payload in
+    the all_gather-shaped round, a block from one rank to one rank in the
+    all_to_all-shaped one); ``wants``: whether a call of these needs goes wide."""
     wide, idle, most = state.wide, state.wide_idle, state.wide_max
-    large = fusable and _wants_wide(needs)
+    large = fusable and wants(needs)
     if large and len(wide) != len(needs):  # a group's first large call: its exact needs
         return tuple(needs), 0, (), 0, ()
     if not wide:
@@ -246,7 +253,7 @@ def _advance_wide(state: FusedState, fusable: bool, needs: Sequence[int]) -> _Wi
         steady, last = 0, ()
     if idle < SHRINK_AFTER:
         return wide, idle, most, steady, last
-    if _wants_wide(most):
+    if wants(most):
         return most, 0, (), 0, ()
     return (), 0, (), 0, ()
 
@@ -311,18 +318,10 @@ def advance(
 
 
 FAMILY_FUSED_MAX: Final = 64 * 1024
-"""Largest block (bytes, from one rank to one rank) that always rides in the
-all_to_all-shaped round: it moves ``W`` slots of the capacity (at most this) from and
-to every rank."""
-
-FAMILY_STRETCH_MAX: Final = 256 * 1024
-"""Largest block that rides in the all_to_all-shaped round at all: past
-``FAMILY_FUSED_MAX`` only while the slots' padding is bounded, ``W * W *
-block_slot(need) <= (1 + WASTE_LIMIT) * total`` (every block of every rank padded to
-the slot). Past it the two copies the slots cost (into the send slots, out of the
-received ones) cost more than the metadata round they save: measured on 4 gloo ranks,
-1 MiB blocks rode at 2.35x one ``all_to_all_single`` against 1.75x in two rounds
-(``docs/family.md``)."""
+"""Largest block (bytes, from one rank to one rank) the all_to_all-shaped round's equal
+slots carry (``W`` slots of the capacity, at most this, from and to every rank); a call
+with a larger block makes the round go wide: one learned slot per ordered pair of
+ranks, the blocks sent by direct sends as they lie (``advance_blocks``)."""
 
 
 def block_slot(n: int) -> int:
@@ -331,32 +330,61 @@ def block_slot(n: int) -> int:
     return -(-bucket(n) // 16) * 16
 
 
-def rides(need: int, total: int, world: int) -> bool:
-    """Whether a call of these blocks may ride in the all_to_all-shaped round's slots
-    (module doc): any call whose largest block is at most ``FAMILY_FUSED_MAX`` (latency
-    dominates there), and one of blocks up to ``FAMILY_STRETCH_MAX`` whose ``W * W``
-    slots pad its ``total`` bytes by at most ``WASTE_LIMIT``."""
-    if need <= FAMILY_FUSED_MAX:
-        return True
-    return need <= FAMILY_STRETCH_MAX and within_waste(world * world * block_slot(need), total)
+def _wants_wide_blocks(needs: Sequence[int]) -> bool:
+    """Whether a call of these blocks (bytes, one per ordered pair of ranks) makes a
+    group's all_to_all-shaped round go wide: its largest block is past
+    ``FAMILY_FUSED_MAX``, where the equal slots' two copies cost more than the
+    transfer they join."""
+    return max(needs, default=0) > FAMILY_FUSED_MAX
+
+
+def wide_blocks(state: FusedState) -> tuple[int, ...]:
+    """The all_to_all-shaped wide round's slot per ordered pair of ranks (``j * W +
+    k``: the bytes rank ``j`` may send rank ``k``): its learned slot, or the equal
+    round's ``capacity`` when that is larger, so a small call after large ones still
+    rides (on gloo only the block's own bytes travel, whatever its slot)."""
+    return tuple(max(c, state.capacity) for c in state.wide)
 
 
 def advance_blocks(
-    state: FusedState, *, fusable: bool, need: int, total: int = 0, world: int = 1
+    state: FusedState, *, fusable: bool, blocks: Sequence[int], world: int
 ) -> FusedState:
     """The all_to_all-shaped round's state after a call that validated: a pure function
-    of what every rank saw (``fusable``: every rank eligible; ``need``: the largest
-    block any rank sends any rank, bytes; ``total``: every block of every rank
-    together; ``world``: ``W``)."""
-    capacity, idle, idle_need = capacity_step(
+    of what every rank saw (``fusable``: every rank eligible; ``blocks``: the bytes
+    rank ``j`` sends rank ``k`` at ``j * W + k``; ``world``: ``W``). The equal slots'
+    ``capacity`` follows ``capacity_step``; the wide slots (``wide``, ``W * W`` of
+    them) follow the wide round's rule (``_advance_wide``) with blocks for needs."""
+    need = max(blocks, default=0)
+    capacity, idle, idle_need = capacity_step(  # a call that goes wide is not small
         (state.capacity, state.idle, state.idle_need),
-        small=fusable and rides(need, total, world),
+        small=fusable and need <= FAMILY_FUSED_MAX,
         need=need,
         slot=block_slot,
     )
-    if (capacity, idle, idle_need) == (state.capacity, state.idle, state.idle_need):
+    wide_step = _advance_wide(state, fusable, blocks, _wants_wide_blocks)
+    after = (capacity, idle, idle_need, *wide_step)
+    if after == (
+        state.capacity,
+        state.idle,
+        state.idle_need,
+        state.wide,
+        state.wide_idle,
+        state.wide_max,
+        state.wide_steady,
+        state.wide_last,
+    ):
         return state
-    return replace(state, capacity=capacity, idle=idle, idle_need=idle_need)
+    return replace(
+        state,
+        capacity=capacity,
+        idle=idle,
+        idle_need=idle_need,
+        wide=wide_step[0],
+        wide_idle=wide_step[1],
+        wide_max=wide_step[2],
+        wide_steady=wide_step[3],
+        wide_last=wide_step[4],
+    )
 
 
 # --- the per-group registries ----------------------------------------------------------

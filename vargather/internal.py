@@ -24,7 +24,6 @@ from ._collectives import COLLECTIVES, CollectiveName
 from ._comm import collectives_issued, swap_issued_counter
 from ._round_state import (
     FAMILY_FUSED_MAX,
-    FAMILY_STRETCH_MAX,
     FUSED_MAX_BYTES,
     SHRINK_AFTER,
     SMALL_BYTES,
@@ -140,14 +139,7 @@ THRESHOLDS: Final[tuple[Threshold, ...]] = (
         FAMILY_FUSED_MAX,
         "per-block",
         _SCATTERS,
-        "the largest block that always rides in the all_to_all-shaped round",
-    ),
-    Threshold(
-        "FAMILY_STRETCH_MAX",
-        FAMILY_STRETCH_MAX,
-        "per-block",
-        _SCATTERS,
-        "the largest block that rides at all (past FAMILY_FUSED_MAX only within the padding bound)",
+        "the largest block of the all_to_all-shaped round's equal slots; past it the round goes wide (a learned slot per pair of ranks)",
     ),
 )
 """Every collective's byte thresholds, the family's included (``Threshold``)."""
