@@ -19,6 +19,7 @@ from vargather.testing.family import (
 from vargather.testing.misuse import MisuseCase, check_misuse
 
 from . import _family_fns as fns
+from . import _gather_list_fns as gl_fns
 
 pytestmark = pytest.mark.multirank
 
@@ -129,3 +130,23 @@ def test_zero_dim_tensors(grad: str) -> None:
     """0-d tensors (a loss per rank, say) gather as a list of 0-d tensors."""
     case = GatherListCase(2, ((), ()), grad=grad, seed=9)
     assert check_case(get_pool(2), case) == []
+
+
+def test_the_carrier_rides_as_its_parts() -> None:
+    """The round copies the metadata and x straight into its payload slot: a call whose
+    payload rides (one collective) makes no carrier, and the results are the inputs bit
+    for bit for strided, lazily conjugated, bool, 0-d, empty and wide-round inputs,
+    including two strided inputs of one size and two shapes in a row."""
+    w = 3
+    results = get_pool(w).run(gl_fns.carrier_parts, None)
+    for r, calls in enumerate(results):
+        assert [c[0] for c in calls] == [c for c in gl_fns.PART_CASES for _ in range(2)]
+        for i, (case, issued, made, got) in enumerate(calls):
+            want = oracle.expected_gather_list([gl_fns.part_input(case, j) for j in range(w)])
+            assert len(got) == w, (r, case)
+            for j in range(w):
+                assert_bitwise_equal(got[j], want[j], f"rank {r} {case} call {i % 2} tensor {j}")
+            if issued == 1:  # the payload rode: nothing joined x to its metadata
+                assert made == 0, (r, case, i)
+            if i % 2 == 1:  # the second call of a case rides (the first taught the slots)
+                assert issued == 1, (r, case, issued)

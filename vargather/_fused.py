@@ -210,13 +210,18 @@ def exchange(
     info: GroupInfo,
     *,
     eligible: bool,
+    parts: Sequence[torch.Tensor] | None = None,
 ) -> Exchanged:
     """The fused round for a validated call on a communicating group (module doc).
 
     ``calls``: one checked call per tensor (a call-level problem sits in ``calls[0]``);
     ``eligible``: whether the caller lets the payload ride (``transport="auto"`` and
-    not a layout-only call). Raises the same error on every rank, or returns the same
-    layouts (and, when fused, the gathered tensors) on every rank.
+    not a layout-only call); ``parts``: this rank's payload as tensors whose bytes,
+    one after the other, are the bytes of ``tensors`` (``all_gather_list``: its
+    carrier's metadata, then its tensor), copied into the payload slot in place of
+    ``tensors``' own, so that the tensor the caller joins them into is never made.
+    Raises the same error on every rank, or returns the same layouts (and, when fused,
+    the gathered tensors) on every rank.
     """
     w = info.world_size
     pg = process_group(info)
@@ -228,13 +233,14 @@ def exchange(
     k = len(calls)
     device = info.default_device()
     records = tuple(c.record for c in calls)
+    payload = tensors if parts is None else parts
     local_ok = (
         eligible
         and all(rec.problem is None and rec.ndim <= SHAPE_SLOTS for rec in records)
-        and all(isinstance(t, torch.Tensor) and t.device.type == device.type for t in tensors)
+        and all(isinstance(t, torch.Tensor) and t.device.type == device.type for t in payload)
     )
     flags = call_flags(eligible=local_ok, kind_code=COLLECTIVES[kind].code)
-    own = [t for t in tensors if isinstance(t, torch.Tensor)] if local_ok and k <= slots else []
+    own = [t for t in payload if isinstance(t, torch.Tensor)] if local_ok and k <= slots else []
     nbytes = sum(t.numel() * t.element_size() for t in own)
     if nbytes > room[info.rank]:
         own = []

@@ -23,8 +23,11 @@ run ``cat_r x_r.reshape(-1)`` is one ragged gather along dim 0 with sizes
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import operator
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -33,7 +36,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _fused
-from ._args import CheckedCall, Problem, check_call, saturate, sizes_hash
+from ._args import CallRecord, CheckedCall, Problem, check_call, saturate, sizes_hash
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_gather_equal
 from ._errors import (
@@ -45,6 +48,7 @@ from ._errors import (
     VarGatherError,
 )
 from ._family import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
+from ._gather import _autograd_needed
 from ._layout import Layout
 from ._mesh import call_group
 from ._reduce_scatter import reduce_scatter_blocks
@@ -217,24 +221,49 @@ def _head_elements(words: int, dtype: torch.dtype, element_size: int) -> int:
 _BITS: Final = torch.arange(64, dtype=torch.int64)
 
 
+@functools.lru_cache(maxsize=64)
+def _head(words: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A carrier's first ``_head_elements`` elements (``_carrier``): the metadata
+    ``words`` (int64: their bytes, zero-padded to whole elements, or for ``bool`` their
+    bits) as elements of ``dtype`` on ``device``. Made once per words, dtype and device
+    (a steady caller sends the same words every call) and only ever read: sent as
+    they are, or copied into a carrier."""
+    if dtype == torch.bool:
+        raw = bytes((w >> i) & 1 for w in words for i in range(64))  # two's complement bits
+    else:
+        pad = _head_elements(len(words), dtype, dtype.itemsize) * dtype.itemsize
+        raw = struct.pack(f"={len(words)}q", *words).ljust(pad, b"\0")
+    # A copy out of the bytearray into the allocator's (aligned) memory, then typed.
+    head = torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone().view(dtype)
+    return head.to(device)
+
+
 def _carrier(x: torch.Tensor, words: Sequence[int]) -> torch.Tensor:
     """One ``(n, 1, 1)`` tensor of ``x``'s dtype (``CARRIER_SHAPE``): the metadata
-    ``words`` (int64: their bytes, zero-padded to whole elements, or for ``bool`` their
-    bits), then ``x``'s elements in row-major order. Nothing is computed on ``x``: exact for every dtype (a lazily
-    conjugated or negated ``x`` gives its values, as a gather of ``x`` does)."""
-    e = x.element_size()
-    head = _head_elements(len(words), x.dtype, e)
-    out = torch.empty(head + x.numel(), dtype=x.dtype, device=x.device)
-    meta = torch.tensor(list(words), dtype=torch.int64)
-    if x.dtype == torch.bool:
-        out[:head].copy_(((meta.unsqueeze(1) >> _BITS) & 1).reshape(-1))
-    else:
-        raw = out[:head].view(torch.uint8)
-        raw[: 8 * len(words)].copy_(meta.view(torch.uint8))
-        raw[8 * len(words) :].zero_()
+    ``words`` (``_head``), then ``x``'s elements in row-major order. Nothing is
+    computed on ``x``: exact for every dtype (a lazily conjugated or negated ``x`` gives
+    its values, as a gather of ``x`` does). The fused round never makes it: it copies
+    ``_head`` and ``x`` into its payload slot one after the other (``_fused_plan``); a
+    call whose payload does not ride gathers it by a transport."""
+    head = _head(tuple(words), x.dtype, x.device)
+    n = head.numel()
+    out = torch.empty(n + x.numel(), dtype=x.dtype, device=x.device)
+    out[:n].copy_(head)
     if x.numel():
-        out[head:].view(x.shape).copy_(x.detach())
+        out[n:].view(x.shape).copy_(x.detach())
     return out.view(CARRIER_SHAPE)
+
+
+@functools.lru_cache(maxsize=64)
+def _carrier_record(record: CallRecord, n: int) -> CallRecord:
+    """The record ``check_call`` makes of a carrier of ``n`` elements, from the
+    problem-free ``record`` of ``x.reshape(-1)`` (the same dtype, device, arguments and
+    ``requires_grad``; gathered along dim 0 of either): only the shape differs."""
+    return replace(record, ndim=len(CARRIER_SHAPE), shape=(n, 1, 1))
+
+
+_MAX_CARRIER_NDIM: Final = 64
+"""The most dimensions a carrier's second word may announce before it is read on."""
 
 
 def _words(region: torch.Tensor, count: int) -> list[int] | None:
@@ -251,21 +280,45 @@ def _words(region: torch.Tensor, count: int) -> list[int] | None:
     return [int(v) for v in values.tolist()]
 
 
+def _carrier_head(run: torch.Tensor, at: int, n: int, direct: bool) -> tuple[list[int], int] | None:
+    """The metadata words of the carrier in elements ``[at, at + n)`` of ``run`` and
+    the elements they take (``_head_elements``), or ``None`` when that region is not
+    an ``all_gather_list`` carrier. ``direct``: ``run`` is a contiguous CPU tensor of
+    a dtype other than ``bool``, whose words are read with ``struct`` where they lie
+    (no tensor made per rank); else through tensors (``_words``)."""
+    dtype, e = run.dtype, run.element_size()
+    if not direct:
+        region = run[at : at + n]
+        ndim = carrier_ndim(_words(region, 2))
+        words = _words(region, ndim + 4) if 0 <= ndim <= _MAX_CARRIER_NDIM else None
+        return None if words is None else (words, _head_elements(ndim + 4, dtype, e))
+    if n < _head_elements(2, dtype, e):
+        return None
+    raw = ctypes.string_at(run.data_ptr() + at * e, min(n * e, 8 * (_MAX_CARRIER_NDIM + 4)))
+    ndim = carrier_ndim(struct.unpack_from("=2q", raw))
+    if not 0 <= ndim <= _MAX_CARRIER_NDIM:
+        return None
+    head = _head_elements(ndim + 4, dtype, e)
+    if n < head:
+        return None
+    return list(struct.unpack_from(f"={ndim + 4}q", raw)), head
+
+
 def _read_carriers(run: torch.Tensor, sizes: Sequence[int]) -> list[tuple[list[int], torch.Tensor]]:
     """Every rank's metadata words and elements (a view of ``run``) from the gathered
     carriers; a region that is not an ``all_gather_list`` carrier raises
     ``ProtocolMismatchError`` (every rank reads the same regions: the same error)."""
     out: list[tuple[list[int], torch.Tensor]] = []
     bad: list[int] = []
-    for r, region in enumerate(torch.split(run, list(sizes))):
-        first = _words(region, 2)
-        ndim = carrier_ndim(first)
-        words = _words(region, ndim + 4) if 0 <= ndim <= 64 else None
-        if words is None:
+    direct = run.dtype != torch.bool and run.device.type == "cpu" and run.is_contiguous()
+    at = 0
+    for r, n in enumerate(sizes):
+        found = _carrier_head(run, at, n, direct)
+        if found is None:
             bad.append(r)
-            continue
-        head = _head_elements(ndim + 4, region.dtype, region.element_size())
-        out.append((words, region[head:]))
+        else:
+            out.append((found[0], run[at + found[1] : at + n]))
+        at += n
     if bad:
         raise ProtocolMismatchError(
             f"{NAME}: rank(s) {bad} sent no all_gather_list metadata: expected an "
@@ -335,37 +388,116 @@ def _fused_plan(
         timeout=timeout,
     )
     record = checked.record
-    carrier: object = x
+    parts: list[torch.Tensor] | None = None
+    words: list[int] = []
     if isinstance(x, torch.Tensor) and call.record.problem is None and record.problem is None:
-        carrier = _carrier(x, carrier_words(call.record.shape, call.extras))
-        own = check_call(
-            carrier, 0, sizes=None, grad=grad, transport="auto", info=info, validate=validate
-        )
-        record = replace(own.record, requires_grad=record.requires_grad)
+        # The carrier as its two parts, copied by the round straight into its payload
+        # slot one after the other: x is copied once, as all_gather_v copies it.
+        words = carrier_words(call.record.shape, call.extras)
+        parts = [_head(tuple(words), x.dtype, x.device), x]
+        record = _carrier_record(record, parts[0].numel() + x.numel())
     if requires_grad is not None:
         record = replace(record, requires_grad=requires_grad)
     if call.record.problem is not None:  # this family's own checks (the shapes), first
         record = replace(record, problem=call.record.problem)
     calls = [CheckedCall(record, None, checked.timeout)]
     try:
-        found = _fused.exchange("all_gather_list", calls, [carrier], info, eligible=True)
-        assert isinstance(carrier, torch.Tensor)  # the headers validated
+        found = _fused.exchange("all_gather_list", calls, [x], info, eligible=True, parts=parts)
+        assert isinstance(x, torch.Tensor)  # the headers validated
+        assert parts is not None
         if found.outputs is not None:
             run = found.outputs[0].reshape(-1)
-        else:
+        else:  # the payload did not ride: the carrier, made, by a transport
             lay = found.layouts[0]
+            carrier = _carrier(x, words)
             run = choose_transport("auto", lay, info).gather(carrier, lay, info).reshape(-1)
     except VarGatherError as err:
         raise _renamed(err) from None
-    read = _read_carriers(run, found.layouts[0].sizes)
+    sizes = tuple(found.layouts[0].sizes)
+    read = _known_read(run, sizes) or _new_read(run, sizes, call, info)
+    assert isinstance(grad, str)
+    return GatherListPlan(read.shapes, info, grad, x.dtype, [read.views(run)])
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What the gathered carriers held, validated (the same ndim everywhere, no passed
+    shapes contradicting the tensors): every rank's metadata ``words`` as the bytes
+    they lay in (``struct``'s native int64), its shape, and where its region and its
+    elements start in the run (in elements)."""
+
+    words: tuple[bytes, ...]
+    shapes: Shapes
+    regions: tuple[int, ...]
+    starts: tuple[int, ...]
+    strides: tuple[tuple[int, ...], ...]
+
+    def views(self, run: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's tensor, a view of ``run``: one ``as_strided`` each (``run`` is
+        contiguous) or a slice viewed as its shape."""
+        if run.is_contiguous():
+            base = run.storage_offset()
+            return [
+                run.as_strided(s, st, base + at)
+                for s, st, at in zip(self.shapes, self.strides, self.starts, strict=True)
+            ]
+        return [
+            run[at : at + math.prod(s)].view(s)
+            for s, at in zip(self.shapes, self.starts, strict=True)
+        ]
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides torch gives a contiguous tensor of ``shape`` (a 0 size counts as 1)."""
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * max(shape[i + 1], 1)
+    return tuple(strides)
+
+
+_READS: Final[dict[tuple[torch.dtype, tuple[int, ...]], _Read]] = {}
+"""The last validated read per dtype and region sizes: a steady caller's carriers hold
+the same words every call, so the next read only compares their bytes."""
+_READS_MAX: Final = 64
+
+
+def _direct(run: torch.Tensor) -> bool:
+    """Whether ``run``'s metadata words are read with ``struct`` where they lie."""
+    return run.dtype != torch.bool and run.device.type == "cpu" and run.is_contiguous()
+
+
+def _known_read(run: torch.Tensor, sizes: tuple[int, ...]) -> _Read | None:
+    """The read of these carriers when every rank's metadata bytes are those of the
+    last validated read of the same dtype and region sizes (what ``_new_read`` would
+    find: a function of those bytes and sizes alone); else ``None``."""
+    if not _direct(run):
+        return None
+    known = _READS.get((run.dtype, sizes))
+    if known is None:
+        return None
+    base, e = run.data_ptr(), run.element_size()
+    for at, words in zip(known.regions, known.words, strict=True):
+        if ctypes.string_at(base + at * e, len(words)) != words:
+            return None
+    return known
+
+
+def _new_read(
+    run: torch.Tensor, sizes: tuple[int, ...], call: FamilyCall, info: GroupInfo
+) -> _Read:
+    """The gathered carriers read and checked, the same on every rank: the ndim agrees,
+    and no rank's passed shapes contradict the tensors (else every rank raises)."""
+    read = _read_carriers(run, sizes)
     rows = [words[1:] for words, _ in read]
     ndims = [int(row[0]) for row in rows]
     agree(NAME, [(ShapeMismatchError, "ndim", list(ndims), repr)])
     shapes = tuple(
         tuple(int(v) for v in row[1 : 1 + n]) for row, n in zip(rows, ndims, strict=True)
     )
-    truth = sizes_hash([v for s in shapes for v in (len(s), *s)])
-    liars = [r for r, row in enumerate(rows) if row[-2] == 1 and row[-1] != truth]
+    liars: list[int] = []
+    if any(row[-2] == 1 for row in rows):  # some rank passed shapes: check them
+        truth = sizes_hash([v for s in shapes for v in (len(s), *s)])
+        liars = [r for r, row in enumerate(rows) if row[-2] == 1 and row[-1] != truth]
     if liars:  # every rank knows: all take one more small gather, to show the lies
         passed = _exchange_passed_shapes(call.sizes, ndims[0], info)
         got = "; ".join(f"rank {r} passed shapes={passed[r]}" for r in liars)
@@ -374,10 +506,21 @@ def _fused_plan(
             f"shapes={[list(s) for s in shapes]} (every rank's tensor's shape), got {got}",
             ranks=liars,
         )
-    assert isinstance(x, torch.Tensor)  # validated
-    assert isinstance(grad, str)
-    gathered = [p.view(s) for (_, p), s in zip(read, shapes, strict=True)]
-    return GatherListPlan(shapes, info, grad, x.dtype, [gathered])
+    regions = tuple(sum(sizes[:r]) for r in range(len(sizes)))
+    found = _Read(
+        words=tuple(struct.pack(f"={len(w)}q", *w) for w, _ in read),
+        shapes=shapes,
+        regions=regions,
+        starts=tuple(
+            at + n - p.numel() for at, n, (_, p) in zip(regions, sizes, read, strict=True)
+        ),
+        strides=tuple(_contiguous_strides(s) for s in shapes),
+    )
+    if _direct(run):
+        if len(_READS) >= _READS_MAX:
+            _READS.clear()
+        _READS[(run.dtype, sizes)] = found
+    return found
 
 
 def gather_flat(x: torch.Tensor, plan: GatherListPlan) -> list[torch.Tensor]:
@@ -435,5 +578,9 @@ def gather_list_eager(
     )
     if not plan.info.communicates:
         return [x]
+    if plan.box and not _autograd_needed(x):
+        # What GatherListFunction.forward hands back (the tensors the fused round
+        # gathered), without the autograd machinery that nothing here would use.
+        return plan.box.pop()
     outs = GatherListFunction.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
     return list(outs)

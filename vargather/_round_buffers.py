@@ -320,9 +320,12 @@ class Round:
                 at += n
             filled = nbytes
         elif own:
-            if records != self.slot_key:
+            # The tensors' shapes too: ``_fused.exchange``'s ``parts`` need not be the
+            # tensors the records describe.
+            slot_key = (records, [t.shape for t in own])
+            if slot_key != self.slot_key:
                 self.slot_views = self._slot_views(own)
-                self.slot_key = records
+                self.slot_key = slot_key
             for t, (view, typed) in zip(own, self.slot_views, strict=True):
                 if typed:  # the same bytes as ``pack``'s, in one copy whatever the strides
                     view.copy_(t.detach() if t.requires_grad else t)
