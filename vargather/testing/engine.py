@@ -236,7 +236,9 @@ def _run_check(
         }
     )
     progress = Progress(progress_callback, len(selected))
-    if any(r.compiled and r.initialized for r in selected):
+    if any(
+        r.compiled and r.initialized and r.not_applicable(world_sizes) is None for r in selected
+    ):
         # The ranks' compiled steps import dynamo and inductor on first use, seconds of
         # CPU in every rank: the forkserver the worlds fork from imports them once.
         preload(COMPILED_PRELOAD)
