@@ -240,9 +240,10 @@ _EMPTY_MIDDLE_THEN_TWO_EMPTY = ((3, 0, 5), (0, 4, 0))
 _CONTRACTS = ("sum", "local", "mean")
 
 SCENARIOS = [
-    fns.Scenario("inductor", _CONTRACTS, _EMPTY_MIDDLE_THEN_TWO_EMPTY),
-    # every contract under inductor with sizes; without sizes one (a compile per
-    # contract costs seconds; SLOW_SCENARIOS has every contract x shape x sizes)
+    # under inductor: with sizes, a backward with a collective (sum; mean issues the
+    # same one) and one without (local); without sizes, sum (a compile per contract
+    # costs seconds; SLOW_SCENARIOS has every contract x shape x sizes x backend)
+    fns.Scenario("inductor", ("sum", "local"), _EMPTY_MIDDLE_THEN_TWO_EMPTY),
     fns.Scenario("inductor", ("sum",), _EMPTY_MIDDLE_THEN_TWO_EMPTY, pass_sizes=False),
     fns.Scenario("aot_eager", _CONTRACTS, _EMPTY_MIDDLE_THEN_TWO_EMPTY, pass_sizes=False),
     fns.Scenario("inductor", ("sum",), ((0, 0, 0), (2, 0, 1)), shape="unused"),
