@@ -18,7 +18,8 @@
 #               `pip install -c constraints.txt -e ".[docs]"`); into docs/_build/html
 #   slow        the tests marked slow, which the README's command leaves out (the
 #               fork zoo at default settings, every mutant through the CLI, more
-#               seeds and contracts of the gate): scheduled, not on every push
+#               seeds and contracts of the gate, every compile scenario on every
+#               backend): scheduled, not on every push
 #   fuzz-smoke  each fuzz program replays the stored findings (fuzz/findings.py), then
 #               spends half a minute on fresh randomness (new examples on every push);
 #               what it finds goes to FUZZ_REPORT (default fuzz-report/) and its

@@ -87,6 +87,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # but for those. Set here, not in addopts, so that -p no:xdist keeps working.
     if getattr(config.option, "dist", None) == "load":
         config.option.dist = "loadgroup"
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        # Not the xdist controller (which runs no test): the forkserver this process's
+        # worlds fork from imports dynamo and inductor once, instead of every rank of
+        # every world on its first compiled step (seconds of CPU per rank on 2 cores).
+        from vargather.testing.engine import COMPILED_PRELOAD
+        from vargather.testing.pool import preload
+
+        preload(COMPILED_PRELOAD)
     n = config.getoption("--max-examples")
     if n is not None:
         if n < 1:
@@ -110,7 +118,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if name in names and item.get_closest_marker("xdist_group") is None:
                 item.add_marker(pytest.mark.xdist_group(f"fixture-{name}"))
     if hasattr(config, "workerinput"):
+        items.sort(key=_long_first)  # stable: the collection order within each part
         _name_the_groups(items)
+
+
+LONG_FIRST = (
+    "tests/test_plugin.py",
+    "tests/test_cli_check.py",
+    "tests/test_family_gate.py",
+    "tests/test_gate_forks.py",
+    "tests/test_targets.py",
+    "tests/test_docs.py",
+    "tests/test_faults.py",
+    "tests/test_mutants.py",
+)
+"""Files of long tests (runs of the command line or of pytest in a subprocess, many
+seconds each): under xdist their tests are handed out first, after the groups (which
+``loadgroup`` hands out first, largest first), so that no worker starts one of them
+while the other is finishing its last short tests."""
+
+
+def _long_first(item: pytest.Item) -> int:
+    return 0 if item.nodeid.startswith(LONG_FIRST) else 1
 
 
 def _name_the_groups(items: list[pytest.Item]) -> None:

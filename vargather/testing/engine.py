@@ -25,6 +25,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Final
 
 import torch
 
@@ -35,9 +36,9 @@ from .cases import DTYPE_NAMES
 from .catalogues import catalogue_of
 from .collectives import DEFAULT
 from .evaluate import evaluate_row, hypothesis_storage, prefer_nonempty
-from .isolated import run_isolated
+from .isolated import IsolatedRun, start_isolated
 from .options import CheckOptions, CheckUsageError
-from .pool import PoolFailure, RankError, RankPool, get_pool
+from .pool import PoolFailure, RankError, RankPool, get_pool, preload
 from .progress import Progress, ProgressCallback, ProgressEvent
 from .properties import BATCH, Property
 from .resolve import ImplInfo, ensure_import_path
@@ -132,6 +133,18 @@ def _preflight(
             ) from None
 
 
+COMPILED_PRELOAD: Final = ("torch._dynamo", "torch._inductor.compile_fx")
+"""What a rank imports on its first compiled case (seconds of CPU per rank on 2 cores)."""
+
+
+def _isolated(row: Property, options: CheckOptions) -> bool:
+    """Whether ``row`` runs in a child check process (``isolated``): its cases run
+    without torch.distributed, and this is not that child already."""
+    if row.initialized or options.in_flight is not None:
+        return False
+    return not (row.id == "uninitialized" and options.requires_init)
+
+
 def _selected(row: Property, options: CheckOptions) -> bool:
     return not options.only or row.id in options.only
 
@@ -223,6 +236,18 @@ def _run_check(
         }
     )
     progress = Progress(progress_callback, len(selected))
+    if any(
+        r.compiled and r.initialized and r.not_applicable(world_sizes) is None for r in selected
+    ):
+        # The ranks' compiled steps import dynamo and inductor on first use, seconds of
+        # CPU in every rank: the forkserver the worlds fork from imports them once.
+        preload(COMPILED_PRELOAD)
+    early: dict[str, IsolatedRun] = {}
+    for r in selected:
+        if _isolated(r, options) and r.not_applicable(world_sizes) is None:
+            # Started now, so that the child's interpreter start and cases overlap
+            # with the worlds' start and the rows run on them (waited for in turn).
+            early[r.id] = start_isolated(r, options, info)
     try:
         if needed:
             progress.phase(f"starting gloo worlds of {', '.join(map(str, needed))} rank(s)")
@@ -236,6 +261,8 @@ def _run_check(
         refused = (*refused, *(d for d in target_refusals(options) if d not in refused))
     except BaseException:
         progress.close()
+        for child in early.values():
+            child.cancel()
         raise
     rows = [r for r in collective.rows(impl, returns) if _selected(r, options)]
     report = Report(
@@ -272,8 +299,9 @@ def _run_check(
                 )
             elif reason is not None:
                 result = PropertyResult(row_id, row.title, "n/a", reason=reason)
-            elif not row.initialized and options.in_flight is None:
-                result = run_isolated(row, options, info)
+            elif _isolated(row, options):
+                child = early.pop(row.id) if row.id in early else start_isolated(row, options, info)
+                result = child.result()
             else:
                 small = dtype in refused
                 examples = min(options.max_examples, UNSUPPORTED_EXAMPLES) if small else None
@@ -294,6 +322,8 @@ def _run_check(
             progress.row(result)
     finally:
         progress.close()
+        for child in early.values():  # n/a or skipped after all
+            child.cancel()
     report.results = scope_hints(report.results)
     report.seconds = time.monotonic() - started
     return report

@@ -30,7 +30,14 @@ from .properties import Property
 from .resolve import ImplInfo
 from .results import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PropertyFailure, PropertyResult
 
-__all__ = ["CHILD_MODULE", "HUNG_EXIT", "in_flight", "run_isolated"]
+__all__ = [
+    "CHILD_MODULE",
+    "HUNG_EXIT",
+    "IsolatedRun",
+    "in_flight",
+    "run_isolated",
+    "start_isolated",
+]
 
 CHILD_MODULE: Final = "vargather.testing.engine"
 """The module the child runs (``python -m``): the engine's ``child_main``."""
@@ -89,29 +96,66 @@ def _child_options(
     )
 
 
-def run_isolated(row: Property, options: CheckOptions, info: ImplInfo) -> PropertyResult:
-    """Run a row whose cases execute in the checking process itself (torch.distributed
-    not initialized) in a child check process instead, so a crash or a hang of the
-    implementation is that row's failure, not the checker's."""
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="vargather-check-") as tmp:
-        report_path = os.path.join(tmp, "report.json")
-        in_flight = os.path.join(tmp, "in-flight.json")
+class IsolatedRun:
+    """A row's child check process, started (``start_isolated``) and not yet waited
+    for: the engine starts it before the rows that run on gloo worlds, so that the
+    child's interpreter start and its cases overlap with theirs instead of adding to
+    them; ``result()`` waits for it, ``cancel()`` kills it."""
+
+    def __init__(self, row: Property, options: CheckOptions, info: ImplInfo) -> None:
+        self.row = row
+        self.options = options
+        self.started = time.monotonic()
+        self._tmp = tempfile.TemporaryDirectory(prefix="vargather-check-")
+        tmp = self._tmp.name
+        self.report_path = os.path.join(tmp, "report.json")
+        self.in_flight = os.path.join(tmp, "in-flight.json")
         options_path = os.path.join(tmp, "options.json")
-        child = _child_options(row, options, info, report_path, in_flight)
+        child = _child_options(row, options, info, self.report_path, self.in_flight)
         with open(options_path, "w", encoding="utf-8") as f:
             json.dump(child.to_json(), f)
         command = [sys.executable, "-m", CHILD_MODULE, options_path]
         env = {**os.environ, _CHILD_TIMEOUT_ENV: str(options.timeout)}
+        self._stderr_path = os.path.join(tmp, "stderr.txt")
+        with open(self._stderr_path, "w", encoding="utf-8") as stderr:
+            # (the child keeps its own copy of the file descriptor)
+            self.proc = subprocess.Popen(
+                command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr
+            )
+
+    def cancel(self) -> None:
+        """Kill the child (its row will not be reported) and remove its files."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._close()
+
+    def _close(self) -> None:
+        self._tmp.cleanup()
+
+    def result(self) -> PropertyResult:
+        """Wait for the child and read its row's result (a failure of the row if the
+        child hung, crashed or could not run)."""
+        try:
+            return self._result()
+        finally:
+            self._close()
+
+    def _result(self) -> PropertyResult:
+        row, options, started, in_flight = self.row, self.options, self.started, self.in_flight
+        report_path = self.report_path
         # Backstop only: the child's own watchdog reports a hung batch after --timeout.
         backstop = 120.0 + 2 * options.timeout + options.shrink_budget + options.max_examples
         try:
-            proc = subprocess.run(
-                command, env=env, capture_output=True, text=True, timeout=backstop, check=False
-            )
+            self.proc.wait(timeout=max(1.0, backstop - (time.monotonic() - started)))
         except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
             what = f"the child check process did not finish within {backstop:g} s"
             return _child_failure(row, "hang", what, "", in_flight, started)
+        with open(self._stderr_path, encoding="utf-8", errors="replace") as f:
+            stderr = f.read()
+        proc = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, "", stderr)
         if proc.returncode in (EXIT_OK, EXIT_FAILED) and os.path.exists(report_path):
             with open(report_path, encoding="utf-8") as f:
                 data = json.load(f)
@@ -127,6 +171,19 @@ def run_isolated(row: Property, options: CheckOptions, info: ImplInfo) -> Proper
         what = f"the child check process exited with status {proc.returncode}"
         kind = "checker" if proc.returncode == EXIT_USAGE else "crash"
         return _child_failure(row, kind, what, tail, in_flight, started)
+
+
+def start_isolated(row: Property, options: CheckOptions, info: ImplInfo) -> IsolatedRun:
+    """Start ``row``'s child check process (``IsolatedRun``); its ``result()`` is what
+    ``run_isolated`` returns."""
+    return IsolatedRun(row, options, info)
+
+
+def run_isolated(row: Property, options: CheckOptions, info: ImplInfo) -> PropertyResult:
+    """Run a row whose cases execute in the checking process itself (torch.distributed
+    not initialized) in a child check process instead, so a crash or a hang of the
+    implementation is that row's failure, not the checker's."""
+    return start_isolated(row, options, info).result()
 
 
 def _signal_name(number: int) -> str:
