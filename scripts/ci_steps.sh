@@ -19,7 +19,8 @@
 #   slow        the tests marked slow, which the README's command leaves out (the
 #               fork zoo at default settings, every mutant through the CLI, more
 #               seeds and contracts of the gate, every compile scenario on every
-#               backend): scheduled, not on every push
+#               backend), then the property files at 60 examples a property:
+#               scheduled, not on every push
 #   fuzz-smoke  each fuzz program replays the stored findings (fuzz/findings.py), then
 #               spends half a minute on fresh randomness (new examples on every push);
 #               what it finds goes to FUZZ_REPORT (default fuzz-report/) and its
@@ -57,6 +58,9 @@ run_step() {
         ;;
     slow)
         python -m pytest -n 2 -m slow
+        # the properties at three times the README command's examples (its profile: 20)
+        python -m pytest -n 2 --max-examples 60 tests/test_properties.py \
+            tests/test_family_properties.py tests/test_nan_semantics.py
         ;;
     fuzz-smoke)
         local report=${FUZZ_REPORT:-fuzz-report} status=0
