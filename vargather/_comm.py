@@ -383,30 +383,15 @@ def send_receive(
     w, rank = info.world_size, info.rank
     ops: list[dist.P2POp] = []
     peers = [(rank + k) % w for k in range(1, w)]
-    for q in peers:  # receives first
-        for i, t in enumerate(incoming[q]):
-            if t.numel() > 0:
-                ops.append(
-                    dist.P2POp(
-                        dist.irecv,
-                        movable(t, rows=False),
-                        group=info.group,
-                        tag=tag + i,
-                        group_peer=q,
+    for op, messages in ((dist.irecv, incoming), (dist.isend, outgoing)):  # receives first
+        for q in peers:
+            for i, t in enumerate(messages[q]):
+                if t.numel() > 0:
+                    ops.append(
+                        dist.P2POp(
+                            op, movable(t, rows=False), group=info.group, tag=tag + i, group_peer=q
+                        )
                     )
-                )
-    for q in peers:
-        for i, t in enumerate(outgoing[q]):
-            if t.numel() > 0:
-                ops.append(
-                    dist.P2POp(
-                        dist.isend,
-                        movable(t, rows=False),
-                        group=info.group,
-                        tag=tag + i,
-                        group_peer=q,
-                    )
-                )
     if not ops:
         return
     with translate_collective_errors(what or f"send/recv x{len(ops)}", info):

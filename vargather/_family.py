@@ -327,15 +327,22 @@ def exchange_fused(
         info=info,
         what=f"all_to_all ({call.kind} metadata exchange)",
     )
-    rows = received[:, : 8 * words].contiguous().view(torch.int64).tolist()
-    _check_kinds(call.kind, [row_mark(row) for row in rows])
+    out, flags = _read_rows(call, received[:, : 8 * words].contiguous(), w)
+    return Exchanged(out, received[:, 8 * words :].unbind(0), flags, state, call.kind)
+
+
+def _read_rows(call: FamilyCall, rows: torch.Tensor, w: int) -> tuple[list[Row], tuple[int, ...]]:
+    """Every rank's row and flag word from the received rows (``(W, 8 * words)`` bytes);
+    ``ProtocolMismatchError`` on every rank unless every rank called ``call.kind``."""
+    words = rows.view(torch.int64).tolist()
+    _check_kinds(call.kind, [row_mark(row) for row in words])
     out: list[Row] = []
     flags: list[int] = []
-    for r, row in enumerate(rows):
+    for r, row in enumerate(words):
         record, extras, flag = decode_row(row, len(call.extras), w, rank=r)
         flags.append(flag)
         out.append(Row(record, extras))
-    return Exchanged(out, received[:, 8 * words :].unbind(0), tuple(flags), state, call.kind)
+    return out, tuple(flags)
 
 
 SHORT_MESSAGES: tuple[str, ...] = ("gloo",)
@@ -413,15 +420,8 @@ def _wide_exchange(
         tag=BLOCKS_TAG,
     )
     hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
-    marks = rows.view(torch.int64).tolist()
-    _check_kinds(call.kind, [row_mark(row) for row in marks])
-    out: list[Row] = []
-    flags: list[int] = []
-    for r, row in enumerate(marks):
-        record, extras, found = decode_row(row, len(call.extras), w, rank=r)
-        flags.append(found)
-        out.append(Row(record, extras))
-    return Exchanged(out, regions, tuple(flags), state, call.kind, region_cutter(buf, starts[:w]))
+    out, flags = _read_rows(call, rows, w)
+    return Exchanged(out, regions, flags, state, call.kind, region_cutter(buf, starts[:w]))
 
 
 def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None:
