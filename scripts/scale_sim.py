@@ -287,10 +287,11 @@ class Exchange:
         return work
 
     def batch_isend_irecv(self, ops: Sequence[Any]) -> list[Any]:
-        """Point-to-point sends and receives (``exchange_with_each``): each an
-        operation of its own, matched per (sender, receiver) pair in order; a send
-        travels whole or as its last ``HEAD_BYTES`` (where the wide round's region
-        carries its headers), as a broadcast does. ``sent`` counts a block once however
+        """Point-to-point sends and receives (``send_receive``): each an operation of
+        its own, matched per (sender, receiver) pair in the order posted (the rounds
+        post a pair's messages in the same order on both sides); a send travels whole
+        or as its last ``HEAD_BYTES`` (a header message travels whole), as a broadcast
+        does. ``sent`` counts a block once however
         many peers it goes to (the logical contribution, as for every collective here)."""
         me = self.rank
         pairs = self.local.__dict__.setdefault("pairs", {})
