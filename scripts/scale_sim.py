@@ -290,8 +290,8 @@ class Exchange:
         """Point-to-point sends and receives (``send_receive``): each an operation of
         its own, matched per (sender, receiver) pair in the order posted (the rounds
         post a pair's messages in the same order on both sides); a send travels whole
-        or as its last ``HEAD_BYTES`` (a header message travels whole), as a broadcast
-        does. ``sent`` counts a block once however
+        or as its last ``HEAD_BYTES`` (where the wide round's region carries its
+        headers; a short message travels whole), as a broadcast does. ``sent`` counts a block once however
         many peers it goes to (the logical contribution, as for every collective here)."""
         me = self.rank
         pairs = self.local.__dict__.setdefault("pairs", {})

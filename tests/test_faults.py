@@ -217,7 +217,7 @@ def test_a_rank_that_never_arrives_at_a_wide_round_is_named_by_the_others(
     absent = 1
     outcomes = pool.run_outcomes(faults.skip_a_wide_call_on, (absent, timeout))
     assert len(outcomes[absent].value) == world_size, "the group never went wide"
-    what = f"send/recv x{4 * (world_size - 1)} (metadata exchange)"  # payloads and headers
+    what = f"send/recv x{2 * (world_size - 1)} (metadata exchange)"
     assert_the_others_name(outcomes, absent, what, timeout)
     assert_recovers(pool)
 

@@ -25,16 +25,18 @@ but the headers until they validated. The round is one of two kinds:
   is as large as the largest, so a group keeps it only while that carries at most
   ``PAD_LIMIT`` times the payload (or ``SMALL_BYTES`` in all).
 * the **wide round** (``state.wide[r]``: rank r's own payload slot): one batch of
-  direct sends (``_comm.send_receive``): rank r's payload slot of ``wide[r]`` bytes,
-  region r of one rank-major buffer, and its ``slots`` headers as a message of their
-  own, to every peer; every peer's region and headers received in place; 4 (W - 1)
+  direct sends (``_comm.exchange_with_each``): rank r sends region r of one
+  rank-major buffer, its payload slot of ``wide[r]`` bytes followed by its ``slots``
+  headers, to every peer, and receives every peer's region in place; 2 (W - 1)
   point-to-point operations in flight at once. Every byte crosses one link once and
   no rank forwards another's. No rank pads to another's size: for a stable skew each
-  slot is the rank's own need, so the regions lie one after the other and a single
-  tensor gathered along a leading dim is returned as the buffer itself, nothing
-  moved; when a slot is larger than its need the payload regions are closed up in
-  place (``_move_left``: one ``memmove`` per rank but the first on the CPU, never a
-  second buffer).
+  slot is the rank's own need, and a single tensor gathered along a leading dim is
+  returned as a view of the buffer after the payload regions are closed up over the
+  headers in place (``_move_left``: one ``memmove`` per rank but the first on the
+  CPU, never a second buffer). The headers ride in the region rather than as
+  messages of their own: every point-to-point message costs gloo a notification
+  round and CPU on both sides, more than the close-up's ``memmove`` up to tens of
+  MiB on the machine measured (``docs/performance.md``).
 
 The compact header (``_wire.encode_header``, ``HEADER_WORDS`` int64) carries what
 validation compares, with no message text: a problem only sets a flag.
@@ -78,7 +80,7 @@ import torch.distributed as dist
 
 from ._args import CallRecord, CheckedCall
 from ._collectives import COLLECTIVES, CollectiveName, name_of_code
-from ._comm import GroupInfo, all_gather_equal, exchange_with_each, send_receive
+from ._comm import GroupInfo, all_gather_equal, exchange_with_each
 from ._errors import ArgumentMismatchError, ProtocolMismatchError, VarGatherError
 from ._exchange import _disagreement, exchange_records, plan_layout, validate_records
 from ._group import process_group
@@ -309,19 +311,18 @@ def _wide_round(
     pg: dist.ProcessGroup | None,
     wide: tuple[int, ...],
 ) -> Exchanged:
-    """The wide round (module doc): every rank's payload slot (``wide[r]`` bytes) is
-    region r of one rank-major buffer, its headers a message of their own; each rank
-    sends both to every peer and receives theirs in place, all 4 (W - 1) operations in
-    flight at once, one batch (``send_receive``). The headers are read where they
-    landed; when every slot is its rank's exact need the buffer is the result as it
-    lies, else the payload regions are closed up in place (``region_cutter``)."""
+    """The wide round (module doc): every rank sends its region of one rank-major
+    buffer, its payload slot (``wide[r]`` bytes) followed by its headers, to each peer
+    and receives theirs in place; all 2 (W - 1) operations in flight at once, one
+    batch. The headers are read where they landed, then the payload regions are
+    closed up in place (``region_cutter``)."""
     w, rank = info.world_size, info.rank
     records, k, flags = header_key
     head = state.slots * HEADER_BYTES
     device = info.default_device()
-    starts = [0] * (w + 1)  # region r: [starts[r], starts[r + 1]), rank r's payload slot
+    starts = [0] * (w + 1)  # region r: [starts[r], starts[r] + wide[r]) payload, then headers
     for r in range(w):
-        starts[r + 1] = starts[r] + wide[r]
+        starts[r + 1] = starts[r] + wide[r] + head
     buf = handed_back_buffer(pg, "wide", starts[w], device)
     mine = starts[rank]
     if own:
@@ -335,26 +336,22 @@ def _wide_round(
                 region.copy_(bytes_of(t))
             at += n
     filled = nbytes if own else 0
-    buf[mine + filled : starts[rank + 1]].zero_()  # no stale memory to the peers
-    heads = torch.empty(w * head, dtype=torch.uint8, device=device)
-    heads[rank * head : (rank + 1) * head].copy_(
-        header_bytes(state.slots, records, k, flags).to(device)
-    )
-    regions = [(buf[starts[r] : starts[r + 1]], heads[r * head : (r + 1) * head]) for r in range(w)]
-    send_receive(
-        [regions[rank]] * w,
-        regions,
+    buf[mine + filled : mine + wide[rank]].zero_()  # no stale memory to the peers
+    ours = mine + wide[rank]
+    buf[ours : ours + head].copy_(header_bytes(state.slots, records, k, flags).to(device))
+    exchange_with_each(
+        [buf[starts[r] : starts[r + 1]] for r in range(w)],
         info,
-        what=f"send/recv x{4 * (w - 1)} (metadata exchange)",
+        what=f"send/recv x{2 * (w - 1)} (metadata exchange)",
     )
     found = _decide(
         kind,
         state,
         calls,
-        read_headers(heads, [r * head for r in range(w)], state.slots),
+        read_headers(buf, [starts[r] + wide[r] for r in range(w)], state.slots),
         info,
         pg,
-        region_cutter(buf, starts[:w]),
+        region_cutter(buf, starts),
         wide,
     )
     hand_back(pg, "wide", buf)
