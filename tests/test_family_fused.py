@@ -40,14 +40,14 @@ CASES: tuple[fns.FusedCase, ...] = (
     (RS, "bool", 16, 1, True, ((2, 0, 3),)),
     (RS, "int16", 16, 0, False, ((2, 0, 3),)),
     (RS, "float64", 16, 0, False, ((0, 0, 0),)),  # every block empty
-    (A2A, "float32", 512, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # 80 KiB: wide
-    (A2A, "float32", 512, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # its exact slots
+    (A2A, "float32", 1024, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # 160 KiB: wide
+    (A2A, "float32", 1024, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # exact slots
     (A2A, "float32", 16, 0, False, SEND),  # small: rides the wide round, then back
     (RS, "float32", 256, 0, False, ((50, 20, 0),)),  # a 50 KiB block: grows the slot
     (RS, "float64", 128, 1, False, ((50, 20, 0),)),
-    (RS, "float32", 256, 0, False, ((70, 0, 10),)),  # a 70 KiB block: wide again
-    (A2A, "float32", 512, 0, False, ((40,) * 3,) * 3),  # 80 KiB blocks: a miss, slots grow
-    (A2A, "float32", 512, 0, False, ((40,) * 3,) * 3),  # ... so they ride
+    (RS, "float32", 512, 0, False, ((70, 0, 10),)),  # a 140 KiB block: wide again
+    (A2A, "float32", 1024, 0, False, ((40,) * 3,) * 3),  # 160 KiB blocks: a miss, slots grow
+    (A2A, "float32", 1024, 0, False, ((40,) * 3,) * 3),  # ... so they ride
     (A2A, "float32", 16, 0, False, SEND),  # small in the large slots: one round
 )
 ISSUED = [2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 2, 2, 1, 1]
@@ -108,9 +108,9 @@ def _judged(
 def test_one_round_in_steady_state_two_above_the_bound() -> None:
     w = 3
     model = _judged(CASES, get_pool(w).run(fns.fused_calls, CASES), w, ISSUED)
-    # The even 80 KiB blocks went wide: a slot per pair of ranks, each the block.
-    assert model.wide == (80 * 1024,) * (w * w)
-    assert FAMILY_FUSED_MAX < 80 * 1024
+    # The even 160 KiB blocks went wide: a slot per pair of ranks, each the block.
+    assert model.wide == (160 * 1024,) * (w * w)
+    assert FAMILY_FUSED_MAX < 160 * 1024
 
 
 def test_a_subgroup_keeps_its_own_state() -> None:

@@ -50,7 +50,7 @@ otherwise the payload collective runs (two). The state rule (``advance_blocks``,
 applied after every validated call, from the validated rows only, every kind moving
 the one state: a ``reduce_scatter_v`` after an ``all_to_all_v`` uses the same slots):
 the ``capacity`` follows the equal round's rule for calls whose largest block is at
-most ``FAMILY_FUSED_MAX`` (64 KiB); a call with a larger block, every rank eligible,
+most ``FAMILY_FUSED_MAX`` (128 KiB); a call with a larger block, every rank eligible,
 makes the round go wide, with the all_gather-shaped wide round's rule over the
 ``W * W`` blocks (``_round_state``: the exact blocks at first, ``bucket`` growth on a
 miss, the exact blocks again after ``SHRINK_AFTER`` calls in a row with the same
