@@ -46,8 +46,9 @@ COLLECTIVE_NAMES: Final[tuple[CollectiveName, ...]] = typing.get_args(Collective
 """The collectives' names; position is the wire code (append only)."""
 
 RoundShape: TypeAlias = Literal["all_gather", "all_to_all"]
-"""Which exchange carries a collective's one round: an equal-size all_gather of
-compact headers (``_fused``) or an equal-split all_to_all of rows (``_family``)."""
+"""Which exchange carries a collective's one round: every rank's compact headers and
+payload to every rank (``_fused``), or every rank's row and its block for each rank
+(``_family``)."""
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ carries), the first local problem found (the collective's own checks, such as
 *extras* (the passed size vectors, ``-1`` where absent). The exchange sends
 ``_wire.encode_row``: ``encode_record(record) + [ROW_MAGIC, code] + extras + [flags]`` (``code``: the
 collective's wire code, ``_collectives``) (int64, padded
-to an even count) and a payload slot of the group's capacity to every rank in one
-equal-split all_to_all of bytes: every rank sends the same length, *whichever kind of
-the family it called*: the extras are padded with ``-1`` to ``row_extra_words(W) = 2 * (W
+to an even count) and a payload slot to every rank in one round (below: equal slots
+in one all_to_all, or a slot per pair of ranks by direct sends): every rank sends the
+same lengths, *whichever kind of the family it called*: the extras are padded with ``-1`` to ``row_extra_words(W) = 2 * (W
 + 1)`` words for every kind (``all_to_all_v``'s two size vectors; ``reduce_scatter_v``
 passes ``W + 1``), and the capacity is the group's one state of this round (``_round_state``), shared by every
 kind. Nothing of a slot is read before the rows validated, and every rank decides
@@ -287,7 +287,8 @@ def exchange_fused(
 ) -> Exchanged:
     """Every rank's row, in group-rank order, and this rank's payload slots: one
     equal-split all_to_all of ``8 * len(vector) + capacity`` bytes from every rank to
-    every rank (its row, the same for all, and its block for that rank; module doc).
+    every rank (its row, the same for all, and its block for that rank; module doc),
+    or, when the group's state has gone wide, ``_wide_exchange``.
 
     In a world of one rank nothing is sent. A row vargather cannot read, or one of
     another collective of the family, raises ``ProtocolMismatchError`` on every rank.
