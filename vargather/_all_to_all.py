@@ -37,6 +37,7 @@ from ._errors import SizesError, SizesMismatchError
 from ._family import (
     FamilyCall,
     Row,
+    ValidatedOnce,
     agree,
     check_tensor,
     common_checks,
@@ -178,20 +179,8 @@ def validate_rows(rows: list[Row], *, rank: int) -> tuple[tuple[int, ...], ...]:
     return matrix
 
 
-_CHECKED: list[tuple[list[Row], int, Any]] = []
-"""The rows last validated (the very list ``_family``'s reader cached), this rank and
-the result: the steady state's rows are one list, validated once."""
-
-
-def _validated(rows: list[Row], *, rank: int) -> Any:
-    """``validate_rows``, remembered for the very list it last validated (a pure
-    function of the rows; an error is never remembered)."""
-    last = _CHECKED[0] if _CHECKED else None
-    if last is not None and last[0] is rows and last[1] == rank:
-        return last[2]
-    result = validate_rows(rows, rank=rank)
-    _CHECKED[:] = [(rows, rank, result)]
-    return result
+_validated: Final = ValidatedOnce(validate_rows)
+"""``validate_rows``, once for the steady state's rows (``_family.ValidatedOnce``)."""
 
 
 def plan_all_to_all(
