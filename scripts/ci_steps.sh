@@ -57,7 +57,8 @@ run_step() {
         python -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
         ;;
     slow)
-        python -m pytest -n 2 -m slow
+        # inductor's vectorized kernels here (the default run compiles scalar ones)
+        TORCHINDUCTOR_VEC_ISA_OK= python -m pytest -n 2 -m slow
         # the properties at three times the README command's examples (its profile: 20)
         python -m pytest -n 2 --max-examples 60 tests/test_properties.py \
             tests/test_family_properties.py tests/test_nan_semantics.py

@@ -41,6 +41,12 @@ def env_and_threads(ctx: RankContext, payload: object) -> tuple[str | None, int,
     return (os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads(), dist.is_initialized())
 
 
+def inductor_settings(ctx: RankContext, payload: object) -> tuple[object, object]:
+    from torch._inductor import config
+
+    return config.cpp.vec_isa_ok, config.compile_threads
+
+
 def all_reduce_rank(ctx: RankContext, payload: object) -> int:
     t = torch.tensor([ctx.rank + 1], dtype=torch.int64)
     dist.all_reduce(t)

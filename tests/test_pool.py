@@ -6,6 +6,7 @@ import importlib
 import os
 import pickle
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -414,3 +415,38 @@ def test_get_pool_caches_one_pool_per_world_size() -> None:
     assert get_pool(1, call_timeout=30.0) is other
     assert get_pool(1) is not other  # back to the defaults
     assert other.closed
+
+
+def test_ranks_default_inductor_to_scalar_kernels_compiled_in_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank sets inductor's ISA probe off and one compile thread where the environment
+    leaves them unset, also in an inductor config a forkserver imported before; a value
+    the environment sets (even empty) is the user's and stays."""
+    from types import SimpleNamespace
+
+    from vargather.testing import pool as pool_module
+
+    for name in pool_module.INDUCTOR_RANK_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    config = SimpleNamespace(cpp=SimpleNamespace(vec_isa_ok=None), compile_threads=2)
+    monkeypatch.setitem(sys.modules, "torch._inductor.config", config)
+    pool_module._inductor_rank_defaults()
+    assert (config.cpp.vec_isa_ok, config.compile_threads) == (False, 1)
+    assert {n: os.environ[n] for n in pool_module.INDUCTOR_RANK_DEFAULTS} == {
+        "TORCHINDUCTOR_VEC_ISA_OK": "0",
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    }
+
+    monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", "")
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "2")
+    config = SimpleNamespace(cpp=SimpleNamespace(vec_isa_ok=None), compile_threads=2)
+    monkeypatch.setitem(sys.modules, "torch._inductor.config", config)
+    pool_module._inductor_rank_defaults()
+    assert (config.cpp.vec_isa_ok, config.compile_threads) == (None, 2)
+    assert os.environ["TORCHINDUCTOR_VEC_ISA_OK"] == ""
+
+
+def test_a_rank_compiles_with_the_pools_inductor_settings() -> None:
+    """In a real rank (forked from the suite's forkserver) inductor's config holds them."""
+    assert get_pool(1).run(fns.inductor_settings, None) == [(False, 1)]

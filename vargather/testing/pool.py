@@ -526,9 +526,37 @@ def _encode_reply(
     return _dumps(("err", index, [], _error_info(failure), seqs))
 
 
+INDUCTOR_RANK_DEFAULTS: dict[str, str] = {
+    "TORCHINDUCTOR_VEC_ISA_OK": "0",
+    "TORCHINDUCTOR_COMPILE_THREADS": "1",
+}
+"""inductor's settings in a rank process, where the environment does not set them:
+scalar C++ kernels (no probe of the CPU's vector instruction sets, which compiles and
+loads six test programs: about 10 s of CPU on a fresh machine and 1.3 s per process
+after) and compiling in the rank itself (no pool of compile workers beside ranks that
+already run one thread each). What a compiled step issues and returns does not depend on
+either; the kit compiles many small graphs in fresh processes, where both are the cost."""
+
+
+def _inductor_rank_defaults() -> None:
+    unset = [name for name in INDUCTOR_RANK_DEFAULTS if name not in os.environ]
+    for name in unset:
+        os.environ[name] = INDUCTOR_RANK_DEFAULTS[name]
+    # torch's config module: attributes set through its own __setattr__, typed as Any
+    config: Any = sys.modules.get("torch._inductor.config")
+    if config is None:  # read from the environment when inductor is first imported
+        return
+    # a forkserver that preloaded inductor read its environment before this rank existed
+    if "TORCHINDUCTOR_VEC_ISA_OK" in unset:
+        config.cpp.vec_isa_ok = False
+    if "TORCHINDUCTOR_COMPILE_THREADS" in unset:
+        config.compile_threads = 1
+
+
 def _rank_main(spec: _RankSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.environ["OMP_NUM_THREADS"] = "1"
+    _inductor_rank_defaults()
     fd = os.open(spec.stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 2)
     os.close(fd)

@@ -146,15 +146,15 @@ class Property:
         if self.batch is not None:
             batch = min(batch, self.batch)
 
-        def for_world(w: int) -> SearchStrategy[list[Any]]:
-            return plugin.draw(self, w, batch, transports, max_payload)
-
         worlds = self.worlds(world_sizes)
         if not worlds:
             raise ValueError(f"{self.id}: no world size of {list(world_sizes)} applies")
+        # built once per world, not per example (a flatmap's function runs on every draw,
+        # and building a case strategy costs milliseconds of the parent's CPU)
+        per_world = {w: plugin.draw(self, w, batch, transports, max_payload) for w in worlds}
         if len(worlds) == 1:
-            return for_world(worlds[0])
-        return st.sampled_from(worlds).flatmap(for_world)
+            return per_world[worlds[0]]
+        return st.sampled_from(worlds).flatmap(per_world.__getitem__)
 
     def counted(self, verdict: Verdict) -> list[Failure]:
         """The verdict's failures this property is about, labelled with its id."""
