@@ -431,7 +431,7 @@ def test_ranks_default_inductor_to_scalar_kernels_compiled_in_process(
         monkeypatch.delenv(name, raising=False)
     config = SimpleNamespace(cpp=SimpleNamespace(vec_isa_ok=None), compile_threads=2)
     monkeypatch.setitem(sys.modules, "torch._inductor.config", config)
-    pool_module._inductor_rank_defaults()
+    pool_module.set_inductor_rank_defaults()
     assert (config.cpp.vec_isa_ok, config.compile_threads) == (False, 1)
     assert {n: os.environ[n] for n in pool_module.INDUCTOR_RANK_DEFAULTS} == {
         "TORCHINDUCTOR_VEC_ISA_OK": "0",
@@ -442,7 +442,7 @@ def test_ranks_default_inductor_to_scalar_kernels_compiled_in_process(
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "2")
     config = SimpleNamespace(cpp=SimpleNamespace(vec_isa_ok=None), compile_threads=2)
     monkeypatch.setitem(sys.modules, "torch._inductor.config", config)
-    pool_module._inductor_rank_defaults()
+    pool_module.set_inductor_rank_defaults()
     assert (config.cpp.vec_isa_ok, config.compile_threads) == (None, 2)
     assert os.environ["TORCHINDUCTOR_VEC_ISA_OK"] == ""
 

@@ -538,7 +538,7 @@ already run one thread each). What a compiled step issues and returns does not d
 either; the kit compiles many small graphs in fresh processes, where both are the cost."""
 
 
-def _inductor_rank_defaults() -> None:
+def set_inductor_rank_defaults() -> None:
     unset = [name for name in INDUCTOR_RANK_DEFAULTS if name not in os.environ]
     for name in unset:
         os.environ[name] = INDUCTOR_RANK_DEFAULTS[name]
@@ -556,7 +556,7 @@ def _inductor_rank_defaults() -> None:
 def _rank_main(spec: _RankSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.environ["OMP_NUM_THREADS"] = "1"
-    _inductor_rank_defaults()
+    set_inductor_rank_defaults()
     fd = os.open(spec.stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 2)
     os.close(fd)
