@@ -270,21 +270,28 @@ def fused_calls(ctx: RankContext, cases: tuple[FusedCase, ...]) -> list[Any]:
     return out
 
 
-def fused_calls_wide(ctx: RankContext, job: tuple[tuple[FusedCase, ...], int, bool]) -> list[Any]:
+def fused_calls_wide(ctx: RankContext, job: tuple[tuple[FusedCase, ...], int, str]) -> list[Any]:
     """``fused_calls`` with the all_to_all-shaped round going wide past ``job[1]``-byte
-    blocks instead of ``FAMILY_FUSED_MAX``, and with every message exactly its slot
-    (the path of backends that take no shorter message) unless ``job[2]`` (restored
-    after)."""
+    blocks instead of ``FAMILY_FUSED_MAX``, on the wide round's path ``job[2]``:
+    ``"packed"`` (one alltoallv: every slot fits ``PACKED_WIDE_MAX``), ``"short"``
+    (point-to-point messages, blocks as they lie: gloo's) or ``"whole"``
+    (point-to-point messages of exactly their slot: every other backend's); restored
+    after."""
     from vargather import _family, _round_state
 
-    cases, fused_max, short = job
-    saved = _round_state.FAMILY_FUSED_MAX, _family.SHORT_MESSAGES
+    cases, fused_max, path = job
+    saved = _round_state.FAMILY_FUSED_MAX, _family.SHORT_MESSAGES, _family.PACKED_WIDE_MAX
     _round_state.FAMILY_FUSED_MAX = fused_max  # type: ignore[misc]  # a Final, patched for this test
-    _family.SHORT_MESSAGES = ("gloo",) if short else ()
+    _family.SHORT_MESSAGES = ("gloo",) if path == "short" else ()
+    _family.PACKED_WIDE_MAX = 1 << 40 if path == "packed" else -1
     try:
         return fused_calls(ctx, cases)
     finally:
-        _round_state.FAMILY_FUSED_MAX, _family.SHORT_MESSAGES = saved  # type: ignore[misc]  # restored
+        (
+            _round_state.FAMILY_FUSED_MAX,  # type: ignore[misc]  # restored
+            _family.SHORT_MESSAGES,
+            _family.PACKED_WIDE_MAX,
+        ) = saved
 
 
 def fused_subgroup(ctx: RankContext, _: None) -> Any:

@@ -43,7 +43,7 @@ CASES: tuple[fns.FusedCase, ...] = (
     (A2A, "float32", 1024, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # 160 KiB: wide
     (A2A, "float32", 1024, 0, False, ((40, 10, 10), (1, 1, 1), (0, 0, 3))),  # exact slots
     (A2A, "float32", 16, 0, False, SEND),  # small: rides the wide round, then back
-    (RS, "float32", 256, 0, False, ((50, 20, 0),)),  # a 50 KiB block: grows the slot
+    (RS, "float32", 256, 0, False, ((50, 20, 0),)),  # a 50 KiB block: wide (packed)
     (RS, "float64", 128, 1, False, ((50, 20, 0),)),
     (RS, "float32", 512, 0, False, ((70, 0, 10),)),  # a 140 KiB block: wide again
     (A2A, "float32", 1024, 0, False, ((40,) * 3,) * 3),  # 160 KiB blocks: a miss, slots grow
@@ -160,17 +160,18 @@ def _wide_cases(draw: st.DrawFn, w: int = 3) -> tuple[fns.FusedCase, ...]:
 
 
 @settings(max_examples=12, deadline=None)
-@given(cases=_wide_cases(), short=st.booleans())
+@given(cases=_wide_cases(), path=st.sampled_from(["packed", "short", "whole"]))
 def test_the_wide_round_is_the_oracle_bit_for_bit_and_the_model_s_rounds(
-    cases: tuple[fns.FusedCase, ...], short: bool
+    cases: tuple[fns.FusedCase, ...], path: str
 ) -> None:
     """With blocks going wide past a few bytes, every call is bit for bit the oracle's,
     issues one round when every block fits its pair's slot (two otherwise, as the
-    model of the state predicts), and every rank holds the model's state; with
-    blocks sent as they lie (gloo's short messages) or as whole slots (``short``
-    false: the path of every other backend)."""
+    model of the state predicts), and every rank holds the model's state: packed in
+    one alltoallv (rows and blocks in one send buffer), or as point-to-point messages
+    with blocks sent as they lie (gloo's short messages) or as whole slots (the path
+    of every other backend)."""
     w = 3
-    per_rank = get_pool(w).run(fns.fused_calls_wide, (cases, _WIDE_PAST, short))
+    per_rank = get_pool(w).run(fns.fused_calls_wide, (cases, _WIDE_PAST, path))
     saved = _round_state.FAMILY_FUSED_MAX
     _round_state.FAMILY_FUSED_MAX = _WIDE_PAST  # type: ignore[misc]  # the model's, as the ranks'
     try:

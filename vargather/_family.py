@@ -36,9 +36,12 @@ group's state alone (every rank the same):
   holding the block the payload collective would send that rank, when every block
   fits and the rank has no local problem (a flag word of the row says so);
 * the **wide round** (``state.wide``: ``W * W`` learned slots, ``wide[j * W + k]``
-  the bytes rank ``j`` may send rank ``k``, at least ``capacity``): direct sends,
-  ``_wide_exchange``: to every peer its row as one message and its block as another,
-  into a slot of its own size; on gloo the block is sent as it lies in ``x`` (no copy
+  the bytes rank ``j`` may send rank ``k``, at least ``capacity``),
+  ``_wide_exchange``: while every slot is at most ``PACKED_WIDE_MAX`` (256 KiB),
+  *packed*: one alltoallv whose message to each peer is the row and the block in a
+  slot of its own size (``_packed_wide_exchange``); past it, to every peer its row as
+  one message and its block as another, into a slot of its own size; on gloo the
+  block is sent as it lies in ``x`` (no copy
   when ``x`` is contiguous with its blocks one after the other) and only its own
   bytes, which gloo receives into the larger slot; the blocks land in the regions of
   one buffer, each at a 16-byte boundary, which ``all_to_all_v`` returns closed up in
@@ -50,7 +53,7 @@ otherwise the payload collective runs (two). The state rule (``advance_blocks``,
 applied after every validated call, from the validated rows only, every kind moving
 the one state: a ``reduce_scatter_v`` after an ``all_to_all_v`` uses the same slots):
 the ``capacity`` follows the equal round's rule for calls whose largest block is at
-most ``FAMILY_FUSED_MAX`` (128 KiB); a call with a larger block, every rank eligible,
+most ``FAMILY_FUSED_MAX`` (16 KiB); a call with a larger block, every rank eligible,
 makes the round go wide, with the all_gather-shaped wide round's rule over the
 ``W * W`` blocks (``_round_state``: the exact blocks at first, ``bucket`` growth on a
 miss, the exact blocks again after ``SHRINK_AFTER`` calls in a row with the same
@@ -60,8 +63,9 @@ len(vector) + capacity)`` bytes from and to every rank, ``len(vector) <= RECORD_
 + 2 * W + 6`` (the record, magic and kind, ``2 * (W + 1)`` extras, the flag word, one
 word of padding; ``reduce_scatter_v``'s row is ``8 * (W + 1)`` bytes longer than its
 own extras need, the price of one row length for the family), ``capacity <=
-block_slot(FAMILY_FUSED_MAX)``; the wide round moves, on gloo, the rows and exactly
-the payload, and receives into slots of at most ``max(capacity, bucket`` of the
+block_slot(FAMILY_FUSED_MAX)``; the wide round moves packed every pair's row and
+slot, each rounded up to 16 bytes, and otherwise, on gloo, the rows and exactly the
+payload, and receives into slots of at most ``max(capacity, bucket`` of the
 largest block a pair had since the slots were set``)`` (``bucket``: 12.5 % over, 64
 bytes at least), each slot its block exactly while the blocks stay the same. A rank
 in the all_to_all-shaped round beside one in the all_gather-shaped round sends under
@@ -370,6 +374,14 @@ def _decode_rows(call: FamilyCall, rows: torch.Tensor, w: int) -> tuple[list[Row
     return out, tuple(flags)
 
 
+PACKED_WIDE_MAX: int = 256 * 1024
+"""Largest slot (bytes, one rank to one rank) with which the wide round travels
+*packed*: one alltoallv whose message to each peer is this rank's row and its block,
+copied into one send buffer, instead of a row and a block as separate point-to-point
+messages. Separate messages cost gloo's per-message CPU (4 (W - 1) of them against W);
+packing costs two copies of the blocks (in and closed up), which outgrow it past a few
+hundred KiB a block. A function of the group's state, so every rank picks the same."""
+
 SHORT_MESSAGES: tuple[str, ...] = ("gloo",)
 """Backends whose point-to-point receive takes a message shorter than its buffer (gloo:
 a receive of ``n`` bytes takes any message of at most ``n``), so the wide round sends
@@ -432,6 +444,8 @@ def _wide_exchange(
         fits = all(n <= c for n, c in zip(sizes, out_slots, strict=True))
         flag = _ELIGIBLE | (_USED if fits else 0)
     vector = encode_row(call.record, COLLECTIVES[call.kind].code, call.extras, w, flag)
+    if max(room, default=0) <= PACKED_WIDE_MAX:
+        return _packed_wide_exchange(call, info, vector, blocks, state, pg, room)
     words = len(vector)
     rows = torch.empty(w, 8 * words, dtype=torch.uint8, device=device)
     rows[rank].copy_(torch.tensor(vector, dtype=torch.int64).view(torch.uint8))
@@ -469,6 +483,58 @@ def _wide_exchange(
     hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
     out, flags = _read_rows(call, rows, w, pg)
     return Exchanged(out, regions, flags, state, call.kind, region_cutter(buf, starts[:w]))
+
+
+def _packed_wide_exchange(
+    call: FamilyCall,
+    info: GroupInfo,
+    vector: Sequence[int],
+    blocks: Sequence[torch.Tensor] | None,
+    state: FusedState,
+    pg: dist.ProcessGroup,
+    room: Sequence[int],
+) -> Exchanged:
+    """The wide round packed (``PACKED_WIDE_MAX``): one alltoallv whose message from
+    rank ``j`` to rank ``k`` is ``j``'s row, then its block for ``k`` in a slot of
+    ``wide[j * W + k]`` bytes (the rest zeros), each part rounded up to 16 bytes. The
+    blocks are read where they landed, and closed up in place (``region_cutter``)."""
+    w, rank = info.world_size, info.rank
+    device = info.default_device()
+    words = len(vector)
+    head = -(-8 * words // 16) * 16
+    out_bytes = [head + -(-room[rank * w + k] // 16) * 16 for k in range(w)]
+    in_bytes = [head + -(-room[j * w + rank] // 16) * 16 for j in range(w)]
+    send = handed_back_buffer(pg, "packed-send", sum(out_bytes), device)
+    row = torch.tensor(list(vector), dtype=torch.int64).view(torch.uint8).to(device)
+    at = 0
+    for k in range(w):
+        send[at : at + 8 * words].copy_(row)
+        n = 0
+        if blocks is not None:
+            piece = blocks[k][: room[rank * w + k]]
+            n = piece.numel()
+            if n:
+                send[at + head : at + head + n].copy_(piece)
+        send[at + 8 * words : at + head].zero_()  # no stale bytes leave
+        send[at + head + n : at + out_bytes[k]].zero_()
+        at += out_bytes[k]
+    buf = handed_back_buffer(pg, "blocks", sum(in_bytes), device)
+    all_to_all_uneven(
+        buf,
+        send,
+        output_splits=in_bytes,
+        input_splits=out_bytes,
+        info=info,
+        what=f"all_to_all ({call.kind} metadata exchange)",
+    )
+    hand_back(pg, "packed-send", send)
+    hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
+    offsets = [sum(in_bytes[:j]) for j in range(w)]
+    rows = torch.stack([buf[o : o + 8 * words] for o in offsets])
+    out, flags = _read_rows(call, rows, w, pg)
+    starts = [o + head for o in offsets]
+    regions = [buf[s : s + room[j * w + rank]] for j, s in enumerate(starts)]
+    return Exchanged(out, regions, flags, state, call.kind, region_cutter(buf, starts))
 
 
 def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None:

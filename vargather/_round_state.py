@@ -317,14 +317,15 @@ def advance(
     return FusedState(*after)
 
 
-FAMILY_FUSED_MAX: Final = 128 * 1024
+FAMILY_FUSED_MAX: Final = 16 * 1024
 """Largest block (bytes, from one rank to one rank) the all_to_all-shaped round's equal
 slots carry (``W`` slots of the capacity, at most this, from and to every rank); a call
 with a larger block makes the round go wide: one learned slot per ordered pair of
-ranks, the blocks sent by direct sends as they lie (``advance_blocks``). 128 KiB, as
-the gather round's ``FUSED_MAX_BYTES``: at 4 gloo ranks, 1 MiB of mild all_to_all_v
-blocks (46-81 KiB) took 1.47x one ``all_to_all_single`` in equal slots against 1.90x
-wide, whose four messages per pair cost gloo more CPU than the slots' copies."""
+ranks (``advance_blocks``), so no pair's message is padded to the largest block. 16
+KiB: past it the equal slots' padding (a mild skew sends 1.4x its bytes) costs more
+than the wide round's per-pair slots; measured as CPU per call summed over 4 gloo
+ranks against one ``all_to_all_single`` with the splits known, 1 MiB of mild blocks
+(46-81 KiB) took 2.02x in equal slots of 128 KiB and 1.76x wide (packed, ``_family``)."""
 
 
 def block_slot(n: int) -> int:
