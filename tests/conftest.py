@@ -100,12 +100,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.dist = "loadgroup"
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         # Not the xdist controller (which runs no test): the forkserver this process's
-        # worlds fork from imports dynamo and inductor once, instead of every rank of
-        # every world on its first compiled step (seconds of CPU per rank on 2 cores).
+        # worlds fork from imports dynamo and inductor once, and compiles one step on
+        # each (_warm_compile), instead of every rank of every world on its first
+        # compiled step (seconds of CPU per rank on 2 cores).
         from vargather.testing.engine import COMPILED_PRELOAD
         from vargather.testing.pool import preload
 
-        preload(COMPILED_PRELOAD)
+        preload((*COMPILED_PRELOAD, "tests._warm_compile"))
     n = config.getoption("--max-examples")
     if n is not None:
         if n < 1:

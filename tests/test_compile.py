@@ -248,7 +248,9 @@ SCENARIOS = [
     fns.Scenario("aot_eager", _CONTRACTS, _EMPTY_MIDDLE_THEN_TWO_EMPTY, pass_sizes=False),
     fns.Scenario("inductor", ("sum",), ((0, 0, 0), (2, 0, 1)), shape="unused"),
     fns.Scenario("aot_eager", ("sum",), _EMPTY_MIDDLE_THEN_TWO_EMPTY, shape="twice"),
-    fns.Scenario("inductor", ("sum",), ((64, 1, 0), (0, 2, 48)), shape="crossed"),
+    # crossed: one compile (the order of its two gathers is decided in it; the
+    # recompile for a second size set, 15 s of CPU on 2 cores, is SLOW_SCENARIOS')
+    fns.Scenario("inductor", ("sum",), ((64, 1, 0),), shape="crossed"),
     fns.Scenario("aot_eager", ("mean",), ((0, 3, 0), (0, 0, 0)), shape="zero-trailing"),
     fns.Scenario("aot_eager", ("sum",), ((3, 0, 5), (0, 4, 0), (0, 0, 0), (1, 2, 3)), dynamic=True),
 ]

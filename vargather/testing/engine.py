@@ -133,14 +133,8 @@ def _preflight(
             ) from None
 
 
-COMPILED_PRELOAD: Final = (
-    "torch._dynamo",
-    "torch._inductor.compile_fx",
-    "vargather.testing._warm_compile",
-)
-"""What a rank imports on its first compiled case (seconds of CPU per rank on 2 cores),
-and a step compiled once on aot_eager and inductor (``_warm_compile``): the forkserver
-pays the compile stack's one-time setup once instead of every rank."""
+COMPILED_PRELOAD: Final = ("torch._dynamo", "torch._inductor.compile_fx")
+"""What a rank imports on its first compiled case (seconds of CPU per rank on 2 cores)."""
 
 
 def _isolated(row: Property, options: CheckOptions) -> bool:
