@@ -450,3 +450,13 @@ def test_parse_case_refuses_anything_but_literals() -> None:
 def test_dtype_names_are_every_dtype_vargather_gathers_on_gloo() -> None:
     assert set(DTYPE_NAMES) == {str(d).removeprefix("torch.") for d in vargather.GLOO_DTYPES}
     assert DTYPE_NAMES[0] == "float32"
+
+
+def test_a_property_builds_each_strategy_once() -> None:
+    """``strategy`` with the same arguments gives the same object (tests draw it inside
+    every example); other arguments build another."""
+    prop = PLAIN["forward-float"]
+    first = prop.strategy((2, 3))
+    assert prop.strategy([2, 3]) is first
+    assert prop.strategy((2, 3), batch=2) is not first
+    assert prop.strategy((2,)) is not first
