@@ -322,7 +322,9 @@ class Report:
             parts.append(f"{c['n/a']} not applicable")
         if c["skipped"]:
             parts.append(f"{c['skipped']} skipped")
-        return f"{verdict}: {', '.join(parts)} of {len(self.results)} properties in {self.seconds:.1f} s"
+        # the seconds the JSON report holds (3 decimals), so both read alike once rounded
+        seconds = round(self.seconds, 3)
+        return f"{verdict}: {', '.join(parts)} of {len(self.results)} properties in {seconds:.1f} s"
 
     def render(self) -> str:
         lines = [*self.header_lines(), "", *self.table_lines(), *self.failure_lines(), ""]
