@@ -379,8 +379,10 @@ PACKED_WIDE_MAX: int = 256 * 1024
 *packed*: one alltoallv whose message to each peer is this rank's row and its block,
 copied into one send buffer, instead of a row and a block as separate point-to-point
 messages. Separate messages cost gloo's per-message CPU (4 (W - 1) of them against W);
-packing costs two copies of the blocks (in and closed up), which outgrow it past a few
-hundred KiB a block. A function of the group's state, so every rank picks the same."""
+packing costs two copies of the blocks (in and closed up), which outgrow that past a
+few hundred KiB a block: at 16 MiB of mild blocks (about 1 MiB each, 4 gloo ranks) the
+packed round read 1.80x ``all_to_all_single``'s CPU per call against 1.41x by separate
+messages. A function of the group's state, so every rank picks the same."""
 
 SHORT_MESSAGES: tuple[str, ...] = ("gloo",)
 """Backends whose point-to-point receive takes a message shorter than its buffer (gloo:

@@ -322,10 +322,12 @@ FAMILY_FUSED_MAX: Final = 16 * 1024
 slots carry (``W`` slots of the capacity, at most this, from and to every rank); a call
 with a larger block makes the round go wide: one learned slot per ordered pair of
 ranks (``advance_blocks``), so no pair's message is padded to the largest block. 16
-KiB: past it the equal slots' padding (a mild skew sends 1.4x its bytes) costs more
-than the wide round's per-pair slots; measured as CPU per call summed over 4 gloo
-ranks against one ``all_to_all_single`` with the splits known, 1 MiB of mild blocks
-(46-81 KiB) took 2.02x in equal slots of 128 KiB and 1.76x wide (packed, ``_family``)."""
+KiB: past it equal slots send a mild skew's payload 1.4x over, the wide round (packed,
+``_family``) sends it once plus a row per pair, in one collective either way. On 4
+gloo ranks on 2 cores the two cost the same: CPU per call summed over the ranks,
+against one ``all_to_all_single`` with the splits known, read 2.02x (equal slots to
+128 KiB) and 1.99x (wide from 16 KiB) at 1 MiB of mild blocks (46-81 KiB), within the
+spread of one configuration; a link that pays for bytes pays less wide."""
 
 
 def block_slot(n: int) -> int:

@@ -539,6 +539,9 @@ either; the kit compiles many small graphs in fresh processes, where both are th
 
 
 def set_inductor_rank_defaults() -> None:
+    """Apply ``INDUCTOR_RANK_DEFAULTS`` in this process (a rank calls it first thing):
+    set each variable the environment leaves unset, and, when inductor's config is
+    already imported, set its attributes to match."""
     unset = [name for name in INDUCTOR_RANK_DEFAULTS if name not in os.environ]
     for name in unset:
         os.environ[name] = INDUCTOR_RANK_DEFAULTS[name]
