@@ -101,7 +101,15 @@ from ._errors import (
 from ._exchange import _disagreement
 from ._group import process_group
 from ._round_buffers import Cut, hand_back, handed_back_buffer, region_cutter
-from ._round_state import STATES, FusedState, PerGroup, advance_blocks, set_state, wide_blocks
+from ._round_state import (
+    STATES,
+    FusedState,
+    PerGroup,
+    advance_blocks,
+    set_state,
+    whole_16,
+    wide_blocks,
+)
 from ._wire import ROW_MAGIC, decode_row, encode_row, row_mark
 
 __all__ = [
@@ -420,47 +428,66 @@ def _wide_exchange(
     state: FusedState,
     pg: dist.ProcessGroup,
 ) -> Exchanged:
-    """The wide round (module doc): to every peer ``k``, this rank's row as one message
-    and its block for ``k`` as another, into a slot of ``wide[rank * W + k]`` bytes;
-    every peer's row and block received in place, the blocks into the regions of one
-    buffer (rank ``j``'s at its slot's offset, this rank's own block copied in): all
-    4 (W - 1) operations in one batch (``send_receive``, under ``BLOCKS_TAG``).
-
-    On gloo a block is sent as it lies in the caller's tensor (no copy when ``x`` is
-    contiguous and its blocks lie one after the other) and only its bytes, at most the
-    slot: gloo receives a shorter message into a larger buffer, and the row says how
-    many bytes came. A block larger than its slot sends its first ``slot`` bytes (the
-    call takes a second round, every rank sees it in the rows); a slot with nothing
-    to fill gets one zero byte. Elsewhere every message is exactly its slot (the
-    block and zeros, copied)."""
+    """The wide round (module doc): this rank's row and, when eligible, its blocks, each
+    at most its pair's slot (``wide[rank * W + k]`` bytes for rank ``k``); a block
+    larger than its slot sends its first ``slot`` bytes (the call takes a second round,
+    every rank sees it in the rows). Packed while every slot is at most
+    ``PACKED_WIDE_MAX`` (``_packed_wide_exchange``), else by direct sends
+    (``_direct_wide_exchange``)."""
     w, rank = info.world_size, info.rank
-    device = info.default_device()
     room = wide_blocks(state)
-    out_slots = room[rank * w : (rank + 1) * w]
-    in_slots = [room[j * w + rank] for j in range(w)]
     flag = 0
     blocks: list[torch.Tensor] | None = None
     if outgoing is not None and _eligible(call, x, info):
         flat, sizes = outgoing()
-        blocks = list(torch.split(flat, list(sizes)))
-        fits = all(n <= c for n, c in zip(sizes, out_slots, strict=True))
+        out_slots = room[rank * w : (rank + 1) * w]
+        split = torch.split(flat, list(sizes))
+        blocks = [b[:slot] for b, slot in zip(split, out_slots, strict=True)]
+        fits = all(n <= slot for n, slot in zip(sizes, out_slots, strict=True))
         flag = _ELIGIBLE | (_USED if fits else 0)
     vector = encode_row(call.record, COLLECTIVES[call.kind].code, call.extras, w, flag)
-    if max(room, default=0) <= PACKED_WIDE_MAX:
-        return _packed_wide_exchange(call, info, vector, blocks, state, pg, room)
+    exchange = (
+        _packed_wide_exchange if max(room, default=0) <= PACKED_WIDE_MAX else _direct_wide_exchange
+    )
+    return exchange(call, info, vector, blocks, state, pg, room)
+
+
+def _direct_wide_exchange(
+    call: FamilyCall,
+    info: GroupInfo,
+    vector: Sequence[int],
+    blocks: Sequence[torch.Tensor] | None,
+    state: FusedState,
+    pg: dist.ProcessGroup,
+    room: Sequence[int],
+) -> Exchanged:
+    """The wide round by direct sends: to every peer ``k``, this rank's row as one
+    message and its block for ``k`` as another, into a slot of ``wide[rank * W + k]``
+    bytes; every peer's row and block received in place, the blocks into the regions
+    of one buffer (rank ``j``'s at its slot's offset, this rank's own block copied in):
+    all 4 (W - 1) operations in one batch (``send_receive``, under ``BLOCKS_TAG``).
+
+    On gloo a block is sent as it lies in the caller's tensor (no copy when ``x`` is
+    contiguous and its blocks lie one after the other) and only its bytes, at most the
+    slot: gloo receives a shorter message into a larger buffer, and the row says how
+    many bytes came; a slot with nothing to fill gets one zero byte. Elsewhere every
+    message is exactly its slot (the block and zeros, copied)."""
+    w, rank = info.world_size, info.rank
+    device = info.default_device()
     words = len(vector)
     rows = torch.empty(w, 8 * words, dtype=torch.uint8, device=device)
     rows[rank].copy_(torch.tensor(vector, dtype=torch.int64).view(torch.uint8))
+    in_slots = [room[j * w + rank] for j in range(w)]
     starts = [0] * (w + 1)  # region j at a 16-byte boundary: any dtype views it
     for j in range(w):
-        starts[j + 1] = -(-(starts[j] + in_slots[j]) // 16) * 16
+        starts[j + 1] = whole_16(starts[j] + in_slots[j])
     buf = handed_back_buffer(pg, "blocks", starts[w], device)
     exact = info.backend in SHORT_MESSAGES
     zero = torch.zeros(1, dtype=torch.uint8, device=device)
     messages: list[tuple[torch.Tensor, ...]] = []
     for k in range(w):
-        slot = out_slots[k]
-        piece = blocks[k][:slot] if blocks is not None else zero[:0]
+        slot = room[rank * w + k]
+        piece = blocks[k] if blocks is not None else zero[:0]
         if k == rank:
             if piece.numel():
                 buf[starts[k] : starts[k] + piece.numel()].copy_(piece)
@@ -503,20 +530,18 @@ def _packed_wide_exchange(
     w, rank = info.world_size, info.rank
     device = info.default_device()
     words = len(vector)
-    head = -(-8 * words // 16) * 16
-    out_bytes = [head + -(-room[rank * w + k] // 16) * 16 for k in range(w)]
-    in_bytes = [head + -(-room[j * w + rank] // 16) * 16 for j in range(w)]
+    head = whole_16(8 * words)
+    out_bytes = [head + whole_16(room[rank * w + k]) for k in range(w)]
+    in_bytes = [head + whole_16(room[j * w + rank]) for j in range(w)]
     send = handed_back_buffer(pg, "packed-send", sum(out_bytes), device)
     row = torch.tensor(list(vector), dtype=torch.int64).view(torch.uint8).to(device)
     at = 0
     for k in range(w):
         send[at : at + 8 * words].copy_(row)
-        n = 0
-        if blocks is not None:
-            piece = blocks[k][: room[rank * w + k]]
-            n = piece.numel()
-            if n:
-                send[at + head : at + head + n].copy_(piece)
+        piece = blocks[k] if blocks is not None else row[:0]
+        n = piece.numel()
+        if n:
+            send[at + head : at + head + n].copy_(piece)
         send[at + 8 * words : at + head].zero_()  # no stale bytes leave
         send[at + head + n : at + out_bytes[k]].zero_()
         at += out_bytes[k]

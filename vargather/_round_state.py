@@ -119,6 +119,7 @@ __all__ = [
     "set_state",
     "state_of",
     "swap_state",
+    "whole_16",
     "wide_blocks",
     "within_waste",
 ]
@@ -330,10 +331,15 @@ against one ``all_to_all_single`` with the splits known, read 2.02x (equal slots
 spread of one configuration; a link that pays for bytes pays less wide."""
 
 
+def whole_16(n: int) -> int:
+    """``n`` bytes rounded up to a multiple of 16 (the all_to_all-shaped round starts
+    every slot at a 16-byte boundary, so any dtype views it)."""
+    return -(-n // 16) * 16
+
+
 def block_slot(n: int) -> int:
-    """``bucket(n)`` rounded up to 16 bytes (every slot of the all_to_all-shaped round
-    starts 16-byte aligned)."""
-    return -(-bucket(n) // 16) * 16
+    """``bucket(n)`` rounded up to 16 bytes (``whole_16``)."""
+    return whole_16(bucket(n))
 
 
 def _wants_wide_blocks(needs: Sequence[int]) -> bool:
