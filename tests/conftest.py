@@ -33,15 +33,14 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 
-from vargather.testing.pool import INDUCTOR_RANK_DEFAULTS
+from vargather.testing.pool import set_inductor_rank_defaults
 
 # The rank pools' inductor settings in this process and in everything it starts (the
 # tests that compile in-process, the commands run as subprocesses): scalar kernels, no
 # pool of compile workers. Set before anything imports inductor, which reads them once;
 # a variable already set (even empty, as the slow step sets TORCHINDUCTOR_VEC_ISA_OK to
 # compile vectorized kernels) is kept.
-for _name, _value in INDUCTOR_RANK_DEFAULTS.items():
-    os.environ.setdefault(_name, _value)
+set_inductor_rank_defaults()
 
 DEV_EXAMPLES = 30
 CI_EXAMPLES = 20
