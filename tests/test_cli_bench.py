@@ -26,6 +26,7 @@ import vargather
 from vargather._cli import bench as _bench
 from vargather._cli.bench import _config, _tables, _variants
 from vargather.testing import RankPool
+from vargather.testing.pool import DEFAULT_SHARED_START_METHOD
 
 from . import _bench_fns
 
@@ -333,7 +334,9 @@ def test_usage_errors_exit_2(
 
 @pytest.fixture(scope="module")
 def pool() -> Any:
-    with RankPool(2, collective_timeout=60.0, call_timeout=300.0) as p:
+    with RankPool(
+        2, collective_timeout=60.0, call_timeout=300.0, start_method=DEFAULT_SHARED_START_METHOD
+    ) as p:
         yield p
 
 

@@ -60,9 +60,15 @@ def main(argv: Sequence[str]) -> int:
 
     from vargather.oracle import expected
     from vargather.testing import PoolFailure, RankError, RankPool
+    from vargather.testing.pool import DEFAULT_SHARED_START_METHOD
 
     try:
-        with RankPool(world, collective_timeout=30.0, call_timeout=120.0) as pool:
+        with RankPool(
+            world,
+            collective_timeout=30.0,
+            call_timeout=120.0,
+            start_method=DEFAULT_SHARED_START_METHOD,  # ranks forked: torch imported once
+        ) as pool:
             results = pool.run(_gather_on_rank, sizes)
     except RankError as err:
         for failure in err.failures:

@@ -175,6 +175,7 @@ def _pool_calls(
     """Run ``jobs`` (label, rank function, argument) one pool call each, on a pool of
     their own started with ``environment``; rank 0's records, in order."""
     from vargather.testing import PoolFailure, RankError, RankPool
+    from vargather.testing.pool import DEFAULT_SHARED_START_METHOD
 
     records: list[dict[str, Any]] = []
     try:
@@ -183,6 +184,10 @@ def _pool_calls(
             collective_timeout=cfg.timeout_s,
             call_timeout=_CELL_TIMEOUT + cfg.timeout_s,
             environment=environment,
+            # Without an environment of their own the ranks fork from a server that
+            # imported torch once (seconds of CPU per rank saved); the memory pass's
+            # ranks set the allocator's environment at start, so they are spawned.
+            start_method="spawn" if environment else DEFAULT_SHARED_START_METHOD,
         ) as pool:
             for label, fn, arg in jobs:
                 progress.phase(f"{label}: measuring")
