@@ -386,15 +386,16 @@ def readme_failure_line() -> str:
     return match.group(1)
 
 
-def test_the_readme_example_passes_for_a_correct_gather_and_fails_readably(
-    tmp_path: Path,
-) -> None:
-    # One session, one world: the example as written (mypkg.distributed, correct) and
-    # the same test against mypkg.broken.
-    project = make_project(tmp_path)
+def _user_project(root: Path) -> Path:
+    """One user project holding the three sessions' worth of tests below: the README's
+    example as written (``mypkg.distributed``, correct), the same test against
+    ``mypkg.broken`` and against the typical hand-written gather (``mypkg.plain``), the
+    world fixture's faults (``test_worlds.py``) and a dtype the backend refuses
+    (``test_refused.py``)."""
+    project = make_project(root)
+    (project / "mypkg").mkdir()
+    (project / "mypkg" / "__init__.py").write_text("")
     for module, name in (("distributed", "gather"), ("broken", "broken")):
-        (project / "mypkg").mkdir(exist_ok=True)
-        (project / "mypkg" / "__init__.py").write_text("")
         (project / "mypkg" / f"{module}.py").write_text(USER_GATHER.format(name=name))
     example = readme_example()
     assert "from mypkg.distributed import all_gather" in example
@@ -406,11 +407,42 @@ def test_the_readme_example_passes_for_a_correct_gather_and_fails_readably(
     # plain gloo refuses int16, which the strategies leave out by default.
     plain = (ROOT / "tests" / "forks" / "plain_all_gather.py").read_text(encoding="utf-8")
     (project / "mypkg" / "plain.py").write_text(plain)
+    (project / "pkg" / "plain.py").write_text(plain)
     handwritten = example.replace("from mypkg.distributed import", "from mypkg.plain import")
     (project / "tests" / "test_my_plain_gather.py").write_text(handwritten)
-    proc = run_pytest(project, "-q", "-p", "no:xdist")
+    (project / "test_worlds.py").write_text(FIXTURE_TESTS)
+    (project / "test_refused.py").write_text(REFUSED_DTYPE_TEST)
+    return project
+
+
+@pytest.fixture(scope="module")
+def user_session(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """One pytest session over ``_user_project``, as a user runs it (no xdist, every
+    outcome in the short summary): its worlds are shared by the files, so a file's
+    tests run on worlds the faults of another rebuilt. One session instead of three
+    saves two interpreters, forkservers and worlds (about 12 CPU-seconds)."""
+    project = _user_project(tmp_path_factory.mktemp("user"))
+    return run_pytest(project, "-p", "no:xdist", "-rA")
+
+
+def outcomes(proc: subprocess.CompletedProcess[str], prefix: str) -> dict[str, str]:
+    """The short summary's outcome of every test whose node id starts with ``prefix``
+    (``-rA``), by node id."""
+    summary = proc.stdout.split("short test summary info", 1)[-1]
+    found = re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED) (\S+)", summary, re.M)
+    return {node: outcome for outcome, node in found if node.startswith(prefix)}
+
+
+def test_the_readme_example_passes_for_a_correct_gather_and_fails_readably(
+    user_session: subprocess.CompletedProcess[str],
+) -> None:
+    proc = user_session
     assert proc.returncode == 1, output(proc)
-    assert re.search(r"\b1 failed, 2 passed\b", proc.stdout), output(proc)
+    assert outcomes(proc, "tests/test_my_") == {
+        "tests/test_my_broken_gather.py::test_all_gather_is_the_concatenation": "FAILED",
+        "tests/test_my_gather.py::test_all_gather_is_the_concatenation": "PASSED",
+        "tests/test_my_plain_gather.py::test_all_gather_is_the_concatenation": "PASSED",
+    }, output(proc)
     assert "FAILED tests/test_my_broken_gather.py::" in proc.stdout, output(proc)
     # The README's failure line, up to the numbers of the minimal case Hypothesis found.
     line = readme_failure_line()
@@ -475,13 +507,20 @@ def test_rebuilt_after_the_hang(vargather_world):
 """
 
 
-def test_the_world_fixture_fails_naming_the_rank_and_recovers(tmp_path: Path) -> None:
-    project = make_project(tmp_path)
-    (project / "test_worlds.py").write_text(FIXTURE_TESTS)
-    proc = run_pytest(project, "-p", "no:xdist", "-rfE")
+def test_the_world_fixture_fails_naming_the_rank_and_recovers(
+    user_session: subprocess.CompletedProcess[str],
+) -> None:
+    proc = user_session
     out = proc.stdout
     assert proc.returncode == 1, output(proc)
-    assert re.search(r"\b3 failed, 2 passed\b", out), output(proc)
+    # The two tests after a fault pass: the worlds were rebuilt.
+    assert outcomes(proc, "test_worlds.py::") == {
+        "test_worlds.py::test_an_exception": "FAILED",
+        "test_worlds.py::test_a_crash": "FAILED",
+        "test_worlds.py::test_rebuilt_after_the_crash": "PASSED",
+        "test_worlds.py::test_a_hang": "FAILED",
+        "test_worlds.py::test_rebuilt_after_the_hang": "PASSED",
+    }, output(proc)
     summary = out.split("short test summary info")[1]
     assert "WorldRunError: vargather_world(2).run(raise_on_one): 1 of 2 rank(s) raised" in summary
     assert "rank 1 (ValueError)" in out, output(proc)
@@ -490,8 +529,6 @@ def test_the_world_fixture_fails_naming_the_rank_and_recovers(tmp_path: Path) ->
     assert "During handling of the above exception" not in out, output(proc)
     assert "WorldRunError: vargather_world(2).run(die_on_one): rank 1 (exit code 7) died" in summary
     assert "WorldRunError: vargather_world(2).run(hang_on_zero): rank(s) 0 did not reply" in summary
-    # The two tests after a fault are the two that passed: the worlds were rebuilt.
-    assert "test_rebuilt_after" not in summary, output(proc)
     for name in ("test_an_exception", "test_a_crash", "test_a_hang"):
         assert f"FAILED test_worlds.py::{name} - " in summary, output(proc)
 
@@ -515,17 +552,15 @@ def test_int16(vargather_world, case):
 
 
 def test_a_rank_failure_keeps_hypothesis_falsifying_example_and_names_a_refusal(
-    tmp_path: Path,
+    user_session: subprocess.CompletedProcess[str],
 ) -> None:
     """A backend refusal inside a user's test: the falsifying example Hypothesis found,
     the rank's traceback, and what to do about the dtype."""
-    project = make_project(tmp_path)
-    plain = (ROOT / "tests" / "forks" / "plain_all_gather.py").read_text(encoding="utf-8")
-    (project / "pkg" / "plain.py").write_text(plain)
-    (project / "test_refused.py").write_text(REFUSED_DTYPE_TEST)
-    proc = run_pytest(project, "-p", "no:xdist")
+    proc = user_session
     out = proc.stdout
-    assert proc.returncode == 1, output(proc)
+    assert outcomes(proc, "test_refused.py::") == {"test_refused.py::test_int16": "FAILED"}, output(
+        proc
+    )
     assert re.search(r"(Falsifying example|Failing test case): test_int16\(", out), output(proc)
     assert "RuntimeError: Invalid scalar type" in out, output(proc)
     assert "the backend refused the dtype" in out, output(proc)
