@@ -84,16 +84,24 @@ class AllToAllPlan:
 def split_layout(
     shape: tuple[int, ...], dim: int, sizes: tuple[int, ...], dtype: torch.dtype, info: GroupInfo
 ) -> Layout:
-    """The blocks along ``dim`` (normalized) of a tensor of ``shape`` as a ``Layout``."""
-    d = dim % len(shape)
+    """The blocks along ``dim`` (normalized) of a tensor of ``shape`` as a ``Layout``
+    (remembered for recent arguments: a ``Layout`` is immutable)."""
+    return _split_layout(shape, dim % len(shape), sizes, dtype, info.rank, info.world_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _split_layout(
+    shape: tuple[int, ...], d: int, sizes: tuple[int, ...], dtype: torch.dtype, rank: int, w: int
+) -> Layout:
+    """``split_layout``, unremembered."""
     return Layout(
         sizes=sizes,
         dim=d,
         leading_shape=shape[:d],
         trailing_shape=shape[d + 1 :],
         dtype=dtype,
-        rank=info.rank,
-        world_size=info.world_size,
+        rank=rank,
+        world_size=w,
     )
 
 

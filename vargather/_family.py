@@ -37,7 +37,7 @@ group's state alone (every rank the same):
   fits and the rank has no local problem (a flag word of the row says so);
 * the **wide round** (``state.wide``: ``W * W`` learned slots, ``wide[j * W + k]``
   the bytes rank ``j`` may send rank ``k``, at least ``capacity``),
-  ``_wide_exchange``: while every slot is at most ``PACKED_WIDE_MAX`` (256 KiB),
+  ``_wide_exchange``: while every slot is at most ``PACKED_WIDE_MAX`` (1 MiB),
   *packed*: one alltoallv whose message to each peer is the row and the block in a
   slot of its own size (``_packed_wide_exchange``); past it, to every peer its row as
   one message and its block as another, into a slot of its own size; on gloo the
@@ -76,6 +76,7 @@ timeout, never a misread.
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -314,13 +315,13 @@ def exchange_fused(
     capacity = state.capacity
     device = info.default_device()
     flag, payload = _flags(call, x, outgoing, capacity, info) if pg is not None else (0, None)
-    vector = encode_row(call.record, kind_code, call.extras, info.world_size, flag)
     if not info.communicates:
         return Exchanged([Row(call.record, call.extras)], None, (flag,), state, call.kind)
-    w, words = info.world_size, len(vector)
+    row = _row_bytes(call.record, kind_code, call.extras, info.world_size, flag)
+    w, words = info.world_size, row.numel() // 8
     width = 8 * words + capacity
     local = torch.empty(w, width, dtype=torch.uint8, device=device)
-    local[:, : 8 * words] = torch.tensor(vector, dtype=torch.int64, device=device).view(torch.uint8)
+    local[:, : 8 * words] = row.to(device)
     filled = [0] * w
     if payload is not None:
         flat, sizes = payload
@@ -359,11 +360,17 @@ def _read_rows(
     The very bytes of the last rows read on this group give the very same (cached)
     list, so a caller may cache what it validated from it by identity."""
     host = rows.cpu().contiguous()
-    raw = ctypes.string_at(host.data_ptr(), host.numel())  # the rows' bytes, one copy
+    return _read_raw_rows(call, ctypes.string_at(host.data_ptr(), host.numel()), w, pg)
+
+
+def _read_raw_rows(
+    call: FamilyCall, raw: bytes, w: int, pg: dist.ProcessGroup | None
+) -> tuple[list[Row], tuple[int, ...]]:
+    """``_read_rows`` of the rows' bytes, ``raw`` (one copy of them)."""
     last = None if pg is None else _LAST_ROWS.get(pg, call.kind)
     if last is not None and last[0] == raw:
         return last[1], last[2]
-    out, flags = _decode_rows(call, rows, w)
+    out, flags = _decode_rows(call, torch.frombuffer(bytearray(raw), dtype=torch.uint8), w)
     if pg is not None:
         _LAST_ROWS.put(pg, call.kind, (raw, out, flags))
     return out, flags
@@ -371,7 +378,7 @@ def _read_rows(
 
 def _decode_rows(call: FamilyCall, rows: torch.Tensor, w: int) -> tuple[list[Row], tuple[int, ...]]:
     """``_read_rows`` without the cache."""
-    words = rows.view(torch.int64).tolist()
+    words = rows.view(torch.int64).view(w, -1).tolist()
     _check_kinds(call.kind, [row_mark(row) for row in words])
     out: list[Row] = []
     flags: list[int] = []
@@ -382,15 +389,18 @@ def _decode_rows(call: FamilyCall, rows: torch.Tensor, w: int) -> tuple[list[Row
     return out, tuple(flags)
 
 
-PACKED_WIDE_MAX: int = 256 * 1024
+PACKED_WIDE_MAX: int = 1024 * 1024
 """Largest slot (bytes, one rank to one rank) with which the wide round travels
 *packed*: one alltoallv whose message to each peer is this rank's row and its block,
 copied into one send buffer, instead of a row and a block as separate point-to-point
 messages. Separate messages cost gloo's per-message CPU (4 (W - 1) of them against W);
-packing costs two copies of the blocks (in and closed up), which outgrow that past a
-few hundred KiB a block: at 16 MiB of mild blocks (about 1 MiB each, 4 gloo ranks) the
-packed round read 1.80x ``all_to_all_single``'s CPU per call against 1.41x by separate
-messages. A function of the group's state, so every rank picks the same."""
+packing costs two copies of the blocks (in and closed up), which outgrow that past
+about a MiB a block. Measured as CPU per call summed over 4 gloo ranks against
+``all_to_all_single``'s, mild blocks (median of 15 alternating bursts), packed against
+direct: 4 MiB (largest block 330 KiB) 1.58x against 2.11x, 8 MiB (650 KiB) 1.76x
+against 1.99x, 16 MiB (1.3 MiB) 1.57-1.66x against 1.34x. A function of the group's
+state, so every rank picks the same."""
+
 
 SHORT_MESSAGES: tuple[str, ...] = ("gloo",)
 """Backends whose point-to-point receive takes a message shorter than its buffer (gloo:
@@ -420,6 +430,29 @@ class ValidatedOnce(Generic[T]):
         return result
 
 
+@functools.lru_cache(maxsize=64)
+def _row_bytes(
+    record: CallRecord, code: int, extras: tuple[int, ...], world_size: int, flag: int
+) -> torch.Tensor:
+    """``encode_row``'s words as the bytes of an int64 CPU tensor, remembered for recent
+    rows (a steady state sends the same row every call). Read only: the rounds copy it."""
+    vector = encode_row(record, code, extras, world_size, flag)
+    return torch.tensor(vector, dtype=torch.int64).view(torch.uint8)
+
+
+@functools.lru_cache(maxsize=64)
+def _packed_splits(
+    room: tuple[int, ...], rank: int, w: int, head: int
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The packed wide round's message sizes to and from every peer (``head`` bytes of
+    row, then the pair's slot, each rounded up to 16 bytes) and where each received
+    message starts: a pure function of the slots, remembered."""
+    out_bytes = tuple(head + whole_16(room[rank * w + k]) for k in range(w))
+    in_bytes = tuple(head + whole_16(room[j * w + rank]) for j in range(w))
+    offsets = tuple(sum(in_bytes[:j]) for j in range(w))
+    return out_bytes, in_bytes, offsets
+
+
 def _wide_exchange(
     call: FamilyCall,
     info: GroupInfo,
@@ -445,17 +478,17 @@ def _wide_exchange(
         blocks = [b[:slot] for b, slot in zip(split, out_slots, strict=True)]
         fits = all(n <= slot for n, slot in zip(sizes, out_slots, strict=True))
         flag = _ELIGIBLE | (_USED if fits else 0)
-    vector = encode_row(call.record, COLLECTIVES[call.kind].code, call.extras, w, flag)
+    row = _row_bytes(call.record, COLLECTIVES[call.kind].code, call.extras, w, flag)
     exchange = (
         _packed_wide_exchange if max(room, default=0) <= PACKED_WIDE_MAX else _direct_wide_exchange
     )
-    return exchange(call, info, vector, blocks, state, pg, room)
+    return exchange(call, info, row, blocks, state, pg, room)
 
 
 def _direct_wide_exchange(
     call: FamilyCall,
     info: GroupInfo,
-    vector: Sequence[int],
+    row: torch.Tensor,
     blocks: Sequence[torch.Tensor] | None,
     state: FusedState,
     pg: dist.ProcessGroup,
@@ -474,9 +507,8 @@ def _direct_wide_exchange(
     message is exactly its slot (the block and zeros, copied)."""
     w, rank = info.world_size, info.rank
     device = info.default_device()
-    words = len(vector)
-    rows = torch.empty(w, 8 * words, dtype=torch.uint8, device=device)
-    rows[rank].copy_(torch.tensor(vector, dtype=torch.int64).view(torch.uint8))
+    rows = torch.empty(w, row.numel(), dtype=torch.uint8, device=device)
+    rows[rank].copy_(row)
     in_slots = [room[j * w + rank] for j in range(w)]
     starts = [0] * (w + 1)  # region j at a 16-byte boundary: any dtype views it
     for j in range(w):
@@ -517,7 +549,7 @@ def _direct_wide_exchange(
 def _packed_wide_exchange(
     call: FamilyCall,
     info: GroupInfo,
-    vector: Sequence[int],
+    row: torch.Tensor,
     blocks: Sequence[torch.Tensor] | None,
     state: FusedState,
     pg: dist.ProcessGroup,
@@ -529,21 +561,22 @@ def _packed_wide_exchange(
     blocks are read where they landed, and closed up in place (``region_cutter``)."""
     w, rank = info.world_size, info.rank
     device = info.default_device()
-    words = len(vector)
-    head = whole_16(8 * words)
-    out_bytes = [head + whole_16(room[rank * w + k]) for k in range(w)]
-    in_bytes = [head + whole_16(room[j * w + rank]) for j in range(w)]
+    length = row.numel()  # 8 * words
+    head = whole_16(length)
+    out_bytes, in_bytes, offsets = _packed_splits(tuple(room), rank, w, head)
     send = handed_back_buffer(pg, "packed-send", sum(out_bytes), device)
-    row = torch.tensor(list(vector), dtype=torch.int64).view(torch.uint8).to(device)
+    row = row.to(device)
     at = 0
     for k in range(w):
-        send[at : at + 8 * words].copy_(row)
+        send[at : at + length].copy_(row)
         piece = blocks[k] if blocks is not None else row[:0]
         n = piece.numel()
         if n:
             send[at + head : at + head + n].copy_(piece)
-        send[at + 8 * words : at + head].zero_()  # no stale bytes leave
-        send[at + head + n : at + out_bytes[k]].zero_()
+        if length < head:
+            send[at + length : at + head].zero_()  # no stale bytes leave
+        if head + n < out_bytes[k]:
+            send[at + head + n : at + out_bytes[k]].zero_()
         at += out_bytes[k]
     buf = handed_back_buffer(pg, "blocks", sum(in_bytes), device)
     all_to_all_uneven(
@@ -556,9 +589,12 @@ def _packed_wide_exchange(
     )
     hand_back(pg, "packed-send", send)
     hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
-    offsets = [sum(in_bytes[:j]) for j in range(w)]
-    rows = torch.stack([buf[o : o + 8 * words] for o in offsets])
-    out, flags = _read_rows(call, rows, w, pg)
+    if buf.device.type == "cpu":  # the rows' bytes read where they landed
+        at = buf.data_ptr()
+        raw = b"".join(ctypes.string_at(at + o, length) for o in offsets)
+        out, flags = _read_raw_rows(call, raw, w, pg)
+    else:
+        out, flags = _read_rows(call, torch.stack([buf[o : o + length] for o in offsets]), w, pg)
     starts = [o + head for o in offsets]
     regions = [buf[s : s + room[j * w + rank]] for j, s in enumerate(starts)]
     return Exchanged(out, regions, flags, state, call.kind, region_cutter(buf, starts))

@@ -87,6 +87,7 @@ uses, at least ``capacity``). Calls that raise change nothing.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -350,6 +351,7 @@ def _wants_wide_blocks(needs: Sequence[int]) -> bool:
     return max(needs, default=0) > FAMILY_FUSED_MAX
 
 
+@functools.lru_cache(maxsize=64)
 def wide_blocks(state: FusedState) -> tuple[int, ...]:
     """The all_to_all-shaped wide round's slot per ordered pair of ranks (``j * W +
     k``: the bytes rank ``j`` may send rank ``k``): its learned slot, or the equal
@@ -365,7 +367,18 @@ def advance_blocks(
     of what every rank saw (``fusable``: every rank eligible; ``blocks``: the bytes
     rank ``j`` sends rank ``k`` at ``j * W + k``; ``world``: ``W``). The equal slots'
     ``capacity`` follows ``capacity_step``; the wide slots (``wide``, ``W * W`` of
-    them) follow the wide round's rule (``_advance_wide``) with blocks for needs."""
+    them) follow the wide round's rule (``_advance_wide``) with blocks for needs.
+    Remembered for recent arguments (a steady state repeats them every call), and for
+    the ``FAMILY_FUSED_MAX`` in force (a test may set another)."""
+    return _advance_blocks(state, fusable, tuple(blocks), world, FAMILY_FUSED_MAX)
+
+
+@functools.lru_cache(maxsize=64)
+def _advance_blocks(
+    state: FusedState, fusable: bool, blocks: tuple[int, ...], world: int, fused_max: int
+) -> FusedState:
+    """``advance_blocks``, unremembered (``fused_max``: the key's ``FAMILY_FUSED_MAX``,
+    which the rules below read)."""
     need = max(blocks, default=0)
     capacity, idle, idle_need = capacity_step(  # a call that goes wide is not small
         (state.capacity, state.idle, state.idle_need),
