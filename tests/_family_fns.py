@@ -273,17 +273,25 @@ def fused_calls(ctx: RankContext, cases: tuple[FusedCase, ...]) -> list[Any]:
 def fused_calls_wide(ctx: RankContext, job: tuple[tuple[FusedCase, ...], int, str]) -> list[Any]:
     """``fused_calls`` with the all_to_all-shaped round going wide past ``job[1]``-byte
     blocks instead of ``FAMILY_FUSED_MAX``, on the wide round's path ``job[2]``:
-    ``"packed"`` (one alltoallv: every slot fits ``PACKED_WIDE_MAX``), ``"short"``
-    (point-to-point messages, blocks as they lie: gloo's) or ``"whole"``
-    (point-to-point messages of exactly their slot: every other backend's); restored
-    after."""
+    ``"packed"`` (one alltoallv: every slot fits ``PACKED_WIDE_MAX``; its send buffer
+    written by ``memmove`` on the CPU), ``"packed-copies"`` (the same, written by
+    tensor copies as on other devices), ``"short"`` (point-to-point messages, blocks
+    as they lie: gloo's) or ``"whole"`` (point-to-point messages of exactly their slot:
+    every other backend's); restored after."""
     from vargather import _family, _round_state
 
     cases, fused_max, path = job
-    saved = _round_state.FAMILY_FUSED_MAX, _family.SHORT_MESSAGES, _family.PACKED_WIDE_MAX
+    saved = (
+        _round_state.FAMILY_FUSED_MAX,
+        _family.SHORT_MESSAGES,
+        _family.PACKED_WIDE_MAX,
+        _family.plain,
+    )
     _round_state.FAMILY_FUSED_MAX = fused_max  # type: ignore[misc]  # a Final, patched for this test
     _family.SHORT_MESSAGES = ("gloo",) if path == "short" else ()
-    _family.PACKED_WIDE_MAX = 1 << 40 if path == "packed" else -1
+    _family.PACKED_WIDE_MAX = 1 << 40 if path.startswith("packed") else -1
+    if path == "packed-copies":
+        _family.plain = lambda t: False  # type: ignore[assignment]  # no block is plain: tensor copies
     try:
         return fused_calls(ctx, cases)
     finally:
@@ -291,6 +299,7 @@ def fused_calls_wide(ctx: RankContext, job: tuple[tuple[FusedCase, ...], int, st
             _round_state.FAMILY_FUSED_MAX,  # type: ignore[misc]  # restored
             _family.SHORT_MESSAGES,
             _family.PACKED_WIDE_MAX,
+            _family.plain,
         ) = saved
 
 

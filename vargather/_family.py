@@ -101,7 +101,7 @@ from ._errors import (
 )
 from ._exchange import _disagreement
 from ._group import process_group
-from ._round_buffers import Cut, hand_back, handed_back_buffer, region_cutter
+from ._round_buffers import Cut, hand_back, handed_back_buffer, plain, region_cutter
 from ._round_state import (
     STATES,
     FusedState,
@@ -565,19 +565,10 @@ def _packed_wide_exchange(
     head = whole_16(length)
     out_bytes, in_bytes, offsets = _packed_splits(tuple(room), rank, w, head)
     send = handed_back_buffer(pg, "packed-send", sum(out_bytes), device)
-    row = row.to(device)
-    at = 0
-    for k in range(w):
-        send[at : at + length].copy_(row)
-        piece = blocks[k] if blocks is not None else row[:0]
-        n = piece.numel()
-        if n:
-            send[at + head : at + head + n].copy_(piece)
-        if length < head:
-            send[at + length : at + head].zero_()  # no stale bytes leave
-        if head + n < out_bytes[k]:
-            send[at + head + n : at + out_bytes[k]].zero_()
-        at += out_bytes[k]
+    if send.device.type == "cpu" and (blocks is None or all(plain(b) for b in blocks)):
+        _fill_packed(send, row, blocks, out_bytes, head)
+    else:
+        _copy_packed(send, row.to(device), blocks, out_bytes, head)
     buf = handed_back_buffer(pg, "blocks", sum(in_bytes), device)
     all_to_all_uneven(
         buf,
@@ -598,6 +589,53 @@ def _packed_wide_exchange(
     starts = [o + head for o in offsets]
     regions = [buf[s : s + room[j * w + rank]] for j, s in enumerate(starts)]
     return Exchanged(out, regions, flags, state, call.kind, region_cutter(buf, starts))
+
+
+def _fill_packed(
+    send: torch.Tensor,
+    row: torch.Tensor,
+    blocks: Sequence[torch.Tensor] | None,
+    out_bytes: Sequence[int],
+    head: int,
+) -> None:
+    """The packed round's send buffer on the CPU (``send`` and every block plain):
+    message ``k`` is ``row``, zeros to ``head`` bytes, block ``k``, zeros to
+    ``out_bytes[k]``, written by ``memmove`` and ``memset`` (no tensor op per piece)."""
+    base, length, source = send.data_ptr(), row.numel(), row.data_ptr()
+    at = 0
+    for k, size in enumerate(out_bytes):
+        ctypes.memmove(base + at, source, length)
+        if length < head:
+            ctypes.memset(base + at + length, 0, head - length)  # no stale bytes leave
+        n = 0
+        if blocks is not None and (n := blocks[k].numel()):
+            ctypes.memmove(base + at + head, blocks[k].data_ptr(), n)
+        if head + n < size:
+            ctypes.memset(base + at + head + n, 0, size - head - n)
+        at += size
+
+
+def _copy_packed(
+    send: torch.Tensor,
+    row: torch.Tensor,
+    blocks: Sequence[torch.Tensor] | None,
+    out_bytes: Sequence[int],
+    head: int,
+) -> None:
+    """``_fill_packed`` by tensor copies (any device, any block)."""
+    length = row.numel()
+    at = 0
+    for k, size in enumerate(out_bytes):
+        send[at : at + length].copy_(row)
+        piece = blocks[k] if blocks is not None else row[:0]
+        n = piece.numel()
+        if n:
+            send[at + head : at + head + n].copy_(piece)
+        if length < head:
+            send[at + length : at + head].zero_()  # no stale bytes leave
+        if head + n < size:
+            send[at + head + n : at + size].zero_()
+        at += size
 
 
 def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None:
