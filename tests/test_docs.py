@@ -26,7 +26,8 @@ The convention (the README's Development section points here):
   ``<!-- docs-run: excerpt: WHY -->``, the reason spelled out.
 
 Each block is one test item, ``test_doc_block[FILE:LINE:LANG]``, LINE being the line
-of the opening fence.
+of the opening fence. A console block repeated word for word with the same files in a
+later page runs once, in the first (``first_alike``).
 """
 
 from __future__ import annotations
@@ -299,6 +300,31 @@ def _program(argv: list[str], where: str) -> list[str]:
     raise AssertionError(f"{where}: only `python` and `torchrun` commands are run, not {argv[0]}")
 
 
+def console_key(block: Block) -> tuple[object, ...]:
+    """What a console block's run depends on and checks: its document's ``file=``
+    blocks, its own text (commands and expected output) and its expected exit status."""
+    doc = next(d for d in DOCUMENTS if d.path == block.path)
+    files = tuple(
+        sorted(
+            (b.marker.options["file"], b.source)
+            for b in doc.blocks
+            if b.marker and "file" in b.marker.options
+        )
+    )
+    status = block.marker.options.get("exit", "0") if block.marker else "0"
+    return files, block.source, status
+
+
+def first_alike(block: Block) -> Block:
+    """The first console block of the docs with ``block``'s ``console_key``: a block
+    repeated word for word in another page (getting-started repeats the README's
+    torchrun example, script included) is run once, where it first appears, as the
+    same command on the same files prints the same thing (a torchrun run costs ~10
+    CPU-seconds)."""
+    key = console_key(block)
+    return next(b for b in BLOCKS if b.lang == "console" and console_key(b) == key)
+
+
 def run_console_block(block: Block, doc: Document, workdir: Path) -> None:
     """Run ``block``'s commands in ``workdir``, next to ``doc``'s file= blocks."""
     for other in doc.blocks:
@@ -491,6 +517,10 @@ def test_doc_block(block: Block, tmp_path: Path) -> None:
         return
     if block.lang == "console":
         doc = next(d for d in DOCUMENTS if d.path == block.path)
+        first = first_alike(block)
+        if first is not block:  # the very same command, files and output ran there
+            assert console_key(first) == console_key(block)
+            return
         run_console_block(block, doc, tmp_path)
         return
     if block.lang == "python":
