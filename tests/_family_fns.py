@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -338,3 +339,75 @@ def fused_autograd(ctx: RankContext, _: None) -> Any:
         assert x.grad is not None
         grads.append(x.grad.clone())
     return grads
+
+
+# --- all_to_all_v's steady path ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SteadyStep:
+    """One call of ``steady_calls`` on every rank: ``send[r]`` is rank ``r``'s send
+    sizes (rows of 512 float32 values: 2 KiB a row, past the packed round's 16 KiB
+    blocks from 8 rows), ``dtype`` rank ``r``'s dtype where given (a mismatch), and
+    whether the input requires a gradient."""
+
+    send: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...] = ()
+    grad: bool = False
+
+
+STEADY_COLS = 512
+
+
+def steady_input(rank: int, call: int, rows: int, dtype: str = "float32") -> torch.Tensor:
+    """Rank ``rank``'s input for call ``call``: small integers, new every call."""
+    g = torch.Generator().manual_seed(1000 * call + rank)
+    x = torch.randint(-50, 50, (rows, STEADY_COLS), generator=g)
+    return x.to(getattr(torch, dtype))
+
+
+def steady_upstream(rank: int, call: int, rows: int) -> torch.Tensor:
+    """Rank ``rank``'s upstream gradient for call ``call`` (differs per rank)."""
+    g = torch.Generator().manual_seed(7000 + 1000 * call + rank)
+    return torch.randint(-9, 10, (rows, STEADY_COLS), generator=g).float()
+
+
+def steady_calls(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[Any]:
+    """Every step on this rank, in order: its result and input gradient, or the error
+    it raised (type name and message); and whether ``_steady_call`` took it (sent its
+    round: it then answered or raised)."""
+    from vargather import _all_to_all, _round_state
+
+    _round_state.reset_state(None, "all_to_all_v")
+    answered: list[bool] = []
+    original = _all_to_all._steady_call
+
+    def counted(*args: Any) -> Any:
+        try:
+            plan = original(*args)
+        except vargather.VarGatherError:
+            answered.append(True)  # it sent its round and then raised the peers' error
+            raise
+        answered.append(plan is not None)
+        return plan
+
+    _all_to_all._steady_call = counted  # type: ignore[assignment]  # counted, restored below
+    out: list[Any] = []
+    try:
+        for i, step in enumerate(steps):
+            send = list(step.send[ctx.rank])
+            dtype = step.dtypes[ctx.rank] if step.dtypes else "float32"
+            x = steady_input(ctx.rank, i, sum(send), dtype).requires_grad_(step.grad)
+            before = len(answered)
+            try:
+                y = vargather.all_to_all_v(x, send)
+                grad = None
+                if step.grad:
+                    y.backward(steady_upstream(ctx.rank, i, y.shape[0]))
+                    grad = x.grad
+                out.append(("ok", y.detach(), grad, any(answered[before:])))
+            except vargather.VarGatherError as err:
+                out.append(("raised", type(err).__name__, str(err), any(answered[before:])))
+    finally:
+        _all_to_all._steady_call = original  # type: ignore[assignment]  # restored
+    return out

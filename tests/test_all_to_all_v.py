@@ -67,3 +67,54 @@ def test_one_process_world_and_layout() -> None:
         vargather.all_to_all_v(x, [1, 2])
     with pytest.raises(vargather.SizesMismatchError, match="recv_sizes"):
         vargather.all_to_all_v(x, [3], recv_sizes=[2])
+
+
+def _steady_steps() -> tuple[fns.SteadyStep, ...]:
+    """A steady caller (the same sizes every call, blocks of 16-40 KiB: the packed
+    round) whose peers change under it: rank 2's sizes change once, then rank 1 sends
+    float64, then rank 0 alone asks for a gradient; steady again in between."""
+    steady = ((8, 12, 20), (16, 9, 10), (11, 14, 18))
+    moved = (steady[0], steady[1], (11, 20, 12))
+    steps = [fns.SteadyStep(steady)] * 12
+    steps += [fns.SteadyStep(moved)] + [fns.SteadyStep(steady)] * 12
+    steps += [fns.SteadyStep(steady, dtypes=("float32", "float64", "float32"))]
+    steps += [fns.SteadyStep(steady)] * 3 + [fns.SteadyStep(steady, grad=True)] * 12
+    return tuple(steps)
+
+
+def test_the_steady_path_is_the_full_path() -> None:
+    """``all_to_all_v``'s steady path (a call repeating the last steady one replays its
+    packed round) gives the oracle's bits and gradients, and when a peer's call
+    differs (its sizes, its dtype) every rank still gets the full path's answer or its
+    error: the same ``DTypeMismatchError`` everywhere, the group usable after."""
+    from vargather import oracle
+
+    steps = _steady_steps()
+    w = 3
+    per_rank = get_pool(w).run(fns.steady_calls, steps)
+    answered = [[r[i][3] for r in per_rank] for i in range(len(steps))]
+    for i, step in enumerate(steps):
+        inputs = [fns.steady_input(r, i, sum(step.send[r])) for r in range(w)]
+        if step.dtypes:
+            for r in range(w):
+                assert per_rank[r][i][:2] == ("raised", "DTypeMismatchError"), (i, per_rank[r][i])
+            assert len({per_rank[r][i][2] for r in range(w)}) == 1  # the same message
+            continue
+        want = oracle.expected_all_to_all(inputs, step.send)
+        for r in range(w):
+            status, got, _, _ = per_rank[r][i]
+            assert status == "ok", (i, r, per_rank[r][i])
+            assert_bitwise_equal(got, want[r])
+        if step.grad:
+            ups = [fns.steady_upstream(r, i, want[r].shape[0]) for r in range(w)]
+            grads = oracle.expected_all_to_all_grads([t.float() for t in inputs], step.send, ups)
+            for r in range(w):
+                assert_bitwise_equal(per_rank[r][i][2], grads[r])
+    # The path was taken: steady calls answered by it once the state settled, the
+    # call after a peer's change by it on the unchanged ranks (rows differed: the full
+    # path's validation answered), and by none after an error until steady again.
+    assert all(answered[11])
+    assert all(answered[24])
+    assert answered[12] == [True, True, False]  # rank 2's sizes changed
+    assert answered[25] == [True, False, True]  # rank 1's dtype changed
+    assert all(answered[-1])

@@ -160,11 +160,11 @@ def test_advance_grows_at_once_and_shrinks_after_idle_calls() -> None:
     s = _round_state.advance(s, fusable=True, need=10, count=1)
     assert s.capacity == _round_state.bucket(100 + _round_state.SHRINK_AFTER - 2)
     # too large or not fusable: idle, the capacity never grows past the threshold
-    t = _round_state.advance(
-        _round_state.FusedState(), fusable=True, need=_round_state.FUSED_MAX_BYTES + 1, count=1
-    )
+    t_need = _round_state.FUSED_MAX_BYTES + 1
+    t = _round_state.advance(_round_state.FusedState(), fusable=True, need=t_need, count=1)
     assert t.capacity == 0
-    assert t.idle == 1
+    assert t.idle == 0  # nothing to shrink from 0: no streak counted, a fixed point
+    assert _round_state.advance(t, fusable=True, need=t_need, count=1) is t
     t = _round_state.advance(_round_state.FusedState(), fusable=False, need=100, count=1)
     assert t.capacity == 0
     # slots: up at once, down after SHRINK_AFTER calls with fewer tensors

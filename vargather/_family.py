@@ -117,6 +117,7 @@ __all__ = [
     "Check",
     "Exchanged",
     "FamilyCall",
+    "PackedRound",
     "Row",
     "ValidatedOnce",
     "agree",
@@ -124,7 +125,11 @@ __all__ = [
     "common_checks",
     "exchange",
     "exchange_fused",
+    "fill_packed",
+    "fill_packed_at",
+    "packed_exchanged",
     "raise_local",
+    "run_packed",
     "settle",
     "sizes_words",
     "with_problem",
@@ -263,6 +268,10 @@ class Exchanged:
     """The wide round's: the results cut from its one receive buffer, whose regions are
     ``slots`` (``_round_buffers.region_cutter``: closed up in place when the rank blocks
     are adjacent in the result)."""
+    packed: PackedRound | None = None
+    """The packed wide round's layout, when the round was one."""
+    raw: bytes | None = None
+    """The received rows' bytes, where the round read them so (the packed round, CPU)."""
 
 
 Outgoing = Callable[[], tuple[torch.Tensor, Sequence[int]]]
@@ -546,6 +555,83 @@ def _direct_wide_exchange(
     return Exchanged(out, regions, flags, state, call.kind, region_cutter(buf, starts[:w]))
 
 
+@dataclass(frozen=True)
+class PackedRound:
+    """The packed wide round of one state on one rank (a pure function of the slots and
+    this rank's row): ``row``, its bytes; message ``k`` to rank ``k`` is ``out_bytes[k]``
+    bytes (the row in ``head`` bytes, then the block), message ``j`` from rank ``j``
+    ``in_bytes[j]``, landing at ``offsets[j]``, its block at ``starts[j]``; ``room``:
+    the slots (``wide_blocks``)."""
+
+    row: torch.Tensor
+    out_bytes: tuple[int, ...]
+    in_bytes: tuple[int, ...]
+    offsets: tuple[int, ...]
+    head: int
+    starts: tuple[int, ...]
+    room: tuple[int, ...]
+
+
+def packed_round(row: torch.Tensor, room: Sequence[int], rank: int, w: int) -> PackedRound:
+    """The ``PackedRound`` of ``row`` and the slots ``room`` on ``rank``."""
+    head = whole_16(row.numel())
+    out_bytes, in_bytes, offsets = _packed_splits(tuple(room), rank, w, head)
+    starts = tuple(o + head for o in offsets)
+    return PackedRound(row, out_bytes, in_bytes, offsets, head, starts, tuple(room))
+
+
+Fill = Callable[[torch.Tensor], None]
+"""Writes a packed round's messages into its send buffer (``fill_packed``)."""
+
+
+def run_packed(
+    call: FamilyCall, info: GroupInfo, pg: dist.ProcessGroup, packed: PackedRound, fill: Fill
+) -> tuple[torch.Tensor, bytes | None]:
+    """One packed round: the send buffer written by ``fill``, one alltoallv, and the
+    receive buffer with, on the CPU, the received rows' bytes (read where they landed;
+    ``None`` elsewhere)."""
+    device = info.default_device()
+    send = handed_back_buffer(pg, "packed-send", sum(packed.out_bytes), device)
+    fill(send)
+    buf = handed_back_buffer(pg, "blocks", sum(packed.in_bytes), device)
+    all_to_all_uneven(
+        buf,
+        send,
+        output_splits=packed.in_bytes,
+        input_splits=packed.out_bytes,
+        info=info,
+        what=f"all_to_all ({call.kind} metadata exchange)",
+    )
+    hand_back(pg, "packed-send", send)
+    hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
+    if buf.device.type != "cpu":
+        return buf, None
+    at, length = buf.data_ptr(), packed.row.numel()
+    return buf, b"".join(ctypes.string_at(at + o, length) for o in packed.offsets)
+
+
+def packed_exchanged(
+    call: FamilyCall,
+    info: GroupInfo,
+    pg: dist.ProcessGroup,
+    state: FusedState,
+    packed: PackedRound,
+    buf: torch.Tensor,
+    raw: bytes | None,
+) -> Exchanged:
+    """What a packed round received, as ``Exchanged`` (the rows read from ``raw``, or
+    from ``buf`` where ``raw`` is ``None``)."""
+    w, rank, length = info.world_size, info.rank, packed.row.numel()
+    if raw is not None:
+        out, flags = _read_raw_rows(call, raw, w, pg)
+    else:
+        stacked = torch.stack([buf[o : o + length] for o in packed.offsets])
+        out, flags = _read_rows(call, stacked, w, pg)
+    regions = [buf[s : s + packed.room[j * w + rank]] for j, s in enumerate(packed.starts)]
+    cut = region_cutter(buf, packed.starts)
+    return Exchanged(out, regions, flags, state, call.kind, cut, packed, raw)
+
+
 def _packed_wide_exchange(
     call: FamilyCall,
     info: GroupInfo,
@@ -559,39 +645,19 @@ def _packed_wide_exchange(
     rank ``j`` to rank ``k`` is ``j``'s row, then its block for ``k`` in a slot of
     ``wide[j * W + k]`` bytes (the rest zeros), each part rounded up to 16 bytes. The
     blocks are read where they landed, and closed up in place (``region_cutter``)."""
-    w, rank = info.world_size, info.rank
-    device = info.default_device()
-    length = row.numel()  # 8 * words
-    head = whole_16(length)
-    out_bytes, in_bytes, offsets = _packed_splits(tuple(room), rank, w, head)
-    send = handed_back_buffer(pg, "packed-send", sum(out_bytes), device)
-    if send.device.type == "cpu" and (blocks is None or all(plain(b) for b in blocks)):
-        _fill_packed(send, row, blocks, out_bytes, head)
-    else:
-        _copy_packed(send, row.to(device), blocks, out_bytes, head)
-    buf = handed_back_buffer(pg, "blocks", sum(in_bytes), device)
-    all_to_all_uneven(
-        buf,
-        send,
-        output_splits=in_bytes,
-        input_splits=out_bytes,
-        info=info,
-        what=f"all_to_all ({call.kind} metadata exchange)",
-    )
-    hand_back(pg, "packed-send", send)
-    hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
-    if buf.device.type == "cpu":  # the rows' bytes read where they landed
-        at = buf.data_ptr()
-        raw = b"".join(ctypes.string_at(at + o, length) for o in offsets)
-        out, flags = _read_raw_rows(call, raw, w, pg)
-    else:
-        out, flags = _read_rows(call, torch.stack([buf[o : o + length] for o in offsets]), w, pg)
-    starts = [o + head for o in offsets]
-    regions = [buf[s : s + room[j * w + rank]] for j, s in enumerate(starts)]
-    return Exchanged(out, regions, flags, state, call.kind, region_cutter(buf, starts))
+    packed = packed_round(row, room, info.rank, info.world_size)
+
+    def fill(send: torch.Tensor) -> None:
+        if send.device.type == "cpu" and (blocks is None or all(plain(b) for b in blocks)):
+            fill_packed(send, row, blocks, packed.out_bytes, packed.head)
+        else:
+            _copy_packed(send, row.to(send.device), blocks, packed.out_bytes, packed.head)
+
+    buf, raw = run_packed(call, info, pg, packed, fill)
+    return packed_exchanged(call, info, pg, state, packed, buf, raw)
 
 
-def _fill_packed(
+def fill_packed(
     send: torch.Tensor,
     row: torch.Tensor,
     blocks: Sequence[torch.Tensor] | None,
@@ -600,7 +666,20 @@ def _fill_packed(
 ) -> None:
     """The packed round's send buffer on the CPU (``send`` and every block plain):
     message ``k`` is ``row``, zeros to ``head`` bytes, block ``k``, zeros to
-    ``out_bytes[k]``, written by ``memmove`` and ``memset`` (no tensor op per piece)."""
+    ``out_bytes[k]`` (``fill_packed_at``)."""
+    at = None if blocks is None else [(b.data_ptr(), b.numel()) for b in blocks]
+    fill_packed_at(send, row, at, out_bytes, head)
+
+
+def fill_packed_at(
+    send: torch.Tensor,
+    row: torch.Tensor,
+    blocks: Sequence[tuple[int, int]] | None,
+    out_bytes: Sequence[int],
+    head: int,
+) -> None:
+    """``fill_packed`` of blocks given as (address, bytes), written by ``memmove`` and
+    ``memset`` (no tensor op per piece)."""
     base, length, source = send.data_ptr(), row.numel(), row.data_ptr()
     at = 0
     for k, size in enumerate(out_bytes):
@@ -608,8 +687,10 @@ def _fill_packed(
         if length < head:
             ctypes.memset(base + at + length, 0, head - length)  # no stale bytes leave
         n = 0
-        if blocks is not None and (n := blocks[k].numel()):
-            ctypes.memmove(base + at + head, blocks[k].data_ptr(), n)
+        if blocks is not None:
+            address, n = blocks[k]
+            if n:
+                ctypes.memmove(base + at + head, address, n)
         if head + n < size:
             ctypes.memset(base + at + head + n, 0, size - head - n)
         at += size
@@ -622,7 +703,7 @@ def _copy_packed(
     out_bytes: Sequence[int],
     head: int,
 ) -> None:
-    """``_fill_packed`` by tensor copies (any device, any block)."""
+    """``fill_packed`` by tensor copies (any device, any block)."""
     length = row.numel()
     at = 0
     for k, size in enumerate(out_bytes):

@@ -271,6 +271,11 @@ def capacity_step(
     capacity, idle, idle_need = current
     if small and 4 * need > capacity:
         return max(capacity, slot(need)), 0, 0
+    if capacity == 0 and idle_need == 0 and slot(0) == 0:
+        # Nothing to shrink, and a small need here is 0 (any other grows it): a streak
+        # would end at slot(0) = 0 where it began, so none is counted, and the state is
+        # a fixed point (a steady caller's state stays the very same object).
+        return 0, 0, 0
     idle += 1
     if small:
         idle_need = max(idle_need, need)
@@ -370,7 +375,8 @@ def advance_blocks(
     them) follow the wide round's rule (``_advance_wide``) with blocks for needs.
     Remembered for recent arguments (a steady state repeats them every call), and for
     the ``FAMILY_FUSED_MAX`` in force (a test may set another)."""
-    return _advance_blocks(state, fusable, tuple(blocks), world, FAMILY_FUSED_MAX)
+    after = _advance_blocks(state, fusable, tuple(blocks), world, FAMILY_FUSED_MAX)
+    return state if after == state else after  # unchanged is the very state passed in
 
 
 @functools.lru_cache(maxsize=64)
