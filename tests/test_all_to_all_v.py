@@ -69,12 +69,20 @@ def test_one_process_world_and_layout() -> None:
         vargather.all_to_all_v(x, [3], recv_sizes=[2])
 
 
-def _steady_steps() -> tuple[fns.SteadyStep, ...]:
-    """A steady caller (the same sizes every call, blocks of 16-40 KiB: the packed
-    round) whose peers change under it: rank 2's sizes change once, then rank 1 sends
-    float64, then rank 0 alone asks for a gradient; steady again in between."""
-    steady = ((8, 12, 20), (16, 9, 10), (11, 14, 18))
-    moved = (steady[0], steady[1], (11, 20, 12))
+_STEADY_SIZES = {
+    # blocks of 16-40 KiB: the packed wide round
+    "packed": (((8, 12, 20), (16, 9, 10), (11, 14, 18)), (11, 20, 12)),
+    # blocks of 0-6 KiB: the equal round, replayed as packed equal slots
+    "equal": (((1, 2, 3), (2, 0, 1), (3, 1, 2)), (2, 3, 1)),
+}
+
+
+def _steady_steps(shape: str) -> tuple[fns.SteadyStep, ...]:
+    """A steady caller (the same sizes every call) whose peers change under it: rank
+    2's sizes change once, then rank 1 sends float64; steady again in between; then
+    every rank asks for a gradient."""
+    steady, rank_2 = _STEADY_SIZES[shape]
+    moved = (steady[0], steady[1], rank_2)
     steps = [fns.SteadyStep(steady)] * 12
     steps += [fns.SteadyStep(moved)] + [fns.SteadyStep(steady)] * 12
     steps += [fns.SteadyStep(steady, dtypes=("float32", "float64", "float32"))]
@@ -82,14 +90,15 @@ def _steady_steps() -> tuple[fns.SteadyStep, ...]:
     return tuple(steps)
 
 
-def test_the_steady_path_is_the_full_path() -> None:
+@pytest.mark.parametrize("shape", sorted(_STEADY_SIZES))
+def test_the_steady_path_is_the_full_path(shape: str) -> None:
     """``all_to_all_v``'s steady path (a call repeating the last steady one replays its
     packed round) gives the oracle's bits and gradients, and when a peer's call
     differs (its sizes, its dtype) every rank still gets the full path's answer or its
     error: the same ``DTypeMismatchError`` everywhere, the group usable after."""
     from vargather import oracle
 
-    steps = _steady_steps()
+    steps = _steady_steps(shape)
     w = 3
     per_rank = get_pool(w).run(fns.steady_calls, steps)
     answered = [[r[i][3] for r in per_rank] for i in range(len(steps))]

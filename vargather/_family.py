@@ -352,8 +352,18 @@ def exchange_fused(
         info=info,
         what=f"all_to_all ({call.kind} metadata exchange)",
     )
-    out, flags = _read_rows(call, received[:, : 8 * words].contiguous(), w, pg)
-    return Exchanged(out, received[:, 8 * words :].unbind(0), flags, state, call.kind)
+    raw = None
+    if received.device.type == "cpu":  # the rows' bytes read where they landed
+        at = received.data_ptr()
+        raw = b"".join(ctypes.string_at(at + j * width, 8 * words) for j in range(w))
+        out, flags = _read_raw_rows(call, raw, w, pg)
+    else:
+        out, flags = _read_rows(call, received[:, : 8 * words].contiguous(), w, pg)
+    # The same messages as a packed round of equal slots (``capacity`` is whole 16s): a
+    # steady caller replays them so (``_all_to_all``'s steady path).
+    packed = packed_round(row, (capacity,) * (w * w), info.rank, w) if capacity % 16 == 0 else None
+    slots = received[:, 8 * words :].unbind(0)
+    return Exchanged(out, slots, flags, state, call.kind, None, packed, raw)
 
 
 _LAST_ROWS: Final = PerGroup[tuple[bytes, list[Row], tuple[int, ...]]]()
@@ -765,7 +775,10 @@ def settle(
     after = advance_blocks(ex.state, fusable=fusable, blocks=blocks, world=w)
     if after is not ex.state:
         set_state(process_group(info), ex.kind, after)
-    room = wide_blocks(ex.state) if ex.cut is not None else (ex.state.capacity,) * (w * w)
+    if ex.packed is not None:
+        room = ex.packed.room
+    else:
+        room = wide_blocks(ex.state) if ex.cut is not None else (ex.state.capacity,) * (w * w)
     if not all(f & _USED for f in ex.flags) or any(
         n > c for n, c in zip(blocks, room, strict=True)
     ):
