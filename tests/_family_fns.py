@@ -411,3 +411,34 @@ def steady_calls(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[Any]:
     finally:
         _all_to_all._steady_call = original  # type: ignore[assignment]  # restored
     return out
+
+
+def steady_two_groups(ctx: RankContext, calls: int) -> list[tuple[bool, bool]]:
+    """``all_to_all_v`` on the world and on a second group of the same ranks, call for
+    call in turn, the same sizes on each: whether ``_steady_call`` answered each pair
+    (each group keeps its own last steady call), every result checked against the
+    other group's (the same inputs, so the same answer)."""
+    from vargather import _all_to_all
+
+    other = dist.new_group(list(range(ctx.world_size)))
+    send = [8 + ctx.rank, 12, 20 - ctx.rank][: ctx.world_size]
+    answered: list[bool] = []
+    original = _all_to_all._steady_call
+
+    def counted(*args: Any) -> Any:
+        plan = original(*args)
+        answered.append(plan is not None)
+        return plan
+
+    _all_to_all._steady_call = counted  # type: ignore[assignment]  # counted, restored below
+    out = []
+    try:
+        for i in range(calls):
+            x = steady_input(ctx.rank, i, sum(send))
+            a = vargather.all_to_all_v(x, send)
+            b = vargather.all_to_all_v(x, send, group=other)
+            assert torch.equal(a, b)
+            out.append((answered[-2], answered[-1]))
+    finally:
+        _all_to_all._steady_call = original  # type: ignore[assignment]  # restored
+    return out

@@ -127,3 +127,11 @@ def test_the_steady_path_is_the_full_path(shape: str) -> None:
     assert answered[12] == [True, True, False]  # rank 2's sizes changed
     assert answered[25] == [True, False, True]  # rank 1's dtype changed
     assert all(answered[-1])
+
+
+def test_each_group_keeps_its_own_steady_call() -> None:
+    """Calls alternating between two groups are both steady once their states settle:
+    the last steady call is kept per group (weakly: a destroyed group takes it along)."""
+    per_rank = get_pool(3).run(fns.steady_two_groups, 16)
+    for pairs in per_rank:
+        assert pairs[-1] == (True, True), pairs

@@ -58,7 +58,7 @@ from ._group import process_group
 from ._layout import Layout
 from ._mesh import call_group
 from ._round_buffers import pack, region_cutter
-from ._round_state import STATES, FusedState
+from ._round_state import STATES, FusedState, PerGroup
 
 __all__ = [
     "AllToAllPlan",
@@ -342,14 +342,13 @@ class AllToAllVFunction(torch.autograd.Function):
 
 @dataclass(frozen=True)
 class _Steady:
-    """The last steady call (``_remember``): its key (``_steady_key``), its group and
-    call, the group's state it left unchanged, its packed round, where each block lies
-    in ``x`` (byte offset and length), the rows every rank sent, and its layouts."""
+    """A group's last steady call (``_remember``): its key (``_steady_key``), its call,
+    the group's state it left unchanged, its packed round, where each block lies in
+    ``x`` (byte offset and length), the rows every rank sent, and its layouts. Nothing
+    in it refers to the group, which keys it weakly (``_STEADY``)."""
 
     key: tuple[object, ...]
-    info: GroupInfo
     call: FamilyCall
-    pg: Any
     state: FusedState
     packed: PackedRound
     blocks: tuple[tuple[int, int], ...]
@@ -359,8 +358,8 @@ class _Steady:
     needs: tuple[int, ...]
 
 
-_STEADY: list[_Steady | None] = [None]
-"""The last steady call (``None``: the last call that could have been one was not)."""
+_STEADY: Final = PerGroup[_Steady]()
+"""Per group: its last steady call (none once a call that could have been one was not)."""
 
 
 def _steady_key(
@@ -368,14 +367,12 @@ def _steady_key(
     send_sizes: object,
     recv_sizes: object,
     dim: object,
-    group: object,
-    mesh_dim: object,
     validate: object,
     timeout: object,
 ) -> tuple[object, ...] | None:
-    """Everything a validated ``all_to_all_v`` call's plan is a function of, besides the
-    group's state and the peers' rows, for the calls the steady path serves (``None``
-    for others): a plain contiguous CPU tensor cut along its first non-unit dimension
+    """Everything a validated ``all_to_all_v`` call's plan is a function of, besides its
+    group (which ``_STEADY`` is kept by), the group's state and the peers' rows, for the
+    calls the steady path serves (``None`` for others): a plain contiguous CPU tensor cut along its first non-unit dimension
     (its blocks lie one after the other in its bytes), ``send_sizes`` a list or tuple
     of ints, no ``recv_sizes``, ``validate=True``, no per-call timeout."""
     if (
@@ -396,7 +393,7 @@ def _steady_key(
     if any(n != 1 for n in shape[: dim % x.ndim]):
         return None
     requires = x.requires_grad and torch.is_grad_enabled()
-    return (group, mesh_dim, dim, shape, x.dtype, requires, tuple(send_sizes))
+    return (dim, shape, x.dtype, requires, tuple(send_sizes))
 
 
 def _remember(
@@ -405,10 +402,12 @@ def _remember(
     """Keep the call for ``_steady_call`` when it is steady: packed, answered from its
     round, and leaving the group's state as it found it (so the same rows next time
     leave it so again: the state rule is a pure function)."""
-    _STEADY[0] = None
     pg = process_group(info)
+    if pg is None:
+        return
+    _STEADY.pop(pg, NAME)
     packed, raw = ex.packed, ex.raw
-    if packed is None or raw is None or plan.result is None or pg is None:
+    if packed is None or raw is None or plan.result is None:
         return
     if STATES.get(pg, COLLECTIVES[NAME].round) is not ex.state:
         return
@@ -418,10 +417,8 @@ def _remember(
         starts.append(starts[-1] + n * unit)
     blocks = tuple((starts[k], n * unit) for k, n in enumerate(plan.send.sizes))
     needs = tuple(n * unit for n in plan.recv.sizes)
-    steady = _Steady(
-        key, info, call, pg, ex.state, packed, blocks, raw, plan.send, plan.recv, needs
-    )
-    _STEADY[0] = steady
+    steady = _Steady(key, call, ex.state, packed, blocks, raw, plan.send, plan.recv, needs)
+    _STEADY.put(pg, NAME, steady)
 
 
 def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> AllToAllPlan | None:
@@ -431,10 +428,10 @@ def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> A
     it sent last time, the result cut as then (the same rows validate alike and move
     the state alike: not at all). Other rows go on as the full path does after its
     exchange (``plan_from_exchange``): validation, the state, the result."""
-    steady = _STEADY[0]
-    if steady is None or steady.key != key or steady.info != info:
+    pg = process_group(info)
+    steady = _STEADY.get(pg, NAME)
+    if steady is None or steady.key != key or pg is None:
         return None
-    pg = steady.pg
     if STATES.get(pg, COLLECTIVES[NAME].round) is not steady.state:
         return None
     packed, base = steady.packed, x.data_ptr()
@@ -475,7 +472,7 @@ def all_to_all_eager(
     them, on every rank): the plan (``_steady_call`` when the call repeats the last
     steady one), then the payload inside ``AllToAllVFunction``."""
     info = call_group(group, mesh_dim)
-    key = _steady_key(x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout)
+    key = _steady_key(x, send_sizes, recv_sizes, dim, validate, timeout)
     plan = None if key is None else _steady_call(key, x, info)
     if plan is None:
         plan = plan_all_to_all(
