@@ -337,7 +337,7 @@ class AllToAllVFunction(torch.autograd.Function):
         return exchange_blocks(grad_output, plan.recv, plan.send, plan.info), None
 
 
-# --- the steady state: a call repeating the last one replays its packed round ----------
+# --- the steady path: a call repeating the last one replays its round ------------------
 
 
 @dataclass(frozen=True)
@@ -372,9 +372,10 @@ def _steady_key(
 ) -> tuple[object, ...] | None:
     """Everything a validated ``all_to_all_v`` call's plan is a function of, besides its
     group (which ``_STEADY`` is kept by), the group's state and the peers' rows, for the
-    calls the steady path serves (``None`` for others): a plain contiguous CPU tensor cut along its first non-unit dimension
-    (its blocks lie one after the other in its bytes), ``send_sizes`` a list or tuple
-    of ints, no ``recv_sizes``, ``validate=True``, no per-call timeout."""
+    calls the steady path serves (``None`` for others): a plain contiguous CPU tensor
+    cut along its first non-unit dimension (its blocks lie one after the other in its
+    bytes), ``send_sizes`` a list or tuple of ints, no ``recv_sizes``,
+    ``validate=True``, no per-call timeout."""
     if (
         type(x) is not torch.Tensor
         or recv_sizes is not None
