@@ -269,9 +269,11 @@ class Exchanged:
     ``slots`` (``_round_buffers.region_cutter``: closed up in place when the rank blocks
     are adjacent in the result)."""
     packed: PackedRound | None = None
-    """The packed wide round's layout, when the round was one."""
+    """The round's messages as a packed layout: the packed wide round's, or the equal
+    round's (equal slots); ``None`` for the direct sends."""
     raw: bytes | None = None
-    """The received rows' bytes, where the round read them so (the packed round, CPU)."""
+    """The received rows' bytes, where the round read them so (the packed and the equal
+    round, on the CPU)."""
 
 
 Outgoing = Callable[[], tuple[torch.Tensor, Sequence[int]]]
