@@ -272,8 +272,7 @@ class Exchanged:
     """The round's messages as a packed layout: the packed wide round's, or the equal
     round's (equal slots); ``None`` for the direct sends."""
     raw: bytes | None = None
-    """The received rows' bytes, where the round read them so (the packed and the equal
-    round, on the CPU)."""
+    """The received rows' bytes (the packed and the equal round's)."""
 
 
 Outgoing = Callable[[], tuple[torch.Tensor, Sequence[int]]]
@@ -354,13 +353,8 @@ def exchange_fused(
         info=info,
         what=f"all_to_all ({call.kind} metadata exchange)",
     )
-    raw = None
-    if received.device.type == "cpu":  # the rows' bytes read where they landed
-        at = received.data_ptr()
-        raw = b"".join(ctypes.string_at(at + j * width, 8 * words) for j in range(w))
-        out, flags = _read_raw_rows(call, raw, w, pg)
-    else:
-        out, flags = _read_rows(call, received[:, : 8 * words].contiguous(), w, pg)
+    raw = _landed_rows(received.view(-1), [j * width for j in range(w)], 8 * words)
+    out, flags = _read_rows(call, raw, w, pg)
     # The same messages as a packed round of equal slots (``capacity`` is whole 16s): a
     # steady caller replays them so (``_all_to_all``'s steady path).
     packed = packed_round(row, (capacity,) * (w * w), info.rank, w) if capacity % 16 == 0 else None
@@ -373,33 +367,38 @@ _LAST_ROWS: Final = PerGroup[tuple[bytes, list[Row], tuple[int, ...]]]()
 cache of a pure function: in the steady state every call's rows are the same bytes)."""
 
 
+def _landed_rows(buf: torch.Tensor, offsets: Sequence[int], length: int) -> bytes:
+    """The received rows' bytes: ``length`` of them at each of ``offsets`` in the flat
+    uint8 ``buf`` (read where they landed on the CPU, else copied to the host together)."""
+    if buf.device.type == "cpu":
+        at = buf.data_ptr()
+        return b"".join(ctypes.string_at(at + o, length) for o in offsets)
+    host = torch.cat([buf[o : o + length] for o in offsets]).cpu()
+    return ctypes.string_at(host.data_ptr(), host.numel())
+
+
 def _read_rows(
-    call: FamilyCall, rows: torch.Tensor, w: int, pg: dist.ProcessGroup | None
-) -> tuple[list[Row], tuple[int, ...]]:
-    """Every rank's row and flag word from the received rows (``(W, 8 * words)`` bytes);
-    ``ProtocolMismatchError`` on every rank unless every rank called ``call.kind``.
-    The very bytes of the last rows read on this group give the very same (cached)
-    list, so a caller may cache what it validated from it by identity."""
-    host = rows.cpu().contiguous()
-    return _read_raw_rows(call, ctypes.string_at(host.data_ptr(), host.numel()), w, pg)
-
-
-def _read_raw_rows(
     call: FamilyCall, raw: bytes, w: int, pg: dist.ProcessGroup | None
 ) -> tuple[list[Row], tuple[int, ...]]:
-    """``_read_rows`` of the rows' bytes, ``raw`` (one copy of them)."""
+    """Every rank's row and flag word from the received rows' bytes (``raw``, rank by
+    rank: ``_landed_rows``); ``ProtocolMismatchError`` on every rank unless every rank
+    called ``call.kind``. The very bytes of the last rows read on this group give the
+    very same (cached) list, so a caller may cache what it validated from it by
+    identity."""
     last = None if pg is None else _LAST_ROWS.get(pg, call.kind)
     if last is not None and last[0] == raw:
         return last[1], last[2]
-    out, flags = _decode_rows(call, torch.frombuffer(bytearray(raw), dtype=torch.uint8), w)
+    out, flags = _decode_rows(call, raw, w)
     if pg is not None:
         _LAST_ROWS.put(pg, call.kind, (raw, out, flags))
     return out, flags
 
 
-def _decode_rows(call: FamilyCall, rows: torch.Tensor, w: int) -> tuple[list[Row], tuple[int, ...]]:
+def _decode_rows(call: FamilyCall, raw: bytes, w: int) -> tuple[list[Row], tuple[int, ...]]:
     """``_read_rows`` without the cache."""
-    words = rows.view(torch.int64).view(w, -1).tolist()
+    values = memoryview(raw).cast("q").tolist()  # int64 words, native order as sent
+    n = len(values) // w
+    words = [values[r * n : (r + 1) * n] for r in range(w)]
     _check_kinds(call.kind, [row_mark(row) for row in words])
     out: list[Row] = []
     flags: list[int] = []
@@ -563,7 +562,10 @@ def _direct_wide_exchange(
         tag=BLOCKS_TAG,
     )
     hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
-    out, flags = _read_rows(call, rows, w, pg)
+    length = rows.shape[1]
+    out, flags = _read_rows(
+        call, _landed_rows(rows.view(-1), [j * length for j in range(w)], length), w, pg
+    )
     return Exchanged(out, regions, flags, state, call.kind, region_cutter(buf, starts[:w]))
 
 
@@ -598,10 +600,9 @@ Fill = Callable[[torch.Tensor], None]
 
 def run_packed(
     call: FamilyCall, info: GroupInfo, pg: dist.ProcessGroup, packed: PackedRound, fill: Fill
-) -> tuple[torch.Tensor, bytes | None]:
+) -> tuple[torch.Tensor, bytes]:
     """One packed round: the send buffer written by ``fill``, one alltoallv, and the
-    receive buffer with, on the CPU, the received rows' bytes (read where they landed;
-    ``None`` elsewhere)."""
+    receive buffer with the received rows' bytes (``_landed_rows``)."""
     device = info.default_device()
     send = handed_back_buffer(pg, "packed-send", sum(packed.out_bytes), device)
     fill(send)
@@ -616,10 +617,7 @@ def run_packed(
     )
     hand_back(pg, "packed-send", send)
     hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
-    if buf.device.type != "cpu":
-        return buf, None
-    at, length = buf.data_ptr(), packed.row.numel()
-    return buf, b"".join(ctypes.string_at(at + o, length) for o in packed.offsets)
+    return buf, _landed_rows(buf, packed.offsets, packed.row.numel())
 
 
 def packed_exchanged(
@@ -629,16 +627,12 @@ def packed_exchanged(
     state: FusedState,
     packed: PackedRound,
     buf: torch.Tensor,
-    raw: bytes | None,
+    raw: bytes,
 ) -> Exchanged:
-    """What a packed round received, as ``Exchanged`` (the rows read from ``raw``, or
-    from ``buf`` where ``raw`` is ``None``)."""
-    w, rank, length = info.world_size, info.rank, packed.row.numel()
-    if raw is not None:
-        out, flags = _read_raw_rows(call, raw, w, pg)
-    else:
-        stacked = torch.stack([buf[o : o + length] for o in packed.offsets])
-        out, flags = _read_rows(call, stacked, w, pg)
+    """What a packed round received (``buf``, its rows' bytes ``raw``), as
+    ``Exchanged``."""
+    w, rank = info.world_size, info.rank
+    out, flags = _read_rows(call, raw, w, pg)
     regions = [buf[s : s + packed.room[j * w + rank]] for j, s in enumerate(packed.starts)]
     cut = region_cutter(buf, packed.starts)
     return Exchanged(out, regions, flags, state, call.kind, cut, packed, raw)
