@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -359,6 +361,32 @@ class SteadyStep:
 STEADY_COLS = 512
 
 
+@contextlib.contextmanager
+def steady_calls_taken() -> Iterator[list[bool]]:
+    """For each ``all_to_all_v`` call meanwhile that could take the steady path, whether
+    ``_steady_call`` took it (sent its round: it then answered or raised the peers'
+    error), in order; ``_steady_call`` restored after."""
+    from vargather import _all_to_all
+
+    taken: list[bool] = []
+    original = _all_to_all._steady_call
+
+    def counted(*args: Any) -> Any:
+        try:
+            plan = original(*args)
+        except vargather.VarGatherError:
+            taken.append(True)
+            raise
+        taken.append(plan is not None)
+        return plan
+
+    _all_to_all._steady_call = counted  # type: ignore[assignment]  # counted, restored below
+    try:
+        yield taken
+    finally:
+        _all_to_all._steady_call = original  # type: ignore[assignment]  # restored
+
+
 def steady_input(rank: int, call: int, rows: int, dtype: str = "float32") -> torch.Tensor:
     """Rank ``rank``'s input for call ``call``: small integers, new every call."""
     g = torch.Generator().manual_seed(1000 * call + rank)
@@ -376,24 +404,11 @@ def steady_calls(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[Any]:
     """Every step on this rank, in order: its result and input gradient, or the error
     it raised (type name and message); and whether ``_steady_call`` took it (sent its
     round: it then answered or raised)."""
-    from vargather import _all_to_all, _round_state
+    from vargather import _round_state
 
     _round_state.reset_state(None, "all_to_all_v")
-    answered: list[bool] = []
-    original = _all_to_all._steady_call
-
-    def counted(*args: Any) -> Any:
-        try:
-            plan = original(*args)
-        except vargather.VarGatherError:
-            answered.append(True)  # it sent its round and then raised the peers' error
-            raise
-        answered.append(plan is not None)
-        return plan
-
-    _all_to_all._steady_call = counted  # type: ignore[assignment]  # counted, restored below
     out: list[Any] = []
-    try:
+    with steady_calls_taken() as answered:
         for i, step in enumerate(steps):
             send = list(step.send[ctx.rank])
             dtype = step.dtypes[ctx.rank] if step.dtypes else "float32"
@@ -408,8 +423,6 @@ def steady_calls(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[Any]:
                 out.append(("ok", y.detach(), grad, any(answered[before:])))
             except vargather.VarGatherError as err:
                 out.append(("raised", type(err).__name__, str(err), any(answered[before:])))
-    finally:
-        _all_to_all._steady_call = original  # type: ignore[assignment]  # restored
     return out
 
 
@@ -418,27 +431,14 @@ def steady_two_groups(ctx: RankContext, calls: int) -> list[tuple[bool, bool]]:
     call in turn, the same sizes on each: whether ``_steady_call`` answered each pair
     (each group keeps its own last steady call), every result checked against the
     other group's (the same inputs, so the same answer)."""
-    from vargather import _all_to_all
-
     other = dist.new_group(list(range(ctx.world_size)))
     send = [8 + ctx.rank, 12, 20 - ctx.rank][: ctx.world_size]
-    answered: list[bool] = []
-    original = _all_to_all._steady_call
-
-    def counted(*args: Any) -> Any:
-        plan = original(*args)
-        answered.append(plan is not None)
-        return plan
-
-    _all_to_all._steady_call = counted  # type: ignore[assignment]  # counted, restored below
     out = []
-    try:
+    with steady_calls_taken() as answered:
         for i in range(calls):
             x = steady_input(ctx.rank, i, sum(send))
             a = vargather.all_to_all_v(x, send)
             b = vargather.all_to_all_v(x, send, group=other)
             assert torch.equal(a, b)
             out.append((answered[-2], answered[-1]))
-    finally:
-        _all_to_all._steady_call = original  # type: ignore[assignment]  # restored
     return out
