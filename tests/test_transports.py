@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 import vargather
 import vargather._choices as choices_module
+import vargather._comm as comm_module
 import vargather._fused as fused_module
 import vargather._round_state as round_state_module
 import vargather._transport as transport_module
@@ -103,9 +104,11 @@ def _ptrs(values: Sequence[object]) -> tuple[int, ...]:
 
 @contextlib.contextmanager
 def spy() -> Iterator[list[Call]]:
-    """Record every torch.distributed collective called while the block runs
-    (point-to-point operations as the one ``batch_isend_irecv`` that posts them: torch
-    refuses a ``P2POp`` of a wrapped ``isend``/``irecv``).
+    """Record every torch.distributed collective called while the block runs, and
+    each batch of point-to-point operations vargather posts (``_comm._post``, as one
+    ``"send/recv"`` with every tensor it sends or receives into: on gloo it posts them
+    on the process group itself, which no module attribute sees; elsewhere through the
+    one ``batch_isend_irecv`` recorded inside it, not recorded twice).
 
     vargather looks collectives up on the ``torch.distributed`` module at call time, so
     wrapping the module attributes sees them all (torch's internal calls between its
@@ -113,13 +116,27 @@ def spy() -> Iterator[list[Call]]:
     """
     calls: list[Call] = []
     originals: dict[str, Callable[..., Any]] = {}
+    posting = [False]
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            calls.append(Call(name, _ptrs([*args, *kwargs.values()])))
+            if not posting[0]:
+                calls.append(Call(name, _ptrs([*args, *kwargs.values()])))
             return fn(*args, **kwargs)
 
         return wrapper
+
+    post = comm_module._post
+
+    def posted(posts: Sequence[tuple[bool, torch.Tensor, int, int]], info: Any) -> Any:
+        calls.append(Call("send/recv", tuple(t.data_ptr() for _, t, _, _ in posts)))
+        posting[0] = True
+        try:
+            return post(posts, info)
+        finally:
+            posting[0] = False
+
+    comm_module._post = posted  # the spy, restored below
 
     for name in _SPIED:
         fn = getattr(dist, name, None)
@@ -129,6 +146,7 @@ def spy() -> Iterator[list[Call]]:
     try:
         yield calls
     finally:
+        comm_module._post = post
         for name, fn in originals.items():
             setattr(dist, name, fn)
 
@@ -358,7 +376,7 @@ def test_known_sizes_without_validation_skip_the_exchange(transport: str, valida
         "alltoallv": ["all_to_all_single"],
         "broadcast": ["broadcast", "broadcast"],  # the empty rank sends nothing
     }[transport]
-    exchange = ["batch_isend_irecv"] if validate else []  # the round: direct sends on gloo
+    exchange = ["send/recv"] if validate else []  # the round: direct sends on gloo
     for o in outcomes:
         assert names(o.forward) == exchange + payload
 
