@@ -422,3 +422,62 @@ def handed_back_buffers(ctx: RankContext, world: int) -> list[str]:
             failures.append(f"{what}: wrong gradient after a later call")
         del later
     return failures
+
+
+# --- all_gather_v's steady path ------------------------------------------------------
+
+
+STEADY_COLS = 64
+"""Columns of the steady path's shards (float32: 256 bytes a row; 2,000 rows and more
+per rank take the wide round)."""
+
+
+def steady_shard(rank: int, call: int, rows: int, dtype: str = "float32") -> torch.Tensor:
+    """Rank ``rank``'s shard for call ``call``: new values every call, NaN and -0.0 in
+    them (``make_shard``'s)."""
+    return make_shard((rows, STEADY_COLS), dtype, 100 * call + rank)
+
+
+def steady_gathers(
+    ctx: RankContext, steps: list[tuple[tuple[int, ...], tuple[str, ...], bool]]
+) -> list[Any]:
+    """Every step ``(rows per rank, dtypes per rank or (), grad)`` as one
+    ``all_gather_v`` on this rank: its result (kept, not copied, until every step ran:
+    a buffer a result still views is never received into again) and input gradient
+    under ``grad="sum"`` (per-rank upstream gradients), or the error it raised (type
+    name and message); and whether ``_fused.steady_exchange`` took the call (sent its
+    round: it then answered or raised)."""
+    from vargather import _fused
+
+    _round_state.reset_state(None, "all_gather_v")
+    taken: list[bool] = []
+    original = _fused.steady_exchange
+
+    def counted(*args: Any) -> Any:
+        try:
+            found = original(*args)
+        except vargather.VarGatherError:
+            taken.append(True)
+            raise
+        taken.append(found is not None)
+        return found
+
+    kept: list[Any] = []
+    _fused.steady_exchange = counted  # type: ignore[assignment]  # counted, restored below
+    try:
+        for i, (rows, dtypes, grad) in enumerate(steps):
+            dtype = dtypes[ctx.rank] if dtypes else "float32"
+            x = steady_shard(ctx.rank, i, rows[ctx.rank], dtype).requires_grad_(grad)
+            before = len(taken)
+            try:
+                y = vargather.all_gather_v(x)
+                dx = None
+                if grad:
+                    y.backward(upstream(tuple(y.shape), "float32", 7 + ctx.rank))
+                    dx = x.grad
+                kept.append(("ok", y.detach(), dx, any(taken[before:])))
+            except vargather.VarGatherError as err:
+                kept.append(("raised", type(err).__name__, str(err), any(taken[before:])))
+    finally:
+        _fused.steady_exchange = original  # type: ignore[assignment]  # restored
+    return [(k[0], k[1].clone() if k[0] == "ok" else k[1], *k[2:]) for k in kept]

@@ -30,6 +30,8 @@ from ._fused_fns import (
     make_shard,
     raw_bytes,
     run_script,
+    steady_gathers,
+    steady_shard,
     strided_in_the_fused_round,
     upstream,
     views_on_one_rank,
@@ -735,3 +737,51 @@ def test_the_switch_to_the_wide_round() -> None:
     # within its slots it stays wide until SHRINK_AFTER such calls
     stay = _round_state.advance(t, fusable=True, need=n, count=1, needs=(n, n, n, n))
     assert (stay.wide, stay.wide_idle) == (skew, 1)
+
+
+def _steady_steps() -> list[tuple[tuple[int, ...], tuple[str, ...], bool]]:
+    """A steady caller (the same sizes every call, past the wide round's threshold)
+    whose peers change under it: rank 2's size once, then rank 1 sends float64; steady
+    again in between; then every rank asks for a gradient."""
+    steady, moved = (2400, 3000, 3600), (2400, 3000, 2000)
+    steps = [(steady, (), False)] * 12 + [(moved, (), False)] + [(steady, (), False)] * 12
+    steps += [(steady, ("float32", "float64", "float32"), False)]
+    steps += [(steady, (), False)] * 3 + [(steady, (), True)] * 12
+    return steps
+
+
+def test_the_gathers_steady_path_is_the_full_path() -> None:
+    """``all_gather_v``'s steady path (a call repeating the last steady wide round
+    replays it: ``_fused.steady_exchange``) gives the oracle's bits (NaN and -0.0 among
+    them) and gradients with per-rank upstreams; results the caller still holds stay
+    intact; when a peer's call differs (its size, its dtype) every rank still gets the
+    full path's answer or its error: the same ``DTypeMismatchError`` everywhere, the
+    group usable after."""
+    steps = _steady_steps()
+    w = 3
+    per_rank = get_pool(w).run(steady_gathers, steps)
+    taken = [[r[i][3] for r in per_rank] for i in range(len(steps))]
+    for i, (rows, dtypes, grad) in enumerate(steps):
+        if dtypes:
+            for r in range(w):
+                assert per_rank[r][i][:2] == ("raised", "DTypeMismatchError"), (i, per_rank[r][i])
+            assert len({per_rank[r][i][2] for r in range(w)}) == 1  # the same message
+            continue
+        shards = [steady_shard(r, i, rows[r]) for r in range(w)]
+        want = oracle.expected_output(shards, 0)
+        ups = [upstream(tuple(want.shape), "float32", 7 + r) for r in range(w)]
+        grads = oracle.expected_input_grads(shards, ups, 0, "sum") if grad else None
+        for r in range(w):
+            status, got, dx, _ = per_rank[r][i]
+            assert status == "ok", (i, r, per_rank[r][i])
+            assert_bitwise_equal(got, want, f"call {i}, rank {r}")
+            if grads is not None:
+                assert_bitwise_equal(dx, grads[r], f"call {i}, rank {r}: gradient")
+    # The path was taken once the state settled; after a peer's change by the unchanged
+    # ranks (the headers differed: the full path's verdict answered), and by none after
+    # an error until steady again.
+    assert all(taken[11]), taken
+    assert all(taken[24]), taken
+    assert all(taken[-1]), taken
+    assert taken[12] == [True, True, False]  # rank 2's size changed
+    assert taken[25] == [True, False, True]  # rank 1's dtype changed

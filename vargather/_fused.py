@@ -69,6 +69,7 @@ rank called ``all_gather_v``. Collectives that agree on the headers
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 from collections.abc import Sequence
@@ -123,6 +124,7 @@ __all__ = [
     "exchange",
     "gather_bytes",
     "named",
+    "steady_exchange",
 ]
 
 _FRESH: Final = FusedState()
@@ -213,6 +215,7 @@ def exchange(
     *,
     eligible: bool,
     parts: Sequence[torch.Tensor] | None = None,
+    steady_key: tuple[object, ...] | None = None,
 ) -> Exchanged:
     """The fused round for a validated call on a communicating group (module doc).
 
@@ -223,7 +226,8 @@ def exchange(
     carrier's metadata, then its tensor), copied into the payload slot in place of
     ``tensors``' own, so that the tensor the caller joins them into is never made.
     Raises the same error on every rank, or returns the same layouts (and, when fused,
-    the gathered tensors) on every rank.
+    the gathered tensors) on every rank. ``steady_key`` (the caller's, for a call the
+    steady path could serve): remember a steady wide round for ``steady_exchange``.
     """
     w = info.world_size
     pg = process_group(info)
@@ -247,7 +251,8 @@ def exchange(
     if nbytes > room[info.rank]:
         own = []
     if wide:
-        return _wide_round(kind, state, calls, (records, k, flags), own, nbytes, info, pg, wide)
+        header_key = (records, k, flags)
+        return _wide_round(kind, state, calls, header_key, own, nbytes, info, pg, wide, steady_key)
     rnd = round_for(pg, kind, w, slots, capacity, device)
     if rnd is not None and rnd.lock.acquire(blocking=False):
         try:
@@ -310,19 +315,19 @@ def _wide_round(
     info: GroupInfo,
     pg: dist.ProcessGroup | None,
     wide: tuple[int, ...],
+    steady_key: tuple[object, ...] | None = None,
 ) -> Exchanged:
     """The wide round (module doc): every rank sends its region of one rank-major
     buffer, its payload slot (``wide[r]`` bytes) followed by its headers, to each peer
     and receives theirs in place; all 2 (W - 1) operations in flight at once, one
     batch. The headers are read where they landed, then the payload regions are
-    closed up in place (``region_cutter``)."""
+    closed up in place (``region_cutter``). With ``steady_key``, a call that leaves
+    the group's state as it found it is remembered for ``steady_exchange``."""
     w, rank = info.world_size, info.rank
     records, k, flags = header_key
     head = state.slots * HEADER_BYTES
     device = info.default_device()
-    starts = [0] * (w + 1)  # region r: [starts[r], starts[r] + wide[r]) payload, then headers
-    for r in range(w):
-        starts[r + 1] = starts[r] + wide[r] + head
+    starts = _wide_starts(wide, head)
     buf = handed_back_buffer(pg, "wide", starts[w], device)
     mine = starts[rank]
     if own:
@@ -338,22 +343,141 @@ def _wide_round(
     filled = nbytes if own else 0
     buf[mine + filled : mine + wide[rank]].zero_()  # no stale memory to the peers
     ours = mine + wide[rank]
-    buf[ours : ours + head].copy_(header_bytes(state.slots, records, k, flags).to(device))
+    header = header_bytes(state.slots, records, k, flags)
+    buf[ours : ours + head].copy_(header.to(device))
+    _exchange_regions(buf, starts, info)
+    heads = [starts[r] + wide[r] for r in range(w)]
+    raw = _raw_headers(buf, heads, head) if steady_key is not None and pg is not None else None
+    cut = region_cutter(buf, starts)
+    found = _decide(kind, state, calls, read_headers(buf, heads, state.slots), info, pg, cut, wide)
+    hand_back(pg, "wide", buf)
+    if raw is not None and pg is not None and steady_key is not None:
+        _remember(kind, steady_key, calls, state, starts, filled, header, raw, found, pg)
+    return found
+
+
+@functools.lru_cache(maxsize=64)
+def _wide_starts(wide: tuple[int, ...], head: int) -> tuple[int, ...]:
+    """Where each rank's region starts in the wide round's buffer (and, last, its size):
+    region r is ``wide[r]`` payload bytes, then ``head`` header bytes."""
+    starts = [0]
+    for n in wide:
+        starts.append(starts[-1] + n + head)
+    return tuple(starts)
+
+
+def _exchange_regions(buf: torch.Tensor, starts: Sequence[int], info: GroupInfo) -> None:
+    """The wide round's transport: this rank's region of ``buf`` to every peer, every
+    peer's region received in place (``exchange_with_each``)."""
+    w = info.world_size
     exchange_with_each(
         [buf[starts[r] : starts[r + 1]] for r in range(w)],
         info,
         what=f"send/recv x{2 * (w - 1)} (metadata exchange)",
     )
-    found = _decide(
-        kind,
-        state,
-        calls,
-        read_headers(buf, [starts[r] + wide[r] for r in range(w)], state.slots),
-        info,
-        pg,
-        region_cutter(buf, starts),
-        wide,
-    )
+
+
+def _raw_headers(buf: torch.Tensor, at: Sequence[int], head: int) -> tuple[bytes, ...] | None:
+    """Every rank's header bytes where they landed in ``buf`` (a CPU buffer; else
+    ``None``), read before the regions are closed up over them."""
+    if buf.device.type != "cpu":
+        return None
+    base = buf.data_ptr()
+    return tuple(ctypes.string_at(base + a, head) for a in at)
+
+
+# --- the steady path: a wide round that repeats the last one -------------------------
+
+
+@dataclass(frozen=True)
+class _SteadyWide:
+    """A group's last steady wide round of one collective (``_remember``): the caller's
+    key (everything the call's headers and payload layout are a function of), its
+    checked call, the group's state it left unchanged, the region starts, this rank's
+    payload bytes and headers as sent, every rank's headers as received, and the
+    verdict (the layouts, every rank's payload bytes). Nothing in it refers to the
+    group, which keys it weakly (``_STEADY``)."""
+
+    key: tuple[object, ...]
+    call: CheckedCall
+    state: FusedState
+    starts: tuple[int, ...]
+    own: int
+    header: bytes
+    raw: tuple[bytes, ...]
+    layouts: tuple[Layout, ...]
+    needs: tuple[int, ...]
+
+
+_STEADY: Final = PerGroup[_SteadyWide]()
+"""Per group and collective: its last steady wide round (none once a call that could
+have been one was not)."""
+
+
+def _remember(
+    kind: Kind,
+    key: tuple[object, ...],
+    calls: Sequence[CheckedCall],
+    state: FusedState,
+    starts: tuple[int, ...],
+    own: int,
+    header: torch.Tensor,
+    raw: tuple[bytes, ...],
+    found: Exchanged,
+    pg: dist.ProcessGroup,
+) -> None:
+    """Keep the round for ``steady_exchange`` when it is steady: one tensor whose rank
+    blocks are adjacent, answered from the round (its payload rode), and leaving the
+    group's state as it found it (the state rule is a pure function: the same headers
+    leave it so again)."""
+    _STEADY.pop(pg, kind)
+    layouts, outputs = found.layouts, found.outputs
+    if outputs is None or len(calls) != 1 or len(layouts) != 1 or layouts[0].pre != 1:
+        return
+    if STATES.get(pg, COLLECTIVES[kind].round) is not state:
+        return
+    needs = _needs(layouts, len(raw))
+    head = header.numpy().tobytes()
+    _STEADY.put(pg, kind, _SteadyWide(key, calls[0], state, starts, own, head, raw, layouts, needs))
+
+
+def steady_exchange(
+    kind: Kind, key: tuple[object, ...], x: torch.Tensor, info: GroupInfo
+) -> Exchanged | None:
+    """The round of a call with the last steady round's key on the same group in the
+    same state (else ``None``), for a contiguous CPU ``x`` whose bytes are its payload.
+
+    It sends what the full path would (the same state and key make the same headers
+    and region): ``x``'s bytes, the slot's zeros and the remembered headers, in the
+    same batch of direct sends. When every rank's headers are the ones they sent last
+    time, they validate alike and move the state alike (not at all): the result is
+    cut as then. Other headers go to the full path's verdict (``_decide``): the same
+    error on every rank, or the layouts and results.
+    """
+    pg = process_group(info)
+    steady = _STEADY.get(pg, kind)
+    if steady is None or pg is None or steady.key != key:
+        return None
+    state = steady.state
+    if STATES.get(pg, COLLECTIVES[kind].round) is not state:
+        return None
+    w, rank = info.world_size, info.rank
+    starts, wide, own = steady.starts, state.wide, steady.own
+    buf = handed_back_buffer(pg, "wide", starts[w], x.device)
+    base, mine = buf.data_ptr(), starts[rank]
+    ours = mine + wide[rank]
+    ctypes.memmove(base + mine, x.data_ptr(), own)
+    ctypes.memset(base + mine + own, 0, ours - mine - own)  # no stale memory to the peers
+    ctypes.memmove(base + ours, steady.header, len(steady.header))
+    _exchange_regions(buf, starts, info)
+    at = [starts[r] + wide[r] for r in range(w)]
+    cut = region_cutter(buf, starts)
+    if _raw_headers(buf, at, len(steady.header)) == steady.raw:
+        found = Exchanged(steady.layouts, cut(steady.layouts, steady.needs))
+    else:
+        _STEADY.pop(pg, kind)
+        rows = read_headers(buf, at, state.slots)
+        found = _decide(kind, state, (steady.call,), rows, info, pg, cut, wide)
     hand_back(pg, "wide", buf)
     return found
 

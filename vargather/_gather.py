@@ -73,6 +73,13 @@ def plan_gather(
     the peers is exactly what was skipped).
     """
     info = call_group(group, mesh_dim)
+    key = None if layout_only else _steady_key(x, dim, sizes, grad, transport, validate, timeout)
+    if key is not None and info.communicates:
+        assert isinstance(x, torch.Tensor)  # a steady key is a tensor's
+        steady = _fused.steady_exchange("all_gather_v", key, x, info)
+        if steady is not None:  # the round ran: its verdict, with the result if it rode
+            gathered = None if steady.outputs is None else steady.outputs[0]
+            return steady.layouts[0], info, gathered
     call = check_call(
         x,
         dim,
@@ -91,8 +98,45 @@ def plan_gather(
         return plan_layout(call, info), info, None
     # A non-bool validate runs the exchange, which reports it on every rank.
     eligible = _is_auto(transport) and not layout_only
-    found = _fused.exchange("all_gather_v", [call], [x], info, eligible=eligible)
+    found = _fused.exchange("all_gather_v", [call], [x], info, eligible=eligible, steady_key=key)
     return found.layouts[0], info, None if found.outputs is None else found.outputs[0]
+
+
+def _steady_key(
+    x: object,
+    dim: object,
+    sizes: object,
+    grad: object,
+    transport: object,
+    validate: object,
+    timeout: object,
+) -> tuple[object, ...] | None:
+    """Everything a validated gather's headers and payload layout are a function of,
+    besides its group and the group's state, for the calls the steady path serves
+    (``_fused.steady_exchange``; ``None`` for others): a plain contiguous CPU tensor
+    whose rank blocks lie one after the other in the result (no dimension before
+    ``dim`` but 1s), no ``sizes``, ``validate=True``, no per-call timeout, plain
+    ``grad`` and ``transport="auto"``."""
+    if (
+        type(x) is not torch.Tensor
+        or sizes is not None
+        or validate is not True
+        or timeout is not None
+        or type(dim) is not int
+        or type(grad) is not str
+        or type(transport) is not str
+        or transport != "auto"
+    ):
+        return None
+    assert isinstance(x, torch.Tensor)  # for mypy: checked just above
+    if x.layout != torch.strided or x.is_nested or x.device.type != "cpu":
+        return None
+    if x.ndim == 0 or not -x.ndim <= dim < x.ndim or not x.is_contiguous():
+        return None
+    if x.is_conj() or x.is_neg() or any(n != 1 for n in x.shape[: dim % x.ndim]):
+        return None
+    requires = x.requires_grad and torch.is_grad_enabled()
+    return (dim, x.shape, x.dtype, requires, grad)
 
 
 def _autograd_needed(x: torch.Tensor) -> bool:
