@@ -439,17 +439,22 @@ def steady_shard(rank: int, call: int, rows: int, dtype: str = "float32") -> tor
 
 
 def steady_gathers(
-    ctx: RankContext, steps: list[tuple[tuple[int, ...], tuple[str, ...], bool]]
+    ctx: RankContext, job: tuple[list[tuple[tuple[int, ...], tuple[str, ...], bool]], int]
 ) -> list[Any]:
     """Every step ``(rows per rank, dtypes per rank or (), grad)`` as one
     ``all_gather_v`` on this rank: its result (kept, not copied, until every step ran:
     a buffer a result still views is never received into again) and input gradient
     under ``grad="sum"`` (per-rank upstream gradients), or the error it raised (type
     name and message); and whether ``_fused.steady_exchange`` took the call (sent its
-    round: it then answered or raised)."""
+    round: it then answered or raised). ``job``: the steps and the wide round's
+    ``HEADERS_APART_MIN`` meanwhile (0: the headers always apart)."""
     from vargather import _fused
 
+    steps, apart_min = job
     _round_state.reset_state(None, "all_gather_v")
+    saved_min = _fused.HEADERS_APART_MIN
+    _fused.HEADERS_APART_MIN = apart_min  # type: ignore[misc]  # a Final, patched for this run
+    _fused.wide_layout.cache_clear()
     taken: list[bool] = []
     original = _fused.steady_exchange
 
@@ -480,4 +485,7 @@ def steady_gathers(
                 kept.append(("raised", type(err).__name__, str(err), any(taken[before:])))
     finally:
         _fused.steady_exchange = original  # type: ignore[assignment]  # restored
+        _fused.HEADERS_APART_MIN = saved_min  # type: ignore[misc]  # restored
+        _fused.wide_layout.cache_clear()
+        _round_state.reset_state(None, "all_gather_v")
     return [(k[0], k[1].clone() if k[0] == "ok" else k[1], *k[2:]) for k in kept]

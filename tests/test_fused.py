@@ -750,16 +750,19 @@ def _steady_steps() -> list[tuple[tuple[int, ...], tuple[str, ...], bool]]:
     return steps
 
 
-def test_the_gathers_steady_path_is_the_full_path() -> None:
+@pytest.mark.parametrize("headers", ["inline", "apart"])
+def test_the_gathers_steady_path_is_the_full_path(headers: str) -> None:
     """``all_gather_v``'s steady path (a call repeating the last steady wide round
     replays it: ``_fused.steady_exchange``) gives the oracle's bits (NaN and -0.0 among
     them) and gradients with per-rank upstreams; results the caller still holds stay
     intact; when a peer's call differs (its size, its dtype) every rank still gets the
     full path's answer or its error: the same ``DTypeMismatchError`` everywhere, the
-    group usable after."""
+    group usable after. With the headers in each rank's region and apart from the
+    payload slots (``WideLayout``; the full path's calls too)."""
     steps = _steady_steps()
     w = 3
-    per_rank = get_pool(w).run(steady_gathers, steps)
+    apart_min = 0 if headers == "apart" else 1 << 60
+    per_rank = get_pool(w).run(steady_gathers, (steps, apart_min))
     taken = [[r[i][3] for r in per_rank] for i in range(len(steps))]
     for i, (rows, dtypes, grad) in enumerate(steps):
         if dtypes:

@@ -32,11 +32,16 @@ but the headers until they validated. The round is one of two kinds:
   no rank forwards another's. No rank pads to another's size: for a stable skew each
   slot is the rank's own need, and a single tensor gathered along a leading dim is
   returned as a view of the buffer after the payload regions are closed up over the
-  headers in place (``_move_left``: one ``memmove`` per rank but the first on the
-  CPU, never a second buffer). The headers ride in the region rather than as
-  messages of their own: every point-to-point message costs gloo a notification
-  round and CPU on both sides, more than the close-up's ``memmove`` up to tens of
-  MiB on the machine measured (``docs/performance.md``).
+  headers in place (``move_left``: one ``memmove`` per rank but the first on the
+  CPU, never a second buffer). From ``HEADERS_APART_MIN`` (4 MiB) of slots in all
+  the headers travel as a message of their own beside each slot, the slots adjacent
+  (``WideLayout``): nothing moves for a stable skew. Below it they ride in the
+  region: every point-to-point message costs gloo a notification round and CPU on
+  both sides, more than the close-up's ``memmove`` there (``docs/performance.md``).
+* the **steady path** (``steady_exchange``): a call that repeats the group's last
+  steady wide round (the caller's key: shape, dtype, dim, contract; the same state)
+  sends the same bytes without re-deriving them, and when every rank's headers are
+  the ones they sent last time, the verdict is the last one's.
 
 The compact header (``_wire.encode_header``, ``HEADER_WORDS`` int64) carries what
 validation compares, with no message text: a problem only sets a flag.
@@ -74,14 +79,14 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final, NamedTuple, TypeAlias
 
 import torch
 import torch.distributed as dist
 
 from ._args import CallRecord, CheckedCall
 from ._collectives import COLLECTIVES, CollectiveName, name_of_code
-from ._comm import GroupInfo, all_gather_equal, exchange_with_each
+from ._comm import GroupInfo, all_gather_equal, exchange_with_each, send_receive
 from ._errors import ArgumentMismatchError, ProtocolMismatchError, VarGatherError
 from ._exchange import _disagreement, exchange_records, plan_layout, validate_records
 from ._group import process_group
@@ -323,13 +328,13 @@ def _wide_round(
     batch. The headers are read where they landed, then the payload regions are
     closed up in place (``region_cutter``). With ``steady_key``, a call that leaves
     the group's state as it found it is remembered for ``steady_exchange``."""
-    w, rank = info.world_size, info.rank
+    rank = info.rank
     records, k, flags = header_key
     head = state.slots * HEADER_BYTES
     device = info.default_device()
-    starts = _wide_starts(wide, head)
-    buf = handed_back_buffer(pg, "wide", starts[w], device)
-    mine = starts[rank]
+    lay = wide_layout(wide, head)
+    buf = handed_back_buffer(pg, "wide", lay.size, device)
+    mine = lay.payload[rank]
     if own:
         at = mine
         for t in own:
@@ -342,38 +347,86 @@ def _wide_round(
             at += n
     filled = nbytes if own else 0
     buf[mine + filled : mine + wide[rank]].zero_()  # no stale memory to the peers
-    ours = mine + wide[rank]
+    ours = lay.heads[rank]
     header = header_bytes(state.slots, records, k, flags)
     buf[ours : ours + head].copy_(header.to(device))
-    _exchange_regions(buf, starts, info)
-    heads = [starts[r] + wide[r] for r in range(w)]
-    raw = _raw_headers(buf, heads, head) if steady_key is not None and pg is not None else None
-    cut = region_cutter(buf, starts)
-    found = _decide(kind, state, calls, read_headers(buf, heads, state.slots), info, pg, cut, wide)
+    _exchange_regions(buf, lay, info)
+    raw = _raw_headers(buf, lay.heads, head) if steady_key is not None else None
+    cut = region_cutter(buf, lay.payload)
+    rows = read_headers(buf, lay.heads, state.slots)
+    found = _decide(kind, state, calls, rows, info, pg, cut, wide)
     hand_back(pg, "wide", buf)
     if raw is not None and pg is not None and steady_key is not None:
-        _remember(kind, steady_key, calls, state, starts, filled, header, raw, found, pg)
+        _remember(kind, steady_key, calls, state, lay, filled, header, raw, found, pg)
     return found
 
 
+HEADERS_APART_MIN: Final = 4 << 20
+"""From this many payload bytes in all (``sum(wide)``) the wide round sends each rank's
+headers as a message of their own beside its payload slot (``WideLayout``)."""
+
+
+class WideLayout(NamedTuple):
+    """Where the wide round's bytes lie in its one buffer of ``size`` bytes: rank r's
+    payload slot at ``payload[r]`` (``wide[r]`` bytes), its ``head`` header bytes at
+    ``heads[r]``.
+
+    Below ``HEADERS_APART_MIN`` each rank's region is its slot followed by its headers,
+    one message to each peer; the result is closed up over the headers (every block
+    but rank 0's moves by one ``memmove``). From it the slots lie one after the other
+    and the headers after all of them, two messages to each peer (4 (W - 1) operations
+    in flight): nothing moves while every slot is its rank's exact need. Each message
+    costs gloo a notification round and CPU on both sides, which the close-up outweighs
+    only past several MiB (``docs/performance.md``). Every rank derives the layout from
+    the group's state alike, so the messages pair up."""
+
+    payload: tuple[int, ...]
+    heads: tuple[int, ...]
+    head: int
+    size: int
+    apart: bool
+
+
 @functools.lru_cache(maxsize=64)
-def _wide_starts(wide: tuple[int, ...], head: int) -> tuple[int, ...]:
-    """Where each rank's region starts in the wide round's buffer (and, last, its size):
-    region r is ``wide[r]`` payload bytes, then ``head`` header bytes."""
-    starts = [0]
+def wide_layout(wide: tuple[int, ...], head: int) -> WideLayout:
+    """The wide round's ``WideLayout`` for payload slots ``wide`` and ``head`` header
+    bytes per rank."""
+    w = len(wide)
+    apart = sum(wide) >= HEADERS_APART_MIN
+    payload, heads, at = [], [], 0
     for n in wide:
-        starts.append(starts[-1] + n + head)
-    return tuple(starts)
+        payload.append(at)
+        at += n
+        if not apart:
+            heads.append(at)
+            at += head
+    if apart:
+        heads = [at + r * head for r in range(w)]
+        at += w * head
+    return WideLayout(tuple(payload), tuple(heads), head, at, apart)
 
 
-def _exchange_regions(buf: torch.Tensor, starts: Sequence[int], info: GroupInfo) -> None:
-    """The wide round's transport: this rank's region of ``buf`` to every peer, every
-    peer's region received in place (``exchange_with_each``)."""
-    w = info.world_size
-    exchange_with_each(
-        [buf[starts[r] : starts[r + 1]] for r in range(w)],
+def _exchange_regions(buf: torch.Tensor, lay: WideLayout, info: GroupInfo) -> None:
+    """The wide round's transport: this rank's region (or slot and headers) of ``buf``
+    to every peer, every peer's received in place (``send_receive``)."""
+    w, head = info.world_size, lay.head
+    if not lay.apart:
+        ends = [*lay.payload[1:], lay.size]
+        exchange_with_each(
+            [buf[lay.payload[r] : ends[r]] for r in range(w)],
+            info,
+            what=f"send/recv x{2 * (w - 1)} (metadata exchange)",
+        )
+        return
+    ends = [*lay.payload[1:], lay.heads[0]]
+    blocks = [
+        (buf[lay.payload[r] : ends[r]], buf[lay.heads[r] : lay.heads[r] + head]) for r in range(w)
+    ]
+    send_receive(
+        [blocks[info.rank]] * w,
+        blocks,
         info,
-        what=f"send/recv x{2 * (w - 1)} (metadata exchange)",
+        what=f"send/recv x{4 * (w - 1)} (metadata exchange)",
     )
 
 
@@ -393,7 +446,7 @@ def _raw_headers(buf: torch.Tensor, at: Sequence[int], head: int) -> tuple[bytes
 class _SteadyWide:
     """A group's last steady wide round of one collective (``_remember``): the caller's
     key (everything the call's headers and payload layout are a function of), its
-    checked call, the group's state it left unchanged, the region starts, this rank's
+    checked call, the group's state it left unchanged, the buffer's layout, this rank's
     payload bytes and headers as sent, every rank's headers as received, and the
     verdict (the layouts, every rank's payload bytes). Nothing in it refers to the
     group, which keys it weakly (``_STEADY``)."""
@@ -401,7 +454,7 @@ class _SteadyWide:
     key: tuple[object, ...]
     call: CheckedCall
     state: FusedState
-    starts: tuple[int, ...]
+    layout: WideLayout
     own: int
     header: bytes
     raw: tuple[bytes, ...]
@@ -419,7 +472,7 @@ def _remember(
     key: tuple[object, ...],
     calls: Sequence[CheckedCall],
     state: FusedState,
-    starts: tuple[int, ...],
+    layout: WideLayout,
     own: int,
     header: torch.Tensor,
     raw: tuple[bytes, ...],
@@ -438,7 +491,8 @@ def _remember(
         return
     needs = _needs(layouts, len(raw))
     head = header.numpy().tobytes()
-    _STEADY.put(pg, kind, _SteadyWide(key, calls[0], state, starts, own, head, raw, layouts, needs))
+    steady = _SteadyWide(key, calls[0], state, layout, own, head, raw, layouts, needs)
+    _STEADY.put(pg, kind, steady)
 
 
 def steady_exchange(
@@ -461,22 +515,20 @@ def steady_exchange(
     state = steady.state
     if STATES.get(pg, COLLECTIVES[kind].round) is not state:
         return None
-    w, rank = info.world_size, info.rank
-    starts, wide, own = steady.starts, state.wide, steady.own
-    buf = handed_back_buffer(pg, "wide", starts[w], x.device)
-    base, mine = buf.data_ptr(), starts[rank]
-    ours = mine + wide[rank]
+    lay, wide, own = steady.layout, state.wide, steady.own
+    buf = handed_back_buffer(pg, "wide", lay.size, x.device)
+    base, mine = buf.data_ptr(), lay.payload[info.rank]
     ctypes.memmove(base + mine, x.data_ptr(), own)
-    ctypes.memset(base + mine + own, 0, ours - mine - own)  # no stale memory to the peers
-    ctypes.memmove(base + ours, steady.header, len(steady.header))
-    _exchange_regions(buf, starts, info)
-    at = [starts[r] + wide[r] for r in range(w)]
-    cut = region_cutter(buf, starts)
-    if _raw_headers(buf, at, len(steady.header)) == steady.raw:
+    slack = wide[info.rank] - own
+    ctypes.memset(base + mine + own, 0, slack)  # no stale memory to the peers
+    ctypes.memmove(base + lay.heads[info.rank], steady.header, len(steady.header))
+    _exchange_regions(buf, lay, info)
+    cut = region_cutter(buf, lay.payload)
+    if _raw_headers(buf, lay.heads, len(steady.header)) == steady.raw:
         found = Exchanged(steady.layouts, cut(steady.layouts, steady.needs))
     else:
         _STEADY.pop(pg, kind)
-        rows = read_headers(buf, at, state.slots)
+        rows = read_headers(buf, lay.heads, state.slots)
         found = _decide(kind, state, (steady.call,), rows, info, pg, cut, wide)
     hand_back(pg, "wide", buf)
     return found
