@@ -118,9 +118,10 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.load_profile("vargather-max-examples")
 
 
-SHARED_MODULE_FIXTURES = ("smoke", "seed_sum", "dumps", "sdist")
+SHARED_MODULE_FIXTURES = ("smoke", "seed_sum", "dumps", "sdist", "user_session")
 """Module-scoped fixtures that run a command for many seconds (the bench smoke, the
-seed's gate run, torchrun, the sdist build). xdist sets a module fixture up on every
+seed's gate run, torchrun, the sdist build, the plugin's user session: test_plugin's
+pytest over a user's project, 15 s). xdist sets a module fixture up on every
 worker that runs a test using it; the tests using one of these share an xdist group
 named after it instead (one worker, one after the other), so it runs once per run."""
 
