@@ -4,7 +4,11 @@ Hypothesis profiles, registered here explicitly (Hypothesis loads a built-in ``c
 profile of its own when ``CI`` is set; ours replaces it under the same name):
 
 ``dev`` (the default)
-    randomized, with the example database, no deadline; ``DEV_EXAMPLES`` per test.
+    randomized, with the example database, no deadline; ``DEV_EXAMPLES`` per test, the
+    same 20 as ``ci``: the README's test command on a fresh clone runs this profile and
+    has to stay within 5 minutes on 2 cores. Depth comes from elsewhere: the database
+    replays what an earlier run found, the scheduled ``slow`` step runs the property
+    files at 60 and the fuzz programs (``fuzz/``) run for minutes.
 ``ci`` (loaded when the ``CI`` environment variable is set)
     ``derandomize=True``, no database, no deadline, a fixed ``CI_EXAMPLES`` (20) per
     test, so every CI run executes the same cases; the scheduled ``slow`` step runs the
@@ -42,8 +46,8 @@ from vargather.testing.pool import set_inductor_rank_defaults
 # compile vectorized kernels) is kept.
 set_inductor_rank_defaults()
 
-DEV_EXAMPLES = 30
 CI_EXAMPLES = 20
+DEV_EXAMPLES = CI_EXAMPLES
 FUZZ_EXAMPLES = 2_000
 
 settings.register_profile(
@@ -114,9 +118,10 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.load_profile("vargather-max-examples")
 
 
-SHARED_MODULE_FIXTURES = ("smoke", "seed_sum", "dumps", "sdist")
+SHARED_MODULE_FIXTURES = ("smoke", "seed_sum", "dumps", "sdist", "user_session")
 """Module-scoped fixtures that run a command for many seconds (the bench smoke, the
-seed's gate run, torchrun, the sdist build). xdist sets a module fixture up on every
+seed's gate run, torchrun, the sdist build, the plugin's user session: test_plugin's
+pytest over a user's project, 15 s). xdist sets a module fixture up on every
 worker that runs a test using it; the tests using one of these share an xdist group
 named after it instead (one worker, one after the other), so it runs once per run."""
 

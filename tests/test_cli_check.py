@@ -358,7 +358,7 @@ def test_seed_algorithm_holds_local_within_its_scope(
 @multirank
 def test_compat_holds_the_seeds_local_contract(in_root: None) -> None:
     """``vargather.compat.all_gather``, the seed's drop-in replacement, fixes both."""
-    # 2 examples a row: tests/test_properties.py runs compat's rows with the profile's 30
+    # 2 examples a row: tests/test_properties.py runs compat's rows with the profile's 20
     report = check(impl="vargather.compat:all_gather", grad="local", max_examples=2)
     # misuse: n/a, its scenarios call vargather's own full signature (as in
     # test_properties, which lists the rows that apply to compat).

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from vargather._cli import check as check_cli
 from vargather.testing.engine import run_check
 from vargather.testing.family import COLLECTIVES
 from vargather.testing.options import CheckOptions, CheckUsageError, OptionError
@@ -35,20 +36,18 @@ def in_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.multirank
-def test_the_command_passes_vargather_and_writes_the_report(tmp_path: pathlib.Path) -> None:
+def test_the_command_passes_vargather_and_writes_the_report(
+    tmp_path: pathlib.Path, in_root: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command's entry point in this process, on this worker's rank pools: a fresh
+    ``python -m vargather check`` costs an interpreter and a forkserver importing torch
+    (seconds of CPU), and ``tests/test_cli_check.py`` runs it so already."""
     out = tmp_path / "report.json"
     args = ["--op", "all_to_all_v", "--max-examples", "3", "--world-sizes", "3"]
-    done = subprocess.run(
-        [sys.executable, "-m", "vargather", "check", *args, "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert (
-        "vargather check: vargather.all_to_all_v (called as ATTR(x, send_sizes, dim" in done.stdout
-    )
+    status = check_cli.main([*args, "--json", str(out)])
+    done = capsys.readouterr()
+    assert status == 0, done.out + done.err
+    assert "vargather check: vargather.all_to_all_v (called as ATTR(x, send_sizes, dim" in done.out
     report = json.loads(out.read_text())
     assert report["op"] == "all_to_all_v"
     assert report["scope"]["--op"] == "all_to_all_v"
