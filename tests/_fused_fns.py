@@ -428,8 +428,8 @@ def handed_back_buffers(ctx: RankContext, world: int) -> list[str]:
 
 
 STEADY_COLS = 64
-"""Columns of the steady path's shards (float32: 256 bytes a row; 2,000 rows and more
-per rank take the wide round)."""
+"""Columns of the steady path's shards (float32: 256 bytes a row; past 512 rows per rank,
+128 KiB, the wide round)."""
 
 
 def steady_shard(rank: int, call: int, rows: int, dtype: str = "float32") -> torch.Tensor:

@@ -743,7 +743,7 @@ def _steady_steps() -> list[tuple[tuple[int, ...], tuple[str, ...], bool]]:
     """A steady caller (the same sizes every call, past the wide round's threshold)
     whose peers change under it: rank 2's size once, then rank 1 sends float64; steady
     again in between; then every rank asks for a gradient."""
-    steady, moved = (2400, 3000, 3600), (2400, 3000, 2000)
+    steady, moved = (600, 750, 900), (600, 750, 560)  # rows of 256 B: past 128 KiB
     steps = [(steady, (), False)] * 12 + [(moved, (), False)] + [(steady, (), False)] * 12
     steps += [(steady, ("float32", "float64", "float32"), False)]
     steps += [(steady, (), False)] * 3 + [(steady, (), True)] * 12
