@@ -438,20 +438,42 @@ def steady_shard(rank: int, call: int, rows: int, dtype: str = "float32") -> tor
     return make_shard((rows, STEADY_COLS), dtype, 100 * call + rank)
 
 
-def steady_gathers(
-    ctx: RankContext, job: tuple[list[tuple[tuple[int, ...], tuple[str, ...], bool]], int]
-) -> list[Any]:
-    """Every step ``(rows per rank, dtypes per rank or (), grad)`` as one
-    ``all_gather_v`` on this rank: its result (kept, not copied, until every step ran:
-    a buffer a result still views is never received into again) and input gradient
-    under ``grad="sum"`` (per-rank upstream gradients), or the error it raised (type
-    name and message); and whether ``_fused.steady_exchange`` took the call (sent its
-    round: it then answered or raised). ``job``: the steps and the wide round's
-    ``HEADERS_APART_MIN`` meanwhile (0: the headers always apart)."""
+def steady_upstream(op: str, shape: tuple[int, ...], rank: int, source: int) -> torch.Tensor:
+    """Rank ``rank``'s upstream gradient for a steady call's output (``op="list"``: for
+    rank ``source``'s tensor in it), different on every rank."""
+    return upstream(shape, "float32", 7 + rank + (10 * source if op == "list" else 0))
+
+
+def _steady_forgetter(name: str) -> Any:
+    """What forgets the world's state of ``name``'s round and its last steady round (the
+    state rule is remembered, so a later run can re-derive the very state objects that
+    a remembered round was keyed by)."""
     from vargather import _fused
 
-    steps, apart_min = job
-    _round_state.reset_state(None, "all_gather_v")
+    def forget() -> None:
+        _round_state.reset_state(None, name)  # type: ignore[arg-type]  # a collective's name
+        _fused._STEADY.pop(dist.group.WORLD, name)
+
+    return forget
+
+
+def steady_gathers(
+    ctx: RankContext, job: tuple[str, list[tuple[tuple[int, ...], tuple[str, ...], bool]], int]
+) -> list[Any]:
+    """Every step ``(rows per rank, dtypes per rank or (), grad)`` as one
+    ``all_gather_v`` (``op="v"``) or ``all_gather_list`` (``"list"``) on this rank: its
+    result (kept, not copied, until every step ran: a buffer a result still views is
+    never received into again) and input gradient under ``grad="sum"`` (per-rank
+    upstream gradients), or the error it raised (type name and message); and whether
+    ``_fused.steady_exchange`` took the call (sent its round: it then answered or
+    raised). ``job``: the op, the steps and the wide round's ``HEADERS_APART_MIN``
+    meanwhile (0: the headers always apart)."""
+    from vargather import _fused
+
+    op, steps, apart_min = job
+    name = "all_gather_v" if op == "v" else "all_gather_list"
+    forget = _steady_forgetter(name)
+    forget()
     saved_min = _fused.HEADERS_APART_MIN
     _fused.HEADERS_APART_MIN = apart_min  # type: ignore[misc]  # a Final, patched for this run
     _fused.wide_layout.cache_clear()
@@ -475,17 +497,20 @@ def steady_gathers(
             x = steady_shard(ctx.rank, i, rows[ctx.rank], dtype).requires_grad_(grad)
             before = len(taken)
             try:
-                y = vargather.all_gather_v(x)
+                ys = [vargather.all_gather_v(x)] if op == "v" else vargather.all_gather_list(x)
                 dx = None
                 if grad:
-                    y.backward(upstream(tuple(y.shape), "float32", 7 + ctx.rank))
+                    ups = [
+                        steady_upstream(op, tuple(y.shape), ctx.rank, j) for j, y in enumerate(ys)
+                    ]
+                    torch.autograd.backward(ys, ups)
                     dx = x.grad
-                kept.append(("ok", y.detach(), dx, any(taken[before:])))
+                kept.append(("ok", [y.detach() for y in ys], dx, any(taken[before:])))
             except vargather.VarGatherError as err:
                 kept.append(("raised", type(err).__name__, str(err), any(taken[before:])))
     finally:
         _fused.steady_exchange = original  # type: ignore[assignment]  # restored
         _fused.HEADERS_APART_MIN = saved_min  # type: ignore[misc]  # restored
         _fused.wide_layout.cache_clear()
-        _round_state.reset_state(None, "all_gather_v")
-    return [(k[0], k[1].clone() if k[0] == "ok" else k[1], *k[2:]) for k in kept]
+        forget()  # nothing remembered under the patched layout outlives it
+    return [(k[0], [y.clone() for y in k[1]] if k[0] == "ok" else k[1], *k[2:]) for k in kept]

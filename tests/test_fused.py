@@ -32,6 +32,7 @@ from ._fused_fns import (
     run_script,
     steady_gathers,
     steady_shard,
+    steady_upstream,
     strided_in_the_fused_round,
     upstream,
     views_on_one_rank,
@@ -751,9 +752,11 @@ def _steady_steps() -> list[tuple[tuple[int, ...], tuple[str, ...], bool]]:
 
 
 @pytest.mark.parametrize("headers", ["inline", "apart"])
-def test_the_gathers_steady_path_is_the_full_path(headers: str) -> None:
-    """``all_gather_v``'s steady path (a call repeating the last steady wide round
-    replays it: ``_fused.steady_exchange``) gives the oracle's bits (NaN and -0.0 among
+@pytest.mark.parametrize("op", ["v", "list"])
+def test_the_gathers_steady_path_is_the_full_path(op: str, headers: str) -> None:
+    """The gathers' steady path (a call repeating the last steady wide round replays
+    it: ``_fused.steady_exchange``; ``all_gather_v`` and ``all_gather_list``, whose
+    payload is its carrier's two parts) gives the oracle's bits (NaN and -0.0 among
     them) and gradients with per-rank upstreams; results the caller still holds stay
     intact; when a peer's call differs (its size, its dtype) every rank still gets the
     full path's answer or its error: the same ``DTypeMismatchError`` everywhere, the
@@ -762,7 +765,7 @@ def test_the_gathers_steady_path_is_the_full_path(headers: str) -> None:
     steps = _steady_steps()
     w = 3
     apart_min = 0 if headers == "apart" else 1 << 60
-    per_rank = get_pool(w).run(steady_gathers, (steps, apart_min))
+    per_rank = get_pool(w).run(steady_gathers, (op, steps, apart_min))
     taken = [[r[i][3] for r in per_rank] for i in range(len(steps))]
     for i, (rows, dtypes, grad) in enumerate(steps):
         if dtypes:
@@ -771,14 +774,24 @@ def test_the_gathers_steady_path_is_the_full_path(headers: str) -> None:
             assert len({per_rank[r][i][2] for r in range(w)}) == 1  # the same message
             continue
         shards = [steady_shard(r, i, rows[r]) for r in range(w)]
-        want = oracle.expected_output(shards, 0)
-        ups = [upstream(tuple(want.shape), "float32", 7 + r) for r in range(w)]
-        grads = oracle.expected_input_grads(shards, ups, 0, "sum") if grad else None
+        if op == "v":
+            want = [oracle.expected_output(shards, 0)]
+            ups = [[steady_upstream(op, tuple(want[0].shape), r, 0)] for r in range(w)]
+            grads = oracle.expected_input_grads(shards, [u[0] for u in ups], 0, "sum")
+        else:
+            want = oracle.expected_gather_list(shards)
+            ups = [
+                [steady_upstream(op, tuple(t.shape), r, j) for j, t in enumerate(want)]
+                for r in range(w)
+            ]
+            grads = oracle.expected_gather_list_grads(shards, ups, "sum")
         for r in range(w):
             status, got, dx, _ = per_rank[r][i]
             assert status == "ok", (i, r, per_rank[r][i])
-            assert_bitwise_equal(got, want, f"call {i}, rank {r}")
-            if grads is not None:
+            assert len(got) == len(want), (i, r)
+            for j, (g, e) in enumerate(zip(got, want, strict=True)):
+                assert_bitwise_equal(g, e, f"call {i}, rank {r}, output {j}")
+            if grad:
                 assert_bitwise_equal(dx, grads[r], f"call {i}, rank {r}: gradient")
     # The path was taken once the state settled; after a peer's change by the unchanged
     # ranks (the headers differed: the full path's verdict answered), and by none after

@@ -496,14 +496,18 @@ def _remember(
 
 
 def steady_exchange(
-    kind: Kind, key: tuple[object, ...], x: torch.Tensor, info: GroupInfo
+    kind: Kind,
+    key: tuple[object, ...],
+    sources: Sequence[tuple[int, int]],
+    info: GroupInfo,
 ) -> Exchanged | None:
     """The round of a call with the last steady round's key on the same group in the
-    same state (else ``None``), for a contiguous CPU ``x`` whose bytes are its payload.
+    same state (else ``None``), whose payload is the bytes at ``sources`` (address,
+    length) one after the other (CPU memory: ``x``'s, or a carrier's parts).
 
     It sends what the full path would (the same state and key make the same headers
-    and region): ``x``'s bytes, the slot's zeros and the remembered headers, in the
-    same batch of direct sends. When every rank's headers are the ones they sent last
+    and region): the payload's bytes, the slot's zeros and the remembered headers, in
+    the same batch of direct sends. When every rank's headers are the ones they sent last
     time, they validate alike and move the state alike (not at all): the result is
     cut as then. Other headers go to the full path's verdict (``_decide``): the same
     error on every rank, or the layouts and results.
@@ -516,9 +520,14 @@ def steady_exchange(
     if STATES.get(pg, COLLECTIVES[kind].round) is not state:
         return None
     lay, wide, own = steady.layout, state.wide, steady.own
-    buf = handed_back_buffer(pg, "wide", lay.size, x.device)
+    if sum(n for _, n in sources) != own:
+        return None  # not the payload the key promised: the full path judges it
+    buf = handed_back_buffer(pg, "wide", lay.size, torch.device("cpu"))
     base, mine = buf.data_ptr(), lay.payload[info.rank]
-    ctypes.memmove(base + mine, x.data_ptr(), own)
+    at = base + mine
+    for address, n in sources:
+        ctypes.memmove(at, address, n)
+        at += n
     slack = wide[info.rank] - own
     ctypes.memset(base + mine + own, 0, slack)  # no stale memory to the peers
     ctypes.memmove(base + lay.heads[info.rank], steady.header, len(steady.header))

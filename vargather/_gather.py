@@ -76,7 +76,8 @@ def plan_gather(
     key = None if layout_only else _steady_key(x, dim, sizes, grad, transport, validate, timeout)
     if key is not None and info.communicates:
         assert isinstance(x, torch.Tensor)  # a steady key is a tensor's
-        steady = _fused.steady_exchange("all_gather_v", key, x, info)
+        payload = [(x.data_ptr(), x.numel() * x.element_size())]
+        steady = _fused.steady_exchange("all_gather_v", key, payload, info)
         if steady is not None:  # the round ran: its verdict, with the result if it rode
             gathered = None if steady.outputs is None else steady.outputs[0]
             return steady.layouts[0], info, gathered

@@ -377,6 +377,17 @@ def _fused_plan(
     headers validate the carrier (dtype, device type, ``grad``, ``requires_grad``,
     every local problem) before any payload moves; the ndim and the passed shapes are
     checked from the gathered metadata, the same on every rank."""
+    key = _steady_key(x, call, grad, validate, timeout, requires_grad)
+    if key is not None and info.communicates:
+        assert isinstance(x, torch.Tensor)  # a steady key is a tensor's
+        head = _head(tuple(carrier_words(call.record.shape, call.extras)), x.dtype, x.device)
+        payload = [(t.data_ptr(), t.numel() * t.element_size()) for t in (head, x)]
+        try:
+            steady = _fused.steady_exchange(NAME, key, payload, info)
+        except VarGatherError as err:
+            raise _renamed(err) from None
+        if steady is not None:  # the round ran: its verdict
+            return _plan_from(x, call, grad, info, _gathered_run(x, call, info, steady), steady)
     checked = check_call(
         x.reshape(-1) if isinstance(x, torch.Tensor) and call.record.problem is None else x,
         0,
@@ -402,21 +413,72 @@ def _fused_plan(
         record = replace(record, problem=call.record.problem)
     calls = [CheckedCall(record, None, checked.timeout)]
     try:
-        found = _fused.exchange("all_gather_list", calls, [x], info, eligible=True, parts=parts)
+        found = _fused.exchange(
+            "all_gather_list", calls, [x], info, eligible=True, parts=parts, steady_key=key
+        )
         assert isinstance(x, torch.Tensor)  # the headers validated
         assert parts is not None
-        if found.outputs is not None:
-            run = found.outputs[0].reshape(-1)
-        else:  # the payload did not ride: the carrier, made, by a transport
-            lay = found.layouts[0]
-            carrier = _carrier(x, words)
-            run = choose_transport("auto", lay, info).gather(carrier, lay, info).reshape(-1)
+        run = _gathered_run(x, call, info, found)
     except VarGatherError as err:
         raise _renamed(err) from None
+    return _plan_from(x, call, grad, info, run, found)
+
+
+def _gathered_run(
+    x: torch.Tensor, call: FamilyCall, info: GroupInfo, found: _fused.Exchanged
+) -> torch.Tensor:
+    """Every rank's carrier, one after the other (flat): as they rode in the round, or
+    (the payload did not ride) this rank's carrier made and gathered by a transport."""
+    if found.outputs is not None:
+        return found.outputs[0].reshape(-1)
+    lay = found.layouts[0]
+    carrier = _carrier(x, carrier_words(call.record.shape, call.extras))
+    return choose_transport("auto", lay, info).gather(carrier, lay, info).reshape(-1)
+
+
+def _plan_from(
+    x: torch.Tensor,
+    call: FamilyCall,
+    grad: object,
+    info: GroupInfo,
+    run: torch.Tensor,
+    found: _fused.Exchanged,
+) -> GatherListPlan:
+    """The plan from the gathered carriers ``run`` (flat) of the round ``found``: every
+    rank's metadata read and checked, its tensor a view of ``run``."""
     sizes = tuple(found.layouts[0].sizes)
     read = _known_read(run, sizes) or _new_read(run, sizes, call, info)
     assert isinstance(grad, str)
     return GatherListPlan(read.shapes, info, grad, x.dtype, [read.views(run)])
+
+
+def _steady_key(
+    x: object,
+    call: FamilyCall,
+    grad: object,
+    validate: object,
+    timeout: object,
+    requires_grad: bool | None,
+) -> tuple[object, ...] | None:
+    """Everything a validated call's headers and carrier are a function of, besides its
+    group and the group's state, for the calls the steady path serves
+    (``_fused.steady_exchange``; ``None`` for others): a plain contiguous CPU tensor
+    with no local problem, ``validate=True``, no per-call timeout, a plain ``grad``."""
+    if (
+        type(x) is not torch.Tensor
+        or validate is not True
+        or timeout is not None
+        or type(grad) is not str
+        or call.record.problem is not None
+    ):
+        return None
+    assert isinstance(x, torch.Tensor)  # for mypy: checked just above
+    if x.layout != torch.strided or x.is_nested or x.device.type != "cpu":
+        return None
+    if not x.is_contiguous() or x.is_conj() or x.is_neg():
+        return None
+    requires = x.requires_grad and torch.is_grad_enabled()
+    return (x.shape, x.dtype, requires, requires_grad, grad, call.extras)
 
 
 @dataclass(frozen=True)
