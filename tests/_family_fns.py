@@ -362,29 +362,34 @@ STEADY_COLS = 512
 
 
 @contextlib.contextmanager
-def steady_calls_taken() -> Iterator[list[bool]]:
-    """For each ``all_to_all_v`` call meanwhile that could take the steady path, whether
-    ``_steady_call`` took it (sent its round: it then answered or raised the peers'
-    error), in order; ``_steady_call`` restored after."""
-    from vargather import _all_to_all
-
+def calls_taken(module: Any, name: str) -> Iterator[list[bool]]:
+    """For each call of the steady path ``module.name`` meanwhile, whether it took the
+    call (sent its round: it then answered, returning something, or raised the peers'
+    error), in order; ``module.name`` restored after."""
     taken: list[bool] = []
-    original = _all_to_all._steady_call
+    original = getattr(module, name)
 
     def counted(*args: Any) -> Any:
         try:
-            plan = original(*args)
+            found = original(*args)
         except vargather.VarGatherError:
             taken.append(True)
             raise
-        taken.append(plan is not None)
-        return plan
+        taken.append(found is not None)
+        return found
 
-    _all_to_all._steady_call = counted  # type: ignore[assignment]  # counted, restored below
+    setattr(module, name, counted)
     try:
         yield taken
     finally:
-        _all_to_all._steady_call = original  # type: ignore[assignment]  # restored
+        setattr(module, name, original)
+
+
+def steady_calls_taken() -> contextlib.AbstractContextManager[list[bool]]:
+    """``calls_taken`` of ``all_to_all_v``'s steady path (``_all_to_all._steady_call``)."""
+    from vargather import _all_to_all
+
+    return calls_taken(_all_to_all, "_steady_call")
 
 
 def steady_input(rank: int, call: int, rows: int, dtype: str = "float32") -> torch.Tensor:

@@ -16,6 +16,8 @@ import vargather
 from vargather import _comm, _round_buffers, _round_state
 from vargather.testing import RankContext
 
+from ._family_fns import calls_taken
+
 
 class Step(NamedTuple):
     """One call on every member of ``group`` (``None``: the world).
@@ -477,39 +479,27 @@ def steady_gathers(
     saved_min = _fused.HEADERS_APART_MIN
     _fused.HEADERS_APART_MIN = apart_min  # type: ignore[misc]  # a Final, patched for this run
     _fused.wide_layout.cache_clear()
-    taken: list[bool] = []
-    original = _fused.steady_exchange
-
-    def counted(*args: Any) -> Any:
-        try:
-            found = original(*args)
-        except vargather.VarGatherError:
-            taken.append(True)
-            raise
-        taken.append(found is not None)
-        return found
-
     kept: list[Any] = []
-    _fused.steady_exchange = counted  # type: ignore[assignment]  # counted, restored below
     try:
-        for i, (rows, dtypes, grad) in enumerate(steps):
-            dtype = dtypes[ctx.rank] if dtypes else "float32"
-            x = steady_shard(ctx.rank, i, rows[ctx.rank], dtype).requires_grad_(grad)
-            before = len(taken)
-            try:
-                ys = [vargather.all_gather_v(x)] if op == "v" else vargather.all_gather_list(x)
-                dx = None
-                if grad:
-                    ups = [
-                        steady_upstream(op, tuple(y.shape), ctx.rank, j) for j, y in enumerate(ys)
-                    ]
-                    torch.autograd.backward(ys, ups)
-                    dx = x.grad
-                kept.append(("ok", [y.detach() for y in ys], dx, any(taken[before:])))
-            except vargather.VarGatherError as err:
-                kept.append(("raised", type(err).__name__, str(err), any(taken[before:])))
+        with calls_taken(_fused, "steady_exchange") as taken:
+            for i, (rows, dtypes, grad) in enumerate(steps):
+                dtype = dtypes[ctx.rank] if dtypes else "float32"
+                x = steady_shard(ctx.rank, i, rows[ctx.rank], dtype).requires_grad_(grad)
+                before = len(taken)
+                try:
+                    ys = [vargather.all_gather_v(x)] if op == "v" else vargather.all_gather_list(x)
+                    dx = None
+                    if grad:
+                        ups = [
+                            steady_upstream(op, tuple(y.shape), ctx.rank, j)
+                            for j, y in enumerate(ys)
+                        ]
+                        torch.autograd.backward(ys, ups)
+                        dx = x.grad
+                    kept.append(("ok", [y.detach() for y in ys], dx, any(taken[before:])))
+                except vargather.VarGatherError as err:
+                    kept.append(("raised", type(err).__name__, str(err), any(taken[before:])))
     finally:
-        _fused.steady_exchange = original  # type: ignore[assignment]  # restored
         _fused.HEADERS_APART_MIN = saved_min  # type: ignore[misc]  # restored
         _fused.wide_layout.cache_clear()
         forget()  # nothing remembered under the patched layout outlives it
