@@ -412,7 +412,8 @@ def _post(posts: Sequence[tuple[bool, torch.Tensor, int, int]], info: GroupInfo)
     groups them into one launch), and for a group without a gloo backend of its own
     (a simulated one), one ``dist.batch_isend_irecv``."""
     pg = info.group if info.group is not None else dist.group.WORLD
-    if type(pg) is dist.ProcessGroup and pg._get_backend_name() == "gloo":
+    backend_name = getattr(pg, "_get_backend_name", None)  # private in torch 2.x: guarded
+    if type(pg) is dist.ProcessGroup and backend_name is not None and backend_name() == "gloo":
         works = []
         for sending, t, q, tag in posts:
             t = torch.view_as_real(t) if t.is_complex() else t  # as isend / irecv do

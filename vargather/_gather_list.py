@@ -384,10 +384,11 @@ def _fused_plan(
         payload = [(t.data_ptr(), t.numel() * t.element_size()) for t in (head, x)]
         try:
             steady = _fused.steady_exchange(NAME, key, payload, info)
+            run = None if steady is None else _gathered_run(x, call, info, steady)
         except VarGatherError as err:
             raise _renamed(err) from None
-        if steady is not None:  # the round ran: its verdict
-            return _plan_from(x, call, grad, info, _gathered_run(x, call, info, steady), steady)
+        if steady is not None and run is not None:  # the round ran: its verdict
+            return _plan_from(x, call, grad, info, run, steady)
     checked = check_call(
         x.reshape(-1) if isinstance(x, torch.Tensor) and call.record.problem is None else x,
         0,
