@@ -57,7 +57,7 @@ from ._family import (
 from ._group import process_group
 from ._layout import Layout
 from ._mesh import call_group
-from ._round_buffers import pack, region_cutter
+from ._round_buffers import pack, plain_in_blocks, region_cutter
 from ._round_state import STATES, FusedState, PerGroup
 
 __all__ = [
@@ -377,24 +377,19 @@ def _steady_key(
     bytes), ``send_sizes`` a list or tuple of ints, no ``recv_sizes``,
     ``validate=True``, no per-call timeout."""
     if (
-        type(x) is not torch.Tensor
-        or recv_sizes is not None
+        recv_sizes is not None
         or validate is not True
         or timeout is not None
-        or type(dim) is not int
         or type(send_sizes) not in (list, tuple)
+        or not plain_in_blocks(x, dim)
     ):
         return None
     assert isinstance(send_sizes, (list, tuple))  # for mypy: checked just above
-    if not all(type(n) is int for n in send_sizes) or x.ndim == 0 or not -x.ndim <= dim < x.ndim:
-        return None
-    if x.device.type != "cpu" or not x.is_contiguous() or x.is_conj() or x.is_neg():
-        return None
-    shape = x.shape
-    if any(n != 1 for n in shape[: dim % x.ndim]):
+    assert isinstance(x, torch.Tensor)  # for mypy: plain_in_blocks checked it
+    if not all(type(n) is int for n in send_sizes):
         return None
     requires = x.requires_grad and torch.is_grad_enabled()
-    return (dim, shape, x.dtype, requires, tuple(send_sizes))
+    return (dim, x.shape, x.dtype, requires, tuple(send_sizes))
 
 
 def _remember(

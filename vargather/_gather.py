@@ -32,6 +32,7 @@ from ._exchange import plan_layout, trusted_layout
 from ._group import GroupInfo
 from ._layout import Layout
 from ._mesh import call_group
+from ._round_buffers import plain_in_blocks
 from ._transport import Transport, choose_transport
 
 __all__ = [
@@ -119,23 +120,16 @@ def _steady_key(
     ``dim`` but 1s), no ``sizes``, ``validate=True``, no per-call timeout, plain
     ``grad`` and ``transport="auto"``."""
     if (
-        type(x) is not torch.Tensor
-        or sizes is not None
+        sizes is not None
         or validate is not True
         or timeout is not None
-        or type(dim) is not int
         or type(grad) is not str
         or type(transport) is not str
         or transport != "auto"
+        or not plain_in_blocks(x, dim)
     ):
         return None
-    assert isinstance(x, torch.Tensor)  # for mypy: checked just above
-    if x.layout != torch.strided or x.is_nested or x.device.type != "cpu":
-        return None
-    if x.ndim == 0 or not -x.ndim <= dim < x.ndim or not x.is_contiguous():
-        return None
-    if x.is_conj() or x.is_neg() or any(n != 1 for n in x.shape[: dim % x.ndim]):
-        return None
+    assert isinstance(x, torch.Tensor)  # for mypy: plain_in_blocks checked it
     requires = x.requires_grad and torch.is_grad_enabled()
     return (dim, x.shape, x.dtype, requires, grad)
 

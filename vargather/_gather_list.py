@@ -53,6 +53,7 @@ from ._layout import Layout
 from ._mesh import call_group
 from ._reduce_scatter import reduce_scatter_blocks
 from ._reduced import mean_
+from ._round_buffers import plain
 from ._transport import choose_transport
 from ._wire import carrier_ndim, carrier_words
 
@@ -466,17 +467,15 @@ def _steady_key(
     (``_fused.steady_exchange``; ``None`` for others): a plain contiguous CPU tensor
     with no local problem, ``validate=True``, no per-call timeout, a plain ``grad``."""
     if (
-        type(x) is not torch.Tensor
-        or validate is not True
+        validate is not True
         or timeout is not None
         or type(grad) is not str
         or call.record.problem is not None
+        or type(x) is not torch.Tensor
     ):
         return None
     assert isinstance(x, torch.Tensor)  # for mypy: checked just above
-    if x.layout != torch.strided or x.is_nested or x.device.type != "cpu":
-        return None
-    if not x.is_contiguous() or x.is_conj() or x.is_neg():
+    if x.layout != torch.strided or x.is_nested or not plain(x):  # its bytes, one run
         return None
     requires = x.requires_grad and torch.is_grad_enabled()
     return (x.shape, x.dtype, requires, requires_grad, grad, call.extras)

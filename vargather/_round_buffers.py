@@ -424,6 +424,17 @@ def plain(t: torch.Tensor) -> bool:
     )
 
 
+def plain_in_blocks(x: object, dim: object) -> bool:
+    """Whether ``x`` is a plain strided tensor (``plain``, no ``Parameter``) whose blocks
+    along ``dim`` lie one after the other in its bytes: ``dim`` an int in range with no
+    dimension before it but 1s. What the steady paths replay a call's payload from."""
+    if type(x) is not torch.Tensor or type(dim) is not int:
+        return False
+    if x.layout != torch.strided or x.is_nested or not -x.ndim <= dim < x.ndim:
+        return False
+    return plain(x) and all(n == 1 for n in x.shape[: dim % x.ndim])
+
+
 def _copied_out(at: Sequence[int], layouts: Sequence[Layout]) -> list[torch.Tensor]:
     """The results of a round on the CPU whose rank r's payload (its tensors' bytes one
     after the other) starts at address ``at[r]``, for layouts whose rank blocks are
