@@ -76,9 +76,10 @@ _KEY: Final = "vargather/arrival/"
 _WRITE_INTERVAL_S: Final = 0.01
 """The writer thread's pause after each batch of writes: at most one store write per
 group per pause (the latest value), however fast the collectives come. A write costs
-60-100 us of CPU (a TCPStore or FileStore round trip); at 2 ms it cost a 4-rank
-``all_gather_v`` of 1 MiB about 90 us of CPU a call (measured per thread), at 10 ms
-under 10 us. The price: after a lost peer its last 10 ms of arrivals may be missing."""
+60-100 us of CPU (a TCPStore or FileStore round trip; more on a loaded machine); at 2 ms
+the writer thread cost a 4-rank ``all_gather_v`` of 1 MiB about 90 us of CPU a call,
+at 10 ms about 40 us (measured per thread, on a loaded machine). The price: after a
+lost peer its last 10 ms of arrivals may be missing."""
 
 
 @dataclass
