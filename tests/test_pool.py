@@ -401,8 +401,18 @@ def test_a_skipped_collective_times_out_as_a_rank_exception(fragile: RankPool) -
     assert fragile.generation == generation + 1
 
 
-@pytest.mark.parametrize("members", [None, [0, 1, 2]], ids=["world", "subgroup"])
-def test_uneven_point_to_point_traffic_keeps_the_world(members: list[int] | None) -> None:
+@pytest.mark.parametrize(
+    ("members", "want"),
+    [
+        (None, [[0.0], [1.0, 101.0], [2.0, 102.0]]),
+        ([0, 1, 2], [[0.0], [1.0, 101.0], [2.0, 102.0]]),
+        ([1, 2], [[], [1.0], [2.0, 101.0]]),  # group ranks are not global ranks
+    ],
+    ids=["world", "subgroup", "subgroup-1-2"],
+)
+def test_uneven_point_to_point_traffic_keeps_the_world(
+    members: list[int] | None, want: list[list[float]]
+) -> None:
     """gloo's sequence number of a group counts each send and receive on the rank that
     posts it, so a correctly paired exchange where one rank sends to two peers leaves
     the ranks' numbers different (2, 1, 1). The world is not out of step: the pool
@@ -412,7 +422,7 @@ def test_uneven_point_to_point_traffic_keeps_the_world(members: list[int] | None
     pool = get_pool(3)
     pool.run(fns.all_reduce_rank, None)  # make sure the world is up and in step
     generation = pool.generation
-    assert pool.run(fns.fan_out, (members, "")) == [[0.0], [1.0, 101.0], [2.0, 102.0]]
+    assert pool.run(fns.fan_out, (members, "")) == want
     assert "stale" not in repr(pool)
     assert pool.run(fns.all_reduce_rank, None) == [6, 6, 6]
     assert pool.generation == generation

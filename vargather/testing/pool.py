@@ -470,7 +470,7 @@ def _watch_parent(lifeline: Connection) -> None:
 @dataclass
 class _PointToPoint:
     """The point-to-point operations a rank posted on one group: by the group rank of
-    the peer (``ANY_SOURCE`` for a receive from any peer)."""
+    the peer (``_ANY_SOURCE`` for a receive from any peer)."""
 
     sent: dict[int, int] = field(default_factory=dict)
     received: dict[int, int] = field(default_factory=dict)
@@ -480,7 +480,7 @@ class _PointToPoint:
         return sum(self.sent.values()) + sum(self.received.values())
 
 
-ANY_SOURCE = -1
+_ANY_SOURCE = -1
 """The peer ``_PointToPoint`` files a receive from any peer (or from a peer it cannot
 read) under."""
 
@@ -518,10 +518,10 @@ def _counted(original: Callable[..., Any], *, received: bool) -> Callable[..., A
         work = original(self, *args, **kwargs)
         counts = _P2P_OPS.get(id(self))
         if counts is not None:
-            peer = ANY_SOURCE
+            peer = _ANY_SOURCE
             if not anysource:
                 raw = args[1] if len(args) > 1 else kwargs.get("srcRank", kwargs.get("dstRank"))
-                peer = raw if isinstance(raw, int) else ANY_SOURCE
+                peer = raw if isinstance(raw, int) else _ANY_SOURCE
             book = counts.received if received else counts.sent
             book[peer] = book.get(peer, 0) + 1
         return work
@@ -1380,7 +1380,7 @@ def _unpaired(members: list[int], seen: dict[int, _GroupCounts]) -> str | None:
     are paired by their totals."""
     index = {r: i for i, r in enumerate(members)}
     books = [c[1] for c in seen.values()] + [c[2] for c in seen.values()]
-    if any(ANY_SOURCE in book for book in books):
+    if any(_ANY_SOURCE in book for book in books):
         sent = sum(sum(c[1].values()) for c in seen.values())
         received = sum(sum(c[2].values()) for c in seen.values())
         return None if sent == received else f"{sent} send(s), {received} receive(s)"
