@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import weakref
 from collections.abc import Callable, Iterator, MutableSequence, Sequence
 from datetime import timedelta
 from typing import Any, Final
@@ -294,11 +295,20 @@ def _alltoallv(
             out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits, group=info.group
         )
         return
-    opts = dist.AllToAllOptions()
-    opts.asyncOp = False
-    work = _pg_all_to_all(pg)(out, inp, out_splits, in_splits, opts)
+    work = _pg_all_to_all(pg)(out, inp, out_splits, in_splits, _SYNC_ALL_TO_ALL)
     if work is not None:  # as dist.all_to_all_single: a backend may sync in C++
         work.wait()
+
+
+def _sync_options() -> dist.AllToAllOptions:
+    opts = dist.AllToAllOptions()
+    opts.asyncOp = False  # as dist.all_to_all_single sets it for a blocking call
+    return opts
+
+
+_SYNC_ALL_TO_ALL: Final = _sync_options()
+"""The options of every alltoallv vargather posts (read only by the backend; the
+timeout is left unset: the group's, which ``call_timeout`` sets for a per-call one)."""
 
 
 def _pg_all_to_all(pg: dist.ProcessGroup) -> Callable[..., Any]:
@@ -313,10 +323,18 @@ def gloo_group(info: GroupInfo) -> dist.ProcessGroup | None:
     may call directly: ``_post``, ``all_to_all_uneven``), else ``None`` (NCCL, MPI, a
     simulated group without a backend of its own)."""
     pg = info.group if info.group is not None else dist.group.WORLD
-    backend_name = getattr(pg, "_get_backend_name", None)  # private in torch 2.x: guarded
-    if type(pg) is dist.ProcessGroup and backend_name is not None and backend_name() == "gloo":
-        return pg
-    return None
+    if type(pg) is not dist.ProcessGroup:
+        return None
+    known = _GLOO.get(pg)
+    if known is None:
+        backend_name = getattr(pg, "_get_backend_name", None)  # private in torch 2.x: guarded
+        known = _GLOO[pg] = backend_name is not None and backend_name() == "gloo"
+    return pg if known else None
+
+
+_GLOO: Final = weakref.WeakKeyDictionary[dist.ProcessGroup, bool]()
+"""Per group (weakly): whether ``gloo_group`` calls it a gloo one (its backend is
+fixed when it is made)."""
 
 
 def all_reduce_sum(t: torch.Tensor, info: GroupInfo, *, what: str = "all_reduce") -> None:

@@ -37,7 +37,7 @@ group's state alone (every rank the same):
   fits and the rank has no local problem (a flag word of the row says so);
 * the **wide round** (``state.wide``: ``W * W`` learned slots, ``wide[j * W + k]``
   the bytes rank ``j`` may send rank ``k``, at least ``capacity``),
-  ``_wide_exchange``: while every slot is at most ``PACKED_WIDE_MAX`` (2 MiB),
+  ``_wide_exchange``: while every slot is at most ``PACKED_WIDE_MAX`` (512 KiB),
   *packed*: one alltoallv whose message to each peer is the row and the block in a
   slot of its own size (``_packed_wide_exchange``); past it, to every peer its row as
   one message and its block as another, into a slot of its own size; on gloo the
@@ -415,18 +415,19 @@ def _decode_rows(call: FamilyCall, raw: bytes, w: int) -> tuple[list[Row], tuple
     return out, tuple(flags)
 
 
-PACKED_WIDE_MAX: int = 2 * 1024 * 1024
+PACKED_WIDE_MAX: int = 512 * 1024
 """Largest slot (bytes, one rank to one rank) with which the wide round travels
 *packed*: one alltoallv whose message to each peer is this rank's row and its block,
 copied into one send buffer, instead of a row and a block as separate point-to-point
-messages. Separate messages cost gloo's per-message CPU (4 (W - 1) of them against W);
-packing costs two copies of the blocks (in and closed up), and only a packed round
-has ``all_to_all_v``'s steady path. Measured as CPU per call summed over 4 gloo ranks
-against ``all_to_all_single``'s, mild blocks (median of 15 alternating bursts), packed
-against direct: 4 MiB (largest block 330 KiB) 1.58x against 2.11x, 8 MiB (650 KiB)
-1.76x against 1.99x; 16 MiB (1.3 MiB), with the steady path, 1.27 and 1.50x against
-1.46 and 1.64x in two alternating pairs of runs on a loaded machine. A function of the
-group's state, so every rank picks the same."""
+messages. Separate messages cost gloo's per-message CPU (4 (W - 1) of them against W)
+and its point-to-point path, slower than its alltoallv for the same bytes; packing
+costs two copies of the blocks (in, and closed up), which outweigh that from about
+half a MiB a block. Measured with both steady paths (4 gloo ranks, mild blocks, 15
+alternating bursts, a loaded machine), CPU per call summed over the ranks against
+``all_to_all_single``'s, packed against direct: 2 MiB in all (largest block 170 KiB)
+1.19 / 1.28x, 4 MiB (330 KiB) 1.18 / 1.23x, 8 MiB (670 KiB) 1.40 / 1.17x, 16 MiB
+(1.3 MiB) 1.31 / 1.15x. A function of the group's state, so every rank picks the
+same."""
 
 
 SHORT_MESSAGES: tuple[str, ...] = ("gloo",)
