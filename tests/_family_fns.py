@@ -405,10 +405,28 @@ def steady_upstream(rank: int, call: int, rows: int) -> torch.Tensor:
     return torch.randint(-9, 10, (rows, STEADY_COLS), generator=g).float()
 
 
-def steady_calls(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[Any]:
-    """Every step on this rank, in order: its result and input gradient, or the error
-    it raised (type name and message); and whether ``_steady_call`` took it (sent its
-    round: it then answered or raised)."""
+def steady_calls(ctx: RankContext, job: tuple[tuple[SteadyStep, ...], str]) -> list[Any]:
+    """Every step (``job[0]``) on this rank, in order: its result and input gradient,
+    or the error it raised (type name and message); and whether ``_steady_call`` took
+    it (sent its round: it then answered or raised). ``job[1]``: the wide round's path,
+    ``"packed"`` (as configured), ``"direct"`` (direct sends, blocks as they lie:
+    gloo's) or ``"direct-whole"`` (direct sends of exactly their slot: every other
+    backend's); restored after."""
+    from vargather import _family
+
+    steps, path = job
+    saved = (_family.SHORT_MESSAGES, _family.PACKED_WIDE_MAX)
+    if path.startswith("direct"):
+        _family.PACKED_WIDE_MAX = -1
+        _family.SHORT_MESSAGES = () if path == "direct-whole" else ("gloo",)
+    try:
+        return _steady_steps(ctx, steps)
+    finally:
+        _family.SHORT_MESSAGES, _family.PACKED_WIDE_MAX = saved
+
+
+def _steady_steps(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[Any]:
+    """``steady_calls`` on the configured path."""
     from vargather import _round_state
 
     _round_state.reset_state(None, "all_to_all_v")

@@ -190,3 +190,55 @@ def emulated_nccl_collectives(ctx: Any, payload: None) -> tuple[list[list[float]
         return [o.tolist() for o in outputs], refused
     finally:
         activate(None)
+
+
+def fan_out(ctx: RankContext, spec: tuple[list[int] | None, str]) -> list[float]:
+    """Point-to-point traffic that is correctly paired but uneven: the first rank of
+    ``spec[0]`` (a subgroup, or the world when ``None``) sends one message to each other
+    member, which each receive one, half through ``dist.isend`` / ``dist.irecv`` and half
+    straight on the process group (as vargather's own sends on gloo go). The first rank
+    posts W - 1 operations, every other one. Then, with ``spec[1]``:
+
+    * ``"collective"``: the first two members start an ``all_reduce`` the others never
+      join, and return without waiting (collectives out of step, no rank raised);
+    * ``"send"``: the first member sends the second a message it never receives;
+
+    and the last member raises, so that the pool's error quotes its note.
+    """
+    members, extra = spec
+    group = None if members is None else ctx.subgroup(members)
+    ranks = list(range(ctx.world_size)) if members is None else sorted(members)
+    if ctx.rank not in ranks:
+        return []
+    assert not isinstance(group, int)
+    pg = dist.group.WORLD if group is None else group
+    assert isinstance(pg, dist.ProcessGroup)
+    me = ranks.index(ctx.rank)
+    got = [float(ctx.rank)]
+    if me == 0:
+        works = []
+        for peer in range(1, len(ranks)):
+            t = torch.tensor([100.0 + peer])
+            if peer % 2:
+                works.append(dist.isend(t, group=group, group_dst=peer, tag=5))
+            else:
+                works.append(pg.send([t], peer, 5))
+        for work in works:
+            assert work is not None
+            work.wait()
+    else:
+        t = torch.zeros(1)
+        if me % 2:
+            work = dist.irecv(t, group=group, group_src=0, tag=5)
+            assert work is not None
+            work.wait()
+        else:
+            pg.recv([t], 0, 5).wait()
+        got.append(float(t.item()))
+    if extra == "collective" and me < 2:
+        dist.all_reduce(torch.ones(1), group=group, async_op=True)  # never awaited
+    elif extra == "send" and me == 0:
+        pg.send([torch.ones(1)], 1, 6)  # never received, never awaited
+    if extra and me == len(ranks) - 1:
+        raise CustomError(f"rank {ctx.rank} raised after {extra!r}, so the call quotes why")
+    return got

@@ -69,9 +69,14 @@ def test_one_process_world_and_layout() -> None:
         vargather.all_to_all_v(x, [3], recv_sizes=[2])
 
 
+_WIDE = (((8, 12, 20), (16, 9, 10), (11, 14, 18)), (11, 20, 12))
 _STEADY_SIZES = {
     # blocks of 16-40 KiB: the packed wide round
-    "packed": (((8, 12, 20), (16, 9, 10), (11, 14, 18)), (11, 20, 12)),
+    "packed": _WIDE,
+    # the same by direct sends (slots past PACKED_WIDE_MAX, patched): blocks as they lie
+    # in x (gloo's), or whole slots (every other backend's)
+    "direct": _WIDE,
+    "direct-whole": _WIDE,
     # blocks of 0-6 KiB: the equal round, replayed as packed equal slots
     "equal": (((1, 2, 3), (2, 0, 1), (3, 1, 2)), (2, 3, 1)),
 }
@@ -93,14 +98,14 @@ def _steady_steps(shape: str) -> tuple[fns.SteadyStep, ...]:
 @pytest.mark.parametrize("shape", sorted(_STEADY_SIZES))
 def test_the_steady_path_is_the_full_path(shape: str) -> None:
     """``all_to_all_v``'s steady path (a call repeating the last steady one replays its
-    packed round) gives the oracle's bits and gradients, and when a peer's call
+    round: packed, or by direct sends) gives the oracle's bits and gradients, and when a peer's call
     differs (its sizes, its dtype) every rank still gets the full path's answer or its
     error: the same ``DTypeMismatchError`` everywhere, the group usable after."""
     from vargather import oracle
 
     steps = _steady_steps(shape)
     w = 3
-    per_rank = get_pool(w).run(fns.steady_calls, steps)
+    per_rank = get_pool(w).run(fns.steady_calls, (steps, shape))
     answered = [[r[i][3] for r in per_rank] for i in range(len(steps))]
     for i, step in enumerate(steps):
         inputs = [fns.steady_input(r, i, sum(step.send[r])) for r in range(w)]

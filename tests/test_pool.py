@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import re
 import signal
 import sys
 import time
@@ -398,6 +399,57 @@ def test_a_skipped_collective_times_out_as_a_rank_exception(fragile: RankPool) -
     assert "out of step" in str(info.value)
     assert fragile.run(fns.all_reduce_rank, None) == [3, 3]
     assert fragile.generation == generation + 1
+
+
+@pytest.mark.parametrize(
+    ("members", "want"),
+    [
+        (None, [[0.0], [1.0, 101.0], [2.0, 102.0]]),
+        ([0, 1, 2], [[0.0], [1.0, 101.0], [2.0, 102.0]]),
+        ([1, 2], [[], [1.0], [2.0, 101.0]]),  # group ranks are not global ranks
+    ],
+    ids=["world", "subgroup", "subgroup-1-2"],
+)
+def test_uneven_point_to_point_traffic_keeps_the_world(
+    members: list[int] | None, want: list[list[float]]
+) -> None:
+    """gloo's sequence number of a group counts each send and receive on the rank that
+    posts it, so a correctly paired exchange where one rank sends to two peers leaves
+    the ranks' numbers different (2, 1, 1). The world is not out of step: the pool
+    compares the ranks' collectives, and pairs their sends with receives, and keeps it
+    (a rebuilt world is a new generation, without the state a library keeps per group
+    between calls)."""
+    pool = get_pool(3)
+    pool.run(fns.all_reduce_rank, None)  # make sure the world is up and in step
+    generation = pool.generation
+    assert pool.run(fns.fan_out, (members, "")) == want
+    assert "stale" not in repr(pool)
+    assert pool.run(fns.all_reduce_rank, None) == [6, 6, 6]
+    assert pool.generation == generation
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ("collective", "the ranks' collective counts for the world group differ"),
+        ("send", "rank 0 posted 2 send(s) to rank 1, which posted 1 receive(s) from it"),
+    ],
+    ids=["collective", "send"],
+)
+def test_a_world_out_of_step_beside_point_to_point_traffic_is_rebuilt(extra: str, why: str) -> None:
+    """The same uneven exchange, then an all_reduce started on two ranks of three and
+    never awaited, or a send that no receive takes (neither raises): the world is out
+    of step, the pool says why (in the error of a rank that raised after) and rebuilds
+    it before the next call."""
+    with RankPool(3, start_method="forkserver") as pool:
+        with pytest.raises(RankError, match=re.escape(why)) as info:
+            pool.run(fns.fan_out, (None, extra))
+        assert [o.value for o in info.value.outcomes] == [[0.0], [1.0, 101.0], None]
+        assert "rebuilds the world before the next call" in str(info.value)
+        assert "stale" in repr(pool)
+        assert pool.generation == 1
+        assert pool.run(fns.all_reduce_rank, None) == [6, 6, 6]
+        assert pool.generation == 2
 
 
 def test_rank_context_repr() -> None:

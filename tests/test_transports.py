@@ -105,6 +105,7 @@ def _ptrs(values: Sequence[object]) -> tuple[int, ...]:
 @contextlib.contextmanager
 def spy() -> Iterator[list[Call]]:
     """Record every torch.distributed collective called while the block runs, and
+    each alltoallv vargather runs (``_comm._alltoallv``, as one ``"all_to_all_single"``),
     each batch of point-to-point operations vargather posts (``_comm._post``, as one
     ``"send/recv"`` with every tensor it sends or receives into: on gloo it posts them
     on the process group itself, which no module attribute sees; elsewhere through the
@@ -136,7 +137,20 @@ def spy() -> Iterator[list[Call]]:
         finally:
             posting[0] = False
 
-    comm_module._post = posted  # the spy, restored below
+    alltoallv = comm_module._alltoallv
+
+    def alltoallv_seen(out: torch.Tensor, inp: torch.Tensor, *args: Any) -> None:
+        # On gloo vargather calls the process group's own alltoallv, which no module
+        # attribute sees: recorded as the all_to_all_single it stands for, once.
+        calls.append(Call("all_to_all_single", (out.data_ptr(), inp.data_ptr())))
+        posting[0] = True
+        try:
+            alltoallv(out, inp, *args)
+        finally:
+            posting[0] = False
+
+    comm_module._post = posted  # the spies, restored below
+    comm_module._alltoallv = alltoallv_seen
 
     for name in _SPIED:
         fn = getattr(dist, name, None)
@@ -147,6 +161,7 @@ def spy() -> Iterator[list[Call]]:
         yield calls
     finally:
         comm_module._post = post
+        comm_module._alltoallv = alltoallv
         for name, fn in originals.items():
             setattr(dist, name, fn)
 

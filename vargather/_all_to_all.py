@@ -21,12 +21,14 @@ upstream gradients, with send sizes ``recv_sizes`` and receive sizes ``send_size
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
 import torch
+import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from ._args import Problem
@@ -35,6 +37,7 @@ from ._collectives import COLLECTIVES, CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import SizesError, SizesMismatchError
 from ._family import (
+    DirectRound,
     Exchanged,
     FamilyCall,
     PackedRound,
@@ -43,12 +46,14 @@ from ._family import (
     agree,
     check_tensor,
     common_checks,
+    direct_exchanged,
     exchange_fused,
     fill_packed_at,
     packed_exchanged,
     raise_local,
     raise_own_problem,
     requires_grad_check,
+    run_direct,
     run_packed,
     settle,
     sizes_words,
@@ -57,7 +62,7 @@ from ._family import (
 from ._group import process_group
 from ._layout import Layout
 from ._mesh import call_group
-from ._round_buffers import pack, plain_in_blocks, region_cutter
+from ._round_buffers import Closing, bytes_of, closed_up, closing, pack, plain_in_blocks
 from ._round_state import STATES, FusedState, PerGroup
 
 __all__ = [
@@ -343,19 +348,23 @@ class AllToAllVFunction(torch.autograd.Function):
 @dataclass(frozen=True)
 class _Steady:
     """A group's last steady call (``_remember``): its key (``_steady_key``), its call,
-    the group's state it left unchanged, its packed round, where each block lies in
-    ``x`` (byte offset and length), the rows every rank sent, and its layouts. Nothing
-    in it refers to the group, which keys it weakly (``_STEADY``)."""
+    the group's state it left unchanged, its round (packed, or by direct sends), where
+    each block lies in ``x``'s bytes (offset and length), the rows every rank sent, its
+    layouts, and how its receive buffer closes up into the result. ``spare``: send
+    buffers of the packed round with every row and zero already written, only the
+    blocks left to copy in (taken out while in use, so a thread never shares one).
+    Nothing in it refers to the group, which keys it weakly (``_STEADY``)."""
 
     key: tuple[object, ...]
     call: FamilyCall
     state: FusedState
-    packed: PackedRound
+    round: PackedRound | DirectRound
     blocks: tuple[tuple[int, int], ...]
     raw: bytes
     send: Layout
     recv: Layout
-    needs: tuple[int, ...]
+    closing: Closing
+    spare: list[torch.Tensor] = field(default_factory=list, compare=False, repr=False)
 
 
 _STEADY: Final = PerGroup[_Steady]()
@@ -395,15 +404,15 @@ def _steady_key(
 def _remember(
     key: tuple[object, ...], call: FamilyCall, info: GroupInfo, ex: Exchanged, plan: AllToAllPlan
 ) -> None:
-    """Keep the call for ``_steady_call`` when it is steady: packed, answered from its
-    round, and leaving the group's state as it found it (so the same rows next time
-    leave it so again: the state rule is a pure function)."""
+    """Keep the call for ``_steady_call`` when it is steady: packed or by direct sends,
+    answered from its round, and leaving the group's state as it found it (so the same
+    rows next time leave it so again: the state rule is a pure function)."""
     pg = process_group(info)
     if pg is None:
         return
     _STEADY.pop(pg, NAME)
-    packed, raw = ex.packed, ex.raw
-    if packed is None or raw is None or plan.result is None:
+    found = ex.packed if ex.packed is not None else ex.direct
+    if found is None or ex.raw is None or plan.result is None or plan.recv.pre != 1:
         return
     if STATES.get(pg, COLLECTIVES[NAME].round) is not ex.state:
         return
@@ -413,35 +422,61 @@ def _remember(
         starts.append(starts[-1] + n * unit)
     blocks = tuple((starts[k], n * unit) for k, n in enumerate(plan.send.sizes))
     needs = tuple(n * unit for n in plan.recv.sizes)
-    steady = _Steady(key, call, ex.state, packed, blocks, raw, plan.send, plan.recv, needs)
+    closes = closing(found.starts, needs)
+    steady = _Steady(key, call, ex.state, found, blocks, ex.raw, plan.send, plan.recv, closes)
     _STEADY.put(pg, NAME, steady)
 
 
 def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> AllToAllPlan | None:
     """The plan of a call with the last steady call's key on the same group in the same
-    state (else ``None``): the same row and the blocks of ``x`` sent in the same packed
-    round (the bytes the full path would send), and, when every rank's row is the one
-    it sent last time, the result cut as then (the same rows validate alike and move
-    the state alike: not at all). Other rows go on as the full path does after its
-    exchange (``plan_from_exchange``): validation, the state, the result."""
+    state (else ``None``): the same row and the blocks of ``x`` sent in the same round
+    (the bytes the full path would send), and, when every rank's row is the one it
+    sent last time, the result closed up as then (the same rows validate alike and
+    move the state alike: not at all). Other rows go on as the full path does after
+    its exchange (``plan_from_exchange``): validation, the state, the result."""
     pg = process_group(info)
     steady = _STEADY.get(pg, NAME)
     if steady is None or steady.key != key or pg is None:
         return None
     if STATES.get(pg, COLLECTIVES[NAME].round) is not steady.state:
         return None
-    packed, base = steady.packed, x.data_ptr()
-    sources = [(base + at, n) for at, n in steady.blocks]
-
-    def fill(send: torch.Tensor) -> None:
-        fill_packed_at(send, packed.row, sources, packed.out_bytes, packed.head)
-
-    buf, raw = run_packed(steady.call, info, pg, packed, fill)
+    found = steady.round
+    if isinstance(found, DirectRound):
+        flat = bytes_of(x)
+        blocks = [flat[at : at + n] for at, n in steady.blocks]
+        buf, raw = run_direct(steady.call, info, pg, found, blocks)
+    else:
+        buf, raw = _replay_packed(steady, found, x, info, pg)
     if raw != steady.raw:
-        ex = packed_exchanged(steady.call, info, pg, steady.state, packed, buf, raw)
+        if isinstance(found, DirectRound):
+            ex = direct_exchanged(steady.call, info, pg, steady.state, found, buf, raw)
+        else:
+            ex = packed_exchanged(steady.call, info, pg, steady.state, found, buf, raw)
         return plan_from_exchange(x, steady.call, info, ex)
-    result = region_cutter(buf, packed.starts)((steady.recv,), steady.needs)[0]
+    result = closed_up(buf, steady.closing, steady.recv)
     return AllToAllPlan(steady.send, steady.recv, info, result)
+
+
+def _replay_packed(
+    steady: _Steady, packed: PackedRound, x: torch.Tensor, info: GroupInfo, pg: dist.ProcessGroup
+) -> tuple[torch.Tensor, bytes]:
+    """The packed round of a steady call: a spare send buffer (its rows and zeros
+    written when it was made: the same key sends the same blocks' lengths, so no
+    block leaves stale bytes behind it) with ``x``'s blocks copied in."""
+    send = steady.spare.pop() if steady.spare else None
+    if send is None:
+        send = torch.empty(sum(packed.out_bytes), dtype=torch.uint8)
+        fill_packed_at(send, packed.row, None, packed.out_bytes, packed.head)
+    base, source = send.data_ptr(), x.data_ptr()
+    at = 0
+    for (offset, n), size in zip(steady.blocks, packed.out_bytes, strict=True):
+        if n:
+            ctypes.memmove(base + at + packed.head, source + offset, n)
+        at += size
+    try:
+        return run_packed(steady.call, info, pg, packed, send)
+    finally:
+        steady.spare.append(send)
 
 
 class AllToAllResult(NamedTuple):
@@ -481,6 +516,9 @@ def all_to_all_eager(
             timeout=timeout,
             steady_key=key,
         )
-    out = AllToAllVFunction.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
+    if plan.result is not None and not (x.requires_grad and torch.is_grad_enabled()):
+        out = plan.result  # what the Function's forward returns, with no graph to record
+    else:
+        out = AllToAllVFunction.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
     assert isinstance(out, torch.Tensor)
     return AllToAllResult(out, plan.recv, plan.send.sizes)

@@ -37,7 +37,7 @@ group's state alone (every rank the same):
   fits and the rank has no local problem (a flag word of the row says so);
 * the **wide round** (``state.wide``: ``W * W`` learned slots, ``wide[j * W + k]``
   the bytes rank ``j`` may send rank ``k``, at least ``capacity``),
-  ``_wide_exchange``: while every slot is at most ``PACKED_WIDE_MAX`` (2 MiB),
+  ``_wide_exchange``: while every slot is at most ``PACKED_WIDE_MAX`` (512 KiB),
   *packed*: one alltoallv whose message to each peer is the row and the block in a
   slot of its own size (``_packed_wide_exchange``); past it, to every peer its row as
   one message and its block as another, into a slot of its own size; on gloo the
@@ -115,6 +115,7 @@ from ._wire import ROW_MAGIC, decode_row, encode_row, row_mark
 
 __all__ = [
     "Check",
+    "DirectRound",
     "Exchanged",
     "FamilyCall",
     "PackedRound",
@@ -123,12 +124,15 @@ __all__ = [
     "agree",
     "check_tensor",
     "common_checks",
+    "direct_exchanged",
+    "direct_round",
     "exchange",
     "exchange_fused",
     "fill_packed",
     "fill_packed_at",
     "packed_exchanged",
     "raise_local",
+    "run_direct",
     "run_packed",
     "settle",
     "sizes_words",
@@ -272,7 +276,9 @@ class Exchanged:
     """The round's messages as a packed layout: the packed wide round's, or the equal
     round's (equal slots); ``None`` for the direct sends."""
     raw: bytes | None = None
-    """The received rows' bytes (the packed and the equal round's)."""
+    """The received rows' bytes."""
+    direct: DirectRound | None = None
+    """The direct sends' round (``None`` for the others)."""
 
 
 Outgoing = Callable[[], tuple[torch.Tensor, Sequence[int]]]
@@ -409,18 +415,19 @@ def _decode_rows(call: FamilyCall, raw: bytes, w: int) -> tuple[list[Row], tuple
     return out, tuple(flags)
 
 
-PACKED_WIDE_MAX: int = 2 * 1024 * 1024
+PACKED_WIDE_MAX: int = 512 * 1024
 """Largest slot (bytes, one rank to one rank) with which the wide round travels
 *packed*: one alltoallv whose message to each peer is this rank's row and its block,
 copied into one send buffer, instead of a row and a block as separate point-to-point
-messages. Separate messages cost gloo's per-message CPU (4 (W - 1) of them against W);
-packing costs two copies of the blocks (in and closed up), and only a packed round
-has ``all_to_all_v``'s steady path. Measured as CPU per call summed over 4 gloo ranks
-against ``all_to_all_single``'s, mild blocks (median of 15 alternating bursts), packed
-against direct: 4 MiB (largest block 330 KiB) 1.58x against 2.11x, 8 MiB (650 KiB)
-1.76x against 1.99x; 16 MiB (1.3 MiB), with the steady path, 1.27 and 1.50x against
-1.46 and 1.64x in two alternating pairs of runs on a loaded machine. A function of the
-group's state, so every rank picks the same."""
+messages. Separate messages cost gloo's per-message CPU (4 (W - 1) of them against W)
+and its point-to-point path, slower than its alltoallv for the same bytes; packing
+costs two copies of the blocks (in, and closed up), which outweigh that from about
+half a MiB a block. Measured with both steady paths (4 gloo ranks, mild blocks, 15
+alternating bursts, a loaded machine), CPU per call summed over the ranks against
+``all_to_all_single``'s, packed against direct: 2 MiB in all (largest block 170 KiB)
+1.19 / 1.28x, 4 MiB (330 KiB) 1.18 / 1.23x, 8 MiB (670 KiB) 1.40 / 1.17x, 16 MiB
+(1.3 MiB) 1.31 / 1.15x. A function of the group's state, so every rank picks the
+same."""
 
 
 SHORT_MESSAGES: tuple[str, ...] = ("gloo",)
@@ -515,46 +522,86 @@ def _direct_wide_exchange(
     pg: dist.ProcessGroup,
     room: Sequence[int],
 ) -> Exchanged:
-    """The wide round by direct sends: to every peer ``k``, this rank's row as one
-    message and its block for ``k`` as another, into a slot of ``wide[rank * W + k]``
-    bytes; every peer's row and block received in place, the blocks into the regions
-    of one buffer (rank ``j``'s at its slot's offset, this rank's own block copied in):
-    all 4 (W - 1) operations in one batch (``send_receive``, under ``BLOCKS_TAG``).
+    """The wide round by direct sends (``DirectRound``, ``run_direct``)."""
+    direct = direct_round(row, tuple(room), info.rank, info.world_size, info.backend)
+    buf, raw = run_direct(call, info, pg, direct, blocks)
+    return direct_exchanged(call, info, pg, state, direct, buf, raw)
 
-    On gloo a block is sent as it lies in the caller's tensor (no copy when ``x`` is
-    contiguous and its blocks lie one after the other) and only its bytes, at most the
-    slot: gloo receives a shorter message into a larger buffer, and the row says how
-    many bytes came; a slot with nothing to fill gets one zero byte. Elsewhere every
-    message is exactly its slot (the block and zeros, copied)."""
-    w, rank = info.world_size, info.rank
-    device = info.default_device()
-    rows = torch.empty(w, row.numel(), dtype=torch.uint8, device=device)
-    rows[rank].copy_(row)
-    in_slots = [room[j * w + rank] for j in range(w)]
-    starts = [0] * (w + 1)  # region j at a 16-byte boundary: any dtype views it
+
+@dataclass(frozen=True)
+class DirectRound:
+    """The wide round by direct sends of one state on one rank (a pure function of the
+    slots, this rank's row and the backend): to every peer ``k``, this rank's ``row``
+    as one message and its block for ``k`` as another, into a slot of ``wide[rank * W
+    + k]`` bytes; every peer's row and block received in place, rank ``j``'s block
+    into its region of one buffer of ``size`` bytes (``in_slots[j]`` bytes at
+    ``starts[j]``, a 16-byte boundary: any dtype views it; this rank's own block copied
+    in): all 4 (W - 1) operations in one batch (``send_receive``, under
+    ``BLOCKS_TAG``).
+
+    ``exact`` (gloo, ``SHORT_MESSAGES``): a block is sent as it lies in the caller's
+    tensor (no copy when ``x`` is contiguous and its blocks lie one after the other)
+    and only its bytes, at most the slot: gloo receives a shorter message into a
+    larger buffer, and the row says how many bytes came; a slot with nothing to fill
+    gets one zero byte. Elsewhere every message is exactly its slot (the block and
+    zeros, copied)."""
+
+    row: torch.Tensor
+    room: tuple[int, ...]
+    in_slots: tuple[int, ...]
+    starts: tuple[int, ...]
+    size: int
+    exact: bool
+
+
+@functools.lru_cache(maxsize=64)
+def direct_round(
+    row: torch.Tensor, room: tuple[int, ...], rank: int, w: int, backend: str
+) -> DirectRound:
+    """The ``DirectRound`` of ``row`` and the slots ``room`` on ``rank`` (remembered:
+    ``row`` is ``_row_bytes``'s, itself remembered)."""
+    in_slots = tuple(room[j * w + rank] for j in range(w))
+    starts = [0] * (w + 1)
     for j in range(w):
         starts[j + 1] = whole_16(starts[j] + in_slots[j])
-    buf = handed_back_buffer(pg, "blocks", starts[w], device)
-    exact = info.backend in SHORT_MESSAGES
+    exact = backend in SHORT_MESSAGES
+    return DirectRound(row, room, in_slots, tuple(starts[:w]), starts[w], exact)
+
+
+def run_direct(
+    call: FamilyCall,
+    info: GroupInfo,
+    pg: dist.ProcessGroup,
+    direct: DirectRound,
+    blocks: Sequence[torch.Tensor] | None,
+) -> tuple[torch.Tensor, bytes]:
+    """One direct round of this rank's ``blocks`` (``None``: none rides): the receive
+    buffer, its regions filled, and the received rows' bytes (``_landed_rows``)."""
+    w, rank = info.world_size, info.rank
+    device = info.default_device()
+    row = direct.row.to(device)
+    rows = torch.empty(w, row.numel(), dtype=torch.uint8, device=device)
+    buf = handed_back_buffer(pg, "blocks", direct.size, device)
     zero = torch.zeros(1, dtype=torch.uint8, device=device)
     messages: list[tuple[torch.Tensor, ...]] = []
     for k in range(w):
-        slot = room[rank * w + k]
+        slot = direct.room[rank * w + k]
         piece = blocks[k] if blocks is not None else zero[:0]
         if k == rank:
+            rows[k].copy_(row)
             if piece.numel():
-                buf[starts[k] : starts[k] + piece.numel()].copy_(piece)
+                buf[direct.starts[k] : direct.starts[k] + piece.numel()].copy_(piece)
             messages.append(())
             continue
-        if slot and exact:
+        if slot and direct.exact:
             sent = piece if piece.numel() else zero
         elif slot:
             sent = torch.zeros(slot, dtype=torch.uint8, device=device)
             sent[: piece.numel()].copy_(piece)
         else:
             sent = zero[:0]
-        messages.append((rows[rank], sent))
-    regions = [buf[starts[j] : starts[j] + in_slots[j]] for j in range(w)]
+        messages.append((row, sent))
+    regions = [buf[s : s + n] for s, n in zip(direct.starts, direct.in_slots, strict=True)]
     send_receive(
         messages,
         [(rows[j], regions[j]) for j in range(w)],
@@ -563,11 +610,25 @@ def _direct_wide_exchange(
         tag=BLOCKS_TAG,
     )
     hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
-    length = rows.shape[1]
-    out, flags = _read_rows(
-        call, _landed_rows(rows.view(-1), [j * length for j in range(w)], length), w, pg
-    )
-    return Exchanged(out, regions, flags, state, call.kind, region_cutter(buf, starts[:w]))
+    length = row.numel()
+    return buf, _landed_rows(rows.view(-1), [j * length for j in range(w)], length)
+
+
+def direct_exchanged(
+    call: FamilyCall,
+    info: GroupInfo,
+    pg: dist.ProcessGroup,
+    state: FusedState,
+    direct: DirectRound,
+    buf: torch.Tensor,
+    raw: bytes,
+) -> Exchanged:
+    """What a direct round received (``buf``, its rows' bytes ``raw``), as
+    ``Exchanged``."""
+    out, flags = _read_rows(call, raw, info.world_size, pg)
+    regions = [buf[s : s + n] for s, n in zip(direct.starts, direct.in_slots, strict=True)]
+    cut = region_cutter(buf, direct.starts)
+    return Exchanged(out, regions, flags, state, call.kind, cut, None, raw, direct)
 
 
 @dataclass(frozen=True)
@@ -595,19 +656,16 @@ def packed_round(row: torch.Tensor, room: Sequence[int], rank: int, w: int) -> P
     return PackedRound(row, out_bytes, in_bytes, offsets, head, starts, tuple(room))
 
 
-Fill = Callable[[torch.Tensor], None]
-"""Writes a packed round's messages into its send buffer (``fill_packed``)."""
-
-
 def run_packed(
-    call: FamilyCall, info: GroupInfo, pg: dist.ProcessGroup, packed: PackedRound, fill: Fill
+    call: FamilyCall,
+    info: GroupInfo,
+    pg: dist.ProcessGroup,
+    packed: PackedRound,
+    send: torch.Tensor,
 ) -> tuple[torch.Tensor, bytes]:
-    """One packed round: the send buffer written by ``fill``, one alltoallv, and the
-    receive buffer with the received rows' bytes (``_landed_rows``)."""
-    device = info.default_device()
-    send = handed_back_buffer(pg, "packed-send", sum(packed.out_bytes), device)
-    fill(send)
-    buf = handed_back_buffer(pg, "blocks", sum(packed.in_bytes), device)
+    """One packed round of the messages in ``send`` (``fill_packed``'s): one alltoallv,
+    and the receive buffer with the received rows' bytes (``_landed_rows``)."""
+    buf = handed_back_buffer(pg, "blocks", sum(packed.in_bytes), info.default_device())
     all_to_all_uneven(
         buf,
         send,
@@ -616,7 +674,6 @@ def run_packed(
         info=info,
         what=f"all_to_all ({call.kind} metadata exchange)",
     )
-    hand_back(pg, "packed-send", send)
     hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
     return buf, _landed_rows(buf, packed.offsets, packed.row.numel())
 
@@ -653,14 +710,13 @@ def _packed_wide_exchange(
     ``wide[j * W + k]`` bytes (the rest zeros), each part rounded up to 16 bytes. The
     blocks are read where they landed, and closed up in place (``region_cutter``)."""
     packed = packed_round(row, room, info.rank, info.world_size)
-
-    def fill(send: torch.Tensor) -> None:
-        if send.device.type == "cpu" and (blocks is None or all(plain(b) for b in blocks)):
-            fill_packed(send, row, blocks, packed.out_bytes, packed.head)
-        else:
-            _copy_packed(send, row.to(send.device), blocks, packed.out_bytes, packed.head)
-
-    buf, raw = run_packed(call, info, pg, packed, fill)
+    send = handed_back_buffer(pg, "packed-send", sum(packed.out_bytes), info.default_device())
+    if send.device.type == "cpu" and (blocks is None or all(plain(b) for b in blocks)):
+        fill_packed(send, row, blocks, packed.out_bytes, packed.head)
+    else:
+        _copy_packed(send, row.to(send.device), blocks, packed.out_bytes, packed.head)
+    buf, raw = run_packed(call, info, pg, packed, send)
+    hand_back(pg, "packed-send", send)
     return packed_exchanged(call, info, pg, state, packed, buf, raw)
 
 

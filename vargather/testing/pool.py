@@ -41,11 +41,20 @@ Either way every rank process is killed and a fresh world (new temporary directo
 pool's directory; its tail is quoted in failure messages (gloo's abort text, for one)
 and is otherwise not shown.
 
-After each call the pool compares the ranks' collective sequence numbers for the world
-group and every subgroup. If they differ, a rank issued a collective its peers did not
-(for example one rank raised before a collective that the others then timed out in):
-the group can no longer pair collectives correctly, so the pool rebuilds the world
-before the next call and says so in the error. ``RankPool.generation`` counts builds.
+After each call the pool compares, for the world group and every subgroup, the number
+of collectives each rank has issued on it. If they differ, a rank issued a collective
+its peers did not (for example one rank raised before a collective that the others then
+timed out in): the group can no longer pair collectives correctly, so the pool rebuilds
+the world before the next call and says so in the error. ``RankPool.generation`` counts
+builds. A rank's count is the group's sequence number less the point-to-point
+operations it posted on the group: gloo's sequence number also counts each send and
+receive, on the rank that posts it, and a correctly paired exchange may post more of
+them on one rank than on another (one rank sending to two peers that each receive
+once), which is no reason to rebuild. Those operations are counted by peer (what goes
+through ``ProcessGroup.send``, ``recv`` and ``recv_anysource``, where every
+point-to-point function of ``torch.distributed`` posts), and the world is rebuilt as
+well when they do not pair up: a send that no receive took, or a receive that no send
+filled (a peer that never arrived), is left pending in the group.
 
 ``get_pool(world_size)`` keeps one pool per world size alive for the whole process
 (closed at exit), which is what makes the suites fast. Its worlds fork from a
@@ -341,6 +350,7 @@ class RankContext:
             import torch.distributed as dist
 
             self._groups[key] = dist.new_group(list(key), timeout=self._timeout)
+            _track_point_to_point(self._groups[key])
         group: ProcessGroup | int = self._groups[key]
         return group
 
@@ -457,21 +467,97 @@ def _watch_parent(lifeline: Connection) -> None:
     os._exit(1)
 
 
-def _group_seqs(ctx: RankContext) -> dict[tuple[int, ...], int]:
+@dataclass
+class _PointToPoint:
+    """The point-to-point operations a rank posted on one group: by the group rank of
+    the peer (``_ANY_SOURCE`` for a receive from any peer)."""
+
+    sent: dict[int, int] = field(default_factory=dict)
+    received: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.sent.values()) + sum(self.received.values())
+
+
+_ANY_SOURCE = -1
+"""The peer ``_PointToPoint`` files a receive from any peer (or from a peer it cannot
+read) under."""
+
+_P2P_OPS: dict[int, _PointToPoint] = {}
+"""In a rank: the point-to-point operations posted so far on each group the pool tracks
+(the world group and the context's subgroups, all alive as long as the world, so their
+``id`` is theirs), by the group's ``id``."""
+
+# (counts of one group on one rank): collectives issued, then the point-to-point
+# operations by peer: sent, received (see _group_counts)
+_GroupCounts = tuple[int, dict[int, int], dict[int, int]]
+
+
+def _install_point_to_point_counter() -> None:
+    """In a rank: wrap ``ProcessGroup``'s point-to-point methods (``send``, ``recv``,
+    ``recv_anysource``: every point-to-point function of ``torch.distributed`` posts
+    through them) so that each operation posted on a tracked group is counted in
+    ``_P2P_OPS``. gloo adds one to the group's sequence number for each, on the posting
+    rank only, which ``_group_counts`` takes back off. Once per process; an operation
+    that raises before it is posted is not counted."""
+    from torch.distributed import ProcessGroup
+
+    for name, received in (("send", False), ("recv", True), ("recv_anysource", True)):
+        original = getattr(ProcessGroup, name)
+        if not getattr(original, "_vargather_counted", False):
+            setattr(ProcessGroup, name, _counted(original, received=received))
+
+
+def _counted(original: Callable[..., Any], *, received: bool) -> Callable[..., Any]:
+    """``original`` (a ``ProcessGroup`` method, ``(self, tensors, peer, tag)``, or
+    ``(self, tensors, tag)`` for ``recv_anysource``), counting what it posts."""
+    anysource = getattr(original, "__name__", "") == "recv_anysource"
+
+    def method(self: object, *args: Any, **kwargs: Any) -> Any:
+        work = original(self, *args, **kwargs)
+        counts = _P2P_OPS.get(id(self))
+        if counts is not None:
+            peer = _ANY_SOURCE
+            if not anysource:
+                raw = args[1] if len(args) > 1 else kwargs.get("srcRank", kwargs.get("dstRank"))
+                peer = raw if isinstance(raw, int) else _ANY_SOURCE
+            book = counts.received if received else counts.sent
+            book[peer] = book.get(peer, 0) + 1
+        return work
+
+    method._vargather_counted = True  # type: ignore[attr-defined]  # a marker on the wrapper
+    method.__name__ = getattr(original, "__name__", "method")
+    method.__doc__ = getattr(original, "__doc__", None)
+    return method
+
+
+def _track_point_to_point(group: object) -> None:
+    """Count the point-to-point operations posted on ``group`` from now on (not on a
+    rank outside it, which gets ``NON_GROUP_MEMBER``)."""
+    if not isinstance(group, int):
+        _P2P_OPS.setdefault(id(group), _PointToPoint())
+
+
+def _group_counts(ctx: RankContext) -> dict[tuple[int, ...], _GroupCounts]:
+    """For the world group and each subgroup of this rank: the collectives this rank
+    has issued on it (its sequence number less the point-to-point operations posted on
+    it) and those operations, by peer (see the module docstring)."""
     import torch.distributed as dist
 
     groups: list[tuple[tuple[int, ...], Any]] = [((), dist.group.WORLD)]
     groups += [(k, g) for k, g in ctx._groups.items() if ctx.rank in k]
-    seqs: dict[tuple[int, ...], int] = {}
+    counts: dict[tuple[int, ...], _GroupCounts] = {}
     for key, group in groups:
         get = getattr(group, "_get_sequence_number_for_group", None)
         if get is None:
             continue
+        p2p = _P2P_OPS.get(id(group), _PointToPoint())
         try:
-            seqs[key] = int(get())
+            counts[key] = (int(get()) - p2p.total, dict(p2p.sent), dict(p2p.received))
         except Exception:
             continue
-    return seqs
+    return counts
 
 
 def _serve(ctx: RankContext, data: bytes, progress: Any) -> bytes | None:
@@ -481,7 +567,7 @@ def _serve(ctx: RankContext, data: bytes, progress: Any) -> bytes | None:
     try:
         kind, fn, payloads = pickle.loads(data)
     except BaseException as exc:
-        return _encode_reply(None, [], 0, _error_info(exc), _group_seqs(ctx))
+        return _encode_reply(None, [], 0, _error_info(exc), _group_counts(ctx))
     if kind == "stop":
         return None
     values: list[Any] = []
@@ -492,10 +578,10 @@ def _serve(ctx: RankContext, data: bytes, progress: Any) -> bytes | None:
                 values.append(fn(ctx, payload))
             except BaseException as exc:
                 info = _error_info(exc, skip_frames=1)
-                return _encode_reply(fn, values, index, info, _group_seqs(ctx))
+                return _encode_reply(fn, values, index, info, _group_counts(ctx))
     finally:
         progress[ctx.rank] = -1
-    return _encode_reply(fn, values, len(values), None, _group_seqs(ctx))
+    return _encode_reply(fn, values, len(values), None, _group_counts(ctx))
 
 
 def _encode_reply(
@@ -503,7 +589,7 @@ def _encode_reply(
     values: list[Any],
     index: int,
     info: _ErrInfo | None,
-    seqs: dict[tuple[int, ...], int],
+    seqs: dict[tuple[int, ...], _GroupCounts],
 ) -> bytes:
     """``("ok", values, seqs)`` or ``("err", index, values, info, seqs)``; a result that
     does not pickle becomes the error, at its own payload index."""
@@ -587,6 +673,8 @@ def _rank_main(spec: _RankSpec) -> None:
         )
         if set_timeout is not None:
             set_timeout(timedelta(seconds=config.collective_timeout))
+        _install_point_to_point_counter()
+        _track_point_to_point(dist.group.WORLD)
     except BaseException as exc:
         conn.send_bytes(_dumps(("init_error", _error_info(exc))))
         return
@@ -620,7 +708,7 @@ class _Reply:
     values: list[Any]
     error: _ErrInfo | None = None
     error_index: int = 0
-    seqs: dict[tuple[int, ...], int] = field(default_factory=dict)
+    seqs: dict[tuple[int, ...], _GroupCounts] = field(default_factory=dict)
 
 
 def _describe_exit(code: int | None) -> str:
@@ -1218,16 +1306,27 @@ class RankPool:
         return f"; its stderr since the previous call:\n{text}" if text else ""
 
     def _check_sequences(self, replies: dict[int, _Reply]) -> None:
+        """Mark the world stale when the ranks' collectives on a group differ in number,
+        or their point-to-point operations on it do not pair up (a send no receive
+        took, a receive no send filled: left pending in the group)."""
         keys = {key for reply in replies.values() for key in reply.seqs}
         for key in sorted(keys):
             seen = {r: reply.seqs[key] for r, reply in sorted(replies.items()) if key in reply.seqs}
-            if len(set(seen.values())) > 1:
-                group = "the world group" if not key else f"subgroup {list(key)}"
-                counts = ", ".join(f"rank {r}: {s}" for r, s in seen.items())
+            group = "the world group" if not key else f"subgroup {list(key)}"
+            if len({c[0] for c in seen.values()}) > 1:
+                counts = ", ".join(f"rank {r}: {c[0]}" for r, c in seen.items())
                 self._stale = (
-                    f"the ranks' collective sequence numbers for {group} differ ({counts}): "
+                    f"the ranks' collective counts for {group} differ ({counts}): "
                     "a rank issued a collective its peers did not, so the group is out of "
                     "step; the pool rebuilds the world before the next call"
+                )
+                return
+            unpaired = _unpaired(list(key) if key else list(range(self.world_size)), seen)
+            if unpaired is not None:
+                self._stale = (
+                    f"the ranks' point-to-point operations on {group} do not pair up "
+                    f"({unpaired}): a message or a receive is left pending in the group; "
+                    "the pool rebuilds the world before the next call"
                 )
                 return
 
@@ -1272,6 +1371,31 @@ def _fn_name(fn: object) -> str:
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None) or repr(fn)
     return f"{module}.{qualname}" if module else str(qualname)
+
+
+def _unpaired(members: list[int], seen: dict[int, _GroupCounts]) -> str | None:
+    """Where the point-to-point operations of a group (``members``: global ranks in
+    group rank order) do not pair up, given each rank's counts; None when each send
+    has its receive. Operations whose peer is not known (a receive from any source)
+    are paired by their totals."""
+    index = {r: i for i, r in enumerate(members)}
+    books = [c[1] for c in seen.values()] + [c[2] for c in seen.values()]
+    if any(_ANY_SOURCE in book for book in books):
+        sent = sum(sum(c[1].values()) for c in seen.values())
+        received = sum(sum(c[2].values()) for c in seen.values())
+        return None if sent == received else f"{sent} send(s), {received} receive(s)"
+    for sender, (_, sent_by, _) in seen.items():
+        for receiver, (_, _, received_by) in seen.items():
+            if sender == receiver:
+                continue
+            sends = sent_by.get(index[receiver], 0)
+            receives = received_by.get(index[sender], 0)
+            if sends != receives:
+                return (
+                    f"rank {sender} posted {sends} send(s) to rank {receiver}, which posted "
+                    f"{receives} receive(s) from it"
+                )
+    return None
 
 
 # --- the per-process cache -----------------------------------------------------------
