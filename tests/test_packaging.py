@@ -145,22 +145,25 @@ def test_unpacked_sdist_runs_its_own_tests(unpacked: Path) -> None:
         k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))
     }
     env["PYTHONPATH"] = str(unpacked)
-    where = subprocess.run(
-        [sys.executable, "-c", "import vargather; print(vargather.__file__)"],
-        cwd=unpacked,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    assert Path(where).resolve().is_relative_to(unpacked.resolve()), where
     gone = [name for name in QUICK_TESTS if not (unpacked / name).is_file()]
     assert not gone, f"QUICK_TESTS names files the tree no longer has: {gone}"
+    # One interpreter (each imports torch, about 2 CPU-seconds): pytest's entry point on
+    # QUICK_TESTS, saying on stderr which vargather the session imported (once pytest's
+    # import hooks are in place: before them, pytest refuses vargather as already
+    # imported, unrewritten).
+    code = (
+        "import sys, pytest\n"
+        "class Where:\n"
+        "    def pytest_sessionstart(self, session):\n"
+        "        import vargather\n"
+        "        print('vargather from', vargather.__file__, file=sys.stderr, flush=True)\n"
+        "sys.exit(pytest.main(sys.argv[1:], plugins=[Where()]))\n"
+    )
     done = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "pytest",
+            "-c",
+            code,
             "-q",
             "-p",
             "no:xdist",
@@ -174,6 +177,9 @@ def test_unpacked_sdist_runs_its_own_tests(unpacked: Path) -> None:
         text=True,
         timeout=300,
     )
+    (where,) = [line for line in done.stderr.splitlines() if line.startswith("vargather from ")]
+    where = where.removeprefix("vargather from ")
+    assert Path(where).resolve().is_relative_to(unpacked.resolve()), where
     assert done.returncode == 0, f"pytest in the unpacked sdist:\n{done.stdout}\n{done.stderr}"
     assert re.search(r"\b\d+ passed\b", done.stdout), done.stdout
     assert "skipped" not in done.stdout, done.stdout
