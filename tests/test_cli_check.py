@@ -16,6 +16,7 @@ runs go through a real ``python -m vargather check`` subprocess.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -468,12 +469,32 @@ def table_rows(stdout: str) -> dict[str, tuple[str, str, str]]:
 def seed_sum(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """One real ``python -m vargather check`` of the seed under ``sum`` (failing rows,
+    shrinking), run from an empty working directory that
+    ``test_the_check_writes_nothing_into_the_working_directory`` then reads."""
     path = tmp_path_factory.mktemp("seed-sum") / "report.json"
+    workdir = tmp_path_factory.mktemp(_SEED_SUM_CWD, numbered=False)
     proc = cli(
         "--impl", SEED, "--grad", "sum", "--world-sizes", "1,2", "--max-examples", "6",
-        "--shrink-budget", "3", "--json", str(path),
+        "--shrink-budget", "3", "--json", str(path), cwd=workdir,
     )  # fmt: skip  # W = 1 and 2 find every failing row W = 3 adds (2 s less)
     return proc, json.loads(path.read_text()) if path.exists() else None
+
+
+_SEED_SUM_CWD = "seed-sum-cwd"
+"""The empty working directory ``seed_sum`` runs in, under the session's base temp."""
+
+
+@multirank
+def test_the_check_writes_nothing_into_the_working_directory(
+    seed_sum: tuple[subprocess.CompletedProcess[str], Any],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """No ``.hypothesis/`` (the run fails rows and shrinks them, where an example
+    database would be written) and nothing else in the directory the command ran from."""
+    proc, _ = seed_sum
+    assert proc.returncode == EXIT_FAILED, proc.stderr
+    assert os.listdir(tmp_path_factory.getbasetemp() / _SEED_SUM_CWD) == []
 
 
 @multirank

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shlex
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -151,8 +148,8 @@ def _run_command(
     point in this process on the zoo's worlds: exit status, stdout, stderr. A fresh
     interpreter would import torch and start a forkserver and a world again (about 5
     CPU-seconds a line); the printed line run from a shell is
-    ``tests/test_cli_repro.py``'s, and ``test_the_check_writes_nothing_into_the_working_directory``
-    below runs ``python -m vargather check`` as a subprocess."""
+    ``tests/test_cli_repro.py``'s, ``python -m vargather check`` as a subprocess
+    ``tests/test_cli_check.py``'s."""
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "vargather"]
     monkeypatch.setattr(runner, "get_pool", _zoo_pool)  # repro's worlds: the zoo's
@@ -454,37 +451,6 @@ def test_xfails_may_name_a_dtype(tmp_path: Path) -> None:
     assert parse_args(["--xfails", str(path), "--no-config"]).xfails == frozenset(
         {"forward-int:int16", "gradient"}
     )
-
-
-# --- nothing written outside a temporary directory -----------------------------------------
-
-
-@multirank
-def test_the_check_writes_nothing_into_the_working_directory(tmp_path: Path) -> None:
-    before = set(os.listdir(tmp_path))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vargather",
-            "check",
-            "--only",
-            "forward-bool",
-            "--max-examples",
-            "2",
-            "--world-sizes",
-            "1,2",
-            "--no-progress",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert set(os.listdir(tmp_path)) == before  # no .hypothesis/ and nothing else
 
 
 # --- the whole zoo at default settings --------------------------------------------------------
