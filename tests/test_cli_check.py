@@ -210,12 +210,18 @@ def test_import_errors_exit_2_with_a_clear_message(
         assert fragment in err
 
 
-def test_import_error_from_the_command_line(tmp_path: Path) -> None:
-    proc = cli("--impl", "mypkg.distributed:all_gather", cwd=tmp_path, timeout=120)
-    assert proc.returncode == EXIT_USAGE
-    assert proc.stdout == ""
-    assert "cannot import module 'mypkg.distributed': no module named 'mypkg'" in proc.stderr
-    assert f"from the current directory ({tmp_path})" in proc.stderr
+def test_an_import_error_names_the_directory_it_looked_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command's entry point in this process, from ``tmp_path``; the same typo from
+    a real command line is ``docs/conformance.md``'s console block (run by
+    ``tests/test_docs.py``: exit 2, this message, nothing else printed)."""
+    monkeypatch.chdir(tmp_path)
+    assert check_cli.main(["--impl", "mypkg.distributed:all_gather"]) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "cannot import module 'mypkg.distributed': no module named 'mypkg'" in err
+    assert f"from the current directory ({tmp_path})" in err
 
 
 def test_call_convention_is_detected(in_root: None) -> None:
