@@ -364,6 +364,13 @@ class ScenarioCall:
 
 
 def _scenario_step(sc: Scenario, grad: str, rank: int, w: torch.Tensor) -> Any:
+    # The loss weighs each rank differently (a wrong backward cannot hide behind equal
+    # upstream gradients), through 0-d tensors rather than Python numbers: a number is
+    # baked into inductor's kernels, a tensor is an input, so the kernels that do not
+    # depend on this rank's shard shape are the same source on every rank, and a cold
+    # cache compiles each of them once (inductor's file lock) instead of once per rank.
+    k1, k2, k3, k5 = (torch.tensor(float(rank + i)) for i in (1, 2, 3, 5))
+
     def gather(h: torch.Tensor, sizes: list[int] | None) -> torch.Tensor:
         return vargather.all_gather_v(
             h,
@@ -377,17 +384,17 @@ def _scenario_step(sc: Scenario, grad: str, rank: int, w: torch.Tensor) -> Any:
         h = x * w
         out = gather(h, sizes)
         if sc.shape == "unused":
-            return h.detach(), (h * (rank + 1)).sum()
+            return h.detach(), (h * k1).sum()
         rows = torch.arange(out.shape[0], dtype=out.dtype).reshape(-1, 1) - 2.0
-        loss = (out * rows * (rank + 1)).sum() + (out * out).sum()
+        loss = (out * rows * k1).sum() + (out * out).sum()
         if sc.shape == "twice":
             again = gather(h, sizes)
-            loss = loss + (again * (rank + 3)).sum()
+            loss = loss + (again * k3).sum()
         if sc.shape == "crossed":
             mirrored = None if sizes is None else sizes[::-1]
             n = x.shape[0] if sizes is None else mirrored[rank]  # type: ignore[index]  # a list
-            other = x.new_full((n, x.shape[1]), float(rank + 2)) * w
-            loss = loss + (gather(other, mirrored) * (rank + 5)).sum()
+            other = x.new_ones((n, x.shape[1])) * k2 * w
+            loss = loss + (gather(other, mirrored) * k5).sum()
         return out.detach(), loss
 
     return step

@@ -118,10 +118,11 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.load_profile("vargather-max-examples")
 
 
-SHARED_MODULE_FIXTURES = ("smoke", "seed_sum", "dumps", "sdist", "user_session")
+SHARED_MODULE_FIXTURES = ("smoke", "seed_sum", "dumps", "sdist", "user_session", "imports_seen")
 """Module-scoped fixtures that run a command for many seconds (the bench smoke, the
 seed's gate run, torchrun, the sdist build, the plugin's user session: test_plugin's
-pytest over a user's project, 15 s). xdist sets a module fixture up on every
+pytest over a user's project, 15 s; test_import_order's one interpreter for its import
+probes, seconds of CPU). xdist sets a module fixture up on every
 worker that runs a test using it; the tests using one of these share an xdist group
 named after it instead (one worker, one after the other), so it runs once per run."""
 

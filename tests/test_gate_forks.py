@@ -24,8 +24,9 @@ import pytest
 
 from tests.forks import ZOO, Fork
 from vargather._cli import check as check_cli
+from vargather._cli import main as cli_main
 from vargather._cli.check import parse_args, read_config
-from vargather.testing import RankPool, get_pool
+from vargather.testing import RankPool, get_pool, runner
 from vargather.testing.cases import GatherCase, Implementation
 from vargather.testing.engine import run_check
 from vargather.testing.options import CheckOptions, CheckUsageError
@@ -143,23 +144,29 @@ def _fork(name: str) -> Fork:
     return found
 
 
-def _run_command(command: str) -> subprocess.CompletedProcess[str]:
+def _run_command(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str, str]:
+    """A printed ``python -m vargather ...`` line, run through the command line's entry
+    point in this process on the zoo's worlds: exit status, stdout, stderr. A fresh
+    interpreter would import torch and start a forkserver and a world again (about 5
+    CPU-seconds a line); the printed line run from a shell is
+    ``tests/test_cli_repro.py``'s, and ``test_the_check_writes_nothing_into_the_working_directory``
+    below runs ``python -m vargather check`` as a subprocess."""
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "vargather"]
-    return subprocess.run(
-        [sys.executable, *argv[1:]],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    monkeypatch.setattr(runner, "get_pool", _zoo_pool)  # repro's worlds: the zoo's
+    capsys.readouterr()
+    status = cli_main(argv[3:])
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
 @multirank
 @pytest.mark.usefixtures("in_root")
-def test_a_crash_is_blamed_on_the_case_that_crashed_and_its_repro_fails() -> None:
+def test_a_crash_is_blamed_on_the_case_that_crashed_and_its_repro_fails(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     report = zoo_check(_fork(_CRASHING), only=("dims",), max_examples=6, shrink_budget=2)
     (row,) = report.results
     assert report.exit_status == EXIT_FAILED
@@ -172,14 +179,16 @@ def test_a_crash_is_blamed_on_the_case_that_crashed_and_its_repro_fails() -> Non
     assert case["dim"] < 0, case  # the killer, not a bystander
     assert case["world_size"] > 1
     assert "--path" in (row.failure.command or "")
-    proc = _run_command(row.failure.command or "")
-    assert proc.returncode == EXIT_FAILED, proc.stdout + proc.stderr
-    assert "FAILED" in proc.stdout
+    status, out, err = _run_command(row.failure.command or "", capsys, monkeypatch)
+    assert status == EXIT_FAILED, out + err
+    assert "FAILED" in out
 
 
 @multirank
 @pytest.mark.usefixtures("in_root")
-def test_emulated_nccl_finds_the_strided_bug_that_gloo_misses() -> None:
+def test_emulated_nccl_finds_the_strided_bug_that_gloo_misses(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     fork = _fork("strided_bug")
     on_gloo = zoo_check(fork, emulate=None, only=("non-contiguous",))
     assert _verdict(on_gloo) == {"non-contiguous": "pass"}
@@ -188,8 +197,8 @@ def test_emulated_nccl_finds_the_strided_bug_that_gloo_misses() -> None:
     assert row.status == "fail"
     assert row.failure is not None
     assert "must be contiguous" in row.failure.message
-    proc = _run_command(row.failure.command or "")
-    assert proc.returncode == EXIT_FAILED, proc.stdout + proc.stderr
+    status, out, err = _run_command(row.failure.command or "", capsys, monkeypatch)
+    assert status == EXIT_FAILED, out + err
 
 
 @multirank

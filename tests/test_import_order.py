@@ -5,6 +5,7 @@ imports the testing kit, the command line or a test-only dependency."""
 from __future__ import annotations
 
 import ast
+import json
 import pathlib
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 import vargather
 
 PACKAGE = pathlib.Path(vargather.__file__).parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Bottom to top: a module may import only modules earlier in this list.
 ORDER = [
@@ -92,18 +94,53 @@ def test_the_exchange_knows_no_transport() -> None:
     assert "_transport" not in _imports("_args")
 
 
-def test_import_vargather_loads_none_of_the_kit() -> None:
+IMPORT_STEPS = {
+    "vargather": "import vargather",
+    "library": "import vargather.oracle, vargather.compat",
+    "kit": "import vargather.testing.engine, vargather.testing.plugin",
+}
+"""What ``imports_seen`` imports, in this order, in one fresh interpreter."""
+
+
+@pytest.fixture(scope="module")
+def imports_seen() -> dict[str, list[str]]:
+    """``sys.modules`` after each of ``IMPORT_STEPS`` in one fresh interpreter (its
+    tests share one xdist group, ``conftest.SHARED_MODULE_FIXTURES``): each fresh
+    interpreter imports torch, about 2.5 CPU-seconds, and these steps only add
+    modules, so a later step's imports cannot hide an earlier step's."""
+    lines = ["import json, sys", "seen = {}"]
+    for step, statement in IMPORT_STEPS.items():
+        lines += [statement, f"seen[{step!r}] = sorted(sys.modules)"]
+    lines.append("print(json.dumps(seen))")
+    code = "\n".join(lines)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    seen: dict[str, list[str]] = json.loads(out.stdout)
+    return seen
+
+
+def test_import_vargather_loads_none_of_the_kit(imports_seen: dict[str, list[str]]) -> None:
     """Nor dynamo or inductor (about a second of import): the compile support marks and
     wraps its functions for dynamo only when a trace first needs them."""
-    code = (
-        "import sys, vargather; "
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('hypothesis', 'pytest', 'einops', 'rich', 'matplotlib') "
-        "or m.startswith(('vargather.testing', 'vargather._cli', 'torch._dynamo', "
-        "'torch._inductor'))); print(bad)"
+    bad = sorted(
+        m
+        for m in imports_seen["vargather"]
+        if m.split(".")[0] in ("hypothesis", "pytest", "einops", "rich", "matplotlib")
+        or m.startswith(("vargather.testing", "vargather._cli", "torch._dynamo", "torch._inductor"))
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert bad == []
+
+
+def test_the_library_modules_import_nothing_of_the_kit(imports_seen: dict[str, list[str]]) -> None:
+    """``vargather.oracle`` and ``vargather.compat`` (public modules the package does not
+    import itself) leave the kit, the command line and Hypothesis out too."""
+    bad = [
+        m
+        for m in imports_seen["library"]
+        if m.startswith(("vargather.testing", "vargather._cli", "hypothesis"))
+    ]
+    assert bad == []
 
 
 # --- the testing kit and the command line ------------------------------------------------
@@ -171,19 +208,16 @@ def test_the_schema_imports_the_standard_library_only() -> None:
     assert all(m.split(".")[0] in sys.stdlib_module_names for m in imported), imported
 
 
-def test_the_command_line_reaches_the_kit_not_the_reverse() -> None:
+def test_the_command_line_reaches_the_kit_not_the_reverse(
+    imports_seen: dict[str, list[str]],
+) -> None:
     """``_cli`` modules import the kit; running the kit's engine and plugin loads no
     ``vargather._cli`` module."""
     assert any(
         m.startswith("vargather.testing")
         for m in _module_imports(CLI / "check.py", "vargather._cli")
     )
-    code = (
-        "import sys, vargather.testing.engine, vargather.testing.plugin; "
-        "print(sorted(m for m in sys.modules if m.startswith('vargather._cli')))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert [m for m in imports_seen["kit"] if m.startswith("vargather._cli")] == []
 
 
 def test_the_trace_constant_mark_is_dynamos_own() -> None:

@@ -307,7 +307,9 @@ def test_a_correct_gather_passes_every_property(tmp_path: Path) -> None:
     assert "not applicable: an identity of grad='sum'" in proc.stdout
 
 
-def test_a_broken_gather_fails_with_the_reproduce_line_under_xdist(tmp_path: Path) -> None:
+def test_a_broken_gather_fails_with_the_reproduce_line_under_xdist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     project = make_project(tmp_path)
     proc = run_pytest(
         project,
@@ -335,20 +337,48 @@ def test_a_broken_gather_fails_with_the_reproduce_line_under_xdist(tmp_path: Pat
     assert len(commands) == 1, output(proc)
     assert all("--impl pkg.gather:broken --contracts local" in c for c in commands), commands
     # The line re-runs the counterexample: it still fails (exit status 1).
-    argv = shlex.split(commands[0])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env["PYTHONPATH"] = str(ROOT)
-    rerun = subprocess.run(
-        [sys.executable, *argv[1:]],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
-    assert rerun.returncode == 1, output(rerun)
-    assert "out.shape=" in rerun.stdout, output(rerun)
+    status, out = rerun_in_process(commands[0], project, monkeypatch, capsys)
+    assert status == 1, out
+    assert "out.shape=" in out, out
+
+
+def rerun_in_process(
+    command: str,
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> tuple[int, str]:
+    """A printed ``python -m vargather ...`` line, run from ``project`` through the
+    command line's entry point in this process, on a world of its own (so no shared
+    rank keeps the project's ``pkg``): exit status and output. A fresh interpreter
+    would import torch and start a forkserver again (about 5 CPU-seconds); the printed
+    line run from a shell is ``tests/test_cli_repro.py``'s."""
+    from vargather._cli import main
+    from vargather.testing import RankPool, runner
+
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "-m", "vargather"]
+    monkeypatch.chdir(project)
+    for name in [m for m in sys.modules if m == "pkg" or m.startswith("pkg.")]:
+        monkeypatch.delitem(sys.modules, name)
+    worlds: dict[int, RankPool] = {}
+
+    def own_world(world_size: int) -> RankPool:
+        if world_size not in worlds:
+            worlds[world_size] = RankPool(world_size, start_method="forkserver")
+        return worlds[world_size]
+
+    monkeypatch.setattr(runner, "get_pool", own_world)
+    capsys.readouterr()
+    try:
+        status = main(argv[3:])
+    finally:
+        for pool in worlds.values():
+            pool.close()
+        for name in [m for m in sys.modules if m == "pkg" or m.startswith("pkg.")]:
+            del sys.modules[name]
+    done = capsys.readouterr()
+    return status, done.out + done.err
 
 
 def test_usage_errors_name_the_plugins_options(tmp_path: Path) -> None:

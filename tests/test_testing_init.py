@@ -1,6 +1,6 @@
 """The testing kit as a layer (``vargather/testing/__init__.py``): the library never
-imports it, it says what to install when Hypothesis is missing, and no module of the
-package takes part in an import cycle."""
+imports it (``tests/test_import_order.py``), it says what to install when Hypothesis
+is missing, and no module of the package takes part in an import cycle."""
 
 from __future__ import annotations
 
@@ -19,38 +19,26 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_import_vargather_imports_nothing_of_the_kit() -> None:
-    proc = _python(
-        "import sys, vargather, vargather.oracle, vargather.compat\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('vargather.testing', "
-        "'vargather._cli', 'hypothesis'))))"
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
-
-
-def test_without_hypothesis_the_kit_names_the_extra() -> None:
-    proc = _python(
-        "import sys\n"
-        "sys.modules['hypothesis'] = None  # as if not installed\n"
-        "try:\n"
-        "    import vargather.testing\n"
-        "except ImportError as err:\n"
-        "    print(err)\n"
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "pip install 'vargather[test]'" in proc.stdout
-
-
-def test_without_hypothesis_check_exits_2_naming_the_extra() -> None:
+def test_without_hypothesis_check_and_the_kit_name_the_extra() -> None:
+    """One interpreter (each fresh one imports torch, about 2.5 CPU-seconds) without
+    Hypothesis: ``check`` first, as a user runs it, exits 2 naming the extra; then
+    importing the kit raises an ImportError naming it. (That ``import vargather`` and
+    its public modules load nothing of the kit is ``tests/test_import_order.py``'s.)"""
     proc = _python(
         "import sys\n"
         "sys.modules['hypothesis'] = None  # as if not installed\n"
         "from vargather._cli import main\n"
-        "sys.exit(main(['check', '--list']))\n"
+        "status = main(['check', '--list'])\n"
+        "try:\n"
+        "    import vargather.testing\n"
+        "except ImportError as err:\n"
+        "    print('kit:', err)\n"
+        "sys.exit(status)\n"
     )
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stderr
     assert "pip install 'vargather[test]'" in proc.stderr
+    (kit,) = [line for line in proc.stdout.splitlines() if line.startswith("kit: ")]
+    assert "pip install 'vargather[test]'" in kit, proc.stdout
 
 
 def _module_name(path: Path) -> str:
