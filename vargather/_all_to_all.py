@@ -62,7 +62,7 @@ from ._family import (
 from ._group import process_group
 from ._layout import Layout
 from ._mesh import call_group
-from ._round_buffers import Closing, bytes_of, closed_up, closing, pack, plain_in_blocks
+from ._round_buffers import Closing, closed_up, closing, pack, plain_in_blocks
 from ._round_state import STATES, FusedState, PerGroup
 
 __all__ = [
@@ -442,7 +442,7 @@ def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> A
         return None
     found = steady.round
     if isinstance(found, DirectRound):
-        flat = bytes_of(x)
+        flat = x.view(-1).view(torch.uint8)  # its bytes: contiguous, no lazy bit (the key)
         blocks = [flat[at : at + n] for at, n in steady.blocks]
         buf, raw = run_direct(steady.call, info, pg, found, blocks)
     else:

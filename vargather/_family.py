@@ -554,6 +554,10 @@ class DirectRound:
     exact: bool
 
 
+_ZERO_BYTE: Final = torch.zeros(1, dtype=torch.uint8)
+"""One zero byte on the CPU: the message of a slot with nothing to fill (only sent)."""
+
+
 @functools.lru_cache(maxsize=64)
 def direct_round(
     row: torch.Tensor, room: tuple[int, ...], rank: int, w: int, backend: str
@@ -582,13 +586,14 @@ def run_direct(
     row = direct.row.to(device)
     rows = torch.empty(w, row.numel(), dtype=torch.uint8, device=device)
     buf = handed_back_buffer(pg, "blocks", direct.size, device)
-    zero = torch.zeros(1, dtype=torch.uint8, device=device)
+    zero = _ZERO_BYTE if device.type == "cpu" else torch.zeros(1, dtype=torch.uint8, device=device)
+    each_row = rows.unbind(0)
     messages: list[tuple[torch.Tensor, ...]] = []
     for k in range(w):
         slot = direct.room[rank * w + k]
         piece = blocks[k] if blocks is not None else zero[:0]
         if k == rank:
-            rows[k].copy_(row)
+            each_row[k].copy_(row)
             if piece.numel():
                 buf[direct.starts[k] : direct.starts[k] + piece.numel()].copy_(piece)
             messages.append(())
@@ -604,7 +609,7 @@ def run_direct(
     regions = [buf[s : s + n] for s, n in zip(direct.starts, direct.in_slots, strict=True)]
     send_receive(
         messages,
-        [(rows[j], regions[j]) for j in range(w)],
+        list(zip(each_row, regions, strict=True)),
         info,
         what=f"send/recv x{4 * (w - 1)} ({call.kind} metadata exchange)",
         tag=BLOCKS_TAG,

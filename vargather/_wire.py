@@ -413,7 +413,14 @@ def decode_row(
     flag word."""
     extras = tuple(row[_ROW_EXTRAS_AT : _ROW_EXTRAS_AT + n_extras])
     flag = int(row[_ROW_EXTRAS_AT + row_extra_words(world_size)])
-    return decode_record(row[:RECORD_LENGTH], rank=rank), extras, flag
+    return _decoded_record(tuple(row[:RECORD_LENGTH]), rank), extras, flag
+
+
+@functools.lru_cache(maxsize=256)
+def _decoded_record(values: tuple[int, ...], rank: int) -> CallRecord:
+    """``decode_record``, remembered for recent records (a ``CallRecord`` is immutable):
+    a caller whose sizes change every call sends the same record beside new extras."""
+    return decode_record(values, rank=rank)
 
 
 # --- the words that open an all_gather_list carrier ----------------------------------
