@@ -713,6 +713,48 @@ def test_a_crash_without_torch_distributed_is_that_propertys_failure(misbehaving
     assert result(report, "forward-float").status == "pass"
 
 
+@multirank
+@pytest.mark.parametrize("forked", [False, True], ids=["interpreter", "forked"])
+def test_the_isolated_row_judges_alike_forked_or_started(
+    misbehaving: None, monkeypatch: pytest.MonkeyPatch, forked: bool
+) -> None:
+    """The ``uninitialized`` row's child is forked from this process's forkserver once it
+    runs, else a fresh interpreter: either way a passing implementation passes and an
+    abort is that row's crash, named by its signal, with the case in flight."""
+    from vargather.testing import isolated
+
+    if forked:
+        # Started from another directory than the check's (the repository root, as
+        # when an earlier world started it): the child runs in the check's.
+        with monkeypatch.context() as elsewhere:
+            elsewhere.chdir(ROOT)
+            with RankPool(1, start_method="forkserver"):
+                pass  # a world forked from this process's forkserver: it is running now
+    monkeypatch.setattr(isolated, "_forkserver_running", lambda: forked)
+    kinds: list[str] = []
+    started = isolated._ForkedChild.__init__
+
+    def forked_child(self: Any, *args: Any) -> None:
+        kinds.append("forked")
+        started(self, *args)
+
+    monkeypatch.setattr(isolated._ForkedChild, "__init__", forked_child)
+    good = check(impl="vargather:all_gather_v", max_examples=3, only=("uninitialized",))
+    assert statuses(good) == {"uninitialized": "pass"}
+    bad = check(
+        impl="misbehaving:aborts_without_distributed",
+        grad="local",
+        max_examples=3,
+        only=("uninitialized",),
+    )
+    crash = failure(bad, "uninitialized")
+    assert crash.kind == "crash"
+    assert "killed by signal SIGABRT" in crash.message
+    assert crash.case is not None
+    assert crash.case["initialized"] is False
+    assert kinds == (["forked"] * 2 if forked else [])
+
+
 # --- the mutant catalogue ---------------------------------------------------------------
 
 MUTANT_ROWS = tuple(p for p in PROPERTY_IDS if p != "uninitialized")

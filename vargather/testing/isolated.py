@@ -5,7 +5,9 @@ Where it sits: in the gate's engine in the testing kit, beneath ``evaluate`` and
 process that runs them; so that a crash or a hang of the implementation is that
 row's failure and not the checker's, ``engine`` runs it in a child process,
 ``python -m vargather.testing.engine OPTIONS.json``, whose options are the parent's
-serialized as JSON (``CheckOptions.to_json``: no flag spelled again). The child
+serialized as JSON (``CheckOptions.to_json``: no flag spelled again), or the same
+forked from this process's running forkserver (``_ForkedChild``), whose torch is
+already imported. The child
 records the batch in flight (``in_flight``) and exits with ``HUNG_EXIT`` when a batch
 outlives ``--timeout``; the parent names the case from the record.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -118,10 +122,17 @@ class IsolatedRun:
         env = {**os.environ, _CHILD_TIMEOUT_ENV: str(options.timeout)}
         self._stderr_path = os.path.join(tmp, "stderr.txt")
         with open(self._stderr_path, "w", encoding="utf-8") as stderr:
-            # (the child keeps its own copy of the file descriptor)
-            self.proc = subprocess.Popen(
-                command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr
-            )
+            self.proc: subprocess.Popen[bytes] | _ForkedChild
+            if _forkserver_running():
+                self.proc = _ForkedChild(command, env, self._stderr_path)
+            else:  # (the child keeps its own copy of the file descriptor)
+                self.proc = subprocess.Popen(
+                    command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                )
 
     def cancel(self) -> None:
         """Kill the child (its row will not be reported) and remove its files."""
@@ -147,7 +158,7 @@ class IsolatedRun:
         # Backstop only: the child's own watchdog reports a hung batch after --timeout.
         backstop = 120.0 + 2 * options.timeout + options.shrink_budget + options.max_examples
         try:
-            self.proc.wait(timeout=max(1.0, backstop - (time.monotonic() - started)))
+            status = self.proc.wait(timeout=max(1.0, backstop - (time.monotonic() - started)))
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -155,7 +166,7 @@ class IsolatedRun:
             return _child_failure(row, "hang", what, "", in_flight, started)
         with open(self._stderr_path, encoding="utf-8", errors="replace") as f:
             stderr = f.read()
-        proc = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, "", stderr)
+        proc = subprocess.CompletedProcess(self.proc.args, status, "", stderr)
         if proc.returncode in (EXIT_OK, EXIT_FAILED) and os.path.exists(report_path):
             with open(report_path, encoding="utf-8") as f:
                 data = json.load(f)
@@ -171,6 +182,73 @@ class IsolatedRun:
         what = f"the child check process exited with status {proc.returncode}"
         kind = "checker" if proc.returncode == EXIT_USAGE else "crash"
         return _child_failure(row, kind, what, tail, in_flight, started)
+
+
+def _forkserver_running() -> bool:
+    """Whether this process's forkserver (the one its gloo worlds fork from, torch
+    already imported) is running: the child is then forked from it instead of started
+    as a fresh interpreter that imports torch (seconds of CPU). A check that has not
+    built a world yet starts the child as an interpreter, as before. Read from
+    multiprocessing's private state: guarded."""
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    return (
+        "forkserver" in multiprocessing.get_all_start_methods()
+        and getattr(server, "_forkserver_pid", None) is not None
+    )
+
+
+class _ForkedChild:
+    """The row's child forked from the running forkserver, with the part of
+    ``subprocess.Popen``'s interface ``IsolatedRun`` uses. It runs ``child_main`` as
+    ``python -m vargather.testing.engine`` would: this process's environment (``env``;
+    multiprocessing itself gives it this process's working directory and ``sys.path``),
+    its stdout discarded and its stderr in ``stderr_path``, and its exit status that of
+    the check (a signal's, negated, when one killed it)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], stderr_path: str) -> None:
+        self.args = args
+        context = multiprocessing.get_context("forkserver")
+        self._process = context.Process(
+            target=_forked_main,
+            args=(args[-1], stderr_path, env),
+            name="vargather-check-isolated-row",
+        )
+        self._process.start()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        code = self._process.exitcode
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
+
+
+def _forked_main(options_path: str, stderr_path: str, env: dict[str, str]) -> None:
+    """In the forked child: take on the parent's environment (the server's is the one it
+    started with), send stdout nowhere and stderr to ``stderr_path``, run the check,
+    exit with its status."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.dup2(os.open(stderr_path, os.O_WRONLY | os.O_APPEND), 2)
+    os.environ.clear()
+    os.environ.update(env)
+    from .engine import child_main  # here: the engine imports this module
+
+    status = child_main([options_path])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def start_isolated(row: Property, options: CheckOptions, info: ImplInfo) -> IsolatedRun:
