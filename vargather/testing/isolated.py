@@ -20,6 +20,7 @@ import json
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -243,9 +244,13 @@ def _forked_main(options_path: str, stderr_path: str, env: dict[str, str]) -> No
     os.dup2(os.open(stderr_path, os.O_WRONLY | os.O_APPEND), 2)
     os.environ.clear()
     os.environ.update(env)
-    from .engine import child_main  # here: the engine imports this module
-
-    status = child_main([options_path])
+    sys.argv = [CHILD_MODULE, options_path]
+    try:  # as python -m CHILD_MODULE (the engine sits above this module: not imported)
+        runpy.run_module(CHILD_MODULE, run_name="__main__", alter_sys=True)
+        status = 0
+    except SystemExit as done:
+        code = done.code
+        status = 0 if code is None else code if isinstance(code, int) else 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
