@@ -287,10 +287,11 @@ def _alltoallv(
     in_splits: list[int],
     info: GroupInfo,
 ) -> None:
-    """One alltoallv, awaited: on a gloo group (``gloo_group``) with real tensors, the
-    process group's own; else ``dist.all_to_all_single``."""
+    """One alltoallv, awaited: on a gloo group (``gloo_group``) with real tensors of one
+    dtype, the process group's own; else ``dist.all_to_all_single`` (whose checks then
+    speak)."""
     pg = gloo_group(info)
-    if pg is None or out.is_complex() or inp.is_complex():
+    if pg is None or out.dtype != inp.dtype or out.is_complex() or inp.is_complex():
         dist.all_to_all_single(
             out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits, group=info.group
         )
