@@ -463,7 +463,10 @@ def _replay_packed(
     """The packed round of a steady call: a spare send buffer (its rows and zeros
     written when it was made: the same key sends the same blocks' lengths, so no
     block leaves stale bytes behind it) with ``x``'s blocks copied in."""
-    send = steady.spare.pop() if steady.spare else None
+    try:
+        send: torch.Tensor | None = steady.spare.pop()
+    except IndexError:  # none spare (or another thread took the last one)
+        send = None
     if send is None:
         send = torch.empty(sum(packed.out_bytes), dtype=torch.uint8)
         fill_packed_at(send, packed.row, None, packed.out_bytes, packed.head)
