@@ -523,7 +523,8 @@ def _direct_wide_exchange(
     room: Sequence[int],
 ) -> Exchanged:
     """The wide round by direct sends (``DirectRound``, ``run_direct``)."""
-    direct = direct_round(row, tuple(room), info.rank, info.world_size, info.backend)
+    exact = info.backend in SHORT_MESSAGES
+    direct = direct_round(row, tuple(room), info.rank, info.world_size, exact)
     buf, raw = run_direct(call, info, pg, direct, blocks)
     return direct_exchanged(call, info, pg, state, direct, buf, raw)
 
@@ -560,15 +561,15 @@ _ZERO_BYTE: Final = torch.zeros(1, dtype=torch.uint8)
 
 @functools.lru_cache(maxsize=64)
 def direct_round(
-    row: torch.Tensor, room: tuple[int, ...], rank: int, w: int, backend: str
+    row: torch.Tensor, room: tuple[int, ...], rank: int, w: int, exact: bool
 ) -> DirectRound:
-    """The ``DirectRound`` of ``row`` and the slots ``room`` on ``rank`` (remembered:
-    ``row`` is ``_row_bytes``'s, itself remembered)."""
+    """The ``DirectRound`` of ``row`` and the slots ``room`` on ``rank``, blocks sent as
+    they lie when ``exact`` (remembered: ``row`` is ``_row_bytes``'s, itself
+    remembered)."""
     in_slots = tuple(room[j * w + rank] for j in range(w))
     starts = [0] * (w + 1)
     for j in range(w):
         starts[j + 1] = whole_16(starts[j] + in_slots[j])
-    exact = backend in SHORT_MESSAGES
     return DirectRound(row, room, in_slots, tuple(starts[:w]), starts[w], exact)
 
 
