@@ -420,12 +420,12 @@ def steady_calls(ctx: RankContext, job: tuple[tuple[SteadyStep, ...], str]) -> l
         _family.PACKED_WIDE_MAX = -1
         _family.SHORT_MESSAGES = () if path == "direct-whole" else ("gloo",)
     try:
-        return _steady_steps(ctx, steps)
+        return _run_steady_steps(ctx, steps)
     finally:
         _family.SHORT_MESSAGES, _family.PACKED_WIDE_MAX = saved
 
 
-def _steady_steps(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[Any]:
+def _run_steady_steps(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[Any]:
     """``steady_calls`` on the configured path."""
     from vargather import _round_state
 
