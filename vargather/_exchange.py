@@ -123,9 +123,9 @@ def _disagreement(
     When one value is held by more ranks than any other, it is the expected one and
     the other ranks are blamed; on a tie (two ranks, for one) every rank is named.
     """
-    counts = Counter(values)
-    if len(counts) == 1:
+    if not values or all(v == values[0] for v in values):  # the common case, uncounted
         return None
+    counts = Counter(values)
     ranked = counts.most_common()
     by_value: dict[object, list[int]] = {}
     for r, v in enumerate(values):
