@@ -290,8 +290,10 @@ def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tenso
     assert isinstance(x, torch.Tensor)
     assert send is not None
     d = call.record.normalized_dim
-    layout = split_layout(tuple(int(n) for n in x.shape), d, send, x.dtype, info)
     unit = _block_unit(x, d)
+    if plain_in_blocks(x, d):  # its blocks lie one after the other: its bytes as they lie
+        return x.detach().view(-1).view(torch.uint8), [n * unit for n in send]
+    layout = split_layout(tuple(int(n) for n in x.shape), d, send, x.dtype, info)
     return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in send]
 
 

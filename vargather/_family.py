@@ -75,6 +75,7 @@ timeout, never a misread.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import functools
 from collections.abc import Callable, Sequence
@@ -464,8 +465,8 @@ def _row_bytes(
 ) -> torch.Tensor:
     """``encode_row``'s words as the bytes of an int64 CPU tensor, remembered for recent
     rows (a steady state sends the same row every call). Read only: the rounds copy it."""
-    vector = encode_row(record, code, extras, world_size, flag)
-    return torch.tensor(vector, dtype=torch.int64).view(torch.uint8)
+    vector = array.array("q", encode_row(record, code, extras, world_size, flag))
+    return torch.frombuffer(vector, dtype=torch.uint8)  # shares (and keeps) the array
 
 
 @functools.lru_cache(maxsize=64)
