@@ -62,7 +62,7 @@ SMALL = [
 COALESCED = ["limit", "coalesced", "coalesced+sizes", "separate"]
 FAMILY = {
     "reduce_scatter_v": ["limit", "vargather", "vargather+sizes"],
-    "all_to_all_v": ["limit", "vargather", "vargather+sizes"],
+    "all_to_all_v": ["limit", "vargather", "vargather+sizes", "vargather~changing"],
     "all_gather_list": ["limit", "all_gather_v+sizes", "vargather", "vargather+sizes"],
 }
 
@@ -261,7 +261,11 @@ def test_family_part_checked_against_its_baselines_with_spread(
             for name, entry in g["forward"].items():
                 assert entry["verified"] is True, (op, name)
                 assert len(entry["times_s"]) == 3, (op, name)
-            for known in ("unknown", "known"):
+            kinds = (
+                ("unknown", "known", "changing") if op == "all_to_all_v" else ("unknown", "known")
+            )
+            assert tuple(g["ratios"]) == kinds, op
+            for known in kinds:
                 r = g["ratios"][known]
                 assert r["min"] <= r["q1"] <= r["median"] <= r["q3"] <= r["max"], (op, known)
                 assert r["n"] == 3
@@ -272,13 +276,19 @@ def test_family_part_checked_against_its_baselines_with_spread(
     mild = family[0]["collectives"]["all_gather_list"]["sizes"]
     assert mild == _bench.split_rows(32, _bench.profile_shares("mild", 2))
     targets = [t for t in document["targets"] if t["target"].startswith("family ")]
-    assert len(targets) == 1 * 3 * 2  # cells x collectives x (unknown, known)
+    # cells x collectives x (unknown, known), and all_to_all_v's sizes changing
+    assert len(targets) == 1 * 3 * 2 + 1
     assert {t["target"] for t in targets} >= {
         "family reduce_scatter_v / reduce_scatter_tensor",
         "family all_to_all_v+sizes / all_to_all_single",
         "family all_gather_list+sizes / all_gather_v+sizes",
     }
-    assert all(t["bound"] == 1.15 and t["spread"] for t in targets)
+    changing = "family all_to_all_v~changing / all_to_all_single"
+    assert all(t["bound"] == (1.3 if t["target"] == changing else 1.15) for t in targets)
+    assert [t["target"] for t in targets].count(changing) == 1
+    assert all(t["spread"] for t in targets)
+    a2a = family[0]["collectives"]["all_to_all_v"]
+    assert a2a["changing_step"] == 1  # 5 % of a block of 8 rows, at least one row
     assert "**family**" in stdout
     assert "| 2 | 8 | mild | all_to_all_v |" in stdout
 
@@ -395,7 +405,7 @@ def test_family_cell_catches_wrong_results(pool: RankPool) -> None:
     for op, g in record["collectives"].items():
         verdicts = {n: e["verified"] for n, e in g["forward"].items()}
         assert verdicts == {n: not n.startswith("vargather") for n in FAMILY[op]}, op
-        assert set(g["notes"]) == {"vargather", "vargather+sizes"}, op
+        assert set(g["notes"]) == {n for n in FAMILY[op] if n.startswith("vargather")}, op
         assert all("differed from the reference" in t for t in g["notes"].values())
     report = _tables.markdown_report([], [], family=[record])
     assert "WRONG" in report

@@ -63,6 +63,11 @@ KNOWN_SIZES_VARIANT: Final = "vargather:auto+sizes"
 """``auto`` with the sizes passed and ``validate=False``: no metadata exchange."""
 
 
+FAMILY_CHANGING_VARIANT: Final = "vargather~changing"
+"""The family part's ``all_to_all_v`` with send sizes changing every call (validated,
+``recv_sizes`` unknown), on a learned state of its own (``_variants.own_state``)."""
+
+
 # --- profiles -------------------------------------------------------------------------------
 
 

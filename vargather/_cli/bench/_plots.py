@@ -182,7 +182,8 @@ def _kb(record: dict[str, Any]) -> float:
 
 def _family_row(axes: Any, cells: Sequence[dict[str, Any]], w: int, finish: Any) -> None:
     """One panel per family collective: the median ratio to its baseline with its
-    quartiles, sizes unknown (solid) and known (dashed), one color per profile."""
+    quartiles, sizes unknown (solid), known (dashed) and changing every call (dotted,
+    ``all_to_all_v``), one color per profile."""
     ops = list(dict.fromkeys(op for c in cells for op in c["collectives"]))
     profiles = list(dict.fromkeys(c["profile"] for c in cells))
     colors = ("tab:blue", "tab:orange", "tab:green", "tab:red")
@@ -196,7 +197,9 @@ def _family_row(axes: Any, cells: Sequence[dict[str, Any]], w: int, finish: Any)
             )
             xs = [_kb(c) for c in sel]
             xs_all += xs
-            for known, style in (("unknown", "-"), ("known", "--")):
+            for known, style in (("unknown", "-"), ("known", "--"), ("changing", ":")):
+                if not sel or any(known not in c["collectives"][op]["ratios"] for c in sel):
+                    continue
                 r = [c["collectives"][op]["ratios"][known] for c in sel]
                 ys = [e["median"] for e in r]
                 lo = [y - e["q1"] for y, e in zip(ys, r, strict=True)]

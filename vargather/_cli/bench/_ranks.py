@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     """A variant's untimed state: the backward's ``(x, out)``, nothing for the others."""
 from ._config import (
     CHANGING_VARIANT,
+    FAMILY_CHANGING_VARIANT,
     FAMILY_COLUMNS,
     FLOOR_VARIANT,
     FORCED_VARIANT,
@@ -383,7 +384,8 @@ def _issued_per_call(call: Callable[[int], Any]) -> int | None:
 def _rank_family(ctx: RankContext, job: tuple[BenchConfig, float, str]) -> dict[str, Any] | None:
     """Rank function of the family part: one (total KiB, profile) on this world, rows of
     ``FAMILY_COLUMNS`` float32. Per collective (``_variants.family_groups``) its baseline
-    and vargather's validated and known-sizes calls, timed in the same rotated bursts;
+    and vargather's validated and known-sizes calls (``all_to_all_v``'s validated calls
+    with sizes changing every call too), timed in the same rotated bursts;
     each vargather call's first result is checked equal to the reference (a collective
     with the same splits) before anything is timed. Rank 0 returns the record."""
     import torch
@@ -399,7 +401,8 @@ def _rank_family(ctx: RankContext, job: tuple[BenchConfig, float, str]) -> dict[
         for burst in group.bursts:
             if not burst.name.startswith("vargather"):
                 continue
-            first = _all_true(family_same(burst.call(0), group.reference))  # every rank
+            reference = group.references.get(burst.name, group.reference)
+            first = _all_true(family_same(burst.call(0), reference))  # every rank
             if not first:
                 notes[burst.name] = (
                     f"its first result differed from the reference (the same splits through {via})"
@@ -423,6 +426,11 @@ def _rank_family(ctx: RankContext, job: tuple[BenchConfig, float, str]) -> dict[
             "ratios": {
                 "unknown": _paired(results, "vargather", "limit"),
                 "known": _paired(results, "vargather+sizes", group.known_baseline),
+                **(
+                    {"changing": _paired(results, FAMILY_CHANGING_VARIANT, "limit")}
+                    if FAMILY_CHANGING_VARIANT in results
+                    else {}
+                ),
             },
         }
     if rank != 0:

@@ -8,16 +8,19 @@ the library and its peers, which they call. Shard values are small integers from
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 if TYPE_CHECKING:
     import torch
 
+    from vargather._collectives import CollectiveName
+
     _State: TypeAlias = tuple[torch.Tensor, torch.Tensor] | None
     """A variant's untimed state: the backward's ``(x, out)``, nothing for the others."""
 from ._config import (
     COALESCED_DIM,
+    FAMILY_CHANGING_VARIANT,
     KNOWN_SIZES_VARIANT,
     ROW_ELEMENTS,
     BenchConfig,
@@ -54,7 +57,9 @@ def own_group(name: str) -> Any:
     return group
 
 
-def own_state(fn: Callable[[int], Any]) -> Callable[[int], Any]:
+def own_state(
+    fn: Callable[[int], Any], collective: CollectiveName = "all_gather_v"
+) -> Callable[[int], Any]:
     """``fn`` (one call of a vargather variant on the default group) run with a learned
     state of its own (``internal.swap_state``): what vargather learns per group from its
     calls (the slots its round carries) is this variant's alone, as for a caller whose
@@ -62,17 +67,18 @@ def own_state(fn: Callable[[int], Any]) -> Callable[[int], Any]:
     slots the sizes-changing variant had grown (12.5 % of slack at 1 MiB per rank, and
     the close-up over it), so its column measured a mix of both callers. The group
     itself stays shared: see ``own_group`` for why. Every rank runs the variants in the
-    same order, so every rank swaps alike."""
+    same order, so every rank swaps alike. ``collective``: whose round's state (the
+    gather's, or the family's all_to_all-shaped round for ``all_to_all_v``)."""
     from vargather import internal
 
     mine = [internal.FusedState()]
 
     def run(i: int) -> Any:
-        before = internal.swap_state(None, mine[0])
+        before = internal.swap_state(None, mine[0], collective)
         try:
             return fn(i)
         finally:
-            mine[0] = internal.swap_state(None, before)
+            mine[0] = internal.swap_state(None, before, collective)
 
     return run
 
@@ -397,6 +403,9 @@ class FamilyGroup:
     known_baseline: str
     reference: object
     shapes: dict[str, object]
+    references: dict[str, object] = field(default_factory=dict)
+    """A burst's own first-call reference where its calls differ from the others'
+    (the changing sizes' first call)."""
 
 
 def family_same(out: object, expected: object) -> bool:
@@ -506,6 +515,18 @@ def family_groups(
         dist.all_to_all_single(out, xa, recv, send)
         return out
 
+    # sizes changing every call: rank j's send sizes at call i are ``changing_sizes`` of
+    # ``send`` at ``i + j`` (a step of about 5 % of a block moved from one peer to
+    # another, each rank its own way), repeating every W calls
+    step = max(1, round(0.05 * per_rank / w))
+    phases = [[changing_sizes(send, step, i + j) for j in range(w)] for i in range(w)]
+
+    def phase_want(p: Sequence[Sequence[int]]) -> torch.Tensor:
+        return torch.cat([family_shard(j, sum(p[j][:rank]), p[j][rank], columns) for j in range(w)])
+
+    phase_wants = [phase_want(p) for p in phases]
+    changing_reference = xa.new_empty((sum(p[rank] for p in phases[0]), columns))
+    dist.all_to_all_single(changing_reference, xa, [p[rank] for p in phases[0]], phases[0][rank])
     a2a = FamilyGroup(
         "all_to_all_v",
         [
@@ -516,10 +537,18 @@ def family_groups(
                 lambda _: vargather.all_to_all_v(xa, send, recv_sizes=recv, validate=False),
                 same(a2a_want),
             ),
+            _Burst(
+                FAMILY_CHANGING_VARIANT,
+                own_state(
+                    lambda i: vargather.all_to_all_v(xa, phases[i % w][rank]), "all_to_all_v"
+                ),
+                lambda i, out: family_same(out, phase_wants[i % w]),
+            ),
         ],
         "limit",
         a2a_reference,
-        {"rows_per_rank": per_rank, "send_sizes": send},
+        {"rows_per_rank": per_rank, "send_sizes": send, "changing_step": step},
+        {FAMILY_CHANGING_VARIANT: changing_reference},
     )
 
     # all_gather_list
