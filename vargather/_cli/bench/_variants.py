@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 if TYPE_CHECKING:
     import torch
 
-    from vargather._collectives import CollectiveName
+    from vargather import CollectiveName
 
     _State: TypeAlias = tuple[torch.Tensor, torch.Tensor] | None
     """A variant's untimed state: the backward's ``(x, out)``, nothing for the others."""
