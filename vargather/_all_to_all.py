@@ -62,7 +62,7 @@ from ._family import (
 from ._group import process_group
 from ._layout import Layout
 from ._mesh import call_group
-from ._round_buffers import Closing, closed_up, closing, pack, plain_in_blocks
+from ._round_buffers import Closing, closed_up, closing, pack, plain_bytes, plain_in_blocks
 from ._round_state import STATES, FusedState, PerGroup
 
 __all__ = [
@@ -292,7 +292,7 @@ def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tenso
     d = call.record.normalized_dim
     unit = _block_unit(x, d)
     if plain_in_blocks(x, d):  # its blocks lie one after the other: its bytes as they lie
-        return x.detach().view(-1).view(torch.uint8), [n * unit for n in send]
+        return plain_bytes(x), [n * unit for n in send]
     layout = split_layout(tuple(int(n) for n in x.shape), d, send, x.dtype, info)
     return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in send]
 
@@ -444,7 +444,7 @@ def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> A
         return None
     found = steady.round
     if isinstance(found, DirectRound):
-        flat = x.view(-1).view(torch.uint8)  # its bytes: contiguous, no lazy bit (the key)
+        flat = plain_bytes(x)  # plain, its blocks one after the other (the key)
         blocks = [flat[at : at + n] for at, n in steady.blocks]
         buf, raw = run_direct(steady.call, info, pg, found, blocks)
     else:

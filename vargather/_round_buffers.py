@@ -48,6 +48,7 @@ __all__ = [
     "pack",
     "payload_nbytes",
     "plain",
+    "plain_bytes",
     "plain_in_blocks",
     "read_headers",
     "region_cutter",
@@ -473,6 +474,13 @@ def plain(t: torch.Tensor) -> bool:
         and not t.is_conj()
         and not t.is_neg()
     )
+
+
+def plain_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A ``plain`` tensor's bytes as they lie, a flat uint8 view (``bytes_of`` without
+    its handling of strides and lazy bits, which a plain tensor has none of: a few
+    microseconds less on the paths that call it every call)."""
+    return t.detach().view(-1).view(torch.uint8)
 
 
 def plain_in_blocks(x: object, dim: object) -> bool:
