@@ -47,6 +47,7 @@ from ._variants import (
     _same,
     _selected,
     changing_sizes,
+    changing_step,
     coalesced_row_bytes,
     family_groups,
     family_same,
@@ -128,7 +129,7 @@ def _rank_small(ctx: RankContext, job: tuple[BenchConfig, float]) -> dict[str, A
     total = w * max(1, round(kb * 1024 / (4 * w)))  # float32 elements, a multiple of W
     shares = profile_shares(cfg.small_profile, w)
     sizes = split_rows(total, shares)
-    step = max(1, round(0.05 * total / w))
+    step = changing_step(total, w)
     gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     layout = Layout(
         sizes=tuple(sizes),

@@ -302,6 +302,12 @@ def _flat_expected(sizes: Sequence[int]) -> torch.Tensor:
     return torch.cat([_flat_shard(r, n) for r, n in enumerate(sizes)])
 
 
+def changing_step(total: int, w: int) -> int:
+    """The rows moved per call by ``changing_sizes``: about 5 % of an even share of
+    ``total`` rows over ``w`` ranks, at least one."""
+    return max(1, round(0.05 * total / w))
+
+
 def changing_sizes(base: Sequence[int], step: int, i: int) -> list[int]:
     """The small part's sizes at call ``i``: ``base`` with rank ``i % W`` one ``step``
     larger and rank ``(i + 1) % W`` one ``step`` smaller (never below 0): every call's
@@ -518,7 +524,7 @@ def family_groups(
     # sizes changing every call: rank j's send sizes at call i are ``changing_sizes`` of
     # ``send`` at ``i + j`` (a step of about 5 % of a block moved from one peer to
     # another, each rank its own way), repeating every W calls
-    step = max(1, round(0.05 * per_rank / w))
+    step = changing_step(per_rank, w)
     phases = [[changing_sizes(send, step, i + j) for j in range(w)] for i in range(w)]
 
     def phase_want(p: Sequence[Sequence[int]]) -> torch.Tensor:
