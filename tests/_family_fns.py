@@ -356,6 +356,8 @@ class SteadyStep:
     send: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...] = ()
     grad: bool = False
+    rows: tuple[int, ...] = ()
+    """Rank ``r``'s input rows where given (``sum(send[r])`` otherwise: a mismatch)."""
 
 
 STEADY_COLS = 512
@@ -407,8 +409,8 @@ def steady_upstream(rank: int, call: int, rows: int) -> torch.Tensor:
 
 def steady_calls(ctx: RankContext, job: tuple[tuple[SteadyStep, ...], str]) -> list[Any]:
     """Every step (``job[0]``) on this rank, in order: its result and input gradient,
-    or the error it raised (type name and message); and whether ``_steady_call`` took
-    it (sent its round: it then answered or raised). ``job[1]``: the wide round's path,
+    or the error it raised (type name and message); whether ``_steady_call`` took it
+    (sent its round: it then answered or raised); and the round's state after it. ``job[1]``: the wide round's path,
     ``"packed"`` (as configured), ``"direct"`` (direct sends, blocks as they lie:
     gloo's) or ``"direct-whole"`` (direct sends of exactly their slot: every other
     backend's); restored after."""
@@ -435,7 +437,8 @@ def _run_steady_steps(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[A
         for i, step in enumerate(steps):
             send = list(step.send[ctx.rank])
             dtype = step.dtypes[ctx.rank] if step.dtypes else "float32"
-            x = steady_input(ctx.rank, i, sum(send), dtype).requires_grad_(step.grad)
+            rows = step.rows[ctx.rank] if step.rows else sum(send)
+            x = steady_input(ctx.rank, i, rows, dtype).requires_grad_(step.grad)
             before = len(answered)
             try:
                 y = vargather.all_to_all_v(x, send)
@@ -443,10 +446,18 @@ def _run_steady_steps(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[A
                 if step.grad:
                     y.backward(steady_upstream(ctx.rank, i, y.shape[0]))
                     grad = x.grad
-                out.append(("ok", y.detach(), grad, any(answered[before:])))
+                out.append(("ok", y.detach(), grad, any(answered[before:]), _a2a_state()))
             except vargather.VarGatherError as err:
-                out.append(("raised", type(err).__name__, str(err), any(answered[before:])))
+                taken = any(answered[before:])
+                out.append(("raised", type(err).__name__, str(err), taken, _a2a_state()))
     return out
+
+
+def _a2a_state() -> object:
+    """This rank's copy of the all_to_all-shaped round's state on the default group."""
+    from vargather import _round_state
+
+    return _round_state.state_of(None, "all_to_all_v")
 
 
 def steady_two_groups(ctx: RankContext, calls: int) -> list[tuple[bool, bool]]:

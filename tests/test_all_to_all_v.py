@@ -4,6 +4,8 @@ tests/test_family_properties.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -116,7 +118,7 @@ def test_the_steady_path_is_the_full_path(shape: str) -> None:
             continue
         want = oracle.expected_all_to_all(inputs, step.send)
         for r in range(w):
-            status, got, _, _ = per_rank[r][i]
+            status, got, _, _, _ = per_rank[r][i]
             assert status == "ok", (i, r, per_rank[r][i])
             assert_bitwise_equal(got, want[r])
         if step.grad:
@@ -124,14 +126,94 @@ def test_the_steady_path_is_the_full_path(shape: str) -> None:
             grads = oracle.expected_all_to_all_grads([t.float() for t in inputs], step.send, ups)
             for r in range(w):
                 assert_bitwise_equal(per_rank[r][i][2], grads[r])
-    # The path was taken: steady calls answered by it once the state settled, the
+    # The path was taken: steady calls answered by it once the state settled; the
     # call after a peer's change by it on the unchanged ranks (rows differed: the full
-    # path's validation answered), and by none after an error until steady again.
+    # path's validation answered) and, for new sizes that fit the slots, on the
+    # changed rank too (the same round with its new sizes); by none after an error
+    # until steady again. Every rank holds the same state after every call.
     assert all(answered[11])
     assert all(answered[24])
-    assert answered[12] == [True, True, False]  # rank 2's sizes changed
+    # rank 2's sizes changed: within its slots in the equal round (the same round with
+    # its new sizes), past them in the wide round's exact slots (the full path)
+    assert answered[12] == [True, True, shape == "equal"]
     assert answered[25] == [True, False, True]  # rank 1's dtype changed
     assert all(answered[-1])
+    _assert_one_state(per_rank)
+
+
+def _assert_one_state(per_rank: list[list[Any]]) -> None:
+    """Every rank holds the same state of the round after every step."""
+    for i in range(len(per_rank[0])):
+        states = [per_rank[r][i][4] for r in range(len(per_rank))]
+        assert all(s == states[0] for s in states), (i, states)
+
+
+def _changing(base: tuple[tuple[int, ...], ...], i: int) -> tuple[tuple[int, ...], ...]:
+    """``base`` with one row moved on every rank, each rank its own way, at call ``i``:
+    sizes that change every call, within a row of ``base``."""
+    w = len(base)
+    out = []
+    for r, sizes in enumerate(base):
+        s = list(sizes)
+        grow, shrink = (i + r) % w, (i + r + 1) % w
+        moved = min(1, s[shrink])
+        s[grow] += moved
+        s[shrink] -= moved
+        out.append(tuple(s))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("shape", sorted(_STEADY_SIZES))
+def test_sizes_changing_every_call_ride_the_same_round(shape: str) -> None:
+    """Send sizes that change every call, each rank its own way, within the slots the
+    round learned: once the first of them grew the slots, every call is answered by the same round with the new sizes
+    (``_resized_call``), bit for bit the oracle's, gradients too; a rank whose block
+    outgrows its slot takes the full path (every rank gets the right answer, the slots
+    grow); a rank whose sizes do not add up to its rows makes every rank raise the same
+    ``SizesError``; every rank holds the same state after every call."""
+    from vargather import oracle
+
+    base, _ = _STEADY_SIZES[shape]
+    w = len(base)
+    steps = [fns.SteadyStep(base)] * 12
+    steps += [fns.SteadyStep(_changing(base, i)) for i in range(12)]
+    grown = tuple(tuple(3 * n + 6 for n in s) if r == 1 else s for r, s in enumerate(base))
+    steps += [fns.SteadyStep(grown)]
+    steps += [fns.SteadyStep(_changing(base, i)) for i in range(3)]
+    steps += [
+        fns.SteadyStep(_changing(base, 5), rows=(sum(base[0]), sum(base[1]) + 1, sum(base[2])))
+    ]
+    steps += [fns.SteadyStep(_changing(base, i), grad=True) for i in range(12)]
+    per_rank = get_pool(w).run(fns.steady_calls, (tuple(steps), shape))
+    bad = 28
+    for i, step in enumerate(steps):
+        if i == bad:
+            for r in range(w):
+                assert per_rank[r][i][:2] == ("raised", "SizesError"), (i, per_rank[r][i])
+                assert "rank(s) [1]" in per_rank[r][i][2]
+            assert len({per_rank[r][i][2] for r in range(w)}) == 1  # the same message
+            continue
+        inputs = [fns.steady_input(r, i, sum(step.send[r])) for r in range(w)]
+        want = oracle.expected_all_to_all(inputs, step.send)
+        for r in range(w):
+            status, got, _, _, _ = per_rank[r][i]
+            assert status == "ok", (i, r, per_rank[r][i])
+            assert_bitwise_equal(got, want[r])
+        if step.grad:
+            ups = [fns.steady_upstream(r, i, want[r].shape[0]) for r in range(w)]
+            grads = oracle.expected_all_to_all_grads(inputs, step.send, ups)
+            for r in range(w):
+                assert_bitwise_equal(per_rank[r][i][2], grads[r])
+    answered = [[per_rank[r][i][3] for r in range(w)] for i in range(len(steps))]
+    # the first new sizes outgrow the learned slots (the full path grows them, by
+    # ``bucket``); from then on the same round carries every call
+    assert all(all(a) for a in answered[16:24]), answered[12:24]
+    assert answered[24] == [True, False, True]  # rank 1's blocks outgrew its slots
+    assert not answered[bad][1]  # the full path reported rank 1's own problem
+    # a gradient is another key (the full path first); rank 1's grown slots shrink back
+    # after SHRINK_AFTER calls that do not need them (the full path once more)
+    assert all(all(a) for a in answered[-4:]), answered[bad:]
+    _assert_one_state(per_rank)
 
 
 def test_each_group_keeps_its_own_steady_call() -> None:

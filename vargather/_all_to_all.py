@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, NamedTuple
 
 import torch
@@ -53,6 +53,8 @@ from ._family import (
     raise_local,
     raise_own_problem,
     requires_grad_check,
+    resized_round,
+    rows_changed_only_in,
     run_direct,
     run_packed,
     settle,
@@ -62,8 +64,17 @@ from ._family import (
 from ._group import process_group
 from ._layout import Layout
 from ._mesh import call_group
-from ._round_buffers import Closing, closed_up, closing, pack, plain_bytes, plain_in_blocks
-from ._round_state import STATES, FusedState, PerGroup
+from ._round_buffers import (
+    Closing,
+    closed_up,
+    closing,
+    hand_back,
+    handed_back_buffer,
+    pack,
+    plain_bytes,
+    plain_in_blocks,
+)
+from ._round_state import STATES, FusedState, PerGroup, advance_blocks, set_state, wide_blocks
 
 __all__ = [
     "AllToAllPlan",
@@ -350,19 +361,23 @@ class AllToAllVFunction(torch.autograd.Function):
 @dataclass(frozen=True)
 class _Steady:
     """A group's last steady call (``_remember``): its key (``_steady_key``), its call,
-    the group's state it left unchanged, its round (packed, or by direct sends), where
-    each block lies in ``x``'s bytes (offset and length), the rows every rank sent, its
-    layouts, and how its receive buffer closes up into the result. ``spare``: send
-    buffers of the packed round with every row and zero already written, only the
-    blocks left to copy in (taken out while in use, so a thread never shares one).
-    Nothing in it refers to the group, which keys it weakly (``_STEADY``)."""
+    the group's state it was sized from, whether it left that state unchanged
+    (``replays``: then the very same call may skip the state rule), its round (packed,
+    or by direct sends), where each block lies in ``x``'s bytes (offset and length),
+    the rows every rank sent and the send matrix they validated to, its layouts, and
+    how its receive buffer closes up into the result. ``spare``: send buffers of the
+    packed round with every row and zero already written, only the blocks left to copy
+    in (taken out while in use, so a thread never shares one). Nothing in it refers to
+    the group, which keys it weakly (``_STEADY``)."""
 
     key: tuple[object, ...]
     call: FamilyCall
     state: FusedState
+    replays: bool
     round: PackedRound | DirectRound
     blocks: tuple[tuple[int, int], ...]
     raw: bytes
+    matrix: tuple[tuple[int, ...], ...]
     send: Layout
     recv: Layout
     closing: Closing
@@ -386,7 +401,8 @@ def _steady_key(
     calls the steady path serves (``None`` for others): a plain contiguous CPU tensor
     cut along its first non-unit dimension (its blocks lie one after the other in its
     bytes), ``send_sizes`` a list or tuple of ints, no ``recv_sizes``,
-    ``validate=True``, no per-call timeout."""
+    ``validate=True``, no per-call timeout. The send sizes come last: a key equal but
+    for them is a call of the same round with new sizes (``_resized_call``)."""
     if (
         recv_sizes is not None
         or validate is not True
@@ -406,9 +422,10 @@ def _steady_key(
 def _remember(
     key: tuple[object, ...], call: FamilyCall, info: GroupInfo, ex: Exchanged, plan: AllToAllPlan
 ) -> None:
-    """Keep the call for ``_steady_call`` when it is steady: packed or by direct sends,
-    answered from its round, and leaving the group's state as it found it (so the same
-    rows next time leave it so again: the state rule is a pure function)."""
+    """Keep the call for ``_steady_call`` when its round answered it (packed or by
+    direct sends, the payload in its slots); ``replays`` when it left the group's
+    state as it found it (so the same rows next time leave it so again: the state
+    rule is a pure function)."""
     pg = process_group(info)
     if pg is None:
         return
@@ -416,32 +433,43 @@ def _remember(
     found = ex.packed if ex.packed is not None else ex.direct
     if found is None or ex.raw is None or plan.result is None or plan.recv.pre != 1:
         return
-    if STATES.get(pg, COLLECTIVES[NAME].round) is not ex.state:
-        return
+    replays = STATES.get(pg, COLLECTIVES[NAME].round) is ex.state
+    matrix = _validated(ex.rows, rank=info.rank)  # what plan_from_exchange validated
     unit = plan.send.post * plan.send.dtype.itemsize
-    starts = [0]
-    for n in plan.send.sizes:
-        starts.append(starts[-1] + n * unit)
-    blocks = tuple((starts[k], n * unit) for k, n in enumerate(plan.send.sizes))
+    blocks = _blocks_at(plan.send.sizes, unit)
     needs = tuple(n * unit for n in plan.recv.sizes)
     closes = closing(found.starts, needs)
-    steady = _Steady(key, call, ex.state, found, blocks, ex.raw, plan.send, plan.recv, closes)
+    steady = _Steady(
+        key, call, ex.state, replays, found, blocks, ex.raw, matrix, plan.send, plan.recv, closes
+    )
     _STEADY.put(pg, NAME, steady)
 
 
+def _blocks_at(sizes: Sequence[int], unit: int) -> tuple[tuple[int, int], ...]:
+    """Where block ``k`` of ``sizes`` rows of ``unit`` bytes lies in a plain tensor's
+    bytes: its offset and its length."""
+    out, at = [], 0
+    for n in sizes:
+        out.append((at, n * unit))
+        at += n * unit
+    return tuple(out)
+
+
 def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> AllToAllPlan | None:
-    """The plan of a call with the last steady call's key on the same group in the same
-    state (else ``None``): the same row and the blocks of ``x`` sent in the same round
-    (the bytes the full path would send), and, when every rank's row is the one it
-    sent last time, the result closed up as then (the same rows validate alike and
-    move the state alike: not at all). Other rows go on as the full path does after
-    its exchange (``plan_from_exchange``): validation, the state, the result."""
+    """The plan of a call whose key is the last steady call's on the same group, but
+    perhaps for its send sizes (else ``None``: the full path runs). The very same call
+    in the very same state replays its round: the same row and the blocks of ``x`` (the
+    bytes the full path would send), and, when every rank's row is the one it sent last
+    time, the result closed up as then (the same rows validate alike and move the state
+    alike: not at all); other rows go on as the full path does after its exchange
+    (``plan_from_exchange``). Any other call goes to ``_resized_call``."""
     pg = process_group(info)
     steady = _STEADY.get(pg, NAME)
-    if steady is None or steady.key != key or pg is None:
+    if steady is None or pg is None or steady.key[:-1] != key[:-1]:
         return None
-    if STATES.get(pg, COLLECTIVES[NAME].round) is not steady.state:
-        return None
+    state = STATES.get(pg, COLLECTIVES[NAME].round)
+    if steady.key != key or not steady.replays or state is not steady.state:
+        return _resized_call(steady, key, x, info, pg, state)
     found = steady.round
     if isinstance(found, DirectRound):
         flat = plain_bytes(x)  # plain, its blocks one after the other (the key)
@@ -457,6 +485,98 @@ def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> A
         return plan_from_exchange(x, steady.call, info, ex)
     result = closed_up(buf, steady.closing, steady.recv)
     return AllToAllPlan(steady.send, steady.recv, info, result)
+
+
+def _resized_call(
+    steady: _Steady,
+    key: tuple[object, ...],
+    x: torch.Tensor,
+    info: GroupInfo,
+    pg: dist.ProcessGroup,
+    state: FusedState | None,
+) -> AllToAllPlan | None:
+    """A call of the steady call's round with other send sizes (or in another state):
+    ``None`` (the full path runs) unless the sizes are this rank's valid ones, every
+    block fits its slot and the group's state still gives the steady call's slots.
+    Then the round runs with this call's row (``resized_round``). When every rank's row
+    is the one it sent last time but for its send sizes, those rows say what the last
+    ones said, which validated, but for the send matrix: the matrix is read from them
+    and checked (every rank's sizes add up to its rows, every block fits its slot), the
+    state rule runs, and the result is closed up; any other rows go on as the full path
+    does after its exchange."""
+    w, rank = info.world_size, info.rank
+    sizes = key[-1]
+    assert isinstance(sizes, tuple)  # _steady_key's: a tuple of ints
+    if state is None or len(sizes) != w or min(sizes, default=0) < 0:
+        return None
+    send = steady.send
+    if sum(sizes) != x.shape[send.dim]:
+        return None
+    found = steady.round
+    room = wide_blocks(state) if len(state.wide) == w * w else (state.capacity,) * (w * w)
+    if room != found.room:
+        return None
+    unit = send.post * send.dtype.itemsize  # bytes of one row (pre == 1)
+    if any(n * unit > room[rank * w + k] for k, n in enumerate(sizes)):
+        return None
+    extras = (w, *sizes, *(-1,) * (w + 1))  # _local_call's words: no recv_sizes
+    call = replace(steady.call, extras=extras, sizes=(sizes, None))
+    ridden = resized_round(found, call, info)
+    at = _blocks_at(sizes, unit)
+    if isinstance(ridden, DirectRound):
+        flat = plain_bytes(x)
+        buf, raw = run_direct(call, info, pg, ridden, [flat[a : a + n] for a, n in at])
+    else:
+        out = handed_back_buffer(pg, "packed-send", sum(ridden.out_bytes), x.device)
+        base = x.data_ptr()
+        fill_packed_at(
+            out, ridden.row, [(base + a, n) for a, n in at], ridden.out_bytes, ridden.head
+        )
+        buf, raw = run_packed(call, info, pg, ridden, out)
+        hand_back(pg, "packed-send", out)
+    read = rows_changed_only_in(raw, steady.raw, w, 1, w)
+    matrix = None if read is None else tuple(read)
+    blocks = [] if matrix is None else [n * unit for s in matrix for n in s]
+    if (
+        matrix is None
+        or any(sum(s) != sum(t) or min(s) < 0 for s, t in zip(matrix, steady.matrix, strict=True))
+        or any(n > c for n, c in zip(blocks, room, strict=True))
+    ):
+        if isinstance(ridden, DirectRound):
+            ex = direct_exchanged(call, info, pg, state, ridden, buf, raw)
+        else:
+            ex = packed_exchanged(call, info, pg, state, ridden, buf, raw)
+        plan = plan_from_exchange(x, call, info, ex)
+        _remember(key, call, info, ex, plan)
+        return plan
+    after = advance_blocks(state, fusable=True, blocks=blocks, world=w)
+    if after is not state:
+        set_state(pg, NAME, after)
+    recv = tuple(s[rank] for s in matrix)
+    shape = tuple(int(n) for n in x.shape)
+    d = send.dim
+    send_layout = split_layout(shape, d, sizes, x.dtype, info)
+    recv_layout = split_layout((*shape[:d], sum(recv), *shape[d + 1 :]), d, recv, x.dtype, info)
+    closes = closing(ridden.starts, tuple(n * unit for n in recv))
+    result = closed_up(buf, closes, recv_layout)
+    _STEADY.put(
+        pg,
+        NAME,
+        _Steady(
+            key,
+            call,
+            state,
+            after is state,
+            ridden,
+            at,
+            raw,
+            matrix,
+            send_layout,
+            recv_layout,
+            closes,
+        ),
+    )
+    return AllToAllPlan(send_layout, recv_layout, info, result)
 
 
 def _replay_packed(

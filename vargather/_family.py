@@ -112,7 +112,7 @@ from ._round_state import (
     whole_16,
     wide_blocks,
 )
-from ._wire import ROW_MAGIC, decode_row, encode_row, row_mark
+from ._wire import ROW_EXTRAS_AT, ROW_MAGIC, decode_row, encode_row, row_mark
 
 __all__ = [
     "Check",
@@ -133,6 +133,8 @@ __all__ = [
     "fill_packed_at",
     "packed_exchanged",
     "raise_local",
+    "resized_round",
+    "rows_changed_only_in",
     "run_direct",
     "run_packed",
     "settle",
@@ -416,6 +418,33 @@ def _decode_rows(call: FamilyCall, raw: bytes, w: int) -> tuple[list[Row], tuple
     return out, tuple(flags)
 
 
+def rows_changed_only_in(
+    raw: bytes, last: bytes, w: int, first: int, count: int
+) -> list[tuple[int, ...]] | None:
+    """Per rank, the ``count`` extras from extra ``first`` of its row in ``raw`` (the
+    received rows' bytes, ``_landed_rows``), when every rank's row is its row in
+    ``last`` but for those words; else ``None``. Rows equal but for a size vector say
+    everything ``last`` said but the sizes (the same record, kind and flags)."""
+    if len(raw) != len(last) or len(raw) % w:
+        return None
+    n = len(raw) // w
+    lo = 8 * (ROW_EXTRAS_AT + first)
+    hi = lo + 8 * count
+    if hi > n:
+        return None
+    view = memoryview(raw)
+    out: list[tuple[int, ...]] = []
+    for j in range(w):
+        at = j * n
+        if (
+            raw[at : at + lo] != last[at : at + lo]
+            or raw[at + hi : at + n] != last[at + hi : at + n]
+        ):
+            return None
+        out.append(tuple(view[at + lo : at + hi].cast("q")))  # int64 words, native order
+    return out
+
+
 PACKED_WIDE_MAX: int = 512 * 1024
 """Largest slot (bytes, one rank to one rank) with which the wide round travels
 *packed*: one alltoallv whose message to each peer is this rank's row and its block,
@@ -572,6 +601,20 @@ def direct_round(
     for j in range(w):
         starts[j + 1] = whole_16(starts[j] + in_slots[j])
     return DirectRound(row, room, in_slots, tuple(starts[:w]), starts[w], exact)
+
+
+def resized_round(
+    found: PackedRound | DirectRound, call: FamilyCall, info: GroupInfo
+) -> PackedRound | DirectRound:
+    """``found``'s round (its slots, packed or by direct sends) carrying ``call``'s row:
+    a call whose every block fits its slot, from a rank without a local problem (its
+    flag word says its blocks ride)."""
+    w = info.world_size
+    flag = _ELIGIBLE | _USED
+    row = _row_bytes(call.record, COLLECTIVES[call.kind].code, call.extras, w, flag)
+    if isinstance(found, DirectRound):
+        return direct_round(row, found.room, info.rank, w, found.exact)
+    return packed_round(row, found.room, info.rank, w)
 
 
 def run_direct(

@@ -66,6 +66,7 @@ __all__ = [
     "KIND_SHIFT",
     "MESSAGE_WORDS",
     "RECORD_LENGTH",
+    "ROW_EXTRAS_AT",
     "ROW_MAGIC",
     "SHAPE_SLOTS",
     "call_flags",
@@ -387,7 +388,8 @@ ROW_MAGIC: Final = tagged_magic("vgfa", 1)
 round (``_family``)."""
 
 _ROW_MARK_AT: Final = RECORD_LENGTH
-_ROW_EXTRAS_AT: Final = RECORD_LENGTH + 2
+ROW_EXTRAS_AT: Final = RECORD_LENGTH + 2
+"""Where a row's extras start, in words (after the record, the magic and the code)."""
 
 
 def row_extra_words(world_size: int) -> int:
@@ -419,8 +421,8 @@ def decode_row(
 ) -> tuple[CallRecord, tuple[int, ...], int]:
     """A row whose mark was checked: its record, its first ``n_extras`` extras and its
     flag word."""
-    extras = tuple(row[_ROW_EXTRAS_AT : _ROW_EXTRAS_AT + n_extras])
-    flag = int(row[_ROW_EXTRAS_AT + row_extra_words(world_size)])
+    extras = tuple(row[ROW_EXTRAS_AT : ROW_EXTRAS_AT + n_extras])
+    flag = int(row[ROW_EXTRAS_AT + row_extra_words(world_size)])
     return _decoded_record(tuple(row[:RECORD_LENGTH]), rank), extras, flag
 
 
