@@ -166,10 +166,11 @@ def _changing(base: tuple[tuple[int, ...], ...], i: int) -> tuple[tuple[int, ...
 @pytest.mark.parametrize("shape", sorted(_STEADY_SIZES))
 def test_sizes_changing_every_call_ride_the_same_round(shape: str) -> None:
     """Send sizes that change every call, each rank its own way, within the slots the
-    round learned: once the first of them grew the slots, every call is answered by the same round with the new sizes
-    (``_resized_call``), bit for bit the oracle's, gradients too; a rank whose block
-    outgrows its slot takes the full path (every rank gets the right answer, the slots
-    grow); a rank whose sizes do not add up to its rows makes every rank raise the same
+    round learned: once the first of them grew the slots, every call is answered by
+    the same round with the new sizes (``_resized_call``), bit for bit the oracle's,
+    gradients too; a peer whose input's length changed is read and validated in full;
+    a rank whose block outgrows its slot takes the full path (every rank gets the right
+    answer, the slots grow); a rank whose sizes do not add up to its rows makes every rank raise the same
     ``SizesError``; every rank holds the same state after every call."""
     from vargather import oracle
 
@@ -177,15 +178,21 @@ def test_sizes_changing_every_call_ride_the_same_round(shape: str) -> None:
     w = len(base)
     steps = [fns.SteadyStep(base)] * 12
     steps += [fns.SteadyStep(_changing(base, i)) for i in range(12)]
+    # rank 2 sends one row fewer (its input one row shorter): its record changed too
+    fewer = len(steps)
+    last = _changing(base, 12)
+    steps += [fns.SteadyStep((last[0], last[1], (last[2][0] - 1, *last[2][1:])))]
+    steps += [fns.SteadyStep(_changing(base, i)) for i in range(2)]
+    grown_at = len(steps)
     grown = tuple(tuple(3 * n + 6 for n in s) if r == 1 else s for r, s in enumerate(base))
     steps += [fns.SteadyStep(grown)]
     steps += [fns.SteadyStep(_changing(base, i)) for i in range(3)]
+    bad = len(steps)
     steps += [
         fns.SteadyStep(_changing(base, 5), rows=(sum(base[0]), sum(base[1]) + 1, sum(base[2])))
     ]
     steps += [fns.SteadyStep(_changing(base, i), grad=True) for i in range(12)]
     per_rank = get_pool(w).run(fns.steady_calls, (tuple(steps), shape))
-    bad = 28
     for i, step in enumerate(steps):
         if i == bad:
             for r in range(w):
@@ -208,7 +215,11 @@ def test_sizes_changing_every_call_ride_the_same_round(shape: str) -> None:
     # the first new sizes outgrow the learned slots (the full path grows them, by
     # ``bucket``); from then on the same round carries every call
     assert all(all(a) for a in answered[16:24]), answered[12:24]
-    assert answered[24] == [True, False, True]  # rank 1's blocks outgrew its slots
+    # the peers' rows differ in rank 2's record, not only in sizes: they are read and
+    # validated in full (the full path's answer, from the same round); rank 2's own
+    # call is new to the round (another shape: the full path)
+    assert answered[fewer] == [True, True, False]
+    assert answered[grown_at] == [True, False, True]  # rank 1's blocks outgrew its slots
     assert not answered[bad][1]  # the full path reported rank 1's own problem
     # a gradient is another key (the full path first); rank 1's grown slots shrink back
     # after SHRINK_AFTER calls that do not need them (the full path once more)

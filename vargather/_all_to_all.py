@@ -68,6 +68,7 @@ from ._round_buffers import (
     Closing,
     closed_up,
     closing,
+    copy_bytes,
     hand_back,
     handed_back_buffer,
     pack,
@@ -523,9 +524,12 @@ def _resized_call(
     call = replace(steady.call, extras=extras, sizes=(sizes, None))
     ridden = resized_round(found, call, info)
     at = _blocks_at(sizes, unit)
+    own = None  # by direct sends: this rank's own block, copied after the round
     if isinstance(ridden, DirectRound):
         flat = plain_bytes(x)
-        buf, raw = run_direct(call, info, pg, ridden, [flat[a : a + n] for a, n in at])
+        pieces = [flat[a : a + n] for a, n in at]
+        own, pieces[rank] = pieces[rank], pieces[rank][:0]
+        buf, raw = run_direct(call, info, pg, ridden, pieces)
     else:
         out = handed_back_buffer(pg, "packed-send", sum(ridden.out_bytes), x.device)
         base = x.data_ptr()
@@ -543,6 +547,8 @@ def _resized_call(
         or any(n > c for n, c in zip(blocks, room, strict=True))
     ):
         if isinstance(ridden, DirectRound):
+            assert own is not None  # the direct round's
+            copy_bytes(buf[ridden.starts[rank] : ridden.starts[rank] + own.numel()], own)
             ex = direct_exchanged(call, info, pg, state, ridden, buf, raw)
         else:
             ex = packed_exchanged(call, info, pg, state, ridden, buf, raw)
@@ -557,8 +563,17 @@ def _resized_call(
     d = send.dim
     send_layout = split_layout(shape, d, sizes, x.dtype, info)
     recv_layout = split_layout((*shape[:d], sum(recv), *shape[d + 1 :]), d, recv, x.dtype, info)
-    closes = closing(ridden.starts, tuple(n * unit for n in recv))
-    result = closed_up(buf, closes, recv_layout)
+    needs = tuple(n * unit for n in recv)
+    closes = closing(ridden.starts, needs)
+    if own is None:
+        result = closed_up(buf, closes, recv_layout)
+    else:  # the others' blocks closed up, then this rank's straight to its place
+        others = Closing(
+            tuple(m for m in closes.moves if m[1] != ridden.starts[rank]), closes.length
+        )
+        result = closed_up(buf, others, recv_layout)
+        final = sum(needs[:rank])
+        copy_bytes(buf[final : final + own.numel()], own)
     _STEADY.put(
         pg,
         NAME,

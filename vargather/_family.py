@@ -102,7 +102,14 @@ from ._errors import (
 )
 from ._exchange import _disagreement
 from ._group import process_group
-from ._round_buffers import Cut, hand_back, handed_back_buffer, plain, region_cutter
+from ._round_buffers import (
+    Cut,
+    copy_bytes,
+    hand_back,
+    handed_back_buffer,
+    plain,
+    region_cutter,
+)
 from ._round_state import (
     STATES,
     FusedState,
@@ -640,7 +647,7 @@ def run_direct(
         if k == rank:
             each_row[k].copy_(row)
             if piece.numel():
-                _copy_own(buf[direct.starts[k] : direct.starts[k] + piece.numel()], piece)
+                copy_bytes(buf[direct.starts[k] : direct.starts[k] + piece.numel()], piece)
             messages.append(())
             continue
         if slot and direct.exact:
@@ -662,19 +669,6 @@ def run_direct(
     hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
     length = row.numel()
     return buf, _landed_rows(rows.view(-1), [j * length for j in range(w)], length)
-
-
-def _copy_own(region: torch.Tensor, piece: torch.Tensor) -> None:
-    """This rank's own block into its region of the receive buffer: one ``memmove`` on
-    the CPU (``plain``), never torch's ``copy_``, which splits a large copy over the
-    intra-op threads; beside the peers' ranks on the same cores those threads wait
-    for one another (measured at 16 MiB on 4 ranks of a 2-core machine with torch's
-    default threads: the steady call 4-5x one ``all_to_all_single``, against about
-    1.1-1.4x with one thread). The collectives themselves run on gloo's threads."""
-    if plain(region) and plain(piece):
-        ctypes.memmove(region.data_ptr(), piece.data_ptr(), piece.numel())
-    else:
-        region.copy_(piece)
 
 
 def direct_exchanged(
