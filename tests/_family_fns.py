@@ -358,6 +358,8 @@ class SteadyStep:
     grad: bool = False
     rows: tuple[int, ...] = ()
     """Rank ``r``'s input rows where given (``sum(send[r])`` otherwise: a mismatch)."""
+    dims: tuple[int, ...] = ()
+    """Rank ``r``'s ``dim`` as passed where given (0 otherwise)."""
 
 
 STEADY_COLS = 512
@@ -441,7 +443,8 @@ def _run_steady_steps(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[A
             x = steady_input(ctx.rank, i, rows, dtype).requires_grad_(step.grad)
             before = len(answered)
             try:
-                y = vargather.all_to_all_v(x, send)
+                dim = step.dims[ctx.rank] if step.dims else 0
+                y = vargather.all_to_all_v(x, send, dim=dim)
                 grad = None
                 if step.grad:
                     y.backward(steady_upstream(ctx.rank, i, y.shape[0]))

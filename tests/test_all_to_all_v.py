@@ -168,7 +168,8 @@ def test_sizes_changing_every_call_ride_the_same_round(shape: str) -> None:
     """Send sizes that change every call, each rank its own way, within the slots the
     round learned: once the first of them grew the slots, every call is answered by
     the same round with the new sizes (``_resized_call``), bit for bit the oracle's,
-    gradients too; a peer whose input's length changed is read and validated in full;
+    gradients too, inputs of another length too; a peer whose record changed otherwise
+    is read and validated in full;
     a rank whose block outgrows its slot takes the full path (every rank gets the right
     answer, the slots grow); a rank whose sizes do not add up to its rows makes every rank raise the same
     ``SizesError``; every rank holds the same state after every call."""
@@ -178,10 +179,13 @@ def test_sizes_changing_every_call_ride_the_same_round(shape: str) -> None:
     w = len(base)
     steps = [fns.SteadyStep(base)] * 12
     steps += [fns.SteadyStep(_changing(base, i)) for i in range(12)]
-    # rank 2 sends one row fewer (its input one row shorter): its record changed too
+    # rank 2 sends one row fewer (its input one row shorter: its record's length too)
     fewer = len(steps)
     last = _changing(base, 12)
     steps += [fns.SteadyStep((last[0], last[1], (last[2][0] - 1, *last[2][1:])))]
+    # rank 2 passes dim=-2 (the same dimension: valid, but another record)
+    other_dim = len(steps)
+    steps += [fns.SteadyStep(_changing(base, 13), dims=(0, 0, -2))]
     steps += [fns.SteadyStep(_changing(base, i)) for i in range(2)]
     grown_at = len(steps)
     grown = tuple(tuple(3 * n + 6 for n in s) if r == 1 else s for r, s in enumerate(base))
@@ -215,10 +219,11 @@ def test_sizes_changing_every_call_ride_the_same_round(shape: str) -> None:
     # the first new sizes outgrow the learned slots (the full path grows them, by
     # ``bucket``); from then on the same round carries every call
     assert all(all(a) for a in answered[16:24]), answered[12:24]
-    # the peers' rows differ in rank 2's record, not only in sizes: they are read and
-    # validated in full (the full path's answer, from the same round); rank 2's own
-    # call is new to the round (another shape: the full path)
-    assert answered[fewer] == [True, True, False]
+    # another length along dim rides the same round too (the peers read it from its
+    # row); another record (dim as passed) is read and validated in full by the peers
+    # (the full path's answer, from the same round), and is new to rank 2's round
+    assert answered[fewer] == [True, True, True]
+    assert answered[other_dim] == [True, True, False]
     assert answered[grown_at] == [True, False, True]  # rank 1's blocks outgrew its slots
     assert not answered[bad][1]  # the full path reported rank 1's own problem
     # a gradient is another key (the full path first); rank 1's grown slots shrink back
@@ -233,3 +238,65 @@ def test_each_group_keeps_its_own_steady_call() -> None:
     per_rank = get_pool(3).run(fns.steady_two_groups, 16)
     for pairs in per_rank:
         assert pairs[-1] == (True, True), pairs
+
+
+def _row_of(rows: int, sizes: tuple[int, ...], *, flag: int = 3, requires: bool = False) -> bytes:
+    """One rank's ``all_to_all_v`` row as the round carries it: a call of ``rows`` rows
+    of 4 float32 sent by ``sizes``, no ``recv_sizes``."""
+    import array
+
+    from vargather._args import CallRecord
+    from vargather._collectives import COLLECTIVES
+    from vargather._wire import encode_row
+
+    w = len(sizes)
+    record = CallRecord(
+        problem=None,
+        ndim=2,
+        dtype_code=6,
+        dim=0,
+        normalized_dim=0,
+        contract_code=0,
+        transport_code=0,
+        requires_grad=requires,
+        device_code=0,
+        sizes_len=-1,
+        sizes_own=-1,
+        sizes_sum=-1,
+        sizes_hash=-1,
+        shape=(rows, 4),
+    )
+    extras = (w, *sizes, *(-1,) * (w + 1))
+    words = encode_row(record, COLLECTIVES["all_to_all_v"].code, extras, w, flag)
+    return array.array("q", words).tobytes()
+
+
+def test_resized_rows_are_read_only_when_nothing_else_changed() -> None:
+    """``resized_matrix`` (the same round with new sizes, receive side) gives the send
+    matrix of rows that differ from the last validated ones only in each rank's length
+    along ``dim`` and its send sizes, and ``None`` (the full path's validation) for rows
+    whose sizes do not add up to their length, are negative, or outgrow a slot, and for
+    rows that differ in anything else (a flag, the record)."""
+    from vargather._all_to_all import resized_matrix
+
+    room, unit = (64 * 16,) * 9, 16  # every slot 64 rows of 16 bytes
+    last = b"".join(_row_of(sum(s), s) for s in ((1, 2, 3), (4, 5, 6), (7, 8, 9)))
+    new = ((3, 2, 1), (6, 5, 4), (10, 0, 0))
+    raw = b"".join(_row_of(sum(s), s) for s in new)
+    assert resized_matrix(raw, last, 3, 0, room, unit) == new
+    assert resized_matrix(last, last, 3, 0, room, unit) == ((1, 2, 3), (4, 5, 6), (7, 8, 9))
+
+    def with_row(j: int, row: bytes) -> bytes:
+        rows = [_row_of(sum(s), s) for s in new]
+        rows[j] = row
+        return b"".join(rows)
+
+    assert resized_matrix(with_row(1, _row_of(16, (6, 5, 4))), last, 3, 0, room, unit) is None
+    assert resized_matrix(with_row(2, _row_of(10, (11, -1, 0))), last, 3, 0, room, unit) is None
+    assert resized_matrix(with_row(0, _row_of(65, (65, 0, 0))), last, 3, 0, room, unit) is None
+    assert (
+        resized_matrix(with_row(0, _row_of(6, (3, 2, 1), flag=1)), last, 3, 0, room, unit) is None
+    )
+    changed = _row_of(6, (3, 2, 1), requires=True)
+    assert resized_matrix(with_row(0, changed), last, 3, 0, room, unit) is None
+    assert resized_matrix(raw[:-8], last, 3, 0, room, unit) is None  # another length

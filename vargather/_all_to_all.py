@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from ._args import Problem
+from ._args import MAX_NDIM, Problem
 from ._buffers import compact_rank_major, rank_major_gradient
 from ._collectives import COLLECTIVES, CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
@@ -76,6 +76,7 @@ from ._round_buffers import (
     plain_in_blocks,
 )
 from ._round_state import STATES, FusedState, PerGroup, advance_blocks, set_state, wide_blocks
+from ._wire import RECORD_SHAPE_AT, ROW_EXTRAS_AT
 
 __all__ = [
     "AllToAllPlan",
@@ -86,6 +87,7 @@ __all__ = [
     "exchange_blocks",
     "plan_all_to_all",
     "plan_from_exchange",
+    "resized_matrix",
     "split_layout",
 ]
 
@@ -365,11 +367,11 @@ class _Steady:
     the group's state it was sized from, whether it left that state unchanged
     (``replays``: then the very same call may skip the state rule), its round (packed,
     or by direct sends), where each block lies in ``x``'s bytes (offset and length),
-    the rows every rank sent and the send matrix they validated to, its layouts, and
-    how its receive buffer closes up into the result. ``spare``: send buffers of the
-    packed round with every row and zero already written, only the blocks left to copy
-    in (taken out while in use, so a thread never shares one). Nothing in it refers to
-    the group, which keys it weakly (``_STEADY``)."""
+    the rows every rank sent, its layouts, and how its receive buffer closes up into
+    the result. ``spare``: send buffers of the packed round with every row and zero
+    already written, only the blocks left to copy in (taken out while in use, so a
+    thread never shares one). Nothing in it refers to the group, which keys it weakly
+    (``_STEADY``)."""
 
     key: tuple[object, ...]
     call: FamilyCall
@@ -378,7 +380,6 @@ class _Steady:
     round: PackedRound | DirectRound
     blocks: tuple[tuple[int, int], ...]
     raw: bytes
-    matrix: tuple[tuple[int, ...], ...]
     send: Layout
     recv: Layout
     closing: Closing
@@ -402,8 +403,10 @@ def _steady_key(
     calls the steady path serves (``None`` for others): a plain contiguous CPU tensor
     cut along its first non-unit dimension (its blocks lie one after the other in its
     bytes), ``send_sizes`` a list or tuple of ints, no ``recv_sizes``,
-    ``validate=True``, no per-call timeout. The send sizes come last: a key equal but
-    for them is a call of the same round with new sizes (``_resized_call``)."""
+    ``validate=True``, no per-call timeout. Its parts: ``dim`` as passed, the shape
+    outside ``dim``, the dtype, whether a gradient is wanted, then the rows along ``dim``
+    and the send sizes: a key equal but for those two is a call of the same round with
+    new sizes (``_resized_call``)."""
     if (
         recv_sizes is not None
         or validate is not True
@@ -414,10 +417,13 @@ def _steady_key(
         return None
     assert isinstance(send_sizes, (list, tuple))  # for mypy: checked just above
     assert isinstance(x, torch.Tensor)  # for mypy: plain_in_blocks checked it
+    assert isinstance(dim, int)  # for mypy: plain_in_blocks checked it
     if not all(type(n) is int for n in send_sizes):
         return None
     requires = x.requires_grad and torch.is_grad_enabled()
-    return (dim, x.shape, x.dtype, requires, tuple(send_sizes))
+    d = dim % x.ndim
+    shape = x.shape
+    return (dim, shape[:d] + shape[d + 1 :], x.dtype, requires, shape[d], tuple(send_sizes))
 
 
 def _remember(
@@ -435,13 +441,12 @@ def _remember(
     if found is None or ex.raw is None or plan.result is None or plan.recv.pre != 1:
         return
     replays = STATES.get(pg, COLLECTIVES[NAME].round) is ex.state
-    matrix = _validated(ex.rows, rank=info.rank)  # what plan_from_exchange validated
     unit = plan.send.post * plan.send.dtype.itemsize
     blocks = _blocks_at(plan.send.sizes, unit)
     needs = tuple(n * unit for n in plan.recv.sizes)
     closes = closing(found.starts, needs)
     steady = _Steady(
-        key, call, ex.state, replays, found, blocks, ex.raw, matrix, plan.send, plan.recv, closes
+        key, call, ex.state, replays, found, blocks, ex.raw, plan.send, plan.recv, closes
     )
     _STEADY.put(pg, NAME, steady)
 
@@ -458,7 +463,7 @@ def _blocks_at(sizes: Sequence[int], unit: int) -> tuple[tuple[int, int], ...]:
 
 def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> AllToAllPlan | None:
     """The plan of a call whose key is the last steady call's on the same group, but
-    perhaps for its send sizes (else ``None``: the full path runs). The very same call
+    perhaps for its rows and send sizes (else ``None``: the full path runs). The very same call
     in the very same state replays its round: the same row and the blocks of ``x`` (the
     bytes the full path would send), and, when every rank's row is the one it sent last
     time, the result closed up as then (the same rows validate alike and move the state
@@ -466,7 +471,7 @@ def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> A
     (``plan_from_exchange``). Any other call goes to ``_resized_call``."""
     pg = process_group(info)
     steady = _STEADY.get(pg, NAME)
-    if steady is None or pg is None or steady.key[:-1] != key[:-1]:
+    if steady is None or pg is None or steady.key[:4] != key[:4]:
         return None
     state = STATES.get(pg, COLLECTIVES[NAME].round)
     if steady.key != key or not steady.replays or state is not steady.state:
@@ -496,23 +501,29 @@ def _resized_call(
     pg: dist.ProcessGroup,
     state: FusedState | None,
 ) -> AllToAllPlan | None:
-    """A call of the steady call's round with other send sizes (or in another state):
-    ``None`` (the full path runs) unless the sizes are this rank's valid ones, every
-    block fits its slot and the group's state still gives the steady call's slots.
+    """A call of the steady call's round with other rows and send sizes (or in another
+    state): ``None`` (the full path runs) unless the sizes are this rank's valid ones,
+    every block fits its slot and the group's state still gives the steady call's slots.
     Then the round runs with this call's row (``resized_round``). When every rank's row
-    is the one it sent last time but for its send sizes, those rows say what the last
-    ones said, which validated, but for the send matrix: the matrix is read from them
-    and checked (every rank's sizes add up to its rows, every block fits its slot), the
-    state rule runs, and the result is closed up; any other rows go on as the full path
-    does after its exchange."""
+    is the one it sent last time but for its send sizes and its rows along ``dim``,
+    those rows say what the last ones said, which validated, but for those: they are
+    read and checked (every rank's sizes add up to its rows, every block fits its
+    slot), the state rule runs, and the result is closed up; any other rows go on as
+    the full path does after its exchange."""
     w, rank = info.world_size, info.rank
-    sizes = key[-1]
+    rows, sizes = key[-2:]
     assert isinstance(sizes, tuple)  # _steady_key's: a tuple of ints
-    if state is None or len(sizes) != w or min(sizes, default=0) < 0:
+    if state is None or len(sizes) != w or min(sizes, default=0) < 0 or sum(sizes) != rows:
         return None
     send = steady.send
-    if sum(sizes) != x.shape[send.dim]:
+    d = send.dim
+    record = steady.call.record
+    if d >= MAX_NDIM:  # past the record's shape words (the peers read the sizes alone)
         return None
+    if rows != steady.key[-2]:  # another length along dim: this call's own record
+        record, _ = check_tensor(x, key[0], info=info, split=True)
+        if record.problem is not None:
+            return None
     found = steady.round
     room = wide_blocks(state) if len(state.wide) == w * w else (state.capacity,) * (w * w)
     if room != found.room:
@@ -521,7 +532,7 @@ def _resized_call(
     if any(n * unit > room[rank * w + k] for k, n in enumerate(sizes)):
         return None
     extras = (w, *sizes, *(-1,) * (w + 1))  # _local_call's words: no recv_sizes
-    call = replace(steady.call, extras=extras, sizes=(sizes, None))
+    call = replace(steady.call, record=record, extras=extras, sizes=(sizes, None))
     ridden = resized_round(found, call, info)
     at = _blocks_at(sizes, unit)
     own = None  # by direct sends: this rank's own block, copied after the round
@@ -538,14 +549,8 @@ def _resized_call(
         )
         buf, raw = run_packed(call, info, pg, ridden, out)
         hand_back(pg, "packed-send", out)
-    read = rows_changed_only_in(raw, steady.raw, w, 1, w)
-    matrix = None if read is None else tuple(read)
-    blocks = [] if matrix is None else [n * unit for s in matrix for n in s]
-    if (
-        matrix is None
-        or any(sum(s) != sum(t) or min(s) < 0 for s, t in zip(matrix, steady.matrix, strict=True))
-        or any(n > c for n, c in zip(blocks, room, strict=True))
-    ):
+    matrix = resized_matrix(raw, steady.raw, w, d, room, unit)
+    if matrix is None:
         if isinstance(ridden, DirectRound):
             assert own is not None  # the direct round's
             copy_bytes(buf[ridden.starts[rank] : ridden.starts[rank] + own.numel()], own)
@@ -555,12 +560,12 @@ def _resized_call(
         plan = plan_from_exchange(x, call, info, ex)
         _remember(key, call, info, ex, plan)
         return plan
+    blocks = [n * unit for s in matrix for n in s]
     after = advance_blocks(state, fusable=True, blocks=blocks, world=w)
     if after is not state:
         set_state(pg, NAME, after)
     recv = tuple(s[rank] for s in matrix)
     shape = tuple(int(n) for n in x.shape)
-    d = send.dim
     send_layout = split_layout(shape, d, sizes, x.dtype, info)
     recv_layout = split_layout((*shape[:d], sum(recv), *shape[d + 1 :]), d, recv, x.dtype, info)
     needs = tuple(n * unit for n in recv)
@@ -578,20 +583,31 @@ def _resized_call(
         pg,
         NAME,
         _Steady(
-            key,
-            call,
-            state,
-            after is state,
-            ridden,
-            at,
-            raw,
-            matrix,
-            send_layout,
-            recv_layout,
-            closes,
+            key, call, state, after is state, ridden, at, raw, send_layout, recv_layout, closes
         ),
     )
     return AllToAllPlan(send_layout, recv_layout, info, result)
+
+
+def resized_matrix(
+    raw: bytes, last: bytes, w: int, d: int, room: Sequence[int], unit: int
+) -> tuple[tuple[int, ...], ...] | None:
+    """The send matrix of the received rows ``raw`` when every rank's row is its row in
+    ``last`` (rows that validated) but for its length along ``dim`` (``d`` normalized,
+    below ``MAX_NDIM``) and its send sizes, its sizes are none negative and add up to
+    that length, and every block (``unit`` bytes a row) fits its slot in ``room``; else
+    ``None``. A pure function of the rows: every rank decides alike."""
+    spans = ((RECORD_SHAPE_AT + d, 1), (ROW_EXTRAS_AT + 1, w))  # rows along dim, sizes
+    read = rows_changed_only_in(raw, last, w, spans)
+    if read is None:
+        return None
+    matrix = tuple(t[1:] for t in read)
+    for j, (t, s) in enumerate(zip(read, matrix, strict=True)):
+        if min(s, default=0) < 0 or sum(s) != t[0]:
+            return None
+        if any(n * unit > room[j * w + k] for k, n in enumerate(s)):
+            return None
+    return matrix
 
 
 def _replay_packed(

@@ -119,7 +119,7 @@ from ._round_state import (
     whole_16,
     wide_blocks,
 )
-from ._wire import ROW_EXTRAS_AT, ROW_MAGIC, decode_row, encode_row, row_mark
+from ._wire import ROW_MAGIC, decode_row, encode_row, row_mark
 
 __all__ = [
     "Check",
@@ -426,29 +426,30 @@ def _decode_rows(call: FamilyCall, raw: bytes, w: int) -> tuple[list[Row], tuple
 
 
 def rows_changed_only_in(
-    raw: bytes, last: bytes, w: int, first: int, count: int
+    raw: bytes, last: bytes, w: int, spans: Sequence[tuple[int, int]]
 ) -> list[tuple[int, ...]] | None:
-    """Per rank, the ``count`` extras from extra ``first`` of its row in ``raw`` (the
-    received rows' bytes, ``_landed_rows``), when every rank's row is its row in
-    ``last`` but for those words; else ``None``. Rows equal but for a size vector say
-    everything ``last`` said but the sizes (the same record, kind and flags)."""
+    """Per rank, the words of its row in ``raw`` (the received rows' bytes,
+    ``_landed_rows``) at ``spans`` (first word and count, in order, apart), when every
+    rank's row is its row in ``last`` but for those words; else ``None``. Rows equal
+    but for a size vector and a dimension say everything ``last`` said but those (the
+    same kind, flags and record otherwise: no problem where it had none)."""
     if len(raw) != len(last) or len(raw) % w:
         return None
     n = len(raw) // w
-    lo = 8 * (ROW_EXTRAS_AT + first)
-    hi = lo + 8 * count
-    if hi > n:
-        return None
     view = memoryview(raw)
     out: list[tuple[int, ...]] = []
     for j in range(w):
-        at = j * n
-        if (
-            raw[at : at + lo] != last[at : at + lo]
-            or raw[at + hi : at + n] != last[at + hi : at + n]
-        ):
+        at = prev = j * n
+        words: list[int] = []
+        for first, count in spans:
+            lo, hi = at + 8 * first, at + 8 * (first + count)
+            if hi > at + n or raw[prev:lo] != last[prev:lo]:
+                return None
+            words.extend(view[lo:hi].cast("q"))  # int64 words, native order as sent
+            prev = hi
+        if raw[prev : at + n] != last[prev : at + n]:
             return None
-        out.append(tuple(view[at + lo : at + hi].cast("q")))  # int64 words, native order
+        out.append(tuple(words))
     return out
 
 

@@ -66,6 +66,7 @@ __all__ = [
     "KIND_SHIFT",
     "MESSAGE_WORDS",
     "RECORD_LENGTH",
+    "RECORD_SHAPE_AT",
     "ROW_EXTRAS_AT",
     "ROW_MAGIC",
     "SHAPE_SLOTS",
@@ -139,6 +140,8 @@ _FIELDS: Final = (
 _MESSAGE_AT: Final = len(_FIELDS)
 _SHAPE_AT: Final = _MESSAGE_AT + MESSAGE_WORDS
 RECORD_LENGTH: Final = _SHAPE_AT + MAX_NDIM
+RECORD_SHAPE_AT: Final = _SHAPE_AT
+"""Where a record's shape starts, in words: dimension ``d < MAX_NDIM`` at ``+ d``."""
 
 
 def wire_text(text: str) -> str:
