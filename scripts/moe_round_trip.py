@@ -65,13 +65,11 @@ def _counted(counts: dict[str, int]) -> None:
     its private functions in this process."""
     from vargather import _all_to_all
 
-    resized, full, payload = (
-        _all_to_all._resized_call,
-        _all_to_all.plan_all_to_all,
-        _all_to_all.exchange_blocks,
-    )
+    resized = getattr(_all_to_all, "_resized_call", None)  # absent before it was built
+    full, payload = _all_to_all.plan_all_to_all, _all_to_all.exchange_blocks
 
     def on_resized(*args: Any, **kwargs: Any) -> Any:
+        assert resized is not None  # installed only then
         plan = resized(*args, **kwargs)
         if plan is not None:  # else the full path runs and counts itself
             counts["resized"] += 1
@@ -85,7 +83,8 @@ def _counted(counts: dict[str, int]) -> None:
         counts["two rounds"] += 1
         return payload(*args, **kwargs)
 
-    _all_to_all._resized_call = on_resized
+    if resized is not None:
+        _all_to_all._resized_call = on_resized
     _all_to_all.plan_all_to_all = on_full
     _all_to_all.exchange_blocks = on_payload
 

@@ -11,6 +11,7 @@ from vargather.testing.family import (
     GatherListCase,
     ReduceScatterCase,
     call_sequences,
+    changing_sizes_sequences,
     check_sequence,
 )
 
@@ -20,6 +21,14 @@ pytestmark = pytest.mark.multirank
 @settings(max_examples=10, deadline=None)
 @given(cases=call_sequences(world_size=3))
 def test_mixed_call_sequences(cases: list) -> None:  # type: ignore[type-arg]  # a list of family cases
+    assert check_sequence(get_pool(3), cases) == []
+
+
+@settings(max_examples=10, deadline=None)
+@given(cases=changing_sizes_sequences(world_size=3))
+def test_send_sizes_changing_call_after_call(cases: list) -> None:  # type: ignore[type-arg]  # a list of family cases
+    """``all_to_all_v`` with send sizes (and lengths) changing every call, the rest
+    the same: each call the oracle's, whichever way the learned round answered it."""
     assert check_sequence(get_pool(3), cases) == []
 
 

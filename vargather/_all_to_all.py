@@ -25,6 +25,7 @@ import ctypes
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any, Final, NamedTuple
 
 import torch
@@ -403,14 +404,15 @@ def _steady_key(
     calls the steady path serves (``None`` for others): a plain contiguous CPU tensor
     cut along its first non-unit dimension (its blocks lie one after the other in its
     bytes), ``send_sizes`` a list or tuple of ints, no ``recv_sizes``,
-    ``validate=True``, no per-call timeout. Its parts: ``dim`` as passed, the shape
-    outside ``dim``, the dtype, whether a gradient is wanted, then the rows along ``dim``
-    and the send sizes: a key equal but for those two is a call of the same round with
-    new sizes (``_resized_call``)."""
+    ``validate=True``, ``timeout`` none or a number or a ``timedelta`` (the steady
+    call's, which validated, is the call's). Its parts: ``dim`` as passed, the shape
+    outside ``dim``, the dtype, whether a gradient is wanted, the timeout, then the
+    rows along ``dim`` and the send sizes: a key equal but for those two is a call of
+    the same round with new sizes (``_resized_call``)."""
     if (
         recv_sizes is not None
         or validate is not True
-        or timeout is not None
+        or (timeout is not None and type(timeout) not in (int, float, timedelta))
         or type(send_sizes) not in (list, tuple)
         or not plain_in_blocks(x, dim)
     ):
@@ -423,7 +425,8 @@ def _steady_key(
     requires = x.requires_grad and torch.is_grad_enabled()
     d = dim % x.ndim
     shape = x.shape
-    return (dim, shape[:d] + shape[d + 1 :], x.dtype, requires, shape[d], tuple(send_sizes))
+    other = shape[:d] + shape[d + 1 :]
+    return (dim, other, x.dtype, requires, timeout, shape[d], tuple(send_sizes))
 
 
 def _remember(
@@ -471,8 +474,10 @@ def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> A
     (``plan_from_exchange``). Any other call goes to ``_resized_call``."""
     pg = process_group(info)
     steady = _STEADY.get(pg, NAME)
-    if steady is None or pg is None or steady.key[:4] != key[:4]:
+    if steady is None or pg is None or steady.key[:5] != key[:5]:
         return None
+    if steady.call.timeout is not None:  # the call's own, as the full path runs it
+        info = info.with_timeout(steady.call.timeout)
     state = STATES.get(pg, COLLECTIVES[NAME].round)
     if steady.key != key or not steady.replays or state is not steady.state:
         return _resized_call(steady, key, x, info, pg, state)

@@ -50,6 +50,7 @@ __all__ = [
     "all_to_all_cases",
     "call_sequences",
     "call_values",
+    "changing_sizes_sequences",
     "check_case",
     "check_sequence",
     "gather_list_cases",
@@ -619,4 +620,36 @@ def call_sequences(draw: Any, world_size: int = 3, max_calls: int = 6, most: int
         gather_list_cases(world_sizes=(world_size,), most=most),
     )
     cases: list[Case] = draw(st.lists(one, min_size=2, max_size=max_calls))
+    return cases
+
+
+@st.composite
+def changing_sizes_sequences(
+    draw: Any, world_size: int = 3, max_calls: int = 8, most: int = 4
+) -> list[AllToAllCase]:
+    """``all_to_all_v`` calls on one world whose send sizes change from call to call
+    while the rest stays (dtype, the other dimensions, ``dim``, the gradient): each
+    call, each rank keeps its sizes, moves a row from one block to another, or draws
+    new ones (its length changes); validated, receive sizes unknown, usually cut along
+    the first dimension. What MoE dispatch does every layer, and the calls that
+    ``all_to_all_v`` answers by its learned round with new sizes (the full path where
+    a block outgrows its slot)."""
+    base = draw(all_to_all_cases(world_sizes=(world_size,), subgroups=False, most=most))
+    dim = 0 if draw(st.booleans()) else base.dim
+    base = replace(base, dim=dim, pass_recv=False, validate=True)
+    w = world_size
+    send = [list(row) for row in base.send]
+    cases = [base]
+    for _ in range(draw(st.integers(1, max_calls - 1))):
+        for r in range(w):
+            how = draw(st.sampled_from(("same", "move", "new")))
+            if how == "move" and sum(send[r]):
+                src = draw(st.sampled_from([k for k in range(w) if send[r][k]]))
+                dst = draw(st.integers(0, w - 1))
+                send[r][src] -= 1
+                send[r][dst] += 1
+            elif how == "new":
+                send[r] = draw(st.lists(st.integers(0, most), min_size=w, max_size=w))
+        sizes = tuple(tuple(row) for row in send)
+        cases.append(replace(base, send=sizes, seed=draw(st.integers(0, 2**16))))
     return cases
