@@ -103,29 +103,18 @@ def test_the_steady_path_is_the_full_path(shape: str) -> None:
     round: packed, or by direct sends) gives the oracle's bits and gradients, and when a peer's call
     differs (its sizes, its dtype) every rank still gets the full path's answer or its
     error: the same ``DTypeMismatchError`` everywhere, the group usable after."""
-    from vargather import oracle
 
     steps = _steady_steps(shape)
     w = 3
     per_rank = get_pool(w).run(fns.steady_calls, (steps, shape))
     answered = [[r[i][3] for r in per_rank] for i in range(len(steps))]
     for i, step in enumerate(steps):
-        inputs = [fns.steady_input(r, i, sum(step.send[r])) for r in range(w)]
         if step.dtypes:
             for r in range(w):
                 assert per_rank[r][i][:2] == ("raised", "DTypeMismatchError"), (i, per_rank[r][i])
             assert len({per_rank[r][i][2] for r in range(w)}) == 1  # the same message
             continue
-        want = oracle.expected_all_to_all(inputs, step.send)
-        for r in range(w):
-            status, got, _, _, _ = per_rank[r][i]
-            assert status == "ok", (i, r, per_rank[r][i])
-            assert_bitwise_equal(got, want[r])
-        if step.grad:
-            ups = [fns.steady_upstream(r, i, want[r].shape[0]) for r in range(w)]
-            grads = oracle.expected_all_to_all_grads([t.float() for t in inputs], step.send, ups)
-            for r in range(w):
-                assert_bitwise_equal(per_rank[r][i][2], grads[r])
+        _assert_the_oracles(per_rank, i, step)
     # The path was taken: steady calls answered by it once the state settled; the
     # call after a peer's change by it on the unchanged ranks (rows differed: the full
     # path's validation answered) and, for new sizes that fit the slots, on the
@@ -139,6 +128,25 @@ def test_the_steady_path_is_the_full_path(shape: str) -> None:
     assert answered[25] == [True, False, True]  # rank 1's dtype changed
     assert all(answered[-1])
     _assert_one_state(per_rank)
+
+
+def _assert_the_oracles(per_rank: list[list[Any]], i: int, step: fns.SteadyStep) -> None:
+    """Step ``i`` of ``steady_calls`` answered on every rank with the oracle's result,
+    bit for bit, and with its input gradient when the step wanted one."""
+    from vargather import oracle
+
+    w = len(per_rank)
+    inputs = [fns.steady_input(r, i, sum(step.send[r])) for r in range(w)]
+    want = oracle.expected_all_to_all(inputs, step.send)
+    for r in range(w):
+        status, got, _, _, _ = per_rank[r][i]
+        assert status == "ok", (i, r, per_rank[r][i])
+        assert_bitwise_equal(got, want[r])
+    if step.grad:
+        ups = [fns.steady_upstream(r, i, want[r].shape[0]) for r in range(w)]
+        grads = oracle.expected_all_to_all_grads(inputs, step.send, ups)
+        for r in range(w):
+            assert_bitwise_equal(per_rank[r][i][2], grads[r])
 
 
 def _assert_one_state(per_rank: list[list[Any]]) -> None:
@@ -169,12 +177,10 @@ def test_sizes_changing_every_call_ride_the_same_round(shape: str) -> None:
     round learned: once the first of them grew the slots, every call is answered by
     the same round with the new sizes (``_resized_call``), bit for bit the oracle's,
     gradients too, inputs of another length too; a peer whose record changed otherwise
-    is read and validated in full;
-    a rank whose block outgrows its slot takes the full path (every rank gets the right
-    answer, the slots grow); a rank whose sizes do not add up to its rows makes every rank raise the same
-    ``SizesError``; every rank holds the same state after every call."""
-    from vargather import oracle
-
+    is read and validated in full; a rank whose block outgrows its slot takes the full
+    path (every rank gets the right answer, the slots grow); a rank whose sizes do not
+    add up to its rows makes every rank raise the same ``SizesError``; every rank holds
+    the same state after every call."""
     base, _ = _STEADY_SIZES[shape]
     w = len(base)
     steps = [fns.SteadyStep(base)] * 12
@@ -204,17 +210,7 @@ def test_sizes_changing_every_call_ride_the_same_round(shape: str) -> None:
                 assert "rank(s) [1]" in per_rank[r][i][2]
             assert len({per_rank[r][i][2] for r in range(w)}) == 1  # the same message
             continue
-        inputs = [fns.steady_input(r, i, sum(step.send[r])) for r in range(w)]
-        want = oracle.expected_all_to_all(inputs, step.send)
-        for r in range(w):
-            status, got, _, _, _ = per_rank[r][i]
-            assert status == "ok", (i, r, per_rank[r][i])
-            assert_bitwise_equal(got, want[r])
-        if step.grad:
-            ups = [fns.steady_upstream(r, i, want[r].shape[0]) for r in range(w)]
-            grads = oracle.expected_all_to_all_grads(inputs, step.send, ups)
-            for r in range(w):
-                assert_bitwise_equal(per_rank[r][i][2], grads[r])
+        _assert_the_oracles(per_rank, i, step)
     answered = [[per_rank[r][i][3] for r in range(w)] for i in range(len(steps))]
     # the first new sizes outgrow the learned slots (the full path grows them, by
     # ``bucket``); from then on the same round carries every call
