@@ -296,3 +296,24 @@ def test_resized_rows_are_read_only_when_nothing_else_changed() -> None:
     changed = _row_of(6, (3, 2, 1), requires=True)
     assert resized_matrix(with_row(0, changed), last, 3, 0, room, unit) is None
     assert resized_matrix(raw[:-8], last, 3, 0, room, unit) is None  # another length
+
+
+def test_a_rank_that_never_sends_itself_rides_the_same_round() -> None:
+    """By direct sends, a rank whose own block is always empty (its own slot 0, so the
+    next rank's region starts where its own does) gets every result right while the
+    other blocks change size every call: its own block is copied after the round and
+    only its own region is left out of the close-up."""
+    base = ((8, 12, 20), (16, 0, 10), (11, 14, 18))
+    steps = [fns.SteadyStep(base)] * 12
+    for i in range(12):
+        moved = 1 if i % 2 else -1
+        rank_1 = (16 + moved, 0, 10 - moved)
+        steps.append(fns.SteadyStep((_changing(base, i)[0], rank_1, _changing(base, i)[2])))
+    per_rank = get_pool(3).run(fns.steady_calls, (tuple(steps), "direct"))
+    for i, step in enumerate(steps):
+        _assert_the_oracles(per_rank, i, step)
+    answered = [[per_rank[r][i][3] for r in range(3)] for i in range(len(steps))]
+    # the first changed sizes grow the slots (the full path); the slots' shrink after
+    # SHRINK_AFTER calls that do not fill them is the full path again (the last call)
+    assert all(all(a) for a in answered[16:23]), answered[12:]
+    _assert_one_state(per_rank)

@@ -578,9 +578,10 @@ def _resized_call(
     if own is None:
         result = closed_up(buf, closes, recv_layout)
     else:  # the others' blocks closed up, then this rank's straight to its place
-        others = Closing(
-            tuple(m for m in closes.moves if m[1] != ridden.starts[rank]), closes.length
-        )
+        # (its region's move, if any: an empty own block has none, and then the next
+        # rank's region may start where this rank's does)
+        own_region = ridden.starts[rank] if needs[rank] else -1
+        others = Closing(tuple(m for m in closes.moves if m[1] != own_region), closes.length)
         result = closed_up(buf, others, recv_layout)
         final = sum(needs[:rank])
         copy_bytes(buf[final : final + own.numel()], own)
