@@ -360,6 +360,8 @@ class SteadyStep:
     """Rank ``r``'s input rows where given (``sum(send[r])`` otherwise: a mismatch)."""
     dims: tuple[int, ...] = ()
     """Rank ``r``'s ``dim`` as passed where given (0 otherwise)."""
+    recv: tuple[tuple[int, ...] | None, ...] = ()
+    """Rank ``r``'s ``recv_sizes`` where given (none passed otherwise)."""
 
 
 STEADY_COLS = 512
@@ -444,7 +446,8 @@ def _run_steady_steps(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[A
             before = len(answered)
             try:
                 dim = step.dims[ctx.rank] if step.dims else 0
-                y = vargather.all_to_all_v(x, send, dim=dim)
+                recv = step.recv[ctx.rank] if step.recv else None
+                y = vargather.all_to_all_v(x, send, dim=dim, recv_sizes=recv)
                 grad = None
                 if step.grad:
                     y.backward(steady_upstream(ctx.rank, i, y.shape[0]))

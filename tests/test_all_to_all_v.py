@@ -236,7 +236,14 @@ def test_each_group_keeps_its_own_steady_call() -> None:
         assert pairs[-1] == (True, True), pairs
 
 
-def _row_of(rows: int, sizes: tuple[int, ...], *, flag: int = 3, requires: bool = False) -> bytes:
+def _row_of(
+    rows: int,
+    sizes: tuple[int, ...],
+    *,
+    flag: int = 3,
+    requires: bool = False,
+    recv: tuple[int, ...] | None = None,
+) -> bytes:
     """One rank's ``all_to_all_v`` row as the round carries it: a call of ``rows`` rows
     of 4 float32 sent by ``sizes``, no ``recv_sizes``."""
     import array
@@ -262,7 +269,7 @@ def _row_of(rows: int, sizes: tuple[int, ...], *, flag: int = 3, requires: bool 
         sizes_hash=-1,
         shape=(rows, 4),
     )
-    extras = (w, *sizes, *(-1,) * (w + 1))
+    extras = (w, *sizes, *((-1,) * (w + 1) if recv is None else (w, *recv)))
     words = encode_row(record, COLLECTIVES["all_to_all_v"].code, extras, w, flag)
     return array.array("q", words).tobytes()
 
@@ -296,6 +303,44 @@ def test_resized_rows_are_read_only_when_nothing_else_changed() -> None:
     changed = _row_of(6, (3, 2, 1), requires=True)
     assert resized_matrix(with_row(0, changed), last, 3, 0, room, unit) is None
     assert resized_matrix(raw[:-8], last, 3, 0, room, unit) is None  # another length
+    # receive sizes passed: read when they are the rank's column, else the full path
+    told = b"".join(_row_of(sum(s), s, recv=tuple(t[r] for t in new)) for r, s in enumerate(new))
+    assert resized_matrix(told, last, 3, 0, room, unit) == new
+    lie = _row_of(6, (3, 2, 1), recv=(3, 6, 9))  # rank 0 receives (3, 6, 10)
+    assert resized_matrix(with_row(0, lie), last, 3, 0, room, unit) is None
+
+
+def test_passed_receive_sizes_ride_the_same_round_and_a_lie_is_caught() -> None:
+    """Sizes changing every call with every rank passing its true ``recv_sizes`` (a
+    combine that knows them): the same round carries the calls; a rank whose
+    ``recv_sizes`` contradict the others' send sizes makes every rank raise the same
+    ``SizesMismatchError``, and the calls after it are right again."""
+    base = _WIDE[0]
+
+    def told(send: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(s[r] for s in send) for r in range(len(send)))
+
+    steps = [fns.SteadyStep(base, recv=told(base))] * 12
+    steps += [fns.SteadyStep(_changing(base, i), recv=told(_changing(base, i))) for i in range(8)]
+    lie = len(steps)
+    sizes = _changing(base, 8)
+    wrong = list(told(sizes))
+    wrong[2] = (wrong[2][0] + 1, *wrong[2][1:])
+    steps += [fns.SteadyStep(sizes, recv=tuple(wrong))]
+    steps += [fns.SteadyStep(_changing(base, i), recv=told(_changing(base, i))) for i in range(4)]
+    per_rank = get_pool(3).run(fns.steady_calls, (tuple(steps), "direct"))
+    for i, step in enumerate(steps):
+        if i == lie:
+            for r in range(3):
+                assert per_rank[r][i][:2] == ("raised", "SizesMismatchError"), per_rank[r][i]
+                assert "rank(s) [2]" in per_rank[r][i][2]
+            assert len({per_rank[r][i][2] for r in range(3)}) == 1  # the same message
+            continue
+        _assert_the_oracles(per_rank, i, step)
+    answered = [[per_rank[r][i][3] for r in range(3)] for i in range(len(steps))]
+    assert all(all(a) for a in answered[16:lie]), answered[12:]
+    assert all(answered[-1]), answered[lie:]
+    _assert_one_state(per_rank)
 
 
 def test_a_rank_that_never_sends_itself_rides_the_same_round() -> None:

@@ -403,30 +403,39 @@ def _steady_key(
     group (which ``_STEADY`` is kept by), the group's state and the peers' rows, for the
     calls the steady path serves (``None`` for others): a plain contiguous CPU tensor
     cut along its first non-unit dimension (its blocks lie one after the other in its
-    bytes), ``send_sizes`` a list or tuple of ints, no ``recv_sizes``,
+    bytes), ``send_sizes`` (and ``recv_sizes``, if given) a list or tuple of ints,
     ``validate=True``, ``timeout`` none or a number or a ``timedelta`` (the steady
     call's, which validated, is the call's). Its parts: ``dim`` as passed, the shape
     outside ``dim``, the dtype, whether a gradient is wanted, the timeout, then the
-    rows along ``dim`` and the send sizes: a key equal but for those two is a call of
-    the same round with new sizes (``_resized_call``)."""
+    rows along ``dim``, the send sizes and the receive sizes (``None``): a key equal
+    but for those three is a call of the same round with new sizes
+    (``_resized_call``)."""
     if (
-        recv_sizes is not None
-        or validate is not True
+        validate is not True
         or (timeout is not None and type(timeout) not in (int, float, timedelta))
-        or type(send_sizes) not in (list, tuple)
+        or not _int_sizes(send_sizes)
+        or not (recv_sizes is None or _int_sizes(recv_sizes))
         or not plain_in_blocks(x, dim)
     ):
         return None
-    assert isinstance(send_sizes, (list, tuple))  # for mypy: checked just above
+    assert isinstance(send_sizes, (list, tuple))  # for mypy: _int_sizes checked it
+    assert recv_sizes is None or isinstance(recv_sizes, (list, tuple))  # the same
     assert isinstance(x, torch.Tensor)  # for mypy: plain_in_blocks checked it
     assert isinstance(dim, int)  # for mypy: plain_in_blocks checked it
-    if not all(type(n) is int for n in send_sizes):
-        return None
     requires = x.requires_grad and torch.is_grad_enabled()
     d = dim % x.ndim
     shape = x.shape
     other = shape[:d] + shape[d + 1 :]
-    return (dim, other, x.dtype, requires, timeout, shape[d], tuple(send_sizes))
+    recv = None if recv_sizes is None else tuple(recv_sizes)
+    return (dim, other, x.dtype, requires, timeout, shape[d], tuple(send_sizes), recv)
+
+
+def _int_sizes(sizes: object) -> bool:
+    """Whether ``sizes`` is a list or tuple of ints (the steady paths' kind of sizes)."""
+    if type(sizes) not in (list, tuple):
+        return False
+    assert isinstance(sizes, (list, tuple))  # for mypy: checked just above
+    return all(type(n) is int for n in sizes)
 
 
 def _remember(
@@ -466,7 +475,7 @@ def _blocks_at(sizes: Sequence[int], unit: int) -> tuple[tuple[int, int], ...]:
 
 def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> AllToAllPlan | None:
     """The plan of a call whose key is the last steady call's on the same group, but
-    perhaps for its rows and send sizes (else ``None``: the full path runs). The very same call
+    perhaps for its rows and sizes (else ``None``: the full path runs). The very same call
     in the very same state replays its round: the same row and the blocks of ``x`` (the
     bytes the full path would send), and, when every rank's row is the one it sent last
     time, the result closed up as then (the same rows validate alike and move the state
@@ -506,26 +515,29 @@ def _resized_call(
     pg: dist.ProcessGroup,
     state: FusedState | None,
 ) -> AllToAllPlan | None:
-    """A call of the steady call's round with other rows and send sizes (or in another
+    """A call of the steady call's round with other rows and sizes (or in another
     state): ``None`` (the full path runs) unless the sizes are this rank's valid ones,
     every block fits its slot and the group's state still gives the steady call's slots.
     Then the round runs with this call's row (``resized_round``). When every rank's row
-    is the one it sent last time but for its send sizes and its rows along ``dim``,
-    those rows say what the last ones said, which validated, but for those: they are
-    read and checked (every rank's sizes add up to its rows, every block fits its
-    slot), the state rule runs, and the result is closed up; any other rows go on as
-    the full path does after its exchange."""
+    is the one it sent last time but for its sizes and its rows along ``dim``, those
+    rows say what the last ones said, which validated, but for those: they are read
+    and checked (``resized_matrix``), the state rule runs, and the result is closed
+    up; any other rows go on as the full path does after its exchange."""
     w, rank = info.world_size, info.rank
-    rows, sizes = key[-2:]
+    rows, sizes, recv_sizes = key[5:]
     assert isinstance(sizes, tuple)  # _steady_key's: a tuple of ints
     if state is None or len(sizes) != w or min(sizes, default=0) < 0 or sum(sizes) != rows:
         return None
+    if recv_sizes is not None:
+        assert isinstance(recv_sizes, tuple)  # _steady_key's: a tuple of ints
+        if len(recv_sizes) != w or min(recv_sizes, default=0) < 0:
+            return None
     send = steady.send
     d = send.dim
     record = steady.call.record
     if d >= MAX_NDIM:  # past the record's shape words (the peers read the sizes alone)
         return None
-    if rows != steady.key[-2]:  # another length along dim: this call's own record
+    if rows != steady.key[5]:  # another length along dim: this call's own record
         record, _ = check_tensor(x, key[0], info=info, split=True)
         if record.problem is not None:
             return None
@@ -536,8 +548,9 @@ def _resized_call(
     unit = send.post * send.dtype.itemsize  # bytes of one row (pre == 1)
     if any(n * unit > room[rank * w + k] for k, n in enumerate(sizes)):
         return None
-    extras = (w, *sizes, *(-1,) * (w + 1))  # _local_call's words: no recv_sizes
-    call = replace(steady.call, record=record, extras=extras, sizes=(sizes, None))
+    passed = (-1,) * (w + 1) if recv_sizes is None else (w, *recv_sizes)
+    extras = (w, *sizes, *passed)  # _local_call's words
+    call = replace(steady.call, record=record, extras=extras, sizes=(sizes, recv_sizes))
     ridden = resized_round(found, call, info)
     at = _blocks_at(sizes, unit)
     own = None  # by direct sends: this rank's own block, copied after the round
@@ -600,18 +613,24 @@ def resized_matrix(
 ) -> tuple[tuple[int, ...], ...] | None:
     """The send matrix of the received rows ``raw`` when every rank's row is its row in
     ``last`` (rows that validated) but for its length along ``dim`` (``d`` normalized,
-    below ``MAX_NDIM``) and its send sizes, its sizes are none negative and add up to
-    that length, and every block (``unit`` bytes a row) fits its slot in ``room``; else
-    ``None``. A pure function of the rows: every rank decides alike."""
-    spans = ((RECORD_SHAPE_AT + d, 1), (ROW_EXTRAS_AT + 1, w))  # rows along dim, sizes
+    below ``MAX_NDIM``), its send sizes and its receive sizes, its sizes are none
+    negative and add up to that length, every block (``unit`` bytes a row) fits its
+    slot in ``room``, and receive sizes, where passed, are its column of the matrix;
+    else ``None``. A pure function of the rows: every rank decides alike."""
+    # rows along dim; send sizes; receive sizes' length (-1: not passed) and words
+    spans = ((RECORD_SHAPE_AT + d, 1), (ROW_EXTRAS_AT + 1, 2 * w + 1))
     read = rows_changed_only_in(raw, last, w, spans)
     if read is None:
         return None
-    matrix = tuple(t[1:] for t in read)
+    matrix = tuple(t[1 : 1 + w] for t in read)
     for j, (t, s) in enumerate(zip(read, matrix, strict=True)):
         if min(s, default=0) < 0 or sum(s) != t[0]:
             return None
         if any(n * unit > room[j * w + k] for k, n in enumerate(s)):
+            return None
+        passed = t[1 + w :]
+        column = tuple(row[j] for row in matrix)
+        if passed != (-1,) * (w + 1) and passed != (w, *column):
             return None
     return matrix
 
