@@ -58,6 +58,7 @@ from ._family import (
     rows_changed_only_in,
     run_direct,
     run_packed,
+    send_packed,
     settle,
     sizes_words,
     with_problem,
@@ -70,8 +71,6 @@ from ._round_buffers import (
     closed_up,
     closing,
     copy_bytes,
-    hand_back,
-    handed_back_buffer,
     pack,
     plain_bytes,
     plain_in_blocks,
@@ -498,13 +497,26 @@ def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> A
     else:
         buf, raw = _replay_packed(steady, found, x, info, pg)
     if raw != steady.raw:
-        if isinstance(found, DirectRound):
-            ex = direct_exchanged(steady.call, info, pg, steady.state, found, buf, raw)
-        else:
-            ex = packed_exchanged(steady.call, info, pg, steady.state, found, buf, raw)
+        ex = _exchanged(steady.call, info, pg, steady.state, found, buf, raw)
         return plan_from_exchange(x, steady.call, info, ex)
     result = closed_up(buf, steady.closing, steady.recv)
     return AllToAllPlan(steady.send, steady.recv, info, result)
+
+
+def _exchanged(
+    call: FamilyCall,
+    info: GroupInfo,
+    pg: dist.ProcessGroup,
+    state: FusedState,
+    found: PackedRound | DirectRound,
+    buf: torch.Tensor,
+    raw: bytes,
+) -> Exchanged:
+    """What a replayed round received, as the full path's exchange gives it
+    (``direct_exchanged`` or ``packed_exchanged``, by the round's kind)."""
+    if isinstance(found, DirectRound):
+        return direct_exchanged(call, info, pg, state, found, buf, raw)
+    return packed_exchanged(call, info, pg, state, found, buf, raw)
 
 
 def _resized_call(
@@ -553,28 +565,19 @@ def _resized_call(
     call = replace(steady.call, record=record, extras=extras, sizes=(sizes, recv_sizes))
     ridden = resized_round(found, call, info)
     at = _blocks_at(sizes, unit)
+    flat = plain_bytes(x)
+    pieces = [flat[a : a + n] for a, n in at]
     own = None  # by direct sends: this rank's own block, copied after the round
     if isinstance(ridden, DirectRound):
-        flat = plain_bytes(x)
-        pieces = [flat[a : a + n] for a, n in at]
         own, pieces[rank] = pieces[rank], pieces[rank][:0]
         buf, raw = run_direct(call, info, pg, ridden, pieces)
     else:
-        out = handed_back_buffer(pg, "packed-send", sum(ridden.out_bytes), x.device)
-        base = x.data_ptr()
-        fill_packed_at(
-            out, ridden.row, [(base + a, n) for a, n in at], ridden.out_bytes, ridden.head
-        )
-        buf, raw = run_packed(call, info, pg, ridden, out)
-        hand_back(pg, "packed-send", out)
+        buf, raw = send_packed(call, info, pg, ridden, pieces)
     matrix = resized_matrix(raw, steady.raw, w, d, room, unit)
     if matrix is None:
-        if isinstance(ridden, DirectRound):
-            assert own is not None  # the direct round's
+        if own is not None:  # its slot, which the full path's cut reads
             copy_bytes(buf[ridden.starts[rank] : ridden.starts[rank] + own.numel()], own)
-            ex = direct_exchanged(call, info, pg, state, ridden, buf, raw)
-        else:
-            ex = packed_exchanged(call, info, pg, state, ridden, buf, raw)
+        ex = _exchanged(call, info, pg, state, ridden, buf, raw)
         plan = plan_from_exchange(x, call, info, ex)
         _remember(key, call, info, ex, plan)
         return plan

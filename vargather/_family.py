@@ -144,6 +144,7 @@ __all__ = [
     "rows_changed_only_in",
     "run_direct",
     "run_packed",
+    "send_packed",
     "settle",
     "sizes_words",
     "with_problem",
@@ -768,6 +769,21 @@ def _packed_wide_exchange(
     ``wide[j * W + k]`` bytes (the rest zeros), each part rounded up to 16 bytes. The
     blocks are read where they landed, and closed up in place (``region_cutter``)."""
     packed = packed_round(row, room, info.rank, info.world_size)
+    buf, raw = send_packed(call, info, pg, packed, blocks)
+    return packed_exchanged(call, info, pg, state, packed, buf, raw)
+
+
+def send_packed(
+    call: FamilyCall,
+    info: GroupInfo,
+    pg: dist.ProcessGroup,
+    packed: PackedRound,
+    blocks: Sequence[torch.Tensor] | None,
+) -> tuple[torch.Tensor, bytes]:
+    """One packed round of ``packed.row`` and ``blocks`` (``None``: none rides), from
+    the group's kept send buffer filled for it (``fill_packed``; tensor copies off the
+    CPU or for blocks that are not plain): ``run_packed``'s receive buffer and rows."""
+    row = packed.row
     send = handed_back_buffer(pg, "packed-send", sum(packed.out_bytes), info.default_device())
     if send.device.type == "cpu" and (blocks is None or all(plain(b) for b in blocks)):
         fill_packed(send, row, blocks, packed.out_bytes, packed.head)
@@ -775,7 +791,7 @@ def _packed_wide_exchange(
         _copy_packed(send, row.to(send.device), blocks, packed.out_bytes, packed.head)
     buf, raw = run_packed(call, info, pg, packed, send)
     hand_back(pg, "packed-send", send)
-    return packed_exchanged(call, info, pg, state, packed, buf, raw)
+    return buf, raw
 
 
 def fill_packed(
