@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -37,7 +38,17 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 
-from vargather.testing.pool import set_inductor_rank_defaults
+# Bytecode caches, written even where PYTHONDONTWRITEBYTECODE is set (as on the CI
+# machines): without them every pytest process (the two xdist workers, the pytest
+# sessions the plugin's tests start) assertion-rewrites the test modules again (collection
+# 9 s instead of 4 s) and every command a test starts (check, bench, repro, torchrun)
+# compiles vargather's 29,000 lines again (0.8 s each). Set before the test modules and
+# the rest of vargather are imported; the environment carries it to the subprocesses.
+# The caches land in __pycache__ directories, which git ignores.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+from vargather.testing.pool import set_inductor_rank_defaults  # noqa: E402 (after the bytecode switch)
 
 # The rank pools' inductor settings in this process and in everything it starts (the
 # tests that compile in-process, the commands run as subprocesses): scalar kernels, no

@@ -139,6 +139,9 @@ def test_sdist_metadata_declares_the_licence(unpacked: Path) -> None:
     assert (unpacked / "LICENSE").read_text() == (ROOT / "LICENSE").read_text()
 
 
+# The slow schedule's (an interpreter compiling the unpacked tree: 8-10 s of the default
+# run's 2 cores); the default run checks the sdist's files and metadata above.
+@pytest.mark.slow
 def test_unpacked_sdist_runs_its_own_tests(unpacked: Path) -> None:
     # A fresh pytest run: none of this worker's xdist or current-test variables.
     env = {

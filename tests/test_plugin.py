@@ -280,7 +280,7 @@ def test_the_op_option_collects_and_runs_the_family_catalogue(tmp_path: Path) ->
     )
 
 
-@pytest.mark.slow  # default run: items pass and fail through the plugin in the xdist test below
+@pytest.mark.slow  # default run: items pass and fail through the plugin in the reproduce-line test below
 def test_a_correct_gather_passes_every_property(tmp_path: Path) -> None:
     project = make_project(tmp_path)
     proc = run_pytest(
@@ -307,8 +307,20 @@ def test_a_correct_gather_passes_every_property(tmp_path: Path) -> None:
     assert "not applicable: an identity of grad='sum'" in proc.stdout
 
 
-def test_a_broken_gather_fails_with_the_reproduce_line_under_xdist(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    "workers",
+    [
+        # one session, as test_plugin's others: the items fail and pass through the plugin
+        pytest.param(("-p", "no:xdist"), id="one-process"),
+        # the same items on two xdist workers: two interpreters more (10 CPU-s), slow
+        pytest.param(("-n", "2"), id="xdist", marks=pytest.mark.slow),
+    ],
+)
+def test_a_broken_gather_fails_with_the_reproduce_line(
+    workers: tuple[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     project = make_project(tmp_path)
     proc = run_pytest(
@@ -321,15 +333,19 @@ def test_a_broken_gather_fails_with_the_reproduce_line_under_xdist(
         "1",
         "--vargather-max-examples",
         "2",
-        "-n",
-        "2",
+        *workers,
         "-k",
         "forward-float or empty-all",
     )
     assert proc.returncode == 1, output(proc)
-    # -k selected two of the 17 items, run on two workers; empty-all holds for a gather
-    # that drops an element.
-    assert re.search(r"^2 workers \[2 items\]", proc.stdout, re.M), output(proc)
+    # -k selected two of the 17 items (run on two workers under xdist); empty-all holds
+    # for a gather that drops an element.
+    if workers[0] == "-n":
+        assert re.search(r"^2 workers \[2 items\]", proc.stdout, re.M), output(proc)
+    else:
+        assert re.search(
+            r"^collected \d+ items / \d+ deselected / 2 selected", proc.stdout, re.M
+        ), output(proc)
     assert re.search(r"\b1 failed, 1 passed\b", proc.stdout), output(proc)
     assert "FAILED vargather::forward-float - mismatch: out.shape=" in proc.stdout, output(proc)
     assert "minimal counterexample (Hypothesis shrank it):" in proc.stdout, output(proc)

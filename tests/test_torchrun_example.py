@@ -27,7 +27,9 @@ import torch
 
 from vargather import oracle
 
-pytestmark = pytest.mark.multirank
+# The slow schedule's: a torchrun launcher and three interpreters, 12 s of the default
+# run's 2 cores; the README's own torchrun example runs by default (tests/test_docs.py).
+pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "contrastive_torchrun.py"
