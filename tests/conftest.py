@@ -48,14 +48,6 @@ from hypothesis import HealthCheck, Phase, Verbosity, settings
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
-from vargather.testing.pool import set_inductor_rank_defaults  # noqa: E402 (after the bytecode switch)
-
-# The rank pools' inductor settings in this process and in everything it starts (the
-# tests that compile in-process, the commands run as subprocesses): scalar kernels, no
-# pool of compile workers. Set before anything imports inductor, which reads them once;
-# a variable already set (even empty, as the slow step sets TORCHINDUCTOR_VEC_ISA_OK to
-# compile vectorized kernels) is kept.
-set_inductor_rank_defaults()
 
 CI_EXAMPLES = 20
 DEV_EXAMPLES = CI_EXAMPLES
@@ -113,13 +105,22 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config.option, "dist", None) == "load":
         config.option.dist = "loadgroup"
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
-        # Not the xdist controller (which runs no test): the forkserver this process's
-        # worlds fork from imports dynamo and inductor once, and compiles one step on
-        # each (_warm_compile), instead of every rank of every world on its first
-        # compiled step (seconds of CPU per rank on 2 cores).
+        # A process that runs tests, not the xdist controller: vargather (and torch, 2 s)
+        # is imported here, not at the top of this file, so that the controller starts
+        # the workers without importing torch first.
         from vargather.testing.engine import COMPILED_PRELOAD
-        from vargather.testing.pool import preload
+        from vargather.testing.pool import preload, set_inductor_rank_defaults
 
+        # The rank pools' inductor settings in this process and in everything it starts
+        # (the tests that compile in-process, the commands run as subprocesses): scalar
+        # kernels, no pool of compile workers. Set before the test modules (or anything)
+        # import inductor, which reads them once; a variable already set (even empty, as
+        # the slow step sets TORCHINDUCTOR_VEC_ISA_OK to compile vectorized kernels) is
+        # kept.
+        set_inductor_rank_defaults()
+        # The forkserver this process's worlds fork from imports dynamo and inductor
+        # once, and compiles one step on each (_warm_compile), instead of every rank of
+        # every world on its first compiled step (seconds of CPU per rank on 2 cores).
         preload((*COMPILED_PRELOAD, "tests._warm_compile"))
     n = config.getoption("--max-examples")
     if n is not None:
