@@ -75,7 +75,7 @@ from ._round_buffers import (
     plain_bytes,
     plain_in_blocks,
 )
-from ._round_state import STATES, FusedState, PerGroup, advance_blocks, set_state, wide_blocks
+from ._round_state import STATES, FusedState, PerGroup, advance_blocks, block_room, set_state
 from ._wire import RECORD_SHAPE_AT, ROW_EXTRAS_AT
 
 __all__ = [
@@ -554,7 +554,7 @@ def _resized_call(
         if record.problem is not None:
             return None
     found = steady.round
-    room = wide_blocks(state) if len(state.wide) == w * w else (state.capacity,) * (w * w)
+    room = block_room(state, w)
     if room != found.room:
         return None
     unit = send.post * send.dtype.itemsize  # bytes of one row (pre == 1)

@@ -115,6 +115,8 @@ from ._round_state import (
     FusedState,
     PerGroup,
     advance_blocks,
+    block_room,
+    is_wide,
     set_state,
     whole_16,
     wide_blocks,
@@ -337,7 +339,7 @@ def exchange_fused(
     kind_code = COLLECTIVES[call.kind].code
     pg = process_group(info) if info.communicates else None
     state = (STATES.get(pg, COLLECTIVES[call.kind].round) if pg is not None else None) or _FRESH
-    if pg is not None and len(state.wide) == info.world_size**2:
+    if pg is not None and is_wide(state, info.world_size):
         return _wide_exchange(call, info, x, outgoing, state, pg)
     capacity = state.capacity
     device = info.default_device()
@@ -902,10 +904,9 @@ def settle(
     after = advance_blocks(ex.state, fusable=fusable, blocks=blocks, world=w)
     if after is not ex.state:
         set_state(process_group(info), ex.kind, after)
-    if ex.packed is not None:
-        room = ex.packed.room
-    else:
-        room = wide_blocks(ex.state) if ex.cut is not None else (ex.state.capacity,) * (w * w)
+    # the slots the round ran with: a replayed packed round's own (the equal slots
+    # of a gather round that a resized call rode, too), else the state's
+    room = ex.packed.room if ex.packed is not None else block_room(ex.state, w)
     if not all(f & _USED for f in ex.flags) or any(
         n > c for n, c in zip(blocks, room, strict=True)
     ):

@@ -110,11 +110,13 @@ __all__ = [
     "PerGroup",
     "advance",
     "advance_blocks",
+    "block_room",
     "block_slot",
     "bucket",
     "capacity_of",
     "capacity_step",
     "group_key",
+    "is_wide",
     "replace_state",
     "reset_state",
     "set_state",
@@ -363,6 +365,21 @@ def wide_blocks(state: FusedState) -> tuple[int, ...]:
     round's ``capacity`` when that is larger, so a small call after large ones still
     rides (on gloo only the block's own bytes travel, whatever its slot)."""
     return tuple(max(c, state.capacity) for c in state.wide)
+
+
+def is_wide(state: FusedState, world: int) -> bool:
+    """Whether the all_to_all-shaped round of ``state`` has gone wide in a world of
+    ``world`` ranks (a slot per ordered pair: ``W * W`` of them)."""
+    return len(state.wide) == world * world
+
+
+def block_room(state: FusedState, world: int) -> tuple[int, ...]:
+    """The all_to_all-shaped round's slot per ordered pair (``j * W + k``) in ``state``:
+    ``wide_blocks`` once it has gone wide (``is_wide``), else the equal round's
+    ``capacity`` for every pair."""
+    if is_wide(state, world):
+        return wide_blocks(state)
+    return (state.capacity,) * (world * world)
 
 
 def advance_blocks(
