@@ -40,6 +40,13 @@ Each example is one of
   others, which may be unmutated ranks made wrong by a mutated peer that changed its
   send sizes or its tensor honestly. Then the same group runs a correct call of the
   same collective;
+* a **steady run** (``SteadyRun``): a valid call (the gather's, small or past the wide
+  round's 128 KiB, or a family collective's) repeated 1 to ``SHRINK_AFTER + 3``
+  times, its sizes perhaps moving from call to call (``all_to_all_v``'s send sizes,
+  the gather's sizes), then a mutated call of the same collective on top of it, then
+  the valid call again; each judged as above, on one world. A single drawn call rarely
+  repeats the last one, so this is what reaches the steady paths (a round replayed, a
+  learned round carrying new sizes) and a peer breaking them;
 * a **NaN case** (``tests/_nan_fns.nan_cases``, the property of
   ``tests/test_nan_semantics.py``): values and upstream gradients drawn element by
   element, NaNs of both signs with payloads, ``-0.0``, infinities, through
@@ -63,7 +70,7 @@ import time
 import traceback
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -73,6 +80,7 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 import vargather
+from vargather._round_state import SHRINK_AFTER, WIDE_MIN_BYTES
 from vargather._transport import unsupported_reason
 from vargather.testing import (
     COLLECTIVE_TIMEOUT_ENV,
@@ -251,7 +259,11 @@ def _not_a_short_timeout(value: object) -> bool:
 
 @st.composite
 def mutated_calls(draw: st.DrawFn) -> tuple[fns.Scenario, tuple[int, ...]]:
-    base = draw(base_calls())
+    return _mutated(draw, draw(base_calls()))
+
+
+def _mutated(draw: st.DrawFn, base: fns.Scenario) -> tuple[fns.Scenario, tuple[int, ...]]:
+    """``base`` with one to two mutations on each of one or more ranks."""
     w = base.world_size
     ranks = draw(st.sets(st.integers(0, w - 1), min_size=1, max_size=w))
     calls = list(base.calls)
@@ -360,23 +372,7 @@ def _check_mutated(scenario: fns.Scenario, mutated: tuple[int, ...]) -> None:
     pool = get_pool(w)
     generation = pool.generation
     COUNTS["mutated"] += 1
-    try:
-        outcomes = pool.run_outcomes(fns.run_call, scenario)
-    except PoolFailure as failure:
-        raise AssertionError(f"the world failed (abort or hang): {failure}") from None
-    ok = [o.ok for o in outcomes]
-    if all(ok):
-        COUNTS["mutated, harmless"] += 1
-        _judge_all_ok(scenario, outcomes)
-    elif not any(ok):
-        COUNTS["mutated, refused"] += 1
-        _judge_all_raised(scenario, outcomes, mutated)
-    else:
-        detail = "; ".join(
-            f"rank {o.rank}: " + ("returned" if o.ok else f"{o.exc_type_name}: {o.exception}")
-            for o in outcomes
-        )
-        raise AssertionError(f"some ranks raised and some returned: {detail}")
+    COUNTS[f"mutated, {_run_mutated(scenario, mutated)}"] += 1
     valid = fns.valid_scenario(w, seed=3)
     results = pool.run(fns.run_call, valid)
     assert pool.generation == generation, "the process group had to be rebuilt"
@@ -387,6 +383,29 @@ def _check_mutated(scenario: fns.Scenario, mutated: tuple[int, ...]) -> None:
         assert got.grad is not None
         assert want_grad is not None
         assert_bitwise_equal(got.grad, want_grad, msg="the next gather's gradient was wrong")
+
+
+def _run_mutated(scenario: fns.Scenario, mutated: tuple[int, ...]) -> str:
+    """Run a mutated gather on its world and judge it: ``"harmless"`` (every rank the
+    oracle's answer) or ``"refused"`` (every rank the same error blaming a mutated
+    rank)."""
+    pool = get_pool(scenario.world_size)
+    try:
+        outcomes = pool.run_outcomes(fns.run_call, scenario)
+    except PoolFailure as failure:
+        raise AssertionError(f"the world failed (abort or hang): {failure}") from None
+    ok = [o.ok for o in outcomes]
+    if all(ok):
+        _judge_all_ok(scenario, outcomes)
+        return "harmless"
+    if not any(ok):
+        _judge_all_raised(scenario, outcomes, mutated)
+        return "refused"
+    detail = "; ".join(
+        f"rank {o.rank}: " + ("returned" if o.ok else f"{o.exc_type_name}: {o.exception}")
+        for o in outcomes
+    )
+    raise AssertionError(f"some ranks raised and some returned: {detail}")
 
 
 def check_valid(case: GatherCase) -> None:
@@ -589,7 +608,11 @@ def _timeout_ok(value: object) -> bool:
 @st.composite
 def family_mutated_calls(draw: st.DrawFn) -> FamilyJob:
     """A valid family call with one rank's arguments changed by one drawn kind."""
-    base = draw(family_bases())
+    return _family_mutated(draw, draw(family_bases()))
+
+
+def _family_mutated(draw: st.DrawFn, base: fns.FamilyScenario) -> FamilyJob:
+    """``base`` with one rank's arguments changed by one drawn kind."""
     m = draw(st.integers(0, base.world_size - 1))
     kind = draw(st.sampled_from(FAMILY_MUTATIONS[base.collective]))
     calls = list(base.calls)
@@ -817,15 +840,21 @@ def _check_family_mutated(
     pool = get_pool(w)
     generation = pool.generation
     COUNTS["family mutated"] += 1
-    try:
-        outcomes = pool.run_outcomes(fns.run_family, scenario)
-    except PoolFailure as failure:
-        raise AssertionError(f"the world failed (abort or hang): {failure}") from None
-    COUNTS[f"family mutated, {judge_family(scenario, outcomes, mutated)}"] += 1
+    COUNTS[f"family mutated, {_run_family(scenario, mutated)}"] += 1
     follow = family_follow_up(scenario.collective, w)
     failures = family.check_case(pool, follow)
     assert not failures, f"the next {scenario.collective} on the group failed: {failures}"
     assert pool.generation == generation, "the process group had to be rebuilt"
+
+
+def _run_family(scenario: fns.FamilyScenario, mutated: tuple[int, ...]) -> str:
+    """Run a family scenario on its world and judge it (``judge_family``): ``"harmless"``
+    (every rank the oracle's answer) or ``"refused"``."""
+    try:
+        outcomes = get_pool(scenario.world_size).run_outcomes(fns.run_family, scenario)
+    except PoolFailure as failure:
+        raise AssertionError(f"the world failed (abort or hang): {failure}") from None
+    return judge_family(scenario, outcomes, mutated)
 
 
 def family_follow_up(collective: str, w: int) -> family.Case:
@@ -862,6 +891,172 @@ property suite's too). One strategy, not a ``one_of``: Hypothesis flattens neste
 ``one_of``s into their branches, which would give the family most of the examples."""
 
 
+@dataclass(frozen=True)
+class SteadyRun:
+    """Calls on one world in a row, the steady paths' ground: ``before`` (a valid call
+    repeated, past the round state's ``SHRINK_AFTER``, perhaps with ``all_to_all_v``'s
+    send sizes or the gather's sizes moving from call to call), then ``mutated`` (one
+    or more ranks breaking the pattern: a mutated call of the same collective, judged
+    as any mutated call is), then ``after`` (the last valid call again). Each call is
+    judged alone; the process group must survive them all."""
+
+    before: tuple[fns.Scenario | fns.FamilyScenario, ...]
+    mutated: tuple[fns.Scenario, tuple[int, ...]] | FamilyJob
+    after: fns.Scenario | fns.FamilyScenario
+
+
+def _moved(draw: st.DrawFn, base: fns.FamilyScenario) -> fns.FamilyScenario:
+    """``all_to_all_v``'s ``base`` with each rank perhaps moving one row from one of its
+    send blocks to another (its tensor's shape unchanged; passed receive sizes follow)."""
+    w = base.world_size
+    send: list[list[int]] = []
+    for c in base.calls:
+        assert isinstance(c.sizes, list)  # family_bases passes a list of ints
+        send.append([int(n) for n in c.sizes])
+    for r in range(w):
+        full = [k for k in range(w) if send[r][k]]
+        if not full or not draw(st.booleans()):
+            continue
+        src, dst = draw(st.sampled_from(full)), draw(st.integers(0, w - 1))
+        send[r][src] -= 1
+        send[r][dst] += 1
+    calls = []
+    for r, c in enumerate(base.calls):
+        recv = None if c.recv_sizes is None else [send[j][r] for j in range(w)]
+        calls.append(replace(c, sizes=list(send[r]), recv_sizes=recv))
+    return replace(base, calls=tuple(calls))
+
+
+def _resized(draw: st.DrawFn, base: fns.Scenario) -> fns.Scenario:
+    """The gather's ``base`` with one rank's size along ``dim`` drawn anew (passed sizes
+    follow)."""
+    w = base.world_size
+    r = draw(st.integers(0, w - 1))
+    n = draw(st.integers(0, 4))
+    first = base.calls[0]
+    assert isinstance(first.dim, int)
+    specs = [c.x for c in base.calls]
+    assert all(isinstance(spec, fns.TensorSpec) for spec in specs)  # base_calls' own
+    sizes = [int(spec.shape[first.dim]) for spec in specs]  # type: ignore[attr-defined]  # TensorSpecs, asserted above
+    sizes[r] = n
+    calls = []
+    for k, c in enumerate(base.calls):
+        spec = c.x
+        assert isinstance(spec, fns.TensorSpec)
+        shape = list(spec.shape)
+        if k == r:
+            shape[first.dim] = n
+        passed = None if c.sizes is None else list(sizes)
+        calls.append(replace(c, x=replace(spec, shape=tuple(shape)), sizes=passed))
+    return fns.Scenario(tuple(calls))
+
+
+@st.composite
+def wide_base_calls(draw: st.DrawFn) -> fns.Scenario:
+    """A valid gather whose largest shard is past the wide round's ``WIDE_MIN_BYTES``
+    (rows of ``WIDE_ROW`` elements, 2 to 4 of them on some rank): the round whose
+    steady calls replay their direct sends."""
+    w = draw(st.integers(2, 3))
+    sizes = draw(st.lists(st.integers(0, 4), min_size=w, max_size=w).filter(lambda s: max(s) >= 2))
+    dtype = draw(st.sampled_from(GLOO_NAMES))
+    split = draw(st.booleans())  # the row as (2, WIDE_ROW // 2): a third dimension
+    trail: tuple[int, ...] = (2, WIDE_ROW // 2) if split else (WIDE_ROW,)
+    layout = draw(st.sampled_from(["strided", "strided", "transposed"]))
+    requires_grad = dtype in FLOATING and draw(st.booleans())
+    grad = draw(st.sampled_from(vargather.CONTRACTS))
+    pass_sizes = draw(st.booleans())
+    seed = draw(st.integers(0, 99))
+    calls = []
+    for n in sizes:
+        spec = fns.TensorSpec((n, *trail), dtype, requires_grad, layout, seed=seed)
+        calls.append(fns.Call(spec, dim=0, sizes=list(sizes) if pass_sizes else None, grad=grad))
+    return fns.Scenario(tuple(calls))
+
+
+WIDE_ROW = WIDE_MIN_BYTES // 2 + 8
+"""Elements of one row of ``wide_base_calls``: two rows of any dtype (a byte or more an
+element) are past ``WIDE_MIN_BYTES``."""
+
+
+@st.composite
+def steady_runs(draw: st.DrawFn) -> SteadyRun:
+    """A ``SteadyRun``: the gather or a family collective, 1 to ``SHRINK_AFTER + 3``
+    valid calls, sizes moving in them or not, a mutated one, the valid one again."""
+    repeats = draw(st.integers(1, SHRINK_AFTER + 3))
+    moving = draw(st.booleans())
+    before: list[fns.Scenario | fns.FamilyScenario] = []
+    if draw(st.sampled_from(["gather", "family"])) == "gather":
+        base = draw(st.one_of(base_calls(), wide_base_calls()))
+        for _ in range(repeats):
+            before.append(base)
+            if moving:
+                base = _resized(draw, base)
+        return SteadyRun(tuple(before), _mutated(draw, base), base)
+    family_base = draw(family_bases())
+    for _ in range(repeats):
+        before.append(family_base)
+        if moving and family_base.collective == "all_to_all_v":
+            family_base = _moved(draw, family_base)
+    return SteadyRun(tuple(before), _family_mutated(draw, family_base), family_base)
+
+
+def check_steady_run(run: SteadyRun) -> None:
+    w = run.after.world_size
+    history = _remember(w, run)
+    try:
+        _check_steady_run(run)
+    except AssertionError as err:
+        raise AssertionError(f"{err}{history}") from None
+
+
+def _check_steady_run(run: SteadyRun) -> None:
+    pool = get_pool(run.after.world_size)
+    generation = pool.generation
+    COUNTS["steady runs"] += 1
+    COUNTS["steady runs, calls"] += len(run.before) + 2
+    for i, scenario in enumerate(run.before):
+        _judged(f"call #{i} of the run (valid)", scenario)
+    try:
+        mutated, ranks = run.mutated[0], run.mutated[1]
+        verdict = (
+            _run_family(mutated, ranks)
+            if isinstance(mutated, fns.FamilyScenario)
+            else _run_mutated(mutated, ranks)
+        )
+        COUNTS[f"steady runs, mutated {verdict}"] += 1
+    except AssertionError as err:
+        raise AssertionError(f"call #{len(run.before)} of the run (mutated): {err}") from None
+    _judged(f"call #{len(run.before) + 1} of the run (valid again)", run.after)
+    assert pool.generation == generation, "the process group had to be rebuilt"
+
+
+def _judged(where: str, scenario: fns.Scenario | fns.FamilyScenario) -> None:
+    """Run a valid call and judge it (``_run_family``, ``_judge_valid``), saying where
+    in its run it was."""
+    try:
+        if isinstance(scenario, fns.FamilyScenario):
+            _run_family(scenario, ())
+        else:
+            _judge_valid(scenario)
+    except AssertionError as err:
+        raise AssertionError(f"{where}: {err}") from None
+
+
+def _judge_valid(scenario: fns.Scenario) -> None:
+    """Run a valid gather scenario and judge it: every rank the oracle's output and
+    gradient."""
+    try:
+        results = get_pool(scenario.world_size).run(fns.run_call, scenario)
+    except PoolFailure as failure:
+        raise AssertionError(f"the world failed (abort or hang): {failure}") from None
+    want, grads = fns.expected_of(scenario)
+    for r, got in enumerate(results):
+        assert_bitwise_equal(got.output, want, msg=f"rank {r}: output")
+        if grads[r] is not None:
+            assert got.grad is not None, f"rank {r}: no gradient"
+            assert_bitwise_equal(got.grad, grads[r], msg=f"rank {r}: gradient")
+
+
 examples = st.one_of(
     vst.gather_cases(
         min_world_size=2, max_world_size=3, transports=GLOO_TRANSPORTS, dtypes=DTYPE_NAMES
@@ -869,6 +1064,7 @@ examples = st.one_of(
     mutated_calls(),
     family_examples,
     _nan_fns.nan_cases(),
+    steady_runs(),
 )
 
 
@@ -887,6 +1083,8 @@ def fuzz_one(example: Any) -> None:
         example, (family.ReduceScatterCase, family.AllToAllCase, family.GatherListCase)
     ):
         check_family_valid(example)
+    elif isinstance(example, SteadyRun):
+        check_steady_run(example)
     elif isinstance(example[0], fns.FamilyScenario):
         check_family_mutated(example)
     else:
@@ -964,7 +1162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     COUNTS.clear()  # the drawn examples only, below
     failures += run_timed(args.minutes * 60, args.db, args.chunk, args.seed)
     elapsed = time.monotonic() - started
-    total = sum(COUNTS[k] for k in ("valid", "mutated", "family valid", "family mutated", "nan"))
+    kinds = ("valid", "mutated", "family valid", "family mutated", "nan", "steady runs")
+    total = sum(COUNTS[k] for k in kinds)
     drawn = "fresh randomness" if args.seed is None else f"seeds {args.seed}, {args.seed + 1}, ..."
     lines = [
         f"fuzz_multirank: {elapsed:.0f} s, database {args.db}, {drawn}",
@@ -977,6 +1176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({COUNTS['family mutated, refused']} refused on every rank, "
         f"{COUNTS['family mutated, harmless']} harmless and correct)",
         f"  NaN cases (tests/_nan_fns.nan_cases): {COUNTS['nan']}",
+        f"  steady runs (a valid call repeated, a mutated one, the valid one again): "
+        f"{COUNTS['steady runs']}, {COUNTS['steady runs, calls']} calls (the mutated "
+        f"ones: {COUNTS['steady runs, mutated refused']} refused on every rank, "
+        f"{COUNTS['steady runs, mutated harmless']} harmless and correct)",
         f"  total: {total} examples, {len(failures)} failure(s)",
     ]
     lines += [f"FAILURE {failure}" for failure in failures]

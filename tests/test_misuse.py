@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
@@ -464,6 +465,7 @@ def _fuzz_multirank() -> Any:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -570,3 +572,53 @@ def test_family_fuzz_judge_refuses_every_wrong_outcome() -> None:
         fuzz.judge_family(local, _raised(vargather.SizesMismatchError(told, ranks=[1]), 2), (1,))
     with pytest.raises(AssertionError, match="none mutated"):
         fuzz.judge_family(local, _raised(vargather.SizesError(told, ranks=[1]), 2), (0,))
+
+
+# --- the fuzzer's steady runs --------------------------------------------------------
+
+
+def _a2a_run(fuzz: Any) -> Any:
+    """2 ranks: ``all_to_all_v`` 10 times (past ``SHRINK_AFTER``), rank 0 moving a row
+    between its blocks every call, then rank 1 calling with int32 on top of it, then
+    the last call again."""
+    m = fuzz.fns
+
+    def scenario(row0: list[int]) -> Any:
+        rows = [row0, [2, 1]]
+        calls = tuple(
+            m.FamilyArgs(m.TensorSpec((sum(row), 3), "float32", seed=5), sizes=row) for row in rows
+        )
+        return m.FamilyScenario("all_to_all_v", calls)
+
+    before = tuple(scenario([1 + i % 2, 2 - i % 2]) for i in range(10))
+    after = before[-1]
+    odd = replace(after.calls[1], x=m.TensorSpec((3, 3), "int32", seed=5))
+    mutated = m.FamilyScenario("all_to_all_v", (after.calls[0], odd))
+    return fuzz.SteadyRun(before, (mutated, (1,), "dtype"), after)
+
+
+def _wide_gather_run(fuzz: Any) -> Any:
+    """2 ranks: a gather of rows past the wide round's 128 KiB, 10 times, then rank 0
+    passing sizes that lie, then the gather again."""
+    m = fuzz.fns
+    specs = [m.TensorSpec((n, fuzz.WIDE_ROW), "float32", seed=2) for n in (2, 1)]
+    base = m.Scenario(tuple(m.Call(spec) for spec in specs))
+    liar = replace(base.calls[0], sizes=[1, 2])
+    return fuzz.SteadyRun((base,) * 10, (m.Scenario((liar, base.calls[1])), (0,)), base)
+
+
+def test_a_fuzz_steady_run_judges_every_call_and_names_the_one_that_failed() -> None:
+    """fuzz/fuzz_multirank.py's steady runs: a valid call repeated on one world (the
+    steady paths replay it), a rank breaking it, the call again; every call judged,
+    the world intact. A run whose last call is wrong for its tensors fails, naming
+    that call."""
+    fuzz = _fuzz_multirank()
+    for run in (_a2a_run(fuzz), _wide_gather_run(fuzz)):
+        fuzz.check_steady_run(run)
+    run = _a2a_run(fuzz)
+    m = fuzz.fns
+    short = replace(run.after.calls[0], sizes=[1, 1])  # 3 rows, sizes adding up to 2
+    bad = replace(run, after=m.FamilyScenario("all_to_all_v", (short, run.after.calls[1])))
+    with pytest.raises(AssertionError, match=r"call #11 of the run \(valid again\)"):
+        fuzz.check_steady_run(bad)
+    assert_family_usable(get_pool(2), "all_to_all_v", get_pool(2).generation)
