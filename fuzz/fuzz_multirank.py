@@ -894,11 +894,11 @@ property suite's too). One strategy, not a ``one_of``: Hypothesis flattens neste
 @dataclass(frozen=True)
 class SteadyRun:
     """Calls on one world in a row, the steady paths' ground: ``before`` (a valid call
-    repeated, past the round state's ``SHRINK_AFTER``, perhaps with ``all_to_all_v``'s
-    send sizes or the gather's sizes moving from call to call), then ``mutated`` (one
-    or more ranks breaking the pattern: a mutated call of the same collective, judged
-    as any mutated call is), then ``after`` (the last valid call again). Each call is
-    judged alone; the process group must survive them all."""
+    repeated, often past the round state's ``SHRINK_AFTER``, perhaps with
+    ``all_to_all_v``'s send sizes or the gather's sizes moving from call to call), then
+    ``mutated`` (one or more ranks breaking the pattern: a mutated call of the same
+    collective, judged as any mutated call is), then ``after`` (the last valid call
+    again). Each call is judged alone; the process group must survive them all."""
 
     before: tuple[fns.Scenario | fns.FamilyScenario, ...]
     mutated: tuple[fns.Scenario, tuple[int, ...]] | FamilyJob
