@@ -373,16 +373,9 @@ def _check_mutated(scenario: fns.Scenario, mutated: tuple[int, ...]) -> None:
     generation = pool.generation
     COUNTS["mutated"] += 1
     COUNTS[f"mutated, {_run_mutated(scenario, mutated)}"] += 1
-    valid = fns.valid_scenario(w, seed=3)
-    results = pool.run(fns.run_call, valid)
+    # a correct gather with gradients (valid_scenario's: every rank's judged)
+    _judged("the next gather on the group", fns.valid_scenario(w, seed=3))
     assert pool.generation == generation, "the process group had to be rebuilt"
-    want, grads = fns.expected_of(valid)
-    for r, got in enumerate(results):
-        assert_bitwise_equal(got.output, want, msg="the next gather on the group was wrong")
-        want_grad = grads[r]
-        assert got.grad is not None
-        assert want_grad is not None
-        assert_bitwise_equal(got.grad, want_grad, msg="the next gather's gradient was wrong")
 
 
 def _run_mutated(scenario: fns.Scenario, mutated: tuple[int, ...]) -> str:
