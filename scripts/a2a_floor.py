@@ -1,10 +1,10 @@
 """Where ``all_to_all_v``'s time goes on gloo: its steady call beside the primitives under it.
 
 On a ``--ranks``-rank gloo world (processes spawned here; ``FileStore`` rendezvous in a
-temporary directory; one intra-op thread per rank, as ``torchrun`` sets), every rank
-sends ``--kb / W`` KiB of rows of 64 float32, cut by a mild skew (shares 1 : 1.17 :
-1.33 : 1.5 at 4 ranks, rank ``r`` receiving share ``r`` of every rank's rows), the
-same every call. Variants:
+temporary directory; one intra-op thread per rank, as ``torchrun`` sets), the bench's
+family cell: every rank sends ``--kb / W`` KiB of rows of 64 float32, cut by the
+bench's ``mild`` profile (shares 1 : 1.25 : 1.5 : 1.75 at 4 ranks, rank ``r``
+receiving share ``r`` of every rank's rows), the same every call. Variants:
 
 * ``all_to_all_single``: torch's, both split lists known (the baseline);
 * ``direct``: the exact blocks by direct sends (``ProcessGroup.send`` / ``recv``, every
@@ -20,8 +20,8 @@ same every call. Variants:
 * ``rows-by-all_gather``: the rows by an async ``all_gather_into_tensor`` beside the
   direct sends of the blocks;
 * ``vargather~changing``: ``all_to_all_v`` validated, every rank's send sizes moving
-  about 5 % of a block between two peers every call (as the bench's variant of that
-  name), on a learned state of its own (``internal.swap_state``).
+  about 5 % of a block between two peers every call (the bench's variant of that name,
+  by its ``changing_sizes``), on a learned state of its own (``internal.swap_state``).
 
 Timing: ``--bursts`` rounds, each variant a burst of ``--calls`` calls after a barrier,
 in a rotated order; a burst's time is the slowest rank's, its ratio against the
@@ -47,7 +47,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-COLUMNS = 64
+# The bench's own definitions of its family cell, so that both time the same calls.
+from vargather._cli.bench._config import FAMILY_COLUMNS, profile_shares, split_rows
+from vargather._cli.bench._variants import changing_sizes, changing_step
+
+COLUMNS = FAMILY_COLUMNS
 ROW_BYTES = 992
 BASELINE = "all_to_all_single"
 VARIANTS = (
@@ -62,20 +66,12 @@ VARIANTS = (
 )
 
 
-def _split(n: int, w: int) -> list[int]:
-    """``n`` rows cut by the mild skew (weights 1 + 0.5 r / (W - 1))."""
-    weights = [1.0 + 0.5 * r / max(1, w - 1) for r in range(w)]
-    sizes = [int(n * s / sum(weights)) for s in weights]
-    sizes[-1] += n - sum(sizes)
-    return sizes
-
-
 def _variants(rank: int, w: int, kb: int) -> dict[str, Callable[[], torch.Tensor]]:
     import vargather
     from vargather import internal
 
     per_rank = max(1, round(kb * 1024 / (4 * COLUMNS * w)))
-    send = _split(per_rank, w)
+    send = split_rows(per_rank, profile_shares("mild", w))
     recv = [send[rank]] * w
     at_send = [sum(send[:k]) for k in range(w)]
     at_recv = [sum(recv[:k]) for k in range(w)]
@@ -138,17 +134,13 @@ def _variants(rank: int, w: int, kb: int) -> dict[str, Callable[[], torch.Tensor
         handle.wait()
         return out
 
-    step = max(1, round(0.05 * per_rank / w))
+    step = changing_step(per_rank, w)
     calls = [0]
     state = [internal.FusedState()]
 
     def changing() -> torch.Tensor:
         calls[0] += 1
-        sizes = list(send)
-        g, k = (calls[0] + rank) % w, (calls[0] + rank + 1) % w
-        moved = min(step, sizes[k])
-        sizes[g] += moved
-        sizes[k] -= moved
+        sizes = changing_sizes(send, step, calls[0] + rank)  # the bench's phases
         before = internal.swap_state(None, state[0], "all_to_all_v")
         try:
             return vargather.all_to_all_v(x, sizes)
