@@ -92,8 +92,11 @@ class Layout:
             raise ValueError(
                 f"Layout: dim={self.dim} but leading_shape has {len(self.leading_shape)} dims"
             )
-        # a frozen dataclass's own fields, set as ``object.__setattr__`` would
-        self.__dict__.update(_size_fields(self.sizes))
+        # a frozen dataclass's own fields, set as its ``__init__`` sets them (dynamo
+        # before torch 2.13 cannot trace ``__dict__.update`` on one, and a compiled
+        # step builds a Layout while tracing: torch 2.11 refused ``all_to_all_v``)
+        for name, value in _size_fields(self.sizes).items():
+            object.__setattr__(self, name, value)
 
     def with_sizes(self, sizes: tuple[int, ...]) -> Layout:
         """This layout with ``sizes`` (same length, none negative: the caller checked)
