@@ -125,7 +125,7 @@ def _same_bits(
         return f"{what}: on {got.device}, expected {device}"
     if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
         return f"{what}: {got.dtype} {tuple(got.shape)}, expected {want.dtype} {tuple(want.shape)}"
-    a, b = got.detach().cpu().contiguous(), want.detach().contiguous()
+    a, b = got.detach().cpu().contiguous(), want.detach().cpu().contiguous()
     if a.numel() == 0:
         return None
     if a.is_complex():

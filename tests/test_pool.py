@@ -502,3 +502,23 @@ def test_ranks_default_inductor_to_scalar_kernels_compiled_in_process(
 def test_a_rank_compiles_with_the_pools_inductor_settings() -> None:
     """In a real rank (forked from the suite's forkserver) inductor's config holds them."""
     assert get_pool(1).run(fns.inductor_settings, None) == [(False, 1)]
+
+
+def test_the_forkserver_preloads_compile_modules_only_where_no_gpu_is_present(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a machine with a CUDA device the forkserver must not import what
+    ``preload`` added (dynamo, inductor): with them imported there, every fork of the
+    server failed to use CUDA ("Cannot re-initialize CUDA in forked subprocess"), and
+    ``check --compile`` failed every row on an H200 (``docs/compile.md``)."""
+    monkeypatch.setattr(vt.pool, "_PRELOAD", ["torch._dynamo", "torch._inductor.compile_fx"])
+    base = ["torch", "torch.distributed", "vargather.testing.pool"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert vt.pool._server_preload() == [
+        *base[:2],
+        "torch._dynamo",
+        "torch._inductor.compile_fx",
+        base[2],
+    ]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert vt.pool._server_preload() == base

@@ -753,6 +753,20 @@ _PRELOAD: list[str] = []
 """Modules the forkserver imports besides torch (``preload``)."""
 
 
+def _server_preload() -> list[str]:
+    """What the forkserver imports: torch, ``torch.distributed``, this module, and
+    ``preload``'s modules, except where a CUDA device is present. There, importing
+    dynamo and inductor initialized CUDA in the server (torch 2.11 on an H200, with
+    ``check --compile``), and a rank forked from a process that initialized CUDA can no
+    longer use it ("Cannot re-initialize CUDA in forked subprocess"), nor compile a
+    step (dynamo reads the CUDA RNG state of every frame it compiles where CUDA is
+    available): every row failed. Its ranks import those modules on first use instead."""
+    import torch
+
+    extra = [] if torch.cuda.is_available() else _PRELOAD
+    return ["torch", "torch.distributed", *extra, __name__]
+
+
 def preload(modules: Sequence[str]) -> None:
     """Also import ``modules`` in the server that forkserver worlds fork from, so that
     no rank pays for them in its first call (torch's functional collectives and
@@ -813,7 +827,7 @@ class _World:
             # The server imports torch once; each rank is then a fork of it instead of a
             # process that imports torch itself. Takes effect when
             # this process's forkserver starts, and replaces any earlier preload list.
-            mp.set_forkserver_preload(["torch", "torch.distributed", *_PRELOAD, __name__])
+            mp.set_forkserver_preload(_server_preload())
         else:
             mp = multiprocessing.get_context("spawn")
         try:
