@@ -5,7 +5,6 @@ vargather returned, in kind."""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from pathlib import Path
 from types import ModuleType
@@ -15,18 +14,15 @@ import torch
 
 import vargather
 
+from ._by_path import import_path
+
 SHIM = Path(__file__).resolve().parents[1] / "scripts" / "cuda_shim.py"
 
 
 @pytest.fixture
 def shim(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.setenv("VARGATHER_SHIM_DEVICE", "cpu")
-    spec = importlib.util.spec_from_file_location("cuda_shim", SHIM)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_path("cuda_shim", SHIM)
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,12 @@ and the performance page stay within their line limits.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
+
+from ._by_path import import_path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -33,12 +34,7 @@ _DIRECTIVE = re.compile(
 
 def load_conf() -> ModuleType:
     """docs/conf.py as a module (it imports no Sphinx at its top level)."""
-    spec = importlib.util.spec_from_file_location("_vargather_docs_conf", DOCS / "conf.py")
-    assert spec is not None
-    assert spec.loader is not None
-    conf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conf)
-    return conf
+    return import_path("_vargather_docs_conf", DOCS / "conf.py")
 
 
 def entries(text: str) -> list[str]:

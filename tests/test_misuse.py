@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
@@ -41,6 +40,8 @@ from vargather.testing import (
     get_pool,
 )
 from vargather.testing import misuse as fns
+
+from ._by_path import import_path
 
 if TYPE_CHECKING:
     import _fault_fns as faults
@@ -458,16 +459,8 @@ def test_true_sizes_about_a_tensor_a_peer_changed_blame_the_sizes_and_name_the_p
 
 def _fuzz_multirank() -> Any:
     """fuzz/fuzz_multirank.py, imported by path (fuzz/ is not a package)."""
-    import importlib.util
-
     path = os.path.join(os.path.dirname(__file__), "..", "fuzz", "fuzz_multirank.py")
-    spec = importlib.util.spec_from_file_location("fuzz_multirank", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return import_path("fuzz_multirank", path)
 
 
 # --- the fuzz judge of the family, both ways -----------------------------------------

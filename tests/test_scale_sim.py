@@ -7,8 +7,6 @@ at W = 4, and the collectives it counts are checked against the same calls on a 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -17,6 +15,7 @@ import pytest
 from vargather import _fused, _round_state, _wire
 from vargather.testing import get_pool
 
+from ._by_path import import_path
 from ._fused_fns import collectives_per_call
 
 pytestmark = pytest.mark.multirank
@@ -25,13 +24,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "scale_sim.py"
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("scale_sim", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["scale_sim"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return import_path("scale_sim", SCRIPT)
 
 
 @pytest.mark.parametrize(

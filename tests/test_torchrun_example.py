@@ -14,7 +14,6 @@ in this one process, what every rank wrote:
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -27,6 +26,8 @@ import torch
 
 from vargather import oracle
 
+from ._by_path import import_path
+
 # The slow schedule's: a torchrun launcher and three interpreters, 12 s of the default
 # run's 2 cores; the README's own torchrun example runs by default (tests/test_docs.py).
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]
@@ -38,12 +39,7 @@ TIMEOUT_S = 240
 
 
 def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("contrastive_torchrun", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_path("contrastive_torchrun", EXAMPLE)
 
 
 BATCH_SIZES = (pytest.param("5,2,7", marks=pytest.mark.slow), "5,0,7")
