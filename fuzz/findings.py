@@ -54,6 +54,26 @@ STAGES: list[tuple[str, str, tuple[Any, ...]]] = [
             ),
         ),
     ),
+    (
+        # A fresh 8-minute run (stop 47): a one-rank world's meta tensor was accepted
+        # (nothing communicates, so no device is refused) while the target's statement
+        # of a valid call required the CPU in every world; the statement was wrong.
+        "fuzz_stages run, 2026-12-04",
+        "verdict_is_rank_independent",
+        (
+            [
+                {
+                    "x": torch.empty(0, 0, dtype=torch.bfloat16, device="meta"),
+                    "dim": 0,
+                    "sizes": None,
+                    "contract": "sum",
+                    "transport": "auto",
+                    "validate": True,
+                    "timeout": None,
+                }
+            ],
+        ),
+    ),
 ]
 
 MULTIRANK: list[tuple[str, Any]] = [

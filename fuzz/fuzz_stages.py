@@ -407,11 +407,14 @@ def worlds(draw: st.DrawFn) -> list[dict[str, Any]]:
     return out
 
 
-def _tensor_ok(x: object) -> bool:
+def _tensor_ok(x: object, w: int) -> bool:
+    """A tensor a ``w``-rank call may pass: its device is one gloo carries only where
+    something is carried (``w > 1``); in a world of one nothing communicates and any
+    device is the identity's."""
     return (
         isinstance(x, torch.Tensor)
         and x.layout == torch.strided
-        and x.device.type == "cpu"
+        and (w == 1 or x.device.type in ("cpu", "cuda"))
         and x.dtype in GLOO_DTYPES
         and 1 <= x.ndim <= MAX_NDIM
     )
@@ -430,7 +433,7 @@ def _valid_world(world: list[dict[str, Any]]) -> bool:
     """An independent statement of what a valid call is."""
     w = len(world)
     xs = [c["x"] for c in world]
-    if not all(_tensor_ok(x) for x in xs):
+    if not all(_tensor_ok(x, w) for x in xs):
         return False
     dims = [_int_like(c["dim"]) for c in world]
     if any(d is None or not -x.ndim <= d < x.ndim for d, x in zip(dims, xs, strict=True)):

@@ -28,6 +28,23 @@ def test_uninitialized_is_identity_with_gradient(grad: str, dim: int) -> None:
     assert torch.equal(x.grad, want)
 
 
+@pytest.mark.parametrize("shape", [(0, 0), (3, 2)])
+def test_without_a_world_every_collective_is_the_identity_on_any_device(
+    shape: tuple[int, int],
+) -> None:
+    """Nothing communicates, so no device is refused: a meta tensor (shape inference,
+    fake tensors) comes back as it went in (a fuzz finding pinned the rule)."""
+    x = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    n = shape[0]
+    for y in (
+        vargather.all_gather_v(x, 0),
+        vargather.reduce_scatter_v(x, [n]),
+        vargather.all_to_all_v(x, [n]),
+        *vargather.all_gather_list(x),
+    ):
+        assert (y.device.type, y.shape, y.dtype) == ("meta", x.shape, x.dtype)
+
+
 def test_layout_of_a_one_process_world() -> None:
     layout = vargather.gather_layout(torch.zeros(2, 5, 3), dim=-2)
     assert layout.sizes == (5,)
