@@ -50,6 +50,7 @@ import torch.multiprocessing as mp
 
 import vargather
 from vargather import GradContract, oracle
+from vargather.testing.asserts import bitwise_difference
 from vargather.testing.cases import make_upstream, make_values
 
 OPS = ("all_gather_v", "reduce_scatter_v", "all_to_all_v", "all_gather_list")
@@ -120,24 +121,12 @@ class Checks:
 def _same_bits(
     got: torch.Tensor, want: torch.Tensor, what: str, device: torch.device
 ) -> str | None:
-    """``None`` when ``got`` lies on ``device`` and holds ``want``'s bytes exactly."""
+    """``None`` when ``got`` lies on ``device`` and holds ``want``'s dtype, shape and
+    bytes exactly (the kit's ``bitwise_difference``, which reads any device)."""
     if got.device.type != device.type:
         return f"{what}: on {got.device}, expected {device}"
-    if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
-        return f"{what}: {got.dtype} {tuple(got.shape)}, expected {want.dtype} {tuple(want.shape)}"
-    a, b = got.detach().cpu().contiguous(), want.detach().cpu().contiguous()
-    if a.numel() == 0:
-        return None
-    if a.is_complex():
-        a, b = torch.view_as_real(a), torch.view_as_real(b)
-    if not torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
-        diff = (
-            (a.double() - b.double()).abs().nan_to_num(0).max().item()
-            if a.is_floating_point()
-            else "-"
-        )
-        return f"{what}: bytes differ (largest difference {diff})"
-    return None
+    problem = bitwise_difference(got, want)
+    return None if problem is None else f"{what}: {problem}"
 
 
 def _inputs(shapes: Sequence[Sequence[int]], dtype: str, seed: int) -> list[torch.Tensor]:
