@@ -70,7 +70,6 @@ from ._round_buffers import (
     Closing,
     closed_up,
     closing,
-    copy_bytes,
     pack,
     plain_bytes,
     plain_in_blocks,
@@ -567,16 +566,12 @@ def _resized_call(
     at = _blocks_at(sizes, unit)
     flat = plain_bytes(x)
     pieces = [flat[a : a + n] for a, n in at]
-    own = None  # by direct sends: this rank's own block, copied after the round
     if isinstance(ridden, DirectRound):
-        own, pieces[rank] = pieces[rank], pieces[rank][:0]
         buf, raw = run_direct(call, info, pg, ridden, pieces)
     else:
         buf, raw = send_packed(call, info, pg, ridden, pieces)
     matrix = resized_matrix(raw, steady.raw, w, d, room, unit)
     if matrix is None:
-        if own is not None:  # its slot, which the full path's cut reads
-            copy_bytes(buf[ridden.starts[rank] : ridden.starts[rank] + own.numel()], own)
         ex = _exchanged(call, info, pg, state, ridden, buf, raw)
         plan = plan_from_exchange(x, call, info, ex)
         _remember(key, call, info, ex, plan)
@@ -591,16 +586,7 @@ def _resized_call(
     recv_layout = split_layout((*shape[:d], sum(recv), *shape[d + 1 :]), d, recv, x.dtype, info)
     needs = tuple(n * unit for n in recv)
     closes = closing(ridden.starts, needs)
-    if own is None:
-        result = closed_up(buf, closes, recv_layout)
-    else:  # the others' blocks closed up, then this rank's straight to its place
-        # (its region's move, if any: an empty own block has none, and then the next
-        # rank's region may start where this rank's does)
-        own_region = ridden.starts[rank] if needs[rank] else -1
-        others = Closing(tuple(m for m in closes.moves if m[1] != own_region), closes.length)
-        result = closed_up(buf, others, recv_layout)
-        final = sum(needs[:rank])
-        copy_bytes(buf[final : final + own.numel()], own)
+    result = closed_up(buf, closes, recv_layout)
     _STEADY.put(
         pg,
         NAME,

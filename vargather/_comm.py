@@ -44,6 +44,7 @@ __all__ = [
     "all_gather_equal",
     "all_gather_list",
     "all_reduce_sum",
+    "all_to_all_round",
     "all_to_all_uneven",
     "broadcast_from_each",
     "collectives_issued",
@@ -301,15 +302,58 @@ def _alltoallv(
         work.wait()
 
 
-def _sync_options() -> dist.AllToAllOptions:
+def _all_to_all_options(async_op: bool) -> dist.AllToAllOptions:
     opts = dist.AllToAllOptions()
-    opts.asyncOp = False  # as dist.all_to_all_single sets it for a blocking call
+    opts.asyncOp = async_op  # as dist.all_to_all_single sets it
     return opts
 
 
-_SYNC_ALL_TO_ALL: Final = _sync_options()
-"""The options of every alltoallv vargather posts (read only by the backend; the
-timeout is left unset: the group's, which ``call_timeout`` sets for a per-call one)."""
+_SYNC_ALL_TO_ALL: Final = _all_to_all_options(False)
+"""The options of every blocking alltoallv vargather posts (read only by the backend;
+the timeout is left unset: the group's, which ``call_timeout`` sets for a per-call
+one)."""
+
+_ASYNC_ALL_TO_ALL: Final = _all_to_all_options(True)
+"""The same for the alltoallvs of ``all_to_all_round``, posted before any is awaited."""
+
+
+AllToAll = tuple[torch.Tensor, torch.Tensor, Sequence[int], Sequence[int]]
+"""One alltoallv of uint8 buffers: ``(output, input, output_splits, input_splits)``."""
+
+
+def all_to_all_round(exchanges: Sequence[AllToAll], info: GroupInfo, *, what: str) -> None:
+    """Several alltoallvs of flat uint8 buffers (``AllToAll``) as one round: every one
+    posted, in order, before any is awaited (every rank posts the same ones in the same
+    order, so they match as collectives do), then each awaited. On gloo each runs on
+    one of the group's worker threads, its sends and receives posted in C++ and its
+    own block copied there (gloo requires ``output_splits[rank] ==
+    input_splits[rank]``); a peer's message may be shorter than the room its receiver
+    gave it (gloo takes any message of at most the receive's size). One collective
+    call as the census and the issued count see it, under one timeout."""
+    pg = gloo_group(info)
+    with translate_collective_errors(what, info):
+        works = []
+        for out, inp, out_splits, in_splits in exchanges:
+            if pg is not None:
+                works.append(
+                    _pg_all_to_all(pg)(
+                        out, inp, list(out_splits), list(in_splits), _ASYNC_ALL_TO_ALL
+                    )
+                )
+            else:
+                works.append(
+                    dist.all_to_all_single(
+                        out,
+                        inp,
+                        output_split_sizes=list(out_splits),
+                        input_split_sizes=list(in_splits),
+                        group=info.group,
+                        async_op=True,
+                    )
+                )
+        for work in works:
+            if work is not None:
+                work.wait()
 
 
 def _pg_all_to_all(pg: dist.ProcessGroup) -> Callable[..., Any]:
@@ -418,6 +462,7 @@ def send_receive(
     *,
     what: str | None = None,
     tag: int = P2P_TAG,
+    meanwhile: Callable[[], None] | None = None,
 ) -> None:
     """Direct sends: message ``i`` of ``outgoing[q]`` goes to rank ``q`` and lands in
     message ``i`` of rank ``q``'s ``incoming[rank]``, for every peer ``q`` (the entries
@@ -454,6 +499,8 @@ def send_receive(
     with translate_collective_errors(what or f"send/recv x{len(posts)}", info):
         limit = None if info.backend == "nccl" else info.timeout or group_timeout(info)
         works = _post(posts, info)
+        if meanwhile is not None:
+            meanwhile()
         for work in works:
             if limit is None:
                 work.wait()

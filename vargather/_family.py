@@ -89,7 +89,7 @@ import torch.distributed as dist
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
 from ._choices import CONTRACTS, DEVICE_TYPES
 from ._collectives import COLLECTIVE_NAMES, COLLECTIVES, CollectiveName, by_code, name_of_code
-from ._comm import BLOCKS_TAG, GroupInfo, all_to_all_uneven, send_receive
+from ._comm import BLOCKS_TAG, GroupInfo, all_to_all_round, all_to_all_uneven, send_receive
 from ._dtypes import dtype_from_code
 from ._errors import (
     ArgumentMismatchError,
@@ -107,6 +107,7 @@ from ._round_buffers import (
     copy_bytes,
     hand_back,
     handed_back_buffer,
+    move_left,
     plain,
     region_cutter,
 )
@@ -574,19 +575,18 @@ def _direct_wide_exchange(
 class DirectRound:
     """The wide round by direct sends of one state on one rank (a pure function of the
     slots, this rank's row and the backend): to every peer ``k``, this rank's ``row``
-    as one message and its block for ``k`` as another, into a slot of ``wide[rank * W
-    + k]`` bytes; every peer's row and block received in place, rank ``j``'s block
-    into its region of one buffer of ``size`` bytes (``in_slots[j]`` bytes at
-    ``starts[j]``, a 16-byte boundary: any dtype views it; this rank's own block copied
-    in): all 4 (W - 1) operations in one batch (``send_receive``, under
-    ``BLOCKS_TAG``).
+    and its block for ``k``, into a slot of ``wide[rank * W + k]`` bytes; every peer's
+    row and block received in place, rank ``j``'s block into its region of one buffer
+    of ``size`` bytes (``in_slots[j]`` bytes at ``starts[j]``, a 16-byte boundary: any
+    dtype views it; this rank's own block copied in) (``run_direct``).
 
-    ``exact`` (gloo, ``SHORT_MESSAGES``): a block is sent as it lies in the caller's
-    tensor (no copy when ``x`` is contiguous and its blocks lie one after the other)
-    and only its bytes, at most the slot: gloo receives a shorter message into a
-    larger buffer, and the row says how many bytes came; a slot with nothing to fill
-    gets one zero byte. Elsewhere every message is exactly its slot (the block and
-    zeros, copied)."""
+    ``exact`` (gloo, ``SHORT_MESSAGES``): the round is two alltoallvs posted together,
+    the rows and the blocks; a block is sent as it lies in the caller's tensor (no copy
+    when ``x`` is contiguous and its blocks lie one after the other) and only its
+    bytes, at most the slot: gloo receives a shorter message into a larger buffer, and
+    the row says how many bytes came. Elsewhere it is ``4 (W - 1)`` point-to-point
+    messages in one batch (``send_receive``, under ``BLOCKS_TAG``), every block message
+    exactly its slot (the block and zeros, copied)."""
 
     row: torch.Tensor
     room: tuple[int, ...]
@@ -594,10 +594,6 @@ class DirectRound:
     starts: tuple[int, ...]
     size: int
     exact: bool
-
-
-_ZERO_BYTE: Final = torch.zeros(1, dtype=torch.uint8)
-"""One zero byte on the CPU: the message of a slot with nothing to fill (only sent)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -636,14 +632,105 @@ def run_direct(
     blocks: Sequence[torch.Tensor] | None,
 ) -> tuple[torch.Tensor, bytes]:
     """One direct round of this rank's ``blocks`` (``None``: none rides): the receive
-    buffer, its regions filled, and the received rows' bytes (``_landed_rows``)."""
+    buffer, its regions filled (this rank's own block at the start of its region), and
+    the received rows' bytes (``_landed_rows``). On a backend that takes short messages
+    (``direct.exact``) the round is two alltoallvs (``_direct_by_all_to_all``), else
+    point-to-point messages (``_direct_by_messages``)."""
+    if direct.exact:
+        return _direct_by_all_to_all(call, info, pg, direct, blocks)
+    return _direct_by_messages(call, info, pg, direct, blocks)
+
+
+def _direct_by_all_to_all(
+    call: FamilyCall,
+    info: GroupInfo,
+    pg: dist.ProcessGroup,
+    direct: DirectRound,
+    blocks: Sequence[torch.Tensor] | None,
+) -> tuple[torch.Tensor, bytes]:
+    """The direct round on gloo: two alltoallvs posted together (``all_to_all_round``),
+    every rank's row to every rank, and this rank's blocks as they lie (one view of
+    them when they lie one after the other, as a plain tensor's do) into the peers'
+    regions, each only its bytes.
+
+    This rank's own block rides in the second too, copied by the backend, which wants
+    its receive room equal to its length ``L``: it lands at the end of its region (the
+    room before it goes to the previous rank's region, or is left out of the output
+    for rank 0) and is moved to the region's start after, unless it fills the region
+    (a steady state's exact slot in whole 16 bytes: nothing moves)."""
+    w, rank = info.world_size, info.rank
+    device = info.default_device()
+    length = direct.row.numel()
+    rows = torch.empty(w * length, dtype=torch.uint8, device=device)
+    buf = handed_back_buffer(pg, "blocks", direct.size, device)
+    pieces = list(blocks) if blocks is not None else [buf[:0]] * w
+    in_splits = [p.numel() for p in pieces]
+    own = in_splits[rank]
+    ends = [*direct.starts[1:], direct.size]
+    own_at = ends[rank] - own
+    out_splits = [end - start for start, end in zip(direct.starts, ends, strict=True)]
+    out_splits[rank] = own
+    out = buf
+    if rank > 0:
+        out_splits[rank - 1] += own_at - direct.starts[rank]
+    else:
+        out = buf[own_at:]
+    all_to_all_round(
+        [
+            (rows, _tiled(direct.row, w).to(device), [length] * w, [length] * w),
+            (out, _joined(pieces), out_splits, in_splits),
+        ],
+        info,
+        what=f"all_to_all x2 ({call.kind} metadata exchange)",
+    )
+    if own and own_at != direct.starts[rank]:
+        move_left(buf, direct.starts[rank], own_at, own)
+    hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
+    return buf, _landed_rows(rows, [j * length for j in range(w)], length)
+
+
+@functools.lru_cache(maxsize=64)
+def _tiled(row: torch.Tensor, w: int) -> torch.Tensor:
+    """``row`` ``w`` times over, one copy for every rank (remembered: ``row`` is
+    ``_row_bytes``'s, itself remembered). Read only."""
+    return row.repeat(w)
+
+
+def _joined(pieces: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The flat uint8 ``pieces`` one after the other as one tensor: a view when they
+    already lie so in one tensor's memory, else a copy."""
+    first = pieces[0]
+    total = sum(p.numel() for p in pieces)
+    at = first.data_ptr()
+    for p in pieces:
+        if p.data_ptr() != at or not p.is_contiguous():
+            return torch.cat(list(pieces))
+        at += p.numel()
+    storage = first.untyped_storage()
+    if first.storage_offset() + total > storage.nbytes():
+        return torch.cat(list(pieces))
+    return first.as_strided((total,), (1,), first.storage_offset())
+
+
+def _direct_by_messages(
+    call: FamilyCall,
+    info: GroupInfo,
+    pg: dist.ProcessGroup,
+    direct: DirectRound,
+    blocks: Sequence[torch.Tensor] | None,
+) -> tuple[torch.Tensor, bytes]:
+    """The direct round elsewhere (NCCL): to every peer this rank's row and its block,
+    zero-padded to the pair's slot, as two messages; every peer's received in place
+    (``send_receive``, all 4 (W - 1) in one batch), this rank's own block copied in
+    meanwhile."""
     w, rank = info.world_size, info.rank
     device = info.default_device()
     row = direct.row.to(device)
     rows = torch.empty(w, row.numel(), dtype=torch.uint8, device=device)
     buf = handed_back_buffer(pg, "blocks", direct.size, device)
-    zero = _ZERO_BYTE if device.type == "cpu" else torch.zeros(1, dtype=torch.uint8, device=device)
+    zero = torch.zeros(1, dtype=torch.uint8, device=device)
     each_row = rows.unbind(0)
+    own: tuple[torch.Tensor, torch.Tensor] | None = None
     messages: list[tuple[torch.Tensor, ...]] = []
     for k in range(w):
         slot = direct.room[rank * w + k]
@@ -651,12 +738,10 @@ def run_direct(
         if k == rank:
             each_row[k].copy_(row)
             if piece.numel():
-                copy_bytes(buf[direct.starts[k] : direct.starts[k] + piece.numel()], piece)
+                own = (buf[direct.starts[k] : direct.starts[k] + piece.numel()], piece)
             messages.append(())
             continue
-        if slot and direct.exact:
-            sent = piece if piece.numel() else zero
-        elif slot:
+        if slot:
             sent = torch.zeros(slot, dtype=torch.uint8, device=device)
             sent[: piece.numel()].copy_(piece)
         else:
@@ -669,6 +754,7 @@ def run_direct(
         info,
         what=f"send/recv x{4 * (w - 1)} ({call.kind} metadata exchange)",
         tag=BLOCKS_TAG,
+        meanwhile=None if own is None else functools.partial(copy_bytes, *own),
     )
     hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
     length = row.numel()
