@@ -278,9 +278,9 @@ def fused_calls_wide(ctx: RankContext, job: tuple[tuple[FusedCase, ...], int, st
     blocks instead of ``FAMILY_FUSED_MAX``, on the wide round's path ``job[2]``:
     ``"packed"`` (one alltoallv: every slot fits ``PACKED_WIDE_MAX``; its send buffer
     written by ``memmove`` on the CPU), ``"packed-copies"`` (the same, written by
-    tensor copies as on other devices), ``"short"`` (point-to-point messages, blocks
-    as they lie: gloo's) or ``"whole"`` (point-to-point messages of exactly their slot:
-    every other backend's); restored after."""
+    tensor copies as on other devices), ``"short"`` (rows and blocks apart, blocks as
+    they lie, in two alltoallvs: gloo's) or ``"whole"`` (point-to-point messages of
+    exactly their slot: every other backend's); restored after."""
     from vargather import _family, _round_state
 
     cases, fused_max, path = job

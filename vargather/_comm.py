@@ -485,6 +485,8 @@ def send_receive(
     nor the group's timeout, and a missing peer must raise ``CollectiveTimeoutError``
     like a collective's. NCCL's waits stay asynchronous (a timed wait would block the
     host until the GPU finished); its watchdog applies the group's timeout.
+    ``meanwhile``: run in the calling thread once every operation is posted, before any
+    is awaited (a copy that needs no message, overlapped with them).
     """
     w, rank = info.world_size, info.rank
     posts: list[tuple[bool, torch.Tensor, int, int]] = []  # (sending, tensor, peer, tag)

@@ -39,9 +39,9 @@ group's state alone (every rank the same):
   the bytes rank ``j`` may send rank ``k``, at least ``capacity``),
   ``_wide_exchange``: while every slot is at most ``PACKED_WIDE_MAX`` (512 KiB),
   *packed*: one alltoallv whose message to each peer is the row and the block in a
-  slot of its own size (``_packed_wide_exchange``); past it, to every peer its row as
-  one message and its block as another, into a slot of its own size; on gloo the
-  block is sent as it lies in ``x`` (no copy
+  slot of its own size (``_packed_wide_exchange``); past it, *direct*: the rows and
+  the blocks apart, each block into a slot of its own size (``run_direct``); on gloo
+  as two alltoallvs posted together, each block sent as it lies in ``x`` (no copy
   when ``x`` is contiguous with its blocks one after the other) and only its own
   bytes, which gloo receives into the larger slot; the blocks land in the regions of
   one buffer, each at a 16-byte boundary, which ``all_to_all_v`` returns closed up in
@@ -460,22 +460,23 @@ def rows_changed_only_in(
 PACKED_WIDE_MAX: int = 512 * 1024
 """Largest slot (bytes, one rank to one rank) with which the wide round travels
 *packed*: one alltoallv whose message to each peer is this rank's row and its block,
-copied into one send buffer, instead of a row and a block as separate point-to-point
-messages. Separate messages cost gloo's per-message CPU (4 (W - 1) of them against W)
-and its point-to-point path, slower than its alltoallv for the same bytes; packing
+copied into one send buffer, instead of the rows and the blocks apart (``run_direct``).
+Apart costs a second collective (gloo) or 4 (W - 1) point-to-point messages; packing
 costs two copies of the blocks (in, and closed up), which outweigh that from about
-half a MiB a block. Measured with both steady paths (4 gloo ranks, mild blocks, 15
-alternating bursts, a loaded machine), CPU per call summed over the ranks against
-``all_to_all_single``'s, packed against direct: 2 MiB in all (largest block 170 KiB)
-1.19 / 1.28x, 4 MiB (330 KiB) 1.18 / 1.23x, 8 MiB (670 KiB) 1.40 / 1.17x, 16 MiB
-(1.3 MiB) 1.31 / 1.15x. A function of the group's state, so every rank picks the
-same."""
+half a MiB a block. Measured when the direct round was point-to-point messages on
+gloo too (4 gloo ranks, mild blocks, 15 alternating bursts, a loaded machine), CPU
+per call summed over the ranks against ``all_to_all_single``'s, packed against
+direct: 2 MiB in all (largest block 170 KiB) 1.19 / 1.28x, 4 MiB (330 KiB) 1.18 /
+1.23x, 8 MiB (670 KiB) 1.40 / 1.17x, 16 MiB (1.3 MiB) 1.31 / 1.15x; gloo's two
+alltoallvs cost less than those messages, so the crossover is at most this. A
+function of the group's state, so every rank picks the same."""
 
 
 SHORT_MESSAGES: tuple[str, ...] = ("gloo",)
-"""Backends whose point-to-point receive takes a message shorter than its buffer (gloo:
-a receive of ``n`` bytes takes any message of at most ``n``), so the wide round sends
-a block as it lies; elsewhere every message is exactly its slot."""
+"""Backends whose receive takes a message shorter than its buffer (gloo: a receive of
+``n`` bytes takes any message of at most ``n``, in an alltoallv too), so the direct
+wide round sends a block as it lies, in two alltoallvs; elsewhere every message is
+exactly its slot."""
 
 
 T = TypeVar("T")
