@@ -19,6 +19,9 @@ receiving share ``r`` of every rank's rows), the same every call. Variants:
   landed, at its final offset (no slots, no close-up; a second latency a call);
 * ``rows-by-all_gather``: the rows by an async ``all_gather_into_tensor`` beside the
   direct sends of the blocks;
+* ``rows+blocks-alltoallv``: the rows by one alltoall and the exact blocks by one
+  alltoallv, both posted before either is awaited (vargather's direct round on gloo,
+  sizes known, nothing validated);
 * ``vargather~changing``: ``all_to_all_v`` validated, every rank's send sizes moving
   about 5 % of a block between two peers every call (the bench's variant of that name,
   by its ``changing_sizes``), on a learned state of its own (``internal.swap_state``).
@@ -62,6 +65,7 @@ VARIANTS = (
     "vargather+sizes",
     "rows-then-blocks",
     "rows-by-all_gather",
+    "rows+blocks-alltoallv",
     "vargather~changing",
 )
 
@@ -134,6 +138,19 @@ def _variants(rank: int, w: int, kb: int) -> dict[str, Callable[[], torch.Tensor
         handle.wait()
         return out
 
+    tiled = row.repeat(w)
+
+    def rows_and_blocks_by_alltoallv() -> torch.Tensor:
+        out = x.new_empty((sum(recv), COLUMNS))
+        handles = [
+            dist.all_to_all_single(rows.view(-1), tiled, async_op=True),
+            dist.all_to_all_single(out, x, recv, send, async_op=True),
+        ]
+        for handle in handles:
+            assert handle is not None
+            handle.wait()
+        return out
+
     step = changing_step(per_rank, w)
     calls = [0]
     state = [internal.FusedState()]
@@ -155,6 +172,7 @@ def _variants(rank: int, w: int, kb: int) -> dict[str, Callable[[], torch.Tensor
         "vargather+sizes": lambda: vargather.all_to_all_v(x, send, recv_sizes=recv, validate=False),
         "rows-then-blocks": rows_then_blocks,
         "rows-by-all_gather": rows_by_all_gather,
+        "rows+blocks-alltoallv": rows_and_blocks_by_alltoallv,
         "vargather~changing": changing,
     }
 
