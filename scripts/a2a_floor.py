@@ -22,6 +22,8 @@ receiving share ``r`` of every rank's rows), the same every call. Variants:
 * ``rows+blocks-alltoallv``: the rows by one alltoall and the exact blocks by one
   alltoallv, both posted before either is awaited (vargather's direct round on gloo,
   sizes known, nothing validated);
+* ``rows-alone``: only the rows' alltoall of that round (``W`` rows of 992 bytes from
+  every rank): what validating costs on its own, whatever carries the blocks;
 * ``vargather~changing``: ``all_to_all_v`` validated, every rank's send sizes moving
   about 5 % of a block between two peers every call (the bench's variant of that name,
   by its ``changing_sizes``), on a learned state of its own (``internal.swap_state``).
@@ -30,7 +32,7 @@ Timing: ``--bursts`` rounds, each variant a burst of ``--calls`` calls after a b
 in a rotated order; a burst's time is the slowest rank's, its ratio against the
 baseline's burst in the same round; reported: the median ratio with its quartiles, and
 the process CPU per call (every thread), largest over ranks. Every variant's result
-but ``vargather~changing``'s (other sizes; the bench checks that one) is checked bit
+but ``vargather~changing``'s (other sizes; the bench checks that one) and ``rows-alone``'s is checked bit
 for bit against the baseline's first. Nothing is asserted.
 
     python scripts/a2a_floor.py                    # 4 ranks, 16 MiB
@@ -66,6 +68,7 @@ VARIANTS = (
     "rows-then-blocks",
     "rows-by-all_gather",
     "rows+blocks-alltoallv",
+    "rows-alone",
     "vargather~changing",
 )
 
@@ -151,6 +154,10 @@ def _variants(rank: int, w: int, kb: int) -> dict[str, Callable[[], torch.Tensor
             handle.wait()
         return out
 
+    def rows_alone() -> torch.Tensor:
+        dist.all_to_all_single(rows.view(-1), tiled)
+        return rows
+
     step = changing_step(per_rank, w)
     calls = [0]
     state = [internal.FusedState()]
@@ -173,6 +180,7 @@ def _variants(rank: int, w: int, kb: int) -> dict[str, Callable[[], torch.Tensor
         "rows-then-blocks": rows_then_blocks,
         "rows-by-all_gather": rows_by_all_gather,
         "rows+blocks-alltoallv": rows_and_blocks_by_alltoallv,
+        "rows-alone": rows_alone,
         "vargather~changing": changing,
     }
 
@@ -195,7 +203,7 @@ def _rank(rank: int, args: argparse.Namespace, store: str, results: dict[str, ob
         for name in names:
             for _ in range(3):  # warm, and checked
                 got = every[name]()
-            if name != "vargather~changing":  # other sizes: checked by the bench
+            if name not in ("vargather~changing", "rows-alone"):  # other sizes; no blocks
                 assert torch.equal(got, want), f"{name} differs from {BASELINE}"
         walls: dict[str, list[float]] = {n: [] for n in names}
         cpus: dict[str, list[float]] = {n: [] for n in names}
