@@ -482,3 +482,34 @@ def steady_two_groups(ctx: RankContext, calls: int) -> list[tuple[bool, bool]]:
             assert torch.equal(a, b)
             out.append((answered[-2], answered[-1]))
     return out
+
+
+def round_kind_changes_under_the_steady_path(ctx: RankContext, calls: int) -> list[Any]:
+    """The equal round's slots alike the direct round's: with ``FAMILY_FUSED_MAX`` at 8
+    bytes the equal slots are 64 bytes; one call of 16-byte blocks takes the group wide
+    with every slot 64 bytes, which goes direct (``PACKED_WIDE_MAX`` below it); then
+    ``calls`` calls of 8-byte blocks, after ``SHRINK_AFTER`` of which the group is back
+    to equal slots of 64 bytes. Rank 0 makes them with a non-contiguous tensor (no
+    steady path: the full path, which runs the state's round), its peers with a
+    contiguous one (the steady path, whose remembered round was direct). Per call:
+    the result, and whether the group's round was direct after it; restored after."""
+    from vargather import _family, _round_state
+
+    saved = (_round_state.FAMILY_FUSED_MAX, _family.PACKED_WIDE_MAX)
+    _round_state.FAMILY_FUSED_MAX = 8  # type: ignore[misc]  # a Final, patched for this test
+    _family.PACKED_WIDE_MAX = -1
+    _round_state.reset_state(None, "all_to_all_v")
+    w = ctx.world_size
+    out: list[Any] = []
+    try:
+        for i in range(3 + calls):
+            rows = 2 if i == 2 else 1  # 16-byte blocks once, else 8 (two float32 a row)
+            x = steady_input(ctx.rank, i, rows * w)[:, :2].contiguous()
+            if ctx.rank == 0 and i > 2:
+                x = x.t().contiguous().t()  # the same values, strided: no steady path
+            y = vargather.all_to_all_v(x, [rows] * w, timeout=20.0)
+            state = _round_state.state_of(None, "all_to_all_v")
+            out.append((x, y, _family.goes_direct(state, w)))
+    finally:
+        (_round_state.FAMILY_FUSED_MAX, _family.PACKED_WIDE_MAX) = saved  # type: ignore[misc]  # restored
+    return out

@@ -346,8 +346,8 @@ def test_passed_receive_sizes_ride_the_same_round_and_a_lie_is_caught() -> None:
 def test_a_rank_that_never_sends_itself_rides_the_same_round() -> None:
     """By direct sends, a rank whose own block is always empty (its own slot 0, so the
     next rank's region starts where its own does) gets every result right while the
-    other blocks change size every call: its own block is copied after the round and
-    only its own region is left out of the close-up."""
+    other blocks change size every call (its own block, empty, rides the round and
+    moves nothing)."""
     base = ((8, 12, 20), (16, 0, 10), (11, 14, 18))
     steps = [fns.SteadyStep(base)] * 12
     for i in range(12):
@@ -362,3 +362,23 @@ def test_a_rank_that_never_sends_itself_rides_the_same_round() -> None:
     # SHRINK_AFTER calls that do not fill them is the full path again (the last call)
     assert all(all(a) for a in answered[16:23]), answered[12:]
     _assert_one_state(per_rank)
+
+
+def test_the_steady_path_never_replays_a_round_the_state_no_longer_runs() -> None:
+    """A remembered direct round is not replayed once the group's state runs the equal
+    round with the very same slots (possible when ``PACKED_WIDE_MAX`` is below the equal
+    slots): the state's kind of round is checked, not its slots alone. Rank 0 is on the
+    full path throughout, its peers on the steady path; every result is the oracle's and
+    the group went direct and came back."""
+    per_rank = get_pool(3).run(fns.round_kind_changes_under_the_steady_path, 12)
+    w = 3
+    kinds = [per_rank[0][i][2] for i in range(len(per_rank[0]))]
+    assert True in kinds, kinds  # the group went direct
+    assert kinds[-1] is False, kinds  # and came back to the equal round
+    for i in range(len(per_rank[0])):
+        xs = [per_rank[j][i][0] for j in range(w)]
+        for r in range(w):
+            rows = xs[0].shape[0] // w
+            want = torch.cat([x[r * rows : (r + 1) * rows] for x in xs])
+            assert torch.equal(per_rank[r][i][1], want), (i, r)
+        assert len({per_rank[r][i][2] for r in range(w)}) == 1, i

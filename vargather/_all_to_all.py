@@ -50,6 +50,7 @@ from ._family import (
     direct_exchanged,
     exchange_fused,
     fill_packed_at,
+    goes_direct,
     packed_exchanged,
     raise_local,
     raise_own_problem,
@@ -528,7 +529,8 @@ def _resized_call(
 ) -> AllToAllPlan | None:
     """A call of the steady call's round with other rows and sizes (or in another
     state): ``None`` (the full path runs) unless the sizes are this rank's valid ones,
-    every block fits its slot and the group's state still gives the steady call's slots.
+    every block fits its slot and the group's state still gives the steady call's round
+    (its slots, and its kind: ``goes_direct``).
     Then the round runs with this call's row (``resized_round``). When every rank's row
     is the one it sent last time but for its sizes and its rows along ``dim``, those
     rows say what the last ones said, which validated, but for those: they are read
@@ -554,8 +556,8 @@ def _resized_call(
             return None
     found = steady.round
     room = block_room(state, w)
-    if room != found.room:
-        return None
+    if room != found.room or isinstance(found, DirectRound) != goes_direct(state, w):
+        return None  # the state's round is another: the full path runs it
     unit = send.post * send.dtype.itemsize  # bytes of one row (pre == 1)
     if any(n * unit > room[rank * w + k] for k, n in enumerate(sizes)):
         return None

@@ -141,6 +141,7 @@ __all__ = [
     "exchange_fused",
     "fill_packed",
     "fill_packed_at",
+    "goes_direct",
     "packed_exchanged",
     "raise_local",
     "resized_round",
@@ -550,10 +551,18 @@ def _wide_exchange(
         fits = all(n <= slot for n, slot in zip(sizes, out_slots, strict=True))
         flag = _ELIGIBLE | (_USED if fits else 0)
     row = _row_bytes(call.record, COLLECTIVES[call.kind].code, call.extras, w, flag)
-    exchange = (
-        _packed_wide_exchange if max(room, default=0) <= PACKED_WIDE_MAX else _direct_wide_exchange
-    )
+    exchange = _direct_wide_exchange if goes_direct(state, w) else _packed_wide_exchange
     return exchange(call, info, row, blocks, state, pg, room)
+
+
+def goes_direct(state: FusedState, world: int) -> bool:
+    """Whether the all_to_all-shaped round of ``state`` is the direct wide round
+    (``DirectRound``): gone wide with a slot past ``PACKED_WIDE_MAX``. Else its messages
+    are laid out packed, the equal round's slots too (byte for byte a packed round of
+    equal slots). A function of the state, so every rank picks the same; a remembered
+    round is replayed only in a state that picks its kind (``_all_to_all._resized_call``:
+    slots alike are not enough once ``PACKED_WIDE_MAX`` is below the equal round's)."""
+    return is_wide(state, world) and max(wide_blocks(state), default=0) > PACKED_WIDE_MAX
 
 
 def _direct_wide_exchange(
