@@ -68,9 +68,11 @@ slot, each rounded up to 16 bytes, and otherwise, on gloo, the rows and exactly 
 payload, and receives into slots of at most ``max(capacity, bucket`` of the
 largest block a pair had since the slots were set``)`` (``bucket``: 12.5 % over, 64
 bytes at least), each slot its block exactly while the blocks stay the same. A rank
-in the all_to_all-shaped round beside one in the all_gather-shaped round sends under
-other tags (``_comm.BLOCKS_TAG``) or another collective: both wait and raise the named
-timeout, never a misread.
+in the all_to_all-shaped round beside one in the all_gather-shaped round issues other
+operations (alltoallvs against an all_gather or point-to-point sends; on NCCL messages
+under other tags, ``_comm.BLOCKS_TAG``), which the backend never pairs: both wait and
+raise the named timeout, never a misread. Every rank of the family runs the same round,
+a function of the one state.
 """
 
 from __future__ import annotations
