@@ -492,7 +492,8 @@ def round_kind_changes_under_the_steady_path(ctx: RankContext, calls: int) -> li
     to equal slots of 64 bytes. Rank 0 makes them with a non-contiguous tensor (no
     steady path: the full path, which runs the state's round), its peers with a
     contiguous one (the steady path, whose remembered round was direct). Per call:
-    the result, and whether the group's round was direct after it; restored after."""
+    the input, the result, whether the group's round was direct after it and whether
+    the steady path answered the call; restored after."""
     from vargather import _family, _round_state
 
     saved = (_round_state.FAMILY_FUSED_MAX, _family.PACKED_WIDE_MAX)
@@ -502,14 +503,16 @@ def round_kind_changes_under_the_steady_path(ctx: RankContext, calls: int) -> li
     w = ctx.world_size
     out: list[Any] = []
     try:
-        for i in range(3 + calls):
-            rows = 2 if i == 2 else 1  # 16-byte blocks once, else 8 (two float32 a row)
-            x = steady_input(ctx.rank, i, rows * w)[:, :2].contiguous()
-            if ctx.rank == 0 and i > 2:
-                x = x.t().contiguous().t()  # the same values, strided: no steady path
-            y = vargather.all_to_all_v(x, [rows] * w, timeout=20.0)
-            state = _round_state.state_of(None, "all_to_all_v")
-            out.append((x, y, _family.goes_direct(state, w)))
+        with steady_calls_taken() as answered:
+            for i in range(3 + calls):
+                rows = 2 if i == 2 else 1  # 16-byte blocks once, else 8 (two float32 a row)
+                x = steady_input(ctx.rank, i, rows * w)[:, :2].contiguous()
+                if ctx.rank == 0 and i > 2:
+                    x = x.t().contiguous().t()  # the same values, strided: no steady path
+                before = len(answered)
+                y = vargather.all_to_all_v(x, [rows] * w, timeout=20.0)
+                state = _round_state.state_of(None, "all_to_all_v")
+                out.append((x, y, _family.goes_direct(state, w), any(answered[before:])))
     finally:
         (_round_state.FAMILY_FUSED_MAX, _family.PACKED_WIDE_MAX) = saved  # type: ignore[misc]  # restored
     return out

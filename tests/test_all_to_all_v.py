@@ -370,15 +370,25 @@ def test_the_steady_path_never_replays_a_round_the_state_no_longer_runs() -> Non
     slots): the state's kind of round is checked, not its slots alone. Rank 0 is on the
     full path throughout, its peers on the steady path; every result is the oracle's and
     the group went direct and came back."""
+    from vargather import oracle
+
     per_rank = get_pool(3).run(fns.round_kind_changes_under_the_steady_path, 12)
-    w = 3
-    kinds = [per_rank[0][i][2] for i in range(len(per_rank[0]))]
+    w, calls = 3, len(per_rank[0])
+    kinds = [per_rank[0][i][2] for i in range(calls)]
     assert True in kinds, kinds  # the group went direct
     assert kinds[-1] is False, kinds  # and came back to the equal round
-    for i in range(len(per_rank[0])):
+    back = kinds.index(False, kinds.index(True))  # the first call after the way back
+    for i in range(calls):
         xs = [per_rank[j][i][0] for j in range(w)]
+        rows = xs[0].shape[0] // w
+        want = oracle.expected_all_to_all(xs, [[rows] * w] * w)
         for r in range(w):
-            rows = xs[0].shape[0] // w
-            want = torch.cat([x[r * rows : (r + 1) * rows] for x in xs])
-            assert torch.equal(per_rank[r][i][1], want), (i, r)
-        assert len({per_rank[r][i][2] for r in range(w)}) == 1, i
+            assert_bitwise_equal(per_rank[r][i][1], want[r])
+        assert len({per_rank[r][i][2] for r in range(w)}) == 1, i  # one state everywhere
+    # rank 0 never on the steady path; its peers replayed the direct round on it, but
+    # not in the call after the way back (the state's round is the equal one)
+    assert back + 1 < calls, kinds
+    assert not any(per_rank[0][i][3] for i in range(3, calls))
+    for r in (1, 2):
+        assert any(per_rank[r][i][3] for i in range(3, back + 1)), r
+        assert not per_rank[r][back + 1][3], r
