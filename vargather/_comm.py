@@ -288,18 +288,36 @@ def _alltoallv(
     in_splits: list[int],
     info: GroupInfo,
 ) -> None:
-    """One alltoallv, awaited: on a gloo group (``gloo_group``) with real tensors of one
-    dtype, the process group's own; else ``dist.all_to_all_single`` (whose checks then
-    speak)."""
-    pg = gloo_group(info)
-    if pg is None or out.dtype != inp.dtype or out.is_complex() or inp.is_complex():
-        dist.all_to_all_single(
-            out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits, group=info.group
-        )
-        return
-    work = _pg_all_to_all(pg)(out, inp, out_splits, in_splits, _SYNC_ALL_TO_ALL)
+    """One alltoallv, awaited (``_post_alltoallv``)."""
+    work = _post_alltoallv(out, inp, out_splits, in_splits, info, async_op=False)
     if work is not None:  # as dist.all_to_all_single: a backend may sync in C++
         work.wait()
+
+
+def _post_alltoallv(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    out_splits: list[int],
+    in_splits: list[int],
+    info: GroupInfo,
+    *,
+    async_op: bool,
+) -> Any:
+    """Post one alltoallv and return its work (``None`` when it already ran): on a gloo
+    group (``gloo_group``) with real tensors of one dtype, the process group's own;
+    else ``dist.all_to_all_single`` (whose checks then speak)."""
+    pg = gloo_group(info)
+    if pg is None or out.dtype != inp.dtype or out.is_complex() or inp.is_complex():
+        return dist.all_to_all_single(
+            out,
+            inp,
+            output_split_sizes=out_splits,
+            input_split_sizes=in_splits,
+            group=info.group,
+            async_op=async_op,
+        )
+    opts = _ASYNC_ALL_TO_ALL if async_op else _SYNC_ALL_TO_ALL
+    return _pg_all_to_all(pg)(out, inp, out_splits, in_splits, opts)
 
 
 def _all_to_all_options(async_op: bool) -> dist.AllToAllOptions:
@@ -330,27 +348,11 @@ def all_to_all_round(exchanges: Sequence[AllToAll], info: GroupInfo, *, what: st
     input_splits[rank]``); a peer's message may be shorter than the room its receiver
     gave it (gloo takes any message of at most the receive's size). One collective
     call as the census and the issued count see it, under one timeout."""
-    pg = gloo_group(info)
     with translate_collective_errors(what, info):
-        works = []
-        for out, inp, out_splits, in_splits in exchanges:
-            if pg is not None:
-                works.append(
-                    _pg_all_to_all(pg)(
-                        out, inp, list(out_splits), list(in_splits), _ASYNC_ALL_TO_ALL
-                    )
-                )
-            else:
-                works.append(
-                    dist.all_to_all_single(
-                        out,
-                        inp,
-                        output_split_sizes=list(out_splits),
-                        input_split_sizes=list(in_splits),
-                        group=info.group,
-                        async_op=True,
-                    )
-                )
+        works = [
+            _post_alltoallv(out, inp, list(outs), list(ins), info, async_op=True)
+            for out, inp, outs, ins in exchanges
+        ]
         for work in works:
             if work is not None:
                 work.wait()

@@ -647,19 +647,27 @@ def run_direct(
     buffer, its regions filled (this rank's own block at the start of its region), and
     the received rows' bytes (``_landed_rows``). On a backend that takes short messages
     (``direct.exact``) the round is two alltoallvs (``_direct_by_all_to_all``), else
-    point-to-point messages (``_direct_by_messages``)."""
-    if direct.exact:
-        return _direct_by_all_to_all(call, info, pg, direct, blocks)
-    return _direct_by_messages(call, info, pg, direct, blocks)
+    point-to-point messages (``_direct_by_messages``); either fills ``rows`` (every
+    rank's row, rank by rank) and ``buf``."""
+    w = info.world_size
+    device = info.default_device()
+    length = direct.row.numel()
+    rows = torch.empty(w * length, dtype=torch.uint8, device=device)
+    buf = handed_back_buffer(pg, "blocks", direct.size, device)
+    move = _direct_by_all_to_all if direct.exact else _direct_by_messages
+    move(call, info, direct, blocks, rows, buf)
+    hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
+    return buf, _landed_rows(rows, [j * length for j in range(w)], length)
 
 
 def _direct_by_all_to_all(
     call: FamilyCall,
     info: GroupInfo,
-    pg: dist.ProcessGroup,
     direct: DirectRound,
     blocks: Sequence[torch.Tensor] | None,
-) -> tuple[torch.Tensor, bytes]:
+    rows: torch.Tensor,
+    buf: torch.Tensor,
+) -> None:
     """The direct round on gloo: two alltoallvs posted together (``all_to_all_round``),
     every rank's row to every rank, and this rank's blocks as they lie (one view of
     them when they lie one after the other, as a plain tensor's do) into the peers'
@@ -671,10 +679,7 @@ def _direct_by_all_to_all(
     for rank 0) and is moved to the region's start after, unless it fills the region
     (a steady state's exact slot in whole 16 bytes: nothing moves)."""
     w, rank = info.world_size, info.rank
-    device = info.default_device()
     length = direct.row.numel()
-    rows = torch.empty(w * length, dtype=torch.uint8, device=device)
-    buf = handed_back_buffer(pg, "blocks", direct.size, device)
     pieces = list(blocks) if blocks is not None else [buf[:0]] * w
     in_splits = [p.numel() for p in pieces]
     own = in_splits[rank]
@@ -689,7 +694,7 @@ def _direct_by_all_to_all(
         out = buf[own_at:]
     all_to_all_round(
         [
-            (rows, _tiled(direct.row, w).to(device), [length] * w, [length] * w),
+            (rows, _tiled(direct.row, w).to(rows.device), [length] * w, [length] * w),
             (out, _joined(pieces), out_splits, in_splits),
         ],
         info,
@@ -697,8 +702,6 @@ def _direct_by_all_to_all(
     )
     if own and own_at != direct.starts[rank]:
         move_left(buf, direct.starts[rank], own_at, own)
-    hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
-    return buf, _landed_rows(rows, [j * length for j in range(w)], length)
 
 
 @functools.lru_cache(maxsize=64)
@@ -727,21 +730,20 @@ def _joined(pieces: Sequence[torch.Tensor]) -> torch.Tensor:
 def _direct_by_messages(
     call: FamilyCall,
     info: GroupInfo,
-    pg: dist.ProcessGroup,
     direct: DirectRound,
     blocks: Sequence[torch.Tensor] | None,
-) -> tuple[torch.Tensor, bytes]:
+    rows: torch.Tensor,
+    buf: torch.Tensor,
+) -> None:
     """The direct round elsewhere (NCCL): to every peer this rank's row and its block,
     zero-padded to the pair's slot, as two messages; every peer's received in place
     (``send_receive``, all 4 (W - 1) in one batch), this rank's own block copied in
     meanwhile."""
     w, rank = info.world_size, info.rank
-    device = info.default_device()
+    device = rows.device
     row = direct.row.to(device)
-    rows = torch.empty(w, row.numel(), dtype=torch.uint8, device=device)
-    buf = handed_back_buffer(pg, "blocks", direct.size, device)
     zero = torch.zeros(1, dtype=torch.uint8, device=device)
-    each_row = rows.unbind(0)
+    each_row = rows.view(w, -1).unbind(0)
     own: tuple[torch.Tensor, torch.Tensor] | None = None
     messages: list[tuple[torch.Tensor, ...]] = []
     for k in range(w):
@@ -768,9 +770,6 @@ def _direct_by_messages(
         tag=BLOCKS_TAG,
         meanwhile=None if own is None else functools.partial(copy_bytes, *own),
     )
-    hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
-    length = row.numel()
-    return buf, _landed_rows(rows.view(-1), [j * length for j in range(w)], length)
 
 
 def direct_exchanged(
