@@ -305,7 +305,8 @@ def _post_alltoallv(
 ) -> Any:
     """Post one alltoallv and return its work (``None`` when it already ran): on a gloo
     group (``gloo_group``) with real tensors of one dtype, the process group's own;
-    else ``dist.all_to_all_single`` (whose checks then speak)."""
+    else ``dist.all_to_all_single`` (whose checks then speak; ``async_op`` passed only
+    when set, so a stand-in with the blocking signature serves the blocking call)."""
     pg = gloo_group(info)
     if pg is None or out.dtype != inp.dtype or out.is_complex() or inp.is_complex():
         return dist.all_to_all_single(
@@ -314,7 +315,7 @@ def _post_alltoallv(
             output_split_sizes=out_splits,
             input_split_sizes=in_splits,
             group=info.group,
-            async_op=async_op,
+            **({"async_op": True} if async_op else {}),
         )
     opts = _ASYNC_ALL_TO_ALL if async_op else _SYNC_ALL_TO_ALL
     return _pg_all_to_all(pg)(out, inp, out_splits, in_splits, opts)
