@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from vargather import oracle
 
-from .asserts import bitwise_difference
+from .asserts import bitwise_difference, nan_payloads_only
 from .cases import DTYPE_NAMES, is_differentiable, make_values, torch_dtype
 from .collectives import FAMILY
 from .judge import Failure
@@ -458,14 +458,35 @@ _ASPECTS = {"forward": "output", "raised": "call"}
 """The judge's words for the family's checks, as the kit's ``Failure`` spells them."""
 
 
-def failed(name: str, aspect: str, ranks: Sequence[int], message: str) -> Failure:
+def failed(
+    name: str, aspect: str, ranks: Sequence[int], message: str, *, nan_payload: bool = False
+) -> Failure:
     """A ``Failure`` of collective ``name``: ``raised`` (an exception, the ``call``
     aspect) is an error; ``forward`` (the ``output``), ``gradient``, ``adjoint`` and
-    ``misuse`` are mismatches."""
+    ``misuse`` are mismatches (``nan_payload``: in the payload bits of NaNs only)."""
     kind = "error" if aspect == "raised" else "mismatch"
     return Failure(
-        _ASPECTS.get(aspect, aspect), kind, message, tuple(ranks), call=name, property=name
+        _ASPECTS.get(aspect, aspect),
+        kind,
+        message,
+        tuple(ranks),
+        call=name,
+        property=name,
+        nan_payload=nan_payload,
     )
+
+
+def _reduced_difference(
+    name: str, aspect: str, rank: int, got: object, want: torch.Tensor
+) -> Failure | None:
+    """The failure of a reduction's result ``got`` against the oracle's ``want``, if
+    they differ; marked ``nan_payload`` when only the payloads of NaNs differ."""
+    d = _differs(got, want)
+    if d is None:
+        return None
+    payload = isinstance(got, torch.Tensor) and nan_payloads_only(got, want)
+    text = f"NaN payloads differ where both hold a NaN: {d}" if payload else d
+    return failed(name, aspect, (rank,), text, nan_payload=payload)
 
 
 def sized(failures: list[Failure], group_size: int) -> list[Failure]:
@@ -539,6 +560,10 @@ def judge_case(case: Case, reports: Sequence[CallReport | None]) -> list[Failure
             bad = [f"entry {k}: {d}" for k, d in diffs if d is not None]
             if bad:
                 failures.append(failed(name, "forward", (r,), "; ".join(bad)))
+        elif isinstance(case, ReduceScatterCase):  # a reduction: its NaNs' payloads apart
+            found = _reduced_difference(name, "forward", r, got, want[r])
+            if found is not None:
+                failures.append(found)
         else:
             d = _differs(got, want[r])
             if d is not None:
@@ -546,6 +571,10 @@ def judge_case(case: Case, reports: Sequence[CallReport | None]) -> list[Failure
         if want_grads is not None:
             if rep.grad is None:
                 failures.append(failed(name, "gradient", (r,), "expected a gradient, got None"))
+            elif isinstance(case, GatherListCase) and case.grad != "local":  # a reduction
+                found = _reduced_difference(name, "gradient", r, rep.grad, want_grads[r])
+                if found is not None:
+                    failures.append(found)
             else:
                 d = bitwise_difference(rep.grad, want_grads[r])
                 if d is not None:

@@ -538,6 +538,11 @@ def _refused(op: str, options: CheckOptions) -> tuple[str, str] | None:
         return "returns", (
             f"{options.returns} does not apply to --op {op}: it returns {what}, nothing beside it"
         )
+    if options.equal_shapes:
+        return "equal-shapes", (
+            f"does not apply to --op {op}: only all_gather_v's cases are drawn with equal "
+            "shapes (the list form of torch.distributed.all_gather)"
+        )
     if options.compile:
         return "compile", (
             f"does not apply to --op {op} yet: its catalogue has no compiled row (only "

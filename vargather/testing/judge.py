@@ -55,6 +55,9 @@ class Failure:
     ``call`` is the call as the message names it (``all_gather_v(dim=1)``);
     ``group_size`` the size of the gather group. ``detail`` (a traceback, a pool's diagnosis) follows
     the message in reports. ``property`` is set by the catalogue that counted it.
+    ``nan_payload``: a reduction's result that differs from the oracle's only in the
+    payload bits of NaNs, a NaN wherever the oracle has one (``--nan-payloads backend``
+    reports it without failing, unless ``--strict``).
     """
 
     aspect: str
@@ -64,6 +67,7 @@ class Failure:
     group_size: int = 0
     call: str = ""
     detail: str = ""
+    nan_payload: bool = False
 
     def __post_init__(self) -> None:
         if self.aspect not in ASPECTS:
