@@ -1,0 +1,260 @@
+"""The Hypothesis strategies that draw DTensor programs (``dtensor_program``).
+
+Where it sits: beneath the ``dtensor`` target (``dtensor_target``, which runs the
+drawn programs as seeded Hypothesis tests in the parent process and shrinks a failing
+one there), above ``dtensor_program`` (the program and its oracle). Hypothesis draws
+in the parent only; the ranks get finished programs.
+
+Every choice is drawn so that Hypothesis shrinks toward the smallest program: the
+world (ascending), the mesh (1-D before 2-D before 3-D), no flattened views, the world
+mesh before its views and submeshes, fewer tensor dims and rows, ``float32``, fewer
+steps, ``Replicate`` before ``Shard``.
+
+Meshes are drawn as trainers build them: a world mesh of every shape the world allows
+(``(4,)``, ``(2, 2)``, ``(1, 4)``, ``(1, 2, 2)``, ...) with named dims from trainers'
+vocabularies (torchtitan's ``dp_replicate``/``dp_shard``/``cp``/``tp``, ``pp``), then
+flattened views of adjacent dims in any order (torchtitan creates ``dp``, then
+``dp_shard_cp``, then ``dp_cp``). Placements are drawn per mesh dim: ``Replicate``,
+``Shard(d)`` of any tensor dim (so one tensor dim over several mesh dims too),
+``_StridedShard`` where FSDP2 with TP makes it (the first mesh dim sharding a tensor
+dim that later mesh dims shard too), ``Partial`` sum and avg in the start only (torch
+refuses ``redistribute`` to Partial: "for internal use only").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, Final
+
+from hypothesis import strategies as st
+
+from .dtensor_program import FLOATS, DTensorProgram, on_sizes
+
+__all__ = [
+    "DTYPES",
+    "KINDS",
+    "dtensor_programs",
+    "mesh_shapes",
+    "placements",
+    "program_on",
+    "smaller_programs",
+    "view_runs",
+]
+
+DTYPES: Final = ("float32", "float64", "bfloat16", "float16", "int64", "int32", "bool", "uint8")
+KINDS: Final = ("programs", "flattened", "entry", "gradient")
+"""``programs``: any mesh setup, 1 to 4 steps; ``flattened``: at least one flattened
+view alive; ``entry``: no steps (``distribute_tensor``, ``from_local``, ``full_tensor``
+alone); ``gradient``: a floating dtype, through backward."""
+MAX_STEPS: Final = 4
+MAX_ROWS: Final = 7
+_NAMES: Final = {
+    1: (("dp",), ("tp",)),
+    2: (("dp_shard", "tp"), ("dp_replicate", "dp_shard"), ("dp_shard", "cp")),
+    3: (("dp_replicate", "dp_shard", "tp"), ("pp", "dp", "tp"), ("dp_shard", "cp", "tp")),
+}
+
+
+def mesh_shapes(world: int) -> list[tuple[int, ...]]:
+    """Every world mesh of ``world`` ranks with 1 to 3 dims, 1-D first."""
+    out: list[tuple[int, ...]] = [(world,)]
+    twos = [(a, world // a) for a in range(1, world + 1) if world % a == 0]
+    out += twos
+    out += [(a, b, rest // b) for a, rest in twos for b in range(1, rest + 1) if rest % b == 0]
+    return out
+
+
+def view_runs(ndim: int) -> list[tuple[int, int]]:
+    """The runs of two or more adjacent mesh dims a view can flatten, shortest first."""
+    return [(a, a + n - 1) for n in range(2, ndim + 1) for a in range(ndim - n + 1)]
+
+
+@st.composite
+def placements(
+    draw: Any, sizes: Sequence[int], ndim: int, partial: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """One placement code per mesh dim of ``sizes`` for a tensor of ``ndim`` dims;
+    ``partial``: the Partial reductions a ``Replicate`` dim may become (the start's)."""
+    codes = []
+    for _ in sizes:
+        c = draw(st.integers(0, ndim))
+        codes.append("R" if c == 0 else f"S{c - 1}")
+    for i, code in enumerate(codes):  # FSDP2 + TP: the first mesh dim sharding a dim
+        if not code.startswith("S") or code in codes[:i]:
+            continue
+        later = [j for j in range(i + 1, len(codes)) if codes[j] == code]
+        if later and draw(st.booleans()):
+            codes[i] = f"SS{code[1:]}/{math.prod(sizes[j] for j in later)}"
+    if partial:
+        for i, code in enumerate(codes):
+            if code == "R":
+                pick = draw(st.integers(0, len(partial)))
+                codes[i] = "R" if pick == 0 else f"P:{partial[pick - 1]}"
+    return tuple(codes)
+
+
+def _evenly_strided(start: Sequence[str], sizes: Sequence[int], shape: Sequence[int]) -> bool:
+    """Whether every ``_StridedShard`` dim divides evenly (``distribute_tensor`` refuses
+    an uneven one, as its docstring says)."""
+    for i, code in enumerate(start):
+        if code.startswith("SS"):
+            dim, split = map(int, code[2:].split("/"))
+            if shape[dim] % (sizes[i] * split):
+                return False
+    return True
+
+
+@st.composite
+def program_on(
+    draw: Any, world: int, kind: str = "programs", dtypes: Sequence[str] = DTYPES
+) -> DTensorProgram:
+    """A ``DTensorProgram`` of ``kind`` (one of ``KINDS``) on a world of ``world`` ranks."""
+    shapes = mesh_shapes(world)
+    if kind == "flattened":
+        shapes = [m for m in shapes if len(m) > 1]
+    mesh = draw(st.sampled_from(shapes))
+    names = draw(st.sampled_from(_NAMES[len(mesh)]))
+    runs = view_runs(len(mesh))
+    views = tuple(
+        draw(st.lists(st.sampled_from(runs), unique=True, min_size=int(kind == "flattened")))
+        if runs
+        else ()
+    )
+    subs = [
+        (a, a + n - 1) for n in range(1, len(mesh)) for a in range(len(mesh) - n + 1)
+    ]  # proper submeshes of adjacent dims
+    ons: list[tuple[str, int, int]] = [("world", 0, len(mesh) - 1)]
+    ons += [("flat", a, b) for a, b in views] + [("sub", a, b) for a, b in subs]
+    on = draw(st.sampled_from(ons))
+    kind_, a, b = on
+    sizes = (math.prod(mesh[a : b + 1]),) if kind_ == "flat" else mesh[a : b + 1]
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.lists(st.integers(0, MAX_ROWS), min_size=ndim, max_size=ndim)))
+    pool = [d for d in dtypes if d in FLOATS] if kind == "gradient" else list(dtypes)
+    dtype = draw(st.sampled_from(pool))
+    reductions: tuple[str, ...] = ()
+    if dtype in FLOATS:
+        reductions = ("sum", "avg")
+    elif dtype not in ("bool", "uint8"):
+        reductions = ("sum",)
+    start = draw(placements(sizes, ndim, reductions))
+    entry = draw(st.sampled_from(("distribute", "from_local")))
+    if any(p.startswith("P") for p in start) or not _evenly_strided(start, sizes, shape):
+        entry = "from_local"
+    if kind == "entry":
+        steps: list[tuple[str, ...]] = []
+    else:
+        steps = draw(st.lists(placements(sizes, ndim), min_size=1, max_size=MAX_STEPS))
+    grad = dtype in FLOATS and bool(steps) and (kind == "gradient" or draw(st.booleans()))
+    values = draw(st.sampled_from(("arange", "bits")))
+    return DTensorProgram(
+        world_size=world,
+        mesh=mesh,
+        names=names,
+        views=views,
+        on=on,
+        shape=shape,
+        entry=entry,
+        start=start,
+        steps=tuple(steps),
+        dtype=dtype,
+        values=values,
+        requires_grad=grad,
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@st.composite
+def dtensor_programs(
+    draw: Any, world_sizes: Sequence[int], kind: str = "programs", dtypes: Sequence[str] = DTYPES
+) -> DTensorProgram:
+    """A ``DTensorProgram`` of ``kind`` (one of ``KINDS``) on a world of
+    ``world_sizes`` (1 to 4 ranks), smaller worlds first."""
+    world = draw(st.sampled_from(sorted(w for w in world_sizes if 1 <= w <= 4)))
+    program: DTensorProgram = draw(program_on(world, kind, dtypes))
+    return program
+
+
+# --- the last shrinking passes ------------------------------------------------------------
+
+
+def _without_mesh_dim(program: DTensorProgram, d: int) -> DTensorProgram | None:
+    """``program`` with mesh dim ``d`` (of size 1) removed, or ``None`` when that is no
+    smaller program (a 1-D mesh, a dim of size > 1, the only dim the tensor lives on)."""
+    if len(program.mesh) == 1 or program.mesh[d] != 1:
+        return None
+
+    def remap(run: tuple[int, int]) -> tuple[int, int]:
+        a, b = run
+        if d < a:
+            return (a - 1, b - 1)
+        return (a, b - 1) if d <= b else (a, b)
+
+    kind, a, b = program.on
+    inside = a <= d <= b
+    if inside and a == b:
+        return None
+    views = tuple(remap(v) for v in program.views if remap(v)[1] > remap(v)[0])
+    first, last = remap((a, b))
+    if kind == "flat" and (first, last) not in views:
+        return None
+
+    def cut(codes: tuple[str, ...]) -> tuple[str, ...]:
+        if kind == "flat" or not inside:
+            return codes
+        return codes[: d - a] + codes[d - a + 1 :]
+
+    return replace(
+        program,
+        mesh=program.mesh[:d] + program.mesh[d + 1 :],
+        names=program.names[:d] + program.names[d + 1 :],
+        views=views,
+        on=(kind, first, last),
+        start=cut(program.start),
+        steps=tuple(cut(step) for step in program.steps),
+    )
+
+
+def smaller_programs(program: DTensorProgram) -> list[DTensorProgram]:
+    """Programs one edit smaller than ``program``, in a fixed order (the passes run
+    after Hypothesis's shrinking, which does not see across a mesh's dims): fewer
+    steps, a size-1 mesh dim gone, a view the tensor does not live on gone, a row
+    fewer, then plainer values."""
+    out: list[DTensorProgram] = []
+    least = 1 if program.requires_grad else 0
+    for k in range(len(program.steps)):
+        if len(program.steps) > least:
+            out.append(replace(program, steps=program.steps[:k] + program.steps[k + 1 :]))
+    for d in range(len(program.mesh)):
+        smaller = _without_mesh_dim(program, d)
+        if smaller is not None and _valid(smaller):
+            out.append(smaller)
+    for v in program.views:
+        if ("flat", *v) != program.on:
+            out.append(replace(program, views=tuple(w for w in program.views if w != v)))
+    for i, n in enumerate(program.shape):
+        if n > 0:
+            shape = (*program.shape[:i], n - 1, *program.shape[i + 1 :])
+            entry = program.entry
+            if not _evenly_strided(program.start, on_sizes(program), shape):
+                entry = "from_local"
+            out.append(replace(program, shape=shape, entry=entry))
+    plainer = {"requires_grad": False, "values": "arange", "seed": 0, "entry": "distribute"}
+    for field, value in plainer.items():
+        candidate = replace(program, **{field: value})
+        if getattr(program, field) != value and _valid(candidate):
+            out.append(candidate)
+    return out
+
+
+def _valid(program: DTensorProgram) -> bool:
+    for codes in (program.start, *program.steps):
+        for i, code in enumerate(codes):
+            if code.startswith("SS") and f"S{code[2:].split('/')[0]}" not in codes[i + 1 :]:
+                return False
+    if program.entry == "distribute":
+        partial = any(p.startswith("P") for p in program.start)
+        return not partial and _evenly_strided(program.start, on_sizes(program), program.shape)
+    return True
