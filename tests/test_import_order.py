@@ -42,6 +42,7 @@ ORDER = [
     "_compiled",
     "_family",
     "_reduce_scatter",
+    "_all_to_all_rows",
     "_all_to_all",
     "_gather_list",
     "_compiled_family",
