@@ -47,6 +47,7 @@ ORDER = [
     "_gather_list",
     "_compiled_family",
     "_api",
+    "_sequence_parallel",
     "oracle",
     "compat",
     "__init__",
