@@ -73,6 +73,7 @@ BUILD_COMMAND = [
 WIDTHS = (1280, 390)
 HEIGHT = 900
 SCREENSHOT_PAGES = ("index", "api", "performance")
+STALL_MS = 180_000
 # Debian's Chromium refuses connections in a closed network unless its background
 # traffic (component updates, sync, field trials) is off; none of it concerns a page.
 CHROMIUM_ARGS = [
@@ -314,6 +315,9 @@ def visit(
     Full-length screenshots of the pages whose stem is in ``shoot`` (or every page,
     with ``"all"``) go to ``screenshots``."""
     context = browser.new_context(viewport={"width": width, "height": HEIGHT})
+    # a guard against a page that hangs, not a time limit on a page: each takes a second
+    # or two, but a machine shared with a test suite can stall for tens of seconds
+    context.set_default_timeout(STALL_MS)
     seen: list[str] = []
 
     def refuse(route: Route) -> None:
@@ -410,7 +414,8 @@ def served(site: Path) -> Iterator[str]:
 def reports(
     request: pytest.FixtureRequest, browser: Browser, site: Path, served: str
 ) -> dict[int, list[PageReport]]:
-    """Every built page, at every width."""
+    """Every built page, at every width (loaded once: pytest keeps a module fixture's
+    error too, so a page that never loads fails each test without another try)."""
     pages = built_pages(site)
     shots = Path(os.environ.get("VARGATHER_SCREENSHOTS") or DOCS / "_build" / "screenshots")
     shoot = tuple(
