@@ -44,7 +44,9 @@ root_doc = "index"
 exclude_patterns = ["_build"]
 html_theme = "furo"
 html_title = f"vargather {release}"
-html_static_path: list[str] = []
+# A few additions to furo's stylesheet (what the browser test found at a phone's width).
+html_static_path = ["_static"]
+html_css_files = ["vargather.css"]
 
 # Markdown: heading anchors for links like ``conformance.md#the-family---op``.
 myst_heading_anchors = 3
