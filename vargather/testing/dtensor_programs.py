@@ -225,11 +225,42 @@ def _without_mesh_dim(program: DTensorProgram, d: int) -> DTensorProgram | None:
     )
 
 
+def _without_tensor_dim(program: DTensorProgram, i: int) -> DTensorProgram | None:
+    """``program`` with tensor dim ``i`` removed (the dims after it renumbered), or
+    ``None`` when a placement shards it or it is the only dim."""
+    if len(program.shape) == 1:
+        return None
+
+    def renumber(code: str) -> str | None:
+        if not code.startswith("S"):
+            return code
+        head = "SS" if code.startswith("SS") else "S"
+        dim, _, rest = code[len(head) :].partition("/")
+        if int(dim) == i:
+            return None
+        new = int(dim) - (int(dim) > i)
+        return f"{head}{new}" + (f"/{rest}" if rest else "")
+
+    placements = []
+    for codes in (program.start, *program.steps):
+        renumbered = [renumber(c) for c in codes]
+        if any(c is None for c in renumbered):
+            return None
+        placements.append(tuple(c for c in renumbered if c is not None))
+    return replace(
+        program,
+        shape=program.shape[:i] + program.shape[i + 1 :],
+        start=placements[0],
+        steps=tuple(placements[1:]),
+    )
+
+
 def smaller_programs(program: DTensorProgram) -> list[DTensorProgram]:
     """Programs one edit smaller than ``program``, in a fixed order (the passes run
     after Hypothesis's shrinking, which does not see across a mesh's dims): fewer
-    steps, a size-1 mesh dim gone, a view the tensor does not live on gone, fewer rows
-    (half, or one fewer), a placement made ``Replicate``, then plainer values."""
+    steps, a size-1 mesh dim gone, a view the tensor does not live on gone, a tensor
+    dim no placement shards gone, fewer rows (half, or one fewer), a placement made
+    ``Replicate``, then plainer values."""
     out: list[DTensorProgram] = []
     least = 1 if program.requires_grad else 0
     for k in range(len(program.steps)):
@@ -242,6 +273,10 @@ def smaller_programs(program: DTensorProgram) -> list[DTensorProgram]:
     for v in program.views:
         if ("flat", *v) != program.on:
             out.append(replace(program, views=tuple(w for w in program.views if w != v)))
+    for i in range(len(program.shape)):
+        fewer = _without_tensor_dim(program, i)
+        if fewer is not None:
+            out.append(fewer)
     for i, n in enumerate(program.shape):
         for smaller_n in sorted({n // 2, n - 1} - {n, -1}):
             shape = (*program.shape[:i], smaller_n, *program.shape[i + 1 :])
