@@ -163,6 +163,9 @@ ENGINE_ORDER = [
     "isolated",
     "races",
     "evaluate",
+    "dtensor_program",  # the dtensor target's program and oracle,
+    "dtensor_programs",  # its Hypothesis strategies and last shrinking passes,
+    "dtensor_rank",  # its rank side (beneath the engine: no engine module imported)
     "dtensor_target",
     "targets",
     "engine",

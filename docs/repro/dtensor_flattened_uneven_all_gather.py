@@ -16,7 +16,8 @@ pads and unpads as if the 4 ranks held ``torch.chunk``'s flat pieces 1/1/0/0: ro
 lost and padding takes its place. The reduce_scatter branch of the same merge refuses an
 uneven dim ("uneven_tensor_shape"); the all_gather branch has no such guard.
 ``full_tensor()`` takes the same path. The script redistributes the same DTensor twice:
-before the flattened view exists (right, with torch's warning) and after (wrong).
+before the flattened view exists (right, with torch's warning) and after (wrong), then
+calls ``full_tensor()`` (wrong too).
 
 Seen with torch 2.13.0 on CPU (gloo). Open fix upstream: pytorch/pytorch PR 194457
 ("[DTensor] Do not flatten all_gather when shard dim is not evenly divisible").
@@ -55,6 +56,7 @@ def rank_main(
         mesh["a", "b"]._flatten()  # the flattened view trainers build (the mesh keeps it)
         got = x.redistribute(mesh, [Replicate(), Replicate()]).to_local()
         results.put((rank, "got", got.tolist()))
+        results.put((rank, "full", x.full_tensor().tolist()))
     finally:
         dist.destroy_process_group()
 
@@ -70,7 +72,7 @@ def main() -> int:
         for p in procs:
             p.start()
         seen = {}
-        for _ in range(3 * WORLD):
+        for _ in range(4 * WORLD):
             rank, what, value = results.get(timeout=120)
             seen[rank, what] = value
         for p in procs:
@@ -86,9 +88,10 @@ def main() -> int:
         got = seen[rank, "got"]
         print(
             f"rank {rank}: local shard {seen[rank, 'local']}  expected {expected}  "
-            f"got {seen[rank, 'before']} before the flattened view, {got} with it"
+            f"got {seen[rank, 'before']} before the flattened view, {got} with it "
+            f"(full_tensor(): {seen[rank, 'full']})"
         )
-        wrong |= got != expected
+        wrong |= got != expected or seen[rank, "full"] != expected
     print("WRONG: torch returned a different tensor" if wrong else "right")
     return 1 if wrong else 0
 

@@ -51,10 +51,12 @@ alone); ``gradient``: a floating dtype, through backward."""
 MAX_STEPS: Final = 4
 MAX_ROWS: Final = 7
 _NAMES: Final = {
-    1: (("dp",), ("tp",)),
-    2: (("dp_shard", "tp"), ("dp_replicate", "dp_shard"), ("dp_shard", "cp")),
-    3: (("dp_replicate", "dp_shard", "tp"), ("pp", "dp", "tp"), ("dp_shard", "cp", "tp")),
+    1: (("dp",),),
+    2: (("dp_shard", "tp"), ("dp_replicate", "dp_shard")),
+    3: (("dp_replicate", "dp_shard", "tp"),),
 }
+"""Dim names from trainers' vocabularies (torchtitan's). Names change nothing DTensor
+computes, and every (mesh, names) is one more world mesh of gloo groups per rank."""
 
 
 def mesh_shapes(world: int) -> list[tuple[int, ...]]:
@@ -87,11 +89,11 @@ def placements(
         later = [j for j in range(i + 1, len(codes)) if codes[j] == code]
         if later and draw(st.booleans()):
             codes[i] = f"SS{code[1:]}/{math.prod(sizes[j] for j in later)}"
-    if partial:
+    if partial:  # one reduction: torch refuses mixed Partial types in one placement
+        reduction = draw(st.sampled_from(partial))
         for i, code in enumerate(codes):
-            if code == "R":
-                pick = draw(st.integers(0, len(partial)))
-                codes[i] = "R" if pick == 0 else f"P:{partial[pick - 1]}"
+            if code == "R" and draw(st.booleans()):
+                codes[i] = f"P:{reduction}"
     return tuple(codes)
 
 
@@ -118,9 +120,11 @@ def program_on(
     names = draw(st.sampled_from(_NAMES[len(mesh)]))
     runs = view_runs(len(mesh))
     views = tuple(
-        draw(st.lists(st.sampled_from(runs), unique=True, min_size=int(kind == "flattened")))
-        if runs
-        else ()
+        dict.fromkeys(  # unique, in the order drawn
+            draw(st.lists(st.sampled_from(runs), unique=True, min_size=int(kind == "flattened")))
+            if runs
+            else ()
+        )
     )
     subs = [
         (a, a + n - 1) for n in range(1, len(mesh)) for a in range(len(mesh) - n + 1)
@@ -196,10 +200,14 @@ def _without_mesh_dim(program: DTensorProgram, d: int) -> DTensorProgram | None:
     inside = a <= d <= b
     if inside and a == b:
         return None
-    views = tuple(remap(v) for v in program.views if remap(v)[1] > remap(v)[0])
+    # Two views that become one layout keep one name: torch's _flatten of a name it
+    # already holds with the same layout is a no-op, so dropping the copy is faithful.
+    views = tuple(dict.fromkeys(remap(v) for v in program.views if remap(v)[1] > remap(v)[0]))
     first, last = remap((a, b))
     if kind == "flat" and (first, last) not in views:
         return None
+    if kind == "sub" and (first, last) == (0, len(program.mesh) - 2):
+        kind = "world"  # a submesh of every dim left is the world mesh
 
     def cut(codes: tuple[str, ...]) -> tuple[str, ...]:
         if kind == "flat" or not inside:
@@ -217,11 +225,42 @@ def _without_mesh_dim(program: DTensorProgram, d: int) -> DTensorProgram | None:
     )
 
 
+def _without_tensor_dim(program: DTensorProgram, i: int) -> DTensorProgram | None:
+    """``program`` with tensor dim ``i`` removed (the dims after it renumbered), or
+    ``None`` when a placement shards it or it is the only dim."""
+    if len(program.shape) == 1:
+        return None
+
+    def renumber(code: str) -> str | None:
+        if not code.startswith("S"):
+            return code
+        head = "SS" if code.startswith("SS") else "S"
+        dim, _, rest = code[len(head) :].partition("/")
+        if int(dim) == i:
+            return None
+        new = int(dim) - (int(dim) > i)
+        return f"{head}{new}" + (f"/{rest}" if rest else "")
+
+    placements = []
+    for codes in (program.start, *program.steps):
+        renumbered = [renumber(c) for c in codes]
+        if any(c is None for c in renumbered):
+            return None
+        placements.append(tuple(c for c in renumbered if c is not None))
+    return replace(
+        program,
+        shape=program.shape[:i] + program.shape[i + 1 :],
+        start=placements[0],
+        steps=tuple(placements[1:]),
+    )
+
+
 def smaller_programs(program: DTensorProgram) -> list[DTensorProgram]:
     """Programs one edit smaller than ``program``, in a fixed order (the passes run
     after Hypothesis's shrinking, which does not see across a mesh's dims): fewer
-    steps, a size-1 mesh dim gone, a view the tensor does not live on gone, a row
-    fewer, then plainer values."""
+    steps, a size-1 mesh dim gone, a view the tensor does not live on gone, a tensor
+    dim no placement shards gone, fewer rows (half, or one fewer), a placement made
+    ``Replicate``, then plainer values."""
     out: list[DTensorProgram] = []
     least = 1 if program.requires_grad else 0
     for k in range(len(program.steps)):
@@ -234,18 +273,36 @@ def smaller_programs(program: DTensorProgram) -> list[DTensorProgram]:
     for v in program.views:
         if ("flat", *v) != program.on:
             out.append(replace(program, views=tuple(w for w in program.views if w != v)))
+    for i in range(len(program.shape)):
+        fewer = _without_tensor_dim(program, i)
+        if fewer is not None:
+            out.append(fewer)
     for i, n in enumerate(program.shape):
-        if n > 0:
-            shape = (*program.shape[:i], n - 1, *program.shape[i + 1 :])
+        for smaller_n in sorted({n // 2, n - 1} - {n, -1}):
+            shape = (*program.shape[:i], smaller_n, *program.shape[i + 1 :])
             entry = program.entry
             if not _evenly_strided(program.start, on_sizes(program), shape):
                 entry = "from_local"
             out.append(replace(program, shape=shape, entry=entry))
-    plainer = {"requires_grad": False, "values": "arange", "seed": 0, "entry": "distribute"}
-    for field, value in plainer.items():
-        candidate = replace(program, **{field: value})
-        if getattr(program, field) != value and _valid(candidate):
-            out.append(candidate)
+    for k, codes in enumerate((program.start, *program.steps)):
+        for i, code in enumerate(codes):
+            if code != "R":
+                plain = (*codes[:i], "R", *codes[i + 1 :])
+                if k == 0:
+                    candidate = replace(program, start=plain)
+                else:
+                    steps = (*program.steps[: k - 1], plain, *program.steps[k:])
+                    candidate = replace(program, steps=steps)
+                if _valid(candidate):
+                    out.append(candidate)
+    plainer = (
+        replace(program, dtype="float32", requires_grad=program.requires_grad),
+        replace(program, requires_grad=False),
+        replace(program, values="arange"),
+        replace(program, seed=0),
+        replace(program, entry="distribute"),
+    )
+    out += [p for p in plainer if p != program and _valid(p)]
     return out
 
 

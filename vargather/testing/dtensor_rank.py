@@ -6,11 +6,14 @@ programs to a pool of gloo ranks with ``RankPool.run_many``), above
 inside a rank process of the kit's pool; its functions are module level so the pool
 can pickle them.
 
-Mesh setups are built once per rank process and kept, as trainers keep them: the key
-is the whole setup (world mesh shape, dim names, and the flattened views in the order
-they were created), so a program sees exactly the views it names, whatever ran before
-it. Building one is collective (new process groups on every rank), which the programs
-of one batch do in the same order on every rank.
+A world mesh is built once per rank process for each (shape, dim names), as trainers
+build it once; building one is collective (``new_group`` for every subgroup of every
+dim, on every rank), which the programs of one batch do in the same order on every
+rank. Each flattened view is created once, through ``mesh[dims]._flatten(name)``. A
+program then sees exactly the views it names, in its order, whatever ran before it:
+the world mesh's ``_flatten_mapping`` (torch's registry of a mesh's flattened views,
+the one DTensor's ``redistribute`` consults) is set to them before it runs. Building
+a fresh mesh per setup instead would create thousands of gloo groups per run.
 """
 
 from __future__ import annotations
@@ -29,31 +32,38 @@ from .dtensor_program import (
 
 __all__ = ["ProgramReport", "run_program", "torch_placements"]
 
-_SETUPS: dict[tuple[Any, ...], tuple[Any, dict[tuple[str, int, int], Any]]] = {}
-"""The mesh setups built in this rank process: the world mesh and every mesh a
-program may live on (its flattened views and submeshes), all kept alive."""
+_ROOTS: dict[tuple[Any, ...], Any] = {}
+"""The world meshes built in this rank process, by (shape, dim names)."""
+_VIEWS: dict[tuple[Any, ...], dict[str, Any]] = {}
+"""Every flattened view each world mesh has had, by name (each created once)."""
 
 
 def _setup(program: DTensorProgram) -> Any:
-    """The mesh the program's tensor lives on, its setup built (and kept) if new."""
+    """The mesh the program's tensor lives on, its world mesh holding exactly the
+    program's flattened views, in the program's order."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    key = (program.mesh, program.names, program.views)
-    built = _SETUPS.get(key)
-    if built is None:
-        root = init_device_mesh("cpu", program.mesh, mesh_dim_names=program.names)
-        meshes: dict[tuple[str, int, int], Any] = {("world", 0, len(program.mesh) - 1): root}
-        for a, b in program.views:  # in the order trainers create them
-            dims = program.names[a : b + 1]
-            meshes["flat", a, b] = root[dims]._flatten(program.view_name((a, b)))
-        for i, name in enumerate(program.names):  # the named submeshes, kept too
-            meshes["sub", i, i] = root[name]
-        built = _SETUPS[key] = (root, meshes)
-    root, meshes = built
+    key = (program.mesh, program.names)
+    root = _ROOTS.get(key)
+    if root is None:
+        root = _ROOTS[key] = init_device_mesh("cpu", program.mesh, mesh_dim_names=program.names)
+        for name in program.names:  # the named submeshes, as trainers slice them
+            root[name]
+    made = _VIEWS.setdefault(key, {})
+    views = root._flatten_mapping  # torch's registry of this mesh's flattened views
+    views.clear()
+    for a, b in program.views:  # in the order trainers create them
+        name = program.view_name((a, b))
+        if name in made:
+            views[name] = made[name]
+        else:
+            made[name] = root[program.names[a : b + 1]]._flatten(name)
     kind, a, b = program.on
-    if (kind, a, b) not in meshes:  # a submesh of several adjacent dims
-        meshes[kind, a, b] = root[program.names[a : b + 1]]
-    return meshes[kind, a, b]
+    if kind == "world":
+        return root
+    if kind == "flat":
+        return made[program.view_name((a, b))]
+    return root[program.names[a : b + 1]]
 
 
 def torch_placements(codes: tuple[str, ...]) -> list[Any]:
