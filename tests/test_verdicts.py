@@ -240,6 +240,24 @@ def test_nan_payloads_backend_reports_without_failing_unless_strict() -> None:
     assert strict.nan_payloads is None
 
 
+def test_an_error_naming_an_object_reads_the_same_on_every_rank_and_run() -> None:
+    from vargather.testing.cases import GatherCase, RankReport
+    from vargather.testing.judge import judge, without_addresses
+
+    def said(address: str) -> str:
+        return f"Global rank 1 is not part of group <ProcessGroup object at {address}>"
+
+    assert without_addresses(said("0x7f3ce15380b0")) == without_addresses(said("0x7fdf26c5ceb0"))
+    assert without_addresses("at 0x10 and <a at 0x1f>") == "at 0x10 and <a at 0x...>"
+    case = GatherCase(shapes=((1,), (1,)), dim=0, dtype="float32", requires_grad=False)
+    reports = [
+        RankReport(r, r, error=("ValueError", said(a), "")) for r, a in enumerate(("0x1a", "0x2b"))
+    ]
+    (failure,) = judge(case, _IMPL, reports)
+    assert failure.ranks == (0, 1)
+    assert "0x..." in failure.message
+
+
 # --- the targets that were wrong before ------------------------------------------------------
 
 
