@@ -36,7 +36,7 @@ from vargather import oracle
 from .asserts import bitwise_difference, nan_payloads_only
 from .cases import DTYPE_NAMES, is_differentiable, make_values, torch_dtype
 from .collectives import FAMILY
-from .judge import Failure
+from .judge import Failure, without_addresses
 from .pool import RankContext, RankPool
 from .runner import load_callable
 
@@ -593,7 +593,7 @@ def judge_case(case: Case, reports: Sequence[CallReport | None]) -> list[Failure
                     name,
                     "raised",
                     tuple(r for r, _ in raised),
-                    "; ".join(f"rank {r}: {e[0]}: {e[1]}" for r, e in raised),
+                    "; ".join(f"rank {r}: {e[0]}: {without_addresses(e[1])}" for r, e in raised),
                 )
             ],
             len(mine),
