@@ -87,11 +87,14 @@ from ._layout import Layout
 from ._mesh import call_group
 from ._round_buffers import (
     Closing,
+    bytes_of,
     closed_up,
     closing,
     pack,
+    plain,
     plain_bytes,
     plain_in_blocks,
+    unpack,
 )
 from ._round_state import STATES, FusedState, PerGroup, advance_blocks, block_room, set_state
 from ._wire import RECORD_SHAPE_AT, ROW_EXTRAS_AT
@@ -303,6 +306,7 @@ class _Steady:
     send: Layout
     recv: Layout
     closing: Closing
+    needs: tuple[int, ...]
     spare: list[torch.Tensor] = field(default_factory=list, compare=False, repr=False)
 
 
@@ -322,8 +326,10 @@ def _steady_key(
     """Everything a validated ``all_to_all_v`` call's plan is a function of, besides its
     group (which ``_STEADY`` is kept by), the group's state and the peers' rows, for the
     calls the steady path serves (``None`` for others): a plain contiguous CPU tensor
-    cut along its first non-unit dimension (its blocks lie one after the other in its
-    bytes), ``send_sizes`` (and ``recv_sizes``, if given) a list or tuple of ints,
+    (cut along its first non-unit dimension its blocks lie one after the other in its
+    bytes and are sent as they lie; else each is copied once into the round, and a
+    result joined along a dim with dims before it is one copy of the received
+    blocks), ``send_sizes`` (and ``recv_sizes``, if given) a list or tuple of ints,
     ``validate=True``, ``timeout`` none or a number or a ``timedelta`` (the steady
     call's, which validated, is the call's), ``cat_dim`` none or an int in range. Its
     parts: ``dim`` as passed, the shape outside ``dim``, the dtype, whether a gradient
@@ -335,14 +341,17 @@ def _steady_key(
         or (timeout is not None and type(timeout) not in (int, float, timedelta))
         or not _int_sizes(send_sizes)
         or not (recv_sizes is None or _int_sizes(recv_sizes))
-        or not plain_in_blocks(x, dim)
+        or type(x) is not torch.Tensor
+        or type(dim) is not int
         or not (cat_dim is None or type(cat_dim) is int)
     ):
         return None
     assert isinstance(send_sizes, (list, tuple))  # for mypy: _int_sizes checked it
     assert recv_sizes is None or isinstance(recv_sizes, (list, tuple))  # the same
-    assert isinstance(x, torch.Tensor)  # for mypy: plain_in_blocks checked it
-    assert isinstance(dim, int)  # for mypy: plain_in_blocks checked it
+    assert isinstance(x, torch.Tensor)  # for mypy: checked just above
+    assert isinstance(dim, int)  # for mypy: the same
+    if x.layout != torch.strided or x.is_nested or not plain(x) or not -x.ndim <= dim < x.ndim:
+        return None
     requires = x.requires_grad and torch.is_grad_enabled()
     d = dim % x.ndim
     if cat_dim is not None and not -x.ndim <= cat_dim < x.ndim:
@@ -374,16 +383,14 @@ def _remember(
         return
     _STEADY.pop(pg, NAME)
     found = ex.packed if ex.packed is not None else ex.direct
-    if found is None or ex.raw is None or plan.result is None or plan.recv.pre != 1:
+    if found is None or ex.raw is None or plan.result is None:
         return
     replays = STATES.get(pg, COLLECTIVES[NAME].round) is ex.state
-    unit = plan.send.post * plan.send.dtype.itemsize
-    blocks = _blocks_at(plan.send.sizes, unit)
-    needs = tuple(n * plan.recv.post * plan.recv.dtype.itemsize for n in plan.recv.sizes)
+    send, recv = plan.send, plan.recv
+    blocks = _blocks_at(send.sizes, send.pre * send.post * send.dtype.itemsize)
+    needs = tuple(recv.pre * n * recv.post * recv.dtype.itemsize for n in recv.sizes)
     closes = closing(found.starts, needs)
-    steady = _Steady(
-        key, call, ex.state, replays, found, blocks, ex.raw, plan.send, plan.recv, closes
-    )
+    steady = _Steady(key, call, ex.state, replays, found, blocks, ex.raw, send, recv, closes, needs)
     _STEADY.put(pg, NAME, steady)
 
 
@@ -416,16 +423,28 @@ def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> A
         return _resized_call(steady, key, x, info, pg, state)
     found = steady.round
     if isinstance(found, DirectRound):
-        flat = plain_bytes(x)  # plain, its blocks one after the other (the key)
-        blocks = [flat[at : at + n] for at, n in steady.blocks]
+        blocks = _pieces(x, steady.send, steady.blocks)
         buf, raw = run_direct(steady.call, info, pg, found, blocks)
     else:
         buf, raw = _replay_packed(steady, found, x, info, pg)
     if raw != steady.raw:
         ex = _exchanged(steady.call, info, pg, steady.state, found, buf, raw)
         return plan_from_exchange(x, steady.call, info, ex)
-    result = closed_up(buf, steady.closing, steady.recv)
+    if steady.recv.pre == 1:  # the blocks lie one after the other in the result
+        result = closed_up(buf, steady.closing, steady.recv)
+    else:  # joined along a dim with dims before it: one copy
+        starts = steady.round.starts
+        regions = [buf[a : a + n] for a, n in zip(starts, steady.needs, strict=False)]
+        result = unpack(regions, [steady.recv])[0]
     return AllToAllPlan(steady.send, steady.recv, info, result)
+
+
+def _pieces(x: torch.Tensor, send: Layout, blocks: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
+    """The bytes of each block of the plain ``x`` (``blocks``: rank-major offsets and
+    lengths): views of ``x`` when its blocks lie one after the other, else of one
+    rank-major copy."""
+    flat = plain_bytes(x) if send.pre == 1 else bytes_of(rank_major_gradient(x.detach(), send))
+    return [flat[at : at + n] for at, n in blocks]
 
 
 def _exchanged(
@@ -475,6 +494,8 @@ def _resized_call(
     send = steady.send
     d = send.dim
     record = steady.call.record
+    if send.pre != 1:  # blocks apart in x: the full path (sizes changing are MoE's)
+        return None
     if d >= MAX_NDIM:  # past the record's shape words (the peers read the sizes alone)
         return None
     if rows != steady.key[6]:  # another length along dim: this call's own record
@@ -520,7 +541,17 @@ def _resized_call(
         pg,
         NAME,
         _Steady(
-            key, call, state, after is state, ridden, at, raw, send_layout, recv_layout, closes
+            key,
+            call,
+            state,
+            after is state,
+            ridden,
+            at,
+            raw,
+            send_layout,
+            recv_layout,
+            closes,
+            needs,
         ),
     )
     return AllToAllPlan(send_layout, recv_layout, info, result)
@@ -566,12 +597,22 @@ def _replay_packed(
     if send is None:
         send = torch.empty(sum(packed.out_bytes), dtype=torch.uint8)
         fill_packed_at(send, packed.row, None, packed.out_bytes, packed.head)
-    base, source = send.data_ptr(), x.data_ptr()
-    at = 0
-    for (offset, n), size in zip(steady.blocks, packed.out_bytes, strict=True):
-        if n:
-            ctypes.memmove(base + at + packed.head, source + offset, n)
-        at += size
+    lay = steady.send
+    if lay.pre == 1:  # x's blocks lie one after the other: copied as bytes
+        base, source = send.data_ptr(), x.data_ptr()
+        at = 0
+        for (offset, n), size in zip(steady.blocks, packed.out_bytes, strict=True):
+            if n:
+                ctypes.memmove(base + at + packed.head, source + offset, n)
+            at += size
+    else:  # each block copied once from x's strides into its slot
+        rows = x.detach().view(lay.pre, lay.total, lay.post)
+        at = 0
+        for r, ((_, n), size) in enumerate(zip(steady.blocks, packed.out_bytes, strict=True)):
+            if n:
+                slot = send[at + packed.head : at + packed.head + n].view(lay.dtype)
+                slot.view(lay.pre, lay.sizes[r], lay.post).copy_(rows[:, lay.block(r)])
+            at += size
     try:
         return run_packed(steady.call, info, pg, packed, send)
     finally:
