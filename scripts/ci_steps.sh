@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CI steps, defined once. .ci/run, tox.ini and the GitHub workflows call this
 # script by step name; each caller sets up its own environment (a venv with
-# `pip install -c constraints.txt -e ".[dev,docs]"`, a tox env, a CI job's matrix install),
+# `pip install -c constraints.txt -e ".[dev,docs,browser]"`, a tox env, a CI job's matrix install),
 # then runs the steps in it. tests/test_repo.py checks that every caller goes through
 # here and that the tests step is the README's test command.
 #

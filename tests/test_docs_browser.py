@@ -43,6 +43,7 @@ import functools
 import html.parser
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
+
+from ._by_path import import_path
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Route
@@ -219,6 +222,10 @@ def _newest_source() -> float:
     return max(p.stat().st_mtime for p in sources)
 
 
+def conf_newer(stamp: Path) -> bool:
+    return (DOCS / "conf.py").stat().st_mtime > stamp.stat().st_mtime
+
+
 def _terminal(config: pytest.Config, line: str) -> None:
     """A line on the terminal, past pytest's capture (the step's log keeps the times)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -239,13 +246,18 @@ def site(request: pytest.FixtureRequest) -> Path:
     if stamp.is_file() and stamp.stat().st_mtime >= _newest_source():
         _terminal(request.config, f"browser: reusing the site built in {BUILD.relative_to(ROOT)}")
         return BUILD
+    # Sphinx rebuilds what changed, but not for a change of conf.py's code (its hooks):
+    # then every page is written afresh (-E)
+    fresh = ["-E"] if not stamp.is_file() or conf_newer(stamp) else []
     start = time.monotonic()
-    built = subprocess.run(BUILD_COMMAND, cwd=ROOT, capture_output=True, text=True, check=False)
+    built = subprocess.run(
+        [*BUILD_COMMAND, *fresh], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     assert built.returncode == 0, f"the site does not build:\n{built.stdout}\n{built.stderr}"
     _terminal(
         request.config,
         f"browser: built the site into {BUILD.relative_to(ROOT)} in "
-        f"{time.monotonic() - start:.1f} s",
+        f"{time.monotonic() - start:.1f} s{' (afresh: conf.py changed)' if fresh else ''}",
     )
     return BUILD
 
@@ -543,3 +555,45 @@ def test_internal_links_and_anchors_resolve(
     broken = broken_links(site, served, reports[WIDTHS[0]])
     if broken:
         pytest.fail(f"links into the site that lead nowhere:{_listing(broken)}", pytrace=False)
+
+
+_ARTICLE = re.compile(r"<article\b.*?</article>", re.S)
+_NOT_LINKED_HERE = re.compile(r"<(h[1-6]|figcaption|caption)\b.*?</\1>", re.S)
+_CODE = re.compile(
+    r'(?:<a [^>]*href="(?P<href>[^"]*)"[^>]*>)?'
+    r'<code class="docutils literal notranslate"><span class="pre">(?P<text>[\w.]+)(?:\(\))?</span></code>'
+)
+
+
+def test_public_names_in_the_guides_link_into_the_api_reference(site: Path) -> None:
+    """Inline code that is exactly a public name (docs/conf.py's ``api_targets``) is a
+    link to the name's entry on every page but the reference's own (headings and
+    captions aside): the build's ``doctree-resolved`` hook makes the links."""
+    conf = import_path("_vargather_docs_conf", DOCS / "conf.py")
+    entries = {
+        anchor: (page.stem, anchor)
+        for page in site.glob("api*.html")
+        for anchor in re.findall(r'<dt class="sig[^"]*" id="(vargather[\w.]*)"', page.read_text())
+    }
+    targets = conf.api_targets(conf.public_names(), entries)
+    assert "all_gather_v" in targets, "the API reference has no entry for all_gather_v"
+    unlinked, wrong, linked = [], [], 0
+    for page in sorted(site.glob("*.html")):
+        if page.stem.startswith("api") or page.stem in ("genindex", "search"):
+            continue
+        text = page.read_text(encoding="utf-8")
+        article = _NOT_LINKED_HERE.sub("", "".join(_ARTICLE.findall(text)))
+        for match in _CODE.finditer(article):
+            name = targets.get(match["text"])
+            if name is None:
+                continue
+            expected = "{}.html#{}".format(*entries[name])
+            if match["href"] is None:
+                unlinked.append(f"{page.name}: {match['text']}")
+            elif match["href"] != expected:
+                wrong.append(f"{page.name}: {match['text']} -> {match['href']} (not {expected})")
+            else:
+                linked += 1
+    assert not unlinked, f"public names not linked to their entries:{_listing(unlinked)}"
+    assert not wrong, f"public names linked elsewhere:{_listing(wrong)}"
+    assert linked, "no page links a public name into the API reference"
