@@ -167,6 +167,9 @@ ENGINE_ORDER = [
     "dtensor_programs",  # its Hypothesis strategies and last shrinking passes,
     "dtensor_rank",  # its rank side (beneath the engine: no engine module imported)
     "dtensor_target",
+    "program_rows",
+    "ulysses_target",
+    "ep_dispatch_target",
     "targets",
     "engine",
     "plugin",

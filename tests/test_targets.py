@@ -37,6 +37,8 @@ NAMES = (
     "megatron-all-to-all",
     "megatron-sp-gather",
     "megatron-sp-reduce-scatter",
+    "deepspeed-ulysses",
+    "torchtitan-ep-dispatch",
 )
 HAS_MEGATRON = importlib.util.find_spec("megatron") is not None
 multirank = pytest.mark.multirank

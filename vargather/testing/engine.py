@@ -44,7 +44,7 @@ from .properties import BATCH, Property
 from .resolve import ImplInfo, ensure_import_path
 from .results import EXIT_USAGE, PropertyResult, Report
 from .runner import backend_refusals, rank_preflight
-from .targets import apply_target, preload_target, target_refusals
+from .targets import apply_target, preload_target, program_runner, target_refusals
 from .verdict import UNSUPPORTED_EXAMPLES, scope_hints, split_rows, with_unsupported, with_xfail
 
 __all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]
@@ -234,6 +234,11 @@ def _run_check(
 
         factory = pool_factory or _default_factory(options.timeout)
         return run_dtensor_check(options, Progress(progress_callback, 0), factory, _versions())
+    program = program_runner(options.target)
+    if program is not None:  # a target with programs and an oracle of its own
+        factory = pool_factory or _default_factory(options.timeout)
+        report: Report = program(options, Progress(progress_callback, 0), factory, _versions())
+        return report
     collective = catalogue_of(options.op)
     info = collective.resolve(options, cwd)
     impl = collective.implementation(info, options, cwd)

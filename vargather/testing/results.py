@@ -272,7 +272,7 @@ class Report:
     # -- text
 
     def header_lines(self) -> list[str]:
-        if self.convention == "dtensor":  # the dtensor target's own rows
+        if self.convention in ("dtensor", "program"):  # a target's own rows
             convention = f"called as {self.call}"
         elif self.call is not None:
             convention = f"called as ATTR{self.call}"

@@ -38,6 +38,7 @@ __all__ = [
     "by_name",
     "listing",
     "preload_target",
+    "program_runner",
     "target_ids",
     "target_refusals",
     "unavailable",
@@ -78,9 +79,20 @@ class Target:
     """Modules the rank processes import before their first call (``pool.preload``):
     what the code imports on first use, seconds per rank, which would otherwise count
     against the first example's timeout."""
+    program: str | None = None
+    """A target that runs programs of its own (``program_rows``): its module in
+    ``vargather.testing``, which gives ``ROW_IDS`` and ``run_target``."""
 
 
 _MEGATRON: Final = (("megatron.core", _MEGATRON_MISSING),)
+_DEEPSPEED_MISSING: Final = (
+    "deepspeed is not installed (DS_BUILD_OPS=0 pip install -c constraints.txt "
+    "--no-build-isolation 'vargather[deepspeed]')"
+)
+_TORCHTITAN_MISSING: Final = (
+    "torchtitan is not installed (pip install -c constraints.txt 'vargather[torchtitan]', "
+    "then pip install -c constraints.txt --no-deps 'torchtitan>=0.3,<0.4')"
+)
 _DYNAMO: Final = ("torch._dynamo",)
 """What torch's functional collectives, DTensor and the deprecated nn collectives
 import on first use (about 10 s of CPU per process, measured on the 2-core machine).
@@ -230,6 +242,41 @@ TARGETS: Final[tuple[Target, ...]] = (
         _MEGATRON,
         (*_DYNAMO, _MAPPINGS),
     ),
+    Target(
+        "deepspeed-ulysses",
+        "DeepSpeed Ulysses (deepspeed.sequence.layer): single_all_to_all, "
+        "_SeqAllToAll.apply and DistributedAttention, sequence <-> heads shards",
+        "all_to_all_v",
+        None,
+        None,
+        {"grad": "sum"},
+        (
+            "programs of its own: models with their own head counts built in one process, "
+            "then calls on them (the process-wide head count of DeepSpeed #8291)",
+            "sequence lengths divisible by the sequence-parallel degree: no release splits "
+            "an uneven sequence (its all_to_all_single takes equal chunks)",
+            "every release since 0.15.4: num_kv_heads passed where the signature takes it",
+        ),
+        (("deepspeed", _DEEPSPEED_MISSING),),
+        ("deepspeed", "deepspeed.sequence.layer"),
+        program="ulysses_target",
+    ),
+    Target(
+        "torchtitan-ep-dispatch",
+        "torchtitan's expert-parallel token dispatch and combine "
+        "(AllToAllTokenDispatcher.dispatch / .combine)",
+        "all_to_all_v",
+        None,
+        None,
+        {"grad": "sum"},
+        (
+            "programs of its own: a router's top-k choices over experts sharded across "
+            "ranks; the oracle regroups tokens by expert on one process",
+        ),
+        (("torchtitan", _TORCHTITAN_MISSING),),
+        ("torchtitan.models.common.token_dispatcher",),
+        program="ep_dispatch_target",
+    ),
 )
 """Every built-in target, in the order ``--target list`` prints them."""
 
@@ -262,7 +309,8 @@ def listing() -> str:
         state = "available" if reason is None else f"unavailable: {reason}"
         lines.append(f"{t.name}: {state}")
         lines.append(f"  {t.title}")
-        what = t.impl if t.impl is not None else "built-in rows (vargather.testing.dtensor_target)"
+        module = t.program or "dtensor_target"
+        what = t.impl if t.impl is not None else f"built-in rows (vargather.testing.{module})"
         lines.append(f"  --op {t.op}, {what}" + (f", --call '{t.call}'" if t.call else ""))
         scope = " ".join(f"--{k.replace('_', '-')} {_text(v)}" for k, v in t.scope.items())
         if scope:
@@ -324,6 +372,8 @@ def apply_target(options: CheckOptions) -> CheckOptions:
 
 def target_ids(target: Target) -> tuple[str, ...]:
     """The row ids of ``target`` (what ``--only`` and an xfails file name)."""
+    if target.program is not None:  # a target that runs programs of its own
+        return tuple(_program_module(target.program).ROW_IDS)
     if target.impl is None:  # the dtensor target's own rows
         from .dtensor_target import DTENSOR_IDS
 
@@ -331,6 +381,22 @@ def target_ids(target: Target) -> tuple[str, ...]:
     from .properties import property_ids
 
     return property_ids(target.op)
+
+
+def _program_module(name: str) -> Any:
+    import importlib
+
+    return importlib.import_module(f"{__package__}.{name}")
+
+
+def program_runner(name: str | None) -> Any:
+    """``run_target(options, progress, factory, versions) -> Report`` of the target
+    called ``name`` when it runs programs of its own (``Target.program``), else
+    ``None``."""
+    target = _BY_NAME.get(name or "")
+    if target is None or target.program is None:
+        return None
+    return _program_module(target.program).run_target
 
 
 def _check_ids(name: str, target: Target, options: CheckOptions) -> None:
