@@ -287,8 +287,8 @@ class StandInPool:
         return self.defect(program, rank, report)
 
 
-def _search(defect: Defect, only: tuple[str, ...]) -> Any:
-    options = CheckOptions(target="dtensor", world_sizes=(1, 2, 3, 4), only=only)
+def _search(defect: Defect, only: tuple[str, ...], **budget: int) -> Any:
+    options = CheckOptions(target="dtensor", world_sizes=(1, 2, 3, 4), only=only, **budget)
     pools: dict[int, StandInPool] = {}
 
     def factory(world: int) -> Any:
@@ -304,7 +304,7 @@ def test_the_oracle_itself_passes_every_row() -> None:
 
 
 def test_swapped_rows_are_caught_and_shrunk_to_one_small_program() -> None:
-    report = _search(swap_rows, ("programs",))
+    report = _search(swap_rows, ("programs",), max_examples=30, shrink_budget=120)
     (row,) = report.results
     assert row.status == "fail"
     assert row.failure is not None
@@ -316,12 +316,13 @@ def test_swapped_rows_are_caught_and_shrunk_to_one_small_program() -> None:
     assert (case["world_size"], case["mesh"], len(case["steps"])) == (1, (1, 1), 1)
     assert (case["shape"], case["views"], case["dtype"]) == ((2,), (), "float32")
     assert row.failure.command == (
-        "python -m vargather check --target dtensor --only programs --seed 0 --max-examples 60"
+        "python -m vargather check --target dtensor --only programs --seed 0 --max-examples 30 "
+        "--shrink-budget 120"
     )
 
 
 def test_a_stale_shard_is_caught_and_shrunk_to_one_step() -> None:
-    report = _search(stale_shard, ("programs",))
+    report = _search(stale_shard, ("programs",), max_examples=30, shrink_budget=120)
     (row,) = report.results
     assert row.status == "fail"
     assert row.failure is not None
