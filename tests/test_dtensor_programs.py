@@ -145,10 +145,13 @@ def _valid(p: DTensorProgram) -> None:
     """What every drawn program promises the rank side."""
     assert all(not c.startswith("P") for step in p.steps for c in step)  # torch refuses
     assert len({c for c in p.start if c.startswith("P")}) <= 1  # one reduction
-    for codes in (p.start, *p.steps):
-        for i, c in enumerate(codes):
-            if c.startswith("SS"):  # FSDP2 + TP: later mesh dims shard the same dim
-                assert f"S{c[2:].split('/')[0]}" in codes[i + 1 :]
+    for codes in (p.start, *p.steps):  # FSDP2 + TP: later mesh dims shard the same
+        for i, c in enumerate(codes):  # dim, and the split factor is their sizes' product
+            if c.startswith("SS"):
+                dim, split = c[2:].split("/")
+                later = [j for j in range(i + 1, len(codes)) if codes[j] == f"S{dim}"]
+                assert later
+                assert math.prod(on_sizes(p)[j] for j in later) == int(split)
     if p.entry == "distribute":
         assert not any(c.startswith("P") for c in p.start)
         for i, c in enumerate(p.start):  # distribute_tensor refuses an uneven one
@@ -228,6 +231,23 @@ def test_every_smaller_program_is_valid_and_smaller() -> None:
             steps=(("S0", "R"), ("R", "R")),
         )
     ]
+
+
+def test_no_smaller_program_breaks_a_strided_shard() -> None:
+    """Making the middle ``Shard(0)`` of ``[_StridedShard(0, 2), Shard(0), Shard(0)]``
+    ``Replicate`` would leave a split factor of 2 over a size-1 dim: no oracle for that
+    (it read torch's right answer as wrong once), so it is not a candidate."""
+    program = _program(
+        mesh=(2, 2, 1),
+        names=("dp_replicate", "dp_shard", "tp"),
+        on=("world", 0, 2),
+        shape=(2,),
+        start=("R", "R", "R"),
+        steps=(("SS0/2", "S0", "S0"),),
+    )
+    candidates = smaller_programs(program)
+    assert all(("SS0/2", "R", "S0") not in c.steps for c in candidates)
+    assert any(c.steps == (("R", "S0", "S0"),) for c in candidates)
 
 
 # --- the search on a stand-in pool -----------------------------------------------------------

@@ -40,6 +40,7 @@ __all__ = [
     "placements",
     "program_on",
     "smaller_programs",
+    "strided_consistent",
     "view_runs",
     "worlds_for",
 ]
@@ -104,9 +105,11 @@ def placements(
             codes.append(shards[-1] if shards else "S0")
         else:
             codes.append("R" if c == 0 else f"S{c - 1}")
+    seen: set[str] = set()
     for i, code in enumerate(codes):  # FSDP2 + TP: the first mesh dim sharding a dim
-        if not code.startswith("S") or code in codes[:i]:
+        if not code.startswith("S") or code in seen:
             continue
+        seen.add(code)
         later = [j for j in range(i + 1, len(codes)) if codes[j] == code]
         if later and draw(st.booleans()):
             codes[i] = f"SS{code[1:]}/{math.prod(sizes[j] for j in later)}"
@@ -360,15 +363,27 @@ def smaller_programs(
         replace(program, seed=0),
         replace(program, entry="distribute"),
     )
-    out += [p for p in plainer if p != program and _valid(p)]
-    return out
+    out += [p for p in plainer if p != program]
+    return [p for p in out if _valid(p)]
+
+
+def strided_consistent(codes: Sequence[str], sizes: Sequence[int]) -> bool:
+    """Whether every ``_StridedShard(d, split_factor=k)`` in ``codes`` is as FSDP2 with
+    TP makes it: later mesh dims ``Shard(d)`` too, and ``k`` is their sizes' product
+    (the oracle's right-to-left reading holds only then)."""
+    for i, code in enumerate(codes):
+        if code.startswith("SS"):
+            dim, split = code[2:].split("/")
+            later = [j for j in range(i + 1, len(codes)) if codes[j] == f"S{dim}"]
+            if not later or math.prod(sizes[j] for j in later) != int(split):
+                return False
+    return True
 
 
 def _valid(program: DTensorProgram) -> bool:
-    for codes in (program.start, *program.steps):
-        for i, code in enumerate(codes):
-            if code.startswith("SS") and f"S{code[2:].split('/')[0]}" not in codes[i + 1 :]:
-                return False
+    sizes = on_sizes(program)
+    if not all(strided_consistent(c, sizes) for c in (program.start, *program.steps)):
+        return False
     if program.entry == "distribute":
         partial = any(p.startswith("P") for p in program.start)
         return not partial and _evenly_strided(program.start, on_sizes(program), program.shape)
