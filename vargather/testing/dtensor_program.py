@@ -43,6 +43,7 @@ the gradient of a Partial tensor is replicated).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -221,6 +222,11 @@ def contributions(program: DTensorProgram) -> dict[tuple[int, ...], torch.Tensor
 
 def global_tensor(program: DTensorProgram) -> torch.Tensor:
     """``G``: the contributions' sum (``P:avg`` dims: their mean), or the drawn tensor."""
+    return _global(program).clone()
+
+
+@functools.lru_cache(maxsize=64)
+def _global(program: DTensorProgram) -> torch.Tensor:
     parts = contributions(program)
     if len(parts) == 1 and () in parts:
         return parts[()]

@@ -40,7 +40,9 @@ __all__ = [
     "placements",
     "program_on",
     "smaller_programs",
+    "strided_consistent",
     "view_runs",
+    "worlds_for",
 ]
 
 DTYPES: Final = ("float32", "float64", "bfloat16", "float16", "int64", "int32", "bool", "uint8")
@@ -68,6 +70,20 @@ def mesh_shapes(world: int) -> list[tuple[int, ...]]:
     return out
 
 
+def _merging(mesh: Sequence[int]) -> bool:
+    return sum(size > 1 for size in mesh) >= 2
+
+
+def worlds_for(kind: str, world_sizes: Sequence[int]) -> list[int]:
+    """The worlds a row of ``kind`` draws, ascending: for ``flattened``, those with a
+    mesh of two dims of size > 1 (where a flattened view merges collectives: 4 of 1-4
+    ranks), or all of them when none has one."""
+    worlds = sorted(w for w in world_sizes if 1 <= w <= 4)
+    if kind == "flattened":
+        return [w for w in worlds if any(_merging(m) for m in mesh_shapes(w))] or worlds
+    return worlds
+
+
 def view_runs(ndim: int) -> list[tuple[int, int]]:
     """The runs of two or more adjacent mesh dims a view can flatten, shortest first."""
     return [(a, a + n - 1) for n in range(2, ndim + 1) for a in range(ndim - n + 1)]
@@ -79,13 +95,21 @@ def placements(
 ) -> tuple[str, ...]:
     """One placement code per mesh dim of ``sizes`` for a tensor of ``ndim`` dims;
     ``partial``: the Partial reductions a ``Replicate`` dim may become (the start's)."""
-    codes = []
+    codes: list[str] = []
     for _ in sizes:
-        c = draw(st.integers(0, ndim))
-        codes.append("R" if c == 0 else f"S{c - 1}")
+        # 0: Replicate; 1..ndim: Shard(c - 1); ndim + 1: the tensor dim the last Shard
+        # cut, once more (nested sharding, as FSDP2 over TP makes it)
+        c = draw(st.integers(0, ndim + 1))
+        shards = [code for code in codes if code.startswith("S")]
+        if c == ndim + 1:
+            codes.append(shards[-1] if shards else "S0")
+        else:
+            codes.append("R" if c == 0 else f"S{c - 1}")
+    seen: set[str] = set()
     for i, code in enumerate(codes):  # FSDP2 + TP: the first mesh dim sharding a dim
-        if not code.startswith("S") or code in codes[:i]:
+        if not code.startswith("S") or code in seen:
             continue
+        seen.add(code)
         later = [j for j in range(i + 1, len(codes)) if codes[j] == code]
         if later and draw(st.booleans()):
             codes[i] = f"SS{code[1:]}/{math.prod(sizes[j] for j in later)}"
@@ -114,8 +138,8 @@ def program_on(
 ) -> DTensorProgram:
     """A ``DTensorProgram`` of ``kind`` (one of ``KINDS``) on a world of ``world`` ranks."""
     shapes = mesh_shapes(world)
-    if kind == "flattened":
-        shapes = [m for m in shapes if len(m) > 1]
+    if kind == "flattened":  # where a view can merge collectives: two dims of size > 1
+        shapes = [m for m in shapes if _merging(m)] or [m for m in shapes if len(m) > 1]
     mesh = draw(st.sampled_from(shapes))
     names = draw(st.sampled_from(_NAMES[len(mesh)]))
     runs = view_runs(len(mesh))
@@ -129,9 +153,12 @@ def program_on(
     subs = [
         (a, a + n - 1) for n in range(1, len(mesh)) for a in range(len(mesh) - n + 1)
     ]  # proper submeshes of adjacent dims
-    ons: list[tuple[str, int, int]] = [("world", 0, len(mesh) - 1)]
-    ons += [("flat", a, b) for a, b in views] + [("sub", a, b) for a, b in subs]
-    on = draw(st.sampled_from(ons))
+    # the kind of mesh first (the world mesh as likely as all views, as all submeshes)
+    ons: dict[str, list[tuple[str, int, int]]] = {"world": [("world", 0, len(mesh) - 1)]}
+    ons["flat"] = [("flat", a, b) for a, b in views]
+    ons["sub"] = [("sub", a, b) for a, b in subs]
+    kinds = [k for k in ("world", "flat", "sub") if ons[k]]
+    on = draw(st.sampled_from(ons[draw(st.sampled_from(kinds))]))
     kind_, a, b = on
     sizes = (math.prod(mesh[a : b + 1]),) if kind_ == "flat" else mesh[a : b + 1]
     ndim = draw(st.integers(1, 3))
@@ -176,7 +203,7 @@ def dtensor_programs(
 ) -> DTensorProgram:
     """A ``DTensorProgram`` of ``kind`` (one of ``KINDS``) on a world of
     ``world_sizes`` (1 to 4 ranks), smaller worlds first."""
-    world = draw(st.sampled_from(sorted(w for w in world_sizes if 1 <= w <= 4)))
+    world = draw(st.sampled_from(worlds_for(kind, world_sizes)))
     program: DTensorProgram = draw(program_on(world, kind, dtypes))
     return program
 
@@ -255,10 +282,34 @@ def _without_tensor_dim(program: DTensorProgram, i: int) -> DTensorProgram | Non
     )
 
 
-def smaller_programs(program: DTensorProgram) -> list[DTensorProgram]:
+def _with_mesh_dim_of_one(program: DTensorProgram, d: int) -> DTensorProgram:
+    """``program`` with mesh dim ``d`` of size 1 (a smaller world), its
+    ``_StridedShard`` split factors recomputed for the new sizes."""
+    mesh = (*program.mesh[:d], 1, *program.mesh[d + 1 :])
+    smaller = replace(program, world_size=math.prod(mesh), mesh=mesh)
+    sizes = on_sizes(smaller)
+
+    def resplit(codes: tuple[str, ...]) -> tuple[str, ...]:
+        out = list(codes)
+        for i, code in enumerate(codes):
+            if code.startswith("SS"):
+                dim = code[2:].split("/")[0]
+                later = [j for j in range(i + 1, len(codes)) if codes[j] == f"S{dim}"]
+                out[i] = f"SS{dim}/{math.prod(sizes[j] for j in later)}"
+        return tuple(out)
+
+    return replace(
+        smaller, start=resplit(program.start), steps=tuple(resplit(s) for s in program.steps)
+    )
+
+
+def smaller_programs(
+    program: DTensorProgram, worlds: Sequence[int] = (1, 2, 3, 4)
+) -> list[DTensorProgram]:
     """Programs one edit smaller than ``program``, in a fixed order (the passes run
     after Hypothesis's shrinking, which does not see across a mesh's dims): fewer
-    steps, a size-1 mesh dim gone, a view the tensor does not live on gone, a tensor
+    steps (or the start moved to where the first step arrives), a mesh dim made size 1 (a smaller world among ``worlds``), a size-1 mesh
+    dim gone, a view the tensor does not live on gone, a tensor
     dim no placement shards gone, fewer rows (half, or one fewer), a placement made
     ``Replicate``, then plainer values."""
     out: list[DTensorProgram] = []
@@ -266,6 +317,16 @@ def smaller_programs(program: DTensorProgram) -> list[DTensorProgram]:
     for k in range(len(program.steps)):
         if len(program.steps) > least:
             out.append(replace(program, steps=program.steps[:k] + program.steps[k + 1 :]))
+    if len(program.steps) > least:  # start where the first step arrives
+        begun = replace(program, start=program.steps[0], steps=program.steps[1:])
+        if not _valid(begun):
+            begun = replace(begun, entry="from_local")
+        out.append(begun)
+    for d in range(len(program.mesh)):
+        if program.mesh[d] > 1 and program.world_size // program.mesh[d] in worlds:
+            one = _with_mesh_dim_of_one(program, d)
+            if _valid(one):
+                out.append(one)
     for d in range(len(program.mesh)):
         smaller = _without_mesh_dim(program, d)
         if smaller is not None and _valid(smaller):
@@ -302,15 +363,27 @@ def smaller_programs(program: DTensorProgram) -> list[DTensorProgram]:
         replace(program, seed=0),
         replace(program, entry="distribute"),
     )
-    out += [p for p in plainer if p != program and _valid(p)]
-    return out
+    out += [p for p in plainer if p != program]
+    return [p for p in out if _valid(p)]
+
+
+def strided_consistent(codes: Sequence[str], sizes: Sequence[int]) -> bool:
+    """Whether every ``_StridedShard(d, split_factor=k)`` in ``codes`` is as FSDP2 with
+    TP makes it: later mesh dims ``Shard(d)`` too, and ``k`` is their sizes' product
+    (the oracle's right-to-left reading holds only then)."""
+    for i, code in enumerate(codes):
+        if code.startswith("SS"):
+            dim, split = code[2:].split("/")
+            later = [j for j in range(i + 1, len(codes)) if codes[j] == f"S{dim}"]
+            if not later or math.prod(sizes[j] for j in later) != int(split):
+                return False
+    return True
 
 
 def _valid(program: DTensorProgram) -> bool:
-    for codes in (program.start, *program.steps):
-        for i, code in enumerate(codes):
-            if code.startswith("SS") and f"S{code[2:].split('/')[0]}" not in codes[i + 1 :]:
-                return False
+    sizes = on_sizes(program)
+    if not all(strided_consistent(c, sizes) for c in (program.start, *program.steps)):
+        return False
     if program.entry == "distribute":
         partial = any(p.startswith("P") for p in program.start)
         return not partial and _evenly_strided(program.start, on_sizes(program), program.shape)

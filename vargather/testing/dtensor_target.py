@@ -40,7 +40,7 @@ from .dtensor_program import (
     expected_local,
     global_tensor,
 )
-from .dtensor_programs import program_on, smaller_programs
+from .dtensor_programs import program_on, smaller_programs, worlds_for
 from .dtensor_rank import ProgramReport, run_program
 from .evaluate import FailingBatchError, ShrinkBudgetSpent, seeded_search
 from .options import CheckOptions
@@ -162,7 +162,7 @@ def _evaluate(
     progress: Progress,
 ) -> PropertyResult:
     started = time.monotonic()
-    worlds = sorted(w for w in world_sizes if 1 <= w <= 4)
+    worlds = worlds_for(kind, world_sizes)
     state: dict[str, Any] = {"examples": 0, "cases": 0, "shrink": 0, "failed": False}
     state["stop"] = False
     state["limit"] = options.shrink_budget // 2  # Hypothesis's half; the last passes get the rest
@@ -231,7 +231,7 @@ def _evaluate(
     )
     if failure is not None and "program" in state:
         state["limit"] = options.shrink_budget
-        failure = _smallest(state["program"], failure, lambda p: _run_once(memo, run, p))
+        failure = _smallest(state["program"], failure, worlds, lambda p: _run_once(memo, run, p))
     return PropertyResult(
         row,
         title,
@@ -258,6 +258,7 @@ def _run_once(
 def _smallest(
     program: DTensorProgram,
     failure: PropertyFailure,
+    worlds: Sequence[int],
     attempt: Callable[[DTensorProgram], PropertyFailure | None],
 ) -> PropertyFailure:
     """The last shrinking passes, after Hypothesis's: the failing program alone, then
@@ -274,7 +275,7 @@ def _smallest(
         shrinking = True
         while shrinking:
             shrinking = False
-            for candidate in smaller_programs(program):
+            for candidate in smaller_programs(program, worlds):
                 found = attempt(candidate)
                 if found is not None and found.aspect == failure.aspect:
                     program, failure, shrinking = candidate, found, True
@@ -314,6 +315,7 @@ def run_dtensor_check(
         versions=versions,
         scope={"--grad": options.grad, "--world-sizes": ",".join(map(str, world_sizes))},
         strict=options.strict,
+        batch=BATCH,
         call="x = distribute_tensor(G, mesh, start) or DTensor.from_local(local, mesh, start, "
         "shape=, stride=); x = x.redistribute(mesh, step) for each step; to_local(), "
         "full_tensor(), backward",

@@ -2,8 +2,8 @@
 
 Where it sits: in the gate's engine in the testing kit, beneath ``engine`` (which
 turns ``--target NAME`` into the options it stands for with ``apply_target`` before
-anything else runs) and beside ``dtensor_target`` (the rank side and rows of the one
-target that is not a plain ``MODULE:ATTR`` call). ``python -m vargather check
+anything else runs) and beside ``dtensor_target`` (the rows of the one target that
+is not a plain ``MODULE:ATTR`` call: DTensor programs). ``python -m vargather check
 --target NAME`` runs a target; ``--target list`` prints ``listing()``. Every target
 declares what a fork declares in its ``[tool.vargather.check]`` table: the collective
 (``--op``), the implementation (``--impl``), the call template (``--call``, the
@@ -110,18 +110,19 @@ _CUDA_WHY: Final = (
 TARGETS: Final[tuple[Target, ...]] = (
     Target(
         "dtensor",
-        "DTensor.redistribute from Shard placements to all-Replicate (full_tensor), "
-        "shards as distribute_tensor makes them, 1-D, 2-D and flattened meshes",
+        "DTensor programs as trainers run them: 1-D, 2-D and 3-D meshes with named dims, "
+        "flattened views and submeshes alive; distribute_tensor or from_local, then up to "
+        "4 redistribute steps; every local, full_tensor and gradient against the oracle",
         "all_gather_v",
         None,
         None,
         {"grad": "local", "world_sizes": (1, 2, 3, 4)},
         (
-            "--grad local: redistribute's backward from Replicate to Shard takes this "
-            "rank's chunk of its own upstream gradient, no communication (a Replicate "
-            "gradient is the same on every rank by DTensor's contract)",
-            "sizes, dims and meshes are DTensor's own: each shard is torch.chunk's piece "
-            "of the global tensor, uneven when the dim does not divide",
+            "--grad local: each rank's upstream gradient is its own piece of a global one "
+            "(a Replicate gradient is the same on every rank by DTensor's contract, a "
+            "Partial one is replicated), so backward needs no other rank's upstream",
+            "sizes, dims and meshes are DTensor's own: each local is torch.chunk's piece "
+            "of the global tensor, mesh dims left to right, _StridedShard right to left",
         ),
         (("torch.distributed.tensor", "torch.distributed.tensor is not available"),),
         (*_DYNAMO, "torch.distributed.tensor"),
