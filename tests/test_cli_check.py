@@ -570,7 +570,10 @@ def test_json_report_matches_the_printed_table(
     assert table_rows(proc.stdout) == expected
     for p in report["properties"]:
         if p["failure"] is not None and p["status"] == "fail":
-            assert f"=== {p['id']}: FAILED ({p['failure']['kind']}) ===" in proc.stdout
+            f = p["failure"]
+            tries = f", failed {f['failed_tries']} of {f['tries']} tries" if f["tries"] > 1 else ""
+            tries = tries.replace(", ", ", flaky: ", 1) if f["flaky"] else tries
+            assert f"=== {p['id']}: FAILED ({f['kind']}{tries}) ===" in proc.stdout
             assert p["failure"]["command"] in proc.stdout
     summary = report["summary"]
     unsupported = (
