@@ -10,6 +10,7 @@ import torch
 from torch.nn import functional
 
 import vargather
+from vargather import oracle
 from vargather.internal import collectives_issued
 from vargather.testing.pool import RankContext
 
@@ -45,15 +46,23 @@ def compiled_all_to_all_v(
     return out
 
 
-def steady_collectives(ctx: RankContext, layout: str) -> tuple[list[int], bool]:
-    """Ulysses' two switches called again and again (uneven heads and sequence
-    chunks): the collectives each pair of calls issues, and whether the round trip is
-    the identity every time."""
+def steady_collectives(ctx: RankContext, spec: tuple[str, bool]) -> tuple[list[int], bool]:
+    """Ulysses' two switches called again and again (uneven sequence chunks; heads
+    uneven, or even): the collectives each pair of calls issues, and whether every
+    result is the oracle's and the round trip the identity, every time."""
+    layout, even = spec
     w, r = ctx.world_size, ctx.rank
     seq = [3 + j for j in range(w)]  # uneven chunks
-    heads = 2 * w + 1  # uneven heads: the first rank has one more
-    shape = (2, seq[r], heads, 8) if layout == "bshd" else (seq[r], 2, heads, 8)
-    x = torch.randn(shape, generator=torch.Generator().manual_seed(r))
+    heads = 2 * w if even else 2 * w + 1  # uneven: the first rank has one more
+
+    def chunk(j: int) -> torch.Tensor:
+        shape = (2, seq[j], heads, 8) if layout == "bshd" else (seq[j], 2, heads, 8)
+        return torch.randn(shape, generator=torch.Generator().manual_seed(j))
+
+    x = chunk(r)
+    seq_dim = 1 if layout == "bshd" else 0
+    split = list(vargather.head_split(heads, w))
+    want = oracle.expected_all_to_all([chunk(j) for j in range(w)], [split] * w, 2, seq_dim)[r]
     counts: list[int] = []
     same = True
     for _ in range(12):
@@ -61,7 +70,7 @@ def steady_collectives(ctx: RankContext, layout: str) -> tuple[list[int], bool]:
         y = vargather.seq_to_heads(x, layout=layout)  # type: ignore[arg-type]  # a layout name
         back = vargather.heads_to_seq(y, seq, layout=layout)  # type: ignore[arg-type]  # the same
         counts.append(collectives_issued() - before)
-        same = same and torch.equal(back, x)
+        same = same and torch.equal(back, x) and torch.equal(y, want)
     return counts, same
 
 

@@ -104,12 +104,13 @@ def test_misuse_same_error_everywhere(kind: str) -> None:
 
 
 def test_steady_state_is_one_collective_per_call() -> None:
-    """Ulysses' two switches, again and again, both layouts: one collective a call once
-    the round's state settled, and the round trip is the identity."""
-    for layout in ("bshd", "sbhd"):
-        for counts, same in get_pool(3).run(fns.steady_collectives, layout):
-            assert same, layout
-            assert counts[-4:] == [2, 2, 2, 2], (layout, counts)
+    """Ulysses' two switches, again and again, both layouts, heads even and uneven: one
+    collective a call once the round's state settled, the oracle's result every call
+    (the remembered round replayed), and the round trip is the identity."""
+    for spec in (("bshd", False), ("sbhd", False), ("bshd", True), ("sbhd", True)):
+        for counts, same in get_pool(3).run(fns.steady_collectives, spec):
+            assert same, spec
+            assert counts[-4:] == [2, 2, 2, 2], (spec, counts)
 
 
 @pytest.mark.parametrize(

@@ -313,6 +313,23 @@ class _Steady:
 _STEADY: Final = PerGroup[_Steady]()
 """Per group: its last steady call (none once a call that could have been one was not)."""
 
+_JOINED: Final = PerGroup[dict[tuple[object, ...], _Steady]]()
+"""Per group: its last steady calls joined along another dim than ``dim``, by their key
+but for the rows and sizes (at most ``JOINED_KEPT``, the oldest dropped): Ulysses
+alternates calls of several shapes (Q, K and V to the heads, the output back), each of
+which replays its own round while the group's state stays the one it was sized from."""
+
+JOINED_KEPT: Final = 4
+
+
+def _joined(key: tuple[object, ...]) -> bool:
+    """Whether ``key`` (``_steady_key``'s) is of a call joined along another dim."""
+    other = key[1]
+    assert isinstance(other, tuple)  # the shape outside dim
+    dim = key[0]
+    assert isinstance(dim, int)
+    return key[5] != dim % (len(other) + 1)
+
 
 def _steady_key(
     x: object,
@@ -381,7 +398,11 @@ def _remember(
     pg = process_group(info)
     if pg is None:
         return
-    _STEADY.pop(pg, NAME)
+    joined = _JOINED.of(pg, NAME, dict) if _joined(key) else None
+    if joined is None:
+        _STEADY.pop(pg, NAME)
+    else:
+        joined.pop(key[:6], None)
     found = ex.packed if ex.packed is not None else ex.direct
     if found is None or ex.raw is None or plan.result is None:
         return
@@ -391,7 +412,12 @@ def _remember(
     needs = tuple(recv.pre * n * recv.post * recv.dtype.itemsize for n in recv.sizes)
     closes = closing(found.starts, needs)
     steady = _Steady(key, call, ex.state, replays, found, blocks, ex.raw, send, recv, closes, needs)
-    _STEADY.put(pg, NAME, steady)
+    if joined is None:
+        _STEADY.put(pg, NAME, steady)
+        return
+    joined[key[:6]] = steady
+    while len(joined) > JOINED_KEPT:
+        joined.pop(next(iter(joined)))
 
 
 def _blocks_at(sizes: Sequence[int], unit: int) -> tuple[tuple[int, int], ...]:
@@ -413,7 +439,8 @@ def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> A
     alike: not at all); other rows go on as the full path does after its exchange
     (``plan_from_exchange``). Any other call goes to ``_resized_call``."""
     pg = process_group(info)
-    steady = _STEADY.get(pg, NAME)
+    joined = _JOINED.get(pg, NAME) if _joined(key) else None
+    steady = _STEADY.get(pg, NAME) if joined is None else joined.get(key[:6])
     if steady is None or pg is None or steady.key[:6] != key[:6]:
         return None
     if steady.call.timeout is not None:  # the call's own, as the full path runs it
@@ -605,6 +632,12 @@ def _replay_packed(
             if n:
                 ctypes.memmove(base + at + packed.head, source + offset, n)
             at += size
+    elif _one_stride(lay, packed):  # every slot one step apart: one strided copy
+        w, n, size = lay.world_size, lay.total // lay.world_size, lay.dtype.itemsize
+        slots = send[packed.head :].view(lay.dtype)
+        step = packed.out_bytes[0] // size
+        into = slots.as_strided((w, lay.pre, n, lay.post), (step, n * lay.post, lay.post, 1))
+        into.copy_(x.detach().view(lay.pre, w, n, lay.post).transpose(0, 1))
     else:  # each block copied once from x's strides into its slot
         rows = x.detach().view(lay.pre, lay.total, lay.post)
         at = 0
@@ -617,6 +650,19 @@ def _replay_packed(
         return run_packed(steady.call, info, pg, packed, send)
     finally:
         steady.spare.append(send)
+
+
+def _one_stride(lay: Layout, packed: PackedRound) -> bool:
+    """Whether an even split's blocks go to slots one step apart in the send buffer (every
+    message the same length, a whole number of elements, as is the row before them)."""
+    size = lay.dtype.itemsize
+    return (
+        lay.is_even
+        and lay.total > 0
+        and len(set(packed.out_bytes)) == 1
+        and packed.out_bytes[0] % size == 0
+        and packed.head % size == 0
+    )
 
 
 class AllToAllResult(NamedTuple):
