@@ -56,7 +56,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
 import pytest
@@ -197,7 +197,7 @@ class PageReport:
 # --- where the browser comes from --------------------------------------------------------------
 
 
-def _unavailable(reason: str) -> None:
+def _unavailable(reason: str) -> NoReturn:
     if os.environ.get("VARGATHER_REQUIRE_BROWSER") == "1":
         pytest.fail(f"VARGATHER_REQUIRE_BROWSER=1, but {reason}", pytrace=False)
     pytest.skip(reason)
