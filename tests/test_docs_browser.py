@@ -347,7 +347,15 @@ def visit(
         lambda m: seen.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
     )
     tab.on("pageerror", lambda e: seen.append(f"uncaught exception: {e}"))
-    tab.on("requestfailed", lambda r: seen.append(f"request failed: {r.url} ({r.failure})"))
+    # net::ERR_ABORTED: a request the next navigation cancelled, not one that failed
+    tab.on(
+        "requestfailed",
+        lambda r: (
+            seen.append(f"request failed: {r.url} ({r.failure})")
+            if r.failure != "net::ERR_ABORTED"
+            else None
+        ),
+    )
     tab.on(
         "response", lambda r: seen.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None
     )
