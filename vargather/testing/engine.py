@@ -44,7 +44,7 @@ from .properties import BATCH, Property
 from .resolve import ImplInfo, ensure_import_path
 from .results import EXIT_USAGE, PropertyResult, Report
 from .runner import backend_refusals, rank_preflight
-from .targets import apply_target, preload_target, target_refusals
+from .targets import apply_target, preload_target, program_runner, target_refusals
 from .verdict import UNSUPPORTED_EXAMPLES, scope_hints, split_rows, with_unsupported, with_xfail
 
 __all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]
@@ -73,7 +73,21 @@ def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:
         scope["--compile"] = "yes"
     if options.emulate is not None:
         scope["--emulate"] = options.emulate
+    if options.equal_shapes:
+        scope["--equal-shapes"] = "yes"
+    if options.nan_payloads != "exact":
+        scope["--nan-payloads"] = options.nan_payloads
     return scope
+
+
+def _rows_in_scope(rows: Sequence[Property], options: CheckOptions) -> list[Property]:
+    """``rows`` within the scope that no catalogue's own rows know: ``--equal-shapes``
+    (all_gather_v's only; the family's collectives refuse it)."""
+    if not options.equal_shapes:
+        return list(rows)
+    from .catalogues.all_gather_v import equal_shapes_only
+
+    return [equal_shapes_only(r) for r in rows]
 
 
 def _call_reason(row_id: str, reason: str | None, info: ImplInfo) -> str | None:
@@ -220,13 +234,18 @@ def _run_check(
 
         factory = pool_factory or _default_factory(options.timeout)
         return run_dtensor_check(options, Progress(progress_callback, 0), factory, _versions())
+    program = program_runner(options.target)
+    if program is not None:  # a target with programs and an oracle of its own
+        factory = pool_factory or _default_factory(options.timeout)
+        report: Report = program(options, Progress(progress_callback, 0), factory, _versions())
+        return report
     collective = catalogue_of(options.op)
     info = collective.resolve(options, cwd)
     impl = collective.implementation(info, options, cwd)
     transports = info.transports
     world_sizes = tuple(sorted(options.world_sizes))
     factory = pool_factory or _default_factory(options.timeout)
-    selected = [r for r in collective.rows(impl) if _selected(r, options)]
+    selected = [r for r in _rows_in_scope(collective.rows(impl), options) if _selected(r, options)]
     needed = sorted(
         {
             w
@@ -264,7 +283,9 @@ def _run_check(
         for child in early.values():
             child.cancel()
         raise
-    rows = [r for r in collective.rows(impl, returns) if _selected(r, options)]
+    rows = [
+        r for r in _rows_in_scope(collective.rows(impl, returns), options) if _selected(r, options)
+    ]
     report = Report(
         impl=info.ref,
         impl_display=info.display,

@@ -8,7 +8,8 @@ target that is not a plain ``MODULE:ATTR`` call). ``python -m vargather check
 declares what a fork declares in its ``[tool.vargather.check]`` table: the collective
 (``--op``), the implementation (``--impl``), the call template (``--call``, the
 function's own signature, no adapter) and its scope (``--grad``, ``--sizes``,
-``--returns``, ``--emulate``, ``--world-sizes``), each with the reason it has that
+``--returns``, ``--emulate``, ``--equal-shapes``, ``--nan-payloads``, ``--world-sizes``), each
+with the reason it has that
 scope. A user may still set the run's budget (``--max-examples``, ``--seed``,
 ``--timeout``, ``--world-sizes`` within the target's) but not what the target
 declares: a different ``--impl`` or scope is a usage error, not a silent override.
@@ -37,6 +38,7 @@ __all__ = [
     "by_name",
     "listing",
     "preload_target",
+    "program_runner",
     "target_ids",
     "target_refusals",
     "unavailable",
@@ -77,9 +79,20 @@ class Target:
     """Modules the rank processes import before their first call (``pool.preload``):
     what the code imports on first use, seconds per rank, which would otherwise count
     against the first example's timeout."""
+    program: str | None = None
+    """A target that runs programs of its own (``program_rows``): its module in
+    ``vargather.testing``, which gives ``ROW_IDS`` and ``run_target``."""
 
 
 _MEGATRON: Final = (("megatron.core", _MEGATRON_MISSING),)
+_DEEPSPEED_MISSING: Final = (
+    "deepspeed is not installed (DS_BUILD_OPS=0 pip install -c constraints.txt "
+    "--no-build-isolation 'vargather[deepspeed]')"
+)
+_TORCHTITAN_MISSING: Final = (
+    "torchtitan is not installed (pip install -c constraints.txt 'vargather[torchtitan]', "
+    "then pip install -c constraints.txt --no-deps 'torchtitan>=0.3,<0.4')"
+)
 _DYNAMO: Final = ("torch._dynamo",)
 """What torch's functional collectives, DTensor and the deprecated nn collectives
 import on first use (about 10 s of CPU per process, measured on the 2-core machine).
@@ -150,19 +163,21 @@ TARGETS: Final[tuple[Target, ...]] = (
     ),
     Target(
         "nn-all-gather",
-        "torch.distributed.nn.functional.all_gather, the list form (uneven on NCCL only)",
+        "torch.distributed.nn.functional.all_gather, the list form (equal shapes only)",
         "all_gather_v",
         "torch.distributed.nn.functional:all_gather",
         "(x, group)",
         {
             "grad": "sum",
             "returns": "list",
-            "emulate": "nccl",
             "sizes": "never",
             "requires_init": True,
+            "equal_shapes": True,
         },
         (
-            "--emulate nccl: a list all_gather of unequal tensors is NCCL-only; gloo refuses it",
+            "--equal-shapes: _AllGather.forward allocates every rank's output with "
+            "torch.empty_like(tensor), this rank's shape, so it gathers equal shapes only (on "
+            "NCCL as on gloo)",
             "--returns list: one tensor per rank, concatenated along dim by the gate",
             "--sizes never: it takes no sizes",
             "--requires-init: it needs an initialized process group",
@@ -216,10 +231,51 @@ TARGETS: Final[tuple[Target, ...]] = (
         "reduce_scatter_v",
         f"{_MAPPINGS}:reduce_scatter_to_sequence_parallel_region",
         "(x, group, sizes)",
-        {"grad": "sum", "emulate": "nccl"},
-        (_CUDA_WHY, "--call passes no dim: dim 0 only"),
+        {"grad": "sum", "emulate": "nccl", "nan_payloads": "backend"},
+        (
+            _CUDA_WHY,
+            "--nan-payloads backend: the sum is the backend's (NCCL's reduce-scatter, its "
+            "ring order), and IEEE 754 leaves the payload of a sum of NaNs unspecified: a NaN "
+            "where the oracle has one is equal, its payload reported (--strict fails it)",
+            "--call passes no dim: dim 0 only",
+        ),
         _MEGATRON,
         (*_DYNAMO, _MAPPINGS),
+    ),
+    Target(
+        "deepspeed-ulysses",
+        "DeepSpeed Ulysses (deepspeed.sequence.layer): single_all_to_all, "
+        "_SeqAllToAll.apply and DistributedAttention, sequence <-> heads shards",
+        "all_to_all_v",
+        None,
+        None,
+        {"grad": "sum"},
+        (
+            "programs of its own: models with their own head counts built in one process, "
+            "then calls on them (the process-wide head count of DeepSpeed #8291)",
+            "sequence lengths divisible by the sequence-parallel degree: no release splits "
+            "an uneven sequence (its all_to_all_single takes equal chunks)",
+            "every release since 0.15.4: num_kv_heads passed where the signature takes it",
+        ),
+        (("deepspeed", _DEEPSPEED_MISSING),),
+        ("deepspeed", "deepspeed.sequence.layer"),
+        program="ulysses_target",
+    ),
+    Target(
+        "torchtitan-ep-dispatch",
+        "torchtitan's expert-parallel token dispatch and combine "
+        "(AllToAllTokenDispatcher.dispatch / .combine)",
+        "all_to_all_v",
+        None,
+        None,
+        {"grad": "sum"},
+        (
+            "programs of its own: a router's top-k choices over experts sharded across "
+            "ranks; the oracle regroups tokens by expert on one process",
+        ),
+        (("torchtitan", _TORCHTITAN_MISSING),),
+        ("torchtitan.models.common.token_dispatcher",),
+        program="ep_dispatch_target",
     ),
 )
 """Every built-in target, in the order ``--target list`` prints them."""
@@ -253,7 +309,8 @@ def listing() -> str:
         state = "available" if reason is None else f"unavailable: {reason}"
         lines.append(f"{t.name}: {state}")
         lines.append(f"  {t.title}")
-        what = t.impl if t.impl is not None else "built-in rows (vargather.testing.dtensor_target)"
+        module = t.program or "dtensor_target"
+        what = t.impl if t.impl is not None else f"built-in rows (vargather.testing.{module})"
         lines.append(f"  --op {t.op}, {what}" + (f", --call '{t.call}'" if t.call else ""))
         scope = " ".join(f"--{k.replace('_', '-')} {_text(v)}" for k, v in t.scope.items())
         if scope:
@@ -315,6 +372,8 @@ def apply_target(options: CheckOptions) -> CheckOptions:
 
 def target_ids(target: Target) -> tuple[str, ...]:
     """The row ids of ``target`` (what ``--only`` and an xfails file name)."""
+    if target.program is not None:  # a target that runs programs of its own
+        return tuple(_program_module(target.program).ROW_IDS)
     if target.impl is None:  # the dtensor target's own rows
         from .dtensor_target import DTENSOR_IDS
 
@@ -322,6 +381,22 @@ def target_ids(target: Target) -> tuple[str, ...]:
     from .properties import property_ids
 
     return property_ids(target.op)
+
+
+def _program_module(name: str) -> Any:
+    import importlib
+
+    return importlib.import_module(f"{__package__}.{name}")
+
+
+def program_runner(name: str | None) -> Any:
+    """``run_target(options, progress, factory, versions) -> Report`` of the target
+    called ``name`` when it runs programs of its own (``Target.program``), else
+    ``None``."""
+    target = _BY_NAME.get(name or "")
+    if target is None or target.program is None:
+        return None
+    return _program_module(target.program).run_target
 
 
 def _check_ids(name: str, target: Target, options: CheckOptions) -> None:

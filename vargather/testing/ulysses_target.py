@@ -1,0 +1,633 @@
+"""The ``deepspeed-ulysses`` target: DeepSpeed's Ulysses sequence-parallel all-to-all.
+
+Where it sits: in the gate's engine in the testing kit, beside ``ep_dispatch_target``,
+above ``program_rows`` (which runs its rows) and beneath ``targets`` (the registry
+that names it) and ``engine`` (which hands ``--target deepspeed-ulysses`` to
+``run_target``). DeepSpeed is an optional extra (``vargather[deepspeed]``); it
+is imported inside functions only, and typed ``Any`` (it ships no type information).
+
+What it checks: ``deepspeed.sequence.layer``'s ``single_all_to_all`` and
+``_SeqAllToAll.apply`` (the autograd function) and ``DistributedAttention``, which
+switch ``[b, S/P, H, d]`` (sequence sharded) to ``[b, S, H/P, d]`` (heads sharded) and
+back, in both layouts (``batch_dim_idx`` 0: ``[b, s, h, d]``; 1: ``[s, b, h, d]``), MHA
+and GQA (fewer key/value heads than query heads), head counts that do not divide the
+sequence-parallel degree, forward, backward (each rank's upstream gradient differs)
+and the round trip. The cases are *programs*: one or more models (attention layers
+with their own head counts, built in the order a job builds them), then calls on them
+in order, in one process, because the head count DeepSpeed partitions by was kept
+process-wide before 0.19.7 (DeepSpeed #8291: a second model inherited the first one's).
+
+The oracle, on one process: the global tensor ``[b, S, H, d]``; rank ``r`` holds
+sequence chunk ``r`` (``S / P`` positions, in rank order) and, after the switch, all
+``S`` positions of its heads. Heads follow DeepSpeed's split rule
+(``module_inject/tp_shard.py``): with a partition basis of ``K`` heads (the key/value
+head count where the release takes it, the tensor's own head count where it does
+not), rank ``r`` holds ``K // P + (1 if r < K % P else 0)`` of the ``K`` groups, and a
+tensor of ``H = g * K`` heads ``g`` heads per group, contiguous, in rank order. The
+attention a model runs on its rank (``local_attention``) is exact: ``q + flip_s(k') +
+2 v'`` with ``k'``, ``v'`` each key/value head repeated for its query heads (as GQA
+attention repeats them), so its result on one process, sliced, is the expected
+output bit for bit, and its gradient too (the values are small integers).
+
+The process state is set as a real job sets it: ``deepspeed.init_distributed`` on the
+existing gloo world, an ``mpu`` in ``deepspeed.utils.groups`` (what
+``deepspeed.initialize(mpu=...)`` installs) whose sequence-parallel group is a group
+of every rank (without one, DeepSpeed's uneven path reads rank 0 on every rank), and,
+before each program, the head count DeepSpeed keeps process-wide cleared, as in a
+fresh job. Each release's signatures are read, not assumed: ``num_kv_heads`` is passed
+to ``single_all_to_all``, ``_SeqAllToAll`` and ``DistributedAttention`` only where
+they take it (0.19.7 on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import torch
+from hypothesis import strategies as st
+
+from .asserts import bitwise_difference
+from .family import values
+from .options import CheckOptions
+from .pool import RankPool
+from .program_rows import (
+    ProgramRow,
+    ProgramTarget,
+    first_real_error,
+    quiet_stdout,
+    run_program_check,
+)
+from .progress import Progress
+from .results import Report
+
+__all__ = [
+    "ROW_IDS",
+    "Model",
+    "Step",
+    "UlyssesProgram",
+    "expected_heads",
+    "head_split",
+    "judge_ulysses",
+    "local_attention",
+    "run_target",
+    "run_ulysses_program",
+]
+
+DTYPES: Final = ("float32", "bfloat16", "float16", "float64")
+KINDS: Final = ("seq-to-heads", "round-trip", "attention")
+
+
+@dataclass(frozen=True)
+class Model:
+    """One attention layer as a model builds it: ``heads`` query heads, ``kv_heads``
+    key/value heads (``heads`` for MHA, a divisor of it for GQA), ``head_dim``, and
+    its layout: ``batch_first`` is ``batch_dim_idx=0`` (``[b, s, h, d]``), otherwise
+    ``batch_dim_idx=1`` (``[s, b, h, d]``)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    batch_first: bool
+
+    @property
+    def batch_dim_idx(self) -> int:
+        return 0 if self.batch_first else 1
+
+    @property
+    def seq_dim(self) -> int:
+        return 1 if self.batch_first else 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One call on model ``model``: ``kind`` ``seq-to-heads`` (``single_all_to_all``,
+    or ``_SeqAllToAll.apply`` with ``grad``) on its query (``tensor="q"``) or key/value
+    (``"kv"``) tensor, ``round-trip`` (seq -> heads -> seq), or ``attention``
+    (``DistributedAttention``, forward and with ``grad`` backward); ``seq`` positions
+    per rank, ``batch`` sequences."""
+
+    model: int
+    kind: str
+    tensor: str
+    seq: int
+    batch: int
+    grad: bool
+    seed: int
+
+
+@dataclass(frozen=True)
+class UlyssesProgram:
+    """Models built in order, then steps run in order, in one process per rank."""
+
+    world_size: int
+    models: tuple[Model, ...]
+    steps: tuple[Step, ...]
+    dtype: str = "float32"
+    refusal: bool = False
+    """Every model has fewer key/value heads than ranks: every rank must refuse."""
+
+
+def describe(program: UlyssesProgram) -> str:
+    models = "; ".join(
+        f"model {i}: {m.heads} q heads, {m.kv_heads} kv heads, d={m.head_dim}, "
+        f"batch_dim_idx={m.batch_dim_idx}"
+        for i, m in enumerate(program.models)
+    )
+    steps = "; ".join(
+        f"{s.kind}({'model ' + str(s.model)}{', ' + s.tensor if s.kind != 'attention' else ''}, "
+        f"s={s.seq}/rank, b={s.batch}{', backward' if s.grad else ''})"
+        for s in program.steps
+    )
+    return f"{program.world_size} ranks, {program.dtype}: {models}; then {steps}"
+
+
+# --- the oracle ------------------------------------------------------------------------
+
+
+def head_split(heads: int, basis: int, world: int) -> list[int]:
+    """Each rank's head count for a tensor of ``heads`` heads partitioned by ``basis``
+    groups (DeepSpeed's ``get_shard_size``: the first ``basis % world`` ranks take one
+    group more; each group ``heads // basis`` heads)."""
+    if basis % world == 0:
+        return [heads // world] * world
+    per = heads // basis
+    return [per * (basis // world + (1 if r < basis % world else 0)) for r in range(world)]
+
+
+def _slice_heads(t: torch.Tensor, split: Sequence[int], rank: int) -> torch.Tensor:
+    start = sum(split[:rank])
+    return t.narrow(2, start, split[rank]).contiguous()
+
+
+def _slice_seq(t: torch.Tensor, model: Model, world: int, rank: int) -> torch.Tensor:
+    local = t.shape[model.seq_dim] // world
+    return t.narrow(model.seq_dim, rank * local, local).contiguous()
+
+
+def _global(model: Model, step: Step, world: int, heads: int, dtype: str, tag: int) -> torch.Tensor:
+    """The global tensor of ``heads`` heads for ``step`` (``tag`` tells them apart)."""
+    s = step.seq * world
+    shape = (step.batch, s, heads, model.head_dim)
+    if not model.batch_first:
+        shape = (s, step.batch, heads, model.head_dim)
+    return values(shape, dtype, step.seed * 131 + tag, False)
+
+
+def _repeat(t: torch.Tensor, times: int) -> torch.Tensor:
+    return t.repeat_interleave(times, dim=2)
+
+
+def local_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_dim: int
+) -> torch.Tensor:
+    """The attention each rank runs on its heads and the whole sequence, exact on small
+    integers: ``q + flip(k') + 2 v'`` along the sequence, each key/value head repeated
+    for its query heads. Raises ``ValueError`` when a rank's query heads are not a
+    multiple of its key/value heads (a GQA group torn across ranks)."""
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2] != 0:
+        raise ValueError(
+            f"{q.shape[2]} query heads over {k.shape[2]} key/value heads on this rank: "
+            "a GQA group is torn across ranks"
+        )
+    times = q.shape[2] // k.shape[2]
+    return q + torch.flip(_repeat(k, times), [seq_dim]) + 2 * _repeat(v, times)
+
+
+def _basis(model: Model, heads: int, takes_kv: bool) -> int:
+    return model.kv_heads if takes_kv else heads
+
+
+def expected_heads(
+    program: UlyssesProgram, index: int, rank: int, takes_kv: bool
+) -> dict[str, torch.Tensor]:
+    """What rank ``rank`` should hold after step ``index`` (``takes_kv``: the release
+    takes a key/value head count, the partition basis)."""
+    step = program.steps[index]
+    model = program.models[step.model]
+    world = program.world_size
+    out: dict[str, torch.Tensor] = {}
+    if step.kind == "attention":
+        q = _global(model, step, world, model.heads, program.dtype, 1)
+        k = _global(model, step, world, model.kv_heads, program.dtype, 2)
+        v = _global(model, step, world, model.kv_heads, program.dtype, 3)
+        grads = [t.clone().requires_grad_(step.grad) for t in (q, k, v)]
+        result = local_attention(grads[0], grads[1], grads[2], model.seq_dim)
+        out["output"] = _slice_seq(result.detach(), model, world, rank)
+        if step.grad:
+            upstream = _global(model, step, world, model.heads, program.dtype, 4)
+            (result * upstream).sum().backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
+            for name, t in zip(("q", "k", "v"), grads, strict=True):
+                assert t.grad is not None
+                out[f"grad_{name}"] = _slice_seq(t.grad, model, world, rank)
+        return out
+    heads = model.heads if step.tensor == "q" else model.kv_heads
+    whole = _global(model, step, world, heads, program.dtype, 1)
+    split = head_split(heads, _basis(model, heads, takes_kv), world)
+    out["heads"] = _slice_heads(whole, split, rank)
+    if step.kind == "round-trip":
+        out["back"] = _slice_seq(whole, model, world, rank)
+    if step.grad:
+        upstream = _global(model, step, world, heads, program.dtype, 4)
+        out["grad_x"] = _slice_seq(upstream, model, world, rank)
+    return out
+
+
+def _upstream_heads(program: UlyssesProgram, index: int, rank: int, takes_kv: bool) -> torch.Tensor:
+    """Rank ``rank``'s upstream gradient for a seq-to-heads output: its heads of the
+    global upstream (different on every rank)."""
+    step = program.steps[index]
+    model = program.models[step.model]
+    heads = model.heads if step.tensor == "q" else model.kv_heads
+    upstream = _global(model, step, program.world_size, heads, program.dtype, 4)
+    split = head_split(heads, _basis(model, heads, takes_kv), program.world_size)
+    return _slice_heads(upstream, split, rank)
+
+
+# --- the strategy ----------------------------------------------------------------------
+
+
+@st.composite
+def _model(draw: Any, world: int, uneven: bool, refusal: bool) -> Model:
+    if refusal:
+        kv = draw(st.integers(1, max(1, world - 1)))
+    elif uneven and world > 1:
+        kv = draw(st.integers(world + 1, 3 * world).filter(lambda h: h % world != 0))
+    else:
+        kv = draw(st.integers(world, 3 * world))
+    group = draw(st.sampled_from((1, 1, 2, 3)))
+    return Model(kv * group, kv, draw(st.integers(1, 3)), draw(st.booleans()))
+
+
+@st.composite
+def ulysses_programs(
+    draw: Any,
+    world_sizes: Sequence[int],
+    kinds: Sequence[str] = KINDS,
+    models: int = 1,
+    steps: int = 1,
+    uneven: bool = False,
+    grad: bool | None = None,
+    refusal: bool = False,
+) -> UlyssesProgram:
+    """A program on one of ``world_sizes``: up to ``models`` models (head counts drawn
+    apart; ``uneven``: key/value heads not a multiple of the world size; ``refusal``:
+    fewer than the world size), then up to ``steps`` calls of ``kinds`` on them
+    (``grad``: with backward always, never, or drawn)."""
+    world = draw(st.sampled_from(list(world_sizes)))
+    count = draw(st.integers(1, models))
+    built = tuple(draw(_model(world, uneven, refusal)) for _ in range(count))
+    chosen = []
+    for _ in range(draw(st.integers(1, steps))):
+        kind = draw(st.sampled_from(list(kinds)))
+        backward = draw(st.booleans()) if grad is None else grad
+        chosen.append(
+            Step(
+                model=draw(st.integers(0, count - 1)),
+                kind=kind,
+                tensor=draw(st.sampled_from(("q", "kv"))) if kind != "attention" else "q",
+                seq=draw(st.integers(1, 3)),
+                batch=draw(st.integers(1, 2)),
+                grad=backward and kind != "round-trip",
+                seed=draw(st.integers(0, 2**16)),
+            )
+        )
+    dtype = draw(st.sampled_from(DTYPES))
+    return UlyssesProgram(world, built, tuple(chosen), dtype, refusal)
+
+
+# --- the rank side ---------------------------------------------------------------------
+
+
+class SequenceParallelMpu:
+    """The model-parallel unit a job hands ``deepspeed.initialize(mpu=...)``: a
+    sequence-parallel group of every rank, no tensor or pipeline parallelism."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def get_sequence_parallel_group(self) -> Any:
+        return self.group
+
+    def get_sequence_parallel_rank(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank(self.group)
+
+    def get_sequence_parallel_world_size(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_world_size(self.group)
+
+
+@dataclass(frozen=True)
+class Release:
+    """What this DeepSpeed release's signatures take."""
+
+    version: str
+    single_takes_kv: bool
+    apply_takes_kv: bool
+    attention_takes_kv: bool
+
+
+def release() -> Release:
+    """The installed release and whether its functions take ``num_kv_heads``."""
+    import inspect
+
+    import deepspeed  # untyped: Any
+    from deepspeed.sequence import layer
+
+    def takes(fn: Callable[..., Any]) -> bool:
+        return "num_kv_heads" in inspect.signature(fn).parameters
+
+    return Release(
+        str(deepspeed.__version__),
+        takes(layer.single_all_to_all),
+        takes(layer._SeqAllToAll.forward),
+        takes(layer.DistributedAttention.__init__),
+    )
+
+
+_SETUP: dict[str, Any] = {}
+"""This rank process's DeepSpeed setup (communication backend, group, mpu), once."""
+
+
+def _setup(ctx: Any) -> Any:
+    group = _SETUP.get("group")
+    if group is None:
+        import deepspeed  # untyped: Any
+        from deepspeed.utils import groups
+
+        with quiet_stdout():  # its comm op's load messages (ninja's among them)
+            deepspeed.init_distributed(dist_backend="gloo")
+        group = ctx.subgroup(tuple(range(ctx.world_size)))
+        groups.mpu = SequenceParallelMpu(group)  # what deepspeed.initialize(mpu=...) does
+        _SETUP["group"] = group
+    return group
+
+
+def _fresh_head_state() -> None:
+    """Clear the head count DeepSpeed keeps process-wide (before 0.19.7: ``tp_shard``'s
+    ``num_kv_heads``, set by the first uneven call), as a new job starts with it."""
+    from deepspeed.module_inject import tp_shard
+
+    if hasattr(tp_shard, "num_kv_heads"):
+        tp_shard.num_kv_heads = None
+
+
+class _Attention(torch.nn.Module):
+    """``local_attention`` as the module ``DistributedAttention`` wraps."""
+
+    def __init__(self, seq_dim: int) -> None:
+        super().__init__()
+        self.seq_dim = seq_dim
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any
+    ) -> torch.Tensor:
+        return local_attention(q, k, v, self.seq_dim)
+
+
+@dataclass(frozen=True)
+class UlyssesReport:
+    """One rank's results: per step, name -> tensor; or the step that raised."""
+
+    steps: tuple[dict[str, torch.Tensor], ...] = ()
+    error: tuple[int, str, str] | None = None
+    takes_kv: bool = False
+    """The release's functions take ``num_kv_heads`` (the partition basis)."""
+
+
+def run_ulysses_program(ctx: Any, program: UlyssesProgram) -> UlyssesReport:
+    """Rank side: set DeepSpeed up (once per process), clear its head state, build the
+    models in order, run the steps in order."""
+    from deepspeed.sequence import layer  # untyped: Any
+
+    group = _setup(ctx)
+    _fresh_head_state()
+    rel = release()
+    rank = ctx.rank
+    built = []
+    for m in program.models:
+        extra = {"num_kv_heads": m.kv_heads} if rel.attention_takes_kv and _declares(m) else {}
+        built.append(
+            layer.DistributedAttention(
+                _Attention(m.seq_dim), group, scatter_idx=2, gather_idx=m.seq_dim, **extra
+            )
+        )
+    done: list[dict[str, torch.Tensor]] = []
+    for index, step in enumerate(program.steps):
+        try:
+            done.append(_run_step(layer, built[step.model], group, program, index, rank, rel))
+        except Exception as err:
+            error = (index, type(err).__name__, str(err))
+            return UlyssesReport(tuple(done), error, rel.single_takes_kv)
+    return UlyssesReport(tuple(done), None, rel.single_takes_kv)
+
+
+def _declares(model: Model) -> bool:
+    """Whether the job passes ``num_kv_heads`` to ``DistributedAttention`` (0.19.7 on):
+    a GQA model declares it, an MHA model leaves it to be read off the key tensor."""
+    return model.kv_heads != model.heads
+
+
+def _run_step(
+    layer: Any,
+    attention: Any,
+    group: Any,
+    program: UlyssesProgram,
+    index: int,
+    rank: int,
+    rel: Release,
+) -> dict[str, torch.Tensor]:
+    step = program.steps[index]
+    model = program.models[step.model]
+    world = program.world_size
+    b, seq = model.batch_dim_idx, model.seq_dim
+    if step.kind == "attention":
+        qkv = [
+            _slice_seq(_global(model, step, world, h, program.dtype, tag), model, world, rank)
+            for h, tag in ((model.heads, 1), (model.kv_heads, 2), (model.kv_heads, 3))
+        ]
+        inputs = [t.clone().requires_grad_(step.grad) for t in qkv]
+        out = attention(*inputs, b)
+        result = {"output": out.detach().clone()}
+        if step.grad:
+            upstream = _global(model, step, world, model.heads, program.dtype, 4)
+            (out * _slice_seq(upstream, model, world, rank)).sum().backward()
+            for name, t in zip(("q", "k", "v"), inputs, strict=True):
+                if t.grad is not None:
+                    result[f"grad_{name}"] = t.grad.clone()
+        return result
+    heads = model.heads if step.tensor == "q" else model.kv_heads
+    x = _slice_seq(_global(model, step, world, heads, program.dtype, 1), model, world, rank)
+    kv = {"num_kv_heads": model.kv_heads}
+    if step.grad:
+        xs = x.clone().requires_grad_()
+        args = (None, None, None, True, model.kv_heads) if rel.apply_takes_kv else ()
+        y = layer._SeqAllToAll.apply(group, xs, 2, seq, b, *args)
+        (y * _upstream_heads(program, index, rank, rel.single_takes_kv)).sum().backward()
+        grad = xs.grad if xs.grad is not None else torch.zeros(0)
+        return {"heads": y.detach().clone(), "grad_x": grad.clone()}
+    extra = kv if rel.single_takes_kv else {}
+    y = layer.single_all_to_all(x, 2, seq, b, group, **extra)
+    result = {"heads": y.detach().clone()}
+    if step.kind == "round-trip":
+        z = layer.single_all_to_all(y, seq, 2, b, group, **extra)
+        result["back"] = z.detach().clone()
+    return result
+
+
+# --- the judge -------------------------------------------------------------------------
+
+
+def judge_ulysses(
+    program: UlyssesProgram, reports: Sequence[UlyssesReport]
+) -> list[tuple[str, str]]:
+    """The failures of one program, as (aspect, message): ``raised`` (a rank raised
+    where the oracle expects a result, or a refusal not on every rank), ``output``
+    (a step's result is not the global tensor's slice), ``gradient``."""
+    takes_kv = bool(reports) and reports[0].takes_kv
+    errors = {r: rep.error for r, rep in enumerate(reports) if rep.error is not None}
+    if program.refusal:
+        if len(errors) == len(reports):
+            return []
+        raised = first_real_error({r: (e[1], e[2]) for r, e in errors.items()})
+        ok = sorted(set(range(len(reports))) - set(errors))
+        said = f"; rank {raised[0]} raised {raised[1]}" if raised else ""
+        return [
+            (
+                "raised",
+                f"fewer key/value heads than ranks: ranks {ok} did not refuse{said}",
+            )
+        ]
+    if errors:
+        real = first_real_error({r: (e[1], e[2]) for r, e in errors.items()})
+        first = min(e[0] for e in errors.values())
+        if real is None:
+            return [("raised", f"step {first}: every failing rank timed out waiting for a peer")]
+        rank, text = real
+        return [("raised", f"step {errors[rank][0]}, rank {rank}: {text}")]
+    failures: list[tuple[str, str]] = []
+    for index, step in enumerate(program.steps):
+        for rank, rep in enumerate(reports):
+            want = expected_heads(program, index, rank, takes_kv)
+            got = rep.steps[index]
+            for name, tensor in want.items():
+                diff = bitwise_difference(got.get(name), tensor)
+                if diff is not None:
+                    aspect = "gradient" if name.startswith("grad") else "output"
+                    failures.append(
+                        (aspect, f"step {index} ({step.kind}), rank {rank}, {name}: {diff}")
+                    )
+            if failures:
+                return failures
+    return failures
+
+
+# --- the rows --------------------------------------------------------------------------
+
+
+def _all(world_sizes: Sequence[int]) -> tuple[int, ...]:
+    return tuple(w for w in world_sizes if 1 <= w <= 4)
+
+
+def _multi(world_sizes: Sequence[int]) -> tuple[int, ...]:
+    return tuple(w for w in world_sizes if 2 <= w <= 4)
+
+
+ROWS: Final = (
+    ProgramRow(
+        "seq-to-heads",
+        "single_all_to_all from sequence to heads shards: each rank's heads of the whole "
+        "sequence, both layouts, query and key/value tensors, even and uneven heads",
+        lambda w: ulysses_programs(w, ("seq-to-heads",), grad=False),
+        _all,
+    ),
+    ProgramRow(
+        "round-trip",
+        "sequence -> heads -> sequence is the identity (single_all_to_all both ways)",
+        lambda w: ulysses_programs(w, ("round-trip",)),
+        _all,
+    ),
+    ProgramRow(
+        "gradient",
+        "_SeqAllToAll.apply's backward: each rank's sequence chunk of the global upstream "
+        "gradient (each rank's upstream differs)",
+        lambda w: ulysses_programs(w, ("seq-to-heads",), grad=True),
+        _all,
+    ),
+    ProgramRow(
+        "attention",
+        "DistributedAttention, MHA and GQA, forward and backward: the global attention's "
+        "sequence chunk, bit for bit",
+        lambda w: ulysses_programs(w, ("attention",)),
+        _all,
+    ),
+    ProgramRow(
+        "uneven-heads",
+        "key/value head counts the sequence-parallel degree does not divide (remainder "
+        "heads on the first ranks), every kind of call",
+        lambda w: ulysses_programs(w, KINDS, steps=2, uneven=True),
+        _multi,
+    ),
+    ProgramRow(
+        "programs",
+        "several models with different head counts built in one process, then calls on "
+        "them in turn (the process-wide head count of DeepSpeed #8291)",
+        lambda w: ulysses_programs(w, KINDS, models=3, steps=4),
+        _multi,
+    ),
+    ProgramRow(
+        "fewer-heads-than-ranks",
+        "fewer key/value heads than ranks: every rank refuses (no hang, no crash)",
+        lambda w: ulysses_programs(w, ("attention", "seq-to-heads"), refusal=True),
+        _multi,
+    ),
+)
+ROW_IDS: Final = tuple(row.id for row in ROWS)
+
+
+def prepare() -> Release:
+    """In the parent, before the ranks start: the release's signatures, and DeepSpeed's
+    CPU communication op built once (a JIT build of about a minute on a cold cache,
+    which the ranks then load instead of each building it within a case's timeout)."""
+    rel = release()
+    import importlib
+
+    ds_torch = importlib.import_module("deepspeed.comm.torch")  # untyped: Any
+
+    with quiet_stdout():
+        ds_torch.build_shm_op()
+    return rel
+
+
+def run_target(
+    options: CheckOptions,
+    progress: Progress,
+    factory: Callable[[int], RankPool],
+    versions: dict[str, str],
+) -> Report:
+    """``check --target deepspeed-ulysses``: every row of ``ROWS``."""
+    progress.phase("reading the DeepSpeed release (first run: building its CPU comm op)")
+    rel = prepare()
+    takes = "takes num_kv_heads" if rel.single_takes_kv else "no num_kv_heads"
+    target = ProgramTarget(
+        name="deepspeed-ulysses",
+        display=f"DeepSpeed {rel.version} Ulysses: deepspeed.sequence.layer ({takes})",
+        call="single_all_to_all / _SeqAllToAll.apply(group, x, 2, seq_dim, batch_dim_idx) / "
+        "DistributedAttention(attn, group, 2, seq_dim)(q, k, v, batch_dim_idx)",
+        grad="sum",
+        rows=ROWS,
+        run=run_ulysses_program,
+        judge=judge_ulysses,
+        describe=describe,
+        scope={
+            "--sequence": "divisible by the ranks (no release splits an uneven sequence)",
+            "--heads": "at least the ranks (fewer: a refusal row)",
+        },
+    )
+    return run_program_check(
+        target, options, progress, factory, {**versions, "deepspeed": rel.version}
+    )
