@@ -13,7 +13,7 @@ It needs the ``browser`` extra (Playwright, which drives the browser) and a Chro
 skips with the reason, unless ``VARGATHER_REQUIRE_BROWSER=1`` (CI sets it), where the
 skip is a failure. It reuses the build in ``docs/_build/html`` and builds it (the
 ``docs`` step's command) only when it is missing or older than a source under
-``docs/`` or ``vargather/``.
+``docs/`` or ``vargather/`` (afresh, ``-E``, when ``docs/conf.py`` changed).
 
 Every HTML file of the build is served over HTTP on 127.0.0.1 and loaded once per
 width; a page fails on
@@ -25,9 +25,13 @@ width; a page fails on
   scrollable code block, table wrapper or math wrapper (furo's drawers, off-canvas
   by design, excepted);
 * an image that did not load, a console error, an uncaught exception, a failed
-  request or an HTTP error answer;
+  request, an HTTP error answer, or a request that leaves 127.0.0.1 (refused: the site
+  must be whole without the network);
 * a link, image or script of the site whose target is not a file of the build, or
   whose ``#anchor`` is not an ``id`` of the target page.
+
+One more check reads the built HTML without a browser: inline code that is exactly a
+public name is a link to its entry in the API reference (docs/conf.py makes them).
 
 Screenshots of the index, the API reference and the performance page (every page
 with ``VARGATHER_SCREENSHOT_PAGES=all``), full length, at both widths, go to
@@ -52,7 +56,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
 import pytest
@@ -193,7 +197,7 @@ class PageReport:
 # --- where the browser comes from --------------------------------------------------------------
 
 
-def _unavailable(reason: str) -> None:
+def _unavailable(reason: str) -> NoReturn:
     if os.environ.get("VARGATHER_REQUIRE_BROWSER") == "1":
         pytest.fail(f"VARGATHER_REQUIRE_BROWSER=1, but {reason}", pytrace=False)
     pytest.skip(reason)
@@ -343,7 +347,15 @@ def visit(
         lambda m: seen.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
     )
     tab.on("pageerror", lambda e: seen.append(f"uncaught exception: {e}"))
-    tab.on("requestfailed", lambda r: seen.append(f"request failed: {r.url} ({r.failure})"))
+    # net::ERR_ABORTED: a request the next navigation cancelled, not one that failed
+    tab.on(
+        "requestfailed",
+        lambda r: (
+            seen.append(f"request failed: {r.url} ({r.failure})")
+            if r.failure != "net::ERR_ABORTED"
+            else None
+        ),
+    )
     tab.on(
         "response", lambda r: seen.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None
     )
