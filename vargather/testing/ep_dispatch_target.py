@@ -45,7 +45,7 @@ from .asserts import bitwise_difference
 from .family import values
 from .options import CheckOptions
 from .pool import RankPool
-from .program_rows import ProgramRow, ProgramTarget, first_real_error, run_program_check
+from .program_rows import ProgramRow, ProgramTarget, raised_message, run_program_check
 from .progress import Progress
 from .results import Report
 
@@ -302,11 +302,7 @@ def judge_dispatch(
     counts), ``output`` (combine's result), ``gradient``."""
     errors = {r: rep.error for r, rep in enumerate(reports) if rep.error is not None}
     if errors:
-        real = first_real_error({r: (e[1], e[2]) for r, e in errors.items()})
-        if real is None:
-            return [("raised", "every failing rank timed out waiting for a peer")]
-        rank, text = real
-        return [("raised", f"layer {errors[rank][0]}, rank {rank}: {text}")]
+        return [("raised", raised_message(errors, "layer"))]
     aspects = {"routed": "routed", "counts": "sizes", "output": "output"}
     for index in range(len(program.layers)):
         failures: list[tuple[str, str]] = []

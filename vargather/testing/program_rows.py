@@ -44,18 +44,23 @@ from .verdict import with_xfail
 __all__ = [
     "BATCH",
     "CRASH_SHRINKS",
+    "PEERS_WAITED",
     "ProgramRow",
     "ProgramTarget",
     "first_real_error",
     "quiet_stdout",
+    "raised_message",
     "run_program_check",
 ]
 
 BATCH: Final = 3
 """Programs per example (one pool round trip on one world)."""
-CRASH_SHRINKS: Final = 12
+CRASH_SHRINKS: Final = 8
 """Shrinking attempts after a failure that cost a world (a rank died): each rebuilds
 the world, so the search stops early rather than spend the target's time budget."""
+WAIT_SHRINKS: Final = 2
+"""Shrinking attempts after a failure where a rank waited for a peer until its
+collective timeout (seconds each)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,25 @@ def quiet_stdout() -> Iterator[None]:
         os.dup2(saved, 1)
         os.close(saved)
         os.close(null)
+
+
+PEERS_WAITED: Final = "peers waited until their collective timeout"
+
+
+def raised_message(errors: dict[int, tuple[int, str, str]], unit: str) -> str:
+    """What ranks raised (rank -> (``unit`` index, type, message)), as one line: the
+    lowest rank's real error (not a wait), and ``PEERS_WAITED`` when other ranks waited
+    for it (which ranks, and how they saw it, depends on timing: left out)."""
+    plain = {r: (name, message) for r, (_, name, message) in errors.items()}
+    real = first_real_error(plain)
+    if real is None:
+        first = min(e[0] for e in errors.values())
+        return f"{unit} {first}: every failing rank's {PEERS_WAITED}"
+    rank, text = real
+    waits = [r for r in plain if first_real_error({r: plain[r]}) is None]
+    return f"{unit} {errors[rank][0]}, rank {rank}: {text}" + (
+        f"; its {PEERS_WAITED}" if waits else ""
+    )
 
 
 _NUMBER: Final = re.compile(r"\d+")
@@ -212,6 +236,9 @@ def _evaluate(
                     # a rank raised mid-exchange: its peers' gloo pairs may be closed
                     # (a timeout closes them) though every rank issued the same count
                     factory(batch[0].world_size).restart()
+                if PEERS_WAITED in failures[0][1]:
+                    # a peer waited out its timeout: each further attempt would again
+                    state["budget"] = min(state["budget"], state["shrink"] + WAIT_SHRINKS)
                 return PropertyFailure(
                     "error" if aspect == "raised" else "mismatch",
                     "\n".join(f"[{a}] {m}" for a, m in failures[:4]),
