@@ -27,7 +27,9 @@ adds ``j`` to each row (or is the identity), so ``combine`` gives ``sum_k s_k (x
 id_k)`` per token, which is ``x`` itself for identity experts and scores summing to
 one: dispatch then combine is the identity. Values are small integers and scores
 halves, so every sum is exact and the comparison is bit for bit, gradients included
-(``x`` and the scores; each rank's upstream gradient differs). Programs build one or
+(``x`` and the scores; each rank's upstream gradient differs; a gradient element that
+sums to zero is compared as +0.0, since the sign of an exact zero sum follows the
+order of the sum, not the routing). Programs build one or
 more MoE layers (their own expert and top-k counts) and run them in turn.
 """
 
@@ -309,7 +311,12 @@ def judge_dispatch(
         for rank, rep in enumerate(reports):
             want = expected_layer(program, index, rank)
             for name, tensor in want.items():
-                diff = bitwise_difference(rep.layers[index].get(name), tensor)
+                got = rep.layers[index].get(name)
+                if name.startswith("grad") and got is not None and got.is_floating_point():
+                    # a gradient summing to zero: its zero's sign follows the order of
+                    # the sum (IEEE 754), not the routing; +0.0 for both
+                    got, tensor = got + 0.0, tensor + 0.0
+                diff = bitwise_difference(got, tensor)
                 if diff is not None:
                     aspect = aspects.get(name, "gradient")
                     failures.append((aspect, f"layer {index}, rank {rank}, {name}: {diff}"))
