@@ -55,7 +55,7 @@ __all__ = [
 
 BATCH: Final = 3
 """Programs per example (one pool round trip on one world)."""
-CRASH_SHRINKS: Final = 8
+CRASH_SHRINKS: Final = 16
 """Shrinking attempts after a failure that cost a world (a rank died): each rebuilds
 the world, so the search stops early rather than spend the target's time budget."""
 WAIT_SHRINKS: Final = 2
@@ -161,6 +161,16 @@ def _crash_message(err: PoolFailure) -> tuple[str, str]:
     return "crash", f"the world failed: {type(err).__name__}"
 
 
+def _in_flight(err: PoolFailure, count: int) -> int | None:
+    """The index of the program a dead (or stuck) rank was running, if the pool knows."""
+    where = getattr(err, "in_flight", {})
+    ranks = [r for r in getattr(err, "ranks", ()) if r in where] or sorted(where)
+    if not ranks:
+        return None
+    index = where[ranks[0]]
+    return index if 0 <= index < count else None
+
+
 def _reproduction(
     target: ProgramTarget, row: str, options: CheckOptions, batch: Sequence[Any]
 ) -> str:
@@ -206,6 +216,9 @@ def _evaluate(
             results = factory(batch[0].world_size).run_many(target.run, batch)
         except PoolFailure as err:
             kind, message = _crash_message(err)
+            index = _in_flight(err, len(batch))
+            if index is not None:  # the programs after the one that killed it never ran
+                batch = batch[: index + 1]
             if not state["failed"]:
                 state["failed"] = True
             # a hang costs --timeout each time: no shrinking; a crash a world: a few
