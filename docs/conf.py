@@ -44,7 +44,9 @@ root_doc = "index"
 exclude_patterns = ["_build"]
 html_theme = "furo"
 html_title = f"vargather {release}"
-html_static_path: list[str] = []
+# A few additions to furo's stylesheet (what the browser test found at a phone's width).
+html_static_path = ["_static"]
+html_css_files = ["vargather.css"]
 
 # Markdown: heading anchors for links like ``conformance.md#the-family---op``.
 myst_heading_anchors = 3
@@ -157,9 +159,69 @@ def _drop_type_docstrings(
         lines.clear()
 
 
+# --- inline code naming a public object links to its entry ------------------------------------
+
+#: Public names whose bare form in a page means something else as often as the object:
+#: the seed's ``all_gather`` (torch's collective), ``exists``, ``expected``, ``dtypes``.
+#: Written qualified (``vargather.compat.all_gather``) they still link.
+GENERIC_NAMES = frozenset({"all_gather", "exists", "expected", "dtypes"})
+
+
+def api_targets(public: Iterable[str], entries: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """The inline code that links into the reference, mapped to the entry's qualified name:
+    every public name with an entry (``entries``: qualified name to page and anchor),
+    qualified, and bare where exactly one public name with an entry has that last part
+    and it is not in ``GENERIC_NAMES``. ``name()`` links as ``name`` does."""
+    qualified = sorted(name for name in public if name in entries)
+    by_last: dict[str, set[str]] = {}
+    for name in qualified:
+        by_last.setdefault(name.rsplit(".", 1)[1], set()).add(
+            entries[name][0] + "#" + entries[name][1]
+        )
+    targets = {name: name for name in qualified}
+    for name in qualified:
+        last = name.rsplit(".", 1)[1]
+        if last not in GENERIC_NAMES and len(by_last[last]) == 1:
+            targets.setdefault(last, name)
+    return targets
+
+
+def _link_api_names(app: Any, doctree: Any, docname: str) -> None:
+    """Inline code that is exactly a public name (``all_gather_v``, ``GatherResult``,
+    ``vargather.testing.get_pool()``) becomes a link to its entry in the API reference,
+    on every page; not in headings, signatures, existing links, or the entry's own text."""
+    from docutils import nodes
+    from sphinx import addnodes
+
+    py = app.env.get_domain("py")
+    entries = {name: (obj.docname, obj.node_id) for name, obj in py.objects.items()}
+    targets = api_targets(public_names(), entries)
+    skip = (nodes.reference, nodes.title, nodes.caption, addnodes.desc_signature)
+    for literal in list(doctree.findall(nodes.literal)):
+        name = targets.get(literal.astext().strip().removesuffix("()"))
+        if name is None:
+            continue
+        page, anchor = entries[name]
+        parent, inside_own_entry, blocked = literal.parent, False, False
+        while parent is not None:
+            blocked = blocked or isinstance(parent, skip)
+            if isinstance(parent, addnodes.desc) and any(
+                anchor in sig.get("ids", []) for sig in parent.children[:1]
+            ):
+                inside_own_entry = True
+            parent = parent.parent
+        if blocked or inside_own_entry:
+            continue
+        uri = app.builder.get_relative_uri(docname, page) + "#" + anchor
+        link = nodes.reference("", "", internal=True, refuri=uri, reftitle=name)
+        literal.replace_self(link)
+        link.append(literal)
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.connect("autodoc-process-docstring", _drop_type_docstrings)
     app.connect("object-description-transform", _record)
     app.connect("env-purge-doc", _purge)
     app.connect("env-check-consistency", _check_public_names)
+    app.connect("doctree-resolved", _link_api_names)
     return {"parallel_read_safe": False}

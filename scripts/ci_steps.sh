@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CI steps, defined once. .ci/run, tox.ini and the GitHub workflows call this
 # script by step name; each caller sets up its own environment (a venv with
-# `pip install -c constraints.txt -e ".[dev,docs]"`, a tox env, a CI job's matrix install),
+# `pip install -c constraints.txt -e ".[dev,docs,browser]"`, a tox env, a CI job's matrix install),
 # then runs the steps in it. tests/test_repo.py checks that every caller goes through
 # here and that the tests step is the README's test command.
 #
@@ -16,6 +16,12 @@
 #   tests       the README's test command
 #   docs        the documentation site, every warning an error (needs the docs extra:
 #               `pip install -c constraints.txt -e ".[docs]"`); into docs/_build/html
+#   browser     every built page in headless Chromium at 1280 and 390 px
+#               (tests/test_docs_browser.py: error boxes, overflow, broken links and
+#               images, console errors), after docs; needs the browser extra and a
+#               Chromium (Debian: apt-get install chromium, which .ci/run does as root);
+#               screenshots of the index, the API reference and the performance page go
+#               to VARGATHER_SCREENSHOTS (default docs/_build/screenshots)
 #   slow        the tests marked slow, which the README's command leaves out (the
 #               fork zoo at default settings, every mutant through the CLI, more
 #               seeds and contracts of the gate, every compile scenario on every
@@ -31,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STEPS="lint actionlint mypy tests docs slow fuzz-smoke fuzz"
+STEPS="lint actionlint mypy tests docs browser slow fuzz-smoke fuzz"
 start=$SECONDS
 banner() { printf '\n=== %s (%ds) ===\n' "$1" $((SECONDS - start)); }
 
@@ -55,6 +61,9 @@ run_step() {
         ;;
     docs)
         python -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
+        ;;
+    browser)
+        python -m pytest -p no:xdist --tb=short -m browser tests/test_docs_browser.py
         ;;
     slow)
         # inductor's vectorized kernels here (the default run compiles scalar ones)

@@ -388,6 +388,14 @@ _FAILURE_SCHEMA: dict[str, Any] = {
     "command": (str, type(None)),
     "shrunk": bool,
     "aspect": (str, type(None)),
+    "tries": int,
+    "failed_tries": int,
+    "flaky": bool,
+}
+_NAN_PAYLOADS_SCHEMA: dict[str, Any] = {
+    "cases": int,
+    "message": str,
+    "reproduction": (str, type(None)),
 }
 _PROPERTY_SCHEMA: dict[str, Any] = {
     "id": str,
@@ -400,6 +408,7 @@ _PROPERTY_SCHEMA: dict[str, Any] = {
     "reason": (str, type(None)),
     "failure": (_FAILURE_SCHEMA, type(None)),
     "hint": (str, type(None)),
+    "nan_payloads": (_NAN_PAYLOADS_SCHEMA, type(None)),
 }
 _REPORT_SCHEMA: dict[str, Any] = {
     "schema": str,

@@ -511,14 +511,14 @@ def test_the_forkserver_preloads_compile_modules_only_where_no_gpu_is_present(
     ``preload`` added (dynamo, inductor): with them imported there, every fork of the
     server failed to use CUDA ("Cannot re-initialize CUDA in forked subprocess"), and
     ``check --compile`` failed every row on an H200 (``docs/compile.md``)."""
-    monkeypatch.setattr(vt.pool, "_PRELOAD", ["torch._dynamo", "torch._inductor.compile_fx"])
-    base = ["torch", "torch.distributed", "vargather.testing.pool"]
+    monkeypatch.setattr(vt.world, "_PRELOAD", ["torch._dynamo", "torch._inductor.compile_fx"])
+    base = ["torch", "torch.distributed", "vargather.testing.rank_side"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert vt.pool._server_preload() == [
+    assert vt.world._server_preload() == [
         *base[:2],
         "torch._dynamo",
         "torch._inductor.compile_fx",
         base[2],
     ]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert vt.pool._server_preload() == base
+    assert vt.world._server_preload() == base

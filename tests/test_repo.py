@@ -116,6 +116,47 @@ def test_the_docs_step_runs_where_the_docs_extra_is_installed() -> None:
                 )
 
 
+def steps_in_order(text: str) -> list[str]:
+    """The step names a file's calls of scripts/ci_steps.sh run, in the order they run."""
+    code = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    calls = re.findall(r"scripts/ci_steps\.sh((?: +[a-z][a-z-]*)+)", code)
+    return [step for call in calls for step in call.split()]
+
+
+def test_the_browser_step_follows_the_docs_step_with_its_extra_and_chromium() -> None:
+    """The browser step (tests/test_docs_browser.py) renders the site the docs step
+    builds: every caller runs docs first, with the browser extra installed, installs
+    Debian's chromium itself and requires the browser (a missing one fails the step
+    instead of skipping it); the README's command leaves the browser tests out."""
+    extra = r'pip install .*-e "\.\[[a-z,]*\bbrowser\b[a-z,]*\]"'
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^browser = \[\n(\s+"[^"]+",\n)+\]', pyproject, re.M)
+    assert re.search(r'"playwright>=[\d.]+', pyproject), "pyproject keeps playwright a range"
+    assert re.search(r'^addopts = .*"-m", "[^"]*\bnot browser\b', pyproject, re.M), (
+        "the README's test command would run the browser tests too"
+    )
+    callers = {".ci/run": (ROOT / ".ci" / "run").read_text()}
+    for workflow in WORKFLOWS:
+        for job in re.split(r"^  (?=[\w-]+:\n)", workflow.read_text(), flags=re.M):
+            if "browser" in steps_in_order(job):
+                callers[f"{workflow.name}: {job.split(':', 1)[0]}"] = job
+    assert len(callers) >= 2, "no workflow job runs the browser step"
+    for name, text in callers.items():
+        order = steps_in_order(text)
+        assert "docs" in order, f"{name} runs the browser step without building the site"
+        assert order.index("docs") < order.index("browser"), f"{name}: browser before docs"
+        assert re.search(extra, text), f"{name} runs the browser step without its extra"
+        assert re.search(r"apt-get install .*\\?\n?\s*chromium\b", text), (
+            f"{name} does not install chromium"
+        )
+        assert re.search(r"VARGATHER_REQUIRE_BROWSER[=:] ?\"?1", text), (
+            f"{name} lets the browser step skip"
+        )
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ROOT / "tox.ini")
+    assert "browser" in config["testenv:browser"]["extras"].split()
+
+
 def test_constraints_pin_the_local_torch_build() -> None:
     lines = (ROOT / "constraints.txt").read_text().splitlines()
     assert "torch==2.13.0" in [line.strip() for line in lines]

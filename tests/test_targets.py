@@ -23,7 +23,6 @@ import torch
 from vargather._cli import check as check_cli
 from vargather.testing import get_pool
 from vargather.testing.calls import group_object, parse_call
-from vargather.testing.dtensor_target import DTensorCase, expected_shard
 from vargather.testing.engine import run_check
 from vargather.testing.options import CheckOptions, OptionError
 from vargather.testing.results import EXIT_OK
@@ -145,35 +144,6 @@ def test_cuda_allocations_run_on_the_cpu_under_the_emulation() -> None:
             torch.cuda.current_device()  # off again: the CPU build's own error
 
 
-# --- the DTensor oracle ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("shape", "world", "rows"),
-    [
-        ((7, 3), 4, [2, 2, 2, 1]),
-        ((5,), 4, [2, 2, 1, 0]),
-        ((6,), 4, [2, 2, 2, 0]),
-        ((0,), 2, [0, 0]),
-    ],
-)
-def test_shards_follow_torch_chunk(shape: tuple[int, ...], world: int, rows: list[int]) -> None:
-    case = DTensorCase(world, (world,), ("dp",), False, shape, (0,))
-    t = torch.arange(int(torch.tensor(shape).prod())).reshape(shape)
-    assert [expected_shard(case, t, r).shape[0] for r in range(world)] == rows
-    assert torch.equal(torch.cat([expected_shard(case, t, r) for r in range(world)]), t)
-
-
-def test_two_mesh_dims_shard_left_to_right() -> None:
-    """(Shard(0), Shard(0)) on a 2x2 mesh: mesh dim 0 halves the rows, mesh dim 1 halves
-    each half; (Shard(0), Shard(1)): rows by mesh dim 0, columns by mesh dim 1."""
-    t = torch.arange(8 * 4).reshape(8, 4)
-    same = DTensorCase(4, (2, 2), ("a", "b"), False, (8, 4), (0, 0))
-    assert [expected_shard(same, t, r)[0, 0].item() for r in range(4)] == [0, 8, 16, 24]
-    two = DTensorCase(4, (2, 2), ("a", "b"), False, (8, 4), (0, 1))
-    assert expected_shard(two, t, 3).tolist() == t[4:, 2:].tolist()
-
-
 # --- the targets on real worlds --------------------------------------------------------------
 
 
@@ -196,7 +166,7 @@ def test_nn_all_to_all_fills_a_preallocated_output() -> None:
 
 @multirank
 def test_dtensor_rows_hold_on_two_ranks() -> None:
-    report = _quick("dtensor", ("forward-1d", "mesh-2d", "gradient"))
+    report = _quick("dtensor", ("programs", "entry-points", "gradient"))
     assert [r.status for r in report.results] == ["pass"] * 3, report.render()
     assert all(r.cases > 0 for r in report.results)
 
@@ -315,10 +285,9 @@ def test_a_refusal_reads_the_same_whether_the_peers_wait_was_seen() -> None:
 def test_list_with_a_target_prints_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
     assert check_cli.main(["--target", "dtensor", "--list"]) == EXIT_OK
     assert capsys.readouterr().out.split() == [
-        "forward-1d",
-        "mesh-2d",
-        "flattened",
-        "empty-shards",
+        "programs",
+        "flattened-views",
+        "entry-points",
         "gradient",
     ]
     assert check_cli.main(["--target", "nn-all-to-all", "--list"]) == EXIT_OK

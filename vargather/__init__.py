@@ -94,3 +94,12 @@ __all__ += [
     "all_to_all_v_with_layout",
     "reduce_scatter_v",
 ]
+
+# Ulysses sequence parallelism on all_to_all_v(..., cat_dim=) (docs/sequence-parallel.md).
+from ._sequence_parallel import SequenceLayout as SequenceLayout  # noqa: E402
+from ._sequence_parallel import head_split as head_split  # noqa: E402
+from ._sequence_parallel import heads_to_seq as heads_to_seq  # noqa: E402
+from ._sequence_parallel import kv_repeats as kv_repeats  # noqa: E402
+from ._sequence_parallel import seq_to_heads as seq_to_heads  # noqa: E402
+
+__all__ += ["SequenceLayout", "head_split", "heads_to_seq", "kv_repeats", "seq_to_heads"]

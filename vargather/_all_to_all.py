@@ -17,6 +17,21 @@ so its receive sizes are column ``r`` of ``S``: ``recv_sizes = (s_{0,r}, ..., s_
 ``dx_j`` = the rows of ``g_r`` that came from ``j``: the reverse all_to_all of the
 upstream gradients, with send sizes ``recv_sizes`` and receive sizes ``send_sizes``
 (``S^T``): the same function, pure data movement, exact.
+
+With ``cat_dim = c != dim = d`` (the Ulysses switch: split heads, join the sequence)
+the received blocks are joined along ``c`` instead:
+
+    y_r = cat(block r of x_0, ..., block r of x_{W-1})   along c,
+
+so every block rank ``r`` receives must have one size along ``d``: column ``r`` of
+``S`` is constant, ``s_{j,r} = s_{r,r}``, the result's size along ``d``; along ``c``
+rank ``j`` contributes its own size ``m_j = x_j.shape[c]`` (any, per rank), so
+``y_r.shape[c] = Σ_j m_j`` and the receive sizes are ``(m_0, ..., m_{W-1})``; every
+other dimension agrees. Each block travels as the contiguous run of its elements,
+which is also the ``(pre_c, m_j, post_c)`` block of ``y_r`` along ``c``: the receive
+``Layout`` is the result cut along ``c`` by ``(m_0, ..., m_{W-1})``, the send
+``Layout`` ``x_j`` cut along ``d`` by ``s_j``, and the gradient is again the reverse
+exchange (the two layouts swapped: ``g_r`` cut along ``c``, joined along ``d``).
 """
 
 from __future__ import annotations
@@ -32,48 +47,54 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
+from ._all_to_all_rows import (
+    local_call,
+    receive_layout,
+    received,
+    row_bytes,
+    split_layout,
+    validate_rows,
+)
 from ._args import MAX_NDIM, Problem
 from ._buffers import compact_rank_major, rank_major_gradient
 from ._collectives import COLLECTIVES, CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
-from ._errors import SizesError, SizesMismatchError
+from ._errors import (
+    SizesMismatchError,
+)
 from ._family import (
     DirectRound,
     Exchanged,
     FamilyCall,
     PackedRound,
-    Row,
     ValidatedOnce,
-    agree,
     check_tensor,
-    common_checks,
     direct_exchanged,
     exchange_fused,
     fill_packed_at,
     goes_direct,
     packed_exchanged,
-    raise_local,
     raise_own_problem,
-    requires_grad_check,
     resized_round,
     rows_changed_only_in,
     run_direct,
     run_packed,
     send_packed,
     settle,
-    sizes_words,
-    with_problem,
 )
 from ._group import process_group
 from ._layout import Layout
 from ._mesh import call_group
 from ._round_buffers import (
     Closing,
+    bytes_of,
     closed_up,
     closing,
     pack,
+    plain,
     plain_bytes,
     plain_in_blocks,
+    unpack,
 )
 from ._round_state import STATES, FusedState, PerGroup, advance_blocks, block_room, set_state
 from ._wire import RECORD_SHAPE_AT, ROW_EXTRAS_AT
@@ -87,8 +108,10 @@ __all__ = [
     "exchange_blocks",
     "plan_all_to_all",
     "plan_from_exchange",
+    "receive_layout",
     "resized_matrix",
     "split_layout",
+    "validate_rows",
 ]
 
 NAME: Final[CollectiveName] = "all_to_all_v"
@@ -108,112 +131,6 @@ class AllToAllPlan:
     result: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
-def split_layout(
-    shape: tuple[int, ...], dim: int, sizes: tuple[int, ...], dtype: torch.dtype, info: GroupInfo
-) -> Layout:
-    """The blocks along ``dim`` (normalized) of a tensor of ``shape`` as a ``Layout``
-    (remembered for recent arguments: a ``Layout`` is immutable)."""
-    return _split_layout(shape, dim % len(shape), sizes, dtype, info.rank, info.world_size)
-
-
-@functools.lru_cache(maxsize=64)
-def _split_layout(
-    shape: tuple[int, ...], d: int, sizes: tuple[int, ...], dtype: torch.dtype, rank: int, w: int
-) -> Layout:
-    """``split_layout``, unremembered."""
-    return Layout(
-        sizes=sizes,
-        dim=d,
-        leading_shape=shape[:d],
-        trailing_shape=shape[d + 1 :],
-        dtype=dtype,
-        rank=rank,
-        world_size=w,
-    )
-
-
-def _local_call(
-    x: object,
-    send_sizes: object,
-    recv_sizes: object,
-    dim: object,
-    info: GroupInfo,
-    validate: object,
-    timeout: object,
-    requires_grad: bool | None,
-) -> FamilyCall:
-    record, call_timeout = check_tensor(
-        x,
-        dim,
-        info=info,
-        validate=validate,
-        timeout=timeout,
-        requires_grad=requires_grad,
-        split=True,
-    )
-    w = info.world_size
-    send, send_words = sizes_words(send_sizes, w)
-    recv, recv_words = sizes_words(recv_sizes, w)
-    problem: Problem | None = None
-    if send is None:
-        problem = Problem(SizesError, "send_sizes is required: expected one block size per rank")
-    elif isinstance(send, Problem):
-        problem = Problem(send.error, "send_" + send.message)
-    elif len(send) != w:
-        problem = Problem(
-            SizesError, f"expected len(send_sizes) == world size {w}, got {len(send)}"
-        )
-    elif record.normalized_dim >= 0 and sum(send) != record.size_along_dim:
-        problem = Problem(
-            SizesError,
-            f"expected sum(send_sizes) == {record.size_along_dim} (the tensor's size along "
-            f"dim {record.normalized_dim}), got sum(send_sizes) = {sum(send)} for "
-            f"send_sizes={list(send)}",
-        )
-    elif isinstance(recv, Problem):
-        problem = Problem(recv.error, "recv_" + recv.message)
-    elif recv is not None and len(recv) != w:
-        problem = Problem(
-            SizesError, f"expected len(recv_sizes) == world size {w}, got {len(recv)}"
-        )
-    record = with_problem(record, problem)
-    own_send = send if isinstance(send, tuple) else None
-    own_recv = recv if isinstance(recv, tuple) else None
-    return FamilyCall(
-        NAME, record, tuple(send_words + recv_words), (own_send, own_recv), call_timeout
-    )
-
-
-def validate_rows(rows: list[Row], *, rank: int) -> tuple[tuple[int, ...], ...]:
-    """The validated send matrix ``S`` (row ``j``: rank ``j``'s send sizes), or the
-    error every rank raises alike (a pure function of ``rows``)."""
-    records = [row.record for row in rows]
-    w = len(rows)
-    raise_local(NAME, records)
-    checks = common_checks(records, dim=True, shape="other")
-    checks.append(requires_grad_check(records, "the backward of all_to_all_v is an all_to_all"))
-    agree(NAME, checks)
-    matrix = tuple(tuple(int(n) for n in row.extras[1 : 1 + w]) for row in rows)
-    liars: list[int] = []
-    for r, row in enumerate(rows):
-        passed = row.extras[1 + w :]
-        if passed[0] >= 0 and tuple(passed[1 : 1 + w]) != tuple(s[r] for s in matrix):
-            liars.append(r)
-    if liars:
-        got = "; ".join(
-            f"rank {r}: expected recv_sizes={[s[r] for s in matrix]}, got "
-            f"recv_sizes={list(rows[r].extras[2 + w : 2 + 2 * w])}"
-            for r in liars
-        )
-        raise SizesMismatchError(
-            f"{NAME}: recv_sizes passed on rank(s) {liars} contradict the send sizes of the "
-            f"other ranks (rank r receives column r of the send matrix {[list(s) for s in matrix]}): "
-            f"{got}",
-            ranks=liars,
-        )
-    return matrix
-
-
 _validated: Final = ValidatedOnce(validate_rows)
 """``validate_rows``, once for the steady state's rows (``_family.ValidatedOnce``)."""
 
@@ -229,6 +146,7 @@ def plan_all_to_all(
     timeout: object,
     requires_grad: bool | None = None,
     steady_key: tuple[object, ...] | None = None,
+    cat_dim: object = None,
 ) -> AllToAllPlan:
     """Stages 1-3: the same error on every rank, or this rank's plan. ``steady_key``
     (``_steady_key``): remember the call for ``_steady_call`` when it is steady.
@@ -237,22 +155,28 @@ def plan_all_to_all(
     then a local problem is raised on this rank only. Without ``recv_sizes`` the send
     sizes have to travel anyway, so the validated exchange runs.
     """
-    call = _local_call(x, send_sizes, recv_sizes, dim, info, validate, timeout, requires_grad)
+    call = local_call(
+        x, send_sizes, recv_sizes, dim, info, validate, timeout, requires_grad, cat_dim
+    )
     if call.timeout is not None:
         info = info.with_timeout(call.timeout)
     send, recv = call.sizes
     trusted = validate is False and recv is not None
+    d, c = call.record.normalized_dim, call.extras[-1]
     if trusted or not info.communicates:
         problem = call.record.problem
-        if problem is None and not info.communicates and recv is not None and recv != send:
+        alone = send if c == d or not isinstance(x, torch.Tensor) else (int(x.shape[c]),)
+        if problem is None and not info.communicates and recv is not None and recv != alone:
+            what = "send_sizes" if c == d else f"(x.shape[cat_dim],) = {list(alone or ())}, given"
             problem = Problem(
                 SizesMismatchError,
-                f"expected recv_sizes == send_sizes in a world of one rank, got "
+                f"expected recv_sizes == {what} in a world of one rank, got "
                 f"recv_sizes={list(recv)} and send_sizes={list(send or ())}",
             )
         raise_own_problem(NAME, problem, info, trusted=trusted)
         assert send is not None
-        recv = recv if recv is not None else send
+        assert alone is not None
+        recv = recv if recv is not None else alone
     else:
         ex = exchange_fused(call, info, x, functools.partial(_outgoing, x, call, info))
         plan = plan_from_exchange(x, call, info, ex)
@@ -261,28 +185,31 @@ def plan_all_to_all(
         return plan
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     shape = tuple(int(n) for n in x.shape)
-    d = call.record.normalized_dim
-    recv_shape = (*shape[:d], sum(recv), *shape[d + 1 :])
-    recv_layout = split_layout(recv_shape, d, recv, x.dtype, info)
+    recv_layout = receive_layout(shape, d, c, send[info.rank], recv, x.dtype, info)
     return AllToAllPlan(split_layout(shape, d, send, x.dtype, info), recv_layout, info)
 
 
 def plan_from_exchange(x: object, call: FamilyCall, info: GroupInfo, ex: Exchanged) -> AllToAllPlan:
     """Stage 3 after the exchange: the rows validated (the same error on every rank),
     the group's state advanced, and the plan, with its result when the payload rode."""
-    matrix = _validated(ex.rows, rank=info.rank)
-    send = matrix[info.rank]
-    recv = tuple(s[info.rank] for s in matrix)
+    matrix, c, shapes = _validated(ex.rows, rank=info.rank)
+    w, rank = info.world_size, info.rank
+    send = matrix[rank]
+    recv = received(matrix, shapes, c, rank)
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
-    unit = _block_unit(x, call.record.normalized_dim)
-    slots = settle(ex, info, [n * unit for s in matrix for n in s])
-    shape = tuple(int(n) for n in x.shape)
     d = call.record.normalized_dim
-    recv_shape = (*shape[:d], sum(recv), *shape[d + 1 :])
-    recv_layout = split_layout(recv_shape, d, recv, x.dtype, info)
+    if shapes is None:
+        unit = _block_unit(x, d)
+        blocks = [n * unit for s in matrix for n in s]
+    else:  # each sender's rows along dim have its own size along cat_dim
+        units = [row_bytes(sh, d, x.element_size()) for sh in shapes]
+        blocks = [n * units[j] for j, s in enumerate(matrix) for n in s]
+    slots = settle(ex, info, blocks)
+    shape = tuple(int(n) for n in x.shape)
+    recv_layout = receive_layout(shape, d, c, send[rank], recv, x.dtype, info)
     result = None
     if slots is not None and ex.cut is not None:  # the wide round's one buffer
-        result = ex.cut((recv_layout,), tuple(n * unit for n in recv))[0]
+        result = ex.cut((recv_layout,), tuple(blocks[j * w + rank] for j in range(w)))[0]
     elif slots is not None:
         result = cut_blocks(slots, recv_layout)
     return AllToAllPlan(split_layout(shape, d, send, x.dtype, info), recv_layout, info, result)
@@ -290,11 +217,7 @@ def plan_from_exchange(x: object, call: FamilyCall, info: GroupInfo, ex: Exchang
 
 def _block_unit(x: torch.Tensor, d: int) -> int:
     """Bytes of one row of ``x`` along ``d`` (the other dimensions' product)."""
-    unit = x.element_size()
-    for i, n in enumerate(x.shape):
-        if i != d:
-            unit *= int(n)
-    return unit
+    return row_bytes(x.shape, d, x.element_size())
 
 
 def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tensor, list[int]]:
@@ -383,6 +306,7 @@ class _Steady:
     send: Layout
     recv: Layout
     closing: Closing
+    needs: tuple[int, ...]
     spare: list[torch.Tensor] = field(default_factory=list, compare=False, repr=False)
 
 
@@ -397,36 +321,46 @@ def _steady_key(
     dim: object,
     validate: object,
     timeout: object,
+    cat_dim: object = None,
 ) -> tuple[object, ...] | None:
     """Everything a validated ``all_to_all_v`` call's plan is a function of, besides its
     group (which ``_STEADY`` is kept by), the group's state and the peers' rows, for the
     calls the steady path serves (``None`` for others): a plain contiguous CPU tensor
-    cut along its first non-unit dimension (its blocks lie one after the other in its
-    bytes), ``send_sizes`` (and ``recv_sizes``, if given) a list or tuple of ints,
+    (cut along its first non-unit dimension its blocks lie one after the other in its
+    bytes and are sent as they lie; else each is copied once into the round, and a
+    result joined along a dim with dims before it is one copy of the received
+    blocks), ``send_sizes`` (and ``recv_sizes``, if given) a list or tuple of ints,
     ``validate=True``, ``timeout`` none or a number or a ``timedelta`` (the steady
-    call's, which validated, is the call's). Its parts: ``dim`` as passed, the shape
-    outside ``dim``, the dtype, whether a gradient is wanted, the timeout, then the
-    rows along ``dim``, the send sizes and the receive sizes (``None``): a key equal
-    but for those three is a call of the same round with new sizes
-    (``_resized_call``)."""
+    call's, which validated, is the call's), ``cat_dim`` none or an int in range. Its
+    parts: ``dim`` as passed, the shape outside ``dim``, the dtype, whether a gradient
+    is wanted, the timeout, ``cat_dim`` normalized, then the rows along ``dim``, the
+    send sizes and the receive sizes (``None``): a key equal but for those three is a
+    call of the same round with new sizes (``_resized_call``)."""
     if (
         validate is not True
         or (timeout is not None and type(timeout) not in (int, float, timedelta))
         or not _int_sizes(send_sizes)
         or not (recv_sizes is None or _int_sizes(recv_sizes))
-        or not plain_in_blocks(x, dim)
+        or type(x) is not torch.Tensor
+        or type(dim) is not int
+        or not (cat_dim is None or type(cat_dim) is int)
     ):
         return None
     assert isinstance(send_sizes, (list, tuple))  # for mypy: _int_sizes checked it
     assert recv_sizes is None or isinstance(recv_sizes, (list, tuple))  # the same
-    assert isinstance(x, torch.Tensor)  # for mypy: plain_in_blocks checked it
-    assert isinstance(dim, int)  # for mypy: plain_in_blocks checked it
+    assert isinstance(x, torch.Tensor)  # for mypy: checked just above
+    assert isinstance(dim, int)  # for mypy: the same
+    if x.layout != torch.strided or x.is_nested or not plain(x) or not -x.ndim <= dim < x.ndim:
+        return None
     requires = x.requires_grad and torch.is_grad_enabled()
     d = dim % x.ndim
+    if cat_dim is not None and not -x.ndim <= cat_dim < x.ndim:
+        return None
+    c = d if cat_dim is None else cat_dim % x.ndim
     shape = x.shape
     other = shape[:d] + shape[d + 1 :]
     recv = None if recv_sizes is None else tuple(recv_sizes)
-    return (dim, other, x.dtype, requires, timeout, shape[d], tuple(send_sizes), recv)
+    return (dim, other, x.dtype, requires, timeout, c, shape[d], tuple(send_sizes), recv)
 
 
 def _int_sizes(sizes: object) -> bool:
@@ -449,16 +383,14 @@ def _remember(
         return
     _STEADY.pop(pg, NAME)
     found = ex.packed if ex.packed is not None else ex.direct
-    if found is None or ex.raw is None or plan.result is None or plan.recv.pre != 1:
+    if found is None or ex.raw is None or plan.result is None:
         return
     replays = STATES.get(pg, COLLECTIVES[NAME].round) is ex.state
-    unit = plan.send.post * plan.send.dtype.itemsize
-    blocks = _blocks_at(plan.send.sizes, unit)
-    needs = tuple(n * unit for n in plan.recv.sizes)
+    send, recv = plan.send, plan.recv
+    blocks = _blocks_at(send.sizes, send.pre * send.post * send.dtype.itemsize)
+    needs = tuple(recv.pre * n * recv.post * recv.dtype.itemsize for n in recv.sizes)
     closes = closing(found.starts, needs)
-    steady = _Steady(
-        key, call, ex.state, replays, found, blocks, ex.raw, plan.send, plan.recv, closes
-    )
+    steady = _Steady(key, call, ex.state, replays, found, blocks, ex.raw, send, recv, closes, needs)
     _STEADY.put(pg, NAME, steady)
 
 
@@ -482,7 +414,7 @@ def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> A
     (``plan_from_exchange``). Any other call goes to ``_resized_call``."""
     pg = process_group(info)
     steady = _STEADY.get(pg, NAME)
-    if steady is None or pg is None or steady.key[:5] != key[:5]:
+    if steady is None or pg is None or steady.key[:6] != key[:6]:
         return None
     if steady.call.timeout is not None:  # the call's own, as the full path runs it
         info = info.with_timeout(steady.call.timeout)
@@ -491,16 +423,28 @@ def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> A
         return _resized_call(steady, key, x, info, pg, state)
     found = steady.round
     if isinstance(found, DirectRound):
-        flat = plain_bytes(x)  # plain, its blocks one after the other (the key)
-        blocks = [flat[at : at + n] for at, n in steady.blocks]
+        blocks = _pieces(x, steady.send, steady.blocks)
         buf, raw = run_direct(steady.call, info, pg, found, blocks)
     else:
         buf, raw = _replay_packed(steady, found, x, info, pg)
     if raw != steady.raw:
         ex = _exchanged(steady.call, info, pg, steady.state, found, buf, raw)
         return plan_from_exchange(x, steady.call, info, ex)
-    result = closed_up(buf, steady.closing, steady.recv)
+    if steady.recv.pre == 1:  # the blocks lie one after the other in the result
+        result = closed_up(buf, steady.closing, steady.recv)
+    else:  # joined along a dim with dims before it: one copy
+        starts = steady.round.starts
+        regions = [buf[a : a + n] for a, n in zip(starts, steady.needs, strict=False)]
+        result = unpack(regions, [steady.recv])[0]
     return AllToAllPlan(steady.send, steady.recv, info, result)
+
+
+def _pieces(x: torch.Tensor, send: Layout, blocks: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
+    """The bytes of each block of the plain ``x`` (``blocks``: rank-major offsets and
+    lengths): views of ``x`` when its blocks lie one after the other, else of one
+    rank-major copy."""
+    flat = plain_bytes(x) if send.pre == 1 else bytes_of(rank_major_gradient(x.detach(), send))
+    return [flat[at : at + n] for at, n in blocks]
 
 
 def _exchanged(
@@ -537,9 +481,11 @@ def _resized_call(
     and checked (``resized_matrix``), the state rule runs, and the result is closed
     up; any other rows go on as the full path does after its exchange."""
     w, rank = info.world_size, info.rank
-    rows, sizes, recv_sizes = key[5:]
+    cat, rows, sizes, recv_sizes = key[5:]
     assert isinstance(sizes, tuple)  # _steady_key's: a tuple of ints
     if state is None or len(sizes) != w or min(sizes, default=0) < 0 or sum(sizes) != rows:
+        return None
+    if cat != steady.send.dim:  # joined along another dim: the full path (its own sizes)
         return None
     if recv_sizes is not None:
         assert isinstance(recv_sizes, tuple)  # _steady_key's: a tuple of ints
@@ -548,9 +494,11 @@ def _resized_call(
     send = steady.send
     d = send.dim
     record = steady.call.record
+    if send.pre != 1:  # blocks apart in x: the full path (sizes changing are MoE's)
+        return None
     if d >= MAX_NDIM:  # past the record's shape words (the peers read the sizes alone)
         return None
-    if rows != steady.key[5]:  # another length along dim: this call's own record
+    if rows != steady.key[6]:  # another length along dim: this call's own record
         record, _ = check_tensor(x, key[0], info=info, split=True)
         if record.problem is not None:
             return None
@@ -562,7 +510,7 @@ def _resized_call(
     if any(n * unit > room[rank * w + k] for k, n in enumerate(sizes)):
         return None
     passed = (-1,) * (w + 1) if recv_sizes is None else (w, *recv_sizes)
-    extras = (w, *sizes, *passed)  # _local_call's words
+    extras = (w, *sizes, *passed, d)  # _local_call's words
     call = replace(steady.call, record=record, extras=extras, sizes=(sizes, recv_sizes))
     ridden = resized_round(found, call, info)
     at = _blocks_at(sizes, unit)
@@ -593,7 +541,17 @@ def _resized_call(
         pg,
         NAME,
         _Steady(
-            key, call, state, after is state, ridden, at, raw, send_layout, recv_layout, closes
+            key,
+            call,
+            state,
+            after is state,
+            ridden,
+            at,
+            raw,
+            send_layout,
+            recv_layout,
+            closes,
+            needs,
         ),
     )
     return AllToAllPlan(send_layout, recv_layout, info, result)
@@ -639,12 +597,22 @@ def _replay_packed(
     if send is None:
         send = torch.empty(sum(packed.out_bytes), dtype=torch.uint8)
         fill_packed_at(send, packed.row, None, packed.out_bytes, packed.head)
-    base, source = send.data_ptr(), x.data_ptr()
-    at = 0
-    for (offset, n), size in zip(steady.blocks, packed.out_bytes, strict=True):
-        if n:
-            ctypes.memmove(base + at + packed.head, source + offset, n)
-        at += size
+    lay = steady.send
+    if lay.pre == 1:  # x's blocks lie one after the other: copied as bytes
+        base, source = send.data_ptr(), x.data_ptr()
+        at = 0
+        for (offset, n), size in zip(steady.blocks, packed.out_bytes, strict=True):
+            if n:
+                ctypes.memmove(base + at + packed.head, source + offset, n)
+            at += size
+    else:  # each block copied once from x's strides into its slot
+        rows = x.detach().view(lay.pre, lay.total, lay.post)
+        at = 0
+        for r, ((_, n), size) in enumerate(zip(steady.blocks, packed.out_bytes, strict=True)):
+            if n:
+                slot = send[at + packed.head : at + packed.head + n].view(lay.dtype)
+                slot.view(lay.pre, lay.sizes[r], lay.post).copy_(rows[:, lay.block(r)])
+            at += size
     try:
         return run_packed(steady.call, info, pg, packed, send)
     finally:
@@ -670,12 +638,13 @@ def all_to_all_eager(
     mesh_dim: Any,
     validate: Any,
     timeout: Any,
+    cat_dim: Any = None,
 ) -> AllToAllResult:
     """The eager ``all_to_all_v_with_layout`` (its arguments unchecked: the plan judges
     them, on every rank): the plan (``_steady_call`` when the call repeats the last
     steady one), then the payload inside ``AllToAllVFunction``."""
     info = call_group(group, mesh_dim)
-    key = _steady_key(x, send_sizes, recv_sizes, dim, validate, timeout)
+    key = _steady_key(x, send_sizes, recv_sizes, dim, validate, timeout, cat_dim)
     plan = None if key is None else _steady_call(key, x, info)
     if plan is None:
         plan = plan_all_to_all(
@@ -687,6 +656,7 @@ def all_to_all_eager(
             validate=validate,
             timeout=timeout,
             steady_key=key,
+            cat_dim=cat_dim,
         )
     if plan.result is not None and not (x.requires_grad and torch.is_grad_enabled()):
         out = plan.result  # what the Function's forward returns, with no graph to record

@@ -372,6 +372,7 @@ def all_to_all_v_with_layout(
     send_sizes: SplitSizes,
     dim: int = 0,
     *,
+    cat_dim: int | None = None,
     recv_sizes: SplitSizes | None = None,
     group: GroupLike = None,
     mesh_dim: MeshDim = None,
@@ -382,7 +383,7 @@ def all_to_all_v_with_layout(
 
     Takes ``all_to_all_v``'s arguments; returns ``AllToAllResult(tensor, layout,
     send_sizes)``: ``layout.sizes`` are the receive sizes, ``layout.offsets`` where each
-    source rank's rows start.
+    source rank's rows start (along ``cat_dim``: ``layout.dim``).
 
     Shapes:
         As ``all_to_all_v``.
@@ -403,9 +404,11 @@ def all_to_all_v_with_layout(
     """
     if torch.compiler.is_compiling():
         return compiled_all_to_all(
-            x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout
+            x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim
         )
-    return all_to_all_eager(x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout)
+    return all_to_all_eager(
+        x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim
+    )
 
 
 def all_to_all_v(
@@ -413,6 +416,7 @@ def all_to_all_v(
     send_sizes: SplitSizes,
     dim: int = 0,
     *,
+    cat_dim: int | None = None,
     recv_sizes: SplitSizes | None = None,
     group: GroupLike = None,
     mesh_dim: MeshDim = None,
@@ -421,9 +425,11 @@ def all_to_all_v(
 ) -> torch.Tensor:
     """Send block ``j`` of ``x`` to rank ``j``; return the blocks received, in rank order.
 
-    Block ``j`` is ``send_sizes[j]`` rows along ``dim``, in order. The receive sizes
-    (rank ``r`` receives ``send_sizes[r]`` of every rank) are exchanged and validated,
-    or passed as ``recv_sizes`` (checked against the truth, or trusted with
+    Block ``j`` is ``send_sizes[j]`` rows along ``dim``, in order; the blocks received
+    are joined along ``cat_dim`` (``dim`` when ``None``). The receive sizes (each
+    rank's block's size along ``cat_dim``: ``send_sizes[r]`` of every rank when
+    ``cat_dim`` is ``dim``, else every rank's ``x.shape[cat_dim]``) are exchanged and
+    validated, or passed as ``recv_sizes`` (checked against the truth, or trusted with
     ``validate=False``, which skips the exchange).
 
     Args:
@@ -431,7 +437,11 @@ def all_to_all_v(
         send_sizes: rows of ``x`` for each rank, a sequence of ints or a 1-d integer
             tensor in group-rank order.
         dim: the dimension cut into blocks, negative values counted from the end.
-        recv_sizes: the rows this rank receives from each rank, if known.
+        cat_dim: the dimension the received blocks are joined along (``dim`` when
+            ``None``), negative values counted from the end. Another dim than ``dim``
+            is the sequence-parallel switch (``[b, s/P, H, d]`` cut along the heads,
+            joined along the sequence: ``vargather.seq_to_heads``).
+        recv_sizes: each rank's block's size along ``cat_dim``, if known.
         group: as for ``all_gather_v`` (a process group or a ``DeviceMesh``).
         mesh_dim: as for ``all_gather_v``.
         validate: ``False`` with ``recv_sizes`` trusts them and skips the exchange.
@@ -440,7 +450,11 @@ def all_to_all_v(
     Shapes:
         ``x`` is ``lead + (sum(send_sizes),) + trail``: every dimension but ``dim``, the
         ndim and the dtype agree across ranks; blocks may be empty. Rank ``r`` returns
-        ``lead + (Σ_j send_sizes_j[r],) + trail``.
+        ``lead + (Σ_j send_sizes_j[r],) + trail``. With ``cat_dim`` another dim,
+        ``x.shape[cat_dim]`` may differ across ranks and every rank must send rank
+        ``r`` as many rows along ``dim`` (``send_sizes_j[r]`` equal for every ``j``):
+        rank ``r`` returns ``x``'s shape with ``send_sizes[r]`` along ``dim`` and
+        ``Σ_j x_j.shape[cat_dim]`` along ``cat_dim``.
 
     Gradient:
         The reverse exchange: the upstream gradient sent back with the sizes
@@ -461,6 +475,7 @@ def all_to_all_v(
         x,
         send_sizes,
         dim,
+        cat_dim=cat_dim,
         recv_sizes=recv_sizes,
         group=group,
         mesh_dim=mesh_dim,

@@ -92,10 +92,20 @@ def rank_major_gradient(full: torch.Tensor, layout: Layout) -> torch.Tensor:
     the memory order of ``full`` already, so a contiguous ``full`` is returned as a
     view; otherwise the blocks are copied once.
     """
-    blocks = full.reshape(layout.pre, layout.total, layout.post)
-    if layout.pre == 1:
+    pre, post, w = layout.pre, layout.post, layout.world_size
+    blocks = full.reshape(pre, layout.total, post)
+    if pre == 1:
         return blocks.reshape(-1).contiguous()
-    return torch.cat([blocks[:, layout.block(r)].reshape(-1) for r in range(layout.world_size)])
+    if layout.is_even and layout.total:  # one strided copy: (pre, W, n, post) -> (W, pre, n, post)
+        n = layout.total // w
+        return blocks.reshape(pre, w, n, post).transpose(0, 1).contiguous().view(-1)
+    out = blocks.new_empty(pre * layout.total * post)
+    at = 0
+    for r, n in enumerate(layout.sizes):  # each block copied once, into its place
+        if n:
+            out[at : at + pre * n * post].view(pre, n, post).copy_(blocks[:, layout.block(r)])
+        at += pre * n * post
+    return out
 
 
 # --- receive side: compaction --------------------------------------------------------

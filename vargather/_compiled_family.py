@@ -189,6 +189,7 @@ def _a2a_op(
     validate: bool,
     timeout: float | None,
     requires_grad: bool,
+    cat_dim: int | None = None,
 ) -> torch.Tensor:
     info = named_group(group_name)
     plan = plan_all_to_all(
@@ -200,6 +201,7 @@ def _a2a_op(
         validate=validate,
         timeout=timeout,
         requires_grad=requires_grad,
+        cat_dim=cat_dim,
     )
     with torch.no_grad():
         if plan.result is not None:
@@ -213,6 +215,20 @@ def _a2a_shape(t: torch.Tensor, dim: int, sizes: Sequence[int]) -> list[int]:
     return shape
 
 
+def _cat_of(t: torch.Tensor, dim: int, cat_dim: int | None) -> int | None:
+    """``cat_dim`` normalized when it is another dim than ``dim``, else ``None``."""
+    if cat_dim is None or cat_dim % t.dim() == dim % t.dim():
+        return None
+    return cat_dim % t.dim()
+
+
+def _swapped_shape(t: torch.Tensor, dim: int, c: int, along_dim: int, along_cat: int) -> list[int]:
+    """``t``'s shape with ``along_dim`` along ``dim`` and ``along_cat`` along ``c``."""
+    shape = list(t.shape)
+    shape[dim % t.dim()], shape[c] = along_dim, along_cat
+    return shape
+
+
 @_a2a_op.register_fake
 def _a2a_fake(
     x: torch.Tensor,
@@ -223,8 +239,13 @@ def _a2a_fake(
     validate: bool,
     timeout: float | None,
     requires_grad: bool,
+    cat_dim: int | None = None,
 ) -> torch.Tensor:
-    return x.new_empty(_a2a_shape(x, dim, recv_sizes))
+    c = _cat_of(x, dim, cat_dim)
+    if c is None:
+        return x.new_empty(_a2a_shape(x, dim, recv_sizes))
+    own = send_sizes[_rank_of(group_name)]  # every block's size along dim
+    return x.new_empty(_swapped_shape(x, dim, c, own, sum(recv_sizes)))
 
 
 @torch.library.custom_op("vargather::all_to_all_v_backward", mutates_args=())
@@ -235,13 +256,21 @@ def _a2a_backward_op(
     recv_sizes: Sequence[int],
     group_name: str,
     timeout: float | None,
+    cat_dim: int | None = None,
 ) -> torch.Tensor:
-    """The reverse exchange: ``grad_output`` has the forward's receive sizes."""
+    """The reverse exchange: ``grad_output`` has the forward's receive sizes (along
+    ``cat_dim``)."""
     info = named_group(group_name, timeout)
     shape = tuple(int(n) for n in grad_output.shape)
     d = dim % grad_output.dim()
-    back = tuple(_a2a_shape(grad_output, d, send_sizes))
-    recv = split_layout(shape, d, tuple(recv_sizes), grad_output.dtype, info)
+    c = _cat_of(grad_output, d, cat_dim)
+    if c is None:
+        back = tuple(_a2a_shape(grad_output, d, send_sizes))
+        recv = split_layout(shape, d, tuple(recv_sizes), grad_output.dtype, info)
+    else:  # x's shape: its own size along cat_dim is what it sent itself
+        own = recv_sizes[info.rank]
+        back = tuple(_swapped_shape(grad_output, d, c, sum(send_sizes), own))
+        recv = split_layout(shape, c, tuple(recv_sizes), grad_output.dtype, info)
     send = split_layout(back, d, tuple(send_sizes), grad_output.dtype, info)
     with torch.no_grad():
         return _fresh(exchange_blocks(grad_output, recv, send, info), grad_output)
@@ -255,18 +284,31 @@ def _a2a_backward_fake(
     recv_sizes: Sequence[int],
     group_name: str,
     timeout: float | None,
+    cat_dim: int | None = None,
 ) -> torch.Tensor:
-    return grad_output.new_empty(_a2a_shape(grad_output, dim, send_sizes))
+    c = _cat_of(grad_output, dim, cat_dim)
+    if c is None:
+        return grad_output.new_empty(_a2a_shape(grad_output, dim, send_sizes))
+    own = recv_sizes[_rank_of(group_name)]
+    return grad_output.new_empty(_swapped_shape(grad_output, dim, c, sum(send_sizes), own))
 
 
 def _a2a_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, dim, send_sizes, recv_sizes, group_name, _validate, timeout, _rg = inputs
-    ctx.vargather_args = (dim % x.dim(), list(send_sizes), list(recv_sizes), group_name, timeout)
+    x, dim, send_sizes, recv_sizes, group_name, _validate, timeout, _rg, *rest = inputs
+    cat_dim = rest[0] if rest else None
+    ctx.vargather_args = (
+        dim % x.dim(),
+        list(send_sizes),
+        list(recv_sizes),
+        group_name,
+        timeout,
+        _cat_of(x, dim, cat_dim),
+    )
 
 
 def _a2a_backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     dx = torch.ops.vargather.all_to_all_v_backward(grad_output, *ctx.vargather_args)
-    return (dx, None, None, None, None, None, None, None)
+    return (dx, None, None, None, None, None, None, None, None)
 
 
 _a2a_op.register_autograd(_a2a_backward, setup_context=_a2a_setup)
@@ -425,6 +467,7 @@ def _all_to_all_op_call(
     mesh_dim: object,
     validate: object,
     timeout: object,
+    cat_dim: object = None,
 ) -> torch.Tensor | None:
     """The operator call, or ``None`` when only the eager path can run this call."""
     where = group_of(group, mesh_dim) if isinstance(x, torch.Tensor) else None
@@ -432,11 +475,13 @@ def _all_to_all_op_call(
     recv = plain_sizes(recv_sizes, where[2]) if where is not None else None
     if where is None or send is None or recv is None or not _plain_call(x, dim, validate, timeout):
         return None
+    if cat_dim is not None and not _plain_call(x, cat_dim, validate, timeout):
+        return None
     assert isinstance(x, torch.Tensor)
     keep_collective_order()
     seconds = None if timeout is None else float(timeout)  # type: ignore[arg-type]  # a number by _plain_call
     out: torch.Tensor = torch.ops.vargather.all_to_all_v(
-        x, dim, send, recv, where[0], validate, seconds, _requires(x)
+        x, dim, send, recv, where[0], validate, seconds, _requires(x), cat_dim
     )
     return out
 
@@ -507,20 +552,34 @@ def compiled_all_to_all(
     mesh_dim: object,
     validate: object,
     timeout: object,
+    cat_dim: object = None,
 ) -> AllToAllResult:
     """``all_to_all_v_with_layout`` in traced code: its operator (the receive layout
     built from the sizes, which it needs as ints), else the eager call untraced."""
-    out = _all_to_all_op_call(x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout)
+    out = _all_to_all_op_call(
+        x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim
+    )
     if out is not None:
         assert isinstance(x, torch.Tensor)  # no operator call otherwise
         assert isinstance(dim, int)
         assert isinstance(recv_sizes, (list, tuple))  # plain ints, or no operator call
         assert isinstance(send_sizes, (list, tuple))
         info = call_group(group, mesh_dim)
-        layout = split_layout(tuple(out.shape), dim, tuple(recv_sizes), x.dtype, info)
+        along = dim if cat_dim is None else cat_dim
+        assert isinstance(along, int)  # an int in range, or no operator call
+        layout = split_layout(tuple(out.shape), along, tuple(recv_sizes), x.dtype, info)
         return AllToAllResult(out, layout, tuple(send_sizes))
     found: AllToAllResult = call_untraced(
-        "all_to_all_v", x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout
+        "all_to_all_v",
+        x,
+        send_sizes,
+        recv_sizes,
+        dim,
+        group,
+        mesh_dim,
+        validate,
+        timeout,
+        cat_dim,
     )
     return found
 

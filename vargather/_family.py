@@ -17,7 +17,7 @@ collective's wire code, ``_collectives``) (int64, padded
 to an even count) and a payload slot to every rank in one round (below: equal slots
 in one all_to_all, or a slot per pair of ranks by direct sends): every rank sends the
 same lengths, *whichever kind of the family it called*: the extras are padded with ``-1`` to ``row_extra_words(W) = 2 * (W
-+ 1)`` words for every kind (``all_to_all_v``'s two size vectors; ``reduce_scatter_v``
++ 1) + 1`` words for every kind (``all_to_all_v``'s two size vectors and ``cat_dim``; ``reduce_scatter_v``
 passes ``W + 1``), and the capacity is the group's one state of this round (``_round_state``), shared by every
 kind. Nothing of a slot is read before the rows validated, and every rank decides
 from the same matrix: the same error on every rank, or the same answer. A peer
@@ -60,7 +60,7 @@ miss, the exact blocks again after ``SHRINK_AFTER`` calls in a row with the same
 blocks, back to the equal round after ``SHRINK_AFTER`` calls that do not go wide).
 Calls that raise change nothing. Bound: the equal round moves ``W * (8 *
 len(vector) + capacity)`` bytes from and to every rank, ``len(vector) <= RECORD_LENGTH
-+ 2 * W + 6`` (the record, magic and kind, ``2 * (W + 1)`` extras, the flag word, one
++ 2 * W + 7`` (the record, magic and kind, ``2 * (W + 1) + 1`` extras, the flag word, one
 word of padding; ``reduce_scatter_v``'s row is ``8 * (W + 1)`` bytes longer than its
 own extras need, the price of one row length for the family), ``capacity <=
 block_slot(FAMILY_FUSED_MAX)``; the wide round moves packed every pair's row and

@@ -396,10 +396,10 @@ ROW_EXTRAS_AT: Final = RECORD_LENGTH + 2
 
 
 def row_extra_words(world_size: int) -> int:
-    """The length of every row's extras: ``2 * (W + 1)`` words, the longest any
-    collective of the round sends (``all_to_all_v``'s two size vectors), so that every
-    row of every collective of the round has one length."""
-    return 2 * (world_size + 1)
+    """The length of every row's extras: ``2 * (W + 1) + 1`` words, the longest any
+    collective of the round sends (``all_to_all_v``'s two size vectors and its
+    ``cat_dim``), so that every row of every collective of the round has one length."""
+    return 2 * (world_size + 1) + 1
 
 
 def encode_row(

@@ -244,16 +244,22 @@ def _blocks(x: torch.Tensor, sizes: Sequence[int], dim: int) -> list[torch.Tenso
 
 
 def expected_all_to_all(
-    inputs: Sequence[torch.Tensor], send_sizes: Sequence[Sequence[int]], dim: int = 0
+    inputs: Sequence[torch.Tensor],
+    send_sizes: Sequence[Sequence[int]],
+    dim: int = 0,
+    cat_dim: int | None = None,
 ) -> list[torch.Tensor]:
     """Each rank's ``all_to_all_v`` result; ``send_sizes[j]`` is rank ``j``'s vector.
 
     Rank ``r`` receives block ``r`` of every rank's input (``send_sizes[j][r]`` rows
-    of ``inputs[j]`` along ``dim``), concatenated in rank order.
+    of ``inputs[j]`` along ``dim``), concatenated in rank order along ``cat_dim``
+    (``dim`` when ``None``).
 
     Shapes:
         ``inputs[j]``: ``lead + (sum(send_sizes[j]),) + trail``; returns rank ``r``'s
-        ``lead + (Σ_j send_sizes[j][r],) + trail``.
+        ``lead + (Σ_j send_sizes[j][r],) + trail``. With ``cat_dim`` another dim:
+        rank ``r``'s ``inputs[0]``'s shape with ``send_sizes[0][r]`` along ``dim`` and
+        ``Σ_j inputs[j].shape[cat_dim]`` along ``cat_dim``.
 
     Gradient:
         None (``expected_all_to_all_grads`` has it).
@@ -263,8 +269,9 @@ def expected_all_to_all(
         RuntimeError: torch's, for sizes that do not split an input.
     """
     split = [_blocks(x.detach(), s, dim) for x, s in zip(inputs, send_sizes, strict=True)]
+    along = dim if cat_dim is None else cat_dim
     return [
-        torch.cat([split[j][r] for j in range(len(inputs))], dim=dim) for r in range(len(inputs))
+        torch.cat([split[j][r] for j in range(len(inputs))], dim=along) for r in range(len(inputs))
     ]
 
 
@@ -273,6 +280,7 @@ def expected_all_to_all_grads(
     send_sizes: Sequence[Sequence[int]],
     upstream: Sequence[torch.Tensor],
     dim: int = 0,
+    cat_dim: int | None = None,
 ) -> list[torch.Tensor]:
     """``dx_j`` of ``L = Σ_r <g_r, y_r>``: the reverse exchange of the ``g_r``.
 
@@ -290,7 +298,8 @@ def expected_all_to_all_grads(
     xs = _leaves(inputs)
     w = len(xs)
     split = [_blocks(x, s, dim) for x, s in zip(xs, send_sizes, strict=True)]
-    outs = [torch.cat([split[j][r] for j in range(w)], dim=dim) for r in range(w)]
+    along = dim if cat_dim is None else cat_dim
+    outs = [torch.cat([split[j][r] for j in range(w)], dim=along) for r in range(w)]
     return list(torch.autograd.grad(outs, xs, grad_outputs=[g.detach() for g in upstream]))
 
 

@@ -20,7 +20,13 @@ from typing import Final
 
 import torch
 
-__all__ = ["assert_bitwise_equal", "bit_patterns", "bitwise_difference", "mismatch_detail"]
+__all__ = [
+    "assert_bitwise_equal",
+    "bit_patterns",
+    "bitwise_difference",
+    "mismatch_detail",
+    "nan_payloads_only",
+]
 
 _INT_OF_WIDTH: Final = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -96,6 +102,25 @@ def bitwise_difference(actual: object, expected: object) -> str | None:
     if not bool(bad.any()):
         return None
     return mismatch_detail(actual, expected, bad.reshape(expected.shape))
+
+
+def nan_payloads_only(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Whether ``actual`` differs from ``expected`` (same dtype and shape) only in the
+    bits of NaNs: a NaN wherever ``expected`` has one (complex: per component), and the
+    same bytes everywhere else. IEEE 754 leaves a sum's NaN payload unspecified."""
+    if actual.dtype != expected.dtype or actual.shape != expected.shape:
+        return False
+    if not (expected.is_floating_point() or expected.is_complex()):
+        return False
+    got = actual.detach().resolve_conj().resolve_neg().cpu()
+    want = expected.detach().resolve_conj().resolve_neg().cpu()
+    if want.is_complex():
+        got, want = torch.view_as_real(got), torch.view_as_real(want)
+    nans = want.isnan()
+    if not torch.equal(got.isnan(), nans):
+        return False
+    same = (bit_patterns(got) == bit_patterns(want)).reshape(want.shape)
+    return bool((same | nans).all())
 
 
 def _not_a_tensor(name: str, value: object) -> str:

@@ -73,7 +73,21 @@ def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:
         scope["--compile"] = "yes"
     if options.emulate is not None:
         scope["--emulate"] = options.emulate
+    if options.equal_shapes:
+        scope["--equal-shapes"] = "yes"
+    if options.nan_payloads != "exact":
+        scope["--nan-payloads"] = options.nan_payloads
     return scope
+
+
+def _rows_in_scope(rows: Sequence[Property], options: CheckOptions) -> list[Property]:
+    """``rows`` within the scope that no catalogue's own rows know: ``--equal-shapes``
+    (all_gather_v's only; the family's collectives refuse it)."""
+    if not options.equal_shapes:
+        return list(rows)
+    from .catalogues.all_gather_v import equal_shapes_only
+
+    return [equal_shapes_only(r) for r in rows]
 
 
 def _call_reason(row_id: str, reason: str | None, info: ImplInfo) -> str | None:
@@ -231,7 +245,7 @@ def _run_check(
     transports = info.transports
     world_sizes = tuple(sorted(options.world_sizes))
     factory = pool_factory or _default_factory(options.timeout)
-    selected = [r for r in collective.rows(impl) if _selected(r, options)]
+    selected = [r for r in _rows_in_scope(collective.rows(impl), options) if _selected(r, options)]
     needed = sorted(
         {
             w
@@ -269,7 +283,9 @@ def _run_check(
         for child in early.values():
             child.cancel()
         raise
-    rows = [r for r in collective.rows(impl, returns) if _selected(r, options)]
+    rows = [
+        r for r in _rows_in_scope(collective.rows(impl, returns), options) if _selected(r, options)
+    ]
     report = Report(
         impl=info.ref,
         impl_display=info.display,

@@ -27,7 +27,7 @@ from .pool import RankPool
 from .progress import Progress, ProgressCallback
 from .properties import BATCH, Property
 from .races import is_wait, settle
-from .results import PropertyFailure, PropertyResult
+from .results import NanPayloads, PropertyFailure, PropertyResult
 from .runner import short_traceback
 
 if TYPE_CHECKING:
@@ -48,6 +48,17 @@ __all__ = [
 CRASH_SHRINK_BUDGET: Final = 4
 """At most this many shrinking examples once a property's failure costs a world: a
 crash, or a collective that failed (the world is rebuilt after each)."""
+
+TRIES: Final = 3
+"""How often a failing batch is run: the row's first failing example (does it fail
+every time?), every shrinking candidate of a row whose first failure did not (a
+candidate fails when it fails in any of its tries), and the counterexample reported
+(how many of its tries failed). A passing example runs once; a failure that waits out
+a timeout is run once."""
+
+_KIND_ORDER: Final = ("mismatch", "error", "crash", "hang", "checker")
+"""Which of a flaky counterexample's failing tries the report shows: the first kind
+here (a wrong result is the most direct evidence), then the most frequent message."""
 
 
 def render_failures(failures: Sequence[Failure], limit: int = 4) -> str:
@@ -139,7 +150,31 @@ class _PropertyState:
     shrink_runs: int = 0
     failed_at: float | None = None
     last: PropertyFailure | None = None
+    last_key: tuple[Any, ...] = ()
     memo: dict[tuple[Any, ...], PropertyFailure | None] = field(default_factory=dict)
+    tries: dict[tuple[Any, ...], list[PropertyFailure | None]] = field(default_factory=dict)
+    """Every try of every batch run, in order (a batch's memo entry is its first failure)."""
+    flaky: bool = False
+    """The row's first failing example passed in some try: every shrinking candidate
+    gets up to ``TRIES`` tries."""
+    nan_cases: int = 0
+    nan_first: NanPayloads | None = None
+
+
+def _settle_tries(tries: Sequence[PropertyFailure | None]) -> PropertyFailure:
+    """The failure to report of a counterexample's ``tries`` (at least one failed):
+    the same whichever try failed first, with how many of them failed."""
+    failing = [t for t in tries if t is not None]
+    counts: dict[str, int] = {}
+    for t in failing:
+        counts[t.message] = counts.get(t.message, 0) + 1
+
+    def order(t: PropertyFailure) -> tuple[int, int, str]:
+        rank = _KIND_ORDER.index(t.kind) if t.kind in _KIND_ORDER else len(_KIND_ORDER)
+        return rank, -counts[t.message], t.message
+
+    chosen = min(failing, key=order)
+    return dataclasses.replace(chosen, tries=len(tries), failed_tries=len(failing))
 
 
 def evaluate_row(
@@ -170,20 +205,27 @@ def evaluate_row(
             budget = min(budget, CRASH_SHRINK_BUDGET)
         return state.cost == _COST_TIMEOUT or state.shrink_runs >= budget
 
-    def run(batch: list[Any]) -> PropertyFailure | None:
-        if state.failed_at is not None:
-            if out_of_budget():
-                # End the search: past the budget Hypothesis would propose a thousand
-                # more shrinks, each drawing a whole batch to be turned away here.
-                raise ShrinkBudgetSpent
-            state.shrink_runs += 1
+    set_nans_aside = options.nan_payloads == "backend" and not options.strict
+
+    def attempt(batch: list[Any], first_try: bool) -> PropertyFailure | None:
+        """One try of ``batch``: its first failing case's failure, or ``None``."""
         used = _UsedPools(factory)
         with in_flight(options.in_flight, batch, prop):
             results = prop.run(batch, pool_factory=used)
-        if state.failed_at is None:
+        counted = first_try and state.failed_at is None
+        if counted:
             state.examples += 1
             state.cases += sum(1 for v, _ in results if not v.not_run)
             progress.note(f"{prop.id}: {state.cases} cases")
+        if set_nans_aside:  # NaN payload differences noted (the first example's), not failed
+            for index, (_, failures) in enumerate(results):
+                payloads = [f for f in failures if f.nan_payload]
+                if payloads and counted:
+                    state.nan_cases += 1
+                    if state.nan_first is None:
+                        shown = prop.describe(batch, index)
+                        state.nan_first = NanPayloads(0, render_failures(payloads), shown)
+            results = [(v, [f for f in fs if not f.nan_payload]) for v, fs in results]
         for index, (verdict, failures) in enumerate(results):
             if failures:
                 if state.failed_at is None:
@@ -197,20 +239,48 @@ def evaluate_row(
                 return _property_failure(settled, prop.case_data(verdict.case), shown)
         return None
 
+    def run(batch: list[Any]) -> PropertyFailure | None:
+        first = state.failed_at is None
+        if not first:
+            if out_of_budget():
+                # End the search: past the budget Hypothesis would propose a thousand
+                # more shrinks, each drawing a whole batch to be turned away here.
+                raise ShrinkBudgetSpent
+            state.shrink_runs += 1
+        tries = [attempt(batch, True)]
+        if first and tries[0] is not None:
+            # The row's first failure: does it fail on every try?
+            while len(tries) < TRIES and state.cost != _COST_TIMEOUT:
+                tries.append(attempt(batch, False))
+            state.flaky = any(t is None for t in tries)
+        elif not first and state.flaky:
+            while tries[-1] is None and len(tries) < TRIES:  # fails in any of its tries
+                tries.append(attempt(batch, False))
+        state.tries[tuple(batch)] = tries
+        return next((t for t in tries if t is not None), None)
+
     def body(batch: list[Any]) -> None:
         key = tuple(batch)
         failure = state.memo[key] if key in state.memo else run(batch)
         if failure is not None:
             state.memo[key] = state.last = failure
+            state.last_key = key
             # One raise site: Hypothesis tells failures apart by where they are raised.
             raise FailingBatchError(failure)
 
     # A property whose examples cost seconds each (compiling) caps its own count.
     count = prop.max_examples(max_examples or options.max_examples)
     failure = seeded_search(strategy, body, options, count, lambda: state.last)
+    last = state.last
+    if failure is not None and last is not None and failure.message.startswith(last.message):
+        # the note of a failure that did not reproduce on Hypothesis's replay, if any
+        note = failure.message[len(last.message) :]
+        settled = _reported(state, lambda b: attempt(b, False))
+        failure = dataclasses.replace(settled, message=settled.message + note)
     seconds = time.monotonic() - started
     if failure is None and state.cases == 0:
         failure = PropertyFailure("checker", "no case ran (every drawn case was filtered out)")
+    nans = state.nan_first
     return PropertyResult(
         row_id or prop.id,
         prop.title,
@@ -220,7 +290,20 @@ def evaluate_row(
         shrink_runs=state.shrink_runs,
         seconds=seconds,
         failure=failure,
+        nan_payloads=None if nans is None else dataclasses.replace(nans, cases=state.nan_cases),
     )
+
+
+def _reported(
+    state: _PropertyState, attempt: Callable[[list[Any]], PropertyFailure | None]
+) -> PropertyFailure:
+    """The counterexample's failure as reported: its batch (``state.last_key``) run
+    until it has ``TRIES`` tries (once only when a try waits out a timeout), and the
+    failure its tries settle on, with how many of them failed."""
+    tries = state.tries.setdefault(state.last_key, [state.last])
+    while len(tries) < TRIES and state.cost != _COST_TIMEOUT:
+        tries.append(attempt(list(state.last_key)))
+    return _settle_tries(tries)
 
 
 def seeded_search(

@@ -33,10 +33,10 @@ from hypothesis import strategies as st
 
 from vargather import oracle
 
-from .asserts import bitwise_difference
+from .asserts import bitwise_difference, nan_payloads_only
 from .cases import DTYPE_NAMES, is_differentiable, make_values, torch_dtype
 from .collectives import FAMILY
-from .judge import Failure
+from .judge import Failure, without_addresses
 from .pool import RankContext, RankPool
 from .runner import load_callable
 
@@ -47,6 +47,7 @@ __all__ = [
     "CallReport",
     "GatherListCase",
     "ReduceScatterCase",
+    "a2a_shapes",
     "all_to_all_cases",
     "call_sequences",
     "call_values",
@@ -55,7 +56,9 @@ __all__ = [
     "check_sequence",
     "gather_list_cases",
     "inputs_of",
+    "joined_along",
     "judge_case",
+    "recv_of",
     "reduce_scatter_cases",
     "run_case",
     "run_sequence",
@@ -66,13 +69,14 @@ COLLECTIVES: Final = FAMILY
 """The family's collectives (``collectives.FAMILY``, from the library's table)."""
 FAMILY_NAMES: dict[str, tuple[str, ...]] = {
     "reduce_scatter_v": ("x", "sizes", "dim", "group", "out"),
-    "all_to_all_v": ("x", "send_sizes", "recv_sizes", "dim", "group", "out"),
+    "all_to_all_v": ("x", "send_sizes", "recv_sizes", "dim", "cat_dim", "group", "out"),
     "all_gather_list": ("x", "shapes", "group", "grad"),
 }
 """The names a call template (``--call``) of each collective may use: ``x`` this rank's
 tensor; ``sizes`` every rank's block size (reduce_scatter_v); ``send_sizes`` /
 ``recv_sizes`` this rank's send and receive sizes (all_to_all_v; ``recv_sizes`` is
-``None`` where a case leaves it to the exchange); ``shapes`` every rank's shape or
+``None`` where a case leaves it to the exchange; ``cat_dim`` the dim the received
+blocks are joined along, ``None`` for ``dim``); ``shapes`` every rank's shape or
 ``None`` (all_gather_list); ``out`` a preallocated output (an empty tensor of this
 rank's output shape and ``x``'s dtype and device); ``dim``, ``group`` and ``grad`` as
 for all_gather_v (``group``: the process-group object, never ``None``)."""
@@ -106,7 +110,11 @@ class ReduceScatterCase:
 
 @dataclass(frozen=True)
 class AllToAllCase:
-    """``all_to_all_v(x_j, send[j], dim)`` on group rank ``j``."""
+    """``all_to_all_v(x_j, send[j], dim, cat_dim=cat_dim)`` on group rank ``j``.
+
+    ``cat``: with ``cat_dim`` another dim than ``dim``, each rank's size along it (its
+    entry of ``other`` there is unused), and ``send``'s columns constant (every rank
+    sends rank ``r`` as many rows along ``dim``)."""
 
     world_size: int
     send: tuple[tuple[int, ...], ...]
@@ -122,6 +130,8 @@ class AllToAllCase:
     impl: str = "vargather"
     call: str | None = None
     emulate: str | None = None  # "nccl": the ranks' torch.distributed behaves as NCCL
+    cat_dim: int | None = None
+    cat: tuple[int, ...] | None = None
     collective: str = field(default="all_to_all_v", init=False, repr=False)
 
 
@@ -158,6 +168,38 @@ def _shape(other: tuple[int, ...], dim: int, n: int) -> tuple[int, ...]:
     return (*other[:d], n, *other[d:])
 
 
+def joined_along(case: AllToAllCase) -> int | None:
+    """``case.cat_dim`` normalized when it joins along another dim than ``case.dim``."""
+    if case.cat_dim is None or case.cat is None:
+        return None
+    n = len(case.other) + 1
+    c = case.cat_dim % n
+    return None if c == case.dim % n else c
+
+
+def a2a_shapes(case: AllToAllCase) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Every group rank's input shape and output shape."""
+    w = len(case.send)
+    c = joined_along(case)
+    ins = [list(_shape(case.other, case.dim, sum(case.send[j]))) for j in range(w)]
+    outs = [list(_shape(case.other, case.dim, sum(s[r] for s in case.send))) for r in range(w)]
+    if c is not None:
+        assert case.cat is not None  # joined_along checked it
+        for j in range(w):
+            ins[j][c] = case.cat[j]
+            outs[j][case.dim % len(outs[j])] = case.send[j][j]
+            outs[j][c] = sum(case.cat)
+    return [tuple(s) for s in ins], [tuple(s) for s in outs]
+
+
+def recv_of(case: AllToAllCase, r: int) -> list[int]:
+    """Group rank ``r``'s true receive sizes (along ``cat_dim``)."""
+    if joined_along(case) is not None:
+        assert case.cat is not None  # joined_along checked it
+        return list(case.cat)
+    return [s[r] for s in case.send]
+
+
 def values(shape: Sequence[int], dtype: str, seed: int, special: bool) -> torch.Tensor:
     """Small integer values of ``dtype`` (exact sums in every float format), and with
     ``special`` NaNs with distinct payloads, -0.0 and infinities among them
@@ -173,13 +215,8 @@ def inputs_of(case: Case) -> list[torch.Tensor]:
         return [values(shape, case.dtype, case.seed * 131 + r, case.special) for r in range(w)]
     if isinstance(case, AllToAllCase):
         return [
-            values(
-                _shape(case.other, case.dim, sum(case.send[r])),
-                case.dtype,
-                case.seed * 131 + r,
-                case.special,
-            )
-            for r in range(w)
+            values(shape, case.dtype, case.seed * 131 + r, case.special)
+            for r, shape in enumerate(a2a_shapes(case)[0])
         ]
     return [values(case.shapes[r], case.dtype, case.seed * 131 + r, case.special) for r in range(w)]
 
@@ -190,7 +227,7 @@ def output_shapes(case: Case) -> list[Any]:
     if isinstance(case, ReduceScatterCase):
         return [_shape(case.other, case.dim, case.sizes[r]) for r in range(w)]
     if isinstance(case, AllToAllCase):
-        return [_shape(case.other, case.dim, sum(s[r] for s in case.send)) for r in range(w)]
+        return list(a2a_shapes(case)[1])
     return [list(case.shapes) for _ in range(w)]
 
 
@@ -261,18 +298,35 @@ def all_to_all_cases(
     dtypes: Sequence[str] = DTYPE_NAMES,
     subgroups: bool = True,
     most: int = 4,
+    joined: bool = True,
 ) -> AllToAllCase:
-    """``AllToAllCase``s: send matrices with zeros, negative dims, dtypes, subgroups."""
+    """``AllToAllCase``s: send matrices with zeros, negative dims, dtypes, subgroups;
+    with ``joined``, a ``cat_dim`` now and then: another dim (uneven sizes along both:
+    a constant-column send matrix and each rank's own size along ``cat_dim``, the
+    sequence-parallel switch), or ``dim`` itself passed."""
     world = draw(st.sampled_from(list(world_sizes)))
     group = _draw_group(draw, world, subgroups)
     w = len(group) if group is not None else world
     other = _dims(draw, most=most)
+    n = len(other) + 1
+    dim = draw(st.integers(-n, n - 1))
     row = st.lists(st.integers(0, most), min_size=w, max_size=w).map(tuple)
+    send = tuple(draw(st.lists(row, min_size=w, max_size=w)))
+    cat_dim: int | None = None
+    cat: tuple[int, ...] | None = None
+    if joined and draw(st.booleans()):
+        cat_dim = draw(st.integers(-n, n - 1))
+        if cat_dim % n != dim % n:
+            column = draw(row)
+            send = tuple(column for _ in range(w))
+            cat = draw(row)
     return AllToAllCase(
         world_size=world,
-        send=tuple(draw(st.lists(row, min_size=w, max_size=w))),
+        send=send,
         other=other,
-        dim=draw(st.integers(-(len(other) + 1), len(other))),
+        dim=dim,
+        cat_dim=cat_dim,
+        cat=cat,
         dtype=draw(st.sampled_from(list(dtypes))),
         requires_grad=draw(st.booleans()),
         special=draw(st.booleans()),
@@ -347,7 +401,7 @@ def call_values(case: Case, x: torch.Tensor, r: int, group: Any) -> dict[str, ob
         out = torch.empty(output_shapes(case)[r], dtype=x.dtype, device=x.device)
         return {"x": x, "sizes": list(case.sizes), "dim": case.dim, "group": group, "out": out}
     if isinstance(case, AllToAllCase):
-        recv = [s[r] for s in case.send] if case.pass_recv else None
+        recv = recv_of(case, r) if case.pass_recv else None
         send = list(case.send[r])
         out = torch.empty(output_shapes(case)[r], dtype=x.dtype, device=x.device)
         return {
@@ -355,6 +409,7 @@ def call_values(case: Case, x: torch.Tensor, r: int, group: Any) -> dict[str, ob
             "send_sizes": send,
             "recv_sizes": recv,
             "dim": case.dim,
+            "cat_dim": case.cat_dim,
             "group": group,
             "out": out,
         }
@@ -384,7 +439,8 @@ def _call(case: Case, x: torch.Tensor, r: int, group: Any, timeout: float | None
             x, list(case.sizes), case.dim, group=group, validate=case.validate, timeout=timeout
         )
     if isinstance(case, AllToAllCase):
-        recv = [s[r] for s in case.send] if case.pass_recv else None
+        recv = recv_of(case, r) if case.pass_recv else None
+        joined = {} if case.cat_dim is None else {"cat_dim": case.cat_dim}
         return fn(
             x,
             list(case.send[r]),
@@ -393,6 +449,7 @@ def _call(case: Case, x: torch.Tensor, r: int, group: Any, timeout: float | None
             group=group,
             validate=case.validate,
             timeout=timeout,
+            **joined,
         )
     shapes = [list(s) for s in case.shapes] if case.pass_shapes else None
     return fn(
@@ -458,14 +515,35 @@ _ASPECTS = {"forward": "output", "raised": "call"}
 """The judge's words for the family's checks, as the kit's ``Failure`` spells them."""
 
 
-def failed(name: str, aspect: str, ranks: Sequence[int], message: str) -> Failure:
+def failed(
+    name: str, aspect: str, ranks: Sequence[int], message: str, *, nan_payload: bool = False
+) -> Failure:
     """A ``Failure`` of collective ``name``: ``raised`` (an exception, the ``call``
     aspect) is an error; ``forward`` (the ``output``), ``gradient``, ``adjoint`` and
-    ``misuse`` are mismatches."""
+    ``misuse`` are mismatches (``nan_payload``: in the payload bits of NaNs only)."""
     kind = "error" if aspect == "raised" else "mismatch"
     return Failure(
-        _ASPECTS.get(aspect, aspect), kind, message, tuple(ranks), call=name, property=name
+        _ASPECTS.get(aspect, aspect),
+        kind,
+        message,
+        tuple(ranks),
+        call=name,
+        property=name,
+        nan_payload=nan_payload,
     )
+
+
+def _reduced_difference(
+    name: str, aspect: str, rank: int, got: object, want: torch.Tensor
+) -> Failure | None:
+    """The failure of a reduction's result ``got`` against the oracle's ``want``, if
+    they differ; marked ``nan_payload`` when only the payloads of NaNs differ."""
+    d = _differs(got, want)
+    if d is None:
+        return None
+    payload = isinstance(got, torch.Tensor) and nan_payloads_only(got, want)
+    text = f"NaN payloads differ where both hold a NaN: {d}" if payload else d
+    return failed(name, aspect, (rank,), text, nan_payload=payload)
 
 
 def sized(failures: list[Failure], group_size: int) -> list[Failure]:
@@ -481,9 +559,9 @@ def _expected(case: Case) -> tuple[list[Any], list[torch.Tensor] | None]:
         if _differentiable(case):
             grads = oracle.expected_reduce_scatter_grads(xs, case.sizes, up, case.dim)
     elif isinstance(case, AllToAllCase):
-        out = oracle.expected_all_to_all(xs, case.send, case.dim)
+        out = oracle.expected_all_to_all(xs, case.send, case.dim, case.cat_dim)
         if _differentiable(case):
-            grads = oracle.expected_all_to_all_grads(xs, case.send, up, case.dim)
+            grads = oracle.expected_all_to_all_grads(xs, case.send, up, case.dim, case.cat_dim)
     else:
         gathered = oracle.expected_gather_list(xs)
         out = [gathered for _ in xs]
@@ -515,7 +593,7 @@ def judge_case(case: Case, reports: Sequence[CallReport | None]) -> list[Failure
                     name,
                     "raised",
                     tuple(r for r, _ in raised),
-                    "; ".join(f"rank {r}: {e[0]}: {e[1]}" for r, e in raised),
+                    "; ".join(f"rank {r}: {e[0]}: {without_addresses(e[1])}" for r, e in raised),
                 )
             ],
             len(mine),
@@ -539,6 +617,10 @@ def judge_case(case: Case, reports: Sequence[CallReport | None]) -> list[Failure
             bad = [f"entry {k}: {d}" for k, d in diffs if d is not None]
             if bad:
                 failures.append(failed(name, "forward", (r,), "; ".join(bad)))
+        elif isinstance(case, ReduceScatterCase):  # a reduction: its NaNs' payloads apart
+            found = _reduced_difference(name, "forward", r, got, want[r])
+            if found is not None:
+                failures.append(found)
         else:
             d = _differs(got, want[r])
             if d is not None:
@@ -546,6 +628,10 @@ def judge_case(case: Case, reports: Sequence[CallReport | None]) -> list[Failure
         if want_grads is not None:
             if rep.grad is None:
                 failures.append(failed(name, "gradient", (r,), "expected a gradient, got None"))
+            elif isinstance(case, GatherListCase) and case.grad != "local":  # a reduction
+                found = _reduced_difference(name, "gradient", r, rep.grad, want_grads[r])
+                if found is not None:
+                    failures.append(found)
             else:
                 d = bitwise_difference(rep.grad, want_grads[r])
                 if d is not None:
@@ -634,7 +720,9 @@ def changing_sizes_sequences(
     the first dimension. What MoE dispatch does every layer, and the calls that
     ``all_to_all_v`` answers by its learned round with new sizes (the full path where
     a block outgrows its slot)."""
-    base = draw(all_to_all_cases(world_sizes=(world_size,), subgroups=False, most=most))
+    base = draw(
+        all_to_all_cases(world_sizes=(world_size,), subgroups=False, most=most, joined=False)
+    )
     dim = 0 if draw(st.booleans()) else base.dim
     base = replace(base, dim=dim, pass_recv=False, validate=True)
     w = world_size

@@ -17,7 +17,9 @@ counts everywhere):
 * ``forward-float`` ... ``forward-bool``: the forward bit for bit against
   ``vargather.oracle`` per dtype family (NaN payloads, -0.0 and infinities among the
   float values), no backward;
-* ``dims``: blocks along dims other than 0, negative ones included;
+* ``dims``: blocks along dims other than 0, negative ones included (all_to_all_v:
+  joined along ``cat_dim``, drawn in every row but ``payload-scale``, now and then
+  another dim than ``dim``);
 * ``empty``: empty blocks (a rank with no block, a rank that sends nothing, a rank
   whose tensor has no elements);
 * ``subgroup``: ``group=`` a subgroup of the world (its members only);
@@ -54,6 +56,7 @@ from .family import (
     ReduceScatterCase,
     all_to_all_cases,
     gather_list_cases,
+    joined_along,
     judge_case,
     reduce_scatter_cases,
     run_sequence,
@@ -76,10 +79,11 @@ FAMILY_BATCH: Final = 4
 
 SIGNATURES: Final = {
     "reduce_scatter_v": "(x, sizes, dim, *, group, validate, timeout)",
-    "all_to_all_v": "(x, send_sizes, dim, *, recv_sizes, group, validate, timeout)",
+    "all_to_all_v": "(x, send_sizes, dim, *, recv_sizes, group, validate, timeout, cat_dim)",
     "all_gather_list": "(x, *, shapes, group, grad, validate, timeout)",
 }
-"""How a fork is called when no ``--call`` is given: as vargather's function is."""
+"""How a fork is called when no ``--call`` is given: as vargather's function is
+(``cat_dim=`` only in the cases that draw one)."""
 
 CONTRACTS: Final = ("sum", "local", "mean")
 _FLOAT: Final = ("float32", "float64")
@@ -115,6 +119,8 @@ def _with_dim(case: Any, dim: int) -> Any:
     other = tuple(case.other)
     while len(other) + 1 < ndim_needed:
         other = (*other, 2)
+    if isinstance(case, AllToAllCase):  # joined along dim: another dim's cat is void
+        case = replace(case, cat_dim=None, cat=None)
     return replace(case, other=other, dim=dim)
 
 
@@ -135,12 +141,14 @@ def _fitted(target: Implementation, case: Any) -> Any:
             case = replace(case, pass_shapes=True)
         return case
     if isinstance(case, AllToAllCase):
+        if not passes(target, "cat_dim"):
+            case = replace(case, cat_dim=None, cat=None)
         if not passes(target, "recv_sizes") or target.sizes_scope == "never":
             case = replace(case, pass_recv=False)
         elif target.sizes_scope in ("required", "list"):  # the receive sizes always passed
             case = replace(case, pass_recv=True)
     if not passes(target, "dim"):
-        return replace(case, dim=0)
+        return _with_dim(case, 0)
     if target.dims is not None and case.dim not in target.dims:
         return _with_dim(case, target.dims[case.seed % len(target.dims)])
     return case
@@ -161,6 +169,11 @@ def _emptied(case: Any) -> Any:
         sizes = list(case.sizes)
         sizes[case.seed % len(sizes)] = 0
         return replace(case, sizes=tuple(sizes))
+    if isinstance(case, AllToAllCase) and joined_along(case) is not None:
+        assert case.cat is not None  # joined_along checked it
+        cat = list(case.cat)  # nothing along cat_dim: every block it sends is empty
+        cat[case.seed % len(cat)] = 0
+        return replace(case, cat=tuple(cat))
     if isinstance(case, AllToAllCase):
         send = list(case.send)
         send[case.seed % len(send)] = tuple(0 for _ in send)
@@ -537,6 +550,11 @@ def _refused(op: str, options: CheckOptions) -> tuple[str, str] | None:
         what = "a list of tensors" if op == "all_gather_list" else "one tensor"
         return "returns", (
             f"{options.returns} does not apply to --op {op}: it returns {what}, nothing beside it"
+        )
+    if options.equal_shapes:
+        return "equal-shapes", (
+            f"does not apply to --op {op}: only all_gather_v's cases are drawn with equal "
+            "shapes (the list form of torch.distributed.all_gather)"
         )
     if options.compile:
         return "compile", (

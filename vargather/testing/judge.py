@@ -16,6 +16,7 @@ Ranks that failed alike are merged into one ``Failure``.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -37,7 +38,7 @@ from .cases import (
 if TYPE_CHECKING:
     from .cases import Expected
 
-__all__ = ["ASPECTS", "KINDS", "Failure", "judge", "output_mismatch"]
+__all__ = ["ASPECTS", "KINDS", "Failure", "judge", "output_mismatch", "without_addresses"]
 
 ASPECTS: Final = ("output", "sizes", "gradient", "adjoint", "call")
 """What a failure is about; ``call``: the call itself did not complete (it raised, a
@@ -55,6 +56,9 @@ class Failure:
     ``call`` is the call as the message names it (``all_gather_v(dim=1)``);
     ``group_size`` the size of the gather group. ``detail`` (a traceback, a pool's diagnosis) follows
     the message in reports. ``property`` is set by the catalogue that counted it.
+    ``nan_payload``: a reduction's result that differs from the oracle's only in the
+    payload bits of NaNs, a NaN wherever the oracle has one (``--nan-payloads backend``
+    reports it without failing, unless ``--strict``).
     """
 
     aspect: str
@@ -64,6 +68,7 @@ class Failure:
     group_size: int = 0
     call: str = ""
     detail: str = ""
+    nan_payload: bool = False
 
     def __post_init__(self) -> None:
         if self.aspect not in ASPECTS:
@@ -93,6 +98,17 @@ class Failure:
 
     # Declared last: the builtin ``property`` decorates the methods above.
     property: str = ""
+
+
+_ADDRESS: Final = re.compile(r" at 0x[0-9a-fA-F]+>")
+
+
+def without_addresses(text: str) -> str:
+    """``text`` with the memory addresses of object reprs (``<ProcessGroup object at
+    0x7f3c...>``) written ``0x...``: an error names the same object alike on every rank
+    and in every run, so ranks that raised alike are one failure and a report reads the
+    same every run."""
+    return _ADDRESS.sub(" at 0x...>", text)
 
 
 # --- comparing tensors ---------------------------------------------------------------------
@@ -162,6 +178,7 @@ def judge(
         if global_rank not in members:
             if isinstance(rep, RankReport) and rep.error is not None:
                 name, message, _ = rep.error
+                message = without_addresses(message)
                 text = f"raised {name}: {message} (world rank {global_rank}, not a member)"
                 add([("call", "error", text, "")], None)
             elif rep is not None and not (isinstance(rep, RankReport) and rep.skipped):
@@ -174,8 +191,8 @@ def judge(
             add([("call", "error", text, "")], rank)
         elif rep.error is not None:
             name, message, tb = rep.error
-            tail = "\n".join(tb.rstrip().splitlines()[-12:])
-            add([("call", "error", f"raised {name}: {message}", tail)], rank)
+            tail = without_addresses("\n".join(tb.rstrip().splitlines()[-12:]))
+            add([("call", "error", f"raised {name}: {without_addresses(message)}", tail)], rank)
         elif rep.skipped:
             add([("call", "error", f"not run: {rep.skipped}", "")], rank)
         else:

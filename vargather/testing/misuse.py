@@ -1478,11 +1478,15 @@ MISUSE_KINDS: dict[str, tuple[str, ...]] = {
         "ndim",
         "trailing",
         "requires_grad",
+        "cat_dim_differs",
+        "cat_blocks",
         "absent",
     ),
     "all_gather_list": ("dtype", "ndim", "shapes_lie", "contract", "requires_grad", "absent"),
 }
-"""What one odd rank does wrong, per collective."""
+"""What one odd rank does wrong, per collective (all_to_all_v's ``cat_dim_differs``:
+its peers join along ``cat_dim=1``, it along ``dim``; ``cat_blocks``: joined along
+``cat_dim=1``, it sends rank 0 two rows along ``dim`` where its peers send one)."""
 
 _EXPECTED_ERROR = {
     "sizes_differ": "SizesMismatchError",
@@ -1495,6 +1499,8 @@ _EXPECTED_ERROR = {
     "shapes_lie": "SizesMismatchError",
     "contract": "ArgumentMismatchError",
     "requires_grad": "RequiresGradMismatchError",
+    "cat_dim_differs": "ArgumentMismatchError",
+    "cat_blocks": "SizesMismatchError",
     "absent": "CollectiveTimeoutError",
 }
 
@@ -1539,6 +1545,12 @@ def _misuse_call(case: MisuseCase, rank: int, timeout: float, wrong: bool) -> An
         rows = w + (1 if k == "sum_mismatch" else 0)
         x = torch.ones((rows, *trail, *extra), dtype=dtype, requires_grad=grad)
         return fn(x, sizes, timeout=timeout)
+    if case.collective == "all_to_all_v" and case.kind.startswith("cat_"):
+        # joined along dim 1, each rank's own size along it (2 + rank)
+        send = [2] + [1] * (w - 2) + [0] if k == "cat_blocks" else [1] * w
+        cat_dim = 0 if k == "cat_dim_differs" else 1
+        x = torch.ones((w, 2 + rank), dtype=dtype, requires_grad=grad)
+        return fn(x, send, 0, cat_dim=cat_dim, timeout=timeout)
     if case.collective == "all_to_all_v":
         send = [1] * w
         recv = [1] * w

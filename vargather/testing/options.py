@@ -51,6 +51,8 @@ a loaded machine shrinks to the same counterexample)."""
 GRADS: Final = (*CONTRACTS, "none")
 """``grad``: a contract, or ``none`` (not differentiable: gradient rows n/a)."""
 EMULATIONS: Final = ("nccl",)
+NAN_PAYLOADS: Final = schema.by_name("nan-payloads").choices
+"""``--nan-payloads``: what a NaN in a reduction's result must hold."""
 OPS: Final = schema.by_name("op").choices
 """The collectives ``--op`` names: ``all_gather_v`` and the family."""
 
@@ -109,6 +111,11 @@ class CheckOptions:
     sizes: str = "any"
     returns: str = "auto"
     emulate: str | None = None
+    equal_shapes: bool = False
+    """It gathers equal shapes only (``--equal-shapes``): unequal shapes are not drawn."""
+    nan_payloads: str = "exact"
+    """``--nan-payloads``: ``exact`` (a reduction's NaNs bit for bit) or ``backend`` (a NaN
+    where the oracle has one is equal; a payload difference fails only under ``strict``)."""
     strict: bool = False
     db: str | None = None
     config_path: str | None = field(default=None, compare=False)
@@ -139,6 +146,7 @@ class CheckOptions:
             ("sizes", self.sizes, SIZES_SCOPES),
             ("returns", self.returns, RETURN_KINDS),
             ("convention", self.convention, CONVENTIONS),
+            ("nan-payloads", self.nan_payloads, NAN_PAYLOADS),
         )
         for name, value, allowed in choices:
             if value not in allowed:

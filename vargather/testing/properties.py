@@ -98,6 +98,9 @@ class Property:
     slow_examples: int | None = None
     batch: int | None = None
     """Cases per batch at most (``None``: the caller's)."""
+    equal_shapes: bool = False
+    """Draw equal shapes only (``--equal-shapes``): every rank's shard has the shape of
+    the first rank's."""
     misuse: bool = False
     """Its cases are misuses (``vargather.testing.misuse``): one rank's arguments
     wrong, every rank to raise the same error, the group usable after."""

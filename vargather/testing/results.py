@@ -23,6 +23,7 @@ __all__ = [
     "EXIT_USAGE",
     "REPORT_SCHEMA",
     "STATUSES",
+    "NanPayloads",
     "PropertyFailure",
     "PropertyResult",
     "Report",
@@ -50,7 +51,9 @@ class PropertyFailure:
     ``adjoint``, ``call``; ``None`` when no case was judged).
     ``case`` is the counterexample as plain data (world size, per-rank shapes, dim,
     dtype, contract, ...); ``reproduction`` the case in words with the
-    ``python -m vargather repro`` command that re-runs it.
+    ``python -m vargather repro`` command that re-runs it. ``tries``: how often the
+    counterexample was run, ``failed_tries`` in how many of them it failed (fewer than
+    ``tries``: ``flaky``, a failure that does not reproduce on every try).
     """
 
     kind: str
@@ -59,6 +62,21 @@ class PropertyFailure:
     reproduction: str | None = None
     shrunk: bool = True
     aspect: str | None = None
+    tries: int = 1
+    failed_tries: int = 1
+
+    @property
+    def flaky(self) -> bool:
+        """It failed in some of its tries, not all."""
+        return self.failed_tries < self.tries
+
+    @property
+    def tries_text(self) -> str:
+        """``flaky: failed 2 of 3 tries``, ``failed 3 of 3 tries``, or empty (one try)."""
+        if self.tries <= 1:
+            return ""
+        text = f"failed {self.failed_tries} of {self.tries} tries"
+        return f"flaky: {text}" if self.flaky else text
 
     @property
     def command(self) -> str | None:
@@ -78,7 +96,25 @@ class PropertyFailure:
             "command": self.command,
             "shrunk": self.shrunk,
             "aspect": self.aspect,
+            "tries": self.tries,
+            "failed_tries": self.failed_tries,
+            "flaky": self.flaky,
         }
+
+
+@dataclass(frozen=True)
+class NanPayloads:
+    """Results of a reduction whose NaNs' payloads differed from the oracle's, a NaN
+    wherever the oracle has one, under ``--nan-payloads backend``: reported, not failed
+    (``--strict`` fails them). ``cases``: how many cases; ``message`` and
+    ``reproduction``: the first one's."""
+
+    cases: int
+    message: str
+    reproduction: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cases": self.cases, "message": self.message, "reproduction": self.reproduction}
 
 
 @dataclass(frozen=True)
@@ -105,6 +141,8 @@ class PropertyResult:
     hint: str | None = None
     """Beside a failure: the declared-scope option that would explain it, if the
     failure looks like one (``verdict.scope_hints``); it never changes the status."""
+    nan_payloads: NanPayloads | None = None
+    """NaN payload differences seen and not failed (``--nan-payloads backend``)."""
 
     @property
     def failed(self) -> bool:
@@ -121,6 +159,7 @@ class PropertyResult:
     def from_json(data: dict[str, Any]) -> PropertyResult:
         """The inverse of ``to_json``."""
         failure = data["failure"]
+        nans = data.get("nan_payloads")
         return PropertyResult(
             data["id"],
             data["title"],
@@ -140,7 +179,10 @@ class PropertyResult:
                 failure["reproduction"],
                 failure["shrunk"],
                 failure.get("aspect"),
+                failure.get("tries", 1),
+                failure.get("failed_tries", 1),
             ),
+            nan_payloads=None if nans is None else NanPayloads(**nans),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -155,6 +197,7 @@ class PropertyResult:
             "reason": self.reason,
             "failure": None if self.failure is None else self.failure.to_json(),
             "hint": self.hint,
+            "nan_payloads": None if self.nan_payloads is None else self.nan_payloads.to_json(),
         }
 
 
@@ -264,6 +307,10 @@ class Report:
             if r.shrink_runs:
                 examples += f" (+{r.shrink_runs} shrinking)"
             what = r.title if r.reason is None else f"{r.title} [{r.reason}]"
+            if r.failure is not None and r.failure.flaky:
+                what += f" [{r.failure.tries_text}]"
+            if r.nan_payloads is not None:
+                what += f" [{_nan_text(r.nan_payloads)}]"
             rows.append((r.id, _STATUS_TEXT[r.status], examples, str(r.cases), what))
         n = len(rows[0]) - 1
         widths = [max(len(row[i]) for row in rows) for i in range(n)]
@@ -284,7 +331,8 @@ class Report:
                 r.status, r.status
             )
             lines.append("")
-            lines.append(f"=== {r.id}: {label} ({r.failure.kind}) ===")
+            how = ", ".join(t for t in (r.failure.kind, r.failure.tries_text) if t)
+            lines.append(f"=== {r.id}: {label} ({how}) ===")
             lines.extend(r.failure.message.rstrip().splitlines())
             if r.hint:
                 lines.append(f"hint: {r.hint}")
@@ -297,6 +345,16 @@ class Report:
                 lines.extend("  " + line for line in r.failure.reproduction.rstrip().splitlines())
             elif r.failure.case is not None:
                 lines.append("counterexample: " + describe_case_dict(r.failure.case))
+        for r in self.results:
+            if r.nan_payloads is not None:
+                lines.append("")
+                lines.append(f"=== {r.id}: {_nan_text(r.nan_payloads)} ===")
+                lines.extend(r.nan_payloads.message.rstrip().splitlines())
+                if r.nan_payloads.reproduction:
+                    lines.append("the first such case:")
+                    lines.extend(
+                        "  " + line for line in r.nan_payloads.reproduction.rstrip().splitlines()
+                    )
         for r in self.results:
             if r.status == "xpass":
                 lines.append("")
@@ -341,6 +399,13 @@ _STATUS_TEXT: Final = {
     "n/a": "n/a",
     "unsupported": "unsupported",
 }
+
+
+def _nan_text(nans: NanPayloads) -> str:
+    return (
+        f"NaN payloads differ from the oracle's in {nans.cases} case(s), a NaN where it has "
+        "one: reported, not failed (--nan-payloads backend; --strict fails them)"
+    )
 
 
 def describe_case_dict(case: dict[str, Any]) -> str:

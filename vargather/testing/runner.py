@@ -1,38 +1,32 @@
-"""The testing kit's runner: imports the implementation under test and runs cases on it.
+"""The testing kit's runner: runs cases on an implementation and judges each one.
 
-Where it sits: above ``cases`` (what to run) and ``judge`` (whether the answer is
-right), below ``properties`` and the command line. It is the kit's one importer of
-implementations under test (``load_callable``: in the parent, to fail early with a clear
-message, and in every rank process), the rank side (``run_on_rank``, module level so a
-pool can pickle it: one case on one rank, a ``RankReport`` back) and the parent side
+Where it sits: above ``cases`` (what to run), ``judge`` (whether the answer is right),
+``importer`` (the kit's one importer of implementations under test: ``load_callable``,
+in the parent to fail early with a clear message and in every rank process) and
+``rank_runner`` (the rank side: ``run_on_rank``, one case on one rank, a ``RankReport``
+back), below ``properties`` and the command line. This is the parent side
 (``run_cases``: batches on ``vargather.testing`` pools, one round trip per world size,
-each case judged into a ``Verdict``). ``run_coalesced``/``run_coalesced_on_rank`` run
-a batch as ONE call of the implementation's coalesced form (each case one tensor, one
-backward over every output) and still judge each case alone, with the same pieces.
-``describe`` renders a case with the public command that re-runs it, ``python -m
+each case judged into a ``Verdict``), and it re-exports what the kit imports of the
+other two. ``run_coalesced`` runs a batch as ONE call of the implementation's coalesced
+form (each case one tensor, one backward over every output) and still judges each case
+alone. ``describe`` renders a case with the public command that re-runs it, ``python -m
 vargather repro`` (``describe_coalesced``: a tensor of a coalesced call, with the call).
 """
 
 from __future__ import annotations
 
-import ast
-import functools
-import importlib
 import itertools
 import os
 import shlex
-import sys
-import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
 import torch
 
 from vargather import CONTRACTS, CollectiveError, VarGatherError
 
-from .calls import CallTemplate, group_object, parse_call
 from .cases import (
     COMPAT,
     DIGEST_MIN_BYTES,
@@ -40,14 +34,18 @@ from .cases import (
     GatherCase,
     Implementation,
     RankReport,
-    TensorBytes,
-    bytes_of,
-    digest_of,
-    expected_output,
 )
 from .cases import dtype_name as dtype_name
-from .compiled import patient_default_group
-from .judge import Failure, judge, output_mismatch
+
+# --- the parent side: running -----------------------------------------------------------
+from .importer import (
+    ImplementationError,
+    load_callable,
+    parse_impl_ref,
+    prepend_import_paths,
+    short_traceback,
+)
+from .judge import Failure, judge
 from .pool import (
     PoolFailure,
     PoolStartError,
@@ -56,6 +54,15 @@ from .pool import (
     RankHung,
     RankPool,
     get_pool,
+)
+from .rank_runner import (
+    _POISONED,
+    RankContextLike,
+    _check_coalesced,
+    _LocalContext,
+    rank_preflight,
+    run_coalesced_on_rank,
+    run_on_rank,
 )
 from .scale import payload_summary
 
@@ -82,622 +89,6 @@ __all__ = [
     "short_traceback",
     "transport_refusals",
 ]
-
-
-class ImplementationError(VarGatherError, ValueError):
-    """The implementation under test cannot be used: ``MODULE:ATTR`` is malformed, does
-    not import, has no such attribute, or is not callable."""
-
-
-# --- the one importer --------------------------------------------------------------------
-
-
-def parse_impl_ref(ref: str) -> tuple[str, tuple[tuple[str, object], ...] | None]:
-    """``MODULE:ATTR`` or ``MODULE:ATTR(key=literal, ...)`` split into the reference and
-    the constructor's keyword arguments (``None``: plain). Only keyword values that
-    ``ast.literal_eval`` accepts; nothing is evaluated as code."""
-    text = ref.strip()
-    if not text.endswith(")") or "(" not in text:
-        return ref, None
-    base, _, args = text.partition("(")
-    bad = ImplementationError(f"must be MODULE:ATTR or MODULE:ATTR(key=literal, ...), got {ref!r}")
-    try:
-        tree = ast.parse(f"f({args}", mode="eval").body
-    except SyntaxError:
-        raise bad from None
-    if not isinstance(tree, ast.Call) or tree.args:
-        raise bad
-    kwargs: list[tuple[str, object]] = []
-    for kw in tree.keywords:
-        if kw.arg is None:
-            raise bad
-        try:
-            kwargs.append((kw.arg, ast.literal_eval(kw.value)))
-        except ValueError:
-            raise ImplementationError(
-                f"{ref}: the value of {kw.arg}= must be a Python literal (a number, string, "
-                "bool, None, or a tuple/list/dict of them)"
-            ) from None
-    return base.strip(), tuple(kwargs)
-
-
-def _split_ref(ref: str) -> tuple[str, str]:
-    ref = parse_impl_ref(ref)[0]
-    module, sep, attr = ref.partition(":")
-    ok = (
-        sep == ":"
-        and ":" not in attr
-        and all(p.isidentifier() for p in module.split("."))
-        and all(p.isidentifier() for p in attr.split("."))
-    )
-    if not ok:
-        raise ImplementationError(
-            f"must be MODULE:ATTR, e.g. mypkg.distributed:all_gather, got {ref!r}"
-        )
-    return module, attr
-
-
-def _where(paths: Sequence[str]) -> str:
-    pythonpath = os.environ.get("PYTHONPATH", "")
-    here = f"the current directory ({paths[0]})" if paths else "sys.path"
-    return f"MODULE is imported from {here}" + (
-        f" and PYTHONPATH ({pythonpath})" if pythonpath else " and PYTHONPATH (not set)"
-    )
-
-
-def short_traceback(err: BaseException, limit: int = 6) -> str:
-    """The last ``limit`` frames of ``err``'s traceback, without importlib's and this
-    module's own, then the exception itself."""
-    noise = (os.path.abspath(__file__), os.path.abspath(importlib.__file__ or ""))
-    frames = [
-        f
-        for f in traceback.extract_tb(err.__traceback__)
-        if not f.filename.startswith("<frozen") and os.path.abspath(f.filename) not in noise
-    ][-limit:]
-    text = "".join(traceback.format_list(frames))
-    return ("Traceback (most recent call last):\n" + text if text else "") + "".join(
-        traceback.format_exception_only(type(err), err)
-    ).rstrip()
-
-
-def prepend_import_paths(paths: Sequence[str]) -> None:
-    """Put ``paths`` first on ``sys.path``, in order, unless already there."""
-    for path in reversed(paths):
-        here = os.path.abspath(path)
-        if not any(os.path.abspath(p or os.curdir) == here for p in sys.path):
-            sys.path.insert(0, here)
-
-
-def load_callable(ref: str, search_path: Sequence[str] = ()) -> Callable[..., object]:
-    """Import ``MODULE`` (``search_path`` entries first on ``sys.path``) and return its
-    ``ATTR`` (dotted within the module allowed: ``mod:AllGather.apply``).
-
-    Raises ``ImplementationError`` saying what went wrong (after ``ref``, except for a
-    malformed ``ref``): no such module (and where it was looked for), an import that raised (with
-    the tail of its traceback), no such attribute, not a callable.
-    """
-    module_name, attr = _split_ref(ref)
-    prepend_import_paths(search_path)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name is not None and (
-            module_name == err.name or module_name.startswith(err.name + ".")
-        ):
-            raise ImplementationError(
-                f"{ref}: cannot import module {module_name!r}: no module named "
-                f"{err.name!r}. {_where(search_path)}."
-            ) from None
-        raise ImplementationError(
-            f"{ref}: importing {module_name!r} failed: a module it imports is "
-            f"missing: {err}\n" + short_traceback(err)
-        ) from None
-    except BaseException as err:  # a module whose import raises anything at all
-        if isinstance(err, KeyboardInterrupt):
-            raise
-        raise ImplementationError(
-            f"{ref}: importing {module_name!r} failed: {type(err).__name__}: {err}\n"
-            + short_traceback(err)
-        ) from None
-    obj: object = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            where = getattr(module, "__file__", None) or module_name
-            raise ImplementationError(
-                f"{ref}: {module_name!r} ({where}) has no attribute {attr!r}"
-            ) from None
-    if not callable(obj):
-        raise ImplementationError(
-            f"{ref}: {attr!r} is a {type(obj).__name__}, not a callable; expected "
-            "ATTR(t, dim, sizes) like the seed's all_gather = AllGather.apply"
-        )
-    return obj
-
-
-_RESOLVED: dict[tuple[str | None, tuple[str, ...]], Callable[..., object]] = {}
-
-
-def _resolve(impl: Implementation) -> Callable[..., object]:
-    key = (impl.ref, impl.search_path)
-    fn = _RESOLVED.get(key)
-    if fn is None:
-        if impl.ref is None:
-            from vargather import all_gather_v_with_layout
-
-            fn = all_gather_v_with_layout
-        else:
-            fn = load_callable(impl.ref, impl.search_path)
-        _RESOLVED[key] = fn
-    return fn
-
-
-def _resolve_compiled(impl: Implementation) -> Callable[..., object]:
-    """What a compiled step calls: ``ATTR``, or for vargather's own implementation
-    ``all_gather_v`` (its ``_with_layout`` form hands back a ``Layout`` of Python ints,
-    which needs the sizes while tracing: a graph break without them)."""
-    if impl.ref is None:
-        import vargather
-
-        return vargather.all_gather_v
-    return _resolve(impl)
-
-
-def _resolve_coalesced(impl: Implementation) -> Callable[..., object]:
-    ref = impl.coalesced_form
-    if ref is None:
-        raise ImplementationError(f"{impl.label} has no coalesced form")
-    key = (ref, impl.search_path)
-    fn = _RESOLVED.get(key)
-    if fn is None:
-        fn = _RESOLVED[key] = load_callable(ref, impl.search_path)
-    return fn
-
-
-def rank_preflight(ctx: RankContextLike, payload: tuple[object, ...]) -> str:
-    """Rank function: import ``MODULE:ATTR`` in this rank (``payload``: the reference,
-    its search path, and optionally the backend to emulate, installed first); returns
-    the callable's qualified name.
-
-    Rank processes inherit the parent's ``sys.path`` when spawned; a pool started before
-    the parent fixed its path gets the fix here (it lasts as long as the rank process).
-    """
-    ref, search_path, *rest = payload
-    del ctx
-    if rest and rest[0] is not None:
-        from .emulate import activate
-
-        activate(str(rest[0]))  # before the import: names it binds get the emulation
-    fn = load_callable(str(ref), tuple(str(p) for p in search_path))  # type: ignore[attr-defined]  # a tuple of paths
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-# --- the rank side ------------------------------------------------------------------------
-
-
-class RankContextLike(Protocol):
-    """What ``run_on_rank`` needs from ``vargather.testing.RankContext``."""
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def world_size(self) -> int: ...
-
-    def subgroup(self, ranks: Sequence[int]) -> object: ...
-
-
-class _LocalContext:
-    """The context ``run_on_rank`` gets in-process (torch.distributed not initialized)."""
-
-    rank = 0
-    world_size = 1
-
-    def subgroup(self, ranks: Sequence[int]) -> object:
-        raise RuntimeError("no subgroups without torch.distributed")
-
-
-_POISONED: list[int] = []  # the batch token after which this rank skips the rest
-
-
-def _layout_fields(layout: object) -> dict[str, object]:
-    names = (
-        "sizes",
-        "offsets",
-        "total",
-        "max_size",
-        "dim",
-        "leading_shape",
-        "trailing_shape",
-        "dtype",
-        "rank",
-        "world_size",
-    )
-    fields: dict[str, object] = {}
-    for name in names:
-        value = getattr(layout, name, "<missing>")
-        if isinstance(value, torch.dtype):
-            value = dtype_name(value)
-        elif isinstance(value, (list, tuple)):
-            value = tuple(value)
-        fields[name] = value
-    return fields
-
-
-def _describe_extra(value: object) -> tuple[object, ...]:
-    if value is None:
-        return ("sizes", None)
-    if isinstance(value, torch.Tensor):
-        return ("sizes", TensorBytes.of(value))
-    if isinstance(value, (list, tuple)) and all(type(v) is int for v in value):
-        return ("sizes", TensorBytes.of(torch.tensor(list(value), dtype=torch.int64)))
-    if hasattr(value, "sizes") and hasattr(value, "offsets"):
-        return ("layout", _layout_fields(value))
-    return ("other", type(value).__name__)
-
-
-def _call(
-    impl: Implementation, case: GatherCase, x: torch.Tensor, group: object
-) -> tuple[object, tuple[object, ...]]:
-    fn = _resolve(impl) if case.compile_backend is None else _resolve_compiled(impl)
-    head: tuple[object, ...] = (x, case.dim)
-    if impl.ctor_kwargs is not None:
-        ctor = dict(impl.ctor_kwargs)
-        if impl.ctor_takes_dim and "dim" not in ctor:
-            ctor["dim"] = case.dim
-            head = (x,)
-        fn = fn(**ctor)  # type: ignore[assignment]  # the configured object is called below
-        assert callable(fn)  # checked in the parent before any world starts
-    sizes = case.sizes_argument()
-    if impl.call is not None:
-        template = _template(impl.call)
-        out = None
-        if template.uses("out"):  # a preallocated output the call fills
-            out = torch.empty(case.output_shape, dtype=x.dtype, device=x.device)
-        args, keywords = template.build(
-            {
-                "x": x,
-                "dim": case.dim,
-                "sizes": sizes,
-                "shapes": [list(s) for s in case.shapes],
-                "group": group_object(group),
-                "grad": case.contract,
-                "out": out,
-            }
-        )
-        result = _invoke(fn, case, x, tuple(args), dict(keywords))
-    elif impl.convention == "seed":
-        result = _invoke(fn, case, x, (*head, sizes), {})
-    else:
-        kwargs: dict[str, object] = {"grad": case.contract} if impl.takes_grad else {}
-        if sizes is not None:
-            kwargs["sizes"] = sizes
-        if case.members is not None:
-            kwargs["group"] = group
-        if impl.transports is not None:
-            kwargs["transport"] = case.transport
-        result = _invoke(fn, case, x, head, kwargs)
-    return _unpack(impl, case, result)
-
-
-def _invoke(
-    fn: Callable[..., object],
-    case: GatherCase,
-    x: torch.Tensor,
-    args: tuple[object, ...],
-    kwargs: dict[str, object],
-) -> object:
-    """``fn(*args, **kwargs)``, or inside the compiled step of ``case.compile_backend``
-    (``vargather.testing.compiled``; the shard ``x`` is among the arguments)."""
-    if case.compile_backend is None:
-        return fn(*args, **kwargs)
-    from .compiled import call_compiled  # torch.compile only where a case asks
-
-    return call_compiled(fn, case, x, args, kwargs)
-
-
-@functools.lru_cache(maxsize=16)
-def _template(text: str) -> CallTemplate:
-    """A call template, parsed once per process (``calls.parse_call``)."""
-    return parse_call(text)
-
-
-def _is_tensor_list(value: object) -> bool:
-    return isinstance(value, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in value)
-
-
-def _unpack(
-    impl: Implementation, case: GatherCase, result: object
-) -> tuple[object, tuple[object, ...]]:
-    """The output tensor and what came beside it, as ``--returns`` declares."""
-    if impl.returns == "tensor":
-        return result, ("none",)
-    out: object = result
-    extra: tuple[object, ...] = ("none",)
-    if impl.returns == "list" and _is_tensor_list(result):
-        pass  # the per-rank tensors alone
-    elif isinstance(result, tuple) and len(result) == 2:
-        first = result[0]
-        if isinstance(first, torch.Tensor) or (impl.returns == "list" and _is_tensor_list(first)):
-            out, extra = first, _describe_extra(result[1])
-    if impl.returns == "list" and _is_tensor_list(out):
-        parts = list(out)  # type: ignore[call-overload]  # a list or tuple of tensors
-        out = torch.cat(parts, dim=case.dim) if parts else out
-    return out, extra
-
-
-def _loss(out: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """The real loss ``Re Σ conj(g) · out``, whose gradient for ``out`` is exactly ``g``.
-
-    Its backward is ``out.backward(g)`` (torch's convention for complex tensors
-    included), but unlike ``out.backward(g)`` it does not import sympy (torch checks an
-    explicit gradient's shape with its symbolic-shape machinery, seconds per process).
-    """
-    return (out * g.conj()).sum().real if g.is_complex() else (out * g).sum()
-
-
-def _backward_note(case: GatherCase, out: torch.Tensor) -> str:
-    """Why backward is not run for ``out`` (empty: it is)."""
-    if tuple(out.shape) != case.output_shape:
-        return "backward not run: the output has the wrong shape"
-    if not out.requires_grad:
-        return "backward not run: the output does not require grad"
-    return ""
-
-
-def _grad_fields(x: torch.Tensor, note: str) -> dict[str, object]:
-    """The ``RankReport`` fields about ``x``'s gradient after the backward (if any)."""
-    grad = x.grad
-    fields: dict[str, object] = {"backward_note": note}
-    if isinstance(grad, torch.Tensor):
-        fields["grad"] = TensorBytes.of(grad)
-    else:
-        fields["grad_type"] = type(grad).__name__
-    return fields
-
-
-def _emulating() -> bool:
-    module = sys.modules.get(f"{__package__}.emulate")
-    return module is not None and module.installed() is not None
-
-
-def _output_report(out: torch.Tensor, case: GatherCase, expected_digest: str | None) -> TensorBytes:
-    """``out`` as it goes back to the parent: its bytes, or for a large case its digest
-    and the first element that differs from the oracle's output (found here, so the
-    megabytes never cross the pipe; ``expected_digest`` from the parent spares the
-    rank rebuilding the oracle's output when nothing differs)."""
-    if case.output_nbytes < DIGEST_MIN_BYTES:
-        return TensorBytes.of(out)
-    digest = digest_of(out)
-    mismatch = ""
-    comparable = tuple(out.shape) == case.output_shape and out.dtype == case.torch_dtype
-    if comparable and digest != expected_digest:
-        mismatch = output_mismatch(out.detach().cpu(), expected_output(case))
-    return TensorBytes.digested(out, mismatch)
-
-
-def _enter(
-    ctx: RankContextLike, impl: Implementation, case: GatherCase
-) -> tuple[object, int] | None:
-    """Ready this rank for ``case``: the emulation installed, the case checked against
-    the world and ``impl``; the gather group (``None``: the default group) and this
-    rank's rank in it, or ``None`` when this rank is outside the case's subgroup."""
-    if impl.emulate is not None or _emulating():
-        from .emulate import activate
-
-        activate(impl.emulate)
-    group: object = None
-    grank = ctx.rank
-    if case.members is not None:
-        group = ctx.subgroup(list(case.members))  # collective: every world rank calls it
-        if ctx.rank not in case.members:
-            return None
-        grank = case.members.index(ctx.rank)
-    elif ctx.world_size != case.group_size:
-        raise RuntimeError(
-            f"case for {case.group_size} rank(s) sent to a world of {ctx.world_size}"
-        )
-    if case.contract not in impl.contracts:
-        raise ValueError(f"{impl.label} does not claim grad={case.contract!r}")
-    if impl.transports is None and case.transport != "auto":
-        raise ValueError(f"{impl.label} takes no transport, but the case asks {case.transport!r}")
-    return group, grank
-
-
-def _forward_fields(
-    ctx: RankContextLike,
-    grank: int,
-    case: GatherCase,
-    out: object,
-    extra: tuple[object, ...],
-    intact: bool,
-    expected_digest: str | None,
-) -> dict[str, object]:
-    """The ``RankReport`` fields about one case's forward on this rank."""
-    if not isinstance(out, torch.Tensor):
-        return dict(rank=grank, global_rank=ctx.rank, out_type=type(out).__name__, extra=extra)
-    return dict(
-        rank=grank,
-        global_rank=ctx.rank,
-        out=_output_report(out, case, expected_digest),
-        out_requires_grad=out.requires_grad,
-        extra=extra,
-        input_intact=intact,
-    )
-
-
-def _run_one(
-    ctx: RankContextLike, impl: Implementation, case: GatherCase, expected_digest: str | None = None
-) -> RankReport | None:
-    entered = _enter(ctx, impl, case)
-    if entered is None:
-        return None
-    group, grank = entered
-    x = case.shard(grank)
-    before = x.detach().clone()
-    with patient_default_group(ctx, case):  # a compiled case: peers may compile slower
-        out, extra = _call(impl, case, x, group)
-        intact = bytes_of(x) == bytes_of(before)
-        report = _forward_fields(ctx, grank, case, out, extra, intact, expected_digest)
-        if isinstance(out, torch.Tensor) and case.differentiable:
-            note = _backward_note(case, out)
-            if not note:
-                _loss(out, case.upstream_grad(grank)).backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
-            report.update(_grad_fields(x, note))
-    return RankReport(**report)  # type: ignore[arg-type]  # keys and types are those of RankReport
-
-
-def _call_coalesced(
-    impl: Implementation, cases: Sequence[GatherCase], xs: Sequence[torch.Tensor]
-) -> list[object]:
-    """One coalesced call of ``xs``: its results, one per case (``"missing"`` for an
-    output it did not return; the whole result when it is not a sequence)."""
-    fn = _resolve_coalesced(impl)
-    first = cases[0]
-    kwargs: dict[str, object] = {"grad": first.contract} if impl.takes_grad else {}
-    sizes = [c.sizes_argument() for c in cases]
-    if any(s is not None for s in sizes):
-        kwargs["sizes"] = sizes
-    if impl.transports is not None:
-        kwargs["transport"] = first.transport
-    result = fn(list(xs), [c.dim for c in cases], **kwargs)
-    if not isinstance(result, (list, tuple)):
-        return [result] * len(cases)
-    got = list(result)
-    return got[: len(cases)] + ["missing"] * (len(cases) - len(got))
-
-
-def _check_coalesced(case: GatherCase, first: GatherCase) -> None:
-    """``ValueError`` unless ``case`` can be a tensor of one coalesced call with
-    ``first``: on the same initialized world, no subgroup, the same contract and
-    transport (what the call takes once)."""
-    if case.members is not None or not case.initialized:
-        raise ValueError("a coalesced batch gathers over an initialized world: no subgroups")
-    if case.world_size != first.world_size:
-        raise ValueError("the cases of a coalesced batch must share the world size")
-    if (case.contract, case.transport) != (first.contract, first.transport):
-        raise ValueError("the cases of a coalesced batch must share grad= and transport=")
-
-
-def _run_coalesced(
-    ctx: RankContextLike,
-    impl: Implementation,
-    cases: Sequence[GatherCase],
-    digests: Sequence[str | None],
-) -> list[RankReport]:
-    grank = ctx.rank
-    for case in cases:
-        _check_coalesced(case, cases[0])
-        entered = _enter(ctx, impl, case)
-        assert entered is not None  # no subgroup: every rank takes part
-    xs = [case.shard(grank) for case in cases]
-    before = [x.detach().clone() for x in xs]
-    outs = _call_coalesced(impl, cases, xs)
-    reports = []
-    losses: list[torch.Tensor] = []
-    for case, x, kept, out, digest in zip(cases, xs, before, outs, digests, strict=True):
-        intact = bytes_of(x) == bytes_of(kept)
-        fields = _forward_fields(ctx, grank, case, out, ("none",), intact, digest)
-        if isinstance(out, torch.Tensor) and case.differentiable:
-            note = _backward_note(case, out)
-            if not note:
-                losses.append(_loss(out, case.upstream_grad(grank)))
-            fields["backward_note"] = note
-        reports.append(fields)
-    if losses:
-        # One backward over every output: what torch.autograd.backward(outputs,
-        # upstreams) does, each loss's gradient for its output being the case's g.
-        torch.autograd.backward(losses)
-    for x, fields in zip(xs, reports, strict=True):
-        if "backward_note" in fields:
-            fields.update(_grad_fields(x, str(fields["backward_note"])))
-    return [RankReport(**fields) for fields in reports]  # type: ignore[arg-type]  # keys and types are those of RankReport
-
-
-_KIT_DIRS: Final = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
-    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_cli") + os.sep,
-)
-
-
-def implementation_traceback(exc: BaseException) -> str:
-    """``exc``'s traceback without the testing kit's and the command line's own frames
-    (the runner calling the implementation), so it starts in the implementation."""
-    frames = [
-        f
-        for f in traceback.extract_tb(exc.__traceback__)
-        if not os.path.abspath(f.filename).startswith(_KIT_DIRS)
-    ]
-    text = "".join(traceback.format_list(frames))
-    head = "Traceback (most recent call last):\n" if text else ""
-    return head + text + "".join(traceback.format_exception_only(type(exc), exc))
-
-
-def run_on_rank(
-    ctx: RankContextLike,
-    job: tuple[Implementation, GatherCase, int] | tuple[Implementation, GatherCase, int, str],
-) -> object:
-    """Run one case on this rank: the rank function of ``vargather.testing`` pools.
-
-    ``job`` is ``(implementation, case, batch token)``, or with a fourth item, the
-    digest of the oracle's output for a large case (``run_cases`` sends it; without it
-    a rank rebuilds the oracle's output to compare). Exceptions are caught and
-    reported; after one, the rest of the same batch is skipped on this rank (its
-    peers may be left in a collective, so nothing after it can be trusted).
-    """
-    impl, case, token = job[:3]
-    expected_digest = job[3] if len(job) > 3 else None
-    if _POISONED and _POISONED[0] == token:
-        return RankReport(ctx.rank, ctx.rank, skipped="an earlier case of its batch raised here")
-    try:
-        return _run_one(ctx, impl, case, expected_digest)
-    except Exception as exc:
-        _POISONED[:] = [token]
-        return _error_report(ctx, exc)
-
-
-def _error_report(ctx: RankContextLike, exc: Exception) -> RankReport:
-    """This rank's report of ``exc``, raised while it ran a case."""
-    name = type(exc).__qualname__
-    module = type(exc).__module__
-    if module != "builtins":
-        name = f"{module}.{name}"
-    dist_error: object = getattr(torch.distributed, "DistError", None)
-    collective = isinstance(exc, CollectiveError) or (
-        isinstance(dist_error, type) and isinstance(exc, dist_error)
-    )
-    return RankReport(
-        ctx.rank,
-        ctx.rank,
-        error=(name, str(exc), implementation_traceback(exc)),
-        collective_failed=collective,
-    )
-
-
-def run_coalesced_on_rank(
-    ctx: RankContextLike,
-    job: tuple[Implementation, tuple[GatherCase, ...], tuple[str | None, ...]],
-) -> list[RankReport]:
-    """Run a coalesced batch on this rank: the rank function of ``run_coalesced``.
-
-    ``job`` is ``(implementation, cases, digests)``: every case's shard is built,
-    the implementation's coalesced form is called once with all of them (each case
-    one tensor: its own dtype, shape, ``dim``, memory layout and ``sizes`` form; the
-    batch's one contract and transport), and when some case requires grad, one
-    backward runs over every output, each with its case's upstream gradient on this
-    rank. One ``RankReport`` per case comes back, as if the case had run alone
-    (``digests[i]``: the oracle's output digest for a large case, else ``None``). An
-    exception becomes this rank's report for every case of the batch.
-    """
-    impl, cases, digests = job
-    try:
-        return _run_coalesced(ctx, impl, cases, digests)
-    except Exception as exc:
-        return [_error_report(ctx, exc)] * len(cases)
-
-
-# --- the parent side: running -----------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -272,6 +272,13 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "it needs an initialized torch.distributed (the uninitialized row does not apply)",
     ),
     Option(
+        "equal-shapes",
+        "flag",
+        "it gathers equal shapes only, every rank's shard the same shape (the list form of "
+        "torch.distributed.all_gather): cases of unequal shapes are not drawn, and rows about "
+        "them are out of scope (--op all_gather_v)",
+    ),
+    Option(
         "compile",
         "flag",
         "it claims to work inside torch.compile(fullgraph=True): the compiled row runs its "
@@ -316,9 +323,19 @@ OPTIONS: Final[tuple[Option, ...]] = (
         choices=("nccl",),
     ),
     Option(
+        "nan-payloads",
+        "choice",
+        "what a NaN in a reduction's result must hold: 'exact' the oracle's bits (default); "
+        "'backend' (the code reduces on the backend, whose NaN payloads IEEE 754 leaves "
+        "unspecified): a NaN where the oracle has a NaN is equal, a payload difference is "
+        "reported, and fails only with --strict (see docs/conformance.md)",
+        choices=("exact", "backend"),
+    ),
+    Option(
         "strict",
         "flag",
-        "an 'unsupported' row (the backend refuses a dtype) fails the check too",
+        "an 'unsupported' row (the backend refuses a dtype) fails the check too, and so does "
+        "a NaN payload difference under --nan-payloads backend",
     ),
     Option(
         "xfails",

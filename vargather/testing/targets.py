@@ -8,7 +8,8 @@ target that is not a plain ``MODULE:ATTR`` call). ``python -m vargather check
 declares what a fork declares in its ``[tool.vargather.check]`` table: the collective
 (``--op``), the implementation (``--impl``), the call template (``--call``, the
 function's own signature, no adapter) and its scope (``--grad``, ``--sizes``,
-``--returns``, ``--emulate``, ``--world-sizes``), each with the reason it has that
+``--returns``, ``--emulate``, ``--equal-shapes``, ``--nan-payloads``, ``--world-sizes``), each
+with the reason it has that
 scope. A user may still set the run's budget (``--max-examples``, ``--seed``,
 ``--timeout``, ``--world-sizes`` within the target's) but not what the target
 declares: a different ``--impl`` or scope is a usage error, not a silent override.
@@ -163,19 +164,21 @@ TARGETS: Final[tuple[Target, ...]] = (
     ),
     Target(
         "nn-all-gather",
-        "torch.distributed.nn.functional.all_gather, the list form (uneven on NCCL only)",
+        "torch.distributed.nn.functional.all_gather, the list form (equal shapes only)",
         "all_gather_v",
         "torch.distributed.nn.functional:all_gather",
         "(x, group)",
         {
             "grad": "sum",
             "returns": "list",
-            "emulate": "nccl",
             "sizes": "never",
             "requires_init": True,
+            "equal_shapes": True,
         },
         (
-            "--emulate nccl: a list all_gather of unequal tensors is NCCL-only; gloo refuses it",
+            "--equal-shapes: _AllGather.forward allocates every rank's output with "
+            "torch.empty_like(tensor), this rank's shape, so it gathers equal shapes only (on "
+            "NCCL as on gloo)",
             "--returns list: one tensor per rank, concatenated along dim by the gate",
             "--sizes never: it takes no sizes",
             "--requires-init: it needs an initialized process group",
@@ -229,8 +232,14 @@ TARGETS: Final[tuple[Target, ...]] = (
         "reduce_scatter_v",
         f"{_MAPPINGS}:reduce_scatter_to_sequence_parallel_region",
         "(x, group, sizes)",
-        {"grad": "sum", "emulate": "nccl"},
-        (_CUDA_WHY, "--call passes no dim: dim 0 only"),
+        {"grad": "sum", "emulate": "nccl", "nan_payloads": "backend"},
+        (
+            _CUDA_WHY,
+            "--nan-payloads backend: the sum is the backend's (NCCL's reduce-scatter, its "
+            "ring order), and IEEE 754 leaves the payload of a sum of NaNs unspecified: a NaN "
+            "where the oracle has one is equal, its payload reported (--strict fails it)",
+            "--call passes no dim: dim 0 only",
+        ),
         _MEGATRON,
         (*_DYNAMO, _MAPPINGS),
     ),

@@ -118,6 +118,7 @@ from ._config import (
     PROFILES,
     ROW_ELEMENTS,
     SCHEMA,
+    SEQUENCE_SPLITS,
     BenchConfig,
     _parser,
     cell_count,
@@ -129,6 +130,7 @@ from ._config import (
 from ._mpi import MpiLaunchError, mpi_tables, mpi_wrong, run_mpi
 from ._plots import plot
 from ._ranks import _rank_cell, _rank_coalesced, _rank_family, _rank_peers, _rank_small
+from ._sequence import rank_sequence, sequence_tables
 from ._tables import _payload, evaluate_targets, markdown_report
 
 __all__ = [
@@ -217,6 +219,12 @@ def _run_world(world_size: int, cfg: BenchConfig, progress: StreamProgress) -> d
             for kb in cfg.family_kb
             for profile in cfg.family_profiles
         ]
+    if "sequence" in cfg.parts:
+        jobs += [
+            (f"W={w} {kb:g} KiB {split} sequence", rank_sequence, (cfg, kb, split))
+            for kb in cfg.sequence_kb
+            for split in SEQUENCE_SPLITS
+        ]
     large = [
         (mb, profile) for mb in cfg.sizes_mb for profile in cfg.profiles if "large" in cfg.parts
     ]
@@ -230,6 +238,7 @@ def _run_world(world_size: int, cfg: BenchConfig, progress: StreamProgress) -> d
         "coalesced": [],
         "peers": [],
         "family": [],
+        "sequence": [],
         "large": [],
     }
     part_of: dict[object, str] = {
@@ -237,6 +246,7 @@ def _run_world(world_size: int, cfg: BenchConfig, progress: StreamProgress) -> d
         _rank_coalesced: "coalesced",
         _rank_peers: "peers",
         _rank_family: "family",
+        rank_sequence: "sequence",
     }
     for (_, fn, _), record in zip(jobs, timed, strict=True):
         part = part_of.get(fn, "large")
@@ -324,6 +334,7 @@ def main(argv: Sequence[str]) -> int:
     coalesced: list[dict[str, Any]] = []
     peers: list[dict[str, Any]] = []
     family: list[dict[str, Any]] = []
+    sequence: list[dict[str, Any]] = []
     mpi: list[dict[str, Any]] = []
     try:
         for w in cfg.ranks:
@@ -333,6 +344,7 @@ def main(argv: Sequence[str]) -> int:
             coalesced += world["coalesced"]
             peers += world["peers"]
             family += world["family"]
+            sequence += world["sequence"]
             if "mpi" in cfg.parts:  # after the pool's world is gone: mpiexec's own ranks
                 progress.phase(f"W={w} mpi: measuring")
                 mpi += run_mpi(cfg, w, progress.phase)
@@ -347,6 +359,8 @@ def main(argv: Sequence[str]) -> int:
     report = markdown_report(cells, targets, small, coalesced, peers, family)
     if mpi:
         report = "\n\n".join([*mpi_tables(mpi), report.strip()]).strip() + "\n"
+    if sequence:
+        report = "\n\n".join([*sequence_tables(sequence), report.strip()]).strip() + "\n"
     _print_report(report)
     wrong = [
         f"{n} ({d}, W={c['world_size']}, {_payload(c)}, {c['profile']})"
@@ -363,6 +377,13 @@ def main(argv: Sequence[str]) -> int:
         if not e["verified"]
     ]
     wrong += mpi_wrong(mpi)
+    wrong += [
+        f"{n} ({name}, W={c['world_size']}, {c['payload_kb']:g} KiB, {c['split']})"
+        for c in sequence
+        for name, g in c["cells"].items()
+        for n, e in g["forward"].items()
+        if not e["verified"]
+    ]
     document = {
         "schema": SCHEMA,
         "environment": {**_environment(), "load_average_at_start": load_at_start},
@@ -374,6 +395,7 @@ def main(argv: Sequence[str]) -> int:
         "peers": peers,
         "family": family,
         "mpi": mpi,
+        "sequence": sequence,
         "targets": targets,
         "all_verified": not wrong,
     }

@@ -27,9 +27,10 @@ PROFILES: Final = ("even", "mild", "heavy", "empty")
 
 
 PARTS: Final = ("large", "small", "coalesced", "peers", "family")
-OPTIONAL_PARTS: Final = ("mpi",)
+OPTIONAL_PARTS: Final = ("mpi", "sequence")
 """Parts run only when ``--parts`` names them (``mpi``: launched by ``mpiexec``, needs
-the ``mpi`` extra; ``_mpi`` has it)."""
+the ``mpi`` extra; ``_mpi`` has it; ``sequence``: all_to_all_v as sequence and expert
+parallelism run it, ``_sequence``)."""
 PEER_SIZES_KB: Final = (64.0, 256.0, 1024.0, 4096.0, 16384.0)
 PEER_COLUMNS: Final = 64
 """float32 columns of the peers part's rows (256-byte rows, as the issue's figures)."""
@@ -40,6 +41,9 @@ MPI_SIZES_KB: Final = (4.0, 64.0, 1024.0, 16384.0)
 
 
 FAMILY_SIZES_KB: Final = (64.0, 1024.0, 16384.0)
+SEQUENCE_SIZES_KB: Final = (64.0, 1024.0, 16384.0)
+"""Each rank's input in the sequence part (KiB)."""
+SEQUENCE_SPLITS: Final = ("even", "uneven")
 FAMILY_PROFILES: Final = ("even", "mild")
 FAMILY_COLUMNS: Final = 64
 """float32 columns of the family part's rows (256-byte rows, as the peers part)."""
@@ -155,6 +159,7 @@ class BenchConfig:
     family_kb: tuple[float, ...] = FAMILY_SIZES_KB
     family_profiles: tuple[str, ...] = FAMILY_PROFILES
     mpi_kb: tuple[float, ...] = MPI_SIZES_KB
+    sequence_kb: tuple[float, ...] = SEQUENCE_SIZES_KB
     mpi_profile: str = "mild"
 
 
@@ -273,6 +278,12 @@ def _parser() -> argparse.ArgumentParser:
         "(default 4,64,1024,16384)",
     )
     p.add_argument(
+        "--sequence-sizes",
+        type=_csv(float),
+        default=None,
+        help="sequence part: each rank's input in KiB (default 64,1024,16384)",
+    )
+    p.add_argument(
         "--mpi-profile",
         default=None,
         help="mpi part: the size profile (default mild)",
@@ -323,6 +334,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         family_kb=args.family_sizes or ((64.0,) if quick else FAMILY_SIZES_KB),
         family_profiles=args.family_profiles or FAMILY_PROFILES,
         mpi_kb=args.mpi_sizes or ((4.0, 64.0) if quick else MPI_SIZES_KB),
+        sequence_kb=args.sequence_sizes or ((64.0,) if quick else SEQUENCE_SIZES_KB),
         mpi_profile=args.mpi_profile or "mild",
     )
     for w in cfg.ranks:
@@ -342,6 +354,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         ("--peer-sizes", cfg.peer_kb),
         ("--family-sizes", cfg.family_kb),
         ("--mpi-sizes", cfg.mpi_kb),
+        ("--sequence-sizes", cfg.sequence_kb),
     ):
         for kb in totals:
             if not kb > 0:
@@ -438,4 +451,6 @@ def cell_count(cfg: BenchConfig) -> int:
     peers = len(cfg.peer_kb) if "peers" in cfg.parts else 0
     family = len(cfg.family_kb) * len(cfg.family_profiles) if "family" in cfg.parts else 0
     mpi = 1 if "mpi" in cfg.parts else 0  # one mpiexec launch per world size
-    return len(cfg.ranks) * (small + peers + family + mpi + large * (2 if cfg.memory else 1))
+    sequence = len(cfg.sequence_kb) * len(SEQUENCE_SPLITS) if "sequence" in cfg.parts else 0
+    large *= 2 if cfg.memory else 1
+    return len(cfg.ranks) * (small + peers + family + mpi + sequence + large)

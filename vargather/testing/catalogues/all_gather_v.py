@@ -57,7 +57,13 @@ from ..scale import sequence_length
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-__all__ = ["CATALOGUE", "COALESCED_MAX_PAYLOAD", "one_call"]
+__all__ = [
+    "CATALOGUE",
+    "COALESCED_MAX_PAYLOAD",
+    "EQUAL_SHAPES_ONLY",
+    "equal_shapes_only",
+    "one_call",
+]
 
 
 def _on_backends(cases: list[GatherCase]) -> SearchStrategy[list[GatherCase]]:
@@ -404,6 +410,25 @@ def _scoped(row: Property) -> Property:
     return row
 
 
+EQUAL_SHAPES_ONLY: Final = "--equal-shapes: every rank's shard has the same shape"
+
+
+def equal_shapes_only(row: Property) -> Property:
+    """``row`` under ``--equal-shapes``: its cases drawn with every rank's shard of the
+    first rank's shape, or the row left out when it is about unequal shapes (some
+    shards empty, others not)."""
+    if row.out_of_scope is not None or row.misuse:
+        return row
+    if row.id == "empty-some":
+        return replace(row, out_of_scope=EQUAL_SHAPES_ONLY)
+    return replace(row, equal_shapes=True)
+
+
+def _equalized(case: GatherCase) -> GatherCase:
+    """``case`` with every rank's shard of the first rank's shape."""
+    return replace(case, shapes=(case.shapes[0],) * len(case.shapes))
+
+
 def _dims_text(dims: Sequence[int]) -> str:
     return ",".join(map(str, dims))
 
@@ -486,6 +511,8 @@ class _Gather:
                 implementation=prop.implementation,
                 **kwargs,
             )
+            if prop.equal_shapes:
+                drawn = drawn.map(lambda cases: [_equalized(c) for c in cases])
             return drawn
         drawn = vst.case_batches(
             min_world_size=world,
@@ -496,6 +523,8 @@ class _Gather:
             implementation=prop.implementation,
             **kwargs,
         )
+        if prop.equal_shapes:
+            drawn = drawn.map(lambda cases: [_equalized(c) for c in cases])
         if prop.coalesced:
             drawn = drawn.map(one_call)
         if prop.compiled:
