@@ -261,6 +261,15 @@ def test_list_with_a_program_target_prints_its_rows(capsys: pytest.CaptureFixtur
     assert capsys.readouterr().out.split() == list(ep.ROW_IDS)
 
 
+def test_the_plugin_collects_a_program_targets_rows() -> None:
+    from vargather.testing.plugin import _rows
+    from vargather.testing.targets import program_rows
+
+    assert [row for row, _ in _rows("all_to_all_v", "deepspeed-ulysses")] == list(ul.ROW_IDS)
+    assert program_rows("torchtitan-ep-dispatch") == [(r.id, r.title) for r in ep.ROWS]
+    assert program_rows("dtensor") is None
+
+
 def _untimed(data: Any) -> Any:
     if isinstance(data, dict):
         return {k: _untimed(v) for k, v in data.items() if k != "seconds"}

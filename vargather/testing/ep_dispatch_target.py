@@ -27,7 +27,9 @@ adds ``j`` to each row (or is the identity), so ``combine`` gives ``sum_k s_k (x
 id_k)`` per token, which is ``x`` itself for identity experts and scores summing to
 one: dispatch then combine is the identity. Values are small integers and scores
 halves, so every sum is exact and the comparison is bit for bit, gradients included
-(``x`` and the scores; each rank's upstream gradient differs). Programs build one or
+(``x`` and the scores; each rank's upstream gradient differs; a gradient element that
+sums to zero is compared as +0.0, since the sign of an exact zero sum follows the
+order of the sum, not the routing). Programs build one or
 more MoE layers (their own expert and top-k counts) and run them in turn.
 """
 
@@ -45,7 +47,7 @@ from .asserts import bitwise_difference
 from .family import values
 from .options import CheckOptions
 from .pool import RankPool
-from .program_rows import ProgramRow, ProgramTarget, first_real_error, run_program_check
+from .program_rows import ProgramRow, ProgramTarget, raised_message, run_program_check
 from .progress import Progress
 from .results import Report
 
@@ -302,18 +304,19 @@ def judge_dispatch(
     counts), ``output`` (combine's result), ``gradient``."""
     errors = {r: rep.error for r, rep in enumerate(reports) if rep.error is not None}
     if errors:
-        real = first_real_error({r: (e[1], e[2]) for r, e in errors.items()})
-        if real is None:
-            return [("raised", "every failing rank timed out waiting for a peer")]
-        rank, text = real
-        return [("raised", f"layer {errors[rank][0]}, rank {rank}: {text}")]
+        return [("raised", raised_message(errors, "layer"))]
     aspects = {"routed": "routed", "counts": "sizes", "output": "output"}
     for index in range(len(program.layers)):
         failures: list[tuple[str, str]] = []
         for rank, rep in enumerate(reports):
             want = expected_layer(program, index, rank)
             for name, tensor in want.items():
-                diff = bitwise_difference(rep.layers[index].get(name), tensor)
+                got = rep.layers[index].get(name)
+                if name.startswith("grad") and got is not None and got.is_floating_point():
+                    # a gradient summing to zero: its zero's sign follows the order of
+                    # the sum (IEEE 754), not the routing; +0.0 for both
+                    got, tensor = got + 0.0, tensor + 0.0
+                diff = bitwise_difference(got, tensor)
                 if diff is not None:
                     aspect = aspects.get(name, "gradient")
                     failures.append((aspect, f"layer {index}, rank {rank}, {name}: {diff}"))

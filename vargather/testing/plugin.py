@@ -47,7 +47,7 @@ from .pool import PoolFailure, RankContext, RankError, RankPool, get_pool
 from .properties import catalogue
 from .resolve import resolve_options_impl
 from .results import PropertyResult, Report
-from .targets import apply_target
+from .targets import apply_target, program_rows
 
 __all__ = [
     "PropertyFailedError",
@@ -82,7 +82,8 @@ def configure(values: Mapping[str, object]) -> CheckOptions:
             if raw is not None:
                 given[option.name] = True if option.is_flag else option.parse_text(str(raw))
         options = apply_target(build_options(given, config_path=config_path, progress=False))
-        if options.target == "dtensor":  # rows of its own, nothing to import or resolve
+        if options.target == "dtensor" or program_rows(options.target) is not None:
+            # rows of its own, nothing to import or resolve
             return options
         info = resolve_options_impl(options, None)
     except schema.OptionValueError as err:
@@ -202,6 +203,9 @@ class PropertyCollector(pytest.Collector):
 
 def _rows(op: str, target: str | None = None) -> list[tuple[str, str]]:
     """The (id, title) of every row of ``op``'s catalogue (the dtensor target's own)."""
+    programs = program_rows(target)
+    if programs is not None:  # a target that runs programs of its own
+        return programs
     if target == "dtensor":
         from .dtensor_target import ROWS
 

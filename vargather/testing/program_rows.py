@@ -44,18 +44,23 @@ from .verdict import with_xfail
 __all__ = [
     "BATCH",
     "CRASH_SHRINKS",
+    "PEERS_WAITED",
     "ProgramRow",
     "ProgramTarget",
     "first_real_error",
     "quiet_stdout",
+    "raised_message",
     "run_program_check",
 ]
 
 BATCH: Final = 3
 """Programs per example (one pool round trip on one world)."""
-CRASH_SHRINKS: Final = 12
+CRASH_SHRINKS: Final = 16
 """Shrinking attempts after a failure that cost a world (a rank died): each rebuilds
 the world, so the search stops early rather than spend the target's time budget."""
+WAIT_SHRINKS: Final = 2
+"""Shrinking attempts after a failure where a rank waited for a peer until its
+collective timeout (seconds each)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,25 @@ def quiet_stdout() -> Iterator[None]:
         os.close(null)
 
 
+PEERS_WAITED: Final = "peers waited until their collective timeout"
+
+
+def raised_message(errors: dict[int, tuple[int, str, str]], unit: str) -> str:
+    """What ranks raised (rank -> (``unit`` index, type, message)), as one line: the
+    lowest rank's real error (not a wait), and ``PEERS_WAITED`` when other ranks waited
+    for it (which ranks, and how they saw it, depends on timing: left out)."""
+    plain = {r: (name, message) for r, (_, name, message) in errors.items()}
+    real = first_real_error(plain)
+    if real is None:
+        first = min(e[0] for e in errors.values())
+        return f"{unit} {first}: every failing rank's {PEERS_WAITED}"
+    rank, text = real
+    waits = [r for r in plain if first_real_error({r: plain[r]}) is None]
+    return f"{unit} {errors[rank][0]}, rank {rank}: {text}" + (
+        f"; its {PEERS_WAITED}" if waits else ""
+    )
+
+
 _NUMBER: Final = re.compile(r"\d+")
 
 
@@ -135,6 +159,16 @@ def _crash_message(err: PoolFailure) -> tuple[str, str]:
     if isinstance(err, RankCrashed):
         return "crash", "a rank process died (no abort message)"
     return "crash", f"the world failed: {type(err).__name__}"
+
+
+def _in_flight(err: PoolFailure, count: int) -> int | None:
+    """The index of the program a dead (or stuck) rank was running, if the pool knows."""
+    where = getattr(err, "in_flight", {})
+    ranks = [r for r in getattr(err, "ranks", ()) if r in where] or sorted(where)
+    if not ranks:
+        return None
+    index = where[ranks[0]]
+    return index if 0 <= index < count else None
 
 
 def _reproduction(
@@ -182,6 +216,9 @@ def _evaluate(
             results = factory(batch[0].world_size).run_many(target.run, batch)
         except PoolFailure as err:
             kind, message = _crash_message(err)
+            index = _in_flight(err, len(batch))
+            if index is not None:  # the programs after the one that killed it never ran
+                batch = batch[: index + 1]
             if not state["failed"]:
                 state["failed"] = True
             # a hang costs --timeout each time: no shrinking; a crash a world: a few
@@ -212,6 +249,9 @@ def _evaluate(
                     # a rank raised mid-exchange: its peers' gloo pairs may be closed
                     # (a timeout closes them) though every rank issued the same count
                     factory(batch[0].world_size).restart()
+                if PEERS_WAITED in failures[0][1]:
+                    # a peer waited out its timeout: each further attempt would again
+                    state["budget"] = min(state["budget"], state["shrink"] + WAIT_SHRINKS)
                 return PropertyFailure(
                     "error" if aspect == "raised" else "mismatch",
                     "\n".join(f"[{a}] {m}" for a, m in failures[:4]),

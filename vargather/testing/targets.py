@@ -38,6 +38,7 @@ __all__ = [
     "by_name",
     "listing",
     "preload_target",
+    "program_rows",
     "program_runner",
     "target_ids",
     "target_refusals",
@@ -398,6 +399,15 @@ def program_runner(name: str | None) -> Any:
     if target is None or target.program is None:
         return None
     return _program_module(target.program).run_target
+
+
+def program_rows(name: str | None) -> list[tuple[str, str]] | None:
+    """The (id, title) of each row of the target called ``name`` when it runs programs
+    of its own (the pytest plugin's items), else ``None``."""
+    target = _BY_NAME.get(name or "")
+    if target is None or target.program is None:
+        return None
+    return [(row.id, row.title) for row in _program_module(target.program).ROWS]
 
 
 def _check_ids(name: str, target: Target, options: CheckOptions) -> None:

@@ -57,6 +57,7 @@ from .program_rows import (
     ProgramTarget,
     first_real_error,
     quiet_stdout,
+    raised_message,
     run_program_check,
 )
 from .progress import Progress
@@ -377,16 +378,25 @@ def _fresh_head_state() -> None:
 
 
 class _Attention(torch.nn.Module):
-    """``local_attention`` as the module ``DistributedAttention`` wraps."""
+    """``local_attention`` as the module ``DistributedAttention`` wraps. A torn GQA
+    group is noted in ``torn`` (step, message) and answered with the query heads alone,
+    of the right shape, so that every rank still reaches the output all-to-all (a rank
+    raising there would leave its peers waiting in it until their timeout)."""
 
-    def __init__(self, seq_dim: int) -> None:
+    def __init__(self, seq_dim: int, torn: list[tuple[int, str]]) -> None:
         super().__init__()
         self.seq_dim = seq_dim
+        self.torn = torn
+        self.step = 0
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any
     ) -> torch.Tensor:
-        return local_attention(q, k, v, self.seq_dim)
+        try:
+            return local_attention(q, k, v, self.seq_dim)
+        except ValueError as err:
+            self.torn.append((self.step, str(err)))
+            return q * 1
 
 
 @dataclass(frozen=True)
@@ -397,6 +407,8 @@ class UlyssesReport:
     error: tuple[int, str, str] | None = None
     takes_kv: bool = False
     """The release's functions take ``num_kv_heads`` (the partition basis)."""
+    torn: tuple[tuple[int, str], ...] = ()
+    """(step, message) for each attention that found a GQA group torn on this rank."""
 
 
 def run_ulysses_program(ctx: Any, program: UlyssesProgram) -> UlyssesReport:
@@ -409,21 +421,23 @@ def run_ulysses_program(ctx: Any, program: UlyssesProgram) -> UlyssesReport:
     rel = release()
     rank = ctx.rank
     built = []
+    torn: list[tuple[int, str]] = []
     for m in program.models:
         extra = {"num_kv_heads": m.kv_heads} if rel.attention_takes_kv and _declares(m) else {}
         built.append(
             layer.DistributedAttention(
-                _Attention(m.seq_dim), group, scatter_idx=2, gather_idx=m.seq_dim, **extra
+                _Attention(m.seq_dim, torn), group, scatter_idx=2, gather_idx=m.seq_dim, **extra
             )
         )
     done: list[dict[str, torch.Tensor]] = []
     for index, step in enumerate(program.steps):
+        built[step.model].local_attn.step = index
         try:
             done.append(_run_step(layer, built[step.model], group, program, index, rank, rel))
         except Exception as err:
             error = (index, type(err).__name__, str(err))
-            return UlyssesReport(tuple(done), error, rel.single_takes_kv)
-    return UlyssesReport(tuple(done), None, rel.single_takes_kv)
+            return UlyssesReport(tuple(done), error, rel.single_takes_kv, tuple(torn))
+    return UlyssesReport(tuple(done), None, rel.single_takes_kv, tuple(torn))
 
 
 def _declares(model: Model) -> bool:
@@ -503,12 +517,10 @@ def judge_ulysses(
             )
         ]
     if errors:
-        real = first_real_error({r: (e[1], e[2]) for r, e in errors.items()})
-        first = min(e[0] for e in errors.values())
-        if real is None:
-            return [("raised", f"step {first}: every failing rank timed out waiting for a peer")]
-        rank, text = real
-        return [("raised", f"step {errors[rank][0]}, rank {rank}: {text}")]
+        return [("raised", raised_message(errors, "step"))]
+    for rank, rep in enumerate(reports):
+        for index, message in rep.torn:
+            return [("output", f"step {index} (attention), rank {rank}: {message}")]
     failures: list[tuple[str, str]] = []
     for index, step in enumerate(program.steps):
         for rank, rep in enumerate(reports):
