@@ -81,7 +81,7 @@ nitpick_ignore_regex = [
     ("py:.*", r"(Sizes|SplitSizes|GroupLike|Timeout|MeshDim|Shapes|DimArg|SizesArg)"),
     # The type variables of ``RankPool.run`` and two records the kit returns but does
     # not export (their fields are described where they are returned).
-    ("py:.*", r"vargather\.testing\.pool\.[PR]"),
+    ("py:.*", r"vargather\.testing\.pool(_types)?\.[PR]"),
     ("py:.*", r"vargather\.testing\.(family\.FamilyFailure|cases\.Expected)"),
 ]
 

@@ -8,7 +8,7 @@ The site's build (``python -m sphinx -W -n ...``, the ``docs`` CI step) checks t
 through ``docs/conf.py``'s hook, and that each entry has a docstring.
 
 The site's other promises checked here: every page is in the table of contents,
-``docs/`` stays small (at most 31 files, none over 1 MB), and the README, the changelog
+``docs/`` stays small (at most 35 files (docs/repro's standalone scripts among them), none over 1 MB), and the README, the changelog
 and the performance page stay within their line limits.
 """
 
@@ -134,7 +134,7 @@ def test_docs_stays_small() -> None:
         and "_build" not in p.relative_to(DOCS).parts
         and "__pycache__" not in p.parts
     ]
-    assert len(files) <= 31, f"docs/ holds {len(files)} files (at most 31)"
+    assert len(files) <= 35, f"docs/ holds {len(files)} files (at most 35)"
     big = [
         f"{p.relative_to(ROOT)} ({p.stat().st_size} B)" for p in files if p.stat().st_size > 2**20
     ]
