@@ -585,7 +585,7 @@ def family_verdict_is_rank_independent(
     tensors (``reduce_scatter_v``: sizes adding up to every rank's rows, the same
     everywhere; ``all_to_all_v``: rank r's send row adding up to its rows). The base
     call, unchanged, is accepted."""
-    from vargather import _all_to_all, _reduce_scatter
+    from vargather import _all_to_all_rows, _reduce_scatter
     from vargather._family import Row
 
     _count("family_verdict_is_rank_independent")
@@ -597,7 +597,7 @@ def family_verdict_is_rank_independent(
         if name == "reduce_scatter_v":
             call = _reduce_scatter._local_call(c["x"], c["sizes"], c["dim"], info, True, None, None)
         else:
-            call = _all_to_all._local_call(
+            call = _all_to_all_rows.local_call(
                 c["x"], c["sizes"], c["recv_sizes"], c["dim"], info, True, None, None
             )
         assert call.kind == name
@@ -610,7 +610,7 @@ def family_verdict_is_rank_independent(
             if name == "reduce_scatter_v":
                 verdicts.append(_reduce_scatter.validate_rows(rows, rank=r))
             else:
-                verdicts.append(_all_to_all.validate_rows(rows, rank=r))
+                verdicts.append(_all_to_all_rows.validate_rows(rows, rank=r))
         except vargather.VarGatherError as err:
             verdicts.append((type(err).__name__, str(err), err.ranks))
     first = verdicts[0]
@@ -631,13 +631,16 @@ def family_verdict_is_rank_independent(
         assert all(sum(first) == x.shape[d] for x in xs), (first, [x.shape for x in xs])
         assert len({x.shape for x in xs}) == 1
     else:
-        assert isinstance(first, tuple)
+        assert isinstance(first, _all_to_all_rows.Validated)
+        assert first.cat == d, first  # no cat_dim passed: the blocks join along dim
+        assert first.shapes is None, first
+        matrix = first.matrix
         for r, x in enumerate(xs):
-            assert sum(first[r]) == x.shape[d], (first, r, x.shape)
+            assert sum(matrix[r]) == x.shape[d], (matrix, r, x.shape)
             recv = calls_[r]["recv_sizes"]
             if recv is not None:
                 passed = recv.tolist() if isinstance(recv, torch.Tensor) else list(recv)
-                assert passed == [first[j][r] for j in range(w)]
+                assert passed == [matrix[j][r] for j in range(w)]
     assert len({bool(x.requires_grad) for x in xs}) == 1
 
 
@@ -655,7 +658,7 @@ def family_row_codec(
     record survive the int64 wire, within ``row_extra_words(W)``; ``_check_kinds`` over
     any rows' (magic, kind) marks passes exactly when every row is this kind's, and
     otherwise blames ranks of the world, the same on every rank."""
-    from vargather import _all_to_all, _gather_list, _reduce_scatter
+    from vargather import _all_to_all_rows, _gather_list, _reduce_scatter
     from vargather._args import saturate
     from vargather._collectives import COLLECTIVES
     from vargather._family import _check_kinds, sizes_words
@@ -678,7 +681,7 @@ def family_row_codec(
         if name == "reduce_scatter_v":
             call = _reduce_scatter._local_call(x, sizes, 0, info, True, None, None)
         elif name == "all_to_all_v":
-            call = _all_to_all._local_call(x, sizes, sizes, 0, info, True, None, None)
+            call = _all_to_all_rows.local_call(x, sizes, sizes, 0, info, True, None, None)
         else:
             call = _gather_list._local_call(x, sizes, "sum", info, True, None, None)
         assert call.kind == name
@@ -759,7 +762,7 @@ def family_payload_layout(case: tuple[str, list[torch.Tensor], Any, int]) -> Non
     ``all_to_all_v``'s blocks joined by ``cut_blocks``; ``all_gather_list``'s carriers
     (``_carrier``: metadata words then the elements, bool as bits) read back by
     ``_read_carriers``."""
-    from vargather import _all_to_all, _gather_list, _reduce_scatter, oracle
+    from vargather import _all_to_all, _all_to_all_rows, _gather_list, _reduce_scatter, oracle
 
     _count("family_payload_layout")
     name, xs, sizes, dim = case
@@ -784,7 +787,7 @@ def family_payload_layout(case: tuple[str, list[torch.Tensor], Any, int]) -> Non
     if name == "all_to_all_v":
         sent = []
         for r, x in enumerate(xs):
-            call = _all_to_all._local_call(
+            call = _all_to_all_rows.local_call(
                 x, list(sizes[r]), None, dim, infos_[r], True, None, None
             )
             assert call.record.problem is None, call.record.problem
@@ -795,7 +798,7 @@ def family_payload_layout(case: tuple[str, list[torch.Tensor], Any, int]) -> Non
             recv = tuple(sizes[j][r] for j in range(w))
             shape = list(xs[r].shape)
             shape[d] = sum(recv)
-            lay = _all_to_all.split_layout(tuple(shape), d, recv, xs[r].dtype, infos_[r])
+            lay = _all_to_all_rows.split_layout(tuple(shape), d, recv, xs[r].dtype, infos_[r])
             got = _all_to_all.cut_blocks([sent[j][r] for j in range(w)], lay)
             assert _same_bits(got, want[r]), (r, got, want[r])
         return
