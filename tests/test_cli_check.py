@@ -491,7 +491,7 @@ def seed_sum(
     workdir = tmp_path_factory.mktemp(_SEED_SUM_CWD, numbered=False)
     proc = cli(
         "--impl", SEED, "--grad", "sum", "--world-sizes", "1,2", "--max-examples", "6",
-        "--shrink-budget", "3", "--json", str(path), cwd=workdir,
+        "--shrink-budget", "3", "--json", str(path), "--timings", cwd=workdir,
     )  # fmt: skip  # W = 1 and 2 find every failing row W = 3 adds (2 s less)
     return proc, json.loads(path.read_text()) if path.exists() else None
 

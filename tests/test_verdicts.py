@@ -274,3 +274,36 @@ def test_nn_all_gather_passes_within_its_declared_scope() -> None:
     statuses = {r.id: r.status for r in report.results}
     assert statuses == {"forward-float": "pass", "empty-some": "n/a"}, report.render()
     assert report.scope["--equal-shapes"] == "yes"
+
+
+# --- the JSON holds nothing that varies run to run --------------------------------------------
+
+
+@pytest.mark.multirank
+def test_two_runs_write_the_same_json_bytes_and_timings_only_on_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs of one seed write byte-identical JSON (a failing row, shrunk, included):
+    no seconds, paths, pids or ports; ``--timings`` puts the seconds back."""
+    argv = [
+        "--no-config", "--no-progress", "--impl", "vargather.testing.reference_seed:all_gather",
+        "--grad", "sum", "--world-sizes", "2", "--max-examples", "3", "--shrink-budget", "3",
+        "--only", "forward-float,gradient", "--seed", "4",
+    ]  # fmt: skip
+    texts = []
+    for i in range(2):
+        path = tmp_path / f"run{i}.json"
+        assert check_cli.main([*argv, "--json", str(path)]) == 1  # the seed's sum gradient
+        texts.append(path.read_bytes())
+    assert texts[0] == texts[1]
+    data = json.loads(texts[0])
+    assert "seconds" not in data
+    assert all("seconds" not in p for p in data["properties"])
+    assert any(p["failure"] is not None for p in data["properties"])
+    assert str(tmp_path) not in texts[0].decode()
+    timed = tmp_path / "timed.json"
+    check_cli.main([*argv, "--json", str(timed), "--timings"])
+    data = json.loads(timed.read_text())
+    assert isinstance(data["seconds"], float)
+    assert all(isinstance(p["seconds"], float) for p in data["properties"])
+    capsys.readouterr()

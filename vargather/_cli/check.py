@@ -209,6 +209,7 @@ def main(argv: Sequence[str]) -> int:
     sys.stdout.write(report.render())
     sys.stdout.flush()
     if options.json_path is not None:
+        report.timings = options.timings
         report.write_json(options.json_path)
     return report.exit_status
 

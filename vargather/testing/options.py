@@ -126,6 +126,8 @@ class CheckOptions:
     xfails: frozenset[str] = frozenset()
     xfails_path: str | None = None
     json_path: str | None = None
+    timings: bool = False
+    """``--timings``: the JSON report holds the ``seconds`` fields."""
     convention: str = "auto"
     transports: str = "auto"
     exitfirst: bool = False

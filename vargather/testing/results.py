@@ -124,9 +124,11 @@ class PropertyResult:
     ``examples`` counts the Hypothesis examples run before the verdict (for a failure:
     up to and including the first failing one), ``cases`` the gathers they held (an
     example is a batch of up to ``BATCH`` cases on one world, one pool round trip);
-    ``shrink_runs`` the further examples Hypothesis ran shrinking a failure. ``status``: pass, fail, xfail (failed and listed in
-    the xfails file), xpass (listed but held: a failure, xfails are strict), ``n/a``
-    (does not apply to this implementation or these world sizes; ``reason`` says why).
+    ``shrink_runs`` the further examples Hypothesis ran shrinking a failure. ``status``:
+    pass, fail, xfail (failed and listed in the xfails file), xpass (listed but held: a
+    failure, xfails are strict), ``n/a`` (does not apply to this implementation or these
+    world sizes; ``reason`` says why). ``seconds`` is in the JSON only with ``timings``
+    (``--timings``): without it a seed's JSON is the same bytes every run.
     """
 
     id: str
@@ -167,7 +169,7 @@ class PropertyResult:
             examples=data["examples"],
             cases=data["cases"],
             shrink_runs=data["shrink_runs"],
-            seconds=data["seconds"],
+            seconds=data.get("seconds", 0.0),
             reason=data["reason"],
             hint=data.get("hint"),
             failure=None
@@ -185,20 +187,20 @@ class PropertyResult:
             nan_payloads=None if nans is None else NanPayloads(**nans),
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return {
+    def to_json(self, timings: bool = False) -> dict[str, Any]:
+        data = {
             "id": self.id,
             "title": self.title,
             "status": self.status,
             "examples": self.examples,
             "cases": self.cases,
             "shrink_runs": self.shrink_runs,
-            "seconds": round(self.seconds, 3),
             "reason": self.reason,
             "failure": None if self.failure is None else self.failure.to_json(),
             "hint": self.hint,
             "nan_payloads": None if self.nan_payloads is None else self.nan_payloads.to_json(),
         }
+        return {**data, "seconds": round(self.seconds, 3)} if timings else data
 
 
 @dataclass
@@ -228,6 +230,8 @@ class Report:
     """The collective checked (``--op``)."""
     batch: int = BATCH
     """Calls per example at most (the header says so)."""
+    timings: bool = False
+    """``--timings``: the JSON holds the ``seconds`` fields (which differ every run)."""
 
     @property
     def exit_status(self) -> int:
@@ -241,7 +245,7 @@ class Report:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "schema": REPORT_SCHEMA,
             "impl": self.impl,
             "impl_display": self.impl_display,
@@ -258,11 +262,11 @@ class Report:
             "refused_transports": dict(self.refused_transports),
             "scope": dict(self.scope),
             "strict": self.strict,
-            "properties": [r.to_json() for r in self.results],
+            "properties": [r.to_json(self.timings) for r in self.results],
             "summary": self.counts(),
             "exit_status": self.exit_status,
-            "seconds": round(self.seconds, 3),
         }
+        return {**data, "seconds": round(self.seconds, 3)} if self.timings else data
 
     def write_json(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:

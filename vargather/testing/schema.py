@@ -400,6 +400,13 @@ OPTIONS: Final[tuple[Option, ...]] = (
         field_name="json_path",
     ),
     Option(
+        "timings",
+        "flag",
+        "the JSON report holds each row's and the run's seconds (left out by default: "
+        "without them a seed's JSON is the same bytes every run)",
+        surfaces=frozenset({CLI, CONFIG}),
+    ),
+    Option(
         "only",
         "ids",
         "run only these properties (default: all)",
