@@ -34,8 +34,9 @@ from vargather.testing.dtensor_program import (
 )
 from vargather.testing.dtensor_programs import KINDS, dtensor_programs, smaller_programs
 from vargather.testing.dtensor_rank import ProgramReport
-from vargather.testing.dtensor_target import judge_program, run_dtensor_check
+from vargather.testing.dtensor_target import TARGET, judge_program
 from vargather.testing.options import CheckOptions
+from vargather.testing.program_rows import run_program_check
 from vargather.testing.progress import Progress
 
 
@@ -314,7 +315,7 @@ def _search(defect: Defect, only: tuple[str, ...], **budget: int) -> Any:
     def factory(world: int) -> Any:
         return pools.setdefault(world, StandInPool(world, defect))
 
-    return run_dtensor_check(options, Progress(None, 0), factory, {})
+    return run_program_check(TARGET, options, Progress(None, 0), factory, {})
 
 
 def test_the_oracle_itself_passes_every_row() -> None:

@@ -166,8 +166,8 @@ ENGINE_ORDER = [
     "dtensor_program",  # the dtensor target's program and oracle,
     "dtensor_programs",  # its Hypothesis strategies and last shrinking passes,
     "dtensor_rank",  # its rank side (beneath the engine: no engine module imported)
+    "program_rows",  # the rows of the targets that run programs of their own
     "dtensor_target",
-    "program_rows",
     "ulysses_target",
     "ep_dispatch_target",
     "targets",

@@ -261,12 +261,14 @@ def test_list_with_a_program_target_prints_its_rows(capsys: pytest.CaptureFixtur
 
 
 def test_the_plugin_collects_a_program_targets_rows() -> None:
+    from vargather.testing import dtensor_target as dt
     from vargather.testing.plugin import _rows
     from vargather.testing.targets import program_rows
 
     assert [row for row, _ in _rows("all_to_all_v", "deepspeed-ulysses")] == list(ul.ROW_IDS)
     assert program_rows("torchtitan-ep-dispatch") == [(r.id, r.title) for r in ep.ROWS]
-    assert program_rows("dtensor") is None
+    assert [row for row, _ in _rows("all_gather_v", "dtensor")] == [r.id for r in dt.ROWS]
+    assert program_rows("funcol-all-to-all") is None  # a MODULE:ATTR call: the catalogue's rows
 
 
 @pytest.mark.slow

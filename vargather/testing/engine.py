@@ -229,11 +229,6 @@ def _run_check(
     started = time.monotonic()
     _check_json_path(options.json_path)
     cwd = ensure_import_path()
-    if options.target == "dtensor":  # rows of its own: DTensor's meshes and placements
-        from .dtensor_target import run_dtensor_check
-
-        factory = pool_factory or _default_factory(options.timeout)
-        return run_dtensor_check(options, Progress(progress_callback, 0), factory, _versions())
     program = program_runner(options.target)
     if program is not None:  # a target with programs and an oracle of its own
         factory = pool_factory or _default_factory(options.timeout)

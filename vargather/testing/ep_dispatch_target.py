@@ -2,7 +2,7 @@
 
 Where it sits: in the gate's engine in the testing kit, beside ``ulysses_target``,
 above ``program_rows`` (which runs its rows) and beneath ``targets`` (the registry
-that names it) and ``engine``. torchtitan is an optional extra (``vargather[torchtitan]``,
+that names it). torchtitan is an optional extra (``vargather[torchtitan]``,
 then torchtitan itself with ``--no-deps``); it is imported inside functions only, and
 typed ``Any``.
 
@@ -35,7 +35,7 @@ more MoE layers (their own expert and top-k counts) and run them in turn.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -45,23 +45,26 @@ from hypothesis import strategies as st
 from . import emulate
 from .asserts import bitwise_difference
 from .family import values
-from .options import CheckOptions
-from .pool import RankPool
-from .program_rows import ProgramRow, ProgramTarget, raised_message, run_program_check
+from .program_rows import (
+    FLOAT_DTYPES,
+    ProgramRow,
+    ProgramTarget,
+    all_worlds,
+    multi_worlds,
+    raised_message,
+)
 from .progress import Progress
-from .results import Report
 
 __all__ = [
     "ROW_IDS",
+    "TARGET",
     "DispatchProgram",
     "Layer",
     "expected_layer",
     "judge_dispatch",
     "run_dispatch_program",
-    "run_target",
 ]
 
-DTYPES: Final = ("float32", "bfloat16", "float16", "float64")
 BACKENDS: Final = ("spmd_types", "partial_dtensor")
 
 
@@ -206,7 +209,7 @@ def dispatch_programs(
             for ly in drawn
         ]
     return DispatchProgram(
-        world, tuple(drawn), draw(st.sampled_from(DTYPES)), draw(st.sampled_from(BACKENDS))
+        world, tuple(drawn), draw(st.sampled_from(FLOAT_DTYPES)), draw(st.sampled_from(BACKENDS))
     )
 
 
@@ -328,77 +331,64 @@ def judge_dispatch(
 # --- the rows --------------------------------------------------------------------------
 
 
-def _all(world_sizes: Sequence[int]) -> tuple[int, ...]:
-    return tuple(w for w in world_sizes if 1 <= w <= 4)
-
-
-def _multi(world_sizes: Sequence[int]) -> tuple[int, ...]:
-    return tuple(w for w in world_sizes if 2 <= w <= 4)
-
-
 ROWS: Final = (
     ProgramRow(
         "dispatch",
         "dispatch: each rank receives its experts' tokens from every rank, expert-major, "
         "sources in rank order, with the per-expert counts",
         lambda w: dispatch_programs(w, grad=False),
-        _all,
+        all_worlds,
     ),
     ProgramRow(
         "round-trip",
         "dispatch then combine with identity experts and unit scores is the identity",
         lambda w: dispatch_programs(w, identity=True),
-        _all,
+        all_worlds,
     ),
     ProgramRow(
         "gradient",
         "backward through combine and dispatch: x's and the scores' gradients, each "
         "rank's upstream differing",
         lambda w: dispatch_programs(w, grad=True),
-        _all,
+        all_worlds,
     ),
     ProgramRow(
         "empty",
         "at most one token per rank: ranks that send some rank nothing, experts with none",
         lambda w: dispatch_programs(w, empty=True),
-        _multi,
+        multi_worlds,
     ),
     ProgramRow(
         "layers",
         "several MoE layers (their own expert and top-k counts) built in one process, "
         "then run in turn",
         lambda w: dispatch_programs(w, layers=3),
-        _multi,
+        multi_worlds,
     ),
 )
 ROW_IDS: Final = tuple(row.id for row in ROWS)
 
 
-def run_target(
-    options: CheckOptions,
-    progress: Progress,
-    factory: Callable[[int], RankPool],
-    versions: dict[str, str],
-) -> Report:
-    """``check --target torchtitan-ep-dispatch``: every row of ``ROWS``."""
+def _prepare(progress: Progress) -> tuple[str, dict[str, str]]:
     from importlib.metadata import version
 
     release = version("torchtitan")
-    target = ProgramTarget(
-        name="torchtitan-ep-dispatch",
-        display=f"torchtitan {release}: AllToAllTokenDispatcher dispatch / combine",
-        call="dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK, "
-        "num_local_tokens_per_expert_E); combine(routed_output_RD, metadata, x_TD)",
-        grad="sum",
-        rows=ROWS,
-        run=run_dispatch_program,
-        judge=judge_dispatch,
-        describe=describe,
-        scope={
-            "--tokens": "the same count on every rank (MoE pads the sequence before routing)",
-            "--emulate": "nccl for the spmd_types backend (its list all_to_all is uneven)",
-        },
-    )
-    return run_program_check(
-        target, options, progress, factory, {**versions, "torchtitan": release}
-    )
+    return f"torchtitan {release}: {TARGET.display}", {"torchtitan": release}
+
+
+TARGET: Final = ProgramTarget(
+    name="torchtitan-ep-dispatch",
+    display="AllToAllTokenDispatcher dispatch / combine",
+    call="dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E); "
+    "combine(routed_output_RD, metadata, x_TD)",
+    grad="sum",
+    rows=ROWS,
+    run=run_dispatch_program,
+    judge=judge_dispatch,
+    describe=describe,
+    scope={
+        "--tokens": "the same count on every rank (MoE pads the sequence before routing)",
+        "--emulate": "nccl for the spmd_types backend (its list all_to_all is uneven)",
+    },
+    prepare=_prepare,
+)

@@ -82,7 +82,7 @@ def configure(values: Mapping[str, object]) -> CheckOptions:
             if raw is not None:
                 given[option.name] = True if option.is_flag else option.parse_text(str(raw))
         options = apply_target(build_options(given, config_path=config_path, progress=False))
-        if options.target == "dtensor" or program_rows(options.target) is not None:
+        if program_rows(options.target) is not None:
             # rows of its own, nothing to import or resolve
             return options
         info = resolve_options_impl(options, None)
@@ -202,14 +202,10 @@ class PropertyCollector(pytest.Collector):
 
 
 def _rows(op: str, target: str | None = None) -> list[tuple[str, str]]:
-    """The (id, title) of every row of ``op``'s catalogue (the dtensor target's own)."""
+    """The (id, title) of every row of ``op``'s catalogue (a program target's own)."""
     programs = program_rows(target)
     if programs is not None:  # a target that runs programs of its own
         return programs
-    if target == "dtensor":
-        from .dtensor_target import ROWS
-
-        return [(row_id, title) for row_id, _, title in ROWS]
     return [(row.id, row.title) for row in catalogue(dataclasses.replace(VARGATHER, op=op))]
 
 

@@ -1,23 +1,25 @@
 """Rows of programs: how the gate runs a built-in target that brings its own oracle.
 
-Where it sits: in the gate's engine in the testing kit, beneath ``ulysses_target``
-and ``ep_dispatch_target`` (the two targets that draw programs: DeepSpeed's Ulysses
-sequence parallelism and torchtitan's expert-parallel token dispatch) and beneath
-``targets`` (the registry, which names each target's module). A target of this kind
-is not one ``MODULE:ATTR`` call the catalogue's rows can drive: it is a program that
-builds state (process groups, models, per-model head counts) and then calls the code
+Where it sits: in the gate's engine in the testing kit, beneath the three targets that
+draw programs (``dtensor_target``: DTensor's meshes and placements; ``ulysses_target``:
+DeepSpeed's Ulysses sequence parallelism; ``ep_dispatch_target``: torchtitan's
+expert-parallel token dispatch) and beneath ``targets`` (the registry, which names
+each target's module and runs its ``TARGET`` with ``run_program_check``). A target of
+this kind is not one ``MODULE:ATTR`` call the catalogue's rows can drive: it is a
+program that builds state (meshes, process groups, models) and then calls the code
 under test several times, and its oracle is the global tensor sliced on one process.
 
 A target module gives a ``ProgramTarget``: its rows (an id, a title, the strategy of
 one case for the run's world sizes, the world sizes the row needs), the rank function
 (module level, for the pool: ``run(ctx, case) -> report``), the judge (``judge(case,
-reports) -> [(aspect, message)]``, empty when the case holds) and its header.
-``run_program_check`` runs every row as a seeded Hypothesis test: the cases are drawn
-in the parent and sent to the ranks in batches of a few, shrinking is budgeted by
-count (``--shrink-budget``), a world that died in a case (gloo aborts a rank on a size
-mismatch) gets a few shrinking attempts only, a hang none, and each failure carries a
-``reproduce:`` line. Messages of crashes and waits are put in a fixed form (numbers
-out, peers' waiting as one note), so the same seed gives the same JSON every run.
+reports) -> [(aspect, message)]``, empty when the case holds), its header, and
+optionally ``smaller`` (the last shrinking passes). ``run_program_check`` runs every
+row as a seeded Hypothesis test: the cases are drawn in the parent and sent to the
+ranks in batches, shrinking is budgeted by count (``--shrink-budget``), never by time;
+a world that died in a case (gloo aborts a rank on a size mismatch) gets a few
+shrinking attempts only, a hang none, and each failure carries a ``reproduce:`` line.
+Messages of crashes and waits are put in a fixed form (numbers out, peers' waiting as
+one note), so the same seed gives the same JSON every run.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
 from hypothesis import strategies as st
@@ -44,23 +46,38 @@ from .verdict import with_xfail
 __all__ = [
     "BATCH",
     "CRASH_SHRINKS",
+    "FLOAT_DTYPES",
     "PEERS_WAITED",
     "ProgramRow",
     "ProgramTarget",
+    "all_worlds",
     "first_real_error",
+    "multi_worlds",
     "quiet_stdout",
     "raised_message",
     "run_program_check",
 ]
 
 BATCH: Final = 3
-"""Programs per example (one pool round trip on one world)."""
+"""Programs per example at most (one pool round trip on one world), unless the target
+says otherwise."""
 CRASH_SHRINKS: Final = 16
 """Shrinking attempts after a failure that cost a world (a rank died): each rebuilds
 the world, so the search stops early rather than spend the target's time budget."""
 WAIT_SHRINKS: Final = 2
 """Shrinking attempts after a failure where a rank waited for a peer until its
 collective timeout (seconds each)."""
+FLOAT_DTYPES: Final = ("float32", "bfloat16", "float16", "float64")
+
+
+def all_worlds(world_sizes: Sequence[int]) -> tuple[int, ...]:
+    """The worlds of 1 to 4 ranks among ``world_sizes``."""
+    return tuple(w for w in world_sizes if 1 <= w <= 4)
+
+
+def multi_worlds(world_sizes: Sequence[int]) -> tuple[int, ...]:
+    """The worlds of 2 to 4 ranks among ``world_sizes``."""
+    return tuple(w for w in world_sizes if 2 <= w <= 4)
 
 
 @dataclass(frozen=True)
@@ -72,12 +89,15 @@ class ProgramRow:
     id: str
     title: str
     cases: Callable[[Sequence[int]], st.SearchStrategy[Any]]
-    worlds: Callable[[Sequence[int]], tuple[int, ...]]
+    worlds: Callable[[Sequence[int]], Sequence[int]]
 
 
 @dataclass(frozen=True)
 class ProgramTarget:
-    """A target that runs programs of its own (see the module docstring)."""
+    """A target that runs programs of its own (see the module docstring).
+    ``prepare(progress)``, run in the parent before the ranks start, gives the report's
+    header (default ``display``) and the releases to add to its versions; ``smaller(case,
+    worlds)`` the cases one edit smaller than a failing one, in a fixed order."""
 
     name: str
     display: str
@@ -88,6 +108,9 @@ class ProgramTarget:
     judge: Callable[[Any, Sequence[Any]], list[tuple[str, str]]]
     describe: Callable[[Any], str]
     scope: dict[str, str] = field(default_factory=dict)
+    batch: int = BATCH
+    smaller: Callable[[Any, Sequence[int]], Iterable[Any]] | None = None
+    prepare: Callable[[Progress], tuple[str, dict[str, str]]] | None = None
 
 
 def first_real_error(errors: dict[int, tuple[str, str]]) -> tuple[int, str] | None:
@@ -174,12 +197,87 @@ def _in_flight(err: PoolFailure, count: int) -> int | None:
 def _reproduction(
     target: ProgramTarget, row: str, options: CheckOptions, batch: Sequence[Any]
 ) -> str:
+    """The programs in words and as data, and the command that re-runs the search."""
     listed = "\n".join(f"  {target.describe(c)}\n  {c!r}" for c in batch)
+    command = (
+        f"python -m vargather check --target {target.name} --only {row} --seed {options.seed} "
+        f"--max-examples {options.max_examples}"
+    )
+    if tuple(sorted(options.world_sizes)) != CheckOptions().world_sizes:
+        command += f" --world-sizes {','.join(map(str, sorted(options.world_sizes)))}"
+    if options.shrink_budget != CheckOptions().shrink_budget:
+        command += f" --shrink-budget {options.shrink_budget}"
     return (
         f"{len(batch)} program(s) on a gloo world of {batch[0].world_size} rank(s), in "
-        f"order:\n{listed}\n  reproduce: python -m vargather check --target {target.name} "
-        f"--only {row} --seed {options.seed} --max-examples {options.max_examples}"
+        f"order:\n{listed}\n  reproduce: {command}"
     )
+
+
+@dataclass
+class _RowState:
+    budget: int
+    """Shrinking runs allowed now (Hypothesis's share, then all of ``--shrink-budget``)."""
+    cap: int = 1 << 30
+    """Shrinking runs allowed at most, whatever the budget: lowered when a failure cost
+    a world or waited out a timeout."""
+    examples: int = 0
+    cases: int = 0
+    shrink: int = 0
+    failed: bool = False
+    last: PropertyFailure | None = None
+    case: Any = None
+    """The last program the judge failed (where the last passes start)."""
+    memo: dict[str, tuple[PropertyFailure | None, Any]] = field(default_factory=dict)
+
+
+def _run_batch(
+    target: ProgramTarget,
+    row: ProgramRow,
+    options: CheckOptions,
+    batch: list[Any],
+    factory: Callable[[int], RankPool],
+    state: _RowState,
+) -> tuple[PropertyFailure | None, Any]:
+    """One batch on its world: its first failure and the program the judge failed
+    (``None`` for a world that failed), or ``(None, None)``."""
+    failure: PropertyFailure | None = None
+    try:
+        results = factory(batch[0].world_size).run_many(target.run, batch)
+    except PoolFailure as err:
+        kind, message = _crash_message(err)
+        index = _in_flight(err, len(batch))
+        if index is not None:  # the programs after the one that killed it never ran
+            batch = batch[: index + 1]
+        # a hang costs --timeout each time: no shrinking; a crash a world: a few
+        state.cap = min(state.cap, state.shrink + (0 if kind == "hang" else CRASH_SHRINKS))
+        failure = PropertyFailure(kind, message, aspect="call")
+    except RankError as err:  # the harness's own rank function broke
+        message = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+        failure = PropertyFailure("checker", message, aspect="call")
+    if failure is not None:
+        case = {**asdict(batch[-1]), "repr": repr(batch[-1])}
+        reproduction = _reproduction(target, row.id, options, batch)
+        return replace(failure, case=case, reproduction=reproduction), None
+    for i, (case, reports) in enumerate(zip(batch, results, strict=True)):
+        failures = target.judge(case, reports)
+        if failures:
+            aspect = failures[0][0]
+            if aspect == "raised":
+                # a rank raised mid-exchange: its peers' gloo pairs may be closed
+                # (a timeout closes them) though every rank issued the same count
+                factory(batch[0].world_size).restart()
+            if PEERS_WAITED in failures[0][1]:
+                # a peer waited out its timeout: each further attempt would again
+                state.cap = min(state.cap, state.shrink + WAIT_SHRINKS)
+            found = PropertyFailure(
+                "error" if aspect == "raised" else "mismatch",
+                "\n".join(f"[{a}] {m}" for a, m in failures[:4]),
+                {**asdict(case), "repr": repr(case)},
+                _reproduction(target, row.id, options, batch[: i + 1]),
+                aspect=aspect,
+            )
+            return found, case
+    return None, None
 
 
 def _evaluate(
@@ -191,97 +289,83 @@ def _evaluate(
     progress: Progress,
 ) -> PropertyResult:
     started = time.monotonic()
-    state: dict[str, Any] = {"examples": 0, "cases": 0, "shrink": 0, "failed": False}
-    state["budget"] = options.shrink_budget
-    memo: dict[str, PropertyFailure | None] = {}
-    last: list[PropertyFailure] = []
     worlds = row.worlds(world_sizes)
+    # with last passes of its own, Hypothesis gets half the budget, the passes the rest
+    state = _RowState(options.shrink_budget // (2 if target.smaller else 1))
 
     @st.composite
     def batches(draw: Any) -> list[Any]:
         first = draw(row.cases(worlds))
-        more = draw(st.lists(row.cases((first.world_size,)), max_size=BATCH - 1))
+        more = draw(st.lists(row.cases((first.world_size,)), max_size=target.batch - 1))
         return [first, *more]
 
-    def run(batch: list[Any]) -> PropertyFailure | None:
-        if state["failed"]:
-            if state["shrink"] >= state["budget"]:
+    def run(batch: list[Any]) -> tuple[PropertyFailure | None, Any]:
+        key = repr(batch)
+        if key in state.memo:
+            return state.memo[key]
+        if state.failed:
+            if state.shrink >= min(state.budget, state.cap):
                 raise ShrinkBudgetSpent
-            state["shrink"] += 1
+            state.shrink += 1
         else:
-            state["examples"] += 1
-            state["cases"] += len(batch)
-            progress.note(f"{row.id}: {state['cases']} programs")
-        try:
-            results = factory(batch[0].world_size).run_many(target.run, batch)
-        except PoolFailure as err:
-            kind, message = _crash_message(err)
-            index = _in_flight(err, len(batch))
-            if index is not None:  # the programs after the one that killed it never ran
-                batch = batch[: index + 1]
-            if not state["failed"]:
-                state["failed"] = True
-            # a hang costs --timeout each time: no shrinking; a crash a world: a few
-            limit = 0 if kind == "hang" else CRASH_SHRINKS
-            state["budget"] = min(state["budget"], state["shrink"] + limit)
-            return PropertyFailure(
-                kind,
-                message,
-                {**asdict(batch[-1]), "repr": repr(batch[-1])},
-                _reproduction(target, row.id, options, batch),
-                aspect="call",
-            )
-        except RankError as err:  # the harness's own rank function broke
-            state["failed"] = True
-            return PropertyFailure(
-                "checker",
-                f"{type(err).__name__}: {str(err).splitlines()[0][:300]}",
-                {**asdict(batch[-1]), "repr": repr(batch[-1])},
-                _reproduction(target, row.id, options, batch),
-                aspect="call",
-            )
-        for i, (case, reports) in enumerate(zip(batch, results, strict=True)):
-            failures = target.judge(case, reports)
-            if failures:
-                state["failed"] = True
-                aspect = failures[0][0]
-                if aspect == "raised":
-                    # a rank raised mid-exchange: its peers' gloo pairs may be closed
-                    # (a timeout closes them) though every rank issued the same count
-                    factory(batch[0].world_size).restart()
-                if PEERS_WAITED in failures[0][1]:
-                    # a peer waited out its timeout: each further attempt would again
-                    state["budget"] = min(state["budget"], state["shrink"] + WAIT_SHRINKS)
-                return PropertyFailure(
-                    "error" if aspect == "raised" else "mismatch",
-                    "\n".join(f"[{a}] {m}" for a, m in failures[:4]),
-                    {**asdict(case), "repr": repr(case)},
-                    _reproduction(target, row.id, options, batch[: i + 1]),
-                    aspect=aspect,
-                )
-        return None
+            state.examples += 1
+            state.cases += len(batch)
+            progress.note(f"{row.id}: {state.cases} programs")
+        outcome = state.memo[key] = _run_batch(target, row, options, batch, factory, state)
+        state.failed = state.failed or outcome[0] is not None
+        return outcome
 
     def body(batch: list[Any]) -> None:
-        key = repr(batch)
-        failure = memo[key] if key in memo else run(batch)
-        memo[key] = failure
+        failure, case = run(batch)
         if failure is not None:
-            last[:] = [failure]
+            state.last = failure
+            state.case = case if case is not None else state.case
             raise FailingBatchError(failure)
 
-    failure = seeded_search(
-        batches(), body, options, options.max_examples, lambda: last[0] if last else None
-    )
+    failure = seeded_search(batches(), body, options, options.max_examples, lambda: state.last)
+    if failure is not None and target.smaller is not None and state.case is not None:
+        state.budget = options.shrink_budget
+        failure = _smallest(target.smaller, state.case, failure, worlds, lambda c: run([c])[0])
     return PropertyResult(
         row.id,
         row.title,
         "pass" if failure is None else "fail",
-        examples=state["examples"],
-        cases=state["cases"],
-        shrink_runs=state["shrink"],
+        examples=state.examples,
+        cases=state.cases,
+        shrink_runs=state.shrink,
         seconds=time.monotonic() - started,
         failure=failure,
     )
+
+
+def _smallest(
+    smaller: Callable[[Any, Sequence[int]], Iterable[Any]],
+    case: Any,
+    failure: PropertyFailure,
+    worlds: Sequence[int],
+    attempt: Callable[[Any], PropertyFailure | None],
+) -> PropertyFailure:
+    """The last shrinking passes, after Hypothesis's: the failing program alone, then
+    ``smaller``'s candidates in their fixed order, taking the first that fails the same
+    way (the same aspect) and starting over, until none does or the budget is spent
+    (``attempt`` raises ``ShrinkBudgetSpent``). The same candidates in the same order
+    every run."""
+    try:
+        alone = attempt(case)
+        if alone is None or alone.aspect != failure.aspect:
+            return failure
+        failure = alone
+        shrinking = True
+        while shrinking:
+            shrinking = False
+            for candidate in smaller(case, worlds):
+                found = attempt(candidate)
+                if found is not None and found.aspect == failure.aspect:
+                    case, failure, shrinking = candidate, found, True
+                    break
+    except ShrinkBudgetSpent:
+        pass
+    return failure
 
 
 def run_program_check(
@@ -294,6 +378,7 @@ def run_program_check(
     """Every row of ``target`` (``--only`` selects) as a seeded Hypothesis test on the
     gloo worlds of ``options.world_sizes``, into the gate's ``Report``."""
     started = time.monotonic()
+    display, releases = target.prepare(progress) if target.prepare else (target.display, {})
     world_sizes = tuple(sorted(options.world_sizes))
     rows = [r for r in target.rows if not options.only or r.id in options.only]
     progress.retotal(len(rows))
@@ -304,30 +389,29 @@ def run_program_check(
         factory(w)
     report = Report(
         impl=None,
-        impl_display=target.display,
+        impl_display=display,
         convention="program",
         grad=target.grad,
         world_sizes=world_sizes,
         max_examples=options.max_examples,
         seed=options.seed,
         xfails_path=options.xfails_path,
-        versions=versions,
+        versions={**versions, **releases},
         scope={**target.scope, "--world-sizes": ",".join(map(str, world_sizes))},
         strict=options.strict,
         call=target.call,
-        batch=BATCH,
+        batch=target.batch,
     )
     try:
         for row in rows:
             progress.phase(f"checking {row.id}")
             if options.exitfirst and any(r.failed for r in report.results):
-                result = PropertyResult(
-                    row.id, row.title, "skipped", reason="--exitfirst: an earlier property failed"
-                )
+                reason: str | None = "--exitfirst: an earlier property failed"
+                result = PropertyResult(row.id, row.title, "skipped", reason=reason)
             elif not row.worlds(world_sizes):
-                result = PropertyResult(
-                    row.id, row.title, "n/a", reason="needs a world of 2 to 4 ranks (--world-sizes)"
-                )
+                fits = row.worlds(range(1, 5))
+                reason = f"needs a world of {min(fits)} to {max(fits)} ranks (--world-sizes)"
+                result = PropertyResult(row.id, row.title, "n/a", reason=reason)
             else:
                 result = _evaluate(target, row, options, world_sizes, factory, progress)
             result = with_xfail(result, options.xfails)

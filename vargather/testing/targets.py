@@ -2,8 +2,9 @@
 
 Where it sits: in the gate's engine in the testing kit, beneath ``engine`` (which
 turns ``--target NAME`` into the options it stands for with ``apply_target`` before
-anything else runs) and beside ``dtensor_target`` (the rows of the one target that
-is not a plain ``MODULE:ATTR`` call: DTensor programs). ``python -m vargather check
+anything else runs) and above the targets that are not a plain ``MODULE:ATTR`` call
+but programs of their own (``dtensor_target``, ``ulysses_target``,
+``ep_dispatch_target``: each a ``program_rows.ProgramTarget``). ``python -m vargather check
 --target NAME`` runs a target; ``--target list`` prints ``listing()``. Every target
 declares what a fork declares in its ``[tool.vargather.check]`` table: the collective
 (``--op``), the implementation (``--impl``), the call template (``--call``, the
@@ -58,7 +59,7 @@ class Target:
     """One built-in target.
 
     ``op``: the collective (``--op``); ``impl``/``call``: what is called and how
-    (``None`` for ``dtensor``, which runs rows of its own); ``scope``: the
+    (``None`` for a target that runs programs of its own, ``program``); ``scope``: the
     ``CheckOptions`` fields it declares; ``why``: one line per declared option, why
     the target has that scope; ``requires``: (module, what to install when it is
     missing); ``preload``: modules imported once in the server the ranks fork from."""
@@ -81,8 +82,8 @@ class Target:
     what the code imports on first use, seconds per rank, which would otherwise count
     against the first example's timeout."""
     program: str | None = None
-    """A target that runs programs of its own (``program_rows``): its module in
-    ``vargather.testing``, which gives ``ROW_IDS`` and ``run_target``."""
+    """A target that runs programs of its own: its module in ``vargather.testing``,
+    whose ``TARGET`` is a ``program_rows.ProgramTarget``."""
 
 
 _MEGATRON: Final = (("megatron.core", _MEGATRON_MISSING),)
@@ -127,6 +128,7 @@ TARGETS: Final[tuple[Target, ...]] = (
         ),
         (("torch.distributed.tensor", "torch.distributed.tensor is not available"),),
         (*_DYNAMO, "torch.distributed.tensor"),
+        program="dtensor_target",
     ),
     Target(
         "funcol-all-to-all",
@@ -311,8 +313,7 @@ def listing() -> str:
         state = "available" if reason is None else f"unavailable: {reason}"
         lines.append(f"{t.name}: {state}")
         lines.append(f"  {t.title}")
-        module = t.program or "dtensor_target"
-        what = t.impl if t.impl is not None else f"built-in rows (vargather.testing.{module})"
+        what = t.impl or f"built-in rows (vargather.testing.{t.program})"
         lines.append(f"  --op {t.op}, {what}" + (f", --call '{t.call}'" if t.call else ""))
         scope = " ".join(f"--{k.replace('_', '-')} {_text(v)}" for k, v in t.scope.items())
         if scope:
@@ -375,30 +376,30 @@ def apply_target(options: CheckOptions) -> CheckOptions:
 def target_ids(target: Target) -> tuple[str, ...]:
     """The row ids of ``target`` (what ``--only`` and an xfails file name)."""
     if target.program is not None:  # a target that runs programs of its own
-        return tuple(_program_module(target.program).ROW_IDS)
-    if target.impl is None:  # the dtensor target's own rows
-        from .dtensor_target import DTENSOR_IDS
-
-        return DTENSOR_IDS
+        return tuple(row.id for row in _program_target(target.program).rows)
     from .properties import property_ids
 
     return property_ids(target.op)
 
 
-def _program_module(name: str) -> Any:
+def _program_target(module: str) -> Any:
+    """The ``ProgramTarget`` of a target module (``program_rows``)."""
     import importlib
 
-    return importlib.import_module(f"{__package__}.{name}")
+    return importlib.import_module(f"{__package__}.{module}").TARGET
 
 
 def program_runner(name: str | None) -> Any:
-    """``run_target(options, progress, factory, versions) -> Report`` of the target
-    called ``name`` when it runs programs of its own (``Target.program``), else
-    ``None``."""
+    """``run(options, progress, factory, versions) -> Report`` of the target called
+    ``name`` when it runs programs of its own (``Target.program``), else ``None``."""
     target = _BY_NAME.get(name or "")
     if target is None or target.program is None:
         return None
-    return _program_module(target.program).run_target
+    from functools import partial
+
+    from .program_rows import run_program_check
+
+    return partial(run_program_check, _program_target(target.program))
 
 
 def program_rows(name: str | None) -> list[tuple[str, str]] | None:
@@ -407,7 +408,7 @@ def program_rows(name: str | None) -> list[tuple[str, str]] | None:
     target = _BY_NAME.get(name or "")
     if target is None or target.program is None:
         return None
-    return [(row.id, row.title) for row in _program_module(target.program).ROWS]
+    return [(row.id, row.title) for row in _program_target(target.program).rows]
 
 
 def _check_ids(name: str, target: Target, options: CheckOptions) -> None:

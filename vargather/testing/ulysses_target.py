@@ -2,8 +2,7 @@
 
 Where it sits: in the gate's engine in the testing kit, beside ``ep_dispatch_target``,
 above ``program_rows`` (which runs its rows) and beneath ``targets`` (the registry
-that names it) and ``engine`` (which hands ``--target deepspeed-ulysses`` to
-``run_target``). DeepSpeed is an optional extra (``vargather[deepspeed]``); it
+that names it). DeepSpeed is an optional extra (``vargather[deepspeed]``); it
 is imported inside functions only, and typed ``Any`` (it ships no type information).
 
 What it checks: ``deepspeed.sequence.layer``'s ``single_all_to_all`` and
@@ -50,21 +49,21 @@ from hypothesis import strategies as st
 
 from .asserts import bitwise_difference
 from .family import values
-from .options import CheckOptions
-from .pool import RankPool
 from .program_rows import (
+    FLOAT_DTYPES,
     ProgramRow,
     ProgramTarget,
+    all_worlds,
     first_real_error,
+    multi_worlds,
     quiet_stdout,
     raised_message,
-    run_program_check,
 )
 from .progress import Progress
-from .results import Report
 
 __all__ = [
     "ROW_IDS",
+    "TARGET",
     "Model",
     "Step",
     "UlyssesProgram",
@@ -72,11 +71,9 @@ __all__ = [
     "head_split",
     "judge_ulysses",
     "local_attention",
-    "run_target",
     "run_ulysses_program",
 ]
 
-DTYPES: Final = ("float32", "bfloat16", "float16", "float64")
 KINDS: Final = ("seq-to-heads", "round-trip", "attention")
 
 
@@ -294,7 +291,7 @@ def ulysses_programs(
                 seed=draw(st.integers(0, 2**16)),
             )
         )
-    dtype = draw(st.sampled_from(DTYPES))
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
     return UlyssesProgram(world, built, tuple(chosen), dtype, refusal)
 
 
@@ -541,105 +538,87 @@ def judge_ulysses(
 # --- the rows --------------------------------------------------------------------------
 
 
-def _all(world_sizes: Sequence[int]) -> tuple[int, ...]:
-    return tuple(w for w in world_sizes if 1 <= w <= 4)
-
-
-def _multi(world_sizes: Sequence[int]) -> tuple[int, ...]:
-    return tuple(w for w in world_sizes if 2 <= w <= 4)
-
-
 ROWS: Final = (
     ProgramRow(
         "seq-to-heads",
         "single_all_to_all from sequence to heads shards: each rank's heads of the whole "
         "sequence, both layouts, query and key/value tensors, even and uneven heads",
         lambda w: ulysses_programs(w, ("seq-to-heads",), grad=False),
-        _all,
+        all_worlds,
     ),
     ProgramRow(
         "round-trip",
         "sequence -> heads -> sequence is the identity (single_all_to_all both ways)",
         lambda w: ulysses_programs(w, ("round-trip",)),
-        _all,
+        all_worlds,
     ),
     ProgramRow(
         "gradient",
         "_SeqAllToAll.apply's backward: each rank's sequence chunk of the global upstream "
         "gradient (each rank's upstream differs)",
         lambda w: ulysses_programs(w, ("seq-to-heads",), grad=True),
-        _all,
+        all_worlds,
     ),
     ProgramRow(
         "attention",
         "DistributedAttention, MHA and GQA, forward and backward: the global attention's "
         "sequence chunk, bit for bit",
         lambda w: ulysses_programs(w, ("attention",)),
-        _all,
+        all_worlds,
     ),
     ProgramRow(
         "uneven-heads",
         "key/value head counts the sequence-parallel degree does not divide (remainder "
         "heads on the first ranks), every kind of call",
         lambda w: ulysses_programs(w, KINDS, steps=2, uneven=True),
-        _multi,
+        multi_worlds,
     ),
     ProgramRow(
         "programs",
         "several models with different head counts built in one process, then calls on "
         "them in turn (the process-wide head count of DeepSpeed #8291)",
         lambda w: ulysses_programs(w, KINDS, models=3, steps=4),
-        _multi,
+        multi_worlds,
     ),
     ProgramRow(
         "fewer-heads-than-ranks",
         "fewer key/value heads than ranks: every rank refuses (no hang, no crash)",
         lambda w: ulysses_programs(w, ("attention", "seq-to-heads"), refusal=True),
-        _multi,
+        multi_worlds,
     ),
 )
 ROW_IDS: Final = tuple(row.id for row in ROWS)
 
 
-def prepare() -> Release:
+def _prepare(progress: Progress) -> tuple[str, dict[str, str]]:
     """In the parent, before the ranks start: the release's signatures, and DeepSpeed's
     CPU communication op built once (a JIT build of about a minute on a cold cache,
     which the ranks then load instead of each building it within a case's timeout)."""
-    rel = release()
     import importlib
 
-    ds_torch = importlib.import_module("deepspeed.comm.torch")  # untyped: Any
-
-    with quiet_stdout():
-        ds_torch.build_shm_op()
-    return rel
-
-
-def run_target(
-    options: CheckOptions,
-    progress: Progress,
-    factory: Callable[[int], RankPool],
-    versions: dict[str, str],
-) -> Report:
-    """``check --target deepspeed-ulysses``: every row of ``ROWS``."""
     progress.phase("reading the DeepSpeed release (first run: building its CPU comm op)")
-    rel = prepare()
+    rel = release()
+    with quiet_stdout():
+        importlib.import_module("deepspeed.comm.torch").build_shm_op()  # untyped: Any
     takes = "takes num_kv_heads" if rel.single_takes_kv else "no num_kv_heads"
-    target = ProgramTarget(
-        name="deepspeed-ulysses",
-        display=f"DeepSpeed {rel.version} Ulysses: deepspeed.sequence.layer ({takes})",
-        call="single_all_to_all / _SeqAllToAll.apply(group, x, 2, seq_dim, batch_dim_idx) / "
-        "DistributedAttention(attn, group, 2, seq_dim)(q, k, v, batch_dim_idx)",
-        grad="sum",
-        rows=ROWS,
-        run=run_ulysses_program,
-        judge=judge_ulysses,
-        describe=describe,
-        scope={
-            "--sequence": "divisible by the ranks (no release splits an uneven sequence)",
-            "--heads": "at least the ranks (fewer: a refusal row)",
-        },
-    )
-    return run_program_check(
-        target, options, progress, factory, {**versions, "deepspeed": rel.version}
-    )
+    return f"DeepSpeed {rel.version} Ulysses: {TARGET.display} ({takes})", {
+        "deepspeed": rel.version
+    }
+
+
+TARGET: Final = ProgramTarget(
+    name="deepspeed-ulysses",
+    display="deepspeed.sequence.layer",
+    call="single_all_to_all / _SeqAllToAll.apply(group, x, 2, seq_dim, batch_dim_idx) / "
+    "DistributedAttention(attn, group, 2, seq_dim)(q, k, v, batch_dim_idx)",
+    grad="sum",
+    rows=ROWS,
+    run=run_ulysses_program,
+    judge=judge_ulysses,
+    describe=describe,
+    scope={
+        "--sequence": "divisible by the ranks (no release splits an uneven sequence)",
+        "--heads": "at least the ranks (fewer: a refusal row)",
+    },
+    prepare=_prepare,
+)
