@@ -1,24 +1,14 @@
-"""The Hypothesis strategies that draw DTensor programs (``dtensor_program``).
+"""The Hypothesis strategies that draw DTensor programs (``dtensor_program``), and the
+last shrinking passes (``smaller_programs``).
 
-Where it sits: beneath the ``dtensor`` target (``dtensor_target``, which runs the
-drawn programs as seeded Hypothesis tests in the parent process and shrinks a failing
-one there), above ``dtensor_program`` (the program and its oracle). Hypothesis draws
-in the parent only; the ranks get finished programs.
+Where it sits: beneath the ``dtensor`` target (``dtensor_target``, whose rows
+``program_rows`` runs as seeded Hypothesis tests in the parent process), above
+``dtensor_program`` (the program and its oracle). The ranks get finished programs.
 
 Every choice is drawn so that Hypothesis shrinks toward the smallest program: the
 world (ascending), the mesh (1-D before 2-D before 3-D), no flattened views, the world
 mesh before its views and submeshes, fewer tensor dims and rows, ``float32``, fewer
-steps, ``Replicate`` before ``Shard``.
-
-Meshes are drawn as trainers build them: a world mesh of every shape the world allows
-(``(4,)``, ``(2, 2)``, ``(1, 4)``, ``(1, 2, 2)``, ...) with named dims from trainers'
-vocabularies (torchtitan's ``dp_replicate``/``dp_shard``/``cp``/``tp``, ``pp``), then
-flattened views of adjacent dims in any order (torchtitan creates ``dp``, then
-``dp_shard_cp``, then ``dp_cp``). Placements are drawn per mesh dim: ``Replicate``,
-``Shard(d)`` of any tensor dim (so one tensor dim over several mesh dims too),
-``_StridedShard`` where FSDP2 with TP makes it (the first mesh dim sharding a tensor
-dim that later mesh dims shard too), ``Partial`` sum and avg in the start only (torch
-refuses ``redistribute`` to Partial: "for internal use only").
+steps, ``Replicate`` before ``Shard``. docs/targets.md lists what is drawn.
 """
 
 from __future__ import annotations

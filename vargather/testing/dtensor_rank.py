@@ -1,19 +1,13 @@
 """The rank side of the ``dtensor`` target: build a program's mesh setup, run it.
 
-Where it sits: beneath the ``dtensor`` target (``dtensor_target``, which ships drawn
-programs to a pool of gloo ranks with ``RankPool.run_many``), above
-``dtensor_program`` (the program, and each rank's local and upstream pieces). It runs
-inside a rank process of the kit's pool; its functions are module level so the pool
-can pickle them.
+Where it sits: beneath ``dtensor_target`` (whose programs ``program_rows`` ships to a
+pool of gloo ranks), above ``dtensor_program`` (the program, and each rank's local and
+upstream pieces); module level functions, for the pool to pickle.
 
-A world mesh is built once per rank process for each (shape, dim names), as trainers
-build it once; building one is collective (``new_group`` for every subgroup of every
-dim, on every rank), which the programs of one batch do in the same order on every
-rank. Each flattened view is created once, through ``mesh[dims]._flatten(name)``. A
-program then sees exactly the views it names, in its order, whatever ran before it:
-the world mesh's ``_flatten_mapping`` (torch's registry of a mesh's flattened views,
-the one DTensor's ``redistribute`` consults) is set to them before it runs. Building
-a fresh mesh per setup instead would create thousands of gloo groups per run.
+A world mesh is built once per rank process for each (shape, dim names), and each
+flattened view once (``mesh[dims]._flatten(name)``); before a program runs, the world
+mesh's ``_flatten_mapping`` (the registry ``redistribute`` consults) is set to exactly
+its views, in its order. A fresh mesh per setup would create thousands of gloo groups.
 """
 
 from __future__ import annotations

@@ -3,22 +3,15 @@
 Where it sits: in the gate's engine in the testing kit, beside ``ulysses_target`` and
 ``ep_dispatch_target``, above ``program_rows`` (which runs its rows: the search, the
 shrinking, the report) and beneath ``targets`` (the registry that names it). Beneath
-it: ``dtensor_programs`` (the Hypothesis strategies and the last shrinking passes, run
-in the parent process), ``dtensor_rank`` (the rank side, run in the pool's gloo ranks)
-and ``dtensor_program`` (a program and its single-process oracle).
+it: ``dtensor_programs`` (the strategies and the last shrinking passes),
+``dtensor_rank`` (the rank side) and ``dtensor_program`` (a program and its oracle,
+where the math is stated).
 
-A case is a program, not a call: a mesh set up as trainers set it up (a world mesh
-with named dims, its flattened views and submeshes created and kept alive), a tensor
-of uneven sizes, a start placement reached through ``distribute_tensor`` or
-``DTensor.from_local(..., shape=, stride=)``, and up to 4 ``redistribute`` steps.
-Every state is judged bit for bit: each rank's local tensor against its
-``torch.chunk`` piece of the global tensor (mesh dims in DTensor's order),
-``full_tensor()`` against the global tensor, and the gradient of one backward through
-every step against its piece of the summed upstream gradients (``dtensor_program``
-states the math).
-
-A failing batch is shrunk toward the smallest program (fewest steps, smallest mesh,
-fewest rows): Hypothesis's passes, then ``smaller_programs``'.
+A case is a program: a mesh set up as trainers set it up, a tensor of uneven sizes, a
+start through ``distribute_tensor`` or ``DTensor.from_local(..., shape=, stride=)``,
+and up to 4 ``redistribute`` steps. Every state is judged bit for bit on every rank:
+its local against its ``torch.chunk`` piece, ``full_tensor()`` against the global
+tensor, and the gradient of one backward through every step against its piece.
 """
 
 from __future__ import annotations

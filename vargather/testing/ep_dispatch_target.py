@@ -2,35 +2,23 @@
 
 Where it sits: in the gate's engine in the testing kit, beside ``ulysses_target``,
 above ``program_rows`` (which runs its rows) and beneath ``targets`` (the registry
-that names it). torchtitan is an optional extra (``vargather[torchtitan]``,
-then torchtitan itself with ``--no-deps``); it is imported inside functions only, and
-typed ``Any``.
+that names it). torchtitan is an optional extra (``vargather[torchtitan]``, then
+torchtitan itself with ``--no-deps``), imported inside functions only and typed
+``Any``. docs/targets.md describes the rows and the backends drawn (``spmd_types``
+runs under the gate's NCCL emulation: its list all_to_all is uneven).
 
-What it checks: ``torchtitan.models.common.token_dispatcher.AllToAllTokenDispatcher``
-(0.3.0), as an MoE layer drives it: each rank holds ``T`` tokens and a router's
-top-``K`` choice of distinct experts per token with scores; the ``E = e * P`` experts
-are sharded ``e`` per rank in rank order. ``dispatch`` counts tokens per expert,
-exchanges the counts (an all_to_all), then the tokens (a ragged all_to_all), and
-reorders them expert-major; the experts run on their rank; ``combine`` reverses it and
-sums each token's expert outputs weighted by its scores. Both of torchtitan's
-communication backends are drawn (``spmd_types``, its default, and
-``partial_dtensor``, the functional collectives), and one rank (EP off: no mesh, the
-local dispatcher torchtitan falls back to). The ``spmd_types`` backend exchanges
-tokens with ``torch.distributed.all_to_all`` on lists of unequal tensors, which NCCL
-takes and gloo refuses (``ProcessGroupGloo::alltoall: invalid tensor size``): its
-programs run under the gate's NCCL emulation (``emulate``), as the Megatron targets do.
+What it checks: ``AllToAllTokenDispatcher`` (0.3.0) as an MoE layer drives it: ``T``
+tokens per rank, a router's top-``K`` distinct experts per token with scores, ``E = e
+* P`` experts sharded ``e`` per rank; ``dispatch`` exchanges the per-expert counts and
+the tokens and reorders them expert-major, ``combine`` reverses it and sums each
+token's expert outputs weighted by its scores.
 
-The oracle, on one process, regroups every rank's tokens by expert: rank ``r``
-receives, for each of its experts in order, every source rank's tokens routed there
-(source ranks in order, tokens in order), and the per-expert counts; the expert ``j``
-adds ``j`` to each row (or is the identity), so ``combine`` gives ``sum_k s_k (x +
-id_k)`` per token, which is ``x`` itself for identity experts and scores summing to
-one: dispatch then combine is the identity. Values are small integers and scores
-halves, so every sum is exact and the comparison is bit for bit, gradients included
-(``x`` and the scores; each rank's upstream gradient differs; a gradient element that
-sums to zero is compared as +0.0, since the sign of an exact zero sum follows the
-order of the sum, not the routing). Programs build one or
-more MoE layers (their own expert and top-k counts) and run them in turn.
+The oracle, on one process: rank ``r`` receives, for each of its experts in order,
+every source rank's tokens routed there (sources in rank order, tokens in order);
+expert ``j`` adds ``j`` (or is the identity), so ``combine`` gives ``sum_k s_k (x +
+id_k)``, which is ``x`` for identity experts and unit scores. Small integers and half
+scores keep every sum exact, gradients included (a gradient element that sums to zero
+is compared as +0.0: the sign of an exact zero follows the order of the sum).
 """
 
 from __future__ import annotations

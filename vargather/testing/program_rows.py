@@ -1,25 +1,17 @@
 """Rows of programs: how the gate runs a built-in target that brings its own oracle.
 
-Where it sits: in the gate's engine in the testing kit, beneath the three targets that
-draw programs (``dtensor_target``: DTensor's meshes and placements; ``ulysses_target``:
-DeepSpeed's Ulysses sequence parallelism; ``ep_dispatch_target``: torchtitan's
-expert-parallel token dispatch) and beneath ``targets`` (the registry, which names
-each target's module and runs its ``TARGET`` with ``run_program_check``). A target of
-this kind is not one ``MODULE:ATTR`` call the catalogue's rows can drive: it is a
-program that builds state (meshes, process groups, models) and then calls the code
-under test several times, and its oracle is the global tensor sliced on one process.
+Where it sits: in the gate's engine in the testing kit, beneath the targets that draw
+programs (``dtensor_target``, ``ulysses_target``, ``ep_dispatch_target``) and
+``targets`` (the registry, which runs a target module's ``TARGET`` with
+``run_program_check``). Such a target is not one ``MODULE:ATTR`` call: a program
+builds state (meshes, groups, models), calls the code under test several times, and
+its oracle is the global tensor sliced on one process.
 
-A target module gives a ``ProgramTarget``: its rows (an id, a title, the strategy of
-one case for the run's world sizes, the world sizes the row needs), the rank function
-(module level, for the pool: ``run(ctx, case) -> report``), the judge (``judge(case,
-reports) -> [(aspect, message)]``, empty when the case holds), its header, and
-optionally ``smaller`` (the last shrinking passes). ``run_program_check`` runs every
-row as a seeded Hypothesis test: the cases are drawn in the parent and sent to the
-ranks in batches, shrinking is budgeted by count (``--shrink-budget``), never by time;
-a world that died in a case (gloo aborts a rank on a size mismatch) gets a few
-shrinking attempts only, a hang none, and each failure carries a ``reproduce:`` line.
-Messages of crashes and waits are put in a fixed form (numbers out, peers' waiting as
-one note), so the same seed gives the same JSON every run.
+``run_program_check`` runs every row as a seeded Hypothesis test: cases drawn in the
+parent, sent to the ranks in batches, shrunk within ``--shrink-budget`` (a count,
+never time; a world that died gets a few attempts, a hang none), then by the target's
+own fixed-order passes, if it has them; each failure carries a ``reproduce:`` line.
+Crashes and waits are told in a fixed form, so a seed gives the same JSON every run.
 """
 
 from __future__ import annotations

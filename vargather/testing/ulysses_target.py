@@ -2,40 +2,24 @@
 
 Where it sits: in the gate's engine in the testing kit, beside ``ep_dispatch_target``,
 above ``program_rows`` (which runs its rows) and beneath ``targets`` (the registry
-that names it). DeepSpeed is an optional extra (``vargather[deepspeed]``); it
-is imported inside functions only, and typed ``Any`` (it ships no type information).
+that names it). DeepSpeed is an optional extra (``vargather[deepspeed]``), imported
+inside functions only and typed ``Any``. docs/targets.md describes the rows and what
+the target relies on (DeepSpeed set up as a job sets it up, each release's signatures
+read, not assumed).
 
-What it checks: ``deepspeed.sequence.layer``'s ``single_all_to_all`` and
-``_SeqAllToAll.apply`` (the autograd function) and ``DistributedAttention``, which
-switch ``[b, S/P, H, d]`` (sequence sharded) to ``[b, S, H/P, d]`` (heads sharded) and
-back, in both layouts (``batch_dim_idx`` 0: ``[b, s, h, d]``; 1: ``[s, b, h, d]``), MHA
-and GQA (fewer key/value heads than query heads), head counts that do not divide the
-sequence-parallel degree, forward, backward (each rank's upstream gradient differs)
-and the round trip. The cases are *programs*: one or more models (attention layers
-with their own head counts, built in the order a job builds them), then calls on them
-in order, in one process, because the head count DeepSpeed partitions by was kept
-process-wide before 0.19.7 (DeepSpeed #8291: a second model inherited the first one's).
+What it checks: ``single_all_to_all``, ``_SeqAllToAll.apply`` and
+``DistributedAttention`` of ``deepspeed.sequence.layer``, which switch ``[b, S/P, H,
+d]`` (sequence sharded) to ``[b, S, H/P, d]`` (heads sharded) and back, in programs:
+models with their own head counts built in one process, then calls on them in order
+(the process-wide head count of DeepSpeed #8291).
 
 The oracle, on one process: the global tensor ``[b, S, H, d]``; rank ``r`` holds
-sequence chunk ``r`` (``S / P`` positions, in rank order) and, after the switch, all
-``S`` positions of its heads. Heads follow DeepSpeed's split rule
-(``module_inject/tp_shard.py``): with a partition basis of ``K`` heads (the key/value
-head count where the release takes it, the tensor's own head count where it does
-not), rank ``r`` holds ``K // P + (1 if r < K % P else 0)`` of the ``K`` groups, and a
-tensor of ``H = g * K`` heads ``g`` heads per group, contiguous, in rank order. The
-attention a model runs on its rank (``local_attention``) is exact: ``q + flip_s(k') +
-2 v'`` with ``k'``, ``v'`` each key/value head repeated for its query heads (as GQA
-attention repeats them), so its result on one process, sliced, is the expected
-output bit for bit, and its gradient too (the values are small integers).
-
-The process state is set as a real job sets it: ``deepspeed.init_distributed`` on the
-existing gloo world, an ``mpu`` in ``deepspeed.utils.groups`` (what
-``deepspeed.initialize(mpu=...)`` installs) whose sequence-parallel group is a group
-of every rank (without one, DeepSpeed's uneven path reads rank 0 on every rank), and,
-before each program, the head count DeepSpeed keeps process-wide cleared, as in a
-fresh job. Each release's signatures are read, not assumed: ``num_kv_heads`` is passed
-to ``single_all_to_all``, ``_SeqAllToAll`` and ``DistributedAttention`` only where
-they take it (0.19.7 on).
+sequence chunk ``r`` and, after the switch, all ``S`` positions of its heads: over a
+basis of ``K`` head groups (the key/value head count where the release takes one, the
+tensor's own head count where not), ``K // P + (1 if r < K % P else 0)`` groups of
+``H / K`` heads, contiguous, in rank order (``module_inject/tp_shard.py``). The
+attention each rank runs (``local_attention``) is exact on small integers, so its
+global result sliced is the expected output bit for bit, gradients too.
 """
 
 from __future__ import annotations
