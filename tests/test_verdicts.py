@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import platform
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -307,3 +308,17 @@ def test_two_runs_write_the_same_json_bytes_and_timings_only_on_request(
     assert isinstance(data["seconds"], float)
     assert all(isinstance(p["seconds"], float) for p in data["properties"])
     capsys.readouterr()
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(M_PERTURB) is glibc's")
+def test_memory_nothing_wrote_reads_the_same_bytes_while_a_case_runs() -> None:
+    """An output read before its collective wrote it (``tests/forks/vq_unwaited.py``)
+    holds a fixed byte while a rank runs a case, not what memory held before; after the
+    case, malloc is as it was (the bench's ranks measure it untouched)."""
+    from vargather.testing.rank_runner import fresh_memory_filled
+
+    with fresh_memory_filled():
+        inside = [torch.empty(n, dtype=torch.uint8).tolist() for n in (1, 64, 4096)]
+    assert inside == [[0x5A] * n for n in (1, 64, 4096)]
+    after = [torch.empty(4096, dtype=torch.uint8) for _ in range(8)]
+    assert any(bool((t != 0x5A).any()) for t in after)

@@ -51,14 +51,11 @@ __all__ = [
 ]
 
 BATCH: Final = 3
-"""Programs per example at most (one pool round trip on one world), unless the target
-says otherwise."""
+"""Programs per example (one pool round trip on one world), unless the target says."""
 CRASH_SHRINKS: Final = 16
-"""Shrinking attempts after a failure that cost a world (a rank died): each rebuilds
-the world, so the search stops early rather than spend the target's time budget."""
+"""Shrinking attempts left after a failure that cost a world (each rebuilds it)."""
 WAIT_SHRINKS: Final = 2
-"""Shrinking attempts after a failure where a rank waited for a peer until its
-collective timeout (seconds each)."""
+"""Shrinking attempts left after a rank waited out its collective timeout."""
 FLOAT_DTYPES: Final = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -210,8 +207,7 @@ class _RowState:
     budget: int
     """Shrinking runs allowed now (Hypothesis's share, then all of ``--shrink-budget``)."""
     cap: int = 1 << 30
-    """Shrinking runs allowed at most, whatever the budget: lowered when a failure cost
-    a world or waited out a timeout."""
+    """At most this many, whatever the budget, once a failure cost a world or a wait."""
     examples: int = 0
     cases: int = 0
     shrink: int = 0
