@@ -177,8 +177,18 @@ def local_attention(
     return q + torch.flip(_repeat(k, times), [seq_dim]) + 2 * _repeat(v, times)
 
 
-def _basis(model: Model, heads: int, takes_kv: bool) -> int:
-    return model.kv_heads if takes_kv else heads
+def _heads_of(
+    program: UlyssesProgram, index: int, rank: int, takes_kv: bool, tag: int
+) -> torch.Tensor:
+    """Rank ``rank``'s heads of step ``index``'s global tensor ``tag`` (1 the input, 4 the
+    upstream gradient), split over the release's basis (``takes_kv``: the key/value
+    head count, else the tensor's own)."""
+    step = program.steps[index]
+    model = program.models[step.model]
+    heads = model.heads if step.tensor == "q" else model.kv_heads
+    whole = _global(model, step, program.world_size, heads, program.dtype, tag)
+    split = head_split(heads, model.kv_heads if takes_kv else heads, program.world_size)
+    return _slice_heads(whole, split, rank)
 
 
 def expected_heads(
@@ -205,26 +215,14 @@ def expected_heads(
                 out[f"grad_{name}"] = _slice_seq(t.grad, model, world, rank)
         return out
     heads = model.heads if step.tensor == "q" else model.kv_heads
-    whole = _global(model, step, world, heads, program.dtype, 1)
-    split = head_split(heads, _basis(model, heads, takes_kv), world)
-    out["heads"] = _slice_heads(whole, split, rank)
+    out["heads"] = _heads_of(program, index, rank, takes_kv, 1)
     if step.kind == "round-trip":
+        whole = _global(model, step, world, heads, program.dtype, 1)
         out["back"] = _slice_seq(whole, model, world, rank)
     if step.grad:
         upstream = _global(model, step, world, heads, program.dtype, 4)
         out["grad_x"] = _slice_seq(upstream, model, world, rank)
     return out
-
-
-def _upstream_heads(program: UlyssesProgram, index: int, rank: int, takes_kv: bool) -> torch.Tensor:
-    """Rank ``rank``'s upstream gradient for a seq-to-heads output: its heads of the
-    global upstream (different on every rank)."""
-    step = program.steps[index]
-    model = program.models[step.model]
-    heads = model.heads if step.tensor == "q" else model.kv_heads
-    upstream = _global(model, step, program.world_size, heads, program.dtype, 4)
-    split = head_split(heads, _basis(model, heads, takes_kv), program.world_size)
-    return _slice_heads(upstream, split, rank)
 
 
 # --- the strategy ----------------------------------------------------------------------
@@ -462,7 +460,7 @@ def _run_step(
         xs = x.clone().requires_grad_()
         args = (None, None, None, True, model.kv_heads) if rel.apply_takes_kv else ()
         y = layer._SeqAllToAll.apply(group, xs, 2, seq, b, *args)
-        (y * _upstream_heads(program, index, rank, rel.single_takes_kv)).sum().backward()
+        (y * _heads_of(program, index, rank, rel.single_takes_kv, 4)).sum().backward()
         grad = xs.grad if xs.grad is not None else torch.zeros(0)
         return {"heads": y.detach().clone(), "grad_x": grad.clone()}
     extra = kv if rel.single_takes_kv else {}
