@@ -346,7 +346,6 @@ def generic(base: Build) -> tuple[Misuse, ...]:
             vargather.CollectiveTimeoutError,
             None,
             lambda w, o: (
-                name,
                 f"rank(s) [{o}] never arrived at this collective",
                 "metadata exchange)",
                 f"within {ABSENT_TIMEOUT:g} s (this call's timeout)",
