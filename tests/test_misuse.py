@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pathlib
 import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
@@ -36,7 +37,6 @@ from vargather.testing import (
     RankPool,
     assert_bitwise_equal,
     bitwise_difference,
-    family,
     get_pool,
 )
 from vargather.testing import misuse as fns
@@ -49,6 +49,7 @@ else:  # a sibling module, whether or not tests/ is a package (its name is what 
     faults = importlib.import_module(f"{__package__}._fault_fns" if __package__ else "_fault_fns")
 
 pytestmark = pytest.mark.multirank
+
 
 def _case(m: fns.Misuse, w: int, o: int) -> Any:
     # A rank that never arrives costs a timeout and a rebuilt world: one per collective
@@ -184,15 +185,21 @@ def assert_same_error(
     return message
 
 
-def assert_usable(pool: RankPool, generation: int) -> None:
-    """The same world (no rebuild) still gathers correctly, gradients included."""
-    scenario = fns.valid_scenario("all_gather_v", pool.world_size)
+def assert_usable(pool: RankPool, generation: int, collective: str = "all_gather_v") -> None:
+    """The same world (no rebuild) still calls ``collective`` correctly, gradients
+    included."""
+    scenario = fns.valid_scenario(collective, pool.world_size)
     results = pool.run(fns.run_call, scenario)
     assert pool.generation == generation, "the pool had to rebuild its process group"
     want, grads = fns.expected_of(scenario)
     for r, got in enumerate(results):
-        assert got is not None and got.grad is not None
-        assert_bitwise_equal(got.output, want[r], f"rank {r}")
+        assert got is not None
+        assert got.grad is not None
+        for g, e in zip(
+            *([got.output, want[r]] if isinstance(got.output, list) else [[got.output], [want[r]]]),
+            strict=True,
+        ):
+            assert_bitwise_equal(g, e, f"rank {r}")
         assert_bitwise_equal(got.grad, grads[r], f"rank {r}")
 
 
@@ -366,7 +373,10 @@ def test_int16_which_gloo_refuses_travels_as_bytes(
     one-element shard once failed on one rank only, leaving its peer to time out)."""
     pool = get_pool(2)
     calls = tuple(
-        _g(fns.TensorSpec((r + shape[0] - 1, *shape[1:]), "int16", layout=layout), transport=transport)
+        _g(
+            fns.TensorSpec((r + shape[0] - 1, *shape[1:]), "int16", layout=layout),
+            transport=transport,
+        )
         for r in (0, 1)
     )
     results = pool.run(fns.run_call, _gathers(calls))
@@ -398,7 +408,11 @@ def test_true_sizes_about_a_tensor_a_peer_changed_blame_the_sizes_and_name_the_p
     fuzz = _fuzz_multirank()
     spec = fuzz.fns.TensorSpec((0, 0), "bfloat16")  # its own import of the catalogue
     scenario = fuzz.fns.Scenario(
-        (fuzz.fns.Call(spec, dim=1), fuzz.fns.Call(spec, dim=1, sizes=[1, 0]))
+        "all_gather_v",
+        (
+            fuzz.fns.call("all_gather_v", spec, dim=1),
+            fuzz.fns.call("all_gather_v", spec, dim=1, sizes=[1, 0]),
+        ),
     )
     assert fuzz._contradicted_ranks(scenario, (1,)) == {0}
     fuzz._judge_all_raised(scenario, outcomes, (0,))  # the changed rank: accepted
@@ -425,8 +439,8 @@ def _a2a_honest_resend(mod: Any) -> Any:
         recv = [send[j][r] for j in range(3)]
         row = [1, 2, 0] if r == 0 else send[r]
         x = mod.TensorSpec((sum(row), 2), "float32")
-        calls.append(mod.FamilyArgs(x, sizes=row, recv_sizes=recv))
-    return mod.FamilyScenario("all_to_all_v", tuple(calls))
+        calls.append(mod.call("all_to_all_v", x, row, recv_sizes=recv))
+    return mod.Scenario("all_to_all_v", tuple(calls))
 
 
 def _list_honest_reshape(mod: Any) -> Any:
@@ -434,10 +448,10 @@ def _list_honest_reshape(mod: Any) -> Any:
     shapes, so rank 0's (once true) shapes are now the lie."""
     before, after = [[2, 3], [0, 1]], [[2, 3], [4, 1]]
     calls = (
-        mod.FamilyArgs(mod.TensorSpec((2, 3)), shapes=before),
-        mod.FamilyArgs(mod.TensorSpec((4, 1)), shapes=after),
+        mod.call("all_gather_list", mod.TensorSpec((2, 3)), shapes=before),
+        mod.call("all_gather_list", mod.TensorSpec((4, 1)), shapes=after),
     )
-    return mod.FamilyScenario("all_gather_list", calls)
+    return mod.Scenario("all_gather_list", calls)
 
 
 def test_family_fuzz_judge_accepts_an_honest_rank_blamed_for_a_peers_change() -> None:
@@ -450,14 +464,14 @@ def test_family_fuzz_judge_accepts_an_honest_rank_blamed_for_a_peers_change() ->
         scenario = build(fns)
         pool = get_pool(scenario.world_size)
         generation = pool.generation
-        outcomes = pool.run_outcomes(fns.run_family, scenario)
+        outcomes = pool.run_outcomes(fns.run_call, scenario)
         judged = build(fuzz.fns)  # the same scenario, of the fuzz module's own import
         assert fuzz.family_verdict(judged) == ("SizesMismatchError", liars)
         assert fuzz.judge_family(judged, outcomes, (changed,)) == "refused"
         assert all(o.exception.ranks == liars for o in outcomes)  # type: ignore[union-attr]
         with pytest.raises(AssertionError, match="none mutated"):
             fuzz.judge_family(judged, outcomes, ())
-        assert_family_usable(pool, scenario.collective, generation)
+        assert_usable(pool, generation, scenario.collective)
 
 
 def _raised(error: vargather.VarGatherError, world_size: int) -> list[RankOutcome[Any]]:
@@ -473,26 +487,24 @@ def test_family_fuzz_judge_refuses_every_wrong_outcome() -> None:
     blamed, a wrong answer accepted, and a local problem told as a mismatch."""
     fuzz = _fuzz_multirank()
     m = fuzz.fns
-    rs = [m.FamilyArgs(m.TensorSpec((3, 2)), sizes=[1, 2]) for _ in range(2)]
-    valid = m.FamilyScenario("reduce_scatter_v", tuple(rs))
-    right = fuzz.fns.family_expected(valid)
-    ok = [RankOutcome(r, value=right[r]) for r in range(2)]
+    rs = [m.call("reduce_scatter_v", m.TensorSpec((3, 2)), [1, 2]) for _ in range(2)]
+    valid = m.Scenario("reduce_scatter_v", tuple(rs))
+    right = fuzz.fns.expected_of(valid)[0]
+    ok = [RankOutcome(r, value=m.CallOutput(right[r], None)) for r in range(2)]
     assert fuzz.judge_family(valid, ok, (1,)) == "harmless"
-    wrong = [RankOutcome(0, value=right[0]), RankOutcome(1, value=right[1] + 1)]
+    wrong = [ok[0], RankOutcome(1, value=m.CallOutput(right[1] + 1, None))]
     with pytest.raises(AssertionError):
         fuzz.judge_family(valid, wrong, (1,))
     with pytest.raises(AssertionError, match="a valid call was refused"):
         fuzz.judge_family(valid, _raised(vargather.SizesError("x", ranks=[1]), 2), (1,))
 
-    dtype = m.FamilyScenario(
-        "reduce_scatter_v", (rs[0], replace(rs[1], x=m.TensorSpec((3, 2), "int32")))
-    )
+    dtype = m.Scenario("reduce_scatter_v", (rs[0], rs[1].with_(x=m.TensorSpec((3, 2), "int32"))))
     assert fuzz.family_verdict(dtype) == ("DTypeMismatchError", (0, 1))  # a tie of two
     message = "reduce_scatter_v: dtype differs across ranks: rank 0 ... rank 1"
     good = _raised(vargather.DTypeMismatchError(message, ranks=[0, 1]), 2)
     assert fuzz.judge_family(dtype, good, (1,)) == "refused"
     cases = {
-        "on every rank": [good[0], RankOutcome(1, value=right[1])],
+        "on every rank": [good[0], ok[1]],
         "different messages": [
             good[0],
             _raised(vargather.DTypeMismatchError(message + ".", ranks=[0, 1]), 2)[1],
@@ -506,7 +518,7 @@ def test_family_fuzz_judge_refuses_every_wrong_outcome() -> None:
         with pytest.raises(AssertionError, match=why):
             fuzz.judge_family(dtype, outcomes, (1,))
 
-    local = m.FamilyScenario("reduce_scatter_v", (rs[0], replace(rs[1], sizes=[1, 1])))
+    local = m.Scenario("reduce_scatter_v", (rs[0], rs[1].with_(sizes=[1, 1])))
     assert fuzz.family_verdict(local) == ("local", (1,))
     told = "reduce_scatter_v: invalid arguments on rank(s) [1]: rank 1: expected sum(sizes) == 3"
     assert fuzz.judge_family(local, _raised(vargather.SizesError(told, ranks=[1]), 2), (1,))
@@ -528,14 +540,15 @@ def _a2a_run(fuzz: Any) -> Any:
     def scenario(row0: list[int]) -> Any:
         rows = [row0, [2, 1]]
         calls = tuple(
-            m.FamilyArgs(m.TensorSpec((sum(row), 3), "float32", seed=5), sizes=row) for row in rows
+            m.call("all_to_all_v", m.TensorSpec((sum(row), 3), "float32", seed=5), row)
+            for row in rows
         )
-        return m.FamilyScenario("all_to_all_v", calls)
+        return m.Scenario("all_to_all_v", calls)
 
     before = tuple(scenario([1 + i % 2, 2 - i % 2]) for i in range(10))
     after = before[-1]
-    odd = replace(after.calls[1], x=m.TensorSpec((3, 3), "int32", seed=5))
-    mutated = m.FamilyScenario("all_to_all_v", (after.calls[0], odd))
+    odd = after.calls[1].with_(x=m.TensorSpec((3, 3), "int32", seed=5))
+    mutated = m.Scenario("all_to_all_v", (after.calls[0], odd))
     return fuzz.SteadyRun(before, (mutated, (1,), "dtype"), after)
 
 
@@ -544,9 +557,11 @@ def _wide_gather_run(fuzz: Any) -> Any:
     passing sizes that lie, then the gather again."""
     m = fuzz.fns
     specs = [m.TensorSpec((n, fuzz.WIDE_ROW), "float32", seed=2) for n in (2, 1)]
-    base = m.Scenario(tuple(m.Call(spec) for spec in specs))
-    liar = replace(base.calls[0], sizes=[1, 2])
-    return fuzz.SteadyRun((base,) * 10, (m.Scenario((liar, base.calls[1])), (0,)), base)
+    base = m.Scenario("all_gather_v", tuple(m.call("all_gather_v", spec) for spec in specs))
+    liar = base.calls[0].with_(sizes=[1, 2])
+    return fuzz.SteadyRun(
+        (base,) * 10, (m.Scenario("all_gather_v", (liar, base.calls[1])), (0,)), base
+    )
 
 
 def test_a_fuzz_steady_run_judges_every_call_and_names_the_one_that_failed() -> None:
@@ -559,8 +574,8 @@ def test_a_fuzz_steady_run_judges_every_call_and_names_the_one_that_failed() -> 
         fuzz.check_steady_run(run)
     run = _a2a_run(fuzz)
     m = fuzz.fns
-    short = replace(run.after.calls[0], sizes=[1, 1])  # 3 rows, sizes adding up to 2
-    bad = replace(run, after=m.FamilyScenario("all_to_all_v", (short, run.after.calls[1])))
+    short = run.after.calls[0].with_(send_sizes=[1, 1])  # 3 rows, sizes adding up to 2
+    bad = replace(run, after=m.Scenario("all_to_all_v", (short, run.after.calls[1])))
     with pytest.raises(AssertionError, match=r"call #11 of the run \(valid again\)"):
         fuzz.check_steady_run(bad)
-    assert_family_usable(get_pool(2), "all_to_all_v", get_pool(2).generation)
+    assert_usable(get_pool(2), get_pool(2).generation, "all_to_all_v")

@@ -134,7 +134,7 @@ class Call:
         return replace(self, args=tuple(args), kwargs=kwargs)
 
     @property
-    def x(self) -> object:
+    def x(self) -> Any:
         """The first argument: the input (a description, or whatever the rank passes)."""
         return self.args[0]
 
@@ -460,7 +460,7 @@ class GatherMisuseCase(MisuseCase):
         world_size: int,
         odd: int = 0,
         emulate: str | None = None,
-        collective: str = "all_gather_v",
+        collective: str = next(iter(COLLECTIVES)),
         impl: str = "vargather",
     ) -> None:
         super().__init__(collective, kind, world_size, odd, impl, emulate)
@@ -511,7 +511,9 @@ def judge_misuse(case: MisuseCase, reports: Sequence[Report]) -> list[Failure]:
 
     def fail(ranks: Sequence[int], message: str, aspect: str = "call") -> None:
         failures.append(
-            Failure(aspect, "mismatch", f"{entry.name}: {message}", tuple(ranks), w, case.collective)
+            Failure(
+                aspect, "mismatch", f"{entry.name}: {message}", tuple(ranks), w, case.collective
+            )
         )
 
     callers = [r for r in range(w) if not (entry.absent and r == o)]
@@ -553,9 +555,17 @@ def judge_follow_up(case: MisuseCase, afters: Sequence[CallOutput | str | None])
             why = f"{name}: the next call on the group raised {after}"
             failures.append(Failure("call", "error", why, (r,), w, case.collective))
             continue
-        for aspect, got, right in (("output", after.output, want[r]), ("gradient", after.grad, grads[r])):
-            pairs = zip(got, right, strict=True) if isinstance(right, list) else [(got, right)]
-            diff = next((d for g, e in pairs if (d := bitwise_difference(g, e))), None)
+        for aspect, got, right in (
+            ("output", after.output, want[r]),
+            ("gradient", after.grad, grads[r]),
+        ):
+            gots, rights = (v if isinstance(v, list) else [v] for v in (got, right))
+            diff = next(
+                (d for g, e in zip(gots, rights, strict=False) if (d := bitwise_difference(g, e))),
+                None,
+            )
+            if len(gots) != len(rights):
+                diff = f"{len(gots)} tensors, expected {len(rights)}"
             if diff is not None:
                 why = f"{name}: the next call on the group: {aspect} {diff}"
                 failures.append(Failure(aspect, "mismatch", why, (r,), w, case.collective))
@@ -584,7 +594,9 @@ check_gather_misuse: Final = check_misuse
 
 
 @st.composite
-def misuse_cases(draw: Any, world_sizes: Sequence[int] = (2, 3), absent: bool = False) -> MisuseCase:
+def misuse_cases(
+    draw: Any, world_sizes: Sequence[int] = (2, 3), absent: bool = False
+) -> MisuseCase:
     """``MisuseCase``s of every collective (``absent``: the absent rank's too, which
     costs a timeout and a rebuilt world)."""
     collective = draw(st.sampled_from(checked()))

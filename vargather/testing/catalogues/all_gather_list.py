@@ -33,7 +33,15 @@ def list_shapes(w: int) -> list[list[int]]:
     return [list(list_shape(r)) for r in range(w)]
 
 
-def _list(r: int, w: int, *, extra: tuple[int, ...] = (), dtype: str = "float32", requires_grad: bool = False, **kw: Any) -> Call:
+def _list(
+    r: int,
+    w: int,
+    *,
+    extra: tuple[int, ...] = (),
+    dtype: str = "float32",
+    requires_grad: bool = False,
+    **kw: Any,
+) -> Call:
     return call("all_gather_list", TensorSpec((*list_shape(r), *extra), dtype, requires_grad), **kw)
 
 

@@ -629,6 +629,7 @@ CATALOGUE: Final = _Gather()
 # --- misuse ---
 # all_gather_v's own misuses (vargather.testing.misuse's model; the generic ones join).
 import vargather  # noqa: E402  # the misuse tail's, below the catalogue above
+
 from ..misuse import Call, Misuse, SizesTensor, TensorSpec, call, misuses, tie  # noqa: E402
 
 
@@ -651,7 +652,9 @@ def _lie(w: int, o: int) -> list[int]:
     return lie
 
 
-def _m(name: str, summary: str, error: type[vargather.VarGatherError], bad: Any, frag: Any, **kw: Any) -> Misuse:
+def _m(
+    name: str, summary: str, error: type[vargather.VarGatherError], bad: Any, frag: Any, **kw: Any
+) -> Misuse:
     return Misuse(name, summary, error, bad, frag, **kw)
 
 
@@ -666,15 +669,18 @@ def _dtype_pair(a: str, b: str) -> Misuse:
     )
 
 
-def _arg(name: str, summary: str, error: type[vargather.VarGatherError], frag: Any, **kw: object) -> Misuse:
+def _arg(
+    name: str, summary: str, error: type[vargather.VarGatherError], frag: Any, **kw: Any
+) -> Misuse:
     """The offender passes ``kw`` beside its plain shard."""
     return _m(name, summary, error, lambda r, w: _g(r, **kw), frag)
 
 
 def _grad_differs(contract: str, peers: bool) -> Misuse:
     def shard(needs: bool) -> Any:
-        spec = (lambda r: TensorSpec((_size(r), 2), "float64", requires_grad=needs))
-        return lambda r, w: call("all_gather_v", spec(r), grad=contract)
+        return lambda r, w: call(
+            "all_gather_v", TensorSpec((_size(r), 2), "float64", requires_grad=needs), grad=contract
+        )
 
     return _m(
         f"requires-grad-differs-{contract}",
@@ -727,7 +733,11 @@ MISUSES: Final = misuses(
         "dim is out of range on every rank",
         vargather.DimError,
         lambda r, w: _g(r, dim=-3),
-        lambda w, o: (f"rank(s) {list(range(w))}", "dim=-3 is out of range", "expected -2 <= dim < 2"),
+        lambda w, o: (
+            f"rank(s) {list(range(w))}",
+            "dim=-3 is out of range",
+            "expected -2 <= dim < 2",
+        ),
         all_ranks=True,
     ),
     _arg(
@@ -763,7 +773,10 @@ MISUSES: Final = misuses(
         "sizes is wrong about the rank's own tensor",
         vargather.SizesError,
         lambda r, w: _g(r, sizes=[n + (i == r) for i, n in enumerate(_sizes(w))], validate=True),
-        lambda w, o: (f"rank {o}: expected sizes[{o}] == {_size(o)}", f"got sizes[{o}] = {_size(o) + 1}"),
+        lambda w, o: (
+            f"rank {o}: expected sizes[{o}] == {_size(o)}",
+            f"got sizes[{o}] = {_size(o) + 1}",
+        ),
     ),
     _m(
         "sizes-negative",

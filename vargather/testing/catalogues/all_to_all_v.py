@@ -35,7 +35,16 @@ def a2a_recv(w: int, r: int) -> list[int]:
     return [a2a_send(w, j)[r] for j in range(w)]
 
 
-def _a2a(r: int, w: int, *, extra_rows: int = 0, trail: tuple[int, ...] = (2,), dtype: str = "float32", requires_grad: bool = False, **kw: Any) -> Call:
+def _a2a(
+    r: int,
+    w: int,
+    *,
+    extra_rows: int = 0,
+    trail: tuple[int, ...] = (2,),
+    dtype: str = "float32",
+    requires_grad: bool = False,
+    **kw: Any,
+) -> Call:
     send = kw.pop("send", a2a_send(w, r))
     spec = TensorSpec((sum(a2a_send(w, r)) + extra_rows, *trail), dtype, requires_grad)
     return call("all_to_all_v", spec, send, **kw)
@@ -104,7 +113,10 @@ MISUSES: Final = misuses(
         "only one rank passes recv_sizes, and they are wrong",
         vargather.SizesMismatchError,
         lambda r, w: _a2a(r, w, recv_sizes=_lie(w, r)),
-        lambda w, o: (f"rank {o}: expected recv_sizes={a2a_recv(w, o)}", f"got recv_sizes={_lie(w, o)}"),
+        lambda w, o: (
+            f"rank {o}: expected recv_sizes={a2a_recv(w, o)}",
+            f"got recv_sizes={_lie(w, o)}",
+        ),
     ),
     Misuse(
         "a2a-recv-sizes-wrong-length",
@@ -177,7 +189,9 @@ MISUSES: Final = misuses(
         "mixed-rs-beside-a2a",
         "one rank calls reduce_scatter_v while its peers call all_to_all_v",
         vargather.ProtocolMismatchError,
-        lambda r, w: call("reduce_scatter_v", TensorSpec((5, 2)), [(2, 0, 3, 1)[j] for j in range(w)]),
+        lambda r, w: call(
+            "reduce_scatter_v", TensorSpec((5, 2)), [(2, 0, 3, 1)[j] for j in range(w)]
+        ),
         lambda w, o: (
             "reduce_scatter_v / all_to_all_v: collective differs across ranks",
             f"'reduce_scatter_v' on rank(s) [{o}]",

@@ -30,7 +30,16 @@ def rs_sizes(w: int) -> list[int]:
     return [(2, 0, 3, 1)[r] for r in range(w)]
 
 
-def _rs(r: int, w: int, *, rows: int | None = None, trail: tuple[int, ...] = (2,), dtype: str = "float32", requires_grad: bool = False, **kw: Any) -> Call:
+def _rs(
+    r: int,
+    w: int,
+    *,
+    rows: int | None = None,
+    trail: tuple[int, ...] = (2,),
+    dtype: str = "float32",
+    requires_grad: bool = False,
+    **kw: Any,
+) -> Call:
     n = sum(rs_sizes(w)) if rows is None else rows
     sizes = kw.pop("sizes", rs_sizes(w))
     return call("reduce_scatter_v", TensorSpec((n, *trail), dtype, requires_grad), sizes, **kw)
@@ -47,7 +56,12 @@ MISUSES: Final = misuses(
         "sizes differ across ranks (each adds up to the rows of its tensor)",
         vargather.SizesMismatchError,
         lambda r, w: _rs(r, w, sizes=_reversed(w)),
-        lambda w, o: ("sizes differs across ranks", f"sizes={rs_sizes(w)}", f"sizes={_reversed(w)}", f"[{o}]"),
+        lambda w, o: (
+            "sizes differs across ranks",
+            f"sizes={rs_sizes(w)}",
+            f"sizes={_reversed(w)}",
+            f"[{o}]",
+        ),
         blamed=tie,
     ),
     Misuse(
@@ -79,7 +93,9 @@ MISUSES: Final = misuses(
         "rs-sizes-negative",
         "sizes holds a negative entry on one rank",
         vargather.SizesError,
-        lambda r, w: _rs(r, w, sizes=[-1, *rs_sizes(w)[1:-1], rs_sizes(w)[-1] + rs_sizes(w)[0] + 1]),
+        lambda r, w: _rs(
+            r, w, sizes=[-1, *rs_sizes(w)[1:-1], rs_sizes(w)[-1] + rs_sizes(w)[0] + 1]
+        ),
         lambda w, o: (f"rank {o}: sizes must be >= 0", "= -1"),
     ),
     Misuse(
@@ -108,7 +124,12 @@ MISUSES: Final = misuses(
         "a dimension other than dim differs on one rank",
         vargather.ShapeMismatchError,
         lambda r, w: _rs(r, w, trail=(3,)),
-        lambda w, o: ("shape differs", f"({sum(rs_sizes(w))}, 2)", f"({sum(rs_sizes(w))}, 3)", f"[{o}]"),
+        lambda w, o: (
+            "shape differs",
+            f"({sum(rs_sizes(w))}, 2)",
+            f"({sum(rs_sizes(w))}, 3)",
+            f"[{o}]",
+        ),
     ),
     Misuse(
         "rs-dim-differs",
