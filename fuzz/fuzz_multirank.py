@@ -1028,9 +1028,11 @@ def _judged(where: str, scenario: fns.Scenario) -> None:
     """Run a valid call and judge it: every rank the oracle's output (and gradient,
     where the calls backpropagate), saying where in its run it was."""
     try:
-        results = get_pool(scenario.world_size).run(fns.run_call, scenario)
+        outcomes = get_pool(scenario.world_size).run_outcomes(fns.run_call, scenario)
+        refused = [f"rank {o.rank}: {o.exc_type_name}: {o.exception}" for o in outcomes if not o.ok]
+        assert not refused, f"a valid call was refused: {'; '.join(refused)}"
         want, grads = fns.expected_of(scenario)
-        for r, got in enumerate(results):
+        for r, got in enumerate(o.value for o in outcomes):
             assert got is not None
             outs = got.output if isinstance(want[r], list) else [got.output]
             rights = want[r] if isinstance(want[r], list) else [want[r]]

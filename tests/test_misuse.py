@@ -40,6 +40,7 @@ from vargather.testing import (
     get_pool,
 )
 from vargather.testing import misuse as fns
+from vargather.testing.collectives import NAMES
 
 from ._by_path import import_path
 
@@ -66,7 +67,7 @@ def _case(m: fns.Misuse, w: int, o: int) -> Any:
     )
 
 
-CHECKED = fns.checked()
+CHECKED = NAMES
 CASES = [
     _case(m, w, o)
     for c in CHECKED

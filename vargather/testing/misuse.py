@@ -30,12 +30,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import torch
-from hypothesis import strategies as st
 
 import vargather
 from vargather import COLLECTIVES, oracle
 
 from .asserts import bitwise_difference
+from .collectives import NAMES
 from .dispatch import bind, call_collective
 from .judge import Failure
 
@@ -214,7 +214,6 @@ def _oracle_kwargs(fn: Callable[..., Any], scenario: Scenario) -> dict[str, Any]
     """The oracle function ``fn``'s arguments past its inputs, from the calls: rank 0's
     value of the parameter of the same name (``contract``: ``grad``), every rank's
     where ``fn`` takes one per rank (``Sequence[Sequence[int]]``)."""
-
     bound = [c.get for c in scenario.calls]
     found: dict[str, Any] = {}
     for name, p in list(inspect.signature(fn).parameters.items())[1:]:
@@ -249,8 +248,7 @@ def expected_of(scenario: Scenario) -> tuple[list[Any], list[torch.Tensor | None
 # --- the entries ----------------------------------------------------------------------------
 
 
-Build = Callable[[int, int], Call]
-"""A rank's call from (rank, world size)."""
+Build = Callable[[int, int], Call]  # a rank's call from (rank, world size)
 
 
 @dataclass(frozen=True)
@@ -386,14 +384,9 @@ def entries_of(collective: str) -> tuple[Misuse, ...]:
     return found
 
 
-def checked() -> tuple[str, ...]:
-    """The collectives with a catalogue of their own, in the table's order."""
-    return tuple(c.name for c in COLLECTIVES.values() if c.catalogue is not None)
-
-
 def misuse_by_name(name: str, collective: str | None = None) -> Misuse:
     """Entry ``name`` of ``collective`` (``None``: of the first collective having one)."""
-    for c in (collective,) if collective else checked():
+    for c in (collective,) if collective else NAMES:
         for m in entries_of(c):
             if m.name == name:
                 return m
@@ -419,10 +412,10 @@ class _Kinds(Mapping[str, tuple[str, ...]]):
         return tuple(m.name for m in entries_of(collective))
 
     def __iter__(self) -> Iterator[str]:
-        return iter(checked())
+        return iter(NAMES)
 
     def __len__(self) -> int:
-        return len(checked())
+        return len(NAMES)
 
 
 CATALOGUE: Final[Sequence[Misuse]] = _Entries(next(iter(COLLECTIVES)))
@@ -593,20 +586,6 @@ run_gather_misuse: Final = run_misuse
 check_gather_misuse: Final = check_misuse
 
 
-@st.composite
-def misuse_cases(
-    draw: Any, world_sizes: Sequence[int] = (2, 3), absent: bool = False
-) -> MisuseCase:
-    """``MisuseCase``s of every collective (``absent``: the absent rank's too, which
-    costs a timeout and a rebuilt world)."""
-    collective = draw(st.sampled_from(checked()))
-    entries = [m for m in entries_of(collective) if absent or not m.absent]
-    entry = draw(st.sampled_from(entries))
-    world = draw(st.sampled_from(list(world_sizes)))
-    odd = 0 if entry.all_ranks else draw(st.integers(0, world - 1))
-    return MisuseCase(collective, entry.name, world, odd)
-
-
 __all__ = [
     "ABSENT_TIMEOUT",
     "CATALOGUE",
@@ -629,7 +608,6 @@ __all__ = [
     "judge_gather_misuse",
     "judge_misuse",
     "misuse_by_name",
-    "misuse_cases",
     "misuses",
     "run_call",
     "run_follow_up",
