@@ -118,8 +118,9 @@ class Call:
     backward: bool = False
 
     def get(self, name: str) -> Any:
-        """Argument ``name`` (its default when not passed), however it was passed."""
-        return bind(self.collective, self.args, self.kwargs).arguments[name]
+        """Argument ``name`` (its default when not passed; ``None`` where the collective
+        has no such parameter), however it was passed."""
+        return bind(self.collective, self.args, self.kwargs).arguments.get(name)
 
     def with_(self, **changes: object) -> Call:
         """This call with the arguments ``changes`` (by parameter name) replaced, each
