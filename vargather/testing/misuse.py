@@ -13,10 +13,9 @@ the same ``VarGatherError`` subclass with one message naming that rank (the name
 timeout on the others, for an absent rank), and the next call on the same group is
 right, bit for bit against ``vargather.oracle``.
 
-A ``Call`` is what one rank calls (a collective by name, its args and kwargs), a
-``Scenario`` one ``Call`` per rank. Everything is a small frozen dataclass that
-pickles to the pool's ranks; tensors travel as descriptions (``TensorSpec``,
-``SizesTensor``), rebuilt deterministically on the rank and in the parent alike.
+A ``Call`` is one rank's call (a collective by name, args, kwargs), a ``Scenario`` one
+per rank: frozen dataclasses that pickle to the ranks, tensors as descriptions
+(``TensorSpec``, ``SizesTensor``) rebuilt alike on the rank and in the parent.
 """
 
 from __future__ import annotations
@@ -327,8 +326,7 @@ def tie(w: int, o: int) -> tuple[int, ...]:
 
 
 ABSENT_TIMEOUT: Final = 2.0
-"""The per-call timeout of the ``absent`` entry: what the peers wait for the rank
-that never arrives."""
+"""The ``absent`` entry's per-call timeout: what the peers wait for the absent rank."""
 
 
 def generic(base: Build) -> tuple[Misuse, ...]:

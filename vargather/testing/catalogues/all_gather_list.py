@@ -51,8 +51,7 @@ def _lie(w: int, o: int, extra_dim: bool = False) -> list[list[int]]:
     return lie
 
 
-# One entry in two lines (a table: the formatter keeps out): name, what the offending
-# rank does, the error; its call, the message fragments (world, offender), options.
+# A table, two lines an entry: name, summary, error; bad call, fragments, options.
 # fmt: off
 MISUSES: Final = misuses(
     _list,

@@ -688,8 +688,7 @@ def _grad_differs(contract: str, peers: bool) -> Misuse:
     )
 
 
-# One entry in two lines (a table: the formatter keeps out): name, what the offending
-# rank does, the error; its call, the message fragments (world, offender), options.
+# A table, two lines an entry: name, summary, error; bad call, fragments, options.
 # fmt: off
 MISUSES: Final = misuses(
     lambda r, w: _g(r),

@@ -49,8 +49,7 @@ def _reversed(w: int) -> list[int]:
     return list(reversed(rs_sizes(w)))
 
 
-# One entry in two lines (a table: the formatter keeps out): name, what the offending
-# rank does, the error; its call, the message fragments (world, offender), options.
+# A table, two lines an entry: name, summary, error; bad call, fragments, options.
 # fmt: off
 MISUSES: Final = misuses(
     _rs,
