@@ -97,6 +97,7 @@ from vargather.testing import (
 from vargather.testing import misuse as fns
 from vargather.testing import strategies as vst
 from vargather.testing.cases import DTYPE_NAMES
+from vargather.testing.dispatch import bind
 
 # The NaN property lives in the test suite (tests/_nan_fns.py, run by
 # tests/test_nan_semantics.py); the repository root makes it importable as a module.
@@ -499,7 +500,10 @@ def mutate_family(draw: st.DrawFn, scenario: fns.Scenario, m: int, kind: str) ->
     assert isinstance(spec, fns.TensorSpec)  # a base call's
     if kind == "collective":  # the other collective of the same metadata round
         other = "all_to_all_v" if scenario.collective == "reduce_scatter_v" else "reduce_scatter_v"
-        return replace(call, collective=other)
+        takes = bind(other, (), {}).signature.parameters  # recv_sizes: all_to_all_v's only
+        return replace(
+            call, collective=other, kwargs={k: v for k, v in call.kwargs.items() if k in takes}
+        )
     if kind == "dtype":
         dtype = draw(st.sampled_from([*GLOO_NAMES, "float8_e5m2"]))
         return call.with_(x=replace(spec, dtype=dtype, requires_grad=False))
