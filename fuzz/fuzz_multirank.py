@@ -97,6 +97,7 @@ from vargather.testing import (
 from vargather.testing import misuse as fns
 from vargather.testing import strategies as vst
 from vargather.testing.cases import DTYPE_NAMES
+from vargather.testing.dispatch import bind
 
 # The NaN property lives in the test suite (tests/_nan_fns.py, run by
 # tests/test_nan_semantics.py); the repository root makes it importable as a module.
@@ -108,6 +109,8 @@ from tests import _nan_fns  # noqa: E402  # needs the sys.path entry above
 DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
 COUNTS: Counter[str] = Counter()
 
+GATHER = vargather.COLLECTIVE_NAMES[0]
+"""The gather (``all_gather_v``), the collective of the mutated calls beside the family's."""
 GLOO_NAMES = sorted(str(d).removeprefix("torch.") for d in vargather.GLOO_DTYPES)
 GLOO_TRANSPORTS = tuple(
     t for t in vargather.TRANSPORT_NAMES if unsupported_reason(t, "gloo") is None
@@ -161,16 +164,9 @@ def base_calls(draw: st.DrawFn) -> fns.Scenario:
         shape = list(other)
         shape[dim] = sizes[r]
         spec = fns.TensorSpec(tuple(shape), dtype, requires_grad=requires_grad, seed=seed)
-        calls.append(
-            fns.Call(
-                spec,
-                dim=dim,
-                sizes=list(sizes) if pass_sizes else None,
-                grad=grad,
-                transport=transport,
-            )
-        )
-    return fns.Scenario(tuple(calls))
+        passed = list(sizes) if pass_sizes else None
+        calls.append(fns.call(GATHER, spec, dim=dim, sizes=passed, grad=grad, transport=transport))
+    return fns.Scenario(GATHER, tuple(calls))
 
 
 odd_values = st.one_of(
@@ -191,24 +187,22 @@ def mutate(draw: st.DrawFn, call: fns.Call, kind: str, w: int) -> fns.Call:
         if kind in ("dtype", "ndim", "trail", "requires_grad"):
             return call
     if kind == "dtype":
-        return replace(
-            call, x=replace(spec, dtype=draw(st.sampled_from(GLOO_NAMES)), requires_grad=False)
+        return call.with_(
+            x=replace(spec, dtype=draw(st.sampled_from(GLOO_NAMES)), requires_grad=False)
         )
     if kind == "ndim":
-        return replace(call, x=replace(spec, shape=(*spec.shape, draw(st.integers(1, 2)))))
+        return call.with_(x=replace(spec, shape=(*spec.shape, draw(st.integers(1, 2)))))
     if kind == "trail" and len(spec.shape) > 1:
         i = draw(st.integers(0, len(spec.shape) - 1))
         shape = list(spec.shape)
         shape[i] = draw(st.integers(0, 4))
-        return replace(call, x=replace(spec, shape=tuple(shape)))
+        return call.with_(x=replace(spec, shape=tuple(shape)))
     if kind == "dim":
-        return replace(call, dim=draw(st.integers(-5, 5)))
+        return call.with_(dim=draw(st.integers(-5, 5)))
     if kind == "dim_object":
-        return replace(call, dim=draw(odd_values))
+        return call.with_(dim=draw(odd_values))
     if kind == "sizes":
-        return replace(
-            call, sizes=draw(st.lists(st.integers(-2, 5), min_size=w - 1, max_size=w + 1))
-        )
+        return call.with_(sizes=draw(st.lists(st.integers(-2, 5), min_size=w - 1, max_size=w + 1)))
     if kind == "sizes_object":
         value = draw(
             st.one_of(
@@ -219,7 +213,7 @@ def mutate(draw: st.DrawFn, call: fns.Call, kind: str, w: int) -> fns.Call:
                 st.just(fns.SizesTensor(tuple(range(w)), "int64", (1, w))),
             )
         )
-        return replace(call, sizes=value)
+        return call.with_(sizes=value)
     if kind == "input":
         value = draw(
             st.one_of(
@@ -231,21 +225,21 @@ def mutate(draw: st.DrawFn, call: fns.Call, kind: str, w: int) -> fns.Call:
                 st.just(fns.TensorSpec((1,) * 33)),
             )
         )
-        return replace(call, x=value)
+        return call.with_(x=value)
     if kind == "grad":
-        return replace(call, grad=draw(st.one_of(st.sampled_from(vargather.CONTRACTS), odd_values)))
+        return call.with_(grad=draw(st.one_of(st.sampled_from(vargather.CONTRACTS), odd_values)))
     if kind == "transport":
         value = draw(st.one_of(st.sampled_from(vargather.TRANSPORT_NAMES), odd_values))
-        return replace(call, transport=value)
+        return call.with_(transport=value)
     if kind == "requires_grad" and spec.dtype in FLOATING:
-        return replace(call, x=replace(spec, requires_grad=not spec.requires_grad))
+        return call.with_(x=replace(spec, requires_grad=not spec.requires_grad))
     if kind == "validate":
-        return replace(call, validate=draw(odd_values.filter(lambda v: v is not False)))
+        return call.with_(validate=draw(odd_values.filter(lambda v: v is not False)))
     if kind == "timeout":
         # A valid but short timeout on one rank is a fault the caller asked for (that
         # rank gives up first), not a misuse to refuse: keep valid ones generous.
         value = draw(st.one_of(st.floats(5, 60), odd_values.filter(_not_a_short_timeout)))
-        return replace(call, timeout=value)
+        return call.with_(timeout=value)
     return call
 
 
@@ -270,7 +264,7 @@ def _mutated(draw: st.DrawFn, base: fns.Scenario) -> tuple[fns.Scenario, tuple[i
     for r in sorted(ranks):
         for kind in draw(st.lists(st.sampled_from(MUTATIONS), min_size=1, max_size=2)):
             calls[r] = mutate(draw, calls[r], kind, w)
-    return fns.Scenario(tuple(calls)), tuple(sorted(ranks))
+    return fns.Scenario(GATHER, tuple(calls)), tuple(sorted(ranks))
 
 
 # --- judging ------------------------------------------------------------------------------
@@ -278,15 +272,14 @@ def _mutated(draw: st.DrawFn, base: fns.Scenario) -> tuple[fns.Scenario, tuple[i
 
 def _judge_all_ok(scenario: fns.Scenario, outcomes: Sequence[RankOutcome[Any]]) -> None:
     try:
-        want, _ = fns.expected_of(scenario)
+        want = fns.expected_of(scenario)[0]
     except Exception as err:
         raise AssertionError(
             f"every rank accepted a call the oracle cannot even compute ({err!r})"
         ) from None
     for o in outcomes:
         assert o.value is not None
-        got = o.value.output
-        assert_bitwise_equal(got, want, msg=f"rank {o.rank}")
+        assert_bitwise_equal(o.value.output, want[o.rank], msg=f"rank {o.rank}")
 
 
 def _judge_all_raised(
@@ -326,14 +319,14 @@ def _contradicted_ranks(scenario: fns.Scenario, blamed: Sequence[int]) -> set[in
     out: set[int] = set()
     for b in blamed:
         call = scenario.calls[b]
-        sizes = call.sizes
+        sizes = call.get("sizes")
         if isinstance(sizes, fns.SizesTensor):
             sizes = list(sizes.values)
         if not isinstance(sizes, list) or len(sizes) != w:
             return set(range(w))
         for r, claimed in enumerate(sizes):
             other = scenario.calls[r]
-            spec, dim = other.x, other.dim
+            spec, dim = other.x, other.get("dim")
             holds = (
                 isinstance(spec, fns.TensorSpec)
                 and isinstance(dim, int)
@@ -374,7 +367,7 @@ def _check_mutated(scenario: fns.Scenario, mutated: tuple[int, ...]) -> None:
     COUNTS["mutated"] += 1
     COUNTS[f"mutated, {_run_mutated(scenario, mutated)}"] += 1
     # a correct gather with gradients (valid_scenario's: every rank's judged)
-    _judged("the next gather on the group", fns.valid_scenario(w, seed=3))
+    _judged("the next gather on the group", fns.valid_scenario(GATHER, w))
     assert pool.generation == generation, "the process group had to be rebuilt"
 
 
@@ -440,16 +433,30 @@ FAMILY_MUTATIONS: dict[str, tuple[str, ...]] = {
 }
 """What the mutated rank of a family call changes, per collective."""
 
-FamilyJob = tuple[fns.FamilyScenario, tuple[int, ...], str]
+FamilyJob = tuple[fns.Scenario, tuple[int, ...], str]
 """A mutated family call: the scenario, the mutated ranks, the mutation kind."""
 
 
+def _in_family(scenario: fns.Scenario) -> bool:
+    return scenario.collective in family.COLLECTIVES
+
+
+def _sizes(call: fns.Call) -> Any:
+    """``reduce_scatter_v``'s ``sizes``, ``all_to_all_v``'s ``send_sizes``: the second
+    argument, as ``family_bases`` passes it."""
+    return call.args[1]
+
+
+def _with_sizes(call: fns.Call, sizes: object) -> fns.Call:
+    return replace(call, args=(call.args[0], sizes, *call.args[2:]))
+
+
 @st.composite
-def family_bases(draw: st.DrawFn, collective: str | None = None) -> fns.FamilyScenario:
+def family_bases(draw: st.DrawFn, collective: str | None = None) -> fns.Scenario:
     """A valid call of a family collective on 2 or 3 ranks (every gloo dtype, any
     ``dim``, empty blocks, sizes/shapes passed or not)."""
     if collective is None:
-        collective = draw(st.sampled_from(fns.FAMILY))
+        collective = draw(st.sampled_from(family.COLLECTIVES))
     w = draw(st.integers(2, 3))
     dtype = draw(st.sampled_from(GLOO_NAMES))
     requires_grad = dtype in FLOATING and draw(st.booleans())
@@ -464,8 +471,8 @@ def family_bases(draw: st.DrawFn, collective: str | None = None) -> fns.FamilySc
         shapes = [draw(dims) for _ in range(w)]
         passed = [list(s) for s in shapes] if draw(st.booleans()) else None
         grad = draw(st.sampled_from(vargather.CONTRACTS))
-        calls = tuple(fns.FamilyArgs(spec(s), shapes=passed, grad=grad) for s in shapes)
-        return fns.FamilyScenario(collective, calls)
+        calls = tuple(fns.call(collective, spec(s), shapes=passed, grad=grad) for s in shapes)
+        return fns.Scenario(collective, calls)
     ndim = draw(st.integers(1, 3))
     dim = draw(st.integers(-ndim, ndim - 1))
     other = draw(st.lists(st.integers(0, 3), min_size=ndim, max_size=ndim))
@@ -473,8 +480,8 @@ def family_bases(draw: st.DrawFn, collective: str | None = None) -> fns.FamilySc
         sizes = draw(st.lists(st.integers(0, 4), min_size=w, max_size=w))
         shape = list(other)
         shape[dim] = sum(sizes)
-        calls = tuple(fns.FamilyArgs(spec(shape), sizes=list(sizes), dim=dim) for _ in range(w))
-        return fns.FamilyScenario(collective, calls)
+        calls = tuple(fns.call(collective, spec(shape), list(sizes), dim=dim) for _ in range(w))
+        return fns.Scenario(collective, calls)
     send = [draw(st.lists(st.integers(0, 3), min_size=w, max_size=w)) for _ in range(w)]
     pass_recv = draw(st.booleans())
     out = []
@@ -482,23 +489,24 @@ def family_bases(draw: st.DrawFn, collective: str | None = None) -> fns.FamilySc
         shape = list(other)
         shape[dim] = sum(send[r])
         recv = [send[j][r] for j in range(w)] if pass_recv else None
-        out.append(fns.FamilyArgs(spec(shape), sizes=list(send[r]), recv_sizes=recv, dim=dim))
-    return fns.FamilyScenario(collective, tuple(out))
+        out.append(fns.call(collective, spec(shape), list(send[r]), dim=dim, recv_sizes=recv))
+    return fns.Scenario(collective, tuple(out))
 
 
-def mutate_family(
-    draw: st.DrawFn, scenario: fns.FamilyScenario, m: int, kind: str
-) -> fns.FamilyArgs:
+def mutate_family(draw: st.DrawFn, scenario: fns.Scenario, m: int, kind: str) -> fns.Call:
     """Rank ``m``'s call with ``kind`` changed (drawn; possibly harmlessly)."""
     call, w = scenario.calls[m], scenario.world_size
     spec = call.x
     assert isinstance(spec, fns.TensorSpec)  # a base call's
     if kind == "collective":  # the other collective of the same metadata round
         other = "all_to_all_v" if scenario.collective == "reduce_scatter_v" else "reduce_scatter_v"
-        return replace(call, collective=other)
+        takes = bind(other, (), {}).signature.parameters  # recv_sizes: all_to_all_v's only
+        return replace(
+            call, collective=other, kwargs={k: v for k, v in call.kwargs.items() if k in takes}
+        )
     if kind == "dtype":
         dtype = draw(st.sampled_from([*GLOO_NAMES, "float8_e5m2"]))
-        return replace(call, x=replace(spec, dtype=dtype, requires_grad=False))
+        return call.with_(x=replace(spec, dtype=dtype, requires_grad=False))
     if kind == "shape":
         shape = list(spec.shape)
         i = draw(st.integers(0, len(shape)))
@@ -506,25 +514,25 @@ def mutate_family(
             shape.append(draw(st.integers(1, 2)))
         else:
             shape[i] = draw(st.integers(0, 4))
-        new = replace(call, x=replace(spec, shape=tuple(shape)))
-        if call.shapes is not None and draw(st.booleans()):  # and says so, honestly
-            passed = [list(s) for s in call.shapes]
+        new = call.with_(x=replace(spec, shape=tuple(shape)))
+        if call.get("shapes") is not None and draw(st.booleans()):  # and says so, honestly
+            passed = [list(s) for s in call.get("shapes")]
             passed[m] = shape
-            new = replace(new, shapes=passed)
+            new = new.with_(shapes=passed)
         return new
     if kind == "dim":
-        return replace(call, dim=draw(st.one_of(st.integers(-4, 4), st.sampled_from([None, 1.0]))))
+        return call.with_(dim=draw(st.one_of(st.integers(-4, 4), st.sampled_from([None, 1.0]))))
     if kind == "grad":
         if scenario.collective == "all_gather_list" and draw(st.booleans()):
-            return replace(call, grad=draw(st.sampled_from([*vargather.CONTRACTS, "avg"])))
+            return call.with_(grad=draw(st.sampled_from([*vargather.CONTRACTS, "avg"])))
         if spec.dtype in FLOATING:
-            return replace(call, x=replace(spec, requires_grad=not spec.requires_grad))
+            return call.with_(x=replace(spec, requires_grad=not spec.requires_grad))
         return call
     if kind == "sizes":
-        base = list(call.sizes)
-        return replace(
+        base = list(_sizes(call))
+        return _with_sizes(
             call,
-            sizes=draw(
+            draw(
                 st.one_of(
                     st.permutations(base).map(list),
                     st.lists(st.integers(-1, 5), min_size=w - 1, max_size=w + 1),
@@ -533,18 +541,18 @@ def mutate_family(
         )
     if kind == "send_sizes":
         if draw(st.booleans()):  # a lie about its own tensor
-            return replace(
-                call, sizes=draw(st.lists(st.integers(-1, 4), min_size=w - 1, max_size=w + 1))
+            return _with_sizes(
+                call, draw(st.lists(st.integers(-1, 4), min_size=w - 1, max_size=w + 1))
             )
         # an honest change of plan: another row, and a tensor that fits it
-        d = call.dim
+        d = call.get("dim")
         assert isinstance(d, int)
         row = draw(st.lists(st.integers(0, 3), min_size=w, max_size=w))
         shape = list(spec.shape)
         shape[d] = sum(row)
-        return replace(call, sizes=row, x=replace(spec, shape=tuple(shape)))
+        return _with_sizes(call, row).with_(x=replace(spec, shape=tuple(shape)))
     if kind == "recv_sizes":
-        truth = [list(c.sizes)[m] for c in scenario.calls]
+        truth = [list(_sizes(c))[m] for c in scenario.calls]
         lie = list(truth)
         lie[draw(st.integers(0, w - 1))] += 1
         value = draw(
@@ -555,7 +563,7 @@ def mutate_family(
                 st.lists(st.integers(-1, 4), min_size=w - 1, max_size=w + 1),
             )
         )
-        return replace(call, recv_sizes=value)
+        return call.with_(recv_sizes=value)
     if kind == "shapes":
         truth = [list(c.x.shape) for c in scenario.calls]
         which = draw(st.integers(0, w - 1))
@@ -570,16 +578,16 @@ def mutate_family(
                 st.just([len(s) for s in truth]),
             )
         )
-        return replace(call, shapes=value)
+        return call.with_(shapes=value)
     if kind == "input":
         odd = [None, [1.0, 2.0], fns.TensorSpec(()), fns.TensorSpec((2, 2), layout="sparse")]
-        return replace(call, x=draw(st.sampled_from(odd)))
+        return call.with_(x=draw(st.sampled_from(odd)))
     if kind == "options":  # validate=False is not fuzzed (it trusts the caller by design)
         if draw(st.booleans()):
-            return replace(call, validate=draw(odd_values.filter(lambda v: v is not False)))
+            return call.with_(validate=draw(odd_values.filter(lambda v: v is not False)))
         # a valid timeout on one rank is harmless when generous (a short one is a fault)
-        return replace(
-            call, timeout=draw(st.one_of(st.floats(5, 60), odd_values.filter(_not_a_short_timeout)))
+        return call.with_(
+            timeout=draw(st.one_of(st.floats(5, 60), odd_values.filter(_not_a_short_timeout)))
         )
     raise AssertionError(kind)
 
@@ -604,13 +612,13 @@ def family_mutated_calls(draw: st.DrawFn) -> FamilyJob:
     return _family_mutated(draw, draw(family_bases()))
 
 
-def _family_mutated(draw: st.DrawFn, base: fns.FamilyScenario) -> FamilyJob:
+def _family_mutated(draw: st.DrawFn, base: fns.Scenario) -> FamilyJob:
     """``base`` with one rank's arguments changed by one drawn kind."""
     m = draw(st.integers(0, base.world_size - 1))
     kind = draw(st.sampled_from(FAMILY_MUTATIONS[base.collective]))
     calls = list(base.calls)
     calls[m] = mutate_family(draw, base, m, kind)
-    return fns.FamilyScenario(base.collective, tuple(calls)), (m,), kind
+    return fns.Scenario(base.collective, tuple(calls)), (m,), kind
 
 
 # The independent verdict: what vargather must do with a family scenario, derived from
@@ -627,11 +635,11 @@ def _int_list(value: object) -> list[int] | None:
     return list(value)
 
 
-def _local_ok(scenario: fns.FamilyScenario, r: int) -> bool:
+def _local_ok(scenario: fns.Scenario, r: int) -> bool:
     """Rank ``r``'s call has no local problem."""
     call, w, name = scenario.calls[r], scenario.world_size, scenario.collective
     spec = call.x
-    if not isinstance(call.validate, bool) or not _timeout_ok(call.timeout):
+    if not isinstance(call.get("validate"), bool) or not _timeout_ok(call.get("timeout")):
         return False
     if not isinstance(spec, fns.TensorSpec) or spec.layout == "sparse":
         return False
@@ -639,11 +647,11 @@ def _local_ok(scenario: fns.FamilyScenario, r: int) -> bool:
         return False
     ndim = len(spec.shape)
     if name == "all_gather_list":
-        if call.grad not in vargather.CONTRACTS:
+        if call.get("grad") not in vargather.CONTRACTS:
             return False
-        if call.shapes is None:
+        shapes = call.get("shapes")
+        if shapes is None:
             return True
-        shapes = call.shapes
         if not isinstance(shapes, list) or len(shapes) != w:
             return False
         if not all(_int_list(s) is not None for s in shapes):
@@ -651,14 +659,14 @@ def _local_ok(scenario: fns.FamilyScenario, r: int) -> bool:
         return tuple(shapes[r]) == spec.shape
     if ndim == 0:
         return False
-    dim = call.dim
+    dim = call.get("dim")
     if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
         return False
-    sizes = _int_list(call.sizes)
+    sizes = _int_list(_sizes(call))
     if sizes is None or len(sizes) != w or sum(sizes) != spec.shape[dim]:
         return False
-    if name == "all_to_all_v" and call.recv_sizes is not None:
-        recv = _int_list(call.recv_sizes)
+    if name == "all_to_all_v" and call.get("recv_sizes") is not None:
+        recv = _int_list(call.get("recv_sizes"))
         if recv is None or len(recv) != w:
             return False
     return True
@@ -675,12 +683,12 @@ def _odd_ranks(values: Sequence[object]) -> list[int] | None:
     return list(range(len(values)))
 
 
-def family_verdict(scenario: fns.FamilyScenario) -> tuple[str | None, tuple[int, ...]]:
+def family_verdict(scenario: fns.Scenario) -> tuple[str | None, tuple[int, ...]]:
     """``(None, ())``: the call is valid. Else what every rank must raise: the class
     name (``"local"``: a rank's own problem, any local class) and the blamed ranks."""
     w, name, calls = scenario.world_size, scenario.collective, scenario.calls
     # A rank calling the other collective of the round: its row's kind, read first.
-    odd_kind = _odd_ranks([c.collective or name for c in calls])
+    odd_kind = _odd_ranks([c.collective for c in calls])
     if odd_kind is not None:
         return "ProtocolMismatchError", tuple(odd_kind)
     bad = [r for r in range(w) if not _local_ok(scenario, r)]
@@ -693,20 +701,20 @@ def family_verdict(scenario: fns.FamilyScenario) -> tuple[str | None, tuple[int,
     grads = [s.requires_grad for s in specs]
     checks: list[tuple[str, list[object]]] = []
     if name == "all_gather_list":
-        checks.append(("ArgumentMismatchError", [c.grad for c in calls]))
+        checks.append(("ArgumentMismatchError", [c.get("grad") for c in calls]))
         checks.append(("DTypeMismatchError", list(dtypes)))
-        if calls[0].grad != "local":
+        if calls[0].get("grad") != "local":
             checks.append(("RequiresGradMismatchError", list(grads)))
         checks.append(("ShapeMismatchError", [len(s) for s in shapes]))
     else:
         ndims = [len(s) for s in shapes]
-        dims = [c.dim % n for c, n in zip(calls, ndims, strict=True)]
+        dims = [c.get("dim") % n for c, n in zip(calls, ndims, strict=True)]
         checks.append(("ShapeMismatchError", list(ndims)))
         checks.append(("ArgumentMismatchError", list(dims)))
         checks.append(("DTypeMismatchError", list(dtypes)))
         if name == "reduce_scatter_v":
             checks.append(("ShapeMismatchError", list(shapes)))
-            checks.append(("SizesMismatchError", [tuple(c.sizes) for c in calls]))
+            checks.append(("SizesMismatchError", [tuple(_sizes(c)) for c in calls]))
         else:
             other = [
                 s[: d % len(s)] + s[d % len(s) + 1 :] for s, d in zip(shapes, dims, strict=True)
@@ -721,30 +729,29 @@ def family_verdict(scenario: fns.FamilyScenario) -> tuple[str | None, tuple[int,
     return ("SizesMismatchError", tuple(liars)) if liars else (None, ())
 
 
-def _family_liars(scenario: fns.FamilyScenario) -> list[int]:
+def _family_liars(scenario: fns.Scenario) -> list[int]:
     """The ranks whose passed receive sizes (``all_to_all_v``) or shapes
     (``all_gather_list``) contradict the other ranks' send sizes or tensors: an
     unmutated rank is one when a mutated peer changed what it sends or holds."""
     w, calls = scenario.world_size, scenario.calls
     if scenario.collective == "all_to_all_v":
-        matrix = [list(c.sizes) for c in calls]
+        matrix = [list(_sizes(c)) for c in calls]
+        recv = [c.get("recv_sizes") for c in calls]
         return [
-            r
-            for r, c in enumerate(calls)
-            if c.recv_sizes is not None and list(c.recv_sizes) != [matrix[j][r] for j in range(w)]
+            r for r in range(w) if recv[r] is not None and list(recv[r]) != [m[r] for m in matrix]
         ]
     if scenario.collective == "all_gather_list":
         truth = [list(c.x.shape) for c in calls]
         return [
             r
             for r, c in enumerate(calls)
-            if c.shapes is not None and [list(s) for s in c.shapes] != truth
+            if c.get("shapes") is not None and [list(s) for s in c.get("shapes")] != truth
         ]
     return []
 
 
 def judge_family(
-    scenario: fns.FamilyScenario,
+    scenario: fns.Scenario,
     outcomes: Sequence[RankOutcome[Any]],
     mutated: tuple[int, ...],
 ) -> str:
@@ -761,9 +768,10 @@ def judge_family(
     )
     if error_name is None:
         assert all(ok), f"a valid call was refused: {detail}"
-        want = fns.family_expected(scenario)
+        want = fns.expected_of(scenario)[0]
         for o in outcomes:
-            got = o.value
+            assert o.value is not None
+            got = o.value.output
             if isinstance(want[o.rank], list):
                 assert isinstance(got, list), f"rank {o.rank}: expected a list, got {type(got)}"
                 assert len(got) == len(want[o.rank]), f"rank {o.rank}: {len(got)} tensors"
@@ -801,16 +809,16 @@ def judge_family(
     return "refused"
 
 
-def _mutated_named(scenario: fns.FamilyScenario, blamed: Sequence[int]) -> set[int]:
+def _mutated_named(scenario: fns.Scenario, blamed: Sequence[int]) -> set[int]:
     """The ranks whose sizes or shape a blamed rank's passed values misstate."""
     w, calls = scenario.world_size, scenario.calls
     out: set[int] = set()
     for b in blamed:
         if scenario.collective == "all_to_all_v":
-            recv = list(calls[b].recv_sizes)
-            out |= {j for j in range(w) if list(calls[j].sizes)[b] != recv[j]}
+            recv = list(calls[b].get("recv_sizes"))
+            out |= {j for j in range(w) if list(_sizes(calls[j]))[b] != recv[j]}
         elif scenario.collective == "all_gather_list":
-            passed = calls[b].shapes
+            passed = calls[b].get("shapes")
             out |= {j for j in range(w) if list(passed[j]) != list(calls[j].x.shape)}
     return out
 
@@ -826,9 +834,7 @@ def check_family_mutated(job: FamilyJob) -> None:
         ) from None
 
 
-def _check_family_mutated(
-    scenario: fns.FamilyScenario, mutated: tuple[int, ...], kind: str
-) -> None:
+def _check_family_mutated(scenario: fns.Scenario, mutated: tuple[int, ...], kind: str) -> None:
     w = scenario.world_size
     pool = get_pool(w)
     generation = pool.generation
@@ -840,11 +846,11 @@ def _check_family_mutated(
     assert pool.generation == generation, "the process group had to be rebuilt"
 
 
-def _run_family(scenario: fns.FamilyScenario, mutated: tuple[int, ...]) -> str:
+def _run_family(scenario: fns.Scenario, mutated: tuple[int, ...]) -> str:
     """Run a family scenario on its world and judge it (``judge_family``): ``"harmless"``
     (every rank the oracle's answer) or ``"refused"``."""
     try:
-        outcomes = get_pool(scenario.world_size).run_outcomes(fns.run_family, scenario)
+        outcomes = get_pool(scenario.world_size).run_outcomes(fns.run_call, scenario)
     except PoolFailure as failure:
         raise AssertionError(f"the world failed (abort or hang): {failure}") from None
     return judge_family(scenario, outcomes, mutated)
@@ -893,19 +899,20 @@ class SteadyRun:
     collective, judged as any mutated call is), then ``after`` (the last valid call
     again). Each call is judged alone; the process group must survive them all."""
 
-    before: tuple[fns.Scenario | fns.FamilyScenario, ...]
+    before: tuple[fns.Scenario, ...]
     mutated: tuple[fns.Scenario, tuple[int, ...]] | FamilyJob
-    after: fns.Scenario | fns.FamilyScenario
+    after: fns.Scenario
 
 
-def _moved(draw: st.DrawFn, base: fns.FamilyScenario) -> fns.FamilyScenario:
+def _moved(draw: st.DrawFn, base: fns.Scenario) -> fns.Scenario:
     """``all_to_all_v``'s ``base`` with each rank perhaps moving one row from one of its
     send blocks to another (its tensor's shape unchanged; passed receive sizes follow)."""
     w = base.world_size
     send: list[list[int]] = []
     for c in base.calls:
-        assert isinstance(c.sizes, list)  # family_bases passes a list of ints
-        send.append([int(n) for n in c.sizes])
+        row = _sizes(c)
+        assert isinstance(row, list)  # family_bases passes a list of ints
+        send.append([int(n) for n in row])
     for r in range(w):
         full = [k for k in range(w) if send[r][k]]
         if not full or not draw(st.booleans()):
@@ -915,8 +922,8 @@ def _moved(draw: st.DrawFn, base: fns.FamilyScenario) -> fns.FamilyScenario:
         send[r][dst] += 1
     calls = []
     for r, c in enumerate(base.calls):
-        recv = None if c.recv_sizes is None else [send[j][r] for j in range(w)]
-        calls.append(replace(c, sizes=list(send[r]), recv_sizes=recv))
+        recv = None if c.get("recv_sizes") is None else [send[j][r] for j in range(w)]
+        calls.append(_with_sizes(c, list(send[r])).with_(recv_sizes=recv))
     return replace(base, calls=tuple(calls))
 
 
@@ -926,11 +933,11 @@ def _resized(draw: st.DrawFn, base: fns.Scenario) -> fns.Scenario:
     w = base.world_size
     r = draw(st.integers(0, w - 1))
     n = draw(st.integers(0, 4))
-    first = base.calls[0]
-    assert isinstance(first.dim, int)
+    dim = base.calls[0].get("dim")
+    assert isinstance(dim, int)
     specs = [c.x for c in base.calls]
     assert all(isinstance(spec, fns.TensorSpec) for spec in specs)  # base_calls' own
-    sizes = [int(spec.shape[first.dim]) for spec in specs]  # type: ignore[attr-defined]  # TensorSpecs, asserted above
+    sizes = [int(spec.shape[dim]) for spec in specs]
     sizes[r] = n
     calls = []
     for k, c in enumerate(base.calls):
@@ -938,10 +945,10 @@ def _resized(draw: st.DrawFn, base: fns.Scenario) -> fns.Scenario:
         assert isinstance(spec, fns.TensorSpec)
         shape = list(spec.shape)
         if k == r:
-            shape[first.dim] = n
-        passed = None if c.sizes is None else list(sizes)
-        calls.append(replace(c, x=replace(spec, shape=tuple(shape)), sizes=passed))
-    return fns.Scenario(tuple(calls))
+            shape[dim] = n
+        passed = None if c.get("sizes") is None else list(sizes)
+        calls.append(c.with_(x=replace(spec, shape=tuple(shape)), sizes=passed))
+    return fns.Scenario(GATHER, tuple(calls))
 
 
 @st.composite
@@ -962,8 +969,9 @@ def wide_base_calls(draw: st.DrawFn) -> fns.Scenario:
     calls = []
     for n in sizes:
         spec = fns.TensorSpec((n, *trail), dtype, requires_grad, layout, seed=seed)
-        calls.append(fns.Call(spec, dim=0, sizes=list(sizes) if pass_sizes else None, grad=grad))
-    return fns.Scenario(tuple(calls))
+        passed = list(sizes) if pass_sizes else None
+        calls.append(fns.call(GATHER, spec, dim=0, sizes=passed, grad=grad))
+    return fns.Scenario(GATHER, tuple(calls))
 
 
 WIDE_ROW = WIDE_MIN_BYTES // 2 + 8
@@ -977,7 +985,7 @@ def steady_runs(draw: st.DrawFn) -> SteadyRun:
     valid calls, sizes moving in them or not, a mutated one, the valid one again."""
     repeats = draw(st.integers(1, SHRINK_AFTER + 3))
     moving = draw(st.booleans())
-    before: list[fns.Scenario | fns.FamilyScenario] = []
+    before: list[fns.Scenario] = []
     if draw(st.sampled_from(["gather", "family"])) == "gather":
         base = draw(st.one_of(base_calls(), wide_base_calls()))
         for _ in range(repeats):
@@ -1011,11 +1019,8 @@ def _check_steady_run(run: SteadyRun) -> None:
         _judged(f"call #{i} of the run (valid)", scenario)
     try:
         mutated, ranks = run.mutated[0], run.mutated[1]
-        verdict = (
-            _run_family(mutated, ranks)
-            if isinstance(mutated, fns.FamilyScenario)
-            else _run_mutated(mutated, ranks)
-        )
+        judge = _run_family if _in_family(mutated) else _run_mutated
+        verdict = judge(mutated, ranks)
         COUNTS[f"steady runs, mutated {verdict}"] += 1
     except AssertionError as err:
         raise AssertionError(f"call #{len(run.before)} of the run (mutated): {err}") from None
@@ -1023,31 +1028,28 @@ def _check_steady_run(run: SteadyRun) -> None:
     assert pool.generation == generation, "the process group had to be rebuilt"
 
 
-def _judged(where: str, scenario: fns.Scenario | fns.FamilyScenario) -> None:
-    """Run a valid call and judge it (``_run_family``, ``_judge_valid``), saying where
-    in its run it was."""
+def _judged(where: str, scenario: fns.Scenario) -> None:
+    """Run a valid call and judge it: every rank the oracle's output (and gradient,
+    where the calls backpropagate), saying where in its run it was."""
     try:
-        if isinstance(scenario, fns.FamilyScenario):
-            _run_family(scenario, ())
-        else:
-            _judge_valid(scenario)
+        outcomes = get_pool(scenario.world_size).run_outcomes(fns.run_call, scenario)
+        refused = [f"rank {o.rank}: {o.exc_type_name}: {o.exception}" for o in outcomes if not o.ok]
+        assert not refused, f"a valid call was refused: {'; '.join(refused)}"
+        want, grads = fns.expected_of(scenario)
+        for r, got in enumerate(o.value for o in outcomes):
+            assert got is not None
+            outs = got.output if isinstance(want[r], list) else [got.output]
+            rights = want[r] if isinstance(want[r], list) else [want[r]]
+            assert len(outs) == len(rights), f"rank {r}: {len(outs)} outputs"
+            for g, e in zip(outs, rights, strict=True):
+                assert_bitwise_equal(g, e, msg=f"rank {r}: output")
+            if grads[r] is not None:
+                assert got.grad is not None, f"rank {r}: no gradient"
+                assert_bitwise_equal(got.grad, grads[r], msg=f"rank {r}: gradient")
+    except PoolFailure as failure:
+        raise AssertionError(f"{where}: the world failed (abort or hang): {failure}") from None
     except AssertionError as err:
         raise AssertionError(f"{where}: {err}") from None
-
-
-def _judge_valid(scenario: fns.Scenario) -> None:
-    """Run a valid gather scenario and judge it: every rank the oracle's output and
-    gradient."""
-    try:
-        results = get_pool(scenario.world_size).run(fns.run_call, scenario)
-    except PoolFailure as failure:
-        raise AssertionError(f"the world failed (abort or hang): {failure}") from None
-    want, grads = fns.expected_of(scenario)
-    for r, got in enumerate(results):
-        assert_bitwise_equal(got.output, want, msg=f"rank {r}: output")
-        if grads[r] is not None:
-            assert got.grad is not None, f"rank {r}: no gradient"
-            assert_bitwise_equal(got.grad, grads[r], msg=f"rank {r}: gradient")
 
 
 examples = st.one_of(
@@ -1078,7 +1080,7 @@ def fuzz_one(example: Any) -> None:
         check_family_valid(example)
     elif isinstance(example, SteadyRun):
         check_steady_run(example)
-    elif isinstance(example[0], fns.FamilyScenario):
+    elif _in_family(example[0]):
         check_family_mutated(example)
     else:
         check_mutated(example)

@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 
 import vargather
-from vargather.testing.misuse import GatherOutput, Scenario, build_x, run_call, upstream_for
+from vargather.testing.misuse import CallOutput, Scenario, build_x, run_call, upstream_for
 
 
-def skip_call_on(ctx: Any, job: tuple[int, Scenario]) -> GatherOutput | None:
+def skip_call_on(ctx: Any, job: tuple[int, Scenario]) -> CallOutput | None:
     """Every rank but ``job[0]`` makes its call; ``job[0]`` never arrives."""
     absent, scenario = job
     if ctx.rank == absent:
@@ -54,7 +54,7 @@ def layout_only_on(ctx: Any, job: tuple[int, Scenario]) -> object:
     call = scenario.calls[ctx.rank]
     x = build_x(call.x, ctx.rank)
     assert isinstance(x, torch.Tensor)
-    return vargather.gather_layout(x, call.dim).sizes  # type: ignore[arg-type]  # an int in these scenarios
+    return vargather.gather_layout(x, call.get("dim")).sizes
 
 
 def kill_between_exchange_and_payload(ctx: Any, job: tuple[int, Scenario]) -> object:
@@ -85,7 +85,7 @@ def backward_on_one_rank(ctx: Any, job: tuple[int, Scenario]) -> object:
     call = scenario.calls[ctx.rank]
     x = build_x(call.x, ctx.rank)
     assert isinstance(x, torch.Tensor)
-    out = vargather.all_gather_v(x, call.dim, grad="sum", timeout=call.timeout)  # type: ignore[arg-type]
+    out = vargather.all_gather_v(x, call.get("dim"), grad="sum", timeout=call.get("timeout"))
     if ctx.rank == lone:
         out.backward(upstream_for(out.shape, "float64", ctx.rank))
     return tuple(out.shape)

@@ -50,7 +50,16 @@ def test_trusted_shapes_in_a_subgroup() -> None:
     assert check_case(get_pool(3), case) == []
 
 
-@pytest.mark.parametrize("kind", ["dtype", "ndim", "shapes_lie", "contract", "requires_grad"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "list-dtype-differs",
+        "list-ndim-differs",
+        "list-shapes-lie",
+        "list-grad-contract-differs",
+        "list-requires-grad-differs",
+    ],
+)
 def test_misuse_same_error_everywhere(kind: str) -> None:
     assert check_misuse(get_pool(3), MisuseCase("all_gather_list", kind, 3, 2)) == []
 

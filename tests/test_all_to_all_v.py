@@ -44,7 +44,15 @@ def test_trusted_recv_sizes_and_subgroup() -> None:
 
 @pytest.mark.parametrize(
     "kind",
-    ["send_length", "sum_mismatch", "recv_lie", "dtype", "ndim", "trailing", "requires_grad"],
+    [
+        "a2a-send-sizes-wrong-length",
+        "a2a-sum-mismatch",
+        "a2a-recv-sizes-lie",
+        "a2a-dtype-differs",
+        "a2a-ndim-differs",
+        "a2a-trailing-dim-differs",
+        "a2a-requires-grad-differs",
+    ],
 )
 def test_misuse_same_error_everywhere(kind: str) -> None:
     assert check_misuse(get_pool(3), MisuseCase("all_to_all_v", kind, 3, 0)) == []

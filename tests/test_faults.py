@@ -51,23 +51,20 @@ def pool3() -> Iterator[RankPool]:
 
 def ragged(world_size: int = 2, **call: object) -> fns.Scenario:
     """A valid ragged gather (sizes 2, 0, 3, ...) of float64 rows."""
-    return fns.Scenario(
-        tuple(
-            fns.Call(fns.TensorSpec((fns._size(r), 2), "float64"), **call)  # type: ignore[arg-type]
-            for r in range(world_size)
-        )
-    )
+    spec = [fns.TensorSpec(((2, 0, 3, 1)[r], 2), "float64") for r in range(world_size)]
+    return fns.Scenario("all_gather_v", tuple(fns.call("all_gather_v", x, **call) for x in spec))
 
 
 def assert_recovers(pool: RankPool) -> None:
     """The harness rebuilds the world and the next gather is right."""
     before = pool.generation
-    scenario = fns.valid_scenario(pool.world_size)
+    scenario = fns.valid_scenario("all_gather_v", pool.world_size)
     results = pool.run(fns.run_call, scenario)
     assert pool.generation == before + 1, "the out-of-step world was not rebuilt"
     want, grads = fns.expected_of(scenario)
     for r, got in enumerate(results):
-        assert_bitwise_equal(got.output, want)
+        assert got is not None
+        assert_bitwise_equal(got.output, want[r])
         want_grad = grads[r]
         assert got.grad is not None
         assert want_grad is not None
@@ -159,12 +156,8 @@ def test_a_backward_that_the_peers_skip_times_out(pool: RankPool) -> None:
     """Under grad="sum" the backward is a reduce-scatter. Rank 0 runs it, its peers do
     not (nothing in the forward can know): rank 0 raises ``CollectiveTimeoutError``
     through autograd, naming the ranks that never arrived, instead of waiting forever."""
-    scenario = fns.Scenario(
-        tuple(
-            fns.Call(fns.TensorSpec((fns._size(r), 2), "float64", requires_grad=True))
-            for r in range(2)
-        )
-    )
+    spec = [fns.TensorSpec(((2, 0)[r], 2), "float64", requires_grad=True) for r in range(2)]
+    scenario = fns.Scenario("all_gather_v", tuple(fns.call("all_gather_v", x) for x in spec))
     outcomes = pool.run_outcomes(faults.backward_on_one_rank, (0, scenario))
     assert [o.ok for o in outcomes] == [False, True]
     error = outcomes[0].exception
@@ -178,7 +171,8 @@ def test_a_backward_that_the_peers_skip_times_out(pool: RankPool) -> None:
 def test_a_lie_under_validate_false_raises_alone_and_the_peers_time_out(pool: RankPool) -> None:
     """``validate=False`` skips the exchange, so a rank whose sizes contradict its own
     tensor raises on its own; its peers wait for it and name it."""
-    scenario = fns.with_calls(ragged(sizes=[2, 0], validate=False), 1, sizes=[2, 5])
+    calls = ragged(sizes=[2, 0], validate=False).calls
+    scenario = fns.Scenario("all_gather_v", (calls[0], calls[1].with_(sizes=[2, 5])))
     outcomes = pool.run_outcomes(fns.run_call, scenario)
     liar = outcomes[1].exception
     assert type(liar) is vargather.SizesError, outcomes[1].traceback
@@ -203,7 +197,7 @@ def test_a_per_call_timeout_replaces_the_groups_for_that_call(pool: RankPool) ->
     results = pool.run(fns.run_call, ragged(timeout=1.5))
     want, _ = fns.expected_of(ragged())
     for got in results:
-        assert_bitwise_equal(got.output, want)
+        assert_bitwise_equal(got.output, want[0])
     assert pool.run(faults.group_timeout_seconds, None) == [TIMEOUT] * 2
 
 
@@ -256,10 +250,10 @@ def test_an_all_gather_beside_an_all_to_all_times_out_naming_the_other_collectiv
     gave up first, the lost peer) whose census says the ranks are out of step and in
     which collective the other rank is. The group is out of step: the world is rebuilt,
     and then the collective works."""
-    shape = (fns._size(0), 2) if gather == "all_gather_v" else fns.list_shape(0)
-    build = fns._rs if other == "reduce_scatter_v" else fns._a2a
-    calls = (fns.FamilyArgs(fns.TensorSpec(shape), collective=gather), build(1, 2))
-    outcomes = pool.run_outcomes(fns.run_family, fns.FamilyScenario(other, calls))
+    base = fns.misuse_by_name("none-input", other).good
+    assert base is not None
+    calls = (fns.call(gather, fns.TensorSpec((2, 3))), base(1, 2))
+    outcomes = pool.run_outcomes(fns.run_call, fns.Scenario(other, calls))
     where = {
         0: "is in send/recv x2 (metadata exchange)",
         1: f"is in all_to_all ({other} metadata exchange)",
@@ -274,6 +268,7 @@ def test_an_all_gather_beside_an_all_to_all_times_out_naming_the_other_collectiv
         assert f"rank {peer} {where[peer]}" in message, message
         assert "destroy it and create a new one" in message, message
     pool.restart()
-    valid = fns.FamilyScenario(other, (build(0, 2), build(1, 2)))
-    for got, want in zip(pool.run(fns.run_family, valid), fns.family_expected(valid), strict=True):
-        assert_bitwise_equal(got, want)
+    valid = fns.Scenario(other, (base(0, 2), base(1, 2)))
+    for got, want in zip(pool.run(fns.run_call, valid), fns.expected_of(valid)[0], strict=True):
+        assert got is not None
+        assert_bitwise_equal(got.output, want)

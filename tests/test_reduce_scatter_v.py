@@ -64,7 +64,15 @@ def test_done_when_misuse_raises_everywhere_and_next_call_works(which: str) -> N
 
 
 @pytest.mark.parametrize(
-    "kind", ["sizes_differ", "sum_mismatch", "dtype", "ndim", "trailing", "requires_grad"]
+    "kind",
+    [
+        "rs-sizes-differ",
+        "rs-sum-mismatch",
+        "rs-dtype-differs",
+        "rs-ndim-differs",
+        "rs-trailing-dim-differs",
+        "rs-requires-grad-differs",
+    ],
 )
 def test_misuse_same_error_everywhere(kind: str) -> None:
     assert check_misuse(get_pool(3), MisuseCase("reduce_scatter_v", kind, 3, 1)) == []

@@ -96,7 +96,7 @@ def test_drawn_joined_cases_compiled(cases: list[AllToAllCase]) -> None:
     assert check_sequence(get_pool(2), compiled) == []
 
 
-@pytest.mark.parametrize("kind", ["cat_dim_differs", "cat_blocks"])
+@pytest.mark.parametrize("kind", ["a2a-cat-dim-differs", "a2a-cat-blocks"])
 def test_misuse_same_error_everywhere(kind: str) -> None:
     """A rank joining along another dim, or sending a block of another size along
     ``dim``: every rank raises the same error naming it, and the group works after."""

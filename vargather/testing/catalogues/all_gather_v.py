@@ -624,3 +624,140 @@ def _misuse_reproduction(cases: Sequence[Any]) -> str:
 
 
 CATALOGUE: Final = _Gather()
+
+
+# --- misuse ---
+# all_gather_v's own misuses (vargather.testing.misuse's model; the generic ones join).
+import vargather  # noqa: E402  # the misuse tail's, below the catalogue above
+
+from ..misuse import Call, Misuse, SizesTensor, TensorSpec, call, misuses, tie  # noqa: E402
+
+
+def _size(rank: int) -> int:
+    return (2, 0, 3, 1)[rank % 4]
+
+
+def _sizes(w: int) -> list[int]:
+    return [_size(r) for r in range(w)]
+
+
+def _g(r: int, dtype: str = "float32", trail: tuple[int, ...] = (2,), **kw: object) -> Call:
+    """Rank ``r``'s ragged shard (sizes 2, 0, 3, 1), passed with ``kw``."""
+    return call("all_gather_v", TensorSpec((_size(r), *trail), dtype), **kw)
+
+
+def _lie(w: int, o: int) -> list[int]:
+    lie = _sizes(w)
+    lie[(o + 1) % w] += 1
+    return lie
+
+
+def _dtype_pair(a: str, b: str) -> Misuse:
+    return Misuse(
+        f"dtype-{a}-vs-{b}",
+        f"one rank passes {b} where the others pass {a}",
+        vargather.DTypeMismatchError,
+        lambda r, w: _g(r, b),
+        lambda w, o: ("dtype differs", f"torch.{a}", f"torch.{b}", f"rank(s) [{o}]"),
+        good=lambda r, w: _g(r, a),
+    )
+
+
+def _arg(
+    name: str, summary: str, error: type[vargather.VarGatherError], frag: Any, **kw: Any
+) -> Misuse:
+    """The offender passes ``kw`` beside its plain shard."""
+    return Misuse(name, summary, error, lambda r, w: _g(r, **kw), frag)
+
+
+def _grad_differs(contract: str, peers: bool) -> Misuse:
+    def shard(needs: bool) -> Any:
+        return lambda r, w: call(
+            "all_gather_v", TensorSpec((_size(r), 2), "float64", requires_grad=needs), grad=contract
+        )
+
+    return Misuse(
+        f"requires-grad-differs-{contract}",
+        f"under grad='{contract}' one rank {'does not need' if peers else 'needs'} a gradient "
+        f"and its peers {'do' if peers else 'do not'}",
+        vargather.RequiresGradMismatchError,
+        shard(not peers),
+        lambda w, o: ("requires_grad", f"grad='{contract}'", "True", "False", f"[{o}]"),
+        good=shard(peers),
+        blamed=tie,
+    )
+
+
+# A table, two lines an entry: name, summary, error; bad call, fragments, options.
+# fmt: off
+MISUSES: Final = misuses(
+    lambda r, w: _g(r),
+    _dtype_pair("float32", "int32"),
+    _dtype_pair("float16", "bfloat16"),
+    _dtype_pair("int64", "float64"),
+    _dtype_pair("float32", "float64"),
+    Misuse("ndim-differs", "one rank passes a tensor with one more dimension", vargather.ShapeMismatchError,
+        lambda r, w: _g(r, trail=(2, 1)), lambda w, o: ("ndim differs", "2", "3", f"rank(s) [{o}]")),
+    Misuse("trailing-dim-differs", "a dimension other than the gather dimension differs on one rank", vargather.ShapeMismatchError,
+        lambda r, w: _g(r, trail=(3,)), lambda w, o: ("shape outside the gather dimension", "(*, 2)", "(*, 3)", f"[{o}]", "* is the gather dimension, dim=0; full shapes: rank 0 (", f"rank {o} (",)),
+    _arg("dim-out-of-range-on-one-rank", "dim is out of range on one rank", vargather.DimError,
+        lambda w, o: (f"rank(s) [{o}]", f"rank {o}: dim=5", "expected -2 <= dim < 2"), dim=5),
+    Misuse("dim-out-of-range-on-every-rank", "dim is out of range on every rank", vargather.DimError,
+        lambda r, w: _g(r, dim=-3), lambda w, o: (f"rank(s) {list(range(w))}", "dim=-3 is out of range", "expected -2 <= dim < 2"), all_ranks=True),
+    _arg("dim-huge", "dim does not even fit in int64 on one rank", vargather.DimError,
+        lambda w, o: (f"rank {o}: dim=9223372036854775807 (or more)", "expected -2"), dim=2**70),
+    _arg("dim-not-an-int", "dim is a float on one rank", vargather.DimError,
+        lambda w, o: (f"rank {o}: expected dim to be an int, got float 0.0",), dim=0.0),
+    Misuse("dim-differs", "ranks gather along different dimensions (each valid locally)", vargather.ArgumentMismatchError,
+        lambda r, w: call("all_gather_v", TensorSpec((2, _size(r))), dim=1), lambda w, o: ("gather dimension", "0", "1", f"rank(s) [{o}]")),
+    Misuse("sizes-wrong-length", "sizes has one entry too many on one rank", vargather.SizesError,
+        lambda r, w: _g(r, sizes=[*_sizes(w), 1]), lambda w, o: (f"rank {o}: expected len(sizes) == world size {w}, got {w + 1}",)),
+    Misuse("sizes-wrong-own-entry", "sizes is wrong about the rank's own tensor", vargather.SizesError,
+        lambda r, w: _g(r, sizes=[n + (i == r) for i, n in enumerate(_sizes(w))], validate=True), lambda w, o: (f"rank {o}: expected sizes[{o}] == {_size(o)}", f"got sizes[{o}] = {_size(o) + 1}")),
+    Misuse("sizes-negative", "sizes holds a negative entry on one rank", vargather.SizesError,
+        lambda r, w: _g(r, sizes=[-1 if i != r else n for i, n in enumerate(_sizes(w))]), lambda w, o: (f"rank {o}: sizes must be >= 0", "= -1")),
+    Misuse("sizes-not-integers", "sizes holds a float on one rank", vargather.SizesTypeError,
+        lambda r, w: _g(r, sizes=[float(n) for n in _sizes(w)]), lambda w, o: (f"rank {o}: sizes must hold integers", "sizes[0] = float")),
+    Misuse("sizes-float-tensor", "sizes is a float tensor on one rank", vargather.SizesTypeError,
+        lambda r, w: _g(r, sizes=SizesTensor(tuple(_sizes(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "a tensor of dtype float32")),
+    Misuse("sizes-2d-tensor", "sizes is a 2-d integer tensor on one rank", vargather.SizesError,
+        lambda r, w: _g(r, sizes=SizesTensor(tuple(_sizes(w)), "int64", (1, w))), lambda w, o: (f"rank {o}: sizes must be a 1-d integer tensor", f"(1, {w})")),
+    _arg("sizes-a-string", "sizes is a string on one rank", vargather.SizesTypeError,
+        lambda w, o: (f"rank {o}: sizes must hold integers", "str"), sizes="2,0,3"),
+    Misuse("sizes-lie-about-a-peer", "sizes is right about the rank itself but wrong about a peer", vargather.SizesMismatchError,
+        lambda r, w: _g(r, sizes=_lie(w, r)), lambda w, o: (f"sizes passed on rank(s) [{o}] contradict the tensors", f"expected sizes={_sizes(w)}", f"rank {o} passed sizes={_lie(w, o)}"), good=lambda r, w: _g(r, sizes=_sizes(w))),
+    Misuse("sizes-passed-on-one-rank-only-and-wrong", "only one rank passes sizes, and they lie about a peer", vargather.SizesMismatchError,
+        lambda r, w: _g(r, sizes=_lie(w, r)), lambda w, o: (f"expected sizes={_sizes(w)}", f"rank {o} passed sizes={_lie(w, o)}")),
+    Misuse("zero-dim-input", "one rank passes a 0-d tensor", vargather.InputShapeError,
+        lambda r, w: call("all_gather_v", TensorSpec(())), lambda w, o: (f"rank {o}: expected a tensor with at least 1 dimension", "0-d")),
+    Misuse("too-many-dims", "one rank passes a 33-d tensor", vargather.InputShapeError,
+        lambda r, w: call("all_gather_v", TensorSpec((1,) * 33)), lambda w, o: (f"rank {o}: expected at most 32 dimensions, got 33",)),
+    Misuse("dtype-gloo-cannot-carry", "one rank passes a float8 tensor, which gloo cannot carry", vargather.InputTypeError,
+        lambda r, w: _g(r, "float8_e4m3fn"), lambda w, o: (f"rank {o}: dtype float8_e4m3fn cannot be gathered", "float32")),
+    Misuse("sparse-input", "one rank passes a sparse COO tensor", vargather.InputTypeError,
+        lambda r, w: call("all_gather_v", TensorSpec((_size(r), 2), layout="sparse")), lambda w, o: (f"rank {o}: expected a dense (torch.strided)", "sparse_coo")),
+    Misuse("meta-device", "one rank passes a tensor on the meta device", vargather.InputTypeError,
+        lambda r, w: call("all_gather_v", TensorSpec((_size(r), 2), device="meta")), lambda w, o: (f"rank {o}: expected a tensor on a device", "got a meta tensor")),
+    _grad_differs("sum", peers=False),
+    _grad_differs("mean", peers=True),
+    _arg("grad-contract-differs", "one rank asks for grad='local', its peers for grad='sum'", vargather.ArgumentMismatchError,
+        lambda w, o: ("gradient contract", "'sum'", "'local'", f"rank(s) [{o}]"), grad="local"),
+    _arg("grad-contract-unknown", "one rank passes an unknown gradient contract", vargather.ArgumentError,
+        lambda w, o: (f"rank {o}: grad must be one of 'sum', 'local', 'mean'", "'avg'"), grad="avg"),
+    _arg("transport-differs", "one rank forces another transport", vargather.ArgumentMismatchError,
+        lambda w, o: ("transport differs", "'auto'", "'padded'", f"rank(s) [{o}]"), transport="padded"),
+    _arg("transport-unknown", "one rank passes an unknown transport", vargather.ArgumentError,
+        lambda w, o: (f"rank {o}: transport must be one of", "'ring'"), transport="ring"),
+    _arg("transport-unavailable-on-gloo", "one rank forces transport='views', which gloo cannot run", vargather.ArgumentError,
+        lambda w, o: (f"rank {o}: transport='views'", "gloo"), transport="views"),
+    _arg("validate-not-a-bool", "one rank passes validate='yes'", vargather.ArgumentError,
+        lambda w, o: (f"rank {o}: validate must be a bool, got str 'yes'",), validate="yes"),
+    _arg("timeout-below-a-millisecond", "one rank passes timeout=1e-130 (gloo would round it to 0 ms: expire at once)", vargather.ArgumentError,
+        lambda w, o: (f"rank {o}: timeout must be None", "from 0.001 s", "1e-130"), timeout=1e-130),
+    _arg("timeout-invalid", "one rank passes a negative timeout", vargather.ArgumentError,
+        lambda w, o: (f"rank {o}: timeout must be None, or a number of seconds", "-1.0"), timeout=-1.0),
+    Misuse("mixed-coalesced-beside-all-gather-v", "one rank calls all_gather_v_coalesced while its peers call all_gather_v", vargather.ArgumentMismatchError,
+        lambda r, w: call("all_gather_v_coalesced", [TensorSpec((_size(r), 2))] * 2), lambda w, o: ("all_gather_v / all_gather_v_coalesced: number of tensors differs across ranks", f"2 on rank(s) [{o}]", f"all_gather_v_coalesced on rank(s) [{o}]", "call the same one on every rank"), blamed=tie),
+)
+# fmt: on
+"""Every misuse of all_gather_v, each raised as the same error on every rank."""
