@@ -41,6 +41,8 @@ from .cases import VARGATHER as VARGATHER
 from .cases import GatherCase as GatherCase
 from .cases import Implementation as Implementation
 from .cases import parse_case as parse_case
+from .catalogues import catalogue as catalogue
+from .catalogues import property_ids as property_ids
 from .judge import Failure as Failure
 from .pool import COLLECTIVE_TIMEOUT_ENV as COLLECTIVE_TIMEOUT_ENV
 from .pool import PoolConfig as PoolConfig
@@ -56,8 +58,6 @@ from .pool import RemoteException as RemoteException
 from .pool import close_all_pools as close_all_pools
 from .pool import get_pool as get_pool
 from .properties import Property as Property
-from .properties import catalogue as catalogue
-from .properties import property_ids as property_ids
 from .runner import ImplementationError as ImplementationError
 from .runner import Verdict as Verdict
 from .runner import describe as describe

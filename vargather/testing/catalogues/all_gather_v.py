@@ -476,7 +476,7 @@ class _Gather:
         )
 
     def rows(self, implementation: Implementation, returns: str = "unknown") -> list[Property]:
-        return _rows(implementation, returns)
+        return [replace(row, catalogue=self) for row in _rows(implementation, returns)]
 
     def draw(
         self,
@@ -611,15 +611,10 @@ def _run_misuse(
 
 def _misuse_reproduction(cases: Sequence[Any]) -> str:
     """The failing misuses in words, and a command that re-runs them."""
-    listed = ", ".join(repr(c) for c in cases)
-    code = (
-        "from vargather.testing import get_pool; "
-        "from vargather.testing.misuse import GatherMisuseCase, check_gather_misuse; "
-        f"print([check_gather_misuse(get_pool(c.world_size), c) for c in [{listed}]])"
-    )
+    command = ["python", "-m", "vargather", "repro", *map(repr, cases)]
     lines = [f"{len(cases)} misuse(s) on a gloo world of {cases[0].world_size} rank(s):"]
     lines += [f"  {c!r}: {misuse_by_name(c.name).summary}" for c in cases]
-    lines.append(f"reproduce: python -c {shlex.quote(code)}")
+    lines.append(f"reproduce: {' '.join(map(shlex.quote, command))}")
     return "\n".join(lines)
 
 
