@@ -204,6 +204,10 @@ class SplitCase(FamilyCase):
         return self.with_dim(-1 if self.seed % 2 else 1)
 
 
+Case = FamilyCase
+"""Any family case (its old name)."""
+
+
 def inputs_of(case: FamilyCase) -> list[torch.Tensor]:
     return case.inputs()
 

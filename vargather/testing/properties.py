@@ -1,11 +1,10 @@
 """The testing kit's one kind of row: ``Property``, a claim an implementation must hold.
 
-Where it sits: at the top of the kit's layers (``cases`` -> ``strategies`` -> ``judge``
--> ``runner`` -> here), beneath each collective's catalogue
-(``vargather.testing.catalogues.<name>``), which lists its rows. ``tests/`` (pytest),
-``tests/test_mutants.py`` (the mutant search) and ``python -m vargather check`` (the
-conformance gate) all run the rows ``catalogue()`` returns, so the gate and the suite
-cannot drift.
+Where it sits: above ``cases`` -> ``judge`` -> ``runner``, beneath each collective's
+catalogue (``vargather.testing.catalogues.<name>``), which lists its rows, each holding
+the catalogue: nothing here looks a collective up. ``tests/`` (pytest), the mutant
+search and ``python -m vargather check`` all run the rows ``catalogues.catalogue()``
+returns, so the gate and the suite cannot drift.
 
 A ``Property`` is a class of cases (keyword arguments for its collective's case
 strategy plus a world-size range, and a ``keep`` filter where no strategy argument
@@ -13,8 +12,8 @@ narrows enough) and the aspects of the judge's checks it is about (``Failure.asp
 a forward property does not fail on returned sizes, which have a property of their
 own. A failure of the call itself (``call``: an exception, a crash, a hang) counts
 against every property. How a batch is drawn, run and told is its collective's
-catalogue's (``Catalogue.draw``, ``run``, ``describe``): the row itself is the same
-kind for every collective.
+catalogue's (``Property.catalogue``: ``draw``, ``run``, ``describe``): the row itself
+is the same kind for every collective.
 """
 
 from __future__ import annotations
