@@ -187,12 +187,14 @@ def _rerun(args: argparse.Namespace) -> int:
         print("\n".join(f"misuse: {c!r}" for c in cases))
         failures = [check_gather_misuse(get_pool(c.world_size), c) for c in cases]
         return _verdicts([_Judged(tuple(f)) for f in failures])
+    from vargather.testing.family_catalogue import FamilyCatalogue
+
     catalogue = catalogue_of(args.op)
-    parse, rerun = getattr(catalogue, "parse"), getattr(catalogue, "rerun")  # noqa: B009
-    cases = [parse(text) for text in args.case]
+    assert isinstance(catalogue, FamilyCatalogue)  # every catalogue but the gather's
+    cases = [catalogue.parse(text) for text in args.case]
     ensure_import_path()
     print("\n".join(f"call {i + 1}: {c!r}" for i, c in enumerate(cases)))
-    return _verdicts(rerun(cases, get_pool))
+    return _verdicts(catalogue.rerun(cases, get_pool))
 
 
 class _Judged(NamedTuple):

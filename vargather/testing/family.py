@@ -147,6 +147,12 @@ class FamilyCase:
         """The case with one rank's part empty (chosen by its seed)."""
         raise NotImplementedError
 
+    def compilable(self) -> Any:
+        """The case as a compiled step runs it: integer values (``x * 1`` exact on every
+        backend) and every size passed as ints (an unknown one takes the eager path
+        behind a graph break, which ``fullgraph=True`` refuses)."""
+        return replace(self, special=False)  # type: ignore[type-var]  # a dataclass subclass
+
     def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> Any:
         """The case within ``target``'s scope, as far as the collective's own arguments
         go (``passes(name)``: whether the target's call passes ``name``)."""

@@ -49,10 +49,10 @@ from .family import Alone, FamilyCase, SplitCase, judge_case, run_case, run_sequ
 from .judge import Failure
 from .misuse import MISUSE_KINDS, MisuseCase, judge_misuse, run_misuse
 from .options import OptionError
-from .pool import PoolFailure, RankCrashed, RankError, RankPool
+from .pool import PoolFailure, RankError, RankPool
 from .properties import Property
 from .resolve import ImplInfo, load_impl
-from .runner import Verdict
+from .runner import Verdict, exc_kind
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -161,6 +161,8 @@ class FamilyCatalogue:
         why = self.declined.get(row.id)
         if why is not None:
             pass
+        elif row.id == "misuse" and self.op not in MISUSE_KINDS:
+            why = "no misuse kinds of it in vargather.testing.misuse (MISUSE_KINDS)"
         elif row.id == "dims":
             if not self.passes(target, "dim"):
                 why = f"--call {target.call} passes no dim: dim 0 only"
@@ -421,14 +423,6 @@ class FamilyCatalogue:
                 st.just(target.emulate),
             )
             return st.lists(misuse, min_size=1, max_size=batch)
-        fit: Callable[[Any], Any] = lambda case: self._fitted(target, case)  # noqa: E731
-        if kw.get("large"):
-            return st.lists(self.large(world).map(fit), min_size=1, max_size=batch)
-        dtypes = kw["dtypes"]
-        assert isinstance(dtypes, tuple)  # what rows and split_rows put there
-        drawn = self.cases(world_sizes=(world,), dtypes=dtypes, subgroups=prop.subgroups)
-        if prop.sequences:
-            return st.lists(drawn.map(fit), min_size=2, max_size=6)
         shape = kw.get("shape")
         fields = {k: kw[k] for k in ("requires_grad", "special") if k in kw}
         if not prop.initialized:
@@ -438,25 +432,23 @@ class FamilyCatalogue:
             case = replace(case, **fields)
             if callable(shape):
                 case = shape(case)
-            return self._fitted(target, case)
+            case = self._fitted(target, case)
+            return case.compilable() if prop.compiled else case
 
+        if kw.get("large"):
+            return st.lists(self.large(world).map(fitted), min_size=1, max_size=batch)
+        dtypes = kw["dtypes"]
+        assert isinstance(dtypes, tuple)  # what rows and split_rows put there
+        drawn = self.cases(world_sizes=(world,), dtypes=dtypes, subgroups=prop.subgroups)
+        if prop.sequences:
+            return st.lists(drawn.map(fitted), min_size=2, max_size=6)
         one = drawn.map(fitted)
-        if prop.compiled:
-            one = one.map(self._compilable).flatmap(
-                lambda c: st.sampled_from(COMPILE_BACKENDS).map(
-                    lambda b: replace(c, compile_backend=b)
-                )
-            )
+        if prop.compiled:  # each call on a backend of its own
+            backends = st.sampled_from(COMPILE_BACKENDS)
+            one = st.tuples(one, backends).map(lambda cb: replace(cb[0], compile_backend=cb[1]))
         if prop.keep is not None:
             one = one.filter(prop.keep)
         return st.lists(one, min_size=1, max_size=batch)
-
-    def _compilable(self, case: Any) -> Any:
-        """``case`` as a compiled step runs it: every size passed as ints (an unknown
-        one takes the eager path behind a graph break, which fullgraph refuses),
-        integer values (``x * 1`` exact on every backend)."""
-        known = {"pass_recv": True, "pass_shapes": True}
-        return replace(case, special=False, **{k: v for k, v in known.items() if hasattr(case, k)})
 
     def run(
         self, prop: Property, batch: Sequence[Any], pool_factory: Callable[[int], RankPool]
@@ -481,17 +473,9 @@ class FamilyCatalogue:
                 per_rank = pool.run(run_sequence, tuple(batch))
                 results = [[reports[i] for reports in per_rank] for i in range(len(batch))]
         except (PoolFailure, RankError) as err:
-            if isinstance(err, RankError):
-                kind = "error"
-            else:
-                kind = "crash" if isinstance(err, RankCrashed) else "hang"
-            failure = Failure(
-                "call",
-                kind,
-                f"{type(err).__name__}: {err}",
-                group_size=batch[0].world_size,
-                call=self.op,
-            )
+            message = f"{type(err).__name__}: {err}"
+            size = batch[0].world_size
+            failure = Failure("call", exc_kind(err), message, group_size=size, call=self.op)
             first = Verdict(batch[0], impl, (failure,))
             rest = [Verdict(c, impl, not_run="the world failed earlier") for c in batch[1:]]
             return [first, *rest]

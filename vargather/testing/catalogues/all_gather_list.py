@@ -82,6 +82,9 @@ class GatherListCase(FamilyCase):
         shapes[k] = (0, *shapes[k][1:])
         return replace(self, shapes=tuple(shapes))
 
+    def compilable(self) -> GatherListCase:
+        return replace(self, special=False, pass_shapes=True)
+
     def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> GatherListCase:
         grad = self.grad if self.grad in target.contracts else target.contracts[0]
         case = replace(self, grad=grad)

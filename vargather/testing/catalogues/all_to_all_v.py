@@ -101,6 +101,9 @@ class AllToAllCase(SplitCase):
         """Along ``dim``, joined along it too (another dim's ``cat`` is void)."""
         return super().with_dim(dim, cat_dim=None, cat=None, **more)
 
+    def compilable(self) -> AllToAllCase:
+        return replace(self, special=False, pass_recv=True)
+
     def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> AllToAllCase:
         case = self
         if not passes("cat_dim"):
