@@ -81,7 +81,8 @@ class FamilyCase:
     ``transposed`` or ``sliced``), ``initialized`` (``False``: one rank in the calling
     process, torch.distributed not initialized), ``impl``, ``call`` (a ``--call``
     template) and ``emulate`` (``"nccl"``: the ranks' torch.distributed behaves as
-    NCCL). A subclass says how its call is made and what the oracle needs."""
+    NCCL). A subclass says how its call is made and what the oracle needs, and sets
+    the class attributes below unannotated (so they are not dataclass fields)."""
 
     collective: ClassVar[str]
     NAMES: ClassVar[tuple[str, ...]]

@@ -24,9 +24,9 @@ __all__ = ["CATALOGUE", "GatherListCase", "gather_list_cases"]
 class GatherListCase(FamilyCase):
     """``all_gather_list(x_r, grad=grad)`` with ``x_r`` of shape ``shapes[r]``."""
 
-    collective: ClassVar[str] = "all_gather_list"
-    NAMES: ClassVar[tuple[str, ...]] = ("x", "shapes", "group", "grad")
-    shared_output: ClassVar[bool] = True
+    collective = "all_gather_list"
+    NAMES = ("x", "shapes", "group", "grad")
+    shared_output = True
     has_dim: ClassVar[bool] = False
 
     world_size: int

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 from hypothesis import strategies as st
 
@@ -36,8 +36,8 @@ class AllToAllCase(SplitCase):
     entry of ``other`` there is unused), and ``send``'s columns constant (every rank
     sends rank ``r`` as many rows along ``dim``)."""
 
-    collective: ClassVar[str] = "all_to_all_v"
-    NAMES: ClassVar[tuple[str, ...]] = (
+    collective = "all_to_all_v"
+    NAMES = (
         "x",
         "send_sizes",
         "recv_sizes",

@@ -8,7 +8,7 @@ family's engine (``family``: the case base, rank runner and judge) and its gener
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 from hypothesis import strategies as st
 
@@ -23,9 +23,9 @@ __all__ = ["CATALOGUE", "ReduceScatterCase", "reduce_scatter_cases"]
 class ReduceScatterCase(SplitCase):
     """``reduce_scatter_v(x, sizes, dim)``; ``other`` is the shape without ``dim``."""
 
-    collective: ClassVar[str] = "reduce_scatter_v"
-    NAMES: ClassVar[tuple[str, ...]] = ("x", "sizes", "dim", "group", "out")
-    reduced_forward: ClassVar[bool] = True
+    collective = "reduce_scatter_v"
+    NAMES = ("x", "sizes", "dim", "group", "out")
+    reduced_forward = True
 
     world_size: int
     sizes: tuple[int, ...]
