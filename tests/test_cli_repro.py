@@ -176,3 +176,17 @@ def test_an_uninitialized_family_case_runs_in_this_process(
     argv = _argv(row.describe([case], 0))
     assert repro.main(argv) == 0
     assert "PASSED" in capsys.readouterr().out
+
+
+@pytest.mark.multirank
+def test_a_coalesced_call_reruns_as_one_call(capsys: pytest.CaptureFixture[str]) -> None:
+    from vargather.testing.runner import describe_coalesced
+
+    other = GatherCase(shapes=((2, 2, 1), (2, 2, 0)), dim=-1, dtype="float64", seed=5)
+    argv = _argv(describe_coalesced([CASE, other], 1))
+    assert argv[0] == "--coalesced"
+    assert [parse_case(a) for a in argv[1:3]] == [CASE, other]
+    assert repro.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "coalesced call: tensor #1 of 2" in out
+    assert out.rstrip().endswith("PASSED")

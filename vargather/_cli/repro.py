@@ -39,9 +39,11 @@ from vargather.testing.runner import (
     ImplementationError,
     Verdict,
     describe,
+    describe_coalesced,
     load_callable,
     parse_impl_ref,
     run_cases,
+    run_coalesced,
 )
 
 from . import ArgumentParser, UsageError
@@ -63,6 +65,11 @@ def _parser() -> ArgumentParser:
             "several: a call sequence, run in order on one world (the last is the one "
             "that failed)"
         ),
+    )
+    parser.add_argument(
+        "--coalesced",
+        action="store_true",
+        help="the gather cases are the tensors of ONE all_gather_v_coalesced call",
     )
     parser.add_argument(
         "--op", default=DEFAULT, choices=NAMES, help=f"the collective (default: {DEFAULT})"
@@ -163,6 +170,9 @@ def main(argv: Sequence[str]) -> int:
         prefix = "--impl " if isinstance(err, ImplementationError) else ""
         print(f"vargather repro: error: {prefix}{err}", file=sys.stderr)
         return EXIT_USAGE
+    if args.coalesced:
+        print(describe_coalesced(cases, len(cases) - 1, impl))
+        return _verdicts(run_coalesced(cases, impl))
     print(describe(cases[-1], impl, before=cases[:-1]))
     return _verdicts(run_cases(cases, impl))
 

@@ -485,9 +485,7 @@ def describe_coalesced(
     batch: Sequence[GatherCase], index: int, implementation: Implementation = VARGATHER
 ) -> str:
     """Tensor ``index`` of a coalesced call of ``batch`` that failed, in words: every
-    tensor of the call, then the case (``describe``). Its reproduce command re-runs the
-    tensor alone through the single-tensor gather, which may pass where the coalesced
-    call failed; ``run_coalesced(batch)`` re-runs the call."""
+    tensor of the call, and the command that re-runs the call (``repro --coalesced``)."""
     impl = implementation
     lines = [
         f"coalesced call: tensor #{index} of {len(batch)} failed in one call of "
@@ -499,13 +497,11 @@ def describe_coalesced(
         f"requires_grad={c.requires_grad}, seed={c.seed}"
         for i, c in enumerate(batch)
     )
-    lines.append(
-        "  (the reproduce command below runs this tensor alone through the single gather; "
-        "vargather.testing.runner.run_coalesced(cases) re-runs the call, cases as listed "
-        "by repr below)"
-    )
-    lines.extend(f"  {c!r}" for c in batch)
-    return "\n".join([*lines, describe(batch[index], impl)])
+    single = describe(batch[index], impl).splitlines()[:-1]  # the tensor, in words
+    args = ["python", "-m", "vargather", "repro", "--coalesced", *map(repr, batch)]
+    args += repro_args(batch[index], impl)[1:]
+    command = " ".join(_shell_quote(arg) for arg in args)
+    return "\n".join([*lines, *single, f"  reproduce: {command}"])
 
 
 # --- what the backend refuses ---------------------------------------------------------------
