@@ -36,7 +36,6 @@ shows (``FamilyCatalogue(declined=...)``).
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
@@ -52,7 +51,7 @@ from .options import OptionError
 from .pool import PoolFailure, RankError, RankPool
 from .properties import Property
 from .resolve import ImplInfo, load_impl
-from .runner import Verdict, exc_kind
+from .runner import Verdict, exc_kind, shell_quote
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -497,7 +496,7 @@ class FamilyCatalogue:
         lines = [f"{len(cases)} call(s) {where}, in order:"]
         lines += [f"  {c!r}" for c in cases]
         args = ["python", "-m", "vargather", "repro", "--op", self.op, *map(repr, cases)]
-        lines.append("reproduce: " + " ".join(map(shlex.quote, args)))
+        lines.append("reproduce: " + " ".join(map(shell_quote, args)))
         return "\n".join(lines)
 
     def case_data(self, case: Any) -> dict[str, Any]:

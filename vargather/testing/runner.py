@@ -86,6 +86,7 @@ __all__ = [
     "run_coalesced",
     "run_coalesced_on_rank",
     "run_on_rank",
+    "shell_quote",
     "short_traceback",
     "transport_refusals",
 ]
@@ -431,7 +432,7 @@ def repro_args(case: GatherCase, implementation: Implementation = VARGATHER) -> 
     return args
 
 
-def _shell_quote(arg: str) -> str:
+def shell_quote(arg: str) -> str:
     """``arg`` for a POSIX shell, in double quotes where that is enough (a case's repr
     reads better in them than in ``shlex.quote``'s single quotes)."""
     quoted = shlex.quote(arg)
@@ -459,7 +460,7 @@ def describe(
     memory = [case.memory_of(r) for r in range(case.group_size)]
     case_args = repro_args(case, implementation)
     args = ["python", "-m", "vargather", "repro", *map(repr, before), *case_args]
-    command = " ".join(_shell_quote(arg) for arg in args)
+    command = " ".join(shell_quote(arg) for arg in args)
     lines = []
     if before:
         lines.append(
@@ -500,7 +501,7 @@ def describe_coalesced(
     single = describe(batch[index], impl).splitlines()[:-1]  # the tensor, in words
     args = ["python", "-m", "vargather", "repro", "--coalesced", *map(repr, batch)]
     args += repro_args(batch[index], impl)[1:]
-    command = " ".join(_shell_quote(arg) for arg in args)
+    command = " ".join(shell_quote(arg) for arg in args)
     return "\n".join([*lines, *single, f"  reproduce: {command}"])
 
 

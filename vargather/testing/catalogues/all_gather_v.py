@@ -23,7 +23,6 @@ Only vargather's own implementation has a coalesced form
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from itertools import count
@@ -51,7 +50,15 @@ from ..pool import PoolFailure, RankError, RankPool
 from ..properties import Property
 from ..resolve import ImplInfo, resolve_options_impl
 from ..results import case_data
-from ..runner import Verdict, describe, describe_coalesced, run_cases, run_coalesced, run_on_rank
+from ..runner import (
+    Verdict,
+    describe,
+    describe_coalesced,
+    run_cases,
+    run_coalesced,
+    run_on_rank,
+    shell_quote,
+)
 from ..scale import sequence_length
 
 if TYPE_CHECKING:
@@ -614,7 +621,7 @@ def _misuse_reproduction(cases: Sequence[Any]) -> str:
     command = ["python", "-m", "vargather", "repro", *map(repr, cases)]
     lines = [f"{len(cases)} misuse(s) on a gloo world of {cases[0].world_size} rank(s):"]
     lines += [f"  {c!r}: {misuse_by_name(c.name).summary}" for c in cases]
-    lines.append(f"reproduce: {' '.join(map(shlex.quote, command))}")
+    lines.append(f"reproduce: {' '.join(map(shell_quote, command))}")
     return "\n".join(lines)
 
 
