@@ -83,6 +83,8 @@ nitpick_ignore_regex = [
     # not export (their fields are described where they are returned).
     ("py:.*", r"vargather\.testing\.pool(_types)?\.[PR]"),
     ("py:.*", r"vargather\.testing\.(family\.FamilyFailure|cases\.Expected)"),
+    # ``Property.catalogue``'s protocol, imported for typing only (``catalogues``).
+    ("py:.*", r"Catalogue"),
 ]
 
 # --- every public name has an entry -----------------------------------------------------------

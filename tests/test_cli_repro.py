@@ -1,17 +1,19 @@
 """``python -m vargather repro`` (``vargather/_cli/repro.py``): the command every failure
-report prints re-runs exactly that case, and its exit status says whether it fails."""
+report of every collective prints re-runs exactly that case (a gather's, a family
+case through ``--op``, a misuse), and its exit status says whether it fails."""
 
 from __future__ import annotations
 
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from vargather._cli import repro
-from vargather.testing import GatherCase, describe, parse_case
+from vargather.testing import GatherCase, Property, describe, parse_case
 from vargather.testing.cases import COMPAT
 
 from .mutants import REPO_ROOT, implementation
@@ -61,6 +63,12 @@ def test_compat_is_carried_by_name(capsys: pytest.CaptureFixture[str]) -> None:
         (["GatherCase(shapes=((1,),), dim=0, dtype='float8')"], "dtype='float8'"),
         ([repr(CASE), "--impl", "no_such_module_xyz:f"], "--impl no_such_module_xyz:f: cannot"),
         ([repr(CASE), "--frobnicate"], "unrecognized arguments"),
+        (["--op", "reduce_scatter_v", repr(CASE)], "expected ReduceScatterCase or MisuseCase"),
+        (
+            ["--op", "reduce_scatter_v", "ReduceScatterCase(world_size=2, sizes=(1, 1))"],
+            "missing 2 required",
+        ),
+        (["--op", "all_to_all_v", "AllToAllCase()", "--impl", "m:f"], "--impl: the case names"),
     ],
 )
 def test_bad_input_exits_2(
@@ -116,3 +124,69 @@ def test_the_reproduce_line_carries_the_call_template(
     without = [a for i, a in enumerate(argv) if a != "--call" and argv[i - 1] != "--call"]
     assert repro.main(without) == 1  # ATTR(x, dim, sizes=...) does not fit forward(ctx, x)
     assert "FAILED" in capsys.readouterr().out
+
+
+def _family_row(op: str, row_id: str) -> Property:
+    from vargather.testing import Implementation, catalogue
+
+    rows = catalogue(Implementation(op=op, name="vargather"))
+    return next(r for r in rows if r.id == row_id)
+
+
+@pytest.mark.multirank
+def test_a_family_case_reruns_through_its_catalogue(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A family row's ``reproduce:`` line is ``repro --op NAME CASE...``: the calls in
+    order on one world, the implementation named by the case (a mutant fails, exit 1)."""
+    from vargather.testing.catalogues.reduce_scatter_v import ReduceScatterCase
+
+    monkeypatch.chdir(REPO_ROOT)
+    row = _family_row("reduce_scatter_v", "dims")
+    good = ReduceScatterCase(2, (1, 2), (3,), -1, seed=4)
+    bad = replace(good, impl="tests.mutants.reduce_scatter_v_dim_ignored:reduce_scatter_v")
+    argv = _argv(row.describe([good, bad], 1))
+    assert argv[:2] == ["--op", "reduce_scatter_v"]
+    assert repro.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out
+    assert "call 2:" in out
+    assert repro.main(argv[:3]) == 0  # the first call alone passes
+    assert capsys.readouterr().out.rstrip().endswith("PASSED")
+
+
+@pytest.mark.multirank
+def test_misuse_cases_rerun_through_repro(capsys: pytest.CaptureFixture[str]) -> None:
+    from vargather.testing.misuse import GatherMisuseCase, MisuseCase, misuse_by_name
+
+    row = _family_row("all_gather_list", "misuse")
+    argv = _argv(row.describe([MisuseCase("all_gather_list", "dtype", 2, 1)], 0))
+    assert repro.main(argv) == 0, capsys.readouterr().out
+    gather = GatherMisuseCase(misuse_by_name("ndim-differs").name, 2, 1)
+    assert repro.main([repr(gather)]) == 0, capsys.readouterr().out
+
+
+def test_an_uninitialized_family_case_runs_in_this_process(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from vargather.testing.catalogues.all_to_all_v import AllToAllCase
+
+    row = _family_row("all_to_all_v", "uninitialized")
+    case = AllToAllCase(1, ((3,),), (2,), 0, initialized=False, memory="sliced", seed=2)
+    argv = _argv(row.describe([case], 0))
+    assert repro.main(argv) == 0
+    assert "PASSED" in capsys.readouterr().out
+
+
+@pytest.mark.multirank
+def test_a_coalesced_call_reruns_as_one_call(capsys: pytest.CaptureFixture[str]) -> None:
+    from vargather.testing.runner import describe_coalesced
+
+    other = GatherCase(shapes=((2, 2, 1), (2, 2, 0)), dim=-1, dtype="float64", seed=5)
+    argv = _argv(describe_coalesced([CASE, other], 1))
+    assert argv[0] == "--coalesced"
+    assert [parse_case(a) for a in argv[1:3]] == [CASE, other]
+    assert repro.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "coalesced call: tensor #1 of 2" in out
+    assert out.rstrip().endswith("PASSED")

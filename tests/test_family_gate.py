@@ -50,9 +50,10 @@ def test_the_command_passes_vargather_and_writes_the_report(
     assert report["op"] == "all_to_all_v"
     assert report["scope"]["--op"] == "all_to_all_v"
     statuses = {p["id"]: p["status"] for p in report["properties"]}
+    assert statuses.pop("one-rank") == "n/a"  # --world-sizes 3
     assert set(statuses.values()) == {"pass"}, statuses
-    assert "misuse" in statuses
-    assert "payload-scale" in statuses
+    for row in ("misuse", "payload-scale", "non-contiguous", "uninitialized", "compiled"):
+        assert row in statuses
 
 
 @pytest.mark.multirank
@@ -69,29 +70,36 @@ def test_every_family_mutant_fails_the_gate(mutant: str, in_root: None) -> None:
     assert failure.kind in ("mismatch", "error"), report.render()
     command = failure.command
     assert command is not None
-    assert "check_sequence" in command
+    assert f"python -m vargather repro --op {op} " in command
     assert ref in command
 
 
 @pytest.mark.multirank
+@pytest.mark.parametrize(
+    ("row", "mutant"),
+    [("dims", "reduce_scatter_v_dim_ignored"), ("gradient", "reduce_scatter_v_grad_own_block")],
+)
 def test_a_reproduction_line_reruns_the_counterexample(
-    in_root: None, capsys: pytest.CaptureFixture[str]
+    row: str, mutant: str, in_root: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The printed ``python -c CODE`` line's CODE, as the shell hands it to Python, run
+    """The printed ``python -m vargather repro --op`` line, as the shell splits it, run
     in this process on this worker's worlds (a fresh interpreter would import torch and
-    start a forkserver and a world again: about 5 CPU-seconds)."""
-    ref = "tests.mutants.reduce_scatter_v_dim_ignored:reduce_scatter_v"
-    options = CheckOptions(op="reduce_scatter_v", impl=ref, only=("dims",), **QUICK)
+    start a forkserver and a world again: about 5 CPU-seconds): it fails again."""
+    from vargather._cli import repro as repro_cli
+
+    ref = f"tests.mutants.{mutant}:reduce_scatter_v"
+    options = CheckOptions(op="reduce_scatter_v", impl=ref, only=(row,), **QUICK)
     report = run_check(options)
     failure = report.results[0].failure
     assert failure is not None
     assert failure.command is not None
-    (code,) = shlex.split(failure.command.split("python -c ", 1)[1])
+    args = shlex.split(failure.command)
+    assert args[:6] == ["python", "-m", "vargather", "repro", "--op", "reduce_scatter_v"]
     capsys.readouterr()
-    exec(compile(code, "<reproduce: python -c>", "exec"), {"__name__": "__main__"})
+    assert repro_cli.main(args[4:]) == 1
     out = capsys.readouterr().out
-    assert f"Failure(aspect='{failure.aspect}'" in out
-    assert "property='reduce_scatter_v'" in out
+    assert "FAILED" in out
+    assert failure.message.splitlines()[0][:40] in out
 
 
 @pytest.mark.multirank
@@ -130,7 +138,8 @@ def test_a_fork_is_called_through_its_own_signature(
     statuses = {r.id: r.status for r in report.results}
     assert all(s in OK for s in statuses.values()), report.render()
     na = {r.id for r in report.results if r.status == "n/a"}
-    assert na == out_of_scope | {"misuse"}, statuses  # misuse calls vargather's signature
+    # misuse calls vargather's signature; a fork claims no compile; no world of one rank
+    assert na == out_of_scope | {"misuse", "compiled", "one-rank"}, statuses
     assert report.call == call
 
 
@@ -155,7 +164,6 @@ def test_options_the_collective_does_not_take_are_refused() -> None:
         ("sizes", "tensor"),
         ("sizes", "never"),
         ("returns", "tuple"),
-        ("compile", True),
         ("convention", "seed"),
         ("transports", "ring"),
     ):
@@ -172,8 +180,8 @@ def test_options_the_collective_does_not_take_are_refused() -> None:
         run_check(CheckOptions(op="all_to_all_v", grad="local"))
     with pytest.raises(OptionError, match="unknown name 'shapes'"):
         CheckOptions(op="reduce_scatter_v", impl="m:f", call="(x, shapes)")
-    with pytest.raises(OptionError, match=r"unknown property id.*non-contiguous"):
-        CheckOptions(op="all_gather_list", only=("non-contiguous",))
+    with pytest.raises(OptionError, match=r"unknown property id.*sizes-tensor"):
+        CheckOptions(op="all_gather_list", only=("sizes-tensor",))
     with pytest.raises(CheckUsageError, match="needs --impl"):
         run_check(CheckOptions(op="all_gather_list", call="(x)"))
 

@@ -1,5 +1,5 @@
-"""The family's property suite: every row of each collective's catalogue
-(``vargather.testing.family_catalogue``) against vargather on real gloo worlds.
+"""The family's property suite: every row of each collective's catalogue (the generic
+rows of ``vargather.testing.family_catalogue``) against vargather on real gloo worlds.
 
 Each test is one row run as the gate runs it (``evaluate.evaluate_row``: a
 seeded Hypothesis test drawn in this process, its calls run on ``get_pool(W)``, a
@@ -19,7 +19,7 @@ from vargather.testing.progress import Progress
 
 pytestmark = pytest.mark.multirank
 
-WORLDS = (2, 3, 4)
+WORLDS = (1, 2, 3, 4)
 EXAMPLES = {"payload-scale": 3, "misuse": 4}
 """Examples per row where the default (``DEFAULT_EXAMPLES``) would cost too much."""
 DEFAULT_EXAMPLES = 8
@@ -67,5 +67,19 @@ def test_every_collective_has_the_rows() -> None:
             "forward-int",
             "forward-bool",
         ]
-        for needed in ("empty", "subgroup", "gradient", "adjoint", "call-sequence", "misuse"):
+        for needed in (
+            *("empty", "non-contiguous", "one-rank", "uninitialized", "subgroup"),
+            *("gradient", "adjoint", "call-sequence", "compiled", "misuse"),
+        ):
             assert needed in ids, (op, needed)
+
+
+def test_a_declined_row_says_why() -> None:
+    """A generic row applies to every collective unless its catalogue declines it, with
+    the reason the report shows."""
+    rows = catalogue(Implementation(op="all_gather_list", name="vargather"))
+    dims = next(r for r in rows if r.id == "dims")
+    assert dims.not_applicable(WORLDS) == "all_gather_list takes no dim (every dim may differ)"
+    for op in ("reduce_scatter_v", "all_to_all_v"):
+        rows = catalogue(Implementation(op=op, name="vargather"))
+        assert all(r.not_applicable(WORLDS) is None for r in rows), op

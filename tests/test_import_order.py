@@ -315,3 +315,81 @@ def test_the_engine_names_no_collective() -> None:
 
     text = (KIT / "engine.py").read_text()
     assert not [name for name in COLLECTIVES if f'"{name}"' in text]
+
+
+def _import_time_imports(body: list[ast.stmt], package: str, found: set[str]) -> set[str]:
+    """The modules ``body`` (a module of ``package``) imports when it is imported: its
+    import statements outside functions and outside ``if TYPE_CHECKING:`` (a deferred
+    import in a function asks a layer above at call time, a hook, not a layer's
+    dependency)."""
+    for node in body:
+        if isinstance(node, ast.If):
+            test = node.test
+            if getattr(test, "id", getattr(test, "attr", "")) != "TYPE_CHECKING":
+                _import_time_imports(node.body, package, found)
+            _import_time_imports(node.orelse, package, found)
+        elif isinstance(node, ast.Try):
+            for part in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                _import_time_imports(part, package, found)
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            if node.module:
+                found.add(f"{base}.{node.module}")
+            else:
+                found.update(f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def _kit_graph(root: pathlib.Path, package: str) -> dict[str, set[str]]:
+    """Every module of the package at ``root`` and the package's modules it imports at
+    import time; a ``catalogues`` package imports each of its modules (by importlib)."""
+    modules: dict[str, pathlib.Path] = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join((package, *parts)).removesuffix(".__init__")
+        modules[name] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        home = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found = _import_time_imports(ast.parse(path.read_text()).body, home, set())
+        graph[name] = {m for m in found if m in modules and m != name}
+    for name in graph:
+        if name.endswith(".catalogues"):
+            graph[name] |= {m for m in modules if m.startswith(f"{name}.")}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    import graphlib
+
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as err:
+        found: list[str] = err.args[1]
+        return found
+    return None
+
+
+def test_the_kit_has_no_import_cycle() -> None:
+    """The kit's modules form layers as the library's do: no module imports, at import
+    time, one that imports it back (the catalogues' rows hold their catalogue, so no row
+    looks its collective up, and the options ask the catalogues only when checking an
+    id)."""
+    assert _cycle(_kit_graph(KIT, "vargather.testing")) is None
+
+
+def test_the_kit_cycle_check_can_fail(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "catalogues").mkdir()
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "options.py").write_text("from .properties import ids\n")
+    (tmp_path / "properties.py").write_text("from .catalogues import find\n")
+    (tmp_path / "catalogues" / "__init__.py").write_text("import importlib\n")
+    (tmp_path / "catalogues" / "one.py").write_text("from ..options import OptionError\n")
+    assert _cycle(_kit_graph(tmp_path, "kit")) is not None
+    (tmp_path / "options.py").write_text("def ids():\n    from .properties import ids\n")
+    assert _cycle(_kit_graph(tmp_path, "kit")) is None

@@ -1,11 +1,13 @@
-"""``python -m vargather repro 'GatherCase(...)' [--impl REF ...]``: re-run one case.
+"""``python -m vargather repro [--op NAME] 'CASE(...)' ... [--impl REF ...]``: re-run a case.
 
-Where it sits: the command-line layer, on top of the testing kit. It is the command
-that every failure report prints (``vargather.testing.runner.describe``): it parses the
-case (literals only, no ``eval``), rebuilds the implementation under test from the
-options the report carried (reference, call convention, contracts, transports, import
-path), runs the case on a local gloo world (or in this process for
-``initialized=False``) and judges it.
+Where it sits: the command-line layer, on top of the testing kit. It is the one
+command every failing row of every collective prints (``reproduce:``): it parses the
+cases (literals only, no ``eval``: ``GatherCase``/``GatherMisuseCase`` for
+``all_gather_v``, the ``--op`` catalogue's case class or ``MisuseCase`` otherwise),
+runs them in order on a local gloo world (or in this process when uninitialized) and
+judges them. A gather case carries the implementation under test in the options the
+report printed (reference, call convention, contracts, transports, import path); a
+family case names it itself (``impl=``, ``call=``, ``emulate=``).
 
 Exit status: 0 the case passes, 1 it fails, 2 a usage or import error.
 """
@@ -16,6 +18,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from vargather import CONTRACTS
 from vargather.testing.calls import parse_call
@@ -26,14 +29,21 @@ from vargather.testing.cases import (
     VARGATHER,
     Implementation,
     parse_case,
+    parse_literal,
 )
+from vargather.testing.catalogues import catalogue_of
+from vargather.testing.collectives import DEFAULT, NAMES
+from vargather.testing.judge import Failure
 from vargather.testing.results import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from vargather.testing.runner import (
     ImplementationError,
+    Verdict,
     describe,
+    describe_coalesced,
     load_callable,
     parse_impl_ref,
     run_cases,
+    run_coalesced,
 )
 
 from . import ArgumentParser, UsageError
@@ -51,9 +61,18 @@ def _parser() -> ArgumentParser:
         "case",
         nargs="+",
         help=(
-            "the case as printed: GatherCase(shapes=..., ...); several: a call sequence, "
-            "run in order on one world (the last is the one that failed)"
+            "the case as printed: GatherCase(shapes=..., ...), or the --op collective's; "
+            "several: a call sequence, run in order on one world (the last is the one "
+            "that failed)"
         ),
+    )
+    parser.add_argument(
+        "--coalesced",
+        action="store_true",
+        help="the gather cases are the tensors of ONE all_gather_v_coalesced call",
+    )
+    parser.add_argument(
+        "--op", default=DEFAULT, choices=NAMES, help=f"the collective (default: {DEFAULT})"
     )
     parser.add_argument(
         "--impl",
@@ -142,6 +161,8 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_OK
     try:
         args = _parser().parse_args(args_list)
+        if args.op != DEFAULT or args.case[0].lstrip().startswith("GatherMisuseCase("):
+            return _rerun(args)
         cases = [parse_case(text) for text in args.case]
         impl = _implementation(args)
     except (UsageError, ValueError, SyntaxError) as err:
@@ -149,8 +170,54 @@ def main(argv: Sequence[str]) -> int:
         prefix = "--impl " if isinstance(err, ImplementationError) else ""
         print(f"vargather repro: error: {prefix}{err}", file=sys.stderr)
         return EXIT_USAGE
+    if args.coalesced:
+        print(describe_coalesced(cases, len(cases) - 1, impl))
+        return _verdicts(run_coalesced(cases, impl))
     print(describe(cases[-1], impl, before=cases[:-1]))
-    verdicts = run_cases(cases, impl)
+    return _verdicts(run_cases(cases, impl))
+
+
+_GATHER_ONLY = ("impl", "convention", "contracts", "transports", "call", "emulate", "path")
+
+
+def _rerun(args: argparse.Namespace) -> int:
+    """A case of another collective than the gather's, or a gather misuse: the case
+    names everything (its implementation too), the catalogue parses and runs it."""
+    from vargather.testing.pool import get_pool
+    from vargather.testing.resolve import ensure_import_path
+
+    given = [f"--{n}" for n in _GATHER_ONLY if getattr(args, n) not in (None, [], "vargather")]
+    if given:
+        raise UsageError(f"{', '.join(given)}: the case names its implementation itself")
+    if args.op == DEFAULT:  # a misuse of the gather
+        from vargather.testing.misuse import GatherMisuseCase, check_gather_misuse
+
+        ensure_import_path()
+        cases = [parse_literal(text, [GatherMisuseCase]) for text in args.case]
+        print("\n".join(f"misuse: {c!r}" for c in cases))
+        failures = [check_gather_misuse(get_pool(c.world_size), c) for c in cases]
+        return _verdicts([_Judged(tuple(f)) for f in failures])
+    from vargather.testing.family_catalogue import FamilyCatalogue
+
+    catalogue = catalogue_of(args.op)
+    assert isinstance(catalogue, FamilyCatalogue)  # every catalogue but the gather's
+    cases = [catalogue.parse(text) for text in args.case]
+    ensure_import_path()
+    print("\n".join(f"call {i + 1}: {c!r}" for i, c in enumerate(cases)))
+    return _verdicts(catalogue.rerun(cases, get_pool))
+
+
+class _Judged(NamedTuple):
+    failures: tuple[Failure, ...]
+    not_run: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _verdicts(verdicts: Sequence[Verdict | _Judged]) -> int:
+    """Print the verdicts; the exit status."""
     if all(v.ok for v in verdicts):
         print("PASSED")
         return EXIT_OK

@@ -14,12 +14,12 @@ Where it sits: the second layer of the package, on top of the gather library
 * ``judge``: a case's rank reports against ``vargather.oracle``, as ``Failure`` records;
 * ``runner``: the one importer of implementations under test, the rank side and
   ``run_cases``;
-* ``properties``: the one kind of row, ``Property``, and ``catalogue(impl)``: the rows
-  of ``impl.op``'s catalogue (``catalogues.<collective>``, one module per collective),
-  which pytest, the mutant search and ``python -m vargather check`` run;
-* ``family`` and ``family_catalogue``: the case models, strategies, rank runners and
-  judge of ``reduce_scatter_v``, ``all_to_all_v`` and ``all_gather_list``, and their
-  rows;
+* ``properties``: the one kind of row, ``Property`` (it holds its catalogue);
+* ``family`` and ``family_catalogue``: the generic case base, rank runner and judge of
+  the collectives beside the gather, and their one row list;
+* ``catalogues``: one plugin module per collective (its case, strategy and call), and
+  ``catalogue(impl)``: the rows of ``impl.op``'s, which pytest, the mutant search and
+  ``python -m vargather check`` run;
 * ``reference_seed``: a faithful re-implementation of the seed ``distributed.py``, the
   implementation the benchmark and the conformance tests measure against.
 """
@@ -41,6 +41,8 @@ from .cases import VARGATHER as VARGATHER
 from .cases import GatherCase as GatherCase
 from .cases import Implementation as Implementation
 from .cases import parse_case as parse_case
+from .catalogues import catalogue as catalogue
+from .catalogues import property_ids as property_ids
 from .judge import Failure as Failure
 from .pool import COLLECTIVE_TIMEOUT_ENV as COLLECTIVE_TIMEOUT_ENV
 from .pool import PoolConfig as PoolConfig
@@ -56,8 +58,6 @@ from .pool import RemoteException as RemoteException
 from .pool import close_all_pools as close_all_pools
 from .pool import get_pool as get_pool
 from .properties import Property as Property
-from .properties import catalogue as catalogue
-from .properties import property_ids as property_ids
 from .runner import ImplementationError as ImplementationError
 from .runner import Verdict as Verdict
 from .runner import describe as describe

@@ -38,7 +38,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple, TypeGuard
+from typing import Final, NamedTuple, TypeGuard, TypeVar
 
 import torch
 
@@ -93,11 +93,14 @@ __all__ = [
     "make_upstream",
     "make_values",
     "parse_case",
+    "parse_literal",
     "real_dtype",
     "sizes_forms_for",
     "torch_dtype",
 ]
 
+
+_T = TypeVar("_T")
 
 # --- the case --------------------------------------------------------------------------
 
@@ -650,21 +653,30 @@ class RankReport:
     restarts the world before its next batch."""
 
 
-def parse_case(text: str) -> GatherCase:
-    """The ``GatherCase`` written by ``repr(case)`` (literal arguments only, no eval).
+def parse_literal(text: str, kinds: Sequence[type[_T]]) -> _T:
+    """The case ``repr`` wrote, ``Kind(field=literal, ...)`` for one of ``kinds``
+    (literal arguments only, no eval).
 
     Raises:
-        ValueError: ``text`` is not ``GatherCase(field=literal, ...)``, or a field's
-            value is not a literal.
-        TypeError: ``text`` names a field ``GatherCase`` does not have.
+        ValueError: ``text`` is not such a call, a value is not a literal, or a field is
+            one the class does not have.
     """
+    by_name = {k.__name__: k for k in kinds}
     tree = ast.parse(text.strip(), mode="eval").body
     if not (
         isinstance(tree, ast.Call)
         and isinstance(tree.func, ast.Name)
-        and tree.func.id == "GatherCase"
+        and tree.func.id in by_name
         and not tree.args
     ):
-        raise ValueError(f"expected GatherCase(field=literal, ...), got {text[:80]!r}")
+        raise ValueError(f"expected {' or '.join(by_name)}(field=literal, ...), got {text[:80]!r}")
     kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in tree.keywords if kw.arg}
-    return GatherCase(**kwargs)
+    try:
+        return by_name[tree.func.id](**kwargs)
+    except TypeError as err:
+        raise ValueError(str(err)) from None
+
+
+def parse_case(text: str) -> GatherCase:
+    """The ``GatherCase`` written by ``repr(case)`` (``parse_literal``)."""
+    return parse_literal(text, [GatherCase])

@@ -27,11 +27,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import torch
-
-from .cases import GatherCase
 
 __all__ = ["COMPILE_TIMEOUT_S", "call_compiled", "patient_default_group", "warm_backends"]
 
@@ -39,6 +37,14 @@ COMPILE_TIMEOUT_S: Final = 600.0
 """The default group's collective timeout while a compiled case runs: longer than any
 call timeout, so that a peer still compiling is waited for and a peer that never comes
 is the pool's hang."""
+
+
+class CompiledCase(Protocol):
+    """A case of any collective that may run compiled (``GatherCase``, a family case)."""
+
+    @property
+    def compile_backend(self) -> str | None: ...
+
 
 _STEPS: dict[tuple[str, int], Callable[..., object]] = {}
 _CACHE_LIMIT: Final = 256
@@ -84,7 +90,7 @@ def _step(fn: Callable[..., object], backend: str) -> Callable[..., object]:
 
 
 @contextlib.contextmanager
-def patient_default_group(ctx: object, case: GatherCase) -> Iterator[None]:
+def patient_default_group(ctx: object, case: CompiledCase) -> Iterator[None]:
     """For a compiled ``case`` (forward and backward), the default group's timeout
     lifted to ``COMPILE_TIMEOUT_S`` (``ProcessGroup.set_timeout``), then put back to the
     world's own (``ctx.collective_timeout``); for any other case, nothing."""
@@ -110,7 +116,7 @@ def patient_default_group(ctx: object, case: GatherCase) -> Iterator[None]:
 
 def call_compiled(
     fn: Callable[..., object],
-    case: GatherCase,
+    case: CompiledCase,
     x: torch.Tensor,
     args: Sequence[object],
     kwargs: Mapping[str, object],

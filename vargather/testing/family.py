@@ -1,203 +1,68 @@
-"""The testing kit for the ragged collective family: cases, strategies, runners, judge.
+"""The family's engine: the generic case base, rank runner and judge of every catalogue
+collective but the gather (``reduce_scatter_v``, ``all_to_all_v``, ``all_gather_list``).
 
-Where it sits: in the testing kit, beside ``cases``/``strategies``/``judge`` (which
-model ``all_gather_v``), for ``reduce_scatter_v``, ``all_to_all_v`` and
-``all_gather_list``. Bottom up:
+Where it sits: in the testing kit, beneath ``family_catalogue`` (the generic rows) and
+the catalogue modules (``catalogues.<name>``), each of which holds what is particular to
+its collective: its case class (a ``FamilyCase``), strategy and call. Nothing here
+names a collective: a case says which it is (``collective``) and how it is called.
 
-* **case models** (``ReduceScatterCase``, ``AllToAllCase``, ``GatherListCase``): frozen, picklable, everything a rank needs to rebuild its inputs
-  (``inputs_of``) and upstream gradients (``upstream_of``) from the case alone;
-* **strategies** (``reduce_scatter_cases``, ``all_to_all_cases``,
-  ``gather_list_cases``): Hypothesis draws, in the parent process;
-* **rank runners** (``run_case``): module-level functions for
-  ``get_pool(W).run``; each imports the implementation under test by name
-  (``case.impl``, ``"vargather"`` by default: any module with the collective's
-  function, a mutant for one) and reports what it returned, its gradient, or the
-  error it raised;
-* **the judge and the properties** (``judge_case``, ``check_case``; their misuse
-  counterparts are the kit's misuse catalogue's, ``vargather.testing.misuse``): plain functions over a drawn case returning the kit's
-  ``judge.Failure`` records (empty: the property holds), so a catalogue entry can call
-  them. Forward results
-  and gradients are compared bit for bit with ``vargather.oracle``; with integer
-  values the adjoint identity ``Σ_r <y_r, g_r> == Σ_j <x_j, dx_j>`` is checked too.
+* ``FamilyCase``: what every case shares (world, dtype, values seed, group, grad,
+  memory layout, initialized) and everything derived from it: every rank's input and
+  upstream gradient (``inputs``, ``upstream``), rebuilt from the case alone;
+* ``run_case``: rank side, for ``get_pool(W).run``: the implementation the case names
+  (``case.impl``, a mutant or a fork) called, backward run, a ``CallReport`` back;
+* ``judge_case``: the reports against the oracle the table names
+  (``COLLECTIVES[name].oracle`` / ``.oracle_grads`` in ``vargather.oracle``): forward
+  and gradient bit for bit, and with integer values the adjoint identity
+  ``sum_r <y_r, g_r> == sum_j <x_j, dx_j>``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Final, NamedTuple
+from dataclasses import replace
+from typing import Any, ClassVar, Final, NamedTuple
 
 import torch
 from hypothesis import strategies as st
 
+from vargather import COLLECTIVES as TABLE
 from vargather import oracle
 
 from .asserts import bitwise_difference, nan_payloads_only
-from .cases import DTYPE_NAMES, is_differentiable, make_values, torch_dtype
+from .cases import Implementation, is_differentiable, make_values, torch_dtype
 from .collectives import FAMILY
 from .judge import Failure, without_addresses
 from .pool import RankContext, RankPool
 from .runner import load_callable
+from .values import _lay_out
 
 __all__ = [
     "COLLECTIVES",
-    "FAMILY_NAMES",
-    "AllToAllCase",
+    "Alone",
     "CallReport",
-    "GatherListCase",
-    "ReduceScatterCase",
-    "a2a_shapes",
-    "all_to_all_cases",
-    "call_sequences",
-    "call_values",
-    "changing_sizes_sequences",
+    "FamilyCase",
+    "SplitCase",
     "check_case",
     "check_sequence",
-    "gather_list_cases",
+    "draw_group",
+    "expected",
     "inputs_of",
-    "joined_along",
     "judge_case",
-    "recv_of",
-    "reduce_scatter_cases",
     "run_case",
     "run_sequence",
     "upstream_of",
+    "values",
 ]
 
 COLLECTIVES: Final = FAMILY
 """The family's collectives (``collectives.FAMILY``, from the library's table)."""
-FAMILY_NAMES: dict[str, tuple[str, ...]] = {
-    "reduce_scatter_v": ("x", "sizes", "dim", "group", "out"),
-    "all_to_all_v": ("x", "send_sizes", "recv_sizes", "dim", "cat_dim", "group", "out"),
-    "all_gather_list": ("x", "shapes", "group", "grad"),
-}
-"""The names a call template (``--call``) of each collective may use: ``x`` this rank's
-tensor; ``sizes`` every rank's block size (reduce_scatter_v); ``send_sizes`` /
-``recv_sizes`` this rank's send and receive sizes (all_to_all_v; ``recv_sizes`` is
-``None`` where a case leaves it to the exchange; ``cat_dim`` the dim the received
-blocks are joined along, ``None`` for ``dim``); ``shapes`` every rank's shape or
-``None`` (all_gather_list); ``out`` a preallocated output (an empty tensor of this
-rank's output shape and ``x``'s dtype and device); ``dim``, ``group`` and ``grad`` as
-for all_gather_v (``group``: the process-group object, never ``None``)."""
 CALL_TIMEOUT = 15.0
 """Seconds each collective of a case may wait for its peers (a rank that raised leaves
 its peers waiting that long)."""
-
-
-# --- case models -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReduceScatterCase:
-    """``reduce_scatter_v(x, sizes, dim)``; ``other`` is the shape without ``dim``."""
-
-    world_size: int
-    sizes: tuple[int, ...]
-    other: tuple[int, ...]
-    dim: int
-    dtype: str = "float32"
-    requires_grad: bool = True
-    special: bool = False  # NaN payloads, -0.0, inf among the values
-    seed: int = 0
-    group: tuple[int, ...] | None = None  # the world's ranks forming the group
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None  # "nccl": the ranks' torch.distributed behaves as NCCL
-    collective: str = field(default="reduce_scatter_v", init=False, repr=False)
-
-
-@dataclass(frozen=True)
-class AllToAllCase:
-    """``all_to_all_v(x_j, send[j], dim, cat_dim=cat_dim)`` on group rank ``j``.
-
-    ``cat``: with ``cat_dim`` another dim than ``dim``, each rank's size along it (its
-    entry of ``other`` there is unused), and ``send``'s columns constant (every rank
-    sends rank ``r`` as many rows along ``dim``)."""
-
-    world_size: int
-    send: tuple[tuple[int, ...], ...]
-    other: tuple[int, ...]
-    dim: int
-    dtype: str = "float32"
-    requires_grad: bool = True
-    special: bool = False
-    seed: int = 0
-    group: tuple[int, ...] | None = None
-    pass_recv: bool = False
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None  # "nccl": the ranks' torch.distributed behaves as NCCL
-    cat_dim: int | None = None
-    cat: tuple[int, ...] | None = None
-    collective: str = field(default="all_to_all_v", init=False, repr=False)
-
-
-@dataclass(frozen=True)
-class GatherListCase:
-    """``all_gather_list(x_r, grad=grad)`` with ``x_r`` of shape ``shapes[r]``."""
-
-    world_size: int
-    shapes: tuple[tuple[int, ...], ...]
-    dtype: str = "float32"
-    grad: str = "sum"
-    requires_grad: bool = True
-    special: bool = False
-    seed: int = 0
-    group: tuple[int, ...] | None = None
-    pass_shapes: bool = False
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None  # "nccl": the ranks' torch.distributed behaves as NCCL
-    collective: str = field(default="all_gather_list", init=False, repr=False)
-
-
-Case = ReduceScatterCase | AllToAllCase | GatherListCase
-
-
-def members(case: Case) -> tuple[int, ...]:
-    """The world ranks that call the collective (the group), in group-rank order."""
-    return case.group if case.group is not None else tuple(range(case.world_size))
-
-
-def _shape(other: tuple[int, ...], dim: int, n: int) -> tuple[int, ...]:
-    d = dim % (len(other) + 1)
-    return (*other[:d], n, *other[d:])
-
-
-def joined_along(case: AllToAllCase) -> int | None:
-    """``case.cat_dim`` normalized when it joins along another dim than ``case.dim``."""
-    if case.cat_dim is None or case.cat is None:
-        return None
-    n = len(case.other) + 1
-    c = case.cat_dim % n
-    return None if c == case.dim % n else c
-
-
-def a2a_shapes(case: AllToAllCase) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """Every group rank's input shape and output shape."""
-    w = len(case.send)
-    c = joined_along(case)
-    ins = [list(_shape(case.other, case.dim, sum(case.send[j]))) for j in range(w)]
-    outs = [list(_shape(case.other, case.dim, sum(s[r] for s in case.send))) for r in range(w)]
-    if c is not None:
-        assert case.cat is not None  # joined_along checked it
-        for j in range(w):
-            ins[j][c] = case.cat[j]
-            outs[j][case.dim % len(outs[j])] = case.send[j][j]
-            outs[j][c] = sum(case.cat)
-    return [tuple(s) for s in ins], [tuple(s) for s in outs]
-
-
-def recv_of(case: AllToAllCase, r: int) -> list[int]:
-    """Group rank ``r``'s true receive sizes (along ``cat_dim``)."""
-    if joined_along(case) is not None:
-        assert case.cat is not None  # joined_along checked it
-        return list(case.cat)
-    return [s[r] for s in case.send]
 
 
 def values(shape: Sequence[int], dtype: str, seed: int, special: bool) -> torch.Tensor:
@@ -207,171 +72,176 @@ def values(shape: Sequence[int], dtype: str, seed: int, special: bool) -> torch.
     return make_values(tuple(shape), torch_dtype(dtype), seed, "special" if special else "integers")
 
 
-def inputs_of(case: Case) -> list[torch.Tensor]:
-    """Every group rank's input, by group rank (the same on every process)."""
-    w = len(members(case))
-    if isinstance(case, ReduceScatterCase):
-        shape = _shape(case.other, case.dim, sum(case.sizes))
-        return [values(shape, case.dtype, case.seed * 131 + r, case.special) for r in range(w)]
-    if isinstance(case, AllToAllCase):
+class FamilyCase:
+    """What every family case is and shares (each collective's frozen dataclass
+    subclasses it and declares these fields after its own, so its positional fields
+    stay first): ``world_size``, ``dtype``, ``requires_grad``, ``special`` (NaN
+    payloads, -0.0, inf among the values), ``seed``, ``group`` (the world's ranks
+    forming the group), ``validate``, ``memory`` (``x``'s layout: ``contiguous``,
+    ``transposed`` or ``sliced``), ``initialized`` (``False``: one rank in the calling
+    process, torch.distributed not initialized), ``impl``, ``call`` (a ``--call``
+    template) and ``emulate`` (``"nccl"``: the ranks' torch.distributed behaves as
+    NCCL). A subclass says how its call is made and what the oracle needs, and sets
+    the class attributes below unannotated (so they are not dataclass fields)."""
+
+    collective: ClassVar[str]
+    NAMES: ClassVar[tuple[str, ...]]
+    """The names a call template (``--call``) may use (``x``, ``group``, ``out`` are
+    bound here, the rest by ``template_values``)."""
+    shared_output: ClassVar[bool] = False
+    """The oracle returns one result every rank gets (else one per rank)."""
+    reduced_forward: ClassVar[bool] = False
+    """The forward is a reduction: a NaN's payload may differ (``Failure.nan_payload``)."""
+
+    world_size: int
+    dtype: str
+    requires_grad: bool
+    special: bool
+    seed: int
+    group: tuple[int, ...] | None
+    validate: bool
+    memory: str
+    initialized: bool
+    impl: str
+    call: str | None
+    emulate: str | None
+    compile_backend: str | None
+    """One of ``COMPILE_BACKENDS``: the call inside a compiled step (``compiled``)."""
+
+    # -- what a collective's case says
+
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        raise NotImplementedError
+
+    def output_shapes(self) -> list[Any]:
+        """Each group rank's output shape (a list of shapes for a list result)."""
+        raise NotImplementedError
+
+    def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Group rank ``r``'s arguments after ``x`` (``group=``, ``validate=`` and
+        ``timeout=`` are added by the runner)."""
+        raise NotImplementedError
+
+    def template_values(self, r: int) -> dict[str, object]:
+        """The names of ``NAMES`` a template may use beside ``x``, ``group``, ``out``."""
+        raise NotImplementedError
+
+    def oracle_args(self) -> dict[str, Any]:
+        """The oracle's keyword arguments beside the inputs."""
+        raise NotImplementedError
+
+    def grad_args(self) -> dict[str, Any]:
+        """The gradient oracle's keyword arguments beside ``oracle_args``."""
+        return {}
+
+    @property
+    def reduced_gradient(self) -> bool:
+        """The gradient is a reduction of upstream gradients (NaN payloads apart)."""
+        return False
+
+    @property
+    def adjoint_applies(self) -> bool:
+        """Whether the exact adjoint identity holds for the case's gradient."""
+        return True
+
+    def emptied(self) -> Any:
+        """The case with one rank's part empty (chosen by its seed)."""
+        raise NotImplementedError
+
+    def compilable(self) -> Any:
+        """The case as a compiled step runs it: integer values (``x * 1`` exact on every
+        backend) and every size passed as ints (an unknown one takes the eager path
+        behind a graph break, which ``fullgraph=True`` refuses)."""
+        return replace(self, special=False)  # type: ignore[type-var]  # a dataclass subclass
+
+    def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> Any:
+        """The case within ``target``'s scope, as far as the collective's own arguments
+        go (``passes(name)``: whether the target's call passes ``name``)."""
+        return self
+
+    # -- derived, the same for every collective
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The world ranks that call the collective (the group), in group-rank order."""
+        return self.group if self.group is not None else tuple(range(self.world_size))
+
+    @property
+    def differentiable(self) -> bool:
+        return self.requires_grad and is_differentiable(torch_dtype(self.dtype))
+
+    def inputs(self) -> list[torch.Tensor]:
+        """Every group rank's input, by group rank (the same on every process)."""
         return [
-            values(shape, case.dtype, case.seed * 131 + r, case.special)
-            for r, shape in enumerate(a2a_shapes(case)[0])
+            values(shape, self.dtype, self.seed * 131 + r, self.special)
+            for r, shape in enumerate(self.input_shapes())
         ]
-    return [values(case.shapes[r], case.dtype, case.seed * 131 + r, case.special) for r in range(w)]
+
+    def upstream(self) -> list[Any]:
+        """Each group rank's upstream gradient: integer-valued, different on every rank
+        (a list, one per output, for a list result)."""
+        out: list[Any] = []
+        for r, s in enumerate(self.output_shapes()):
+            if self.shared_output:
+                out.append(
+                    [values(t, self.dtype, 7000 + 97 * r + k, False) for k, t in enumerate(s)]
+                )
+            else:
+                out.append(values(s, self.dtype, 7000 + 97 * r, False))
+        return out
 
 
-def output_shapes(case: Case) -> list[Any]:
-    """Each group rank's output shape (a list of shapes for ``all_gather_list``)."""
-    w = len(members(case))
-    if isinstance(case, ReduceScatterCase):
-        return [_shape(case.other, case.dim, case.sizes[r]) for r in range(w)]
-    if isinstance(case, AllToAllCase):
-        return list(a2a_shapes(case)[1])
-    return [list(case.shapes) for _ in range(w)]
+class SplitCase(FamilyCase):
+    """A case of a collective that splits or joins along ``dim`` of a shape that is
+    ``other`` without it."""
+
+    dim: int
+    other: tuple[int, ...]
+
+    def with_dim(self, dim: int, **more: Any) -> Any:
+        """The case along ``dim``, with trailing dims of 2 added where it has too few."""
+        need = dim + 1 if dim >= 0 else -dim
+        other = self.other + (2,) * max(0, need - len(self.other) - 1)
+        return replace(self, other=other, dim=dim, **more)  # type: ignore[type-var]  # a dataclass subclass
+
+    def nonzero_dim(self) -> Any:
+        """The case along a dim other than 0 (the last or the second, by its seed)."""
+        if self.dim not in (0, -(len(self.other) + 1)):
+            return self
+        return self.with_dim(-1 if self.seed % 2 else 1)
 
 
-def upstream_of(case: Case) -> list[Any]:
-    """Each group rank's upstream gradient: integer-valued, different on every rank (a
-    list of ``W`` gradients, one per output, for ``all_gather_list``)."""
-    shapes = output_shapes(case)
-    dtype = case.dtype
-    out: list[Any] = []
-    for r, s in enumerate(shapes):
-        if isinstance(case, GatherListCase):
-            out.append([values(t, dtype, 7000 + 97 * r + k, False) for k, t in enumerate(s)])
-        else:
-            out.append(values(s, dtype, 7000 + 97 * r, False))
-    return out
+Case = FamilyCase
+"""Any family case (its old name)."""
 
 
-def _differentiable(case: Case) -> bool:
-    return case.requires_grad and is_differentiable(torch_dtype(case.dtype))
+def inputs_of(case: FamilyCase) -> list[torch.Tensor]:
+    return case.inputs()
 
 
-# --- strategies --------------------------------------------------------------------------
+def upstream_of(case: FamilyCase) -> list[Any]:
+    return case.upstream()
 
 
-def _dims(draw: Any, max_dims: int = 2, most: int = 3) -> tuple[int, ...]:
-    return tuple(draw(st.lists(st.integers(0, most), max_size=max_dims)))
-
-
-@st.composite
-def reduce_scatter_cases(
-    draw: Any,
-    world_sizes: Sequence[int] = (2, 3),
-    dtypes: Sequence[str] = DTYPE_NAMES,
-    subgroups: bool = True,
-    most: int = 4,
-) -> ReduceScatterCase:
-    """``ReduceScatterCase``s: empty blocks, negative dims, every dtype, subgroups;
-    ``most``: the largest block and dimension (payload scale)."""
-    world = draw(st.sampled_from(list(world_sizes)))
-    group = _draw_group(draw, world, subgroups)
-    w = len(group) if group is not None else world
-    other = _dims(draw, most=most)
-    return ReduceScatterCase(
-        world_size=world,
-        sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
-        other=other,
-        dim=draw(st.integers(-(len(other) + 1), len(other))),
-        dtype=draw(st.sampled_from(list(dtypes))),
-        requires_grad=draw(st.booleans()),
-        special=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
-        group=group,
-        validate=draw(st.booleans()),
-    )
-
-
-def _draw_group(draw: Any, world: int, subgroups: bool) -> tuple[int, ...] | None:
+def draw_group(draw: Any, world: int, subgroups: bool) -> tuple[int, ...] | None:
+    """A drawn subgroup of a world of ``world`` ranks (``None``: the whole world)."""
     if not subgroups or world < 3 or not draw(st.booleans()):
         return None
     ranks = draw(st.lists(st.integers(0, world - 1), min_size=2, max_size=world - 1, unique=True))
     return tuple(sorted(ranks))
 
 
-@st.composite
-def all_to_all_cases(
-    draw: Any,
-    world_sizes: Sequence[int] = (2, 3),
-    dtypes: Sequence[str] = DTYPE_NAMES,
-    subgroups: bool = True,
-    most: int = 4,
-    joined: bool = True,
-) -> AllToAllCase:
-    """``AllToAllCase``s: send matrices with zeros, negative dims, dtypes, subgroups;
-    with ``joined``, a ``cat_dim`` now and then: another dim (uneven sizes along both:
-    a constant-column send matrix and each rank's own size along ``cat_dim``, the
-    sequence-parallel switch), or ``dim`` itself passed."""
-    world = draw(st.sampled_from(list(world_sizes)))
-    group = _draw_group(draw, world, subgroups)
-    w = len(group) if group is not None else world
-    other = _dims(draw, most=most)
-    n = len(other) + 1
-    dim = draw(st.integers(-n, n - 1))
-    row = st.lists(st.integers(0, most), min_size=w, max_size=w).map(tuple)
-    send = tuple(draw(st.lists(row, min_size=w, max_size=w)))
-    cat_dim: int | None = None
-    cat: tuple[int, ...] | None = None
-    if joined and draw(st.booleans()):
-        cat_dim = draw(st.integers(-n, n - 1))
-        if cat_dim % n != dim % n:
-            column = draw(row)
-            send = tuple(column for _ in range(w))
-            cat = draw(row)
-    return AllToAllCase(
-        world_size=world,
-        send=send,
-        other=other,
-        dim=dim,
-        cat_dim=cat_dim,
-        cat=cat,
-        dtype=draw(st.sampled_from(list(dtypes))),
-        requires_grad=draw(st.booleans()),
-        special=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
-        group=group,
-        pass_recv=draw(st.booleans()),
-        validate=draw(st.booleans()),
-    )
+def draw_dims(draw: Any, most: int) -> tuple[int, ...]:
+    """The dims besides the one split or joined along: up to two, each up to ``most``."""
+    return tuple(draw(st.lists(st.integers(0, most), max_size=2)))
 
 
-@st.composite
-def gather_list_cases(
-    draw: Any,
-    world_sizes: Sequence[int] = (2, 3),
-    dtypes: Sequence[str] = DTYPE_NAMES,
-    subgroups: bool = True,
-    most: int = 4,
-) -> GatherListCase:
-    """``GatherListCase``s: shapes differing in every dim (empties too), contracts."""
-    world = draw(st.sampled_from(list(world_sizes)))
-    group = _draw_group(draw, world, subgroups)
-    w = len(group) if group is not None else world
-    ndim = draw(st.integers(1, 3))
-    shape = st.lists(st.integers(0, most), min_size=ndim, max_size=ndim).map(tuple)
-    pass_shapes = draw(st.booleans())
-    return GatherListCase(
-        world_size=world,
-        shapes=tuple(draw(st.lists(shape, min_size=w, max_size=w))),
-        dtype=draw(st.sampled_from(list(dtypes))),
-        grad=draw(st.sampled_from(["sum", "local", "mean"])),
-        requires_grad=draw(st.booleans()),
-        special=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
-        group=group,
-        pass_shapes=pass_shapes,
-        validate=draw(st.booleans()) if pass_shapes else True,
-    )
-
-
-# --- rank runners ------------------------------------------------------------------------
+# --- the rank runner ---------------------------------------------------------------------
 
 
 class CallReport(NamedTuple):
-    """What one rank saw: its output (a list for ``all_gather_list``), its input's
-    gradient, or the error it raised (class name, message, blamed ranks)."""
+    """What one rank saw: its output (a list for a list result), its input's gradient,
+    or the error it raised (class name, message, blamed ranks)."""
 
     output: Any
     grad: torch.Tensor | None
@@ -387,74 +257,28 @@ def function_of(impl: str, collective: str) -> Callable[..., Any]:
     return fn
 
 
-def _function(case: Case) -> Callable[..., Any]:
-    return function_of(case.impl, case.collective)
+def _call(case: FamilyCase, x: torch.Tensor, r: int, group: Any) -> Any:
+    """The case's call on group rank ``r``: as vargather's function is called, or by
+    its call template (``calls.parse_call``); inside a compiled step with a backend."""
+    fn = function_of(case.impl, case.collective)
+    if case.call is not None:
+        from .calls import group_object, parse_call
 
+        bound: dict[str, object] = {"x": x, "group": group_object(group)}
+        if "out" in case.NAMES:
+            bound["out"] = torch.empty(case.output_shapes()[r], dtype=x.dtype, device=x.device)
+        bound.update(case.template_values(r))
+        listed, kwargs = parse_call(case.call, case.NAMES).build(bound)
+        args = tuple(listed)
+    else:
+        rest, named = case.arguments(r)
+        args = (x, *rest)
+        kwargs = {"group": group, "validate": case.validate, "timeout": CALL_TIMEOUT, **named}
+    if case.compile_backend is not None:
+        from .compiled import call_compiled
 
-def call_values(case: Case, x: torch.Tensor, r: int, group: Any) -> dict[str, object]:
-    """The names a call template of ``case.collective`` may use, bound for group rank
-    ``r`` (``FAMILY_NAMES``)."""
-    from .calls import group_object
-
-    group = group_object(group)
-    if isinstance(case, ReduceScatterCase):
-        out = torch.empty(output_shapes(case)[r], dtype=x.dtype, device=x.device)
-        return {"x": x, "sizes": list(case.sizes), "dim": case.dim, "group": group, "out": out}
-    if isinstance(case, AllToAllCase):
-        recv = recv_of(case, r) if case.pass_recv else None
-        send = list(case.send[r])
-        out = torch.empty(output_shapes(case)[r], dtype=x.dtype, device=x.device)
-        return {
-            "x": x,
-            "send_sizes": send,
-            "recv_sizes": recv,
-            "dim": case.dim,
-            "cat_dim": case.cat_dim,
-            "group": group,
-            "out": out,
-        }
-    shapes = [list(s) for s in case.shapes] if case.pass_shapes else None
-    return {"x": x, "shapes": shapes, "group": group, "grad": case.grad}
-
-
-def _group_of(ctx: RankContext, case: Case) -> tuple[Any, int | None]:
-    """The ``group=`` to pass and this rank's group rank (``None``: not a member)."""
-    if case.group is None:
-        return None, ctx.rank
-    group = ctx.subgroup(case.group)
-    return group, (case.group.index(ctx.rank) if ctx.rank in case.group else None)
-
-
-def _call(case: Case, x: torch.Tensor, r: int, group: Any, timeout: float | None) -> Any:
-    fn = _function(case)
-    if case.call is not None:  # a fork called as it is (``calls.parse_call``)
-        from .calls import parse_call
-
-        args, kwargs = parse_call(case.call, FAMILY_NAMES[case.collective]).build(
-            call_values(case, x, r, group)
-        )
-        return fn(*args, **kwargs)
-    if isinstance(case, ReduceScatterCase):
-        return fn(
-            x, list(case.sizes), case.dim, group=group, validate=case.validate, timeout=timeout
-        )
-    if isinstance(case, AllToAllCase):
-        recv = recv_of(case, r) if case.pass_recv else None
-        joined = {} if case.cat_dim is None else {"cat_dim": case.cat_dim}
-        return fn(
-            x,
-            list(case.send[r]),
-            case.dim,
-            recv_sizes=recv,
-            group=group,
-            validate=case.validate,
-            timeout=timeout,
-            **joined,
-        )
-    shapes = [list(s) for s in case.shapes] if case.pass_shapes else None
-    return fn(
-        x, shapes=shapes, group=group, grad=case.grad, validate=case.validate, timeout=timeout
-    )
+        return call_compiled(fn, case, x, args, kwargs)
+    return fn(*args, **kwargs)
 
 
 def emulation(backend: str | None) -> None:
@@ -466,33 +290,58 @@ def emulation(backend: str | None) -> None:
         activate(backend)
 
 
-def run_case(ctx: RankContext, case: Case) -> CallReport | None:
-    """Rank side: build this rank's input, call, backward with this rank's upstream
-    gradient. ``None`` on a rank outside the case's group."""
+class Alone:
+    """The rank context of an uninitialized case: rank 0 of one, in this process."""
+
+    rank = 0
+    world_size = 1
+
+    def subgroup(self, ranks: Sequence[int]) -> object:
+        raise RuntimeError("no subgroups without torch.distributed")
+
+
+def run_case(ctx: RankContext | Alone, case: FamilyCase) -> CallReport | None:
+    """Rank side: build this rank's input (in its memory layout), call, backward with
+    this rank's upstream gradient. ``None`` on a rank outside the case's group."""
     emulation(case.emulate)
-    group, r = _group_of(ctx, case)
+    group: Any = None
+    r: int | None = ctx.rank
+    if case.group is not None:
+        group = ctx.subgroup(case.group)
+        r = case.group.index(ctx.rank) if ctx.rank in case.group else None
     if r is None:
         return None
-    x = inputs_of(case)[r]
-    grad_wanted = _differentiable(case)
+    x = _lay_out(case.inputs()[r], case.memory)
+    grad_wanted = case.differentiable
     if grad_wanted:
         x.requires_grad_(True)
+    patient = contextlib.nullcontext()
+    if case.compile_backend is not None:
+        from .compiled import patient_default_group
+
+        patient = patient_default_group(ctx, case)  # type: ignore[assignment]  # both context managers
     try:
-        out = _call(case, x, r, group, CALL_TIMEOUT)
-        if grad_wanted:
-            up = upstream_of(case)[r]
-            if isinstance(out, (list, tuple)):
-                torch.autograd.backward(list(out), list(up))
-            else:
-                out.backward(up)
-        # Waiting for an async result is part of the call (its errors are the call's).
-        if isinstance(out, (list, tuple)):
-            return CallReport([_settled(o) for o in out], _settled(x.grad), None)
-        return CallReport(_settled(out), _settled(x.grad), None)
+        with patient:
+            return _run(case, x, r, group, grad_wanted)
     except Exception as err:
         return CallReport(
             None, None, (type(err).__name__, str(err), tuple(getattr(err, "ranks", ())))
         )
+
+
+def _run(case: FamilyCase, x: torch.Tensor, r: int, group: Any, grad_wanted: bool) -> CallReport:
+    """The call and its backward on group rank ``r``, what it returned settled."""
+    out = _call(case, x, r, group)
+    if grad_wanted:
+        up = case.upstream()[r]
+        if isinstance(out, (list, tuple)):
+            torch.autograd.backward(list(out), list(up))
+        else:
+            out.backward(up)
+    # Waiting for an async result is part of the call (its errors are the call's).
+    if isinstance(out, (list, tuple)):
+        return CallReport([_settled(o) for o in out], _settled(x.grad), None)
+    return CallReport(_settled(out), _settled(x.grad), None)
 
 
 def _settled(t: Any) -> Any:
@@ -533,211 +382,145 @@ def failed(
     )
 
 
-def _reduced_difference(
-    name: str, aspect: str, rank: int, got: object, want: torch.Tensor
-) -> Failure | None:
-    """The failure of a reduction's result ``got`` against the oracle's ``want``, if
-    they differ; marked ``nan_payload`` when only the payloads of NaNs differ."""
-    d = _differs(got, want)
-    if d is None:
-        return None
-    payload = isinstance(got, torch.Tensor) and nan_payloads_only(got, want)
-    text = f"NaN payloads differ where both hold a NaN: {d}" if payload else d
-    return failed(name, aspect, (rank,), text, nan_payload=payload)
-
-
 def sized(failures: list[Failure], group_size: int) -> list[Failure]:
     return [replace(f, group_size=group_size) for f in failures]
 
 
-def _expected(case: Case) -> tuple[list[Any], list[torch.Tensor] | None]:
-    xs = inputs_of(case)
-    up = upstream_of(case)
-    grads: list[torch.Tensor] | None = None
-    if isinstance(case, ReduceScatterCase):
-        out: list[Any] = oracle.expected_reduce_scatter(xs, case.sizes, case.dim)
-        if _differentiable(case):
-            grads = oracle.expected_reduce_scatter_grads(xs, case.sizes, up, case.dim)
-    elif isinstance(case, AllToAllCase):
-        out = oracle.expected_all_to_all(xs, case.send, case.dim, case.cat_dim)
-        if _differentiable(case):
-            grads = oracle.expected_all_to_all_grads(xs, case.send, up, case.dim, case.cat_dim)
-    else:
-        gathered = oracle.expected_gather_list(xs)
-        out = [gathered for _ in xs]
-        if _differentiable(case):
-            grads = oracle.expected_gather_list_grads(xs, up, case.grad)
+def expected(case: FamilyCase) -> tuple[list[Any], list[torch.Tensor] | None]:
+    """The oracle's results (one per group rank) and input gradients (``None``: no
+    backward), by the functions ``COLLECTIVES[case.collective]`` names."""
+    entry = TABLE[case.collective]  # type: ignore[index]  # a catalogue collective's name
+    xs, kw = case.inputs(), case.oracle_args()
+    out = getattr(oracle, entry.oracle)(xs, **kw)
+    if case.shared_output:
+        out = [out for _ in xs]
+    grads = None
+    if case.differentiable:
+        up = case.upstream()
+        grads = getattr(oracle, entry.oracle_grads)(xs, upstream=up, **kw, **case.grad_args())
     return out, grads
 
 
-def _differs(got: object, want: torch.Tensor) -> str | None:
+_expected = expected  # the name tests/test_verdicts.py knows
+
+
+def _compare(got: object, want: Any, reduced: bool) -> tuple[str, bool] | None:
+    """How ``got`` differs from the oracle's ``want`` (a tensor or a list of them), and
+    whether only in NaN payloads (``reduced``: a reduction's result); ``None``: equal."""
+    if isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            return f"expected a list of {len(want)} tensors, got {type(got).__name__}", False
+        found = [
+            (k, _compare(g, w, reduced)) for k, (g, w) in enumerate(zip(got, want, strict=True))
+        ]
+        bad = [(k, d) for k, d in found if d is not None]
+        if not bad:
+            return None
+        return "; ".join(f"entry {k}: {d[0]}" for k, d in bad), all(d[1] for _, d in bad)
     if not isinstance(got, torch.Tensor):
-        return f"expected a tensor, got {type(got).__name__}"
-    return bitwise_difference(got, want)
+        return f"expected a tensor, got {type(got).__name__}", False
+    d = bitwise_difference(got, want)
+    if d is None:
+        return None
+    if reduced and nan_payloads_only(got, want):
+        return f"NaN payloads differ where both hold a NaN: {d}", True
+    return d, False
+
+
+def _flat(items: Sequence[Any]) -> list[torch.Tensor]:
+    return [t for item in items for t in (item if isinstance(item, list) else [item])]
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((a.detach().to(torch.int64) * b.detach().to(torch.int64)).sum())
 
 
-def judge_case(case: Case, reports: Sequence[CallReport | None]) -> list[Failure]:
+def judge_case(case: FamilyCase, reports: Sequence[CallReport | None]) -> list[Failure]:
     """The members' reports against the oracle: forward and gradient bit for bit, and
     (integer values) the adjoint identity of the gradient."""
     name = case.collective
     mine = [rep for rep in reports if rep is not None]
     raised = [(r, rep.error) for r, rep in enumerate(mine) if rep.error is not None]
     if raised:  # rep.error is a (class name, message, ranks) triple
-        return sized(
-            [
-                failed(
-                    name,
-                    "raised",
-                    tuple(r for r, _ in raised),
-                    "; ".join(f"rank {r}: {e[0]}: {without_addresses(e[1])}" for r, e in raised),
-                )
-            ],
-            len(mine),
-        )
-    want, want_grads = _expected(case)
+        text = "; ".join(f"rank {r}: {e[0]}: {without_addresses(e[1])}" for r, e in raised)
+        return sized([failed(name, "raised", tuple(r for r, _ in raised), text)], len(mine))
+    want, want_grads = expected(case)
     failures: list[Failure] = []
     for r, rep in enumerate(mine):
-        got = rep.output
-        if isinstance(case, GatherListCase):
-            if not isinstance(got, list) or len(got) != len(want[r]):
-                failures.append(
-                    failed(
-                        name,
-                        "forward",
-                        (r,),
-                        f"expected a list of {len(want[r])} tensors, got {type(got).__name__}",
-                    )
-                )
-                continue
-            diffs = [(k, _differs(g, w)) for k, (g, w) in enumerate(zip(got, want[r], strict=True))]
-            bad = [f"entry {k}: {d}" for k, d in diffs if d is not None]
-            if bad:
-                failures.append(failed(name, "forward", (r,), "; ".join(bad)))
-        elif isinstance(case, ReduceScatterCase):  # a reduction: its NaNs' payloads apart
-            found = _reduced_difference(name, "forward", r, got, want[r])
-            if found is not None:
-                failures.append(found)
-        else:
-            d = _differs(got, want[r])
-            if d is not None:
-                failures.append(failed(name, "forward", (r,), d))
-        if want_grads is not None:
-            if rep.grad is None:
-                failures.append(failed(name, "gradient", (r,), "expected a gradient, got None"))
-            elif isinstance(case, GatherListCase) and case.grad != "local":  # a reduction
-                found = _reduced_difference(name, "gradient", r, rep.grad, want_grads[r])
-                if found is not None:
-                    failures.append(found)
-            else:
-                d = bitwise_difference(rep.grad, want_grads[r])
-                if d is not None:
-                    failures.append(failed(name, "gradient", (r,), d))
+        d = _compare(rep.output, want[r], case.reduced_forward)
+        if d is not None:
+            failures.append(failed(name, "forward", (r,), d[0], nan_payload=d[1]))
+        if want_grads is None:
+            continue
+        d = (
+            ("expected a gradient, got None", False)
+            if rep.grad is None
+            else _compare(rep.grad, want_grads[r], case.reduced_gradient)
+        )
+        if d is not None:
+            failures.append(failed(name, "gradient", (r,), d[0], nan_payload=d[1]))
     if (
         want_grads is not None
+        and case.adjoint_applies
         and not case.special
         and not case.dtype.startswith("complex")
         and not failures
     ):
-        xs, up = inputs_of(case), upstream_of(case)
-        if isinstance(case, GatherListCase):
-            if case.grad == "sum":
-                lhs = sum(
-                    _dot(o, g) for j in range(len(xs)) for o, g in zip(want[j], up[j], strict=True)
-                )
-                rhs = sum(
-                    _dot(x, rep.grad)
-                    for x, rep in zip(xs, mine, strict=True)
-                    if rep.grad is not None
-                )
-            else:
-                lhs = rhs = 0
-        else:
-            lhs = sum(_dot(w, g) for w, g in zip(want, up, strict=True))
-            rhs = sum(
-                _dot(x, rep.grad) for x, rep in zip(xs, mine, strict=True) if rep.grad is not None
-            )
+        xs, up = case.inputs(), case.upstream()
+        lhs = sum(_dot(o, g) for o, g in zip(_flat(want), _flat(up), strict=True))
+        rhs = sum(
+            _dot(x, rep.grad) for x, rep in zip(xs, mine, strict=True) if rep.grad is not None
+        )
         if lhs != rhs:
-            failures.append(
-                failed(
-                    name,
-                    "adjoint",
-                    (),
-                    f"expected sum_r <y_r, g_r> == sum_j <x_j, dx_j>, got {lhs} != {rhs}",
-                )
-            )
+            message = f"expected sum_r <y_r, g_r> == sum_j <x_j, dx_j>, got {lhs} != {rhs}"
+            failures.append(failed(name, "adjoint", (), message))
     return sized(failures, len(mine))
 
 
-def check_case(pool: RankPool, case: Case) -> list[Failure]:
+def check_case(pool: RankPool, case: FamilyCase) -> list[Failure]:
     """The property: run ``case`` on ``pool`` (``case.world_size`` ranks) and judge it."""
     return judge_case(case, pool.run(run_case, case))
 
 
-# --- call sequences ----------------------------------------------------------------------
-
-
-def run_sequence(ctx: RankContext, cases: tuple[Case, ...]) -> list[CallReport | None]:
+def run_sequence(ctx: RankContext, cases: tuple[FamilyCase, ...]) -> list[CallReport | None]:
     """Rank side: the cases one after the other on the same world."""
     return [run_case(ctx, case) for case in cases]
 
 
-def check_sequence(pool: RankPool, cases: Sequence[Case]) -> list[Failure]:
-    """The call-sequence property: each call of a mixed sequence on one world (the
-    fused round's state and the groups' sequence numbers carried from call to call)
-    judged as if it ran alone."""
+def check_sequence(pool: RankPool, cases: Sequence[FamilyCase]) -> list[Failure]:
+    """Each call of a sequence on one world (the fused round's state and the groups'
+    sequence numbers carried from call to call) judged as if it ran alone."""
     per_rank = pool.run(run_sequence, tuple(cases))
-    failures: list[Failure] = []
-    for i, case in enumerate(cases):
-        for f in judge_case(case, [reports[i] for reports in per_rank]):
-            failures.append(replace(f, message=f"call #{i}: {f.message}"))
-    return failures
+    return [
+        replace(f, message=f"call #{i}: {f.message}")
+        for i, case in enumerate(cases)
+        for f in judge_case(case, [reports[i] for reports in per_rank])
+    ]
 
 
-@st.composite
-def call_sequences(draw: Any, world_size: int = 3, max_calls: int = 6, most: int = 4) -> list[Case]:
-    """Mixed sequences of the three collectives on one world of ``world_size``."""
-    one = st.one_of(
-        reduce_scatter_cases(world_sizes=(world_size,), most=most),
-        all_to_all_cases(world_sizes=(world_size,), most=most),
-        gather_list_cases(world_sizes=(world_size,), most=most),
-    )
-    cases: list[Case] = draw(st.lists(one, min_size=2, max_size=max_calls))
-    return cases
+# --- names that moved to the catalogue modules ---------------------------------------------
+
+_MOVED: Final = {
+    "ReduceScatterCase": "reduce_scatter_v",
+    "reduce_scatter_cases": "reduce_scatter_v",
+    "AllToAllCase": "all_to_all_v",
+    "all_to_all_cases": "all_to_all_v",
+    "a2a_shapes": "all_to_all_v",
+    "recv_of": "all_to_all_v",
+    "joined_along": "all_to_all_v",
+    "changing_sizes_sequences": "all_to_all_v",
+    "GatherListCase": "all_gather_list",
+    "gather_list_cases": "all_gather_list",
+    "call_sequences": "",
+    "FAMILY_NAMES": "",
+}
+"""Where each collective's own names live now (``catalogues.<name>``; ``""``: the
+catalogues package), still importable from here by their old names."""
 
 
-@st.composite
-def changing_sizes_sequences(
-    draw: Any, world_size: int = 3, max_calls: int = 8, most: int = 4
-) -> list[AllToAllCase]:
-    """``all_to_all_v`` calls on one world whose send sizes change from call to call
-    while the rest stays (dtype, the other dimensions, ``dim``, the gradient): each
-    call, each rank keeps its sizes, moves a row from one block to another, or draws
-    new ones (its length changes); validated, receive sizes unknown, usually cut along
-    the first dimension. What MoE dispatch does every layer, and the calls that
-    ``all_to_all_v`` answers by its learned round with new sizes (the full path where
-    a block outgrows its slot)."""
-    base = draw(
-        all_to_all_cases(world_sizes=(world_size,), subgroups=False, most=most, joined=False)
-    )
-    dim = 0 if draw(st.booleans()) else base.dim
-    base = replace(base, dim=dim, pass_recv=False, validate=True)
-    w = world_size
-    send = [list(row) for row in base.send]
-    cases = [base]
-    for _ in range(draw(st.integers(1, max_calls - 1))):
-        for r in range(w):
-            how = draw(st.sampled_from(("same", "move", "new")))
-            if how == "move" and sum(send[r]):
-                src = draw(st.sampled_from([k for k in range(w) if send[r][k]]))
-                dst = draw(st.integers(0, w - 1))
-                send[r][src] -= 1
-                send[r][dst] += 1
-            elif how == "new":
-                send[r] = draw(st.lists(st.integers(0, most), min_size=w, max_size=w))
-        sizes = tuple(tuple(row) for row in send)
-        cases.append(replace(base, send=sizes, seed=draw(st.integers(0, 2**16))))
-    return cases
+def __getattr__(name: str) -> Any:
+    where = _MOVED.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f"{__package__}.catalogues" + (f".{where}" if where else ""))
+    return getattr(module, name)

@@ -24,7 +24,6 @@ from vargather import CONTRACTS, VarGatherError
 from . import schema
 from .cases import CONVENTIONS as CALL_CONVENTIONS
 from .cases import DTYPE_NAMES, RETURN_KINDS, SIZES_SCOPES
-from .properties import property_ids
 from .scale import DEFAULT_MAX_PAYLOAD
 
 __all__ = [
@@ -58,7 +57,10 @@ OPS: Final = schema.by_name("op").choices
 
 
 def ids_of(op: str) -> tuple[str, ...]:
-    """The property ids of ``op``'s catalogue (what ``--only`` and an xfails file name)."""
+    """The property ids of ``op``'s catalogue (what ``--only`` and an xfails file name):
+    asked of the catalogues, above the options, when an option names one."""
+    from .catalogues import property_ids
+
     return property_ids(op)
 
 
@@ -194,10 +196,10 @@ class CheckOptions:
             raise OptionError("op", f"must be one of {', '.join(OPS)}, got {self.op!r}")
         if self.call is not None:
             from .calls import NAMES, parse_call  # the template's syntax, checked here
-            from .family import FAMILY_NAMES
+            from .catalogues import catalogue_of
 
             try:
-                parse_call(self.call, FAMILY_NAMES.get(self.op, NAMES))
+                parse_call(self.call, getattr(catalogue_of(self.op), "names", NAMES))
             except ValueError as err:
                 raise OptionError("call", f": {err}") from None
         if self.target is not None:

@@ -35,6 +35,7 @@ from vargather import VarGatherError
 
 from . import schema
 from .cases import VARGATHER
+from .catalogues import catalogue
 from .engine import run_check
 from .options import (
     CheckOptions,
@@ -44,7 +45,6 @@ from .options import (
     config_values,
 )
 from .pool import PoolFailure, RankContext, RankError, RankPool, get_pool
-from .properties import catalogue
 from .resolve import resolve_options_impl
 from .results import PropertyResult, Report
 from .targets import apply_target, program_rows

@@ -1,11 +1,10 @@
 """The testing kit's one kind of row: ``Property``, a claim an implementation must hold.
 
-Where it sits: at the top of the kit's layers (``cases`` -> ``strategies`` -> ``judge``
--> ``runner`` -> here), beneath each collective's catalogue
-(``vargather.testing.catalogues.<name>``), which lists its rows. ``tests/`` (pytest),
-``tests/test_mutants.py`` (the mutant search) and ``python -m vargather check`` (the
-conformance gate) all run the rows ``catalogue()`` returns, so the gate and the suite
-cannot drift.
+Where it sits: above ``cases`` -> ``judge`` -> ``runner``, beneath each collective's
+catalogue (``vargather.testing.catalogues.<name>``), which lists its rows, each holding
+the catalogue: nothing here looks a collective up. ``tests/`` (pytest), the mutant
+search and ``python -m vargather check`` all run the rows ``catalogues.catalogue()``
+returns, so the gate and the suite cannot drift.
 
 A ``Property`` is a class of cases (keyword arguments for its collective's case
 strategy plus a world-size range, and a ``keep`` filter where no strategy argument
@@ -13,8 +12,8 @@ narrows enough) and the aspects of the judge's checks it is about (``Failure.asp
 a forward property does not fail on returned sizes, which have a property of their
 own. A failure of the call itself (``call``: an exception, a crash, a hang) counts
 against every property. How a batch is drawn, run and told is its collective's
-catalogue's (``Catalogue.draw``, ``run``, ``describe``): the row itself is the same
-kind for every collective.
+catalogue's (``Property.catalogue``: ``draw``, ``run``, ``describe``): the row itself
+is the same kind for every collective.
 """
 
 from __future__ import annotations
@@ -25,9 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from hypothesis import strategies as st
 
-from .cases import VARGATHER, Implementation
-from .catalogues import catalogue_of
-from .collectives import DEFAULT
+from .cases import Implementation
 from .judge import Failure
 from .pool import RankPool
 from .runner import Verdict
@@ -36,7 +33,11 @@ from .scale import DEFAULT_MAX_PAYLOAD
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-__all__ = ["BATCH", "RETURNS", "Property", "catalogue", "property_ids"]
+    from .catalogues import Catalogue
+    from .catalogues import catalogue as catalogue  # still importable from here
+    from .catalogues import property_ids as property_ids
+
+__all__ = ["BATCH", "RETURNS", "Property"]
 
 BATCH: Final = 6
 """Cases per example by default: one example is one pool round trip (``run_many``)."""
@@ -104,6 +105,16 @@ class Property:
     misuse: bool = False
     """Its cases are misuses (``vargather.testing.misuse``): one rank's arguments
     wrong, every rank to raise the same error, the group usable after."""
+    catalogue: Catalogue | None = field(default=None, compare=False, repr=False)
+    """The catalogue that listed it, which draws, runs and tells its batches (the row
+    holds it: nothing here looks a collective up)."""
+
+    @property
+    def plugin(self) -> Catalogue:
+        """Its catalogue (``ValueError`` for a row built without one)."""
+        if self.catalogue is None:
+            raise ValueError(f"{self.id}: a row built without its catalogue")
+        return self.catalogue
 
     def max_examples(self, asked: int, *, slow: bool = False) -> int:
         """The examples to draw when ``asked`` are: capped by ``examples`` (or by
@@ -179,7 +190,7 @@ class Property:
         max_payload: int,
     ) -> SearchStrategy[list[Any]]:
         """``strategy`` without the memo."""
-        plugin = catalogue_of(self.implementation.op)
+        plugin = self.plugin
         if self.batch is not None:
             batch = min(batch, self.batch)
 
@@ -213,17 +224,17 @@ class Property:
             from .pool import get_pool
 
             pool_factory = get_pool
-        verdicts = catalogue_of(self.implementation.op).run(self, batch, pool_factory)
+        verdicts = self.plugin.run(self, batch, pool_factory)
         return [(v, self.counted(v)) for v in verdicts]
 
     def describe(self, batch: Sequence[Any], index: int) -> str:
         """Case ``index`` of ``batch`` (it failed) in words, with the command that
         re-runs it (after the calls before it, where they share its world)."""
-        return catalogue_of(self.implementation.op).describe(self, batch, index)
+        return self.plugin.describe(self, batch, index)
 
     def case_data(self, case: Any) -> dict[str, Any]:
         """``case`` as plain JSON data (the counterexample in the report)."""
-        return catalogue_of(self.implementation.op).case_data(case)
+        return self.plugin.case_data(case)
 
     def fails(self, batch: Sequence[Any]) -> bool:
         """Whether some case of ``batch`` fails this property."""
@@ -245,23 +256,11 @@ class Property:
         raise AssertionError("\n".join(parts))
 
 
-def catalogue(
-    implementation: Implementation = VARGATHER, *, returns: str = "unknown"
-) -> list[Property]:
-    """Every property of ``implementation``'s collective (``implementation.op``), in a
-    fixed order, for ``implementation``. ``returns`` (``sizes``, ``layout``, ``none`` or
-    ``unknown``) only words the titles of the rows about what it returns beside its
-    result.
+def __getattr__(name: str) -> Any:
+    """``catalogue`` and ``property_ids``, which moved to ``catalogues`` (above the rows
+    they list), by their old names here."""
+    if name in ("catalogue", "property_ids"):
+        import importlib
 
-    Raises:
-        ValueError: ``returns`` is none of ``sizes``, ``layout``, ``none``, ``unknown``.
-    """
-    if returns not in RETURNS:
-        raise ValueError(f"returns={returns!r} is not one of {RETURNS}")
-    return catalogue_of(implementation.op).rows(implementation, returns)
-
-
-def property_ids(op: str = DEFAULT) -> tuple[str, ...]:
-    """The ids of ``op``'s catalogue, in order (what an xfails file or ``--only`` may
-    name)."""
-    return tuple(p.id for p in catalogue(replace(VARGATHER, op=op)))
+        return getattr(importlib.import_module(f"{__package__}.catalogues"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

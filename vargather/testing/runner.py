@@ -86,6 +86,7 @@ __all__ = [
     "run_coalesced",
     "run_coalesced_on_rank",
     "run_on_rank",
+    "shell_quote",
     "short_traceback",
     "transport_refusals",
 ]
@@ -431,7 +432,7 @@ def repro_args(case: GatherCase, implementation: Implementation = VARGATHER) -> 
     return args
 
 
-def _shell_quote(arg: str) -> str:
+def shell_quote(arg: str) -> str:
     """``arg`` for a POSIX shell, in double quotes where that is enough (a case's repr
     reads better in them than in ``shlex.quote``'s single quotes)."""
     quoted = shlex.quote(arg)
@@ -459,7 +460,7 @@ def describe(
     memory = [case.memory_of(r) for r in range(case.group_size)]
     case_args = repro_args(case, implementation)
     args = ["python", "-m", "vargather", "repro", *map(repr, before), *case_args]
-    command = " ".join(_shell_quote(arg) for arg in args)
+    command = " ".join(shell_quote(arg) for arg in args)
     lines = []
     if before:
         lines.append(
@@ -485,9 +486,7 @@ def describe_coalesced(
     batch: Sequence[GatherCase], index: int, implementation: Implementation = VARGATHER
 ) -> str:
     """Tensor ``index`` of a coalesced call of ``batch`` that failed, in words: every
-    tensor of the call, then the case (``describe``). Its reproduce command re-runs the
-    tensor alone through the single-tensor gather, which may pass where the coalesced
-    call failed; ``run_coalesced(batch)`` re-runs the call."""
+    tensor of the call, and the command that re-runs the call (``repro --coalesced``)."""
     impl = implementation
     lines = [
         f"coalesced call: tensor #{index} of {len(batch)} failed in one call of "
@@ -499,13 +498,11 @@ def describe_coalesced(
         f"requires_grad={c.requires_grad}, seed={c.seed}"
         for i, c in enumerate(batch)
     )
-    lines.append(
-        "  (the reproduce command below runs this tensor alone through the single gather; "
-        "vargather.testing.runner.run_coalesced(cases) re-runs the call, cases as listed "
-        "by repr below)"
-    )
-    lines.extend(f"  {c!r}" for c in batch)
-    return "\n".join([*lines, describe(batch[index], impl)])
+    single = describe(batch[index], impl).splitlines()[:-1]  # the tensor, in words
+    args = ["python", "-m", "vargather", "repro", "--coalesced", *map(repr, batch)]
+    args += repro_args(batch[index], impl)[1:]
+    command = " ".join(shell_quote(arg) for arg in args)
+    return "\n".join([*lines, *single, f"  reproduce: {command}"])
 
 
 # --- what the backend refuses ---------------------------------------------------------------

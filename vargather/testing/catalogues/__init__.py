@@ -6,37 +6,52 @@ collective) and the rows' own code. A collective's catalogue is the module
 ``vargather.testing.catalogues.<name>`` (``name`` as the collectives' table spells it)
 with a ``CATALOGUE`` object that satisfies ``Catalogue``: how ``--impl``/``--call``
 resolve for it, its rows (``vargather.testing.properties.Property``), how a row draws
-and runs a batch, and how a failing batch is told. A new collective is one module here.
-The model is pytest's plugins: the engine asks the hook, never the collective's name.
+and runs a batch, and how a failing batch is told. A new collective is one module here:
+a collective shaped like the family builds its ``CATALOGUE`` as a
+``family_catalogue.FamilyCatalogue`` of its case class and strategy, and gets every
+generic row (``docs/api-testing.md``, "Adding a collective to the gate"). The model is
+pytest's plugins: the engine asks the hook, never the collective's name; every row
+holds its catalogue. ``catalogue(impl)`` and ``property_ids(op)`` list the rows.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
+
+from hypothesis import strategies as st
+
+from ..cases import VARGATHER
+from ..collectives import DEFAULT, FAMILY, NAMES
+from ..properties import RETURNS
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
     from ..cases import Implementation
+    from ..family_catalogue import FamilyCatalogue
     from ..options import CheckOptions
     from ..pool import RankPool
     from ..properties import Property
     from ..resolve import ImplInfo
     from ..runner import Verdict
 
-__all__ = ["Catalogue", "catalogue_of"]
+__all__ = ["Catalogue", "catalogue", "catalogue_of", "property_ids"]
 
 
 class Catalogue(Protocol):
     """What the engine and ``Property`` ask of one collective's catalogue."""
 
-    op: str
-    """The collective's name (``--op``)."""
-    default_call: str | None
-    """The call the report names when no ``--call`` is given (``None``: the
-    convention's, which the report names itself)."""
+    @property
+    def op(self) -> str:
+        """The collective's name (``--op``)."""
+
+    @property
+    def default_call(self) -> str | None:
+        """The call the report names when no ``--call`` is given (``None``: the
+        convention's, which the report names itself)."""
 
     def resolve(self, options: CheckOptions, cwd: str) -> ImplInfo:
         """What ``--impl``/``--call`` name for this collective (``OptionError`` for an
@@ -81,10 +96,53 @@ class Catalogue(Protocol):
 
 def catalogue_of(op: str) -> Catalogue:
     """The catalogue of collective ``op`` (``ValueError`` for a name with none)."""
-    from .. import collectives
-
-    if op not in collectives.NAMES:
-        raise ValueError(f"op={op!r} is not one of {', '.join(collectives.NAMES)}")
+    if op not in NAMES:
+        raise ValueError(f"op={op!r} is not one of {', '.join(NAMES)}")
     module = importlib.import_module(f"{__name__}.{op}")
     found: Catalogue = module.CATALOGUE
     return found
+
+
+def catalogue(
+    implementation: Implementation = VARGATHER, *, returns: str = "unknown"
+) -> list[Property]:
+    """Every row of ``implementation``'s collective (``implementation.op``), in a fixed
+    order, each holding its catalogue. ``returns`` (``sizes``, ``layout``, ``none`` or
+    ``unknown``) only words the titles of the rows about what it returns beside its
+    result.
+
+    Raises:
+        ValueError: ``returns`` is none of ``sizes``, ``layout``, ``none``, ``unknown``.
+    """
+    if returns not in RETURNS:
+        raise ValueError(f"returns={returns!r} is not one of {RETURNS}")
+    return catalogue_of(implementation.op).rows(implementation, returns)
+
+
+def property_ids(op: str = DEFAULT) -> tuple[str, ...]:
+    """The ids of ``op``'s catalogue, in order (what an xfails file or ``--only`` may
+    name)."""
+    return tuple(p.id for p in catalogue(replace(VARGATHER, op=op)))
+
+
+def call_sequences(
+    world_size: int = 3, max_calls: int = 6, most: int = 4
+) -> SearchStrategy[list[Any]]:
+    """Mixed sequences of every family collective's calls on one world of
+    ``world_size`` ranks (each drawn by its catalogue's strategy)."""
+    drawn = [c.cases(world_sizes=(world_size,), most=most) for c in family_catalogues()]
+    return st.lists(st.one_of(*drawn), min_size=2, max_size=max_calls)
+
+
+def family_catalogues() -> list[FamilyCatalogue]:
+    """The catalogues of the family's collectives (``collectives.FAMILY``)."""
+    from ..family_catalogue import FamilyCatalogue
+
+    found = [catalogue_of(op) for op in FAMILY]
+    return [c for c in found if isinstance(c, FamilyCatalogue)]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FAMILY_NAMES":  # each family collective's call-template names, by name
+        return {c.op: c.names for c in family_catalogues()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

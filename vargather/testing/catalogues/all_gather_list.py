@@ -1,23 +1,150 @@
-"""``all_gather_list``'s catalogue: the family's rows (``vargather.testing.family_catalogue``) for it.
+"""``all_gather_list``'s catalogue: its case, strategy and call; the rows are the family's.
 
-Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), beneath
-the engine, which runs its rows as it runs any collective's.
+Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), above the
+family's engine (``family``) and its generic rows (``family_catalogue``); beneath the
+engine, which runs its rows as any collective's.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Final
 
-from ..family_catalogue import FamilyCatalogue
+from hypothesis import strategies as st
 
-__all__ = ["CATALOGUE"]
+from ..cases import DTYPE_NAMES, Implementation
+from ..family import FamilyCase, draw_group
+from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue
 
-CATALOGUE: Final = FamilyCatalogue("all_gather_list")
+__all__ = ["CATALOGUE", "GatherListCase", "gather_list_cases"]
+
+
+@dataclass(frozen=True)
+class GatherListCase(FamilyCase):
+    """``all_gather_list(x_r, grad=grad)`` with ``x_r`` of shape ``shapes[r]``."""
+
+    collective = "all_gather_list"
+    NAMES = ("x", "shapes", "group", "grad")
+    shared_output = True
+    has_dim: ClassVar[bool] = False
+
+    world_size: int
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str = "float32"
+    grad: str = "sum"
+    requires_grad: bool = True
+    special: bool = False
+    seed: int = 0
+    group: tuple[int, ...] | None = None
+    pass_shapes: bool = False
+    validate: bool = True
+    impl: str = "vargather"
+    call: str | None = None
+    emulate: str | None = None
+    memory: str = "contiguous"
+    initialized: bool = True
+    compile_backend: str | None = None
+
+    @property
+    def reduced_gradient(self) -> bool:
+        return self.grad != "local"
+
+    @property
+    def adjoint_applies(self) -> bool:
+        return self.grad == "sum"
+
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        return list(self.shapes)
+
+    def output_shapes(self) -> list[Any]:
+        return [list(self.shapes) for _ in self.shapes]
+
+    def _passed(self) -> list[list[int]] | None:
+        return [list(s) for s in self.shapes] if self.pass_shapes else None
+
+    def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (), {"shapes": self._passed(), "grad": self.grad}
+
+    def template_values(self, r: int) -> dict[str, object]:
+        return {"shapes": self._passed(), "grad": self.grad}
+
+    def oracle_args(self) -> dict[str, Any]:
+        return {}
+
+    def grad_args(self) -> dict[str, Any]:
+        return {"contract": self.grad}
+
+    def emptied(self) -> GatherListCase:
+        """No elements in one rank's tensor."""
+        k = self.seed % len(self.shapes)
+        shapes = list(self.shapes)
+        shapes[k] = (0, *shapes[k][1:])
+        return replace(self, shapes=tuple(shapes))
+
+    def compilable(self) -> GatherListCase:
+        return replace(self, special=False, pass_shapes=True)
+
+    def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> GatherListCase:
+        grad = self.grad if self.grad in target.contracts else target.contracts[0]
+        case = replace(self, grad=grad)
+        if not passes("shapes") or target.sizes_scope == "never":
+            return replace(case, pass_shapes=False, validate=True)
+        if target.sizes_scope in ("required", "list"):  # every rank's shape always passed
+            return replace(case, pass_shapes=True)
+        return case
+
+
+@st.composite
+def gather_list_cases(
+    draw: Any,
+    world_sizes: tuple[int, ...] = (2, 3),
+    dtypes: tuple[str, ...] = DTYPE_NAMES,
+    subgroups: bool = True,
+    most: int = 4,
+) -> GatherListCase:
+    """``GatherListCase``s: shapes differing in every dim (empties too), contracts."""
+    world = draw(st.sampled_from(list(world_sizes)))
+    group = draw_group(draw, world, subgroups)
+    w = len(group) if group is not None else world
+    ndim = draw(st.integers(1, 3))
+    shape = st.lists(st.integers(0, most), min_size=ndim, max_size=ndim).map(tuple)
+    pass_shapes = draw(st.booleans())
+    return GatherListCase(
+        world_size=world,
+        shapes=tuple(draw(st.lists(shape, min_size=w, max_size=w))),
+        dtype=draw(st.sampled_from(list(dtypes))),
+        grad=draw(st.sampled_from(["sum", "local", "mean"])),
+        requires_grad=draw(st.booleans()),
+        special=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+        group=group,
+        pass_shapes=pass_shapes,
+        validate=draw(st.booleans()) if pass_shapes else True,
+    )
+
+
+@st.composite
+def _large(draw: Any, world: int) -> GatherListCase:
+    rows = draw(st.lists(st.integers(0, LARGE_ROWS), min_size=world, max_size=world))
+    grad, seed = draw(st.booleans()), draw(st.integers(0, 2**16))
+    return GatherListCase(world, tuple((n, LARGE_ROW) for n in rows), requires_grad=grad, seed=seed)
+
+
+CATALOGUE: Final = FamilyCatalogue(
+    GatherListCase,
+    cases=gather_list_cases,
+    large=_large,
+    signature="(x, *, shapes, group, grad, validate, timeout)",
+    sizes_name="shapes",
+    returns="list",
+    contracts=("sum", "local", "mean"),
+    declined={"dims": "all_gather_list takes no dim (every dim may differ)"},
+)
 
 
 # --- misuse ---
 # all_gather_list(x, shapes=, grad=): the same ndim, dtype and contract everywhere.
-from typing import Any  # noqa: E402  # the misuse tail's, below the catalogue above
 
 import vargather  # noqa: E402
 

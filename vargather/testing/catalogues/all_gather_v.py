@@ -23,7 +23,6 @@ Only vargather's own implementation has a coalesced form
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from itertools import count
@@ -51,7 +50,15 @@ from ..pool import PoolFailure, RankError, RankPool
 from ..properties import Property
 from ..resolve import ImplInfo, resolve_options_impl
 from ..results import case_data
-from ..runner import Verdict, describe, describe_coalesced, run_cases, run_coalesced, run_on_rank
+from ..runner import (
+    Verdict,
+    describe,
+    describe_coalesced,
+    run_cases,
+    run_coalesced,
+    run_on_rank,
+    shell_quote,
+)
 from ..scale import sequence_length
 
 if TYPE_CHECKING:
@@ -476,7 +483,7 @@ class _Gather:
         )
 
     def rows(self, implementation: Implementation, returns: str = "unknown") -> list[Property]:
-        return _rows(implementation, returns)
+        return [replace(row, catalogue=self) for row in _rows(implementation, returns)]
 
     def draw(
         self,
@@ -611,15 +618,10 @@ def _run_misuse(
 
 def _misuse_reproduction(cases: Sequence[Any]) -> str:
     """The failing misuses in words, and a command that re-runs them."""
-    listed = ", ".join(repr(c) for c in cases)
-    code = (
-        "from vargather.testing import get_pool; "
-        "from vargather.testing.misuse import GatherMisuseCase, check_gather_misuse; "
-        f"print([check_gather_misuse(get_pool(c.world_size), c) for c in [{listed}]])"
-    )
+    command = ["python", "-m", "vargather", "repro", *map(repr, cases)]
     lines = [f"{len(cases)} misuse(s) on a gloo world of {cases[0].world_size} rank(s):"]
     lines += [f"  {c!r}: {misuse_by_name(c.name).summary}" for c in cases]
-    lines.append(f"reproduce: python -c {shlex.quote(code)}")
+    lines.append(f"reproduce: {' '.join(map(shell_quote, command))}")
     return "\n".join(lines)
 
 

@@ -1,24 +1,252 @@
-"""``all_to_all_v``'s catalogue: the family's rows (``vargather.testing.family_catalogue``) for it.
+"""``all_to_all_v``'s catalogue: its case, strategies and call; the rows are the family's.
 
-Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), beneath
-the engine, which runs its rows as it runs any collective's.
+Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), above the
+family's engine (``family``) and its generic rows (``family_catalogue``); beneath the
+engine, which runs its rows as any collective's.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
-from ..family_catalogue import FamilyCatalogue
+from hypothesis import strategies as st
 
-__all__ = ["CATALOGUE"]
+from ..cases import DTYPE_NAMES, Implementation
+from ..family import SplitCase, draw_dims, draw_group
+from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
 
-CATALOGUE: Final = FamilyCatalogue("all_to_all_v")
+__all__ = [
+    "CATALOGUE",
+    "AllToAllCase",
+    "a2a_shapes",
+    "all_to_all_cases",
+    "changing_sizes_sequences",
+    "joined_along",
+    "recv_of",
+]
+
+
+@dataclass(frozen=True)
+class AllToAllCase(SplitCase):
+    """``all_to_all_v(x_j, send[j], dim, cat_dim=cat_dim)`` on group rank ``j``.
+
+    ``cat``: with ``cat_dim`` another dim than ``dim``, each rank's size along it (its
+    entry of ``other`` there is unused), and ``send``'s columns constant (every rank
+    sends rank ``r`` as many rows along ``dim``)."""
+
+    collective = "all_to_all_v"
+    NAMES = (
+        "x",
+        "send_sizes",
+        "recv_sizes",
+        "dim",
+        "cat_dim",
+        "group",
+        "out",
+    )
+
+    world_size: int
+    send: tuple[tuple[int, ...], ...]
+    other: tuple[int, ...]
+    dim: int
+    dtype: str = "float32"
+    requires_grad: bool = True
+    special: bool = False
+    seed: int = 0
+    group: tuple[int, ...] | None = None
+    pass_recv: bool = False
+    validate: bool = True
+    impl: str = "vargather"
+    call: str | None = None
+    emulate: str | None = None
+    cat_dim: int | None = None
+    cat: tuple[int, ...] | None = None
+    memory: str = "contiguous"
+    initialized: bool = True
+    compile_backend: str | None = None
+
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        return a2a_shapes(self)[0]
+
+    def output_shapes(self) -> list[Any]:
+        return list(a2a_shapes(self)[1])
+
+    def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        recv = recv_of(self, r) if self.pass_recv else None
+        joined = {} if self.cat_dim is None else {"cat_dim": self.cat_dim}
+        return (list(self.send[r]), self.dim), {"recv_sizes": recv, **joined}
+
+    def template_values(self, r: int) -> dict[str, object]:
+        recv = recv_of(self, r) if self.pass_recv else None
+        send = list(self.send[r])
+        return {"send_sizes": send, "recv_sizes": recv, "dim": self.dim, "cat_dim": self.cat_dim}
+
+    def oracle_args(self) -> dict[str, Any]:
+        return {"send_sizes": self.send, "dim": self.dim, "cat_dim": self.cat_dim}
+
+    def emptied(self) -> AllToAllCase:
+        """Nothing sent by one rank (joined along another dim: nothing along
+        ``cat_dim``, so every block it sends is empty)."""
+        k = self.seed % len(self.send)
+        if joined_along(self) is not None:
+            assert self.cat is not None  # joined_along checked it
+            return replace(self, cat=(*self.cat[:k], 0, *self.cat[k + 1 :]))
+        send = list(self.send)
+        send[k] = tuple(0 for _ in send)
+        return replace(self, send=tuple(send))
+
+    def with_dim(self, dim: int, **more: Any) -> Any:
+        """Along ``dim``, joined along it too (another dim's ``cat`` is void)."""
+        return super().with_dim(dim, cat_dim=None, cat=None, **more)
+
+    def compilable(self) -> AllToAllCase:
+        return replace(self, special=False, pass_recv=True)
+
+    def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> AllToAllCase:
+        case = self
+        if not passes("cat_dim"):
+            case = replace(case, cat_dim=None, cat=None)
+        if not passes("recv_sizes") or target.sizes_scope == "never":
+            return replace(case, pass_recv=False)
+        if target.sizes_scope in ("required", "list"):  # the receive sizes always passed
+            return replace(case, pass_recv=True)
+        return case
+
+
+def joined_along(case: AllToAllCase) -> int | None:
+    """``case.cat_dim`` normalized when it joins along another dim than ``case.dim``."""
+    if case.cat_dim is None or case.cat is None:
+        return None
+    n = len(case.other) + 1
+    c = case.cat_dim % n
+    return None if c == case.dim % n else c
+
+
+def a2a_shapes(case: AllToAllCase) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Every group rank's input shape and output shape."""
+    w = len(case.send)
+    c = joined_along(case)
+    ins = [list(shape_with(case.other, case.dim, sum(case.send[j]))) for j in range(w)]
+    outs = [list(shape_with(case.other, case.dim, sum(s[r] for s in case.send))) for r in range(w)]
+    if c is not None:
+        assert case.cat is not None  # joined_along checked it
+        for j in range(w):
+            ins[j][c] = case.cat[j]
+            outs[j][case.dim % len(outs[j])] = case.send[j][j]
+            outs[j][c] = sum(case.cat)
+    return [tuple(s) for s in ins], [tuple(s) for s in outs]
+
+
+def recv_of(case: AllToAllCase, r: int) -> list[int]:
+    """Group rank ``r``'s true receive sizes (along ``cat_dim``)."""
+    if joined_along(case) is not None:
+        assert case.cat is not None  # joined_along checked it
+        return list(case.cat)
+    return [s[r] for s in case.send]
+
+
+@st.composite
+def all_to_all_cases(
+    draw: Any,
+    world_sizes: tuple[int, ...] = (2, 3),
+    dtypes: tuple[str, ...] = DTYPE_NAMES,
+    subgroups: bool = True,
+    most: int = 4,
+    joined: bool = True,
+) -> AllToAllCase:
+    """``AllToAllCase``s: send matrices with zeros, negative dims, dtypes, subgroups;
+    with ``joined``, a ``cat_dim`` now and then: another dim (uneven sizes along both:
+    a constant-column send matrix and each rank's own size along ``cat_dim``, the
+    sequence-parallel switch), or ``dim`` itself passed."""
+    world = draw(st.sampled_from(list(world_sizes)))
+    group = draw_group(draw, world, subgroups)
+    w = len(group) if group is not None else world
+    other = draw_dims(draw, most)
+    n = len(other) + 1
+    dim = draw(st.integers(-n, n - 1))
+    row = st.lists(st.integers(0, most), min_size=w, max_size=w).map(tuple)
+    send = tuple(draw(st.lists(row, min_size=w, max_size=w)))
+    cat_dim: int | None = None
+    cat: tuple[int, ...] | None = None
+    if joined and draw(st.booleans()):
+        cat_dim = draw(st.integers(-n, n - 1))
+        if cat_dim % n != dim % n:
+            column = draw(row)
+            send = tuple(column for _ in range(w))
+            cat = draw(row)
+    return AllToAllCase(
+        world_size=world,
+        send=send,
+        other=other,
+        dim=dim,
+        cat_dim=cat_dim,
+        cat=cat,
+        dtype=draw(st.sampled_from(list(dtypes))),
+        requires_grad=draw(st.booleans()),
+        special=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+        group=group,
+        pass_recv=draw(st.booleans()),
+        validate=draw(st.booleans()),
+    )
+
+
+@st.composite
+def changing_sizes_sequences(
+    draw: Any, world_size: int = 3, max_calls: int = 8, most: int = 4
+) -> list[AllToAllCase]:
+    """``all_to_all_v`` calls on one world whose send sizes change from call to call
+    while the rest stays (dtype, the other dimensions, ``dim``, the gradient): each
+    call, each rank keeps its sizes, moves a row from one block to another, or draws
+    new ones (its length changes); validated, receive sizes unknown, usually cut along
+    the first dimension. What MoE dispatch does every layer, and the calls that
+    ``all_to_all_v`` answers by its learned round with new sizes (the full path where
+    a block outgrows its slot)."""
+    base = draw(
+        all_to_all_cases(world_sizes=(world_size,), subgroups=False, most=most, joined=False)
+    )
+    dim = 0 if draw(st.booleans()) else base.dim
+    base = replace(base, dim=dim, pass_recv=False, validate=True)
+    w = world_size
+    send = [list(row) for row in base.send]
+    cases = [base]
+    for _ in range(draw(st.integers(1, max_calls - 1))):
+        for r in range(w):
+            how = draw(st.sampled_from(("same", "move", "new")))
+            if how == "move" and sum(send[r]):
+                src = draw(st.sampled_from([k for k in range(w) if send[r][k]]))
+                dst = draw(st.integers(0, w - 1))
+                send[r][src] -= 1
+                send[r][dst] += 1
+            elif how == "new":
+                send[r] = draw(st.lists(st.integers(0, most), min_size=w, max_size=w))
+        sizes = tuple(tuple(row) for row in send)
+        cases.append(replace(base, send=sizes, seed=draw(st.integers(0, 2**16))))
+    return cases
+
+
+@st.composite
+def _large(draw: Any, world: int) -> AllToAllCase:
+    row = st.lists(st.integers(0, LARGE_ROWS // world), min_size=world, max_size=world).map(tuple)
+    send = tuple(draw(st.lists(row, min_size=world, max_size=world)))
+    grad, seed = draw(st.booleans()), draw(st.integers(0, 2**16))
+    return AllToAllCase(world, send, (LARGE_ROW,), 0, requires_grad=grad, seed=seed)
+
+
+CATALOGUE: Final = FamilyCatalogue(
+    AllToAllCase,
+    cases=all_to_all_cases,
+    large=_large,
+    signature="(x, send_sizes, dim, *, recv_sizes, group, validate, timeout, cat_dim)",
+    sizes_name="recv_sizes",
+)
 
 
 # --- misuse ---
 # all_to_all_v(x, send_sizes, dim, recv_sizes=, cat_dim=): one send vector per rank, the
 # receive sizes its transpose; every dimension but dim agrees.
-from typing import Any  # noqa: E402  # the misuse tail's, below the catalogue above
 
 import vargather  # noqa: E402
 
