@@ -160,7 +160,7 @@ def test_misuse_cases_rerun_through_repro(capsys: pytest.CaptureFixture[str]) ->
     from vargather.testing.misuse import GatherMisuseCase, MisuseCase, misuse_by_name
 
     row = _family_row("all_gather_list", "misuse")
-    argv = _argv(row.describe([MisuseCase("all_gather_list", "dtype", 2, 1)], 0))
+    argv = _argv(row.describe([MisuseCase("all_gather_list", "list-dtype-differs", 2, 1)], 0))
     assert repro.main(argv) == 0, capsys.readouterr().out
     gather = GatherMisuseCase(misuse_by_name("ndim-differs").name, 2, 1)
     assert repro.main([repr(gather)]) == 0, capsys.readouterr().out
