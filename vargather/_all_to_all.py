@@ -710,3 +710,140 @@ def all_to_all_eager(
         out = AllToAllVFunction.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
     assert isinstance(out, torch.Tensor)
     return AllToAllResult(out, plan.recv, plan.send.sizes)
+
+
+# --- compiled: all_to_all_v's operators and route (``_compiled``) --------------------------
+
+from ._compiled import OpSpec, Route, define_ops, fresh, op_args, plain_sizes, rank_of  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
+from ._mesh import named_group  # noqa: E402  # as above
+
+
+def _all_to_all_op(
+    x: torch.Tensor,
+    dim: int,
+    send: Sequence[int],
+    recv: Sequence[int],
+    group_name: str,
+    validate: bool,
+    timeout: float | None,
+    requires_grad: bool,
+    cat_dim: int | None = None,
+) -> torch.Tensor:
+    info = named_group(group_name)
+    plan = plan_all_to_all(
+        x, list(send), list(recv), dim, info, validate=validate, timeout=timeout,
+        requires_grad=requires_grad, cat_dim=cat_dim,
+    )  # fmt: skip
+    with torch.no_grad():
+        out = plan.result
+        return fresh(exchange_blocks(x, plan.send, plan.recv, plan.info) if out is None else out, x)
+
+
+def _cat_of(t: torch.Tensor, dim: int, cat_dim: int | None) -> int | None:
+    """``cat_dim`` normalized when it is another dim than ``dim``, else ``None``."""
+    if cat_dim is None or cat_dim % t.dim() == dim % t.dim():
+        return None
+    return cat_dim % t.dim()
+
+
+def _reshaped(t: torch.Tensor, dim: int, c: int | None, along: int, along_c: int) -> list[int]:
+    """``t``'s shape with ``along`` along ``dim`` and ``along_c`` along ``c`` (if any)."""
+    shape = list(t.shape)
+    shape[dim % t.dim()] = along
+    if c is not None:
+        shape[c] = along_c
+    return shape
+
+
+def _all_to_all_fake(
+    x: torch.Tensor, dim: int, send: Sequence[int], recv: Sequence[int], name: str, *rest: Any
+) -> torch.Tensor:
+    c = _cat_of(x, dim, rest[3] if len(rest) > 3 else None)
+    along = sum(recv) if c is None else send[rank_of(name)]  # with c: every block's own
+    return x.new_empty(_reshaped(x, dim, c, along, sum(recv)))
+
+
+def _reverse_exchange(
+    g: torch.Tensor,
+    dim: int,
+    send: Sequence[int],
+    recv: Sequence[int],
+    group_name: str,
+    timeout: float | None,
+    cat_dim: int | None = None,
+) -> torch.Tensor:
+    """The backward: ``g`` (the forward's receive sizes along ``cat_dim``) sent back."""
+    info = named_group(group_name, timeout)
+    d, c = dim % g.dim(), _cat_of(g, dim, cat_dim)
+    back = _reshaped(g, d, c, sum(send), recv[info.rank])  # x's shape
+    recv_layout = split_layout(tuple(g.shape), d if c is None else c, tuple(recv), g.dtype, info)
+    send_layout = split_layout(tuple(back), d, tuple(send), g.dtype, info)
+    with torch.no_grad():
+        return fresh(exchange_blocks(g, recv_layout, send_layout, info), g)
+
+
+def _reverse_exchange_fake(
+    g: torch.Tensor, dim: int, send: Sequence[int], recv: Sequence[int], name: str, *rest: Any
+) -> torch.Tensor:
+    c = _cat_of(g, dim, rest[1] if len(rest) > 1 else None)
+    return g.new_empty(_reshaped(g, dim, c, sum(send), 0 if c is None else recv[rank_of(name)]))
+
+
+def _saved(inputs: tuple[Any, ...], output: torch.Tensor) -> tuple[Any, ...]:
+    """What ``all_to_all_v_backward`` takes after the gradient."""
+    x, dim, send, recv, group_name, _validate, timeout, _rg, *cat = inputs
+    c = _cat_of(x, dim, cat[0] if cat else None)
+    return (dim % x.dim(), list(send), list(recv), group_name, timeout, c)
+
+
+_SIZES = "SymInt dim, SymInt[] send_sizes, SymInt[] recv_sizes, str group_name"
+define_ops(
+    OpSpec(
+        "all_to_all_v",
+        f"(Tensor x, {_SIZES}, bool validate, float? timeout, bool requires_grad, "
+        "SymInt? cat_dim=None) -> Tensor",
+        _all_to_all_op,
+        _all_to_all_fake,
+        "all_to_all_v_backward",
+        _saved,
+    ),
+    OpSpec(
+        "all_to_all_v_backward",
+        f"(Tensor grad_output, {_SIZES}, float? timeout, SymInt? cat_dim=None) -> Tensor",
+        _reverse_exchange,
+        _reverse_exchange_fake,
+    ),
+)
+
+
+def _traced(
+    x: object,
+    send_sizes: object,
+    recv_sizes: object,
+    dim: object,
+    group: object,
+    mesh_dim: object,
+    validate: object,
+    timeout: object,
+    cat_dim: object = None,
+) -> AllToAllResult | None:
+    """The operator (the receive layout built from the sizes, ints here), or ``None``."""
+    a = op_args(x, dim, group, mesh_dim, validate, timeout)
+    send = None if a is None else plain_sizes(send_sizes, a.world_size)
+    recv = None if a is None else plain_sizes(recv_sizes, a.world_size)
+    if a is None or send is None or recv is None:
+        return None
+    if cat_dim is not None and op_args(x, cat_dim, group, mesh_dim, validate, timeout) is None:
+        return None
+    out: torch.Tensor = torch.ops.vargather.all_to_all_v(
+        a.x, a.dim, send, recv, a.group_name, a.validate, a.seconds, a.requires_grad, cat_dim
+    )
+    along = a.dim if cat_dim is None else cat_dim
+    assert isinstance(along, int)  # an int in range, by op_args
+    info = call_group(group, mesh_dim)
+    layout = split_layout(tuple(out.shape), along, tuple(recv), a.x.dtype, info)
+    return AllToAllResult(out, layout, tuple(send))
+
+
+# Called as (x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim).
+ALL_TO_ALL_V: Route[AllToAllResult] = Route("all_to_all_v", all_to_all_eager, _traced)

@@ -19,19 +19,19 @@ from typing import TypeAlias
 
 import torch
 
-from ._all_to_all import AllToAllResult, all_to_all_eager
+from ._all_to_all import ALL_TO_ALL_V, AllToAllResult
 from ._choices import GradContract, TransportName
-from ._compiled import compiled_gather
-from ._compiled_family import (
-    compiled_all_gather_list,
-    compiled_all_to_all,
-    compiled_reduce_scatter,
+from ._gather import (
+    ALL_GATHER_V,
+    ALL_GATHER_V_WITH_LAYOUT,
+    GatherResult,
+    gather_coalesced,
+    plan_gather,
 )
-from ._gather import GatherResult, gather_coalesced, gather_with_layout, plan_gather
-from ._gather_list import gather_list_eager
+from ._gather_list import ALL_GATHER_LIST
 from ._layout import Layout
 from ._mesh import GroupLike, MeshDim
-from ._reduce_scatter import reduce_scatter_eager
+from ._reduce_scatter import REDUCE_SCATTER_V
 
 __all__ = [
     "AllToAllResult",
@@ -133,31 +133,8 @@ def all_gather_v_with_layout(
             group's timeout), naming it when the arrival census can.
         PeerLostError: a peer died mid-call, naming it when it can.
     """
-    if torch.compiler.is_compiling():  # a custom operator dynamo can trace (``_compiled``)
-        out, layout = compiled_gather(
-            x,
-            dim,
-            sizes=sizes,
-            group=group,
-            mesh_dim=mesh_dim,
-            grad=grad,
-            transport=transport,
-            validate=validate,
-            timeout=timeout,
-            with_layout=True,
-        )
-        assert layout is not None  # with_layout=True
-        return GatherResult(out, layout)
-    return gather_with_layout(
-        x,
-        dim,
-        sizes=sizes,
-        group=group,
-        grad=grad,
-        transport=transport,
-        validate=validate,
-        timeout=timeout,
-        mesh_dim=mesh_dim,
+    return ALL_GATHER_V_WITH_LAYOUT(
+        x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim
     )
 
 
@@ -228,30 +205,7 @@ def all_gather_v(
             group's timeout), naming it when the arrival census can.
         PeerLostError: a peer died mid-call, naming it when it can.
     """
-    if torch.compiler.is_compiling():  # a custom operator dynamo can trace (``_compiled``)
-        return compiled_gather(
-            x,
-            dim,
-            sizes=sizes,
-            group=group,
-            mesh_dim=mesh_dim,
-            grad=grad,
-            transport=transport,
-            validate=validate,
-            timeout=timeout,
-            with_layout=False,
-        )[0]
-    return gather_with_layout(
-        x,
-        dim,
-        sizes=sizes,
-        group=group,
-        grad=grad,
-        transport=transport,
-        validate=validate,
-        timeout=timeout,
-        mesh_dim=mesh_dim,
-    ).tensor
+    return ALL_GATHER_V(x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim)
 
 
 # --- several tensors at once -------------------------------------------------------------
@@ -362,9 +316,7 @@ def reduce_scatter_v(
             group's timeout), naming it when the arrival census can.
         PeerLostError: a peer died mid-call, naming it when it can.
     """
-    if torch.compiler.is_compiling():
-        return compiled_reduce_scatter(x, sizes, dim, group, mesh_dim, validate, timeout)
-    return reduce_scatter_eager(x, sizes, dim, group, mesh_dim, validate, timeout)
+    return REDUCE_SCATTER_V(x, sizes, dim, group, mesh_dim, validate, timeout)
 
 
 def all_to_all_v_with_layout(
@@ -402,13 +354,7 @@ def all_to_all_v_with_layout(
             group's timeout), naming it when the arrival census can.
         PeerLostError: a peer died mid-call, naming it when it can.
     """
-    if torch.compiler.is_compiling():
-        return compiled_all_to_all(
-            x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim
-        )
-    return all_to_all_eager(
-        x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim
-    )
+    return ALL_TO_ALL_V(x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim)
 
 
 def all_to_all_v(
@@ -531,6 +477,4 @@ def all_gather_list(
             group's timeout), naming it when the arrival census can.
         PeerLostError: a peer died mid-call, naming it when it can.
     """
-    if torch.compiler.is_compiling():
-        return compiled_all_gather_list(x, shapes, group, mesh_dim, grad, validate, timeout)
-    return gather_list_eager(x, shapes, group, mesh_dim, grad, validate, timeout)
+    return ALL_GATHER_LIST(x, shapes, group, mesh_dim, grad, validate, timeout)

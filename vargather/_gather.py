@@ -324,3 +324,333 @@ def gather_coalesced(
     # Function.apply is untyped in torch's stubs (it forwards *args to forward).
     result = CoalescedFunction.apply(plan, *xs)  # type: ignore[no-untyped-call]
     return list(result)
+
+
+# --- compiled: all_gather_v's operators and routes (``_compiled``) -----------------------
+#
+# With ``sizes`` as ints: ``vargather::all_gather_v`` (the eager pipeline; its fake's
+# length is ``sum(sizes)``), whose backward ``all_gather_v_backward`` is the contract's
+# eager backward (one reduce-scatter for ``sum`` and ``mean``, this rank's slice for
+# ``local``). With ``sizes=None`` where dynamo allows data-dependent shapes
+# (``fullgraph=True``) and no ``Layout`` asked for: ``exchange_sizes`` (the validated
+# exchange: every rank's size as an int64 tensor), then ``all_gather_v_sized_by``, whose
+# length is a fresh unbacked symbolic int. (One operator with both outputs loses the
+# unbacked binding of an effectful operator in torch 2.13's inductor: ``AssertionError:
+# u3 not in dict_keys([u4])``.) Anything else: the eager call behind one graph break.
+
+from ._compiled import (  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
+    OpArgs,
+    OpSpec,
+    Route,
+    define_ops,
+    fresh,
+    op_args,
+    plain_sizes,
+    unbacked_sizes_allowed_here,
+)
+from ._mesh import group_named, named_group  # noqa: E402  # as above
+from ._reduced import canonical_nans_, mean_  # noqa: E402  # as above
+
+
+def _probe(x: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """``x`` as the exchange sees it: needing a gradient as the caller's ``x`` did
+    (autograd is below an operator; the exchange compares it across ranks)."""
+    return x.detach().requires_grad_(requires_grad)
+
+
+def _gather_eagerly(
+    x: torch.Tensor,
+    dim: int,
+    sizes: list[int],
+    group_name: str,
+    grad: str,
+    transport: str,
+    validate: bool,
+    timeout: float | None,
+    requires_grad: bool,
+) -> tuple[torch.Tensor, Layout]:
+    """The eager gather inside an operator: ``plan_gather``, then the payload unless it
+    rode along; a fresh, contiguous output."""
+    group = group_named(group_name)
+    with torch.enable_grad() if requires_grad else torch.no_grad():
+        probe = _probe(x, requires_grad)
+        layout, info, fused = plan_gather(
+            probe, dim, sizes, group, grad, transport, validate, timeout
+        )
+    with torch.no_grad():
+        if not info.communicates:
+            return x.clone(memory_format=torch.contiguous_format), layout
+        if layout.total == 0:
+            return x.new_empty(layout.output_shape), layout
+        if fused is None:
+            fused = choose_transport(transport, layout, info).gather(x, layout, info)
+        return fresh(fused, x), layout
+
+
+def _all_gather_v_fake(x: torch.Tensor, dim: int, sizes: Sequence[int], *_: Any) -> torch.Tensor:
+    shape = list(x.shape)
+    shape[dim % x.dim()] = sum(sizes)
+    return x.new_empty(shape)
+
+
+def _backward_eagerly(
+    grad_output: torch.Tensor,
+    dim: int,
+    sizes: Sequence[int],
+    group_name: str,
+    grad: str,
+    transport: str,
+    timeout: float | None,
+) -> torch.Tensor:
+    """``GatherVFunction.backward`` for a forward that a forward operator validated."""
+    info = named_group(group_name, timeout)
+    if not info.communicates:  # the eager gather is the identity here
+        return grad_output.clone(memory_format=torch.contiguous_format)
+    d = dim % grad_output.dim()
+    shape = tuple(grad_output.shape)
+    layout = Layout(
+        tuple(int(n) for n in sizes),
+        d,
+        shape[:d],
+        shape[d + 1 :],
+        grad_output.dtype,
+        info.rank,
+        len(sizes),
+    )
+    with torch.no_grad():
+        if layout.total == 0:
+            return grad_output.new_zeros(layout.shard_shape(layout.rank))
+        if grad == "local":
+            own = grad_output.narrow(d, layout.local_offset, layout.local_size)
+            return own.clone(memory_format=torch.contiguous_format)
+        chosen = choose_transport(transport, layout, info)
+        out = chosen.reduce_scatter_sum(grad_output, layout, info)
+        if grad == "mean":
+            return mean_(out, layout.world_size).contiguous()  # as GatherVFunction's backward
+        return canonical_nans_(out).contiguous()
+
+
+def _all_gather_v_backward_fake(
+    grad_output: torch.Tensor, dim: int, sizes: Sequence[int], group_name: str, *_: Any
+) -> torch.Tensor:
+    shape = list(grad_output.shape)
+    group = group_named(group_name)
+    if group is not None and torch.distributed.get_world_size(group) > 1:
+        shape[dim % grad_output.dim()] = sizes[torch.distributed.get_rank(group)]
+    return grad_output.new_empty(shape)
+
+
+def _exchange_sizes(
+    x: torch.Tensor,
+    dim: int,
+    group_name: str,
+    grad: str,
+    transport: str,
+    validate: bool,
+    timeout: float | None,
+    requires_grad: bool,
+) -> torch.Tensor:
+    """The metadata exchange and its validation (``plan_gather``): every rank's size."""
+    group = group_named(group_name)
+    with torch.enable_grad() if requires_grad else torch.no_grad():
+        probe = _probe(x, requires_grad)
+        layout, _, _ = plan_gather(
+            probe, dim, None, group, grad, transport, validate, timeout, layout_only=True
+        )
+    return torch.tensor(layout.sizes, dtype=torch.int64)
+
+
+def _exchange_sizes_fake(x: torch.Tensor, dim: int, group_name: str, *_: Any) -> torch.Tensor:
+    group = group_named(group_name)
+    n = 1 if group is None else torch.distributed.get_world_size(group)
+    return torch.empty(n, dtype=torch.int64)
+
+
+def _all_gather_v_sized_by_fake(
+    x: torch.Tensor, sizes: torch.Tensor, dim: int, *_: Any
+) -> torch.Tensor:
+    shape: list[int | torch.SymInt] = list(x.shape)
+    if sizes.numel() > 1:  # one rank: the identity, of x's own length
+        shape[dim % x.dim()] = torch.library.get_ctx().new_dynamic_size(min=0)
+    return x.new_empty(shape)
+
+
+def _all_gather_v_sized_by_backward_fake(
+    grad_output: torch.Tensor, sizes: torch.Tensor, dim: int, local_size: int, *_: Any
+) -> torch.Tensor:
+    shape = list(grad_output.shape)
+    shape[dim % grad_output.dim()] = local_size
+    return grad_output.new_empty(shape)
+
+
+def _gather_op(x: torch.Tensor, dim: int, sizes: Sequence[int], *args: Any) -> torch.Tensor:
+    return _gather_eagerly(x, dim, list(sizes), *args)[0]
+
+
+def _sized_by_op(
+    x: torch.Tensor,
+    sizes: torch.Tensor,
+    dim: int,
+    group_name: str,
+    grad: str,
+    transport: str,
+    timeout: float | None,
+) -> torch.Tensor:
+    """The payload's transport with the sizes ``exchange_sizes`` validated."""
+    found = sizes.tolist()
+    return _gather_eagerly(x, dim, found, group_name, grad, transport, False, timeout, False)[0]
+
+
+def _sized_by_backward_op(
+    grad_output: torch.Tensor, sizes: torch.Tensor, dim: int, local_size: int, *args: Any
+) -> torch.Tensor:
+    return _backward_eagerly(grad_output, dim, sizes.tolist(), *args)
+
+
+def _saved(inputs: tuple[Any, ...], output: torch.Tensor) -> tuple[Any, ...]:
+    """What ``all_gather_v_backward`` takes after the gradient."""
+    x, dim, sizes, group_name, grad, transport, _validate, timeout, _ = inputs
+    return (dim % x.dim(), list(sizes), group_name, grad, transport, timeout)
+
+
+def _sized_by_saved(inputs: tuple[Any, ...], output: torch.Tensor) -> tuple[Any, ...]:
+    """What ``all_gather_v_sized_by_backward`` takes after the gradient."""
+    x, sizes, dim, *rest = inputs
+    d = dim % x.dim()
+    return (sizes, d, x.shape[d], *rest)
+
+
+_NAMED = "str group_name, str grad, str transport"
+_CHECKED = "bool validate, float? timeout, bool requires_grad"
+define_ops(
+    OpSpec(
+        "all_gather_v",
+        f"(Tensor x, SymInt dim, SymInt[] sizes, {_NAMED}, {_CHECKED}) -> Tensor",
+        _gather_op,
+        _all_gather_v_fake,
+        "all_gather_v_backward",
+        _saved,
+    ),
+    OpSpec(
+        "all_gather_v_backward",
+        f"(Tensor grad_output, SymInt dim, SymInt[] sizes, {_NAMED}, float? timeout) -> Tensor",
+        _backward_eagerly,
+        _all_gather_v_backward_fake,
+    ),
+    OpSpec(
+        "exchange_sizes",
+        f"(Tensor x, SymInt dim, {_NAMED}, {_CHECKED}) -> Tensor",
+        _exchange_sizes,
+        _exchange_sizes_fake,
+    ),
+    OpSpec(
+        "all_gather_v_sized_by",
+        f"(Tensor x, Tensor sizes, SymInt dim, {_NAMED}, float? timeout) -> Tensor",
+        _sized_by_op,
+        _all_gather_v_sized_by_fake,
+        "all_gather_v_sized_by_backward",
+        _sized_by_saved,
+    ),
+    OpSpec(
+        "all_gather_v_sized_by_backward",
+        f"(Tensor grad_output, Tensor sizes, SymInt dim, SymInt local_size, {_NAMED}, "
+        "float? timeout) -> Tensor",
+        _sized_by_backward_op,
+        _all_gather_v_sized_by_backward_fake,
+    ),
+)
+
+
+def _traced_layout(a: OpArgs, sizes: list[int]) -> Layout:
+    """The call's ``Layout``, built while tracing (its sizes symbolic once dynamo has
+    made them dynamic)."""
+    d = a.dim % a.x.dim()
+    shape = tuple(a.x.shape)
+    return Layout(tuple(sizes), d, shape[:d], shape[d + 1 :], a.x.dtype, a.rank, a.world_size)
+
+
+def _traced_gather(
+    x: object,
+    dim: object,
+    sizes: object,
+    group: object,
+    grad: object,
+    transport: object,
+    validate: object,
+    timeout: object,
+    mesh_dim: object,
+) -> GatherResult | None:
+    """``vargather::all_gather_v`` with every size known, or ``None``."""
+    a = op_args(x, dim, group, mesh_dim, validate, timeout, grad, transport)
+    plain = None if a is None else plain_sizes(sizes, a.world_size)
+    if a is None or plain is None:
+        return None
+    out = torch.ops.vargather.all_gather_v(
+        a.x, a.dim, plain, a.group_name, grad, transport, a.validate, a.seconds, a.requires_grad
+    )
+    return GatherResult(out, _traced_layout(a, plain))
+
+
+def _traced_tensor(
+    x: object,
+    dim: object,
+    sizes: object,
+    group: object,
+    grad: object,
+    transport: object,
+    validate: object,
+    timeout: object,
+    mesh_dim: object,
+) -> torch.Tensor | None:
+    """``vargather::all_gather_v`` with every size known; with ``sizes=None`` where the
+    graph may hold an unbacked length, ``exchange_sizes`` then ``all_gather_v_sized_by``;
+    else ``None``."""
+    a = op_args(x, dim, group, mesh_dim, validate, timeout, grad, transport)
+    if a is None:
+        return None
+    plain = plain_sizes(sizes, a.world_size)
+    args = (a.group_name, grad, transport, a.validate, a.seconds, a.requires_grad)
+    out: torch.Tensor
+    if plain is not None:
+        out = torch.ops.vargather.all_gather_v(a.x, a.dim, plain, *args)
+    elif sizes is None and unbacked_sizes_allowed_here():
+        found = torch.ops.vargather.exchange_sizes(a.x, a.dim, *args)
+        out = torch.ops.vargather.all_gather_v_sized_by(a.x, found, a.dim, *args[:3], a.seconds)
+    else:
+        return None
+    return out
+
+
+def _eager_gather(
+    x: object,
+    dim: object,
+    sizes: object,
+    group: object,
+    grad: object,
+    transport: object,
+    validate: object,
+    timeout: object,
+    mesh_dim: object,
+) -> GatherResult:
+    return gather_with_layout(
+        x,
+        dim,
+        sizes=sizes,
+        group=group,
+        grad=grad,
+        transport=transport,
+        validate=validate,
+        timeout=timeout,
+        mesh_dim=mesh_dim,
+    )
+
+
+def _eager_tensor(*args: object) -> torch.Tensor:
+    return _eager_gather(*args).tensor
+
+
+# Called as (x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim).
+ALL_GATHER_V: Route[torch.Tensor] = Route("all_gather_v", _eager_tensor, _traced_tensor)
+ALL_GATHER_V_WITH_LAYOUT: Route[GatherResult] = Route(
+    "all_gather_v_with_layout", _eager_gather, _traced_gather
+)
