@@ -719,20 +719,12 @@ from ._mesh import named_group  # noqa: E402  # as above
 
 
 def _all_to_all_op(
-    x: torch.Tensor,
-    dim: int,
-    send: Sequence[int],
-    recv: Sequence[int],
-    group_name: str,
-    validate: bool,
-    timeout: float | None,
-    requires_grad: bool,
-    cat_dim: int | None = None,
+    x: torch.Tensor, dim: int, send: Sequence[int], recv: Sequence[int], name: str, *rest: Any
 ) -> torch.Tensor:
-    info = named_group(group_name)
+    validate, timeout, requires_grad, *cat = rest
     plan = plan_all_to_all(
-        x, list(send), list(recv), dim, info, validate=validate, timeout=timeout,
-        requires_grad=requires_grad, cat_dim=cat_dim,
+        x, list(send), list(recv), dim, named_group(name), validate=validate, timeout=timeout,
+        requires_grad=requires_grad, cat_dim=cat[0] if cat else None,
     )  # fmt: skip
     with torch.no_grad():
         out = plan.result
@@ -764,17 +756,11 @@ def _all_to_all_fake(
 
 
 def _reverse_exchange(
-    g: torch.Tensor,
-    dim: int,
-    send: Sequence[int],
-    recv: Sequence[int],
-    group_name: str,
-    timeout: float | None,
-    cat_dim: int | None = None,
+    g: torch.Tensor, dim: int, send: Sequence[int], recv: Sequence[int], name: str, *rest: Any
 ) -> torch.Tensor:
     """The backward: ``g`` (the forward's receive sizes along ``cat_dim``) sent back."""
-    info = named_group(group_name, timeout)
-    d, c = dim % g.dim(), _cat_of(g, dim, cat_dim)
+    info = named_group(name, rest[0])
+    d, c = dim % g.dim(), _cat_of(g, dim, rest[1] if len(rest) > 1 else None)
     back = _reshaped(g, d, c, sum(send), recv[info.rank])  # x's shape
     recv_layout = split_layout(tuple(g.shape), d if c is None else c, tuple(recv), g.dtype, info)
     send_layout = split_layout(tuple(back), d, tuple(send), g.dtype, info)
@@ -817,17 +803,11 @@ define_ops(
 
 
 def _traced(
-    x: object,
-    send_sizes: object,
-    recv_sizes: object,
-    dim: object,
-    group: object,
-    mesh_dim: object,
-    validate: object,
-    timeout: object,
-    cat_dim: object = None,
+    x: object, send_sizes: object, recv_sizes: object, dim: object, *rest: object
 ) -> AllToAllResult | None:
     """The operator (the receive layout built from the sizes, ints here), or ``None``."""
+    group, mesh_dim, validate, timeout, *cat = rest
+    cat_dim = cat[0] if cat else None
     a = op_args(x, dim, group, mesh_dim, validate, timeout)
     send = None if a is None else plain_sizes(send_sizes, a.world_size)
     recv = None if a is None else plain_sizes(recv_sizes, a.world_size)

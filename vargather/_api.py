@@ -13,9 +13,9 @@ below imports this module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TypeAlias
+from typing import TypeAlias, TypeVar
 
 import torch
 
@@ -53,9 +53,32 @@ SplitSizes: TypeAlias = "Sequence[int] | torch.Tensor"
 Timeout: TypeAlias = "float | timedelta | None"
 
 
+_RAISES = """
+    Raises:
+        VarGatherError: bad input on any rank, raised on every rank of the group with
+            the same message, naming the offending rank(s) (also as ``.ranks``), before
+            any payload moves; the group stays usable. The subclass says what:
+            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
+            ``SizesMismatchError``, ... (the misuse catalogue lists each).
+        GroupError: on this rank only, when ``group`` is unusable here.
+        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
+            group's timeout), naming it when the arrival census can.
+        PeerLostError: a peer died mid-call, naming it when it can.
+    """
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def _raises(face: F) -> F:
+    """``face`` with the ``Raises`` section every face but two shares, at its docstring's end."""
+    if face.__doc__ is not None:  # None under python -OO
+        face.__doc__ = f"{face.__doc__.rstrip()}\n{_RAISES}"
+    return face
+
+
 # --- all_gather_v and its forms ------------------------------------------------------------
 
 
+@_raises
 def gather_layout(
     x: torch.Tensor,
     dim: int = 0,
@@ -79,17 +102,6 @@ def gather_layout(
 
     Gradient:
         None: it returns no tensor.
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
     layout, _, _ = plan_gather(
         x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim, layout_only=True
@@ -97,6 +109,7 @@ def gather_layout(
     return layout
 
 
+@_raises
 def all_gather_v_with_layout(
     x: torch.Tensor,
     dim: int = 0,
@@ -121,23 +134,13 @@ def all_gather_v_with_layout(
 
     Gradient:
         As ``all_gather_v``, under ``grad`` (the layout carries none).
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
     return ALL_GATHER_V_WITH_LAYOUT(
         x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim
     )
 
 
+@_raises
 def all_gather_v(
     x: torch.Tensor,
     dim: int = 0,
@@ -193,17 +196,6 @@ def all_gather_v(
         computes its own loss), ``"mean"`` that sum divided by ``W``, ``"local"``
         ``g_r[o_r : o_r + n_r]`` (no communication; exact only when every rank computes
         the identical loss).
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
     return ALL_GATHER_V(x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim)
 
@@ -319,6 +311,7 @@ def reduce_scatter_v(
     return REDUCE_SCATTER_V(x, sizes, dim, group, mesh_dim, validate, timeout)
 
 
+@_raises
 def all_to_all_v_with_layout(
     x: torch.Tensor,
     send_sizes: SplitSizes,
@@ -342,21 +335,11 @@ def all_to_all_v_with_layout(
 
     Gradient:
         As ``all_to_all_v``: the reverse exchange.
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
     return ALL_TO_ALL_V(x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim)
 
 
+@_raises
 def all_to_all_v(
     x: torch.Tensor,
     send_sizes: SplitSizes,
@@ -405,17 +388,6 @@ def all_to_all_v(
     Gradient:
         The reverse exchange: the upstream gradient sent back with the sizes
         transposed (pure data movement, exact).
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
     return all_to_all_v_with_layout(
         x,
@@ -430,6 +402,7 @@ def all_to_all_v(
     ).tensor
 
 
+@_raises
 def all_gather_list(
     x: torch.Tensor,
     *,
@@ -465,16 +438,5 @@ def all_gather_list(
         With ``g_{j,r}`` rank ``j``'s upstream gradient for output ``r``: ``"sum"``
         gives ``dx_r = g_{0,r} + ... + g_{W-1,r}`` (rank order), ``"local"``
         ``g_{r,r}`` (no communication), ``"mean"`` the sum divided by ``W``.
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
     return ALL_GATHER_LIST(x, shapes, group, mesh_dim, grad, validate, timeout)

@@ -339,23 +339,17 @@ def gather_coalesced(
 # u3 not in dict_keys([u4])``.) Anything else: the eager call behind one graph break.
 
 from ._compiled import (  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
-    OpArgs,
     OpSpec,
     Route,
     define_ops,
     fresh,
     op_args,
     plain_sizes,
+    rank_of,
     unbacked_sizes_allowed_here,
 )
 from ._mesh import group_named, named_group  # noqa: E402  # as above
 from ._reduced import canonical_nans_, mean_  # noqa: E402  # as above
-
-
-def _probe(x: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-    """``x`` as the exchange sees it: needing a gradient as the caller's ``x`` did
-    (autograd is below an operator; the exchange compares it across ranks)."""
-    return x.detach().requires_grad_(requires_grad)
 
 
 def _gather_eagerly(
@@ -369,11 +363,12 @@ def _gather_eagerly(
     timeout: float | None,
     requires_grad: bool,
 ) -> tuple[torch.Tensor, Layout]:
-    """The eager gather inside an operator: ``plan_gather``, then the payload unless it
-    rode along; a fresh, contiguous output."""
-    group = group_named(group_name)
+    """The eager gather inside an operator: ``plan_gather`` (``requires_grad``: whether
+    the caller's ``x`` needed a gradient, compared across ranks; autograd is below us
+    here), then the payload unless it rode along; a fresh, contiguous output."""
     with torch.enable_grad() if requires_grad else torch.no_grad():
-        probe = _probe(x, requires_grad)
+        probe = x.detach().requires_grad_(requires_grad)
+        group = group_named(group_name)
         layout, info, fused = plan_gather(
             probe, dim, sizes, group, grad, transport, validate, timeout
         )
@@ -385,6 +380,14 @@ def _gather_eagerly(
         if fused is None:
             fused = choose_transport(transport, layout, info).gather(x, layout, info)
         return fresh(fused, x), layout
+
+
+def _layout_of(t: torch.Tensor, dim: int, sizes: Sequence[int], rank: int) -> Layout:
+    """The ``Layout`` of a gather of shards shaped as ``t`` off ``dim`` (its sizes
+    symbolic where dynamo made them dynamic)."""
+    d = dim % t.dim()
+    shape = tuple(t.shape)
+    return Layout(tuple(sizes), d, shape[:d], shape[d + 1 :], t.dtype, rank, len(sizes))
 
 
 def _all_gather_v_fake(x: torch.Tensor, dim: int, sizes: Sequence[int], *_: Any) -> torch.Tensor:
@@ -406,22 +409,12 @@ def _backward_eagerly(
     info = named_group(group_name, timeout)
     if not info.communicates:  # the eager gather is the identity here
         return grad_output.clone(memory_format=torch.contiguous_format)
-    d = dim % grad_output.dim()
-    shape = tuple(grad_output.shape)
-    layout = Layout(
-        tuple(int(n) for n in sizes),
-        d,
-        shape[:d],
-        shape[d + 1 :],
-        grad_output.dtype,
-        info.rank,
-        len(sizes),
-    )
+    layout = _layout_of(grad_output, dim, [int(n) for n in sizes], info.rank)
     with torch.no_grad():
         if layout.total == 0:
             return grad_output.new_zeros(layout.shard_shape(layout.rank))
         if grad == "local":
-            own = grad_output.narrow(d, layout.local_offset, layout.local_size)
+            own = grad_output.narrow(layout.dim, layout.local_offset, layout.local_size)
             return own.clone(memory_format=torch.contiguous_format)
         chosen = choose_transport(transport, layout, info)
         out = chosen.reduce_scatter_sum(grad_output, layout, info)
@@ -436,24 +429,18 @@ def _all_gather_v_backward_fake(
     shape = list(grad_output.shape)
     group = group_named(group_name)
     if group is not None and torch.distributed.get_world_size(group) > 1:
-        shape[dim % grad_output.dim()] = sizes[torch.distributed.get_rank(group)]
+        shape[dim % grad_output.dim()] = sizes[rank_of(group_name)]
     return grad_output.new_empty(shape)
 
 
 def _exchange_sizes(
-    x: torch.Tensor,
-    dim: int,
-    group_name: str,
-    grad: str,
-    transport: str,
-    validate: bool,
-    timeout: float | None,
-    requires_grad: bool,
+    x: torch.Tensor, dim: int, group_name: str, grad: str, transport: str, *checked: Any
 ) -> torch.Tensor:
     """The metadata exchange and its validation (``plan_gather``): every rank's size."""
-    group = group_named(group_name)
+    validate, timeout, requires_grad = checked
     with torch.enable_grad() if requires_grad else torch.no_grad():
-        probe = _probe(x, requires_grad)
+        probe = x.detach().requires_grad_(requires_grad)
+        group = group_named(group_name)
         layout, _, _ = plan_gather(
             probe, dim, None, group, grad, transport, validate, timeout, layout_only=True
         )
@@ -483,28 +470,11 @@ def _all_gather_v_sized_by_backward_fake(
     return grad_output.new_empty(shape)
 
 
-def _gather_op(x: torch.Tensor, dim: int, sizes: Sequence[int], *args: Any) -> torch.Tensor:
-    return _gather_eagerly(x, dim, list(sizes), *args)[0]
-
-
-def _sized_by_op(
-    x: torch.Tensor,
-    sizes: torch.Tensor,
-    dim: int,
-    group_name: str,
-    grad: str,
-    transport: str,
-    timeout: float | None,
-) -> torch.Tensor:
+def _sized_by(x: torch.Tensor, sizes: torch.Tensor, dim: int, *named: Any) -> torch.Tensor:
     """The payload's transport with the sizes ``exchange_sizes`` validated."""
+    group_name, grad, transport, timeout = named
     found = sizes.tolist()
     return _gather_eagerly(x, dim, found, group_name, grad, transport, False, timeout, False)[0]
-
-
-def _sized_by_backward_op(
-    grad_output: torch.Tensor, sizes: torch.Tensor, dim: int, local_size: int, *args: Any
-) -> torch.Tensor:
-    return _backward_eagerly(grad_output, dim, sizes.tolist(), *args)
 
 
 def _saved(inputs: tuple[Any, ...], output: torch.Tensor) -> tuple[Any, ...]:
@@ -526,7 +496,7 @@ define_ops(
     OpSpec(
         "all_gather_v",
         f"(Tensor x, SymInt dim, SymInt[] sizes, {_NAMED}, {_CHECKED}) -> Tensor",
-        _gather_op,
+        lambda x, dim, sizes, *rest: _gather_eagerly(x, dim, list(sizes), *rest)[0],
         _all_gather_v_fake,
         "all_gather_v_backward",
         _saved,
@@ -546,7 +516,7 @@ define_ops(
     OpSpec(
         "all_gather_v_sized_by",
         f"(Tensor x, Tensor sizes, SymInt dim, {_NAMED}, float? timeout) -> Tensor",
-        _sized_by_op,
+        _sized_by,
         _all_gather_v_sized_by_fake,
         "all_gather_v_sized_by_backward",
         _sized_by_saved,
@@ -555,102 +525,57 @@ define_ops(
         "all_gather_v_sized_by_backward",
         f"(Tensor grad_output, Tensor sizes, SymInt dim, SymInt local_size, {_NAMED}, "
         "float? timeout) -> Tensor",
-        _sized_by_backward_op,
+        lambda g, sizes, dim, _n, *rest: _backward_eagerly(g, dim, sizes.tolist(), *rest),
         _all_gather_v_sized_by_backward_fake,
     ),
 )
 
 
-def _traced_layout(a: OpArgs, sizes: list[int]) -> Layout:
-    """The call's ``Layout``, built while tracing (its sizes symbolic once dynamo has
-    made them dynamic)."""
-    d = a.dim % a.x.dim()
-    shape = tuple(a.x.shape)
-    return Layout(tuple(sizes), d, shape[:d], shape[d + 1 :], a.x.dtype, a.rank, a.world_size)
+# The routes take the face's arguments: (x, dim, sizes, group, grad, transport, validate,
+# timeout, mesh_dim).
 
 
-def _traced_gather(
-    x: object,
-    dim: object,
-    sizes: object,
-    group: object,
-    grad: object,
-    transport: object,
-    validate: object,
-    timeout: object,
-    mesh_dim: object,
-) -> GatherResult | None:
-    """``vargather::all_gather_v`` with every size known, or ``None``."""
+def _traced_gather(x: object, dim: object, sizes: object, *rest: object) -> GatherResult | None:
+    """``vargather::all_gather_v`` with every size known, else ``None``."""
+    group, grad, transport, validate, timeout, mesh_dim = rest
     a = op_args(x, dim, group, mesh_dim, validate, timeout, grad, transport)
     plain = None if a is None else plain_sizes(sizes, a.world_size)
     if a is None or plain is None:
         return None
-    out = torch.ops.vargather.all_gather_v(
-        a.x, a.dim, plain, a.group_name, grad, transport, a.validate, a.seconds, a.requires_grad
-    )
-    return GatherResult(out, _traced_layout(a, plain))
+    args = (a.group_name, grad, transport, a.validate, a.seconds, a.requires_grad)
+    out = torch.ops.vargather.all_gather_v(a.x, a.dim, plain, *args)
+    return GatherResult(out, _layout_of(a.x, a.dim, plain, a.rank))
 
 
-def _traced_tensor(
-    x: object,
-    dim: object,
-    sizes: object,
-    group: object,
-    grad: object,
-    transport: object,
-    validate: object,
-    timeout: object,
-    mesh_dim: object,
-) -> torch.Tensor | None:
-    """``vargather::all_gather_v`` with every size known; with ``sizes=None`` where the
-    graph may hold an unbacked length, ``exchange_sizes`` then ``all_gather_v_sized_by``;
-    else ``None``."""
+def _traced_tensor(x: object, dim: object, sizes: object, *rest: object) -> torch.Tensor | None:
+    """``_traced_gather``'s tensor; with ``sizes=None`` where the graph may hold an
+    unbacked length, ``exchange_sizes`` then ``all_gather_v_sized_by``; else ``None``."""
+    found = _traced_gather(x, dim, sizes, *rest)
+    if found is not None or sizes is not None or not unbacked_sizes_allowed_here():
+        return None if found is None else found.tensor
+    group, grad, transport, validate, timeout, mesh_dim = rest
     a = op_args(x, dim, group, mesh_dim, validate, timeout, grad, transport)
     if a is None:
         return None
-    plain = plain_sizes(sizes, a.world_size)
     args = (a.group_name, grad, transport, a.validate, a.seconds, a.requires_grad)
-    out: torch.Tensor
-    if plain is not None:
-        out = torch.ops.vargather.all_gather_v(a.x, a.dim, plain, *args)
-    elif sizes is None and unbacked_sizes_allowed_here():
-        found = torch.ops.vargather.exchange_sizes(a.x, a.dim, *args)
-        out = torch.ops.vargather.all_gather_v_sized_by(a.x, found, a.dim, *args[:3], a.seconds)
-    else:
-        return None
+    sized = torch.ops.vargather.exchange_sizes(a.x, a.dim, *args)
+    out: torch.Tensor = torch.ops.vargather.all_gather_v_sized_by(
+        a.x, sized, a.dim, *args[:3], a.seconds
+    )
     return out
 
 
-def _eager_gather(
-    x: object,
-    dim: object,
-    sizes: object,
-    group: object,
-    grad: object,
-    transport: object,
-    validate: object,
-    timeout: object,
-    mesh_dim: object,
-) -> GatherResult:
+def _eager_gather(x: object, dim: object, sizes: object, *rest: object) -> GatherResult:
+    group, grad, transport, validate, timeout, mesh_dim = rest
+    keywords = {"sizes": sizes, "group": group, "grad": grad, "transport": transport}
     return gather_with_layout(
-        x,
-        dim,
-        sizes=sizes,
-        group=group,
-        grad=grad,
-        transport=transport,
-        validate=validate,
-        timeout=timeout,
-        mesh_dim=mesh_dim,
+        x, dim, **keywords, validate=validate, timeout=timeout, mesh_dim=mesh_dim
     )
 
 
-def _eager_tensor(*args: object) -> torch.Tensor:
-    return _eager_gather(*args).tensor
-
-
-# Called as (x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim).
-ALL_GATHER_V: Route[torch.Tensor] = Route("all_gather_v", _eager_tensor, _traced_tensor)
+ALL_GATHER_V: Route[torch.Tensor] = Route(
+    "all_gather_v", lambda *args: _eager_gather(*args).tensor, _traced_tensor
+)
 ALL_GATHER_V_WITH_LAYOUT: Route[GatherResult] = Route(
     "all_gather_v_with_layout", _eager_gather, _traced_gather
 )
