@@ -709,7 +709,7 @@ define_ops(
         _gather_list_op,
         lambda x, shapes, *_: [x.new_empty(s) for s in decode_shapes(shapes)],
         "all_gather_list_backward",
-        lambda i, _: (list(i[1]), i[2], i[3], i[5]),
+        lambda i, _: (list(i[1]), i[2], i[3], i[5]),  # shapes, group_name, grad, timeout
     ),
     OpSpec(
         "all_gather_list_backward",

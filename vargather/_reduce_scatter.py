@@ -328,7 +328,8 @@ def _reduce_scatter_fake(
     return x.new_empty(shape)
 
 
-def _gathered_fake(g: torch.Tensor, dim: int, sizes: Sequence[int], *_: Any) -> torch.Tensor:
+def _gathered_like(g: torch.Tensor, dim: int, sizes: Sequence[int], *_: Any) -> torch.Tensor:
+    """An empty tensor of ``x``'s shape: the backward's fake, and its layout's model."""
     shape = list(g.shape)
     shape[dim % g.dim()] = sum(sizes)
     return g.new_empty(shape)
@@ -338,7 +339,7 @@ def _gather_gradient_op(
     g: torch.Tensor, dim: int, sizes: Sequence[int], name: str, timeout: float | None
 ) -> torch.Tensor:
     info = named_group(name, timeout)
-    layout = scatter_layout(_gathered_fake(g, dim, sizes), dim % g.dim(), tuple(sizes), info)
+    layout = scatter_layout(_gathered_like(g, dim, sizes), dim % g.dim(), tuple(sizes), info)
     with torch.no_grad():
         return fresh(gather_gradient(g, layout, info), g)
 
@@ -351,13 +352,13 @@ define_ops(
         _reduce_scatter_op,
         _reduce_scatter_fake,
         "reduce_scatter_v_backward",
-        lambda i, _: (i[1] % i[0].dim(), list(i[2]), i[3], i[5]),
+        lambda i, _: (i[1] % i[0].dim(), list(i[2]), i[3], i[5]),  # dim, sizes, group, timeout
     ),
     OpSpec(
         "reduce_scatter_v_backward",
         "(Tensor grad_output, SymInt dim, SymInt[] sizes, str group_name, float? timeout) -> Tensor",
         _gather_gradient_op,
-        _gathered_fake,
+        _gathered_like,
     ),
 )
 
