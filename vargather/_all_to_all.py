@@ -714,7 +714,7 @@ def all_to_all_eager(
 
 # --- compiled: all_to_all_v's operators and route (``_compiled``) --------------------------
 
-from ._compiled import OpSpec, Route, define_ops, fresh, op_args, plain_sizes, rank_of  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
+from ._compiled import OpSpec, Route, define_ops, fresh, op_args, plain_sizes, rank_of, resized  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
 from ._mesh import named_group  # noqa: E402  # as above
 
 
@@ -731,55 +731,29 @@ def _all_to_all_op(
         return fresh(exchange_blocks(x, plan.send, plan.recv, plan.info) if out is None else out, x)
 
 
-def _cat_of(t: torch.Tensor, dim: int, cat_dim: int | None) -> int | None:
-    """``cat_dim`` normalized when it is another dim than ``dim``, else ``None``."""
-    if cat_dim is None or cat_dim % t.dim() == dim % t.dim():
-        return None
-    return cat_dim % t.dim()
-
-
-def _reshaped(t: torch.Tensor, dim: int, c: int | None, along: int, along_c: int) -> list[int]:
-    """``t``'s shape with ``along`` along ``dim`` and ``along_c`` along ``c`` (if any)."""
-    shape = list(t.shape)
-    shape[dim % t.dim()] = along
-    if c is not None:
-        shape[c] = along_c
-    return shape
+def _cat_of(t: torch.Tensor, dim: int, cat: Sequence[int | None]) -> int:
+    """The joining dim, normalized: ``cat`` (the optional ``cat_dim`` argument), else ``dim``."""
+    return (dim if not cat or cat[0] is None else cat[0]) % t.dim()
 
 
 def _all_to_all_fake(
     x: torch.Tensor, dim: int, send: Sequence[int], recv: Sequence[int], name: str, *rest: Any
 ) -> torch.Tensor:
-    c = _cat_of(x, dim, rest[3] if len(rest) > 3 else None)
-    along = sum(recv) if c is None else send[rank_of(name)]  # with c: every block's own
-    return x.new_empty(_reshaped(x, dim, c, along, sum(recv)))
+    c = _cat_of(x, dim, rest[3:])  # along dim: every block's own size (overridden if c == dim)
+    return x.new_empty(resized(x, (dim, send[rank_of(name)]), (c, sum(recv))))
 
 
 def _reverse_exchange(
     g: torch.Tensor, dim: int, send: Sequence[int], recv: Sequence[int], name: str, *rest: Any
 ) -> torch.Tensor:
-    """The backward: ``g`` (the forward's receive sizes along ``cat_dim``) sent back."""
+    """The backward: ``g`` (the forward's receive sizes, along ``cat_dim``) sent back."""
     info = named_group(name, rest[0])
-    d, c = dim % g.dim(), _cat_of(g, dim, rest[1] if len(rest) > 1 else None)
-    back = _reshaped(g, d, c, sum(send), recv[info.rank])  # x's shape
-    recv_layout = split_layout(tuple(g.shape), d if c is None else c, tuple(recv), g.dtype, info)
+    d, c = dim % g.dim(), _cat_of(g, dim, rest[1:])
+    back = resized(g, (c, recv[info.rank]), (d, sum(send)))  # x's shape
+    recv_layout = split_layout(tuple(g.shape), c, tuple(recv), g.dtype, info)
     send_layout = split_layout(tuple(back), d, tuple(send), g.dtype, info)
     with torch.no_grad():
         return fresh(exchange_blocks(g, recv_layout, send_layout, info), g)
-
-
-def _reverse_exchange_fake(
-    g: torch.Tensor, dim: int, send: Sequence[int], recv: Sequence[int], name: str, *rest: Any
-) -> torch.Tensor:
-    c = _cat_of(g, dim, rest[1] if len(rest) > 1 else None)
-    return g.new_empty(_reshaped(g, dim, c, sum(send), 0 if c is None else recv[rank_of(name)]))
-
-
-def _saved(inputs: tuple[Any, ...], output: torch.Tensor) -> tuple[Any, ...]:
-    """What ``all_to_all_v_backward`` takes after the gradient."""
-    x, dim, send, recv, group_name, _validate, timeout, _rg, *cat = inputs
-    c = _cat_of(x, dim, cat[0] if cat else None)
-    return (dim % x.dim(), list(send), list(recv), group_name, timeout, c)
 
 
 _SIZES = "SymInt dim, SymInt[] send_sizes, SymInt[] recv_sizes, str group_name"
@@ -791,13 +765,16 @@ define_ops(
         _all_to_all_op,
         _all_to_all_fake,
         "all_to_all_v_backward",
-        _saved,
+        # the backward's dim, send_sizes, recv_sizes, group_name, timeout, cat_dim
+        lambda i, _: (i[1] % i[0].dim(), list(i[2]), list(i[3]), i[4], i[6], *i[8:]),
     ),
     OpSpec(
         "all_to_all_v_backward",
         f"(Tensor grad_output, {_SIZES}, float? timeout, SymInt? cat_dim=None) -> Tensor",
         _reverse_exchange,
-        _reverse_exchange_fake,
+        lambda g, dim, send, recv, name, *rest: g.new_empty(
+            resized(g, (_cat_of(g, dim, rest[1:]), recv[rank_of(name)]), (dim, sum(send)))
+        ),
     ),
 )
 
@@ -806,24 +783,18 @@ def _traced(
     x: object, send_sizes: object, recv_sizes: object, dim: object, *rest: object
 ) -> AllToAllResult | None:
     """The operator (the receive layout built from the sizes, ints here), or ``None``."""
-    group, mesh_dim, validate, timeout, *cat = rest
-    cat_dim = cat[0] if cat else None
+    group, mesh_dim, validate, timeout, cat_dim = rest
     a = op_args(x, dim, group, mesh_dim, validate, timeout)
     send = None if a is None else plain_sizes(send_sizes, a.world_size)
     recv = None if a is None else plain_sizes(recv_sizes, a.world_size)
-    if a is None or send is None or recv is None:
-        return None
-    if cat_dim is not None and op_args(x, cat_dim, group, mesh_dim, validate, timeout) is None:
+    along = dim if cat_dim is None else cat_dim
+    if a is None or send is None or recv is None or not a.has_dim(along):
         return None
     out: torch.Tensor = torch.ops.vargather.all_to_all_v(
         a.x, a.dim, send, recv, a.group_name, a.validate, a.seconds, a.requires_grad, cat_dim
     )
-    along = a.dim if cat_dim is None else cat_dim
-    assert isinstance(along, int)  # an int in range, by op_args
-    info = call_group(group, mesh_dim)
-    layout = split_layout(tuple(out.shape), along, tuple(recv), a.x.dtype, info)
-    return AllToAllResult(out, layout, tuple(send))
+    lay = split_layout(tuple(out.shape), along, tuple(recv), a.x.dtype, call_group(group, mesh_dim))
+    return AllToAllResult(out, lay, tuple(send))
 
 
-# Called as (x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim).
 ALL_TO_ALL_V: Route[AllToAllResult] = Route("all_to_all_v", all_to_all_eager, _traced)

@@ -1,14 +1,10 @@
-"""The public face: one thin function per collective, and one route into compiled mode.
+"""The public face: one thin function per collective.
 
 Where it sits: on top, under ``vargather/__init__``. Each function says what its
-collective means (its docstring is the user's documentation) and does one thing:
-under ``torch.compile`` (``torch.compiler.is_compiling()``) it hands the call to the
-compiled layer (``_compiled.compiled_gather``, ``_compiled_family``), which runs a
-custom operator or the eager call behind ``torch.compiler.disable``; otherwise it
-calls its collective's eager code (``_gather``, ``_reduce_scatter``, ``_all_to_all``,
-``_gather_list``), which resolves the group (``_mesh.call_group``), plans (checks, the
-one round, validation) and runs the payload inside its autograd function. Nothing
-below imports this module.
+collective means (its docstring is the user's documentation) and calls its
+collective's ``Route`` (``_compiled``, declared at the end of ``_gather``,
+``_reduce_scatter``, ``_all_to_all``, ``_gather_list``): the eager code, or under
+``torch.compile`` the collective's operators. Nothing below imports this module.
 """
 
 from __future__ import annotations

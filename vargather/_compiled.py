@@ -1,32 +1,23 @@
 """torch.compile support for every collective: its custom operators and its one way in.
 
 Where it sits: below the collectives' modules, above ``_mesh``. Each collective's
-module ends with a ``# --- compiled`` block that declares, torch-style (as
-``torch.distributed._functional_collectives`` does), its operators as
-:class:`OpSpec` rows (schema, eager implementation, fake, and for a forward the
-backward operator its autograd formula calls) registered by :func:`define_ops`, and
-its :class:`Route`: the eager code and a ``traced`` function. The face (``_api``, or
-the collective's own module) calls the route, the one dispatch:
-
-* outside ``torch.compile``: the eager code;
-* under it (``torch.compiler.is_compiling()``): ``traced``, which calls the operators
-  when the sizes are known as ints (no graph break; their eager implementation is the
-  eager pipeline, opaque to dynamo, their fake gives the output shape), else returns
-  ``None`` and the eager code runs behind ``torch.compiler.disable``: one graph break.
-
-Every operator is an ordered effect (:func:`declare_ordered`) and tracing one turns
-off inductor's peak-memory reordering (:func:`keep_collective_order`): whatever a
-compiler decides from a rank's own shapes, every rank issues the same collectives in
-the same order (``docs/compile.md``). A process group travels into an operator by
-name (``_mesh.group_of``, resolved back by ``_mesh.named_group``), as in torch's
-functional collectives; the empty name stands for "no torch.distributed".
+module ends with a ``# --- compiled`` block that declares, as torch's
+``_functional_collectives`` do, its operators as :class:`OpSpec` rows registered by
+:func:`define_ops` (each an ordered effect: :func:`declare_ordered`), and its
+:class:`Route`, the one dispatch its face calls: outside ``torch.compile`` the eager
+code; under it ``traced``, which calls the operators when the sizes are known as ints
+(no graph break; their implementation is the eager pipeline, opaque to dynamo), else
+the eager code behind ``torch.compiler.disable`` (one graph break). A process group
+enters an operator by name (``_mesh.group_of``, back by ``_mesh.named_group``), as in
+torch's functional collectives; the empty name stands for "no torch.distributed".
+``docs/compile.md`` says how to add a collective.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeGuard, TypeVar
 
 import torch
 
@@ -43,6 +34,7 @@ __all__ = [
     "op_args",
     "plain_sizes",
     "rank_of",
+    "resized",
     "unbacked_sizes_allowed_here",
 ]
 
@@ -51,20 +43,12 @@ R = TypeVar("R")
 
 def declare_ordered(op: Any) -> bool:
     """Declare ``op`` an ordered side effect, so no compiler may drop, merge, reorder or
-    recompute it.
-
-    Every operator here runs a collective: whether a rank issues it must not depend on
-    anything that can differ between ranks. A pure operator (``mutates_args=()`` and
-    nothing else) is a value to the compiler: inductor removes it when nothing reads its
-    output, and a zero-element output is never read (a consumer's load from it is a
-    no-op), so on the rank whose shard is empty the backward's collective vanished and
-    its peers waited for it forever. An ordered effect makes AOT autograd thread a token
-    through the operators (``with_effects``): each one consumes the previous one's token
-    and produces the next, the last token is a graph output, so every operator is live,
-    none equals another (CSE), they run in program order, and the partitioner keeps each
-    where it was traced (never recomputed in the backward).
-
-    Returns whether it could (a torch with neither registry compiles them pure).
+    recompute it: whether a rank issues a collective must not depend on what differs
+    between ranks (a pure operator whose output has no elements on one rank is dropped
+    there by inductor, and its peers wait forever). AOT autograd then threads an effect
+    token through the operators, in program order (``docs/compile.md``, "Every rank
+    issues the same collectives"). Returns whether it could (a torch with neither
+    registry compiles them pure).
     """
     register = getattr(op, "register_effect", None)  # CustomOpDef.register_effect, torch 2.13
     if register is not None:
@@ -107,7 +91,11 @@ class OpSpec:
 _SAVED = object()  # stands for a saved tensor among ``ctx.vargather_args``
 
 
-def _setup_context(save: Callable[..., tuple[Any, ...]]) -> Callable[..., None]:
+def _autograd(spec: OpSpec) -> tuple[Callable[..., Any], Callable[..., None]]:
+    """``spec``'s autograd formula and its ``setup_context`` (:class:`OpSpec`)."""
+    assert spec.save is not None, spec.name
+    save, backward = spec.save, str(spec.backward)
+
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         args = save(inputs, output)
         ctx.save_for_backward(*[a for a in args if isinstance(a, torch.Tensor)])
@@ -116,10 +104,6 @@ def _setup_context(save: Callable[..., tuple[Any, ...]]) -> Callable[..., None]:
         if isinstance(output, (list, tuple)):
             ctx.vargather_like = [(o.shape, o.dtype, o.device) for o in output]
 
-    return setup_context
-
-
-def _formula(backward: str) -> Callable[..., tuple[torch.Tensor | None, ...]]:
     def formula(ctx: Any, *grads: Any) -> tuple[torch.Tensor | None, ...]:
         saved = iter(ctx.saved_tensors)
         args = [next(saved) if a is _SAVED else a for a in ctx.vargather_args]
@@ -135,7 +119,7 @@ def _formula(backward: str) -> Callable[..., tuple[torch.Tensor | None, ...]]:
         dx = getattr(torch.ops.vargather, backward)(grad, *args)
         return (dx, *[None] * (ctx.vargather_inputs - 1))
 
-    return formula
+    return formula, setup_context
 
 
 _OPS: dict[str, Any] = {}  # every CustomOpDef by name, kept alive here
@@ -150,10 +134,19 @@ def define_ops(*specs: OpSpec) -> None:
         )
         op.register_fake(spec.fake)
         if spec.backward is not None:
-            assert spec.save is not None, spec.name
-            op.register_autograd(_formula(spec.backward), setup_context=_setup_context(spec.save))
+            formula, setup_context = _autograd(spec)
+            op.register_autograd(formula, setup_context=setup_context)
         declare_ordered(op)
         _OPS[spec.name] = op
+
+
+def resized(t: torch.Tensor, *along: tuple[int, int]) -> list[int]:
+    """``t``'s shape with size ``n`` along ``d`` for each ``(d, n)`` of ``along``, in
+    order (negative ``d`` counted from the end): an operator's output shape."""
+    shape = list(t.shape)
+    for d, n in along:
+        shape[d % t.dim()] = n
+    return shape
 
 
 def fresh(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -175,15 +168,9 @@ def rank_of(group_name: str) -> int:
 
 
 def _constant_of_the_trace(fn: Callable[[], bool]) -> Callable[[], bool]:
-    """``torch._dynamo.assume_constant_result(fn)`` without importing dynamo.
-
-    That decorator only marks the function (``fn._dynamo_marked_constant = True``, torch
-    2.4 to 2.13) for dynamo to call instead of trace. Importing ``torch._dynamo`` to
-    apply it cost ``import vargather`` about a second, in every process, compiled or
-    not; ``tests/test_compile.py`` shows dynamo still honours the mark (a graph with no
-    break under ``fullgraph=True``) and ``tests/test_import_order.py`` that
-    ``import vargather`` leaves dynamo unimported.
-    """
+    """``torch._dynamo.assume_constant_result(fn)`` (the same mark, torch 2.4 to 2.13:
+    dynamo calls ``fn`` instead of tracing it) without importing dynamo, which would
+    cost every ``import vargather`` about a second (``tests/test_import_order.py``)."""
     fn._dynamo_marked_constant = True  # type: ignore[attr-defined]  # dynamo's own marker attribute
     return fn
 
@@ -193,11 +180,8 @@ _UNTRACED: dict[str, Callable[..., Any]] = {}
 
 
 def _make_untraced() -> bool:
-    """Every route's eager code behind ``torch.compiler.disable(fn, recursive=True)``.
-
-    Built the first time a trace needs one (dynamo, importing which costs about a
-    second, is loaded by then) rather than at ``import vargather``, which therefore
-    leaves dynamo unimported."""
+    """Every route's eager code behind ``torch.compiler.disable(fn, recursive=True)``,
+    built the first time a trace needs one (dynamo is loaded by then), not at import."""
     for name, fn in _PLAIN.items():
         if name not in _UNTRACED:
             _UNTRACED[name] = torch.compiler.disable(fn, recursive=True)  # type: ignore[no-untyped-call]  # untyped in torch's stubs
@@ -210,9 +194,8 @@ _untraced_ready = _constant_of_the_trace(_make_untraced)
 
 def _unbacked_sizes_allowed() -> bool:
     """Whether the graph being traced may hold an operator whose output shape depends
-    on data: dynamo allows it under ``fullgraph=True`` (or with
-    ``torch._dynamo.config.capture_dynamic_output_shape_ops``). Without it, a call
-    whose sizes only the exchange learns takes the untraced route."""
+    on data (dynamo allows it under ``fullgraph=True``, or with its config's
+    ``capture_dynamic_output_shape_ops``)."""
     from torch._guards import detect_fake_mode
 
     fake_mode = detect_fake_mode()
@@ -225,17 +208,12 @@ unbacked_sizes_allowed_here = _constant_of_the_trace(_unbacked_sizes_allowed)
 
 
 def _keep_collective_order() -> bool:
-    """Turn off inductor's peak-memory reordering, which reorders vargather's operators.
-
-    The ordered effect (:func:`declare_ordered`) makes inductor add a dependency from
-    each operator to the one before, but torch 2.13's ``reorder_for_peak_memory`` pass
-    (on by default) builds its order from the nodes' unmet dependencies, which those
-    added dependencies are not among: two independent gathers of one graph were issued
-    in one order on a rank whose buffers were large and the other order on a rank whose
-    buffers were small (seen as a ``SizesMismatchError`` on every rank; with
-    ``validate=False`` the payloads would have crossed). Called while a vargather call
-    is traced, before inductor compiles that graph; a process-wide setting from then on
-    (it only changes where buffers are freed, never a result).
+    """Turn off inductor's peak-memory reordering, which reorders vargather's operators:
+    torch 2.13's ``reorder_for_peak_memory`` ignores the dependencies the ordered effect
+    adds, and issued two independent collectives of one graph in different orders on
+    ranks whose buffers differ (``docs/family.md``, "Order across ranks"). Called while a
+    vargather call is traced, before inductor compiles that graph; a process-wide setting
+    from then on (it only changes where buffers are freed, never a result).
     """
     import torch._inductor.config as inductor_config
 
@@ -262,7 +240,8 @@ def plain_sizes(sizes: object, world_size: int) -> list[int] | None:
     return out
 
 
-def _is_dim(dim: object, x: torch.Tensor) -> bool:
+def _is_dim(dim: object, x: torch.Tensor) -> TypeGuard[int]:
+    """Whether ``dim`` is a dimension of ``x`` (an int, negative counted from the end)."""
     return isinstance(dim, int) and not isinstance(dim, bool) and -x.dim() <= dim < x.dim()
 
 
@@ -277,6 +256,10 @@ class OpArgs(NamedTuple):
     validate: bool
     seconds: float | None
     requires_grad: bool  # whether ``x`` needs a gradient here (the exchange compares it)
+
+    def has_dim(self, dim: object) -> TypeGuard[int]:
+        """Whether ``dim`` is a dimension of ``x`` (an int, negative counted from the end)."""
+        return _is_dim(dim, self.x)
 
 
 def op_args(

@@ -328,15 +328,11 @@ def gather_coalesced(
 
 # --- compiled: all_gather_v's operators and routes (``_compiled``) -----------------------
 #
-# With ``sizes`` as ints: ``vargather::all_gather_v`` (the eager pipeline; its fake's
-# length is ``sum(sizes)``), whose backward ``all_gather_v_backward`` is the contract's
-# eager backward (one reduce-scatter for ``sum`` and ``mean``, this rank's slice for
-# ``local``). With ``sizes=None`` where dynamo allows data-dependent shapes
-# (``fullgraph=True``) and no ``Layout`` asked for: ``exchange_sizes`` (the validated
-# exchange: every rank's size as an int64 tensor), then ``all_gather_v_sized_by``, whose
-# length is a fresh unbacked symbolic int. (One operator with both outputs loses the
-# unbacked binding of an effectful operator in torch 2.13's inductor: ``AssertionError:
-# u3 not in dict_keys([u4])``.) Anything else: the eager call behind one graph break.
+# ``sizes`` as ints: ``vargather::all_gather_v``, whose backward ``all_gather_v_backward``
+# is the contract's eager backward. ``sizes=None`` where dynamo allows data-dependent
+# shapes (``fullgraph=True``), no ``Layout`` asked for: ``exchange_sizes`` (every rank's
+# size, validated, as an int64 tensor), then ``all_gather_v_sized_by``, of an unbacked
+# length (one operator with both outputs loses that binding in torch 2.13's inductor).
 
 from ._compiled import (  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
     OpSpec,
@@ -346,32 +342,42 @@ from ._compiled import (  # noqa: E402  # this block ends the module on purpose 
     op_args,
     plain_sizes,
     rank_of,
+    resized,
     unbacked_sizes_allowed_here,
 )
 from ._mesh import group_named, named_group  # noqa: E402  # as above
 from ._reduced import canonical_nans_, mean_  # noqa: E402  # as above
 
 
-def _gather_eagerly(
+def _planned(
     x: torch.Tensor,
     dim: int,
-    sizes: list[int],
+    sizes: list[int] | None,
     group_name: str,
     grad: str,
     transport: str,
     validate: bool,
     timeout: float | None,
     requires_grad: bool,
-) -> tuple[torch.Tensor, Layout]:
-    """The eager gather inside an operator: ``plan_gather`` (``requires_grad``: whether
-    the caller's ``x`` needed a gradient, compared across ranks; autograd is below us
-    here), then the payload unless it rode along; a fresh, contiguous output."""
+) -> tuple[Layout, GroupInfo, torch.Tensor | None]:
+    """``plan_gather`` inside an operator, with ``x`` needing a gradient as the caller's
+    did (``requires_grad``: autograd is below us here; the exchange compares it)."""
     with torch.enable_grad() if requires_grad else torch.no_grad():
         probe = x.detach().requires_grad_(requires_grad)
         group = group_named(group_name)
-        layout, info, fused = plan_gather(
-            probe, dim, sizes, group, grad, transport, validate, timeout
+        layout_only = sizes is None
+        return plan_gather(
+            probe, dim, sizes, group, grad, transport, validate, timeout, layout_only=layout_only
         )
+
+
+def _gather_eagerly(
+    x: torch.Tensor, dim: int, sizes: list[int], group_name: str, grad: str, *rest: Any
+) -> tuple[torch.Tensor, Layout]:
+    """The eager gather inside an operator: ``_planned``, then the payload unless it rode
+    along; a fresh, contiguous output."""
+    transport, *checked = rest
+    layout, info, fused = _planned(x, dim, sizes, group_name, grad, transport, *checked)
     with torch.no_grad():
         if not info.communicates:
             return x.clone(memory_format=torch.contiguous_format), layout
@@ -383,17 +389,14 @@ def _gather_eagerly(
 
 
 def _layout_of(t: torch.Tensor, dim: int, sizes: Sequence[int], rank: int) -> Layout:
-    """The ``Layout`` of a gather of shards shaped as ``t`` off ``dim`` (its sizes
-    symbolic where dynamo made them dynamic)."""
+    """The ``Layout`` of a gather of ``sizes`` along ``dim`` of shards shaped as ``t``."""
     d = dim % t.dim()
     shape = tuple(t.shape)
     return Layout(tuple(sizes), d, shape[:d], shape[d + 1 :], t.dtype, rank, len(sizes))
 
 
 def _all_gather_v_fake(x: torch.Tensor, dim: int, sizes: Sequence[int], *_: Any) -> torch.Tensor:
-    shape = list(x.shape)
-    shape[dim % x.dim()] = sum(sizes)
-    return x.new_empty(shape)
+    return x.new_empty(resized(x, (dim, sum(sizes))))
 
 
 def _backward_eagerly(
@@ -426,24 +429,15 @@ def _backward_eagerly(
 def _all_gather_v_backward_fake(
     grad_output: torch.Tensor, dim: int, sizes: Sequence[int], group_name: str, *_: Any
 ) -> torch.Tensor:
-    shape = list(grad_output.shape)
     group = group_named(group_name)
-    if group is not None and torch.distributed.get_world_size(group) > 1:
-        shape[dim % grad_output.dim()] = sizes[rank_of(group_name)]
-    return grad_output.new_empty(shape)
+    if group is None or torch.distributed.get_world_size(group) == 1:  # the identity
+        return grad_output.new_empty(grad_output.shape)
+    return grad_output.new_empty(resized(grad_output, (dim, sizes[rank_of(group_name)])))
 
 
-def _exchange_sizes(
-    x: torch.Tensor, dim: int, group_name: str, grad: str, transport: str, *checked: Any
-) -> torch.Tensor:
+def _exchange_sizes(x: torch.Tensor, dim: int, *rest: Any) -> torch.Tensor:
     """The metadata exchange and its validation (``plan_gather``): every rank's size."""
-    validate, timeout, requires_grad = checked
-    with torch.enable_grad() if requires_grad else torch.no_grad():
-        probe = x.detach().requires_grad_(requires_grad)
-        group = group_named(group_name)
-        layout, _, _ = plan_gather(
-            probe, dim, None, group, grad, transport, validate, timeout, layout_only=True
-        )
+    layout, _, _ = _planned(x, dim, None, *rest)
     return torch.tensor(layout.sizes, dtype=torch.int64)
 
 
@@ -465,9 +459,7 @@ def _all_gather_v_sized_by_fake(
 def _all_gather_v_sized_by_backward_fake(
     grad_output: torch.Tensor, sizes: torch.Tensor, dim: int, local_size: int, *_: Any
 ) -> torch.Tensor:
-    shape = list(grad_output.shape)
-    shape[dim % grad_output.dim()] = local_size
-    return grad_output.new_empty(shape)
+    return grad_output.new_empty(resized(grad_output, (dim, local_size)))
 
 
 def _sized_by(x: torch.Tensor, sizes: torch.Tensor, dim: int, *named: Any) -> torch.Tensor:

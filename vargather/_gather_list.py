@@ -739,5 +739,4 @@ def _traced(
     return out
 
 
-# Called as (x, shapes, group, mesh_dim, grad, validate, timeout).
 ALL_GATHER_LIST: Route[list[torch.Tensor]] = Route("all_gather_list", gather_list_eager, _traced)

@@ -303,7 +303,7 @@ def reduce_scatter_eager(
 
 # --- compiled: reduce_scatter_v's operators and route (``_compiled``) ----------------------
 
-from ._compiled import OpSpec, Route, define_ops, fresh, op_args, plain_sizes, rank_of  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
+from ._compiled import OpSpec, Route, define_ops, fresh, op_args, plain_sizes, rank_of, resized  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
 from ._mesh import named_group  # noqa: E402  # as above
 
 
@@ -323,16 +323,12 @@ def _reduce_scatter_op(
 def _reduce_scatter_fake(
     x: torch.Tensor, dim: int, sizes: Sequence[int], name: str, *_: Any
 ) -> torch.Tensor:
-    shape = list(x.shape)
-    shape[dim % x.dim()] = sizes[rank_of(name)]
-    return x.new_empty(shape)
+    return x.new_empty(resized(x, (dim, sizes[rank_of(name)])))
 
 
 def _gathered_like(g: torch.Tensor, dim: int, sizes: Sequence[int], *_: Any) -> torch.Tensor:
     """An empty tensor of ``x``'s shape: the backward's fake, and its layout's model."""
-    shape = list(g.shape)
-    shape[dim % g.dim()] = sum(sizes)
-    return g.new_empty(shape)
+    return g.new_empty(resized(g, (dim, sum(sizes))))
 
 
 def _gather_gradient_op(
@@ -377,5 +373,4 @@ def _traced(
     return out
 
 
-# Called as (x, sizes, dim, group, mesh_dim, validate, timeout).
 REDUCE_SCATTER_V: Route[torch.Tensor] = Route("reduce_scatter_v", reduce_scatter_eager, _traced)
