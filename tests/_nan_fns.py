@@ -199,7 +199,7 @@ def _call(case: NanCase, x: torch.Tensor, r: int) -> list[torch.Tensor]:
         return [vargather.all_to_all_v(x, send, case.dim)]
     if case.op == "all_gather_list":
         if case.ops:
-            from vargather._compiled_family import encode_shapes
+            from vargather._gather_list import encode_shapes
 
             shapes = encode_shapes(case.input_shapes())
             return list(

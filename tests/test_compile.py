@@ -174,6 +174,58 @@ def test_compiled_gather_in_one_process_is_the_identity() -> None:
     torch._dynamo.reset()
 
 
+def _toy_route() -> object:
+    """A collective declared as ``docs/compile.md`` says, outside the library: one
+    ``OpSpec`` pair and a ``Route`` (eager: ``x * 3``; the operator only for a plain
+    ``sizes``), with no edit of ``_compiled`` or ``_api``."""
+    from vargather._compiled import OpSpec, Route, define_ops, fresh, op_args, resized
+
+    def traced(x: object, sizes: object) -> torch.Tensor | None:
+        a = op_args(x, 0, None, None, True, None)
+        if a is None or not isinstance(sizes, list):
+            return None
+        out: torch.Tensor = torch.ops.vargather.test_toy_triple(a.x, a.dim, a.group_name)
+        return out
+
+    if not hasattr(torch.ops.vargather, "test_toy_triple"):
+        define_ops(
+            OpSpec(
+                "test_toy_triple",
+                "(Tensor x, SymInt dim, str group_name) -> Tensor",
+                lambda x, dim, name: fresh(x * 3, x),
+                lambda x, dim, name: x.new_empty(resized(x, (dim, x.shape[dim]))),
+                "test_toy_triple_backward",
+                lambda inputs, output: (inputs[2],),
+            ),
+            OpSpec(
+                "test_toy_triple_backward",
+                "(Tensor grad_output, str group_name) -> Tensor",
+                lambda g, name: g * 3,
+                lambda g, name: g.new_empty(g.shape),
+            ),
+        )
+    return Route("test_toy_triple", lambda x, sizes: x * 3, traced)
+
+
+def test_a_new_collective_needs_only_its_spec_and_route() -> None:
+    """The interface a new collective uses: its operator traces with fullgraph=True
+    and its backward formula runs; an argument its ``traced`` refuses takes the
+    untraced route, exactly one graph break."""
+    route = _toy_route()
+    assert callable(route)
+    torch._dynamo.reset()
+    x = torch.arange(6.0).reshape(3, 2).requires_grad_(True)
+    got = torch.compile(lambda t: route(t, [3]).sum(), backend="aot_eager", fullgraph=True)(x)
+    got.backward()
+    assert got.item() == 45.0
+    assert x.grad is not None
+    assert torch.equal(x.grad, torch.full((3, 2), 3.0))
+    explained = torch._dynamo.explain(lambda t: (route(t * 2, None) + 1).sum())(x.detach())
+    assert (explained.graph_count, explained.graph_break_count) == (2, 1)
+    assert torch.equal(route(x, None), x * 3)  # eagerly: the eager code
+    torch._dynamo.reset()
+
+
 # --- DeviceMesh ------------------------------------------------------------------------
 
 

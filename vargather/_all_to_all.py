@@ -710,3 +710,91 @@ def all_to_all_eager(
         out = AllToAllVFunction.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
     assert isinstance(out, torch.Tensor)
     return AllToAllResult(out, plan.recv, plan.send.sizes)
+
+
+# --- compiled: all_to_all_v's operators and route (``_compiled``) --------------------------
+
+from ._compiled import OpSpec, Route, define_ops, fresh, op_args, plain_sizes, rank_of, resized  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
+from ._mesh import named_group  # noqa: E402  # as above
+
+
+def _all_to_all_op(
+    x: torch.Tensor, dim: int, send: Sequence[int], recv: Sequence[int], name: str, *rest: Any
+) -> torch.Tensor:
+    validate, timeout, requires_grad, *cat = rest
+    plan = plan_all_to_all(
+        x, list(send), list(recv), dim, named_group(name), validate=validate, timeout=timeout,
+        requires_grad=requires_grad, cat_dim=cat[0] if cat else None,
+    )  # fmt: skip
+    with torch.no_grad():
+        out = plan.result
+        return fresh(exchange_blocks(x, plan.send, plan.recv, plan.info) if out is None else out, x)
+
+
+def _cat_of(t: torch.Tensor, dim: int, cat: Sequence[int | None]) -> int:
+    """The joining dim, normalized: ``cat`` (the optional ``cat_dim`` argument), else ``dim``."""
+    return (dim if not cat or cat[0] is None else cat[0]) % t.dim()
+
+
+def _all_to_all_fake(
+    x: torch.Tensor, dim: int, send: Sequence[int], recv: Sequence[int], name: str, *rest: Any
+) -> torch.Tensor:
+    c = _cat_of(x, dim, rest[3:])  # along dim: every block's own size (overridden if c == dim)
+    return x.new_empty(resized(x, (dim, send[rank_of(name)]), (c, sum(recv))))
+
+
+def _reverse_exchange(
+    g: torch.Tensor, dim: int, send: Sequence[int], recv: Sequence[int], name: str, *rest: Any
+) -> torch.Tensor:
+    """The backward: ``g`` (the forward's receive sizes, along ``cat_dim``) sent back."""
+    info = named_group(name, rest[0])
+    d, c = dim % g.dim(), _cat_of(g, dim, rest[1:])
+    back = resized(g, (c, recv[info.rank]), (d, sum(send)))  # x's shape
+    recv_layout = split_layout(tuple(g.shape), c, tuple(recv), g.dtype, info)
+    send_layout = split_layout(tuple(back), d, tuple(send), g.dtype, info)
+    with torch.no_grad():
+        return fresh(exchange_blocks(g, recv_layout, send_layout, info), g)
+
+
+_SIZES = "SymInt dim, SymInt[] send_sizes, SymInt[] recv_sizes, str group_name"
+define_ops(
+    OpSpec(
+        "all_to_all_v",
+        f"(Tensor x, {_SIZES}, bool validate, float? timeout, bool requires_grad, "
+        "SymInt? cat_dim=None) -> Tensor",
+        _all_to_all_op,
+        _all_to_all_fake,
+        "all_to_all_v_backward",
+        # the backward's dim, send_sizes, recv_sizes, group_name, timeout, cat_dim
+        lambda i, _: (i[1] % i[0].dim(), list(i[2]), list(i[3]), i[4], i[6], *i[8:]),
+    ),
+    OpSpec(
+        "all_to_all_v_backward",
+        f"(Tensor grad_output, {_SIZES}, float? timeout, SymInt? cat_dim=None) -> Tensor",
+        _reverse_exchange,
+        lambda g, dim, send, recv, name, *rest: g.new_empty(
+            resized(g, (_cat_of(g, dim, rest[1:]), recv[rank_of(name)]), (dim, sum(send)))
+        ),
+    ),
+)
+
+
+def _traced(
+    x: object, send_sizes: object, recv_sizes: object, dim: object, *rest: object
+) -> AllToAllResult | None:
+    """The operator (the receive layout built from the sizes, ints here), or ``None``."""
+    group, mesh_dim, validate, timeout, cat_dim = rest
+    a = op_args(x, dim, group, mesh_dim, validate, timeout)
+    send = None if a is None else plain_sizes(send_sizes, a.world_size)
+    recv = None if a is None else plain_sizes(recv_sizes, a.world_size)
+    along = dim if cat_dim is None else cat_dim
+    if a is None or send is None or recv is None or not a.has_dim(along):
+        return None
+    out: torch.Tensor = torch.ops.vargather.all_to_all_v(
+        a.x, a.dim, send, recv, a.group_name, a.validate, a.seconds, a.requires_grad, cat_dim
+    )
+    lay = split_layout(tuple(out.shape), along, tuple(recv), a.x.dtype, call_group(group, mesh_dim))
+    return AllToAllResult(out, lay, tuple(send))
+
+
+ALL_TO_ALL_V: Route[AllToAllResult] = Route("all_to_all_v", all_to_all_eager, _traced)

@@ -1,37 +1,33 @@
-"""The public face: one thin function per collective, and one route into compiled mode.
+"""The public face: one thin function per collective.
 
 Where it sits: on top, under ``vargather/__init__``. Each function says what its
-collective means (its docstring is the user's documentation) and does one thing:
-under ``torch.compile`` (``torch.compiler.is_compiling()``) it hands the call to the
-compiled layer (``_compiled.compiled_gather``, ``_compiled_family``), which runs a
-custom operator or the eager call behind ``torch.compiler.disable``; otherwise it
-calls its collective's eager code (``_gather``, ``_reduce_scatter``, ``_all_to_all``,
-``_gather_list``), which resolves the group (``_mesh.call_group``), plans (checks, the
-one round, validation) and runs the payload inside its autograd function. Nothing
-below imports this module.
+collective means (its docstring is the user's documentation) and calls its
+collective's ``Route`` (``_compiled``, declared at the end of ``_gather``,
+``_reduce_scatter``, ``_all_to_all``, ``_gather_list``): the eager code, or under
+``torch.compile`` the collective's operators. Nothing below imports this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TypeAlias
+from typing import TypeAlias, TypeVar
 
 import torch
 
-from ._all_to_all import AllToAllResult, all_to_all_eager
+from ._all_to_all import ALL_TO_ALL_V, AllToAllResult
 from ._choices import GradContract, TransportName
-from ._compiled import compiled_gather
-from ._compiled_family import (
-    compiled_all_gather_list,
-    compiled_all_to_all,
-    compiled_reduce_scatter,
+from ._gather import (
+    ALL_GATHER_V,
+    ALL_GATHER_V_WITH_LAYOUT,
+    GatherResult,
+    gather_coalesced,
+    plan_gather,
 )
-from ._gather import GatherResult, gather_coalesced, gather_with_layout, plan_gather
-from ._gather_list import gather_list_eager
+from ._gather_list import ALL_GATHER_LIST
 from ._layout import Layout
 from ._mesh import GroupLike, MeshDim
-from ._reduce_scatter import reduce_scatter_eager
+from ._reduce_scatter import REDUCE_SCATTER_V
 
 __all__ = [
     "AllToAllResult",
@@ -53,9 +49,32 @@ SplitSizes: TypeAlias = "Sequence[int] | torch.Tensor"
 Timeout: TypeAlias = "float | timedelta | None"
 
 
+_RAISES = """
+    Raises:
+        VarGatherError: bad input on any rank, raised on every rank of the group with
+            the same message, naming the offending rank(s) (also as ``.ranks``), before
+            any payload moves; the group stays usable. The subclass says what:
+            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
+            ``SizesMismatchError``, ... (the misuse catalogue lists each).
+        GroupError: on this rank only, when ``group`` is unusable here.
+        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
+            group's timeout), naming it when the arrival census can.
+        PeerLostError: a peer died mid-call, naming it when it can.
+    """
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def _raises(face: F) -> F:
+    """``face`` with the ``Raises`` section every face but two shares, at its docstring's end."""
+    if face.__doc__ is not None:  # None under python -OO
+        face.__doc__ = f"{face.__doc__.rstrip()}\n{_RAISES}"
+    return face
+
+
 # --- all_gather_v and its forms ------------------------------------------------------------
 
 
+@_raises
 def gather_layout(
     x: torch.Tensor,
     dim: int = 0,
@@ -79,17 +98,6 @@ def gather_layout(
 
     Gradient:
         None: it returns no tensor.
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
     layout, _, _ = plan_gather(
         x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim, layout_only=True
@@ -97,6 +105,7 @@ def gather_layout(
     return layout
 
 
+@_raises
 def all_gather_v_with_layout(
     x: torch.Tensor,
     dim: int = 0,
@@ -121,46 +130,13 @@ def all_gather_v_with_layout(
 
     Gradient:
         As ``all_gather_v``, under ``grad`` (the layout carries none).
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
-    if torch.compiler.is_compiling():  # a custom operator dynamo can trace (``_compiled``)
-        out, layout = compiled_gather(
-            x,
-            dim,
-            sizes=sizes,
-            group=group,
-            mesh_dim=mesh_dim,
-            grad=grad,
-            transport=transport,
-            validate=validate,
-            timeout=timeout,
-            with_layout=True,
-        )
-        assert layout is not None  # with_layout=True
-        return GatherResult(out, layout)
-    return gather_with_layout(
-        x,
-        dim,
-        sizes=sizes,
-        group=group,
-        grad=grad,
-        transport=transport,
-        validate=validate,
-        timeout=timeout,
-        mesh_dim=mesh_dim,
+    return ALL_GATHER_V_WITH_LAYOUT(
+        x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim
     )
 
 
+@_raises
 def all_gather_v(
     x: torch.Tensor,
     dim: int = 0,
@@ -216,42 +192,8 @@ def all_gather_v(
         computes its own loss), ``"mean"`` that sum divided by ``W``, ``"local"``
         ``g_r[o_r : o_r + n_r]`` (no communication; exact only when every rank computes
         the identical loss).
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
-    if torch.compiler.is_compiling():  # a custom operator dynamo can trace (``_compiled``)
-        return compiled_gather(
-            x,
-            dim,
-            sizes=sizes,
-            group=group,
-            mesh_dim=mesh_dim,
-            grad=grad,
-            transport=transport,
-            validate=validate,
-            timeout=timeout,
-            with_layout=False,
-        )[0]
-    return gather_with_layout(
-        x,
-        dim,
-        sizes=sizes,
-        group=group,
-        grad=grad,
-        transport=transport,
-        validate=validate,
-        timeout=timeout,
-        mesh_dim=mesh_dim,
-    ).tensor
+    return ALL_GATHER_V(x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim)
 
 
 # --- several tensors at once -------------------------------------------------------------
@@ -362,11 +304,10 @@ def reduce_scatter_v(
             group's timeout), naming it when the arrival census can.
         PeerLostError: a peer died mid-call, naming it when it can.
     """
-    if torch.compiler.is_compiling():
-        return compiled_reduce_scatter(x, sizes, dim, group, mesh_dim, validate, timeout)
-    return reduce_scatter_eager(x, sizes, dim, group, mesh_dim, validate, timeout)
+    return REDUCE_SCATTER_V(x, sizes, dim, group, mesh_dim, validate, timeout)
 
 
+@_raises
 def all_to_all_v_with_layout(
     x: torch.Tensor,
     send_sizes: SplitSizes,
@@ -390,27 +331,11 @@ def all_to_all_v_with_layout(
 
     Gradient:
         As ``all_to_all_v``: the reverse exchange.
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
-    if torch.compiler.is_compiling():
-        return compiled_all_to_all(
-            x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim
-        )
-    return all_to_all_eager(
-        x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim
-    )
+    return ALL_TO_ALL_V(x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim)
 
 
+@_raises
 def all_to_all_v(
     x: torch.Tensor,
     send_sizes: SplitSizes,
@@ -459,17 +384,6 @@ def all_to_all_v(
     Gradient:
         The reverse exchange: the upstream gradient sent back with the sizes
         transposed (pure data movement, exact).
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
     return all_to_all_v_with_layout(
         x,
@@ -484,6 +398,7 @@ def all_to_all_v(
     ).tensor
 
 
+@_raises
 def all_gather_list(
     x: torch.Tensor,
     *,
@@ -519,18 +434,5 @@ def all_gather_list(
         With ``g_{j,r}`` rank ``j``'s upstream gradient for output ``r``: ``"sum"``
         gives ``dx_r = g_{0,r} + ... + g_{W-1,r}`` (rank order), ``"local"``
         ``g_{r,r}`` (no communication), ``"mean"`` the sum divided by ``W``.
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
-    if torch.compiler.is_compiling():
-        return compiled_all_gather_list(x, shapes, group, mesh_dim, grad, validate, timeout)
-    return gather_list_eager(x, shapes, group, mesh_dim, grad, validate, timeout)
+    return ALL_GATHER_LIST(x, shapes, group, mesh_dim, grad, validate, timeout)

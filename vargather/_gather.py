@@ -324,3 +324,250 @@ def gather_coalesced(
     # Function.apply is untyped in torch's stubs (it forwards *args to forward).
     result = CoalescedFunction.apply(plan, *xs)  # type: ignore[no-untyped-call]
     return list(result)
+
+
+# --- compiled: all_gather_v's operators and routes (``_compiled``) -----------------------
+#
+# ``sizes`` as ints: ``vargather::all_gather_v``, whose backward ``all_gather_v_backward``
+# is the contract's eager backward. ``sizes=None`` where dynamo allows data-dependent
+# shapes (``fullgraph=True``), no ``Layout`` asked for: ``exchange_sizes`` (every rank's
+# size, validated, as an int64 tensor), then ``all_gather_v_sized_by``, of an unbacked
+# length (one operator with both outputs loses that binding in torch 2.13's inductor).
+
+from ._compiled import (  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
+    OpSpec,
+    Route,
+    define_ops,
+    fresh,
+    op_args,
+    plain_sizes,
+    rank_of,
+    resized,
+    unbacked_sizes_allowed_here,
+)
+from ._mesh import group_named, named_group  # noqa: E402  # as above
+from ._reduced import canonical_nans_, mean_  # noqa: E402  # as above
+
+
+def _planned(
+    x: torch.Tensor,
+    dim: int,
+    sizes: list[int] | None,
+    group_name: str,
+    grad: str,
+    transport: str,
+    validate: bool,
+    timeout: float | None,
+    requires_grad: bool,
+) -> tuple[Layout, GroupInfo, torch.Tensor | None]:
+    """``plan_gather`` inside an operator, with ``x`` needing a gradient as the caller's
+    did (``requires_grad``: autograd is below us here; the exchange compares it)."""
+    with torch.enable_grad() if requires_grad else torch.no_grad():
+        probe = x.detach().requires_grad_(requires_grad)
+        group = group_named(group_name)
+        layout_only = sizes is None
+        return plan_gather(
+            probe, dim, sizes, group, grad, transport, validate, timeout, layout_only=layout_only
+        )
+
+
+def _gather_eagerly(
+    x: torch.Tensor, dim: int, sizes: list[int], group_name: str, grad: str, *rest: Any
+) -> tuple[torch.Tensor, Layout]:
+    """The eager gather inside an operator: ``_planned``, then the payload unless it rode
+    along; a fresh, contiguous output."""
+    transport, *checked = rest
+    layout, info, fused = _planned(x, dim, sizes, group_name, grad, transport, *checked)
+    with torch.no_grad():
+        if not info.communicates:
+            return x.clone(memory_format=torch.contiguous_format), layout
+        if layout.total == 0:
+            return x.new_empty(layout.output_shape), layout
+        if fused is None:
+            fused = choose_transport(transport, layout, info).gather(x, layout, info)
+        return fresh(fused, x), layout
+
+
+def _layout_of(t: torch.Tensor, dim: int, sizes: Sequence[int], rank: int) -> Layout:
+    """The ``Layout`` of a gather of ``sizes`` along ``dim`` of shards shaped as ``t``."""
+    d = dim % t.dim()
+    shape = tuple(t.shape)
+    return Layout(tuple(sizes), d, shape[:d], shape[d + 1 :], t.dtype, rank, len(sizes))
+
+
+def _all_gather_v_fake(x: torch.Tensor, dim: int, sizes: Sequence[int], *_: Any) -> torch.Tensor:
+    return x.new_empty(resized(x, (dim, sum(sizes))))
+
+
+def _backward_eagerly(
+    grad_output: torch.Tensor,
+    dim: int,
+    sizes: Sequence[int],
+    group_name: str,
+    grad: str,
+    transport: str,
+    timeout: float | None,
+) -> torch.Tensor:
+    """``GatherVFunction.backward`` for a forward that a forward operator validated."""
+    info = named_group(group_name, timeout)
+    if not info.communicates:  # the eager gather is the identity here
+        return grad_output.clone(memory_format=torch.contiguous_format)
+    layout = _layout_of(grad_output, dim, [int(n) for n in sizes], info.rank)
+    with torch.no_grad():
+        if layout.total == 0:
+            return grad_output.new_zeros(layout.shard_shape(layout.rank))
+        if grad == "local":
+            own = grad_output.narrow(layout.dim, layout.local_offset, layout.local_size)
+            return own.clone(memory_format=torch.contiguous_format)
+        chosen = choose_transport(transport, layout, info)
+        out = chosen.reduce_scatter_sum(grad_output, layout, info)
+        if grad == "mean":
+            return mean_(out, layout.world_size).contiguous()  # as GatherVFunction's backward
+        return canonical_nans_(out).contiguous()
+
+
+def _all_gather_v_backward_fake(
+    grad_output: torch.Tensor, dim: int, sizes: Sequence[int], group_name: str, *_: Any
+) -> torch.Tensor:
+    group = group_named(group_name)
+    if group is None or torch.distributed.get_world_size(group) == 1:  # the identity
+        return grad_output.new_empty(grad_output.shape)
+    return grad_output.new_empty(resized(grad_output, (dim, sizes[rank_of(group_name)])))
+
+
+def _exchange_sizes(x: torch.Tensor, dim: int, *rest: Any) -> torch.Tensor:
+    """The metadata exchange and its validation (``plan_gather``): every rank's size."""
+    layout, _, _ = _planned(x, dim, None, *rest)
+    return torch.tensor(layout.sizes, dtype=torch.int64)
+
+
+def _exchange_sizes_fake(x: torch.Tensor, dim: int, group_name: str, *_: Any) -> torch.Tensor:
+    group = group_named(group_name)
+    n = 1 if group is None else torch.distributed.get_world_size(group)
+    return torch.empty(n, dtype=torch.int64)
+
+
+def _all_gather_v_sized_by_fake(
+    x: torch.Tensor, sizes: torch.Tensor, dim: int, *_: Any
+) -> torch.Tensor:
+    shape: list[int | torch.SymInt] = list(x.shape)
+    if sizes.numel() > 1:  # one rank: the identity, of x's own length
+        shape[dim % x.dim()] = torch.library.get_ctx().new_dynamic_size(min=0)
+    return x.new_empty(shape)
+
+
+def _all_gather_v_sized_by_backward_fake(
+    grad_output: torch.Tensor, sizes: torch.Tensor, dim: int, local_size: int, *_: Any
+) -> torch.Tensor:
+    return grad_output.new_empty(resized(grad_output, (dim, local_size)))
+
+
+def _sized_by(x: torch.Tensor, sizes: torch.Tensor, dim: int, *named: Any) -> torch.Tensor:
+    """The payload's transport with the sizes ``exchange_sizes`` validated."""
+    group_name, grad, transport, timeout = named
+    found = sizes.tolist()
+    return _gather_eagerly(x, dim, found, group_name, grad, transport, False, timeout, False)[0]
+
+
+def _saved(inputs: tuple[Any, ...], output: torch.Tensor) -> tuple[Any, ...]:
+    """What ``all_gather_v_backward`` takes after the gradient."""
+    x, dim, sizes, group_name, grad, transport, _validate, timeout, _ = inputs
+    return (dim % x.dim(), list(sizes), group_name, grad, transport, timeout)
+
+
+def _sized_by_saved(inputs: tuple[Any, ...], output: torch.Tensor) -> tuple[Any, ...]:
+    """What ``all_gather_v_sized_by_backward`` takes after the gradient."""
+    x, sizes, dim, *rest = inputs
+    d = dim % x.dim()
+    return (sizes, d, x.shape[d], *rest)
+
+
+_NAMED = "str group_name, str grad, str transport"
+_CHECKED = "bool validate, float? timeout, bool requires_grad"
+define_ops(
+    OpSpec(
+        "all_gather_v",
+        f"(Tensor x, SymInt dim, SymInt[] sizes, {_NAMED}, {_CHECKED}) -> Tensor",
+        lambda x, dim, sizes, *rest: _gather_eagerly(x, dim, list(sizes), *rest)[0],
+        _all_gather_v_fake,
+        "all_gather_v_backward",
+        _saved,
+    ),
+    OpSpec(
+        "all_gather_v_backward",
+        f"(Tensor grad_output, SymInt dim, SymInt[] sizes, {_NAMED}, float? timeout) -> Tensor",
+        _backward_eagerly,
+        _all_gather_v_backward_fake,
+    ),
+    OpSpec(
+        "exchange_sizes",
+        f"(Tensor x, SymInt dim, {_NAMED}, {_CHECKED}) -> Tensor",
+        _exchange_sizes,
+        _exchange_sizes_fake,
+    ),
+    OpSpec(
+        "all_gather_v_sized_by",
+        f"(Tensor x, Tensor sizes, SymInt dim, {_NAMED}, float? timeout) -> Tensor",
+        _sized_by,
+        _all_gather_v_sized_by_fake,
+        "all_gather_v_sized_by_backward",
+        _sized_by_saved,
+    ),
+    OpSpec(
+        "all_gather_v_sized_by_backward",
+        f"(Tensor grad_output, Tensor sizes, SymInt dim, SymInt local_size, {_NAMED}, "
+        "float? timeout) -> Tensor",
+        lambda g, sizes, dim, _n, *rest: _backward_eagerly(g, dim, sizes.tolist(), *rest),
+        _all_gather_v_sized_by_backward_fake,
+    ),
+)
+
+
+# The routes take the face's arguments: (x, dim, sizes, group, grad, transport, validate,
+# timeout, mesh_dim).
+
+
+def _traced_gather(x: object, dim: object, sizes: object, *rest: object) -> GatherResult | None:
+    """``vargather::all_gather_v`` with every size known, else ``None``."""
+    group, grad, transport, validate, timeout, mesh_dim = rest
+    a = op_args(x, dim, group, mesh_dim, validate, timeout, grad, transport)
+    plain = None if a is None else plain_sizes(sizes, a.world_size)
+    if a is None or plain is None:
+        return None
+    args = (a.group_name, grad, transport, a.validate, a.seconds, a.requires_grad)
+    out = torch.ops.vargather.all_gather_v(a.x, a.dim, plain, *args)
+    return GatherResult(out, _layout_of(a.x, a.dim, plain, a.rank))
+
+
+def _traced_tensor(x: object, dim: object, sizes: object, *rest: object) -> torch.Tensor | None:
+    """``_traced_gather``'s tensor; with ``sizes=None`` where the graph may hold an
+    unbacked length, ``exchange_sizes`` then ``all_gather_v_sized_by``; else ``None``."""
+    found = _traced_gather(x, dim, sizes, *rest)
+    if found is not None or sizes is not None or not unbacked_sizes_allowed_here():
+        return None if found is None else found.tensor
+    group, grad, transport, validate, timeout, mesh_dim = rest
+    a = op_args(x, dim, group, mesh_dim, validate, timeout, grad, transport)
+    if a is None:
+        return None
+    args = (a.group_name, grad, transport, a.validate, a.seconds, a.requires_grad)
+    sized = torch.ops.vargather.exchange_sizes(a.x, a.dim, *args)
+    out: torch.Tensor = torch.ops.vargather.all_gather_v_sized_by(
+        a.x, sized, a.dim, *args[:3], a.seconds
+    )
+    return out
+
+
+def _eager_gather(x: object, dim: object, sizes: object, *rest: object) -> GatherResult:
+    group, grad, transport, validate, timeout, mesh_dim = rest
+    keywords = {"sizes": sizes, "group": group, "grad": grad, "transport": transport}
+    return gather_with_layout(
+        x, dim, **keywords, validate=validate, timeout=timeout, mesh_dim=mesh_dim
+    )
+
+
+ALL_GATHER_V: Route[torch.Tensor] = Route(
+    "all_gather_v", lambda *args: _eager_gather(*args).tensor, _traced_tensor
+)
+ALL_GATHER_V_WITH_LAYOUT: Route[GatherResult] = Route(
+    "all_gather_v_with_layout", _eager_gather, _traced_gather
+)

@@ -646,3 +646,97 @@ def gather_list_eager(
         return plan.box.pop()
     outs = GatherListFunction.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
     return list(outs)
+
+
+# --- compiled: all_gather_list's operators and route (``_compiled``) -----------------------
+
+from ._compiled import OpSpec, Route, define_ops, fresh, op_args, plain_sizes, rank_of  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
+from ._mesh import named_group  # noqa: E402  # as above
+
+
+def encode_shapes(shapes: Sequence[Sequence[int]]) -> list[int]:
+    """Shapes as one int list for an operator: ``ndim, dims...`` per rank."""
+    return [v for s in shapes for v in (len(s), *s)]
+
+
+def decode_shapes(flat: Sequence[int]) -> Shapes:
+    out: list[tuple[int, ...]] = []
+    i = 0
+    while i < len(flat):
+        n = int(flat[i])
+        out.append(tuple(int(v) for v in flat[i + 1 : i + 1 + n]))
+        i += 1 + n
+    return tuple(out)
+
+
+def _gather_list_op(
+    x: torch.Tensor, shapes: Sequence[int], group_name: str, grad: str, *rest: Any
+) -> list[torch.Tensor]:
+    validate, timeout, requires_grad = rest
+    plan = plan_gather_list(
+        x, decode_shapes(shapes), grad, named_group(group_name), validate=validate,
+        timeout=timeout, requires_grad=requires_grad,
+    )  # fmt: skip
+    with torch.no_grad():
+        if not plan.info.communicates:
+            return [x.clone(memory_format=torch.contiguous_format)]
+        return [o.clone() for o in gather_flat(x, plan)]
+
+
+def _list_gradient_op(
+    grads: Sequence[torch.Tensor], shapes: Sequence[int], group_name: str, grad: str, *rest: Any
+) -> torch.Tensor:
+    info = named_group(group_name, rest[0])
+    if not info.communicates:
+        return grads[0].clone(memory_format=torch.contiguous_format)
+    plan = GatherListPlan(decode_shapes(shapes), info, grad, grads[0].dtype)
+    with torch.no_grad():
+        return fresh(list_gradient(list(grads), plan), grads[info.rank])
+
+
+def _list_gradient_fake(
+    grads: Sequence[torch.Tensor], shapes: Sequence[int], group_name: str, *_: Any
+) -> torch.Tensor:
+    found = decode_shapes(shapes)
+    return grads[0].new_empty(found[rank_of(group_name)] if len(found) > 1 else found[0])
+
+
+define_ops(
+    OpSpec(
+        "all_gather_list",
+        "(Tensor x, SymInt[] shapes, str group_name, str grad, bool validate, float? timeout, "
+        "bool requires_grad) -> Tensor[]",
+        _gather_list_op,
+        lambda x, shapes, *_: [x.new_empty(s) for s in decode_shapes(shapes)],
+        "all_gather_list_backward",
+        lambda i, _: (list(i[1]), i[2], i[3], i[5]),  # shapes, group_name, grad, timeout
+    ),
+    OpSpec(
+        "all_gather_list_backward",
+        "(Tensor[] grads, SymInt[] shapes, str group_name, str grad, float? timeout) -> Tensor",
+        _list_gradient_op,
+        _list_gradient_fake,
+    ),
+)
+
+
+def _traced(
+    x: object, shapes: object, group: object, mesh_dim: object, grad: object, *rest: object
+) -> list[torch.Tensor] | None:
+    """The operator with every rank's shape known as ints, or ``None``."""
+    a = op_args(x, 0, group, mesh_dim, *rest, grad)
+    if a is None or not isinstance(shapes, (list, tuple)) or len(shapes) != a.world_size:
+        return None
+    plain: list[list[int]] = []
+    for s in shapes:
+        found = plain_sizes(s, len(s)) if isinstance(s, (list, tuple)) else None
+        if found is None:
+            return None
+        plain.append(found)
+    out: list[torch.Tensor] = torch.ops.vargather.all_gather_list(
+        a.x, encode_shapes(plain), a.group_name, grad, a.validate, a.seconds, a.requires_grad
+    )
+    return out
+
+
+ALL_GATHER_LIST: Route[list[torch.Tensor]] = Route("all_gather_list", gather_list_eager, _traced)

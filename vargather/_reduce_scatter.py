@@ -299,3 +299,78 @@ def reduce_scatter_eager(
     out = ReduceScatterVFunction.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
     assert isinstance(out, torch.Tensor)
     return out
+
+
+# --- compiled: reduce_scatter_v's operators and route (``_compiled``) ----------------------
+
+from ._compiled import OpSpec, Route, define_ops, fresh, op_args, plain_sizes, rank_of, resized  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
+from ._mesh import named_group  # noqa: E402  # as above
+
+
+def _reduce_scatter_op(
+    x: torch.Tensor, dim: int, sizes: Sequence[int], name: str, *rest: Any
+) -> torch.Tensor:
+    validate, timeout, requires_grad = rest
+    plan = plan_reduce_scatter(
+        x, list(sizes), dim, named_group(name), validate=validate, timeout=timeout,
+        requires_grad=requires_grad,
+    )  # fmt: skip
+    with torch.no_grad():
+        out = plan.result
+        return fresh(reduce_scatter_blocks(x, plan.layout, plan.info) if out is None else out, x)
+
+
+def _reduce_scatter_fake(
+    x: torch.Tensor, dim: int, sizes: Sequence[int], name: str, *_: Any
+) -> torch.Tensor:
+    return x.new_empty(resized(x, (dim, sizes[rank_of(name)])))
+
+
+def _gathered_like(g: torch.Tensor, dim: int, sizes: Sequence[int], *_: Any) -> torch.Tensor:
+    """An empty tensor of ``x``'s shape: the backward's fake, and its layout's model."""
+    return g.new_empty(resized(g, (dim, sum(sizes))))
+
+
+def _gather_gradient_op(
+    g: torch.Tensor, dim: int, sizes: Sequence[int], name: str, timeout: float | None
+) -> torch.Tensor:
+    info = named_group(name, timeout)
+    layout = scatter_layout(_gathered_like(g, dim, sizes), dim % g.dim(), tuple(sizes), info)
+    with torch.no_grad():
+        return fresh(gather_gradient(g, layout, info), g)
+
+
+define_ops(
+    OpSpec(
+        "reduce_scatter_v",
+        "(Tensor x, SymInt dim, SymInt[] sizes, str group_name, bool validate, float? timeout, "
+        "bool requires_grad) -> Tensor",
+        _reduce_scatter_op,
+        _reduce_scatter_fake,
+        "reduce_scatter_v_backward",
+        lambda i, _: (i[1] % i[0].dim(), list(i[2]), i[3], i[5]),  # dim, sizes, group, timeout
+    ),
+    OpSpec(
+        "reduce_scatter_v_backward",
+        "(Tensor grad_output, SymInt dim, SymInt[] sizes, str group_name, float? timeout) -> Tensor",
+        _gather_gradient_op,
+        _gathered_like,
+    ),
+)
+
+
+def _traced(
+    x: object, sizes: object, dim: object, group: object, *rest: object
+) -> torch.Tensor | None:
+    mesh_dim, validate, timeout = rest
+    a = op_args(x, dim, group, mesh_dim, validate, timeout)
+    plain = None if a is None else plain_sizes(sizes, a.world_size)
+    if a is None or plain is None:
+        return None
+    out: torch.Tensor = torch.ops.vargather.reduce_scatter_v(
+        a.x, a.dim, plain, a.group_name, a.validate, a.seconds, a.requires_grad
+    )
+    return out
+
+
+REDUCE_SCATTER_V: Route[torch.Tensor] = Route("reduce_scatter_v", reduce_scatter_eager, _traced)

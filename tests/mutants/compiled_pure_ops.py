@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 import vargather
-from vargather import _compiled as vc
+from vargather import _gather as vc
 from vargather._mesh import group_of
 from vargather.testing.cases import GatherCase
 
