@@ -83,7 +83,7 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, NamedTuple, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -114,12 +114,11 @@ from ._round_buffers import (
     region_cutter,
 )
 from ._round_state import (
-    STATES,
     FusedState,
-    PerGroup,
     advance_blocks,
     block_room,
     is_wide,
+    memory,
     set_state,
     whole_16,
     wide_blocks,
@@ -342,7 +341,7 @@ def exchange_fused(
     """
     kind_code = COLLECTIVES[call.kind].code
     pg = process_group(info) if info.communicates else None
-    state = (STATES.get(pg, COLLECTIVES[call.kind].round) if pg is not None else None) or _FRESH
+    state = _FRESH if pg is None else memory(pg, call.kind).shared.state
     if pg is not None and is_wide(state, info.world_size):
         return _wide_exchange(call, info, x, outgoing, state, pg)
     capacity = state.capacity
@@ -385,11 +384,6 @@ def exchange_fused(
     return Exchanged(out, slots, flags, state, call.kind, None, packed, raw)
 
 
-_LAST_ROWS: Final = PerGroup[tuple[bytes, list[Row], tuple[int, ...]]]()
-"""Per group and collective: the bytes of the last rows read and what they read as (a
-cache of a pure function: in the steady state every call's rows are the same bytes)."""
-
-
 def _landed_rows(buf: torch.Tensor, offsets: Sequence[int], length: int) -> bytes:
     """The received rows' bytes: ``length`` of them at each of ``offsets`` in the flat
     uint8 ``buf`` (read where they landed on the CPU, else copied to the host together)."""
@@ -408,13 +402,23 @@ def _read_rows(
     called ``call.kind``. The very bytes of the last rows read on this group give the
     very same (cached) list, so a caller may cache what it validated from it by
     identity."""
-    last = None if pg is None else _LAST_ROWS.get(pg, call.kind)
-    if last is not None and last[0] == raw:
-        return last[1], last[2]
+    mem = None if pg is None else memory(pg, call.kind)
+    last = None if mem is None else mem.last
+    if isinstance(last, _LastRows) and last.raw == raw:
+        return last.rows, last.flags
     out, flags = _decode_rows(call, raw, w)
-    if pg is not None:
-        _LAST_ROWS.put(pg, call.kind, (raw, out, flags))
+    if mem is not None:  # the collective's ``Memory.last``: a cache of a pure function
+        mem.last = _LastRows(raw, out, flags)
     return out, flags
+
+
+class _LastRows(NamedTuple):
+    """The bytes of the last rows read and what they read as (in the steady state every
+    call's rows are the same bytes)."""
+
+    raw: bytes
+    rows: list[Row]
+    flags: tuple[int, ...]
 
 
 def _decode_rows(call: FamilyCall, raw: bytes, w: int) -> tuple[list[Row], tuple[int, ...]]:
