@@ -90,7 +90,7 @@ import torch.distributed as dist
 
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
 from ._choices import CONTRACTS, DEVICE_TYPES
-from ._collectives import COLLECTIVE_NAMES, COLLECTIVES, CollectiveName, by_code, name_of_code
+from ._collectives import COLLECTIVES, CollectiveName, by_code
 from ._comm import BLOCKS_TAG, GroupInfo, all_to_all_round, all_to_all_uneven, send_receive
 from ._dtypes import dtype_from_code
 from ._errors import (
@@ -102,7 +102,7 @@ from ._errors import (
     SizesError,
     VarGatherError,
 )
-from ._exchange import _disagreement
+from ._exchange import _disagreement, check_same_collective
 from ._group import process_group
 from ._round_buffers import (
     Cut,
@@ -962,8 +962,7 @@ def _copy_packed(
 def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None:
     """Raise ``ProtocolMismatchError`` unless every rank's row (``marks[r]``: its magic
     and kind code) is a ``kind`` call's: a row vargather cannot read names its rank; a
-    peer calling another kind of the family gets one message on every rank, naming
-    which rank called which (a pure function of the rows)."""
+    peer calling another collective of the round is ``check_same_collective``'s."""
     kind_code = COLLECTIVES[kind].code
     if all(magic == ROW_MAGIC and code == kind_code for magic, code in marks):
         return
@@ -975,15 +974,7 @@ def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None
                 f"version: expected a {kind} call on every rank of the group",
                 ranks=[r],
             )
-    names = [name_of_code(code) for _, code in marks]
-    found = _disagreement("collective", names)
-    assert found is not None  # some rank's kind differs
-    message, blamed = found
-    present = " / ".join(k for k in COLLECTIVE_NAMES if k in names)
-    raise ProtocolMismatchError(
-        f"{present}: {message}: call the same collective on every rank of the group",
-        ranks=blamed,
-    )
+    check_same_collective([code for _, code in marks])
 
 
 def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:

@@ -85,10 +85,16 @@ import torch
 import torch.distributed as dist
 
 from ._args import CallRecord, CheckedCall
-from ._collectives import COLLECTIVES, CollectiveName, name_of_code
+from ._collectives import COLLECTIVES, CollectiveName
 from ._comm import GroupInfo, all_gather_equal, exchange_with_each, send_receive
 from ._errors import ArgumentMismatchError, ProtocolMismatchError, VarGatherError
-from ._exchange import _disagreement, exchange_records, plan_layout, validate_records
+from ._exchange import (
+    _disagreement,
+    check_same_collective,
+    exchange_records,
+    plan_layout,
+    validate_records,
+)
 from ._group import process_group
 from ._layout import Layout
 from ._round_buffers import (
@@ -166,19 +172,16 @@ def _full_path(
 ) -> tuple[Layout, ...]:
     """The exchange of full records: the same error on every rank, or the layouts.
 
-    What moves is decided from the headers alone (``counts``, ``kinds``: every rank's),
-    so that a peer of another kind issues the same collectives: no records when the
-    counts differ, one all_gather of ``count`` records otherwise, and
-    ``plan_layout``'s extra all_gather of a sizes mismatch only when every rank
-    called ``all_gather_v``."""
-    if kind == "all_gather_v" and len(set(kinds)) == 1:
+    What moves is decided from the headers alone (``counts``, ``kinds``: every rank's):
+    ranks that called different collectives raise at once (``check_same_collective``),
+    as do differing tensor counts; else one all_gather of ``count`` records, with
+    ``plan_layout``'s extra all_gather of a sizes mismatch for ``all_gather_v``."""
+    check_same_collective(kinds)
+    if kind == "all_gather_v":
         return (plan_layout(calls[0], info),)
     found = _disagreement("number of tensors", list(counts))
     if found is not None:
-        raise ArgumentMismatchError(
-            f"{_mixed_prefix(kinds) or 'all_gather_v_coalesced'}: {found[0]}" + _called(kinds),
-            ranks=found[1],
-        )
+        raise ArgumentMismatchError(f"{kind}: {found[0]}", ranks=found[1])
     if not calls:
         return ()
     per_rank = exchange_records([c.record for c in calls], info)
@@ -187,30 +190,8 @@ def _full_path(
         try:
             layouts.append(validate_records([row[i] for row in per_rank], rank=info.rank))
         except VarGatherError as err:
-            raise (err if kind == "all_gather_v" else named(err, i)) from None
+            raise named(err, i) from None
     return tuple(layouts)
-
-
-def _mixed_prefix(kinds: Sequence[int]) -> str:
-    """The names of the collectives the ranks called, when they differ (``""`` when
-    every rank called the same one): the same text on every rank."""
-    present = sorted(set(kinds))
-    if len(present) == 1:
-        return ""
-    return " / ".join(name_of_code(k) for k in present)
-
-
-def _called(kinds: Sequence[int]) -> str:
-    """Which rank called which collective, when they differ (else ``""``)."""
-    if len(set(kinds)) == 1:
-        return ""
-    by_kind: dict[int, list[int]] = {}
-    for r, k in enumerate(kinds):
-        by_kind.setdefault(k, []).append(r)
-    told = "; ".join(
-        f"{name_of_code(k)} on rank(s) {ranks}" for k, ranks in sorted(by_kind.items())
-    )
-    return f" (the ranks called different collectives: {told}; call the same one on every rank)"
 
 
 def exchange(
