@@ -450,6 +450,7 @@ def _steady_forgetter(name: str) -> Any:
     """What forgets the world's state of ``name``'s round and its last steady round (the
     state rule is remembered, so a later run can re-derive the very state objects that
     a remembered round was keyed by)."""
+
     def forget() -> None:
         _round_state.reset_state(None, name)  # type: ignore[arg-type]  # a collective's name
         _round_state.memory(dist.group.WORLD, name).steady = None  # type: ignore[arg-type]  # the same
