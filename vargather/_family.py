@@ -134,6 +134,7 @@ __all__ = [
     "Row",
     "ValidatedOnce",
     "agree",
+    "call_key",
     "check_tensor",
     "common_checks",
     "direct_exchanged",
@@ -143,6 +144,7 @@ __all__ = [
     "fill_packed",
     "fill_packed_at",
     "goes_direct",
+    "known_call",
     "packed_exchanged",
     "raise_local",
     "resized_round",
@@ -975,6 +977,51 @@ def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None
                 ranks=[r],
             )
     check_same_collective([code for _, code in marks])
+
+
+def call_key(x: object, *args: object) -> tuple[object, ...] | None:
+    """What this rank's call of a plain strided tensor ``x`` with ``args`` is a function
+    of (``None`` for other calls): ``x``'s metadata (shape, strides, dtype, device,
+    whether a gradient is wanted, its lazy bits) and each argument with its type (so
+    ``validate=1`` is not ``True``), lists of ints as tuples. The steady path's key
+    (``known_call``)."""
+    if type(x) is not torch.Tensor or x.layout != torch.strided or x.is_nested:
+        return None
+    key: list[object] = [x.shape, x.stride(), x.dtype, x.device, x.is_conj(), x.is_neg()]
+    key.append(x.requires_grad and torch.is_grad_enabled())
+    for a in args:
+        if type(a) in (list, tuple):
+            assert isinstance(a, (list, tuple))  # for mypy: checked just above
+            if not all(type(n) is int for n in a):
+                return None
+            key.append((type(a), tuple(a)))
+        elif a is None or type(a) in (int, str, bool, float, timedelta):
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key)
+
+
+def known_call(
+    name: CollectiveName,
+    key: tuple[object, ...] | None,
+    info: GroupInfo,
+    make: Callable[[], FamilyCall],
+) -> FamilyCall:
+    """This rank's call (``make()``: ``check_tensor`` and the collective's own checks),
+    or, on the steady path, the one ``make`` returned for the same ``key``
+    (``call_key``) last time on this group: a call is a pure function of its key and
+    the group (kept in the collective's ``Memory.known``)."""
+    pg = process_group(info) if key is not None and info.communicates else None
+    if pg is None:
+        return make()
+    mem = memory(pg, name)
+    known = mem.known
+    if known is not None and known[0] == key and isinstance(known[1], FamilyCall):
+        return known[1]
+    call = make()
+    mem.known = (key, call) if key is not None else None
+    return call
 
 
 def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:

@@ -41,9 +41,11 @@ from ._family import (
     Row,
     ValidatedOnce,
     agree,
+    call_key,
     check_tensor,
     common_checks,
     exchange_fused,
+    known_call,
     raise_local,
     raise_own_problem,
     requires_grad_check,
@@ -177,7 +179,10 @@ def plan_reduce_scatter(
     With ``validate=False`` the exchange is skipped and a local problem is raised on
     this rank only (its peers wait in the payload collective until they time out).
     """
-    call = _local_call(x, sizes, dim, info, validate, timeout, requires_grad)
+    key = call_key(x, sizes, dim, validate, timeout, requires_grad)
+    call = known_call(
+        NAME, key, info, lambda: _local_call(x, sizes, dim, info, validate, timeout, requires_grad)
+    )
     if call.timeout is not None:
         info = info.with_timeout(call.timeout)
     if validate is False or not info.communicates:

@@ -457,12 +457,14 @@ class Memory:
     """Everything one group keeps for one collective's round, from call to call: the
     shared state (``shared.state``), the kept buffers (``round``: ``_round_buffers.Round``),
     the last verdict (``last``), the steady replay (``steady``, and ``joined``: several
-    remembered steady calls by key). The rounds own what they put in the untyped slots."""
+    remembered steady calls by key), this rank's last call by its key (``known``). The
+    rounds own what they put in the untyped slots."""
 
-    __slots__ = ("joined", "last", "round", "shared", "steady")
+    __slots__ = ("joined", "known", "last", "round", "shared", "steady")
 
     def __init__(self, shared: StateCell) -> None:
         self.shared = shared
+        self.known: tuple[tuple[object, ...], object] | None = None  # a call by its key
         self.round: object = None
         self.last: object = None
         self.steady: object = None
