@@ -131,6 +131,7 @@ __all__ = [
     "Exchanged",
     "FamilyCall",
     "PackedRound",
+    "RoundSpec",
     "Row",
     "ValidatedOnce",
     "agree",
@@ -151,6 +152,7 @@ __all__ = [
     "rows_changed_only_in",
     "run_direct",
     "run_packed",
+    "run_round",
     "send_packed",
     "settle",
     "sizes_words",
@@ -1022,6 +1024,35 @@ def known_call(
     call = make()
     mem.known = (key, call) if key is not None else None
     return call
+
+
+@dataclass(frozen=True)
+class RoundSpec(Generic[T]):
+    """What a collective of the all_to_all pattern hands the round (``run_round``), from
+    its own module: nothing of it is the round's. ``validate(rows, rank=)``: every
+    rank's rows to the call's verdict, or the error every rank raises alike (a pure
+    function of the rows; wrap it in ``ValidatedOnce``); ``outgoing(x, call, info)``:
+    this rank's payload as flat bytes and the bytes of its block for each rank, in rank
+    order (an empty block to a rank that gets nothing); ``blocks(verdict, x, call,
+    info)``: from the verdict, the bytes rank ``j`` sends rank ``k`` at ``j * W + k``,
+    the same on every rank. Its extra row words ride in ``FamilyCall.extras``."""
+
+    validate: Callable[..., T]
+    outgoing: Callable[[object, FamilyCall, GroupInfo], tuple[torch.Tensor, Sequence[int]]]
+    blocks: Callable[[T, object, FamilyCall, GroupInfo], Sequence[int]]
+
+
+def run_round(
+    spec: RoundSpec[T], call: FamilyCall, x: object, info: GroupInfo
+) -> tuple[T, tuple[torch.Tensor, ...] | None]:
+    """A validated call's round on a communicating group: every rank's row and the
+    blocks that fit (``exchange_fused``), the verdict (``spec.validate``: the same
+    error on every rank, or the same verdict), the state moved (``settle``) and, when
+    every block rode, the block each rank sent this rank (else ``None``: the
+    collective's payload collective runs)."""
+    ex = exchange_fused(call, info, x, functools.partial(spec.outgoing, x, call, info))
+    verdict = spec.validate(ex.rows, rank=info.rank)
+    return verdict, settle(ex, info, spec.blocks(verdict, x, call, info))
 
 
 def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:

@@ -23,7 +23,6 @@ gradients (the exact adjoint), one gather through ``_transport``'s ``auto`` choi
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -38,18 +37,18 @@ from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import SizesError, SizesMismatchError
 from ._family import (
     FamilyCall,
+    RoundSpec,
     Row,
     ValidatedOnce,
     agree,
     call_key,
     check_tensor,
     common_checks,
-    exchange_fused,
     known_call,
     raise_local,
     raise_own_problem,
     requires_grad_check,
-    settle,
+    run_round,
     sizes_words,
     with_problem,
 )
@@ -185,21 +184,15 @@ def plan_reduce_scatter(
     )
     if call.timeout is not None:
         info = info.with_timeout(call.timeout)
+    found: tuple[int, ...] | None
+    slots: tuple[torch.Tensor, ...] | None = None
     if validate is False or not info.communicates:
-        problem = call.record.problem
-        raise_own_problem(NAME, problem, info, trusted=validate is False)
+        raise_own_problem(NAME, call.record.problem, info, trusted=validate is False)
         found = call.sizes[0]
-        assert found is not None  # a problem-free call parsed its sizes
-        slots = None
     else:
-        ex = exchange_fused(call, info, x, functools.partial(_outgoing, x, call, info))
-        found = _validated(ex.rows, rank=info.rank)
-        assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
-        lay = scatter_layout(x, call.record.normalized_dim, found, info)
-        unit = lay.pre * lay.post * x.element_size()
-        slots = settle(
-            ex, info, [n * unit for n in found] * info.world_size
-        )  # the same blocks on every rank
+        validated, slots = run_round(_SPEC, call, x, info)
+        found = validated
+    assert found is not None  # a problem-free call parsed its sizes
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     layout = scatter_layout(x, call.record.normalized_dim, found, info)
     result = None if slots is None else fold_slots(slots, layout)
@@ -215,6 +208,18 @@ def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tenso
     layout = scatter_layout(x, call.record.normalized_dim, sizes, info)
     unit = layout.pre * layout.post * x.element_size()
     return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in sizes]
+
+
+def _blocks(found: tuple[int, ...], x: object, call: FamilyCall, info: GroupInfo) -> list[int]:
+    """The bytes rank ``j`` sends rank ``k``: block ``k`` of ``found``, from every rank."""
+    assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
+    lay = scatter_layout(x, call.record.normalized_dim, found, info)
+    unit = lay.pre * lay.post * x.element_size()
+    return [n * unit for n in found] * info.world_size
+
+
+_SPEC: Final = RoundSpec(_validated, _outgoing, _blocks)
+"""``reduce_scatter_v`` as the round takes it (``_family.RoundSpec``)."""
 
 
 def fold_slots(slots: Sequence[torch.Tensor], layout: Layout) -> torch.Tensor:
