@@ -188,7 +188,7 @@ def test_a_steady_calls_key_tells_every_argument_apart() -> None:
     never reuses another's checked call; calls it cannot key are ``None``."""
     from datetime import timedelta
 
-    from vargather._family import call_key
+    from vargather._rows import call_key
 
     x = torch.zeros(4, 3)
     key = call_key(x, [2, 2], 0, True, None, None)

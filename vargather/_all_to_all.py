@@ -65,18 +65,13 @@ from ._errors import (
 from ._family import (
     DirectRound,
     Exchanged,
-    FamilyCall,
     PackedRound,
-    ValidatedOnce,
-    check_tensor,
     direct_exchanged,
     exchange_fused,
     fill_packed_at,
     goes_direct,
     packed_exchanged,
-    raise_own_problem,
     resized_round,
-    rows_changed_only_in,
     run_direct,
     run_packed,
     send_packed,
@@ -97,6 +92,7 @@ from ._round_buffers import (
     unpack,
 )
 from ._round_state import FusedState, advance_blocks, block_room, memory, set_state
+from ._rows import FamilyCall, ValidatedOnce, check_tensor, raise_own_problem, rows_changed_only_in
 from ._wire import RECORD_SHAPE_AT, ROW_EXTRAS_AT
 
 __all__ = [
@@ -132,7 +128,7 @@ class AllToAllPlan:
 
 
 _validated: Final = ValidatedOnce(validate_rows)
-"""``validate_rows``, once for the steady state's rows (``_family.ValidatedOnce``)."""
+"""``validate_rows``, once for the steady state's rows (``_rows.ValidatedOnce``)."""
 
 
 def plan_all_to_all(

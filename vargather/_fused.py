@@ -1,75 +1,35 @@
 """The all_gather-shaped round: the metadata exchange with the payload riding along.
 
-Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
-transport -> autograd. This module runs a validated call's exchange (falling back to
-``_exchange`` on the rare error path) and, when the payload fits the slots the group
-agreed on, its transport in the same round, and decides the call's verdict from the
-headers; it sits above ``_transport`` (whose transports move the payload when it does
-not ride along), the state policy (``_round_state``: the state, its rules, the
-registries) and the kept buffers (``_round_buffers``), and below the collectives that
-run it (``all_gather_v``, ``all_gather_v_coalesced``, ``all_gather_list``).
-
-Every validated call on a communicating group starts with **one round** whose size
-every rank knows before it starts, whatever its arguments. Every rank derives it from
-the group's ``FusedState``, which every rank updates identically from headers every
-rank has seen: a mismatched dtype or shape cannot abort a rank or be misread, as
-nothing but agreed-length bytes moves before validation, and nothing received is read
-but the headers until they validated. The round is one of two kinds:
+Where it sits: above ``_transport`` (which moves the payload when it does not ride),
+the state policy (``_round_state``) and the kept buffers (``_round_buffers``); below
+the collectives that run it (``all_gather_v``, ``all_gather_v_coalesced``,
+``all_gather_list``). Every validated call on a communicating group starts with one
+round whose length every rank derives from the group's ``FusedState`` (the same on
+every rank), so nothing but agreed-length bytes moves before validation, and nothing
+received is read but the compact headers (``_wire.encode_header``: what validation
+compares, a problem only a flag) until they validated. The round is one of:
 
 * the **gather round** (``state.wide`` empty): every rank sends ``slots *
-  HEADER_BYTES + capacity`` bytes, ``slots`` compact headers (one per gathered
-  tensor) and a payload slot of ``capacity`` bytes (at most ``FUSED_MAX_BYTES``, 128
-  KiB), the same on every rank; on gloo by direct sends (``_gather_blocks``: 2 (W -
-  1) point-to-point operations in one batch, faster than gloo's ring all_gather of
-  the same bytes at every size measured), elsewhere one equal all_gather. Every slot
-  is as large as the largest, so a group keeps it only while that carries at most
-  ``PAD_LIMIT`` times the payload (or ``SMALL_BYTES`` in all).
-* the **wide round** (``state.wide[r]``: rank r's own payload slot): one batch of
-  direct sends (``_comm.exchange_with_each``): rank r sends region r of one
-  rank-major buffer, its payload slot of ``wide[r]`` bytes followed by its ``slots``
-  headers, to every peer, and receives every peer's region in place; 2 (W - 1)
-  point-to-point operations in flight at once. Every byte crosses one link once and
-  no rank forwards another's. No rank pads to another's size: for a stable skew each
-  slot is the rank's own need, and a single tensor gathered along a leading dim is
-  returned as a view of the buffer after the payload regions are closed up over the
-  headers in place (``move_left``: one ``memmove`` per rank but the first on the
-  CPU, never a second buffer). From ``HEADERS_APART_MIN`` (4 MiB) of slots in all
-  the headers travel as a message of their own beside each slot, the slots adjacent
-  (``WideLayout``): nothing moves for a stable skew. Below it they ride in the
-  region: every point-to-point message costs gloo a notification round and CPU on
-  both sides, more than the close-up's ``memmove`` there (``docs/performance.md``).
+  HEADER_BYTES + capacity`` bytes (``capacity <= FUSED_MAX_BYTES``); on gloo by
+  direct sends (``_gather_blocks``), elsewhere one equal all_gather;
+* the **wide round** (``state.wide[r]``: rank r's own payload slot): rank r's region
+  of one buffer (its slot, then its headers; from ``HEADERS_APART_MIN`` the headers
+  apart, ``WideLayout``) to every peer by direct sends, every peer's received in
+  place, the result closed up in place (``region_cutter``);
 * the **steady path** (``steady_exchange``): a call that repeats the group's last
-  steady wide round (the caller's key: shape, dtype, dim, contract; the same state)
-  sends the same bytes without re-deriving them, and when every rank's headers are
-  the ones they sent last time, the verdict is the last one's.
+  steady round (the caller's key, the same state) sends the same bytes without
+  re-deriving them, and when every rank's headers are the ones of last time, the
+  verdict is the last one's.
 
-The compact header (``_wire.encode_header``, ``HEADER_WORDS`` int64) carries what
-validation compares, with no message text: a problem only sets a flag.
-
-After the round, every rank decides from the gathered headers alone:
-
-* **compact**: every rank sent the same number of tensors, at most ``slots``, none
-  flagged (no local problem, ndim <= ``SHAPE_SLOTS``) and the headers validate
-  (``validate_records``): the ``Layout`` of each tensor comes from the headers.
-* otherwise the **full path**: the exchange of full records (``_exchange``, with the
-  problem's message text), which raises the same error on every rank, or (for a call
-  that was merely too wide for the compact header) returns the layouts. This is the
-  rare error path; it costs a second round.
-* **fused**: compact, every rank eligible (``transport="auto"``, tensors on the
-  metadata device, not a layout-only call) and every rank's payload within its slot
-  (``capacity``, at most ``FUSED_MAX_BYTES``, in the gather round; ``wide[r]`` in the
-  wide round): every rank copied its payload into its slot, and the results are cut
-  out of the received bytes. One round in all.
-* otherwise the payload moves in a second round (the transports of ``_transport``).
-
-How the group's state moves after each call, and the padding bounds, are
-``_round_state``'s (its module doc). Every header carries its caller's collective (its
-wire code, ``_collectives``), and what the full path moves is decided from every
-rank's headers alone: ranks whose tensor counts differ raise ``ArgumentMismatchError``
-at once, naming which rank called which collective; otherwise one all_gather of the
-records, and ``plan_layout``'s extra all_gather of a sizes mismatch only when every
-rank called ``all_gather_v``. Collectives that agree on the headers
-(``all_gather_v(x)`` beside ``all_gather_v_coalesced([x])``) gather alike.
+Every rank then decides from the headers alone (``_decide``): **compact** (the same
+tensor count, none flagged, ``validate_records`` passes) gives the layouts; else the
+**full path** (``_full_path``: ``check_same_collective``, then the full records with
+the problem's text) raises the same error on every rank, or returns the layouts of a
+call only too wide for the compact header. **Fused** (compact, every rank eligible,
+every payload within its slot): the results are cut out of the received bytes, one
+round in all; otherwise the payload moves in a second round. The verdict of the last
+compact call is cached in the collective's ``Memory.last`` (a pure function of the
+headers; ``_resized``: only the gathered sizes changed).
 """
 
 from __future__ import annotations

@@ -47,13 +47,13 @@ from ._errors import (
     SizesTypeError,
     VarGatherError,
 )
-from ._family import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
 from ._gather import _autograd_needed
 from ._layout import Layout
 from ._mesh import call_group
 from ._reduce_scatter import reduce_scatter_blocks
 from ._reduced import mean_
 from ._round_buffers import plain
+from ._rows import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
 from ._transport import choose_transport
 from ._wire import carrier_ndim, carrier_words
 

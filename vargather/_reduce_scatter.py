@@ -35,27 +35,25 @@ from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import SizesError, SizesMismatchError
-from ._family import (
+from ._family import RoundSpec, known_call, run_round
+from ._layout import Layout
+from ._mesh import call_group
+from ._reduced import add_, canonical_nans_
+from ._round_buffers import pack
+from ._rows import (
     FamilyCall,
-    RoundSpec,
     Row,
     ValidatedOnce,
     agree,
     call_key,
     check_tensor,
     common_checks,
-    known_call,
     raise_local,
     raise_own_problem,
     requires_grad_check,
-    run_round,
     sizes_words,
     with_problem,
 )
-from ._layout import Layout
-from ._mesh import call_group
-from ._reduced import add_, canonical_nans_
-from ._round_buffers import pack
 from ._transport import choose_transport
 
 __all__ = [
@@ -160,7 +158,7 @@ def validate_rows(rows: list[Row], *, rank: int) -> tuple[int, ...]:
 
 
 _validated: Final = ValidatedOnce(validate_rows)
-"""``validate_rows``, once for the steady state's rows (``_family.ValidatedOnce``)."""
+"""``validate_rows``, once for the steady state's rows (``_rows.ValidatedOnce``)."""
 
 
 def plan_reduce_scatter(
