@@ -313,22 +313,8 @@ def advance(
     else:
         fewer, fewer_max = 0, 0
     wide_step = _advance_wide(state, fusable, needs)
-    after = (capacity, slots, idle, idle_need, fewer, fewer_max, *wide_step)
-    if after == (
-        state.capacity,
-        state.slots,
-        state.idle,
-        state.idle_need,
-        state.fewer,
-        state.fewer_max,
-        state.wide,
-        state.wide_idle,
-        state.wide_max,
-        state.wide_steady,
-        state.wide_last,
-    ):
-        return state  # unchanged (the steady state): no new object
-    return FusedState(*after)
+    after = FusedState(capacity, slots, idle, idle_need, fewer, fewer_max, *wide_step)
+    return state if after == state else after  # unchanged (the steady state): no new object
 
 
 FAMILY_FUSED_MAX: Final = 16 * 1024
@@ -415,29 +401,10 @@ def _advance_blocks(
         slot=block_slot,
     )
     wide_step = _advance_wide(state, fusable, blocks, _wants_wide_blocks)
-    after = (capacity, idle, idle_need, *wide_step)
-    if after == (
-        state.capacity,
-        state.idle,
-        state.idle_need,
-        state.wide,
-        state.wide_idle,
-        state.wide_max,
-        state.wide_steady,
-        state.wide_last,
-    ):
-        return state
-    return replace(
-        state,
-        capacity=capacity,
-        idle=idle,
-        idle_need=idle_need,
-        wide=wide_step[0],
-        wide_idle=wide_step[1],
-        wide_max=wide_step[2],
-        wide_steady=wide_step[3],
-        wide_last=wide_step[4],
+    after = FusedState(
+        capacity, state.slots, idle, idle_need, state.fewer, state.fewer_max, *wide_step
     )
+    return state if after == state else after
 
 
 # --- the one registry: per group, per collective ---------------------------------------
