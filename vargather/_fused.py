@@ -203,7 +203,7 @@ def exchange(
         return _wide_round(
             kind, state, calls, header_key, own, nbytes, info, mem, pg, wide, steady_key
         )
-    rnd = round_for(pg, kind, w, slots, capacity, device)
+    rnd = round_for(mem, w, slots, capacity, device)
     if rnd is not None and rnd.lock.acquire(blocking=False):
         try:
             rnd.fill((records, k, flags), own, nbytes)

@@ -25,9 +25,8 @@ import torch
 import torch.distributed as dist
 
 from ._args import CallRecord
-from ._collectives import CollectiveName
 from ._layout import Layout
-from ._round_state import SMALL_BYTES, group_memory, memory, within_waste
+from ._round_state import SMALL_BYTES, Memory, group_memory, within_waste
 from ._wire import HEADER_BYTES, encode_headers, header_struct
 
 __all__ = [
@@ -543,17 +542,12 @@ def tensor_parts(
 
 
 def round_for(
-    pg: dist.ProcessGroup | None,
-    collective: CollectiveName,
-    world: int,
-    slots: int,
-    capacity: int,
-    device: torch.device,
+    mem: Memory | None, world: int, slots: int, capacity: int, device: torch.device
 ) -> Round | None:
-    """``pg``'s kept buffers for a round of this size (made or remade), or ``None``."""
-    if pg is None or device.type != "cpu":
+    """The collective's kept buffers (``mem.round``) for a round of this size (made or
+    remade), or ``None`` (no group, another device, another thread's round)."""
+    if mem is None or device.type != "cpu":
         return None
-    mem = memory(pg, collective)
     rnd = mem.round
     if not isinstance(rnd, Round) or rnd.key != (world, slots, capacity):
         if isinstance(rnd, Round) and rnd.lock.locked():
