@@ -542,12 +542,12 @@ def _steady_gather(
     the result copied out of the kept receive buffer by one ``memmove`` per rank."""
     rnd = steady.rnd
     assert rnd is not None  # a gather round's
-    recv = rnd.recv
-    if mem.round is not rnd or rnd.header_key != steady.header_key or recv is None:
-        return None
-    if not rnd.lock.acquire(blocking=False):
+    if mem.round is not rnd or not rnd.lock.acquire(blocking=False):
         return None
     try:
+        recv = rnd.recv
+        if rnd.header_key != steady.header_key or recv is None:
+            return None  # its send buffer holds other headers now
         at, own = rnd.send_at, steady.own
         for address, n in sources:
             ctypes.memmove(at, address, n)
