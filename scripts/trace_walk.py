@@ -14,7 +14,7 @@ the same module folded into one step.
 
     python scripts/trace_walk.py                # a table
     python scripts/trace_walk.py --json         # {"modules": [...], "moves": N, "walk": [...]}
-    python scripts/trace_walk.py --op all_to_all_v
+    python scripts/trace_walk.py --op all_to_all_v     # or reduce_scatter_v
 """
 
 from __future__ import annotations
@@ -45,8 +45,10 @@ def _call(op: str, rank: int) -> Any:
     x = torch.arange(12 * (rank + 1), dtype=torch.float32).reshape(-1, 4) + rank
     if op == "all_gather_v":
         return vargather.all_gather_v(x)
-    if op == "all_to_all_v":
-        return vargather.all_to_all_v(x, [rank + 1, 2 - rank][:WORLD] if rank < 2 else [1, 1])
+    if op == "all_to_all_v":  # rank r's 3 (r + 1) rows as (r + 1) and 2 (r + 1)
+        return vargather.all_to_all_v(x, [rank + 1, 2 * (rank + 1)])
+    if op == "reduce_scatter_v":
+        return vargather.reduce_scatter_v(torch.arange(24.0).reshape(6, 4) + rank, [2, 4])
     raise SystemExit(f"unknown --op {op!r}")
 
 
@@ -82,7 +84,9 @@ def _rank(rank: int, store_dir: str, op: str, warm: int, out: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--op", default="all_gather_v", choices=("all_gather_v", "all_to_all_v"))
+    parser.add_argument(
+        "--op", default="all_gather_v", choices=("all_gather_v", "all_to_all_v", "reduce_scatter_v")
+    )
     parser.add_argument("--warm", type=int, default=5, help="calls before the traced one")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args()

@@ -351,7 +351,7 @@ def collectives_per_call(ctx: RankContext, job: tuple[list[int], int, int]) -> l
 
 
 def _kept(purpose: str) -> list[torch.Tensor]:
-    return list(_round_buffers.HANDED_BACK.get(dist.group.WORLD, purpose) or [])
+    return list(_round_state.group_memory(dist.group.WORLD).handed.get(purpose) or [])
 
 
 def _until_one_is_free(purpose: str) -> set[int]:
@@ -450,11 +450,10 @@ def _steady_forgetter(name: str) -> Any:
     """What forgets the world's state of ``name``'s round and its last steady round (the
     state rule is remembered, so a later run can re-derive the very state objects that
     a remembered round was keyed by)."""
-    from vargather import _fused
 
     def forget() -> None:
         _round_state.reset_state(None, name)  # type: ignore[arg-type]  # a collective's name
-        _fused._STEADY.pop(dist.group.WORLD, name)
+        _round_state.memory(dist.group.WORLD, name).steady = None  # type: ignore[arg-type]  # the same
 
     return forget
 

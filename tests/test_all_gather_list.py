@@ -66,10 +66,16 @@ def test_misuse_same_error_everywhere(kind: str) -> None:
 
 def test_a_peer_calling_all_gather_v_coalesced_is_caught_on_every_rank() -> None:
     """all_gather_list's round (kind ``coalesced``, one carrier) beside a peer's
-    ``all_gather_v_coalesced([x])``: the carrier's ndim differs, every rank raises the
-    same error before any output, and the next call works."""
+    ``all_gather_v_coalesced([x])``: the headers do not validate (the carrier's ndim
+    differs), and every rank raises the one error of ranks calling different
+    collectives (``ProtocolMismatchError``, naming both and which rank called which)
+    before any output; the next call works."""
     results = get_pool(2).run(fns.list_beside_coalesced, None)
-    assert [r[0][0] if r[0] else None for r in results] == ["ShapeMismatchError"] * 2
+    assert [r[0][0] if r[0] else None for r in results] == ["ProtocolMismatchError"] * 2
+    message = results[0][0][1]
+    assert message.startswith("all_gather_v_coalesced / all_gather_list: collective differs")
+    assert "'all_gather_list' on rank(s) [0]" in message
+    assert "'all_gather_v_coalesced' on rank(s) [1]" in message
     for _, after in results:
         assert after == [[0.0, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]]
 

@@ -180,3 +180,25 @@ def test_the_wide_round_is_the_oracle_bit_for_bit_and_the_model_s_rounds(
         _judged(cases, per_rank, w, None)
     finally:
         _round_state.FAMILY_FUSED_MAX = saved  # type: ignore[misc]  # restored
+
+
+def test_a_steady_calls_key_tells_every_argument_apart() -> None:
+    """``call_key`` (the steady path's key of a call, ``known_call``): the tensor's
+    metadata and every argument with its type, so a call that could check differently
+    never reuses another's checked call; calls it cannot key are ``None``."""
+    from datetime import timedelta
+
+    from vargather._rows import call_key
+
+    x = torch.zeros(4, 3)
+    key = call_key(x, [2, 2], 0, True, None, None)
+    assert key is not None
+    assert key == call_key(x.clone(), [2, 2], 0, True, None, None)  # the same metadata
+    assert key != call_key(x, [2, 2], 0, 1, None, None)  # validate=1 is not True
+    assert key != call_key(x, [2, 2], 0, True, 1.0, None)
+    assert key != call_key(x.t(), [2, 2], 0, True, None, None)  # other strides
+    assert key != call_key(x.requires_grad_(), [2, 2], 0, True, None, None)
+    assert call_key(x, [2.0, 2], 0, True, None, None) is None
+    assert call_key(x, [2, 2], 0, True, object(), None) is None
+    assert call_key([1, 2], [2, 2], 0, True, None, None) is None
+    assert call_key(x, [2, 2], 0, True, timedelta(seconds=1), None) is not None

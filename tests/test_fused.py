@@ -740,29 +740,36 @@ def test_the_switch_to_the_wide_round() -> None:
     assert (stay.wide, stay.wide_idle) == (skew, 1)
 
 
-def _steady_steps() -> list[tuple[tuple[int, ...], tuple[str, ...], bool]]:
-    """A steady caller (the same sizes every call, past the wide round's threshold)
-    whose peers change under it: rank 2's size once, then rank 1 sends float64; steady
-    again in between; then every rank asks for a gradient."""
+def _steady_steps(wide: bool) -> list[tuple[tuple[int, ...], tuple[str, ...], bool]]:
+    """A steady caller (the same sizes every call, past the wide round's threshold, or
+    within the gather round's slots) whose peers change under it: rank 2's size once,
+    then rank 1 sends float64; steady again in between; then every rank asks for a
+    gradient."""
     steady, moved = (600, 750, 900), (600, 750, 560)  # rows of 256 B: past 128 KiB
+    if not wide:
+        steady, moved = (6, 7, 9), (6, 7, 5)  # a few KiB: the gather round
     steps = [(steady, (), False)] * 12 + [(moved, (), False)] + [(steady, (), False)] * 12
     steps += [(steady, ("float32", "float64", "float32"), False)]
     steps += [(steady, (), False)] * 3 + [(steady, (), True)] * 12
     return steps
 
 
-@pytest.mark.parametrize("headers", ["inline", "apart"])
-@pytest.mark.parametrize("op", ["v", "list"])
-def test_the_gathers_steady_path_is_the_full_path(op: str, headers: str) -> None:
-    """The gathers' steady path (a call repeating the last steady wide round replays
-    it: ``_fused.steady_exchange``; ``all_gather_v`` and ``all_gather_list``, whose
+@pytest.mark.parametrize(
+    ("op", "headers", "round_"),
+    [(op, h, "wide") for op in ("v", "list") for h in ("inline", "apart")]
+    + [(op, "inline", "gather") for op in ("v", "list")],
+)
+def test_the_gathers_steady_path_is_the_full_path(op: str, headers: str, round_: str) -> None:
+    """The gathers' steady path (a call repeating the last steady round, wide or gather,
+    replays it: ``_fused.steady_exchange``; ``all_gather_v`` and ``all_gather_list``, whose
     payload is its carrier's two parts) gives the oracle's bits (NaN and -0.0 among
     them) and gradients with per-rank upstreams; results the caller still holds stay
     intact; when a peer's call differs (its size, its dtype) every rank still gets the
     full path's answer or its error: the same ``DTypeMismatchError`` everywhere, the
-    group usable after. With the headers in each rank's region and apart from the
-    payload slots (``WideLayout``; the full path's calls too)."""
-    steps = _steady_steps()
+    group usable after. The wide round with the headers in each rank's region and apart
+    from the payload slots (``WideLayout``; the full path's calls too); the gather
+    round from its kept buffers."""
+    steps = _steady_steps(round_ == "wide")
     w = 3
     apart_min = 0 if headers == "apart" else 1 << 60
     per_rank = get_pool(w).run(steady_gathers, (op, steps, apart_min))

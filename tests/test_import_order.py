@@ -32,6 +32,7 @@ ORDER = [
     "_wire",
     "_layout",
     "_exchange",
+    "_rows",
     "_buffers",
     "_transport",
     "_round_state",

@@ -202,3 +202,10 @@ def test_a_row_round_trips_with_its_mark_extras_and_flag(world: int, n_extras: i
     assert _wire.row_mark(row) == (_wire.ROW_MAGIC, 4)
     decoded, got, flag = _wire.decode_row(row, len(extras), world, rank=0)
     assert (decoded, got, flag) == (record, extras, 3)
+    full = tuple(range(_wire.row_extra_words(world)))  # a collective's words, any meaning
+    assert (
+        _wire.decode_row(_wire.encode_row(record, 9, full, world, 1), len(full), world, rank=0)[1]
+        == full
+    )
+    with pytest.raises(ValueError, match="at most"):
+        _wire.encode_row(record, 9, (*full, 0), world, 1)

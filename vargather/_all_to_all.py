@@ -2,7 +2,7 @@
 
 Where it sits: a family collective built on ``_family`` (stages 1-3), ``_layout``,
 ``_buffers`` and ``_comm`` (one alltoallv). The public face (``_api``) calls its
-eager code; ``_compiled_family`` wraps it in custom operators.
+``Route``; its custom operators close the module (``# --- compiled``).
 
 The math, once. Rank ``j`` holds ``x_j`` with ``Σ_r s_{j,r}`` rows along ``dim``,
 ``s_j = send_sizes`` on rank ``j`` (the send matrix ``S``, row ``j``); block ``r`` of
@@ -57,7 +57,7 @@ from ._all_to_all_rows import (
 )
 from ._args import MAX_NDIM, Problem
 from ._buffers import compact_rank_major, rank_major_gradient
-from ._collectives import COLLECTIVES, CollectiveName
+from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import (
     SizesMismatchError,
@@ -65,18 +65,13 @@ from ._errors import (
 from ._family import (
     DirectRound,
     Exchanged,
-    FamilyCall,
     PackedRound,
-    ValidatedOnce,
-    check_tensor,
     direct_exchanged,
     exchange_fused,
     fill_packed_at,
     goes_direct,
     packed_exchanged,
-    raise_own_problem,
     resized_round,
-    rows_changed_only_in,
     run_direct,
     run_packed,
     send_packed,
@@ -96,7 +91,8 @@ from ._round_buffers import (
     plain_in_blocks,
     unpack,
 )
-from ._round_state import STATES, FusedState, PerGroup, advance_blocks, block_room, set_state
+from ._round_state import FusedState, advance_blocks, block_room, memory, set_state
+from ._rows import FamilyCall, ValidatedOnce, check_tensor, raise_own_problem, rows_changed_only_in
 from ._wire import RECORD_SHAPE_AT, ROW_EXTRAS_AT
 
 __all__ = [
@@ -132,7 +128,7 @@ class AllToAllPlan:
 
 
 _validated: Final = ValidatedOnce(validate_rows)
-"""``validate_rows``, once for the steady state's rows (``_family.ValidatedOnce``)."""
+"""``validate_rows``, once for the steady state's rows (``_rows.ValidatedOnce``)."""
 
 
 def plan_all_to_all(
@@ -294,7 +290,7 @@ class _Steady:
     the result. ``spare``: send buffers of the packed round with every row and zero
     already written, only the blocks left to copy in (taken out while in use, so a
     thread never shares one). Nothing in it refers to the group, which keys it weakly
-    (``_STEADY``)."""
+    (``Memory.steady``)."""
 
     key: tuple[object, ...]
     call: FamilyCall
@@ -310,16 +306,12 @@ class _Steady:
     spare: list[torch.Tensor] = field(default_factory=list, compare=False, repr=False)
 
 
-_STEADY: Final = PerGroup[_Steady]()
-"""Per group: its last steady call (none once a call that could have been one was not)."""
-
-_JOINED: Final = PerGroup[dict[tuple[object, ...], _Steady]]()
-"""Per group: its last steady calls joined along another dim than ``dim``, by their key
-but for the rows and sizes (at most ``JOINED_KEPT``, the oldest dropped): Ulysses
-alternates calls of several shapes (Q, K and V to the heads, the output back), each of
-which replays its own round while the group's state stays the one it was sized from."""
-
 JOINED_KEPT: Final = 4
+"""Steady calls joined along another dim than ``dim`` kept per group (``Memory.joined``,
+by their key but for the rows and sizes, the oldest dropped): Ulysses alternates calls
+of several shapes (Q, K and V to the heads, the output back), each of which replays its
+own round while the group's state stays the one it was sized from. Other calls keep
+one (``Memory.steady``)."""
 
 
 def _joined(key: tuple[object, ...]) -> bool:
@@ -341,7 +333,7 @@ def _steady_key(
     cat_dim: object = None,
 ) -> tuple[object, ...] | None:
     """Everything a validated ``all_to_all_v`` call's plan is a function of, besides its
-    group (which ``_STEADY`` is kept by), the group's state and the peers' rows, for the
+    group (whose ``Memory.steady`` keeps it), the group's state and the peers' rows, for the
     calls the steady path serves (``None`` for others): a plain contiguous CPU tensor
     (cut along its first non-unit dimension its blocks lie one after the other in its
     bytes and are sent as they lie; else each is copied once into the round, and a
@@ -398,22 +390,23 @@ def _remember(
     pg = process_group(info)
     if pg is None:
         return
-    joined = _JOINED.of(pg, NAME, dict) if _joined(key) else None
+    mem = memory(pg, NAME)
+    joined = mem.joined if _joined(key) else None
     if joined is None:
-        _STEADY.pop(pg, NAME)
+        mem.steady = None
     else:
         joined.pop(key[:6], None)
     found = ex.packed if ex.packed is not None else ex.direct
     if found is None or ex.raw is None or plan.result is None:
         return
-    replays = STATES.get(pg, COLLECTIVES[NAME].round) is ex.state
+    replays = mem.shared.state is ex.state
     send, recv = plan.send, plan.recv
     blocks = _blocks_at(send.sizes, send.pre * send.post * send.dtype.itemsize)
     needs = tuple(recv.pre * n * recv.post * recv.dtype.itemsize for n in recv.sizes)
     closes = closing(found.starts, needs)
     steady = _Steady(key, call, ex.state, replays, found, blocks, ex.raw, send, recv, closes, needs)
     if joined is None:
-        _STEADY.put(pg, NAME, steady)
+        mem.steady = steady
         return
     joined[key[:6]] = steady
     while len(joined) > JOINED_KEPT:
@@ -439,13 +432,15 @@ def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> A
     alike: not at all); other rows go on as the full path does after its exchange
     (``plan_from_exchange``). Any other call goes to ``_resized_call``."""
     pg = process_group(info)
-    joined = _JOINED.get(pg, NAME) if _joined(key) else None
-    steady = _STEADY.get(pg, NAME) if joined is None else joined.get(key[:6])
-    if steady is None or pg is None or steady.key[:6] != key[:6]:
+    if pg is None:
+        return None
+    mem = memory(pg, NAME)
+    steady = mem.joined.get(key[:6]) if _joined(key) else mem.steady
+    if not isinstance(steady, _Steady) or steady.key[:6] != key[:6]:
         return None
     if steady.call.timeout is not None:  # the call's own, as the full path runs it
         info = info.with_timeout(steady.call.timeout)
-    state = STATES.get(pg, COLLECTIVES[NAME].round)
+    state = mem.shared.state
     if steady.key != key or not steady.replays or state is not steady.state:
         return _resized_call(steady, key, x, info, pg, state)
     found = steady.round
@@ -564,22 +559,18 @@ def _resized_call(
     needs = tuple(n * unit for n in recv)
     closes = closing(ridden.starts, needs)
     result = closed_up(buf, closes, recv_layout)
-    _STEADY.put(
-        pg,
-        NAME,
-        _Steady(
-            key,
-            call,
-            state,
-            after is state,
-            ridden,
-            at,
-            raw,
-            send_layout,
-            recv_layout,
-            closes,
-            needs,
-        ),
+    memory(pg, NAME).steady = _Steady(
+        key,
+        call,
+        state,
+        after is state,
+        ridden,
+        at,
+        raw,
+        send_layout,
+        recv_layout,
+        closes,
+        needs,
     )
     return AllToAllPlan(send_layout, recv_layout, info, result)
 

@@ -6,7 +6,7 @@ beneath ``_all_to_all`` (the plan, the payload, the steady path), which turns wh
 these functions return into its plan.
 
 This rank's call (``local_call``) is its record, its send and receive sizes as words
-(``_family.sizes_words``) and one word more: ``cat_dim`` normalized, ``dim``'s when
+(``_rows.sizes_words``) and one word more: ``cat_dim`` normalized, ``dim``'s when
 ``None`` (``-1``: unusable, with its problem in the record). Every rank validates the
 same rows alike (``validate_rows``): the checks every family call shares, the same
 ``cat_dim``, the shape outside ``dim`` (and ``cat_dim``), every block a rank receives
@@ -34,7 +34,8 @@ from ._errors import (
     SizesMismatchError,
 )
 from ._exchange import _disagreement
-from ._family import (
+from ._layout import Layout
+from ._rows import (
     FamilyCall,
     Row,
     agree,
@@ -45,7 +46,6 @@ from ._family import (
     sizes_words,
     with_problem,
 )
-from ._layout import Layout
 
 __all__ = [
     "Validated",

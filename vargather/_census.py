@@ -45,7 +45,7 @@ from typing import Any, Final
 
 import torch.distributed as dist
 
-from ._group import GroupInfo, process_group
+from ._group import GroupInfo
 
 __all__ = ["ARRIVALS", "CENSUS_ENV", "arrival_census_enabled"]
 
@@ -213,8 +213,8 @@ class _Arrivals:
         return None
 
     def _state(self, info: GroupInfo) -> _GroupArrivals | None:
-        pg = process_group(info)
-        if pg is None:
+        pg = info.group if info.group is not None else dist.group.WORLD  # process_group's
+        if not isinstance(pg, dist.ProcessGroup):
             return None
         with self._lock:
             state = self._groups.get(pg)

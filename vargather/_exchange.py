@@ -39,6 +39,7 @@ import torch
 
 from ._args import MAX_NDIM, CallRecord, CheckedCall, saturate, show_int, sizes_hash
 from ._choices import CONTRACTS, DEVICE_TYPES, TRANSPORT_NAMES
+from ._collectives import COLLECTIVE_NAMES, name_of_code
 from ._comm import GroupInfo, all_gather_equal
 from ._dtypes import WIRE_DTYPES, dtype_from_code
 from ._errors import (
@@ -56,6 +57,7 @@ from ._wire import RECORD_LENGTH, decode_record, encode_record
 __all__ = [
     "SIZES_SHOWN",
     "build_layout",
+    "check_same_collective",
     "exchange_records",
     "plan_layout",
     "trusted_layout",
@@ -146,6 +148,22 @@ def _disagreement(
         f"{what} differs across ranks: expected one value on every rank, got {got}",
         list(range(len(values))),
     )
+
+
+def check_same_collective(codes: Sequence[int]) -> None:
+    """The one check that every rank called the same collective (``codes[r]``: the wire
+    code rank r sent, ``_collectives``): else ``ProtocolMismatchError`` on every rank (a
+    pure function of what every rank received), naming the collectives and which rank
+    called which. Every round runs it on what it gathered; the all_gather-shaped round
+    only on its error path, as calls whose compact headers agree gather alike."""
+    names = [name_of_code(c) for c in codes]
+    found = _disagreement("collective", names)
+    if found is not None:
+        present = " / ".join(k for k in COLLECTIVE_NAMES if k in names) or "?"
+        raise ProtocolMismatchError(
+            f"{present}: {found[0]}: call the same collective on every rank of the group",
+            ranks=found[1],
+        )
 
 
 def _impossible(rec: CallRecord) -> str | None:

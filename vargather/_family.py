@@ -1,78 +1,33 @@
-"""Stages 1-3 for the ragged collective family: local checks, one exchange, validation.
+"""The all_to_all pattern's round: every rank's row to every rank, blocks where they go.
 
-Where it sits: the family's counterpart of ``_args`` + ``_exchange`` for
-``reduce_scatter_v`` (``_reduce_scatter``), ``all_to_all_v`` (``_all_to_all``) and
-``all_gather_list`` (``_gather_list``). Each of those modules turns this rank's call
-into a ``FamilyCall`` here, runs ``exchange`` (the one metadata collective), and
-validates the gathered rows with the helpers below; then it moves the payload through
-``_comm``/``_transport`` and wraps it in autograd.
+Where it sits: above the calls and rows (``_rows``), the state policy
+(``_round_state``) and the kept buffers (``_round_buffers``); below the collectives
+that ride it (``_reduce_scatter``, ``_all_to_all``; any collective of the all_to_all
+pattern, through ``RoundSpec`` and ``run_round``: ``docs/architecture.md``, "Adding a
+collective to the round"). Rank ``j`` sends every rank its row (``_wire.encode_row``:
+its record, its collective's code and extra words, a flag word) and, when every block
+fits its slot and it has no local problem, block ``k`` of its payload to rank ``k``;
+every rank sends the same lengths whichever collective it called, as the lengths are
+a function of the group's one state of this round. Nothing of a slot is read before
+the rows validated, and every rank decides from the same rows.
 
-A ``FamilyCall`` is a ``CallRecord`` of this rank's tensor (``_args.check_call``'s
-checks: the tensor, ``dim``, ``grad``, ``validate``, ``timeout``, the dtype the backend
-carries), the first local problem found (the collective's own checks, such as
-``sum(sizes) == x.shape[dim]``, appended by its module), and a run of int64
-*extras* (the passed size vectors, ``-1`` where absent). The exchange sends
-``_wire.encode_row``: ``encode_record(record) + [ROW_MAGIC, code] + extras + [flags]`` (``code``: the
-collective's wire code, ``_collectives``) (int64, padded
-to an even count) and a payload slot to every rank in one round (below: equal slots
-in one all_to_all, or a slot per pair of ranks by direct sends): every rank sends the
-same lengths, *whichever kind of the family it called*: the extras are padded with ``-1`` to ``row_extra_words(W) = 2 * (W
-+ 1) + 1`` words for every kind (``all_to_all_v``'s two size vectors and ``cat_dim``; ``reduce_scatter_v``
-passes ``W + 1``), and the capacity is the group's one state of this round (``_round_state``), shared by every
-kind. Nothing of a slot is read before the rows validated, and every rank decides
-from the same matrix: the same error on every rank, or the same answer. A peer
-issuing another collective of the family is caught by ``kind``: every rank raises the
-same ``ProtocolMismatchError``, naming which rank called which (``_check_kinds``),
-and the group's state is unchanged, so the next call of one collective on every rank
-works. (A peer in an all_gather-based collective, ``all_gather_list`` or
-``all_gather_v``, issues another collective type: that cannot be told apart from a
-late peer, and ends in the named timeout; ``docs/misuse.md``.)
+The round is one of two kinds, chosen from the state alone:
 
-**One round** (``exchange_fused``, ``settle``), of one of two kinds, chosen from the
-group's state alone (every rank the same):
+* the **equal round** (``state.wide`` empty): one equal-split all_to_all, each message
+  a row and a payload slot of ``capacity`` bytes (at most
+  ``block_slot(FAMILY_FUSED_MAX)``);
+* the **wide round** (``W * W`` learned slots, ``wide[j * W + k]`` the bytes rank
+  ``j`` may send rank ``k``): *packed* while every slot is at most
+  ``PACKED_WIDE_MAX`` (one alltoallv, each message the row and the block, each part
+  rounded up to 16 bytes), else *direct* (``DirectRound``: the rows and the blocks
+  apart; on gloo two alltoallvs posted together, each block sent as it lies in
+  ``x``, received into its slot at a 16-byte boundary and closed up in place).
 
-* the **equal round** (``state.wide`` empty): an equal-split all_to_all: rank ``j``
-  sends every rank the same row, followed by a payload slot of ``capacity`` bytes
-  holding the block the payload collective would send that rank, when every block
-  fits and the rank has no local problem (a flag word of the row says so);
-* the **wide round** (``state.wide``: ``W * W`` learned slots, ``wide[j * W + k]``
-  the bytes rank ``j`` may send rank ``k``, at least ``capacity``),
-  ``_wide_exchange``: while every slot is at most ``PACKED_WIDE_MAX`` (512 KiB),
-  *packed*: one alltoallv whose message to each peer is the row and the block in a
-  slot of its own size (``_packed_wide_exchange``); past it, *direct*: the rows and
-  the blocks apart, each block into a slot of its own size (``run_direct``); on gloo
-  as two alltoallvs posted together, each block sent as it lies in ``x`` (no copy
-  when ``x`` is contiguous with its blocks one after the other) and only its own
-  bytes, which gloo receives into the larger slot; the blocks land in the regions of
-  one buffer, each at a 16-byte boundary, which ``all_to_all_v`` returns closed up in
-  place (nothing moves when every slot is its block exactly, in whole 16 bytes).
-
-After the rows validated (nothing of a slot is read before), a call whose every
-rank's slots hold its blocks is answered from the slots: one collective in all;
-otherwise the payload collective runs (two). The state rule (``advance_blocks``,
-applied after every validated call, from the validated rows only, every kind moving
-the one state: a ``reduce_scatter_v`` after an ``all_to_all_v`` uses the same slots):
-the ``capacity`` follows the equal round's rule for calls whose largest block is at
-most ``FAMILY_FUSED_MAX`` (16 KiB); a call with a larger block, every rank eligible,
-makes the round go wide, with the all_gather-shaped wide round's rule over the
-``W * W`` blocks (``_round_state``: the exact blocks at first, ``bucket`` growth on a
-miss, the exact blocks again after ``SHRINK_AFTER`` calls in a row with the same
-blocks, back to the equal round after ``SHRINK_AFTER`` calls that do not go wide).
-Calls that raise change nothing. Bound: the equal round moves ``W * (8 *
-len(vector) + capacity)`` bytes from and to every rank, ``len(vector) <= RECORD_LENGTH
-+ 2 * W + 7`` (the record, magic and kind, ``2 * (W + 1) + 1`` extras, the flag word, one
-word of padding; ``reduce_scatter_v``'s row is ``8 * (W + 1)`` bytes longer than its
-own extras need, the price of one row length for the family), ``capacity <=
-block_slot(FAMILY_FUSED_MAX)``; the wide round moves packed every pair's row and
-slot, each rounded up to 16 bytes, and otherwise, on gloo, the rows and exactly the
-payload, and receives into slots of at most ``max(capacity, bucket`` of the
-largest block a pair had since the slots were set``)`` (``bucket``: 12.5 % over, 64
-bytes at least), each slot its block exactly while the blocks stay the same. A rank
-in the all_to_all-shaped round beside one in the all_gather-shaped round issues other
-operations (alltoallvs against an all_gather or point-to-point sends; on NCCL messages
-under other tags, ``_comm.BLOCKS_TAG``), which the backend never pairs: both wait and
-raise the named timeout, never a misread. Every rank of the family runs the same round,
-a function of the one state.
+``settle`` moves the state (``_round_state.advance_blocks``, from the validated rows
+only; calls that raise change nothing) and hands back the blocks when every rank's
+rode: one collective in all, else the collective's payload collective runs. A rank in
+this round beside one in the all_gather-shaped round issues operations the backend
+never pairs: both raise the named timeout, never a misread (``docs/misuse.md``).
 """
 
 from __future__ import annotations
@@ -81,28 +36,15 @@ import array
 import ctypes
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from datetime import timedelta
-from typing import Final, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Final, Generic, NamedTuple, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
-from ._choices import CONTRACTS, DEVICE_TYPES
-from ._collectives import COLLECTIVE_NAMES, COLLECTIVES, CollectiveName, by_code, name_of_code
+from ._args import CallRecord
+from ._collectives import COLLECTIVES, CollectiveName
 from ._comm import BLOCKS_TAG, GroupInfo, all_to_all_round, all_to_all_uneven, send_receive
-from ._dtypes import dtype_from_code
-from ._errors import (
-    ArgumentMismatchError,
-    DTypeMismatchError,
-    ProtocolMismatchError,
-    RequiresGradMismatchError,
-    ShapeMismatchError,
-    SizesError,
-    VarGatherError,
-)
-from ._exchange import _disagreement
 from ._group import process_group
 from ._round_buffers import (
     Cut,
@@ -114,29 +56,25 @@ from ._round_buffers import (
     region_cutter,
 )
 from ._round_state import (
-    STATES,
     FusedState,
-    PerGroup,
     advance_blocks,
     block_room,
     is_wide,
+    memory,
     set_state,
     whole_16,
     wide_blocks,
 )
-from ._wire import ROW_MAGIC, decode_row, encode_row, row_mark
+from ._rows import FamilyCall, Row, decode_rows
+from ._rows import _check_kinds as _check_kinds  # fuzz_stages reads it here
+from ._rows import sizes_words as sizes_words  # the same
+from ._wire import encode_row
 
 __all__ = [
-    "Check",
     "DirectRound",
     "Exchanged",
-    "FamilyCall",
     "PackedRound",
-    "Row",
-    "ValidatedOnce",
-    "agree",
-    "check_tensor",
-    "common_checks",
+    "RoundSpec",
     "direct_exchanged",
     "direct_round",
     "exchange",
@@ -144,126 +82,15 @@ __all__ = [
     "fill_packed",
     "fill_packed_at",
     "goes_direct",
+    "known_call",
     "packed_exchanged",
-    "raise_local",
     "resized_round",
-    "rows_changed_only_in",
     "run_direct",
     "run_packed",
+    "run_round",
     "send_packed",
     "settle",
-    "sizes_words",
-    "with_problem",
 ]
-
-
-@dataclass(frozen=True)
-class FamilyCall:
-    """One rank's call of a family collective, as every other rank will see it.
-
-    ``sizes``: the parsed size vectors this rank passed (``None`` where absent or
-    malformed), for this rank's own use; ``extras`` is what the peers see of them.
-    """
-
-    kind: CollectiveName
-    record: CallRecord
-    extras: tuple[int, ...]
-    sizes: tuple[tuple[int, ...] | None, ...]
-    timeout: timedelta | None
-
-
-@dataclass(frozen=True)
-class Row:
-    """One rank's gathered metadata: its record and its extras."""
-
-    record: CallRecord
-    extras: tuple[int, ...]
-
-
-def check_tensor(
-    x: object,
-    dim: object,
-    *,
-    info: GroupInfo,
-    grad: object = "sum",
-    validate: object = True,
-    timeout: object = None,
-    requires_grad: bool | None = None,
-    split: bool = False,
-) -> tuple[CallRecord, timedelta | None]:
-    """``_args.check_call``'s record of ``x`` (no ``sizes``, ``transport="auto"``) and
-    the parsed per-call timeout. ``requires_grad`` overrides what ``x`` says (the
-    custom operators run below autograd and pass the caller's). A 0-d ``x`` is checked
-    as its 1-element view and recorded with its own shape ``()``; with ``split`` (a
-    collective that splits ``x`` along ``dim`` by sizes) it is a ``SizesError``."""
-    scalar = isinstance(x, torch.Tensor) and x.ndim == 0 and x.layout == torch.strided
-    probe = x.reshape(1) if isinstance(x, torch.Tensor) and scalar else x
-    checked = check_call(
-        probe,
-        dim,
-        sizes=None,
-        grad=grad,
-        transport="auto",
-        info=info,
-        validate=validate,
-        timeout=timeout,
-    )
-    record = checked.record
-    if scalar:
-        record = replace(record, ndim=0, shape=(), normalized_dim=-1, dim=0)
-        if isinstance(x, torch.Tensor):
-            record = replace(record, requires_grad=x.requires_grad and torch.is_grad_enabled())
-    if requires_grad is not None:
-        record = replace(record, requires_grad=requires_grad)
-    if split and record.ndim == 0:
-        record = with_problem(
-            record,
-            Problem(SizesError, "expected a tensor with at least 1 dimension, got a 0-d tensor"),
-        )
-    return record, checked.timeout
-
-
-def raise_own_problem(
-    name: str, problem: Problem | None, info: GroupInfo, *, trusted: bool
-) -> None:
-    """Raise this rank's own ``problem`` (if any) where no exchange tells the peers: a
-    world of one rank, or ``trusted`` (``validate=False`` with known sizes), when the
-    message says the peers are left waiting."""
-    if problem is None:
-        return
-    where = (
-        " (validate=False: raised on this rank only; its peers wait in the payload "
-        "collective until they time out)"
-        if trusted and info.communicates
-        else ""
-    )
-    raise problem.error(
-        f"{name}{where}: invalid arguments on rank(s) [{info.rank}]: rank "
-        f"{info.rank}: {problem.message}",
-        ranks=[info.rank],
-    )
-
-
-def with_problem(record: CallRecord, problem: Problem | None) -> CallRecord:
-    """``record`` with ``problem`` added, unless it already holds one (first wins)."""
-    if problem is None or record.problem is not None:
-        return record
-    return replace(record, problem=problem)
-
-
-def sizes_words(
-    sizes: object, world_size: int
-) -> tuple[tuple[int, ...] | Problem | None, list[int]]:
-    """Caller sizes parsed, and their wire form: ``[len, n_0, ..., n_{W-1}]``, ``-1``
-    for absent or malformed sizes (length ``-1``) and for missing entries; a longer
-    vector's extra entries are dropped (its length says it was longer)."""
-    if sizes is None:
-        return None, [-1] * (1 + world_size)
-    parsed = parse_sizes(sizes)
-    if isinstance(parsed, Problem):
-        return parsed, [-1] * (1 + world_size)
-    words = [len(parsed)] + [saturate(n) for n in parsed[:world_size]]
-    return parsed, words + [-1] * (1 + world_size - len(words))
 
 
 _FRESH: Final = FusedState()
@@ -342,7 +169,7 @@ def exchange_fused(
     """
     kind_code = COLLECTIVES[call.kind].code
     pg = process_group(info) if info.communicates else None
-    state = (STATES.get(pg, COLLECTIVES[call.kind].round) if pg is not None else None) or _FRESH
+    state = _FRESH if pg is None else memory(pg, call.kind).shared.state
     if pg is not None and is_wide(state, info.world_size):
         return _wide_exchange(call, info, x, outgoing, state, pg)
     capacity = state.capacity
@@ -385,11 +212,6 @@ def exchange_fused(
     return Exchanged(out, slots, flags, state, call.kind, None, packed, raw)
 
 
-_LAST_ROWS: Final = PerGroup[tuple[bytes, list[Row], tuple[int, ...]]]()
-"""Per group and collective: the bytes of the last rows read and what they read as (a
-cache of a pure function: in the steady state every call's rows are the same bytes)."""
-
-
 def _landed_rows(buf: torch.Tensor, offsets: Sequence[int], length: int) -> bytes:
     """The received rows' bytes: ``length`` of them at each of ``offsets`` in the flat
     uint8 ``buf`` (read where they landed on the CPU, else copied to the host together)."""
@@ -408,71 +230,33 @@ def _read_rows(
     called ``call.kind``. The very bytes of the last rows read on this group give the
     very same (cached) list, so a caller may cache what it validated from it by
     identity."""
-    last = None if pg is None else _LAST_ROWS.get(pg, call.kind)
-    if last is not None and last[0] == raw:
-        return last[1], last[2]
-    out, flags = _decode_rows(call, raw, w)
-    if pg is not None:
-        _LAST_ROWS.put(pg, call.kind, (raw, out, flags))
+    mem = None if pg is None else memory(pg, call.kind)
+    last = None if mem is None else mem.last
+    if isinstance(last, _LastRows) and last.raw == raw:
+        return last.rows, last.flags
+    out, flags = decode_rows(call, raw, w)
+    if mem is not None:  # the collective's ``Memory.last``: a cache of a pure function
+        mem.last = _LastRows(raw, out, flags)
     return out, flags
 
 
-def _decode_rows(call: FamilyCall, raw: bytes, w: int) -> tuple[list[Row], tuple[int, ...]]:
-    """``_read_rows`` without the cache."""
-    values = memoryview(raw).cast("q").tolist()  # int64 words, native order as sent
-    n = len(values) // w
-    words = [values[r * n : (r + 1) * n] for r in range(w)]
-    _check_kinds(call.kind, [row_mark(row) for row in words])
-    out: list[Row] = []
-    flags: list[int] = []
-    for r, row in enumerate(words):
-        record, extras, flag = decode_row(row, len(call.extras), w, rank=r)
-        flags.append(flag)
-        out.append(Row(record, extras))
-    return out, tuple(flags)
+class _LastRows(NamedTuple):
+    """The bytes of the last rows read and what they read as (in the steady state every
+    call's rows are the same bytes)."""
 
-
-def rows_changed_only_in(
-    raw: bytes, last: bytes, w: int, spans: Sequence[tuple[int, int]]
-) -> list[tuple[int, ...]] | None:
-    """Per rank, the words of its row in ``raw`` (the received rows' bytes,
-    ``_landed_rows``) at ``spans`` (first word and count, in order, apart), when every
-    rank's row is its row in ``last`` but for those words; else ``None``. Rows equal
-    but for a size vector and a dimension say everything ``last`` said but those (the
-    same kind, flags and record otherwise: no problem where it had none)."""
-    if len(raw) != len(last) or len(raw) % w:
-        return None
-    n = len(raw) // w
-    view = memoryview(raw)
-    out: list[tuple[int, ...]] = []
-    for j in range(w):
-        at = prev = j * n
-        words: list[int] = []
-        for first, count in spans:
-            lo, hi = at + 8 * first, at + 8 * (first + count)
-            if hi > at + n or raw[prev:lo] != last[prev:lo]:
-                return None
-            words.extend(view[lo:hi].cast("q"))  # int64 words, native order as sent
-            prev = hi
-        if raw[prev : at + n] != last[prev : at + n]:
-            return None
-        out.append(tuple(words))
-    return out
+    raw: bytes
+    rows: list[Row]
+    flags: tuple[int, ...]
 
 
 PACKED_WIDE_MAX: int = 512 * 1024
 """Largest slot (bytes, one rank to one rank) with which the wide round travels
 *packed*: one alltoallv whose message to each peer is this rank's row and its block,
-copied into one send buffer, instead of the rows and the blocks apart (``run_direct``).
-Apart costs a second collective (gloo) or 4 (W - 1) point-to-point messages; packing
-costs two copies of the blocks (in, and closed up), which outweigh that from about
-half a MiB a block. Measured when the direct round was point-to-point messages on
-gloo too (4 gloo ranks, mild blocks, 15 alternating bursts, a loaded machine), CPU
-per call summed over the ranks against ``all_to_all_single``'s, packed against
-direct: 2 MiB in all (largest block 170 KiB) 1.19 / 1.28x, 4 MiB (330 KiB) 1.18 /
-1.23x, 8 MiB (670 KiB) 1.40 / 1.17x, 16 MiB (1.3 MiB) 1.31 / 1.15x; gloo's two
-alltoallvs cost less than those messages, so the crossover is at most this. A
-function of the group's state, so every rank picks the same."""
+copied into one send buffer, instead of the rows and the blocks apart (``run_direct``):
+apart costs a second collective, packing two copies of the blocks, which outweigh it
+from about half a MiB a block (4 gloo ranks, CPU per call against
+``all_to_all_single``'s, packed / direct: 170 KiB blocks 1.19 / 1.28x, 670 KiB 1.40 /
+1.17x). A function of the group's state, so every rank picks the same."""
 
 
 SHORT_MESSAGES: tuple[str, ...] = ("gloo",)
@@ -480,28 +264,6 @@ SHORT_MESSAGES: tuple[str, ...] = ("gloo",)
 ``n`` bytes takes any message of at most ``n``, in an alltoallv too), so the direct
 wide round sends a block as it lies, in two alltoallvs; elsewhere every message is
 exactly its slot."""
-
-
-T = TypeVar("T")
-
-
-class ValidatedOnce(Generic[T]):
-    """A collective's ``validate_rows``, remembered for the very list of rows it last
-    validated (``_read_rows`` returns the same list for the same bytes, so the steady
-    state's rows are one list, validated once). A pure function of the rows and this
-    rank; an error is never remembered."""
-
-    def __init__(self, validate: Callable[..., T]) -> None:
-        self._validate = validate
-        self._last: tuple[list[Row], int, T] | None = None
-
-    def __call__(self, rows: list[Row], *, rank: int) -> T:
-        last = self._last
-        if last is not None and last[0] is rows and last[1] == rank:
-            return last[2]
-        result = self._validate(rows, rank=rank)
-        self._last = (rows, rank, result)
-        return result
 
 
 @functools.lru_cache(maxsize=64)
@@ -955,31 +717,58 @@ def _copy_packed(
         at += size
 
 
-def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None:
-    """Raise ``ProtocolMismatchError`` unless every rank's row (``marks[r]``: its magic
-    and kind code) is a ``kind`` call's: a row vargather cannot read names its rank; a
-    peer calling another kind of the family gets one message on every rank, naming
-    which rank called which (a pure function of the rows)."""
-    kind_code = COLLECTIVES[kind].code
-    if all(magic == ROW_MAGIC and code == kind_code for magic, code in marks):
-        return
-    for r, (magic, code) in enumerate(marks):
-        found_kind = by_code(code)
-        if magic != ROW_MAGIC or found_kind is None or found_kind.round != "all_to_all":
-            raise ProtocolMismatchError(
-                f"{kind}: rank {r} sent metadata of another collective or vargather "
-                f"version: expected a {kind} call on every rank of the group",
-                ranks=[r],
-            )
-    names = [name_of_code(code) for _, code in marks]
-    found = _disagreement("collective", names)
-    assert found is not None  # some rank's kind differs
-    message, blamed = found
-    present = " / ".join(k for k in COLLECTIVE_NAMES if k in names)
-    raise ProtocolMismatchError(
-        f"{present}: {message}: call the same collective on every rank of the group",
-        ranks=blamed,
-    )
+def known_call(
+    name: CollectiveName,
+    key: tuple[object, ...] | None,
+    info: GroupInfo,
+    make: Callable[[], FamilyCall],
+) -> FamilyCall:
+    """This rank's call (``make()``: ``check_tensor`` and the collective's own checks),
+    or, on the steady path, the one ``make`` returned for the same ``key``
+    (``call_key``) last time on this group: a call is a pure function of its key and
+    the group (kept in the collective's ``Memory.known``)."""
+    pg = process_group(info) if key is not None and info.communicates else None
+    if pg is None:
+        return make()
+    mem = memory(pg, name)
+    known = mem.known
+    if known is not None and known[0] == key and isinstance(known[1], FamilyCall):
+        return known[1]
+    call = make()
+    mem.known = (key, call) if key is not None else None
+    return call
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RoundSpec(Generic[T]):
+    """What a collective of the all_to_all pattern hands the round (``run_round``), from
+    its own module: nothing of it is the round's. ``validate(rows, rank=)``: every
+    rank's rows to the call's verdict, or the error every rank raises alike (a pure
+    function of the rows; wrap it in ``ValidatedOnce``); ``outgoing(x, call, info)``:
+    this rank's payload as flat bytes and the bytes of its block for each rank, in rank
+    order (an empty block to a rank that gets nothing); ``blocks(verdict, x, call,
+    info)``: from the verdict, the bytes rank ``j`` sends rank ``k`` at ``j * W + k``,
+    the same on every rank. Its extra row words ride in ``FamilyCall.extras``."""
+
+    validate: Callable[..., T]
+    outgoing: Callable[[object, FamilyCall, GroupInfo], tuple[torch.Tensor, Sequence[int]]]
+    blocks: Callable[[T, object, FamilyCall, GroupInfo], Sequence[int]]
+
+
+def run_round(
+    spec: RoundSpec[T], call: FamilyCall, x: object, info: GroupInfo
+) -> tuple[T, tuple[torch.Tensor, ...] | None]:
+    """A validated call's round on a communicating group: every rank's row and the
+    blocks that fit (``exchange_fused``), the verdict (``spec.validate``: the same
+    error on every rank, or the same verdict), the state moved (``settle``) and, when
+    every block rode, the block each rank sent this rank (else ``None``: the
+    collective's payload collective runs)."""
+    ex = exchange_fused(call, info, x, functools.partial(spec.outgoing, x, call, info))
+    verdict = spec.validate(ex.rows, rank=info.rank)
+    return verdict, settle(ex, info, spec.blocks(verdict, x, call, info))
 
 
 def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:
@@ -1009,97 +798,3 @@ def settle(
     ):
         return None
     return tuple(ex.slots[j][: blocks[j * w + rank]] for j in range(w))
-
-
-# --- validation helpers ----------------------------------------------------------------
-
-Check = tuple[type[VarGatherError], str, list[object], Callable[[object], str]]
-
-
-def raise_local(name: str, records: Sequence[CallRecord]) -> None:
-    """Every rank's local problems, raised on every rank (the first one's class)."""
-    bad = [(r, rec.problem) for r, rec in enumerate(records) if rec.problem is not None]
-    if bad:
-        details = "; ".join(f"rank {r}: {problem.message}" for r, problem in bad)
-        raise bad[0][1].error(
-            f"{name}: invalid arguments on rank(s) {[r for r, _ in bad]}: {details}",
-            ranks=[r for r, _ in bad],
-        )
-
-
-def agree(name: str, checks: Sequence[Check]) -> None:
-    """Raise the first disagreement among ``checks``, naming the odd ranks."""
-    for error, what, values, show in checks:
-        found = _disagreement(what, values, show)
-        if found is not None:
-            message, blamed = found
-            raise error(f"{name}: {message}", ranks=blamed)
-
-
-def _device(code: object) -> str:
-    if isinstance(code, int) and 0 <= code < len(DEVICE_TYPES):
-        return repr(DEVICE_TYPES[code])
-    return "another device type"
-
-
-def _dtype(code: object) -> str:
-    dtype = dtype_from_code(code) if isinstance(code, int) else None
-    return repr(code) if dtype is None else str(dtype)
-
-
-def _shape(shape: object) -> str:
-    return str(tuple(shape)) if isinstance(shape, tuple) else repr(shape)
-
-
-def common_checks(
-    records: Sequence[CallRecord], *, dim: bool, shape: str | None, contract: bool = False
-) -> list[Check]:
-    """The agreements every family call needs: device type, ndim, (the normalized
-    ``dim``), dtype, and the shape: ``"full"`` (every dimension), ``"other"``
-    (outside ``dim``) or ``None`` (any shape); ``contract``: the same ``grad=``."""
-    checks: list[Check] = []
-    if contract:
-        checks.append(
-            (
-                ArgumentMismatchError,
-                "gradient contract (grad=)",
-                [rec.contract_code for rec in records],
-                lambda c: repr(CONTRACTS[c]) if isinstance(c, int) else repr(c),
-            )
-        )
-    checks.append(
-        (ArgumentMismatchError, "device type", [rec.device_code for rec in records], _device)
-    )
-    checks.append((ShapeMismatchError, "ndim", [rec.ndim for rec in records], repr))
-    if dim:
-        checks.append(
-            (
-                ArgumentMismatchError,
-                "dimension (dim, normalized)",
-                [rec.normalized_dim for rec in records],
-                repr,
-            )
-        )
-    checks.append((DTypeMismatchError, "dtype", [rec.dtype_code for rec in records], _dtype))
-    if shape == "full":
-        checks.append((ShapeMismatchError, "shape", [rec.shape for rec in records], _shape))
-    elif shape == "other":
-        checks.append(
-            (
-                ShapeMismatchError,
-                "shape outside the split dimension",
-                [rec.other_dims for rec in records],
-                _shape,
-            )
-        )
-    return checks
-
-
-def requires_grad_check(records: Sequence[CallRecord], why: str) -> Check:
-    """Every rank needs a gradient, or none: the backward is a collective."""
-    return (
-        RequiresGradMismatchError,
-        f"requires_grad ({why}: every rank must take part)",
-        [rec.requires_grad for rec in records],
-        repr,
-    )

@@ -1,75 +1,35 @@
 """The all_gather-shaped round: the metadata exchange with the payload riding along.
 
-Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
-transport -> autograd. This module runs a validated call's exchange (falling back to
-``_exchange`` on the rare error path) and, when the payload fits the slots the group
-agreed on, its transport in the same round, and decides the call's verdict from the
-headers; it sits above ``_transport`` (whose transports move the payload when it does
-not ride along), the state policy (``_round_state``: the state, its rules, the
-registries) and the kept buffers (``_round_buffers``), and below the collectives that
-run it (``all_gather_v``, ``all_gather_v_coalesced``, ``all_gather_list``).
-
-Every validated call on a communicating group starts with **one round** whose size
-every rank knows before it starts, whatever its arguments. Every rank derives it from
-the group's ``FusedState``, which every rank updates identically from headers every
-rank has seen: a mismatched dtype or shape cannot abort a rank or be misread, as
-nothing but agreed-length bytes moves before validation, and nothing received is read
-but the headers until they validated. The round is one of two kinds:
+Where it sits: above ``_transport`` (which moves the payload when it does not ride),
+the state policy (``_round_state``) and the kept buffers (``_round_buffers``); below
+the collectives that run it (``all_gather_v``, ``all_gather_v_coalesced``,
+``all_gather_list``). Every validated call on a communicating group starts with one
+round whose length every rank derives from the group's ``FusedState`` (the same on
+every rank), so nothing but agreed-length bytes moves before validation, and nothing
+received is read but the compact headers (``_wire.encode_header``: what validation
+compares, a problem only a flag) until they validated. The round is one of:
 
 * the **gather round** (``state.wide`` empty): every rank sends ``slots *
-  HEADER_BYTES + capacity`` bytes, ``slots`` compact headers (one per gathered
-  tensor) and a payload slot of ``capacity`` bytes (at most ``FUSED_MAX_BYTES``, 128
-  KiB), the same on every rank; on gloo by direct sends (``_gather_blocks``: 2 (W -
-  1) point-to-point operations in one batch, faster than gloo's ring all_gather of
-  the same bytes at every size measured), elsewhere one equal all_gather. Every slot
-  is as large as the largest, so a group keeps it only while that carries at most
-  ``PAD_LIMIT`` times the payload (or ``SMALL_BYTES`` in all).
-* the **wide round** (``state.wide[r]``: rank r's own payload slot): one batch of
-  direct sends (``_comm.exchange_with_each``): rank r sends region r of one
-  rank-major buffer, its payload slot of ``wide[r]`` bytes followed by its ``slots``
-  headers, to every peer, and receives every peer's region in place; 2 (W - 1)
-  point-to-point operations in flight at once. Every byte crosses one link once and
-  no rank forwards another's. No rank pads to another's size: for a stable skew each
-  slot is the rank's own need, and a single tensor gathered along a leading dim is
-  returned as a view of the buffer after the payload regions are closed up over the
-  headers in place (``move_left``: one ``memmove`` per rank but the first on the
-  CPU, never a second buffer). From ``HEADERS_APART_MIN`` (4 MiB) of slots in all
-  the headers travel as a message of their own beside each slot, the slots adjacent
-  (``WideLayout``): nothing moves for a stable skew. Below it they ride in the
-  region: every point-to-point message costs gloo a notification round and CPU on
-  both sides, more than the close-up's ``memmove`` there (``docs/performance.md``).
+  HEADER_BYTES + capacity`` bytes (``capacity <= FUSED_MAX_BYTES``); on gloo by
+  direct sends (``_gather_blocks``), elsewhere one equal all_gather;
+* the **wide round** (``state.wide[r]``: rank r's own payload slot): rank r's region
+  of one buffer (its slot, then its headers; from ``HEADERS_APART_MIN`` the headers
+  apart, ``WideLayout``) to every peer by direct sends, every peer's received in
+  place, the result closed up in place (``region_cutter``);
 * the **steady path** (``steady_exchange``): a call that repeats the group's last
-  steady wide round (the caller's key: shape, dtype, dim, contract; the same state)
-  sends the same bytes without re-deriving them, and when every rank's headers are
-  the ones they sent last time, the verdict is the last one's.
+  steady round (the caller's key, the same state) sends the same bytes without
+  re-deriving them, and when every rank's headers are the ones of last time, the
+  verdict is the last one's.
 
-The compact header (``_wire.encode_header``, ``HEADER_WORDS`` int64) carries what
-validation compares, with no message text: a problem only sets a flag.
-
-After the round, every rank decides from the gathered headers alone:
-
-* **compact**: every rank sent the same number of tensors, at most ``slots``, none
-  flagged (no local problem, ndim <= ``SHAPE_SLOTS``) and the headers validate
-  (``validate_records``): the ``Layout`` of each tensor comes from the headers.
-* otherwise the **full path**: the exchange of full records (``_exchange``, with the
-  problem's message text), which raises the same error on every rank, or (for a call
-  that was merely too wide for the compact header) returns the layouts. This is the
-  rare error path; it costs a second round.
-* **fused**: compact, every rank eligible (``transport="auto"``, tensors on the
-  metadata device, not a layout-only call) and every rank's payload within its slot
-  (``capacity``, at most ``FUSED_MAX_BYTES``, in the gather round; ``wide[r]`` in the
-  wide round): every rank copied its payload into its slot, and the results are cut
-  out of the received bytes. One round in all.
-* otherwise the payload moves in a second round (the transports of ``_transport``).
-
-How the group's state moves after each call, and the padding bounds, are
-``_round_state``'s (its module doc). Every header carries its caller's collective (its
-wire code, ``_collectives``), and what the full path moves is decided from every
-rank's headers alone: ranks whose tensor counts differ raise ``ArgumentMismatchError``
-at once, naming which rank called which collective; otherwise one all_gather of the
-records, and ``plan_layout``'s extra all_gather of a sizes mismatch only when every
-rank called ``all_gather_v``. Collectives that agree on the headers
-(``all_gather_v(x)`` beside ``all_gather_v_coalesced([x])``) gather alike.
+Every rank then decides from the headers alone (``_decide``): **compact** (the same
+tensor count, none flagged, ``validate_records`` passes) gives the layouts; else the
+**full path** (``_full_path``: ``check_same_collective``, then the full records with
+the problem's text) raises the same error on every rank, or returns the layouts of a
+call only too wide for the compact header. **Fused** (compact, every rank eligible,
+every payload within its slot): the results are cut out of the received bytes, one
+round in all; otherwise the payload moves in a second round. The verdict of the last
+compact call is cached in the collective's ``Memory.last`` (a pure function of the
+headers; ``_resized``: only the gathered sizes changed).
 """
 
 from __future__ import annotations
@@ -85,14 +45,21 @@ import torch
 import torch.distributed as dist
 
 from ._args import CallRecord, CheckedCall
-from ._collectives import COLLECTIVES, CollectiveName, name_of_code
+from ._collectives import COLLECTIVES, CollectiveName
 from ._comm import GroupInfo, all_gather_equal, exchange_with_each, send_receive
 from ._errors import ArgumentMismatchError, ProtocolMismatchError, VarGatherError
-from ._exchange import _disagreement, exchange_records, plan_layout, validate_records
+from ._exchange import (
+    _disagreement,
+    check_same_collective,
+    exchange_records,
+    plan_layout,
+    validate_records,
+)
 from ._group import process_group
 from ._layout import Layout
 from ._round_buffers import (
     Cut,
+    Round,
     bytes_of,
     hand_back,
     handed_back_buffer,
@@ -103,7 +70,7 @@ from ._round_buffers import (
     round_for,
     unpack,
 )
-from ._round_state import FUSED_MAX_BYTES, STATES, FusedState, PerGroup, advance, set_state
+from ._round_state import FUSED_MAX_BYTES, MEMORY, FusedState, Memory, advance, memory
 from ._transport import Transport, choose_transport
 from ._wire import (
     FLAG_ELIGIBLE,
@@ -165,19 +132,16 @@ def _full_path(
 ) -> tuple[Layout, ...]:
     """The exchange of full records: the same error on every rank, or the layouts.
 
-    What moves is decided from the headers alone (``counts``, ``kinds``: every rank's),
-    so that a peer of another kind issues the same collectives: no records when the
-    counts differ, one all_gather of ``count`` records otherwise, and
-    ``plan_layout``'s extra all_gather of a sizes mismatch only when every rank
-    called ``all_gather_v``."""
-    if kind == "all_gather_v" and len(set(kinds)) == 1:
+    What moves is decided from the headers alone (``counts``, ``kinds``: every rank's):
+    ranks that called different collectives raise at once (``check_same_collective``),
+    as do differing tensor counts; else one all_gather of ``count`` records, with
+    ``plan_layout``'s extra all_gather of a sizes mismatch for ``all_gather_v``."""
+    check_same_collective(kinds)
+    if kind == "all_gather_v":
         return (plan_layout(calls[0], info),)
     found = _disagreement("number of tensors", list(counts))
     if found is not None:
-        raise ArgumentMismatchError(
-            f"{_mixed_prefix(kinds) or 'all_gather_v_coalesced'}: {found[0]}" + _called(kinds),
-            ranks=found[1],
-        )
+        raise ArgumentMismatchError(f"{kind}: {found[0]}", ranks=found[1])
     if not calls:
         return ()
     per_rank = exchange_records([c.record for c in calls], info)
@@ -186,30 +150,8 @@ def _full_path(
         try:
             layouts.append(validate_records([row[i] for row in per_rank], rank=info.rank))
         except VarGatherError as err:
-            raise (err if kind == "all_gather_v" else named(err, i)) from None
+            raise named(err, i) from None
     return tuple(layouts)
-
-
-def _mixed_prefix(kinds: Sequence[int]) -> str:
-    """The names of the collectives the ranks called, when they differ (``""`` when
-    every rank called the same one): the same text on every rank."""
-    present = sorted(set(kinds))
-    if len(present) == 1:
-        return ""
-    return " / ".join(name_of_code(k) for k in present)
-
-
-def _called(kinds: Sequence[int]) -> str:
-    """Which rank called which collective, when they differ (else ``""``)."""
-    if len(set(kinds)) == 1:
-        return ""
-    by_kind: dict[int, list[int]] = {}
-    for r, k in enumerate(kinds):
-        by_kind.setdefault(k, []).append(r)
-    told = "; ".join(
-        f"{name_of_code(k)} on rank(s) {ranks}" for k, ranks in sorted(by_kind.items())
-    )
-    return f" (the ranks called different collectives: {told}; call the same one on every rank)"
 
 
 def exchange(
@@ -236,7 +178,8 @@ def exchange(
     """
     w = info.world_size
     pg = process_group(info)
-    state = STATES.get(pg, COLLECTIVES[kind].round) or _FRESH
+    mem = None if pg is None else memory(pg, kind)
+    state = _FRESH if mem is None else mem.shared.state
     slots = state.slots
     wide = state.wide if len(state.wide) == w else ()
     capacity = min(state.capacity, FUSED_MAX_BYTES)
@@ -257,16 +200,23 @@ def exchange(
         own = []
     if wide:
         header_key = (records, k, flags)
-        return _wide_round(kind, state, calls, header_key, own, nbytes, info, pg, wide, steady_key)
-    rnd = round_for(pg, kind, w, slots, capacity, device)
+        return _wide_round(
+            kind, state, calls, header_key, own, nbytes, info, mem, pg, wide, steady_key
+        )
+    rnd = round_for(mem, w, slots, capacity, device)
     if rnd is not None and rnd.lock.acquire(blocking=False):
         try:
             rnd.fill((records, k, flags), own, nbytes)
             recv = rnd.receive(k == 1 and _adjacent(records[0]), pg)
             _gather_blocks(recv, rnd.send, info)
-            found = _decide(kind, state, calls, rnd.rows(recv), info, pg, rnd.cutter(recv), room)
+            last = None if mem is None else mem.last
+            found = _decide(kind, state, calls, rnd.rows(recv), info, mem, rnd.cutter(recv), room)
             if recv is not rnd.recv:
                 hand_back(pg, "gather", recv)
+            elif mem is not None and steady_key is not None and mem.last is last:
+                # the last call's very headers again (a new verdict replaces
+                # ``mem.last``): a steady round, worth remembering
+                _remember_gather(mem, steady_key, calls, state, rnd, found)
             return found
         finally:
             rnd.lock.release()
@@ -289,7 +239,7 @@ def exchange(
     def cut(layouts: tuple[Layout, ...], needs: tuple[int, ...]) -> list[torch.Tensor]:
         return unpack([grid[r, head : head + needs[r]] for r in range(w)], layouts)
 
-    return _decide(kind, state, calls, rows, info, pg, cut, room)
+    return _decide(kind, state, calls, rows, info, mem, cut, room)
 
 
 def _gather_blocks(recv: torch.Tensor, send: torch.Tensor, info: GroupInfo) -> None:
@@ -318,6 +268,7 @@ def _wide_round(
     own: Sequence[torch.Tensor],
     nbytes: int,
     info: GroupInfo,
+    mem: Memory | None,
     pg: dist.ProcessGroup | None,
     wide: tuple[int, ...],
     steady_key: tuple[object, ...] | None = None,
@@ -354,10 +305,10 @@ def _wide_round(
     raw = _raw_headers(buf, lay.heads, head) if steady_key is not None else None
     cut = region_cutter(buf, lay.payload)
     rows = read_headers(buf, lay.heads, state.slots)
-    found = _decide(kind, state, calls, rows, info, pg, cut, wide)
+    found = _decide(kind, state, calls, rows, info, mem, cut, wide)
     hand_back(pg, "wide", buf)
-    if raw is not None and pg is not None and steady_key is not None:
-        _remember(kind, steady_key, calls, state, lay, filled, header, raw, found, pg)
+    if raw is not None and mem is not None and steady_key is not None:
+        _remember(mem, steady_key, calls, state, lay, filled, header, raw, found)
     return found
 
 
@@ -439,36 +390,53 @@ def _raw_headers(buf: torch.Tensor, at: Sequence[int], head: int) -> tuple[bytes
     return tuple(ctypes.string_at(base + a, head) for a in at)
 
 
-# --- the steady path: a wide round that repeats the last one -------------------------
+# --- the steady path: a round that repeats the last one ------------------------------
 
 
 @dataclass(frozen=True)
-class _SteadyWide:
-    """A group's last steady wide round of one collective (``_remember``): the caller's
+class _Steady:
+    """A collective's last steady round on a group (its ``Memory.steady``): the caller's
     key (everything the call's headers and payload layout are a function of), its
-    checked call, the group's state it left unchanged, the buffer's layout, this rank's
-    payload bytes and headers as sent, every rank's headers as received, and the
-    verdict (the layouts, every rank's payload bytes). Nothing in it refers to the
-    group, which keys it weakly (``_STEADY``)."""
+    checked call, the group's state it left unchanged, this rank's payload bytes, every
+    rank's headers as received, and the verdict (the layouts, every rank's payload
+    bytes, the result's shape and dtype). A wide round's: its ``WideLayout`` and this
+    rank's headers as sent; a gather round's: its kept ``Round``, what the headers in
+    its send buffer encode, and where each rank's payload lies in its receive buffer."""
 
     key: tuple[object, ...]
     call: CheckedCall
     state: FusedState
-    layout: WideLayout
     own: int
-    header: bytes
     raw: tuple[bytes, ...]
     layouts: tuple[Layout, ...]
     needs: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    wide: WideLayout | None = None
+    header: bytes = b""
+    rnd: Round | None = None
+    header_key: object = None
+    copies: tuple[tuple[int, int], ...] = ()
 
 
-_STEADY: Final = PerGroup[_SteadyWide]()
-"""Per group and collective: its last steady wide round (none once a call that could
-have been one was not)."""
+def _steady_verdict(
+    mem: Memory, calls: Sequence[CheckedCall], state: FusedState, found: Exchanged
+) -> tuple[tuple[Layout, ...], tuple[int, ...]] | None:
+    """The verdict of a round to remember (``mem.steady`` forgotten first): one tensor
+    whose rank blocks are adjacent, answered from the round (its payload rode), leaving
+    the group's state as it found it (the state rule is a pure function: the same
+    headers leave it so again)."""
+    mem.steady = None
+    layouts = found.layouts
+    if found.outputs is None or len(calls) != 1 or len(layouts) != 1 or layouts[0].pre != 1:
+        return None
+    if mem.shared.state is not state:
+        return None
+    return layouts, _needs(layouts, layouts[0].world_size)
 
 
 def _remember(
-    kind: Kind,
+    mem: Memory,
     key: tuple[object, ...],
     calls: Sequence[CheckedCall],
     state: FusedState,
@@ -477,22 +445,38 @@ def _remember(
     header: torch.Tensor,
     raw: tuple[bytes, ...],
     found: Exchanged,
-    pg: dist.ProcessGroup,
 ) -> None:
-    """Keep the round for ``steady_exchange`` when it is steady: one tensor whose rank
-    blocks are adjacent, answered from the round (its payload rode), and leaving the
-    group's state as it found it (the state rule is a pure function: the same headers
-    leave it so again)."""
-    _STEADY.pop(pg, kind)
-    layouts, outputs = found.layouts, found.outputs
-    if outputs is None or len(calls) != 1 or len(layouts) != 1 or layouts[0].pre != 1:
+    """Keep a steady wide round for ``steady_exchange``."""
+    verdict = _steady_verdict(mem, calls, state, found)
+    if verdict is not None:
+        lay = verdict[0][0]
+        mem.steady = _Steady(
+            key, calls[0], state, own, raw, *verdict, lay.output_shape, lay.dtype,
+            wide=layout, header=header.numpy().tobytes(),
+        )  # fmt: skip
+
+
+def _remember_gather(
+    mem: Memory,
+    key: tuple[object, ...],
+    calls: Sequence[CheckedCall],
+    state: FusedState,
+    rnd: Round,
+    found: Exchanged,
+) -> None:
+    """Keep a steady gather round (kept receive buffer) for ``steady_exchange``."""
+    verdict = _steady_verdict(mem, calls, state, found)
+    if verdict is None or rnd.recv is None:
         return
-    if STATES.get(pg, COLLECTIVES[kind].round) is not state:
-        return
-    needs = _needs(layouts, len(raw))
-    head = header.numpy().tobytes()
-    steady = _SteadyWide(key, calls[0], state, layout, own, head, raw, layouts, needs)
-    _STEADY.put(pg, kind, steady)
+    layouts, needs = verdict
+    view = memoryview(rnd.raw_recv)
+    raw = tuple(bytes(view[a : a + rnd.head]) for a in rnd.header_at)
+    copies = tuple(zip(rnd.payload_at, needs, strict=True))
+    lay = layouts[0]
+    mem.steady = _Steady(
+        key, calls[0], state, rnd.dirty, raw, layouts, needs, lay.output_shape, lay.dtype,
+        rnd=rnd, header_key=rnd.header_key, copies=copies,
+    )  # fmt: skip
 
 
 def steady_exchange(
@@ -506,41 +490,88 @@ def steady_exchange(
     length) one after the other (CPU memory: ``x``'s, or a carrier's parts).
 
     It sends what the full path would (the same state and key make the same headers
-    and region): the payload's bytes, the slot's zeros and the remembered headers, in
-    the same batch of direct sends. When every rank's headers are the ones they sent last
-    time, they validate alike and move the state alike (not at all): the result is
-    cut as then. Other headers go to the full path's verdict (``_decide``): the same
-    error on every rank, or the layouts and results.
+    and slots): the payload's bytes, the slot's zeros and the remembered headers, in
+    the same transport. When every rank's headers are the ones they sent last time,
+    they validate alike and move the state alike (not at all): the result is cut as
+    then. Other headers go to the full path's verdict (``_decide``): the same error on
+    every rank, or the layouts and results. The registry is read here directly (no
+    helper), as this is every steady call's path.
     """
-    pg = process_group(info)
-    steady = _STEADY.get(pg, kind)
-    if steady is None or pg is None or steady.key != key:
+    pg = info.group if info.group is not None else dist.group.WORLD
+    group = MEMORY.get(pg) if isinstance(pg, dist.ProcessGroup) else None
+    mem = None if group is None else group.calls.get(kind)
+    steady = None if mem is None else mem.steady
+    if not isinstance(steady, _Steady) or steady.key != key or mem is None:
         return None
     state = steady.state
-    if STATES.get(pg, COLLECTIVES[kind].round) is not state:
-        return None
-    lay, wide, own = steady.layout, state.wide, steady.own
-    if sum(n for _, n in sources) != own:
-        return None  # not the payload the key promised: the full path judges it
+    if mem.shared.state is not state or sum(n for _, n in sources) != steady.own:
+        return None  # not the state, or not the payload the key promised
+    if steady.rnd is not None:
+        return _steady_gather(kind, mem, steady, sources, info)
+    assert steady.wide is not None  # a wide one's
+    lay, wide, own = steady.wide, state.wide, steady.own
     buf = handed_back_buffer(pg, "wide", lay.size, torch.device("cpu"))
     base, mine = buf.data_ptr(), lay.payload[info.rank]
     at = base + mine
     for address, n in sources:
         ctypes.memmove(at, address, n)
         at += n
-    slack = wide[info.rank] - own
-    ctypes.memset(base + mine + own, 0, slack)  # no stale memory to the peers
+    ctypes.memset(base + mine + own, 0, wide[info.rank] - own)  # no stale memory out
     ctypes.memmove(base + lay.heads[info.rank], steady.header, len(steady.header))
     _exchange_regions(buf, lay, info)
     cut = region_cutter(buf, lay.payload)
     if _raw_headers(buf, lay.heads, len(steady.header)) == steady.raw:
         found = Exchanged(steady.layouts, cut(steady.layouts, steady.needs))
     else:
-        _STEADY.pop(pg, kind)
+        mem.steady = None
         rows = read_headers(buf, lay.heads, state.slots)
-        found = _decide(kind, state, (steady.call,), rows, info, pg, cut, wide)
+        found = _decide(kind, state, (steady.call,), rows, info, mem, cut, wide)
     hand_back(pg, "wide", buf)
     return found
+
+
+def _steady_gather(
+    kind: Kind,
+    mem: Memory,
+    steady: _Steady,
+    sources: Sequence[tuple[int, int]],
+    info: GroupInfo,
+) -> Exchanged | None:
+    """``steady_exchange`` of a gather round: the payload into the kept send buffer (its
+    headers still the remembered ones), the stale bytes after it zeroed, one round, and
+    the result copied out of the kept receive buffer by one ``memmove`` per rank."""
+    rnd = steady.rnd
+    assert rnd is not None  # a gather round's
+    if mem.round is not rnd or not rnd.lock.acquire(blocking=False):
+        return None
+    try:
+        recv = rnd.recv
+        if rnd.header_key != steady.header_key or recv is None:
+            return None  # its send buffer holds other headers now
+        at, own = rnd.send_at, steady.own
+        for address, n in sources:
+            ctypes.memmove(at, address, n)
+            at += n
+        if rnd.dirty > own:  # no stale memory to the peers
+            ctypes.memset(rnd.send_at + own, 0, rnd.dirty - own)
+        rnd.dirty = own
+        _gather_blocks(recv, rnd.send, info)
+        view, head = memoryview(rnd.raw_recv), rnd.head
+        if all(view[a : a + head] == r for a, r in zip(rnd.header_at, steady.raw, strict=True)):
+            out = torch.empty(steady.shape, dtype=steady.dtype)
+            dst = out.data_ptr()
+            for src, n in steady.copies:
+                if n:
+                    ctypes.memmove(dst, src, n)
+                    dst += n
+            return Exchanged(steady.layouts, [out])
+        mem.steady = None
+        room = (steady.state.capacity,) * info.world_size
+        return _decide(
+            kind, steady.state, (steady.call,), rnd.rows(recv), info, mem, rnd.cutter(recv), room
+        )
+    finally:
+        rnd.lock.release()
 
 
 def _adjacent(record: CallRecord) -> bool:
@@ -556,24 +587,23 @@ def _decide(
     calls: Sequence[CheckedCall],
     rows: tuple[tuple[int, ...], ...],
     info: GroupInfo,
-    pg: dist.ProcessGroup | None,
+    mem: Memory | None,
     cut: Cut,
     room: tuple[int, ...],
 ) -> Exchanged:
     """Every rank's verdict from the gathered headers ``rows`` (the same on every rank);
     ``room[r]``: the payload bytes rank r's slot held in this round."""
-    last = None if pg is None else _LAST.get(pg, kind)
-    if last is not None and last[0] == rows:
+    last = None if mem is None else mem.last
+    if isinstance(last, _LastCall) and last.rows == rows:
         # The very headers of the last call that validated: the verdict is a pure
         # function of them, so it is the same (and the same on every rank).
-        return _finish(kind, state, last[1], last[2], True, info, pg, last[3], cut, room)
-    if last is not None:
-        resized = _resized(last[0], last[1], rows)
+        return _finish(state, last.layouts, last.fusable, True, mem, last.needs, cut, room)
+    if isinstance(last, _LastCall) and mem is not None:
+        resized = _resized(last.rows, last.layouts, rows)
         if resized is not None:
             needs = _needs(resized, info.world_size)
-            if pg is not None:
-                _LAST.put(pg, kind, (rows, resized, last[2], needs))
-            return _finish(kind, state, resized, last[2], True, info, pg, needs, cut, room)
+            mem.last = _LastCall(rows, resized, last.fusable, needs)
+            return _finish(state, resized, last.fusable, True, mem, needs, cut, room)
     k = len(calls)
     per_rank = [split_headers(row) for row in rows]
     for r, headers in enumerate(per_rank):
@@ -612,11 +642,11 @@ def _decide(
     if layouts is None:
         layouts = _full_path(kind, calls, counts, kinds, info)
         needs = _needs(layouts, w)
-        return _finish(kind, state, layouts, fusable, False, info, pg, needs, cut, room)
+        return _finish(state, layouts, fusable, False, mem, needs, cut, room)
     needs = _needs(layouts, w)
-    if pg is not None:
-        _LAST.put(pg, kind, (rows, layouts, fusable, needs))
-    return _finish(kind, state, layouts, fusable, True, info, pg, needs, cut, room)
+    if mem is not None:
+        mem.last = _LastCall(rows, layouts, fusable, needs)
+    return _finish(state, layouts, fusable, True, mem, needs, cut, room)
 
 
 def _resized(
@@ -659,11 +689,15 @@ def _needs(layouts: Sequence[Layout], world: int) -> tuple[int, ...]:
     return tuple(sum(lay.shard_bytes(r) for lay in layouts) for r in range(world))
 
 
-_LastCall: TypeAlias = tuple[tuple[tuple[int, ...], ...], tuple[Layout, ...], bool, tuple[int, ...]]
-_LAST: Final = PerGroup[_LastCall]()
-"""Per group and collective: the headers of the last call that validated compactly, its
-layouts, whether every rank was eligible and every rank's payload bytes (a cache of a
-pure function)."""
+class _LastCall(NamedTuple):
+    """A collective's ``Memory.last``: the headers of the last call that validated
+    compactly, its layouts, whether every rank was eligible and every rank's payload
+    bytes (a cache of a pure function)."""
+
+    rows: tuple[tuple[int, ...], ...]
+    layouts: tuple[Layout, ...]
+    fusable: bool
+    needs: tuple[int, ...]
 
 
 @functools.lru_cache(maxsize=64)
@@ -676,21 +710,19 @@ def _advanced(state: FusedState, fusable: bool, count: int, needs: tuple[int, ..
 
 
 def _finish(
-    kind: Kind,
     state: FusedState,
     layouts: tuple[Layout, ...],
     fusable: bool,
     compact: bool,
-    info: GroupInfo,
-    pg: dist.ProcessGroup | None,
+    mem: Memory | None,
     needs: tuple[int, ...],
     cut: Cut,
     room: tuple[int, ...],
 ) -> Exchanged:
     """Advance the state from the validated layouts; cut out the results if fused."""
     after = _advanced(state, fusable, len(layouts), needs)
-    if after is not state:
-        set_state(pg, kind, after)
+    if after is not state and mem is not None:
+        mem.shared.state = after
     fits = all(n <= c for n, c in zip(needs, room, strict=True))
     if not (compact and fusable and fits):
         return Exchanged(layouts, None)

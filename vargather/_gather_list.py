@@ -6,7 +6,7 @@ validated call: every rank's shape words and flat run of elements, one *carrier*
 of its dtype, ride in ``_fused``'s round as ``all_gather_list``, the payload in the same
 collective when it fits) and
 ``_reduce_scatter`` (the ``sum``/``mean`` backward). The public face (``_api``)
-calls its eager code; ``_compiled_family`` wraps it in custom operators.
+calls its ``Route``; its custom operators close the module (``# --- compiled``).
 
 The math, once. Rank ``r`` holds ``x_r`` of shape ``shape_r`` (the same ndim, dtype
 and device type everywhere; every dimension may differ, empties too) with
@@ -47,13 +47,13 @@ from ._errors import (
     SizesTypeError,
     VarGatherError,
 )
-from ._family import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
 from ._gather import _autograd_needed
 from ._layout import Layout
 from ._mesh import call_group
 from ._reduce_scatter import reduce_scatter_blocks
 from ._reduced import mean_
 from ._round_buffers import plain
+from ._rows import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
 from ._transport import choose_transport
 from ._wire import carrier_ndim, carrier_words
 

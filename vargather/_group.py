@@ -46,10 +46,12 @@ class GroupInfo:
     distributed: bool
     backend: str
     timeout: timedelta | None = field(default=None, compare=False)
+    communicates: bool = field(init=False, compare=False, repr=False)
+    """``distributed`` and more than one rank: a field, not a property, as every stage
+    reads it on every call."""
 
-    @property
-    def communicates(self) -> bool:
-        return self.distributed and self.world_size > 1
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "communicates", self.distributed and self.world_size > 1)
 
     def default_device(self) -> torch.device:
         """Device for metadata: CPU except on NCCL, which carries only CUDA tensors."""

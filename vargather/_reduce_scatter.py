@@ -2,8 +2,8 @@
 
 Where it sits: a family collective built on ``_family`` (stages 1-3), ``_layout``,
 ``_buffers`` and ``_comm`` (the payload), and ``_transport`` (its backward is a gather).
-The public face (``_api``) calls its eager code; ``_compiled_family`` wraps it in
-custom operators.
+The public face (``_api``) calls its ``Route``; its custom operators close the module
+(``# --- compiled``).
 
 The math, once. Every rank ``j`` holds ``x_j`` with ``total = Σ_r n_r`` along ``dim``
 (the same shape everywhere), ``sizes = (n_0, ..., n_{W-1})`` the same on every rank,
@@ -23,7 +23,6 @@ gradients (the exact adjoint), one gather through ``_transport``'s ``auto`` choi
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -36,25 +35,25 @@ from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import SizesError, SizesMismatchError
-from ._family import (
-    FamilyCall,
-    Row,
-    ValidatedOnce,
-    agree,
-    check_tensor,
-    common_checks,
-    exchange_fused,
-    raise_local,
-    raise_own_problem,
-    requires_grad_check,
-    settle,
-    sizes_words,
-    with_problem,
-)
+from ._family import RoundSpec, known_call, run_round
 from ._layout import Layout
 from ._mesh import call_group
 from ._reduced import add_, canonical_nans_
 from ._round_buffers import pack
+from ._rows import (
+    FamilyCall,
+    Row,
+    ValidatedOnce,
+    agree,
+    call_key,
+    check_tensor,
+    common_checks,
+    raise_local,
+    raise_own_problem,
+    requires_grad_check,
+    sizes_words,
+    with_problem,
+)
 from ._transport import choose_transport
 
 __all__ = [
@@ -159,7 +158,7 @@ def validate_rows(rows: list[Row], *, rank: int) -> tuple[int, ...]:
 
 
 _validated: Final = ValidatedOnce(validate_rows)
-"""``validate_rows``, once for the steady state's rows (``_family.ValidatedOnce``)."""
+"""``validate_rows``, once for the steady state's rows (``_rows.ValidatedOnce``)."""
 
 
 def plan_reduce_scatter(
@@ -177,24 +176,21 @@ def plan_reduce_scatter(
     With ``validate=False`` the exchange is skipped and a local problem is raised on
     this rank only (its peers wait in the payload collective until they time out).
     """
-    call = _local_call(x, sizes, dim, info, validate, timeout, requires_grad)
+    key = call_key(x, sizes, dim, validate, timeout, requires_grad)
+    call = known_call(
+        NAME, key, info, lambda: _local_call(x, sizes, dim, info, validate, timeout, requires_grad)
+    )
     if call.timeout is not None:
         info = info.with_timeout(call.timeout)
+    found: tuple[int, ...] | None
+    slots: tuple[torch.Tensor, ...] | None = None
     if validate is False or not info.communicates:
-        problem = call.record.problem
-        raise_own_problem(NAME, problem, info, trusted=validate is False)
+        raise_own_problem(NAME, call.record.problem, info, trusted=validate is False)
         found = call.sizes[0]
-        assert found is not None  # a problem-free call parsed its sizes
-        slots = None
     else:
-        ex = exchange_fused(call, info, x, functools.partial(_outgoing, x, call, info))
-        found = _validated(ex.rows, rank=info.rank)
-        assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
-        lay = scatter_layout(x, call.record.normalized_dim, found, info)
-        unit = lay.pre * lay.post * x.element_size()
-        slots = settle(
-            ex, info, [n * unit for n in found] * info.world_size
-        )  # the same blocks on every rank
+        validated, slots = run_round(_SPEC, call, x, info)
+        found = validated
+    assert found is not None  # a problem-free call parsed its sizes
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     layout = scatter_layout(x, call.record.normalized_dim, found, info)
     result = None if slots is None else fold_slots(slots, layout)
@@ -210,6 +206,18 @@ def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tenso
     layout = scatter_layout(x, call.record.normalized_dim, sizes, info)
     unit = layout.pre * layout.post * x.element_size()
     return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in sizes]
+
+
+def _blocks(found: tuple[int, ...], x: object, call: FamilyCall, info: GroupInfo) -> list[int]:
+    """The bytes rank ``j`` sends rank ``k``: block ``k`` of ``found``, from every rank."""
+    assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
+    lay = scatter_layout(x, call.record.normalized_dim, found, info)
+    unit = lay.pre * lay.post * x.element_size()
+    return [n * unit for n in found] * info.world_size
+
+
+_SPEC: Final = RoundSpec(_validated, _outgoing, _blocks)
+"""``reduce_scatter_v`` as the round takes it (``_family.RoundSpec``)."""
 
 
 def fold_slots(slots: Sequence[torch.Tensor], layout: Layout) -> torch.Tensor:

@@ -5,9 +5,9 @@ Where it sits: beneath the all_gather-shaped round (``_fused``), above the wire 
 registries and ``within_waste``). It owns the bytes of a round on this rank: packing
 a call's tensors into a payload slot (``pack``, ``bytes_of``), cutting the results
 back out (``unpack``, ``tensor_parts``, ``region_cutter``, ``Round.cut``), the buffers a
-group keeps from call to call (``Round``, per group and collective in ``ROUNDS``),
+group keeps from call to call (``Round``, in the collective's ``_round_state.Memory``),
 the receive buffers handed back as results and taken again once free
-(``handed_back_buffer``, ``hand_back``, ``HANDED_BACK``), and the in-place close-up
+(``handed_back_buffer``, ``hand_back``: the group's ``handed``), and the in-place close-up
 of a received buffer (``move_left``: one ``memmove`` per rank on the CPU). Nothing
 here decides anything: what to send and what a call's verdict is belong to
 ``_fused``.
@@ -25,16 +25,13 @@ import torch
 import torch.distributed as dist
 
 from ._args import CallRecord
-from ._collectives import CollectiveName
 from ._layout import Layout
-from ._round_state import SMALL_BYTES, PerGroup, within_waste
+from ._round_state import SMALL_BYTES, Memory, group_memory, within_waste
 from ._wire import HEADER_BYTES, encode_headers, header_struct
 
 __all__ = [
-    "HANDED_BACK",
     "KEEP_MIN",
     "MOVE_CHUNK",
-    "ROUNDS",
     "Closing",
     "Cut",
     "Round",
@@ -155,12 +152,6 @@ def move_chunked(buf: torch.Tensor, dst: int, src: int, n: int) -> None:
         at += m
 
 
-HANDED_BACK: Final = PerGroup[list[torch.Tensor]]()
-"""Per group and purpose: the last ``_KEPT_BUFFERS`` buffers a large round received into
-and handed back as (a view of) its result, newest first, kept to be received into
-again once nothing else refers to them."""
-
-
 _KEPT_BUFFERS: Final = 2
 """Buffers kept per group and purpose. Two, not one: gloo's worker thread lets go of a
 collective's tensors a moment after ``wait()`` returns, so the last call's buffer is
@@ -197,7 +188,7 @@ def handed_back_buffer(
     """
     if pg is None or device.type != "cpu" or size < KEEP_MIN:
         return torch.empty(size, dtype=torch.uint8, device=device)
-    kept = HANDED_BACK.get(pg, purpose) or []
+    kept = group_memory(pg).handed.get(purpose) or []
     with _KEPT_LOCK:  # taken out until handed back: another thread makes its own
         for i, buf in enumerate(kept):
             if buf.numel() == size and unreferenced(buf):
@@ -209,7 +200,7 @@ def hand_back(pg: dist.ProcessGroup | None, purpose: str, buf: torch.Tensor) -> 
     """Keep ``buf`` for ``handed_back_buffer`` after the round that received into it."""
     if pg is not None and buf.device.type == "cpu" and buf.numel() >= KEEP_MIN:
         with _KEPT_LOCK:
-            kept = HANDED_BACK.of(pg, purpose, list)
+            kept = group_memory(pg).handed.setdefault(purpose, [])
             kept.insert(0, buf)
             del kept[_KEPT_BUFFERS:]
 
@@ -413,7 +404,7 @@ class Round:
         """The buffer this call's round receives into: a buffer of its own for a large
         round whose one result's rank blocks are ``adjacent`` (it becomes the result)
         or for a round too large to keep (``pg``'s handed-back one, or fresh), else the
-        kept one (made at its first use). ``pg`` is passed, not kept: ``ROUNDS`` is
+        kept one (made at its first use). ``pg`` is passed, not kept: ``MEMORY`` is
         weakly keyed by it."""
         size = self.world * self.block
         if (adjacent and size > _KEEP_RECV_MAX) or size > _REUSE_MAX_BYTES:
@@ -550,25 +541,16 @@ def tensor_parts(
     return found
 
 
-ROUNDS: Final = PerGroup[Round]()
-"""Per group and collective: the buffers of its round (``Round``), kept from call to call."""
-
-
 def round_for(
-    pg: dist.ProcessGroup | None,
-    collective: CollectiveName,
-    world: int,
-    slots: int,
-    capacity: int,
-    device: torch.device,
+    mem: Memory | None, world: int, slots: int, capacity: int, device: torch.device
 ) -> Round | None:
-    """``pg``'s kept buffers for a round of this size (made or remade), or ``None``."""
-    if pg is None or device.type != "cpu":
+    """The collective's kept buffers (``mem.round``) for a round of this size (made or
+    remade), or ``None`` (no group, another device, another thread's round)."""
+    if mem is None or device.type != "cpu":
         return None
-    rnd = ROUNDS.get(pg, collective)
-    if rnd is None or rnd.key != (world, slots, capacity):
-        if rnd is not None and rnd.lock.locked():
+    rnd = mem.round
+    if not isinstance(rnd, Round) or rnd.key != (world, slots, capacity):
+        if isinstance(rnd, Round) and rnd.lock.locked():
             return None  # another thread's round: leave it to it
-        rnd = Round(world, slots, capacity)
-        ROUNDS.put(pg, collective, rnd)
+        rnd = mem.round = Round(world, slots, capacity)
     return rnd

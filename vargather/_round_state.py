@@ -1,4 +1,4 @@
-"""The one round's state policy: one state type, its rules, the per-group registries.
+"""The one round's state policy: one state type, its rules, the one per-group registry.
 
 Where it sits: beneath the one-round exchanges (``_fused``: the all_gather-shaped
 round of ``all_gather_v``, ``all_gather_v_coalesced`` and ``all_gather_list``;
@@ -6,8 +6,8 @@ round of ``all_gather_v``, ``all_gather_v_coalesced`` and ``all_gather_list``;
 ``all_to_all_v``) and their kept buffers (``_round_buffers``); it imports the
 collective table (``_collectives``) only. It holds the **one state type**
 (``FusedState``), the size rules (``bucket``, ``capacity_step``, the padding
-bounds), each round shape's ``advance`` rule, and the **per-group registries**
-(``PerGroup``, weakly keyed by process group) in which every round keeps its state,
+bounds), each round shape's ``advance`` rule, and the **one registry** (``MEMORY``,
+weakly keyed by process group: a ``Memory`` per collective) in which every round keeps its state,
 its buffers and its caches.
 
 The state is kept per group and round shape (``_collectives.RoundShape``): the
@@ -91,8 +91,9 @@ import functools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Final, Generic, TypeVar
+from typing import Final
 
+import torch
 import torch.distributed as dist
 
 from ._collectives import COLLECTIVES, CollectiveName
@@ -100,14 +101,16 @@ from ._collectives import COLLECTIVES, CollectiveName
 __all__ = [
     "FAMILY_FUSED_MAX",
     "FUSED_MAX_BYTES",
+    "MEMORY",
     "PAD_LIMIT",
     "SHRINK_AFTER",
     "SMALL_BYTES",
-    "STATES",
     "WASTE_LIMIT",
     "WIDE_MIN_BYTES",
     "FusedState",
-    "PerGroup",
+    "GroupMemory",
+    "Memory",
+    "StateCell",
     "advance",
     "advance_blocks",
     "block_room",
@@ -116,7 +119,9 @@ __all__ = [
     "capacity_of",
     "capacity_step",
     "group_key",
+    "group_memory",
     "is_wide",
+    "memory",
     "replace_state",
     "reset_state",
     "set_state",
@@ -308,22 +313,8 @@ def advance(
     else:
         fewer, fewer_max = 0, 0
     wide_step = _advance_wide(state, fusable, needs)
-    after = (capacity, slots, idle, idle_need, fewer, fewer_max, *wide_step)
-    if after == (
-        state.capacity,
-        state.slots,
-        state.idle,
-        state.idle_need,
-        state.fewer,
-        state.fewer_max,
-        state.wide,
-        state.wide_idle,
-        state.wide_max,
-        state.wide_steady,
-        state.wide_last,
-    ):
-        return state  # unchanged (the steady state): no new object
-    return FusedState(*after)
+    after = FusedState(capacity, slots, idle, idle_need, fewer, fewer_max, *wide_step)
+    return state if after == state else after  # unchanged (the steady state): no new object
 
 
 FAMILY_FUSED_MAX: Final = 16 * 1024
@@ -410,84 +401,80 @@ def _advance_blocks(
         slot=block_slot,
     )
     wide_step = _advance_wide(state, fusable, blocks, _wants_wide_blocks)
-    after = (capacity, idle, idle_need, *wide_step)
-    if after == (
-        state.capacity,
-        state.idle,
-        state.idle_need,
-        state.wide,
-        state.wide_idle,
-        state.wide_max,
-        state.wide_steady,
-        state.wide_last,
-    ):
-        return state
-    return replace(
-        state,
-        capacity=capacity,
-        idle=idle,
-        idle_need=idle_need,
-        wide=wide_step[0],
-        wide_idle=wide_step[1],
-        wide_max=wide_step[2],
-        wide_steady=wide_step[3],
-        wide_last=wide_step[4],
+    after = FusedState(
+        capacity, state.slots, idle, idle_need, state.fewer, state.fewer_max, *wide_step
     )
+    return state if after == state else after
 
 
-# --- the per-group registries ----------------------------------------------------------
-
-V = TypeVar("V")
+# --- the one registry: per group, per collective ---------------------------------------
 
 
-class PerGroup(Generic[V]):
-    """One registry of the rounds: per process group (weakly keyed, so a destroyed
-    group's entries go with it; subgroups apart) and per key (a round shape, a
-    collective, a purpose), one value. Every round keeps its state, its kept buffers
-    and its caches in one of these."""
+class StateCell:
+    """The state of one round shape on one group, shared by the ``Memory`` of every
+    collective of that shape (a peer calling another of them sends the same length)."""
+
+    __slots__ = ("state",)
 
     def __init__(self) -> None:
-        self._by_group: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, V]] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    def get(self, pg: dist.ProcessGroup | None, key: str) -> V | None:
-        """``pg``'s value under ``key`` (``None``: none yet, or no group)."""
-        if pg is None:
-            return None
-        found = self._by_group.get(pg)
-        return None if found is None else found.get(key)
-
-    def of(self, pg: dist.ProcessGroup, key: str, default: Callable[[], V]) -> V:
-        """``pg``'s value under ``key``, made by ``default`` when it has none."""
-        kept = self._by_group.get(pg)
-        if kept is None:
-            kept = self._by_group.setdefault(pg, {})
-        value = kept.get(key)
-        if value is None:
-            value = kept[key] = default()
-        return value
-
-    def put(self, pg: dist.ProcessGroup, key: str, value: V) -> None:
-        """Set ``pg``'s value under ``key``."""
-        kept = self._by_group.get(pg)
-        if kept is None:
-            kept = self._by_group.setdefault(pg, {})
-        kept[key] = value
-
-    def pop(self, pg: dist.ProcessGroup, key: str) -> None:
-        """Forget ``pg``'s value under ``key``."""
-        kept = self._by_group.get(pg)
-        if kept is not None:
-            kept.pop(key, None)
+        self.state = _FRESH
 
 
-STATES: Final = PerGroup[FusedState]()
-"""Per group and round shape, the one state its collectives' rounds are sized from
-(module doc: a peer calling another collective of the round must send the same
-length, or gloo aborts)."""
+class Memory:
+    """Everything one group keeps for one collective's round, from call to call: the
+    shared state (``shared.state``), the kept buffers (``round``: ``_round_buffers.Round``),
+    the last verdict (``last``), the steady replay (``steady``, and ``joined``: several
+    remembered steady calls by key), this rank's last call by its key (``known``). The
+    rounds own what they put in the untyped slots."""
+
+    __slots__ = ("joined", "known", "last", "round", "shared", "steady")
+
+    def __init__(self, shared: StateCell) -> None:
+        self.shared = shared
+        self.known: tuple[tuple[object, ...], object] | None = None  # a call by its key
+        self.round: object = None
+        self.last: object = None
+        self.steady: object = None
+        self.joined: dict[tuple[object, ...], object] = {}
+
+
+class GroupMemory:
+    """One group's entry of ``MEMORY``: its state cells per round shape, its ``Memory``
+    per collective, and the handed-back receive buffers per purpose."""
+
+    __slots__ = ("__weakref__", "calls", "cells", "handed")
+
+    def __init__(self) -> None:
+        self.cells: dict[str, StateCell] = {}
+        self.calls: dict[str, Memory] = {}
+        self.handed: dict[str, list[torch.Tensor]] = {}
+
+
+MEMORY: Final = weakref.WeakKeyDictionary[dist.ProcessGroup, GroupMemory]()
+"""The one registry of the rounds: per process group (weakly keyed, so a destroyed group
+takes its entry along; subgroups apart)."""
 
 _FRESH: Final = FusedState()
+
+
+def group_memory(pg: dist.ProcessGroup) -> GroupMemory:
+    """``pg``'s entry of ``MEMORY`` (made at its first use)."""
+    found = MEMORY.get(pg)
+    if found is None:
+        found = MEMORY.setdefault(pg, GroupMemory())
+    return found
+
+
+def memory(pg: dist.ProcessGroup, collective: CollectiveName) -> Memory:
+    """``pg``'s ``Memory`` of ``collective`` (made at its first use, sharing the state
+    cell of its round shape)."""
+    group = MEMORY.get(pg) or group_memory(pg)
+    found = group.calls.get(collective)
+    if found is None:
+        shape = COLLECTIVES[collective].round
+        cell = group.cells.get(shape) or group.cells.setdefault(shape, StateCell())
+        found = group.calls[collective] = Memory(cell)
+    return found
 
 
 def group_key(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
@@ -502,8 +489,8 @@ def state_of(
 ) -> FusedState:
     """This process's copy of the state of ``collective``'s round on ``group`` (read
     only; ``None``: the default group), shared by every collective of that round."""
-    found = STATES.get(group_key(group), COLLECTIVES[collective].round)
-    return _FRESH if found is None else found
+    pg = group_key(group)
+    return _FRESH if pg is None else memory(pg, collective).shared.state
 
 
 def capacity_of(
@@ -517,7 +504,7 @@ def set_state(pg: dist.ProcessGroup | None, collective: CollectiveName, state: F
     """After a validated call: ``state`` is the state of ``collective``'s round on ``pg``
     (every rank sets alike, from what every rank saw)."""
     if pg is not None:
-        STATES.put(pg, COLLECTIVES[collective].round, state)
+        memory(pg, collective).shared.state = state
 
 
 def swap_state(
@@ -531,8 +518,8 @@ def swap_state(
     pg = group_key(group)
     if pg is None:
         return state
-    before = state_of(pg, collective)
-    STATES.put(pg, COLLECTIVES[collective].round, state)
+    cell = memory(pg, collective).shared
+    before, cell.state = cell.state, state
     return before
 
 
@@ -543,11 +530,8 @@ def replace_state(
     this rank (every rank must do the same, or the ranks disagree on the next round)."""
     pg = group_key(group)
     if pg is not None:
-        STATES.put(
-            pg,
-            COLLECTIVES[collective].round,
-            replace(state_of(pg, collective), **changes),  # type: ignore[arg-type]  # each field keeps its own type; tests pass them right
-        )
+        cell = memory(pg, collective).shared
+        cell.state = replace(cell.state, **changes)  # type: ignore[arg-type]  # each field keeps its own type; tests pass them right
 
 
 def reset_state(
@@ -557,4 +541,4 @@ def reset_state(
     (every rank must do the same, or the ranks disagree on the next round's size)."""
     pg = group_key(group)
     if pg is not None:
-        STATES.pop(pg, COLLECTIVES[collective].round)
+        memory(pg, collective).shared.state = _FRESH

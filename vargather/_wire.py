@@ -408,8 +408,14 @@ def encode_row(
     """One row of the all_to_all-shaped round: ``encode_record(record) + [ROW_MAGIC,
     code] + extras + [flag]``, the extras padded with ``-1`` to ``row_extra_words(W)``
     and the row to an even count of words (16-byte rows: every payload slot after a
-    row starts aligned). ``code``: the caller's collective (``_collectives``)."""
-    pad = [-1] * (row_extra_words(world_size) - len(extras))
+    row starts aligned). ``code``: the caller's collective (``_collectives``); its
+    ``extras`` are its own words, which the round carries without reading them (a
+    collective's module validates them); more than ``row_extra_words(W)`` is a
+    ``ValueError``, as rows of two lengths would not pair."""
+    room = row_extra_words(world_size)
+    if len(extras) > room:
+        raise ValueError(f"a row carries at most {room} extra words, got {len(extras)}")
+    pad = [-1] * (room - len(extras))
     words = [*encode_record(record), ROW_MAGIC, code, *extras, *pad, flag]
     return words + [0] * (len(words) % 2)
 

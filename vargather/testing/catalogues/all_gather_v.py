@@ -758,8 +758,8 @@ MISUSES: Final = misuses(
         lambda w, o: (f"rank {o}: timeout must be None", "from 0.001 s", "1e-130"), timeout=1e-130),
     _arg("timeout-invalid", "one rank passes a negative timeout", vargather.ArgumentError,
         lambda w, o: (f"rank {o}: timeout must be None, or a number of seconds", "-1.0"), timeout=-1.0),
-    Misuse("mixed-coalesced-beside-all-gather-v", "one rank calls all_gather_v_coalesced while its peers call all_gather_v", vargather.ArgumentMismatchError,
-        lambda r, w: call("all_gather_v_coalesced", [TensorSpec((_size(r), 2))] * 2), lambda w, o: ("all_gather_v / all_gather_v_coalesced: number of tensors differs across ranks", f"2 on rank(s) [{o}]", f"all_gather_v_coalesced on rank(s) [{o}]", "call the same one on every rank"), blamed=tie),
+    Misuse("mixed-coalesced-beside-all-gather-v", "one rank calls all_gather_v_coalesced while its peers call all_gather_v", vargather.ProtocolMismatchError,
+        lambda r, w: call("all_gather_v_coalesced", [TensorSpec((_size(r), 2))] * 2), lambda w, o: ("all_gather_v / all_gather_v_coalesced: collective differs across ranks", f"'all_gather_v_coalesced' on rank(s) [{o}]", "'all_gather_v'", "call the same collective on every rank"), blamed=tie),
 )
 # fmt: on
 """Every misuse of all_gather_v, each raised as the same error on every rank."""

@@ -1,0 +1,365 @@
+"""The all_to_all pattern's calls and rows: stages 1 and 3 of its collectives.
+
+Where it sits: beneath the round (``_family``) and the collectives that ride it
+(``_reduce_scatter``, ``_all_to_all``, ``_all_to_all_rows``, ``_gather_list``), above
+the checks (``_args``), the wire (``_wire``) and the validation rules (``_exchange``).
+A collective's module turns this rank's call into a ``FamilyCall`` (``check_tensor``,
+its own checks, its extra row words: ``sizes_words``); the round carries it as a row
+(``_wire.encode_row``) and hands every rank's back as ``Row``s (``decode_rows``, after
+``check_same_collective``), which the collective validates with the helpers here
+(``raise_local``, ``common_checks``, ``agree``): the same error on every rank, or the
+same verdict. ``call_key`` is a steady call's key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Generic, TypeVar
+
+import torch
+
+from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
+from ._choices import CONTRACTS, DEVICE_TYPES
+from ._collectives import COLLECTIVES, CollectiveName, by_code
+from ._comm import GroupInfo
+from ._dtypes import dtype_from_code
+from ._errors import (
+    ArgumentMismatchError,
+    DTypeMismatchError,
+    ProtocolMismatchError,
+    RequiresGradMismatchError,
+    ShapeMismatchError,
+    SizesError,
+    VarGatherError,
+)
+from ._exchange import _disagreement, check_same_collective
+from ._wire import ROW_MAGIC, decode_row, row_mark
+
+__all__ = [
+    "Check",
+    "FamilyCall",
+    "Row",
+    "ValidatedOnce",
+    "agree",
+    "call_key",
+    "check_tensor",
+    "common_checks",
+    "decode_rows",
+    "raise_local",
+    "raise_own_problem",
+    "requires_grad_check",
+    "rows_changed_only_in",
+    "sizes_words",
+    "with_problem",
+]
+
+
+@dataclass(frozen=True)
+class FamilyCall:
+    """One rank's call of a family collective, as every other rank will see it.
+
+    ``sizes``: the parsed size vectors this rank passed (``None`` where absent or
+    malformed), for this rank's own use; ``extras`` is what the peers see of them.
+    """
+
+    kind: CollectiveName
+    record: CallRecord
+    extras: tuple[int, ...]
+    sizes: tuple[tuple[int, ...] | None, ...]
+    timeout: timedelta | None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One rank's gathered metadata: its record and its extras."""
+
+    record: CallRecord
+    extras: tuple[int, ...]
+
+
+def check_tensor(
+    x: object,
+    dim: object,
+    *,
+    info: GroupInfo,
+    grad: object = "sum",
+    validate: object = True,
+    timeout: object = None,
+    requires_grad: bool | None = None,
+    split: bool = False,
+) -> tuple[CallRecord, timedelta | None]:
+    """``_args.check_call``'s record of ``x`` (no ``sizes``, ``transport="auto"``) and
+    the parsed per-call timeout. ``requires_grad`` overrides what ``x`` says (the
+    custom operators run below autograd and pass the caller's). A 0-d ``x`` is checked
+    as its 1-element view and recorded with its own shape ``()``; with ``split`` (a
+    collective that splits ``x`` along ``dim`` by sizes) it is a ``SizesError``."""
+    scalar = isinstance(x, torch.Tensor) and x.ndim == 0 and x.layout == torch.strided
+    probe = x.reshape(1) if isinstance(x, torch.Tensor) and scalar else x
+    checked = check_call(
+        probe,
+        dim,
+        sizes=None,
+        grad=grad,
+        transport="auto",
+        info=info,
+        validate=validate,
+        timeout=timeout,
+    )
+    record = checked.record
+    if scalar:
+        record = replace(record, ndim=0, shape=(), normalized_dim=-1, dim=0)
+        if isinstance(x, torch.Tensor):
+            record = replace(record, requires_grad=x.requires_grad and torch.is_grad_enabled())
+    if requires_grad is not None:
+        record = replace(record, requires_grad=requires_grad)
+    if split and record.ndim == 0:
+        record = with_problem(
+            record,
+            Problem(SizesError, "expected a tensor with at least 1 dimension, got a 0-d tensor"),
+        )
+    return record, checked.timeout
+
+
+def raise_own_problem(
+    name: str, problem: Problem | None, info: GroupInfo, *, trusted: bool
+) -> None:
+    """Raise this rank's own ``problem`` (if any) where no exchange tells the peers: a
+    world of one rank, or ``trusted`` (``validate=False`` with known sizes), when the
+    message says the peers are left waiting."""
+    if problem is None:
+        return
+    where = (
+        " (validate=False: raised on this rank only; its peers wait in the payload "
+        "collective until they time out)"
+        if trusted and info.communicates
+        else ""
+    )
+    raise problem.error(
+        f"{name}{where}: invalid arguments on rank(s) [{info.rank}]: rank "
+        f"{info.rank}: {problem.message}",
+        ranks=[info.rank],
+    )
+
+
+def with_problem(record: CallRecord, problem: Problem | None) -> CallRecord:
+    """``record`` with ``problem`` added, unless it already holds one (first wins)."""
+    if problem is None or record.problem is not None:
+        return record
+    return replace(record, problem=problem)
+
+
+def sizes_words(
+    sizes: object, world_size: int
+) -> tuple[tuple[int, ...] | Problem | None, list[int]]:
+    """Caller sizes parsed, and their wire form: ``[len, n_0, ..., n_{W-1}]``, ``-1``
+    for absent or malformed sizes (length ``-1``) and for missing entries; a longer
+    vector's extra entries are dropped (its length says it was longer)."""
+    if sizes is None:
+        return None, [-1] * (1 + world_size)
+    parsed = parse_sizes(sizes)
+    if isinstance(parsed, Problem):
+        return parsed, [-1] * (1 + world_size)
+    words = [len(parsed)] + [saturate(n) for n in parsed[:world_size]]
+    return parsed, words + [-1] * (1 + world_size - len(words))
+
+
+def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None:
+    """Raise ``ProtocolMismatchError`` unless every rank's row (``marks[r]``: its magic
+    and kind code) is a ``kind`` call's: a row vargather cannot read names its rank; a
+    peer calling another collective of the round is ``check_same_collective``'s."""
+    kind_code = COLLECTIVES[kind].code
+    if all(magic == ROW_MAGIC and code == kind_code for magic, code in marks):
+        return
+    for r, (magic, code) in enumerate(marks):
+        found_kind = by_code(code)
+        if magic != ROW_MAGIC or found_kind is None or found_kind.round != "all_to_all":
+            raise ProtocolMismatchError(
+                f"{kind}: rank {r} sent metadata of another collective or vargather "
+                f"version: expected a {kind} call on every rank of the group",
+                ranks=[r],
+            )
+    check_same_collective([code for _, code in marks])
+
+
+def decode_rows(call: FamilyCall, raw: bytes, w: int) -> tuple[list[Row], tuple[int, ...]]:
+    """Every rank's row and flag word from the received rows' bytes (``raw``, rank by
+    rank); ``ProtocolMismatchError`` on every rank unless every rank called
+    ``call.kind``."""
+    values = memoryview(raw).cast("q").tolist()  # int64 words, native order as sent
+    n = len(values) // w
+    words = [values[r * n : (r + 1) * n] for r in range(w)]
+    _check_kinds(call.kind, [row_mark(row) for row in words])
+    out: list[Row] = []
+    flags: list[int] = []
+    for r, row in enumerate(words):
+        record, extras, flag = decode_row(row, len(call.extras), w, rank=r)
+        flags.append(flag)
+        out.append(Row(record, extras))
+    return out, tuple(flags)
+
+
+def rows_changed_only_in(
+    raw: bytes, last: bytes, w: int, spans: Sequence[tuple[int, int]]
+) -> list[tuple[int, ...]] | None:
+    """Per rank, the words of its row in ``raw`` (the received rows' bytes,
+    ``_landed_rows``) at ``spans`` (first word and count, in order, apart), when every
+    rank's row is its row in ``last`` but for those words; else ``None``. Rows equal
+    but for a size vector and a dimension say everything ``last`` said but those (the
+    same kind, flags and record otherwise: no problem where it had none)."""
+    if len(raw) != len(last) or len(raw) % w:
+        return None
+    n = len(raw) // w
+    view = memoryview(raw)
+    out: list[tuple[int, ...]] = []
+    for j in range(w):
+        at = prev = j * n
+        words: list[int] = []
+        for first, count in spans:
+            lo, hi = at + 8 * first, at + 8 * (first + count)
+            if hi > at + n or raw[prev:lo] != last[prev:lo]:
+                return None
+            words.extend(view[lo:hi].cast("q"))  # int64 words, native order as sent
+            prev = hi
+        if raw[prev : at + n] != last[prev : at + n]:
+            return None
+        out.append(tuple(words))
+    return out
+
+
+T = TypeVar("T")
+
+
+class ValidatedOnce(Generic[T]):
+    """A collective's ``validate_rows``, remembered for the very list of rows it last
+    validated (``_read_rows`` returns the same list for the same bytes, so the steady
+    state's rows are one list, validated once). A pure function of the rows and this
+    rank; an error is never remembered."""
+
+    def __init__(self, validate: Callable[..., T]) -> None:
+        self._validate = validate
+        self._last: tuple[list[Row], int, T] | None = None
+
+    def __call__(self, rows: list[Row], *, rank: int) -> T:
+        last = self._last
+        if last is not None and last[0] is rows and last[1] == rank:
+            return last[2]
+        result = self._validate(rows, rank=rank)
+        self._last = (rows, rank, result)
+        return result
+
+
+def call_key(x: object, *args: object) -> tuple[object, ...] | None:
+    """What this rank's call of a plain strided tensor ``x`` with ``args`` is a function
+    of (``None`` for other calls): ``x``'s metadata (shape, strides, dtype, device,
+    whether a gradient is wanted, its lazy bits) and each argument with its type (so
+    ``validate=1`` is not ``True``), lists of ints as tuples. The steady path's key
+    (``known_call``)."""
+    if type(x) is not torch.Tensor or x.layout != torch.strided or x.is_nested:
+        return None
+    key: list[object] = [x.shape, x.stride(), x.dtype, x.device, x.is_conj(), x.is_neg()]
+    key.append(x.requires_grad and torch.is_grad_enabled())
+    for a in args:
+        if type(a) in (list, tuple):
+            assert isinstance(a, (list, tuple))  # for mypy: checked just above
+            if not all(type(n) is int for n in a):
+                return None
+            key.append((type(a), tuple(a)))
+        elif a is None or type(a) in (int, str, bool, float, timedelta):
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key)
+
+
+Check = tuple[type[VarGatherError], str, list[object], Callable[[object], str]]
+
+
+def raise_local(name: str, records: Sequence[CallRecord]) -> None:
+    """Every rank's local problems, raised on every rank (the first one's class)."""
+    bad = [(r, rec.problem) for r, rec in enumerate(records) if rec.problem is not None]
+    if bad:
+        details = "; ".join(f"rank {r}: {problem.message}" for r, problem in bad)
+        raise bad[0][1].error(
+            f"{name}: invalid arguments on rank(s) {[r for r, _ in bad]}: {details}",
+            ranks=[r for r, _ in bad],
+        )
+
+
+def agree(name: str, checks: Sequence[Check]) -> None:
+    """Raise the first disagreement among ``checks``, naming the odd ranks."""
+    for error, what, values, show in checks:
+        found = _disagreement(what, values, show)
+        if found is not None:
+            message, blamed = found
+            raise error(f"{name}: {message}", ranks=blamed)
+
+
+def _device(code: object) -> str:
+    if isinstance(code, int) and 0 <= code < len(DEVICE_TYPES):
+        return repr(DEVICE_TYPES[code])
+    return "another device type"
+
+
+def _dtype(code: object) -> str:
+    dtype = dtype_from_code(code) if isinstance(code, int) else None
+    return repr(code) if dtype is None else str(dtype)
+
+
+def _shape(shape: object) -> str:
+    return str(tuple(shape)) if isinstance(shape, tuple) else repr(shape)
+
+
+def common_checks(
+    records: Sequence[CallRecord], *, dim: bool, shape: str | None, contract: bool = False
+) -> list[Check]:
+    """The agreements every family call needs: device type, ndim, (the normalized
+    ``dim``), dtype, and the shape: ``"full"`` (every dimension), ``"other"``
+    (outside ``dim``) or ``None`` (any shape); ``contract``: the same ``grad=``."""
+    checks: list[Check] = []
+    if contract:
+        checks.append(
+            (
+                ArgumentMismatchError,
+                "gradient contract (grad=)",
+                [rec.contract_code for rec in records],
+                lambda c: repr(CONTRACTS[c]) if isinstance(c, int) else repr(c),
+            )
+        )
+    checks.append(
+        (ArgumentMismatchError, "device type", [rec.device_code for rec in records], _device)
+    )
+    checks.append((ShapeMismatchError, "ndim", [rec.ndim for rec in records], repr))
+    if dim:
+        checks.append(
+            (
+                ArgumentMismatchError,
+                "dimension (dim, normalized)",
+                [rec.normalized_dim for rec in records],
+                repr,
+            )
+        )
+    checks.append((DTypeMismatchError, "dtype", [rec.dtype_code for rec in records], _dtype))
+    if shape == "full":
+        checks.append((ShapeMismatchError, "shape", [rec.shape for rec in records], _shape))
+    elif shape == "other":
+        checks.append(
+            (
+                ShapeMismatchError,
+                "shape outside the split dimension",
+                [rec.other_dims for rec in records],
+                _shape,
+            )
+        )
+    return checks
+
+
+def requires_grad_check(records: Sequence[CallRecord], why: str) -> Check:
+    """Every rank needs a gradient, or none: the backward is a collective."""
+    return (
+        RequiresGradMismatchError,
+        f"requires_grad ({why}: every rank must take part)",
+        [rec.requires_grad for rec in records],
+        repr,
+    )
