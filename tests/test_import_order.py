@@ -45,6 +45,7 @@ ORDER = [
     "_all_to_all_rows",
     "_all_to_all",
     "_gather_list",
+    "_rooted",
     "_compiled_family",
     "_api",
     "_sequence_parallel",
