@@ -36,7 +36,7 @@ from torch.autograd.function import once_differentiable
 from ._args import Problem
 from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
-from ._comm import GroupInfo, send_receive
+from ._comm import GroupInfo, all_to_all_uneven
 from ._compiled import call_untraced, register_untraced
 from ._errors import ArgumentError, ArgumentMismatchError, SizesError, SizesMismatchError
 from ._family import (
@@ -304,52 +304,44 @@ def _assemble(
 # --- the payloads: each collective's forward and the other's backward ------------------
 
 
-def _direct(
-    outgoing: Sequence[Sequence[torch.Tensor]],
-    incoming: Sequence[Sequence[torch.Tensor]],
-    info: GroupInfo,
+def _all_to_all(
     name: CollectiveName,
-    own: tuple[torch.Tensor, torch.Tensor] | None = None,
+    received: torch.Tensor,
+    sent: torch.Tensor,
+    into: list[int],
+    out: list[int],
+    info: GroupInfo,
+    layout: Layout,
 ) -> None:
-    """The payload by direct sends (``_comm.send_receive``, one batch), and ``own``
-    (this rank's block: copy ``own[1]`` into ``own[0]``) while they travel."""
-    copied: list[bool] = []
-
-    def copy() -> None:
-        if own is not None:
-            own[0].copy_(own[1])
-        copied.append(True)
-
-    if info.communicates:
-        send_receive(outgoing, incoming, info, what=f"{name} payload", meanwhile=copy)
-    if not copied:  # nothing was posted (a world of one, or only empty blocks)
-        copy()
+    """The payload: one alltoallv of bytes (``out[k]`` bytes of ``sent`` to rank ``k``,
+    ``into[j]`` bytes from rank ``j``) on every rank; none when no byte moves at all
+    (every rank knows it from ``layout``)."""
+    if not info.communicates:  # a world of one: its block to itself
+        received.copy_(sent)
+    elif layout.total * layout.pre * layout.post:
+        all_to_all_uneven(received, sent, into, out, info, what=f"all_to_all ({name} payload)")
 
 
 def gather_to(block: torch.Tensor, layout: Layout, root: int, info: GroupInfo) -> torch.Tensor:
     """On ``root``: ``cat_r x_r`` along ``dim`` (a fresh tensor, ``layout.output_shape``),
     block ``r`` sent by rank ``r`` (``block``: this rank's); elsewhere an empty tensor."""
-    w, rank = info.world_size, info.rank
+    w, rank, sent = info.world_size, info.rank, bytes_of(block)
+    out = [sent.numel() if k == root else 0 for k in range(w)]
     if rank != root:
-        outgoing: list[list[torch.Tensor]] = [[] for _ in range(w)]
-        outgoing[root] = [bytes_of(block)]
-        _direct(outgoing, [[] for _ in range(w)], info, GATHER)
+        _all_to_all(GATHER, sent[:0], sent, [0] * w, out, info, layout)
         return _empty(block, layout)
     unit = layout.pre * layout.post * block.element_size()
+    into = [n * unit for n in layout.sizes]
+    result = block.new_empty(layout.output_shape)
     if layout.pre == 1:  # every block lands where it belongs in the result
-        out = block.new_empty(layout.output_shape)
-        flat = bytes_of(out)
-        regions = [
-            flat[o * unit : (o + n) * unit]
-            for o, n in zip(layout.offsets, layout.sizes, strict=True)
-        ]
-        incoming = [[regions[j]] for j in range(w)]
-        _direct([[] for _ in range(w)], incoming, info, GATHER, (regions[rank], bytes_of(block)))
-        return out
-    parts = [torch.empty(n * unit, dtype=torch.uint8, device=block.device) for n in layout.sizes]
-    parts[rank] = bytes_of(block)
-    incoming = [[p] if j != rank else [] for j, p in enumerate(parts)]
-    _direct([[] for _ in range(w)], incoming, info, GATHER)
+        _all_to_all(GATHER, bytes_of(result), sent, into, out, info, layout)
+        return result
+    received = torch.empty(sum(into), dtype=torch.uint8, device=block.device)
+    _all_to_all(GATHER, received, sent, into, out, info, layout)
+    parts = [
+        received[o * unit : (o + n) * unit]
+        for o, n in zip(layout.offsets, layout.sizes, strict=True)
+    ]
     return _assemble(parts, layout.output_shape, layout, range(w))
 
 
@@ -357,18 +349,16 @@ def scatter_from(full: torch.Tensor, layout: Layout, root: int, info: GroupInfo)
     """Block ``rank`` along ``dim`` of ``root``'s ``full`` (``layout.output_shape``
     there; elsewhere only its dtype and device are read), a fresh tensor."""
     w, rank = info.world_size, info.rank
-    out = torch.empty(layout.shard_shape(rank), dtype=layout.dtype, device=full.device)
+    result = torch.empty(layout.shard_shape(rank), dtype=layout.dtype, device=full.device)
+    received = bytes_of(result)
+    into = [received.numel() if j == root else 0 for j in range(w)]
     if rank != root:
-        incoming: list[list[torch.Tensor]] = [[] for _ in range(w)]
-        incoming[root] = [bytes_of(out)]
-        _direct([[] for _ in range(w)], incoming, info, SCATTER)
-        return out
-    blocks = [
-        full.narrow(layout.dim, o, n) for o, n in zip(layout.offsets, layout.sizes, strict=True)
-    ]
-    outgoing = [[bytes_of(b)] if j != rank else [] for j, b in enumerate(blocks)]
-    _direct(outgoing, [[] for _ in range(w)], info, SCATTER, (out, blocks[rank]))
-    return out
+        _all_to_all(SCATTER, received, received[:0], into, [0] * w, info, layout)
+        return result
+    unit = layout.pre * layout.post * full.element_size()
+    sent = bytes_of(rank_major_gradient(full.detach(), layout))
+    _all_to_all(SCATTER, received, sent, into, [n * unit for n in layout.sizes], info, layout)
+    return result
 
 
 class GatherVFunction(torch.autograd.Function):
