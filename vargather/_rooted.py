@@ -1,8 +1,8 @@
 """The rooted ragged collectives ``gather_v`` and ``scatter_v`` (MPI's Gatherv, Scatterv).
 
 Where it sits: beside the family's collectives, on ``_family``'s all_to_all-shaped round
-(``_one_round``, this module's one use of it), ``_comm.send_receive`` (the payload) and
-``_layout``; ``__init__`` exports the two faces. The two are each other's adjoint, so
+(``_one_round``, this module's one use of it), ``_comm.all_to_all_uneven`` (the payload)
+and ``_layout``; ``__init__`` exports the two faces. The two are each other's adjoint, so
 each one's payload is the other's backward and both live here.
 
 The math, once. Every rank ``r`` of the group holds ``x_r``, ``n_r`` long along ``dim``
@@ -16,8 +16,9 @@ The math, once. Every rank ``r`` of the group holds ``x_r``, ``n_r`` long along 
 The round: every rank sends every rank its row (``_wire.encode_row``: the record, the
 root and the passed sizes as extras), so every rank validates the same rows and raises
 the same error; the payload rides in it when it fits, only where it belongs (to ``dst``;
-from ``src``), else it moves by direct sends (``send_receive``: ``W - 1`` messages, one
-batch), each block as it lies when contiguous.
+from ``src``), else it moves in one alltoallv of bytes, again only where it belongs,
+each block as it lies when contiguous (on gloo, 16 KiB to 1 MiB, point-to-point sends
+of the same blocks ran 2-4x slower; ``docs/family.md`` has the bench).
 """
 
 from __future__ import annotations
