@@ -74,7 +74,7 @@ def coalesced_without(ctx: RankContext, job: Any) -> dict[str, Any] | None:
 
 # --- the family cell with wrong stand-ins ---------------------------------------------
 
-_FAMILY = ("reduce_scatter_v", "all_to_all_v", "all_gather_list")
+_FAMILY = ("reduce_scatter_v", "all_to_all_v", "all_gather_list", "gather_v", "scatter_v")
 
 
 def _off_by_one(fn: Callable[..., Any]) -> Callable[..., Any]:

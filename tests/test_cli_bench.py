@@ -64,6 +64,8 @@ FAMILY = {
     "reduce_scatter_v": ["limit", "vargather", "vargather+sizes"],
     "all_to_all_v": ["limit", "vargather", "vargather+sizes", "vargather~changing"],
     "all_gather_list": ["limit", "all_gather_v+sizes", "vargather", "vargather+sizes"],
+    "gather_v": ["limit", "direct", "vargather", "vargather+sizes"],
+    "scatter_v": ["limit", "direct", "vargather", "vargather+sizes"],
 }
 
 
@@ -261,8 +263,11 @@ def test_family_part_checked_against_its_baselines_with_spread(
             for name, entry in g["forward"].items():
                 assert entry["verified"] is True, (op, name)
                 assert len(entry["times_s"]) == 3, (op, name)
-            kinds = (
-                ("unknown", "known", "changing") if op == "all_to_all_v" else ("unknown", "known")
+            kinds = {"all_to_all_v": ("unknown", "known", "changing")}.get(
+                op,
+                ("unknown", "known", "direct")
+                if "direct" in g["forward"]
+                else ("unknown", "known"),
             )
             assert tuple(g["ratios"]) == kinds, op
             for known in kinds:
@@ -277,7 +282,7 @@ def test_family_part_checked_against_its_baselines_with_spread(
     assert mild == _bench.split_rows(32, _bench.profile_shares("mild", 2))
     targets = [t for t in document["targets"] if t["target"].startswith("family ")]
     # cells x collectives x (unknown, known), and all_to_all_v's sizes changing
-    assert len(targets) == 1 * 3 * 2 + 1
+    assert len(targets) == 1 * len(FAMILY) * 2 + 1
     assert {t["target"] for t in targets} >= {
         "family reduce_scatter_v / reduce_scatter_tensor",
         "family all_to_all_v+sizes / all_to_all_single",

@@ -46,6 +46,7 @@ ORDER = [
     "_all_to_all_rows",
     "_all_to_all",
     "_gather_list",
+    "_rooted",
     "_api",
     "_sequence_parallel",
     "oracle",

@@ -33,3 +33,34 @@ def test_the_oracle_contracts_are_their_stated_math(case: GatherCase) -> None:
         magnitude = torch.stack([b.abs() for b in blocks]).sum(0) / w
         error = (by_contract["mean"][r] - total / w).abs()
         assert bool((error <= (w + 1) * eps * magnitude).all())
+
+
+@given(case=float_cases)
+def test_the_rooted_oracles_are_their_stated_math(case: GatherCase) -> None:
+    """gather_v: ``cat_r x_r`` on ``dst``, empty elsewhere, and ``dx_r`` is block ``r``
+    of ``g_dst``; scatter_v: block ``r`` of ``x_src``, and ``dx_src = cat_r g_r``,
+    zeros elsewhere. Slicing by hand (``narrow``) against the oracle's autograd."""
+    w, d = case.world_size, case.normalized_dim
+    shards = [case.shard_values(r) for r in range(w)]
+    full = torch.cat(shards, d)
+    offsets = [sum(case.sizes[:r]) for r in range(w)]
+    root = w - 1
+    got = oracle.expected_gather_v(shards, root, case.dim)
+    for r in range(w):
+        if r == root:
+            assert_bitwise_equal(got[r], full)
+        else:
+            assert got[r].shape == (*shards[r].shape[:d], 0, *shards[r].shape[d + 1 :])
+    up = torch.randn_like(full) if full.is_floating_point() else torch.ones_like(full)
+    ups = [up if r == root else got[r] for r in range(w)]
+    grads = oracle.expected_gather_v_grads(shards, root, ups, case.dim)
+    for r in range(w):
+        assert_bitwise_equal(grads[r], up.narrow(d, offsets[r], case.sizes[r]), f"rank {r}")
+    inputs = [full if r == root else shards[r] for r in range(w)]
+    blocks = oracle.expected_scatter_v(inputs, case.sizes, root, case.dim)
+    for r in range(w):
+        assert_bitwise_equal(blocks[r], full.narrow(d, offsets[r], case.sizes[r]), f"rank {r}")
+    grads = oracle.expected_scatter_v_grads(inputs, case.sizes, root, shards, case.dim)
+    for r in range(w):
+        want = full if r == root else torch.zeros_like(shards[r])  # g_r = shards[r]
+        assert_bitwise_equal(grads[r], want, f"rank {r}")

@@ -103,3 +103,9 @@ from ._sequence_parallel import kv_repeats as kv_repeats  # noqa: E402
 from ._sequence_parallel import seq_to_heads as seq_to_heads  # noqa: E402
 
 __all__ += ["SequenceLayout", "head_split", "heads_to_seq", "kv_repeats", "seq_to_heads"]
+
+# The rooted ragged gather and scatter (docs/family.md).
+from ._rooted import gather_v as gather_v  # noqa: E402
+from ._rooted import scatter_v as scatter_v  # noqa: E402
+
+__all__ += ["gather_v", "scatter_v"]

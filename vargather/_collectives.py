@@ -39,6 +39,8 @@ CollectiveName: TypeAlias = Literal[
     "all_gather_list",
     "reduce_scatter_v",
     "all_to_all_v",
+    "gather_v",
+    "scatter_v",
 ]
 """Every collective vargather offers, in the order of their wire codes."""
 
@@ -145,6 +147,34 @@ def _table() -> Mapping[CollectiveName, Collective]:
             oracle_grads="expected_all_to_all_grads",
             catalogue="all_to_all_v",
             checked_by="all_to_all_v",
+        ),
+        Collective(
+            name="gather_v",
+            code=5,
+            round="all_to_all",
+            validates=(
+                "every rank's tensor has the same dtype, device type, ndim, requires_grad "
+                "and size off dim, every rank passed the same dst, dim and sizes, and the "
+                "passed sizes are the tensors' sizes along dim"
+            ),
+            oracle="expected_gather_v",
+            oracle_grads="expected_gather_v_grads",
+            catalogue="gather_v",
+            checked_by="gather_v",
+        ),
+        Collective(
+            name="scatter_v",
+            code=6,
+            round="all_to_all",
+            validates=(
+                "every rank's tensor has the same dtype, device type, ndim, requires_grad "
+                "and size off dim, every rank passed the same src, dim and sizes, and the "
+                "sizes sum to src's tensor's size along dim"
+            ),
+            oracle="expected_scatter_v",
+            oracle_grads="expected_scatter_v_grads",
+            catalogue="scatter_v",
+            checked_by="scatter_v",
         ),
     )
     assert tuple(c.name for c in rows) == COLLECTIVE_NAMES

@@ -43,10 +43,14 @@ __all__ = [
     "expected_all_to_all_grads",
     "expected_gather_list",
     "expected_gather_list_grads",
+    "expected_gather_v",
+    "expected_gather_v_grads",
     "expected_input_grads",
     "expected_output",
     "expected_reduce_scatter",
     "expected_reduce_scatter_grads",
+    "expected_scatter_v",
+    "expected_scatter_v_grads",
 ]
 
 
@@ -348,3 +352,59 @@ def expected_gather_list_grads(
     raise ValueError(
         f"oracle: contract must be one of {', '.join(map(repr, CONTRACTS))}, got {contract!r}"
     )
+
+
+def expected_gather_v(inputs: Sequence[torch.Tensor], dst: int, dim: int = 0) -> list[torch.Tensor]:
+    """Each rank's ``gather_v`` result: ``torch.cat(inputs, dim)`` on rank ``dst``,
+    elsewhere an empty tensor (rank ``r``'s input's shape with 0 along ``dim``).
+
+    Raises:
+        RuntimeError: torch's, for inputs that do not concatenate.
+    """
+    full = torch.cat([x.detach() for x in inputs], dim=dim)
+    return [full if r == dst else x.detach().narrow(dim, 0, 0) for r, x in enumerate(inputs)]
+
+
+def expected_gather_v_grads(
+    inputs: Sequence[torch.Tensor], dst: int, upstream: Sequence[torch.Tensor], dim: int = 0
+) -> list[torch.Tensor]:
+    """``dx_r`` of ``L = <g_dst, cat_j x_j>`` (the other ranks' results are empty): block
+    ``r`` of ``upstream[dst]``, by autograd.
+
+    Raises:
+        TypeError: an input that is neither floating nor complex.
+    """
+    xs = _leaves(inputs)
+    out = torch.cat(xs, dim=dim)
+    return list(torch.autograd.grad([out], xs, grad_outputs=[upstream[dst].detach()]))
+
+
+def expected_scatter_v(
+    inputs: Sequence[torch.Tensor], sizes: Sequence[int], src: int, dim: int = 0
+) -> list[torch.Tensor]:
+    """Each rank's ``scatter_v`` result: block ``r`` (``sizes[r]`` long along ``dim``)
+    of ``inputs[src]`` for every rank ``r`` (the other inputs are not read).
+
+    Raises:
+        RuntimeError: torch's, for sizes that do not split ``inputs[src]``.
+    """
+    return [b.clone() for b in _blocks(inputs[src].detach(), sizes, dim)]
+
+
+def expected_scatter_v_grads(
+    inputs: Sequence[torch.Tensor],
+    sizes: Sequence[int],
+    src: int,
+    upstream: Sequence[torch.Tensor],
+    dim: int = 0,
+) -> list[torch.Tensor]:
+    """``dx_j`` of ``L = Σ_r <g_r, y_r>``: ``cat_r g_r`` on rank ``src`` (by autograd
+    over the split), zeros shaped as ``inputs[j]`` on every other rank.
+
+    Raises:
+        TypeError: an input that is neither floating nor complex.
+    """
+    xs = _leaves(inputs)
+    outs = _blocks(xs[src], sizes, dim)
+    (grad,) = torch.autograd.grad(outs, [xs[src]], grad_outputs=[g.detach() for g in upstream])
+    return [grad if j == src else torch.zeros_like(x) for j, x in enumerate(xs)]

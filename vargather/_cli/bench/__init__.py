@@ -53,7 +53,10 @@ family (64 KiB, 1 MiB, 16 MiB; even and mild; rows of 64 float32), steady state
     ``all_to_all_v(x, send_sizes)`` (and with ``recv_sizes``) against one
     ``all_to_all_single`` with the same splits; ``all_gather_list(x)`` (and with
     ``shapes``) against ``all_gather_v`` of the same tensors (validated; with the sizes
-    and ``validate=False`` for the known variant). Each vargather call's first result
+    and ``validate=False`` for the known variant); ``gather_v(x, 0)`` and
+    ``scatter_v(x, sizes, 0)`` against ``dist.gather`` / ``dist.scatter`` of the blocks
+    padded to the largest, and beside batched sends of the exact blocks (``direct``,
+    its own ratio). Each vargather call's first result
     is checked equal to the reference (the same splits through ``dist.reduce_scatter``,
     ``all_to_all_single``, ``all_gather_v``) before it is timed; each ratio is taken per
     burst against its baseline in the same repeat and reported with its quartiles and

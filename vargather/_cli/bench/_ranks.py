@@ -432,6 +432,11 @@ def _rank_family(ctx: RankContext, job: tuple[BenchConfig, float, str]) -> dict[
                     if FAMILY_CHANGING_VARIANT in results
                     else {}
                 ),
+                **(
+                    {"direct": _paired(results, "vargather", "direct")}
+                    if "direct" in results
+                    else {}
+                ),
             },
         }
     if rank != 0:

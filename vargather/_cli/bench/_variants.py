@@ -393,8 +393,11 @@ FAMILY_BASELINES: Final = {
     "reduce_scatter_v": "reduce_scatter_tensor",
     "all_to_all_v": "all_to_all_single",
     "all_gather_list": "all_gather_v",
+    "gather_v": "gather",
+    "scatter_v": "scatter",
 }
-"""What each family collective is timed against (the variant ``limit`` of its group)."""
+"""What each family collective is timed against (the variant ``limit`` of its group;
+the rooted ones' ``direct`` too: batched sends of the exact blocks)."""
 
 
 @dataclass
@@ -584,4 +587,108 @@ def family_groups(
         list_reference,
         {"rows": t, "sizes": rows},
     )
-    return [rs, a2a, lst]
+    return [rs, a2a, lst, *rooted_groups(rank, w, t, shares, columns)]
+
+
+def rooted_groups(
+    rank: int, w: int, t: int, shares: Sequence[float], columns: int
+) -> list[FamilyGroup]:
+    """``gather_v`` onto rank 0 and ``scatter_v`` from rank 0 of ``t`` rows split by
+    ``shares`` (rank ``r``'s block ``n_r x columns``), each against ``dist.gather`` /
+    ``dist.scatter`` of blocks padded to the largest (``limit``) and against batched
+    sends of the exact blocks (``direct``), validated and with the sizes passed."""
+    import torch
+    import torch.distributed as dist
+
+    import vargather
+
+    rows = split_rows(t, shares)
+    top = max(rows)
+    mine = family_shard(rank, 0, rows[rank], columns)
+    pieces = [family_shard(r, 0, n, columns) for r, n in enumerate(rows)]
+    full = torch.cat(pieces)
+    empty = mine[:0]
+
+    def same(expected: object) -> Callable[[int, object], bool]:
+        return lambda _, out: family_same(out, expected)
+
+    def gather_limit(_: int) -> torch.Tensor:
+        padded = mine.new_zeros((top, columns))
+        padded[: rows[rank]] = mine
+        bufs = [mine.new_empty((top, columns)) for _ in range(w)] if rank == 0 else None
+        dist.gather(padded, bufs, dst=0)
+        return torch.cat([b[:n] for b, n in zip(bufs, rows, strict=True)]) if bufs else empty
+
+    def gather_direct(_: int) -> torch.Tensor:
+        if rank != 0:
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, 0)]):
+                work.wait()
+            return empty
+        out = full.new_empty(full.shape)
+        parts = torch.split(out, rows)
+        ops = [dist.P2POp(dist.irecv, parts[r], r) for r in range(1, w) if rows[r]]
+        works = dist.batch_isend_irecv(ops) if ops else []
+        parts[0].copy_(mine)
+        for work in works:
+            work.wait()
+        return out
+
+    def scatter_limit(_: int) -> torch.Tensor:
+        out = mine.new_empty((top, columns))
+        blocks = None
+        if rank == 0:
+            blocks = [full.new_zeros((top, columns)) for _ in range(w)]
+            for b, piece in zip(blocks, pieces, strict=True):
+                b[: piece.shape[0]] = piece
+        dist.scatter(out, blocks, src=0)
+        return out[: rows[rank]]
+
+    def scatter_direct(_: int) -> torch.Tensor:
+        if rank != 0:
+            out = mine.new_empty(mine.shape)
+            if rows[rank]:
+                for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, out, 0)]):
+                    work.wait()
+            return out
+        ops = [dist.P2POp(dist.isend, p, r) for r, p in enumerate(pieces) if r and rows[r]]
+        works = dist.batch_isend_irecv(ops) if ops else []
+        out = pieces[0].clone()
+        for work in works:
+            work.wait()
+        return out
+
+    gathered = full if rank == 0 else empty
+    gather = FamilyGroup(
+        "gather_v",
+        [
+            _Burst("limit", gather_limit, same(gathered)),
+            _Burst("direct", gather_direct, same(gathered)),
+            _Burst("vargather", lambda _: vargather.gather_v(mine, 0), same(gathered)),
+            _Burst(
+                "vargather+sizes",
+                lambda _: vargather.gather_v(mine, 0, sizes=rows, validate=False),
+                same(gathered),
+            ),
+        ],
+        "limit",
+        gather_limit(0),
+        {"rows": t, "sizes": rows, "baseline_rows": [top] * w},
+    )
+    x = full if rank == 0 else empty
+    scatter = FamilyGroup(
+        "scatter_v",
+        [
+            _Burst("limit", scatter_limit, same(mine)),
+            _Burst("direct", scatter_direct, same(mine)),
+            _Burst("vargather", lambda _: vargather.scatter_v(x, rows, 0), same(mine)),
+            _Burst(
+                "vargather+sizes",
+                lambda _: vargather.scatter_v(x, rows, 0, validate=False),
+                same(mine),
+            ),
+        ],
+        "limit",
+        scatter_limit(0),
+        {"rows": t, "sizes": rows, "baseline_rows": [top] * w},
+    )
+    return [gather, scatter]

@@ -1,0 +1,532 @@
+"""The rooted ragged collectives ``gather_v`` and ``scatter_v`` (MPI's Gatherv, Scatterv).
+
+Where it sits: beside the family's collectives, on ``_family``'s all_to_all-shaped round
+(``_one_round``, this module's one use of it), ``_comm.all_to_all_uneven`` (the payload)
+and ``_layout``; ``__init__`` exports the two faces. The two are each other's adjoint, so
+each one's payload is the other's backward and both live here.
+
+The math, once. Every rank ``r`` of the group holds ``x_r``, ``n_r`` long along ``dim``
+(the other dimensions equal), ``o_r = n_0 + ... + n_{r-1}``; ``root`` is a group rank.
+
+* ``gather_v``: ``y_root = cat_r x_r`` along ``dim``; every other rank's ``y`` is empty
+  (``x_r``'s shape with 0 along ``dim``). Gradient: ``dx_r = g_root[o_r : o_r + n_r]``.
+* ``scatter_v``: ``y_r = x_root[o_r : o_r + n_r]`` (``sizes`` the same on every rank,
+  ``Σ n_r = x_root.shape[dim]``). Gradient: ``dx_root = cat_r g_r``, ``dx_j = 0`` else.
+
+The round: every rank sends every rank its row (``_wire.encode_row``: the record, the
+root and the passed sizes as extras), so every rank validates the same rows and raises
+the same error; the payload rides in it when it fits, only where it belongs (to ``dst``;
+from ``src``), else it moves in one alltoallv of bytes, again only where it belongs,
+each block as it lies when contiguous (on gloo, 16 KiB to 1 MiB, point-to-point sends
+of the same blocks ran 2-4x slower; ``docs/family.md`` has the bench).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Final
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ._args import Problem
+from ._buffers import rank_major_gradient
+from ._collectives import CollectiveName
+from ._comm import GroupInfo, all_to_all_uneven
+from ._compiled import Route
+from ._errors import ArgumentError, ArgumentMismatchError, SizesError, SizesMismatchError
+from ._family import exchange_fused, settle
+from ._layout import Layout
+from ._mesh import GroupLike, MeshDim, call_group
+from ._round_buffers import bytes_of
+from ._rows import (
+    Check,
+    FamilyCall,
+    Row,
+    ValidatedOnce,
+    agree,
+    check_tensor,
+    common_checks,
+    raise_local,
+    raise_own_problem,
+    requires_grad_check,
+    sizes_words,
+    with_problem,
+)
+
+__all__ = ["RootedPlan", "gather_v", "scatter_v"]
+
+GATHER: Final[CollectiveName] = "gather_v"
+SCATTER: Final[CollectiveName] = "scatter_v"
+
+
+@dataclass(frozen=True)
+class RootedPlan:
+    """A validated call: ``layout`` (every rank's block along ``dim``; ``output_shape``
+    is the gathered one), the ``root``, the group, this rank's input's ``shape`` and
+    ``result``, the forward's result when it rode in the round."""
+
+    layout: Layout
+    root: int
+    info: GroupInfo
+    shape: tuple[int, ...]
+    result: torch.Tensor | None = field(default=None, compare=False, repr=False)
+
+
+# --- local checks and the row ----------------------------------------------------------
+
+
+def _root(value: object, what: str, world_size: int) -> tuple[int, Problem | None]:
+    """``value`` as a group rank, and its problem (the word ``-1`` when malformed)."""
+    try:
+        root = -1 if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]  # any object is tried; a non-integer raises TypeError
+    except TypeError:
+        root = -1
+    if 0 <= root < world_size:
+        return root, None
+    return -1, Problem(
+        ArgumentError,
+        f"expected {what} to be a rank in the group (not a global rank): an int in "
+        f"[0, {world_size}), got {value!r}",
+    )
+
+
+def _local_call(
+    name: CollectiveName,
+    x: object,
+    root: object,
+    sizes: object,
+    dim: object,
+    info: GroupInfo,
+    validate: object,
+    timeout: object,
+) -> FamilyCall:
+    """This rank's call: its record (the first local problem in it), and as extras the
+    root and the passed sizes (``[root, len, n_0, ..., n_{W-1}]``)."""
+    w = info.world_size
+    record, call_timeout = check_tensor(
+        x, dim, info=info, validate=validate, timeout=timeout, split=True
+    )
+    own_root, problem = _root(root, "dst" if name == GATHER else "src", w)
+    parsed, words = sizes_words(sizes, w)
+    d = record.normalized_dim
+    if isinstance(parsed, Problem):
+        problem = problem or parsed
+    elif parsed is None:
+        if name == SCATTER:
+            problem = problem or Problem(SizesError, "sizes is required: one block size per rank")
+    elif len(parsed) != w:
+        problem = problem or Problem(
+            SizesError, f"expected len(sizes) == world size {w}, got {len(parsed)}"
+        )
+    elif d >= 0 and name == GATHER and parsed[info.rank] != record.size_along_dim:
+        problem = problem or Problem(
+            SizesError,
+            f"expected sizes[{info.rank}] == {record.size_along_dim} (its tensor's size along "
+            f"dim {d}), got {parsed[info.rank]}",
+        )
+    elif (
+        d >= 0
+        and name == SCATTER
+        and own_root == info.rank
+        and sum(parsed) != record.size_along_dim
+    ):
+        problem = problem or Problem(
+            SizesError,
+            f"expected sum(sizes) == {record.size_along_dim} (src's tensor's size along "
+            f"dim {d}), got sum(sizes) = {sum(parsed)} for sizes={list(parsed)}",
+        )
+    own = parsed if isinstance(parsed, tuple) and len(parsed) == w else None
+    return FamilyCall(name, with_problem(record, problem), (own_root, *words), (own,), call_timeout)
+
+
+def _show_sizes(value: object) -> str:
+    if not isinstance(value, tuple) or not value or value[0] < 0:
+        return "no sizes"
+    return f"sizes={list(value[1 : 1 + value[0]])}"
+
+
+def _validate(name: CollectiveName, rows: list[Row], *, rank: int) -> tuple[int, tuple[int, ...]]:
+    """The root and every rank's block size, or the error every rank raises alike (a
+    pure function of ``rows``)."""
+    records = [row.record for row in rows]
+    raise_local(name, records)
+    what = "dst" if name == GATHER else "src"
+    checks: list[Check] = common_checks(records, dim=True, shape="other")
+    checks.append(
+        (ArgumentMismatchError, f"{what} (a group rank)", [r.extras[0] for r in rows], repr)
+    )
+    checks.append((SizesMismatchError, "sizes", [row.extras[1:] for row in rows], _show_sizes))
+    backward = "scatter from dst" if name == GATHER else "gather to src"
+    checks.append(requires_grad_check(records, f"the backward of {name} is a {backward}"))
+    agree(name, checks)
+    extras = rows[rank].extras
+    if name == GATHER:
+        return extras[0], tuple(rec.size_along_dim for rec in records)
+    return extras[0], tuple(int(n) for n in extras[2 : 2 + extras[1]])
+
+
+_VALIDATED: Final = {
+    name: ValidatedOnce(functools.partial(_validate, name)) for name in (GATHER, SCATTER)
+}
+"""``_validate``, once for the steady state's rows (``_family.ValidatedOnce``)."""
+
+
+def _layout(x: torch.Tensor, dim: int, sizes: tuple[int, ...], info: GroupInfo) -> Layout:
+    return Layout(
+        sizes=sizes,
+        dim=dim,
+        leading_shape=tuple(x.shape[:dim]),
+        trailing_shape=tuple(x.shape[dim + 1 :]),
+        dtype=x.dtype,
+        rank=info.rank,
+        world_size=info.world_size,
+    )
+
+
+def _one_round(
+    call: FamilyCall,
+    info: GroupInfo,
+    x: object,
+    outgoing: Callable[[], tuple[torch.Tensor, Sequence[int]]],
+    blocks: Callable[[int, tuple[int, ...], int, int], list[int]],
+) -> tuple[int, tuple[int, ...], tuple[torch.Tensor, ...] | None]:
+    """This module's one use of the all_to_all-shaped round (``_family``): every rank's
+    row, validated alike (the root, the sizes), and the payload slots when every block
+    rode along. ``blocks(root, sizes, unit, W)[j * W + k]``: the bytes rank ``j`` sends
+    rank ``k`` (``unit``: the bytes of one slice along ``dim``)."""
+    ex = exchange_fused(call, info, x, outgoing)
+    root, sizes = _VALIDATED[call.kind](ex.rows, rank=info.rank)
+    assert isinstance(x, torch.Tensor)  # every rank's record validated: a tensor's
+    d = call.record.normalized_dim
+    unit = math.prod(x.shape[:d]) * math.prod(x.shape[d + 1 :]) * x.element_size()
+    return root, sizes, settle(ex, info, blocks(root, sizes, unit, info.world_size))
+
+
+def _gather_blocks(root: int, sizes: tuple[int, ...], unit: int, w: int) -> list[int]:
+    return [n * unit if k == root else 0 for n in sizes for k in range(w)]
+
+
+def _scatter_blocks(root: int, sizes: tuple[int, ...], unit: int, w: int) -> list[int]:
+    return [n * unit if j == root else 0 for j in range(w) for n in sizes]
+
+
+def _outgoing(
+    name: CollectiveName, x: object, call: FamilyCall, info: GroupInfo
+) -> tuple[torch.Tensor, list[int]]:
+    """This rank's payload as the round carries it (a problem-free call, whose ``x`` is
+    a tensor): its bytes and the bytes for each rank (``_family.Outgoing``)."""
+    assert isinstance(x, torch.Tensor)
+    w, root, d = info.world_size, call.extras[0], call.record.normalized_dim
+    if name == GATHER:
+        flat = bytes_of(x)
+        return flat, [flat.numel() if k == root else 0 for k in range(w)]
+    if info.rank != root:
+        return torch.empty(0, dtype=torch.uint8), [0] * w
+    sizes = call.sizes[0]
+    assert sizes is not None  # src's problem-free call parsed its sizes
+    layout = _layout(x, d, sizes, info)
+    unit = layout.pre * layout.post * x.element_size()
+    return bytes_of(rank_major_gradient(x.detach(), layout)), [n * unit for n in sizes]
+
+
+def _plan(
+    name: CollectiveName,
+    x: object,
+    root: object,
+    sizes: object,
+    dim: object,
+    group: Any,
+    mesh_dim: Any,
+    validate: object,
+    timeout: object,
+) -> RootedPlan:
+    """The same error on every rank, or the same plan (with ``validate=False`` and the
+    sizes passed: no round, and a local problem raised on this rank only)."""
+    info = call_group(group, mesh_dim)
+    call = _local_call(name, x, root, sizes, dim, info, validate, timeout)
+    if call.timeout is not None:
+        info = info.with_timeout(call.timeout)
+    own, slots = call.sizes[0], None
+    if not info.communicates or (validate is False and own is not None):
+        raise_own_problem(name, call.record.problem, info, trusted=validate is False)
+        found_root, found = call.extras[0], own or (call.record.size_along_dim,)
+    else:
+        send = functools.partial(_outgoing, name, x, call, info)
+        which = _gather_blocks if name == GATHER else _scatter_blocks
+        found_root, found, slots = _one_round(call, info, x, send, which)
+    assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
+    layout = _layout(x, call.record.normalized_dim, found, info)
+    result = None if slots is None else _from_slots(name, slots, layout, found_root)
+    return RootedPlan(layout, found_root, info, tuple(x.shape), result)
+
+
+def _from_slots(
+    name: CollectiveName, slots: Sequence[torch.Tensor], layout: Layout, root: int
+) -> torch.Tensor:
+    """The forward's result from the round's slots (``slots[j]``: what rank ``j`` sent
+    this rank)."""
+    if name == SCATTER:
+        return _assemble([slots[root]], layout.shard_shape(layout.rank), layout, [layout.rank])
+    if layout.rank != root:
+        return _empty(slots[0], layout)
+    return _assemble(slots, layout.output_shape, layout, range(layout.world_size))
+
+
+def _empty(like: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """A gather's result off the root: 0 long along ``dim``."""
+    shape = (*layout.leading_shape, 0, *layout.trailing_shape)
+    return torch.empty(shape, dtype=layout.dtype, device=like.device)
+
+
+def _assemble(
+    parts: Sequence[torch.Tensor], shape: Sequence[int], layout: Layout, ranks: Sequence[int]
+) -> torch.Tensor:
+    """A fresh tensor of ``shape`` from the bytes of blocks ``ranks`` (``parts[i]``:
+    block ``ranks[i]``, ``(pre, n, post)`` in memory order), joined along ``dim``."""
+    out = torch.empty(tuple(shape), dtype=layout.dtype, device=parts[0].device)
+    view = out.view(layout.pre, -1, layout.post) if out.numel() else out
+    at = 0
+    for part, r in zip(parts, ranks, strict=True):
+        n = layout.sizes[r]
+        if n and out.numel():
+            block = part.view(layout.dtype)[: layout.pre * n * layout.post]
+            view[:, at : at + n].copy_(block.view(layout.pre, n, layout.post))
+        at += n
+    return out
+
+
+# --- the payloads: each collective's forward and the other's backward ------------------
+
+
+def _all_to_all(
+    name: CollectiveName,
+    received: torch.Tensor,
+    sent: torch.Tensor,
+    into: list[int],
+    out: list[int],
+    info: GroupInfo,
+    layout: Layout,
+) -> None:
+    """The payload: one alltoallv of bytes (``out[k]`` bytes of ``sent`` to rank ``k``,
+    ``into[j]`` bytes from rank ``j``) on every rank; none when no byte moves at all
+    (every rank knows it from ``layout``)."""
+    if not info.communicates:  # a world of one: its block to itself
+        received.copy_(sent)
+    elif layout.total * layout.pre * layout.post:
+        all_to_all_uneven(received, sent, into, out, info, what=f"all_to_all ({name} payload)")
+
+
+def gather_to(block: torch.Tensor, layout: Layout, root: int, info: GroupInfo) -> torch.Tensor:
+    """On ``root``: ``cat_r x_r`` along ``dim`` (a fresh tensor, ``layout.output_shape``),
+    block ``r`` sent by rank ``r`` (``block``: this rank's); elsewhere an empty tensor."""
+    w, rank, sent = info.world_size, info.rank, bytes_of(block)
+    out = [sent.numel() if k == root else 0 for k in range(w)]
+    if rank != root:
+        _all_to_all(GATHER, sent[:0], sent, [0] * w, out, info, layout)
+        return _empty(block, layout)
+    unit = layout.pre * layout.post * block.element_size()
+    into = [n * unit for n in layout.sizes]
+    result = block.new_empty(layout.output_shape)
+    if layout.pre == 1:  # every block lands where it belongs in the result
+        _all_to_all(GATHER, bytes_of(result), sent, into, out, info, layout)
+        return result
+    received = torch.empty(sum(into), dtype=torch.uint8, device=block.device)
+    _all_to_all(GATHER, received, sent, into, out, info, layout)
+    parts = [
+        received[o * unit : (o + n) * unit]
+        for o, n in zip(layout.offsets, layout.sizes, strict=True)
+    ]
+    return _assemble(parts, layout.output_shape, layout, range(w))
+
+
+def scatter_from(full: torch.Tensor, layout: Layout, root: int, info: GroupInfo) -> torch.Tensor:
+    """Block ``rank`` along ``dim`` of ``root``'s ``full`` (``layout.output_shape``
+    there; elsewhere only its dtype and device are read), a fresh tensor."""
+    w, rank = info.world_size, info.rank
+    result = torch.empty(layout.shard_shape(rank), dtype=layout.dtype, device=full.device)
+    received = bytes_of(result)
+    into = [received.numel() if j == root else 0 for j in range(w)]
+    if rank != root:
+        _all_to_all(SCATTER, received, received[:0], into, [0] * w, info, layout)
+        return result
+    unit = layout.pre * layout.post * full.element_size()
+    sent = bytes_of(rank_major_gradient(full.detach(), layout))
+    _all_to_all(SCATTER, received, sent, into, [n * unit for n in layout.sizes], info, layout)
+    return result
+
+
+class GatherVFunction(torch.autograd.Function):
+    """``y_root = cat_r x_r``; the backward scatters ``g_root`` back (module doc)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, plan: RootedPlan) -> torch.Tensor:
+        ctx.plan = plan
+        if plan.result is not None:
+            return plan.result
+        return gather_to(x.detach(), plan.layout, plan.root, plan.info)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        plan: RootedPlan = ctx.plan
+        return scatter_from(grad, plan.layout, plan.root, plan.info), None
+
+
+class ScatterVFunction(torch.autograd.Function):
+    """``y_r = x_root[o_r : o_r + n_r]``; the backward gathers the ``g_r`` to the root,
+    zeros elsewhere (module doc)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, plan: RootedPlan) -> torch.Tensor:
+        ctx.plan = plan
+        if plan.result is not None:
+            return plan.result
+        return scatter_from(x.detach(), plan.layout, plan.root, plan.info)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        plan: RootedPlan = ctx.plan
+        full = gather_to(grad, plan.layout, plan.root, plan.info)
+        if plan.info.rank == plan.root:
+            return full, None
+        return grad.new_zeros(plan.shape), None
+
+
+def _eager(name: CollectiveName, x: Any, *args: Any) -> torch.Tensor:
+    """The eager call: the plan (every argument judged there, on every rank), then the
+    payload inside the collective's autograd function."""
+    plan = _plan(name, x, *args)
+    function = GatherVFunction if name == GATHER else ScatterVFunction
+    out = function.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+def _untraced(*args: Any) -> None:
+    """No custom operator yet: under ``torch.compile`` the eager call runs behind
+    ``torch.compiler.disable`` (one graph break)."""
+    return None
+
+
+_ROUTES: Final[dict[CollectiveName, Route[torch.Tensor]]] = {
+    name: Route(name, functools.partial(_eager, name), _untraced) for name in (GATHER, SCATTER)
+}
+"""Each collective's way in (``_compiled.Route``): the eager call, or under
+``torch.compile`` the same behind one graph break."""
+
+
+def _call(name: CollectiveName, x: Any, *args: Any) -> torch.Tensor:
+    """The call through its ``Route``."""
+    return _ROUTES[name](x, *args)
+
+
+# --- the faces -------------------------------------------------------------------------
+
+
+def gather_v(
+    x: torch.Tensor,
+    dst: int,
+    dim: int = 0,
+    *,
+    sizes: Sequence[int] | torch.Tensor | None = None,
+    group: GroupLike = None,
+    validate: bool = True,
+    timeout: float | timedelta | None = None,
+    mesh_dim: MeshDim = None,
+) -> torch.Tensor:
+    """Gather every rank's ``x`` onto rank ``dst``, joined along ``dim`` (MPI's Gatherv).
+
+    Rank ``dst`` returns ``torch.cat([x_0, ..., x_{W-1}], dim)`` (rank order; sizes
+    along ``dim`` may differ), a fresh tensor; every other rank returns an empty
+    tensor (its ``x``'s shape with 0 along ``dim``).
+
+    Args:
+        x: this rank's block (see Shapes).
+        dst: the receiving rank, **a rank in the group** (``group``'s rank numbering,
+            not the global rank), the same on every rank.
+        dim: the dimension to join along, negative values counted from the end.
+        sizes: optionally every rank's size along ``dim``, in group-rank order, the same
+            on every rank; with ``validate=False`` they are trusted and no metadata
+            round runs.
+        group: as for ``all_gather_v`` (a process group or a ``DeviceMesh``).
+        validate: ``False`` with ``sizes`` skips the metadata round.
+        timeout: as for ``all_gather_v``.
+        mesh_dim: as for ``all_gather_v``.
+
+    Shapes:
+        ``x`` is ``lead + (n_r,) + trail`` with ``lead``, ``trail``, dtype and device
+        type the same on every rank; ``dst`` returns ``lead + (Σ n_r,) + trail``.
+
+    Gradient:
+        ``dx_r`` is block ``r`` of ``dst``'s upstream gradient (the exact adjoint: a
+        scatter from ``dst``). The backward is a collective: every rank runs it.
+
+    Raises:
+        VarGatherError: bad input on any rank (``dst`` out of range or differing,
+            dtypes, ndim, sizes off ``dim``, ``sizes`` that contradict the tensors,
+            ...), raised on every rank with the same message naming the rank(s),
+            expected and got, before any payload moves; the group stays usable.
+        GroupError: on this rank only, when ``group`` is unusable here.
+        CollectiveTimeoutError: a peer never arrived within ``timeout``.
+    """
+    return _call(GATHER, x, dst, sizes, dim, group, mesh_dim, validate, timeout)
+
+
+def scatter_v(
+    x: torch.Tensor,
+    sizes: Sequence[int] | torch.Tensor,
+    src: int,
+    dim: int = 0,
+    *,
+    group: GroupLike = None,
+    validate: bool = True,
+    timeout: float | timedelta | None = None,
+    mesh_dim: MeshDim = None,
+) -> torch.Tensor:
+    """Give rank ``r`` block ``r`` (``sizes[r]`` long along ``dim``) of ``src``'s ``x``
+    (MPI's Scatterv), a fresh tensor.
+
+    Args:
+        x: on ``src``, the tensor to cut (``sum(sizes)`` long along ``dim``); on every
+            other rank only its dtype, device type and the sizes off ``dim`` are read:
+            its length along ``dim`` may be anything (0 is cheapest).
+        sizes: ``(n_0, ..., n_{W-1})``, a sequence of ints or a 1-d integer tensor, the
+            same on every rank, in group-rank order.
+        src: the sending rank, **a rank in the group** (``group``'s rank numbering, not
+            the global rank), the same on every rank.
+        dim: the dimension cut into blocks, negative values counted from the end.
+        group: as for ``all_gather_v`` (a process group or a ``DeviceMesh``).
+        validate: ``False`` skips the metadata round; ``sizes`` and ``src`` are trusted.
+        timeout: as for ``all_gather_v``.
+        mesh_dim: as for ``all_gather_v``.
+
+    Shapes:
+        ``x`` is ``lead + (m,) + trail`` (``m = sum(sizes)`` on ``src``), ``lead``,
+        ``trail``, dtype and device type the same on every rank; rank ``r`` returns
+        ``lead + (n_r,) + trail``.
+
+    Gradient:
+        ``src``'s ``dx`` is ``cat_r g_r`` (the gather of every rank's upstream
+        gradient), every other rank's is zeros. The backward is a collective: every
+        rank runs it.
+
+    Raises:
+        VarGatherError: bad input on any rank (``src`` out of range or differing,
+            ``sizes`` that differ or do not sum to ``src``'s ``x.shape[dim]``, dtypes,
+            ndim, ...), raised on every rank with the same message naming the rank(s),
+            expected and got, before any payload moves; the group stays usable.
+        GroupError: on this rank only, when ``group`` is unusable here.
+        CollectiveTimeoutError: a peer never arrived within ``timeout``.
+    """
+    return _call(SCATTER, x, src, sizes, dim, group, mesh_dim, validate, timeout)
