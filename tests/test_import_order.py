@@ -155,6 +155,7 @@ CLI = PACKAGE / "_cli"
 # earlier in this list (and the rest of the kit, beneath the engine).
 ENGINE_ORDER = [
     "schema",
+    "usage_errors",
     "calls",
     "results",
     "options",

@@ -43,6 +43,8 @@ from .cases import Implementation as Implementation
 from .cases import parse_case as parse_case
 from .catalogues import catalogue as catalogue
 from .catalogues import property_ids as property_ids
+from .family import FamilyCase as FamilyCase
+from .family_catalogue import FamilyCatalogue as FamilyCatalogue
 from .judge import Failure as Failure
 from .pool import COLLECTIVE_TIMEOUT_ENV as COLLECTIVE_TIMEOUT_ENV
 from .pool import PoolConfig as PoolConfig
@@ -68,6 +70,8 @@ __all__ = [
     "COMPAT",
     "VARGATHER",
     "Failure",
+    "FamilyCase",
+    "FamilyCatalogue",
     "GatherCase",
     "Implementation",
     "ImplementationError",

@@ -47,11 +47,11 @@ from .cases import COMPILE_BACKENDS, Implementation, parse_literal
 from .family import Alone, FamilyCase, SplitCase, judge_case, run_case, run_sequence
 from .judge import Failure
 from .misuse import MISUSE_KINDS, MisuseCase, judge_misuse, run_misuse
-from .options import OptionError
 from .pool import PoolFailure, RankError, RankPool
 from .properties import Property
 from .resolve import ImplInfo, load_impl
 from .runner import Verdict, exc_kind, shell_quote
+from .usage_errors import OptionError
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy

@@ -19,12 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from vargather import CONTRACTS, VarGatherError
+from vargather import CONTRACTS
 
 from . import schema
 from .cases import CONVENTIONS as CALL_CONVENTIONS
 from .cases import DTYPE_NAMES, RETURN_KINDS, SIZES_SCOPES
 from .scale import DEFAULT_MAX_PAYLOAD
+from .usage_errors import CheckUsageError as CheckUsageError
+from .usage_errors import OptionError as OptionError
 
 __all__ = [
     "CONFIG_TABLE",
@@ -65,30 +67,6 @@ def ids_of(op: str) -> tuple[str, ...]:
 
 
 CONFIG_TABLE: Final = ("tool", "vargather", "check")
-
-
-class CheckUsageError(VarGatherError, ValueError):
-    """The check cannot start: a bad option, an unreadable xfails file, or an
-    implementation that does not import or whose call does not fit. The command line
-    prints it and exits with status 2; the pytest plugin stops the session."""
-
-
-class OptionError(CheckUsageError):
-    """A bad value of one option: ``option`` is its name, ``detail`` the rest of the
-    message; ``spelled(spelling)`` is the message as a surface spells the option."""
-
-    def __init__(self, option: str, detail: str) -> None:
-        self.option = option
-        self.detail = detail
-        super().__init__(self.spelled(option))
-
-    def spelled(self, spelling: str) -> str:
-        joiner = "" if self.detail.startswith((":", ",")) else " "
-        return f"{spelling}{joiner}{self.detail}"
-
-    @classmethod
-    def of(cls, err: schema.OptionValueError) -> OptionError:
-        return cls(err.option, err.detail)
 
 
 @dataclass(frozen=True)

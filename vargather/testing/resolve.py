@@ -16,12 +16,11 @@ import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import torch
 
 from .calls import CallTemplate, parse_call
-from .options import CheckOptions, OptionError
 from .runner import (
     ImplementationError,
     gloo_transports,
@@ -39,6 +38,10 @@ __all__ = [
     "resolve_impl",
     "resolve_options_impl",
 ]
+from .usage_errors import OptionError
+
+if TYPE_CHECKING:
+    from .options import CheckOptions
 
 
 @dataclass(frozen=True)
