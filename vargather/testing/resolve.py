@@ -422,8 +422,13 @@ def resolve_impl(
     against the callable here, and the scope it leaves out derived (``call_scope``,
     from ``options``: the declared scope).
     """
+    if options is None:
+        # options imports this module: the declared scope is built here, when called.
+        from .options import CheckOptions as _CheckOptions
+
+        options = _CheckOptions(sizes=sizes, grad=grad)
     if call is not None:
-        return _resolve_call(ref, call, cwd, options or CheckOptions(sizes=sizes, grad=grad))
+        return _resolve_call(ref, call, cwd, options)
     usable, refused = gloo_transports()
     if ref is None:
         if convention == "seed":
@@ -466,7 +471,7 @@ def resolve_impl(
         inferred = inferred_call(target) if guessed and ctor is None else None
         if inferred is None or transports not in ("auto", "none"):
             raise
-        return _resolve_call(ref, inferred, cwd, options or CheckOptions(sizes=sizes, grad=grad))
+        return _resolve_call(ref, inferred, cwd, options)
     if transports == "auto":
         takes = convention == "vargather" and _takes(target, "transport")
         chosen = usable if takes else None
