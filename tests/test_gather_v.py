@@ -1,18 +1,20 @@
-"""gather_v on real gloo worlds: forward and gradient bit for bit against the oracle
-(NaN payloads, -0.0, bf16, bool, empty blocks, other dims, subgroups, dst not 0), the
-misuse entries of its catalogue raising the same error on every rank, the round's
-collective count, torch.compile."""
+"""gather_v on real gloo worlds, by the kit's engine (``family.check_case`` against the
+oracle the table names): forward and gradient bit for bit (NaN payloads, -0.0, bf16,
+bool, empty blocks, other dims, subgroups, dst not 0), calls in a row, payloads past
+the round's slots, trusted sizes, the round's collective count, a world of one. Its
+misuse entries run in ``tests/test_misuse.py``, its rows in ``test_family_properties``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-from hypothesis import given, settings
 
 import vargather
 from vargather.testing import assert_bitwise_equal, get_pool
-from vargather.testing.catalogues import gather_v as catalogue
 from vargather.testing.catalogues.gather_v import GatherVCase
+from vargather.testing.family import check_case, check_sequence
 
 from . import _rooted_fns as fns
 
@@ -20,67 +22,43 @@ pytestmark = pytest.mark.multirank
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "bool", "int16", "complex64", "float64"])
-def test_every_dtype_bit_for_bit(dtype: str) -> None:
-    case = GatherVCase((2, 0, 3), (2,), 0, 1, dtype=dtype, seed=3)
-    fns.judge(case, get_pool(3).run(fns.run_case, case))
+@pytest.mark.parametrize("special", [False, True])
+def test_every_dtype_bit_for_bit(dtype: str, special: bool) -> None:
+    case = GatherVCase(3, (2, 0, 3), (2,), 0, 1, dtype=dtype, special=special, seed=3)
+    assert check_case(get_pool(3), case) == []
 
 
 @pytest.mark.parametrize("dim", [1, -1])
 @pytest.mark.parametrize("dst", [0, 2])
 def test_other_dims_and_roots(dim: int, dst: int) -> None:
-    case = GatherVCase((1, 4, 0), (3, 2), dim, dst, seed=dim + dst)
-    fns.judge(case, get_pool(3).run(fns.run_case, case))
+    case = GatherVCase(3, (1, 4, 0), (3, 2), dim, dst, dtype="float64", seed=dim + dst)
+    assert check_case(get_pool(3), case) == []
 
 
 def test_subgroup_dst_is_a_group_rank() -> None:
     """Group (0, 2) of 3: dst=1 is process 2 (a group rank, not a global one)."""
-    case = GatherVCase((2, 3), (2,), 0, 1, group=(0, 2))
-    fns.judge(case, get_pool(3).run(fns.run_case, case))
+    case = GatherVCase(3, (2, 3), (2,), 0, 1, dtype="float64", group=(0, 2))
+    assert check_case(get_pool(3), case) == []
 
 
 @pytest.mark.parametrize(
     "case",
     [
-        GatherVCase((3000, 0, 5000), (7,), 0, 2, calls=3),  # past the round's slots
-        GatherVCase((1, 2, 0), (3, 2), 1, 0, trusted=True),  # no round
-        GatherVCase((5, 1, 2), (), 0, 1, dtype="complex128", calls=3, trusted=True),
+        GatherVCase(3, (3000, 0, 5000), (7,), 0, 2, dtype="float64"),  # past the round's slots
+        GatherVCase(3, (1, 2, 0), (3, 2), 1, 0, pass_sizes=True, validate=False),  # no round
+        GatherVCase(3, (5, 1, 2), (), 0, 1, dtype="complex128", pass_sizes=True),
     ],
 )
-def test_large_blocks_and_trusted_sizes(case: GatherVCase) -> None:
-    fns.judge(case, get_pool(3).run(fns.run_case, case))
-
-
-@settings(max_examples=12, deadline=None)
-@given(case=catalogue.cases())
-def test_drawn_cases(case: GatherVCase) -> None:
-    fns.judge(case, get_pool(len(case.sizes)).run(fns.run_case, case))
-
-
-@pytest.mark.parametrize("entry", catalogue.MISUSE, ids=lambda m: m.kind)
-def test_misuse_same_error_everywhere_and_next_call_works(entry: catalogue.Misuse) -> None:
-    results = get_pool(3).run(fns.misuse, ("gather_v", entry.kind))
-    errors = {err for err, _ in results}
-    assert len(errors) == 1, errors
-    (err,) = errors
-    assert err is not None
-    assert err[0] == entry.error.__name__, err
-    assert err[2] == (entry.blamed % 3,), err
-    assert err[1].startswith("gather_v"), err
-    want, _ = catalogue.MISUSE_CASE.expected()
-    for r, (_, y) in enumerate(results):
-        assert_bitwise_equal(y, want[r], f"rank {r}")
+def test_calls_in_a_row_large_blocks_and_trusted_sizes(case: GatherVCase) -> None:
+    """Three calls in a row: a fresh round state, then the steady one."""
+    assert check_sequence(get_pool(3), [case, case, replace(case, seed=case.seed + 1)]) == []
 
 
 def test_collectives_per_call() -> None:
     """A fresh state: the round, then the payload by direct sends; steady: the payload
     rides in the round; trusted sizes: the payload alone."""
-    for found in get_pool(2).run(fns.counts, GatherVCase((1, 2), (3,), 0, 1)):
+    for found in get_pool(2).run(fns.counts, GatherVCase(2, (1, 2), (3,), 0, 1)):
         assert found == (2, 1, 1)
-
-
-def test_under_torch_compile() -> None:
-    case = GatherVCase((2, 1), (3,), 0, 1, calls=1)
-    fns.judge(case, [[found] for found in get_pool(2).run(fns.compiled, case)])
 
 
 def test_one_process_world() -> None:

@@ -1,19 +1,21 @@
-"""scatter_v on real gloo worlds: forward and gradient bit for bit against the oracle
-(NaN payloads, -0.0, bf16, bool, empty blocks, other dims, subgroups, src not 0, non-src
-inputs of any length along dim), the misuse entries of its catalogue raising the same
-error on every rank, the round's collective count, torch.compile."""
+"""scatter_v on real gloo worlds, by the kit's engine (``family.check_case`` against the
+oracle the table names): forward and gradient bit for bit (NaN payloads, -0.0, bf16,
+bool, empty blocks, other dims, subgroups, src not 0, non-src inputs of any length
+along dim), calls in a row, payloads past the round's slots, trusted sizes, the round's
+collective count, a world of one. Its misuse entries run in ``tests/test_misuse.py``,
+its rows in ``test_family_properties``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-from hypothesis import given, settings
 
 import vargather
 from vargather.testing import assert_bitwise_equal, get_pool
-from vargather.testing.catalogues import scatter_v as catalogue
-from vargather.testing.catalogues.gather_v import Misuse
 from vargather.testing.catalogues.scatter_v import ScatterVCase
+from vargather.testing.family import check_case, check_sequence
 
 from . import _rooted_fns as fns
 
@@ -21,66 +23,44 @@ pytestmark = pytest.mark.multirank
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "bool", "int16", "complex64", "float64"])
-def test_every_dtype_bit_for_bit(dtype: str) -> None:
-    case = ScatterVCase((2, 0, 3), (2,), 0, 1, dtype=dtype, seed=4)
-    fns.judge(case, get_pool(3).run(fns.run_case, case))
+@pytest.mark.parametrize("special", [False, True])
+def test_every_dtype_bit_for_bit(dtype: str, special: bool) -> None:
+    case = ScatterVCase(3, (2, 0, 3), (2,), 0, 1, dtype=dtype, special=special, seed=4)
+    assert check_case(get_pool(3), case) == []
 
 
 @pytest.mark.parametrize("dim", [1, -1])
 @pytest.mark.parametrize("src", [0, 2])
 def test_other_dims_roots_and_placeholders(dim: int, src: int) -> None:
-    """A non-src input may be any length along dim (here 5)."""
-    case = ScatterVCase((1, 4, 0), (3, 2), dim, src, seed=dim + src, placeholder=5)
-    fns.judge(case, get_pool(3).run(fns.run_case, case))
+    """A non-src input 5 long along dim: only its dtype and the sizes off dim are read."""
+    case = ScatterVCase(3, (1, 4, 0), (3, 2), dim, src, 5, dtype="float64", seed=dim + src)
+    assert check_case(get_pool(3), case) == []
 
 
 def test_subgroup_src_is_a_group_rank() -> None:
     """Group (1, 2) of 3: src=0 is process 1 (a group rank, not a global one)."""
-    case = ScatterVCase((2, 3), (2,), 0, 0, group=(1, 2))
-    fns.judge(case, get_pool(3).run(fns.run_case, case))
+    case = ScatterVCase(3, (2, 3), (2,), 0, 0, dtype="float64", group=(1, 2))
+    assert check_case(get_pool(3), case) == []
 
 
 @pytest.mark.parametrize(
     "case",
     [
-        ScatterVCase((3000, 0, 5000), (7,), 0, 2, calls=3),  # past the round's slots
-        ScatterVCase((1, 2, 0), (3, 2), 1, 0, trusted=True),  # no round
-        ScatterVCase((5, 1, 2), (), 0, 1, dtype="complex128", calls=3, trusted=True),
+        ScatterVCase(3, (3000, 0, 5000), (7,), 0, 2, dtype="float64"),  # past the round's slots
+        ScatterVCase(3, (1, 2, 0), (3, 2), 1, 0, validate=False),  # no round
+        ScatterVCase(3, (5, 1, 2), (), 0, 1, dtype="complex128", validate=False),
     ],
 )
-def test_large_blocks_and_trusted_sizes(case: ScatterVCase) -> None:
-    fns.judge(case, get_pool(3).run(fns.run_case, case))
-
-
-@settings(max_examples=12, deadline=None)
-@given(case=catalogue.cases())
-def test_drawn_cases(case: ScatterVCase) -> None:
-    fns.judge(case, get_pool(len(case.sizes)).run(fns.run_case, case))
-
-
-@pytest.mark.parametrize("entry", catalogue.MISUSE, ids=lambda m: m.kind)
-def test_misuse_same_error_everywhere_and_next_call_works(entry: Misuse) -> None:
-    results = get_pool(3).run(fns.misuse, ("scatter_v", entry.kind))
-    errors = {err for err, _ in results}
-    assert len(errors) == 1, errors
-    (err,) = errors
-    assert err is not None
-    assert err[0] == entry.error.__name__, err
-    assert err[2] == (entry.blamed % 3,), err
-    assert err[1].startswith("scatter_v"), err
-    want, _ = catalogue.MISUSE_CASE.expected()
-    for r, (_, y) in enumerate(results):
-        assert_bitwise_equal(y, want[r], f"rank {r}")
+def test_calls_in_a_row_large_blocks_and_trusted_sizes(case: ScatterVCase) -> None:
+    """Three calls in a row: a fresh round state, then the steady one."""
+    assert check_sequence(get_pool(3), [case, case, replace(case, seed=case.seed + 1)]) == []
 
 
 def test_collectives_per_call() -> None:
-    for found in get_pool(2).run(fns.counts, ScatterVCase((1, 2), (3,), 0, 1)):
+    """A fresh state: the round, then the payload by direct sends; steady: the payload
+    rides in the round; trusted: the payload alone."""
+    for found in get_pool(2).run(fns.counts, ScatterVCase(2, (1, 2), (3,), 0, 1)):
         assert found == (2, 1, 1)
-
-
-def test_under_torch_compile() -> None:
-    case = ScatterVCase((2, 1), (3,), 0, 1, calls=1)
-    fns.judge(case, [[found] for found in get_pool(2).run(fns.compiled, case)])
 
 
 def test_one_process_world() -> None:

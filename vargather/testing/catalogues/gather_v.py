@@ -1,162 +1,211 @@
-"""``gather_v``'s catalogue: what is particular to the rooted ragged gather, as data.
+"""``gather_v``'s catalogue: its case, strategy, call and misuse entries; the rows are the
+family's.
 
-Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), above
-``values`` and the library's ``oracle``. Its case, strategy, call and misuse entries
-are what ``tests/test_gather_v.py`` runs on its rank pools today.
-
-Note for the integrator: today's engine runs the family's catalogues through
-``family`` / ``family_catalogue``, which name their collectives; this file does not plug
-into them (they are not edited). ``CATALOGUE`` names the op and its call; the engine
-that takes one catalogue file per collective runs its generic rows from ``GatherVCase``
-(``inputs``, ``upstream``, ``expected``, ``call``), ``cases`` and ``MISUSE``.
+Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), above the
+family's engine (``family``: the case base, rank runner and judge) and its generic rows
+(``family_catalogue``); beneath the engine, which runs its rows as any collective's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
-import torch
 from hypothesis import strategies as st
 
-from vargather import (
-    ArgumentError,
-    ArgumentMismatchError,
-    CollectiveName,
-    DTypeMismatchError,
-    RequiresGradMismatchError,
-    ShapeMismatchError,
-    SizesError,
-    VarGatherError,
-    oracle,
-)
+from ..cases import DTYPE_NAMES, Implementation
+from ..family import SplitCase, draw_dims, draw_group
+from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
 
-from ..values import is_differentiable, make_upstream, make_values, torch_dtype
-
-__all__ = ["CATALOGUE", "MISUSE", "GatherVCase", "Misuse", "Particulars", "cases"]
+__all__ = ["CATALOGUE", "GatherVCase", "gather_v_cases"]
 
 
 @dataclass(frozen=True)
-class GatherVCase:
-    """One ``gather_v`` call: group rank ``r``'s block is ``sizes[r]`` long along
-    ``dim``, ``other`` the shape without ``dim``; ``dst`` a group rank; ``group`` the
-    world's processes in the group (``None``: the world). ``calls`` in a row (the first
-    on a fresh round state, then the payload in the round); ``trusted``:
-    ``validate=False`` with the sizes passed."""
+class GatherVCase(SplitCase):
+    """``gather_v(x_r, dst, dim)`` on group rank ``r``, whose block is ``sizes[r]`` long
+    along ``dim`` (``other``: the shape without it); ``pass_sizes``: ``sizes=`` passed
+    too (with ``validate=False``: trusted, no metadata round)."""
 
-    op: ClassVar[CollectiveName] = "gather_v"
+    collective = "gather_v"
+    NAMES = ("x", "dst", "dim", "sizes", "group")
+
+    world_size: int
     sizes: tuple[int, ...]
     other: tuple[int, ...]
     dim: int
-    dst: int
+    dst: int = 0
     dtype: str = "float32"
-    group: tuple[int, ...] | None = None
+    requires_grad: bool = True
+    special: bool = False
     seed: int = 0
-    calls: int = 2
-    trusted: bool = False
+    group: tuple[int, ...] | None = None
+    pass_sizes: bool = False
+    validate: bool = True
+    impl: str = "vargather"
+    call: str | None = None
+    emulate: str | None = None
+    memory: str = "contiguous"
+    initialized: bool = True
+    compile_backend: str | None = None
 
-    def shape(self, n: int) -> tuple[int, ...]:
-        d = self.dim % (len(self.other) + 1)
-        return (*self.other[:d], n, *self.other[d:])
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        return [shape_with(self.other, self.dim, n) for n in self.sizes]
 
-    def inputs(self) -> list[torch.Tensor]:
-        """Every group rank's input: every bit pattern of the dtype (NaN payloads,
-        -0.0, infinities)."""
-        dtype = torch_dtype(self.dtype)
-        return [
-            make_values(self.shape(n), dtype, self.seed * 131 + r, "full")
-            for r, n in enumerate(self.sizes)
-        ]
-
-    def upstream(self) -> list[torch.Tensor] | None:
-        """Every group rank's upstream gradient, different on every rank (``None``: the
-        dtype has none); empty off ``dst``."""
-        dtype = torch_dtype(self.dtype)
-        if not is_differentiable(dtype):
-            return None
+    def output_shapes(self) -> list[Any]:
         total = sum(self.sizes)
         return [
-            make_upstream(
-                self.shape(total if r == self.dst else 0), dtype, self.seed + r, r, "real"
-            )
+            shape_with(self.other, self.dim, total if r == self.dst else 0)
             for r in range(len(self.sizes))
         ]
 
-    def expected(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """The oracle's results and input gradients, per group rank."""
-        xs, ups = self.inputs(), self.upstream()
-        grads = None if ups is None else oracle.expected_gather_v_grads(xs, self.dst, ups, self.dim)
-        return oracle.expected_gather_v(xs, self.dst, self.dim), grads
+    def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.dst, self.dim), ({"sizes": list(self.sizes)} if self.pass_sizes else {})
 
-    def call(self, fn: Callable[..., Any], x: torch.Tensor, group: Any, **changes: Any) -> Any:
-        """The call (``fn``: ``gather_v`` or a fork's), ``changes`` overriding arguments."""
-        kwargs: dict[str, Any] = {"group": group, "timeout": 30.0}
-        if self.trusted:
-            kwargs.update(validate=False, sizes=list(self.sizes))
-        kwargs.update(changes)
-        return fn(x, kwargs.pop("dst", self.dst), kwargs.pop("dim", self.dim), **kwargs)
+    def template_values(self, r: int) -> dict[str, object]:
+        sizes = list(self.sizes) if self.pass_sizes else None
+        return {"dst": self.dst, "dim": self.dim, "sizes": sizes}
+
+    def oracle_args(self) -> dict[str, Any]:
+        return {"dst": self.dst, "dim": self.dim}
+
+    def emptied(self) -> GatherVCase:
+        """No block from one rank."""
+        sizes = list(self.sizes)
+        sizes[self.seed % len(sizes)] = 0
+        return replace(self, sizes=tuple(sizes))
+
+    def compilable(self) -> GatherVCase:
+        return replace(self, special=False, pass_sizes=True)
+
+    def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> GatherVCase:
+        if not passes("sizes") or target.sizes_scope == "never":
+            return replace(self, pass_sizes=False)
+        if target.sizes_scope in ("required", "list"):
+            return replace(self, pass_sizes=True)
+        return self
 
 
 @st.composite
-def cases(
+def gather_v_cases(
     draw: Any,
     world_sizes: tuple[int, ...] = (2, 3),
-    dtypes: tuple[str, ...] = ("float32", "bfloat16", "bool", "float16", "complex64"),
+    dtypes: tuple[str, ...] = DTYPE_NAMES,
+    subgroups: bool = True,
+    most: int = 4,
 ) -> GatherVCase:
-    """Ragged blocks (empty ones too), 0-2 other dims, any ``dim`` and ``dst``."""
-    w = draw(st.sampled_from(world_sizes))
-    other = tuple(draw(st.lists(st.integers(0, 3), max_size=2)))
+    """``GatherVCase``s: empty blocks, any ``dst``, negative dims, every dtype, subgroups,
+    sizes passed or not; ``most``: the largest block and dimension (payload scale)."""
+    world = draw(st.sampled_from(list(world_sizes)))
+    group = draw_group(draw, world, subgroups)
+    w = len(group) if group is not None else world
+    other = draw_dims(draw, most)
     return GatherVCase(
-        sizes=tuple(draw(st.lists(st.integers(0, 5), min_size=w, max_size=w))),
+        world_size=world,
+        sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
         other=other,
         dim=draw(st.integers(-(len(other) + 1), len(other))),
         dst=draw(st.integers(0, w - 1)),
-        dtype=draw(st.sampled_from(dtypes)),
+        dtype=draw(st.sampled_from(list(dtypes))),
+        requires_grad=draw(st.booleans()),
+        special=draw(st.booleans()),
         seed=draw(st.integers(0, 2**16)),
+        group=group,
+        pass_sizes=draw(st.booleans()),
+        validate=draw(st.booleans()),
     )
 
 
-@dataclass(frozen=True)
-class Misuse:
-    """One rank's wrong call: ``wrong(x, world_size)`` gives its input and the arguments
-    it changes; every rank raises ``error`` naming group rank ``blamed`` (-1: the last).
-    ``every_rank``: every rank calls so (else the last rank alone)."""
-
-    kind: str
-    error: type[VarGatherError]
-    wrong: Callable[[torch.Tensor, int], tuple[torch.Tensor, dict[str, Any]]]
-    every_rank: bool = False
-    blamed: int = -1
+@st.composite
+def _large(draw: Any, world: int) -> GatherVCase:
+    sizes = tuple(draw(st.lists(st.integers(0, LARGE_ROWS), min_size=world, max_size=world)))
+    dst, grad = draw(st.integers(0, world - 1)), draw(st.booleans())
+    seed = draw(st.integers(0, 2**16))
+    return GatherVCase(world, sizes, (LARGE_ROW,), 0, dst, requires_grad=grad, seed=seed)
 
 
-MISUSE_CASE: Final = GatherVCase((2, 0, 3), (2,), 0, 1, calls=1)
-"""The call the misuse entries spoil (3 ranks, dst 1); the last rank is blamed."""
-
-MISUSE: Final[tuple[Misuse, ...]] = (
-    Misuse("root_differs", ArgumentMismatchError, lambda x, w: (x, {"dst": 0})),
-    Misuse("root_range", ArgumentError, lambda x, w: (x, {"dst": w})),
-    Misuse("root_not_int", ArgumentError, lambda x, w: (x, {"dst": 1.0})),
-    Misuse("dtype", DTypeMismatchError, lambda x, w: (x.double(), {})),
-    Misuse("ndim", ShapeMismatchError, lambda x, w: (x.unsqueeze(-1), {})),
-    Misuse("trailing", ShapeMismatchError, lambda x, w: (torch.cat([x, x], 1), {})),
-    Misuse("dim_differs", ArgumentMismatchError, lambda x, w: (x, {"dim": -1})),
-    Misuse("sizes_differ", SizesError, lambda x, w: (x, {"sizes": [2, 1, 2]})),
-    Misuse("sizes_length", SizesError, lambda x, w: (x, {"sizes": [2, 0, 3, 0]})),
-    Misuse("sizes_wrong", SizesError, lambda x, w: (x, {"sizes": [2, 0, 4]}), every_rank=True),
-    Misuse("requires_grad", RequiresGradMismatchError, lambda x, w: (x.requires_grad_(True), {})),
+CATALOGUE: Final = FamilyCatalogue(
+    GatherVCase,
+    cases=gather_v_cases,
+    large=_large,
+    signature="(x, dst, dim, *, sizes, group, validate, timeout)",
+    sizes_name="sizes",
 )
 
 
-@dataclass(frozen=True)
-class Particulars:
-    """What the engine asks of this collective by name (module doc)."""
+# --- misuse ---
+# gather_v(x, dst, dim): the same dst, dim, dtype and shape off dim on every rank.
 
-    op: str
-    default_call: str
-    names: tuple[str, ...]
+import vargather  # noqa: E402
+
+from ..misuse import Call, Misuse, SizesTensor, TensorSpec, call, misuses, tie  # noqa: E402
+
+DST: Final = 1
+"""The base call's root (a group rank)."""
 
 
-CATALOGUE: Final = Particulars(
-    "gather_v", "gather_v(x, dst, dim, group=group)", ("x", "dst", "dim", "sizes", "group")
+def gv_sizes(w: int) -> list[int]:
+    """The base blocks: 2, 0, 3, 1 rows (one empty)."""
+    return [(2, 0, 3, 1)[r] for r in range(w)]
+
+
+def _gv(
+    r: int,
+    w: int,
+    *,
+    rows: int | None = None,
+    trail: tuple[int, ...] = (2,),
+    dtype: str = "float32",
+    requires_grad: bool = False,
+    dst: object = DST,
+    **kw: Any,
+) -> Call:
+    n = gv_sizes(w)[r] if rows is None else rows
+    return call("gather_v", TensorSpec((n, *trail), dtype, requires_grad), dst, 0, **kw)
+
+
+def _other_sizes(w: int, r: int) -> list[int]:
+    """The base sizes with the next rank's block a row longer: rank ``r``'s own entry
+    still fits its tensor, so only the comparison across ranks can catch it."""
+    sizes = gv_sizes(w)
+    sizes[(r + 1) % w] += 1
+    return sizes
+
+
+# A table, two lines an entry: name, summary, error; bad call, fragments, options.
+# fmt: off
+MISUSES: Final = misuses(
+    _gv,
+    Misuse("gv-dst-differs", "one rank names another root", vargather.ArgumentMismatchError,
+        lambda r, w: _gv(r, w, dst=0), lambda w, o: ("dst (a group rank) differs across ranks", f"{DST}", f"0 on rank(s) [{o}]"), blamed=tie),
+    Misuse("gv-dst-out-of-range", "dst is not a rank of the group on one rank", vargather.ArgumentError,
+        lambda r, w: _gv(r, w, dst=w), lambda w, o: (f"rank {o}: expected dst to be a rank in the group", f"an int in [0, {w}), got {w}")),
+    Misuse("gv-dst-not-int", "dst is a float on one rank", vargather.ArgumentError,
+        lambda r, w: _gv(r, w, dst=1.0), lambda w, o: (f"rank {o}: expected dst to be a rank in the group", "got 1.0")),
+    Misuse("gv-sizes-differ", "sizes= differ across ranks", vargather.SizesMismatchError,
+        lambda r, w: _gv(r, w, sizes=_other_sizes(w, r)), lambda w, o: ("sizes differs across ranks", f"sizes={gv_sizes(w)}", f"sizes={_other_sizes(w, o)}"),
+        good=lambda r, w: _gv(r, w, sizes=gv_sizes(w)), blamed=tie),
+    Misuse("gv-sizes-wrong-length", "sizes= has one entry too many on one rank", vargather.SizesError,
+        lambda r, w: _gv(r, w, sizes=[*gv_sizes(w), 0]), lambda w, o: (f"rank {o}", f"expected len(sizes) == world size {w}, got {w + 1}"),
+        good=lambda r, w: _gv(r, w, sizes=gv_sizes(w))),
+    Misuse("gv-sizes-contradict-tensors", "sizes= on every rank says one rank's block is a row longer", vargather.SizesError,
+        lambda r, w: _gv(r, w, sizes=[*gv_sizes(w)[:-1], gv_sizes(w)[-1] + 1]), lambda w, o: (f"rank {w - 1}: expected sizes[{w - 1}] == {gv_sizes(w)[-1]}", f"got {gv_sizes(w)[-1] + 1}"), all_ranks=True,
+        blamed=lambda w, o: (w - 1,)),
+    Misuse("gv-sizes-float-tensor", "sizes= is a float tensor on one rank", vargather.SizesTypeError,
+        lambda r, w: _gv(r, w, sizes=SizesTensor(tuple(gv_sizes(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "float32"),
+        good=lambda r, w: _gv(r, w, sizes=gv_sizes(w))),
+    Misuse("gv-dtype-differs", "one rank passes int32 where the others pass float32", vargather.DTypeMismatchError,
+        lambda r, w: _gv(r, w, dtype="int32"), lambda w, o: ("dtype differs", "torch.float32", "torch.int32", f"[{o}]")),
+    Misuse("gv-ndim-differs", "one rank passes a tensor with one more dimension", vargather.ShapeMismatchError,
+        lambda r, w: _gv(r, w, trail=(2, 1)), lambda w, o: ("ndim differs", "2", "3", f"[{o}]")),
+    Misuse("gv-trailing-dim-differs", "a dimension other than dim differs on one rank", vargather.ShapeMismatchError,
+        lambda r, w: _gv(r, w, trail=(3,)), lambda w, o: ("shape outside the split dimension differs", "(2,)", "(3,)", f"[{o}]")),
+    Misuse("gv-dim-differs", "one rank joins along dim 1 of its transposed tensor (valid locally)", vargather.ArgumentMismatchError,
+        lambda r, w: call("gather_v", TensorSpec((2, gv_sizes(w)[r])), DST, 1), lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]")),
+    Misuse("gv-requires-grad-differs", "one rank needs a gradient and its peers do not", vargather.RequiresGradMismatchError,
+        lambda r, w: _gv(r, w, dtype="float64", requires_grad=True), lambda w, o: ("requires_grad", "True", "False", f"[{o}]"), good=lambda r, w: _gv(r, w, dtype="float64")),
+    Misuse("gv-zero-dim-input", "one rank passes a 0-d tensor (nothing to join)", vargather.SizesError,
+        lambda r, w: call("gather_v", TensorSpec(()), DST, 0), lambda w, o: (f"rank {o}: expected a tensor with at least 1 dimension", "0-d")),
 )
+# fmt: on
+"""Every misuse of gather_v, each raised as the same error on every rank."""

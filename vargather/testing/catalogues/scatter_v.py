@@ -1,142 +1,211 @@
-"""``scatter_v``'s catalogue: what is particular to the rooted ragged scatter, as data.
+"""``scatter_v``'s catalogue: its case, strategy, call and misuse entries; the rows are the
+family's.
 
-Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), beside
-``gather_v``'s (whose ``Misuse`` and ``Particulars`` it shares) and above ``values`` and
-the library's ``oracle``. Its case, strategy, call and misuse entries are what
-``tests/test_scatter_v.py`` runs on its rank pools today; the note for the integrator
-in ``catalogues.gather_v`` holds for it too.
+Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), above the
+family's engine (``family``: the case base, rank runner and judge) and its generic rows
+(``family_catalogue``); beneath the engine, which runs its rows as any collective's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
-import torch
 from hypothesis import strategies as st
 
-from vargather import (
-    ArgumentError,
-    ArgumentMismatchError,
-    CollectiveName,
-    DTypeMismatchError,
-    RequiresGradMismatchError,
-    ShapeMismatchError,
-    SizesError,
-    SizesMismatchError,
-    oracle,
-)
+from ..cases import DTYPE_NAMES
+from ..family import SplitCase, draw_dims, draw_group
+from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
 
-from ..values import is_differentiable, make_upstream, make_values, torch_dtype
-from .gather_v import Misuse, Particulars
-
-__all__ = ["CATALOGUE", "MISUSE", "ScatterVCase", "cases"]
+__all__ = ["CATALOGUE", "ScatterVCase", "scatter_v_cases"]
 
 
 @dataclass(frozen=True)
-class ScatterVCase:
-    """One ``scatter_v`` call: group rank ``r`` gets ``sizes[r]`` along ``dim`` of
-    ``src``'s input, ``other`` the shape without ``dim``; a non-src input is
-    ``placeholder`` long along ``dim``. ``group``, ``calls``, ``trusted``: as
-    ``GatherVCase``'s."""
+class ScatterVCase(SplitCase):
+    """``scatter_v(x_r, sizes, src, dim)`` on group rank ``r``: rank ``r`` gets block
+    ``r`` (``sizes[r]`` long along ``dim``; ``other``: the shape without it) of ``src``'s
+    input; every other rank's input is ``placeholder`` long along ``dim``."""
 
-    op: ClassVar[CollectiveName] = "scatter_v"
+    collective = "scatter_v"
+    NAMES = ("x", "sizes", "src", "dim", "group")
+
+    world_size: int
     sizes: tuple[int, ...]
     other: tuple[int, ...]
     dim: int
-    src: int
-    dtype: str = "float32"
-    group: tuple[int, ...] | None = None
-    seed: int = 0
-    calls: int = 2
-    trusted: bool = False
+    src: int = 0
     placeholder: int = 0
+    dtype: str = "float32"
+    requires_grad: bool = True
+    special: bool = False
+    seed: int = 0
+    group: tuple[int, ...] | None = None
+    validate: bool = True
+    impl: str = "vargather"
+    call: str | None = None
+    emulate: str | None = None
+    memory: str = "contiguous"
+    initialized: bool = True
+    compile_backend: str | None = None
 
-    def shape(self, n: int) -> tuple[int, ...]:
-        d = self.dim % (len(self.other) + 1)
-        return (*self.other[:d], n, *self.other[d:])
-
-    def inputs(self) -> list[torch.Tensor]:
-        """Every group rank's input: every bit pattern of the dtype."""
-        dtype = torch_dtype(self.dtype)
-        lengths = [
-            sum(self.sizes) if r == self.src else self.placeholder for r in range(len(self.sizes))
-        ]
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        total = sum(self.sizes)
         return [
-            make_values(self.shape(n), dtype, self.seed * 131 + r, "full")
-            for r, n in enumerate(lengths)
+            shape_with(self.other, self.dim, total if r == self.src else self.placeholder)
+            for r in range(len(self.sizes))
         ]
 
-    def upstream(self) -> list[torch.Tensor] | None:
-        """Every group rank's upstream gradient, different on every rank."""
-        dtype = torch_dtype(self.dtype)
-        if not is_differentiable(dtype):
-            return None
-        return [
-            make_upstream(self.shape(n), dtype, self.seed + r, r, "real")
-            for r, n in enumerate(self.sizes)
-        ]
+    def output_shapes(self) -> list[Any]:
+        return [shape_with(self.other, self.dim, n) for n in self.sizes]
 
-    def expected(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """The oracle's results and input gradients, per group rank."""
-        xs, ups = self.inputs(), self.upstream()
-        grads = (
-            None
-            if ups is None
-            else oracle.expected_scatter_v_grads(xs, self.sizes, self.src, ups, self.dim)
-        )
-        return oracle.expected_scatter_v(xs, self.sizes, self.src, self.dim), grads
+    def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (list(self.sizes), self.src, self.dim), {}
 
-    def call(self, fn: Callable[..., Any], x: torch.Tensor, group: Any, **changes: Any) -> Any:
-        """The call (``fn``: ``scatter_v`` or a fork's), ``changes`` overriding arguments."""
-        kwargs: dict[str, Any] = {"group": group, "timeout": 30.0}
-        if self.trusted:
-            kwargs.update(validate=False)
-        kwargs.update(changes)
-        sizes = kwargs.pop("sizes", list(self.sizes))
-        return fn(x, sizes, kwargs.pop("src", self.src), kwargs.pop("dim", self.dim), **kwargs)
+    def template_values(self, r: int) -> dict[str, object]:
+        return {"sizes": list(self.sizes), "src": self.src, "dim": self.dim}
+
+    def oracle_args(self) -> dict[str, Any]:
+        return {"sizes": self.sizes, "src": self.src, "dim": self.dim}
+
+    def emptied(self) -> ScatterVCase:
+        """No block for one rank."""
+        sizes = list(self.sizes)
+        sizes[self.seed % len(sizes)] = 0
+        return replace(self, sizes=tuple(sizes))
 
 
 @st.composite
-def cases(
+def scatter_v_cases(
     draw: Any,
     world_sizes: tuple[int, ...] = (2, 3),
-    dtypes: tuple[str, ...] = ("float32", "bfloat16", "bool", "float16", "complex64"),
+    dtypes: tuple[str, ...] = DTYPE_NAMES,
+    subgroups: bool = True,
+    most: int = 4,
 ) -> ScatterVCase:
-    """Ragged blocks (empty ones too), 0-2 other dims, any ``dim``, ``src`` and
-    non-src length along ``dim``."""
-    w = draw(st.sampled_from(world_sizes))
-    other = tuple(draw(st.lists(st.integers(0, 3), max_size=2)))
+    """``ScatterVCase``s: empty blocks, any ``src`` and placeholder length, negative
+    dims, every dtype, subgroups; ``most``: the largest block and dimension."""
+    world = draw(st.sampled_from(list(world_sizes)))
+    group = draw_group(draw, world, subgroups)
+    w = len(group) if group is not None else world
+    other = draw_dims(draw, most)
     return ScatterVCase(
-        sizes=tuple(draw(st.lists(st.integers(0, 5), min_size=w, max_size=w))),
+        world_size=world,
+        sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
         other=other,
         dim=draw(st.integers(-(len(other) + 1), len(other))),
         src=draw(st.integers(0, w - 1)),
-        dtype=draw(st.sampled_from(dtypes)),
-        seed=draw(st.integers(0, 2**16)),
         placeholder=draw(st.integers(0, 2)),
+        dtype=draw(st.sampled_from(list(dtypes))),
+        requires_grad=draw(st.booleans()),
+        special=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+        group=group,
+        validate=draw(st.booleans()),
     )
 
 
-MISUSE_CASE: Final = ScatterVCase((2, 0, 3), (2,), 0, 1, calls=1)
-"""The call the misuse entries spoil (3 ranks, src 1); the last rank is blamed, but for
-``sum_mismatch`` (src's own sizes)."""
+@st.composite
+def _large(draw: Any, world: int) -> ScatterVCase:
+    sizes = tuple(draw(st.lists(st.integers(0, LARGE_ROWS), min_size=world, max_size=world)))
+    src, grad = draw(st.integers(0, world - 1)), draw(st.booleans())
+    seed = draw(st.integers(0, 2**16))
+    return ScatterVCase(world, sizes, (LARGE_ROW,), 0, src, requires_grad=grad, seed=seed)
 
-MISUSE: Final[tuple[Misuse, ...]] = (
-    Misuse("root_differs", ArgumentMismatchError, lambda x, w: (x, {"src": 0})),
-    Misuse("root_range", ArgumentError, lambda x, w: (x, {"src": w})),
-    Misuse("root_not_int", ArgumentError, lambda x, w: (x, {"src": 1.0})),
-    Misuse("dtype", DTypeMismatchError, lambda x, w: (x.double(), {})),
-    Misuse("ndim", ShapeMismatchError, lambda x, w: (x.unsqueeze(-1), {})),
-    Misuse("trailing", ShapeMismatchError, lambda x, w: (torch.cat([x, x], 1), {})),
-    Misuse("dim_differs", ArgumentMismatchError, lambda x, w: (x, {"dim": -1})),
-    Misuse("sizes_differ", SizesMismatchError, lambda x, w: (x, {"sizes": [2, 1, 2]})),
-    Misuse("sizes_length", SizesError, lambda x, w: (x, {"sizes": [2, 0, 3, 0]})),
-    Misuse("sum_mismatch", SizesError, lambda x, w: (x, {"sizes": [2, 0, 4]}), True, 1),
-    Misuse("requires_grad", RequiresGradMismatchError, lambda x, w: (x.requires_grad_(True), {})),
+
+CATALOGUE: Final = FamilyCatalogue(
+    ScatterVCase,
+    cases=scatter_v_cases,
+    large=_large,
+    signature="(x, sizes, src, dim, *, group, validate, timeout)",
+    sizes_name="sizes",
+    sizes_required=True,
 )
 
-CATALOGUE: Final = Particulars(
-    "scatter_v", "scatter_v(x, sizes, src, dim, group=group)", ("x", "sizes", "src", "dim", "group")
+
+# --- misuse ---
+# scatter_v(x, sizes, src, dim): the same sizes, src, dim, dtype and shape off dim on
+# every rank; src's x is sum(sizes) long along dim.
+
+import vargather  # noqa: E402
+
+from ..misuse import Call, Misuse, SizesTensor, TensorSpec, call, misuses, tie  # noqa: E402
+
+SRC: Final = 1
+"""The base call's root (a group rank)."""
+
+
+def sv_sizes(w: int) -> list[int]:
+    """The base blocks: 2, 0, 3, 1 rows (one empty)."""
+    return [(2, 0, 3, 1)[r] for r in range(w)]
+
+
+def _sv(
+    r: int,
+    w: int,
+    *,
+    rows: int | None = None,
+    trail: tuple[int, ...] = (2,),
+    dtype: str = "float32",
+    requires_grad: bool = False,
+    sizes: object = None,
+    src: object = SRC,
+    **kw: Any,
+) -> Call:
+    n = (sum(sv_sizes(w)) if r == SRC else 0) if rows is None else rows
+    sizes = sv_sizes(w) if sizes is None else sizes
+    return call("scatter_v", TensorSpec((n, *trail), dtype, requires_grad), sizes, src, 0, **kw)
+
+
+def _alt(w: int) -> int:
+    """Another root than ``SRC``."""
+    return (SRC + 1) % w
+
+
+def _rows_as_src(r: int, w: int) -> int:
+    """Rank ``r``'s rows when it names ``_alt`` the root: a full tensor where it is
+    either root in its own eyes (so only the comparison across ranks can catch it)."""
+    return sum(sv_sizes(w)) if r in (SRC, _alt(w)) else 0
+
+
+def _other_sizes(w: int) -> list[int]:
+    """The base sizes with a row moved from the first block to the last (the same sum)."""
+    sizes = sv_sizes(w)
+    sizes[0] -= 1
+    sizes[-1] += 1
+    return sizes
+
+
+# A table, two lines an entry: name, summary, error; bad call, fragments, options.
+# fmt: off
+MISUSES: Final = misuses(
+    _sv,
+    Misuse("sv-src-differs", "one rank names another root", vargather.ArgumentMismatchError,
+        lambda r, w: _sv(r, w, src=_alt(w), rows=_rows_as_src(r, w)), lambda w, o: ("src (a group rank) differs across ranks", f"{SRC}", f"{_alt(w)} on rank(s) [{o}]"), blamed=tie),
+    Misuse("sv-src-out-of-range", "src is not a rank of the group on one rank", vargather.ArgumentError,
+        lambda r, w: _sv(r, w, src=w), lambda w, o: (f"rank {o}: expected src to be a rank in the group", f"an int in [0, {w}), got {w}")),
+    Misuse("sv-src-not-int", "src is a float on one rank", vargather.ArgumentError,
+        lambda r, w: _sv(r, w, src=1.0), lambda w, o: (f"rank {o}: expected src to be a rank in the group", "got 1.0")),
+    Misuse("sv-sizes-differ", "sizes differ across ranks (the same sum)", vargather.SizesMismatchError,
+        lambda r, w: _sv(r, w, sizes=_other_sizes(w)), lambda w, o: ("sizes differs across ranks", f"sizes={sv_sizes(w)}", f"sizes={_other_sizes(w)}"), blamed=tie),
+    Misuse("sv-sizes-wrong-length", "sizes has one entry too many on one rank", vargather.SizesError,
+        lambda r, w: _sv(r, w, sizes=[*sv_sizes(w), 0]), lambda w, o: (f"rank {o}", f"expected len(sizes) == world size {w}, got {w + 1}")),
+    Misuse("sv-sum-mismatch", "sizes on every rank add up to one row more than src's tensor", vargather.SizesError,
+        lambda r, w: _sv(r, w, sizes=[*sv_sizes(w)[:-1], sv_sizes(w)[-1] + 1]), lambda w, o: (f"rank {SRC}: expected sum(sizes) == {sum(sv_sizes(w))}", f"got sum(sizes) = {sum(sv_sizes(w)) + 1}"), all_ranks=True,
+        blamed=lambda w, o: (SRC,)),
+    Misuse("sv-sizes-float-tensor", "sizes is a float tensor on one rank", vargather.SizesTypeError,
+        lambda r, w: _sv(r, w, sizes=SizesTensor(tuple(sv_sizes(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "float32")),
+    Misuse("sv-dtype-differs", "one rank passes int32 where the others pass float32", vargather.DTypeMismatchError,
+        lambda r, w: _sv(r, w, dtype="int32"), lambda w, o: ("dtype differs", "torch.float32", "torch.int32", f"[{o}]")),
+    Misuse("sv-ndim-differs", "one rank passes a tensor with one more dimension", vargather.ShapeMismatchError,
+        lambda r, w: _sv(r, w, trail=(2, 1)), lambda w, o: ("ndim differs", "2", "3", f"[{o}]")),
+    Misuse("sv-trailing-dim-differs", "a dimension other than dim differs on one rank", vargather.ShapeMismatchError,
+        lambda r, w: _sv(r, w, trail=(3,)), lambda w, o: ("shape outside the split dimension differs", "(2,)", "(3,)", f"[{o}]")),
+    Misuse("sv-dim-differs", "one rank cuts along dim 1 of its transposed tensor (valid locally)", vargather.ArgumentMismatchError,
+        lambda r, w: call("scatter_v", TensorSpec((2, sum(sv_sizes(w)) if r == SRC else 0)), sv_sizes(w), SRC, 1), lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]")),
+    Misuse("sv-requires-grad-differs", "one rank needs a gradient and its peers do not", vargather.RequiresGradMismatchError,
+        lambda r, w: _sv(r, w, dtype="float64", requires_grad=True), lambda w, o: ("requires_grad", "True", "False", f"[{o}]"), good=lambda r, w: _sv(r, w, dtype="float64")),
+    Misuse("sv-zero-dim-input", "one rank passes a 0-d tensor (nothing to cut)", vargather.SizesError,
+        lambda r, w: call("scatter_v", TensorSpec(()), sv_sizes(w), SRC, 0), lambda w, o: (f"rank {o}: expected a tensor with at least 1 dimension", "0-d")),
 )
+# fmt: on
+"""Every misuse of scatter_v, each raised as the same error on every rank."""
