@@ -15,6 +15,7 @@ from vargather.testing.catalogues import gather_v as catalogue
 from vargather.testing.catalogues.gather_v import GatherVCase
 
 from . import _rooted_fns as fns
+from ._compile_fns import warm_backend
 
 pytestmark = pytest.mark.multirank
 
@@ -94,3 +95,35 @@ def test_one_process_world() -> None:
         vargather.gather_v(x, 1)
     with pytest.raises(vargather.SizesError, match=r"sizes\[0\] == 3"):
         vargather.gather_v(x, 0, sizes=[2])
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        fns.FullgraphCase("gather_v", (2, 0, 3), (2,), 1, 2, "eager"),
+        fns.FullgraphCase("gather_v", (0, 3, 1), (2,), -1, 1, "aot_eager"),
+        fns.FullgraphCase("gather_v", (0, 3), (2,), 1, 1, "inductor"),
+        fns.FullgraphCase("gather_v", (2, 0, 3), (2,), 1, 1, "aot_eager", kit=True),
+    ],
+    ids=lambda c: f"{c.compile_backend}{'-kit' if c.kit else ''}",
+)
+def test_compiled_fullgraph_bit_for_bit(case: fns.FullgraphCase) -> None:
+    """Sizes as ints: the operators trace with fullgraph=True (no graph break), on every
+    backend, and give the oracle's output and input gradient, two calls in a row; also
+    through the kit's compiled path (``vargather.testing.compiled.call_compiled``)."""
+    pool = get_pool(len(case.sizes))
+    pool.run(warm_backend, case.compile_backend)
+    fns.judge_fullgraph(case, pool.run(fns.fullgraph, case))
+
+
+def test_validation_runs_inside_the_compiled_operator() -> None:
+    """A lie about sizes on the last rank, compiled with fullgraph (validate=True): the
+    operator's round refuses it on every rank with the eager error, word for word."""
+    results = get_pool(3).run(fns.compiled_lie, "gather_v")
+    eager = results[0][0]
+    assert eager[0] == "SizesError", eager
+    assert eager[2] == (2,), eager
+    assert eager[1].startswith("gather_v"), eager
+    for rank, (e, c) in enumerate(results):
+        assert e == eager, f"rank {rank}: eager raised {e}"
+        assert c == eager, f"rank {rank}: compiled raised {c}, eager {eager}"

@@ -16,6 +16,7 @@ from vargather.testing.catalogues.gather_v import Misuse
 from vargather.testing.catalogues.scatter_v import ScatterVCase
 
 from . import _rooted_fns as fns
+from ._compile_fns import warm_backend
 
 pytestmark = pytest.mark.multirank
 
@@ -94,3 +95,35 @@ def test_one_process_world() -> None:
         vargather.scatter_v(x, [2], 0)
     with pytest.raises(vargather.ArgumentError, match="rank in the group"):
         vargather.scatter_v(x, [3], -1)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        fns.FullgraphCase("scatter_v", (2, 0, 3), (2,), 1, 2, "eager"),
+        fns.FullgraphCase("scatter_v", (0, 3, 1), (2,), -1, 1, "aot_eager", placeholder=0),
+        fns.FullgraphCase("scatter_v", (0, 3), (2,), 1, 1, "inductor"),
+        fns.FullgraphCase("scatter_v", (2, 0, 3), (2,), 1, 1, "aot_eager", kit=True),
+    ],
+    ids=lambda c: f"{c.compile_backend}{'-kit' if c.kit else ''}",
+)
+def test_compiled_fullgraph_bit_for_bit(case: fns.FullgraphCase) -> None:
+    """Sizes as ints: the operators trace with fullgraph=True (no graph break), on every
+    backend, and give the oracle's output and input gradient (zeros off src), two calls
+    in a row; also through the kit's compiled path."""
+    pool = get_pool(len(case.sizes))
+    pool.run(warm_backend, case.compile_backend)
+    fns.judge_fullgraph(case, pool.run(fns.fullgraph, case))
+
+
+def test_validation_runs_inside_the_compiled_operator() -> None:
+    """A lie about sizes on the last rank, compiled with fullgraph (validate=True): the
+    operator's round refuses it on every rank with the eager error, word for word."""
+    results = get_pool(3).run(fns.compiled_lie, "scatter_v")
+    eager = results[0][0]
+    assert eager[0] == "SizesMismatchError", eager
+    assert eager[2] == (2,), eager
+    assert eager[1].startswith("scatter_v"), eager
+    for rank, (e, c) in enumerate(results):
+        assert e == eager, f"rank {rank}: eager raised {e}"
+        assert c == eager, f"rank {rank}: compiled raised {c}, eager {eager}"
