@@ -596,15 +596,18 @@ def _gather_gradient_fake(
     return g.new_empty(resized(g, (dim, length)))
 
 
-_FORWARD: Final = (
-    "(Tensor x, SymInt root, SymInt dim, SymInt[] sizes, str group_name, bool validate, "
-    "float? timeout, bool requires_grad) -> Tensor"
-)
+def _forward(root: str) -> str:
+    """A forward operator's schema, its root named ``root`` (``dst``, ``src``)."""
+    return (
+        f"(Tensor x, SymInt {root}, SymInt dim, SymInt[] sizes, str group_name, "
+        "bool validate, float? timeout, bool requires_grad) -> Tensor"
+    )
+
 
 define_ops(
     OpSpec(
         GATHER,
-        _FORWARD,
+        _forward("dst"),
         _rooted_op(GATHER),
         _gather_fake,
         "gather_v_backward",
@@ -620,7 +623,7 @@ define_ops(
     ),
     OpSpec(
         SCATTER,
-        _FORWARD,
+        _forward("src"),
         _rooted_op(SCATTER),
         _scatter_fake,
         "scatter_v_backward",
