@@ -38,7 +38,6 @@ from ._args import Problem
 from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
-from ._compiled import Route
 from ._errors import ArgumentError, ArgumentMismatchError, SizesError, SizesMismatchError
 from ._family import exchange_fused, settle
 from ._layout import Layout
@@ -105,13 +104,16 @@ def _local_call(
     info: GroupInfo,
     validate: object,
     timeout: object,
+    requires_grad: bool | None,
 ) -> FamilyCall:
     """This rank's call: its record (the first local problem in it), and as extras the
-    root and the passed sizes (``[root, len, n_0, ..., n_{W-1}]``)."""
+    root and the passed sizes (``[root, len, n_0, ..., n_{W-1}]``). ``requires_grad``
+    overrides ``x``'s (an operator runs below autograd and passes the caller's)."""
     w = info.world_size
     record, call_timeout = check_tensor(
-        x, dim, info=info, validate=validate, timeout=timeout, split=True
-    )
+        x, dim, info=info, validate=validate, timeout=timeout, requires_grad=requires_grad,
+        split=True,
+    )  # fmt: skip
     own_root, problem = _root(root, "dst" if name == GATHER else "src", w)
     parsed, words = sizes_words(sizes, w)
     d = record.normalized_dim
@@ -241,15 +243,14 @@ def _plan(
     root: object,
     sizes: object,
     dim: object,
-    group: Any,
-    mesh_dim: Any,
+    info: GroupInfo,
     validate: object,
     timeout: object,
+    requires_grad: bool | None = None,
 ) -> RootedPlan:
     """The same error on every rank, or the same plan (with ``validate=False`` and the
     sizes passed: no round, and a local problem raised on this rank only)."""
-    info = call_group(group, mesh_dim)
-    call = _local_call(name, x, root, sizes, dim, info, validate, timeout)
+    call = _local_call(name, x, root, sizes, dim, info, validate, timeout, requires_grad)
     if call.timeout is not None:
         info = info.with_timeout(call.timeout)
     own, slots = call.sizes[0], None
@@ -403,31 +404,21 @@ class ScatterVFunction(torch.autograd.Function):
         return grad.new_zeros(plan.shape), None
 
 
-def _eager(name: CollectiveName, x: Any, *args: Any) -> torch.Tensor:
+def _eager(
+    name: CollectiveName, x: Any, root: Any, sizes: Any, dim: Any, group: Any, *rest: Any
+) -> torch.Tensor:
     """The eager call: the plan (every argument judged there, on every rank), then the
     payload inside the collective's autograd function."""
-    plan = _plan(name, x, *args)
+    mesh_dim, validate, timeout = rest
+    plan = _plan(name, x, root, sizes, dim, call_group(group, mesh_dim), validate, timeout)
     function = GatherVFunction if name == GATHER else ScatterVFunction
     out = function.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
     assert isinstance(out, torch.Tensor)
     return out
 
 
-def _untraced(*args: Any) -> None:
-    """No custom operator yet: under ``torch.compile`` the eager call runs behind
-    ``torch.compiler.disable`` (one graph break)."""
-    return None
-
-
-_ROUTES: Final[dict[CollectiveName, Route[torch.Tensor]]] = {
-    name: Route(name, functools.partial(_eager, name), _untraced) for name in (GATHER, SCATTER)
-}
-"""Each collective's way in (``_compiled.Route``): the eager call, or under
-``torch.compile`` the same behind one graph break."""
-
-
 def _call(name: CollectiveName, x: Any, *args: Any) -> torch.Tensor:
-    """The call through its ``Route``."""
+    """The call through its ``Route`` (``_ROUTES``, at the end of the module)."""
     return _ROUTES[name](x, *args)
 
 
@@ -530,3 +521,146 @@ def scatter_v(
         CollectiveTimeoutError: a peer never arrived within ``timeout``.
     """
     return _call(SCATTER, x, src, sizes, dim, group, mesh_dim, validate, timeout)
+
+
+# --- compiled: gather_v's and scatter_v's operators and routes (``_compiled``) ----------
+
+from ._compiled import OpSpec, Route, define_ops, fresh, op_args, plain_sizes, rank_of, resized  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
+from ._mesh import named_group  # noqa: E402  # as above
+
+
+def _rooted_op(name: CollectiveName) -> Callable[..., torch.Tensor]:
+    """The eager pipeline of ``name`` as its operator runs it: the plan (the round and
+    its validation unless ``validate=False``), then the payload."""
+
+    def op(
+        x: torch.Tensor, root: int, dim: int, sizes: Sequence[int], group: str, *rest: Any
+    ) -> torch.Tensor:
+        validate, timeout, requires_grad = rest
+        plan = _plan(
+            name, x, root, list(sizes), dim, named_group(group), validate, timeout, requires_grad
+        )
+        with torch.no_grad():
+            out = plan.result
+            if out is None:
+                payload = gather_to if name == GATHER else scatter_from
+                out = payload(x, plan.layout, plan.root, plan.info)
+            return fresh(out, x)
+
+    return op
+
+
+def _gather_fake(
+    x: torch.Tensor, dst: int, dim: int, sizes: Sequence[int], group: str, *_: Any
+) -> torch.Tensor:
+    return x.new_empty(resized(x, (dim, sum(sizes) if rank_of(group) == dst else 0)))
+
+
+def _scatter_fake(
+    x: torch.Tensor, src: int, dim: int, sizes: Sequence[int], group: str, *_: Any
+) -> torch.Tensor:
+    return x.new_empty(resized(x, (dim, sizes[rank_of(group)])))
+
+
+def _scatter_gradient_op(
+    g: torch.Tensor, dst: int, dim: int, sizes: Sequence[int], group: str, timeout: float | None
+) -> torch.Tensor:
+    """gather_v's backward: block ``rank`` of ``dst``'s ``g`` (a scatter from ``dst``)."""
+    info = named_group(group, timeout)
+    with torch.no_grad():
+        return fresh(scatter_from(g, _layout(g, dim, tuple(sizes), info), dst, info), g)
+
+
+def _scatter_gradient_fake(
+    g: torch.Tensor, dst: int, dim: int, sizes: Sequence[int], group: str, *_: Any
+) -> torch.Tensor:
+    return g.new_empty(resized(g, (dim, sizes[rank_of(group)])))
+
+
+def _gather_gradient_op(
+    g: torch.Tensor, src: int, dim: int, sizes: Sequence[int], length: int, group: str, *rest: Any
+) -> torch.Tensor:
+    """scatter_v's backward: ``cat_r g_r`` on ``src`` (a gather to ``src``), zeros
+    ``length`` long along ``dim`` (``x``'s) elsewhere."""
+    (timeout,) = rest
+    info = named_group(group, timeout)
+    with torch.no_grad():
+        full = gather_to(g, _layout(g, dim, tuple(sizes), info), src, info)
+        return fresh(full, g) if info.rank == src else g.new_zeros(resized(g, (dim, length)))
+
+
+def _gather_gradient_fake(
+    g: torch.Tensor, src: int, dim: int, sizes: Sequence[int], length: int, *_: Any
+) -> torch.Tensor:
+    # On src, length is sum(sizes): the forward's plan refused any other x there.
+    return g.new_empty(resized(g, (dim, length)))
+
+
+def _forward(root: str) -> str:
+    """A forward operator's schema, its root named ``root`` (``dst``, ``src``)."""
+    return (
+        f"(Tensor x, SymInt {root}, SymInt dim, SymInt[] sizes, str group_name, "
+        "bool validate, float? timeout, bool requires_grad) -> Tensor"
+    )
+
+
+define_ops(
+    OpSpec(
+        GATHER,
+        _forward("dst"),
+        _rooted_op(GATHER),
+        _gather_fake,
+        "gather_v_backward",
+        # dst, dim, sizes, group, timeout
+        lambda i, _: (i[1], i[2] % i[0].dim(), list(i[3]), i[4], i[6]),
+    ),
+    OpSpec(
+        "gather_v_backward",
+        "(Tensor grad_output, SymInt dst, SymInt dim, SymInt[] sizes, str group_name, "
+        "float? timeout) -> Tensor",
+        _scatter_gradient_op,
+        _scatter_gradient_fake,
+    ),
+    OpSpec(
+        SCATTER,
+        _forward("src"),
+        _rooted_op(SCATTER),
+        _scatter_fake,
+        "scatter_v_backward",
+        # src, dim, sizes, x's length along dim, group, timeout
+        lambda i, _: (i[1], i[2] % i[0].dim(), list(i[3]), i[0].shape[i[2]], i[4], i[6]),
+    ),
+    OpSpec(
+        "scatter_v_backward",
+        "(Tensor grad_output, SymInt src, SymInt dim, SymInt[] sizes, SymInt length, "
+        "str group_name, float? timeout) -> Tensor",
+        _gather_gradient_op,
+        _gather_gradient_fake,
+    ),
+)
+
+
+def _traced(
+    name: CollectiveName, x: object, root: object, sizes: object, dim: object, *rest: object
+) -> torch.Tensor | None:
+    """The operator's call when ``sizes`` are ints and ``root`` an int, else ``None``
+    (the eager call behind one graph break)."""
+    group, mesh_dim, validate, timeout = rest
+    a = op_args(x, dim, group, mesh_dim, validate, timeout)
+    plain = None if a is None else plain_sizes(sizes, a.world_size)
+    if a is None or plain is None or isinstance(root, bool) or not isinstance(root, int):
+        return None
+    op = torch.ops.vargather.gather_v if name == GATHER else torch.ops.vargather.scatter_v
+    out: torch.Tensor = op(
+        a.x, root, a.dim, plain, a.group_name, a.validate, a.seconds, a.requires_grad
+    )
+    return out
+
+
+_ROUTES: Final[dict[CollectiveName, Route[torch.Tensor]]] = {
+    name: Route(name, functools.partial(_eager, name), functools.partial(_traced, name))
+    for name in (GATHER, SCATTER)
+}
+"""Each collective's way in (``_compiled.Route``): the eager call, or under
+``torch.compile`` its operator (sizes known as ints), else the eager call behind one
+graph break."""

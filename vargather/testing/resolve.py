@@ -16,7 +16,7 @@ import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
 import torch
 
@@ -86,7 +86,36 @@ class Scope:
     notes: tuple[str, ...] = ()
 
 
-def call_scope(template: CallTemplate, options: CheckOptions) -> Scope:
+class Declared(Protocol):
+    """The declared scope a call template is checked against: what ``CheckOptions``
+    holds of it (``options`` imports this module, so the type is structural)."""
+
+    @property
+    def dims(self) -> tuple[int, ...] | None: ...
+    @property
+    def sizes(self) -> str: ...
+    @property
+    def returns(self) -> str: ...
+    @property
+    def grad(self) -> str: ...
+    @property
+    def convention(self) -> str: ...
+    @property
+    def transports(self) -> str: ...
+
+
+class _Declared(NamedTuple):
+    """The declared scope when no options are given: nothing declared but sizes, grad."""
+
+    sizes: str = "any"
+    grad: str = "sum"
+    dims: tuple[int, ...] | None = None
+    returns: str = "auto"
+    convention: str = "auto"
+    transports: str = "auto"
+
+
+def call_scope(template: CallTemplate, options: Declared) -> Scope:
     """What ``template`` leaves out is out of scope (never drawn); a declared scope
     that asks for what the template cannot pass is an ``OptionError``.
 
@@ -422,13 +451,9 @@ def resolve_impl(
     against the callable here, and the scope it leaves out derived (``call_scope``,
     from ``options``: the declared scope).
     """
-    if options is None:
-        # options imports this module: the declared scope is built here, when called.
-        from .options import CheckOptions as _CheckOptions
-
-        options = _CheckOptions(sizes=sizes, grad=grad)
+    declared: Declared = options or _Declared(sizes=sizes, grad=grad)
     if call is not None:
-        return _resolve_call(ref, call, cwd, options)
+        return _resolve_call(ref, call, cwd, declared)
     usable, refused = gloo_transports()
     if ref is None:
         if convention == "seed":
@@ -471,7 +496,7 @@ def resolve_impl(
         inferred = inferred_call(target) if guessed and ctor is None else None
         if inferred is None or transports not in ("auto", "none"):
             raise
-        return _resolve_call(ref, inferred, cwd, options)
+        return _resolve_call(ref, inferred, cwd, declared)
     if transports == "auto":
         takes = convention == "vargather" and _takes(target, "transport")
         chosen = usable if takes else None
@@ -506,7 +531,7 @@ def resolve_options_impl(options: CheckOptions, cwd: str | None) -> ImplInfo:
     )
 
 
-def _resolve_call(ref: str | None, call: str, cwd: str | None, options: CheckOptions) -> ImplInfo:
+def _resolve_call(ref: str | None, call: str, cwd: str | None, options: Declared) -> ImplInfo:
     """``resolve_impl`` for a call template."""
     if ref is None:
         raise OptionError("call", "needs --impl (vargather's own API is called as documented)")
