@@ -22,11 +22,13 @@ Each example is one of
   for ``dim=1``), or every rank raises the same ``VarGatherError`` subclass with the
   same message, naming ranks that were mutated (for local problems and sizes lies) and
   no rank aborts or hangs; then the same process group must still gather correctly;
-* a **valid family call** (``reduce_scatter_v``, ``all_to_all_v``, ``all_gather_list``)
-  drawn by the family's property strategies (``vargather.testing.family``: every gloo
+* a **valid family call** (every collective of the table but the gather: the
+  rooted ``gather_v`` and ``scatter_v`` too) drawn by each catalogue's property strategy (``vargather.testing.family``: every gloo
   dtype, any ``dim``, empty blocks, subgroups, sizes or shapes known), judged by the
   kit's ``check_case`` (forward and gradients bit for bit against ``vargather.oracle``);
-* a **mutated family call**: a valid base call (``family_bases``) with one rank's
+* a **mutated family call** (``reduce_scatter_v``, ``all_to_all_v``, ``all_gather_list``;
+  the rooted pair's wrong calls are their catalogues' misuse entries, run by
+  ``tests/test_misuse.py``): a valid base call (``family_bases``) with one rank's
   arguments changed by one kind drawn per collective (``FAMILY_MUTATIONS``: sizes,
   send sizes, receive sizes, dtype, shape, ``dim``, gradient, shapes, the input, and
   for ``reduce_scatter_v`` / ``all_to_all_v`` the collective: the other one of the same
@@ -97,6 +99,7 @@ from vargather.testing import (
 from vargather.testing import misuse as fns
 from vargather.testing import strategies as vst
 from vargather.testing.cases import DTYPE_NAMES
+from vargather.testing.catalogues import family_catalogues
 from vargather.testing.dispatch import bind
 
 # The NaN property lives in the test suite (tests/_nan_fns.py, run by
@@ -456,7 +459,7 @@ def family_bases(draw: st.DrawFn, collective: str | None = None) -> fns.Scenario
     """A valid call of a family collective on 2 or 3 ranks (every gloo dtype, any
     ``dim``, empty blocks, sizes/shapes passed or not)."""
     if collective is None:
-        collective = draw(st.sampled_from(family.COLLECTIVES))
+        collective = draw(st.sampled_from(list(FAMILY_MUTATIONS)))
     w = draw(st.integers(2, 3))
     dtype = draw(st.sampled_from(GLOO_NAMES))
     requires_grad = dtype in FLOATING and draw(st.booleans())
@@ -874,11 +877,7 @@ def check_family_valid(case: family.Case) -> None:
         raise AssertionError(f"{case}\n" + "\n".join(map(str, failures)) + history)
 
 
-family_valid_cases = st.one_of(
-    family.reduce_scatter_cases(dtypes=GLOO_NAMES),
-    family.all_to_all_cases(dtypes=GLOO_NAMES),
-    family.gather_list_cases(dtypes=GLOO_NAMES),
-)
+family_valid_cases = st.one_of(*(c.cases(dtypes=GLOO_NAMES) for c in family_catalogues()))
 """Valid family calls: the family's property strategies (subgroups, ``validate=False``
 with known sizes, every gloo dtype)."""
 
@@ -1074,9 +1073,7 @@ def fuzz_one(example: Any) -> None:
             _nan_fns.check(example)
         except AssertionError as err:
             raise AssertionError(f"{example}: {err}{history}") from None
-    elif isinstance(
-        example, (family.ReduceScatterCase, family.AllToAllCase, family.GatherListCase)
-    ):
+    elif isinstance(example, family.FamilyCase):
         check_family_valid(example)
     elif isinstance(example, SteadyRun):
         check_steady_run(example)
@@ -1166,7 +1163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  valid cases (property-suite strategy): {COUNTS['valid']}",
         f"  mutated calls: {COUNTS['mutated']} ({COUNTS['mutated, refused']} refused on every "
         f"rank, {COUNTS['mutated, harmless']} harmless and correct)",
-        f"  family (reduce_scatter_v, all_to_all_v, all_gather_list): {COUNTS['family valid']} "
+        f"  family (valid: every catalogue but the gather; mutated: reduce_scatter_v, all_to_all_v, all_gather_list): {COUNTS['family valid']} "
         f"valid cases, {COUNTS['family mutated']} mutated calls "
         f"({COUNTS['family mutated, refused']} refused on every rank, "
         f"{COUNTS['family mutated, harmless']} harmless and correct)",
