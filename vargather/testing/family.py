@@ -23,7 +23,7 @@ import contextlib
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, fields, replace
 from typing import Any, ClassVar, Final, NamedTuple
 
 import torch
@@ -72,17 +72,10 @@ def values(shape: Sequence[int], dtype: str, seed: int, special: bool) -> torch.
     return make_values(tuple(shape), torch_dtype(dtype), seed, "special" if special else "integers")
 
 
-class FamilyCase:
-    """What every family case is and shares (each collective's frozen dataclass
-    subclasses it and declares these fields after its own, so its positional fields
-    stay first): ``world_size``, ``dtype``, ``requires_grad``, ``special`` (NaN
-    payloads, -0.0, inf among the values), ``seed``, ``group`` (the world's ranks
-    forming the group), ``validate``, ``memory`` (``x``'s layout: ``contiguous``,
-    ``transposed`` or ``sliced``), ``initialized`` (``False``: one rank in the calling
-    process, torch.distributed not initialized), ``impl``, ``call`` (a ``--call``
-    template) and ``emulate`` (``"nccl"``: the ranks' torch.distributed behaves as
-    NCCL). A subclass says how its call is made and what the oracle needs, and sets
-    the class attributes below unannotated (so they are not dataclass fields)."""
+class _Declared:
+    """What each case class declares itself: its ``dtype`` (a field after its own
+    positional ones: callers pass it positionally) and the class attributes below
+    (set unannotated, so they are not dataclass fields)."""
 
     collective: ClassVar[str]
     NAMES: ClassVar[tuple[str, ...]]
@@ -93,20 +86,43 @@ class FamilyCase:
     reduced_forward: ClassVar[bool] = False
     """The forward is a reduction: a NaN's payload may differ (``Failure.nan_payload``)."""
 
-    world_size: int
     dtype: str
-    requires_grad: bool
-    special: bool
-    seed: int
-    group: tuple[int, ...] | None
-    validate: bool
-    memory: str
-    initialized: bool
-    impl: str
-    call: str | None
-    emulate: str | None
-    compile_backend: str | None
-    """One of ``COMPILE_BACKENDS``: the call inside a compiled step (``compiled``)."""
+
+
+@dataclass(frozen=True, repr=False)
+class FamilyCase(_Declared):
+    """What every family case is and shares: ``world_size`` (positional, first),
+    ``dtype`` (declared by each case after its own positional fields) and these
+    keyword-only fields: ``requires_grad``, ``special`` (NaN payloads, -0.0, inf among
+    the values), ``seed``, ``group`` (the world's ranks forming the group),
+    ``validate``, ``memory`` (``x``'s layout: ``contiguous``, ``transposed`` or
+    ``sliced``), ``initialized`` (``False``: one rank in the calling process,
+    torch.distributed not initialized), ``impl``, ``call`` (a ``--call`` template),
+    ``emulate`` (``"nccl"``: the ranks' torch.distributed behaves as NCCL) and
+    ``compile_backend`` (one of ``COMPILE_BACKENDS``: the call inside a compiled step,
+    ``compiled``). A subclass, a ``@dataclass(frozen=True, repr=False)``, says how its
+    call is made and what the oracle needs, and sets ``_Declared``'s class attributes."""
+
+    world_size: int
+    _: KW_ONLY
+    requires_grad: bool = True
+    special: bool = False
+    seed: int = 0
+    group: tuple[int, ...] | None = None
+    validate: bool = True
+    memory: str = "contiguous"
+    initialized: bool = True
+    impl: str = "vargather"
+    call: str | None = None
+    emulate: str | None = None
+    compile_backend: str | None = None
+
+    def __repr__(self) -> str:
+        """Python that ``repro`` parses back: the case's own fields first."""
+        shared = [f.name for f in fields(FamilyCase)][1:]
+        names = [f.name for f in fields(self) if f.name not in shared] + shared
+        listed = ", ".join(f"{name}={getattr(self, name)!r}" for name in names)
+        return f"{type(self).__qualname__}({listed})"
 
     # -- what a collective's case says
 
@@ -152,7 +168,7 @@ class FamilyCase:
         """The case as a compiled step runs it: integer values (``x * 1`` exact on every
         backend) and every size passed as ints (an unknown one takes the eager path
         behind a graph break, which ``fullgraph=True`` refuses)."""
-        return replace(self, special=False)  # type: ignore[type-var]  # a dataclass subclass
+        return replace(self, special=False)
 
     def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> Any:
         """The case within ``target``'s scope, as far as the collective's own arguments
@@ -202,7 +218,7 @@ class SplitCase(FamilyCase):
         """The case along ``dim``, with trailing dims of 2 added where it has too few."""
         need = dim + 1 if dim >= 0 else -dim
         other = self.other + (2,) * max(0, need - len(self.other) - 1)
-        return replace(self, other=other, dim=dim, **more)  # type: ignore[type-var]  # a dataclass subclass
+        return replace(self, other=other, dim=dim, **more)  # type: ignore[call-arg]  # fields of each subclass
 
     def nonzero_dim(self) -> Any:
         """The case along a dim other than 0 (the last or the second, by its seed)."""

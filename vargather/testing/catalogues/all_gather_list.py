@@ -8,7 +8,7 @@ engine, which runs its rows as any collective's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any, ClassVar, Final
 
 from hypothesis import strategies as st
@@ -20,7 +20,7 @@ from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue
 __all__ = ["CATALOGUE", "GatherListCase", "gather_list_cases"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class GatherListCase(FamilyCase):
     """``all_gather_list(x_r, grad=grad)`` with ``x_r`` of shape ``shapes[r]``."""
 
@@ -29,22 +29,11 @@ class GatherListCase(FamilyCase):
     shared_output = True
     has_dim: ClassVar[bool] = False
 
-    world_size: int
     shapes: tuple[tuple[int, ...], ...]
     dtype: str = "float32"
+    _: KW_ONLY
     grad: str = "sum"
-    requires_grad: bool = True
-    special: bool = False
-    seed: int = 0
-    group: tuple[int, ...] | None = None
     pass_shapes: bool = False
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None
-    memory: str = "contiguous"
-    initialized: bool = True
-    compile_backend: str | None = None
 
     @property
     def reduced_gradient(self) -> bool:

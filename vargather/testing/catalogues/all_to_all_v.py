@@ -8,7 +8,7 @@ engine, which runs its rows as any collective's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any, Final
 
 from hypothesis import strategies as st
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AllToAllCase(SplitCase):
     """``all_to_all_v(x_j, send[j], dim, cat_dim=cat_dim)`` on group rank ``j``.
 
@@ -47,25 +47,14 @@ class AllToAllCase(SplitCase):
         "out",
     )
 
-    world_size: int
     send: tuple[tuple[int, ...], ...]
     other: tuple[int, ...]
     dim: int
     dtype: str = "float32"
-    requires_grad: bool = True
-    special: bool = False
-    seed: int = 0
-    group: tuple[int, ...] | None = None
+    _: KW_ONLY
     pass_recv: bool = False
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None
     cat_dim: int | None = None
     cat: tuple[int, ...] | None = None
-    memory: str = "contiguous"
-    initialized: bool = True
-    compile_backend: str | None = None
 
     def input_shapes(self) -> list[tuple[int, ...]]:
         return a2a_shapes(self)[0]

@@ -9,7 +9,7 @@ family's engine (``family``: the case base, rank runner and judge) and its gener
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any, Final
 
 from hypothesis import strategies as st
@@ -21,7 +21,7 @@ from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_wit
 __all__ = ["CATALOGUE", "GatherVCase", "gather_v_cases"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class GatherVCase(SplitCase):
     """``gather_v(x_r, dst, dim)`` on group rank ``r``, whose block is ``sizes[r]`` long
     along ``dim`` (``other``: the shape without it); ``pass_sizes``: ``sizes=`` passed
@@ -30,24 +30,13 @@ class GatherVCase(SplitCase):
     collective = "gather_v"
     NAMES = ("x", "dst", "dim", "sizes", "group")
 
-    world_size: int
     sizes: tuple[int, ...]
     other: tuple[int, ...]
     dim: int
     dst: int = 0
     dtype: str = "float32"
-    requires_grad: bool = True
-    special: bool = False
-    seed: int = 0
-    group: tuple[int, ...] | None = None
+    _: KW_ONLY
     pass_sizes: bool = False
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None
-    memory: str = "contiguous"
-    initialized: bool = True
-    compile_backend: str | None = None
 
     def input_shapes(self) -> list[tuple[int, ...]]:
         return [shape_with(self.other, self.dim, n) for n in self.sizes]

@@ -19,7 +19,7 @@ from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_wit
 __all__ = ["CATALOGUE", "ReduceScatterCase", "reduce_scatter_cases"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ReduceScatterCase(SplitCase):
     """``reduce_scatter_v(x, sizes, dim)``; ``other`` is the shape without ``dim``."""
 
@@ -27,22 +27,10 @@ class ReduceScatterCase(SplitCase):
     NAMES = ("x", "sizes", "dim", "group", "out")
     reduced_forward = True
 
-    world_size: int
     sizes: tuple[int, ...]
     other: tuple[int, ...]
     dim: int
     dtype: str = "float32"
-    requires_grad: bool = True
-    special: bool = False
-    seed: int = 0
-    group: tuple[int, ...] | None = None
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None
-    memory: str = "contiguous"
-    initialized: bool = True
-    compile_backend: str | None = None
 
     def input_shapes(self) -> list[tuple[int, ...]]:
         return [shape_with(self.other, self.dim, sum(self.sizes))] * len(self.members)

@@ -20,7 +20,7 @@ from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_wit
 __all__ = ["CATALOGUE", "ScatterVCase", "scatter_v_cases"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ScatterVCase(SplitCase):
     """``scatter_v(x_r, sizes, src, dim)`` on group rank ``r``: rank ``r`` gets block
     ``r`` (``sizes[r]`` long along ``dim``; ``other``: the shape without it) of ``src``'s
@@ -29,24 +29,12 @@ class ScatterVCase(SplitCase):
     collective = "scatter_v"
     NAMES = ("x", "sizes", "src", "dim", "group")
 
-    world_size: int
     sizes: tuple[int, ...]
     other: tuple[int, ...]
     dim: int
     src: int = 0
     placeholder: int = 0
     dtype: str = "float32"
-    requires_grad: bool = True
-    special: bool = False
-    seed: int = 0
-    group: tuple[int, ...] | None = None
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None
-    memory: str = "contiguous"
-    initialized: bool = True
-    compile_backend: str | None = None
 
     def input_shapes(self) -> list[tuple[int, ...]]:
         total = sum(self.sizes)
