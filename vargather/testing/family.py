@@ -24,7 +24,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, fields, replace
-from typing import Any, ClassVar, Final, NamedTuple
+from typing import Any, ClassVar, Final, NamedTuple, TypeVar
 
 import torch
 from hypothesis import strategies as st
@@ -49,7 +49,10 @@ __all__ = [
     "check_case",
     "check_sequence",
     "draw_group",
+    "draw_shared",
+    "draw_world",
     "expected",
+    "fit_passed",
     "inputs_of",
     "judge_case",
     "run_case",
@@ -229,6 +232,7 @@ class SplitCase(FamilyCase):
 
 Case = FamilyCase
 """Any family case (its old name)."""
+C = TypeVar("C", bound=FamilyCase)
 
 
 def inputs_of(case: FamilyCase) -> list[torch.Tensor]:
@@ -250,6 +254,42 @@ def draw_group(draw: Any, world: int, subgroups: bool) -> tuple[int, ...] | None
 def draw_dims(draw: Any, most: int) -> tuple[int, ...]:
     """The dims besides the one split or joined along: up to two, each up to ``most``."""
     return tuple(draw(st.lists(st.integers(0, most), max_size=2)))
+
+
+def draw_world(
+    draw: Any, world_sizes: Sequence[int], subgroups: bool
+) -> tuple[int, tuple[int, ...] | None, int]:
+    """A drawn world size, its subgroup (``draw_group``) and the group's size."""
+    world = draw(st.sampled_from(list(world_sizes)))
+    group = draw_group(draw, world, subgroups)
+    return world, group, len(group) if group is not None else world
+
+
+def draw_shared(
+    draw: Any, dtypes: Sequence[str], world: int, group: tuple[int, ...] | None
+) -> dict[str, Any]:
+    """A drawn case's shared fields on ``world`` ranks (``group`` among them): its
+    ``dtype``, ``requires_grad``, ``special`` and values ``seed`` drawn, in this order."""
+    return {
+        "world_size": world,
+        "group": group,
+        "dtype": draw(st.sampled_from(list(dtypes))),
+        "requires_grad": draw(st.booleans()),
+        "special": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+def fit_passed(
+    case: C, target: Implementation, passes: Callable[[str], bool], name: str, flag: str, **off: Any
+) -> C:
+    """``case`` with its ``flag`` (its call passes the optional ``name``) as ``target``
+    takes it: off (and ``off``'s fields set) where the target's call does not pass
+    ``name`` or its sizes scope is ``never``; on where it is ``required`` or ``list``."""
+    on: dict[str, Any] = {flag: True}
+    if not passes(name) or target.sizes_scope == "never":
+        return replace(case, **{**off, flag: False})
+    return replace(case, **on) if target.sizes_scope in ("required", "list") else case
 
 
 # --- the rank runner ---------------------------------------------------------------------

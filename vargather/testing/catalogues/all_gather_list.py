@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Final
 from hypothesis import strategies as st
 
 from ..cases import DTYPE_NAMES, Implementation
-from ..family import FamilyCase, draw_group
+from ..family import FamilyCase, draw_world, fit_passed
 from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue
 
 __all__ = ["CATALOGUE", "GatherListCase", "gather_list_cases"]
@@ -76,12 +76,8 @@ class GatherListCase(FamilyCase):
 
     def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> GatherListCase:
         grad = self.grad if self.grad in target.contracts else target.contracts[0]
-        case = replace(self, grad=grad)
-        if not passes("shapes") or target.sizes_scope == "never":
-            return replace(case, pass_shapes=False, validate=True)
-        if target.sizes_scope in ("required", "list"):  # every rank's shape always passed
-            return replace(case, pass_shapes=True)
-        return case
+        case = replace(self, grad=grad)  # unpassed shapes: validated
+        return fit_passed(case, target, passes, "shapes", "pass_shapes", validate=True)
 
 
 @st.composite
@@ -93,9 +89,7 @@ def gather_list_cases(
     most: int = 4,
 ) -> GatherListCase:
     """``GatherListCase``s: shapes differing in every dim (empties too), contracts."""
-    world = draw(st.sampled_from(list(world_sizes)))
-    group = draw_group(draw, world, subgroups)
-    w = len(group) if group is not None else world
+    world, group, w = draw_world(draw, world_sizes, subgroups)
     ndim = draw(st.integers(1, 3))
     shape = st.lists(st.integers(0, most), min_size=ndim, max_size=ndim).map(tuple)
     pass_shapes = draw(st.booleans())

@@ -14,7 +14,7 @@ from typing import Any, Final
 from hypothesis import strategies as st
 
 from ..cases import DTYPE_NAMES, Implementation
-from ..family import SplitCase, draw_dims, draw_group
+from ..family import SplitCase, draw_dims, draw_shared, draw_world, fit_passed
 from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
 
 __all__ = [
@@ -97,11 +97,7 @@ class AllToAllCase(SplitCase):
         case = self
         if not passes("cat_dim"):
             case = replace(case, cat_dim=None, cat=None)
-        if not passes("recv_sizes") or target.sizes_scope == "never":
-            return replace(case, pass_recv=False)
-        if target.sizes_scope in ("required", "list"):  # the receive sizes always passed
-            return replace(case, pass_recv=True)
-        return case
+        return fit_passed(case, target, passes, "recv_sizes", "pass_recv")
 
 
 def joined_along(case: AllToAllCase) -> int | None:
@@ -149,9 +145,7 @@ def all_to_all_cases(
     with ``joined``, a ``cat_dim`` now and then: another dim (uneven sizes along both:
     a constant-column send matrix and each rank's own size along ``cat_dim``, the
     sequence-parallel switch), or ``dim`` itself passed."""
-    world = draw(st.sampled_from(list(world_sizes)))
-    group = draw_group(draw, world, subgroups)
-    w = len(group) if group is not None else world
+    world, group, w = draw_world(draw, world_sizes, subgroups)
     other = draw_dims(draw, most)
     n = len(other) + 1
     dim = draw(st.integers(-n, n - 1))
@@ -166,17 +160,12 @@ def all_to_all_cases(
             send = tuple(column for _ in range(w))
             cat = draw(row)
     return AllToAllCase(
-        world_size=world,
         send=send,
         other=other,
         dim=dim,
         cat_dim=cat_dim,
         cat=cat,
-        dtype=draw(st.sampled_from(list(dtypes))),
-        requires_grad=draw(st.booleans()),
-        special=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
-        group=group,
+        **draw_shared(draw, dtypes, world, group),
         pass_recv=draw(st.booleans()),
         validate=draw(st.booleans()),
     )

@@ -15,7 +15,7 @@ from typing import Any, Final
 from hypothesis import strategies as st
 
 from ..cases import DTYPE_NAMES, Implementation
-from ..family import SplitCase, draw_dims, draw_group
+from ..family import SplitCase, draw_dims, draw_shared, draw_world, fit_passed
 from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
 
 __all__ = ["CATALOGUE", "GatherVCase", "gather_v_cases"]
@@ -68,11 +68,7 @@ class GatherVCase(SplitCase):
         return replace(self, special=False, pass_sizes=True)
 
     def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> GatherVCase:
-        if not passes("sizes") or target.sizes_scope == "never":
-            return replace(self, pass_sizes=False)
-        if target.sizes_scope in ("required", "list"):
-            return replace(self, pass_sizes=True)
-        return self
+        return fit_passed(self, target, passes, "sizes", "pass_sizes")
 
 
 @st.composite
@@ -85,21 +81,14 @@ def gather_v_cases(
 ) -> GatherVCase:
     """``GatherVCase``s: empty blocks, any ``dst``, negative dims, every dtype, subgroups,
     sizes passed or not; ``most``: the largest block and dimension (payload scale)."""
-    world = draw(st.sampled_from(list(world_sizes)))
-    group = draw_group(draw, world, subgroups)
-    w = len(group) if group is not None else world
+    world, group, w = draw_world(draw, world_sizes, subgroups)
     other = draw_dims(draw, most)
     return GatherVCase(
-        world_size=world,
         sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
         other=other,
         dim=draw(st.integers(-(len(other) + 1), len(other))),
         dst=draw(st.integers(0, w - 1)),
-        dtype=draw(st.sampled_from(list(dtypes))),
-        requires_grad=draw(st.booleans()),
-        special=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
-        group=group,
+        **draw_shared(draw, dtypes, world, group),
         pass_sizes=draw(st.booleans()),
         validate=draw(st.booleans()),
     )

@@ -14,7 +14,7 @@ from typing import Any, Final
 from hypothesis import strategies as st
 
 from ..cases import DTYPE_NAMES
-from ..family import SplitCase, draw_dims, draw_group
+from ..family import SplitCase, draw_dims, draw_shared, draw_world
 from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
 
 __all__ = ["CATALOGUE", "ScatterVCase", "scatter_v_cases"]
@@ -72,22 +72,15 @@ def scatter_v_cases(
 ) -> ScatterVCase:
     """``ScatterVCase``s: empty blocks, any ``src`` and placeholder length, negative
     dims, every dtype, subgroups; ``most``: the largest block and dimension."""
-    world = draw(st.sampled_from(list(world_sizes)))
-    group = draw_group(draw, world, subgroups)
-    w = len(group) if group is not None else world
+    world, group, w = draw_world(draw, world_sizes, subgroups)
     other = draw_dims(draw, most)
     return ScatterVCase(
-        world_size=world,
         sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
         other=other,
         dim=draw(st.integers(-(len(other) + 1), len(other))),
         src=draw(st.integers(0, w - 1)),
         placeholder=draw(st.integers(0, 2)),
-        dtype=draw(st.sampled_from(list(dtypes))),
-        requires_grad=draw(st.booleans()),
-        special=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
-        group=group,
+        **draw_shared(draw, dtypes, world, group),
         validate=draw(st.booleans()),
     )
 
