@@ -228,7 +228,7 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, TensorSpec, call, misuses, tie  # noqa: E402
+from ..misuse import Call, Misuse, TensorSpec, blocks, call, misuses, tie  # noqa: E402
 
 
 def a2a_send(w: int, r: int) -> list[int]:
@@ -302,7 +302,7 @@ MISUSES: Final = misuses(
     Misuse("a2a-cat-blocks", "joined along cat_dim=1, one rank sends rank 0 two rows where its peers send one", vargather.SizesMismatchError,
         lambda r, w: _joined(r, w, [2] + [1] * (w - 2) + [0]), lambda w, o: (f"[{o}]",), good=_joined, blamed=tie),
     Misuse("mixed-rs-beside-a2a", "one rank calls reduce_scatter_v while its peers call all_to_all_v", vargather.ProtocolMismatchError,
-        lambda r, w: call("reduce_scatter_v", TensorSpec((5, 2)), [(2, 0, 3, 1)[j] for j in range(w)]), lambda w, o: ("reduce_scatter_v / all_to_all_v: collective differs across ranks", f"'reduce_scatter_v' on rank(s) [{o}]", "'all_to_all_v'", "call the same collective on every rank"), blamed=tie),
+        lambda r, w: call("reduce_scatter_v", TensorSpec((5, 2)), blocks(w)), lambda w, o: ("reduce_scatter_v / all_to_all_v: collective differs across ranks", f"'reduce_scatter_v' on rank(s) [{o}]", "'all_to_all_v'", "call the same collective on every rank"), blamed=tie),
 )
 # fmt: on
 """Every misuse of all_to_all_v, each raised as the same error on every rank."""

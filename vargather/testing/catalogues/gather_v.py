@@ -116,15 +116,10 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, SizesTensor, TensorSpec, call, misuses, tie  # noqa: E402
+from ..misuse import Call, Misuse, SizesTensor, TensorSpec, blocks, call, misuses, tie  # noqa: E402
 
 DST: Final = 1
 """The base call's root (a group rank)."""
-
-
-def gv_sizes(w: int) -> list[int]:
-    """The base blocks: 2, 0, 3, 1 rows (one empty)."""
-    return [(2, 0, 3, 1)[r] for r in range(w)]
 
 
 def _gv(
@@ -138,14 +133,14 @@ def _gv(
     dst: object = DST,
     **kw: Any,
 ) -> Call:
-    n = gv_sizes(w)[r] if rows is None else rows
+    n = blocks(w)[r] if rows is None else rows
     return call("gather_v", TensorSpec((n, *trail), dtype, requires_grad), dst, 0, **kw)
 
 
 def _other_sizes(w: int, r: int) -> list[int]:
     """The base sizes with the next rank's block a row longer: rank ``r``'s own entry
     still fits its tensor, so only the comparison across ranks can catch it."""
-    sizes = gv_sizes(w)
+    sizes = blocks(w)
     sizes[(r + 1) % w] += 1
     return sizes
 
@@ -161,17 +156,17 @@ MISUSES: Final = misuses(
     Misuse("gv-dst-not-int", "dst is a float on one rank", vargather.ArgumentError,
         lambda r, w: _gv(r, w, dst=1.0), lambda w, o: (f"rank {o}: expected dst to be a rank in the group", "got 1.0")),
     Misuse("gv-sizes-differ", "sizes= differ across ranks", vargather.SizesMismatchError,
-        lambda r, w: _gv(r, w, sizes=_other_sizes(w, r)), lambda w, o: ("sizes differs across ranks", f"sizes={gv_sizes(w)}", f"sizes={_other_sizes(w, o)}"),
-        good=lambda r, w: _gv(r, w, sizes=gv_sizes(w)), blamed=tie),
+        lambda r, w: _gv(r, w, sizes=_other_sizes(w, r)), lambda w, o: ("sizes differs across ranks", f"sizes={blocks(w)}", f"sizes={_other_sizes(w, o)}"),
+        good=lambda r, w: _gv(r, w, sizes=blocks(w)), blamed=tie),
     Misuse("gv-sizes-wrong-length", "sizes= has one entry too many on one rank", vargather.SizesError,
-        lambda r, w: _gv(r, w, sizes=[*gv_sizes(w), 0]), lambda w, o: (f"rank {o}", f"expected len(sizes) == world size {w}, got {w + 1}"),
-        good=lambda r, w: _gv(r, w, sizes=gv_sizes(w))),
+        lambda r, w: _gv(r, w, sizes=[*blocks(w), 0]), lambda w, o: (f"rank {o}", f"expected len(sizes) == world size {w}, got {w + 1}"),
+        good=lambda r, w: _gv(r, w, sizes=blocks(w))),
     Misuse("gv-sizes-contradict-tensors", "sizes= on every rank says one rank's block is a row longer", vargather.SizesError,
-        lambda r, w: _gv(r, w, sizes=[*gv_sizes(w)[:-1], gv_sizes(w)[-1] + 1]), lambda w, o: (f"rank {w - 1}: expected sizes[{w - 1}] == {gv_sizes(w)[-1]}", f"got {gv_sizes(w)[-1] + 1}"), all_ranks=True,
+        lambda r, w: _gv(r, w, sizes=[*blocks(w)[:-1], blocks(w)[-1] + 1]), lambda w, o: (f"rank {w - 1}: expected sizes[{w - 1}] == {blocks(w)[-1]}", f"got {blocks(w)[-1] + 1}"), all_ranks=True,
         blamed=lambda w, o: (w - 1,)),
     Misuse("gv-sizes-float-tensor", "sizes= is a float tensor on one rank", vargather.SizesTypeError,
-        lambda r, w: _gv(r, w, sizes=SizesTensor(tuple(gv_sizes(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "float32"),
-        good=lambda r, w: _gv(r, w, sizes=gv_sizes(w))),
+        lambda r, w: _gv(r, w, sizes=SizesTensor(tuple(blocks(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "float32"),
+        good=lambda r, w: _gv(r, w, sizes=blocks(w))),
     Misuse("gv-dtype-differs", "one rank passes int32 where the others pass float32", vargather.DTypeMismatchError,
         lambda r, w: _gv(r, w, dtype="int32"), lambda w, o: ("dtype differs", "torch.float32", "torch.int32", f"[{o}]")),
     Misuse("gv-ndim-differs", "one rank passes a tensor with one more dimension", vargather.ShapeMismatchError,
@@ -179,7 +174,7 @@ MISUSES: Final = misuses(
     Misuse("gv-trailing-dim-differs", "a dimension other than dim differs on one rank", vargather.ShapeMismatchError,
         lambda r, w: _gv(r, w, trail=(3,)), lambda w, o: ("shape outside the split dimension differs", "(2,)", "(3,)", f"[{o}]")),
     Misuse("gv-dim-differs", "one rank joins along dim 1 of its transposed tensor (valid locally)", vargather.ArgumentMismatchError,
-        lambda r, w: call("gather_v", TensorSpec((2, gv_sizes(w)[r])), DST, 1), lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]")),
+        lambda r, w: call("gather_v", TensorSpec((2, blocks(w)[r])), DST, 1), lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]")),
     Misuse("gv-requires-grad-differs", "one rank needs a gradient and its peers do not", vargather.RequiresGradMismatchError,
         lambda r, w: _gv(r, w, dtype="float64", requires_grad=True), lambda w, o: ("requires_grad", "True", "False", f"[{o}]"), good=lambda r, w: _gv(r, w, dtype="float64")),
     Misuse("gv-zero-dim-input", "one rank passes a 0-d tensor (nothing to join)", vargather.SizesError,

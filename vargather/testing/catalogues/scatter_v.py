@@ -109,15 +109,10 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, SizesTensor, TensorSpec, call, misuses, tie  # noqa: E402
+from ..misuse import Call, Misuse, SizesTensor, TensorSpec, blocks, call, misuses, tie  # noqa: E402
 
 SRC: Final = 1
 """The base call's root (a group rank)."""
-
-
-def sv_sizes(w: int) -> list[int]:
-    """The base blocks: 2, 0, 3, 1 rows (one empty)."""
-    return [(2, 0, 3, 1)[r] for r in range(w)]
 
 
 def _sv(
@@ -132,8 +127,8 @@ def _sv(
     src: object = SRC,
     **kw: Any,
 ) -> Call:
-    n = (sum(sv_sizes(w)) if r == SRC else 0) if rows is None else rows
-    sizes = sv_sizes(w) if sizes is None else sizes
+    n = (sum(blocks(w)) if r == SRC else 0) if rows is None else rows
+    sizes = blocks(w) if sizes is None else sizes
     return call("scatter_v", TensorSpec((n, *trail), dtype, requires_grad), sizes, src, 0, **kw)
 
 
@@ -145,12 +140,12 @@ def _alt(w: int) -> int:
 def _rows_as_src(r: int, w: int) -> int:
     """Rank ``r``'s rows when it names ``_alt`` the root: a full tensor where it is
     either root in its own eyes (so only the comparison across ranks can catch it)."""
-    return sum(sv_sizes(w)) if r in (SRC, _alt(w)) else 0
+    return sum(blocks(w)) if r in (SRC, _alt(w)) else 0
 
 
 def _other_sizes(w: int) -> list[int]:
     """The base sizes with a row moved from the first block to the last (the same sum)."""
-    sizes = sv_sizes(w)
+    sizes = blocks(w)
     sizes[0] -= 1
     sizes[-1] += 1
     return sizes
@@ -167,14 +162,14 @@ MISUSES: Final = misuses(
     Misuse("sv-src-not-int", "src is a float on one rank", vargather.ArgumentError,
         lambda r, w: _sv(r, w, src=1.0), lambda w, o: (f"rank {o}: expected src to be a rank in the group", "got 1.0")),
     Misuse("sv-sizes-differ", "sizes differ across ranks (the same sum)", vargather.SizesMismatchError,
-        lambda r, w: _sv(r, w, sizes=_other_sizes(w)), lambda w, o: ("sizes differs across ranks", f"sizes={sv_sizes(w)}", f"sizes={_other_sizes(w)}"), blamed=tie),
+        lambda r, w: _sv(r, w, sizes=_other_sizes(w)), lambda w, o: ("sizes differs across ranks", f"sizes={blocks(w)}", f"sizes={_other_sizes(w)}"), blamed=tie),
     Misuse("sv-sizes-wrong-length", "sizes has one entry too many on one rank", vargather.SizesError,
-        lambda r, w: _sv(r, w, sizes=[*sv_sizes(w), 0]), lambda w, o: (f"rank {o}", f"expected len(sizes) == world size {w}, got {w + 1}")),
+        lambda r, w: _sv(r, w, sizes=[*blocks(w), 0]), lambda w, o: (f"rank {o}", f"expected len(sizes) == world size {w}, got {w + 1}")),
     Misuse("sv-sum-mismatch", "sizes on every rank add up to one row more than src's tensor", vargather.SizesError,
-        lambda r, w: _sv(r, w, sizes=[*sv_sizes(w)[:-1], sv_sizes(w)[-1] + 1]), lambda w, o: (f"rank {SRC}: expected sum(sizes) == {sum(sv_sizes(w))}", f"got sum(sizes) = {sum(sv_sizes(w)) + 1}"), all_ranks=True,
+        lambda r, w: _sv(r, w, sizes=[*blocks(w)[:-1], blocks(w)[-1] + 1]), lambda w, o: (f"rank {SRC}: expected sum(sizes) == {sum(blocks(w))}", f"got sum(sizes) = {sum(blocks(w)) + 1}"), all_ranks=True,
         blamed=lambda w, o: (SRC,)),
     Misuse("sv-sizes-float-tensor", "sizes is a float tensor on one rank", vargather.SizesTypeError,
-        lambda r, w: _sv(r, w, sizes=SizesTensor(tuple(sv_sizes(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "float32")),
+        lambda r, w: _sv(r, w, sizes=SizesTensor(tuple(blocks(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "float32")),
     Misuse("sv-dtype-differs", "one rank passes int32 where the others pass float32", vargather.DTypeMismatchError,
         lambda r, w: _sv(r, w, dtype="int32"), lambda w, o: ("dtype differs", "torch.float32", "torch.int32", f"[{o}]")),
     Misuse("sv-ndim-differs", "one rank passes a tensor with one more dimension", vargather.ShapeMismatchError,
@@ -182,11 +177,11 @@ MISUSES: Final = misuses(
     Misuse("sv-trailing-dim-differs", "a dimension other than dim differs on one rank", vargather.ShapeMismatchError,
         lambda r, w: _sv(r, w, trail=(3,)), lambda w, o: ("shape outside the split dimension differs", "(2,)", "(3,)", f"[{o}]")),
     Misuse("sv-dim-differs", "one rank cuts along dim 1 of its transposed tensor (valid locally)", vargather.ArgumentMismatchError,
-        lambda r, w: call("scatter_v", TensorSpec((2, sum(sv_sizes(w)) if r == SRC else 0)), sv_sizes(w), SRC, 1), lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]")),
+        lambda r, w: call("scatter_v", TensorSpec((2, sum(blocks(w)) if r == SRC else 0)), blocks(w), SRC, 1), lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]")),
     Misuse("sv-requires-grad-differs", "one rank needs a gradient and its peers do not", vargather.RequiresGradMismatchError,
         lambda r, w: _sv(r, w, dtype="float64", requires_grad=True), lambda w, o: ("requires_grad", "True", "False", f"[{o}]"), good=lambda r, w: _sv(r, w, dtype="float64")),
     Misuse("sv-zero-dim-input", "one rank passes a 0-d tensor (nothing to cut)", vargather.SizesError,
-        lambda r, w: call("scatter_v", TensorSpec(()), sv_sizes(w), SRC, 0), lambda w, o: (f"rank {o}: expected a tensor with at least 1 dimension", "0-d")),
+        lambda r, w: call("scatter_v", TensorSpec(()), blocks(w), SRC, 0), lambda w, o: (f"rank {o}: expected a tensor with at least 1 dimension", "0-d")),
 )
 # fmt: on
 """Every misuse of scatter_v, each raised as the same error on every rank."""
