@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ..cases import DTYPE_NAMES, Implementation
 from ..family import SplitCase, draw_dims, draw_shared, draw_world, fit_passed
-from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
+from ..family_catalogue import FamilyCatalogue, large_blocks, shape_with
 
 __all__ = ["CATALOGUE", "GatherVCase", "gather_v_cases"]
 
@@ -94,18 +94,10 @@ def gather_v_cases(
     )
 
 
-@st.composite
-def _large(draw: Any, world: int) -> GatherVCase:
-    sizes = tuple(draw(st.lists(st.integers(0, LARGE_ROWS), min_size=world, max_size=world)))
-    dst, grad = draw(st.integers(0, world - 1)), draw(st.booleans())
-    seed = draw(st.integers(0, 2**16))
-    return GatherVCase(world, sizes, (LARGE_ROW,), 0, dst, requires_grad=grad, seed=seed)
-
-
 CATALOGUE: Final = FamilyCatalogue(
     GatherVCase,
     cases=gather_v_cases,
-    large=_large,
+    large=large_blocks(GatherVCase, rooted=True),
     signature="(x, dst, dim, *, sizes, group, validate, timeout)",
     sizes_name="sizes",
 )

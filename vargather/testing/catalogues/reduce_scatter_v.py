@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ..cases import DTYPE_NAMES
 from ..family import SplitCase, draw_dims, draw_shared, draw_world
-from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
+from ..family_catalogue import FamilyCatalogue, large_blocks, shape_with
 
 __all__ = ["CATALOGUE", "ReduceScatterCase", "reduce_scatter_cases"]
 
@@ -75,17 +75,10 @@ def reduce_scatter_cases(
     )
 
 
-@st.composite
-def _large(draw: Any, world: int) -> ReduceScatterCase:
-    sizes = tuple(draw(st.lists(st.integers(0, LARGE_ROWS), min_size=world, max_size=world)))
-    grad, seed = draw(st.booleans()), draw(st.integers(0, 2**16))
-    return ReduceScatterCase(world, sizes, (LARGE_ROW,), 0, requires_grad=grad, seed=seed)
-
-
 CATALOGUE: Final = FamilyCatalogue(
     ReduceScatterCase,
     cases=reduce_scatter_cases,
-    large=_large,
+    large=large_blocks(ReduceScatterCase),
     signature="(x, sizes, dim, *, group, validate, timeout)",
     sizes_name="sizes",
     sizes_required=True,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ..cases import DTYPE_NAMES
 from ..family import SplitCase, draw_dims, draw_shared, draw_world
-from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
+from ..family_catalogue import FamilyCatalogue, large_blocks, shape_with
 
 __all__ = ["CATALOGUE", "ScatterVCase", "scatter_v_cases"]
 
@@ -85,18 +85,10 @@ def scatter_v_cases(
     )
 
 
-@st.composite
-def _large(draw: Any, world: int) -> ScatterVCase:
-    sizes = tuple(draw(st.lists(st.integers(0, LARGE_ROWS), min_size=world, max_size=world)))
-    src, grad = draw(st.integers(0, world - 1)), draw(st.booleans())
-    seed = draw(st.integers(0, 2**16))
-    return ScatterVCase(world, sizes, (LARGE_ROW,), 0, src, requires_grad=grad, seed=seed)
-
-
 CATALOGUE: Final = FamilyCatalogue(
     ScatterVCase,
     cases=scatter_v_cases,
-    large=_large,
+    large=large_blocks(ScatterVCase, rooted=True),
     signature="(x, sizes, src, dim, *, group, validate, timeout)",
     sizes_name="sizes",
     sizes_required=True,
