@@ -37,6 +37,7 @@ from .cases import Implementation, is_differentiable, make_values, torch_dtype
 from .collectives import FAMILY
 from .judge import Failure, without_addresses
 from .pool import RankContext, RankPool
+from .rank_runner import Alone
 from .runner import load_callable
 from .values import _lay_out
 
@@ -344,16 +345,6 @@ def emulation(backend: str | None) -> None:
         from .emulate import activate
 
         activate(backend)
-
-
-class Alone:
-    """The rank context of an uninitialized case: rank 0 of one, in this process."""
-
-    rank = 0
-    world_size = 1
-
-    def subgroup(self, ranks: Sequence[int]) -> object:
-        raise RuntimeError("no subgroups without torch.distributed")
 
 
 def run_case(ctx: RankContext | Alone, case: FamilyCase) -> CallReport | None:
