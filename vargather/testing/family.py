@@ -23,8 +23,8 @@ import contextlib
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import Any, ClassVar, Final, NamedTuple
+from dataclasses import KW_ONLY, dataclass, fields, replace
+from typing import Any, ClassVar, Final, NamedTuple, TypeVar
 
 import torch
 from hypothesis import strategies as st
@@ -37,6 +37,7 @@ from .cases import Implementation, is_differentiable, make_values, torch_dtype
 from .collectives import FAMILY
 from .judge import Failure, without_addresses
 from .pool import RankContext, RankPool
+from .rank_runner import Alone
 from .runner import load_callable
 from .values import _lay_out
 
@@ -49,7 +50,10 @@ __all__ = [
     "check_case",
     "check_sequence",
     "draw_group",
+    "draw_shared",
+    "draw_world",
     "expected",
+    "fit_passed",
     "inputs_of",
     "judge_case",
     "run_case",
@@ -72,17 +76,10 @@ def values(shape: Sequence[int], dtype: str, seed: int, special: bool) -> torch.
     return make_values(tuple(shape), torch_dtype(dtype), seed, "special" if special else "integers")
 
 
-class FamilyCase:
-    """What every family case is and shares (each collective's frozen dataclass
-    subclasses it and declares these fields after its own, so its positional fields
-    stay first): ``world_size``, ``dtype``, ``requires_grad``, ``special`` (NaN
-    payloads, -0.0, inf among the values), ``seed``, ``group`` (the world's ranks
-    forming the group), ``validate``, ``memory`` (``x``'s layout: ``contiguous``,
-    ``transposed`` or ``sliced``), ``initialized`` (``False``: one rank in the calling
-    process, torch.distributed not initialized), ``impl``, ``call`` (a ``--call``
-    template) and ``emulate`` (``"nccl"``: the ranks' torch.distributed behaves as
-    NCCL). A subclass says how its call is made and what the oracle needs, and sets
-    the class attributes below unannotated (so they are not dataclass fields)."""
+class _Declared:
+    """What each case class declares itself: its ``dtype`` (a field after its own
+    positional ones: callers pass it positionally) and the class attributes below
+    (set unannotated, so they are not dataclass fields)."""
 
     collective: ClassVar[str]
     NAMES: ClassVar[tuple[str, ...]]
@@ -93,20 +90,43 @@ class FamilyCase:
     reduced_forward: ClassVar[bool] = False
     """The forward is a reduction: a NaN's payload may differ (``Failure.nan_payload``)."""
 
-    world_size: int
     dtype: str
-    requires_grad: bool
-    special: bool
-    seed: int
-    group: tuple[int, ...] | None
-    validate: bool
-    memory: str
-    initialized: bool
-    impl: str
-    call: str | None
-    emulate: str | None
-    compile_backend: str | None
-    """One of ``COMPILE_BACKENDS``: the call inside a compiled step (``compiled``)."""
+
+
+@dataclass(frozen=True, repr=False)
+class FamilyCase(_Declared):
+    """What every family case is and shares: ``world_size`` (positional, first),
+    ``dtype`` (declared by each case after its own positional fields) and these
+    keyword-only fields: ``requires_grad``, ``special`` (NaN payloads, -0.0, inf among
+    the values), ``seed``, ``group`` (the world's ranks forming the group),
+    ``validate``, ``memory`` (``x``'s layout: ``contiguous``, ``transposed`` or
+    ``sliced``), ``initialized`` (``False``: one rank in the calling process,
+    torch.distributed not initialized), ``impl``, ``call`` (a ``--call`` template),
+    ``emulate`` (``"nccl"``: the ranks' torch.distributed behaves as NCCL) and
+    ``compile_backend`` (one of ``COMPILE_BACKENDS``: the call inside a compiled step,
+    ``compiled``). A subclass, a ``@dataclass(frozen=True, repr=False)``, says how its
+    call is made and what the oracle needs, and sets ``_Declared``'s class attributes."""
+
+    world_size: int
+    _: KW_ONLY
+    requires_grad: bool = True
+    special: bool = False
+    seed: int = 0
+    group: tuple[int, ...] | None = None
+    validate: bool = True
+    memory: str = "contiguous"
+    initialized: bool = True
+    impl: str = "vargather"
+    call: str | None = None
+    emulate: str | None = None
+    compile_backend: str | None = None
+
+    def __repr__(self) -> str:
+        """Python that ``repro`` parses back: the case's own fields first."""
+        shared = [f.name for f in fields(FamilyCase)][1:]
+        names = [f.name for f in fields(self) if f.name not in shared] + shared
+        listed = ", ".join(f"{name}={getattr(self, name)!r}" for name in names)
+        return f"{type(self).__qualname__}({listed})"
 
     # -- what a collective's case says
 
@@ -152,7 +172,7 @@ class FamilyCase:
         """The case as a compiled step runs it: integer values (``x * 1`` exact on every
         backend) and every size passed as ints (an unknown one takes the eager path
         behind a graph break, which ``fullgraph=True`` refuses)."""
-        return replace(self, special=False)  # type: ignore[type-var]  # a dataclass subclass
+        return replace(self, special=False)
 
     def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> Any:
         """The case within ``target``'s scope, as far as the collective's own arguments
@@ -202,7 +222,7 @@ class SplitCase(FamilyCase):
         """The case along ``dim``, with trailing dims of 2 added where it has too few."""
         need = dim + 1 if dim >= 0 else -dim
         other = self.other + (2,) * max(0, need - len(self.other) - 1)
-        return replace(self, other=other, dim=dim, **more)  # type: ignore[type-var]  # a dataclass subclass
+        return replace(self, other=other, dim=dim, **more)  # type: ignore[call-arg]  # fields of each subclass
 
     def nonzero_dim(self) -> Any:
         """The case along a dim other than 0 (the last or the second, by its seed)."""
@@ -213,6 +233,7 @@ class SplitCase(FamilyCase):
 
 Case = FamilyCase
 """Any family case (its old name)."""
+C = TypeVar("C", bound=FamilyCase)
 
 
 def inputs_of(case: FamilyCase) -> list[torch.Tensor]:
@@ -234,6 +255,42 @@ def draw_group(draw: Any, world: int, subgroups: bool) -> tuple[int, ...] | None
 def draw_dims(draw: Any, most: int) -> tuple[int, ...]:
     """The dims besides the one split or joined along: up to two, each up to ``most``."""
     return tuple(draw(st.lists(st.integers(0, most), max_size=2)))
+
+
+def draw_world(
+    draw: Any, world_sizes: Sequence[int], subgroups: bool
+) -> tuple[int, tuple[int, ...] | None, int]:
+    """A drawn world size, its subgroup (``draw_group``) and the group's size."""
+    world = draw(st.sampled_from(list(world_sizes)))
+    group = draw_group(draw, world, subgroups)
+    return world, group, len(group) if group is not None else world
+
+
+def draw_shared(
+    draw: Any, dtypes: Sequence[str], world: int, group: tuple[int, ...] | None
+) -> dict[str, Any]:
+    """A drawn case's shared fields on ``world`` ranks (``group`` among them): its
+    ``dtype``, ``requires_grad``, ``special`` and values ``seed`` drawn, in this order."""
+    return {
+        "world_size": world,
+        "group": group,
+        "dtype": draw(st.sampled_from(list(dtypes))),
+        "requires_grad": draw(st.booleans()),
+        "special": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+def fit_passed(
+    case: C, target: Implementation, passes: Callable[[str], bool], name: str, flag: str, **off: Any
+) -> C:
+    """``case`` with its ``flag`` (its call passes the optional ``name``) as ``target``
+    takes it: off (and ``off``'s fields set) where the target's call does not pass
+    ``name`` or its sizes scope is ``never``; on where it is ``required`` or ``list``."""
+    on: dict[str, Any] = {flag: True}
+    if not passes(name) or target.sizes_scope == "never":
+        return replace(case, **{**off, flag: False})
+    return replace(case, **on) if target.sizes_scope in ("required", "list") else case
 
 
 # --- the rank runner ---------------------------------------------------------------------
@@ -288,16 +345,6 @@ def emulation(backend: str | None) -> None:
         from .emulate import activate
 
         activate(backend)
-
-
-class Alone:
-    """The rank context of an uninitialized case: rank 0 of one, in this process."""
-
-    rank = 0
-    world_size = 1
-
-    def subgroup(self, ranks: Sequence[int]) -> object:
-        raise RuntimeError("no subgroups without torch.distributed")
 
 
 def run_case(ctx: RankContext | Alone, case: FamilyCase) -> CallReport | None:

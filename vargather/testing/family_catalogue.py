@@ -82,6 +82,23 @@ def shape_with(other: tuple[int, ...], dim: int, n: int) -> tuple[int, ...]:
     return (*other[:d], n, *other[d:])
 
 
+def large_blocks(
+    case_type: Callable[..., Any], rooted: bool = False
+) -> Callable[[int], SearchStrategy[Any]]:
+    """The payload-scale case on a world of a collective of blocks along dim 0 of
+    ``LARGE_ROW``-long rows (``case_type(world, sizes, other, dim[, root])``): each
+    block up to ``LARGE_ROWS`` rows, its root (``rooted``), grad and seed drawn."""
+
+    @st.composite
+    def large(draw: Any, world: int) -> Any:
+        sizes = tuple(draw(st.lists(st.integers(0, LARGE_ROWS), min_size=world, max_size=world)))
+        root = (draw(st.integers(0, world - 1)),) if rooted else ()
+        grad, seed = draw(st.booleans()), draw(st.integers(0, 2**16))
+        return case_type(world, sizes, (LARGE_ROW,), 0, *root, requires_grad=grad, seed=seed)
+
+    return large
+
+
 def _nonzero_dim(case: SplitCase) -> Any:
     return case.nonzero_dim()
 

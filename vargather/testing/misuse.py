@@ -325,6 +325,11 @@ def tie(w: int, o: int) -> tuple[int, ...]:
     return (0, 1) if w == 2 else (o,)
 
 
+def blocks(w: int) -> list[int]:
+    """The base block sizes of ``w`` ranks' calls: 2, 0, 3, 1 rows (one empty)."""
+    return [(2, 0, 3, 1)[r] for r in range(w)]
+
+
 ABSENT_TIMEOUT: Final = 2.0
 """The ``absent`` entry's per-call timeout: what the peers wait for the absent rank."""
 
@@ -597,6 +602,7 @@ __all__ = [
     "Scenario",
     "SizesTensor",
     "TensorSpec",
+    "blocks",
     "build_x",
     "call",
     "check_gather_misuse",

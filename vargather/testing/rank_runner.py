@@ -38,6 +38,7 @@ from .compiled import patient_default_group
 from .judge import output_mismatch
 
 __all__ = [
+    "Alone",
     "RankContextLike",
     "implementation_traceback",
     "rank_preflight",
@@ -66,8 +67,9 @@ class RankContextLike(Protocol):
     def subgroup(self, ranks: Sequence[int]) -> object: ...
 
 
-class _LocalContext:
-    """The context ``run_on_rank`` gets in-process (torch.distributed not initialized)."""
+class Alone:
+    """The rank context in this process, torch.distributed not initialized (an
+    uninitialized case, ``run_on_rank`` in-process): rank 0 of one, no subgroups."""
 
     rank = 0
     world_size = 1

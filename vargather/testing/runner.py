@@ -57,9 +57,9 @@ from .pool import (
 )
 from .rank_runner import (
     _POISONED,
+    Alone,
     RankContextLike,
     _check_coalesced,
-    _LocalContext,
     rank_preflight,
     run_coalesced_on_rank,
     run_on_rank,
@@ -363,7 +363,7 @@ def _run_in_process(case: GatherCase, impl: Implementation) -> Verdict:
             "is not initialized, but this one has initialized it"
         )
     token = next(_TOKENS)
-    report = run_on_rank(_LocalContext(), (impl, case, token))
+    report = run_on_rank(Alone(), (impl, case, token))
     _POISONED.clear()
     return _verdict(case, impl, [report])
 

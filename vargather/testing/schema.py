@@ -27,6 +27,7 @@ __all__ = [
     "CONFIG",
     "OPTIONS",
     "PLUGIN",
+    "AnyOptionError",
     "Option",
     "OptionValueError",
     "by_name",
@@ -39,11 +40,12 @@ PLUGIN: Final = "plugin"
 EVERYWHERE: Final = frozenset({CLI, CONFIG, PLUGIN})
 
 
-class OptionValueError(ValueError):
-    """A bad value for one option. ``option`` is the option's name (``max-examples``);
-    ``detail`` the rest of the message (``must be a positive integer, got 0``, or
-    ``: expected ...``). ``str()`` names the option; each surface re-spells it
-    (``spelled("--max-examples")``, ``spelled("--vargather-max-examples")``)."""
+class AnyOptionError(Exception):
+    """An error about one option (``OptionValueError``, ``usage_errors.OptionError``).
+    ``option`` is the option's name (``max-examples``); ``detail`` the rest of the
+    message (``must be a positive integer, got 0``, or ``: expected ...``). ``str()``
+    names the option; each surface re-spells it (``spelled("--max-examples")``,
+    ``spelled("--vargather-max-examples")``)."""
 
     def __init__(self, option: str, detail: str) -> None:
         self.option = option
@@ -54,6 +56,10 @@ class OptionValueError(ValueError):
         """The message with the option spelled as a surface spells it."""
         joiner = "" if self.detail.startswith((":", ",")) else " "
         return f"{spelling}{joiner}{self.detail}"
+
+
+class OptionValueError(AnyOptionError, ValueError):
+    """A bad value for one option (an ``AnyOptionError``)."""
 
 
 _UNITS: Final = {"": 1, "b": 1, "kib": 1 << 10, "kb": 1000, "mib": 1 << 20, "mb": 1000**2}

@@ -21,18 +21,9 @@ class CheckUsageError(VarGatherError, ValueError):
     prints it and exits with status 2; the pytest plugin stops the session."""
 
 
-class OptionError(CheckUsageError):
+class OptionError(schema.AnyOptionError, CheckUsageError):
     """A bad value of one option: ``option`` is its name, ``detail`` the rest of the
     message; ``spelled(spelling)`` is the message as a surface spells the option."""
-
-    def __init__(self, option: str, detail: str) -> None:
-        self.option = option
-        self.detail = detail
-        super().__init__(self.spelled(option))
-
-    def spelled(self, spelling: str) -> str:
-        joiner = "" if self.detail.startswith((":", ",")) else " "
-        return f"{spelling}{joiner}{self.detail}"
 
     @classmethod
     def of(cls, err: schema.OptionValueError) -> OptionError:

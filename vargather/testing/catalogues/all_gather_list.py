@@ -8,19 +8,19 @@ engine, which runs its rows as any collective's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any, ClassVar, Final
 
 from hypothesis import strategies as st
 
 from ..cases import DTYPE_NAMES, Implementation
-from ..family import FamilyCase, draw_group
+from ..family import FamilyCase, draw_world, fit_passed
 from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue
 
 __all__ = ["CATALOGUE", "GatherListCase", "gather_list_cases"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class GatherListCase(FamilyCase):
     """``all_gather_list(x_r, grad=grad)`` with ``x_r`` of shape ``shapes[r]``."""
 
@@ -29,22 +29,11 @@ class GatherListCase(FamilyCase):
     shared_output = True
     has_dim: ClassVar[bool] = False
 
-    world_size: int
     shapes: tuple[tuple[int, ...], ...]
     dtype: str = "float32"
+    _: KW_ONLY
     grad: str = "sum"
-    requires_grad: bool = True
-    special: bool = False
-    seed: int = 0
-    group: tuple[int, ...] | None = None
     pass_shapes: bool = False
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None
-    memory: str = "contiguous"
-    initialized: bool = True
-    compile_backend: str | None = None
 
     @property
     def reduced_gradient(self) -> bool:
@@ -87,12 +76,8 @@ class GatherListCase(FamilyCase):
 
     def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> GatherListCase:
         grad = self.grad if self.grad in target.contracts else target.contracts[0]
-        case = replace(self, grad=grad)
-        if not passes("shapes") or target.sizes_scope == "never":
-            return replace(case, pass_shapes=False, validate=True)
-        if target.sizes_scope in ("required", "list"):  # every rank's shape always passed
-            return replace(case, pass_shapes=True)
-        return case
+        case = replace(self, grad=grad)  # unpassed shapes: validated
+        return fit_passed(case, target, passes, "shapes", "pass_shapes", validate=True)
 
 
 @st.composite
@@ -104,9 +89,7 @@ def gather_list_cases(
     most: int = 4,
 ) -> GatherListCase:
     """``GatherListCase``s: shapes differing in every dim (empties too), contracts."""
-    world = draw(st.sampled_from(list(world_sizes)))
-    group = draw_group(draw, world, subgroups)
-    w = len(group) if group is not None else world
+    world, group, w = draw_world(draw, world_sizes, subgroups)
     ndim = draw(st.integers(1, 3))
     shape = st.lists(st.integers(0, most), min_size=ndim, max_size=ndim).map(tuple)
     pass_shapes = draw(st.booleans())

@@ -8,13 +8,13 @@ engine, which runs its rows as any collective's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any, Final
 
 from hypothesis import strategies as st
 
 from ..cases import DTYPE_NAMES, Implementation
-from ..family import SplitCase, draw_dims, draw_group
+from ..family import SplitCase, draw_dims, draw_shared, draw_world, fit_passed
 from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AllToAllCase(SplitCase):
     """``all_to_all_v(x_j, send[j], dim, cat_dim=cat_dim)`` on group rank ``j``.
 
@@ -47,25 +47,14 @@ class AllToAllCase(SplitCase):
         "out",
     )
 
-    world_size: int
     send: tuple[tuple[int, ...], ...]
     other: tuple[int, ...]
     dim: int
     dtype: str = "float32"
-    requires_grad: bool = True
-    special: bool = False
-    seed: int = 0
-    group: tuple[int, ...] | None = None
+    _: KW_ONLY
     pass_recv: bool = False
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None
     cat_dim: int | None = None
     cat: tuple[int, ...] | None = None
-    memory: str = "contiguous"
-    initialized: bool = True
-    compile_backend: str | None = None
 
     def input_shapes(self) -> list[tuple[int, ...]]:
         return a2a_shapes(self)[0]
@@ -108,11 +97,7 @@ class AllToAllCase(SplitCase):
         case = self
         if not passes("cat_dim"):
             case = replace(case, cat_dim=None, cat=None)
-        if not passes("recv_sizes") or target.sizes_scope == "never":
-            return replace(case, pass_recv=False)
-        if target.sizes_scope in ("required", "list"):  # the receive sizes always passed
-            return replace(case, pass_recv=True)
-        return case
+        return fit_passed(case, target, passes, "recv_sizes", "pass_recv")
 
 
 def joined_along(case: AllToAllCase) -> int | None:
@@ -160,9 +145,7 @@ def all_to_all_cases(
     with ``joined``, a ``cat_dim`` now and then: another dim (uneven sizes along both:
     a constant-column send matrix and each rank's own size along ``cat_dim``, the
     sequence-parallel switch), or ``dim`` itself passed."""
-    world = draw(st.sampled_from(list(world_sizes)))
-    group = draw_group(draw, world, subgroups)
-    w = len(group) if group is not None else world
+    world, group, w = draw_world(draw, world_sizes, subgroups)
     other = draw_dims(draw, most)
     n = len(other) + 1
     dim = draw(st.integers(-n, n - 1))
@@ -177,17 +160,12 @@ def all_to_all_cases(
             send = tuple(column for _ in range(w))
             cat = draw(row)
     return AllToAllCase(
-        world_size=world,
         send=send,
         other=other,
         dim=dim,
         cat_dim=cat_dim,
         cat=cat,
-        dtype=draw(st.sampled_from(list(dtypes))),
-        requires_grad=draw(st.booleans()),
-        special=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
-        group=group,
+        **draw_shared(draw, dtypes, world, group),
         pass_recv=draw(st.booleans()),
         validate=draw(st.booleans()),
     )
@@ -250,7 +228,7 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, TensorSpec, call, misuses, tie  # noqa: E402
+from ..misuse import Call, Misuse, TensorSpec, blocks, call, misuses, tie  # noqa: E402
 
 
 def a2a_send(w: int, r: int) -> list[int]:
@@ -324,7 +302,7 @@ MISUSES: Final = misuses(
     Misuse("a2a-cat-blocks", "joined along cat_dim=1, one rank sends rank 0 two rows where its peers send one", vargather.SizesMismatchError,
         lambda r, w: _joined(r, w, [2] + [1] * (w - 2) + [0]), lambda w, o: (f"[{o}]",), good=_joined, blamed=tie),
     Misuse("mixed-rs-beside-a2a", "one rank calls reduce_scatter_v while its peers call all_to_all_v", vargather.ProtocolMismatchError,
-        lambda r, w: call("reduce_scatter_v", TensorSpec((5, 2)), [(2, 0, 3, 1)[j] for j in range(w)]), lambda w, o: ("reduce_scatter_v / all_to_all_v: collective differs across ranks", f"'reduce_scatter_v' on rank(s) [{o}]", "'all_to_all_v'", "call the same collective on every rank"), blamed=tie),
+        lambda r, w: call("reduce_scatter_v", TensorSpec((5, 2)), blocks(w)), lambda w, o: ("reduce_scatter_v / all_to_all_v: collective differs across ranks", f"'reduce_scatter_v' on rank(s) [{o}]", "'all_to_all_v'", "call the same collective on every rank"), blamed=tie),
 )
 # fmt: on
 """Every misuse of all_to_all_v, each raised as the same error on every rank."""

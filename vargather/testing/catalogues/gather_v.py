@@ -9,19 +9,19 @@ family's engine (``family``: the case base, rank runner and judge) and its gener
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any, Final
 
 from hypothesis import strategies as st
 
 from ..cases import DTYPE_NAMES, Implementation
-from ..family import SplitCase, draw_dims, draw_group
-from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
+from ..family import SplitCase, draw_dims, draw_shared, draw_world, fit_passed
+from ..family_catalogue import FamilyCatalogue, large_blocks, shape_with
 
 __all__ = ["CATALOGUE", "GatherVCase", "gather_v_cases"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class GatherVCase(SplitCase):
     """``gather_v(x_r, dst, dim)`` on group rank ``r``, whose block is ``sizes[r]`` long
     along ``dim`` (``other``: the shape without it); ``pass_sizes``: ``sizes=`` passed
@@ -30,24 +30,13 @@ class GatherVCase(SplitCase):
     collective = "gather_v"
     NAMES = ("x", "dst", "dim", "sizes", "group")
 
-    world_size: int
     sizes: tuple[int, ...]
     other: tuple[int, ...]
     dim: int
     dst: int = 0
     dtype: str = "float32"
-    requires_grad: bool = True
-    special: bool = False
-    seed: int = 0
-    group: tuple[int, ...] | None = None
+    _: KW_ONLY
     pass_sizes: bool = False
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None
-    memory: str = "contiguous"
-    initialized: bool = True
-    compile_backend: str | None = None
 
     def input_shapes(self) -> list[tuple[int, ...]]:
         return [shape_with(self.other, self.dim, n) for n in self.sizes]
@@ -79,11 +68,7 @@ class GatherVCase(SplitCase):
         return replace(self, special=False, pass_sizes=True)
 
     def fitted(self, target: Implementation, passes: Callable[[str], bool]) -> GatherVCase:
-        if not passes("sizes") or target.sizes_scope == "never":
-            return replace(self, pass_sizes=False)
-        if target.sizes_scope in ("required", "list"):
-            return replace(self, pass_sizes=True)
-        return self
+        return fit_passed(self, target, passes, "sizes", "pass_sizes")
 
 
 @st.composite
@@ -96,38 +81,23 @@ def gather_v_cases(
 ) -> GatherVCase:
     """``GatherVCase``s: empty blocks, any ``dst``, negative dims, every dtype, subgroups,
     sizes passed or not; ``most``: the largest block and dimension (payload scale)."""
-    world = draw(st.sampled_from(list(world_sizes)))
-    group = draw_group(draw, world, subgroups)
-    w = len(group) if group is not None else world
+    world, group, w = draw_world(draw, world_sizes, subgroups)
     other = draw_dims(draw, most)
     return GatherVCase(
-        world_size=world,
         sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
         other=other,
         dim=draw(st.integers(-(len(other) + 1), len(other))),
         dst=draw(st.integers(0, w - 1)),
-        dtype=draw(st.sampled_from(list(dtypes))),
-        requires_grad=draw(st.booleans()),
-        special=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
-        group=group,
+        **draw_shared(draw, dtypes, world, group),
         pass_sizes=draw(st.booleans()),
         validate=draw(st.booleans()),
     )
 
 
-@st.composite
-def _large(draw: Any, world: int) -> GatherVCase:
-    sizes = tuple(draw(st.lists(st.integers(0, LARGE_ROWS), min_size=world, max_size=world)))
-    dst, grad = draw(st.integers(0, world - 1)), draw(st.booleans())
-    seed = draw(st.integers(0, 2**16))
-    return GatherVCase(world, sizes, (LARGE_ROW,), 0, dst, requires_grad=grad, seed=seed)
-
-
 CATALOGUE: Final = FamilyCatalogue(
     GatherVCase,
     cases=gather_v_cases,
-    large=_large,
+    large=large_blocks(GatherVCase, rooted=True),
     signature="(x, dst, dim, *, sizes, group, validate, timeout)",
     sizes_name="sizes",
 )
@@ -138,15 +108,10 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, SizesTensor, TensorSpec, call, misuses, tie  # noqa: E402
+from ..misuse import Call, Misuse, SizesTensor, TensorSpec, blocks, call, misuses, tie  # noqa: E402
 
 DST: Final = 1
 """The base call's root (a group rank)."""
-
-
-def gv_sizes(w: int) -> list[int]:
-    """The base blocks: 2, 0, 3, 1 rows (one empty)."""
-    return [(2, 0, 3, 1)[r] for r in range(w)]
 
 
 def _gv(
@@ -160,14 +125,14 @@ def _gv(
     dst: object = DST,
     **kw: Any,
 ) -> Call:
-    n = gv_sizes(w)[r] if rows is None else rows
+    n = blocks(w)[r] if rows is None else rows
     return call("gather_v", TensorSpec((n, *trail), dtype, requires_grad), dst, 0, **kw)
 
 
 def _other_sizes(w: int, r: int) -> list[int]:
     """The base sizes with the next rank's block a row longer: rank ``r``'s own entry
     still fits its tensor, so only the comparison across ranks can catch it."""
-    sizes = gv_sizes(w)
+    sizes = blocks(w)
     sizes[(r + 1) % w] += 1
     return sizes
 
@@ -183,17 +148,17 @@ MISUSES: Final = misuses(
     Misuse("gv-dst-not-int", "dst is a float on one rank", vargather.ArgumentError,
         lambda r, w: _gv(r, w, dst=1.0), lambda w, o: (f"rank {o}: expected dst to be a rank in the group", "got 1.0")),
     Misuse("gv-sizes-differ", "sizes= differ across ranks", vargather.SizesMismatchError,
-        lambda r, w: _gv(r, w, sizes=_other_sizes(w, r)), lambda w, o: ("sizes differs across ranks", f"sizes={gv_sizes(w)}", f"sizes={_other_sizes(w, o)}"),
-        good=lambda r, w: _gv(r, w, sizes=gv_sizes(w)), blamed=tie),
+        lambda r, w: _gv(r, w, sizes=_other_sizes(w, r)), lambda w, o: ("sizes differs across ranks", f"sizes={blocks(w)}", f"sizes={_other_sizes(w, o)}"),
+        good=lambda r, w: _gv(r, w, sizes=blocks(w)), blamed=tie),
     Misuse("gv-sizes-wrong-length", "sizes= has one entry too many on one rank", vargather.SizesError,
-        lambda r, w: _gv(r, w, sizes=[*gv_sizes(w), 0]), lambda w, o: (f"rank {o}", f"expected len(sizes) == world size {w}, got {w + 1}"),
-        good=lambda r, w: _gv(r, w, sizes=gv_sizes(w))),
+        lambda r, w: _gv(r, w, sizes=[*blocks(w), 0]), lambda w, o: (f"rank {o}", f"expected len(sizes) == world size {w}, got {w + 1}"),
+        good=lambda r, w: _gv(r, w, sizes=blocks(w))),
     Misuse("gv-sizes-contradict-tensors", "sizes= on every rank says one rank's block is a row longer", vargather.SizesError,
-        lambda r, w: _gv(r, w, sizes=[*gv_sizes(w)[:-1], gv_sizes(w)[-1] + 1]), lambda w, o: (f"rank {w - 1}: expected sizes[{w - 1}] == {gv_sizes(w)[-1]}", f"got {gv_sizes(w)[-1] + 1}"), all_ranks=True,
+        lambda r, w: _gv(r, w, sizes=[*blocks(w)[:-1], blocks(w)[-1] + 1]), lambda w, o: (f"rank {w - 1}: expected sizes[{w - 1}] == {blocks(w)[-1]}", f"got {blocks(w)[-1] + 1}"), all_ranks=True,
         blamed=lambda w, o: (w - 1,)),
     Misuse("gv-sizes-float-tensor", "sizes= is a float tensor on one rank", vargather.SizesTypeError,
-        lambda r, w: _gv(r, w, sizes=SizesTensor(tuple(gv_sizes(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "float32"),
-        good=lambda r, w: _gv(r, w, sizes=gv_sizes(w))),
+        lambda r, w: _gv(r, w, sizes=SizesTensor(tuple(blocks(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "float32"),
+        good=lambda r, w: _gv(r, w, sizes=blocks(w))),
     Misuse("gv-dtype-differs", "one rank passes int32 where the others pass float32", vargather.DTypeMismatchError,
         lambda r, w: _gv(r, w, dtype="int32"), lambda w, o: ("dtype differs", "torch.float32", "torch.int32", f"[{o}]")),
     Misuse("gv-ndim-differs", "one rank passes a tensor with one more dimension", vargather.ShapeMismatchError,
@@ -201,7 +166,7 @@ MISUSES: Final = misuses(
     Misuse("gv-trailing-dim-differs", "a dimension other than dim differs on one rank", vargather.ShapeMismatchError,
         lambda r, w: _gv(r, w, trail=(3,)), lambda w, o: ("shape outside the split dimension differs", "(2,)", "(3,)", f"[{o}]")),
     Misuse("gv-dim-differs", "one rank joins along dim 1 of its transposed tensor (valid locally)", vargather.ArgumentMismatchError,
-        lambda r, w: call("gather_v", TensorSpec((2, gv_sizes(w)[r])), DST, 1), lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]")),
+        lambda r, w: call("gather_v", TensorSpec((2, blocks(w)[r])), DST, 1), lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]")),
     Misuse("gv-requires-grad-differs", "one rank needs a gradient and its peers do not", vargather.RequiresGradMismatchError,
         lambda r, w: _gv(r, w, dtype="float64", requires_grad=True), lambda w, o: ("requires_grad", "True", "False", f"[{o}]"), good=lambda r, w: _gv(r, w, dtype="float64")),
     Misuse("gv-zero-dim-input", "one rank passes a 0-d tensor (nothing to join)", vargather.SizesError,

@@ -13,13 +13,13 @@ from typing import Any, Final
 from hypothesis import strategies as st
 
 from ..cases import DTYPE_NAMES
-from ..family import SplitCase, draw_dims, draw_group
-from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
+from ..family import SplitCase, draw_dims, draw_shared, draw_world
+from ..family_catalogue import FamilyCatalogue, large_blocks, shape_with
 
 __all__ = ["CATALOGUE", "ReduceScatterCase", "reduce_scatter_cases"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ReduceScatterCase(SplitCase):
     """``reduce_scatter_v(x, sizes, dim)``; ``other`` is the shape without ``dim``."""
 
@@ -27,22 +27,10 @@ class ReduceScatterCase(SplitCase):
     NAMES = ("x", "sizes", "dim", "group", "out")
     reduced_forward = True
 
-    world_size: int
     sizes: tuple[int, ...]
     other: tuple[int, ...]
     dim: int
     dtype: str = "float32"
-    requires_grad: bool = True
-    special: bool = False
-    seed: int = 0
-    group: tuple[int, ...] | None = None
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None
-    memory: str = "contiguous"
-    initialized: bool = True
-    compile_backend: str | None = None
 
     def input_shapes(self) -> list[tuple[int, ...]]:
         return [shape_with(self.other, self.dim, sum(self.sizes))] * len(self.members)
@@ -76,35 +64,21 @@ def reduce_scatter_cases(
 ) -> ReduceScatterCase:
     """``ReduceScatterCase``s: empty blocks, negative dims, every dtype, subgroups;
     ``most``: the largest block and dimension (payload scale)."""
-    world = draw(st.sampled_from(list(world_sizes)))
-    group = draw_group(draw, world, subgroups)
-    w = len(group) if group is not None else world
+    world, group, w = draw_world(draw, world_sizes, subgroups)
     other = draw_dims(draw, most)
     return ReduceScatterCase(
-        world_size=world,
         sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
         other=other,
         dim=draw(st.integers(-(len(other) + 1), len(other))),
-        dtype=draw(st.sampled_from(list(dtypes))),
-        requires_grad=draw(st.booleans()),
-        special=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
-        group=group,
+        **draw_shared(draw, dtypes, world, group),
         validate=draw(st.booleans()),
     )
-
-
-@st.composite
-def _large(draw: Any, world: int) -> ReduceScatterCase:
-    sizes = tuple(draw(st.lists(st.integers(0, LARGE_ROWS), min_size=world, max_size=world)))
-    grad, seed = draw(st.booleans()), draw(st.integers(0, 2**16))
-    return ReduceScatterCase(world, sizes, (LARGE_ROW,), 0, requires_grad=grad, seed=seed)
 
 
 CATALOGUE: Final = FamilyCatalogue(
     ReduceScatterCase,
     cases=reduce_scatter_cases,
-    large=_large,
+    large=large_blocks(ReduceScatterCase),
     signature="(x, sizes, dim, *, group, validate, timeout)",
     sizes_name="sizes",
     sizes_required=True,
@@ -116,12 +90,7 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, SizesTensor, TensorSpec, call, misuses, tie  # noqa: E402
-
-
-def rs_sizes(w: int) -> list[int]:
-    """The base sizes: 2, 0, 3 (one empty block)."""
-    return [(2, 0, 3, 1)[r] for r in range(w)]
+from ..misuse import Call, Misuse, SizesTensor, TensorSpec, blocks, call, misuses, tie  # noqa: E402
 
 
 def _rs(
@@ -134,13 +103,13 @@ def _rs(
     requires_grad: bool = False,
     **kw: Any,
 ) -> Call:
-    n = sum(rs_sizes(w)) if rows is None else rows
-    sizes = kw.pop("sizes", rs_sizes(w))
+    n = sum(blocks(w)) if rows is None else rows
+    sizes = kw.pop("sizes", blocks(w))
     return call("reduce_scatter_v", TensorSpec((n, *trail), dtype, requires_grad), sizes, **kw)
 
 
 def _reversed(w: int) -> list[int]:
-    return list(reversed(rs_sizes(w)))
+    return list(reversed(blocks(w)))
 
 
 # A table, two lines an entry: name, summary, error; bad call, fragments, options.
@@ -148,31 +117,31 @@ def _reversed(w: int) -> list[int]:
 MISUSES: Final = misuses(
     _rs,
     Misuse("rs-sizes-differ", "sizes differ across ranks (each adds up to the rows of its tensor)", vargather.SizesMismatchError,
-        lambda r, w: _rs(r, w, sizes=_reversed(w)), lambda w, o: ("sizes differs across ranks", f"sizes={rs_sizes(w)}", f"sizes={_reversed(w)}", f"[{o}]"), blamed=tie),
+        lambda r, w: _rs(r, w, sizes=_reversed(w)), lambda w, o: ("sizes differs across ranks", f"sizes={blocks(w)}", f"sizes={_reversed(w)}", f"[{o}]"), blamed=tie),
     Misuse("rs-sum-mismatch", "sum(sizes) does not match x.shape[dim] on one rank (one more row)", vargather.SizesError,
-        lambda r, w: _rs(r, w, rows=sum(rs_sizes(w)) + 1), lambda w, o: (f"rank(s) [{o}]", f"rank {o}: expected sum(sizes) == {sum(rs_sizes(w)) + 1}", f"got sum(sizes) = {sum(rs_sizes(w))}")),
+        lambda r, w: _rs(r, w, rows=sum(blocks(w)) + 1), lambda w, o: (f"rank(s) [{o}]", f"rank {o}: expected sum(sizes) == {sum(blocks(w)) + 1}", f"got sum(sizes) = {sum(blocks(w))}")),
     Misuse("rs-sizes-wrong-length", "sizes has one entry too many on one rank", vargather.SizesError,
-        lambda r, w: _rs(r, w, sizes=[*rs_sizes(w), 0]), lambda w, o: (f"rank {o}: expected len(sizes) == world size {w}, got {w + 1}",)),
+        lambda r, w: _rs(r, w, sizes=[*blocks(w), 0]), lambda w, o: (f"rank {o}: expected len(sizes) == world size {w}, got {w + 1}",)),
     Misuse("rs-sizes-missing", "one rank passes sizes=None", vargather.SizesError,
         lambda r, w: _rs(r, w, sizes=None), lambda w, o: (f"rank {o}: sizes is required", "expected one block size per rank")),
     Misuse("rs-sizes-negative", "sizes holds a negative entry on one rank", vargather.SizesError,
-        lambda r, w: _rs(r, w, sizes=[-1, *rs_sizes(w)[1:-1], rs_sizes(w)[-1] + rs_sizes(w)[0] + 1]), lambda w, o: (f"rank {o}: sizes must be >= 0", "= -1")),
+        lambda r, w: _rs(r, w, sizes=[-1, *blocks(w)[1:-1], blocks(w)[-1] + blocks(w)[0] + 1]), lambda w, o: (f"rank {o}: sizes must be >= 0", "= -1")),
     Misuse("rs-sizes-float-tensor", "sizes is a float tensor on one rank", vargather.SizesTypeError,
-        lambda r, w: _rs(r, w, sizes=SizesTensor(tuple(rs_sizes(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "float32")),
+        lambda r, w: _rs(r, w, sizes=SizesTensor(tuple(blocks(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "float32")),
     Misuse("rs-dtype-differs", "one rank passes int32 where the others pass float32", vargather.DTypeMismatchError,
         lambda r, w: _rs(r, w, dtype="int32"), lambda w, o: ("dtype differs", "torch.float32", "torch.int32", f"[{o}]")),
     Misuse("rs-ndim-differs", "one rank passes a tensor with one more dimension", vargather.ShapeMismatchError,
         lambda r, w: _rs(r, w, trail=(2, 1)), lambda w, o: ("ndim differs", "2", "3", f"[{o}]")),
     Misuse("rs-trailing-dim-differs", "a dimension other than dim differs on one rank", vargather.ShapeMismatchError,
-        lambda r, w: _rs(r, w, trail=(3,)), lambda w, o: ("shape differs", f"({sum(rs_sizes(w))}, 2)", f"({sum(rs_sizes(w))}, 3)", f"[{o}]")),
+        lambda r, w: _rs(r, w, trail=(3,)), lambda w, o: ("shape differs", f"({sum(blocks(w))}, 2)", f"({sum(blocks(w))}, 3)", f"[{o}]")),
     Misuse("rs-dim-differs", "one rank scatters along dim 1 of its transposed tensor (valid locally)", vargather.ArgumentMismatchError,
-        lambda r, w: call("reduce_scatter_v", TensorSpec((2, sum(rs_sizes(w)))), rs_sizes(w), 1), lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]")),
+        lambda r, w: call("reduce_scatter_v", TensorSpec((2, sum(blocks(w)))), blocks(w), 1), lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]")),
     Misuse("rs-dim-out-of-range", "dim is out of range on one rank", vargather.DimError,
         lambda r, w: _rs(r, w, dim=2), lambda w, o: (f"rank(s) [{o}]", f"rank {o}: dim=2", "expected -2 <= dim < 2")),
     Misuse("rs-requires-grad-differs", "one rank needs a gradient and its peers do not", vargather.RequiresGradMismatchError,
         lambda r, w: _rs(r, w, dtype="float64", requires_grad=True), lambda w, o: ("requires_grad", "True", "False", f"[{o}]"), good=lambda r, w: _rs(r, w, dtype="float64")),
     Misuse("rs-zero-dim-input", "one rank passes a 0-d tensor (nothing to split)", vargather.SizesError,
-        lambda r, w: call("reduce_scatter_v", TensorSpec(()), rs_sizes(w)), lambda w, o: (f"rank {o}: expected a tensor with at least 1 dimension", "0-d")),
+        lambda r, w: call("reduce_scatter_v", TensorSpec(()), blocks(w)), lambda w, o: (f"rank {o}: expected a tensor with at least 1 dimension", "0-d")),
     Misuse("mixed-a2a-beside-rs", "one rank calls all_to_all_v while its peers call reduce_scatter_v", vargather.ProtocolMismatchError,
         lambda r, w: replace(_rs(r, w), collective="all_to_all_v"), lambda w, o: ("reduce_scatter_v / all_to_all_v: collective differs across ranks", f"'all_to_all_v' on rank(s) [{o}]", "'reduce_scatter_v'", "call the same collective on every rank"), blamed=tie),
 )

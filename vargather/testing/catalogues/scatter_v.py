@@ -14,13 +14,13 @@ from typing import Any, Final
 from hypothesis import strategies as st
 
 from ..cases import DTYPE_NAMES
-from ..family import SplitCase, draw_dims, draw_group
-from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
+from ..family import SplitCase, draw_dims, draw_shared, draw_world
+from ..family_catalogue import FamilyCatalogue, large_blocks, shape_with
 
 __all__ = ["CATALOGUE", "ScatterVCase", "scatter_v_cases"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ScatterVCase(SplitCase):
     """``scatter_v(x_r, sizes, src, dim)`` on group rank ``r``: rank ``r`` gets block
     ``r`` (``sizes[r]`` long along ``dim``; ``other``: the shape without it) of ``src``'s
@@ -29,24 +29,12 @@ class ScatterVCase(SplitCase):
     collective = "scatter_v"
     NAMES = ("x", "sizes", "src", "dim", "group")
 
-    world_size: int
     sizes: tuple[int, ...]
     other: tuple[int, ...]
     dim: int
     src: int = 0
     placeholder: int = 0
     dtype: str = "float32"
-    requires_grad: bool = True
-    special: bool = False
-    seed: int = 0
-    group: tuple[int, ...] | None = None
-    validate: bool = True
-    impl: str = "vargather"
-    call: str | None = None
-    emulate: str | None = None
-    memory: str = "contiguous"
-    initialized: bool = True
-    compile_backend: str | None = None
 
     def input_shapes(self) -> list[tuple[int, ...]]:
         total = sum(self.sizes)
@@ -84,38 +72,23 @@ def scatter_v_cases(
 ) -> ScatterVCase:
     """``ScatterVCase``s: empty blocks, any ``src`` and placeholder length, negative
     dims, every dtype, subgroups; ``most``: the largest block and dimension."""
-    world = draw(st.sampled_from(list(world_sizes)))
-    group = draw_group(draw, world, subgroups)
-    w = len(group) if group is not None else world
+    world, group, w = draw_world(draw, world_sizes, subgroups)
     other = draw_dims(draw, most)
     return ScatterVCase(
-        world_size=world,
         sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
         other=other,
         dim=draw(st.integers(-(len(other) + 1), len(other))),
         src=draw(st.integers(0, w - 1)),
         placeholder=draw(st.integers(0, 2)),
-        dtype=draw(st.sampled_from(list(dtypes))),
-        requires_grad=draw(st.booleans()),
-        special=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
-        group=group,
+        **draw_shared(draw, dtypes, world, group),
         validate=draw(st.booleans()),
     )
-
-
-@st.composite
-def _large(draw: Any, world: int) -> ScatterVCase:
-    sizes = tuple(draw(st.lists(st.integers(0, LARGE_ROWS), min_size=world, max_size=world)))
-    src, grad = draw(st.integers(0, world - 1)), draw(st.booleans())
-    seed = draw(st.integers(0, 2**16))
-    return ScatterVCase(world, sizes, (LARGE_ROW,), 0, src, requires_grad=grad, seed=seed)
 
 
 CATALOGUE: Final = FamilyCatalogue(
     ScatterVCase,
     cases=scatter_v_cases,
-    large=_large,
+    large=large_blocks(ScatterVCase, rooted=True),
     signature="(x, sizes, src, dim, *, group, validate, timeout)",
     sizes_name="sizes",
     sizes_required=True,
@@ -128,15 +101,10 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, SizesTensor, TensorSpec, call, misuses, tie  # noqa: E402
+from ..misuse import Call, Misuse, SizesTensor, TensorSpec, blocks, call, misuses, tie  # noqa: E402
 
 SRC: Final = 1
 """The base call's root (a group rank)."""
-
-
-def sv_sizes(w: int) -> list[int]:
-    """The base blocks: 2, 0, 3, 1 rows (one empty)."""
-    return [(2, 0, 3, 1)[r] for r in range(w)]
 
 
 def _sv(
@@ -151,8 +119,8 @@ def _sv(
     src: object = SRC,
     **kw: Any,
 ) -> Call:
-    n = (sum(sv_sizes(w)) if r == SRC else 0) if rows is None else rows
-    sizes = sv_sizes(w) if sizes is None else sizes
+    n = (sum(blocks(w)) if r == SRC else 0) if rows is None else rows
+    sizes = blocks(w) if sizes is None else sizes
     return call("scatter_v", TensorSpec((n, *trail), dtype, requires_grad), sizes, src, 0, **kw)
 
 
@@ -164,12 +132,12 @@ def _alt(w: int) -> int:
 def _rows_as_src(r: int, w: int) -> int:
     """Rank ``r``'s rows when it names ``_alt`` the root: a full tensor where it is
     either root in its own eyes (so only the comparison across ranks can catch it)."""
-    return sum(sv_sizes(w)) if r in (SRC, _alt(w)) else 0
+    return sum(blocks(w)) if r in (SRC, _alt(w)) else 0
 
 
 def _other_sizes(w: int) -> list[int]:
     """The base sizes with a row moved from the first block to the last (the same sum)."""
-    sizes = sv_sizes(w)
+    sizes = blocks(w)
     sizes[0] -= 1
     sizes[-1] += 1
     return sizes
@@ -186,14 +154,14 @@ MISUSES: Final = misuses(
     Misuse("sv-src-not-int", "src is a float on one rank", vargather.ArgumentError,
         lambda r, w: _sv(r, w, src=1.0), lambda w, o: (f"rank {o}: expected src to be a rank in the group", "got 1.0")),
     Misuse("sv-sizes-differ", "sizes differ across ranks (the same sum)", vargather.SizesMismatchError,
-        lambda r, w: _sv(r, w, sizes=_other_sizes(w)), lambda w, o: ("sizes differs across ranks", f"sizes={sv_sizes(w)}", f"sizes={_other_sizes(w)}"), blamed=tie),
+        lambda r, w: _sv(r, w, sizes=_other_sizes(w)), lambda w, o: ("sizes differs across ranks", f"sizes={blocks(w)}", f"sizes={_other_sizes(w)}"), blamed=tie),
     Misuse("sv-sizes-wrong-length", "sizes has one entry too many on one rank", vargather.SizesError,
-        lambda r, w: _sv(r, w, sizes=[*sv_sizes(w), 0]), lambda w, o: (f"rank {o}", f"expected len(sizes) == world size {w}, got {w + 1}")),
+        lambda r, w: _sv(r, w, sizes=[*blocks(w), 0]), lambda w, o: (f"rank {o}", f"expected len(sizes) == world size {w}, got {w + 1}")),
     Misuse("sv-sum-mismatch", "sizes on every rank add up to one row more than src's tensor", vargather.SizesError,
-        lambda r, w: _sv(r, w, sizes=[*sv_sizes(w)[:-1], sv_sizes(w)[-1] + 1]), lambda w, o: (f"rank {SRC}: expected sum(sizes) == {sum(sv_sizes(w))}", f"got sum(sizes) = {sum(sv_sizes(w)) + 1}"), all_ranks=True,
+        lambda r, w: _sv(r, w, sizes=[*blocks(w)[:-1], blocks(w)[-1] + 1]), lambda w, o: (f"rank {SRC}: expected sum(sizes) == {sum(blocks(w))}", f"got sum(sizes) = {sum(blocks(w)) + 1}"), all_ranks=True,
         blamed=lambda w, o: (SRC,)),
     Misuse("sv-sizes-float-tensor", "sizes is a float tensor on one rank", vargather.SizesTypeError,
-        lambda r, w: _sv(r, w, sizes=SizesTensor(tuple(sv_sizes(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "float32")),
+        lambda r, w: _sv(r, w, sizes=SizesTensor(tuple(blocks(w)), "float32")), lambda w, o: (f"rank {o}: sizes must hold integers", "float32")),
     Misuse("sv-dtype-differs", "one rank passes int32 where the others pass float32", vargather.DTypeMismatchError,
         lambda r, w: _sv(r, w, dtype="int32"), lambda w, o: ("dtype differs", "torch.float32", "torch.int32", f"[{o}]")),
     Misuse("sv-ndim-differs", "one rank passes a tensor with one more dimension", vargather.ShapeMismatchError,
@@ -201,11 +169,11 @@ MISUSES: Final = misuses(
     Misuse("sv-trailing-dim-differs", "a dimension other than dim differs on one rank", vargather.ShapeMismatchError,
         lambda r, w: _sv(r, w, trail=(3,)), lambda w, o: ("shape outside the split dimension differs", "(2,)", "(3,)", f"[{o}]")),
     Misuse("sv-dim-differs", "one rank cuts along dim 1 of its transposed tensor (valid locally)", vargather.ArgumentMismatchError,
-        lambda r, w: call("scatter_v", TensorSpec((2, sum(sv_sizes(w)) if r == SRC else 0)), sv_sizes(w), SRC, 1), lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]")),
+        lambda r, w: call("scatter_v", TensorSpec((2, sum(blocks(w)) if r == SRC else 0)), blocks(w), SRC, 1), lambda w, o: ("dimension (dim, normalized) differs", "0", "1", f"[{o}]")),
     Misuse("sv-requires-grad-differs", "one rank needs a gradient and its peers do not", vargather.RequiresGradMismatchError,
         lambda r, w: _sv(r, w, dtype="float64", requires_grad=True), lambda w, o: ("requires_grad", "True", "False", f"[{o}]"), good=lambda r, w: _sv(r, w, dtype="float64")),
     Misuse("sv-zero-dim-input", "one rank passes a 0-d tensor (nothing to cut)", vargather.SizesError,
-        lambda r, w: call("scatter_v", TensorSpec(()), sv_sizes(w), SRC, 0), lambda w, o: (f"rank {o}: expected a tensor with at least 1 dimension", "0-d")),
+        lambda r, w: call("scatter_v", TensorSpec(()), blocks(w), SRC, 0), lambda w, o: (f"rank {o}: expected a tensor with at least 1 dimension", "0-d")),
 )
 # fmt: on
 """Every misuse of scatter_v, each raised as the same error on every rank."""
