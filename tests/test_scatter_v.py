@@ -18,7 +18,6 @@ from vargather.testing.catalogues.scatter_v import ScatterVCase
 from vargather.testing.family import check_case, check_sequence
 
 from . import _rooted_fns as fns
-from ._compile_fns import warm_backend
 
 pytestmark = pytest.mark.multirank
 
@@ -75,32 +74,3 @@ def test_one_process_world() -> None:
         vargather.scatter_v(x, [2], 0)
     with pytest.raises(vargather.ArgumentError, match="rank in the group"):
         vargather.scatter_v(x, [3], -1)
-
-
-@pytest.mark.parametrize(
-    ("backend", "sizes"), [("eager", (2, 0, 3)), ("aot_eager", (0, 3, 1)), ("inductor", (0, 3))]
-)
-def test_compiled_fullgraph_bit_for_bit(backend: str, sizes: tuple[int, ...]) -> None:
-    """Sizes as ints: the operators trace with fullgraph=True (no graph break) on every
-    backend, through the kit's compiled path, and give the oracle's output and input
-    gradient, two calls in a row (the gate's ``compiled`` row, on fixed cases)."""
-    pool = get_pool(len(sizes))
-    pool.run(warm_backend, backend)
-    case = ScatterVCase(
-        len(sizes), sizes, (2,), -1, len(sizes) - 1, dtype="float64", compile_backend=backend
-    )
-    case = case.compilable()
-    assert check_sequence(pool, [case, replace(case, seed=1)]) == []
-
-
-def test_validation_runs_inside_the_compiled_operator() -> None:
-    """A lie about sizes on the last rank, compiled with fullgraph (validate=True): the
-    operator's round refuses it on every rank with the eager error, word for word."""
-    results = get_pool(3).run(fns.compiled_lie, "scatter_v")
-    eager = results[0][0]
-    assert eager[0] == "SizesMismatchError", eager
-    assert eager[2] == (2,), eager
-    assert eager[1].startswith("scatter_v"), eager
-    for rank, (e, c) in enumerate(results):
-        assert e == eager, f"rank {rank}: eager raised {e}"
-        assert c == eager, f"rank {rank}: compiled raised {c}, eager {eager}"
