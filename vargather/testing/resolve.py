@@ -86,7 +86,7 @@ class Scope:
     notes: tuple[str, ...] = ()
 
 
-class Declared(Protocol):
+class DeclaredScope(Protocol):
     """The declared scope a call template is checked against: what ``CheckOptions``
     holds of it (``options`` imports this module, so the type is structural)."""
 
@@ -104,7 +104,7 @@ class Declared(Protocol):
     def transports(self) -> str: ...
 
 
-class _Declared(NamedTuple):
+class _DefaultScope(NamedTuple):
     """The declared scope when no options are given: nothing declared but sizes, grad."""
 
     sizes: str = "any"
@@ -115,7 +115,7 @@ class _Declared(NamedTuple):
     transports: str = "auto"
 
 
-def call_scope(template: CallTemplate, options: Declared) -> Scope:
+def call_scope(template: CallTemplate, options: DeclaredScope) -> Scope:
     """What ``template`` leaves out is out of scope (never drawn); a declared scope
     that asks for what the template cannot pass is an ``OptionError``.
 
@@ -451,7 +451,7 @@ def resolve_impl(
     against the callable here, and the scope it leaves out derived (``call_scope``,
     from ``options``: the declared scope).
     """
-    declared: Declared = options or _Declared(sizes=sizes, grad=grad)
+    declared: DeclaredScope = options or _DefaultScope(sizes=sizes, grad=grad)
     if call is not None:
         return _resolve_call(ref, call, cwd, declared)
     usable, refused = gloo_transports()
@@ -531,7 +531,7 @@ def resolve_options_impl(options: CheckOptions, cwd: str | None) -> ImplInfo:
     )
 
 
-def _resolve_call(ref: str | None, call: str, cwd: str | None, options: Declared) -> ImplInfo:
+def _resolve_call(ref: str | None, call: str, cwd: str | None, options: DeclaredScope) -> ImplInfo:
     """``resolve_impl`` for a call template."""
     if ref is None:
         raise OptionError("call", "needs --impl (vargather's own API is called as documented)")
