@@ -7,7 +7,7 @@ A collective's module turns this rank's call into a ``FamilyCall`` (``check_tens
 its own checks, its extra row words: ``sizes_words``); the round carries it as a row
 (``_wire.encode_row``) and hands every rank's back as ``Row``s (``decode_rows``, after
 ``check_same_collective``), which the collective validates with the helpers here
-(``raise_local``, ``common_checks``, ``agree``): the same error on every rank, or the
+(``raise_local``, from ``_exchange``; ``common_checks``, ``agree``): the same error on every rank, or the
 same verdict. ``call_key`` is a steady call's key.
 """
 
@@ -34,7 +34,7 @@ from ._errors import (
     SizesError,
     VarGatherError,
 )
-from ._exchange import _disagreement, check_same_collective
+from ._exchange import _disagreement, check_same_collective, raise_local
 from ._wire import ROW_MAGIC, decode_row, row_mark
 
 __all__ = [
@@ -274,17 +274,6 @@ def call_key(x: object, *args: object) -> tuple[object, ...] | None:
 
 
 Check = tuple[type[VarGatherError], str, list[object], Callable[[object], str]]
-
-
-def raise_local(name: str, records: Sequence[CallRecord]) -> None:
-    """Every rank's local problems, raised on every rank (the first one's class)."""
-    bad = [(r, rec.problem) for r, rec in enumerate(records) if rec.problem is not None]
-    if bad:
-        details = "; ".join(f"rank {r}: {problem.message}" for r, problem in bad)
-        raise bad[0][1].error(
-            f"{name}: invalid arguments on rank(s) {[r for r, _ in bad]}: {details}",
-            ranks=[r for r, _ in bad],
-        )
 
 
 def agree(name: str, checks: Sequence[Check]) -> None:
