@@ -21,10 +21,9 @@ from typing import Generic, TypeVar
 import torch
 
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
-from ._choices import CONTRACTS, DEVICE_TYPES
+from ._choices import CONTRACTS
 from ._collectives import COLLECTIVES, CollectiveName, by_code
 from ._comm import GroupInfo
-from ._dtypes import dtype_from_code
 from ._errors import (
     ArgumentMismatchError,
     DTypeMismatchError,
@@ -34,7 +33,14 @@ from ._errors import (
     SizesError,
     VarGatherError,
 )
-from ._exchange import _disagreement, check_same_collective, raise_local
+from ._exchange import (
+    _device_of,
+    _disagreement,
+    _dtype_of,
+    _name_in,
+    check_same_collective,
+    raise_local,
+)
 from ._wire import ROW_MAGIC, decode_row, row_mark
 
 __all__ = [
@@ -285,17 +291,6 @@ def agree(name: str, checks: Sequence[Check]) -> None:
             raise error(f"{name}: {message}", ranks=blamed)
 
 
-def _device(code: object) -> str:
-    if isinstance(code, int) and 0 <= code < len(DEVICE_TYPES):
-        return repr(DEVICE_TYPES[code])
-    return "another device type"
-
-
-def _dtype(code: object) -> str:
-    dtype = dtype_from_code(code) if isinstance(code, int) else None
-    return repr(code) if dtype is None else str(dtype)
-
-
 def _shape(shape: object) -> str:
     return str(tuple(shape)) if isinstance(shape, tuple) else repr(shape)
 
@@ -313,11 +308,11 @@ def common_checks(
                 ArgumentMismatchError,
                 "gradient contract (grad=)",
                 [rec.contract_code for rec in records],
-                lambda c: repr(CONTRACTS[c]) if isinstance(c, int) else repr(c),
+                _name_in(CONTRACTS),
             )
         )
     checks.append(
-        (ArgumentMismatchError, "device type", [rec.device_code for rec in records], _device)
+        (ArgumentMismatchError, "device type", [rec.device_code for rec in records], _device_of)
     )
     checks.append((ShapeMismatchError, "ndim", [rec.ndim for rec in records], repr))
     if dim:
@@ -329,7 +324,7 @@ def common_checks(
                 repr,
             )
         )
-    checks.append((DTypeMismatchError, "dtype", [rec.dtype_code for rec in records], _dtype))
+    checks.append((DTypeMismatchError, "dtype", [rec.dtype_code for rec in records], _dtype_of))
     if shape == "full":
         checks.append((ShapeMismatchError, "shape", [rec.shape for rec in records], _shape))
     elif shape == "other":
