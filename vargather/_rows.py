@@ -2,13 +2,13 @@
 
 Where it sits: beneath the round (``_family``) and the collectives that ride it
 (``_reduce_scatter``, ``_all_to_all``, ``_all_to_all_rows``, ``_gather_list``), above
-the checks (``_args``), the wire (``_wire``) and the validation rules (``_exchange``).
-A collective's module turns this rank's call into a ``FamilyCall`` (``check_tensor``,
-its own checks, its extra row words: ``sizes_words``); the round carries it as a row
+the checks (``_args``), the wire (``_wire``) and the validation rules (``_exchange``). A
+collective's module turns this rank's call into a ``FamilyCall`` (``check_tensor``, its
+own checks, its extra row words: ``sizes_words``); the round carries it as a row
 (``_wire.encode_row``) and hands every rank's back as ``Row``s (``decode_rows``, after
 ``check_same_collective``), which the collective validates with the helpers here
-(``raise_local``, from ``_exchange``; ``common_checks``, ``agree``): the same error on every rank, or the
-same verdict. ``call_key`` is a steady call's key.
+(``raise_local``, from ``_exchange``; ``common_checks``, ``agree``): the same error on
+every rank, or the same verdict. ``call_key`` is a steady call's key.
 """
 
 from __future__ import annotations
