@@ -17,13 +17,12 @@ to the truth (``received``). The math is ``_all_to_all``'s module doc.
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
 import torch
 
-from ._args import CallRecord, Problem
+from ._args import CallRecord, Problem, as_index
 from ._collectives import CollectiveName
 from ._comm import GroupInfo
 from ._errors import (
@@ -109,12 +108,7 @@ def _cat_word(cat_dim: object, record: CallRecord) -> tuple[int, Problem | None]
     problem, if any (the tensor's own problem, checked before, wins)."""
     if cat_dim is None:
         return record.normalized_dim, None
-    c: int | None = None
-    if not isinstance(cat_dim, bool):
-        try:
-            c = operator.index(cat_dim)  # type: ignore[arg-type]  # any __index__ type; failure handled below
-        except Exception:
-            c = None
+    c = as_index(cat_dim)
     if c is None:
         text = repr(cat_dim)
         return -1, Problem(

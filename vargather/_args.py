@@ -55,6 +55,7 @@ __all__ = [
     "CallRecord",
     "CheckedCall",
     "Problem",
+    "as_index",
     "check_call",
     "parse_sizes",
     "parse_timeout",
@@ -140,6 +141,16 @@ def saturate(value: int) -> int:
     return max(INT64_MIN, min(INT64_MAX, value))
 
 
+def as_index(value: object) -> int | None:
+    """``value`` as an int through ``__index__``, or ``None`` (a bool, or no index)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]  # any object is tried; failing ones give None
+    except Exception:
+        return None
+
+
 def show_int(value: int) -> str:
     """A saturated integer for a message: the clamped ends say so."""
     if value == INT64_MAX:
@@ -190,14 +201,14 @@ def parse_sizes(sizes: object) -> tuple[int, ...] | Problem:
         else:
             values = []
             for i, v in enumerate(sizes):
-                if isinstance(v, bool) or (
-                    isinstance(v, torch.Tensor) and _is_non_integer_tensor(v)
-                ):
+                n = (
+                    None
+                    if isinstance(v, torch.Tensor) and _is_non_integer_tensor(v)
+                    else as_index(v)
+                )
+                if n is None:
                     return _not_integers(i, _describe_value(v))
-                try:
-                    values.append(operator.index(v))
-                except Exception:
-                    return _not_integers(i, _describe_value(v))
+                values.append(n)
     except Exception as err:  # a Sequence whose iteration raises, a tensor on a dead device
         return _not_integers(-1, f"{type(err).__name__} reading it")
     for i, n in enumerate(values):
@@ -397,12 +408,7 @@ def _check_call(
 
     raw_dim = 0
     normalized_dim = -1
-    dim_int: int | None = None
-    if not isinstance(dim, bool):
-        try:
-            dim_int = operator.index(dim)  # type: ignore[arg-type]  # any __index__ type; failure handled below
-        except Exception:
-            dim_int = None
+    dim_int = as_index(dim)
     if dim_int is None:
         problems.append(Problem(DimError, f"expected dim to be an int, got {_describe_value(dim)}"))
     else:

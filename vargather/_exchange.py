@@ -60,6 +60,7 @@ __all__ = [
     "check_same_collective",
     "exchange_records",
     "plan_layout",
+    "raise_local",
     "trusted_layout",
     "validate_records",
 ]
@@ -217,6 +218,17 @@ def _shape_of(shape: object, *, marked: int | None = None) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+def raise_local(name: str, records: Sequence[CallRecord]) -> None:
+    """Every rank's local problems, raised on every rank (the first one's class)."""
+    bad = [(r, rec.problem) for r, rec in enumerate(records) if rec.problem is not None]
+    if bad:
+        details = "; ".join(f"rank {r}: {problem.message}" for r, problem in bad)
+        raise bad[0][1].error(
+            f"{name}: invalid arguments on rank(s) {[r for r, _ in bad]}: {details}",
+            ranks=[r for r, _ in bad],
+        )
+
+
 def validate_records(records: Sequence[CallRecord], *, rank: int) -> Layout:
     """The gather's ``Layout``, or the error every rank raises identically.
 
@@ -224,13 +236,7 @@ def validate_records(records: Sequence[CallRecord], *, rank: int) -> Layout:
     layout): every rank reaches the same verdict, class and message.
     """
     world = len(records)
-    bad = [(r, rec.problem) for r, rec in enumerate(records) if rec.problem is not None]
-    if bad:
-        details = "; ".join(f"rank {r}: {problem.message}" for r, problem in bad)
-        raise bad[0][1].error(
-            f"all_gather_v: invalid arguments on rank(s) {[r for r, _ in bad]}: {details}",
-            ranks=[r for r, _ in bad],
-        )
+    raise_local("all_gather_v", records)
 
     for r, rec in enumerate(records):
         problem = _impossible(rec)

@@ -1,22 +1,22 @@
 """The one round's state policy: one state type, its rules, the one per-group registry.
 
-Where it sits: beneath the one-round exchanges (``_fused``: the all_gather-shaped
-round of ``all_gather_v``, ``all_gather_v_coalesced`` and ``all_gather_list``;
-``_family``: the all_to_all-shaped round of ``reduce_scatter_v`` and
-``all_to_all_v``) and their kept buffers (``_round_buffers``); it imports the
-collective table (``_collectives``) only. It holds the **one state type**
-(``FusedState``), the size rules (``bucket``, ``capacity_step``, the padding
-bounds), each round shape's ``advance`` rule, and the **one registry** (``MEMORY``,
-weakly keyed by process group: a ``Memory`` per collective) in which every round keeps its state,
-its buffers and its caches.
+Where it sits: beneath the one-round exchanges (``_fused``: the all_gather-shaped round
+of ``all_gather_v``, ``all_gather_v_coalesced`` and ``all_gather_list``; ``_family``:
+the all_to_all-shaped round of ``reduce_scatter_v`` and ``all_to_all_v``) and their kept
+buffers (``_round_buffers``); it imports the collective table (``_collectives``) only.
+It holds the **one state type** (``FusedState``), the size rules (``bucket``,
+``capacity_step``, the padding bounds), each round shape's ``advance`` rule, and the
+**one registry** (``MEMORY``, weakly keyed by process group: a ``Memory`` per
+collective) in which every round keeps its state, its buffers and its caches.
 
 The state is kept per group and round shape (``_collectives.RoundShape``): the
 collectives sharing a round shape share one state, so a rank calling one of them
 beside a peer calling another sends the same length and gets an error, never a gloo
 abort. ``state_of(group, collective)`` reads the state of that collective's round.
 
-**The all_gather-shaped round** (``advance``): the state rule, applied on every rank after a call whose headers validated
-(compact or full path), from the validated layouts only, before any payload moves:
+**The all_gather-shaped round** (``advance``): the state rule, applied on every rank
+after a call whose headers validated (compact or full path), from the validated layouts
+only, before any payload moves:
 
 * ``need`` = the largest payload any rank had (bytes of all its tensors), ``needs`` =
   every rank's;
@@ -45,32 +45,28 @@ abort. ``state_of(group, collective)`` reads the state of that collective's roun
 **Padding bound.** ``bucket(n) <= max(64, 1.125 n)``. In the wide round a rank's slot
 is its exact need from a group's first wide call while sizes stay, and again after
 ``SHRINK_AFTER`` calls in a row with the same sizes once they moved; in between it is
-at most ``bucket`` of the largest need it had since the slots were set (12.5 % of that,
-64 bytes at least), and never more than twice ``bucket`` of its need for more than
-``SHRINK_AFTER - 1`` calls in a row; no rank's slot depends on another rank's size.
-In the gather round every slot
-is ``capacity`` (at most ``FUSED_MAX_BYTES``), so a rank receives at most ``W *
-capacity`` bytes. A group is in the gather round only after a call that did not go
-wide, so for that call's sizes ``W * bucket(need) <= max(PAD_LIMIT * sum(needs),
-SMALL_BYTES)`` with ``need <= FUSED_MAX_BYTES``: at most ``PAD_LIMIT`` times the
-payload, or 128 KiB in all, and never more than 128 KiB per rank. While sizes move the capacity is
-``bucket`` of the largest need of the last ``SHRINK_AFTER`` calls (or of the calls
-since it last grew), not of the current call, so one call's padding can exceed the
-bound by what its sizes fell since then; ``SHRINK_AFTER`` calls at the smaller sizes
-restore it.
+at most ``bucket`` of the largest need it had since the slots were set (12.5 % of
+that, 64 bytes at least), and never more than twice ``bucket`` of its need for more
+than ``SHRINK_AFTER - 1`` calls in a row; no rank's slot depends on another rank's
+size. In the gather round every slot is ``capacity`` (at most ``FUSED_MAX_BYTES``), so
+a rank receives at most ``W * capacity`` bytes. A group is in the gather round only
+after a call that did not go wide, so for that call's sizes ``W * bucket(need) <=
+max(PAD_LIMIT * sum(needs), SMALL_BYTES)`` with ``need <= FUSED_MAX_BYTES``: at most
+``PAD_LIMIT`` times the payload, or 128 KiB in all, and never more than 128 KiB per
+rank. While sizes move the capacity is ``bucket`` of the largest need of the last
+``SHRINK_AFTER`` calls (or of the calls since it last grew), not of the current call,
+so one call's padding can exceed the bound by what its sizes fell since then;
+``SHRINK_AFTER`` calls at the smaller sizes restore it.
 
 Calls that raise in validation change nothing (every rank raises from the same
 headers); calls with ``sizes`` and ``validate=False`` skip the round and change nothing;
 a miss on one rank only is seen by every rank in the headers, so every rank grows the
 slots alike. Errors after validation (a timeout in the payload collective) leave the
-group out of step anyway. The state is kept per process group (weakly keyed, subgroups
-apart) and is **one for every collective of the round** (``all_gather_v`` with
-``gather_layout`` and ``all_gather_v_with_layout``, ``all_gather_v_coalesced``,
-``all_gather_list``): the round's length is a function of the group's state only, so
-a rank calling one beside a peer calling another sends the same length and gets an
-error, never a gloo abort (``_fused`` names which rank called which). Sharing costs a
-group that mixes them a little padding: its capacity and header slots follow the
-largest need and tensor count of every one's calls.
+group out of step anyway. The round's one state (subgroups apart) serves
+``all_gather_v`` with ``gather_layout`` and ``all_gather_v_with_layout``,
+``all_gather_v_coalesced`` and ``all_gather_list`` (``_fused`` names which rank called
+which); a group that mixes them pays a little padding: its capacity and header slots
+follow the largest need and tensor count of every one's calls.
 
 **The all_to_all-shaped round** (``advance_blocks``): the state is the same type. Its
 equal slots are ``capacity``, ``idle`` and ``idle_need`` (the bytes of the payload

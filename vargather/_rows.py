@@ -2,13 +2,13 @@
 
 Where it sits: beneath the round (``_family``) and the collectives that ride it
 (``_reduce_scatter``, ``_all_to_all``, ``_all_to_all_rows``, ``_gather_list``), above
-the checks (``_args``), the wire (``_wire``) and the validation rules (``_exchange``).
-A collective's module turns this rank's call into a ``FamilyCall`` (``check_tensor``,
-its own checks, its extra row words: ``sizes_words``); the round carries it as a row
+the checks (``_args``), the wire (``_wire``) and the validation rules (``_exchange``). A
+collective's module turns this rank's call into a ``FamilyCall`` (``check_tensor``, its
+own checks, its extra row words: ``sizes_words``); the round carries it as a row
 (``_wire.encode_row``) and hands every rank's back as ``Row``s (``decode_rows``, after
 ``check_same_collective``), which the collective validates with the helpers here
-(``raise_local``, ``common_checks``, ``agree``): the same error on every rank, or the
-same verdict. ``call_key`` is a steady call's key.
+(``raise_local``, from ``_exchange``; ``common_checks``, ``agree``): the same error on
+every rank, or the same verdict. ``call_key`` is a steady call's key.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from typing import Generic, TypeVar
 import torch
 
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
-from ._choices import CONTRACTS, DEVICE_TYPES
+from ._choices import CONTRACTS
 from ._collectives import COLLECTIVES, CollectiveName, by_code
 from ._comm import GroupInfo
-from ._dtypes import dtype_from_code
 from ._errors import (
     ArgumentMismatchError,
     DTypeMismatchError,
@@ -34,7 +33,14 @@ from ._errors import (
     SizesError,
     VarGatherError,
 )
-from ._exchange import _disagreement, check_same_collective
+from ._exchange import (
+    _device_of,
+    _disagreement,
+    _dtype_of,
+    _name_in,
+    check_same_collective,
+    raise_local,
+)
 from ._wire import ROW_MAGIC, decode_row, row_mark
 
 __all__ = [
@@ -276,17 +282,6 @@ def call_key(x: object, *args: object) -> tuple[object, ...] | None:
 Check = tuple[type[VarGatherError], str, list[object], Callable[[object], str]]
 
 
-def raise_local(name: str, records: Sequence[CallRecord]) -> None:
-    """Every rank's local problems, raised on every rank (the first one's class)."""
-    bad = [(r, rec.problem) for r, rec in enumerate(records) if rec.problem is not None]
-    if bad:
-        details = "; ".join(f"rank {r}: {problem.message}" for r, problem in bad)
-        raise bad[0][1].error(
-            f"{name}: invalid arguments on rank(s) {[r for r, _ in bad]}: {details}",
-            ranks=[r for r, _ in bad],
-        )
-
-
 def agree(name: str, checks: Sequence[Check]) -> None:
     """Raise the first disagreement among ``checks``, naming the odd ranks."""
     for error, what, values, show in checks:
@@ -294,17 +289,6 @@ def agree(name: str, checks: Sequence[Check]) -> None:
         if found is not None:
             message, blamed = found
             raise error(f"{name}: {message}", ranks=blamed)
-
-
-def _device(code: object) -> str:
-    if isinstance(code, int) and 0 <= code < len(DEVICE_TYPES):
-        return repr(DEVICE_TYPES[code])
-    return "another device type"
-
-
-def _dtype(code: object) -> str:
-    dtype = dtype_from_code(code) if isinstance(code, int) else None
-    return repr(code) if dtype is None else str(dtype)
 
 
 def _shape(shape: object) -> str:
@@ -324,11 +308,11 @@ def common_checks(
                 ArgumentMismatchError,
                 "gradient contract (grad=)",
                 [rec.contract_code for rec in records],
-                lambda c: repr(CONTRACTS[c]) if isinstance(c, int) else repr(c),
+                _name_in(CONTRACTS),
             )
         )
     checks.append(
-        (ArgumentMismatchError, "device type", [rec.device_code for rec in records], _device)
+        (ArgumentMismatchError, "device type", [rec.device_code for rec in records], _device_of)
     )
     checks.append((ShapeMismatchError, "ndim", [rec.ndim for rec in records], repr))
     if dim:
@@ -340,7 +324,7 @@ def common_checks(
                 repr,
             )
         )
-    checks.append((DTypeMismatchError, "dtype", [rec.dtype_code for rec in records], _dtype))
+    checks.append((DTypeMismatchError, "dtype", [rec.dtype_code for rec in records], _dtype_of))
     if shape == "full":
         checks.append((ShapeMismatchError, "shape", [rec.shape for rec in records], _shape))
     elif shape == "other":

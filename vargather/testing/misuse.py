@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -36,6 +35,7 @@ from vargather import COLLECTIVES, oracle
 from .asserts import bitwise_difference
 from .collectives import NAMES
 from .dispatch import bind, call_collective
+from .family import emulation
 from .judge import Failure
 
 # --- descriptions of arguments --------------------------------------------------------
@@ -470,16 +470,9 @@ Report = tuple[RaisedError | None, CallOutput | str | None]
 error in words; ``None``: not run)."""
 
 
-def _emulate(backend: str | None) -> None:
-    if backend is not None or f"{__package__}.emulate" in sys.modules:
-        from .emulate import activate
-
-        activate(backend)
-
-
 def run_follow_up(ctx: Any, case: MisuseCase) -> CallOutput | str | None:
     """Rank side: the next call on the group (``Misuse.follow_up``), or its error."""
-    _emulate(case.emulate)
+    emulation(case.emulate)
     try:
         return run_call(ctx, case.entry.follow_up(case.world_size), case.impl)
     except Exception as err:
@@ -489,7 +482,7 @@ def run_follow_up(ctx: Any, case: MisuseCase) -> CallOutput | str | None:
 def run_misuse(ctx: Any, case: MisuseCase) -> Report:
     """Rank side: the misused call, then (unless a rank was absent: the group is out of
     step) the next call on the same group."""
-    _emulate(case.emulate)
+    emulation(case.emulate)
     error: RaisedError | None = None
     try:
         run_call(ctx, case.entry.build(case.world_size, case.odd), case.impl)

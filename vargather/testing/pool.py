@@ -77,7 +77,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from .pool_types import (
     COLLECTIVE_TIMEOUT_ENV,
@@ -106,9 +106,6 @@ from .rank_side import (
     set_inductor_rank_defaults,
 )
 from .world import _World, preload
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_ENV",
@@ -370,16 +367,13 @@ class RankPool:
             kind, detail = pickle.loads(messages[rank])
             if kind == "init_error":
                 problems.append(f"--- rank {rank} failed to initialize:\n{detail[3]}")
-        for rank in sorted(dead):
-            problems.append(
-                f"--- rank {rank} died while starting ({_describe_exit(world.exitcode(rank))})"
-                + self._stderr_note(world, rank)
-            )
-        for rank in sorted(silent):
-            problems.append(
-                f"--- rank {rank} was not ready after start_timeout={self.config.start_timeout:g} s"
-                + self._stderr_note(world, rank)
-            )
+        problems += self._lost(
+            world,
+            {r: world.exitcode(r) for r in sorted(dead)},
+            " while starting",
+            silent,
+            f"was not ready after start_timeout={self.config.start_timeout:g} s",
+        )
         if problems:
             self._stop_world(graceful=False)
             raise PoolStartError(
@@ -461,18 +455,13 @@ class RankPool:
         """Kill the world and raise RankCrashed / RankHung."""
         exitcodes = {r: world.exitcode(r) for r in sorted(dead)}
         in_flight = world.in_flight()
-        sections: list[str] = []
-        for rank in sorted(dead):
-            when = " while idle, before this call was sent" if before_call else ""
-            sections.append(
-                f"--- rank {rank} died{when} ({_describe_exit(exitcodes[rank])})"
-                + self._stderr_note(world, rank)
-            )
-        for rank in sorted(silent):
-            sections.append(
-                f"--- rank {rank} did not reply within call_timeout={self.config.call_timeout:g} s"
-                + self._stderr_note(world, rank)
-            )
+        sections = self._lost(
+            world,
+            exitcodes,
+            " while idle, before this call was sent" if before_call else "",
+            silent,
+            f"did not reply within call_timeout={self.config.call_timeout:g} s",
+        )
         for rank in sorted(replies):
             reply = replies[rank]
             if reply.error is not None:
@@ -496,6 +485,21 @@ class RankPool:
             self.config.call_timeout,
             in_flight,
         )
+
+    def _lost(
+        self,
+        world: _World,
+        exitcodes: Mapping[int, int | None],
+        when: str,
+        silent: set[int],
+        silent_what: str,
+    ) -> list[str]:
+        """A section per rank that died (``exitcodes``: theirs; ``when``: after "died")
+        or stayed silent (``silent_what``: how), each quoting the rank's stderr."""
+        return [
+            f"--- rank {r} died{when} ({_describe_exit(code)})" + self._stderr_note(world, r)
+            for r, code in exitcodes.items()
+        ] + [f"--- rank {r} {silent_what}" + self._stderr_note(world, r) for r in sorted(silent)]
 
     @staticmethod
     def _stderr_note(world: _World, rank: int) -> str:

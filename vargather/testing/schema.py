@@ -214,8 +214,6 @@ def _collectives_with_a_catalogue() -> tuple[str, ...]:
 
 _OPS: Final = _collectives_with_a_catalogue()
 
-_SCOPE_NOTE: Final = " (scope: what the implementation claims)"
-
 OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "target",

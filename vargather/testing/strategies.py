@@ -25,6 +25,7 @@ max_world_size=2``)::
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -668,24 +669,9 @@ def call_sequences(
         if forbidden in kwargs:
             raise TypeError(f"call_sequences() takes no {forbidden}=")
     gather_cases(min_world_size=lo, max_world_size=hi, **kwargs)  # validates the arguments
-    cfg = _Config(
-        implementation=kwargs.get("implementation"),
-        min_ndim=kwargs.get("min_ndim", 1),
-        max_ndim=kwargs.get("max_ndim", 4),
-        max_side=kwargs.get("max_side", 3),
-        max_size=kwargs.get("max_size", 5),
-        max_payload=kwargs.get("max_payload", DEFAULT_MAX_PAYLOAD),
-        dtypes=kwargs.get("dtypes"),
-        contracts=kwargs.get("contracts"),
-        transports=kwargs.get("transports"),
-        sizes_forms=kwargs.get("sizes_forms"),
-        memory=kwargs.get("memory"),
-        values=kwargs.get("values"),
-        upstream=kwargs.get("upstream"),
-        requires_grad=kwargs.get("requires_grad"),
-        initialized=kwargs.get("initialized", True),
-        dims=kwargs.get("dims"),
-    )
+    given = inspect.signature(gather_cases).bind(**kwargs)
+    given.apply_defaults()  # gather_cases' defaults for what kwargs leaves out
+    cfg = _Config(**given.arguments)
     mixed, small, large = (_Draws(cfg, scale) for scale in ("mixed", "small", "large"))
     worlds = st.integers(lo, hi)
     steps = st.sampled_from(SEQUENCE_STEPS)

@@ -329,10 +329,6 @@ def _text(value: object) -> str:
     return str(value)
 
 
-_DECLARED: Final = ("op", "impl", "call")
-"""The options a target sets itself (its scope's options besides)."""
-
-
 def apply_target(options: CheckOptions) -> CheckOptions:
     """``options`` with the target they name filled in (unchanged without one).
 

@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ._config import BenchConfig, malloc_environment, profile_shares, split_rows
 from ._meter import spread
 from ._tables import _table
+from ._variants import _same
 
 if TYPE_CHECKING:
     import torch
@@ -246,17 +247,6 @@ class _Timed:
     call: Callable[[], Any]
     check: Callable[[Any], bool]
     barrier: Callable[[], None]
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit for bit: the same shape, dtype and bytes."""
-    import torch
-
-    return bool(
-        a.shape == b.shape
-        and a.dtype == b.dtype
-        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-    )
 
 
 def shard(rank: int, first_row: int, rows: int, columns: int) -> torch.Tensor:

@@ -8,15 +8,12 @@ Where it sits: called by the parent (``vargather._cli.bench.main``) through the 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
     from vargather.testing import RankContext
-
-    _State: TypeAlias = tuple[torch.Tensor, torch.Tensor] | None
-    """A variant's untimed state: the backward's ``(x, out)``, nothing for the others."""
 from ._config import (
     CHANGING_VARIANT,
     FAMILY_CHANGING_VARIANT,

@@ -15,24 +15,15 @@ from ._variants import coalesced_row_bytes
 # --- reporting -------------------------------------------------------------------------------------
 
 
-def _fmt_ratio(entry: dict[str, Any] | None) -> str:
-    """``median (q1-q3)``: the median of the per-repeat ratios and their quartiles."""
-    if entry is None:
+def _fmt_ratio(entry: dict[str, Any] | None, of: str = "") -> str:
+    """``median (q1-q3)``: the median of the per-repeat ratios and their quartiles
+    (``of="floor_"``: the ratios to the floor, ``FLOOR_VARIANT``, which may be absent)."""
+    if entry is None or (of and f"{of}median_ratio" not in entry):
         return "—"
     mark = "" if entry["verified"] else " WRONG"
-    q = entry.get("quartile_ratios")
+    q = entry.get(f"{of}quartile_ratios")
     spread = f" ({q[0]:.2f}-{q[1]:.2f})" if q else ""
-    return f"{entry['median_ratio']:.2f}x{spread}{mark}"
-
-
-def _fmt_floor_ratio(entry: dict[str, Any] | None) -> str:
-    """``_fmt_ratio`` of the ratios to the floor (``FLOOR_VARIANT``)."""
-    if entry is None or "floor_median_ratio" not in entry:
-        return "—"
-    mark = "" if entry["verified"] else " WRONG"
-    q = entry.get("floor_quartile_ratios")
-    spread = f" ({q[0]:.2f}-{q[1]:.2f})" if q else ""
-    return f"{entry['floor_median_ratio']:.2f}x{spread}{mark}"
+    return f"{entry[f'{of}median_ratio']:.2f}x{spread}{mark}"
 
 
 def _fmt_spread(s: dict[str, Any] | None) -> str:
@@ -103,14 +94,14 @@ def _small_tables(
         cols = [n for n in _columns(small, "forward") if not (floored and n == FLOOR_VARIANT)]
         base = FLOOR_VARIANT if floored else "limit"
         head = ["W", "KiB", "sizes", f"{base} µs/call", *(_short(n) for n in cols)]
-        fmt = _fmt_floor_ratio if floored else _fmt_ratio
+        of = "floor_" if floored else ""
         rows = [
             [
                 str(c["world_size"]),
                 f"{c['payload_kb']:g}",
                 "/".join(str(n) for n in c["sizes"]),
                 f"{c['forward'][base]['median_ms'] * 1e3:.0f}",
-                *(fmt(c["forward"].get(n)) for n in cols),
+                *(_fmt_ratio(c["forward"].get(n), of) for n in cols),
             ]
             for c in small
         ]

@@ -103,6 +103,7 @@ def _upstream_rows(rank: int, first_row: int, rows: int) -> torch.Tensor:
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit: the same shape, dtype and bytes."""
     import torch
 
     return bool(

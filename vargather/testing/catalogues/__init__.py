@@ -8,10 +8,11 @@ with a ``CATALOGUE`` object that satisfies ``Catalogue``: how ``--impl``/``--cal
 resolve for it, its rows (``vargather.testing.properties.Property``), how a row draws
 and runs a batch, and how a failing batch is told. A new collective is one module here:
 a collective shaped like the family builds its ``CATALOGUE`` as a
-``family_catalogue.FamilyCatalogue`` of its case class and strategy, and gets every
-generic row (``docs/api-testing.md``, "Adding a collective to the gate"). The model is
-pytest's plugins: the engine asks the hook, never the collective's name; every row
-holds its catalogue. ``catalogue(impl)`` and ``property_ids(op)`` list the rows.
+``family_catalogue.FamilyCatalogue`` of its case class and strategy (its module sits
+above the family's engine, ``family``: the case base, rank runner and judge), and gets
+every generic row (``docs/api-testing.md``, "Adding a collective to the gate"). The
+model is pytest's plugins: the engine asks the hook, never the collective's name; every
+row holds its catalogue. ``catalogue(impl)`` and ``property_ids(op)`` list the rows.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""``all_gather_list``'s catalogue: its case, strategy and call; the rows are the family's.
-
-Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), above the
-family's engine (``family``) and its generic rows (``family_catalogue``); beneath the
-engine, which runs its rows as any collective's.
-"""
+"""``all_gather_list``'s catalogue (a family one: ``vargather.testing.catalogues``): its
+case, strategy and call; the rows are the family's."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""``scatter_v``'s catalogue: its case, strategy, call and misuse entries; the rows are the
-family's.
-
-Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), above the
-family's engine (``family``: the case base, rank runner and judge) and its generic rows
-(``family_catalogue``); beneath the engine, which runs its rows as any collective's.
-"""
+"""``scatter_v``'s catalogue (a family one: ``vargather.testing.catalogues``): its case,
+strategy, call and misuse entries; the rows are the family's."""
 
 from __future__ import annotations
 
