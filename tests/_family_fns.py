@@ -368,14 +368,17 @@ STEADY_COLS = 512
 
 
 @contextlib.contextmanager
-def calls_taken(module: Any, name: str) -> Iterator[list[bool]]:
+def calls_taken(module: Any, name: str, collective: str | None = None) -> Iterator[list[bool]]:
     """For each call of the steady path ``module.name`` meanwhile, whether it took the
     call (sent its round: it then answered, returning something, or raised the peers'
-    error), in order; ``module.name`` restored after."""
+    error), in order; ``module.name`` restored after. With ``collective``: only the
+    calls whose first argument (a ``_steady.RoundSpec``) is that collective's."""
     taken: list[bool] = []
     original = getattr(module, name)
 
     def counted(*args: Any) -> Any:
+        if collective is not None and args[0].name != collective:
+            return original(*args)
         try:
             found = original(*args)
         except vargather.VarGatherError:
@@ -391,11 +394,14 @@ def calls_taken(module: Any, name: str) -> Iterator[list[bool]]:
         setattr(module, name, original)
 
 
-def steady_calls_taken() -> contextlib.AbstractContextManager[list[bool]]:
-    """``calls_taken`` of ``all_to_all_v``'s steady path (``_all_to_all._steady_call``)."""
-    from vargather import _all_to_all
+def steady_calls_taken(
+    collective: str = "all_to_all_v",
+) -> contextlib.AbstractContextManager[list[bool]]:
+    """``calls_taken`` of the round's steady path (``_steady.replay``) for
+    ``collective``'s calls."""
+    from vargather import _steady
 
-    return calls_taken(_all_to_all, "_steady_call")
+    return calls_taken(_steady, "replay", collective)
 
 
 def steady_input(rank: int, call: int, rows: int, dtype: str = "float32") -> torch.Tensor:
@@ -413,7 +419,7 @@ def steady_upstream(rank: int, call: int, rows: int) -> torch.Tensor:
 
 def steady_calls(ctx: RankContext, job: tuple[tuple[SteadyStep, ...], str]) -> list[Any]:
     """Every step (``job[0]``) on this rank, in order: its result and input gradient,
-    or the error it raised (type name and message); whether ``_steady_call`` took it
+    or the error it raised (type name and message); whether ``_steady.replay`` took it
     (sent its round: it then answered or raised); and the round's state after it. ``job[1]``: the wide round's path,
     ``"packed"`` (as configured), ``"direct"`` (direct sends, blocks as they lie:
     gloo's) or ``"direct-whole"`` (direct sends of exactly their slot: every other
@@ -468,7 +474,7 @@ def _a2a_state() -> object:
 
 def steady_two_groups(ctx: RankContext, calls: int) -> list[tuple[bool, bool]]:
     """``all_to_all_v`` on the world and on a second group of the same ranks, call for
-    call in turn, the same sizes on each: whether ``_steady_call`` answered each pair
+    call in turn, the same sizes on each: whether ``_steady.replay`` answered each pair
     (each group keeps its own last steady call), every result checked against the
     other group's (the same inputs, so the same answer)."""
     other = dist.new_group(list(range(ctx.world_size)))

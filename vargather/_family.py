@@ -1,10 +1,10 @@
 """The all_to_all pattern's round: every rank's row to every rank, blocks where they go.
 
 Where it sits: above the calls and rows (``_rows``), the state policy
-(``_round_state``) and the kept buffers (``_round_buffers``); below the collectives
-that ride it (``_reduce_scatter``, ``_all_to_all``; any collective of the all_to_all
-pattern, through ``RoundSpec`` and ``run_round``: ``docs/architecture.md``, "Adding a
-collective to the round"). Rank ``j`` sends every rank its row (``_wire.encode_row``:
+(``_round_state``) and the kept buffers (``_round_buffers``); below ``_steady`` (a
+collective's way in, ``RoundSpec`` and ``run_round``, and the steady replay) and the
+collectives that ride it (``_reduce_scatter``, ``_all_to_all``, ``_rooted``:
+``docs/architecture.md``, "Adding a collective to the round"). Rank ``j`` sends every rank its row (``_wire.encode_row``:
 its record, its collective's code and extra words, a flag word) and, when every block
 fits its slot and it has no local problem, block ``k`` of its payload to rank ``k``;
 every rank sends the same lengths whichever collective it called, as the lengths are
@@ -37,7 +37,7 @@ import ctypes
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Generic, NamedTuple, TypeVar
+from typing import Final, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -74,7 +74,6 @@ __all__ = [
     "DirectRound",
     "Exchanged",
     "PackedRound",
-    "RoundSpec",
     "direct_exchanged",
     "direct_round",
     "exchange",
@@ -87,7 +86,6 @@ __all__ = [
     "resized_round",
     "run_direct",
     "run_packed",
-    "run_round",
     "send_packed",
     "settle",
 ]
@@ -206,7 +204,7 @@ def exchange_fused(
     raw = _landed_rows(received.view(-1), [j * width for j in range(w)], 8 * words)
     out, flags = _read_rows(call, raw, w, pg)
     # The same messages as a packed round of equal slots (``capacity`` is whole 16s): a
-    # steady caller replays them so (``_all_to_all``'s steady path).
+    # steady caller replays them so (``_steady.replay``).
     packed = packed_round(row, (capacity,) * (w * w), info.rank, w) if capacity % 16 == 0 else None
     slots = received[:, 8 * words :].unbind(0)
     return Exchanged(out, slots, flags, state, call.kind, None, packed, raw)
@@ -737,38 +735,6 @@ def known_call(
     call = make()
     mem.known = (key, call) if key is not None else None
     return call
-
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RoundSpec(Generic[T]):
-    """What a collective of the all_to_all pattern hands the round (``run_round``), from
-    its own module: nothing of it is the round's. ``validate(rows, rank=)``: every
-    rank's rows to the call's verdict, or the error every rank raises alike (a pure
-    function of the rows; wrap it in ``ValidatedOnce``); ``outgoing(x, call, info)``:
-    this rank's payload as flat bytes and the bytes of its block for each rank, in rank
-    order (an empty block to a rank that gets nothing); ``blocks(verdict, x, call,
-    info)``: from the verdict, the bytes rank ``j`` sends rank ``k`` at ``j * W + k``,
-    the same on every rank. Its extra row words ride in ``FamilyCall.extras``."""
-
-    validate: Callable[..., T]
-    outgoing: Callable[[object, FamilyCall, GroupInfo], tuple[torch.Tensor, Sequence[int]]]
-    blocks: Callable[[T, object, FamilyCall, GroupInfo], Sequence[int]]
-
-
-def run_round(
-    spec: RoundSpec[T], call: FamilyCall, x: object, info: GroupInfo
-) -> tuple[T, tuple[torch.Tensor, ...] | None]:
-    """A validated call's round on a communicating group: every rank's row and the
-    blocks that fit (``exchange_fused``), the verdict (``spec.validate``: the same
-    error on every rank, or the same verdict), the state moved (``settle``) and, when
-    every block rode, the block each rank sent this rank (else ``None``: the
-    collective's payload collective runs)."""
-    ex = exchange_fused(call, info, x, functools.partial(spec.outgoing, x, call, info))
-    verdict = spec.validate(ex.rows, rank=info.rank)
-    return verdict, settle(ex, info, spec.blocks(verdict, x, call, info))
 
 
 def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:
