@@ -64,6 +64,7 @@ from ._errors import (
 from ._family import (
     DirectRound,
     goes_direct,
+    landed,
     resized_round,
     run_direct,
     send_packed,
@@ -80,7 +81,7 @@ from ._round_buffers import (
 )
 from ._round_state import FusedState, advance_blocks, block_room, memory, set_state
 from ._rows import FamilyCall, ValidatedOnce, check_tensor, raise_own_problem, rows_changed_only_in
-from ._steady import RoundSpec, Steady, answer, keep, landed, run_round
+from ._steady import RoundSpec, Steady, answer, keep, run_round
 from ._wire import RECORD_SHAPE_AT, ROW_EXTRAS_AT
 
 __all__ = [
@@ -477,7 +478,7 @@ def all_to_all_eager(
     steady one), then the payload inside ``AllToAllVFunction``."""
     info = call_group(group, mesh_dim)
     key = _steady_key(x, send_sizes, recv_sizes, dim, validate, timeout, cat_dim)
-    plan = None if key is None else _steady.replay(_SPEC, key, x, info)
+    plan = _steady.replay(_SPEC, key, x, info)
     if plan is None:
         plan = plan_all_to_all(
             x,

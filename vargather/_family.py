@@ -74,15 +74,13 @@ __all__ = [
     "DirectRound",
     "Exchanged",
     "PackedRound",
-    "direct_exchanged",
     "direct_round",
-    "exchange",
     "exchange_fused",
     "fill_packed",
     "fill_packed_at",
     "goes_direct",
     "known_call",
-    "packed_exchanged",
+    "landed",
     "resized_round",
     "run_direct",
     "run_packed",
@@ -340,7 +338,7 @@ def _direct_wide_exchange(
     exact = info.backend in SHORT_MESSAGES
     direct = direct_round(row, tuple(room), info.rank, info.world_size, exact)
     buf, raw = run_direct(call, info, pg, direct, blocks)
-    return direct_exchanged(call, info, pg, state, direct, buf, raw)
+    return landed(call, info, pg, state, direct, buf, raw)
 
 
 @dataclass(frozen=True)
@@ -532,23 +530,6 @@ def _direct_by_messages(
     )
 
 
-def direct_exchanged(
-    call: FamilyCall,
-    info: GroupInfo,
-    pg: dist.ProcessGroup,
-    state: FusedState,
-    direct: DirectRound,
-    buf: torch.Tensor,
-    raw: bytes,
-) -> Exchanged:
-    """What a direct round received (``buf``, its rows' bytes ``raw``), as
-    ``Exchanged``."""
-    out, flags = _read_rows(call, raw, info.world_size, pg)
-    regions = [buf[s : s + n] for s, n in zip(direct.starts, direct.in_slots, strict=True)]
-    cut = region_cutter(buf, direct.starts)
-    return Exchanged(out, regions, flags, state, call.kind, cut, None, raw, direct)
-
-
 @dataclass(frozen=True)
 class PackedRound:
     """The packed wide round of one state on one rank (a pure function of the slots and
@@ -596,22 +577,23 @@ def run_packed(
     return buf, _landed_rows(buf, packed.offsets, packed.row.numel())
 
 
-def packed_exchanged(
+def landed(
     call: FamilyCall,
     info: GroupInfo,
     pg: dist.ProcessGroup,
     state: FusedState,
-    packed: PackedRound,
+    found: PackedRound | DirectRound,
     buf: torch.Tensor,
     raw: bytes,
 ) -> Exchanged:
-    """What a packed round received (``buf``, its rows' bytes ``raw``), as
-    ``Exchanged``."""
+    """What a packed round or the direct sends (``found``, run afresh or replayed)
+    received (``buf``, its rows' bytes ``raw``), as ``Exchanged``."""
     w, rank = info.world_size, info.rank
     out, flags = _read_rows(call, raw, w, pg)
-    regions = [buf[s : s + packed.room[j * w + rank]] for j, s in enumerate(packed.starts)]
-    cut = region_cutter(buf, packed.starts)
-    return Exchanged(out, regions, flags, state, call.kind, cut, packed, raw)
+    regions = [buf[s : s + found.room[j * w + rank]] for j, s in enumerate(found.starts)]
+    cut = region_cutter(buf, found.starts)
+    packed, direct = (None, found) if isinstance(found, DirectRound) else (found, None)
+    return Exchanged(out, regions, flags, state, call.kind, cut, packed, raw, direct)
 
 
 def _packed_wide_exchange(
@@ -629,7 +611,7 @@ def _packed_wide_exchange(
     blocks are read where they landed, and closed up in place (``region_cutter``)."""
     packed = packed_round(row, room, info.rank, info.world_size)
     buf, raw = send_packed(call, info, pg, packed, blocks)
-    return packed_exchanged(call, info, pg, state, packed, buf, raw)
+    return landed(call, info, pg, state, packed, buf, raw)
 
 
 def send_packed(
@@ -735,11 +717,6 @@ def known_call(
     call = make()
     mem.known = (key, call) if key is not None else None
     return call
-
-
-def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:
-    """Every rank's rows (``exchange_fused`` without a payload)."""
-    return exchange_fused(call, info).rows
 
 
 def settle(

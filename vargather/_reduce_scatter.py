@@ -181,10 +181,9 @@ def plan_reduce_scatter(
     """
     key = call_key(x, sizes, dim, validate, timeout, requires_grad)
     steady = key if validate is True else None
-    if steady is not None and isinstance(x, torch.Tensor):
-        found = _steady.replay(_SPEC, steady, x, info)
-        if found is not None:
-            return found
+    found = _steady.replay(_SPEC, steady, x, info)
+    if found is not None:
+        return found
     call = known_call(
         NAME, key, info, lambda: _local_call(x, sizes, dim, info, validate, timeout, requires_grad)
     )

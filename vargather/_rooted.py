@@ -222,10 +222,9 @@ def _plan(
     (``_steady.replay``)."""
     key = call_key(x, root, sizes, dim, validate, timeout, requires_grad)
     steady = key if validate is True else None
-    if steady is not None and isinstance(x, torch.Tensor):
-        found = _steady.replay(_SPECS[name], steady, x, info)
-        if found is not None:
-            return found
+    found = _steady.replay(_SPECS[name], steady, x, info)
+    if found is not None:
+        return found
     call = _local_call(name, x, root, sizes, dim, info, validate, timeout, requires_grad)
     if call.timeout is not None:
         info = info.with_timeout(call.timeout)
@@ -258,23 +257,19 @@ def _plan_of(
     return RootedPlan(layout, root, info, tuple(x.shape)), blocks
 
 
-def _from_slots(
-    name: CollectiveName, slots: Sequence[torch.Tensor], layout: Layout, root: int
-) -> torch.Tensor:
-    """The forward's result from the round's slots (``slots[j]``: what rank ``j`` sent
-    this rank)."""
-    if name == SCATTER:
-        return _assemble([slots[root]], layout.shard_shape(layout.rank), layout, [layout.rank])
-    if layout.rank != root:
-        return _empty(slots[0], layout)
-    return _assemble(slots, layout.output_shape, layout, range(layout.world_size))
-
-
 def _finish(
     name: CollectiveName, plan: RootedPlan, slots: Sequence[torch.Tensor], _: object
 ) -> RootedPlan:
-    """``plan`` with its result from the round's slots (``_from_slots``)."""
-    return replace(plan, result=_from_slots(name, slots, plan.layout, plan.root))
+    """``plan`` with the forward's result from the round's slots (``slots[j]``: what
+    rank ``j`` sent this rank)."""
+    lay, root = plan.layout, plan.root
+    if name == SCATTER:
+        out = _assemble([slots[root]], lay.shard_shape(lay.rank), lay, [lay.rank])
+    elif lay.rank != root:
+        out = _empty(slots[0], lay)
+    else:
+        out = _assemble(slots, lay.output_shape, lay, range(lay.world_size))
+    return replace(plan, result=out)
 
 
 _SPECS: Final[dict[CollectiveName, RoundSpec[tuple[int, tuple[int, ...]], RootedPlan]]] = {

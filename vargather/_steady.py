@@ -38,10 +38,9 @@ from ._family import (
     DirectRound,
     Exchanged,
     PackedRound,
-    direct_exchanged,
     exchange_fused,
     fill_packed_at,
-    packed_exchanged,
+    landed,
     run_direct,
     run_packed,
     settle,
@@ -51,7 +50,7 @@ from ._round_buffers import Cut, region_cutter
 from ._round_state import FusedState, Memory, memory
 from ._rows import FamilyCall
 
-__all__ = ["JOINED_KEPT", "RoundSpec", "Steady", "answer", "keep", "landed", "replay", "run_round"]
+__all__ = ["JOINED_KEPT", "RoundSpec", "Steady", "answer", "keep", "replay", "run_round"]
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -185,15 +184,15 @@ def keep(mem: Memory, at: Key | None, steady: Steady[P]) -> None:
         mem.joined.pop(next(iter(mem.joined)))
 
 
-def replay(spec: RoundSpec[T, P], key: Key, x: torch.Tensor, info: GroupInfo) -> P | None:
+def replay(spec: RoundSpec[T, P], key: Key | None, x: object, info: GroupInfo) -> P | None:
     """The plan of a call whose key is the group's last steady call's (else
     ``RoundSpec.resized``, or ``None``: the full path runs). The very same call in the
     very same state replays its round: the same row and the blocks of ``x`` (the bytes
     the full path would send), and, when every rank's row is the one it sent last
     time, the remembered plan with this call's result; other rows go on as the full
-    path does after its exchange (``answer``)."""
+    path does after its exchange (``answer``). No ``key``: ``None``."""
     pg = process_group(info) if info.communicates else None
-    if pg is None:
+    if pg is None or key is None:
         return None
     mem = memory(pg, spec.name)
     at = None if spec.kept is None else spec.kept(key)
@@ -204,6 +203,7 @@ def replay(spec: RoundSpec[T, P], key: Key, x: torch.Tensor, info: GroupInfo) ->
         info = info.with_timeout(steady.call.timeout)
     state = mem.shared.state
     if steady.key != key or not steady.replays or state is not steady.state:
+        assert isinstance(x, torch.Tensor)  # a kept key is a tensor's
         return None if spec.resized is None else spec.resized(steady, key, x, info, pg, state)
     flat, sizes = spec.outgoing(x, steady.call, info)
     found = steady.round
@@ -217,22 +217,6 @@ def replay(spec: RoundSpec[T, P], key: Key, x: torch.Tensor, info: GroupInfo) ->
         )
     regions = [buf[a : a + n] for a, n in zip(found.starts, steady.needs, strict=True)]
     return spec.finish(steady.plan, regions, region_cutter(buf, found.starts))
-
-
-def landed(
-    call: FamilyCall,
-    info: GroupInfo,
-    pg: dist.ProcessGroup,
-    state: FusedState,
-    found: PackedRound | DirectRound,
-    buf: torch.Tensor,
-    raw: bytes,
-) -> Exchanged:
-    """What a replayed round received, as the full path's exchange gives it
-    (``direct_exchanged`` or ``packed_exchanged``, by the round's kind)."""
-    if isinstance(found, DirectRound):
-        return direct_exchanged(call, info, pg, state, found, buf, raw)
-    return packed_exchanged(call, info, pg, state, found, buf, raw)
 
 
 def _replay_packed(
