@@ -198,7 +198,7 @@ def _finish(plan: AllToAllPlan, slots: Sequence[torch.Tensor], cut: Cut | None) 
         result = cut((plan.recv,), tuple(s.numel() for s in slots))[0]
     else:
         result = cut_blocks(slots, plan.recv)
-    return replace(plan, result=result)
+    return AllToAllPlan(plan.send, plan.recv, plan.info, result)
 
 
 def _block_unit(x: torch.Tensor, d: int) -> int:
@@ -407,7 +407,9 @@ def _resized_call(
     joined = split_layout((*shape[:d], sum(recv), *shape[d + 1 :]), d, recv, x.dtype, info)
     plan = AllToAllPlan(split_layout(shape, d, sizes, x.dtype, info), joined, info)
     needs = tuple(n * unit for n in recv)
-    keep(memory(pg, NAME), None, Steady(key, call, state, after is state, ridden, raw, plan, needs))
+    lies = tuple(n * unit for n in sizes)  # x's blocks as they lie
+    steady = Steady(key, call, state, after is state, ridden, raw, plan, needs, lies)
+    keep(memory(pg, NAME), None, steady)
     regions = [buf[a : a + n] for a, n in zip(ridden.starts, needs, strict=True)]
     return _finish(plan, regions, region_cutter(buf, ridden.starts))
 

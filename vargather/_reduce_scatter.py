@@ -24,7 +24,7 @@ gradients (the exact adjoint), one gather through ``_transport``'s ``auto`` choi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import torch
@@ -226,7 +226,9 @@ _SPEC: Final = RoundSpec(
     _validated,
     _outgoing,
     _plan,
-    lambda plan, slots, _: replace(plan, result=fold_slots(slots, plan.layout)),
+    lambda plan, slots, _: ReduceScatterPlan(
+        plan.layout, plan.info, fold_slots(slots, plan.layout)
+    ),
 )
 """``reduce_scatter_v`` as the round takes it (``_steady.RoundSpec``)."""
 

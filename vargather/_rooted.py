@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final
 
@@ -269,7 +269,7 @@ def _finish(
         out = _empty(slots[0], lay)
     else:
         out = _assemble(slots, lay.output_shape, lay, range(lay.world_size))
-    return replace(plan, result=out)
+    return RootedPlan(lay, root, plan.info, plan.shape, out)
 
 
 _SPECS: Final[dict[CollectiveName, RoundSpec[tuple[int, tuple[int, ...]], RootedPlan]]] = {

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Generic, TypeVar
 
 import torch
@@ -46,7 +46,7 @@ from ._family import (
     settle,
 )
 from ._group import process_group
-from ._round_buffers import Cut, region_cutter
+from ._round_buffers import Cut, plain, plain_bytes, region_cutter
 from ._round_state import FusedState, Memory, memory
 from ._rows import FamilyCall
 
@@ -63,8 +63,9 @@ class Steady(Generic[P]):
     """A collective's last steady call on a group (its ``Memory.steady``): its key, its
     call, the group's state it was sized from, whether it left that state unchanged
     (``replays``: then the very same call may skip the state rule), its round (packed,
-    or by direct sends), the rows every rank sent (``raw``), its plan without a result
-    and the bytes each rank sent this rank (``needs``). ``spare``: send buffers of the
+    or by direct sends), the rows every rank sent (``raw``), its plan without a result,
+    the bytes each rank sent this rank (``needs``) and, when its blocks are ``x``'s
+    bytes as they lie (a function of the key), their lengths (``lies``). ``spare``: send buffers of the
     packed round with every row and zero already written, only the blocks left to copy
     in (taken out while in use, so a thread never shares one). Nothing in it refers to
     the group, which keys it weakly."""
@@ -77,6 +78,7 @@ class Steady(Generic[P]):
     raw: bytes
     plan: P
     needs: tuple[int, ...]
+    lies: tuple[int, ...] | None = None
     spare: list[torch.Tensor] = field(default_factory=list, compare=False, repr=False)
 
 
@@ -140,7 +142,7 @@ def answer(
     plan, blocks = spec.plan(verdict, x, call, info)
     slots = settle(ex, info, blocks)
     if key is not None:
-        _remember(spec, key, call, info, ex, plan, slots)
+        _remember(spec, key, call, x, info, ex, plan, slots)
     return plan if slots is None else spec.finish(plan, slots, ex.cut)
 
 
@@ -148,6 +150,7 @@ def _remember(
     spec: RoundSpec[T, P],
     key: Key,
     call: FamilyCall,
+    x: object,
     info: GroupInfo,
     ex: Exchanged,
     plan: P,
@@ -170,8 +173,12 @@ def _remember(
     if found is None or ex.raw is None or slots is None or info.default_device().type != "cpu":
         return
     needs = tuple(s.numel() for s in slots)
+    flat, sizes = spec.outgoing(x, call, info)
+    own = isinstance(x, torch.Tensor) and plain(x) and flat.data_ptr() == x.data_ptr()
+    lies = own or (isinstance(x, torch.Tensor) and plain(x) and not any(sizes))  # x's bytes
     replays = mem.shared.state is ex.state
-    keep(mem, at, Steady(key, call, ex.state, replays, found, ex.raw, plan, needs))
+    steady = Steady(key, call, ex.state, replays, found, ex.raw, plan, needs, None)
+    keep(mem, at, replace(steady, lies=tuple(sizes)) if lies else steady)
 
 
 def keep(mem: Memory, at: Key | None, steady: Steady[P]) -> None:
@@ -205,10 +212,16 @@ def replay(spec: RoundSpec[T, P], key: Key | None, x: object, info: GroupInfo) -
     if steady.key != key or not steady.replays or state is not steady.state:
         assert isinstance(x, torch.Tensor)  # a kept key is a tensor's
         return None if spec.resized is None else spec.resized(steady, key, x, info, pg, state)
-    flat, sizes = spec.outgoing(x, steady.call, info)
+    if steady.lies is not None:  # x's bytes as they lie (the key's tensor: a plain one)
+        assert isinstance(x, torch.Tensor)
+        flat, sizes = x, steady.lies
+    else:
+        flat, sent = spec.outgoing(x, steady.call, info)
+        sizes = tuple(sent)
     found = steady.round
     if isinstance(found, DirectRound):
-        buf, raw = run_direct(steady.call, info, pg, found, torch.split(flat, list(sizes)))
+        pieces = torch.split(plain_bytes(flat)[: sum(sizes)], list(sizes))
+        buf, raw = run_direct(steady.call, info, pg, found, pieces)
     else:
         buf, raw = _replay_packed(steady, found, flat, sizes, info, pg)
     if raw != steady.raw:
@@ -229,8 +242,8 @@ def _replay_packed(
 ) -> tuple[torch.Tensor, bytes]:
     """The packed round of a steady call: a spare send buffer (its rows and zeros
     written when it was made: the same key sends the same blocks' lengths, so no block
-    leaves stale bytes behind it) with the blocks of ``flat`` (``sizes[k]`` bytes for
-    rank ``k``, one after the other, on the CPU) copied in."""
+    leaves stale bytes behind it) with the blocks of ``flat``'s bytes (``sizes[k]``
+    bytes for rank ``k``, one after the other, on the CPU) copied in."""
     try:
         send: torch.Tensor | None = steady.spare.pop()
     except IndexError:  # none spare (or another thread took the last one)
