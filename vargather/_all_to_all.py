@@ -1,6 +1,7 @@
 """``all_to_all_v``: plan (checks, exchange, validation), payload, autograd.
 
-Where it sits: a family collective built on ``_family`` (stages 1-3), ``_layout``,
+Where it sits: a family collective built on ``_family`` and ``_steady`` (stages 1-3,
+its ``RoundSpec`` and steady replay, with its own resized calls), ``_layout``,
 ``_buffers`` and ``_comm`` (one alltoallv). The public face (``_api``) calls its
 ``Route``; its custom operators close the module (``# --- compiled``).
 

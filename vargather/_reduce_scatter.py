@@ -1,6 +1,7 @@
 """``reduce_scatter_v``: plan (checks, exchange, validation), payload, autograd.
 
-Where it sits: a family collective built on ``_family`` (stages 1-3), ``_layout``,
+Where it sits: a family collective built on ``_family`` and ``_steady`` (stages 1-3,
+its ``RoundSpec`` and steady replay), ``_layout``,
 ``_buffers`` and ``_comm`` (the payload), and ``_transport`` (its backward is a gather).
 The public face (``_api``) calls its ``Route``; its custom operators close the module
 (``# --- compiled``).
