@@ -368,14 +368,17 @@ STEADY_COLS = 512
 
 
 @contextlib.contextmanager
-def calls_taken(module: Any, name: str) -> Iterator[list[bool]]:
+def calls_taken(module: Any, name: str, collective: str | None = None) -> Iterator[list[bool]]:
     """For each call of the steady path ``module.name`` meanwhile, whether it took the
     call (sent its round: it then answered, returning something, or raised the peers'
-    error), in order; ``module.name`` restored after."""
+    error), in order; ``module.name`` restored after. With ``collective``: only the
+    calls whose first argument (a ``_steady.RoundSpec``) is that collective's."""
     taken: list[bool] = []
     original = getattr(module, name)
 
     def counted(*args: Any) -> Any:
+        if collective is not None and args[0].name != collective:
+            return original(*args)
         try:
             found = original(*args)
         except vargather.VarGatherError:
@@ -391,11 +394,14 @@ def calls_taken(module: Any, name: str) -> Iterator[list[bool]]:
         setattr(module, name, original)
 
 
-def steady_calls_taken() -> contextlib.AbstractContextManager[list[bool]]:
-    """``calls_taken`` of ``all_to_all_v``'s steady path (``_all_to_all._steady_call``)."""
-    from vargather import _all_to_all
+def steady_calls_taken(
+    collective: str = "all_to_all_v",
+) -> contextlib.AbstractContextManager[list[bool]]:
+    """``calls_taken`` of the round's steady path (``_steady.replay``) for
+    ``collective``'s calls."""
+    from vargather import _steady
 
-    return calls_taken(_all_to_all, "_steady_call")
+    return calls_taken(_steady, "replay", collective)
 
 
 def steady_input(rank: int, call: int, rows: int, dtype: str = "float32") -> torch.Tensor:
@@ -413,7 +419,7 @@ def steady_upstream(rank: int, call: int, rows: int) -> torch.Tensor:
 
 def steady_calls(ctx: RankContext, job: tuple[tuple[SteadyStep, ...], str]) -> list[Any]:
     """Every step (``job[0]``) on this rank, in order: its result and input gradient,
-    or the error it raised (type name and message); whether ``_steady_call`` took it
+    or the error it raised (type name and message); whether ``_steady.replay`` took it
     (sent its round: it then answered or raised); and the round's state after it. ``job[1]``: the wide round's path,
     ``"packed"`` (as configured), ``"direct"`` (direct sends, blocks as they lie:
     gloo's) or ``"direct-whole"`` (direct sends of exactly their slot: every other
@@ -468,7 +474,7 @@ def _a2a_state() -> object:
 
 def steady_two_groups(ctx: RankContext, calls: int) -> list[tuple[bool, bool]]:
     """``all_to_all_v`` on the world and on a second group of the same ranks, call for
-    call in turn, the same sizes on each: whether ``_steady_call`` answered each pair
+    call in turn, the same sizes on each: whether ``_steady.replay`` answered each pair
     (each group keeps its own last steady call), every result checked against the
     other group's (the same inputs, so the same answer)."""
     other = dist.new_group(list(range(ctx.world_size)))
@@ -515,4 +521,74 @@ def round_kind_changes_under_the_steady_path(ctx: RankContext, calls: int) -> li
                 out.append((x, y, _family.goes_direct(state, w), any(answered[before:])))
     finally:
         (_round_state.FAMILY_FUSED_MAX, _family.PACKED_WIDE_MAX) = saved  # type: ignore[misc]  # restored
+    return out
+
+
+# --- the round's steady replay for reduce_scatter_v and the rooted pair ---------------
+
+ROUND_ROOT = 1
+"""The root of the rooted steady calls (not rank 0)."""
+
+
+@dataclass(frozen=True)
+class RoundStep:
+    """One call of ``steady_round_calls`` on every rank: ``sizes`` (rows of 2 KiB, as
+    ``SteadyStep``'s) are the sizes every rank passes (``reduce_scatter_v``,
+    ``scatter_v``) or rank ``r``'s rows (``gather_v``); rank ``bad`` passes float64
+    (every rank raises the same ``DTypeMismatchError``); whether the input requires a
+    gradient."""
+
+    sizes: tuple[int, ...]
+    bad: int = -1
+    grad: bool = False
+
+
+def round_input(name: str, rank: int, call: int, step: RoundStep) -> torch.Tensor:
+    """Rank ``rank``'s input of ``name`` for call ``call`` (``scatter_v`` off the root:
+    0 rows, only its dtype and trailing shape are read)."""
+    if name == "gather_v":
+        rows = step.sizes[rank]
+    elif name == "scatter_v" and rank != ROUND_ROOT:
+        rows = 0
+    else:
+        rows = sum(step.sizes)
+    return steady_input(rank, call, rows, "float64" if rank == step.bad else "float32")
+
+
+def steady_round_calls(ctx: RankContext, job: tuple[str, tuple[RoundStep, ...], str]) -> list[Any]:
+    """Every step (``job[1]``) of collective ``job[0]`` on this rank, in order, as
+    ``steady_calls`` reports it (result and input gradient, or the error; whether
+    ``_steady.replay`` took the call; the round's state after it), on the wide round's
+    path ``job[2]`` (``steady_calls``'); restored after."""
+    from vargather import _family, _round_state
+
+    name, steps, path = job
+    saved = (_family.SHORT_MESSAGES, _family.PACKED_WIDE_MAX)
+    if path.startswith("direct"):
+        _family.PACKED_WIDE_MAX = -1
+        _family.SHORT_MESSAGES = () if path == "direct-whole" else ("gloo",)
+    _round_state.reset_state(None, name)  # type: ignore[arg-type]  # a collective's name
+    call = {
+        "reduce_scatter_v": lambda x, s: vargather.reduce_scatter_v(x, list(s)),
+        "gather_v": lambda x, s: vargather.gather_v(x, ROUND_ROOT),
+        "scatter_v": lambda x, s: vargather.scatter_v(x, list(s), ROUND_ROOT),
+    }[name]
+    out: list[Any] = []
+    try:
+        with steady_calls_taken(name) as answered:
+            for i, step in enumerate(steps):
+                x = round_input(name, ctx.rank, i, step).requires_grad_(step.grad)
+                before = len(answered)
+                try:
+                    y = call(x, step.sizes)
+                    grad = None
+                    if step.grad:
+                        y.backward(steady_upstream(ctx.rank, i, y.shape[0]))
+                        grad = x.grad
+                    out.append(("ok", y.detach(), grad, any(answered[before:]), _a2a_state()))
+                except vargather.VarGatherError as err:
+                    taken = any(answered[before:])
+                    out.append(("raised", type(err).__name__, str(err), taken, _a2a_state()))
+    finally:
+        _family.SHORT_MESSAGES, _family.PACKED_WIDE_MAX = saved
     return out

@@ -42,6 +42,7 @@ ORDER = [
     "_compiled",
     "_gather",
     "_family",
+    "_steady",
     "_reduce_scatter",
     "_all_to_all_rows",
     "_all_to_all",

@@ -1,6 +1,7 @@
 """``all_to_all_v``: plan (checks, exchange, validation), payload, autograd.
 
-Where it sits: a family collective built on ``_family`` (stages 1-3), ``_layout``,
+Where it sits: a family collective built on ``_family`` and ``_steady`` (stages 1-3,
+its ``RoundSpec`` and steady replay, with its own resized calls), ``_layout``,
 ``_buffers`` and ``_comm`` (one alltoallv). The public face (``_api``) calls its
 ``Route``; its custom operators close the module (``# --- compiled``).
 
@@ -36,8 +37,6 @@ exchange (the two layouts swapped: ``g_r`` cut along ``c``, joined along ``d``).
 
 from __future__ import annotations
 
-import ctypes
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -47,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
+from . import _steady
 from ._all_to_all_rows import (
     local_call,
     receive_layout,
@@ -64,35 +64,25 @@ from ._errors import (
 )
 from ._family import (
     DirectRound,
-    Exchanged,
-    PackedRound,
-    direct_exchanged,
-    exchange_fused,
-    fill_packed_at,
     goes_direct,
-    packed_exchanged,
+    landed,
     resized_round,
     run_direct,
-    run_packed,
     send_packed,
-    settle,
 )
-from ._group import process_group
 from ._layout import Layout
 from ._mesh import call_group
 from ._round_buffers import (
-    Closing,
-    bytes_of,
-    closed_up,
-    closing,
+    Cut,
     pack,
     plain,
     plain_bytes,
     plain_in_blocks,
-    unpack,
+    region_cutter,
 )
 from ._round_state import FusedState, advance_blocks, block_room, memory, set_state
 from ._rows import FamilyCall, ValidatedOnce, check_tensor, raise_own_problem, rows_changed_only_in
+from ._steady import RoundSpec, Steady, answer, keep, run_round
 from ._wire import RECORD_SHAPE_AT, ROW_EXTRAS_AT
 
 __all__ = [
@@ -103,7 +93,6 @@ __all__ = [
     "cut_blocks",
     "exchange_blocks",
     "plan_all_to_all",
-    "plan_from_exchange",
     "receive_layout",
     "resized_matrix",
     "split_layout",
@@ -145,7 +134,7 @@ def plan_all_to_all(
     cat_dim: object = None,
 ) -> AllToAllPlan:
     """Stages 1-3: the same error on every rank, or this rank's plan. ``steady_key``
-    (``_steady_key``): remember the call for ``_steady_call`` when it is steady.
+    (``_steady_key``): remember the call for ``_steady.replay`` when it is steady.
 
     The exchange is skipped only with ``validate=False`` and ``recv_sizes`` given;
     then a local problem is raised on this rank only. Without ``recv_sizes`` the send
@@ -174,22 +163,20 @@ def plan_all_to_all(
         assert alone is not None
         recv = recv if recv is not None else alone
     else:
-        ex = exchange_fused(call, info, x, functools.partial(_outgoing, x, call, info))
-        plan = plan_from_exchange(x, call, info, ex)
-        if steady_key is not None:
-            _remember(steady_key, call, info, ex, plan)
-        return plan
+        return run_round(_SPEC, call, x, info, steady_key)
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     shape = tuple(int(n) for n in x.shape)
     recv_layout = receive_layout(shape, d, c, send[info.rank], recv, x.dtype, info)
     return AllToAllPlan(split_layout(shape, d, send, x.dtype, info), recv_layout, info)
 
 
-def plan_from_exchange(x: object, call: FamilyCall, info: GroupInfo, ex: Exchanged) -> AllToAllPlan:
-    """Stage 3 after the exchange: the rows validated (the same error on every rank),
-    the group's state advanced, and the plan, with its result when the payload rode."""
-    matrix, c, shapes = _validated(ex.rows, rank=info.rank)
-    w, rank = info.world_size, info.rank
+def _plan(
+    verdict: tuple[Any, ...], x: object, call: FamilyCall, info: GroupInfo
+) -> tuple[AllToAllPlan, list[int]]:
+    """Stage 3 after the rows validated (``verdict``: ``validate_rows``'): this rank's
+    plan and the bytes rank ``j`` sends rank ``k`` at ``j * W + k``."""
+    matrix, c, shapes = verdict
+    rank = info.rank
     send = matrix[rank]
     recv = received(matrix, shapes, c, rank)
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
@@ -200,15 +187,19 @@ def plan_from_exchange(x: object, call: FamilyCall, info: GroupInfo, ex: Exchang
     else:  # each sender's rows along dim have its own size along cat_dim
         units = [row_bytes(sh, d, x.element_size()) for sh in shapes]
         blocks = [n * units[j] for j, s in enumerate(matrix) for n in s]
-    slots = settle(ex, info, blocks)
     shape = tuple(int(n) for n in x.shape)
     recv_layout = receive_layout(shape, d, c, send[rank], recv, x.dtype, info)
-    result = None
-    if slots is not None and ex.cut is not None:  # the wide round's one buffer
-        result = ex.cut((recv_layout,), tuple(blocks[j * w + rank] for j in range(w)))[0]
-    elif slots is not None:
-        result = cut_blocks(slots, recv_layout)
-    return AllToAllPlan(split_layout(shape, d, send, x.dtype, info), recv_layout, info, result)
+    return AllToAllPlan(split_layout(shape, d, send, x.dtype, info), recv_layout, info), blocks
+
+
+def _finish(plan: AllToAllPlan, slots: Sequence[torch.Tensor], cut: Cut | None) -> AllToAllPlan:
+    """``plan`` with its result from the bytes each rank sent this rank: cut from the
+    round's one buffer (``cut``), else joined (``cut_blocks``)."""
+    if cut is not None:
+        result = cut((plan.recv,), tuple(s.numel() for s in slots))[0]
+    else:
+        result = cut_blocks(slots, plan.recv)
+    return AllToAllPlan(plan.send, plan.recv, plan.info, result)
 
 
 def _block_unit(x: torch.Tensor, d: int) -> int:
@@ -280,47 +271,15 @@ class AllToAllVFunction(torch.autograd.Function):
 # --- the steady path: a call repeating the last one replays its round ------------------
 
 
-@dataclass(frozen=True)
-class _Steady:
-    """A group's last steady call (``_remember``): its key (``_steady_key``), its call,
-    the group's state it was sized from, whether it left that state unchanged
-    (``replays``: then the very same call may skip the state rule), its round (packed,
-    or by direct sends), where each block lies in ``x``'s bytes (offset and length),
-    the rows every rank sent, its layouts, and how its receive buffer closes up into
-    the result. ``spare``: send buffers of the packed round with every row and zero
-    already written, only the blocks left to copy in (taken out while in use, so a
-    thread never shares one). Nothing in it refers to the group, which keys it weakly
-    (``Memory.steady``)."""
-
-    key: tuple[object, ...]
-    call: FamilyCall
-    state: FusedState
-    replays: bool
-    round: PackedRound | DirectRound
-    blocks: tuple[tuple[int, int], ...]
-    raw: bytes
-    send: Layout
-    recv: Layout
-    closing: Closing
-    needs: tuple[int, ...]
-    spare: list[torch.Tensor] = field(default_factory=list, compare=False, repr=False)
-
-
-JOINED_KEPT: Final = 4
-"""Steady calls joined along another dim than ``dim`` kept per group (``Memory.joined``,
-by their key but for the rows and sizes, the oldest dropped): Ulysses alternates calls
-of several shapes (Q, K and V to the heads, the output back), each of which replays its
-own round while the group's state stays the one it was sized from. Other calls keep
-one (``Memory.steady``)."""
-
-
-def _joined(key: tuple[object, ...]) -> bool:
-    """Whether ``key`` (``_steady_key``'s) is of a call joined along another dim."""
+def _kept(key: tuple[object, ...]) -> tuple[object, ...] | None:
+    """Where the round keeps a steady call of ``key`` (``_steady_key``'s): a call joined
+    along another dim than ``dim`` by its key but for the rows and sizes (Ulysses'
+    several shapes, ``_steady.JOINED_KEPT`` of them), else ``None`` (the one kept)."""
     other = key[1]
     assert isinstance(other, tuple)  # the shape outside dim
     dim = key[0]
     assert isinstance(dim, int)
-    return key[5] != dim % (len(other) + 1)
+    return key[:6] if key[5] != dim % (len(other) + 1) else None
 
 
 def _steady_key(
@@ -380,121 +339,16 @@ def _int_sizes(sizes: object) -> bool:
     return all(type(n) is int for n in sizes)
 
 
-def _remember(
-    key: tuple[object, ...], call: FamilyCall, info: GroupInfo, ex: Exchanged, plan: AllToAllPlan
-) -> None:
-    """Keep the call for ``_steady_call`` when its round answered it (packed or by
-    direct sends, the payload in its slots); ``replays`` when it left the group's
-    state as it found it (so the same rows next time leave it so again: the state
-    rule is a pure function)."""
-    pg = process_group(info)
-    if pg is None:
-        return
-    mem = memory(pg, NAME)
-    joined = mem.joined if _joined(key) else None
-    if joined is None:
-        mem.steady = None
-    else:
-        joined.pop(key[:6], None)
-    found = ex.packed if ex.packed is not None else ex.direct
-    if found is None or ex.raw is None or plan.result is None:
-        return
-    replays = mem.shared.state is ex.state
-    send, recv = plan.send, plan.recv
-    blocks = _blocks_at(send.sizes, send.pre * send.post * send.dtype.itemsize)
-    needs = tuple(recv.pre * n * recv.post * recv.dtype.itemsize for n in recv.sizes)
-    closes = closing(found.starts, needs)
-    steady = _Steady(key, call, ex.state, replays, found, blocks, ex.raw, send, recv, closes, needs)
-    if joined is None:
-        mem.steady = steady
-        return
-    joined[key[:6]] = steady
-    while len(joined) > JOINED_KEPT:
-        joined.pop(next(iter(joined)))
-
-
-def _blocks_at(sizes: Sequence[int], unit: int) -> tuple[tuple[int, int], ...]:
-    """Where block ``k`` of ``sizes`` rows of ``unit`` bytes lies in a plain tensor's
-    bytes: its offset and its length."""
-    out, at = [], 0
-    for n in sizes:
-        out.append((at, n * unit))
-        at += n * unit
-    return tuple(out)
-
-
-def _steady_call(key: tuple[object, ...], x: torch.Tensor, info: GroupInfo) -> AllToAllPlan | None:
-    """The plan of a call whose key is the last steady call's on the same group, but
-    perhaps for its rows and sizes (else ``None``: the full path runs). The very same call
-    in the very same state replays its round: the same row and the blocks of ``x`` (the
-    bytes the full path would send), and, when every rank's row is the one it sent last
-    time, the result closed up as then (the same rows validate alike and move the state
-    alike: not at all); other rows go on as the full path does after its exchange
-    (``plan_from_exchange``). Any other call goes to ``_resized_call``."""
-    pg = process_group(info)
-    if pg is None:
-        return None
-    mem = memory(pg, NAME)
-    steady = mem.joined.get(key[:6]) if _joined(key) else mem.steady
-    if not isinstance(steady, _Steady) or steady.key[:6] != key[:6]:
-        return None
-    if steady.call.timeout is not None:  # the call's own, as the full path runs it
-        info = info.with_timeout(steady.call.timeout)
-    state = mem.shared.state
-    if steady.key != key or not steady.replays or state is not steady.state:
-        return _resized_call(steady, key, x, info, pg, state)
-    found = steady.round
-    if isinstance(found, DirectRound):
-        blocks = _pieces(x, steady.send, steady.blocks)
-        buf, raw = run_direct(steady.call, info, pg, found, blocks)
-    else:
-        buf, raw = _replay_packed(steady, found, x, info, pg)
-    if raw != steady.raw:
-        ex = _exchanged(steady.call, info, pg, steady.state, found, buf, raw)
-        return plan_from_exchange(x, steady.call, info, ex)
-    if steady.recv.pre == 1:  # the blocks lie one after the other in the result
-        result = closed_up(buf, steady.closing, steady.recv)
-    else:  # joined along a dim with dims before it: one copy
-        starts = steady.round.starts
-        regions = [buf[a : a + n] for a, n in zip(starts, steady.needs, strict=False)]
-        result = unpack(regions, [steady.recv])[0]
-    return AllToAllPlan(steady.send, steady.recv, info, result)
-
-
-def _pieces(x: torch.Tensor, send: Layout, blocks: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
-    """The bytes of each block of the plain ``x`` (``blocks``: rank-major offsets and
-    lengths): views of ``x`` when its blocks lie one after the other, else of one
-    rank-major copy."""
-    flat = plain_bytes(x) if send.pre == 1 else bytes_of(rank_major_gradient(x.detach(), send))
-    return [flat[at : at + n] for at, n in blocks]
-
-
-def _exchanged(
-    call: FamilyCall,
-    info: GroupInfo,
-    pg: dist.ProcessGroup,
-    state: FusedState,
-    found: PackedRound | DirectRound,
-    buf: torch.Tensor,
-    raw: bytes,
-) -> Exchanged:
-    """What a replayed round received, as the full path's exchange gives it
-    (``direct_exchanged`` or ``packed_exchanged``, by the round's kind)."""
-    if isinstance(found, DirectRound):
-        return direct_exchanged(call, info, pg, state, found, buf, raw)
-    return packed_exchanged(call, info, pg, state, found, buf, raw)
-
-
 def _resized_call(
-    steady: _Steady,
+    steady: Steady[AllToAllPlan],
     key: tuple[object, ...],
     x: torch.Tensor,
     info: GroupInfo,
     pg: dist.ProcessGroup,
-    state: FusedState | None,
+    state: FusedState,
 ) -> AllToAllPlan | None:
-    """A call of the steady call's round with other rows and sizes (or in another
-    state): ``None`` (the full path runs) unless the sizes are this rank's valid ones,
+    """A call of the steady call's round (its key but for the rows and sizes) with other
+    rows and sizes (or in another state): ``None`` (the full path runs) unless the sizes are this rank's valid ones,
     every block fits its slot and the group's state still gives the steady call's round
     (its slots, and its kind: ``goes_direct``).
     Then the round runs with this call's row (``resized_round``). When every rank's row
@@ -505,15 +359,17 @@ def _resized_call(
     w, rank = info.world_size, info.rank
     cat, rows, sizes, recv_sizes = key[5:]
     assert isinstance(sizes, tuple)  # _steady_key's: a tuple of ints
-    if state is None or len(sizes) != w or min(sizes, default=0) < 0 or sum(sizes) != rows:
+    if steady.key[:6] != key[:6] or len(sizes) != w or min(sizes, default=0) < 0:
         return None
-    if cat != steady.send.dim:  # joined along another dim: the full path (its own sizes)
+    if (
+        sum(sizes) != rows or cat != steady.plan.send.dim
+    ):  # joined along another dim: the full path (its own sizes)
         return None
     if recv_sizes is not None:
         assert isinstance(recv_sizes, tuple)  # _steady_key's: a tuple of ints
         if len(recv_sizes) != w or min(recv_sizes, default=0) < 0:
             return None
-    send = steady.send
+    send = steady.plan.send
     d = send.dim
     record = steady.call.record
     if send.pre != 1:  # blocks apart in x: the full path (sizes changing are MoE's)
@@ -535,44 +391,28 @@ def _resized_call(
     extras = (w, *sizes, *passed, d)  # _local_call's words
     call = replace(steady.call, record=record, extras=extras, sizes=(sizes, recv_sizes))
     ridden = resized_round(found, call, info)
-    at = _blocks_at(sizes, unit)
-    flat = plain_bytes(x)
-    pieces = [flat[a : a + n] for a, n in at]
+    pieces = list(torch.split(plain_bytes(x), [n * unit for n in sizes]))
     if isinstance(ridden, DirectRound):
         buf, raw = run_direct(call, info, pg, ridden, pieces)
     else:
         buf, raw = send_packed(call, info, pg, ridden, pieces)
     matrix = resized_matrix(raw, steady.raw, w, d, room, unit)
     if matrix is None:
-        ex = _exchanged(call, info, pg, state, ridden, buf, raw)
-        plan = plan_from_exchange(x, call, info, ex)
-        _remember(key, call, info, ex, plan)
-        return plan
+        return answer(_SPEC, call, x, info, landed(call, info, pg, state, ridden, buf, raw), key)
     blocks = [n * unit for s in matrix for n in s]
     after = advance_blocks(state, fusable=True, blocks=blocks, world=w)
     if after is not state:
         set_state(pg, NAME, after)
     recv = tuple(s[rank] for s in matrix)
     shape = tuple(int(n) for n in x.shape)
-    send_layout = split_layout(shape, d, sizes, x.dtype, info)
-    recv_layout = split_layout((*shape[:d], sum(recv), *shape[d + 1 :]), d, recv, x.dtype, info)
+    joined = split_layout((*shape[:d], sum(recv), *shape[d + 1 :]), d, recv, x.dtype, info)
+    plan = AllToAllPlan(split_layout(shape, d, sizes, x.dtype, info), joined, info)
     needs = tuple(n * unit for n in recv)
-    closes = closing(ridden.starts, needs)
-    result = closed_up(buf, closes, recv_layout)
-    memory(pg, NAME).steady = _Steady(
-        key,
-        call,
-        state,
-        after is state,
-        ridden,
-        at,
-        raw,
-        send_layout,
-        recv_layout,
-        closes,
-        needs,
-    )
-    return AllToAllPlan(send_layout, recv_layout, info, result)
+    lies = tuple(n * unit for n in sizes)  # x's blocks as they lie
+    steady = Steady(key, call, state, after is state, ridden, raw, plan, needs, lies)
+    keep(memory(pg, NAME), None, steady)
+    regions = [buf[a : a + n] for a, n in zip(ridden.starts, needs, strict=True)]
+    return _finish(plan, regions, region_cutter(buf, ridden.starts))
 
 
 def resized_matrix(
@@ -602,58 +442,17 @@ def resized_matrix(
     return matrix
 
 
-def _replay_packed(
-    steady: _Steady, packed: PackedRound, x: torch.Tensor, info: GroupInfo, pg: dist.ProcessGroup
-) -> tuple[torch.Tensor, bytes]:
-    """The packed round of a steady call: a spare send buffer (its rows and zeros
-    written when it was made: the same key sends the same blocks' lengths, so no
-    block leaves stale bytes behind it) with ``x``'s blocks copied in."""
-    try:
-        send: torch.Tensor | None = steady.spare.pop()
-    except IndexError:  # none spare (or another thread took the last one)
-        send = None
-    if send is None:
-        send = torch.empty(sum(packed.out_bytes), dtype=torch.uint8)
-        fill_packed_at(send, packed.row, None, packed.out_bytes, packed.head)
-    lay = steady.send
-    if lay.pre == 1:  # x's blocks lie one after the other: copied as bytes
-        base, source = send.data_ptr(), x.data_ptr()
-        at = 0
-        for (offset, n), size in zip(steady.blocks, packed.out_bytes, strict=True):
-            if n:
-                ctypes.memmove(base + at + packed.head, source + offset, n)
-            at += size
-    elif _one_stride(lay, packed):  # every slot one step apart: one strided copy
-        w, n, size = lay.world_size, lay.total // lay.world_size, lay.dtype.itemsize
-        slots = send[packed.head :].view(lay.dtype)
-        step = packed.out_bytes[0] // size
-        into = slots.as_strided((w, lay.pre, n, lay.post), (step, n * lay.post, lay.post, 1))
-        into.copy_(x.detach().view(lay.pre, w, n, lay.post).transpose(0, 1))
-    else:  # each block copied once from x's strides into its slot
-        rows = x.detach().view(lay.pre, lay.total, lay.post)
-        at = 0
-        for r, ((_, n), size) in enumerate(zip(steady.blocks, packed.out_bytes, strict=True)):
-            if n:
-                slot = send[at + packed.head : at + packed.head + n].view(lay.dtype)
-                slot.view(lay.pre, lay.sizes[r], lay.post).copy_(rows[:, lay.block(r)])
-            at += size
-    try:
-        return run_packed(steady.call, info, pg, packed, send)
-    finally:
-        steady.spare.append(send)
-
-
-def _one_stride(lay: Layout, packed: PackedRound) -> bool:
-    """Whether an even split's blocks go to slots one step apart in the send buffer (every
-    message the same length, a whole number of elements, as is the row before them)."""
-    size = lay.dtype.itemsize
-    return (
-        lay.is_even
-        and lay.total > 0
-        and len(set(packed.out_bytes)) == 1
-        and packed.out_bytes[0] % size == 0
-        and packed.head % size == 0
-    )
+_SPEC: Final = RoundSpec(
+    NAME,
+    _validated,
+    _outgoing,
+    _plan,
+    _finish,
+    _kept,
+    lambda *a: _resized_call(*a),  # looked up per call: a script may wrap it
+)
+"""``all_to_all_v`` as the round takes it (``_steady.RoundSpec``), with its own steady
+calls joined along another dim (``_kept``) and its resized calls (``_resized_call``)."""
 
 
 class AllToAllResult(NamedTuple):
@@ -678,11 +477,11 @@ def all_to_all_eager(
     cat_dim: Any = None,
 ) -> AllToAllResult:
     """The eager ``all_to_all_v_with_layout`` (its arguments unchecked: the plan judges
-    them, on every rank): the plan (``_steady_call`` when the call repeats the last
+    them, on every rank): the plan (``_steady.replay`` when the call repeats the last
     steady one), then the payload inside ``AllToAllVFunction``."""
     info = call_group(group, mesh_dim)
     key = _steady_key(x, send_sizes, recv_sizes, dim, validate, timeout, cat_dim)
-    plan = None if key is None else _steady_call(key, x, info)
+    plan = _steady.replay(_SPEC, key, x, info)
     if plan is None:
         plan = plan_all_to_all(
             x,

@@ -1,10 +1,10 @@
 """The all_to_all pattern's round: every rank's row to every rank, blocks where they go.
 
 Where it sits: above the calls and rows (``_rows``), the state policy
-(``_round_state``) and the kept buffers (``_round_buffers``); below the collectives
-that ride it (``_reduce_scatter``, ``_all_to_all``; any collective of the all_to_all
-pattern, through ``RoundSpec`` and ``run_round``: ``docs/architecture.md``, "Adding a
-collective to the round"). Rank ``j`` sends every rank its row (``_wire.encode_row``:
+(``_round_state``) and the kept buffers (``_round_buffers``); below ``_steady`` (a
+collective's way in, ``RoundSpec`` and ``run_round``, and the steady replay) and the
+collectives that ride it (``_reduce_scatter``, ``_all_to_all``, ``_rooted``:
+``docs/architecture.md``, "Adding a collective to the round"). Rank ``j`` sends every rank its row (``_wire.encode_row``:
 its record, its collective's code and extra words, a flag word) and, when every block
 fits its slot and it has no local problem, block ``k`` of its payload to rank ``k``;
 every rank sends the same lengths whichever collective it called, as the lengths are
@@ -37,7 +37,7 @@ import ctypes
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Generic, NamedTuple, TypeVar
+from typing import Final, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -74,20 +74,16 @@ __all__ = [
     "DirectRound",
     "Exchanged",
     "PackedRound",
-    "RoundSpec",
-    "direct_exchanged",
     "direct_round",
-    "exchange",
     "exchange_fused",
     "fill_packed",
     "fill_packed_at",
     "goes_direct",
     "known_call",
-    "packed_exchanged",
+    "landed",
     "resized_round",
     "run_direct",
     "run_packed",
-    "run_round",
     "send_packed",
     "settle",
 ]
@@ -206,7 +202,7 @@ def exchange_fused(
     raw = _landed_rows(received.view(-1), [j * width for j in range(w)], 8 * words)
     out, flags = _read_rows(call, raw, w, pg)
     # The same messages as a packed round of equal slots (``capacity`` is whole 16s): a
-    # steady caller replays them so (``_all_to_all``'s steady path).
+    # steady caller replays them so (``_steady.replay``).
     packed = packed_round(row, (capacity,) * (w * w), info.rank, w) if capacity % 16 == 0 else None
     slots = received[:, 8 * words :].unbind(0)
     return Exchanged(out, slots, flags, state, call.kind, None, packed, raw)
@@ -342,7 +338,7 @@ def _direct_wide_exchange(
     exact = info.backend in SHORT_MESSAGES
     direct = direct_round(row, tuple(room), info.rank, info.world_size, exact)
     buf, raw = run_direct(call, info, pg, direct, blocks)
-    return direct_exchanged(call, info, pg, state, direct, buf, raw)
+    return landed(call, info, pg, state, direct, buf, raw)
 
 
 @dataclass(frozen=True)
@@ -534,23 +530,6 @@ def _direct_by_messages(
     )
 
 
-def direct_exchanged(
-    call: FamilyCall,
-    info: GroupInfo,
-    pg: dist.ProcessGroup,
-    state: FusedState,
-    direct: DirectRound,
-    buf: torch.Tensor,
-    raw: bytes,
-) -> Exchanged:
-    """What a direct round received (``buf``, its rows' bytes ``raw``), as
-    ``Exchanged``."""
-    out, flags = _read_rows(call, raw, info.world_size, pg)
-    regions = [buf[s : s + n] for s, n in zip(direct.starts, direct.in_slots, strict=True)]
-    cut = region_cutter(buf, direct.starts)
-    return Exchanged(out, regions, flags, state, call.kind, cut, None, raw, direct)
-
-
 @dataclass(frozen=True)
 class PackedRound:
     """The packed wide round of one state on one rank (a pure function of the slots and
@@ -598,22 +577,23 @@ def run_packed(
     return buf, _landed_rows(buf, packed.offsets, packed.row.numel())
 
 
-def packed_exchanged(
+def landed(
     call: FamilyCall,
     info: GroupInfo,
     pg: dist.ProcessGroup,
     state: FusedState,
-    packed: PackedRound,
+    found: PackedRound | DirectRound,
     buf: torch.Tensor,
     raw: bytes,
 ) -> Exchanged:
-    """What a packed round received (``buf``, its rows' bytes ``raw``), as
-    ``Exchanged``."""
+    """What a packed round or the direct sends (``found``, run afresh or replayed)
+    received (``buf``, its rows' bytes ``raw``), as ``Exchanged``."""
     w, rank = info.world_size, info.rank
     out, flags = _read_rows(call, raw, w, pg)
-    regions = [buf[s : s + packed.room[j * w + rank]] for j, s in enumerate(packed.starts)]
-    cut = region_cutter(buf, packed.starts)
-    return Exchanged(out, regions, flags, state, call.kind, cut, packed, raw)
+    regions = [buf[s : s + found.room[j * w + rank]] for j, s in enumerate(found.starts)]
+    cut = region_cutter(buf, found.starts)
+    packed, direct = (None, found) if isinstance(found, DirectRound) else (found, None)
+    return Exchanged(out, regions, flags, state, call.kind, cut, packed, raw, direct)
 
 
 def _packed_wide_exchange(
@@ -631,7 +611,7 @@ def _packed_wide_exchange(
     blocks are read where they landed, and closed up in place (``region_cutter``)."""
     packed = packed_round(row, room, info.rank, info.world_size)
     buf, raw = send_packed(call, info, pg, packed, blocks)
-    return packed_exchanged(call, info, pg, state, packed, buf, raw)
+    return landed(call, info, pg, state, packed, buf, raw)
 
 
 def send_packed(
@@ -737,43 +717,6 @@ def known_call(
     call = make()
     mem.known = (key, call) if key is not None else None
     return call
-
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RoundSpec(Generic[T]):
-    """What a collective of the all_to_all pattern hands the round (``run_round``), from
-    its own module: nothing of it is the round's. ``validate(rows, rank=)``: every
-    rank's rows to the call's verdict, or the error every rank raises alike (a pure
-    function of the rows; wrap it in ``ValidatedOnce``); ``outgoing(x, call, info)``:
-    this rank's payload as flat bytes and the bytes of its block for each rank, in rank
-    order (an empty block to a rank that gets nothing); ``blocks(verdict, x, call,
-    info)``: from the verdict, the bytes rank ``j`` sends rank ``k`` at ``j * W + k``,
-    the same on every rank. Its extra row words ride in ``FamilyCall.extras``."""
-
-    validate: Callable[..., T]
-    outgoing: Callable[[object, FamilyCall, GroupInfo], tuple[torch.Tensor, Sequence[int]]]
-    blocks: Callable[[T, object, FamilyCall, GroupInfo], Sequence[int]]
-
-
-def run_round(
-    spec: RoundSpec[T], call: FamilyCall, x: object, info: GroupInfo
-) -> tuple[T, tuple[torch.Tensor, ...] | None]:
-    """A validated call's round on a communicating group: every rank's row and the
-    blocks that fit (``exchange_fused``), the verdict (``spec.validate``: the same
-    error on every rank, or the same verdict), the state moved (``settle``) and, when
-    every block rode, the block each rank sent this rank (else ``None``: the
-    collective's payload collective runs)."""
-    ex = exchange_fused(call, info, x, functools.partial(spec.outgoing, x, call, info))
-    verdict = spec.validate(ex.rows, rank=info.rank)
-    return verdict, settle(ex, info, spec.blocks(verdict, x, call, info))
-
-
-def exchange(call: FamilyCall, info: GroupInfo) -> list[Row]:
-    """Every rank's rows (``exchange_fused`` without a payload)."""
-    return exchange_fused(call, info).rows
 
 
 def settle(

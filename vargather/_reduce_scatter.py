@@ -1,6 +1,7 @@
 """``reduce_scatter_v``: plan (checks, exchange, validation), payload, autograd.
 
-Where it sits: a family collective built on ``_family`` (stages 1-3), ``_layout``,
+Where it sits: a family collective built on ``_family`` and ``_steady`` (stages 1-3,
+its ``RoundSpec`` and steady replay), ``_layout``,
 ``_buffers`` and ``_comm`` (the payload), and ``_transport`` (its backward is a gather).
 The public face (``_api``) calls its ``Route``; its custom operators close the module
 (``# --- compiled``).
@@ -30,12 +31,13 @@ from typing import Any, Final
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import _steady
 from ._args import Problem
 from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import SizesError, SizesMismatchError
-from ._family import RoundSpec, known_call, run_round
+from ._family import known_call
 from ._layout import Layout
 from ._mesh import call_group
 from ._reduced import add_, canonical_nans_
@@ -54,6 +56,7 @@ from ._rows import (
     sizes_words,
     with_problem,
 )
+from ._steady import RoundSpec, run_round
 from ._transport import choose_transport
 
 __all__ = [
@@ -171,30 +174,30 @@ def plan_reduce_scatter(
     timeout: object,
     requires_grad: bool | None = None,
 ) -> ReduceScatterPlan:
-    """Stages 1-3: the same error on every rank, or the same plan.
+    """Stages 1-3: the same error on every rank, or the same plan; a validated call
+    that repeats the group's last steady one replays its round (``_steady.replay``).
 
     With ``validate=False`` the exchange is skipped and a local problem is raised on
     this rank only (its peers wait in the payload collective until they time out).
     """
     key = call_key(x, sizes, dim, validate, timeout, requires_grad)
+    steady = key if validate is True else None
+    found = _steady.replay(_SPEC, steady, x, info)
+    if found is not None:
+        return found
     call = known_call(
         NAME, key, info, lambda: _local_call(x, sizes, dim, info, validate, timeout, requires_grad)
     )
     if call.timeout is not None:
         info = info.with_timeout(call.timeout)
-    found: tuple[int, ...] | None
-    slots: tuple[torch.Tensor, ...] | None = None
-    if validate is False or not info.communicates:
-        raise_own_problem(NAME, call.record.problem, info, trusted=validate is False)
-        found = call.sizes[0]
-    else:
-        validated, slots = run_round(_SPEC, call, x, info)
-        found = validated
-    assert found is not None  # a problem-free call parsed its sizes
+    if validate is not False and info.communicates:
+        return run_round(_SPEC, call, x, info, steady)
+    raise_own_problem(NAME, call.record.problem, info, trusted=validate is False)
+    assert call.sizes[0] is not None  # a problem-free call parsed its sizes
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
-    layout = scatter_layout(x, call.record.normalized_dim, found, info)
-    result = None if slots is None else fold_slots(slots, layout)
-    return ReduceScatterPlan(layout, info, result)
+    return ReduceScatterPlan(
+        scatter_layout(x, call.record.normalized_dim, call.sizes[0], info), info
+    )
 
 
 def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tensor, list[int]]:
@@ -208,16 +211,27 @@ def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tenso
     return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in sizes]
 
 
-def _blocks(found: tuple[int, ...], x: object, call: FamilyCall, info: GroupInfo) -> list[int]:
-    """The bytes rank ``j`` sends rank ``k``: block ``k`` of ``found``, from every rank."""
+def _plan(
+    found: tuple[int, ...], x: object, call: FamilyCall, info: GroupInfo
+) -> tuple[ReduceScatterPlan, list[int]]:
+    """The plan of the validated sizes, and the bytes rank ``j`` sends rank ``k``: block
+    ``k`` of ``found``, from every rank."""
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     lay = scatter_layout(x, call.record.normalized_dim, found, info)
     unit = lay.pre * lay.post * x.element_size()
-    return [n * unit for n in found] * info.world_size
+    return ReduceScatterPlan(lay, info), [n * unit for n in found] * info.world_size
 
 
-_SPEC: Final = RoundSpec(_validated, _outgoing, _blocks)
-"""``reduce_scatter_v`` as the round takes it (``_family.RoundSpec``)."""
+_SPEC: Final = RoundSpec(
+    NAME,
+    _validated,
+    _outgoing,
+    _plan,
+    lambda plan, slots, _: ReduceScatterPlan(
+        plan.layout, plan.info, fold_slots(slots, plan.layout)
+    ),
+)
+"""``reduce_scatter_v`` as the round takes it (``_steady.RoundSpec``)."""
 
 
 def fold_slots(slots: Sequence[torch.Tensor], layout: Layout) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """The rooted ragged collectives ``gather_v`` and ``scatter_v`` (MPI's Gatherv, Scatterv).
 
-Where it sits: beside the family's collectives, on ``_family``'s all_to_all-shaped round
-(``_one_round``, this module's one use of it), ``_comm.all_to_all_uneven`` (the payload)
-and ``_layout``; ``__init__`` exports the two faces. The two are each other's adjoint, so
+Where it sits: beside the family's collectives, on the all_to_all-shaped round through
+``_steady`` (``_SPECS``: each collective's ``RoundSpec``; its steady replay too),
+``_comm.all_to_all_uneven`` (the payload) and ``_layout``; ``__init__`` exports the two faces. The two are each other's adjoint, so
 each one's payload is the other's backward and both live here.
 
 The math, once. Every rank ``r`` of the group holds ``x_r``, ``n_r`` long along ``dim``
@@ -24,7 +24,6 @@ of the same blocks ran 2-4x slower; ``docs/family.md`` has the bench).
 from __future__ import annotations
 
 import functools
-import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,12 +33,12 @@ from typing import Any, Final
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import _steady
 from ._args import Problem
 from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import ArgumentError, ArgumentMismatchError, SizesError, SizesMismatchError
-from ._family import exchange_fused, settle
 from ._layout import Layout
 from ._mesh import GroupLike, MeshDim, call_group
 from ._round_buffers import bytes_of
@@ -49,6 +48,7 @@ from ._rows import (
     Row,
     ValidatedOnce,
     agree,
+    call_key,
     check_tensor,
     common_checks,
     raise_local,
@@ -57,6 +57,7 @@ from ._rows import (
     sizes_words,
     with_problem,
 )
+from ._steady import RoundSpec, run_round
 
 __all__ = ["RootedPlan", "gather_v", "scatter_v"]
 
@@ -173,12 +174,6 @@ def _validate(name: CollectiveName, rows: list[Row], *, rank: int) -> tuple[int,
     return extras[0], tuple(int(n) for n in extras[2 : 2 + extras[1]])
 
 
-_VALIDATED: Final = {
-    name: ValidatedOnce(functools.partial(_validate, name)) for name in (GATHER, SCATTER)
-}
-"""``_validate``, once for the steady state's rows (``_family.ValidatedOnce``)."""
-
-
 def _layout(x: torch.Tensor, dim: int, sizes: tuple[int, ...], info: GroupInfo) -> Layout:
     return Layout(
         sizes=sizes,
@@ -189,33 +184,6 @@ def _layout(x: torch.Tensor, dim: int, sizes: tuple[int, ...], info: GroupInfo) 
         rank=info.rank,
         world_size=info.world_size,
     )
-
-
-def _one_round(
-    call: FamilyCall,
-    info: GroupInfo,
-    x: object,
-    outgoing: Callable[[], tuple[torch.Tensor, Sequence[int]]],
-    blocks: Callable[[int, tuple[int, ...], int, int], list[int]],
-) -> tuple[int, tuple[int, ...], tuple[torch.Tensor, ...] | None]:
-    """This module's one use of the all_to_all-shaped round (``_family``): every rank's
-    row, validated alike (the root, the sizes), and the payload slots when every block
-    rode along. ``blocks(root, sizes, unit, W)[j * W + k]``: the bytes rank ``j`` sends
-    rank ``k`` (``unit``: the bytes of one slice along ``dim``)."""
-    ex = exchange_fused(call, info, x, outgoing)
-    root, sizes = _VALIDATED[call.kind](ex.rows, rank=info.rank)
-    assert isinstance(x, torch.Tensor)  # every rank's record validated: a tensor's
-    d = call.record.normalized_dim
-    unit = math.prod(x.shape[:d]) * math.prod(x.shape[d + 1 :]) * x.element_size()
-    return root, sizes, settle(ex, info, blocks(root, sizes, unit, info.world_size))
-
-
-def _gather_blocks(root: int, sizes: tuple[int, ...], unit: int, w: int) -> list[int]:
-    return [n * unit if k == root else 0 for n in sizes for k in range(w)]
-
-
-def _scatter_blocks(root: int, sizes: tuple[int, ...], unit: int, w: int) -> list[int]:
-    return [n * unit if j == root else 0 for j in range(w) for n in sizes]
 
 
 def _outgoing(
@@ -249,34 +217,73 @@ def _plan(
     requires_grad: bool | None = None,
 ) -> RootedPlan:
     """The same error on every rank, or the same plan (with ``validate=False`` and the
-    sizes passed: no round, and a local problem raised on this rank only)."""
+    sizes passed: no round, and a local problem raised on this rank only); a validated
+    call that repeats the group's last steady one replays its round
+    (``_steady.replay``)."""
+    key = call_key(x, root, sizes, dim, validate, timeout, requires_grad)
+    steady = key if validate is True else None
+    found = _steady.replay(_SPECS[name], steady, x, info)
+    if found is not None:
+        return found
     call = _local_call(name, x, root, sizes, dim, info, validate, timeout, requires_grad)
     if call.timeout is not None:
         info = info.with_timeout(call.timeout)
-    own, slots = call.sizes[0], None
-    if not info.communicates or (validate is False and own is not None):
-        raise_own_problem(name, call.record.problem, info, trusted=validate is False)
-        found_root, found = call.extras[0], own or (call.record.size_along_dim,)
-    else:
-        send = functools.partial(_outgoing, name, x, call, info)
-        which = _gather_blocks if name == GATHER else _scatter_blocks
-        found_root, found, slots = _one_round(call, info, x, send, which)
+    own = call.sizes[0]
+    if info.communicates and (validate is not False or own is None):
+        return run_round(_SPECS[name], call, x, info, steady)
+    raise_own_problem(name, call.record.problem, info, trusted=validate is False)
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
-    layout = _layout(x, call.record.normalized_dim, found, info)
-    result = None if slots is None else _from_slots(name, slots, layout, found_root)
-    return RootedPlan(layout, found_root, info, tuple(x.shape), result)
+    return _plan_of(name, (call.extras[0], own or (call.record.size_along_dim,)), x, call, info)[0]
 
 
-def _from_slots(
-    name: CollectiveName, slots: Sequence[torch.Tensor], layout: Layout, root: int
-) -> torch.Tensor:
-    """The forward's result from the round's slots (``slots[j]``: what rank ``j`` sent
-    this rank)."""
+def _plan_of(
+    name: CollectiveName,
+    verdict: tuple[int, tuple[int, ...]],
+    x: object,
+    call: FamilyCall,
+    info: GroupInfo,
+) -> tuple[RootedPlan, list[int]]:
+    """The plan of the validated root and sizes, and the bytes rank ``j`` sends rank
+    ``k`` at ``j * W + k`` (``unit``: the bytes of one slice along ``dim``): to the
+    root only (``gather_v``), from it only (``scatter_v``)."""
+    root, sizes = verdict
+    assert isinstance(x, torch.Tensor)  # every rank's record validated: a tensor's
+    layout = _layout(x, call.record.normalized_dim, sizes, info)
+    unit, w = layout.pre * layout.post * x.element_size(), info.world_size
+    if name == GATHER:
+        blocks = [n * unit if k == root else 0 for n in sizes for k in range(w)]
+    else:
+        blocks = [n * unit if j == root else 0 for j in range(w) for n in sizes]
+    return RootedPlan(layout, root, info, tuple(x.shape)), blocks
+
+
+def _finish(
+    name: CollectiveName, plan: RootedPlan, slots: Sequence[torch.Tensor], _: object
+) -> RootedPlan:
+    """``plan`` with the forward's result from the round's slots (``slots[j]``: what
+    rank ``j`` sent this rank)."""
+    lay, root = plan.layout, plan.root
     if name == SCATTER:
-        return _assemble([slots[root]], layout.shard_shape(layout.rank), layout, [layout.rank])
-    if layout.rank != root:
-        return _empty(slots[0], layout)
-    return _assemble(slots, layout.output_shape, layout, range(layout.world_size))
+        out = _assemble([slots[root]], lay.shard_shape(lay.rank), lay, [lay.rank])
+    elif lay.rank != root:
+        out = _empty(slots[0], lay)
+    else:
+        out = _assemble(slots, lay.output_shape, lay, range(lay.world_size))
+    return RootedPlan(lay, root, plan.info, plan.shape, out)
+
+
+_SPECS: Final[dict[CollectiveName, RoundSpec[tuple[int, tuple[int, ...]], RootedPlan]]] = {
+    name: RoundSpec(
+        name,
+        ValidatedOnce(functools.partial(_validate, name)),
+        functools.partial(_outgoing, name),
+        functools.partial(_plan_of, name),
+        functools.partial(_finish, name),
+    )
+    for name in (GATHER, SCATTER)
+}
+"""Each collective as the round takes it (``_steady.RoundSpec``), its ``_validate``
+once for the steady state's rows (``_rows.ValidatedOnce``)."""
 
 
 def _empty(like: torch.Tensor, layout: Layout) -> torch.Tensor:

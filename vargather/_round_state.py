@@ -238,8 +238,9 @@ def _advance_wide(
         return grown, 0, (), 1, tuple(needs)
     if missed and fusable:  # a miss the gather round holds (it grew to it): back at once
         return (), 0, (), 0, ()
-    if large and not any(2 * bucket(n) <= c for n, c in zip(needs, wide, strict=True)):
-        # in use, no slot twice too large. Slots that are not the needs themselves
+    if large and not any(0 < c >= 2 * bucket(n) for n, c in zip(needs, wide, strict=True)):
+        # in use, no slot twice too large (an empty slot for an empty block is exact:
+        # a rooted call's every other block). Slots that are not the needs themselves
         # (grown by an earlier miss, or left from larger sizes) become them after
         # SHRINK_AFTER calls in a row with the very same needs: a stable skew sends
         # no padding, however it got there.

@@ -1,0 +1,263 @@
+"""A collective's way into the all_to_all-shaped round, and its steady replay.
+
+Where it sits: on the round (``_family``: ``exchange_fused``, the packed and direct
+rounds, ``settle``), the registry (``_round_state.memory``) and the kept buffers;
+below the collectives that ride the round (``_reduce_scatter``, ``_all_to_all``,
+``_rooted``), each of which hands it a ``RoundSpec``: nothing of the spec is the
+round's, nothing of the replay is the collective's.
+
+``run_round`` is the full path: the round, the verdict (the same error on every rank,
+or the same verdict), the state moved (``settle``), the collective's plan and, when
+every block rode, its result from the slots. A validated CPU call that the round
+answered is remembered by its key (the collective's: everything its call and plan are
+a function of, besides the group, the group's state and the peers' rows). ``replay``:
+a call whose key is the group's last steady call's of that collective, in the very
+state that call left unchanged, sends the same row and the blocks of its ``x`` in the
+same round (packed, or by direct sends); when every rank's row came back as last
+time, those rows validate alike and move the state alike (not at all), so the
+remembered plan is the plan and only its result is new; other rows go on as the full
+path does after its exchange. Any other key goes to the collective's ``resized``
+(``_all_to_all``: the same round with new sizes), else the full path runs. A peer on
+the full path and one replaying exchange the same bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Final, Generic, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from ._collectives import CollectiveName
+from ._comm import GroupInfo
+from ._family import (
+    DirectRound,
+    Exchanged,
+    PackedRound,
+    exchange_fused,
+    fill_packed_at,
+    landed,
+    run_direct,
+    run_packed,
+    settle,
+)
+from ._group import process_group
+from ._round_buffers import Cut, plain, plain_bytes, region_cutter
+from ._round_state import FusedState, Memory, memory
+from ._rows import FamilyCall
+
+__all__ = ["JOINED_KEPT", "RoundSpec", "Steady", "answer", "keep", "replay", "run_round"]
+
+T = TypeVar("T")
+P = TypeVar("P")
+
+Key = tuple[object, ...]
+
+
+@dataclass(frozen=True)
+class Steady(Generic[P]):
+    """A collective's last steady call on a group (its ``Memory.steady``): its key, its
+    call, the group's state it was sized from, whether it left that state unchanged
+    (``replays``: then the very same call may skip the state rule), its round (packed,
+    or by direct sends), the rows every rank sent (``raw``), its plan without a result,
+    the bytes each rank sent this rank (``needs``) and, when its blocks are ``x``'s
+    bytes as they lie (a function of the key), their lengths (``lies``). ``spare``: send buffers of the
+    packed round with every row and zero already written, only the blocks left to copy
+    in (taken out while in use, so a thread never shares one). Nothing in it refers to
+    the group, which keys it weakly."""
+
+    key: Key
+    call: FamilyCall
+    state: FusedState
+    replays: bool
+    round: PackedRound | DirectRound
+    raw: bytes
+    plan: P
+    needs: tuple[int, ...]
+    lies: tuple[int, ...] | None = None
+    spare: list[torch.Tensor] = field(default_factory=list, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class RoundSpec(Generic[T, P]):
+    """What a collective of the all_to_all pattern hands the round, from its own module.
+    ``validate(rows, rank=)``: every rank's rows to the call's verdict, or the error
+    every rank raises alike (a pure function of the rows; wrap it in
+    ``ValidatedOnce``); ``outgoing(x, call, info)``: this rank's payload as flat bytes
+    and the bytes of its block for each rank, in rank order (an empty block to a rank
+    that gets nothing); ``plan(verdict, x, call, info)``: the plan (no result) and the
+    bytes rank ``j`` sends rank ``k`` at ``j * W + k``, the same on every rank;
+    ``finish(plan, slots, cut)``: the plan with its result from ``slots[j]``, the block
+    rank ``j`` sent this rank (``cut``: the round's cutter of its one receive buffer,
+    ``None`` for the equal round's full path). Steady calls are kept one per
+    collective, or, by ``kept(key)`` when it is not ``None``, up to ``JOINED_KEPT``;
+    ``resized(steady, key, x, info, pg, state)``: a call whose key is not the kept one's
+    (or in another state), the collective's own way, or ``None``."""
+
+    name: CollectiveName
+    validate: Callable[..., T]
+    outgoing: Callable[[object, FamilyCall, GroupInfo], tuple[torch.Tensor, Sequence[int]]]
+    plan: Callable[[T, object, FamilyCall, GroupInfo], tuple[P, Sequence[int]]]
+    finish: Callable[[P, Sequence[torch.Tensor], Cut | None], P]
+    kept: Callable[[Key], Key | None] | None = None
+    resized: (
+        Callable[[Steady[P], Key, torch.Tensor, GroupInfo, dist.ProcessGroup, FusedState], P | None]
+        | None
+    ) = None
+
+
+JOINED_KEPT: Final = 4
+"""Steady calls kept per group by ``RoundSpec.kept`` (``Memory.joined``, the oldest
+dropped): Ulysses alternates ``all_to_all_v`` calls joined along another dim of several
+shapes (Q, K and V to the heads, the output back), each of which replays its own round
+while the group's state stays the one it was sized from. Other calls keep one
+(``Memory.steady``)."""
+
+
+def run_round(
+    spec: RoundSpec[T, P], call: FamilyCall, x: object, info: GroupInfo, key: Key | None = None
+) -> P:
+    """A validated call's full path on a communicating group: every rank's row and the
+    blocks that fit (``exchange_fused``), then ``answer``."""
+    ex = exchange_fused(call, info, x, functools.partial(spec.outgoing, x, call, info))
+    return answer(spec, call, x, info, ex, key)
+
+
+def answer(
+    spec: RoundSpec[T, P],
+    call: FamilyCall,
+    x: object,
+    info: GroupInfo,
+    ex: Exchanged,
+    key: Key | None = None,
+) -> P:
+    """After the round ``ex``: the verdict (the same error on every rank), the plan, the
+    state moved (``settle``) and, when every block rode, the result from the slots;
+    with ``key``, the call remembered for ``replay`` when the round answered it."""
+    verdict = spec.validate(ex.rows, rank=info.rank)
+    plan, blocks = spec.plan(verdict, x, call, info)
+    slots = settle(ex, info, blocks)
+    if key is not None:
+        _remember(spec, key, call, x, info, ex, plan, slots)
+    return plan if slots is None else spec.finish(plan, slots, ex.cut)
+
+
+def _remember(
+    spec: RoundSpec[T, P],
+    key: Key,
+    call: FamilyCall,
+    x: object,
+    info: GroupInfo,
+    ex: Exchanged,
+    plan: P,
+    slots: Sequence[torch.Tensor] | None,
+) -> None:
+    """Keep the call for ``replay`` when its round (packed or by direct sends, on the
+    CPU) answered it, else forget the last one; ``replays`` when it left the group's
+    state as it found it (the same rows next time leave it so again: the state rule is
+    a pure function)."""
+    pg = process_group(info)
+    if pg is None:
+        return
+    mem = memory(pg, spec.name)
+    at = None if spec.kept is None else spec.kept(key)
+    if at is None:
+        mem.steady = None
+    else:
+        mem.joined.pop(at, None)
+    found = ex.packed if ex.packed is not None else ex.direct
+    if found is None or ex.raw is None or slots is None or info.default_device().type != "cpu":
+        return
+    needs = tuple(s.numel() for s in slots)
+    flat, sizes = spec.outgoing(x, call, info)
+    own = isinstance(x, torch.Tensor) and plain(x) and flat.data_ptr() == x.data_ptr()
+    lies = own or (isinstance(x, torch.Tensor) and plain(x) and not any(sizes))  # x's bytes
+    replays = mem.shared.state is ex.state
+    steady = Steady(key, call, ex.state, replays, found, ex.raw, plan, needs, None)
+    keep(mem, at, replace(steady, lies=tuple(sizes)) if lies else steady)
+
+
+def keep(mem: Memory, at: Key | None, steady: Steady[P]) -> None:
+    """``steady`` as ``mem``'s steady call (``at``: ``RoundSpec.kept``'s name for it)."""
+    if at is None:
+        mem.steady = steady
+        return
+    mem.joined[at] = steady
+    while len(mem.joined) > JOINED_KEPT:
+        mem.joined.pop(next(iter(mem.joined)))
+
+
+def replay(spec: RoundSpec[T, P], key: Key | None, x: object, info: GroupInfo) -> P | None:
+    """The plan of a call whose key is the group's last steady call's (else
+    ``RoundSpec.resized``, or ``None``: the full path runs). The very same call in the
+    very same state replays its round: the same row and the blocks of ``x`` (the bytes
+    the full path would send), and, when every rank's row is the one it sent last
+    time, the remembered plan with this call's result; other rows go on as the full
+    path does after its exchange (``answer``). No ``key``: ``None``."""
+    pg = process_group(info) if info.communicates else None
+    if pg is None or key is None:
+        return None
+    mem = memory(pg, spec.name)
+    at = None if spec.kept is None else spec.kept(key)
+    steady = mem.steady if at is None else mem.joined.get(at)
+    if not isinstance(steady, Steady):
+        return None
+    if steady.call.timeout is not None:  # the call's own, as the full path runs it
+        info = info.with_timeout(steady.call.timeout)
+    state = mem.shared.state
+    if steady.key != key or not steady.replays or state is not steady.state:
+        assert isinstance(x, torch.Tensor)  # a kept key is a tensor's
+        return None if spec.resized is None else spec.resized(steady, key, x, info, pg, state)
+    if steady.lies is not None:  # x's bytes as they lie (the key's tensor: a plain one)
+        assert isinstance(x, torch.Tensor)
+        flat, sizes = x, steady.lies
+    else:
+        flat, sent = spec.outgoing(x, steady.call, info)
+        sizes = tuple(sent)
+    found = steady.round
+    if isinstance(found, DirectRound):
+        pieces = torch.split(plain_bytes(flat)[: sum(sizes)], list(sizes))
+        buf, raw = run_direct(steady.call, info, pg, found, pieces)
+    else:
+        buf, raw = _replay_packed(steady, found, flat, sizes, info, pg)
+    if raw != steady.raw:
+        return answer(
+            spec, steady.call, x, info, landed(steady.call, info, pg, state, found, buf, raw)
+        )
+    regions = [buf[a : a + n] for a, n in zip(found.starts, steady.needs, strict=True)]
+    return spec.finish(steady.plan, regions, region_cutter(buf, found.starts))
+
+
+def _replay_packed(
+    steady: Steady[P],
+    packed: PackedRound,
+    flat: torch.Tensor,
+    sizes: Sequence[int],
+    info: GroupInfo,
+    pg: dist.ProcessGroup,
+) -> tuple[torch.Tensor, bytes]:
+    """The packed round of a steady call: a spare send buffer (its rows and zeros
+    written when it was made: the same key sends the same blocks' lengths, so no block
+    leaves stale bytes behind it) with the blocks of ``flat``'s bytes (``sizes[k]``
+    bytes for rank ``k``, one after the other, on the CPU) copied in."""
+    try:
+        send: torch.Tensor | None = steady.spare.pop()
+    except IndexError:  # none spare (or another thread took the last one)
+        send = None
+    if send is None:
+        send = torch.empty(sum(packed.out_bytes), dtype=torch.uint8)
+        fill_packed_at(send, packed.row, None, packed.out_bytes, packed.head)
+    base, source = send.data_ptr() + packed.head, flat.contiguous().data_ptr()
+    at = taken = 0
+    for n, size in zip(sizes, packed.out_bytes, strict=True):
+        if n:
+            ctypes.memmove(base + at, source + taken, n)
+        at, taken = at + size, taken + n
+    try:
+        return run_packed(steady.call, info, pg, packed, send)
+    finally:
+        steady.spare.append(send)
