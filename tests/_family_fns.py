@@ -449,20 +449,31 @@ def _run_steady_steps(ctx: RankContext, steps: tuple[SteadyStep, ...]) -> list[A
             dtype = step.dtypes[ctx.rank] if step.dtypes else "float32"
             rows = step.rows[ctx.rank] if step.rows else sum(send)
             x = steady_input(ctx.rank, i, rows, dtype).requires_grad_(step.grad)
-            before = len(answered)
-            try:
-                dim = step.dims[ctx.rank] if step.dims else 0
-                recv = step.recv[ctx.rank] if step.recv else None
-                y = vargather.all_to_all_v(x, send, dim=dim, recv_sizes=recv)
-                grad = None
-                if step.grad:
-                    y.backward(steady_upstream(ctx.rank, i, y.shape[0]))
-                    grad = x.grad
-                out.append(("ok", y.detach(), grad, any(answered[before:]), _a2a_state()))
-            except vargather.VarGatherError as err:
-                taken = any(answered[before:])
-                out.append(("raised", type(err).__name__, str(err), taken, _a2a_state()))
+            dim = step.dims[ctx.rank] if step.dims else 0
+            recv = step.recv[ctx.rank] if step.recv else None
+            call = functools.partial(
+                vargather.all_to_all_v, send_sizes=send, dim=dim, recv_sizes=recv
+            )
+            out.append(_step_record(call, x, ctx.rank, i, step.grad, answered))
     return out
+
+
+def _step_record(
+    call: Any, x: torch.Tensor, rank: int, i: int, grad: bool, answered: list[bool]
+) -> tuple[Any, ...]:
+    """Step ``i`` of a steady sequence on ``rank``: ``call(x)`` (and its backward with
+    this rank's upstream when ``grad``), recorded as ``("ok", y, x.grad, taken, state)``
+    or ``("raised", error type, message, taken, state)``; ``taken``: whether the steady
+    replay answered it."""
+    before = len(answered)
+    try:
+        y = call(x)
+        if grad:
+            y.backward(steady_upstream(rank, i, y.shape[0]))
+        return ("ok", y.detach(), x.grad if grad else None, any(answered[before:]), _a2a_state())
+    except vargather.VarGatherError as err:
+        taken = any(answered[before:])
+        return ("raised", type(err).__name__, str(err), taken, _a2a_state())
 
 
 def _a2a_state() -> object:
@@ -578,17 +589,8 @@ def steady_round_calls(ctx: RankContext, job: tuple[str, tuple[RoundStep, ...], 
         with steady_calls_taken(name) as answered:
             for i, step in enumerate(steps):
                 x = round_input(name, ctx.rank, i, step).requires_grad_(step.grad)
-                before = len(answered)
-                try:
-                    y = call(x, step.sizes)
-                    grad = None
-                    if step.grad:
-                        y.backward(steady_upstream(ctx.rank, i, y.shape[0]))
-                        grad = x.grad
-                    out.append(("ok", y.detach(), grad, any(answered[before:]), _a2a_state()))
-                except vargather.VarGatherError as err:
-                    taken = any(answered[before:])
-                    out.append(("raised", type(err).__name__, str(err), taken, _a2a_state()))
+                sized = functools.partial(call, s=step.sizes)
+                out.append(_step_record(sized, x, ctx.rank, i, step.grad, answered))
     finally:
         _family.SHORT_MESSAGES, _family.PACKED_WIDE_MAX = saved
     return out
