@@ -3,13 +3,13 @@
 shard broadcast with ``async_op=True`` into freshly allocated buffers, no broadcast
 waited for, a ``barrier``. Called ``(x, dim)``; not differentiable.
 
-Not in ``ZOO``: its verdict is a race. Where the backend refuses the dtype (gloo:
-int16) nobody waits for the refusing broadcasts, so every rank returns the
-uninitialized memory of its receive buffers (a small case passes when that memory
-happened to hold the expected value); and with any dtype the unwaited broadcasts run
-on gloo's worker threads beside the next call's collectives, which then pair up wrong
-(a rank aborts: ``Received data size doesn't match expected size``). docs/targets.md
-("Same JSON every run") records what three runs of it gave.
+Not in ``ZOO``: it aborts a rank, and ``tests/test_targets.py`` checks it on its own.
+Where the backend refuses the dtype (gloo: int16) nobody waits for the refusing
+broadcasts, so every rank returns the unwritten memory of its receive buffers; and
+with any dtype the unwaited broadcasts run on gloo's worker threads beside the next
+call's collectives, which then pair up wrong (a rank aborts: ``Received data size
+doesn't match expected size``). Both once raced (docs/targets.md, "Same JSON every
+run"); a rank now settles them one way every run (``vargather.testing.repeatable``).
 """
 
 from __future__ import annotations
