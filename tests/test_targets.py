@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -213,9 +214,10 @@ def _json_runs(args: list[str], runs: int, tmp_path: Path) -> list[str]:
     "args",
     [
         ["--impl", "tests.forks.vq_broadcast:all_gather", "--call", "(x, dim)", "--grad", "none"],
+        ["--impl", "tests.forks.vq_unwaited:all_gather", "--call", "(x, dim)", "--grad", "none"],
         ["--target", "dtensor"],
     ],
-    ids=["racing-zoo-member", "dtensor"],
+    ids=["racing-zoo-member", "unwaited-upstream-shape", "dtensor"],
 )
 def test_three_runs_give_byte_identical_json(args: list[str], tmp_path: Path) -> None:
     texts = _json_runs(args, 3, tmp_path)
@@ -233,6 +235,23 @@ def test_the_racing_member_gives_the_same_int16_row_twice(tmp_path: Path) -> Non
     assert first == second
     rows = {p["id"]: p for p in json.loads(first)["properties"]}
     assert rows["forward-int:int16"]["status"] in ("unsupported", "fail")
+
+
+@multirank
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(M_PERTURB) is glibc's")
+def test_an_unwaited_refusal_reads_as_a_wrong_value_every_run(tmp_path: Path) -> None:
+    """The upstream shape waits for none of its int16 broadcasts, which gloo refuses in
+    its worker thread: its barrier raised the refusal in some runs and not in others.
+    The rank lets a refused collective finish refusing before its handle comes back
+    (``repeatable.refusals_settled``), so every run reads the buffers nothing wrote."""
+    args = ["--impl", "tests.forks.vq_unwaited:all_gather", "--call", "(x, dim)"]
+    args += ["--grad", "none", "--only", "forward-int", "--world-sizes", "1,2"]
+    args += ["--max-examples", "4"]
+    first, second = _json_runs(args, 2, tmp_path)
+    assert first == second
+    row = {p["id"]: p for p in json.loads(first)["properties"]}["forward-int:int16"]
+    assert row["status"] == "fail"
+    assert "got 23130, expected 0" in json.dumps(row)
 
 
 def test_every_target_is_documented() -> None:

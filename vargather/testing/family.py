@@ -38,6 +38,7 @@ from .collectives import FAMILY
 from .judge import Failure, without_addresses
 from .pool import RankContext, RankPool
 from .rank_runner import Alone
+from .repeatable import repeatable
 from .runner import load_callable
 from .values import _lay_out
 
@@ -368,7 +369,7 @@ def run_case(ctx: RankContext | Alone, case: FamilyCase) -> CallReport | None:
 
         patient = patient_default_group(ctx, case)  # type: ignore[assignment]  # both context managers
     try:
-        with patient:
+        with patient, repeatable():
             return _run(case, x, r, group, grad_wanted)
     except Exception as err:
         return CallReport(

@@ -45,7 +45,7 @@ from hypothesis import strategies as st
 from .calls import parse_call
 from .cases import COMPILE_BACKENDS, Implementation, parse_literal
 from .family import Alone, FamilyCase, SplitCase, judge_case, run_case, run_sequence
-from .judge import Failure
+from .judge import Failure, world_failure_text
 from .misuse import MISUSE_KINDS, MisuseCase, judge_misuse, run_misuse
 from .pool import PoolFailure, RankError, RankPool
 from .properties import Property
@@ -489,7 +489,7 @@ class FamilyCatalogue:
                 per_rank = pool.run(run_sequence, tuple(batch))
                 results = [[reports[i] for reports in per_rank] for i in range(len(batch))]
         except (PoolFailure, RankError) as err:
-            message = f"{type(err).__name__}: {err}"
+            message = f"{type(err).__name__}: {world_failure_text(err)}"
             size = batch[0].world_size
             failure = Failure("call", exc_kind(err), message, group_size=size, call=self.op)
             first = Verdict(batch[0], impl, (failure,))

@@ -34,6 +34,7 @@ from .cases import (
     dtype_name,
     real_dtype,
 )
+from .pool_types import RankCrashed
 
 if TYPE_CHECKING:
     from .cases import Expected
@@ -109,6 +110,28 @@ def without_addresses(text: str) -> str:
     and in every run, so ranks that raised alike are one failure and a report reads the
     same every run."""
     return _ADDRESS.sub(" at 0x...>", text)
+
+
+_KILLED: Final = "All rank processes were killed"
+
+
+def world_failure_text(exc: BaseException) -> str:
+    """``exc``'s text (the world failed), in the same words every run: the sections of
+    the ranks that did not die (which of them had replied, raised or were still waiting
+    for the dead one when the world was killed depends on timing) become one line."""
+    if not isinstance(exc, RankCrashed):
+        return without_addresses(str(exc))
+    lines: list[str] = []
+    kept, others = True, False
+    for line in str(exc).splitlines():
+        if line.startswith("--- rank ") or line.startswith(_KILLED):
+            kept = line.startswith(_KILLED) or " died" in line.split("(", 1)[0]
+            others = others or not kept
+            if line.startswith(_KILLED) and others:
+                lines.append("--- the other ranks: killed with the world, wherever they were")
+        if kept:
+            lines.append(line)
+    return without_addresses("\n".join(lines))
 
 
 # --- comparing tensors ---------------------------------------------------------------------

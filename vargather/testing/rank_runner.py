@@ -9,13 +9,11 @@ gradient, and reports its output's bytes (or digest), its gradient and any excep
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
 import torch
@@ -36,6 +34,7 @@ from .cases import (
 from .cases import dtype_name as dtype_name
 from .compiled import patient_default_group
 from .judge import output_mismatch
+from .repeatable import repeatable
 
 __all__ = [
     "Alone",
@@ -414,27 +413,6 @@ def implementation_traceback(exc: BaseException) -> str:
     return head + text + "".join(traceback.format_exception_only(type(exc), exc))
 
 
-_M_PERTURB: Final = -6
-"""glibc's ``mallopt`` parameter: fill each block ``malloc`` hands out with the
-complement of this byte (and each freed one with it)."""
-
-
-@contextlib.contextmanager
-def fresh_memory_filled(byte: int = 0xA5) -> Iterator[None]:
-    """While a case runs, memory ``malloc`` hands out holds ``~byte`` (0x5a): an output
-    read before anything wrote it (an unwaited async collective's buffer) reads the same
-    bytes on every try and run, not what the allocator last held. glibc only."""
-    libc = ctypes.CDLL(None)
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None or not mallopt(_M_PERTURB, byte):
-        yield
-        return
-    try:
-        yield
-    finally:
-        mallopt(_M_PERTURB, 0)
-
-
 def run_on_rank(
     ctx: RankContextLike,
     job: tuple[Implementation, GatherCase, int] | tuple[Implementation, GatherCase, int, str],
@@ -452,7 +430,7 @@ def run_on_rank(
     if _POISONED and _POISONED[0] == token:
         return RankReport(ctx.rank, ctx.rank, skipped="an earlier case of its batch raised here")
     try:
-        with fresh_memory_filled():
+        with repeatable():
             return _run_one(ctx, impl, case, expected_digest)
     except Exception as exc:
         _POISONED[:] = [token]
@@ -494,7 +472,7 @@ def run_coalesced_on_rank(
     """
     impl, cases, digests = job
     try:
-        with fresh_memory_filled():
+        with repeatable():
             return _run_coalesced(ctx, impl, cases, digests)
     except Exception as exc:
         return [_error_report(ctx, exc)] * len(cases)

@@ -45,7 +45,7 @@ from .importer import (
     prepend_import_paths,
     short_traceback,
 )
-from .judge import Failure, judge
+from .judge import Failure, judge, world_failure_text
 from .pool import (
     PoolFailure,
     PoolStartError,
@@ -351,7 +351,7 @@ def _pool_failure(
             f"the {world}-rank world failed while running a batch of {batch} case(s) "
             f"containing this one: {type(exc).__name__}"
         )
-    return Failure("call", kind, message, detail=str(exc))
+    return Failure("call", kind, message, detail=world_failure_text(exc))
 
 
 def _run_in_process(case: GatherCase, impl: Implementation) -> Verdict:
