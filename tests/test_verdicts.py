@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import platform
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -310,18 +309,47 @@ def test_two_runs_write_the_same_json_bytes_and_timings_only_on_request(
     capsys.readouterr()
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(M_PERTURB) is glibc's")
-def test_memory_nothing_wrote_reads_the_same_bytes_while_a_case_runs() -> None:
+def test_memory_nothing_wrote_reads_the_same_values_while_a_case_runs() -> None:
     """An output read before its collective wrote it (``tests/forks/vq_unwaited.py``)
-    holds a fixed byte while a rank runs a case, not what memory held before; after the
-    case, malloc is as it was (the bench's ranks measure it untouched)."""
+    holds a fixed value while a rank runs a case, not what memory held before; after the
+    case, torch's deterministic mode is as it was (the bench's ranks run untouched)."""
     from vargather.testing.repeatable import fresh_memory_filled
 
+    assert not torch.are_deterministic_algorithms_enabled()
     with fresh_memory_filled():
-        inside = [torch.empty(n, dtype=torch.uint8).tolist() for n in (1, 64, 4096)]
-    assert inside == [[0x5A] * n for n in (1, 64, 4096)]
-    after = [torch.empty(4096, dtype=torch.uint8) for _ in range(8)]
-    assert any(bool((t != 0x5A).any()) for t in after)
+        ints = [torch.empty(n, dtype=torch.int16).tolist() for n in (1, 64, 4096)]
+        floats = torch.zeros(3).new_empty(5)
+        flags = torch.empty(4, dtype=torch.bool)
+        # an operation torch cannot run deterministically still runs (it only warns)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    assert ints == [[32767] * n for n in (1, 64, 4096)]
+    assert bool(floats.isnan().all())
+    assert flags.tolist() == [True] * 4
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert not torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+def test_settling_stays_beneath_an_interception_put_in_during_a_case() -> None:
+    """The settling functions are put in once and switched per case: an interception put
+    in above them while a case runs (``--emulate nccl``) is still there after it."""
+    import torch.distributed as dist
+
+    from vargather.testing.repeatable import refusals_settled
+
+    with refusals_settled():
+        pass
+    kept = dist.broadcast
+
+    def above(*args: object, **kwargs: object) -> object:
+        return kept(*args, **kwargs)
+
+    try:
+        with refusals_settled():
+            dist.broadcast = above  # type: ignore[assignment]  # an interception, as emulate's
+        assert dist.broadcast is above
+    finally:
+        dist.broadcast = kept
 
 
 def test_a_crash_reads_the_same_whichever_peers_had_replied() -> None:

@@ -9,7 +9,8 @@ broadcasts, so every rank returns the unwritten memory of its receive buffers; a
 with any dtype the unwaited broadcasts run on gloo's worker threads beside the next
 call's collectives, which then pair up wrong (a rank aborts: ``Received data size
 doesn't match expected size``). Both once raced (docs/targets.md, "Same JSON every
-run"); a rank now settles them one way every run (``vargather.testing.repeatable``).
+run"); a rank now settles them one way every run (``vargather.testing.repeatable``):
+an unwritten int16 reads 32767, torch's fill for memory nothing wrote.
 """
 
 from __future__ import annotations

@@ -8,10 +8,13 @@ race, and how each is settled:
 
 * **Memory nothing wrote.** An output read before anything wrote it (an unwaited
   async collective's buffer) holds what the allocator last held, different on every
-  try and run. While a case runs, glibc's ``mallopt(M_PERTURB)`` fills every block
-  ``malloc`` hands out with ``0x5a`` (``fresh_memory_filled``), so it reads the same
-  bytes every time (an int16 reads 23130); reset after the case, so the bench's ranks
-  run untouched. glibc only.
+  try and run. While a case runs, torch's deterministic mode fills every tensor
+  ``torch.empty`` and its kin hand out (``torch.utils.deterministic
+  .fill_uninitialized_memory``): NaN for a floating dtype, the largest value for an
+  integer one (an int16 reads 32767), ``True`` for bool (``fresh_memory_filled``).
+  Only the filling is asked for: an operation torch cannot run deterministically
+  warns, it does not raise. The mode as it was is put back after the case, so the
+  bench's ranks run untouched.
 * **A refusal against the next collective.** gloo refuses a dtype (int16 and the
   unsigned types wider than 8 bits: ``Invalid scalar type``) in its worker thread, not
   when the collective is called. Code that starts such a collective with
@@ -26,14 +29,15 @@ race, and how each is settled:
   that drops a refusal is wrong, and a peer left waiting for a rank that raised is
   seen waiting. Only refused dtypes are settled: any other collective stays as
   asynchronous as the code made it, so an output read before its collective
-  completed is still read early. A name bound with ``from torch.distributed import
-  broadcast`` before the case keeps gloo's order.
+  completed is still read early. The settling functions are put in once per process
+  and switched on and off per case (as ``emulate``'s interception is, which may be
+  put in above or beneath them); a name bound with ``from torch.distributed import
+  broadcast`` before that keeps gloo's order.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -70,23 +74,30 @@ REFUSAL_WAIT_S: Final = 5.0
 """How long a refused collective is given to finish refusing (gloo refuses before it
 moves a byte; it waits only for the collectives queued ahead of it on the group)."""
 
-_M_PERTURB: Final = -6
-"""glibc's ``mallopt`` parameter: fill each block ``malloc`` hands out with the
-complement of this byte (and each freed one with it)."""
+_SETTLING: list[bool] = [False]  # whether the settling functions settle now
+_INSTALLED: list[bool] = []  # non-empty once they are put in, in this process
 
 
 @contextlib.contextmanager
-def fresh_memory_filled(byte: int = 0xA5) -> Iterator[None]:
-    """While it is entered, memory ``malloc`` hands out holds ``~byte`` (0x5a)."""
-    libc = ctypes.CDLL(None)
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None or not mallopt(_M_PERTURB, byte):
-        yield
-        return
+def fresh_memory_filled() -> Iterator[None]:
+    """While it is entered, a tensor ``torch.empty`` hands out is filled: NaN, the
+    dtype's largest integer, or ``True``."""
+    import torch.utils.deterministic as deterministic
+
+    kept = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        deterministic.fill_uninitialized_memory,  # type: ignore[attr-defined]  # a module property torch's stubs do not declare
+    )
+    # torch._C's setter, not torch.use_deterministic_algorithms: that one also sets
+    # inductor's config, which costs 9 ms a case and changes no tensor ``empty`` makes.
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]  # as above
     try:
         yield
     finally:
-        mallopt(_M_PERTURB, 0)
+        torch._C._set_deterministic_algorithms(kept[0], warn_only=kept[1])
+        deterministic.fill_uninitialized_memory = kept[2]  # type: ignore[attr-defined]  # as above
 
 
 def _refused(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -100,12 +111,13 @@ def _refused(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 
 def _settling(collective: Callable[..., Any]) -> Callable[..., Any]:
-    """``collective``, whose handle of a refused dtype comes back once it has refused."""
+    """``collective``, whose handle of a refused dtype comes back once it has refused
+    (while ``_SETTLING`` is on)."""
 
     def settling(*args: Any, **kwargs: Any) -> Any:
         handle = collective(*args, **kwargs)
         completed = getattr(handle, "is_completed", None)
-        if completed is not None and _refused(args, kwargs):
+        if _SETTLING[0] and completed is not None and _refused(args, kwargs):
             deadline = time.monotonic() + REFUSAL_WAIT_S
             while not completed() and time.monotonic() < deadline:
                 time.sleep(0.0002)
@@ -116,22 +128,31 @@ def _settling(collective: Callable[..., Any]) -> Callable[..., Any]:
     return settling
 
 
+def _install() -> None:
+    """Put the settling functions in ``torch.distributed`` (once per process)."""
+    if _INSTALLED:
+        return
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    for name in SETTLED:
+        for module in (dist, c10d):
+            if hasattr(module, name):
+                setattr(module, name, _settling(getattr(module, name)))
+    _INSTALLED.append(True)
+
+
 @contextlib.contextmanager
 def refusals_settled() -> Iterator[None]:
     """While it is entered, ``SETTLED``'s async collectives of a refused dtype return
     their handle once the backend has refused (the module docstring says why)."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    modules = (dist, c10d)
-    kept = {(m, name): getattr(m, name) for m in modules for name in SETTLED if hasattr(m, name)}
-    for (module, name), fn in kept.items():
-        setattr(module, name, _settling(fn))
+    _install()
+    kept = _SETTLING[0]
+    _SETTLING[0] = True
     try:
         yield
     finally:
-        for (module, name), fn in kept.items():
-            setattr(module, name, fn)
+        _SETTLING[0] = kept
 
 
 @contextlib.contextmanager
