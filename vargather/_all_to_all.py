@@ -348,9 +348,9 @@ def _resized_call(
     state: FusedState,
 ) -> AllToAllPlan | None:
     """A call of the steady call's round (its key but for the rows and sizes) with other
-    rows and sizes (or in another state): ``None`` (the full path runs) unless the sizes are this rank's valid ones,
-    every block fits its slot and the group's state still gives the steady call's round
-    (its slots, and its kind: ``goes_direct``).
+    rows and sizes (or in another state): ``None`` (the full path runs) unless the
+    sizes are this rank's valid ones, every block fits its slot and the group's state
+    still gives the steady call's round (its slots, and its kind: ``goes_direct``).
     Then the round runs with this call's row (``resized_round``). When every rank's row
     is the one it sent last time but for its sizes and its rows along ``dim``, those
     rows say what the last ones said, which validated, but for those: they are read

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
 import torch
@@ -65,10 +65,10 @@ class Steady(Generic[P]):
     (``replays``: then the very same call may skip the state rule), its round (packed,
     or by direct sends), the rows every rank sent (``raw``), its plan without a result,
     the bytes each rank sent this rank (``needs``) and, when its blocks are ``x``'s
-    bytes as they lie (a function of the key), their lengths (``lies``). ``spare``: send buffers of the
-    packed round with every row and zero already written, only the blocks left to copy
-    in (taken out while in use, so a thread never shares one). Nothing in it refers to
-    the group, which keys it weakly."""
+    bytes as they lie (a function of the key), their lengths (``lies``). ``spare``:
+    send buffers of the packed round with every row and zero already written, only the
+    blocks left to copy in (taken out while in use, so a thread never shares one).
+    Nothing in it refers to the group, which keys it weakly."""
 
     key: Key
     call: FamilyCall
@@ -174,11 +174,11 @@ def _remember(
         return
     needs = tuple(s.numel() for s in slots)
     flat, sizes = spec.outgoing(x, call, info)
-    own = isinstance(x, torch.Tensor) and plain(x) and flat.data_ptr() == x.data_ptr()
-    lies = own or (isinstance(x, torch.Tensor) and plain(x) and not any(sizes))  # x's bytes
+    mine = x if isinstance(x, torch.Tensor) and plain(x) else None
+    own = mine is not None and (flat.data_ptr() == mine.data_ptr() or not any(sizes))
+    lies = tuple(sizes) if own else None  # the blocks' lengths when they are x's own bytes
     replays = mem.shared.state is ex.state
-    steady = Steady(key, call, ex.state, replays, found, ex.raw, plan, needs, None)
-    keep(mem, at, replace(steady, lies=tuple(sizes)) if lies else steady)
+    keep(mem, at, Steady(key, call, ex.state, replays, found, ex.raw, plan, needs, lies))
 
 
 def keep(mem: Memory, at: Key | None, steady: Steady[P]) -> None:
