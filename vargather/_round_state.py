@@ -536,6 +536,4 @@ def reset_state(
 ) -> None:
     """Tests only: forget the state of ``collective``'s round on ``group`` on this rank
     (every rank must do the same, or the ranks disagree on the next round's size)."""
-    pg = group_key(group)
-    if pg is not None:
-        memory(pg, collective).shared.state = _FRESH
+    set_state(group_key(group), collective, _FRESH)
