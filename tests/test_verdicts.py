@@ -1,6 +1,7 @@
 """Verdicts that are right on the built-in targets, and the same JSON for flaky code.
 
-The scope ``--equal-shapes`` (the list form of ``torch.distributed.all_gather``), the NaN
+The scopes ``--equal-shapes`` (the list form of ``torch.distributed.all_gather``) and
+``--contiguous-only`` (``torch.distributed``'s collectives, which refuse strided views), the NaN
 rule ``--nan-payloads backend`` for code that reduces on the backend, and the tries a
 failing batch gets (a flaky failure shrinks by "fails in any of its tries" and reports
 how many of its tries failed). Most tests here run no world: the flaky search runs on a
@@ -274,6 +275,38 @@ def test_nn_all_gather_passes_within_its_declared_scope() -> None:
     statuses = {r.id: r.status for r in report.results}
     assert statuses == {"forward-float": "pass", "empty-some": "n/a"}, report.render()
     assert report.scope["--equal-shapes"] == "yes"
+
+
+@pytest.mark.multirank
+def test_torchs_all_to_all_single_passes_within_its_declared_scope() -> None:
+    """``torch.distributed.all_to_all_single`` raises on the rank given a strided view
+    (``Tensors must be contiguous``, gloo and NCCL alike) and needs an initialized group:
+    its scope says so, and those rows are n/a, not failures. (The functional collective
+    makes its input contiguous itself: ``funcol-all-to-all`` declares ``--requires-init``
+    only, and its ``non-contiguous`` row passes.)"""
+    assert check_cli.parse_args(["--contiguous-only"]).contiguous_only
+    options = CheckOptions(
+        target="nn-all-to-all",
+        world_sizes=(2,),
+        max_examples=4,
+        only=("forward-float", "non-contiguous", "uninitialized"),
+        shrink_budget=4,
+    )
+    report = run_check(options, pool_factory=get_pool)
+    statuses = {r.id: r.status for r in report.results if ":" not in r.id}  # not dtype rows
+    assert statuses == {
+        "forward-float": "pass",
+        "non-contiguous": "n/a",
+        "uninitialized": "n/a",
+    }, report.render()
+    assert report.scope["--contiguous-only"] == report.scope["--requires-init"] == "yes"
+    without = dataclasses.replace(apply_target(options), contiguous_only=False, target=None)
+    failed = run_check(
+        dataclasses.replace(without, only=("non-contiguous",), max_examples=20),
+        pool_factory=get_pool,
+    )
+    assert [r.status for r in failed.results] == ["fail"], failed.render()
+    assert "Tensors must be contiguous" in failed.render()
 
 
 # --- the JSON holds nothing that varies run to run --------------------------------------------

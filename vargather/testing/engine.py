@@ -69,6 +69,8 @@ def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:
     scope["--world-sizes"] = ",".join(map(str, options.world_sizes))
     if options.requires_init:
         scope["--requires-init"] = "yes"
+    if options.contiguous_only:
+        scope["--contiguous-only"] = "yes"
     if options.compile:
         scope["--compile"] = "yes"
     if options.emulate is not None:
@@ -307,6 +309,8 @@ def _run_check(
             reason = _call_reason(row.id, row.not_applicable(world_sizes, returns), info)
             if reason is None and row.id == "uninitialized" and options.requires_init:
                 reason = "--requires-init: needs an initialized torch.distributed"
+            if reason is None and row.id == "non-contiguous" and options.contiguous_only:
+                reason = "--contiguous-only: takes contiguous tensors only"
             stopped = options.exitfirst and any(r.failed for r in report.results)
             dtype = row_id.partition(":")[2]
             if stopped:

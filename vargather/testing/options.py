@@ -87,6 +87,8 @@ class CheckOptions:
     grad: str = "sum"
     dims: tuple[int, ...] | None = None
     requires_init: bool = False
+    contiguous_only: bool = False
+    """It takes contiguous tensors only (``--contiguous-only``): ``non-contiguous`` is n/a."""
     compile: bool = False
     sizes: str = "any"
     returns: str = "auto"

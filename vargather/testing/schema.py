@@ -276,6 +276,12 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "it needs an initialized torch.distributed (the uninitialized row does not apply)",
     ),
     Option(
+        "contiguous-only",
+        "flag",
+        "it takes contiguous tensors only, as torch.distributed's collectives do on gloo "
+        "and NCCL ('Tensors must be contiguous'): the non-contiguous row does not apply",
+    ),
+    Option(
         "equal-shapes",
         "flag",
         "it gathers equal shapes only, every rank's shard the same shape (the list form of "

@@ -136,8 +136,9 @@ TARGETS: Final[tuple[Target, ...]] = (
         "all_to_all_v",
         "torch.distributed._functional_collectives:all_to_all_single_autograd",
         "(x, recv_sizes, send_sizes, group)",
-        {"sizes": "required", "grad": "sum"},
+        {"sizes": "required", "grad": "sum", "requires_init": True},
         (
+            "--requires-init: torch.distributed's collectives need an initialized process group",
             "--sizes required: output_split_sizes=None means equal splits, so both split "
             "lists are always passed",
             "--call passes no dim: dim 0 only (torch splits dim 0)",
@@ -156,8 +157,11 @@ TARGETS: Final[tuple[Target, ...]] = (
         "all_to_all_v",
         "torch.distributed.nn.functional:all_to_all_single",
         "(out, x, recv_sizes, send_sizes, group)",
-        {"sizes": "required", "grad": "sum"},
+        {"sizes": "required", "grad": "sum", "requires_init": True, "contiguous_only": True},
         (
+            "--requires-init: torch.distributed's collectives need an initialized process group",
+            "--contiguous-only: torch.distributed.all_to_all_single takes contiguous tensors "
+            "only (gloo and NCCL raise 'Tensors must be contiguous' on the calling rank)",
             "--sizes required: split sizes None means equal splits, so both split lists "
             "are always passed",
             "--call passes no dim: dim 0 only; out: the preallocated output it fills",
