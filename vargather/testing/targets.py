@@ -200,9 +200,10 @@ TARGETS: Final[tuple[Target, ...]] = (
         "all_to_all_v",
         f"{_MAPPINGS}:all_to_all",
         "(group, x, recv_sizes, send_sizes)",
-        {"sizes": "required", "grad": "sum", "emulate": "nccl"},
+        {"sizes": "required", "grad": "sum", "emulate": "nccl", "requires_init": True},
         (
             _CUDA_WHY,
+            "--requires-init: it asserts its group is not None",
             "--sizes required: split sizes None means equal splits",
             "--call passes no dim: dim 0 only",
         ),
@@ -239,9 +240,10 @@ TARGETS: Final[tuple[Target, ...]] = (
         "reduce_scatter_v",
         f"{_MAPPINGS}:reduce_scatter_to_sequence_parallel_region",
         "(x, group, sizes)",
-        {"grad": "sum", "emulate": "nccl", "nan_payloads": "backend"},
+        {"grad": "sum", "emulate": "nccl", "nan_payloads": "backend", "requires_init": True},
         (
             _CUDA_WHY,
+            "--requires-init: it asserts its group is not None",
             "--nan-payloads backend: the sum is the backend's (NCCL's reduce-scatter, its "
             "ring order), and IEEE 754 leaves the payload of a sum of NaNs unspecified: a NaN "
             "where the oracle has one is equal, its payload reported (--strict fails it)",
