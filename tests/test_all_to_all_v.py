@@ -67,6 +67,18 @@ def test_noncontiguous_input() -> None:
         assert_bitwise_equal(a, b)
 
 
+@pytest.mark.parametrize("send", [((0, 0), (0, 0)), ((1, 0), (0, 1)), ((0, 1), (1, 0))])
+def test_a_strided_x_of_no_or_one_element(send: tuple[tuple[int, ...], ...]) -> None:
+    """A sliced ``x`` of 0 or 1 elements reports contiguous at stride 2, which a flat
+    ``view(uint8)`` refuses: the gate's ``non-contiguous`` row found every rank raising
+    ``self.stride(-1) must be 1`` here (``validate=False``, no other dims)."""
+    for validate in (False, True):
+        case = AllToAllCase(
+            world_size=2, send=send, other=(), dim=0, memory="sliced", validate=validate, seed=1
+        )
+        assert check_case(get_pool(2), case) == []
+
+
 def test_one_process_world_and_layout() -> None:
     x = torch.arange(6.0).view(3, 2)
     res = vargather.all_to_all_v_with_layout(x, [3])

@@ -486,7 +486,10 @@ def plain_bytes(t: torch.Tensor) -> torch.Tensor:
     """A ``plain`` tensor's bytes as they lie, a flat uint8 view (``bytes_of`` without
     its handling of strides and lazy bits, which a plain tensor has none of: a few
     microseconds less on the paths that call it every call)."""
-    return t.detach().view(-1).view(torch.uint8)
+    flat = t.detach().view(-1)
+    if flat.stride(0) != 1:  # an empty or one-element tensor is contiguous at any stride
+        flat = flat.as_strided((flat.numel(),), (1,))
+    return flat.view(torch.uint8)
 
 
 def plain_in_blocks(x: object, dim: object) -> bool:
