@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar
@@ -36,11 +35,11 @@ from vargather import oracle
 from .asserts import bitwise_difference, nan_payloads_only
 from .cases import DTYPE_NAMES, Implementation, is_differentiable, make_values, torch_dtype
 from .collectives import FAMILY
+from .dispatch import function_of
 from .judge import Failure, without_addresses
 from .pool import RankContext, RankPool
-from .rank_runner import Alone
+from .rank_runner import Alone, emulation
 from .repeatable import repeatable
-from .runner import load_callable
 from .values import _lay_out
 
 if TYPE_CHECKING:
@@ -372,19 +371,10 @@ class CallReport(NamedTuple):
     error: tuple[str, str, tuple[int, ...]] | None
 
 
-def function_of(impl: str, collective: str) -> Callable[..., Any]:
-    """The callable ``impl`` names: ``MODULE:ATTR``, or ``MODULE`` (its ``collective``),
-    imported by the kit's one importer (``runner.load_callable``)."""
-    ref = impl if ":" in impl else f"{impl}:{collective}"
-    fn = load_callable(ref)
-    assert callable(fn)  # load_callable refuses what is not
-    return fn
-
-
 def _call(case: FamilyCase, x: torch.Tensor, r: int, group: Any) -> Any:
     """The case's call on group rank ``r``: as vargather's function is called, or by
     its call template (``calls.parse_call``); inside a compiled step with a backend."""
-    fn = function_of(case.impl, case.collective)
+    fn = function_of(case.collective, case.impl)
     if case.call is not None:
         from .calls import group_object, parse_call
 
@@ -403,15 +393,6 @@ def _call(case: FamilyCase, x: torch.Tensor, r: int, group: Any) -> Any:
 
         return call_compiled(fn, case, x, args, kwargs)
     return fn(*args, **kwargs)
-
-
-def emulation(backend: str | None) -> None:
-    """Emulate ``backend`` in this rank (``vargather.testing.emulate``), or stop
-    emulating where an earlier case did (a rank pool serves both)."""
-    if backend is not None or f"{__package__}.emulate" in sys.modules:
-        from .emulate import activate
-
-        activate(backend)
 
 
 def run_case(ctx: RankContext | Alone, case: FamilyCase) -> CallReport | None:
