@@ -9,6 +9,7 @@ names a collective: a case says which it is (``collective``) and how it is calle
 * ``FamilyCase``: what every case shares (world, dtype, values seed, group, grad,
   memory layout, initialized) and everything derived from it: every rank's input and
   upstream gradient (``inputs``, ``upstream``), rebuilt from the case alone;
+  ``BlockCase`` (one block per rank along ``dim``) and its strategy, ``block_cases``;
 * ``run_case``: rank side, for ``get_pool(W).run``: the implementation the case names
   (``case.impl``, a mutant or a fork) called, backward run, a ``CallReport`` back;
 * ``judge_case``: the reports against the oracle the table names
@@ -21,10 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, fields, replace
-from typing import Any, ClassVar, Final, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar
 
 import torch
 from hypothesis import strategies as st
@@ -33,21 +33,26 @@ from vargather import COLLECTIVES as TABLE
 from vargather import oracle
 
 from .asserts import bitwise_difference, nan_payloads_only
-from .cases import Implementation, is_differentiable, make_values, torch_dtype
+from .cases import DTYPE_NAMES, Implementation, is_differentiable, make_values, torch_dtype
 from .collectives import FAMILY
+from .dispatch import function_of
 from .judge import Failure, without_addresses
 from .pool import RankContext, RankPool
-from .rank_runner import Alone
+from .rank_runner import Alone, emulation
 from .repeatable import repeatable
-from .runner import load_callable
 from .values import _lay_out
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
 
 __all__ = [
     "COLLECTIVES",
     "Alone",
+    "BlockCase",
     "CallReport",
     "FamilyCase",
     "SplitCase",
+    "block_cases",
     "check_case",
     "check_sequence",
     "draw_group",
@@ -232,6 +237,33 @@ class SplitCase(FamilyCase):
         return self.with_dim(-1 if self.seed % 2 else 1)
 
 
+def shape_with(other: tuple[int, ...], dim: int, n: int) -> tuple[int, ...]:
+    """``other`` with ``n`` inserted at ``dim`` (negative: counted from the end)."""
+    d = dim % (len(other) + 1)
+    return (*other[:d], n, *other[d:])
+
+
+@dataclass(frozen=True, repr=False)
+class BlockCase(SplitCase):
+    """A case of a collective of one block per group rank (``gather_v``, ``scatter_v``,
+    ``reduce_scatter_v``): block ``r`` is ``sizes[r]`` long along ``dim`` of a shape
+    that is ``other`` without it; a subclass adds its own fields after these."""
+
+    sizes: tuple[int, ...]
+    other: tuple[int, ...]
+    dim: int
+
+    def blocks(self) -> list[tuple[int, ...]]:
+        """Each group rank's block shape, by group rank."""
+        return [shape_with(self.other, self.dim, n) for n in self.sizes]
+
+    def emptied(self) -> Any:
+        """No block for one rank (chosen by the seed)."""
+        sizes = list(self.sizes)
+        sizes[self.seed % len(sizes)] = 0
+        return replace(self, sizes=tuple(sizes))
+
+
 Case = FamilyCase
 """Any family case (its old name)."""
 C = TypeVar("C", bound=FamilyCase)
@@ -282,6 +314,39 @@ def draw_shared(
     }
 
 
+def block_cases(
+    case_type: Callable[..., BlockCase],
+    own: Callable[[Any, int], dict[str, Any]] = lambda draw, w: {},
+    flags: Callable[[Any], dict[str, Any]] = lambda draw: {},
+) -> Callable[..., SearchStrategy[Any]]:
+    """A ``BlockCase`` type's strategy, ``(world_sizes, dtypes, subgroups, most)``: in
+    this order its world and group (``draw_world``), ``other``, ``sizes`` (each up to
+    ``most``) and ``dim`` (negative ones too), its ``own(draw, w)`` fields on a group
+    of ``w`` ranks, the shared ones (``draw_shared``), its ``flags`` and ``validate``."""
+
+    @st.composite
+    def cases(
+        draw: Any,
+        world_sizes: tuple[int, ...] = (2, 3),
+        dtypes: tuple[str, ...] = DTYPE_NAMES,
+        subgroups: bool = True,
+        most: int = 4,
+    ) -> BlockCase:
+        world, group, w = draw_world(draw, world_sizes, subgroups)
+        other = draw_dims(draw, most)
+        return case_type(
+            sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
+            other=other,
+            dim=draw(st.integers(-(len(other) + 1), len(other))),
+            **own(draw, w),
+            **draw_shared(draw, dtypes, world, group),
+            **flags(draw),
+            validate=draw(st.booleans()),
+        )
+
+    return cases
+
+
 def fit_passed(
     case: C, target: Implementation, passes: Callable[[str], bool], name: str, flag: str, **off: Any
 ) -> C:
@@ -306,19 +371,10 @@ class CallReport(NamedTuple):
     error: tuple[str, str, tuple[int, ...]] | None
 
 
-def function_of(impl: str, collective: str) -> Callable[..., Any]:
-    """The callable ``impl`` names: ``MODULE:ATTR``, or ``MODULE`` (its ``collective``),
-    imported by the kit's one importer (``runner.load_callable``)."""
-    ref = impl if ":" in impl else f"{impl}:{collective}"
-    fn = load_callable(ref)
-    assert callable(fn)  # load_callable refuses what is not
-    return fn
-
-
 def _call(case: FamilyCase, x: torch.Tensor, r: int, group: Any) -> Any:
     """The case's call on group rank ``r``: as vargather's function is called, or by
     its call template (``calls.parse_call``); inside a compiled step with a backend."""
-    fn = function_of(case.impl, case.collective)
+    fn = function_of(case.collective, case.impl)
     if case.call is not None:
         from .calls import group_object, parse_call
 
@@ -337,15 +393,6 @@ def _call(case: FamilyCase, x: torch.Tensor, r: int, group: Any) -> Any:
 
         return call_compiled(fn, case, x, args, kwargs)
     return fn(*args, **kwargs)
-
-
-def emulation(backend: str | None) -> None:
-    """Emulate ``backend`` in this rank (``vargather.testing.emulate``), or stop
-    emulating where an earlier case did (a rank pool serves both)."""
-    if backend is not None or f"{__package__}.emulate" in sys.modules:
-        from .emulate import activate
-
-        activate(backend)
 
 
 def run_case(ctx: RankContext | Alone, case: FamilyCase) -> CallReport | None:

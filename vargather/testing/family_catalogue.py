@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 
 from .calls import parse_call
 from .cases import COMPILE_BACKENDS, Implementation, parse_literal
-from .family import Alone, FamilyCase, SplitCase, judge_case, run_case, run_sequence
+from .family import Alone, FamilyCase, SplitCase, judge_case, run_case, run_sequence, shape_with
 from .judge import Failure, world_failure_text
 from .misuse import MISUSE_KINDS, MisuseCase, judge_misuse, run_misuse
 from .pool import PoolFailure, RankError, RankPool
@@ -74,12 +74,6 @@ _COMMON: Final = ("float32", "float64", "int64")
 _ALONE: Final = ("float32", "float64", "complex64")
 _FORWARD: Final = frozenset({"output"})
 _VALUES: Final = frozenset({"output", "gradient", "adjoint"})
-
-
-def shape_with(other: tuple[int, ...], dim: int, n: int) -> tuple[int, ...]:
-    """``other`` with ``n`` inserted at ``dim`` (negative: counted from the end)."""
-    d = dim % (len(other) + 1)
-    return (*other[:d], n, *other[d:])
 
 
 def large_blocks(

@@ -1,7 +1,7 @@
 """The kit's one misuse model: a wrong call of any collective and the error it must raise.
 
-Where it sits: in the testing kit, above ``dispatch`` (the one call dispatcher) and
-``judge``, beneath the catalogues: each collective's misuse entries are the
+Where it sits: in the testing kit, above ``dispatch`` (the one call dispatcher),
+``rank_runner`` (its ``emulation``) and ``judge``, beneath the catalogues: each collective's misuse entries are the
 ``MISUSES`` tuple at the tail of its catalogue (``catalogues/<name>.py``), found
 through the library's table (``COLLECTIVES[name].catalogue``); the entries every
 collective shares (a rank that never arrives, an input that is no tensor) are
@@ -35,8 +35,8 @@ from vargather import COLLECTIVES, oracle
 from .asserts import bitwise_difference
 from .collectives import NAMES
 from .dispatch import bind, call_collective
-from .family import emulation
 from .judge import Failure
+from .rank_runner import emulation
 
 # --- descriptions of arguments --------------------------------------------------------
 

@@ -5,6 +5,7 @@ Where it sits: in the testing kit, above ``importer`` and ``cases``, beneath ``r
 module-level functions, so the pool pickles them by reference). A rank calls the
 implementation as its call template says, runs the backward with the case's upstream
 gradient, and reports its output's bytes (or digest), its gradient and any exception.
+``emulation`` (the backend a rank emulates) serves the family's and the misuse runners too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .repeatable import repeatable
 __all__ = [
     "Alone",
     "RankContextLike",
+    "emulation",
     "implementation_traceback",
     "rank_preflight",
     "run_coalesced_on_rank",
@@ -236,9 +238,13 @@ def _grad_fields(x: torch.Tensor, note: str) -> dict[str, object]:
     return fields
 
 
-def _emulating() -> bool:
-    module = sys.modules.get(f"{__package__}.emulate")
-    return module is not None and module.installed() is not None
+def emulation(backend: str | None) -> None:
+    """Emulate ``backend`` in this rank (``vargather.testing.emulate``), or stop
+    emulating where an earlier case did (a rank pool serves both)."""
+    if backend is not None or f"{__package__}.emulate" in sys.modules:
+        from .emulate import activate
+
+        activate(backend)
 
 
 def _output_report(out: torch.Tensor, case: GatherCase, expected_digest: str | None) -> TensorBytes:
@@ -262,10 +268,7 @@ def _enter(
     """Ready this rank for ``case``: the emulation installed, the case checked against
     the world and ``impl``; the gather group (``None``: the default group) and this
     rank's rank in it, or ``None`` when this rank is outside the case's subgroup."""
-    if impl.emulate is not None or _emulating():
-        from .emulate import activate
-
-        activate(impl.emulate)
+    emulation(impl.emulate)
     group: object = None
     grank = ctx.rank
     if case.members is not None:

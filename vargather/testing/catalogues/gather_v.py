@@ -9,15 +9,15 @@ from typing import Any, Final
 
 from hypothesis import strategies as st
 
-from ..cases import DTYPE_NAMES, Implementation
-from ..family import SplitCase, draw_dims, draw_shared, draw_world, fit_passed
-from ..family_catalogue import FamilyCatalogue, large_blocks, shape_with
+from ..cases import Implementation
+from ..family import BlockCase, block_cases, fit_passed, shape_with
+from ..family_catalogue import FamilyCatalogue, large_blocks
 
 __all__ = ["CATALOGUE", "GatherVCase", "gather_v_cases"]
 
 
 @dataclass(frozen=True, repr=False)
-class GatherVCase(SplitCase):
+class GatherVCase(BlockCase):
     """``gather_v(x_r, dst, dim)`` on group rank ``r``, whose block is ``sizes[r]`` long
     along ``dim`` (``other``: the shape without it); ``pass_sizes``: ``sizes=`` passed
     too (with ``validate=False``: trusted, no metadata round)."""
@@ -25,16 +25,13 @@ class GatherVCase(SplitCase):
     collective = "gather_v"
     NAMES = ("x", "dst", "dim", "sizes", "group")
 
-    sizes: tuple[int, ...]
-    other: tuple[int, ...]
-    dim: int
     dst: int = 0
     dtype: str = "float32"
     _: KW_ONLY
     pass_sizes: bool = False
 
     def input_shapes(self) -> list[tuple[int, ...]]:
-        return [shape_with(self.other, self.dim, n) for n in self.sizes]
+        return self.blocks()
 
     def output_shapes(self) -> list[Any]:
         total = sum(self.sizes)
@@ -53,12 +50,6 @@ class GatherVCase(SplitCase):
     def oracle_args(self) -> dict[str, Any]:
         return {"dst": self.dst, "dim": self.dim}
 
-    def emptied(self) -> GatherVCase:
-        """No block from one rank."""
-        sizes = list(self.sizes)
-        sizes[self.seed % len(sizes)] = 0
-        return replace(self, sizes=tuple(sizes))
-
     def compilable(self) -> GatherVCase:
         return replace(self, special=False, pass_sizes=True)
 
@@ -66,27 +57,13 @@ class GatherVCase(SplitCase):
         return fit_passed(self, target, passes, "sizes", "pass_sizes")
 
 
-@st.composite
-def gather_v_cases(
-    draw: Any,
-    world_sizes: tuple[int, ...] = (2, 3),
-    dtypes: tuple[str, ...] = DTYPE_NAMES,
-    subgroups: bool = True,
-    most: int = 4,
-) -> GatherVCase:
-    """``GatherVCase``s: empty blocks, any ``dst``, negative dims, every dtype, subgroups,
-    sizes passed or not; ``most``: the largest block and dimension (payload scale)."""
-    world, group, w = draw_world(draw, world_sizes, subgroups)
-    other = draw_dims(draw, most)
-    return GatherVCase(
-        sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
-        other=other,
-        dim=draw(st.integers(-(len(other) + 1), len(other))),
-        dst=draw(st.integers(0, w - 1)),
-        **draw_shared(draw, dtypes, world, group),
-        pass_sizes=draw(st.booleans()),
-        validate=draw(st.booleans()),
-    )
+gather_v_cases: Final = block_cases(
+    GatherVCase,
+    lambda draw, w: {"dst": draw(st.integers(0, w - 1))},
+    lambda draw: {"pass_sizes": draw(st.booleans())},
+)
+"""``GatherVCase``s: empty blocks, any ``dst``, negative dims, every dtype, subgroups,
+sizes passed or not; ``most``: the largest block and dimension (payload scale)."""
 
 
 CATALOGUE: Final = FamilyCatalogue(

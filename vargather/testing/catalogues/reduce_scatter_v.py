@@ -6,33 +6,27 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from hypothesis import strategies as st
-
-from ..cases import DTYPE_NAMES
-from ..family import SplitCase, draw_dims, draw_shared, draw_world
-from ..family_catalogue import FamilyCatalogue, large_blocks, shape_with
+from ..family import BlockCase, block_cases, shape_with
+from ..family_catalogue import FamilyCatalogue, large_blocks
 
 __all__ = ["CATALOGUE", "ReduceScatterCase", "reduce_scatter_cases"]
 
 
 @dataclass(frozen=True, repr=False)
-class ReduceScatterCase(SplitCase):
+class ReduceScatterCase(BlockCase):
     """``reduce_scatter_v(x, sizes, dim)``; ``other`` is the shape without ``dim``."""
 
     collective = "reduce_scatter_v"
     NAMES = ("x", "sizes", "dim", "group", "out")
     reduced_forward = True
 
-    sizes: tuple[int, ...]
-    other: tuple[int, ...]
-    dim: int
     dtype: str = "float32"
 
     def input_shapes(self) -> list[tuple[int, ...]]:
         return [shape_with(self.other, self.dim, sum(self.sizes))] * len(self.members)
 
     def output_shapes(self) -> list[Any]:
-        return [shape_with(self.other, self.dim, n) for n in self.sizes]
+        return self.blocks()
 
     def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (list(self.sizes), self.dim), {}
@@ -43,32 +37,10 @@ class ReduceScatterCase(SplitCase):
     def oracle_args(self) -> dict[str, Any]:
         return {"sizes": self.sizes, "dim": self.dim}
 
-    def emptied(self) -> ReduceScatterCase:
-        """No block for one rank."""
-        sizes = list(self.sizes)
-        sizes[self.seed % len(sizes)] = 0
-        return replace(self, sizes=tuple(sizes))
 
-
-@st.composite
-def reduce_scatter_cases(
-    draw: Any,
-    world_sizes: tuple[int, ...] = (2, 3),
-    dtypes: tuple[str, ...] = DTYPE_NAMES,
-    subgroups: bool = True,
-    most: int = 4,
-) -> ReduceScatterCase:
-    """``ReduceScatterCase``s: empty blocks, negative dims, every dtype, subgroups;
-    ``most``: the largest block and dimension (payload scale)."""
-    world, group, w = draw_world(draw, world_sizes, subgroups)
-    other = draw_dims(draw, most)
-    return ReduceScatterCase(
-        sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
-        other=other,
-        dim=draw(st.integers(-(len(other) + 1), len(other))),
-        **draw_shared(draw, dtypes, world, group),
-        validate=draw(st.booleans()),
-    )
+reduce_scatter_cases: Final = block_cases(ReduceScatterCase)
+"""``ReduceScatterCase``s: empty blocks, negative dims, every dtype, subgroups;
+``most``: the largest block and dimension (payload scale)."""
 
 
 CATALOGUE: Final = FamilyCatalogue(

@@ -3,20 +3,19 @@ strategy, call and misuse entries; the rows are the family's."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final
 
 from hypothesis import strategies as st
 
-from ..cases import DTYPE_NAMES
-from ..family import SplitCase, draw_dims, draw_shared, draw_world
-from ..family_catalogue import FamilyCatalogue, large_blocks, shape_with
+from ..family import BlockCase, block_cases, shape_with
+from ..family_catalogue import FamilyCatalogue, large_blocks
 
 __all__ = ["CATALOGUE", "ScatterVCase", "scatter_v_cases"]
 
 
 @dataclass(frozen=True, repr=False)
-class ScatterVCase(SplitCase):
+class ScatterVCase(BlockCase):
     """``scatter_v(x_r, sizes, src, dim)`` on group rank ``r``: rank ``r`` gets block
     ``r`` (``sizes[r]`` long along ``dim``; ``other``: the shape without it) of ``src``'s
     input; every other rank's input is ``placeholder`` long along ``dim``."""
@@ -24,9 +23,6 @@ class ScatterVCase(SplitCase):
     collective = "scatter_v"
     NAMES = ("x", "sizes", "src", "dim", "group")
 
-    sizes: tuple[int, ...]
-    other: tuple[int, ...]
-    dim: int
     src: int = 0
     placeholder: int = 0
     dtype: str = "float32"
@@ -39,7 +35,7 @@ class ScatterVCase(SplitCase):
         ]
 
     def output_shapes(self) -> list[Any]:
-        return [shape_with(self.other, self.dim, n) for n in self.sizes]
+        return self.blocks()
 
     def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (list(self.sizes), self.src, self.dim), {}
@@ -50,34 +46,13 @@ class ScatterVCase(SplitCase):
     def oracle_args(self) -> dict[str, Any]:
         return {"sizes": self.sizes, "src": self.src, "dim": self.dim}
 
-    def emptied(self) -> ScatterVCase:
-        """No block for one rank."""
-        sizes = list(self.sizes)
-        sizes[self.seed % len(sizes)] = 0
-        return replace(self, sizes=tuple(sizes))
 
-
-@st.composite
-def scatter_v_cases(
-    draw: Any,
-    world_sizes: tuple[int, ...] = (2, 3),
-    dtypes: tuple[str, ...] = DTYPE_NAMES,
-    subgroups: bool = True,
-    most: int = 4,
-) -> ScatterVCase:
-    """``ScatterVCase``s: empty blocks, any ``src`` and placeholder length, negative
-    dims, every dtype, subgroups; ``most``: the largest block and dimension."""
-    world, group, w = draw_world(draw, world_sizes, subgroups)
-    other = draw_dims(draw, most)
-    return ScatterVCase(
-        sizes=tuple(draw(st.lists(st.integers(0, most), min_size=w, max_size=w))),
-        other=other,
-        dim=draw(st.integers(-(len(other) + 1), len(other))),
-        src=draw(st.integers(0, w - 1)),
-        placeholder=draw(st.integers(0, 2)),
-        **draw_shared(draw, dtypes, world, group),
-        validate=draw(st.booleans()),
-    )
+scatter_v_cases: Final = block_cases(
+    ScatterVCase,
+    lambda draw, w: {"src": draw(st.integers(0, w - 1)), "placeholder": draw(st.integers(0, 2))},
+)
+"""``ScatterVCase``s: empty blocks, any ``src`` and placeholder length, negative dims,
+every dtype, subgroups; ``most``: the largest block and dimension."""
 
 
 CATALOGUE: Final = FamilyCatalogue(
