@@ -33,7 +33,7 @@ from ._errors import (
     SizesMismatchError,
 )
 from ._exchange import _disagreement
-from ._layout import Layout
+from ._layout import Layout, blocks_layout
 from ._rows import (
     FamilyCall,
     Row,
@@ -67,20 +67,8 @@ def split_layout(
     return _split_layout(shape, dim % len(shape), sizes, dtype, info.rank, info.world_size)
 
 
-@functools.lru_cache(maxsize=64)
-def _split_layout(
-    shape: tuple[int, ...], d: int, sizes: tuple[int, ...], dtype: torch.dtype, rank: int, w: int
-) -> Layout:
-    """``split_layout``, unremembered."""
-    return Layout(
-        sizes=sizes,
-        dim=d,
-        leading_shape=shape[:d],
-        trailing_shape=shape[d + 1 :],
-        dtype=dtype,
-        rank=rank,
-        world_size=w,
-    )
+_split_layout = functools.lru_cache(maxsize=64)(blocks_layout)
+"""``blocks_layout``, remembered (``split_layout`` normalizes ``dim`` first)."""
 
 
 def receive_layout(

@@ -38,7 +38,7 @@ from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import SizesError, SizesMismatchError
 from ._family import known_call
-from ._layout import Layout
+from ._layout import Layout, blocks_layout
 from ._mesh import call_group
 from ._reduced import add_, canonical_nans_
 from ._round_buffers import pack
@@ -67,7 +67,6 @@ __all__ = [
     "plan_reduce_scatter",
     "reduce_scatter_blocks",
     "reduce_scatter_eager",
-    "scatter_layout",
 ]
 
 NAME: Final[CollectiveName] = "reduce_scatter_v"
@@ -82,20 +81,6 @@ class ReduceScatterPlan:
     layout: Layout
     info: GroupInfo
     result: torch.Tensor | None = field(default=None, compare=False, repr=False)
-
-
-def scatter_layout(x: torch.Tensor, dim: int, sizes: tuple[int, ...], info: GroupInfo) -> Layout:
-    """The blocks of ``x`` along ``dim`` (normalized here) as a ``Layout``."""
-    d = dim % x.ndim
-    return Layout(
-        sizes=sizes,
-        dim=d,
-        leading_shape=tuple(int(n) for n in x.shape[:d]),
-        trailing_shape=tuple(int(n) for n in x.shape[d + 1 :]),
-        dtype=x.dtype,
-        rank=info.rank,
-        world_size=info.world_size,
-    )
 
 
 def _local_call(
@@ -195,9 +180,7 @@ def plan_reduce_scatter(
     raise_own_problem(NAME, call.record.problem, info, trusted=validate is False)
     assert call.sizes[0] is not None  # a problem-free call parsed its sizes
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
-    return ReduceScatterPlan(
-        scatter_layout(x, call.record.normalized_dim, call.sizes[0], info), info
-    )
+    return _plan(call.sizes[0], x, call, info)[0]
 
 
 def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tensor, list[int]]:
@@ -206,7 +189,9 @@ def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tenso
     sizes = call.sizes[0]
     assert isinstance(x, torch.Tensor)
     assert sizes is not None
-    layout = scatter_layout(x, call.record.normalized_dim, sizes, info)
+    layout = blocks_layout(
+        x.shape, call.record.normalized_dim, sizes, x.dtype, info.rank, info.world_size
+    )
     unit = layout.pre * layout.post * x.element_size()
     return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in sizes]
 
@@ -217,7 +202,9 @@ def _plan(
     """The plan of the validated sizes, and the bytes rank ``j`` sends rank ``k``: block
     ``k`` of ``found``, from every rank."""
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
-    lay = scatter_layout(x, call.record.normalized_dim, found, info)
+    lay = blocks_layout(
+        x.shape, call.record.normalized_dim, found, x.dtype, info.rank, info.world_size
+    )
     unit = lay.pre * lay.post * x.element_size()
     return ReduceScatterPlan(lay, info), [n * unit for n in found] * info.world_size
 
@@ -357,7 +344,9 @@ def _gather_gradient_op(
     g: torch.Tensor, dim: int, sizes: Sequence[int], name: str, timeout: float | None
 ) -> torch.Tensor:
     info = named_group(name, timeout)
-    layout = scatter_layout(_gathered_like(g, dim, sizes), dim % g.dim(), tuple(sizes), info)
+    layout = blocks_layout(
+        resized(g, (dim, sum(sizes))), dim, sizes, g.dtype, info.rank, info.world_size
+    )
     with torch.no_grad():
         return fresh(gather_gradient(g, layout, info), g)
 

@@ -40,7 +40,7 @@ from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import ArgumentError, ArgumentMismatchError, SizesError, SizesMismatchError
-from ._layout import Layout
+from ._layout import Layout, blocks_layout
 from ._mesh import GroupLike, MeshDim, call_group
 from ._round_buffers import bytes_of
 from ._rows import (
@@ -175,18 +175,6 @@ def _validate(name: CollectiveName, rows: list[Row], *, rank: int) -> tuple[int,
     return extras[0], tuple(int(n) for n in extras[2 : 2 + extras[1]])
 
 
-def _layout(x: torch.Tensor, dim: int, sizes: tuple[int, ...], info: GroupInfo) -> Layout:
-    return Layout(
-        sizes=sizes,
-        dim=dim,
-        leading_shape=tuple(x.shape[:dim]),
-        trailing_shape=tuple(x.shape[dim + 1 :]),
-        dtype=x.dtype,
-        rank=info.rank,
-        world_size=info.world_size,
-    )
-
-
 def _outgoing(
     name: CollectiveName, x: object, call: FamilyCall, info: GroupInfo
 ) -> tuple[torch.Tensor, list[int]]:
@@ -201,7 +189,7 @@ def _outgoing(
         return torch.empty(0, dtype=torch.uint8), [0] * w
     sizes = call.sizes[0]
     assert sizes is not None  # src's problem-free call parsed its sizes
-    layout = _layout(x, d, sizes, info)
+    layout = blocks_layout(x.shape, d, sizes, x.dtype, info.rank, info.world_size)
     unit = layout.pre * layout.post * x.element_size()
     return bytes_of(rank_major_gradient(x.detach(), layout)), [n * unit for n in sizes]
 
@@ -249,7 +237,9 @@ def _plan_of(
     root only (``gather_v``), from it only (``scatter_v``)."""
     root, sizes = verdict
     assert isinstance(x, torch.Tensor)  # every rank's record validated: a tensor's
-    layout = _layout(x, call.record.normalized_dim, sizes, info)
+    layout = blocks_layout(
+        x.shape, call.record.normalized_dim, sizes, x.dtype, info.rank, info.world_size
+    )
     unit, w = layout.pre * layout.post * x.element_size(), info.world_size
     if name == GATHER:
         blocks = [n * unit if k == root else 0 for n in sizes for k in range(w)]
@@ -575,8 +565,9 @@ def _scatter_gradient_op(
 ) -> torch.Tensor:
     """gather_v's backward: block ``rank`` of ``dst``'s ``g`` (a scatter from ``dst``)."""
     info = named_group(group, timeout)
+    layout = blocks_layout(g.shape, dim, sizes, g.dtype, info.rank, info.world_size)
     with torch.no_grad():
-        return fresh(scatter_from(g, _layout(g, dim, tuple(sizes), info), dst, info), g)
+        return fresh(scatter_from(g, layout, dst, info), g)
 
 
 def _scatter_gradient_fake(
@@ -592,8 +583,9 @@ def _gather_gradient_op(
     ``length`` long along ``dim`` (``x``'s) elsewhere."""
     (timeout,) = rest
     info = named_group(group, timeout)
+    layout = blocks_layout(g.shape, dim, sizes, g.dtype, info.rank, info.world_size)
     with torch.no_grad():
-        full = gather_to(g, _layout(g, dim, tuple(sizes), info), src, info)
+        full = gather_to(g, layout, src, info)
         return fresh(full, g) if info.rank == src else g.new_zeros(resized(g, (dim, length)))
 
 
