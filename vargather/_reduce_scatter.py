@@ -32,11 +32,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _steady
-from ._args import Problem
 from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
-from ._errors import SizesError, SizesMismatchError
+from ._errors import SizesMismatchError
 from ._family import known_call
 from ._layout import Layout, blocks_layout
 from ._mesh import call_group
@@ -47,6 +46,7 @@ from ._rows import (
     Row,
     ValidatedOnce,
     agree,
+    block_sizes_problem,
     call_key,
     check_tensor,
     common_checks,
@@ -102,22 +102,7 @@ def _local_call(
         split=True,
     )
     parsed, words = sizes_words(sizes, info.world_size)
-    problem: Problem | None = None
-    if parsed is None:
-        problem = Problem(SizesError, "sizes is required: expected one block size per rank")
-    elif isinstance(parsed, Problem):
-        problem = parsed
-    elif len(parsed) != info.world_size:
-        problem = Problem(
-            SizesError, f"expected len(sizes) == world size {info.world_size}, got {len(parsed)}"
-        )
-    elif record.normalized_dim >= 0 and sum(parsed) != record.size_along_dim:
-        problem = Problem(
-            SizesError,
-            f"expected sum(sizes) == {record.size_along_dim} (the tensor's size along dim "
-            f"{record.normalized_dim}), got sum(sizes) = {sum(parsed)} for sizes={list(parsed)}",
-        )
-    record = with_problem(record, problem)
+    record = with_problem(record, block_sizes_problem(parsed, info.world_size, record))
     own = parsed if isinstance(parsed, tuple) else None
     return FamilyCall(NAME, record, tuple(words), (own,), call_timeout)
 
