@@ -49,6 +49,7 @@ from ._rows import (
     Row,
     ValidatedOnce,
     agree,
+    block_sizes_problem,
     call_key,
     check_tensor,
     common_checks,
@@ -119,15 +120,10 @@ def _local_call(
     own_root, problem = _root(root, "dst" if name == GATHER else "src", w)
     parsed, words = sizes_words(sizes, w)
     d = record.normalized_dim
-    if isinstance(parsed, Problem):
-        problem = problem or parsed
-    elif parsed is None:
-        if name == SCATTER:
-            problem = problem or Problem(SizesError, "sizes is required: one block size per rank")
-    elif len(parsed) != w:
-        problem = problem or Problem(
-            SizesError, f"expected len(sizes) == world size {w}, got {len(parsed)}"
-        )
+    if parsed is None and name == SCATTER:
+        problem = problem or Problem(SizesError, "sizes is required: one block size per rank")
+    elif not isinstance(parsed, tuple) or len(parsed) != w:
+        problem = problem or block_sizes_problem(parsed, w, None)
     elif d >= 0 and name == GATHER and parsed[info.rank] != record.size_along_dim:
         problem = problem or Problem(
             SizesError,
