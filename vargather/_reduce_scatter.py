@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import _steady
+from ._autograd import planned_function
 from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
@@ -263,23 +263,12 @@ def gather_gradient(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) 
     return choose_transport("auto", layout, info).gather(grad_output, layout, info)
 
 
-class ReduceScatterVFunction(torch.autograd.Function):
-    """``y_r = Σ_j x_j[o_r : o_r + n_r]`` with the gathered upstream gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, plan: ReduceScatterPlan) -> torch.Tensor:
-        ctx.plan = plan
-        if plan.result is not None:
-            return plan.result
-        return reduce_scatter_blocks(x, plan.layout, plan.info)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None]:
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        plan: ReduceScatterPlan = ctx.plan
-        return gather_gradient(grad_output, plan.layout, plan.info), None
+ReduceScatterVFunction = planned_function(
+    "ReduceScatterVFunction",
+    """``y_r = Σ_j x_j[o_r : o_r + n_r]`` with the gathered upstream gradient.""",
+    lambda x, plan: reduce_scatter_blocks(x, plan.layout, plan.info),
+    lambda g, plan: gather_gradient(g, plan.layout, plan.info),
+)
 
 
 def reduce_scatter_eager(

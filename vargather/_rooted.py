@@ -32,10 +32,10 @@ from datetime import timedelta
 from typing import Any, Final
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import _steady
 from ._args import Problem
+from ._autograd import planned_function
 from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
@@ -356,46 +356,28 @@ def scatter_from(full: torch.Tensor, layout: Layout, root: int, info: GroupInfo)
     return result
 
 
-class GatherVFunction(torch.autograd.Function):
-    """``y_root = cat_r x_r``; the backward scatters ``g_root`` back (module doc)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, plan: RootedPlan) -> torch.Tensor:
-        ctx.plan = plan
-        if plan.result is not None:
-            return plan.result
-        return gather_to(x.detach(), plan.layout, plan.root, plan.info)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        plan: RootedPlan = ctx.plan
-        return scatter_from(grad, plan.layout, plan.root, plan.info), None
+def _gather_to_root(grad: torch.Tensor, plan: RootedPlan) -> torch.Tensor:
+    """scatter_v's backward: ``cat_r g_r`` on the root, zeros shaped as ``x`` elsewhere."""
+    full = gather_to(grad, plan.layout, plan.root, plan.info)
+    return full if plan.info.rank == plan.root else grad.new_zeros(plan.shape)
 
 
-class ScatterVFunction(torch.autograd.Function):
-    """``y_r = x_root[o_r : o_r + n_r]``; the backward gathers the ``g_r`` to the root,
-    zeros elsewhere (module doc)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, plan: RootedPlan) -> torch.Tensor:
-        ctx.plan = plan
-        if plan.result is not None:
-            return plan.result
-        return scatter_from(x.detach(), plan.layout, plan.root, plan.info)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        plan: RootedPlan = ctx.plan
-        full = gather_to(grad, plan.layout, plan.root, plan.info)
-        if plan.info.rank == plan.root:
-            return full, None
-        return grad.new_zeros(plan.shape), None
+_FUNCTIONS: Final = {
+    GATHER: planned_function(
+        "GatherVFunction",
+        """``y_root = cat_r x_r``; the backward scatters ``g_root`` back (module doc).""",
+        lambda x, plan: gather_to(x.detach(), plan.layout, plan.root, plan.info),
+        lambda g, plan: scatter_from(g, plan.layout, plan.root, plan.info),
+    ),
+    SCATTER: planned_function(
+        "ScatterVFunction",
+        """``y_r = x_root[o_r : o_r + n_r]``; the backward gathers the ``g_r`` to the
+        root, zeros elsewhere (module doc).""",
+        lambda x, plan: scatter_from(x.detach(), plan.layout, plan.root, plan.info),
+        _gather_to_root,
+    ),
+}
+"""Each collective's autograd function (``_autograd.planned_function``)."""
 
 
 def _eager(
@@ -405,8 +387,7 @@ def _eager(
     payload inside the collective's autograd function."""
     mesh_dim, validate, timeout = rest
     plan = _plan(name, x, root, sizes, dim, call_group(group, mesh_dim), validate, timeout)
-    function = GatherVFunction if name == GATHER else ScatterVFunction
-    out = function.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
+    out = _FUNCTIONS[name].apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
     assert isinstance(out, torch.Tensor)
     return out
 
