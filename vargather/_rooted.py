@@ -547,12 +547,6 @@ def _scatter_gradient_op(
         return fresh(scatter_from(g, layout, dst, info), g)
 
 
-def _scatter_gradient_fake(
-    g: torch.Tensor, dst: int, dim: int, sizes: Sequence[int], group: str, *_: Any
-) -> torch.Tensor:
-    return g.new_empty(resized(g, (dim, sizes[rank_of(group)])))
-
-
 def _gather_gradient_op(
     g: torch.Tensor, src: int, dim: int, sizes: Sequence[int], length: int, group: str, *rest: Any
 ) -> torch.Tensor:
@@ -596,7 +590,7 @@ define_ops(
         "(Tensor grad_output, SymInt dst, SymInt dim, SymInt[] sizes, str group_name, "
         "float? timeout) -> Tensor",
         _scatter_gradient_op,
-        _scatter_gradient_fake,
+        _scatter_fake,  # the backward is a scatter from dst: this rank's block
     ),
     OpSpec(
         SCATTER,
