@@ -26,7 +26,14 @@ import torch.autograd.forward_ad as forward_ad
 
 from . import _fused
 from ._args import CheckedCall, Problem, check_call
-from ._autograd import CoalescedFunction, CoalescedPlan, GatherPlan, GatherVFunction
+from ._autograd import (
+    CoalescedFunction,
+    CoalescedPlan,
+    GatherPlan,
+    GatherVFunction,
+    contract_backward,
+)
+from ._choices import GradContract
 from ._errors import DimError, InputTypeError, SizesError, VarGatherError
 from ._exchange import plan_layout, trusted_layout
 from ._group import GroupInfo
@@ -346,7 +353,6 @@ from ._compiled import (  # noqa: E402  # this block ends the module on purpose 
     unbacked_sizes_allowed_here,
 )
 from ._mesh import group_named, named_group  # noqa: E402  # as above
-from ._reduced import canonical_nans_, mean_  # noqa: E402  # as above
 
 
 def _planned(
@@ -397,7 +403,7 @@ def _backward_eagerly(
     dim: int,
     sizes: Sequence[int],
     group_name: str,
-    grad: str,
+    grad: GradContract,  # the forward validated it
     transport: str,
     timeout: float | None,
 ) -> torch.Tensor:
@@ -408,16 +414,11 @@ def _backward_eagerly(
     plain = [int(n) for n in sizes]
     layout = blocks_layout(grad_output.shape, dim, plain, grad_output.dtype, info.rank, len(plain))
     with torch.no_grad():
-        if layout.total == 0:
-            return grad_output.new_zeros(layout.shard_shape(layout.rank))
-        if grad == "local":
-            own = grad_output.narrow(layout.dim, layout.local_offset, layout.local_size)
-            return own.clone(memory_format=torch.contiguous_format)
         chosen = choose_transport(transport, layout, info)
-        out = chosen.reduce_scatter_sum(grad_output, layout, info)
-        if grad == "mean":
-            return mean_(out, layout.world_size).contiguous()  # as GatherVFunction's backward
-        return canonical_nans_(out).contiguous()
+        out = contract_backward(grad_output, layout, info, chosen, grad)  # GatherVFunction's
+        if grad == "local":  # a view of grad_output
+            return out.clone(memory_format=torch.contiguous_format)
+        return out.contiguous()
 
 
 def _all_gather_v_backward_fake(
