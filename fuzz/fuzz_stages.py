@@ -85,7 +85,7 @@ from vargather._choices import unsupported_reason
 from vargather._comm import GroupInfo
 from vargather._dtypes import dtype_name
 from vargather._exchange import validate_records
-from vargather._layout import Layout
+from vargather._layout import Layout, blocks_layout
 from vargather._wire import RECORD_LENGTH, decode_record, encode_record, wire_text
 
 DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
@@ -779,7 +779,7 @@ def family_payload_layout(case: tuple[str, list[torch.Tensor], Any, int]) -> Non
             sent.append(_by_bytes(flat, splits))
         want = oracle.expected_reduce_scatter(xs, sizes, d)
         for r in range(w):
-            lay = _reduce_scatter.scatter_layout(xs[r], d, sizes, infos_[r])
+            lay = blocks_layout(xs[r].shape, d, sizes, xs[r].dtype, r, w)
             assert lay.shard_shape(r) == tuple(want[r].shape)
             got = _reduce_scatter.fold_slots([sent[j][r] for j in range(w)], lay)
             assert _same_bits(got, want[r]), (r, got, want[r])

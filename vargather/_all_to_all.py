@@ -44,7 +44,6 @@ from typing import Any, Final, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.autograd.function import once_differentiable
 
 from . import _steady
 from ._all_to_all_rows import (
@@ -56,6 +55,7 @@ from ._all_to_all_rows import (
     validate_rows,
 )
 from ._args import MAX_NDIM, Problem
+from ._autograd import planned_function
 from ._buffers import compact_rank_major, rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
@@ -249,23 +249,12 @@ def exchange_blocks(x: torch.Tensor, send: Layout, recv: Layout, info: GroupInfo
     return compact_rank_major(received, recv)
 
 
-class AllToAllVFunction(torch.autograd.Function):
-    """``y_r = cat_j (block r of x_j)`` with the reverse exchange as its backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, plan: AllToAllPlan) -> torch.Tensor:
-        ctx.plan = plan
-        if plan.result is not None:
-            return plan.result
-        return exchange_blocks(x, plan.send, plan.recv, plan.info)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None]:
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        plan: AllToAllPlan = ctx.plan
-        return exchange_blocks(grad_output, plan.recv, plan.send, plan.info), None
+AllToAllVFunction = planned_function(
+    "AllToAllVFunction",
+    """``y_r = cat_j (block r of x_j)`` with the reverse exchange as its backward.""",
+    lambda x, plan: exchange_blocks(x, plan.send, plan.recv, plan.info),
+    lambda g, plan: exchange_blocks(g, plan.recv, plan.send, plan.info),
+)
 
 
 # --- the steady path: a call repeating the last one replays its round ------------------

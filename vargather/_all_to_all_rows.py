@@ -29,15 +29,15 @@ from ._errors import (
     ArgumentMismatchError,
     DimError,
     ShapeMismatchError,
-    SizesError,
     SizesMismatchError,
 )
 from ._exchange import _disagreement
-from ._layout import Layout
+from ._layout import Layout, blocks_layout
 from ._rows import (
     FamilyCall,
     Row,
     agree,
+    block_sizes_problem,
     check_tensor,
     common_checks,
     raise_local,
@@ -67,20 +67,8 @@ def split_layout(
     return _split_layout(shape, dim % len(shape), sizes, dtype, info.rank, info.world_size)
 
 
-@functools.lru_cache(maxsize=64)
-def _split_layout(
-    shape: tuple[int, ...], d: int, sizes: tuple[int, ...], dtype: torch.dtype, rank: int, w: int
-) -> Layout:
-    """``split_layout``, unremembered."""
-    return Layout(
-        sizes=sizes,
-        dim=d,
-        leading_shape=shape[:d],
-        trailing_shape=shape[d + 1 :],
-        dtype=dtype,
-        rank=rank,
-        world_size=w,
-    )
+_split_layout = functools.lru_cache(maxsize=64)(blocks_layout)
+"""``blocks_layout``, remembered (``split_layout`` normalizes ``dim`` first)."""
 
 
 def receive_layout(
@@ -151,29 +139,11 @@ def local_call(
     send, send_words = sizes_words(send_sizes, w)
     recv, recv_words = sizes_words(recv_sizes, w)
     cat, problem = _cat_word(cat_dim, record)
-    if problem is not None:
-        pass
-    elif send is None:
-        problem = Problem(SizesError, "send_sizes is required: expected one block size per rank")
-    elif isinstance(send, Problem):
-        problem = Problem(send.error, "send_" + send.message)
-    elif len(send) != w:
-        problem = Problem(
-            SizesError, f"expected len(send_sizes) == world size {w}, got {len(send)}"
-        )
-    elif record.normalized_dim >= 0 and sum(send) != record.size_along_dim:
-        problem = Problem(
-            SizesError,
-            f"expected sum(send_sizes) == {record.size_along_dim} (the tensor's size along "
-            f"dim {record.normalized_dim}), got sum(send_sizes) = {sum(send)} for "
-            f"send_sizes={list(send)}",
-        )
-    elif isinstance(recv, Problem):
-        problem = Problem(recv.error, "recv_" + recv.message)
-    elif recv is not None and len(recv) != w:
-        problem = Problem(
-            SizesError, f"expected len(recv_sizes) == world size {w}, got {len(recv)}"
-        )
+    problem = (
+        problem
+        or block_sizes_problem(send, w, record, "send_sizes")
+        or block_sizes_problem(recv, w, None, "recv_sizes")
+    )
     record = with_problem(record, problem)
     own_send = send if isinstance(send, tuple) else None
     own_recv = recv if isinstance(recv, tuple) else None

@@ -23,12 +23,15 @@ returned ``dx_r`` is the gradient of:
 
 The backward is a collective under ``sum`` and ``mean``: every rank of the group must
 run it (validation refuses ranks that disagree on ``requires_grad``).
+
+``planned_function`` makes the other collectives' autograd functions, all one shape.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -45,6 +48,7 @@ __all__ = [
     "GatherPlan",
     "GatherVFunction",
     "contract_backward",
+    "planned_function",
 ]
 
 
@@ -142,3 +146,30 @@ class CoalescedFunction(torch.autograd.Function):
                 contract_backward(g, plan.layouts[i], plan.info, plan.transports[i], plan.contract)
             )
         return tuple(result)
+
+
+Step = Callable[[torch.Tensor, Any], torch.Tensor]
+"""A payload or a gradient over a plan: ``(tensor, plan) -> tensor``."""
+
+
+def planned_function(
+    name: str, doc: str, payload: Step, gradient: Step
+) -> type[torch.autograd.Function]:
+    """The autograd function ``name`` of a collective over its plan (``apply(x, plan)``):
+    the forward is ``plan.result`` when the payload rode in the round, else
+    ``payload(x, plan)``; the backward ``gradient(g, plan)`` when ``x`` wants one."""
+
+    def forward(ctx: Any, x: torch.Tensor, plan: Any) -> torch.Tensor:
+        ctx.plan = plan
+        out: torch.Tensor | None = plan.result
+        return payload(x, plan) if out is None else out
+
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        return gradient(grad_output, ctx.plan), None
+
+    body = {"__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)}
+    body["__module__"] = payload.__module__  # the collective's module, as a class there
+    return cast("type[torch.autograd.Function]", type(name, (torch.autograd.Function,), body))

@@ -51,7 +51,7 @@ from ._errors import (
     SizesMismatchError,
     VarGatherError,
 )
-from ._layout import Layout
+from ._layout import Layout, blocks_layout
 from ._wire import RECORD_LENGTH, decode_record, encode_record
 
 __all__ = [
@@ -355,18 +355,9 @@ def plan_layout(call: CheckedCall, info: GroupInfo) -> Layout:
 
 def build_layout(record: CallRecord, sizes: Sequence[int], *, rank: int) -> Layout:
     """The ``Layout`` for a validated record and the true sizes."""
-    d = record.normalized_dim
     dtype = record.dtype
     assert dtype is not None  # validated: a problem-free record names a known dtype
-    return Layout(
-        sizes=tuple(sizes),
-        dim=d,
-        leading_shape=record.shape[:d],
-        trailing_shape=record.shape[d + 1 :],
-        dtype=dtype,
-        rank=rank,
-        world_size=len(sizes),
-    )
+    return blocks_layout(record.shape, record.normalized_dim, sizes, dtype, rank, len(sizes))
 
 
 def trusted_layout(call: CheckedCall, info: GroupInfo) -> Layout:

@@ -297,8 +297,11 @@ def _wide_exchange(
     at most its pair's slot (``wide[rank * W + k]`` bytes for rank ``k``); a block
     larger than its slot sends its first ``slot`` bytes (the call takes a second round,
     every rank sees it in the rows). Packed while every slot is at most
-    ``PACKED_WIDE_MAX`` (``_packed_wide_exchange``), else by direct sends
-    (``_direct_wide_exchange``)."""
+    ``PACKED_WIDE_MAX``: one alltoallv whose message from rank ``j`` to rank ``k`` is
+    ``j``'s row, then its block for ``k`` in a slot of ``wide[j * W + k]`` bytes (the
+    rest zeros), each part rounded up to 16 bytes; the blocks are read where they
+    landed, and closed up in place (``region_cutter``). Else by direct sends
+    (``DirectRound``, ``run_direct``)."""
     w, rank = info.world_size, info.rank
     room = wide_blocks(state)
     flag = 0
@@ -311,8 +314,14 @@ def _wide_exchange(
         fits = all(n <= slot for n, slot in zip(sizes, out_slots, strict=True))
         flag = _ELIGIBLE | (_USED if fits else 0)
     row = _row_bytes(call.record, COLLECTIVES[call.kind].code, call.extras, w, flag)
-    exchange = _direct_wide_exchange if goes_direct(state, w) else _packed_wide_exchange
-    return exchange(call, info, row, blocks, state, pg, room)
+    found: PackedRound | DirectRound
+    if goes_direct(state, w):
+        found = direct_round(row, room, rank, w, info.backend in SHORT_MESSAGES)
+        buf, raw = run_direct(call, info, pg, found, blocks)
+    else:
+        found = packed_round(row, room, rank, w)
+        buf, raw = send_packed(call, info, pg, found, blocks)
+    return landed(call, info, pg, state, found, buf, raw)
 
 
 def goes_direct(state: FusedState, world: int) -> bool:
@@ -323,22 +332,6 @@ def goes_direct(state: FusedState, world: int) -> bool:
     round is replayed only in a state that picks its kind (``_all_to_all._resized_call``:
     slots alike are not enough once ``PACKED_WIDE_MAX`` is below the equal round's)."""
     return is_wide(state, world) and max(wide_blocks(state), default=0) > PACKED_WIDE_MAX
-
-
-def _direct_wide_exchange(
-    call: FamilyCall,
-    info: GroupInfo,
-    row: torch.Tensor,
-    blocks: Sequence[torch.Tensor] | None,
-    state: FusedState,
-    pg: dist.ProcessGroup,
-    room: Sequence[int],
-) -> Exchanged:
-    """The wide round by direct sends (``DirectRound``, ``run_direct``)."""
-    exact = info.backend in SHORT_MESSAGES
-    direct = direct_round(row, tuple(room), info.rank, info.world_size, exact)
-    buf, raw = run_direct(call, info, pg, direct, blocks)
-    return landed(call, info, pg, state, direct, buf, raw)
 
 
 @dataclass(frozen=True)
@@ -594,24 +587,6 @@ def landed(
     cut = region_cutter(buf, found.starts)
     packed, direct = (None, found) if isinstance(found, DirectRound) else (found, None)
     return Exchanged(out, regions, flags, state, call.kind, cut, packed, raw, direct)
-
-
-def _packed_wide_exchange(
-    call: FamilyCall,
-    info: GroupInfo,
-    row: torch.Tensor,
-    blocks: Sequence[torch.Tensor] | None,
-    state: FusedState,
-    pg: dist.ProcessGroup,
-    room: Sequence[int],
-) -> Exchanged:
-    """The wide round packed (``PACKED_WIDE_MAX``): one alltoallv whose message from
-    rank ``j`` to rank ``k`` is ``j``'s row, then its block for ``k`` in a slot of
-    ``wide[j * W + k]`` bytes (the rest zeros), each part rounded up to 16 bytes. The
-    blocks are read where they landed, and closed up in place (``region_cutter``)."""
-    packed = packed_round(row, room, info.rank, info.world_size)
-    buf, raw = send_packed(call, info, pg, packed, blocks)
-    return landed(call, info, pg, state, packed, buf, raw)
 
 
 def send_packed(

@@ -26,11 +26,18 @@ import torch.autograd.forward_ad as forward_ad
 
 from . import _fused
 from ._args import CheckedCall, Problem, check_call
-from ._autograd import CoalescedFunction, CoalescedPlan, GatherPlan, GatherVFunction
+from ._autograd import (
+    CoalescedFunction,
+    CoalescedPlan,
+    GatherPlan,
+    GatherVFunction,
+    contract_backward,
+)
+from ._choices import GradContract
 from ._errors import DimError, InputTypeError, SizesError, VarGatherError
 from ._exchange import plan_layout, trusted_layout
 from ._group import GroupInfo
-from ._layout import Layout
+from ._layout import Layout, blocks_layout
 from ._mesh import call_group
 from ._round_buffers import plain_in_blocks
 from ._transport import Transport, choose_transport
@@ -346,7 +353,6 @@ from ._compiled import (  # noqa: E402  # this block ends the module on purpose 
     unbacked_sizes_allowed_here,
 )
 from ._mesh import group_named, named_group  # noqa: E402  # as above
-from ._reduced import canonical_nans_, mean_  # noqa: E402  # as above
 
 
 def _planned(
@@ -388,13 +394,6 @@ def _gather_eagerly(
         return fresh(fused, x), layout
 
 
-def _layout_of(t: torch.Tensor, dim: int, sizes: Sequence[int], rank: int) -> Layout:
-    """The ``Layout`` of a gather of ``sizes`` along ``dim`` of shards shaped as ``t``."""
-    d = dim % t.dim()
-    shape = tuple(t.shape)
-    return Layout(tuple(sizes), d, shape[:d], shape[d + 1 :], t.dtype, rank, len(sizes))
-
-
 def _all_gather_v_fake(x: torch.Tensor, dim: int, sizes: Sequence[int], *_: Any) -> torch.Tensor:
     return x.new_empty(resized(x, (dim, sum(sizes))))
 
@@ -404,7 +403,7 @@ def _backward_eagerly(
     dim: int,
     sizes: Sequence[int],
     group_name: str,
-    grad: str,
+    grad: GradContract,  # the forward validated it
     transport: str,
     timeout: float | None,
 ) -> torch.Tensor:
@@ -412,18 +411,14 @@ def _backward_eagerly(
     info = named_group(group_name, timeout)
     if not info.communicates:  # the eager gather is the identity here
         return grad_output.clone(memory_format=torch.contiguous_format)
-    layout = _layout_of(grad_output, dim, [int(n) for n in sizes], info.rank)
+    plain = [int(n) for n in sizes]
+    layout = blocks_layout(grad_output.shape, dim, plain, grad_output.dtype, info.rank, len(plain))
     with torch.no_grad():
-        if layout.total == 0:
-            return grad_output.new_zeros(layout.shard_shape(layout.rank))
-        if grad == "local":
-            own = grad_output.narrow(layout.dim, layout.local_offset, layout.local_size)
-            return own.clone(memory_format=torch.contiguous_format)
         chosen = choose_transport(transport, layout, info)
-        out = chosen.reduce_scatter_sum(grad_output, layout, info)
-        if grad == "mean":
-            return mean_(out, layout.world_size).contiguous()  # as GatherVFunction's backward
-        return canonical_nans_(out).contiguous()
+        out = contract_backward(grad_output, layout, info, chosen, grad)  # GatherVFunction's
+        if grad == "local":  # a view of grad_output
+            return out.clone(memory_format=torch.contiguous_format)
+        return out.contiguous()
 
 
 def _all_gather_v_backward_fake(
@@ -536,7 +531,7 @@ def _traced_gather(x: object, dim: object, sizes: object, *rest: object) -> Gath
         return None
     args = (a.group_name, grad, transport, a.validate, a.seconds, a.requires_grad)
     out = torch.ops.vargather.all_gather_v(a.x, a.dim, plain, *args)
-    return GatherResult(out, _layout_of(a.x, a.dim, plain, a.rank))
+    return GatherResult(out, blocks_layout(a.x.shape, a.dim, plain, a.x.dtype, a.rank, len(plain)))
 
 
 def _traced_tensor(x: object, dim: object, sizes: object, *rest: object) -> torch.Tensor | None:

@@ -48,7 +48,7 @@ from ._errors import (
     VarGatherError,
 )
 from ._gather import _autograd_needed
-from ._layout import Layout
+from ._layout import Layout, blocks_layout
 from ._mesh import call_group
 from ._reduce_scatter import reduce_scatter_blocks
 from ._reduced import mean_
@@ -86,15 +86,8 @@ class GatherListPlan:
 
 def flat_layout(shapes: Shapes, dtype: torch.dtype, info: GroupInfo) -> Layout:
     """The flat ragged run of the ranks' elements (module doc) as a ``Layout``."""
-    return Layout(
-        sizes=tuple(math.prod(s) for s in shapes),
-        dim=0,
-        leading_shape=(),
-        trailing_shape=(),
-        dtype=dtype,
-        rank=info.rank,
-        world_size=info.world_size,
-    )
+    sizes = tuple(math.prod(s) for s in shapes)
+    return blocks_layout((sum(sizes),), 0, sizes, dtype, info.rank, info.world_size)
 
 
 def parse_shapes(shapes: object, world_size: int) -> Shapes | Problem:

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Layout"]
+__all__ = ["Layout", "blocks_layout"]
 
 
 def _size_fields(sizes: tuple[int, ...]) -> dict[str, int | tuple[int, ...]]:
@@ -179,3 +180,18 @@ class Layout:
         """``slice(o_r, o_r + n_r)``: rank ``rank``'s block along ``dim``."""
         start = self.offsets[rank]
         return slice(start, start + self.sizes[rank])
+
+
+def blocks_layout(
+    shape: Sequence[int],
+    dim: int,
+    sizes: Sequence[int],
+    dtype: torch.dtype,
+    rank: int,
+    world_size: int,
+) -> Layout:
+    """The ``Layout`` of a tensor of ``shape`` cut along ``dim`` (normalized here) into
+    one block per rank, ``sizes[r]`` long: the one way every collective builds one."""
+    d = dim % len(shape)
+    shape = tuple(shape)
+    return Layout(tuple(sizes), d, shape[:d], shape[d + 1 :], dtype, rank, world_size)

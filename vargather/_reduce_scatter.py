@@ -29,16 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import _steady
-from ._args import Problem
+from ._autograd import planned_function
 from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
-from ._errors import SizesError, SizesMismatchError
+from ._errors import SizesMismatchError
 from ._family import known_call
-from ._layout import Layout
+from ._layout import Layout, blocks_layout
 from ._mesh import call_group
 from ._reduced import add_, canonical_nans_
 from ._round_buffers import pack
@@ -47,6 +46,7 @@ from ._rows import (
     Row,
     ValidatedOnce,
     agree,
+    block_sizes_problem,
     call_key,
     check_tensor,
     common_checks,
@@ -67,7 +67,6 @@ __all__ = [
     "plan_reduce_scatter",
     "reduce_scatter_blocks",
     "reduce_scatter_eager",
-    "scatter_layout",
 ]
 
 NAME: Final[CollectiveName] = "reduce_scatter_v"
@@ -82,20 +81,6 @@ class ReduceScatterPlan:
     layout: Layout
     info: GroupInfo
     result: torch.Tensor | None = field(default=None, compare=False, repr=False)
-
-
-def scatter_layout(x: torch.Tensor, dim: int, sizes: tuple[int, ...], info: GroupInfo) -> Layout:
-    """The blocks of ``x`` along ``dim`` (normalized here) as a ``Layout``."""
-    d = dim % x.ndim
-    return Layout(
-        sizes=sizes,
-        dim=d,
-        leading_shape=tuple(int(n) for n in x.shape[:d]),
-        trailing_shape=tuple(int(n) for n in x.shape[d + 1 :]),
-        dtype=x.dtype,
-        rank=info.rank,
-        world_size=info.world_size,
-    )
 
 
 def _local_call(
@@ -117,22 +102,7 @@ def _local_call(
         split=True,
     )
     parsed, words = sizes_words(sizes, info.world_size)
-    problem: Problem | None = None
-    if parsed is None:
-        problem = Problem(SizesError, "sizes is required: expected one block size per rank")
-    elif isinstance(parsed, Problem):
-        problem = parsed
-    elif len(parsed) != info.world_size:
-        problem = Problem(
-            SizesError, f"expected len(sizes) == world size {info.world_size}, got {len(parsed)}"
-        )
-    elif record.normalized_dim >= 0 and sum(parsed) != record.size_along_dim:
-        problem = Problem(
-            SizesError,
-            f"expected sum(sizes) == {record.size_along_dim} (the tensor's size along dim "
-            f"{record.normalized_dim}), got sum(sizes) = {sum(parsed)} for sizes={list(parsed)}",
-        )
-    record = with_problem(record, problem)
+    record = with_problem(record, block_sizes_problem(parsed, info.world_size, record))
     own = parsed if isinstance(parsed, tuple) else None
     return FamilyCall(NAME, record, tuple(words), (own,), call_timeout)
 
@@ -195,9 +165,7 @@ def plan_reduce_scatter(
     raise_own_problem(NAME, call.record.problem, info, trusted=validate is False)
     assert call.sizes[0] is not None  # a problem-free call parsed its sizes
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
-    return ReduceScatterPlan(
-        scatter_layout(x, call.record.normalized_dim, call.sizes[0], info), info
-    )
+    return _plan(call.sizes[0], x, call, info)[0]
 
 
 def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tensor, list[int]]:
@@ -206,7 +174,9 @@ def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tenso
     sizes = call.sizes[0]
     assert isinstance(x, torch.Tensor)
     assert sizes is not None
-    layout = scatter_layout(x, call.record.normalized_dim, sizes, info)
+    layout = blocks_layout(
+        x.shape, call.record.normalized_dim, sizes, x.dtype, info.rank, info.world_size
+    )
     unit = layout.pre * layout.post * x.element_size()
     return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in sizes]
 
@@ -217,7 +187,9 @@ def _plan(
     """The plan of the validated sizes, and the bytes rank ``j`` sends rank ``k``: block
     ``k`` of ``found``, from every rank."""
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
-    lay = scatter_layout(x, call.record.normalized_dim, found, info)
+    lay = blocks_layout(
+        x.shape, call.record.normalized_dim, found, x.dtype, info.rank, info.world_size
+    )
     unit = lay.pre * lay.post * x.element_size()
     return ReduceScatterPlan(lay, info), [n * unit for n in found] * info.world_size
 
@@ -291,23 +263,12 @@ def gather_gradient(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) 
     return choose_transport("auto", layout, info).gather(grad_output, layout, info)
 
 
-class ReduceScatterVFunction(torch.autograd.Function):
-    """``y_r = Σ_j x_j[o_r : o_r + n_r]`` with the gathered upstream gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, plan: ReduceScatterPlan) -> torch.Tensor:
-        ctx.plan = plan
-        if plan.result is not None:
-            return plan.result
-        return reduce_scatter_blocks(x, plan.layout, plan.info)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None]:
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        plan: ReduceScatterPlan = ctx.plan
-        return gather_gradient(grad_output, plan.layout, plan.info), None
+ReduceScatterVFunction = planned_function(
+    "ReduceScatterVFunction",
+    """``y_r = Σ_j x_j[o_r : o_r + n_r]`` with the gathered upstream gradient.""",
+    lambda x, plan: reduce_scatter_blocks(x, plan.layout, plan.info),
+    lambda g, plan: gather_gradient(g, plan.layout, plan.info),
+)
 
 
 def reduce_scatter_eager(
@@ -357,7 +318,9 @@ def _gather_gradient_op(
     g: torch.Tensor, dim: int, sizes: Sequence[int], name: str, timeout: float | None
 ) -> torch.Tensor:
     info = named_group(name, timeout)
-    layout = scatter_layout(_gathered_like(g, dim, sizes), dim % g.dim(), tuple(sizes), info)
+    layout = blocks_layout(
+        resized(g, (dim, sum(sizes))), dim, sizes, g.dtype, info.rank, info.world_size
+    )
     with torch.no_grad():
         return fresh(gather_gradient(g, layout, info), g)
 

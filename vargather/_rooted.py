@@ -32,15 +32,15 @@ from datetime import timedelta
 from typing import Any, Final
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import _steady
 from ._args import Problem
+from ._autograd import planned_function
 from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import GroupInfo, all_to_all_uneven
 from ._errors import ArgumentError, ArgumentMismatchError, SizesError, SizesMismatchError
-from ._layout import Layout
+from ._layout import Layout, blocks_layout
 from ._mesh import GroupLike, MeshDim, call_group
 from ._round_buffers import bytes_of
 from ._rows import (
@@ -49,6 +49,7 @@ from ._rows import (
     Row,
     ValidatedOnce,
     agree,
+    block_sizes_problem,
     call_key,
     check_tensor,
     common_checks,
@@ -119,15 +120,10 @@ def _local_call(
     own_root, problem = _root(root, "dst" if name == GATHER else "src", w)
     parsed, words = sizes_words(sizes, w)
     d = record.normalized_dim
-    if isinstance(parsed, Problem):
-        problem = problem or parsed
-    elif parsed is None:
-        if name == SCATTER:
-            problem = problem or Problem(SizesError, "sizes is required: one block size per rank")
-    elif len(parsed) != w:
-        problem = problem or Problem(
-            SizesError, f"expected len(sizes) == world size {w}, got {len(parsed)}"
-        )
+    if parsed is None and name == SCATTER:
+        problem = problem or Problem(SizesError, "sizes is required: one block size per rank")
+    elif not isinstance(parsed, tuple) or len(parsed) != w:
+        problem = problem or block_sizes_problem(parsed, w, None)
     elif d >= 0 and name == GATHER and parsed[info.rank] != record.size_along_dim:
         problem = problem or Problem(
             SizesError,
@@ -175,18 +171,6 @@ def _validate(name: CollectiveName, rows: list[Row], *, rank: int) -> tuple[int,
     return extras[0], tuple(int(n) for n in extras[2 : 2 + extras[1]])
 
 
-def _layout(x: torch.Tensor, dim: int, sizes: tuple[int, ...], info: GroupInfo) -> Layout:
-    return Layout(
-        sizes=sizes,
-        dim=dim,
-        leading_shape=tuple(x.shape[:dim]),
-        trailing_shape=tuple(x.shape[dim + 1 :]),
-        dtype=x.dtype,
-        rank=info.rank,
-        world_size=info.world_size,
-    )
-
-
 def _outgoing(
     name: CollectiveName, x: object, call: FamilyCall, info: GroupInfo
 ) -> tuple[torch.Tensor, list[int]]:
@@ -201,7 +185,7 @@ def _outgoing(
         return torch.empty(0, dtype=torch.uint8), [0] * w
     sizes = call.sizes[0]
     assert sizes is not None  # src's problem-free call parsed its sizes
-    layout = _layout(x, d, sizes, info)
+    layout = blocks_layout(x.shape, d, sizes, x.dtype, info.rank, info.world_size)
     unit = layout.pre * layout.post * x.element_size()
     return bytes_of(rank_major_gradient(x.detach(), layout)), [n * unit for n in sizes]
 
@@ -249,7 +233,9 @@ def _plan_of(
     root only (``gather_v``), from it only (``scatter_v``)."""
     root, sizes = verdict
     assert isinstance(x, torch.Tensor)  # every rank's record validated: a tensor's
-    layout = _layout(x, call.record.normalized_dim, sizes, info)
+    layout = blocks_layout(
+        x.shape, call.record.normalized_dim, sizes, x.dtype, info.rank, info.world_size
+    )
     unit, w = layout.pre * layout.post * x.element_size(), info.world_size
     if name == GATHER:
         blocks = [n * unit if k == root else 0 for n in sizes for k in range(w)]
@@ -370,46 +356,28 @@ def scatter_from(full: torch.Tensor, layout: Layout, root: int, info: GroupInfo)
     return result
 
 
-class GatherVFunction(torch.autograd.Function):
-    """``y_root = cat_r x_r``; the backward scatters ``g_root`` back (module doc)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, plan: RootedPlan) -> torch.Tensor:
-        ctx.plan = plan
-        if plan.result is not None:
-            return plan.result
-        return gather_to(x.detach(), plan.layout, plan.root, plan.info)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        plan: RootedPlan = ctx.plan
-        return scatter_from(grad, plan.layout, plan.root, plan.info), None
+def _gather_to_root(grad: torch.Tensor, plan: RootedPlan) -> torch.Tensor:
+    """scatter_v's backward: ``cat_r g_r`` on the root, zeros shaped as ``x`` elsewhere."""
+    full = gather_to(grad, plan.layout, plan.root, plan.info)
+    return full if plan.info.rank == plan.root else grad.new_zeros(plan.shape)
 
 
-class ScatterVFunction(torch.autograd.Function):
-    """``y_r = x_root[o_r : o_r + n_r]``; the backward gathers the ``g_r`` to the root,
-    zeros elsewhere (module doc)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, plan: RootedPlan) -> torch.Tensor:
-        ctx.plan = plan
-        if plan.result is not None:
-            return plan.result
-        return scatter_from(x.detach(), plan.layout, plan.root, plan.info)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        plan: RootedPlan = ctx.plan
-        full = gather_to(grad, plan.layout, plan.root, plan.info)
-        if plan.info.rank == plan.root:
-            return full, None
-        return grad.new_zeros(plan.shape), None
+_FUNCTIONS: Final = {
+    GATHER: planned_function(
+        "GatherVFunction",
+        """``y_root = cat_r x_r``; the backward scatters ``g_root`` back (module doc).""",
+        lambda x, plan: gather_to(x.detach(), plan.layout, plan.root, plan.info),
+        lambda g, plan: scatter_from(g, plan.layout, plan.root, plan.info),
+    ),
+    SCATTER: planned_function(
+        "ScatterVFunction",
+        """``y_r = x_root[o_r : o_r + n_r]``; the backward gathers the ``g_r`` to the
+        root, zeros elsewhere (module doc).""",
+        lambda x, plan: scatter_from(x.detach(), plan.layout, plan.root, plan.info),
+        _gather_to_root,
+    ),
+}
+"""Each collective's autograd function (``_autograd.planned_function``)."""
 
 
 def _eager(
@@ -419,8 +387,7 @@ def _eager(
     payload inside the collective's autograd function."""
     mesh_dim, validate, timeout = rest
     plan = _plan(name, x, root, sizes, dim, call_group(group, mesh_dim), validate, timeout)
-    function = GatherVFunction if name == GATHER else ScatterVFunction
-    out = function.apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
+    out = _FUNCTIONS[name].apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
     assert isinstance(out, torch.Tensor)
     return out
 
@@ -575,14 +542,9 @@ def _scatter_gradient_op(
 ) -> torch.Tensor:
     """gather_v's backward: block ``rank`` of ``dst``'s ``g`` (a scatter from ``dst``)."""
     info = named_group(group, timeout)
+    layout = blocks_layout(g.shape, dim, sizes, g.dtype, info.rank, info.world_size)
     with torch.no_grad():
-        return fresh(scatter_from(g, _layout(g, dim, tuple(sizes), info), dst, info), g)
-
-
-def _scatter_gradient_fake(
-    g: torch.Tensor, dst: int, dim: int, sizes: Sequence[int], group: str, *_: Any
-) -> torch.Tensor:
-    return g.new_empty(resized(g, (dim, sizes[rank_of(group)])))
+        return fresh(scatter_from(g, layout, dst, info), g)
 
 
 def _gather_gradient_op(
@@ -592,8 +554,9 @@ def _gather_gradient_op(
     ``length`` long along ``dim`` (``x``'s) elsewhere."""
     (timeout,) = rest
     info = named_group(group, timeout)
+    layout = blocks_layout(g.shape, dim, sizes, g.dtype, info.rank, info.world_size)
     with torch.no_grad():
-        full = gather_to(g, _layout(g, dim, tuple(sizes), info), src, info)
+        full = gather_to(g, layout, src, info)
         return fresh(full, g) if info.rank == src else g.new_zeros(resized(g, (dim, length)))
 
 
@@ -627,7 +590,7 @@ define_ops(
         "(Tensor grad_output, SymInt dst, SymInt dim, SymInt[] sizes, str group_name, "
         "float? timeout) -> Tensor",
         _scatter_gradient_op,
-        _scatter_gradient_fake,
+        _scatter_fake,  # the backward is a scatter from dst: this rank's block
     ),
     OpSpec(
         SCATTER,

@@ -49,6 +49,7 @@ __all__ = [
     "Row",
     "ValidatedOnce",
     "agree",
+    "block_sizes_problem",
     "call_key",
     "check_tensor",
     "common_checks",
@@ -169,6 +170,28 @@ def sizes_words(
         return parsed, [-1] * (1 + world_size)
     words = [len(parsed)] + [saturate(n) for n in parsed[:world_size]]
     return parsed, words + [-1] * (1 + world_size - len(words))
+
+
+def block_sizes_problem(
+    parsed: tuple[int, ...] | Problem | None, w: int, cut: CallRecord | None, what: str = "sizes"
+) -> Problem | None:
+    """What is wrong with the argument ``what``, one block size per rank (``parsed`` by
+    ``sizes_words``): malformed, not ``w`` long, or with ``cut`` (the record of the
+    tensor they cut along its dim) absent or not adding up to its length; else ``None``."""
+    if isinstance(parsed, Problem):
+        return Problem(parsed.error, what.removesuffix("sizes") + parsed.message)
+    if parsed is None:
+        required = f"{what} is required: expected one block size per rank"
+        return None if cut is None else Problem(SizesError, required)
+    if len(parsed) != w:
+        return Problem(SizesError, f"expected len({what}) == world size {w}, got {len(parsed)}")
+    if cut is not None and cut.normalized_dim >= 0 and sum(parsed) != cut.size_along_dim:
+        return Problem(
+            SizesError,
+            f"expected sum({what}) == {cut.size_along_dim} (the tensor's size along dim "
+            f"{cut.normalized_dim}), got sum({what}) = {sum(parsed)} for {what}={list(parsed)}",
+        )
+    return None
 
 
 def _check_kinds(kind: CollectiveName, marks: Sequence[tuple[int, int]]) -> None:
