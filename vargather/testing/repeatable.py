@@ -12,9 +12,10 @@ race, and how each is settled:
   ``torch.empty`` and its kin hand out (``torch.utils.deterministic
   .fill_uninitialized_memory``): NaN for a floating dtype, the largest value for an
   integer one (an int16 reads 32767), ``True`` for bool (``fresh_memory_filled``).
-  Only the filling is asked for: an operation torch cannot run deterministically
-  warns, it does not raise. The mode as it was is put back after the case, so the
-  bench's ranks run untouched.
+  The mode is on warn-only (the filling needs it on): an operation torch cannot run
+  deterministically warns instead of raising, and one with a deterministic variant
+  runs that. The mode as it was is put back after the case, so the bench's ranks run
+  untouched.
 * **A refusal against the next collective.** gloo refuses a dtype (int16 and the
   unsigned types wider than 8 bits: ``Invalid scalar type``) in its worker thread, not
   when the collective is called. Code that starts such a collective with
