@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import vargather
 from vargather._comm import collectives_issued
-from vargather.testing import RankContext
+from vargather.testing import RankContext, assert_bitwise_equal
 
 
 def _error(err: Exception) -> tuple[str, str, tuple[int, ...]]:
@@ -415,6 +415,26 @@ def steady_upstream(rank: int, call: int, rows: int) -> torch.Tensor:
     """Rank ``rank``'s upstream gradient for call ``call`` (differs per rank)."""
     g = torch.Generator().manual_seed(7000 + 1000 * call + rank)
     return torch.randint(-9, 10, (rows, STEADY_COLS), generator=g).float()
+
+
+def assert_step_answered(
+    per_rank: list[list[Any]],
+    i: int,
+    want: list[torch.Tensor],
+    grads_of: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None,
+) -> None:
+    """Step ``i`` of a steady sequence (``per_rank[r][i]``: rank ``r``'s record, as
+    ``_step_record`` writes it) answered on every rank with ``want[r]`` bit for bit, and,
+    with ``grads_of``, with the input gradients it gives for the steady upstreams."""
+    w = len(per_rank)
+    for r in range(w):
+        status, got, _, _, _ = per_rank[r][i]
+        assert status == "ok", (i, r, per_rank[r][i])
+        assert_bitwise_equal(got, want[r])
+    if grads_of is not None:
+        grads = grads_of([steady_upstream(r, i, want[r].shape[0]) for r in range(w)])
+        for r in range(w):
+            assert_bitwise_equal(per_rank[r][i][2], grads[r])
 
 
 def steady_calls(ctx: RankContext, job: tuple[tuple[SteadyStep, ...], str]) -> list[Any]:

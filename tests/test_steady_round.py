@@ -6,13 +6,14 @@ peer's bad input or new sizes still give every rank the full path's answer or er
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 import torch
 
 from vargather import oracle
-from vargather.testing import assert_bitwise_equal, get_pool
+from vargather.testing import get_pool
 
 from . import _family_fns as fns
 
@@ -74,15 +75,8 @@ def test_the_replayed_round_is_the_full_path(name: str, path: str) -> None:
             continue
         inputs = [fns.round_input(name, r, i, step) for r in range(w)]
         want = _expected(name, inputs, step.sizes)
-        for r in range(w):
-            status, got, _, _, _ = per_rank[r][i]
-            assert status == "ok", (i, r, per_rank[r][i])
-            assert_bitwise_equal(got, want[r])
-        if step.grad:
-            ups = [fns.steady_upstream(r, i, want[r].shape[0]) for r in range(w)]
-            grads = _expected_grads(name, inputs, step.sizes, ups)
-            for r in range(w):
-                assert_bitwise_equal(per_rank[r][i][2], grads[r])
+        grads_of = functools.partial(_expected_grads, name, inputs, step.sizes)
+        fns.assert_step_answered(per_rank, i, want, grads_of if step.grad else None)
     answered = [[per_rank[r][i][3] for r in range(w)] for i in range(len(steps))]
     bad = next(i for i, s in enumerate(steps) if s.bad >= 0)
     assert all(answered[9]), answered[:10]  # steady
