@@ -37,7 +37,7 @@ import ctypes
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Final
 
 import torch
 import torch.distributed as dist
@@ -56,7 +56,9 @@ from ._round_buffers import (
     region_cutter,
 )
 from ._round_state import (
+    FRESH,
     FusedState,
+    Last,
     advance_blocks,
     block_room,
     is_wide,
@@ -89,7 +91,6 @@ __all__ = [
 ]
 
 
-_FRESH: Final = FusedState()
 _ELIGIBLE: Final = 1  # flag word: no local problem, x on the exchange's device
 _USED: Final = 2  # flag word: the payload slot holds this rank's whole x
 
@@ -165,7 +166,7 @@ def exchange_fused(
     """
     kind_code = COLLECTIVES[call.kind].code
     pg = process_group(info) if info.communicates else None
-    state = _FRESH if pg is None else memory(pg, call.kind).shared.state
+    state = FRESH if pg is None else memory(pg, call.kind).shared.state
     if pg is not None and is_wide(state, info.world_size):
         return _wide_exchange(call, info, x, outgoing, state, pg)
     capacity = state.capacity
@@ -228,21 +229,13 @@ def _read_rows(
     identity."""
     mem = None if pg is None else memory(pg, call.kind)
     last = None if mem is None else mem.last
-    if isinstance(last, _LastRows) and last.raw == raw:
-        return last.rows, last.flags
+    if last is not None and last.seen == raw:
+        rows, flags = last.found
+        return rows, flags
     out, flags = decode_rows(call, raw, w)
-    if mem is not None:  # the collective's ``Memory.last``: a cache of a pure function
-        mem.last = _LastRows(raw, out, flags)
+    if mem is not None:
+        mem.last = Last(raw, (out, flags))
     return out, flags
-
-
-class _LastRows(NamedTuple):
-    """The bytes of the last rows read and what they read as (in the steady state every
-    call's rows are the same bytes)."""
-
-    raw: bytes
-    rows: list[Row]
-    flags: tuple[int, ...]
 
 
 PACKED_WIDE_MAX: int = 512 * 1024

@@ -70,7 +70,16 @@ from ._round_buffers import (
     round_for,
     unpack,
 )
-from ._round_state import FUSED_MAX_BYTES, MEMORY, FusedState, Memory, advance, memory
+from ._round_state import (
+    FRESH,
+    FUSED_MAX_BYTES,
+    MEMORY,
+    FusedState,
+    Last,
+    Memory,
+    advance,
+    memory,
+)
 from ._transport import Transport, choose_transport
 from ._wire import (
     FLAG_ELIGIBLE,
@@ -98,8 +107,6 @@ __all__ = [
     "named",
     "steady_exchange",
 ]
-
-_FRESH: Final = FusedState()
 
 Kind: TypeAlias = CollectiveName
 """Who runs the round: a collective whose round is all_gather-shaped
@@ -179,7 +186,7 @@ def exchange(
     w = info.world_size
     pg = process_group(info)
     mem = None if pg is None else memory(pg, kind)
-    state = _FRESH if mem is None else mem.shared.state
+    state = FRESH if mem is None else mem.shared.state
     slots = state.slots
     wide = state.wide if len(state.wide) == w else ()
     capacity = min(state.capacity, FUSED_MAX_BYTES)
@@ -593,17 +600,18 @@ def _decide(
 ) -> Exchanged:
     """Every rank's verdict from the gathered headers ``rows`` (the same on every rank);
     ``room[r]``: the payload bytes rank r's slot held in this round."""
+    w = info.world_size
     last = None if mem is None else mem.last
-    if isinstance(last, _LastCall) and last.rows == rows:
+    if last is not None and last.seen == rows:
         # The very headers of the last call that validated: the verdict is a pure
         # function of them, so it is the same (and the same on every rank).
-        return _finish(state, last.layouts, last.fusable, True, mem, last.needs, cut, room)
-    if isinstance(last, _LastCall) and mem is not None:
-        resized = _resized(last.rows, last.layouts, rows)
+        return _finish(state, last.found, True, mem, cut, room)
+    if last is not None and mem is not None:
+        resized = _resized(last.seen, last.found[0], rows)
         if resized is not None:
-            needs = _needs(resized, info.world_size)
-            mem.last = _LastCall(rows, resized, last.fusable, needs)
-            return _finish(state, resized, last.fusable, True, mem, needs, cut, room)
+            verdict = (resized, last.found[1], _needs(resized, w))
+            mem.last = Last(rows, verdict)
+            return _finish(state, verdict, True, mem, cut, room)
     k = len(calls)
     per_rank = [split_headers(row) for row in rows]
     for r, headers in enumerate(per_rank):
@@ -638,15 +646,13 @@ def _decide(
             )
         except VarGatherError:
             layouts = None
-    w = info.world_size
+    compact = layouts is not None
     if layouts is None:
         layouts = _full_path(kind, calls, counts, kinds, info)
-        needs = _needs(layouts, w)
-        return _finish(state, layouts, fusable, False, mem, needs, cut, room)
-    needs = _needs(layouts, w)
-    if mem is not None:
-        mem.last = _LastCall(rows, layouts, fusable, needs)
-    return _finish(state, layouts, fusable, True, mem, needs, cut, room)
+    verdict = (layouts, fusable, _needs(layouts, w))
+    if compact and mem is not None:
+        mem.last = Last(rows, verdict)
+    return _finish(state, verdict, compact, mem, cut, room)
 
 
 def _resized(
@@ -689,17 +695,6 @@ def _needs(layouts: Sequence[Layout], world: int) -> tuple[int, ...]:
     return tuple(sum(lay.shard_bytes(r) for lay in layouts) for r in range(world))
 
 
-class _LastCall(NamedTuple):
-    """A collective's ``Memory.last``: the headers of the last call that validated
-    compactly, its layouts, whether every rank was eligible and every rank's payload
-    bytes (a cache of a pure function)."""
-
-    rows: tuple[tuple[int, ...], ...]
-    layouts: tuple[Layout, ...]
-    fusable: bool
-    needs: tuple[int, ...]
-
-
 @functools.lru_cache(maxsize=64)
 def _advanced(state: FusedState, fusable: bool, count: int, needs: tuple[int, ...]) -> FusedState:
     """``advance`` after a call with every rank's payload ``needs``, remembered: a pure
@@ -709,17 +704,20 @@ def _advanced(state: FusedState, fusable: bool, count: int, needs: tuple[int, ..
     return advance(state, fusable=fusable, need=need, count=count, needs=needs)
 
 
+Verdict: TypeAlias = tuple[tuple[Layout, ...], bool, tuple[int, ...]]
+"""A call's layouts, whether every rank was eligible, and every rank's payload bytes."""
+
+
 def _finish(
     state: FusedState,
-    layouts: tuple[Layout, ...],
-    fusable: bool,
+    verdict: Verdict,
     compact: bool,
     mem: Memory | None,
-    needs: tuple[int, ...],
     cut: Cut,
     room: tuple[int, ...],
 ) -> Exchanged:
     """Advance the state from the validated layouts; cut out the results if fused."""
+    layouts, fusable, needs = verdict
     after = _advanced(state, fusable, len(layouts), needs)
     if after is not state and mem is not None:
         mem.shared.state = after

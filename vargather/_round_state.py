@@ -87,7 +87,7 @@ import functools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -96,6 +96,7 @@ from ._collectives import COLLECTIVES, CollectiveName
 
 __all__ = [
     "FAMILY_FUSED_MAX",
+    "FRESH",
     "FUSED_MAX_BYTES",
     "MEMORY",
     "PAD_LIMIT",
@@ -105,6 +106,7 @@ __all__ = [
     "WIDE_MIN_BYTES",
     "FusedState",
     "GroupMemory",
+    "Last",
     "Memory",
     "StateCell",
     "advance",
@@ -187,6 +189,10 @@ class FusedState:
     wide_max: tuple[int, ...] = ()
     wide_steady: int = 0
     wide_last: tuple[int, ...] = ()
+
+
+FRESH: Final = FusedState()
+"""The state of a group's first round (and of a world of one rank, which keeps none)."""
 
 
 PAD_LIMIT: Final = 4
@@ -414,7 +420,21 @@ class StateCell:
     __slots__ = ("state",)
 
     def __init__(self) -> None:
-        self.state = _FRESH
+        self.state = FRESH
+
+
+S = TypeVar("S")
+F = TypeVar("F")
+
+
+class Last(NamedTuple, Generic[S, F]):
+    """A collective's ``Memory.last``, a cache of a pure function of what every rank
+    received: ``seen`` (the rows' bytes of the all_to_all-shaped round, the headers'
+    words of the all_gather-shaped one) and what it read as, ``found`` (the same on
+    every rank; in the steady state every call receives the same)."""
+
+    seen: S
+    found: F
 
 
 class Memory:
@@ -430,7 +450,7 @@ class Memory:
         self.shared = shared
         self.known: tuple[tuple[object, ...], object] | None = None  # a call by its key
         self.round: object = None
-        self.last: object = None
+        self.last: Last[Any, Any] | None = None
         self.steady: object = None
         self.joined: dict[tuple[object, ...], object] = {}
 
@@ -450,8 +470,6 @@ class GroupMemory:
 MEMORY: Final = weakref.WeakKeyDictionary[dist.ProcessGroup, GroupMemory]()
 """The one registry of the rounds: per process group (weakly keyed, so a destroyed group
 takes its entry along; subgroups apart)."""
-
-_FRESH: Final = FusedState()
 
 
 def group_memory(pg: dist.ProcessGroup) -> GroupMemory:
@@ -487,7 +505,7 @@ def state_of(
     """This process's copy of the state of ``collective``'s round on ``group`` (read
     only; ``None``: the default group), shared by every collective of that round."""
     pg = group_key(group)
-    return _FRESH if pg is None else memory(pg, collective).shared.state
+    return FRESH if pg is None else memory(pg, collective).shared.state
 
 
 def capacity_of(
@@ -536,4 +554,4 @@ def reset_state(
 ) -> None:
     """Tests only: forget the state of ``collective``'s round on ``group`` on this rank
     (every rank must do the same, or the ranks disagree on the next round's size)."""
-    set_state(group_key(group), collective, _FRESH)
+    set_state(group_key(group), collective, FRESH)
