@@ -67,8 +67,7 @@ from ._family import (
     goes_direct,
     landed,
     resized_round,
-    run_direct,
-    send_packed,
+    send_round,
 )
 from ._layout import Layout
 from ._mesh import call_group
@@ -381,10 +380,7 @@ def _resized_call(
     call = replace(steady.call, record=record, extras=extras, sizes=(sizes, recv_sizes))
     ridden = resized_round(found, call, info)
     pieces = list(torch.split(plain_bytes(x), [n * unit for n in sizes]))
-    if isinstance(ridden, DirectRound):
-        buf, raw = run_direct(call, info, pg, ridden, pieces)
-    else:
-        buf, raw = send_packed(call, info, pg, ridden, pieces)
+    buf, raw = send_round(call, info, pg, ridden, pieces)
     matrix = resized_matrix(raw, steady.raw, w, d, room, unit)
     if matrix is None:
         return answer(_SPEC, call, x, info, landed(call, info, pg, state, ridden, buf, raw), key)

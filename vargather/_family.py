@@ -13,9 +13,9 @@ the rows validated, and every rank decides from the same rows.
 
 The round is one of two kinds, chosen from the state alone:
 
-* the **equal round** (``state.wide`` empty): one equal-split all_to_all, each message
-  a row and a payload slot of ``capacity`` bytes (at most
-  ``block_slot(FAMILY_FUSED_MAX)``);
+* the **equal round** (``state.wide`` empty): a packed round (below) of equal slots,
+  ``capacity`` bytes each (at most ``block_slot(FAMILY_FUSED_MAX)``, whole 16s: byte
+  for byte one equal-split all_to_all of a row and a slot);
 * the **wide round** (``W * W`` learned slots, ``wide[j * W + k]`` the bytes rank
   ``j`` may send rank ``k``): *packed* while every slot is at most
   ``PACKED_WIDE_MAX`` (one alltoallv, each message the row and the block, each part
@@ -51,6 +51,7 @@ from ._round_buffers import (
     copy_bytes,
     hand_back,
     handed_back_buffer,
+    landed_bytes,
     move_left,
     plain,
     region_cutter,
@@ -87,6 +88,7 @@ __all__ = [
     "run_direct",
     "run_packed",
     "send_packed",
+    "send_round",
     "settle",
 ]
 
@@ -110,12 +112,11 @@ class Exchanged:
     state: FusedState
     kind: CollectiveName
     cut: Cut | None = None
-    """The wide round's: the results cut from its one receive buffer, whose regions are
-    ``slots`` (``_round_buffers.region_cutter``: closed up in place when the rank blocks
-    are adjacent in the result)."""
+    """The results cut from the round's one receive buffer, whose regions are ``slots``
+    (``_round_buffers.region_cutter``: closed up in place when the rank blocks are
+    adjacent in the result)."""
     packed: PackedRound | None = None
-    """The round's messages as a packed layout: the packed wide round's, or the equal
-    round's (equal slots); ``None`` for the direct sends."""
+    """The packed round's layout (the equal round's too); ``None`` for the direct sends."""
     raw: bytes | None = None
     """The received rows' bytes."""
     direct: DirectRound | None = None
@@ -138,92 +139,56 @@ def _eligible(call: FamilyCall, x: object, info: GroupInfo) -> bool:
     )
 
 
-def _flags(
-    call: FamilyCall, x: object, outgoing: Outgoing | None, capacity: int, info: GroupInfo
-) -> tuple[int, tuple[torch.Tensor, Sequence[int]] | None]:
-    """This rank's flag word and, when every block fits the slot, its blocks' bytes."""
-    if outgoing is None or not _eligible(call, x, info):
-        return 0, None
-    assert isinstance(x, torch.Tensor)  # an eligible call's
-    if x.numel() * x.element_size() > capacity * info.world_size:  # some block is larger
-        return _ELIGIBLE, None
-    flat, sizes = outgoing()
-    if max(sizes, default=0) > capacity:
-        return _ELIGIBLE, None
-    return _ELIGIBLE | _USED, (flat, sizes)
-
-
 def exchange_fused(
     call: FamilyCall, info: GroupInfo, x: object = None, outgoing: Outgoing | None = None
 ) -> Exchanged:
-    """Every rank's row, in group-rank order, and this rank's payload slots: one
-    equal-split all_to_all of ``8 * len(vector) + capacity`` bytes from every rank to
-    every rank (its row, the same for all, and its block for that rank; module doc),
-    or, when the group's state has gone wide, ``_wide_exchange``.
+    """Every rank's row, in group-rank order, and this rank's slots (module doc): this
+    rank's row and, when eligible, its blocks, block ``k`` in the pair's slot
+    (``block_room``). The equal round is a packed round of equal slots, whose blocks
+    ride only when every one fits (else its slots are zeros); in the wide round a block
+    larger than its slot sends its first ``slot`` bytes (the call takes a second round,
+    every rank sees it in the rows). Packed (``PackedRound``: one alltoallv, each message
+    the row, then the block in the pair's slot, the rest zeros) unless the round goes
+    direct (``DirectRound``, ``run_direct``); the blocks are read where they landed, and
+    closed up in place (``region_cutter``).
 
     In a world of one rank nothing is sent. A row vargather cannot read, or one of
     another collective of the family, raises ``ProtocolMismatchError`` on every rank.
     """
-    kind_code = COLLECTIVES[call.kind].code
-    pg = process_group(info) if info.communicates else None
-    state = FRESH if pg is None else memory(pg, call.kind).shared.state
-    if pg is not None and is_wide(state, info.world_size):
-        return _wide_exchange(call, info, x, outgoing, state, pg)
-    capacity = state.capacity
-    device = info.default_device()
-    flag, payload = _flags(call, x, outgoing, capacity, info) if pg is not None else (0, None)
     if not info.communicates:
-        return Exchanged([Row(call.record, call.extras)], None, (flag,), state, call.kind)
-    row = _row_bytes(call.record, kind_code, call.extras, info.world_size, flag)
-    w, words = info.world_size, row.numel() // 8
-    width = 8 * words + capacity
-    local = torch.empty(w, width, dtype=torch.uint8, device=device)
-    local[:, : 8 * words] = row.to(device)
-    filled = [0] * w
-    if payload is not None:
-        flat, sizes = payload
-        at = 0
-        for r, n in enumerate(sizes):
-            if n:
-                local[r, 8 * words : 8 * words + n] = flat[at : at + n]
-            filled[r] = n
-            at += n
-    for r, n in enumerate(filled):  # no stale bytes leave: what no block filled is zero
-        if 8 * words + n < width:
-            local[r, 8 * words + n :].zero_()
-    received = torch.empty(w, width, dtype=torch.uint8, device=device)
-    all_to_all_uneven(
-        received,
-        local,
-        output_splits=[1] * w,
-        input_splits=[1] * w,
-        info=info,
-        what=f"all_to_all ({call.kind} metadata exchange)",
-    )
-    raw = _landed_rows(received.view(-1), [j * width for j in range(w)], 8 * words)
-    out, flags = _read_rows(call, raw, w, pg)
-    # The same messages as a packed round of equal slots (``capacity`` is whole 16s): a
-    # steady caller replays them so (``_steady.replay``).
-    packed = packed_round(row, (capacity,) * (w * w), info.rank, w) if capacity % 16 == 0 else None
-    slots = received[:, 8 * words :].unbind(0)
-    return Exchanged(out, slots, flags, state, call.kind, None, packed, raw)
-
-
-def _landed_rows(buf: torch.Tensor, offsets: Sequence[int], length: int) -> bytes:
-    """The received rows' bytes: ``length`` of them at each of ``offsets`` in the flat
-    uint8 ``buf`` (read where they landed on the CPU, else copied to the host together)."""
-    if buf.device.type == "cpu":
-        at = buf.data_ptr()
-        return b"".join(ctypes.string_at(at + o, length) for o in offsets)
-    host = torch.cat([buf[o : o + length] for o in offsets]).cpu()
-    return ctypes.string_at(host.data_ptr(), host.numel())
+        return Exchanged([Row(call.record, call.extras)], None, (0,), FRESH, call.kind)
+    w, rank = info.world_size, info.rank
+    pg = process_group(info)
+    state = FRESH if pg is None else memory(pg, call.kind).shared.state
+    room, wide = block_room(state, w), is_wide(state, w)
+    flag = 0
+    blocks: list[torch.Tensor] | None = None
+    if pg is not None and outgoing is not None and _eligible(call, x, info):
+        assert isinstance(x, torch.Tensor)  # an eligible call's
+        flag = _ELIGIBLE
+        if wide or x.numel() * x.element_size() <= state.capacity * w:  # else one is larger
+            flat, sizes = outgoing()
+            out_slots = room[rank * w : (rank + 1) * w]
+            fits = all(n <= slot for n, slot in zip(sizes, out_slots, strict=True))
+            if fits or wide:
+                split = torch.split(flat, list(sizes))
+                blocks = [b[:slot] for b, slot in zip(split, out_slots, strict=True)]
+            flag |= _USED if fits else 0
+    row = _row_bytes(call.record, COLLECTIVES[call.kind].code, call.extras, w, flag)
+    found: PackedRound | DirectRound
+    if goes_direct(state, w):
+        found = direct_round(row, room, rank, w, info.backend in SHORT_MESSAGES)
+    else:
+        found = packed_round(row, room, rank, w)
+    buf, raw = send_round(call, info, pg, found, blocks)
+    return landed(call, info, pg, state, found, buf, raw)
 
 
 def _read_rows(
     call: FamilyCall, raw: bytes, w: int, pg: dist.ProcessGroup | None
 ) -> tuple[list[Row], tuple[int, ...]]:
     """Every rank's row and flag word from the received rows' bytes (``raw``, rank by
-    rank: ``_landed_rows``); ``ProtocolMismatchError`` on every rank unless every rank
+    rank: ``landed_bytes``); ``ProtocolMismatchError`` on every rank unless every rank
     called ``call.kind``. The very bytes of the last rows read on this group give the
     very same (cached) list, so a caller may cache what it validated from it by
     identity."""
@@ -276,45 +241,6 @@ def _packed_splits(
     in_bytes = tuple(head + whole_16(room[j * w + rank]) for j in range(w))
     offsets = tuple(sum(in_bytes[:j]) for j in range(w))
     return out_bytes, in_bytes, offsets
-
-
-def _wide_exchange(
-    call: FamilyCall,
-    info: GroupInfo,
-    x: object,
-    outgoing: Outgoing | None,
-    state: FusedState,
-    pg: dist.ProcessGroup,
-) -> Exchanged:
-    """The wide round (module doc): this rank's row and, when eligible, its blocks, each
-    at most its pair's slot (``wide[rank * W + k]`` bytes for rank ``k``); a block
-    larger than its slot sends its first ``slot`` bytes (the call takes a second round,
-    every rank sees it in the rows). Packed while every slot is at most
-    ``PACKED_WIDE_MAX``: one alltoallv whose message from rank ``j`` to rank ``k`` is
-    ``j``'s row, then its block for ``k`` in a slot of ``wide[j * W + k]`` bytes (the
-    rest zeros), each part rounded up to 16 bytes; the blocks are read where they
-    landed, and closed up in place (``region_cutter``). Else by direct sends
-    (``DirectRound``, ``run_direct``)."""
-    w, rank = info.world_size, info.rank
-    room = wide_blocks(state)
-    flag = 0
-    blocks: list[torch.Tensor] | None = None
-    if outgoing is not None and _eligible(call, x, info):
-        flat, sizes = outgoing()
-        out_slots = room[rank * w : (rank + 1) * w]
-        split = torch.split(flat, list(sizes))
-        blocks = [b[:slot] for b, slot in zip(split, out_slots, strict=True)]
-        fits = all(n <= slot for n, slot in zip(sizes, out_slots, strict=True))
-        flag = _ELIGIBLE | (_USED if fits else 0)
-    row = _row_bytes(call.record, COLLECTIVES[call.kind].code, call.extras, w, flag)
-    found: PackedRound | DirectRound
-    if goes_direct(state, w):
-        found = direct_round(row, room, rank, w, info.backend in SHORT_MESSAGES)
-        buf, raw = run_direct(call, info, pg, found, blocks)
-    else:
-        found = packed_round(row, room, rank, w)
-        buf, raw = send_packed(call, info, pg, found, blocks)
-    return landed(call, info, pg, state, found, buf, raw)
 
 
 def goes_direct(state: FusedState, world: int) -> bool:
@@ -380,16 +306,30 @@ def resized_round(
     return packed_round(row, found.room, info.rank, w)
 
 
+def send_round(
+    call: FamilyCall,
+    info: GroupInfo,
+    pg: dist.ProcessGroup | None,
+    found: PackedRound | DirectRound,
+    blocks: Sequence[torch.Tensor] | None,
+) -> tuple[torch.Tensor, bytes]:
+    """One round of ``found`` carrying ``blocks`` (``None``: none rides): ``run_direct``
+    or ``send_packed``, their receive buffer and the received rows' bytes."""
+    if isinstance(found, DirectRound):
+        return run_direct(call, info, pg, found, blocks)
+    return send_packed(call, info, pg, found, blocks)
+
+
 def run_direct(
     call: FamilyCall,
     info: GroupInfo,
-    pg: dist.ProcessGroup,
+    pg: dist.ProcessGroup | None,
     direct: DirectRound,
     blocks: Sequence[torch.Tensor] | None,
 ) -> tuple[torch.Tensor, bytes]:
     """One direct round of this rank's ``blocks`` (``None``: none rides): the receive
     buffer, its regions filled (this rank's own block at the start of its region), and
-    the received rows' bytes (``_landed_rows``). On a backend that takes short messages
+    the received rows' bytes (``landed_bytes``). On a backend that takes short messages
     (``direct.exact``) the round is two alltoallvs (``_direct_by_all_to_all``), else
     point-to-point messages (``_direct_by_messages``); either fills ``rows`` (every
     rank's row, rank by rank) and ``buf``."""
@@ -401,7 +341,7 @@ def run_direct(
     move = _direct_by_all_to_all if direct.exact else _direct_by_messages
     move(call, info, direct, blocks, rows, buf)
     hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
-    return buf, _landed_rows(rows, [j * length for j in range(w)], length)
+    return buf, landed_bytes(rows, [j * length for j in range(w)], length)
 
 
 def _direct_by_all_to_all(
@@ -544,12 +484,12 @@ def packed_round(row: torch.Tensor, room: Sequence[int], rank: int, w: int) -> P
 def run_packed(
     call: FamilyCall,
     info: GroupInfo,
-    pg: dist.ProcessGroup,
+    pg: dist.ProcessGroup | None,
     packed: PackedRound,
     send: torch.Tensor,
 ) -> tuple[torch.Tensor, bytes]:
     """One packed round of the messages in ``send`` (``fill_packed``'s): one alltoallv,
-    and the receive buffer with the received rows' bytes (``_landed_rows``)."""
+    and the receive buffer with the received rows' bytes (``landed_bytes``)."""
     buf = handed_back_buffer(pg, "blocks", sum(packed.in_bytes), info.default_device())
     all_to_all_uneven(
         buf,
@@ -560,13 +500,13 @@ def run_packed(
         what=f"all_to_all ({call.kind} metadata exchange)",
     )
     hand_back(pg, "blocks", buf)  # kept for a later call once nothing refers to it
-    return buf, _landed_rows(buf, packed.offsets, packed.row.numel())
+    return buf, landed_bytes(buf, packed.offsets, packed.row.numel())
 
 
 def landed(
     call: FamilyCall,
     info: GroupInfo,
-    pg: dist.ProcessGroup,
+    pg: dist.ProcessGroup | None,
     state: FusedState,
     found: PackedRound | DirectRound,
     buf: torch.Tensor,
@@ -585,7 +525,7 @@ def landed(
 def send_packed(
     call: FamilyCall,
     info: GroupInfo,
-    pg: dist.ProcessGroup,
+    pg: dist.ProcessGroup | None,
     packed: PackedRound,
     blocks: Sequence[torch.Tensor] | None,
 ) -> tuple[torch.Tensor, bytes]:

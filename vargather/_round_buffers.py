@@ -42,6 +42,7 @@ __all__ = [
     "hand_back",
     "handed_back_buffer",
     "header_bytes",
+    "landed_bytes",
     "move_left",
     "pack",
     "payload_nbytes",
@@ -113,6 +114,17 @@ def read_headers(buf: torch.Tensor, at: Sequence[int], slots: int) -> tuple[tupl
     head = slots * HEADER_BYTES
     words = torch.cat([buf[a : a + head] for a in at]).cpu().view(torch.int64)
     return tuple(tuple(row) for row in words.view(len(at), -1).tolist())
+
+
+def landed_bytes(buf: torch.Tensor, at: Sequence[int], length: int) -> bytes:
+    """The ``length`` bytes at each of ``at`` in the flat uint8 ``buf``, one after the
+    other: every rank's received rows or headers (read where they landed on the CPU,
+    else copied to the host together)."""
+    if buf.device.type == "cpu":
+        base = buf.data_ptr()
+        return b"".join(ctypes.string_at(base + a, length) for a in at)
+    host = torch.cat([buf[a : a + length] for a in at]).cpu()
+    return ctypes.string_at(host.data_ptr(), host.numel())
 
 
 @functools.lru_cache(maxsize=16)
