@@ -64,6 +64,7 @@ from ._round_buffers import (
     hand_back,
     handed_back_buffer,
     header_bytes,
+    landed_bytes,
     pack,
     read_headers,
     region_cutter,
@@ -223,7 +224,8 @@ def exchange(
             elif mem is not None and steady_key is not None and mem.last is last:
                 # the last call's very headers again (a new verdict replaces
                 # ``mem.last``): a steady round, worth remembering
-                _remember_gather(mem, steady_key, calls, state, rnd, found)
+                raw = landed_bytes(recv, rnd.header_at, rnd.head)
+                _remember(mem, steady_key, calls, state, found, rnd.dirty, raw, rnd=rnd)
             return found
         finally:
             rnd.lock.release()
@@ -309,13 +311,15 @@ def _wide_round(
     header = header_bytes(state.slots, records, k, flags)
     buf[ours : ours + head].copy_(header.to(device))
     _exchange_regions(buf, lay, info)
-    raw = _raw_headers(buf, lay.heads, head) if steady_key is not None else None
+    steady = steady_key is not None and device.type == "cpu"
+    raw = landed_bytes(buf, lay.heads, head) if steady else None  # before the close-up
     cut = region_cutter(buf, lay.payload)
     rows = read_headers(buf, lay.heads, state.slots)
     found = _decide(kind, state, calls, rows, info, mem, cut, wide)
     hand_back(pg, "wide", buf)
     if raw is not None and mem is not None and steady_key is not None:
-        _remember(mem, steady_key, calls, state, lay, filled, header, raw, found)
+        sent = header.numpy().tobytes()
+        _remember(mem, steady_key, calls, state, found, filled, raw, wide=lay, header=sent)
     return found
 
 
@@ -388,15 +392,6 @@ def _exchange_regions(buf: torch.Tensor, lay: WideLayout, info: GroupInfo) -> No
     )
 
 
-def _raw_headers(buf: torch.Tensor, at: Sequence[int], head: int) -> tuple[bytes, ...] | None:
-    """Every rank's header bytes where they landed in ``buf`` (a CPU buffer; else
-    ``None``), read before the regions are closed up over them."""
-    if buf.device.type != "cpu":
-        return None
-    base = buf.data_ptr()
-    return tuple(ctypes.string_at(base + a, head) for a in at)
-
-
 # --- the steady path: a round that repeats the last one ------------------------------
 
 
@@ -406,40 +401,21 @@ class _Steady:
     key (everything the call's headers and payload layout are a function of), its
     checked call, the group's state it left unchanged, this rank's payload bytes, every
     rank's headers as received, and the verdict (the layouts, every rank's payload
-    bytes, the result's shape and dtype). A wide round's: its ``WideLayout`` and this
-    rank's headers as sent; a gather round's: its kept ``Round``, what the headers in
-    its send buffer encode, and where each rank's payload lies in its receive buffer."""
+    bytes). A wide round's: its ``WideLayout`` and this
+    rank's headers as sent; a gather round's: its kept ``Round`` and what the headers in
+    its send buffer encode."""
 
     key: tuple[object, ...]
     call: CheckedCall
     state: FusedState
     own: int
-    raw: tuple[bytes, ...]
+    raw: bytes
     layouts: tuple[Layout, ...]
     needs: tuple[int, ...]
-    shape: tuple[int, ...]
-    dtype: torch.dtype
     wide: WideLayout | None = None
     header: bytes = b""
     rnd: Round | None = None
     header_key: object = None
-    copies: tuple[tuple[int, int], ...] = ()
-
-
-def _steady_verdict(
-    mem: Memory, calls: Sequence[CheckedCall], state: FusedState, found: Exchanged
-) -> tuple[tuple[Layout, ...], tuple[int, ...]] | None:
-    """The verdict of a round to remember (``mem.steady`` forgotten first): one tensor
-    whose rank blocks are adjacent, answered from the round (its payload rode), leaving
-    the group's state as it found it (the state rule is a pure function: the same
-    headers leave it so again)."""
-    mem.steady = None
-    layouts = found.layouts
-    if found.outputs is None or len(calls) != 1 or len(layouts) != 1 or layouts[0].pre != 1:
-        return None
-    if mem.shared.state is not state:
-        return None
-    return layouts, _needs(layouts, layouts[0].world_size)
 
 
 def _remember(
@@ -447,43 +423,28 @@ def _remember(
     key: tuple[object, ...],
     calls: Sequence[CheckedCall],
     state: FusedState,
-    layout: WideLayout,
+    found: Exchanged,
     own: int,
-    header: torch.Tensor,
-    raw: tuple[bytes, ...],
-    found: Exchanged,
+    raw: bytes,
+    *,
+    wide: WideLayout | None = None,
+    header: bytes = b"",
+    rnd: Round | None = None,
 ) -> None:
-    """Keep a steady wide round for ``steady_exchange``."""
-    verdict = _steady_verdict(mem, calls, state, found)
-    if verdict is not None:
-        lay = verdict[0][0]
-        mem.steady = _Steady(
-            key, calls[0], state, own, raw, *verdict, lay.output_shape, lay.dtype,
-            wide=layout, header=header.numpy().tobytes(),
-        )  # fmt: skip
-
-
-def _remember_gather(
-    mem: Memory,
-    key: tuple[object, ...],
-    calls: Sequence[CheckedCall],
-    state: FusedState,
-    rnd: Round,
-    found: Exchanged,
-) -> None:
-    """Keep a steady gather round (kept receive buffer) for ``steady_exchange``."""
-    verdict = _steady_verdict(mem, calls, state, found)
-    if verdict is None or rnd.recv is None:
+    """Keep a round for ``steady_exchange`` (``mem.steady`` forgotten first) when it is
+    steady: one tensor whose rank blocks are adjacent, answered from the round (its
+    payload rode), leaving the group's state as it found it (the state rule is a pure
+    function: the same headers leave it so again). ``wide`` and ``header``: a wide
+    round's, ``rnd``: a gather round's (``_Steady``)."""
+    mem.steady = None
+    layouts = found.layouts
+    if found.outputs is None or len(calls) != 1 or len(layouts) != 1 or layouts[0].pre != 1:
         return
-    layouts, needs = verdict
-    view = memoryview(rnd.raw_recv)
-    raw = tuple(bytes(view[a : a + rnd.head]) for a in rnd.header_at)
-    copies = tuple(zip(rnd.payload_at, needs, strict=True))
-    lay = layouts[0]
-    mem.steady = _Steady(
-        key, calls[0], state, rnd.dirty, raw, layouts, needs, lay.output_shape, lay.dtype,
-        rnd=rnd, header_key=rnd.header_key, copies=copies,
-    )  # fmt: skip
+    if mem.shared.state is not state:
+        return
+    needs = _needs(layouts, layouts[0].world_size)
+    sent = None if rnd is None else rnd.header_key
+    mem.steady = _Steady(key, calls[0], state, own, raw, layouts, needs, wide, header, rnd, sent)
 
 
 def steady_exchange(
@@ -519,15 +480,12 @@ def steady_exchange(
     lay, wide, own = steady.wide, state.wide, steady.own
     buf = handed_back_buffer(pg, "wide", lay.size, torch.device("cpu"))
     base, mine = buf.data_ptr(), lay.payload[info.rank]
-    at = base + mine
-    for address, n in sources:
-        ctypes.memmove(at, address, n)
-        at += n
+    _copy_in(base + mine, sources)
     ctypes.memset(base + mine + own, 0, wide[info.rank] - own)  # no stale memory out
     ctypes.memmove(base + lay.heads[info.rank], steady.header, len(steady.header))
     _exchange_regions(buf, lay, info)
     cut = region_cutter(buf, lay.payload)
-    if _raw_headers(buf, lay.heads, len(steady.header)) == steady.raw:
+    if landed_bytes(buf, lay.heads, len(steady.header)) == steady.raw:
         found = Exchanged(steady.layouts, cut(steady.layouts, steady.needs))
     else:
         mem.steady = None
@@ -535,6 +493,13 @@ def steady_exchange(
         found = _decide(kind, state, (steady.call,), rows, info, mem, cut, wide)
     hand_back(pg, "wide", buf)
     return found
+
+
+def _copy_in(at: int, sources: Sequence[tuple[int, int]]) -> None:
+    """The bytes at ``sources`` (address, length), one after the other, to address ``at``."""
+    for address, n in sources:
+        ctypes.memmove(at, address, n)
+        at += n
 
 
 def _steady_gather(
@@ -546,7 +511,8 @@ def _steady_gather(
 ) -> Exchanged | None:
     """``steady_exchange`` of a gather round: the payload into the kept send buffer (its
     headers still the remembered ones), the stale bytes after it zeroed, one round, and
-    the result copied out of the kept receive buffer by one ``memmove`` per rank."""
+    the result copied out of the kept receive buffer by one ``memmove`` per rank
+    (``Round.cut``)."""
     rnd = steady.rnd
     assert rnd is not None  # a gather round's
     if mem.round is not rnd or not rnd.lock.acquire(blocking=False):
@@ -555,23 +521,14 @@ def _steady_gather(
         recv = rnd.recv
         if rnd.header_key != steady.header_key or recv is None:
             return None  # its send buffer holds other headers now
-        at, own = rnd.send_at, steady.own
-        for address, n in sources:
-            ctypes.memmove(at, address, n)
-            at += n
+        own = steady.own
+        _copy_in(rnd.send_at, sources)
         if rnd.dirty > own:  # no stale memory to the peers
             ctypes.memset(rnd.send_at + own, 0, rnd.dirty - own)
         rnd.dirty = own
         _gather_blocks(recv, rnd.send, info)
-        view, head = memoryview(rnd.raw_recv), rnd.head
-        if all(view[a : a + head] == r for a, r in zip(rnd.header_at, steady.raw, strict=True)):
-            out = torch.empty(steady.shape, dtype=steady.dtype)
-            dst = out.data_ptr()
-            for src, n in steady.copies:
-                if n:
-                    ctypes.memmove(dst, src, n)
-                    dst += n
-            return Exchanged(steady.layouts, [out])
+        if landed_bytes(recv, rnd.header_at, rnd.head) == steady.raw:
+            return Exchanged(steady.layouts, rnd.cut(steady.layouts, steady.needs))
         mem.steady = None
         room = (steady.state.capacity,) * info.world_size
         return _decide(
