@@ -60,12 +60,13 @@ from ._layout import Layout
 from ._round_buffers import (
     Cut,
     Round,
-    bytes_of,
+    copy_payload,
     hand_back,
     handed_back_buffer,
     header_bytes,
     landed_bytes,
     pack,
+    payload_views,
     read_headers,
     region_cutter,
     round_for,
@@ -235,11 +236,8 @@ def exchange(
     block = head + capacity
     send = torch.empty(block, dtype=torch.uint8, device=device)
     send[:head].copy_(header_bytes(slots, records, k, flags))
-    filled = 0
-    if own:
-        send[head : head + nbytes].copy_(pack(own))
-        filled = nbytes
-    send[head + filled :].zero_()  # no stale memory to the peers
+    copy_payload(payload_views(send, head, own), own)
+    send[head + (nbytes if own else 0) :].zero_()  # no stale memory to the peers
     gathered = torch.empty(w * block, dtype=torch.uint8, device=device)
     _gather_blocks(gathered, send, info)
     grid = gathered.view(w, block)
@@ -295,16 +293,7 @@ def _wide_round(
     lay = wide_layout(wide, head)
     buf = handed_back_buffer(pg, "wide", lay.size, device)
     mine = lay.payload[rank]
-    if own:
-        at = mine
-        for t in own:
-            n = t.numel() * t.element_size()
-            region = buf[at : at + n]
-            if at % t.element_size() == 0:  # one copy whatever the strides
-                region.view(t.dtype).view(t.shape).copy_(t.detach())
-            else:
-                region.copy_(bytes_of(t))
-            at += n
+    copy_payload(payload_views(buf, mine, own), own)
     filled = nbytes if own else 0
     buf[mine + filled : mine + wide[rank]].zero_()  # no stale memory to the peers
     ours = lay.heads[rank]

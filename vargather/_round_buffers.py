@@ -39,6 +39,7 @@ __all__ = [
     "closed_up",
     "closing",
     "copy_bytes",
+    "copy_payload",
     "hand_back",
     "handed_back_buffer",
     "header_bytes",
@@ -46,6 +47,7 @@ __all__ = [
     "move_left",
     "pack",
     "payload_nbytes",
+    "payload_views",
     "plain",
     "plain_bytes",
     "plain_in_blocks",
@@ -95,6 +97,33 @@ def unpack(regions: Sequence[torch.Tensor], layouts: Sequence[Layout]) -> list[t
         joined = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].clone()
         outputs.append(joined.view(layout.dtype).view(layout.output_shape))
     return outputs
+
+
+def payload_views(
+    buf: torch.Tensor, at: int, own: Sequence[torch.Tensor]
+) -> list[tuple[torch.Tensor, bool]]:
+    """Where each tensor's bytes go in the uint8 ``buf``, one after the other from
+    ``at``: a view with its dtype and shape where the offset allows (typed: one copy
+    whatever the strides), else flat bytes (``copy_payload``)."""
+    views = []
+    for t in own:
+        n = t.numel() * t.element_size()
+        region = buf[at : at + n]
+        if at % t.element_size() == 0:
+            views.append((region.view(t.dtype).view(t.shape), True))
+        else:
+            views.append((region, False))
+        at += n
+    return views
+
+
+def copy_payload(views: Sequence[tuple[torch.Tensor, bool]], own: Sequence[torch.Tensor]) -> None:
+    """Each tensor of ``own`` into its ``payload_views`` view: the bytes ``pack`` gives."""
+    for t, (view, typed) in zip(own, views, strict=True):
+        if typed:
+            view.copy_(t.detach() if t.requires_grad else t)
+        else:
+            view.copy_(bytes_of(t))
 
 
 def header_bytes(slots: int, records: Sequence[CallRecord], k: int, flags: int) -> torch.Tensor:
@@ -380,13 +409,9 @@ class Round:
             # tensors the records describe.
             slot_key = (records, [t.shape for t in own])
             if slot_key != self.slot_key:
-                self.slot_views = self._slot_views(own)
+                self.slot_views = payload_views(self.send, self.head, own)
                 self.slot_key = slot_key
-            for t, (view, typed) in zip(own, self.slot_views, strict=True):
-                if typed:  # the same bytes as ``pack``'s, in one copy whatever the strides
-                    view.copy_(t.detach() if t.requires_grad else t)
-                else:
-                    view.copy_(bytes_of(t))
+            copy_payload(self.slot_views, own)
             filled = nbytes
         if self.dirty > filled:  # no stale memory to the peers
             if self.dirty - filled <= len(_ZEROS):
@@ -396,21 +421,6 @@ class Round:
             else:
                 self.send[self.head + filled : self.head + self.dirty].zero_()
         self.dirty = filled
-
-    def _slot_views(self, own: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, bool]]:
-        """Where each tensor's bytes go in the payload slot: a view with its dtype and
-        shape when the offset allows (one copy, any strides), else flat bytes."""
-        views = []
-        at = self.head
-        for t in own:
-            n = t.numel() * t.element_size()
-            region = self.send[at : at + n]
-            if at % t.element_size() == 0:
-                views.append((region.view(t.dtype).view(t.shape), True))
-            else:
-                views.append((region, False))
-            at += n
-        return views
 
     def receive(self, adjacent: bool, pg: dist.ProcessGroup | None) -> torch.Tensor:
         """The buffer this call's round receives into: a buffer of its own for a large
