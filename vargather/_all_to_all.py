@@ -191,13 +191,10 @@ def _plan(
     return AllToAllPlan(split_layout(shape, d, send, x.dtype, info), recv_layout, info), blocks
 
 
-def _finish(plan: AllToAllPlan, slots: Sequence[torch.Tensor], cut: Cut | None) -> AllToAllPlan:
-    """``plan`` with its result from the bytes each rank sent this rank: cut from the
-    round's one buffer (``cut``), else joined (``cut_blocks``)."""
-    if cut is not None:
-        result = cut((plan.recv,), tuple(s.numel() for s in slots))[0]
-    else:
-        result = cut_blocks(slots, plan.recv)
+def _finish(plan: AllToAllPlan, slots: Sequence[torch.Tensor], cut: Cut) -> AllToAllPlan:
+    """``plan`` with its result from the bytes each rank sent this rank (``slots``), cut
+    from the round's one buffer."""
+    result = cut((plan.recv,), tuple(s.numel() for s in slots))[0]
     return AllToAllPlan(plan.send, plan.recv, plan.info, result)
 
 

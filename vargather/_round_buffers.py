@@ -46,7 +46,6 @@ __all__ = [
     "landed_bytes",
     "move_left",
     "pack",
-    "payload_nbytes",
     "payload_views",
     "plain",
     "plain_bytes",
@@ -58,11 +57,6 @@ __all__ = [
     "unpack",
     "unreferenced",
 ]
-
-
-def payload_nbytes(layout: Layout, rank: int) -> int:
-    """Bytes of ``rank``'s shard under ``layout`` (``Layout.shard_bytes``)."""
-    return layout.shard_bytes(rank)
 
 
 def bytes_of(t: torch.Tensor) -> torch.Tensor:

@@ -92,8 +92,8 @@ class RoundSpec(Generic[T, P]):
     that gets nothing); ``plan(verdict, x, call, info)``: the plan (no result) and the
     bytes rank ``j`` sends rank ``k`` at ``j * W + k``, the same on every rank;
     ``finish(plan, slots, cut)``: the plan with its result from ``slots[j]``, the block
-    rank ``j`` sent this rank (``cut``: the round's cutter of its one receive buffer,
-    ``None`` for the equal round's full path). Steady calls are kept one per
+    rank ``j`` sent this rank (``cut``: the round's cutter of its one receive buffer).
+    Steady calls are kept one per
     collective, or, by ``kept(key)`` when it is not ``None``, up to ``JOINED_KEPT``;
     ``resized(steady, key, x, info, pg, state)``: a call whose key is not the kept one's
     (or in another state), the collective's own way, or ``None``."""
@@ -102,7 +102,7 @@ class RoundSpec(Generic[T, P]):
     validate: Callable[..., T]
     outgoing: Callable[[object, FamilyCall, GroupInfo], tuple[torch.Tensor, Sequence[int]]]
     plan: Callable[[T, object, FamilyCall, GroupInfo], tuple[P, Sequence[int]]]
-    finish: Callable[[P, Sequence[torch.Tensor], Cut | None], P]
+    finish: Callable[[P, Sequence[torch.Tensor], Cut], P]
     kept: Callable[[Key], Key | None] | None = None
     resized: (
         Callable[[Steady[P], Key, torch.Tensor, GroupInfo, dist.ProcessGroup, FusedState], P | None]
@@ -143,7 +143,7 @@ def answer(
     slots = settle(ex, info, blocks)
     if key is not None:
         _remember(spec, key, call, x, info, ex, plan, slots)
-    return plan if slots is None else spec.finish(plan, slots, ex.cut)
+    return plan if slots is None or ex.cut is None else spec.finish(plan, slots, ex.cut)
 
 
 def _remember(
