@@ -390,7 +390,7 @@ class _Steady:
     key (everything the call's headers and payload layout are a function of), its
     checked call, the group's state it left unchanged, this rank's payload bytes, every
     rank's headers as received, and the verdict (the layouts, every rank's payload
-    bytes). A wide round's: its ``WideLayout`` and this
+    bytes, the result's shape and dtype). A wide round's: its ``WideLayout`` and this
     rank's headers as sent; a gather round's: its kept ``Round`` and what the headers in
     its send buffer encode."""
 
@@ -401,6 +401,8 @@ class _Steady:
     raw: bytes
     layouts: tuple[Layout, ...]
     needs: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
     wide: WideLayout | None = None
     header: bytes = b""
     rnd: Round | None = None
@@ -431,9 +433,13 @@ def _remember(
         return
     if mem.shared.state is not state:
         return
-    needs = _needs(layouts, layouts[0].world_size)
+    lay = layouts[0]
+    needs = _needs(layouts, lay.world_size)
     sent = None if rnd is None else rnd.header_key
-    mem.steady = _Steady(key, calls[0], state, own, raw, layouts, needs, wide, header, rnd, sent)
+    mem.steady = _Steady(
+        key, calls[0], state, own, raw, layouts, needs, lay.output_shape, lay.dtype, wide,
+        header, rnd, sent,
+    )  # fmt: skip
 
 
 def steady_exchange(
@@ -500,8 +506,9 @@ def _steady_gather(
 ) -> Exchanged | None:
     """``steady_exchange`` of a gather round: the payload into the kept send buffer (its
     headers still the remembered ones), the stale bytes after it zeroed, one round, and
-    the result copied out of the kept receive buffer by one ``memmove`` per rank
-    (``Round.cut``)."""
+    the result copied out of the kept receive buffer by one ``memmove`` per rank. Read
+    here, not by ``_round_buffers`` (as ``Round.cut``), the path entering no other
+    module."""
     rnd = steady.rnd
     assert rnd is not None  # a gather round's
     if mem.round is not rnd or not rnd.lock.acquire(blocking=False):
@@ -516,8 +523,15 @@ def _steady_gather(
             ctypes.memset(rnd.send_at + own, 0, rnd.dirty - own)
         rnd.dirty = own
         _gather_blocks(recv, rnd.send, info)
-        if landed_bytes(recv, rnd.header_at, rnd.head) == steady.raw:
-            return Exchanged(steady.layouts, rnd.cut(steady.layouts, steady.needs))
+        view, head = memoryview(rnd.raw_recv), rnd.head
+        if b"".join(view[a : a + head] for a in rnd.header_at) == steady.raw:
+            out = torch.empty(steady.shape, dtype=steady.dtype)  # one memmove per rank
+            dst = out.data_ptr()
+            for src, n in zip(rnd.payload_at, steady.needs, strict=True):
+                if n:
+                    ctypes.memmove(dst, src, n)
+                    dst += n
+            return Exchanged(steady.layouts, [out])
         mem.steady = None
         room = (steady.state.capacity,) * info.world_size
         return _decide(
