@@ -102,25 +102,21 @@ class Exchanged:
     """Every rank's row and, unread until the rows validated, the payload slots.
 
     ``slots``: per rank ``j``, the bytes of the slot rank ``j`` sent this rank
-    (``capacity`` of them in the equal round, ``wide[j * W + rank]`` in the wide one;
-    ``None`` in a world of one rank); ``flags``: every rank's flag word; ``state``: the
-    state the round was sized from; ``kind``: the collective whose round it was."""
+    (``capacity`` of them in the equal round, ``wide[j * W + rank]`` in the wide one);
+    ``flags``: every rank's flag word; ``state``: the state the round was sized from;
+    ``kind``: the collective whose round it was; ``cut``: the results cut from the
+    round's one receive buffer, whose regions are ``slots`` (``region_cutter``);
+    ``found``: the round that ran (packed, the equal round too, or by direct sends);
+    ``raw``: the received rows' bytes."""
 
     rows: list[Row]
-    slots: Sequence[torch.Tensor] | None
+    slots: Sequence[torch.Tensor]
     flags: tuple[int, ...]
     state: FusedState
     kind: CollectiveName
-    cut: Cut | None = None
-    """The results cut from the round's one receive buffer, whose regions are ``slots``
-    (``_round_buffers.region_cutter``: closed up in place when the rank blocks are
-    adjacent in the result)."""
-    packed: PackedRound | None = None
-    """The packed round's layout (the equal round's too); ``None`` for the direct sends."""
-    raw: bytes | None = None
-    """The received rows' bytes."""
-    direct: DirectRound | None = None
-    """The direct sends' round (``None`` for the others)."""
+    cut: Cut
+    found: PackedRound | DirectRound
+    raw: bytes
 
 
 Outgoing = Callable[[], tuple[torch.Tensor, Sequence[int]]]
@@ -152,11 +148,10 @@ def exchange_fused(
     direct (``DirectRound``, ``run_direct``); the blocks are read where they landed, and
     closed up in place (``region_cutter``).
 
-    In a world of one rank nothing is sent. A row vargather cannot read, or one of
-    another collective of the family, raises ``ProtocolMismatchError`` on every rank.
+    On a communicating group (a world of one rank has no round). A row vargather cannot
+    read, or one of another collective of the family, raises ``ProtocolMismatchError``
+    on every rank.
     """
-    if not info.communicates:
-        return Exchanged([Row(call.record, call.extras)], None, (0,), FRESH, call.kind)
     w, rank = info.world_size, info.rank
     pg = process_group(info)
     state = FRESH if pg is None else memory(pg, call.kind).shared.state
@@ -518,8 +513,7 @@ def landed(
     out, flags = _read_rows(call, raw, w, pg)
     regions = [buf[s : s + found.room[j * w + rank]] for j, s in enumerate(found.starts)]
     cut = region_cutter(buf, found.starts)
-    packed, direct = (None, found) if isinstance(found, DirectRound) else (found, None)
-    return Exchanged(out, regions, flags, state, call.kind, cut, packed, raw, direct)
+    return Exchanged(out, regions, flags, state, call.kind, cut, found, raw)
 
 
 def send_packed(
@@ -634,16 +628,12 @@ def settle(
     ``blocks[j * W + k]``: the bytes rank ``j`` sends rank ``k``, from the validated
     rows) and, when every rank's slots hold its blocks, the block each rank ``j``
     sent this rank (``None``: the payload collective runs)."""
-    if ex.slots is None:
-        return None
     w, rank = info.world_size, info.rank
     fusable = all(f & _ELIGIBLE for f in ex.flags)
     after = advance_blocks(ex.state, fusable=fusable, blocks=blocks, world=w)
     if after is not ex.state:
         set_state(process_group(info), ex.kind, after)
-    # the slots the round ran with: a replayed packed round's own (the equal slots
-    # of a gather round that a resized call rode, too), else the state's
-    room = ex.packed.room if ex.packed is not None else block_room(ex.state, w)
+    room = ex.found.room  # the slots the round ran with
     if not all(f & _USED for f in ex.flags) or any(
         n > c for n, c in zip(blocks, room, strict=True)
     ):

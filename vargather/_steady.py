@@ -143,7 +143,7 @@ def answer(
     slots = settle(ex, info, blocks)
     if key is not None:
         _remember(spec, key, call, x, info, ex, plan, slots)
-    return plan if slots is None or ex.cut is None else spec.finish(plan, slots, ex.cut)
+    return plan if slots is None else spec.finish(plan, slots, ex.cut)
 
 
 def _remember(
@@ -169,8 +169,7 @@ def _remember(
         mem.steady = None
     else:
         mem.joined.pop(at, None)
-    found = ex.packed if ex.packed is not None else ex.direct
-    if found is None or ex.raw is None or slots is None or info.default_device().type != "cpu":
+    if slots is None or info.default_device().type != "cpu":
         return
     needs = tuple(s.numel() for s in slots)
     flat, sizes = spec.outgoing(x, call, info)
@@ -178,7 +177,7 @@ def _remember(
     own = mine is not None and (flat.data_ptr() == mine.data_ptr() or not any(sizes))
     lies = tuple(sizes) if own else None  # the blocks' lengths when they are x's own bytes
     replays = mem.shared.state is ex.state
-    keep(mem, at, Steady(key, call, ex.state, replays, found, ex.raw, plan, needs, lies))
+    keep(mem, at, Steady(key, call, ex.state, replays, ex.found, ex.raw, plan, needs, lies))
 
 
 def keep(mem: Memory, at: Key | None, steady: Steady[P]) -> None:
