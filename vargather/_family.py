@@ -80,7 +80,6 @@ __all__ = [
     "direct_round",
     "exchange_fused",
     "fill_packed",
-    "fill_packed_at",
     "goes_direct",
     "known_call",
     "landed",
@@ -529,7 +528,8 @@ def send_packed(
     row = packed.row
     send = handed_back_buffer(pg, "packed-send", sum(packed.out_bytes), info.default_device())
     if send.device.type == "cpu" and (blocks is None or all(plain(b) for b in blocks)):
-        fill_packed(send, row, blocks, packed.out_bytes, packed.head)
+        at = None if blocks is None else [(b.data_ptr(), b.numel()) for b in blocks]
+        fill_packed(send, row, at, packed.out_bytes, packed.head)
     else:
         _copy_packed(send, row.to(send.device), blocks, packed.out_bytes, packed.head)
     buf, raw = run_packed(call, info, pg, packed, send)
@@ -540,26 +540,14 @@ def send_packed(
 def fill_packed(
     send: torch.Tensor,
     row: torch.Tensor,
-    blocks: Sequence[torch.Tensor] | None,
-    out_bytes: Sequence[int],
-    head: int,
-) -> None:
-    """The packed round's send buffer on the CPU (``send`` and every block plain):
-    message ``k`` is ``row``, zeros to ``head`` bytes, block ``k``, zeros to
-    ``out_bytes[k]`` (``fill_packed_at``)."""
-    at = None if blocks is None else [(b.data_ptr(), b.numel()) for b in blocks]
-    fill_packed_at(send, row, at, out_bytes, head)
-
-
-def fill_packed_at(
-    send: torch.Tensor,
-    row: torch.Tensor,
     blocks: Sequence[tuple[int, int]] | None,
     out_bytes: Sequence[int],
     head: int,
 ) -> None:
-    """``fill_packed`` of blocks given as (address, bytes), written by ``memmove`` and
-    ``memset`` (no tensor op per piece)."""
+    """The packed round's send buffer on the CPU (``send`` plain; ``blocks``: each
+    block's address and bytes): message ``k`` is ``row``, zeros to ``head`` bytes, block
+    ``k``, zeros to ``out_bytes[k]``, written by ``memmove`` and ``memset`` (no tensor
+    op per piece)."""
     base, length, source = send.data_ptr(), row.numel(), row.data_ptr()
     at = 0
     for k, size in enumerate(out_bytes):

@@ -39,7 +39,7 @@ from ._family import (
     Exchanged,
     PackedRound,
     exchange_fused,
-    fill_packed_at,
+    fill_packed,
     landed,
     run_direct,
     run_packed,
@@ -249,7 +249,7 @@ def _replay_packed(
         send = None
     if send is None:
         send = torch.empty(sum(packed.out_bytes), dtype=torch.uint8)
-        fill_packed_at(send, packed.row, None, packed.out_bytes, packed.head)
+        fill_packed(send, packed.row, None, packed.out_bytes, packed.head)
     base, source = send.data_ptr() + packed.head, flat.contiguous().data_ptr()
     at = taken = 0
     for n, size in zip(sizes, packed.out_bytes, strict=True):
