@@ -52,7 +52,7 @@ from ._layout import Layout, blocks_layout
 from ._mesh import call_group
 from ._reduce_scatter import reduce_scatter_blocks
 from ._reduced import mean_
-from ._round_buffers import plain
+from ._round_buffers import plain, row_major_strides
 from ._rows import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
 from ._transport import choose_transport
 from ._wire import carrier_ndim, carrier_words
@@ -502,14 +502,6 @@ class _Read:
         ]
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides torch gives a contiguous tensor of ``shape`` (a 0 size counts as 1)."""
-    strides = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * max(shape[i + 1], 1)
-    return tuple(strides)
-
-
 _READS: Final[dict[tuple[torch.dtype, tuple[int, ...]], _Read]] = {}
 """The last validated read per dtype and region sizes: a steady caller's carriers hold
 the same words every call, so the next read only compares their bytes."""
@@ -569,7 +561,7 @@ def _new_read(
         starts=tuple(
             at + n - p.numel() for at, n, (_, p) in zip(regions, sizes, read, strict=True)
         ),
-        strides=tuple(_contiguous_strides(s) for s in shapes),
+        strides=tuple(row_major_strides(s) for s in shapes),
     )
     if _direct(run):
         if len(_READS) >= _READS_MAX:

@@ -53,6 +53,7 @@ __all__ = [
     "read_headers",
     "region_cutter",
     "round_for",
+    "row_major_strides",
     "tensor_parts",
     "unpack",
     "unreferenced",
@@ -302,12 +303,12 @@ def closed_up(buf: torch.Tensor, how: Closing, layout: Layout) -> torch.Tensor:
         return torch.empty(layout.output_shape, dtype=layout.dtype, device=buf.device)
     shape = layout.output_shape
     whole = buf if buf.numel() % layout.dtype.itemsize == 0 else buf[: how.length]
-    return whole.view(layout.dtype).as_strided(shape, _row_major_strides(shape))
+    return whole.view(layout.dtype).as_strided(shape, row_major_strides(shape))
 
 
 @functools.lru_cache(maxsize=64)
-def _row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides of a contiguous tensor of ``shape``."""
+def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides torch gives a contiguous tensor of ``shape`` (a 0 size counts as 1)."""
     strides, step = [], 1
     for n in reversed(shape):
         strides.append(step)
