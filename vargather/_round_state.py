@@ -543,10 +543,8 @@ def replace_state(
 ) -> None:
     """Tests only: set fields of the state of ``collective``'s round on ``group`` on
     this rank (every rank must do the same, or the ranks disagree on the next round)."""
-    pg = group_key(group)
-    if pg is not None:
-        cell = memory(pg, collective).shared
-        cell.state = replace(cell.state, **changes)  # type: ignore[arg-type]  # each field keeps its own type; tests pass them right
+    changed = replace(state_of(group, collective), **changes)  # type: ignore[arg-type]  # each field keeps its own type; tests pass them right
+    swap_state(group, changed, collective)
 
 
 def reset_state(
