@@ -94,7 +94,6 @@ __all__ = [
     "alltoallv_rounds",
     "auto_transport_name",
     "choose_transport",
-    "payload_bytes",
     "unsupported_reason",
 ]
 
@@ -342,11 +341,6 @@ NCCL_SMALL_BYTES: Final = 1024 * 1024
 
 NCCL_MAX_PADDED_WASTE: Final = 0.25
 """Largest padding fraction NCCL's padded all_gather is kept for (not measured here)."""
-
-
-def payload_bytes(layout: Layout) -> int:
-    """Bytes of the gathered result (``Layout.nbytes``; kept for the callers of this name)."""
-    return layout.nbytes
 
 
 def auto_transport_name(layout: Layout, backend: str) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from vargather._transport import GLOO_SMALL_BYTES, Transport, payload_bytes
+from vargather._transport import GLOO_SMALL_BYTES, Transport
 from vargather.testing.cases import GatherCase
 
 from ._base import TransportWrapper, gather
@@ -25,7 +25,7 @@ BENIGN = GatherCase(
 class _EvenOffsets(TransportWrapper):
     def gather(self, x: torch.Tensor, layout: Any, info: Any) -> torch.Tensor:
         out = self.inner.gather(x, layout, info)
-        if payload_bytes(layout) < GLOO_SMALL_BYTES:
+        if layout.nbytes < GLOO_SMALL_BYTES:
             return out
         d, total = layout.dim, layout.total
         step = total // layout.world_size
