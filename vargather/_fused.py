@@ -102,19 +102,12 @@ from ._wire import (
 
 __all__ = [
     "Exchanged",
-    "Kind",
     "Prefetched",
     "exchange",
     "gather_bytes",
     "named",
     "steady_exchange",
 ]
-
-Kind: TypeAlias = CollectiveName
-"""Who runs the round: a collective whose round is all_gather-shaped
-(``_collectives``): ``all_gather_v`` (and ``gather_layout``,
-``all_gather_v_with_layout``), ``all_gather_v_coalesced``, ``all_gather_list``. Every
-kind sizes its round from the group's one state and sends its wire code in the headers."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +126,7 @@ def named(err: VarGatherError, index: int) -> VarGatherError:
 
 
 def _full_path(
-    kind: Kind,
+    kind: CollectiveName,
     calls: Sequence[CheckedCall],
     counts: Sequence[int],
     kinds: Sequence[int],
@@ -164,7 +157,7 @@ def _full_path(
 
 
 def exchange(
-    kind: Kind,
+    kind: CollectiveName,
     calls: Sequence[CheckedCall],
     tensors: Sequence[object],
     info: GroupInfo,
@@ -175,7 +168,9 @@ def exchange(
 ) -> Exchanged:
     """The fused round for a validated call on a communicating group (module doc).
 
-    ``calls``: one checked call per tensor (a call-level problem sits in ``calls[0]``);
+    ``kind``: the all_gather-shaped collective running it (its wire code rides in the
+    headers); ``calls``: one checked call per tensor (a call-level problem sits in
+    ``calls[0]``);
     ``eligible``: whether the caller lets the payload ride (``transport="auto"`` and
     not a layout-only call); ``parts``: this rank's payload as tensors whose bytes,
     one after the other, are the bytes of ``tensors`` (``all_gather_list``: its
@@ -268,7 +263,7 @@ def _gather_blocks(recv: torch.Tensor, send: torch.Tensor, info: GroupInfo) -> N
 
 
 def _wide_round(
-    kind: Kind,
+    kind: CollectiveName,
     state: FusedState,
     calls: Sequence[CheckedCall],
     header_key: tuple[tuple[CallRecord, ...], int, int],
@@ -443,7 +438,7 @@ def _remember(
 
 
 def steady_exchange(
-    kind: Kind,
+    kind: CollectiveName,
     key: tuple[object, ...],
     sources: Sequence[tuple[int, int]],
     info: GroupInfo,
@@ -498,7 +493,7 @@ def _copy_in(at: int, sources: Sequence[tuple[int, int]]) -> None:
 
 
 def _steady_gather(
-    kind: Kind,
+    kind: CollectiveName,
     mem: Memory,
     steady: _Steady,
     sources: Sequence[tuple[int, int]],
@@ -549,7 +544,7 @@ def _adjacent(record: CallRecord) -> bool:
 
 
 def _decide(
-    kind: Kind,
+    kind: CollectiveName,
     state: FusedState,
     calls: Sequence[CheckedCall],
     rows: tuple[tuple[int, ...], ...],
