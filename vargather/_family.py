@@ -137,20 +137,12 @@ def _eligible(call: FamilyCall, x: object, info: GroupInfo) -> bool:
 def exchange_fused(
     call: FamilyCall, info: GroupInfo, x: object = None, outgoing: Outgoing | None = None
 ) -> Exchanged:
-    """Every rank's row, in group-rank order, and this rank's slots (module doc): this
-    rank's row and, when eligible, its blocks, block ``k`` in the pair's slot
-    (``block_room``). The equal round is a packed round of equal slots, whose blocks
-    ride only when every one fits (else its slots are zeros); in the wide round a block
-    larger than its slot sends its first ``slot`` bytes (the call takes a second round,
-    every rank sees it in the rows). Packed (``PackedRound``: one alltoallv, each message
-    the row, then the block in the pair's slot, the rest zeros) unless the round goes
-    direct (``DirectRound``, ``run_direct``); the blocks are read where they landed, and
-    closed up in place (``region_cutter``).
-
-    On a communicating group (a world of one rank has no round). A row vargather cannot
-    read, or one of another collective of the family, raises ``ProtocolMismatchError``
-    on every rank.
-    """
+    """Every rank's row, in group-rank order, and this rank's slots: the round the
+    group's state gives (module doc), carrying this rank's blocks when it is eligible:
+    in the equal round only when every block fits its slot, in the wide round each cut
+    to its slot (a larger block takes a second round, which every rank reads in the
+    rows). On a communicating group. A row vargather cannot read, or one of another
+    collective of the family, raises ``ProtocolMismatchError`` on every rank."""
     w, rank = info.world_size, info.rank
     pg = process_group(info)
     state = FRESH if pg is None else memory(pg, call.kind).shared.state
