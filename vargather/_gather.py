@@ -293,20 +293,14 @@ def gather_coalesced(
         and len(items) == len(sizes)
     )
     outputs: list[torch.Tensor] | None = None
-    if trusted:
+    if trusted or not info.communicates:  # no round: each tensor on its own
+        one = trusted_layout if trusted else plan_layout
         layouts = []
         for i, call in enumerate(calls):
             try:
-                layouts.append(trusted_layout(call, info))
+                layouts.append(one(call, info))
             except VarGatherError as err:
                 raise _fused.named(err, i) from None
-    elif not info.communicates:
-        for i, call in enumerate(calls):
-            try:
-                plan_layout(call, info)
-            except VarGatherError as err:
-                raise _fused.named(err, i) from None
-        return [t for t in items if isinstance(t, torch.Tensor)]
     else:
         found = _fused.exchange(
             "all_gather_v_coalesced", calls, items, info, eligible=_is_auto(transport)
