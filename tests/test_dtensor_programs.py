@@ -1,5 +1,5 @@
 """The ``dtensor`` target's programs (``vargather/testing/dtensor_program*.py``,
-``dtensor_rank.py``, ``dtensor_target.py``): the oracle follows ``torch.chunk``, the
+``dtensor_target.py``): the oracle follows ``torch.chunk``, the
 drawing covers the mesh setups and transitions trainers use, and a wrong
 redistribution is caught and shrunk to a small program.
 
@@ -33,8 +33,7 @@ from vargather.testing.dtensor_program import (
     start_local,
 )
 from vargather.testing.dtensor_programs import KINDS, dtensor_programs, smaller_programs
-from vargather.testing.dtensor_rank import ProgramReport
-from vargather.testing.dtensor_target import TARGET, judge_program
+from vargather.testing.dtensor_target import TARGET, ProgramReport, judge_program
 from vargather.testing.options import CheckOptions
 from vargather.testing.program_rows import run_program_check
 from vargather.testing.progress import Progress

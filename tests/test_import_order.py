@@ -167,8 +167,7 @@ ENGINE_ORDER = [
     "races",
     "evaluate",
     "dtensor_program",  # the dtensor target's program and oracle,
-    "dtensor_programs",  # its Hypothesis strategies and last shrinking passes,
-    "dtensor_rank",  # its rank side (beneath the engine: no engine module imported)
+    "dtensor_programs",  # its Hypothesis strategies and last shrinking passes
     "program_rows",  # the rows of the targets that run programs of their own
     "dtensor_target",
     "ulysses_target",

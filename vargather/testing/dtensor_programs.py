@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from hypothesis import strategies as st
 
-from .dtensor_program import FLOATS, DTensorProgram, on_sizes
+from .dtensor_program import FLOATS, DTensorProgram, on_sizes, parse
 
 __all__ = [
     "DTYPES",
@@ -30,6 +30,7 @@ __all__ = [
     "placements",
     "program_on",
     "smaller_programs",
+    "split_after",
     "strided_consistent",
     "view_runs",
     "worlds_for",
@@ -100,9 +101,9 @@ def placements(
         if not code.startswith("S") or code in seen:
             continue
         seen.add(code)
-        later = [j for j in range(i + 1, len(codes)) if codes[j] == code]
-        if later and draw(st.booleans()):
-            codes[i] = f"SS{code[1:]}/{math.prod(sizes[j] for j in later)}"
+        split = split_after(codes, i, sizes)
+        if split is not None and draw(st.booleans()):
+            codes[i] = f"SS{code[1:]}/{split}"
     if partial:  # one reduction: torch refuses mixed Partial types in one placement
         reduction = draw(st.sampled_from(partial))
         for i, code in enumerate(codes):
@@ -114,12 +115,8 @@ def placements(
 def _evenly_strided(start: Sequence[str], sizes: Sequence[int], shape: Sequence[int]) -> bool:
     """Whether every ``_StridedShard`` dim divides evenly (``distribute_tensor`` refuses
     an uneven one, as its docstring says)."""
-    for i, code in enumerate(start):
-        if code.startswith("SS"):
-            dim, split = map(int, code[2:].split("/"))
-            if shape[dim] % (sizes[i] * split):
-                return False
-    return True
+    cuts = enumerate(map(parse, start))
+    return all(shape[dim] % (sizes[i] * k) == 0 for i, (kind, dim, k) in cuts if kind == "SS")
 
 
 @st.composite
@@ -249,14 +246,11 @@ def _without_tensor_dim(program: DTensorProgram, i: int) -> DTensorProgram | Non
         return None
 
     def renumber(code: str) -> str | None:
-        if not code.startswith("S"):
+        kind, dim, split = parse(code)
+        if dim < 0:
             return code
-        head = "SS" if code.startswith("SS") else "S"
-        dim, _, rest = code[len(head) :].partition("/")
-        if int(dim) == i:
-            return None
-        new = int(dim) - (int(dim) > i)
-        return f"{head}{new}" + (f"/{rest}" if rest else "")
+        new = dim - (dim > i)
+        return None if dim == i else f"SS{new}/{split}" if kind == "SS" else f"S{new}"
 
     placements = []
     for codes in (program.start, *program.steps):
@@ -280,13 +274,10 @@ def _with_mesh_dim_of_one(program: DTensorProgram, d: int) -> DTensorProgram:
     sizes = on_sizes(smaller)
 
     def resplit(codes: tuple[str, ...]) -> tuple[str, ...]:
-        out = list(codes)
-        for i, code in enumerate(codes):
-            if code.startswith("SS"):
-                dim = code[2:].split("/")[0]
-                later = [j for j in range(i + 1, len(codes)) if codes[j] == f"S{dim}"]
-                out[i] = f"SS{dim}/{math.prod(sizes[j] for j in later)}"
-        return tuple(out)
+        return tuple(
+            f"SS{parse(c)[1]}/{split_after(codes, i, sizes) or 1}" if c.startswith("SS") else c
+            for i, c in enumerate(codes)
+        )
 
     return replace(
         smaller, start=resplit(program.start), steps=tuple(resplit(s) for s in program.steps)
@@ -357,17 +348,22 @@ def smaller_programs(
     return [p for p in out if _valid(p)]
 
 
+def split_after(codes: Sequence[str], i: int, sizes: Sequence[int]) -> int | None:
+    """The split factor FSDP2 with TP gives mesh dim ``i``'s shard of tensor dim ``d``:
+    the product of the sizes of the later mesh dims that ``Shard(d)`` (``None``: none
+    does)."""
+    dim = parse(codes[i])[1]
+    later = [sizes[j] for j in range(i + 1, len(codes)) if codes[j] == f"S{dim}"]
+    return math.prod(later) if later else None
+
+
 def strided_consistent(codes: Sequence[str], sizes: Sequence[int]) -> bool:
     """Whether every ``_StridedShard(d, split_factor=k)`` in ``codes`` is as FSDP2 with
     TP makes it: later mesh dims ``Shard(d)`` too, and ``k`` is their sizes' product
     (the oracle's right-to-left reading holds only then)."""
-    for i, code in enumerate(codes):
-        if code.startswith("SS"):
-            dim, split = code[2:].split("/")
-            later = [j for j in range(i + 1, len(codes)) if codes[j] == f"S{dim}"]
-            if not later or math.prod(sizes[j] for j in later) != int(split):
-                return False
-    return True
+    return all(
+        split_after(codes, i, sizes) == parse(c)[2] for i, c in enumerate(codes) if c[:2] == "SS"
+    )
 
 
 def _valid(program: DTensorProgram) -> bool:
