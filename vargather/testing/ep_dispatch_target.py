@@ -24,27 +24,29 @@ is compared as +0.0: the sign of an exact zero follows the order of the sum).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import torch
 from hypothesis import strategies as st
 
 from . import emulate
-from .asserts import bitwise_difference
 from .family import values
 from .program_rows import (
     FLOAT_DTYPES,
     ProgramRow,
     ProgramTarget,
+    StepsReport,
     all_worlds,
+    differences,
+    in_turn,
     multi_worlds,
     raised_message,
 )
 from .progress import Progress
 
 __all__ = [
-    "ROW_IDS",
+    "ROWS",
     "TARGET",
     "DispatchProgram",
     "Layer",
@@ -192,10 +194,7 @@ def dispatch_programs(
     count = draw(st.integers(1, layers))
     drawn = [draw(_layer(world, grad, empty)) for _ in range(count)]
     if identity:
-        drawn = [
-            Layer(ly.experts, ly.top_k, ly.tokens, ly.dim, False, True, ly.grad, ly.seed)
-            for ly in drawn
-        ]
+        drawn = [replace(ly, plus_id=False, unit=True) for ly in drawn]
     return DispatchProgram(
         world, tuple(drawn), draw(st.sampled_from(FLOAT_DTYPES)), draw(st.sampled_from(BACKENDS))
     )
@@ -216,15 +215,7 @@ def _mesh(world: int) -> Any:
     return mesh
 
 
-@dataclass(frozen=True)
-class DispatchReport:
-    """One rank's results per layer (name -> tensor), or the layer that raised."""
-
-    layers: tuple[dict[str, torch.Tensor], ...] = ()
-    error: tuple[int, str, str] | None = None
-
-
-def run_dispatch_program(ctx: Any, program: DispatchProgram) -> DispatchReport:
+def run_dispatch_program(ctx: Any, program: DispatchProgram) -> StepsReport:
     """Rank side: the backend and meshes as torchtitan's trainer sets them (one rank:
     EP off, no mesh), the dispatchers built in order, then each layer run in turn."""
     from torchtitan.distributed import spmd_types as titan_spmd  # untyped: Any
@@ -243,20 +234,16 @@ def run_dispatch_program(ctx: Any, program: DispatchProgram) -> DispatchReport:
         dispatcher = AllToAllTokenDispatcher(config)
         dispatcher.wire_meshes(ep_mesh=mesh)
         dispatchers.append(dispatcher)
-    done: list[dict[str, torch.Tensor]] = []
     nccl = program.backend == "spmd_types" and mesh is not None
     if nccl:  # its list all_to_all of unequal tensors: NCCL takes it, gloo refuses it
         emulate.activate("nccl")
     try:
-        for index in range(len(program.layers)):
-            try:
-                done.append(_run_layer(dispatchers[index], program, index, ctx.rank))
-            except Exception as err:
-                return DispatchReport(tuple(done), (index, type(err).__name__, str(err)))
+        return in_turn(
+            len(program.layers), lambda i: _run_layer(dispatchers[i], program, i, ctx.rank)
+        )
     finally:
         if nccl:
             emulate.activate(None)
-    return DispatchReport(tuple(done))
 
 
 def _run_layer(
@@ -288,7 +275,7 @@ def _run_layer(
 
 
 def judge_dispatch(
-    program: DispatchProgram, reports: Sequence[DispatchReport]
+    program: DispatchProgram, reports: Sequence[StepsReport]
 ) -> list[tuple[str, str]]:
     """The failures of one program, as (aspect, message): ``raised``, ``routed``
     (a rank's tokens are not its experts' tokens in order), ``sizes`` (per-expert
@@ -300,17 +287,13 @@ def judge_dispatch(
     for index in range(len(program.layers)):
         failures: list[tuple[str, str]] = []
         for rank, rep in enumerate(reports):
-            want = expected_layer(program, index, rank)
-            for name, tensor in want.items():
-                got = rep.layers[index].get(name)
-                if name.startswith("grad") and got is not None and got.is_floating_point():
+            got, want = dict(rep.steps[index]), expected_layer(program, index, rank)
+            for name in ("grad_x", "grad_scores"):
+                if name in got and name in want and got[name].is_floating_point():
                     # a gradient summing to zero: its zero's sign follows the order of
                     # the sum (IEEE 754), not the routing; +0.0 for both
-                    got, tensor = got + 0.0, tensor + 0.0
-                diff = bitwise_difference(got, tensor)
-                if diff is not None:
-                    aspect = aspects.get(name, "gradient")
-                    failures.append((aspect, f"layer {index}, rank {rank}, {name}: {diff}"))
+                    got[name], want[name] = got[name] + 0.0, want[name] + 0.0
+            failures += differences(f"layer {index}, rank {rank}", got, want, aspects)
         if failures:
             return failures
     return []
@@ -354,7 +337,6 @@ ROWS: Final = (
         multi_worlds,
     ),
 )
-ROW_IDS: Final = tuple(row.id for row in ROWS)
 
 
 def _prepare(progress: Progress) -> tuple[str, dict[str, str]]:

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from hypothesis import strategies as st
 
+from .asserts import bitwise_difference
 from .evaluate import FailingBatchError, ShrinkBudgetSpent, seeded_search
 from .options import CheckOptions
 from .pool import PoolFailure, RankCrashed, RankError, RankHung, RankPool
@@ -42,8 +43,11 @@ __all__ = [
     "PEERS_WAITED",
     "ProgramRow",
     "ProgramTarget",
+    "StepsReport",
     "all_worlds",
+    "differences",
     "first_real_error",
+    "in_turn",
     "multi_worlds",
     "quiet_stdout",
     "raised_message",
@@ -136,6 +140,38 @@ def quiet_stdout() -> Iterator[None]:
 
 
 PEERS_WAITED: Final = "peers waited until their collective timeout"
+
+
+@dataclass(frozen=True)
+class StepsReport:
+    """One rank's results of a program's steps (calls, layers) run in turn: per step,
+    name -> tensor; or the step that raised, (index, type, message)."""
+
+    steps: tuple[dict[str, Any], ...] = ()
+    error: tuple[int, str, str] | None = None
+
+
+def in_turn(count: int, step: Callable[[int], dict[str, Any]]) -> StepsReport:
+    """Rank side: steps ``0`` to ``count - 1`` in turn, up to the first that raises."""
+    done: list[dict[str, Any]] = []
+    for index in range(count):
+        try:
+            done.append(step(index))
+        except Exception as err:
+            return StepsReport(tuple(done), (index, type(err).__name__, str(err)))
+    return StepsReport(tuple(done))
+
+
+def differences(
+    where: str, got: dict[str, Any], want: dict[str, Any], aspects: dict[str, str]
+) -> list[tuple[str, str]]:
+    """(aspect, message) for each tensor of ``want`` that ``got`` does not hold bit for
+    bit; a name's aspect is in ``aspects``, ``gradient`` where it is not."""
+    return [
+        (aspects.get(name, "gradient"), f"{where}, {name}: {diff}")
+        for name, tensor in want.items()
+        if (diff := bitwise_difference(got.get(name), tensor)) is not None
+    ]
 
 
 def raised_message(errors: dict[int, tuple[int, str, str]], unit: str) -> str:

@@ -31,14 +31,16 @@ from typing import Any, Final
 import torch
 from hypothesis import strategies as st
 
-from .asserts import bitwise_difference
 from .family import values
 from .program_rows import (
     FLOAT_DTYPES,
     ProgramRow,
     ProgramTarget,
+    StepsReport,
     all_worlds,
+    differences,
     first_real_error,
+    in_turn,
     multi_worlds,
     quiet_stdout,
     raised_message,
@@ -46,7 +48,7 @@ from .program_rows import (
 from .progress import Progress
 
 __all__ = [
-    "ROW_IDS",
+    "ROWS",
     "TARGET",
     "Model",
     "Step",
@@ -138,11 +140,6 @@ def head_split(heads: int, basis: int, world: int) -> list[int]:
     return [per * (basis // world + (1 if r < basis % world else 0)) for r in range(world)]
 
 
-def _slice_heads(t: torch.Tensor, split: Sequence[int], rank: int) -> torch.Tensor:
-    start = sum(split[:rank])
-    return t.narrow(2, start, split[rank]).contiguous()
-
-
 def _slice_seq(t: torch.Tensor, model: Model, world: int, rank: int) -> torch.Tensor:
     local = t.shape[model.seq_dim] // world
     return t.narrow(model.seq_dim, rank * local, local).contiguous()
@@ -155,10 +152,6 @@ def _global(model: Model, step: Step, world: int, heads: int, dtype: str, tag: i
     if not model.batch_first:
         shape = (s, step.batch, heads, model.head_dim)
     return values(shape, dtype, step.seed * 131 + tag, False)
-
-
-def _repeat(t: torch.Tensor, times: int) -> torch.Tensor:
-    return t.repeat_interleave(times, dim=2)
 
 
 def local_attention(
@@ -174,7 +167,8 @@ def local_attention(
             "a GQA group is torn across ranks"
         )
     times = q.shape[2] // k.shape[2]
-    return q + torch.flip(_repeat(k, times), [seq_dim]) + 2 * _repeat(v, times)
+    k, v = k.repeat_interleave(times, dim=2), v.repeat_interleave(times, dim=2)
+    return q + torch.flip(k, [seq_dim]) + 2 * v
 
 
 def _heads_of(
@@ -188,7 +182,7 @@ def _heads_of(
     heads = model.heads if step.tensor == "q" else model.kv_heads
     whole = _global(model, step, program.world_size, heads, program.dtype, tag)
     split = head_split(heads, model.kv_heads if takes_kv else heads, program.world_size)
-    return _slice_heads(whole, split, rank)
+    return whole.narrow(2, sum(split[:rank]), split[rank]).contiguous()
 
 
 def expected_heads(
@@ -379,11 +373,9 @@ class _Attention(torch.nn.Module):
 
 
 @dataclass(frozen=True)
-class UlyssesReport:
-    """One rank's results: per step, name -> tensor; or the step that raised."""
+class UlyssesReport(StepsReport):
+    """One rank's results (``StepsReport``), and what the judge reads of the release."""
 
-    steps: tuple[dict[str, torch.Tensor], ...] = ()
-    error: tuple[int, str, str] | None = None
     takes_kv: bool = False
     """The release's functions take ``num_kv_heads`` (the partition basis)."""
     torn: tuple[tuple[int, str], ...] = ()
@@ -402,27 +394,23 @@ def run_ulysses_program(ctx: Any, program: UlyssesProgram) -> UlyssesReport:
     built = []
     torn: list[tuple[int, str]] = []
     for m in program.models:
-        extra = {"num_kv_heads": m.kv_heads} if rel.attention_takes_kv and _declares(m) else {}
+        # a GQA model passes num_kv_heads where DistributedAttention takes it (0.19.7
+        # on); an MHA model leaves it to be read off the key tensor
+        gqa = rel.attention_takes_kv and m.kv_heads != m.heads
+        extra = {"num_kv_heads": m.kv_heads} if gqa else {}
         built.append(
             layer.DistributedAttention(
                 _Attention(m.seq_dim, torn), group, scatter_idx=2, gather_idx=m.seq_dim, **extra
             )
         )
-    done: list[dict[str, torch.Tensor]] = []
-    for index, step in enumerate(program.steps):
-        built[step.model].local_attn.step = index
-        try:
-            done.append(_run_step(layer, built[step.model], group, program, index, rank, rel))
-        except Exception as err:
-            error = (index, type(err).__name__, str(err))
-            return UlyssesReport(tuple(done), error, rel.single_takes_kv, tuple(torn))
-    return UlyssesReport(tuple(done), None, rel.single_takes_kv, tuple(torn))
 
+    def step(index: int) -> dict[str, torch.Tensor]:
+        attention = built[program.steps[index].model]
+        attention.local_attn.step = index
+        return _run_step(layer, attention, group, program, index, rank, rel)
 
-def _declares(model: Model) -> bool:
-    """Whether the job passes ``num_kv_heads`` to ``DistributedAttention`` (0.19.7 on):
-    a GQA model declares it, an MHA model leaves it to be read off the key tensor."""
-    return model.kv_heads != model.heads
+    done = in_turn(len(program.steps), step)
+    return UlyssesReport(done.steps, done.error, rel.single_takes_kv, tuple(torn))
 
 
 def _run_step(
@@ -500,21 +488,18 @@ def judge_ulysses(
     for rank, rep in enumerate(reports):
         for index, message in rep.torn:
             return [("output", f"step {index} (attention), rank {rank}: {message}")]
-    failures: list[tuple[str, str]] = []
     for index, step in enumerate(program.steps):
         for rank, rep in enumerate(reports):
             want = expected_heads(program, index, rank, takes_kv)
-            got = rep.steps[index]
-            for name, tensor in want.items():
-                diff = bitwise_difference(got.get(name), tensor)
-                if diff is not None:
-                    aspect = "gradient" if name.startswith("grad") else "output"
-                    failures.append(
-                        (aspect, f"step {index} ({step.kind}), rank {rank}, {name}: {diff}")
-                    )
+            where = f"step {index} ({step.kind}), rank {rank}"
+            failures = differences(where, rep.steps[index], want, _OUTPUTS)
             if failures:
                 return failures
-    return failures
+    return []
+
+
+_OUTPUTS: Final = {"output": "output", "heads": "output", "back": "output"}
+"""The aspect of each result that is not a gradient."""
 
 
 # --- the rows --------------------------------------------------------------------------
@@ -569,7 +554,6 @@ ROWS: Final = (
         multi_worlds,
     ),
 )
-ROW_IDS: Final = tuple(row.id for row in ROWS)
 
 
 def _prepare(progress: Progress) -> tuple[str, dict[str, str]]:
