@@ -4,21 +4,15 @@ Where it sits: in the gate's engine in the testing kit, beside ``ulysses_target`
 above ``program_rows`` (which runs its rows) and beneath ``targets`` (the registry
 that names it). torchtitan is an optional extra (``vargather[torchtitan]``, then
 torchtitan itself with ``--no-deps``), imported inside functions only and typed
-``Any``. docs/targets.md describes the rows and the backends drawn (``spmd_types``
-runs under the gate's NCCL emulation: its list all_to_all is uneven).
+``Any``.
 
-What it checks: ``AllToAllTokenDispatcher`` (0.3.0) as an MoE layer drives it: ``T``
-tokens per rank, a router's top-``K`` distinct experts per token with scores, ``E = e
-* P`` experts sharded ``e`` per rank; ``dispatch`` exchanges the per-expert counts and
-the tokens and reorders them expert-major, ``combine`` reverses it and sums each
-token's expert outputs weighted by its scores.
-
-The oracle, on one process: rank ``r`` receives, for each of its experts in order,
-every source rank's tokens routed there (sources in rank order, tokens in order);
-expert ``j`` adds ``j`` (or is the identity), so ``combine`` gives ``sum_k s_k (x +
-id_k)``, which is ``x`` for identity experts and unit scores. Small integers and half
-scores keep every sum exact, gradients included (a gradient element that sums to zero
-is compared as +0.0: the sign of an exact zero follows the order of the sum).
+What it checks: ``AllToAllTokenDispatcher`` (0.3.0) as an MoE layer drives it, a
+router's top-``K`` choices over experts sharded across ranks: ``dispatch`` exchanges
+the per-expert counts and the tokens and reorders them expert-major, ``combine``
+reverses it and sums each token's expert outputs weighted by its scores. The oracle
+regroups the tokens by expert on one process (``expected_layer``); docs/targets.md
+describes it, the rows and the backends drawn (``spmd_types`` runs under the gate's
+NCCL emulation: its list all_to_all is uneven).
 """
 
 from __future__ import annotations

@@ -3,23 +3,16 @@
 Where it sits: in the gate's engine in the testing kit, beside ``ep_dispatch_target``,
 above ``program_rows`` (which runs its rows) and beneath ``targets`` (the registry
 that names it). DeepSpeed is an optional extra (``vargather[deepspeed]``), imported
-inside functions only and typed ``Any``. docs/targets.md describes the rows and what
-the target relies on (DeepSpeed set up as a job sets it up, each release's signatures
-read, not assumed).
+inside functions only and typed ``Any``.
 
 What it checks: ``single_all_to_all``, ``_SeqAllToAll.apply`` and
 ``DistributedAttention`` of ``deepspeed.sequence.layer``, which switch ``[b, S/P, H,
 d]`` (sequence sharded) to ``[b, S, H/P, d]`` (heads sharded) and back, in programs:
-models with their own head counts built in one process, then calls on them in order
-(the process-wide head count of DeepSpeed #8291).
-
-The oracle, on one process: the global tensor ``[b, S, H, d]``; rank ``r`` holds
-sequence chunk ``r`` and, after the switch, all ``S`` positions of its heads: over a
-basis of ``K`` head groups (the key/value head count where the release takes one, the
-tensor's own head count where not), ``K // P + (1 if r < K % P else 0)`` groups of
-``H / K`` heads, contiguous, in rank order (``module_inject/tp_shard.py``). The
-attention each rank runs (``local_attention``) is exact on small integers, so its
-global result sliced is the expected output bit for bit, gradients too.
+models with their own head counts built in one process, then calls on them in order.
+The oracle is the global tensor on one process, its heads split as DeepSpeed splits
+them (``head_split``), the attention exact (``local_attention``). docs/targets.md
+describes the rows, the oracle and what the target relies on (DeepSpeed set up as a
+job sets it up, each release's signatures read, not assumed).
 """
 
 from __future__ import annotations
@@ -140,18 +133,24 @@ def head_split(heads: int, basis: int, world: int) -> list[int]:
     return [per * (basis // world + (1 if r < basis % world else 0)) for r in range(world)]
 
 
-def _slice_seq(t: torch.Tensor, model: Model, world: int, rank: int) -> torch.Tensor:
-    local = t.shape[model.seq_dim] // world
-    return t.narrow(model.seq_dim, rank * local, local).contiguous()
-
-
-def _global(model: Model, step: Step, world: int, heads: int, dtype: str, tag: int) -> torch.Tensor:
-    """The global tensor of ``heads`` heads for ``step`` (``tag`` tells them apart)."""
-    s = step.seq * world
+def _global(program: UlyssesProgram, index: int, tag: int) -> torch.Tensor:
+    """Step ``index``'s global tensor ``tag``: 1 its input (an attention's query), 2 and
+    3 an attention's key and value, 4 the upstream gradient of its result."""
+    step = program.steps[index]
+    model = program.models[step.model]
+    heads = model.kv_heads if step.tensor == "kv" or tag in (2, 3) else model.heads
+    s = step.seq * program.world_size
     shape = (step.batch, s, heads, model.head_dim)
     if not model.batch_first:
         shape = (s, step.batch, heads, model.head_dim)
-    return values(shape, dtype, step.seed * 131 + tag, False)
+    return values(shape, program.dtype, step.seed * 131 + tag, False)
+
+
+def _seq_chunk(program: UlyssesProgram, index: int, t: torch.Tensor, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s sequence chunk of ``t``, a global tensor of step ``index``."""
+    seq_dim = program.models[program.steps[index].model].seq_dim
+    local = t.shape[seq_dim] // program.world_size
+    return t.narrow(seq_dim, rank * local, local).contiguous()
 
 
 def local_attention(
@@ -180,9 +179,8 @@ def _heads_of(
     step = program.steps[index]
     model = program.models[step.model]
     heads = model.heads if step.tensor == "q" else model.kv_heads
-    whole = _global(model, step, program.world_size, heads, program.dtype, tag)
     split = head_split(heads, model.kv_heads if takes_kv else heads, program.world_size)
-    return whole.narrow(2, sum(split[:rank]), split[rank]).contiguous()
+    return _global(program, index, tag).narrow(2, sum(split[:rank]), split[rank]).contiguous()
 
 
 def expected_heads(
@@ -191,31 +189,22 @@ def expected_heads(
     """What rank ``rank`` should hold after step ``index`` (``takes_kv``: the release
     takes a key/value head count, the partition basis)."""
     step = program.steps[index]
-    model = program.models[step.model]
-    world = program.world_size
     out: dict[str, torch.Tensor] = {}
     if step.kind == "attention":
-        q = _global(model, step, world, model.heads, program.dtype, 1)
-        k = _global(model, step, world, model.kv_heads, program.dtype, 2)
-        v = _global(model, step, world, model.kv_heads, program.dtype, 3)
-        grads = [t.clone().requires_grad_(step.grad) for t in (q, k, v)]
-        result = local_attention(grads[0], grads[1], grads[2], model.seq_dim)
-        out["output"] = _slice_seq(result.detach(), model, world, rank)
+        qkv = [_global(program, index, tag).clone().requires_grad_(step.grad) for tag in (1, 2, 3)]
+        result = local_attention(qkv[0], qkv[1], qkv[2], program.models[step.model].seq_dim)
+        out["output"] = _seq_chunk(program, index, result.detach(), rank)
         if step.grad:
-            upstream = _global(model, step, world, model.heads, program.dtype, 4)
-            (result * upstream).sum().backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
-            for name, t in zip(("q", "k", "v"), grads, strict=True):
+            (result * _global(program, index, 4)).sum().backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
+            for name, t in zip(("q", "k", "v"), qkv, strict=True):
                 assert t.grad is not None
-                out[f"grad_{name}"] = _slice_seq(t.grad, model, world, rank)
+                out[f"grad_{name}"] = _seq_chunk(program, index, t.grad, rank)
         return out
-    heads = model.heads if step.tensor == "q" else model.kv_heads
     out["heads"] = _heads_of(program, index, rank, takes_kv, 1)
     if step.kind == "round-trip":
-        whole = _global(model, step, world, heads, program.dtype, 1)
-        out["back"] = _slice_seq(whole, model, world, rank)
+        out["back"] = _seq_chunk(program, index, _global(program, index, 1), rank)
     if step.grad:
-        upstream = _global(model, step, world, heads, program.dtype, 4)
-        out["grad_x"] = _slice_seq(upstream, model, world, rank)
+        out["grad_x"] = _seq_chunk(program, index, _global(program, index, 4), rank)
     return out
 
 
@@ -424,25 +413,22 @@ def _run_step(
 ) -> dict[str, torch.Tensor]:
     step = program.steps[index]
     model = program.models[step.model]
-    world = program.world_size
     b, seq = model.batch_dim_idx, model.seq_dim
+
+    def chunk(tag: int) -> torch.Tensor:
+        return _seq_chunk(program, index, _global(program, index, tag), rank)
+
     if step.kind == "attention":
-        qkv = [
-            _slice_seq(_global(model, step, world, h, program.dtype, tag), model, world, rank)
-            for h, tag in ((model.heads, 1), (model.kv_heads, 2), (model.kv_heads, 3))
-        ]
-        inputs = [t.clone().requires_grad_(step.grad) for t in qkv]
+        inputs = [chunk(tag).clone().requires_grad_(step.grad) for tag in (1, 2, 3)]
         out = attention(*inputs, b)
         result = {"output": out.detach().clone()}
         if step.grad:
-            upstream = _global(model, step, world, model.heads, program.dtype, 4)
-            (out * _slice_seq(upstream, model, world, rank)).sum().backward()
+            (out * chunk(4)).sum().backward()
             for name, t in zip(("q", "k", "v"), inputs, strict=True):
                 if t.grad is not None:
                     result[f"grad_{name}"] = t.grad.clone()
         return result
-    heads = model.heads if step.tensor == "q" else model.kv_heads
-    x = _slice_seq(_global(model, step, world, heads, program.dtype, 1), model, world, rank)
+    x = chunk(1)
     kv = {"num_kv_heads": model.kv_heads}
     if step.grad:
         xs = x.clone().requires_grad_()
