@@ -1,9 +1,8 @@
 """One DTensor program and its single-process oracle: what every rank should hold.
 
-Where it sits: beneath the ``dtensor`` target (``dtensor_target``: the rank side, the
-rows and the judge) and ``dtensor_programs`` (the Hypothesis strategies that draw
-programs). It imports torch and the kit's value generator only, no engine module and
-no Hypothesis.
+Where it sits: beneath the ``dtensor`` target (``dtensor_target``: the strategies that
+draw programs, the rank side that runs them, the judge). It imports torch and the kit's
+value generator only, no engine module and no Hypothesis.
 
 A program is a small training program's state plus a path through placements:
 
