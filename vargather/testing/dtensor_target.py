@@ -40,7 +40,7 @@ from .dtensor_program import (
     start_local,
     upstream_local,
 )
-from .program_rows import ProgramRow, ProgramTarget
+from .program_rows import ProgramRow, ProgramTarget, all_worlds
 
 __all__ = [
     "KINDS",
@@ -89,7 +89,7 @@ def worlds_for(kind: str, world_sizes: Sequence[int]) -> list[int]:
     """The worlds a row of ``kind`` draws, ascending: for ``flattened``, those with a
     mesh of two dims of size > 1 (where a flattened view merges collectives: 4 of 1-4
     ranks), or all of them when none has one."""
-    worlds = sorted(w for w in world_sizes if 1 <= w <= 4)
+    worlds = sorted(all_worlds(world_sizes))
     if kind == "flattened":
         return [w for w in worlds if any(_merging(m) for m in mesh_shapes(w))] or worlds
     return worlds

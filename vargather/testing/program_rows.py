@@ -37,10 +37,7 @@ from .results import PropertyFailure, PropertyResult, Report
 from .verdict import with_xfail
 
 __all__ = [
-    "BATCH",
-    "CRASH_SHRINKS",
     "FLOAT_DTYPES",
-    "PEERS_WAITED",
     "ProgramRow",
     "ProgramTarget",
     "StepsReport",
@@ -106,13 +103,13 @@ class ProgramTarget:
     prepare: Callable[[Progress], tuple[str, dict[str, str]]] | None = None
 
 
-def first_real_error(errors: dict[int, tuple[str, str]]) -> tuple[int, str] | None:
-    """The lowest rank whose error is not a wait for a peer (a timeout, a lost
-    connection), with its ``Type: first line``; ``None`` when every rank waited."""
+def first_real_error(errors: dict[int, tuple[int, str, str]]) -> tuple[int, str] | None:
+    """The lowest rank whose error (rank -> (step index, type, message)) is not a wait
+    for a peer (a timeout, a lost connection), with its ``Type: first line``; ``None``
+    when every rank waited."""
     for rank in sorted(errors):
-        name, message = errors[rank]
-        text = f"{name}: {message}"
-        if not any(mark in text for mark in WAIT_MARKS):
+        _, name, message = errors[rank]
+        if not any(mark in f"{name}: {message}" for mark in WAIT_MARKS):
             return rank, f"{name}: {message.splitlines()[0][:300] if message else ''}"
     return None
 
@@ -178,13 +175,12 @@ def raised_message(errors: dict[int, tuple[int, str, str]], unit: str) -> str:
     """What ranks raised (rank -> (``unit`` index, type, message)), as one line: the
     lowest rank's real error (not a wait), and ``PEERS_WAITED`` when other ranks waited
     for it (which ranks, and how they saw it, depends on timing: left out)."""
-    plain = {r: (name, message) for r, (_, name, message) in errors.items()}
-    real = first_real_error(plain)
+    real = first_real_error(errors)
     if real is None:
         first = min(e[0] for e in errors.values())
         return f"{unit} {first}: every failing rank's {PEERS_WAITED}"
     rank, text = real
-    waits = [r for r in plain if first_real_error({r: plain[r]}) is None]
+    waits = [r for r in errors if first_real_error({r: errors[r]}) is None]
     return f"{unit} {errors[rank][0]}, rank {rank}: {text}" + (
         f"; its {PEERS_WAITED}" if waits else ""
     )

@@ -460,7 +460,7 @@ def judge_ulysses(
     if program.refusal:
         if len(errors) == len(reports):
             return []
-        raised = first_real_error({r: (e[1], e[2]) for r, e in errors.items()})
+        raised = first_real_error(errors)
         ok = sorted(set(range(len(reports))) - set(errors))
         said = f"; rank {raised[0]} raised {raised[1]}" if raised else ""
         return [
