@@ -43,6 +43,7 @@ from vargather.testing.dtensor_target import (
 from vargather.testing.options import CheckOptions
 from vargather.testing.program_rows import run_program_check
 from vargather.testing.progress import Progress
+from vargather.testing.targets import apply_target
 
 
 def _program(**kwargs: Any) -> DTensorProgram:
@@ -314,7 +315,9 @@ class StandInPool:
 
 
 def _search(defect: Defect, only: tuple[str, ...], **budget: int) -> Any:
-    options = CheckOptions(target="dtensor", world_sizes=(1, 2, 3, 4), only=only, **budget)
+    options = apply_target(
+        CheckOptions(target="dtensor", world_sizes=(1, 2, 3, 4), only=only, **budget)
+    )
     pools: dict[int, StandInPool] = {}
 
     def factory(world: int) -> Any:

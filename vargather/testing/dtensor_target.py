@@ -577,13 +577,11 @@ ROWS: Final = (
 )  # fmt: skip
 
 TARGET: Final = ProgramTarget(
-    name="dtensor",
     display="torch.distributed.tensor: DTensor programs (distribute_tensor, from_local, "
     "redistribute, full_tensor, backward)",
     call="x = distribute_tensor(G, mesh, start) or DTensor.from_local(local, mesh, start, "
     "shape=, stride=); x = x.redistribute(mesh, step) for each step; to_local(), "
     "full_tensor(), backward",
-    grad="local",
     rows=ROWS,
     run=run_program,
     judge=judge_program,

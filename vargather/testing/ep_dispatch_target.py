@@ -341,11 +341,9 @@ def _prepare(progress: Progress) -> tuple[str, dict[str, str]]:
 
 
 TARGET: Final = ProgramTarget(
-    name="torchtitan-ep-dispatch",
     display="AllToAllTokenDispatcher dispatch / combine",
     call="dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E); "
     "combine(routed_output_RD, metadata, x_TD)",
-    grad="sum",
     rows=ROWS,
     run=run_dispatch_program,
     judge=judge_dispatch,

@@ -84,15 +84,14 @@ class ProgramRow:
 
 @dataclass(frozen=True)
 class ProgramTarget:
-    """A target that runs programs of its own (see the module docstring).
+    """A target that runs programs of its own (see the module docstring); its name and
+    ``--grad`` are the registry's (``targets``, in the options ``apply_target`` gave).
     ``prepare(progress)``, run in the parent before the ranks start, gives the report's
     header (default ``display``) and the releases to add to its versions; ``smaller(case,
     worlds)`` the cases one edit smaller than a failing one, in a fixed order."""
 
-    name: str
     display: str
     call: str
-    grad: str
     rows: tuple[ProgramRow, ...]
     run: Callable[[Any, Any], Any]
     judge: Callable[[Any, Sequence[Any]], list[tuple[str, str]]]
@@ -221,7 +220,7 @@ def _reproduction(
     """The programs in words and as data, and the command that re-runs the search."""
     listed = "\n".join(f"  {target.describe(c)}\n  {c!r}" for c in batch)
     command = (
-        f"python -m vargather check --target {target.name} --only {row} --seed {options.seed} "
+        f"python -m vargather check --target {options.target} --only {row} --seed {options.seed} "
         f"--max-examples {options.max_examples}"
     )
     if tuple(sorted(options.world_sizes)) != CheckOptions().world_sizes:
@@ -396,7 +395,8 @@ def run_program_check(
     versions: dict[str, str],
 ) -> Report:
     """Every row of ``target`` (``--only`` selects) as a seeded Hypothesis test on the
-    gloo worlds of ``options.world_sizes``, into the gate's ``Report``."""
+    gloo worlds of ``options.world_sizes``, into the gate's ``Report``; ``options`` are
+    the target's (``apply_target``)."""
     started = time.monotonic()
     display, releases = target.prepare(progress) if target.prepare else (target.display, {})
     world_sizes = tuple(sorted(options.world_sizes))
@@ -411,7 +411,7 @@ def run_program_check(
         impl=None,
         impl_display=display,
         convention="program",
-        grad=target.grad,
+        grad=options.grad,
         world_sizes=world_sizes,
         max_examples=options.max_examples,
         seed=options.seed,

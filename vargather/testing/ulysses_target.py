@@ -559,11 +559,9 @@ def _prepare(progress: Progress) -> tuple[str, dict[str, str]]:
 
 
 TARGET: Final = ProgramTarget(
-    name="deepspeed-ulysses",
     display="deepspeed.sequence.layer",
     call="single_all_to_all / _SeqAllToAll.apply(group, x, 2, seq_dim, batch_dim_idx) / "
     "DistributedAttention(attn, group, 2, seq_dim)(q, k, v, batch_dim_idx)",
-    grad="sum",
     rows=ROWS,
     run=run_ulysses_program,
     judge=judge_ulysses,
