@@ -218,7 +218,8 @@ def run_dispatch_program(ctx: Any, program: DispatchProgram) -> StepsReport:
 
     titan_utils.set_spmd_backend(program.backend)
     mesh = _mesh(program.world_size) if program.world_size > 1 else None
-    if program.backend == "spmd_types" and mesh is not None:
+    nccl = program.backend == "spmd_types" and mesh is not None
+    if nccl:
         titan_spmd.set_spmd_meshes(dense_mesh=mesh, sparse_mesh=mesh)
     dispatchers = []
     for layer in program.layers:
@@ -228,7 +229,6 @@ def run_dispatch_program(ctx: Any, program: DispatchProgram) -> StepsReport:
         dispatcher = AllToAllTokenDispatcher(config)
         dispatcher.wire_meshes(ep_mesh=mesh)
         dispatchers.append(dispatcher)
-    nccl = program.backend == "spmd_types" and mesh is not None
     if nccl:  # its list all_to_all of unequal tensors: NCCL takes it, gloo refuses it
         emulate.activate("nccl")
     try:
