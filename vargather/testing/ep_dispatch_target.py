@@ -17,6 +17,7 @@ NCCL emulation: its list all_to_all is uneven).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -196,17 +197,13 @@ def dispatch_programs(
 
 # --- the rank side ---------------------------------------------------------------------
 
-_MESHES: dict[int, Any] = {}
-"""This rank process's expert-parallel mesh (building one is collective)."""
 
-
+@functools.cache
 def _mesh(world: int) -> Any:
-    mesh = _MESHES.get(world)
-    if mesh is None:
-        from torch.distributed.device_mesh import init_device_mesh
+    """This rank process's expert-parallel mesh (building one is collective: once)."""
+    from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = _MESHES[world] = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
-    return mesh
+    return init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
 
 
 def run_dispatch_program(ctx: Any, program: DispatchProgram) -> StepsReport:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Final
 
 import torch
@@ -263,27 +264,6 @@ def ulysses_programs(
 # --- the rank side ---------------------------------------------------------------------
 
 
-class SequenceParallelMpu:
-    """The model-parallel unit a job hands ``deepspeed.initialize(mpu=...)``: a
-    sequence-parallel group of every rank, no tensor or pipeline parallelism."""
-
-    def __init__(self, group: Any) -> None:
-        self.group = group
-
-    def get_sequence_parallel_group(self) -> Any:
-        return self.group
-
-    def get_sequence_parallel_rank(self) -> int:
-        import torch.distributed as dist
-
-        return dist.get_rank(self.group)
-
-    def get_sequence_parallel_world_size(self) -> int:
-        import torch.distributed as dist
-
-        return dist.get_world_size(self.group)
-
-
 @dataclass(frozen=True)
 class Release:
     """What this DeepSpeed release's signatures take."""
@@ -320,23 +300,20 @@ def _setup(ctx: Any) -> Any:
     group = _SETUP.get("group")
     if group is None:
         import deepspeed  # untyped: Any
+        import torch.distributed as dist
         from deepspeed.utils import groups
 
         with quiet_stdout():  # its comm op's load messages (ninja's among them)
             deepspeed.init_distributed(dist_backend="gloo")
-        group = ctx.subgroup(tuple(range(ctx.world_size)))
-        groups.mpu = SequenceParallelMpu(group)  # what deepspeed.initialize(mpu=...) does
-        _SETUP["group"] = group
+        group = _SETUP["group"] = ctx.subgroup(tuple(range(ctx.world_size)))
+        # what deepspeed.initialize(mpu=...) installs: the model-parallel unit of a
+        # sequence-parallel group of every rank, no tensor or pipeline parallelism
+        groups.mpu = SimpleNamespace(
+            get_sequence_parallel_group=lambda: group,
+            get_sequence_parallel_rank=lambda: dist.get_rank(group),
+            get_sequence_parallel_world_size=lambda: dist.get_world_size(group),
+        )
     return group
-
-
-def _fresh_head_state() -> None:
-    """Clear the head count DeepSpeed keeps process-wide (before 0.19.7: ``tp_shard``'s
-    ``num_kv_heads``, set by the first uneven call), as a new job starts with it."""
-    from deepspeed.module_inject import tp_shard
-
-    if hasattr(tp_shard, "num_kv_heads"):
-        tp_shard.num_kv_heads = None
 
 
 class _Attention(torch.nn.Module):
@@ -374,10 +351,14 @@ class UlyssesReport(StepsReport):
 def run_ulysses_program(ctx: Any, program: UlyssesProgram) -> UlyssesReport:
     """Rank side: set DeepSpeed up (once per process), clear its head state, build the
     models in order, run the steps in order."""
-    from deepspeed.sequence import layer  # untyped: Any
+    from deepspeed.module_inject import tp_shard  # untyped: Any
+    from deepspeed.sequence import layer
 
     group = _setup(ctx)
-    _fresh_head_state()
+    # the head count DeepSpeed keeps process-wide (before 0.19.7: tp_shard's
+    # num_kv_heads, set by the first uneven call), cleared as a new job starts with it
+    if hasattr(tp_shard, "num_kv_heads"):
+        tp_shard.num_kv_heads = None
     rel = release()
     rank = ctx.rank
     built = []
