@@ -20,10 +20,9 @@ without importing them.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
@@ -287,7 +286,7 @@ def apply_target(options: CheckOptions) -> CheckOptions:
             f"got {spelled} {_text(given)} (a target's implementation and scope are its own)",
         )
     _check_ids(name, target, options)
-    return dataclasses.replace(options, **wanted)
+    return replace(options, **wanted)
 
 
 def target_ids(target: Target) -> tuple[str, ...]:
