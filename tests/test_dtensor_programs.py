@@ -1,7 +1,7 @@
-"""The ``dtensor`` target's programs (``vargather/testing/dtensor_program*.py``,
-``dtensor_rank.py``, ``dtensor_target.py``): the oracle follows ``torch.chunk``, the
-drawing covers the mesh setups and transitions trainers use, and a wrong
-redistribution is caught and shrunk to a small program.
+"""The ``dtensor`` target's programs (``vargather/testing/dtensor_program.py``,
+``dtensor_target.py``): the oracle follows ``torch.chunk``, the drawing covers the mesh
+setups and transitions trainers use, and a wrong redistribution is caught and shrunk to
+a small program.
 
 The last two run the target's own search on a stand-in pool: every rank's report is
 computed in this process from the oracle, with a deliberate defect or none, so no
@@ -32,12 +32,18 @@ from vargather.testing.dtensor_program import (
     on_sizes,
     start_local,
 )
-from vargather.testing.dtensor_programs import KINDS, dtensor_programs, smaller_programs
-from vargather.testing.dtensor_rank import ProgramReport
-from vargather.testing.dtensor_target import TARGET, judge_program
+from vargather.testing.dtensor_target import (
+    KINDS,
+    TARGET,
+    ProgramReport,
+    dtensor_programs,
+    judge_program,
+    smaller_programs,
+)
 from vargather.testing.options import CheckOptions
 from vargather.testing.program_rows import run_program_check
 from vargather.testing.progress import Progress
+from vargather.testing.targets import apply_target
 
 
 def _program(**kwargs: Any) -> DTensorProgram:
@@ -309,7 +315,9 @@ class StandInPool:
 
 
 def _search(defect: Defect, only: tuple[str, ...], **budget: int) -> Any:
-    options = CheckOptions(target="dtensor", world_sizes=(1, 2, 3, 4), only=only, **budget)
+    options = apply_target(
+        CheckOptions(target="dtensor", world_sizes=(1, 2, 3, 4), only=only, **budget)
+    )
     pools: dict[int, StandInPool] = {}
 
     def factory(world: int) -> Any:

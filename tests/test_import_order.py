@@ -166,9 +166,7 @@ ENGINE_ORDER = [
     "isolated",
     "races",
     "evaluate",
-    "dtensor_program",  # the dtensor target's program and oracle,
-    "dtensor_programs",  # its Hypothesis strategies and last shrinking passes,
-    "dtensor_rank",  # its rank side (beneath the engine: no engine module imported)
+    "dtensor_program",  # the dtensor target's program and oracle
     "program_rows",  # the rows of the targets that run programs of their own
     "dtensor_target",
     "ulysses_target",

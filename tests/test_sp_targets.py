@@ -27,6 +27,7 @@ from vargather.testing import get_pool
 from vargather.testing import ulysses_target as ul
 from vargather.testing.engine import run_check
 from vargather.testing.options import CheckOptions, OptionError
+from vargather.testing.program_rows import StepsReport
 from vargather.testing.results import EXIT_OK
 from vargather.testing.targets import apply_target, by_name, listing, target_ids, unavailable
 
@@ -86,10 +87,10 @@ def test_the_plain_environment_says_why_the_targets_do_not_run() -> None:
 
 
 def test_the_targets_rows_are_listed_without_the_packages() -> None:
-    assert target_ids(by_name("deepspeed-ulysses")) == ul.ROW_IDS
-    assert target_ids(by_name("torchtitan-ep-dispatch")) == ep.ROW_IDS
-    assert "programs" in ul.ROW_IDS
-    assert "layers" in ep.ROW_IDS
+    assert target_ids(by_name("deepspeed-ulysses")) == tuple(r.id for r in ul.ROWS)
+    assert target_ids(by_name("torchtitan-ep-dispatch")) == tuple(r.id for r in ep.ROWS)
+    assert "programs" in target_ids(by_name("deepspeed-ulysses"))
+    assert "layers" in target_ids(by_name("torchtitan-ep-dispatch"))
     options = apply_target(CheckOptions(target="dtensor"))  # the registry still applies
     assert options.impl is None
 
@@ -206,14 +207,14 @@ def test_identity_experts_with_unit_scores_give_the_tokens_back() -> None:
 
 def test_the_dispatch_judge_catches_a_misrouted_token() -> None:
     program = ep.DispatchProgram(2, (_layer(tokens=2),))
-    reports = [ep.DispatchReport((ep.expected_layer(program, 0, r),)) for r in range(2)]
+    reports = [StepsReport((ep.expected_layer(program, 0, r),)) for r in range(2)]
     assert ep.judge_dispatch(program, reports) == []
-    routed = reports[0].layers[0]["routed"]
+    routed = reports[0].steps[0]["routed"]
     if routed.shape[0] >= 2:
         routed[[0, 1]] = routed[[1, 0]]
         routed[0, 0] += 0.5  # different even where the two rows were equal
     else:
-        reports[0].layers[0]["counts"][0] += 1
+        reports[0].steps[0]["counts"][0] += 1
     assert ep.judge_dispatch(program, reports)[0][0] in ("routed", "sizes")
 
 
@@ -255,9 +256,9 @@ def test_torchtitan_dispatch_and_combine_match_the_oracle() -> None:
 def test_list_with_a_program_target_prints_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
     """Installed or not: the rows are the target's own (its module needs torch only)."""
     assert check_cli.main(["--target", "deepspeed-ulysses", "--list"]) == EXIT_OK
-    assert capsys.readouterr().out.split() == list(ul.ROW_IDS)
+    assert capsys.readouterr().out.split() == [r.id for r in ul.ROWS]
     assert check_cli.main(["--target", "torchtitan-ep-dispatch", "--list"]) == EXIT_OK
-    assert capsys.readouterr().out.split() == list(ep.ROW_IDS)
+    assert capsys.readouterr().out.split() == [r.id for r in ep.ROWS]
 
 
 def test_the_plugin_collects_a_program_targets_rows() -> None:
@@ -265,7 +266,7 @@ def test_the_plugin_collects_a_program_targets_rows() -> None:
     from vargather.testing.plugin import _rows
     from vargather.testing.targets import program_rows
 
-    assert [row for row, _ in _rows("all_to_all_v", "deepspeed-ulysses")] == list(ul.ROW_IDS)
+    assert [row for row, _ in _rows("all_to_all_v", "deepspeed-ulysses")] == [r.id for r in ul.ROWS]
     assert program_rows("torchtitan-ep-dispatch") == [(r.id, r.title) for r in ep.ROWS]
     assert [row for row, _ in _rows("all_gather_v", "dtensor")] == [r.id for r in dt.ROWS]
     assert program_rows("funcol-all-to-all") is None  # a MODULE:ATTR call: the catalogue's rows

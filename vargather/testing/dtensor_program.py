@@ -1,9 +1,8 @@
 """One DTensor program and its single-process oracle: what every rank should hold.
 
-Where it sits: beneath the ``dtensor`` target (``dtensor_target``, the rows and the
-judge), beside ``dtensor_programs`` (the Hypothesis strategies that draw programs) and
-``dtensor_rank`` (the rank side that runs them). It imports torch and the kit's value
-generator only, no engine module and no Hypothesis.
+Where it sits: beneath the ``dtensor`` target (``dtensor_target``: the strategies that
+draw programs, the rank side that runs them, the judge). It imports torch and the kit's
+value generator only, no engine module and no Hypothesis.
 
 A program is a small training program's state plus a path through placements:
 
@@ -63,6 +62,7 @@ __all__ = [
     "global_tensor",
     "local_piece",
     "on_sizes",
+    "parse",
     "start_local",
     "upstream",
     "upstream_local",
@@ -122,16 +122,25 @@ class DTensorProgram:
         )
 
 
+def parse(code: str) -> tuple[str, int, int]:
+    """A placement code's (kind, tensor dim, split factor): ``("R", -1, 1)``, ``("P",
+    -1, 1)``, ``("S", d, 1)``, ``("SS", d, k)``."""
+    if code.startswith("SS"):
+        dim, split = code[2:].split("/")
+        return "SS", int(dim), int(split)
+    return ("S", int(code[1:]), 1) if code.startswith("S") else (code[0], -1, 1)
+
+
 def _words(placements: Sequence[str]) -> str:
     out = []
     for code in placements:
-        if code == "R":
+        kind, dim, split = parse(code)
+        if kind == "R":
             out.append("Replicate()")
-        elif code.startswith("SS"):
-            dim, split = code[2:].split("/")
+        elif kind == "SS":
             out.append(f"_StridedShard({dim}, split_factor={split})")
-        elif code.startswith("S"):
-            out.append(f"Shard({code[1:]})")
+        elif kind == "S":
+            out.append(f"Shard({dim})")
         else:
             out.append(f'Partial("{code[2:]}")')
     return "[" + ", ".join(out) + "]"
@@ -177,12 +186,9 @@ def local_piece(
 ) -> torch.Tensor:
     """The piece of ``t`` at mesh coordinates ``where`` of a mesh of ``sizes``: plain
     ``Shard`` dims left to right, then ``_StridedShard`` dims left to right."""
-    order = [i for i, p in enumerate(placements) if p.startswith("S") and not p.startswith("SS")]
-    order += [i for i, p in enumerate(placements) if p.startswith("SS")]
-    for i in order:
-        code = placements[i]
-        dim = int(code[2:].split("/")[0]) if code.startswith("SS") else int(code[1:])
-        t = _chunk(t, dim, sizes[i], where[i])
+    cuts = [parse(code) for code in placements]
+    for i in sorted((i for i, c in enumerate(cuts) if c[1] >= 0), key=lambda i: cuts[i][0] == "SS"):
+        t = _chunk(t, cuts[i][1], sizes[i], where[i])
     return t.contiguous()
 
 

@@ -4,47 +4,44 @@ Where it sits: in the gate's engine in the testing kit, beside ``ulysses_target`
 above ``program_rows`` (which runs its rows) and beneath ``targets`` (the registry
 that names it). torchtitan is an optional extra (``vargather[torchtitan]``, then
 torchtitan itself with ``--no-deps``), imported inside functions only and typed
-``Any``. docs/targets.md describes the rows and the backends drawn (``spmd_types``
-runs under the gate's NCCL emulation: its list all_to_all is uneven).
+``Any``.
 
-What it checks: ``AllToAllTokenDispatcher`` (0.3.0) as an MoE layer drives it: ``T``
-tokens per rank, a router's top-``K`` distinct experts per token with scores, ``E = e
-* P`` experts sharded ``e`` per rank; ``dispatch`` exchanges the per-expert counts and
-the tokens and reorders them expert-major, ``combine`` reverses it and sums each
-token's expert outputs weighted by its scores.
-
-The oracle, on one process: rank ``r`` receives, for each of its experts in order,
-every source rank's tokens routed there (sources in rank order, tokens in order);
-expert ``j`` adds ``j`` (or is the identity), so ``combine`` gives ``sum_k s_k (x +
-id_k)``, which is ``x`` for identity experts and unit scores. Small integers and half
-scores keep every sum exact, gradients included (a gradient element that sums to zero
-is compared as +0.0: the sign of an exact zero follows the order of the sum).
+What it checks: ``AllToAllTokenDispatcher`` (0.3.0) as an MoE layer drives it, a
+router's top-``K`` choices over experts sharded across ranks: ``dispatch`` exchanges
+the per-expert counts and the tokens and reorders them expert-major, ``combine``
+reverses it and sums each token's expert outputs weighted by its scores. The oracle
+regroups the tokens by expert on one process (``expected_layer``); docs/targets.md
+describes it, the rows and the backends drawn (``spmd_types`` runs under the gate's
+NCCL emulation: its list all_to_all is uneven).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import torch
 from hypothesis import strategies as st
 
 from . import emulate
-from .asserts import bitwise_difference
 from .family import values
 from .program_rows import (
     FLOAT_DTYPES,
     ProgramRow,
     ProgramTarget,
+    StepsReport,
     all_worlds,
+    differences,
+    in_turn,
     multi_worlds,
     raised_message,
 )
 from .progress import Progress
 
 __all__ = [
-    "ROW_IDS",
+    "ROWS",
     "TARGET",
     "DispatchProgram",
     "Layer",
@@ -192,10 +189,7 @@ def dispatch_programs(
     count = draw(st.integers(1, layers))
     drawn = [draw(_layer(world, grad, empty)) for _ in range(count)]
     if identity:
-        drawn = [
-            Layer(ly.experts, ly.top_k, ly.tokens, ly.dim, False, True, ly.grad, ly.seed)
-            for ly in drawn
-        ]
+        drawn = [replace(ly, plus_id=False, unit=True) for ly in drawn]
     return DispatchProgram(
         world, tuple(drawn), draw(st.sampled_from(FLOAT_DTYPES)), draw(st.sampled_from(BACKENDS))
     )
@@ -203,28 +197,16 @@ def dispatch_programs(
 
 # --- the rank side ---------------------------------------------------------------------
 
-_MESHES: dict[int, Any] = {}
-"""This rank process's expert-parallel mesh (building one is collective)."""
 
-
+@functools.cache
 def _mesh(world: int) -> Any:
-    mesh = _MESHES.get(world)
-    if mesh is None:
-        from torch.distributed.device_mesh import init_device_mesh
+    """This rank process's expert-parallel mesh (building one is collective: once)."""
+    from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = _MESHES[world] = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
-    return mesh
+    return init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
 
 
-@dataclass(frozen=True)
-class DispatchReport:
-    """One rank's results per layer (name -> tensor), or the layer that raised."""
-
-    layers: tuple[dict[str, torch.Tensor], ...] = ()
-    error: tuple[int, str, str] | None = None
-
-
-def run_dispatch_program(ctx: Any, program: DispatchProgram) -> DispatchReport:
+def run_dispatch_program(ctx: Any, program: DispatchProgram) -> StepsReport:
     """Rank side: the backend and meshes as torchtitan's trainer sets them (one rank:
     EP off, no mesh), the dispatchers built in order, then each layer run in turn."""
     from torchtitan.distributed import spmd_types as titan_spmd  # untyped: Any
@@ -233,7 +215,8 @@ def run_dispatch_program(ctx: Any, program: DispatchProgram) -> DispatchReport:
 
     titan_utils.set_spmd_backend(program.backend)
     mesh = _mesh(program.world_size) if program.world_size > 1 else None
-    if program.backend == "spmd_types" and mesh is not None:
+    nccl = program.backend == "spmd_types" and mesh is not None
+    if nccl:
         titan_spmd.set_spmd_meshes(dense_mesh=mesh, sparse_mesh=mesh)
     dispatchers = []
     for layer in program.layers:
@@ -243,20 +226,15 @@ def run_dispatch_program(ctx: Any, program: DispatchProgram) -> DispatchReport:
         dispatcher = AllToAllTokenDispatcher(config)
         dispatcher.wire_meshes(ep_mesh=mesh)
         dispatchers.append(dispatcher)
-    done: list[dict[str, torch.Tensor]] = []
-    nccl = program.backend == "spmd_types" and mesh is not None
     if nccl:  # its list all_to_all of unequal tensors: NCCL takes it, gloo refuses it
         emulate.activate("nccl")
     try:
-        for index in range(len(program.layers)):
-            try:
-                done.append(_run_layer(dispatchers[index], program, index, ctx.rank))
-            except Exception as err:
-                return DispatchReport(tuple(done), (index, type(err).__name__, str(err)))
+        return in_turn(
+            len(program.layers), lambda i: _run_layer(dispatchers[i], program, i, ctx.rank)
+        )
     finally:
         if nccl:
             emulate.activate(None)
-    return DispatchReport(tuple(done))
 
 
 def _run_layer(
@@ -288,7 +266,7 @@ def _run_layer(
 
 
 def judge_dispatch(
-    program: DispatchProgram, reports: Sequence[DispatchReport]
+    program: DispatchProgram, reports: Sequence[StepsReport]
 ) -> list[tuple[str, str]]:
     """The failures of one program, as (aspect, message): ``raised``, ``routed``
     (a rank's tokens are not its experts' tokens in order), ``sizes`` (per-expert
@@ -300,17 +278,13 @@ def judge_dispatch(
     for index in range(len(program.layers)):
         failures: list[tuple[str, str]] = []
         for rank, rep in enumerate(reports):
-            want = expected_layer(program, index, rank)
-            for name, tensor in want.items():
-                got = rep.layers[index].get(name)
-                if name.startswith("grad") and got is not None and got.is_floating_point():
+            got, want = dict(rep.steps[index]), expected_layer(program, index, rank)
+            for name in ("grad_x", "grad_scores"):
+                if name in got and name in want and got[name].is_floating_point():
                     # a gradient summing to zero: its zero's sign follows the order of
                     # the sum (IEEE 754), not the routing; +0.0 for both
-                    got, tensor = got + 0.0, tensor + 0.0
-                diff = bitwise_difference(got, tensor)
-                if diff is not None:
-                    aspect = aspects.get(name, "gradient")
-                    failures.append((aspect, f"layer {index}, rank {rank}, {name}: {diff}"))
+                    got[name], want[name] = got[name] + 0.0, want[name] + 0.0
+            failures += differences(f"layer {index}, rank {rank}", got, want, aspects)
         if failures:
             return failures
     return []
@@ -354,7 +328,6 @@ ROWS: Final = (
         multi_worlds,
     ),
 )
-ROW_IDS: Final = tuple(row.id for row in ROWS)
 
 
 def _prepare(progress: Progress) -> tuple[str, dict[str, str]]:
@@ -365,11 +338,9 @@ def _prepare(progress: Progress) -> tuple[str, dict[str, str]]:
 
 
 TARGET: Final = ProgramTarget(
-    name="torchtitan-ep-dispatch",
     display="AllToAllTokenDispatcher dispatch / combine",
     call="dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E); "
     "combine(routed_output_RD, metadata, x_TD)",
-    grad="sum",
     rows=ROWS,
     run=run_dispatch_program,
     judge=judge_dispatch,

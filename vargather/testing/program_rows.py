@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from hypothesis import strategies as st
 
+from .asserts import bitwise_difference
 from .evaluate import FailingBatchError, ShrinkBudgetSpent, seeded_search
 from .options import CheckOptions
 from .pool import PoolFailure, RankCrashed, RankError, RankHung, RankPool
@@ -36,14 +37,14 @@ from .results import PropertyFailure, PropertyResult, Report
 from .verdict import with_xfail
 
 __all__ = [
-    "BATCH",
-    "CRASH_SHRINKS",
     "FLOAT_DTYPES",
-    "PEERS_WAITED",
     "ProgramRow",
     "ProgramTarget",
+    "StepsReport",
     "all_worlds",
+    "differences",
     "first_real_error",
+    "in_turn",
     "multi_worlds",
     "quiet_stdout",
     "raised_message",
@@ -83,15 +84,14 @@ class ProgramRow:
 
 @dataclass(frozen=True)
 class ProgramTarget:
-    """A target that runs programs of its own (see the module docstring).
+    """A target that runs programs of its own (see the module docstring); its name and
+    ``--grad`` are the registry's (``targets``, in the options ``apply_target`` gave).
     ``prepare(progress)``, run in the parent before the ranks start, gives the report's
     header (default ``display``) and the releases to add to its versions; ``smaller(case,
     worlds)`` the cases one edit smaller than a failing one, in a fixed order."""
 
-    name: str
     display: str
     call: str
-    grad: str
     rows: tuple[ProgramRow, ...]
     run: Callable[[Any, Any], Any]
     judge: Callable[[Any, Sequence[Any]], list[tuple[str, str]]]
@@ -102,13 +102,13 @@ class ProgramTarget:
     prepare: Callable[[Progress], tuple[str, dict[str, str]]] | None = None
 
 
-def first_real_error(errors: dict[int, tuple[str, str]]) -> tuple[int, str] | None:
-    """The lowest rank whose error is not a wait for a peer (a timeout, a lost
-    connection), with its ``Type: first line``; ``None`` when every rank waited."""
+def first_real_error(errors: dict[int, tuple[int, str, str]]) -> tuple[int, str] | None:
+    """The lowest rank whose error (rank -> (step index, type, message)) is not a wait
+    for a peer (a timeout, a lost connection), with its ``Type: first line``; ``None``
+    when every rank waited."""
     for rank in sorted(errors):
-        name, message = errors[rank]
-        text = f"{name}: {message}"
-        if not any(mark in text for mark in WAIT_MARKS):
+        _, name, message = errors[rank]
+        if not any(mark in f"{name}: {message}" for mark in WAIT_MARKS):
             return rank, f"{name}: {message.splitlines()[0][:300] if message else ''}"
     return None
 
@@ -138,17 +138,48 @@ def quiet_stdout() -> Iterator[None]:
 PEERS_WAITED: Final = "peers waited until their collective timeout"
 
 
+@dataclass(frozen=True)
+class StepsReport:
+    """One rank's results of a program's steps (calls, layers) run in turn: per step,
+    name -> tensor; or the step that raised, (index, type, message)."""
+
+    steps: tuple[dict[str, Any], ...] = ()
+    error: tuple[int, str, str] | None = None
+
+
+def in_turn(count: int, step: Callable[[int], dict[str, Any]]) -> StepsReport:
+    """Rank side: steps ``0`` to ``count - 1`` in turn, up to the first that raises."""
+    done: list[dict[str, Any]] = []
+    for index in range(count):
+        try:
+            done.append(step(index))
+        except Exception as err:
+            return StepsReport(tuple(done), (index, type(err).__name__, str(err)))
+    return StepsReport(tuple(done))
+
+
+def differences(
+    where: str, got: dict[str, Any], want: dict[str, Any], aspects: dict[str, str]
+) -> list[tuple[str, str]]:
+    """(aspect, message) for each tensor of ``want`` that ``got`` does not hold bit for
+    bit; a name's aspect is in ``aspects``, ``gradient`` where it is not."""
+    return [
+        (aspects.get(name, "gradient"), f"{where}, {name}: {diff}")
+        for name, tensor in want.items()
+        if (diff := bitwise_difference(got.get(name), tensor)) is not None
+    ]
+
+
 def raised_message(errors: dict[int, tuple[int, str, str]], unit: str) -> str:
     """What ranks raised (rank -> (``unit`` index, type, message)), as one line: the
     lowest rank's real error (not a wait), and ``PEERS_WAITED`` when other ranks waited
     for it (which ranks, and how they saw it, depends on timing: left out)."""
-    plain = {r: (name, message) for r, (_, name, message) in errors.items()}
-    real = first_real_error(plain)
+    real = first_real_error(errors)
     if real is None:
         first = min(e[0] for e in errors.values())
         return f"{unit} {first}: every failing rank's {PEERS_WAITED}"
     rank, text = real
-    waits = [r for r in plain if first_real_error({r: plain[r]}) is None]
+    waits = [r for r in errors if first_real_error({r: errors[r]}) is None]
     return f"{unit} {errors[rank][0]}, rank {rank}: {text}" + (
         f"; its {PEERS_WAITED}" if waits else ""
     )
@@ -189,7 +220,7 @@ def _reproduction(
     """The programs in words and as data, and the command that re-runs the search."""
     listed = "\n".join(f"  {target.describe(c)}\n  {c!r}" for c in batch)
     command = (
-        f"python -m vargather check --target {target.name} --only {row} --seed {options.seed} "
+        f"python -m vargather check --target {options.target} --only {row} --seed {options.seed} "
         f"--max-examples {options.max_examples}"
     )
     if tuple(sorted(options.world_sizes)) != CheckOptions().world_sizes:
@@ -364,7 +395,8 @@ def run_program_check(
     versions: dict[str, str],
 ) -> Report:
     """Every row of ``target`` (``--only`` selects) as a seeded Hypothesis test on the
-    gloo worlds of ``options.world_sizes``, into the gate's ``Report``."""
+    gloo worlds of ``options.world_sizes``, into the gate's ``Report``; ``options`` are
+    the target's (``apply_target``)."""
     started = time.monotonic()
     display, releases = target.prepare(progress) if target.prepare else (target.display, {})
     world_sizes = tuple(sorted(options.world_sizes))
@@ -379,7 +411,7 @@ def run_program_check(
         impl=None,
         impl_display=display,
         convention="program",
-        grad=target.grad,
+        grad=options.grad,
         world_sizes=world_sizes,
         max_examples=options.max_examples,
         seed=options.seed,

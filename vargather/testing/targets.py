@@ -2,18 +2,16 @@
 
 Where it sits: in the gate's engine in the testing kit, beneath ``engine`` (which
 turns ``--target NAME`` into the options it stands for with ``apply_target`` before
-anything else runs) and above the targets that are not a plain ``MODULE:ATTR`` call
-but programs of their own (``dtensor_target``, ``ulysses_target``,
-``ep_dispatch_target``: each a ``program_rows.ProgramTarget``). ``python -m vargather check
---target NAME`` runs a target; ``--target list`` prints ``listing()``. Every target
-declares what a fork declares in its ``[tool.vargather.check]`` table: the collective
-(``--op``), the implementation (``--impl``), the call template (``--call``, the
-function's own signature, no adapter) and its scope (``--grad``, ``--sizes``,
-``--returns``, ``--emulate``, ``--equal-shapes``, ``--nan-payloads``, ``--world-sizes``), each
-with the reason it has that
-scope. A user may still set the run's budget (``--max-examples``, ``--seed``,
-``--timeout``, ``--world-sizes`` within the target's) but not what the target
-declares: a different ``--impl`` or scope is a usage error, not a silent override.
+anything else runs) and above the targets that run programs of their own
+(``dtensor_target``, ``ulysses_target``, ``ep_dispatch_target``). ``python -m vargather
+check --target NAME`` runs a target; ``--target list`` prints ``listing()``. Every
+target declares what a fork declares in its ``[tool.vargather.check]`` table: the
+collective (``--op``), the implementation (``--impl``), the call template (``--call``,
+the function's own signature, no adapter) and its scope (docs/targets.md gives the
+reason for each). A user may still set the run's budget (``--max-examples``,
+``--seed``, ``--timeout``, ``--world-sizes`` within the target's) but not what the
+target declares: a different ``--impl`` or scope is a usage error, not a silent
+override.
 
 This module imports only the standard library at import time: ``--target list``
 asks whether each target's modules are installed (``importlib.util.find_spec``)
@@ -22,14 +20,16 @@ without importing them.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from .options import CheckOptions
+    from .program_rows import ProgramTarget
+    from .results import Report
 
 __all__ = [
     "LIST",
@@ -49,51 +49,38 @@ __all__ = [
 LIST: Final = "list"
 """``--target list``: print the targets and exit."""
 
-_MEGATRON_MISSING: Final = (
-    "megatron-core is not installed (pip install -c constraints.txt 'vargather[megatron]')"
-)
-
 
 @dataclass(frozen=True)
 class Target:
-    """One built-in target.
-
-    ``op``: the collective (``--op``); ``impl``/``call``: what is called and how
-    (``None`` for a target that runs programs of its own, ``program``); ``scope``: the
-    ``CheckOptions`` fields it declares; ``why``: one line per declared option, why
-    the target has that scope; ``requires``: (module, what to install when it is
-    missing); ``preload``: modules imported once in the server the ranks fork from."""
+    """One built-in target. ``op``: the collective (``--op``); ``impl``/``call``: what
+    is called and how, or ``program``: the module in ``vargather.testing`` of a target
+    that runs programs of its own, whose ``TARGET`` is a ``program_rows.ProgramTarget``;
+    ``scope``: the ``CheckOptions`` fields it declares; ``requires``: (module, what to
+    install when it is missing); ``preload``: modules the rank processes import before
+    their first call (``pool.preload``): what the code imports on first use, seconds
+    per rank, which would otherwise count against the first example's timeout;
+    ``refuses``: dtypes the backend refuses on this code path though
+    ``torch.distributed``'s own functions carry them (they convert; this code hands the
+    tensor to the backend as is): each runs as its own ``PROPERTY:DTYPE`` row,
+    ``unsupported`` unless ``--strict``."""
 
     name: str
     title: str
     op: str
-    impl: str | None
-    call: str | None
+    impl: str | None = None
+    call: str | None = None
     scope: Mapping[str, Any] = field(default_factory=dict)
-    why: tuple[str, ...] = ()
     requires: tuple[tuple[str, str], ...] = ()
     preload: tuple[str, ...] = ()
     refuses: tuple[str, ...] = ()
-    """Dtypes the backend refuses on this code path though ``torch.distributed``'s own
-    functions carry them (they convert; this code hands the tensor to the backend as
-    is): each runs as its own ``PROPERTY:DTYPE`` row, ``unsupported`` unless
-    ``--strict`` (docs/targets.md records each as a finding, with its repro)."""
-    """Modules the rank processes import before their first call (``pool.preload``):
-    what the code imports on first use, seconds per rank, which would otherwise count
-    against the first example's timeout."""
     program: str | None = None
-    """A target that runs programs of its own: its module in ``vargather.testing``,
-    whose ``TARGET`` is a ``program_rows.ProgramTarget``."""
 
 
-_MEGATRON: Final = (("megatron.core", _MEGATRON_MISSING),)
-_DEEPSPEED_MISSING: Final = (
-    "deepspeed is not installed (DS_BUILD_OPS=0 pip install -c constraints.txt "
-    "--no-build-isolation 'vargather[deepspeed]')"
-)
-_TORCHTITAN_MISSING: Final = (
-    "torchtitan is not installed (pip install -c constraints.txt 'vargather[torchtitan]', "
-    "then pip install -c constraints.txt --no-deps 'torchtitan>=0.3,<0.4')"
+_MEGATRON: Final = (
+    (
+        "megatron.core",
+        "megatron-core is not installed (pip install -c constraints.txt 'vargather[megatron]')",
+    ),
 )
 _DYNAMO: Final = ("torch._dynamo",)
 """What torch's functional collectives, DTensor and the deprecated nn collectives
@@ -103,10 +90,13 @@ rank on the loaded 2-core machine); its module-level aliases of torch.distribute
 functions (``dist_all_gather_func``, ``dist_reduce_scatter_func``, used for equal
 splits only, which the targets' templates never ask for) then keep gloo's behaviour."""
 _MAPPINGS: Final = "megatron.core.tensor_parallel.mappings"
-_CUDA_WHY: Final = (
-    "--emulate nccl: Megatron allocates its outputs with device=torch.cuda.current_device() "
-    "and uses NCCL's uneven list collectives; the emulation runs them on CPU tensors over "
-    "gloo with NCCL's semantics (docs/targets.md)"
+_DEEPSPEED_MISSING: Final = (
+    "deepspeed is not installed (DS_BUILD_OPS=0 pip install -c constraints.txt "
+    "--no-build-isolation 'vargather[deepspeed]')"
+)
+_TORCHTITAN_MISSING: Final = (
+    "torchtitan is not installed (pip install -c constraints.txt 'vargather[torchtitan]', "
+    "then pip install -c constraints.txt --no-deps 'torchtitan>=0.3,<0.4')"
 )
 
 TARGETS: Final[tuple[Target, ...]] = (
@@ -116,18 +106,9 @@ TARGETS: Final[tuple[Target, ...]] = (
         "flattened views and submeshes alive; distribute_tensor or from_local, then up to "
         "4 redistribute steps; every local, full_tensor and gradient against the oracle",
         "all_gather_v",
-        None,
-        None,
-        {"grad": "local", "world_sizes": (1, 2, 3, 4)},
-        (
-            "--grad local: each rank's upstream gradient is its own piece of a global one "
-            "(a Replicate gradient is the same on every rank by DTensor's contract, a "
-            "Partial one is replicated), so backward needs no other rank's upstream",
-            "sizes, dims and meshes are DTensor's own: each local is torch.chunk's piece "
-            "of the global tensor, mesh dims left to right, _StridedShard right to left",
-        ),
-        (("torch.distributed.tensor", "torch.distributed.tensor is not available"),),
-        (*_DYNAMO, "torch.distributed.tensor"),
+        scope={"grad": "local", "world_sizes": (1, 2, 3, 4)},
+        requires=(("torch.distributed.tensor", "torch.distributed.tensor is not available"),),
+        preload=(*_DYNAMO, "torch.distributed.tensor"),
         program="dtensor_target",
     ),
     Target(
@@ -137,19 +118,8 @@ TARGETS: Final[tuple[Target, ...]] = (
         "torch.distributed._functional_collectives:all_to_all_single_autograd",
         "(x, recv_sizes, send_sizes, group)",
         {"sizes": "required", "grad": "sum", "requires_init": True},
-        (
-            "--requires-init: torch.distributed's collectives need an initialized process group",
-            "--sizes required: output_split_sizes=None means equal splits, so both split "
-            "lists are always passed",
-            "--call passes no dim: dim 0 only (torch splits dim 0)",
-            "group is the case's process-group object (it refuses group=None)",
-            "complex64 unsupported: the functional collective hands a complex tensor to "
-            "gloo, which refuses it (torch.distributed.all_to_all_single passes a real "
-            "view); docs/repro/funcol_all_to_all_complex_gloo.py",
-        ),
-        (),
-        _DYNAMO,
-        ("complex64",),
+        preload=_DYNAMO,
+        refuses=("complex64",),  # docs/repro/funcol_all_to_all_complex_gloo.py
     ),
     Target(
         "nn-all-to-all",
@@ -158,16 +128,7 @@ TARGETS: Final[tuple[Target, ...]] = (
         "torch.distributed.nn.functional:all_to_all_single",
         "(out, x, recv_sizes, send_sizes, group)",
         {"sizes": "required", "grad": "sum", "requires_init": True, "contiguous_only": True},
-        (
-            "--requires-init: torch.distributed's collectives need an initialized process group",
-            "--contiguous-only: torch.distributed.all_to_all_single takes contiguous tensors "
-            "only (gloo and NCCL raise 'Tensors must be contiguous' on the calling rank)",
-            "--sizes required: split sizes None means equal splits, so both split lists "
-            "are always passed",
-            "--call passes no dim: dim 0 only; out: the preallocated output it fills",
-        ),
-        (),
-        _DYNAMO,
+        preload=_DYNAMO,
     ),
     Target(
         "nn-all-gather",
@@ -182,17 +143,7 @@ TARGETS: Final[tuple[Target, ...]] = (
             "requires_init": True,
             "equal_shapes": True,
         },
-        (
-            "--equal-shapes: _AllGather.forward allocates every rank's output with "
-            "torch.empty_like(tensor), this rank's shape, so it gathers equal shapes only (on "
-            "NCCL as on gloo)",
-            "--returns list: one tensor per rank, concatenated along dim by the gate",
-            "--sizes never: it takes no sizes",
-            "--requires-init: it needs an initialized process group",
-            "--grad sum: its backward sums every rank's gradient for this rank's block",
-        ),
-        (),
-        _DYNAMO,
+        preload=_DYNAMO,
     ),
     Target(
         "megatron-all-to-all",
@@ -201,12 +152,6 @@ TARGETS: Final[tuple[Target, ...]] = (
         f"{_MAPPINGS}:all_to_all",
         "(group, x, recv_sizes, send_sizes)",
         {"sizes": "required", "grad": "sum", "emulate": "nccl", "requires_init": True},
-        (
-            _CUDA_WHY,
-            "--requires-init: it asserts its group is not None",
-            "--sizes required: split sizes None means equal splits",
-            "--call passes no dim: dim 0 only",
-        ),
         _MEGATRON,
         (*_DYNAMO, _MAPPINGS),
     ),
@@ -223,14 +168,6 @@ TARGETS: Final[tuple[Target, ...]] = (
             "returns": "tensor",
             "requires_init": True,
         },
-        (
-            _CUDA_WHY,
-            "--sizes list: output_split_sizes=None means equal sizes, so the list is "
-            "always passed, a list of ints (torch.split takes no tensor)",
-            "--requires-init: it asserts its group is not None",
-            "--grad sum: tensor_parallel_output_grad=True, the backward reduce-scatters",
-            "--call passes no dim: dim 0 only (the sequence dim is first)",
-        ),
         _MEGATRON,
         (*_DYNAMO, _MAPPINGS),
     ),
@@ -241,14 +178,6 @@ TARGETS: Final[tuple[Target, ...]] = (
         f"{_MAPPINGS}:reduce_scatter_to_sequence_parallel_region",
         "(x, group, sizes)",
         {"grad": "sum", "emulate": "nccl", "nan_payloads": "backend", "requires_init": True},
-        (
-            _CUDA_WHY,
-            "--requires-init: it asserts its group is not None",
-            "--nan-payloads backend: the sum is the backend's (NCCL's reduce-scatter, its "
-            "ring order), and IEEE 754 leaves the payload of a sum of NaNs unspecified: a NaN "
-            "where the oracle has one is equal, its payload reported (--strict fails it)",
-            "--call passes no dim: dim 0 only",
-        ),
         _MEGATRON,
         (*_DYNAMO, _MAPPINGS),
     ),
@@ -257,18 +186,9 @@ TARGETS: Final[tuple[Target, ...]] = (
         "DeepSpeed Ulysses (deepspeed.sequence.layer): single_all_to_all, "
         "_SeqAllToAll.apply and DistributedAttention, sequence <-> heads shards",
         "all_to_all_v",
-        None,
-        None,
-        {"grad": "sum"},
-        (
-            "programs of its own: models with their own head counts built in one process, "
-            "then calls on them (the process-wide head count of DeepSpeed #8291)",
-            "sequence lengths divisible by the sequence-parallel degree: no release splits "
-            "an uneven sequence (its all_to_all_single takes equal chunks)",
-            "every release since 0.15.4: num_kv_heads passed where the signature takes it",
-        ),
-        (("deepspeed", _DEEPSPEED_MISSING),),
-        ("deepspeed", "deepspeed.sequence.layer"),
+        scope={"grad": "sum"},
+        requires=(("deepspeed", _DEEPSPEED_MISSING),),
+        preload=("deepspeed", "deepspeed.sequence.layer"),
         program="ulysses_target",
     ),
     Target(
@@ -276,15 +196,9 @@ TARGETS: Final[tuple[Target, ...]] = (
         "torchtitan's expert-parallel token dispatch and combine "
         "(AllToAllTokenDispatcher.dispatch / .combine)",
         "all_to_all_v",
-        None,
-        None,
-        {"grad": "sum"},
-        (
-            "programs of its own: a router's top-k choices over experts sharded across "
-            "ranks; the oracle regroups tokens by expert on one process",
-        ),
-        (("torchtitan", _TORCHTITAN_MISSING),),
-        ("torchtitan.models.common.token_dispatcher",),
+        scope={"grad": "sum"},
+        requires=(("torchtitan", _TORCHTITAN_MISSING),),
+        preload=("torchtitan.models.common.token_dispatcher",),
         program="ep_dispatch_target",
     ),
 )
@@ -372,45 +286,47 @@ def apply_target(options: CheckOptions) -> CheckOptions:
             f"got {spelled} {_text(given)} (a target's implementation and scope are its own)",
         )
     _check_ids(name, target, options)
-    return dataclasses.replace(options, **wanted)
+    return replace(options, **wanted)
 
 
 def target_ids(target: Target) -> tuple[str, ...]:
     """The row ids of ``target`` (what ``--only`` and an xfails file name)."""
-    if target.program is not None:  # a target that runs programs of its own
-        return tuple(row.id for row in _program_target(target.program).rows)
+    program = _program(target.name)
+    if program is not None:
+        return tuple(row.id for row in program.rows)
     from .properties import property_ids
 
     return property_ids(target.op)
 
 
-def _program_target(module: str) -> Any:
-    """The ``ProgramTarget`` of a target module (``program_rows``)."""
-    import importlib
-
-    return importlib.import_module(f"{__package__}.{module}").TARGET
-
-
-def program_runner(name: str | None) -> Any:
-    """``run(options, progress, factory, versions) -> Report`` of the target called
-    ``name`` when it runs programs of its own (``Target.program``), else ``None``."""
+def _program(name: str | None) -> ProgramTarget | None:
+    """The ``ProgramTarget`` of the target called ``name`` when it runs programs of its
+    own (``Target.program``), else ``None``."""
     target = _BY_NAME.get(name or "")
     if target is None or target.program is None:
         return None
-    from functools import partial
+    import importlib
 
+    found: ProgramTarget = importlib.import_module(f"{__package__}.{target.program}").TARGET
+    return found
+
+
+def program_runner(name: str | None) -> Callable[..., Report] | None:
+    """``run(options, progress, factory, versions) -> Report`` of the target called
+    ``name`` when it runs programs of its own, else ``None``."""
+    program = _program(name)
+    if program is None:
+        return None
     from .program_rows import run_program_check
 
-    return partial(run_program_check, _program_target(target.program))
+    return partial(run_program_check, program)
 
 
 def program_rows(name: str | None) -> list[tuple[str, str]] | None:
     """The (id, title) of each row of the target called ``name`` when it runs programs
     of its own (the pytest plugin's items), else ``None``."""
-    target = _BY_NAME.get(name or "")
-    if target is None or target.program is None:
-        return None
-    return [(row.id, row.title) for row in _program_target(target.program).rows]
+    program = _program(name)
+    return None if program is None else [(row.id, row.title) for row in program.rows]
 
 
 def _check_ids(name: str, target: Target, options: CheckOptions) -> None:
@@ -430,12 +346,10 @@ def _check_ids(name: str, target: Target, options: CheckOptions) -> None:
 def preload_target(options: CheckOptions) -> None:
     """Have the rank processes the run starts import what ``options``' target imports
     on first use (``Target.preload``)."""
-    if options.target is None or options.target not in _BY_NAME:
-        return
-    from .pool import preload
+    target = _BY_NAME.get(options.target or "")
+    if target is not None and unavailable(target) is None:
+        from .pool import preload
 
-    target = _BY_NAME[options.target]
-    if unavailable(target) is None:
         preload(target.preload)
 
 

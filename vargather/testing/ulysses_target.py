@@ -3,42 +3,38 @@
 Where it sits: in the gate's engine in the testing kit, beside ``ep_dispatch_target``,
 above ``program_rows`` (which runs its rows) and beneath ``targets`` (the registry
 that names it). DeepSpeed is an optional extra (``vargather[deepspeed]``), imported
-inside functions only and typed ``Any``. docs/targets.md describes the rows and what
-the target relies on (DeepSpeed set up as a job sets it up, each release's signatures
-read, not assumed).
+inside functions only and typed ``Any``.
 
 What it checks: ``single_all_to_all``, ``_SeqAllToAll.apply`` and
 ``DistributedAttention`` of ``deepspeed.sequence.layer``, which switch ``[b, S/P, H,
 d]`` (sequence sharded) to ``[b, S, H/P, d]`` (heads sharded) and back, in programs:
-models with their own head counts built in one process, then calls on them in order
-(the process-wide head count of DeepSpeed #8291).
-
-The oracle, on one process: the global tensor ``[b, S, H, d]``; rank ``r`` holds
-sequence chunk ``r`` and, after the switch, all ``S`` positions of its heads: over a
-basis of ``K`` head groups (the key/value head count where the release takes one, the
-tensor's own head count where not), ``K // P + (1 if r < K % P else 0)`` groups of
-``H / K`` heads, contiguous, in rank order (``module_inject/tp_shard.py``). The
-attention each rank runs (``local_attention``) is exact on small integers, so its
-global result sliced is the expected output bit for bit, gradients too.
+models with their own head counts built in one process, then calls on them in order.
+The oracle is the global tensor on one process, its heads split as DeepSpeed splits
+them (``head_split``), the attention exact (``local_attention``). docs/targets.md
+describes the rows, the oracle and what the target relies on (DeepSpeed set up as a
+job sets it up, each release's signatures read, not assumed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Final
 
 import torch
 from hypothesis import strategies as st
 
-from .asserts import bitwise_difference
 from .family import values
 from .program_rows import (
     FLOAT_DTYPES,
     ProgramRow,
     ProgramTarget,
+    StepsReport,
     all_worlds,
+    differences,
     first_real_error,
+    in_turn,
     multi_worlds,
     quiet_stdout,
     raised_message,
@@ -46,7 +42,7 @@ from .program_rows import (
 from .progress import Progress
 
 __all__ = [
-    "ROW_IDS",
+    "ROWS",
     "TARGET",
     "Model",
     "Step",
@@ -138,27 +134,24 @@ def head_split(heads: int, basis: int, world: int) -> list[int]:
     return [per * (basis // world + (1 if r < basis % world else 0)) for r in range(world)]
 
 
-def _slice_heads(t: torch.Tensor, split: Sequence[int], rank: int) -> torch.Tensor:
-    start = sum(split[:rank])
-    return t.narrow(2, start, split[rank]).contiguous()
-
-
-def _slice_seq(t: torch.Tensor, model: Model, world: int, rank: int) -> torch.Tensor:
-    local = t.shape[model.seq_dim] // world
-    return t.narrow(model.seq_dim, rank * local, local).contiguous()
-
-
-def _global(model: Model, step: Step, world: int, heads: int, dtype: str, tag: int) -> torch.Tensor:
-    """The global tensor of ``heads`` heads for ``step`` (``tag`` tells them apart)."""
-    s = step.seq * world
+def _global(program: UlyssesProgram, index: int, tag: int) -> torch.Tensor:
+    """Step ``index``'s global tensor ``tag``: 1 its input (an attention's query), 2 and
+    3 an attention's key and value, 4 the upstream gradient of its result."""
+    step = program.steps[index]
+    model = program.models[step.model]
+    heads = model.kv_heads if step.tensor == "kv" or tag in (2, 3) else model.heads
+    s = step.seq * program.world_size
     shape = (step.batch, s, heads, model.head_dim)
     if not model.batch_first:
         shape = (s, step.batch, heads, model.head_dim)
-    return values(shape, dtype, step.seed * 131 + tag, False)
+    return values(shape, program.dtype, step.seed * 131 + tag, False)
 
 
-def _repeat(t: torch.Tensor, times: int) -> torch.Tensor:
-    return t.repeat_interleave(times, dim=2)
+def _seq_chunk(program: UlyssesProgram, index: int, t: torch.Tensor, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s sequence chunk of ``t``, a global tensor of step ``index``."""
+    seq_dim = program.models[program.steps[index].model].seq_dim
+    local = t.shape[seq_dim] // program.world_size
+    return t.narrow(seq_dim, rank * local, local).contiguous()
 
 
 def local_attention(
@@ -174,7 +167,8 @@ def local_attention(
             "a GQA group is torn across ranks"
         )
     times = q.shape[2] // k.shape[2]
-    return q + torch.flip(_repeat(k, times), [seq_dim]) + 2 * _repeat(v, times)
+    k, v = k.repeat_interleave(times, dim=2), v.repeat_interleave(times, dim=2)
+    return q + torch.flip(k, [seq_dim]) + 2 * v
 
 
 def _heads_of(
@@ -186,9 +180,8 @@ def _heads_of(
     step = program.steps[index]
     model = program.models[step.model]
     heads = model.heads if step.tensor == "q" else model.kv_heads
-    whole = _global(model, step, program.world_size, heads, program.dtype, tag)
     split = head_split(heads, model.kv_heads if takes_kv else heads, program.world_size)
-    return _slice_heads(whole, split, rank)
+    return _global(program, index, tag).narrow(2, sum(split[:rank]), split[rank]).contiguous()
 
 
 def expected_heads(
@@ -197,31 +190,22 @@ def expected_heads(
     """What rank ``rank`` should hold after step ``index`` (``takes_kv``: the release
     takes a key/value head count, the partition basis)."""
     step = program.steps[index]
-    model = program.models[step.model]
-    world = program.world_size
     out: dict[str, torch.Tensor] = {}
     if step.kind == "attention":
-        q = _global(model, step, world, model.heads, program.dtype, 1)
-        k = _global(model, step, world, model.kv_heads, program.dtype, 2)
-        v = _global(model, step, world, model.kv_heads, program.dtype, 3)
-        grads = [t.clone().requires_grad_(step.grad) for t in (q, k, v)]
-        result = local_attention(grads[0], grads[1], grads[2], model.seq_dim)
-        out["output"] = _slice_seq(result.detach(), model, world, rank)
+        qkv = [_global(program, index, tag).clone().requires_grad_(step.grad) for tag in (1, 2, 3)]
+        result = local_attention(qkv[0], qkv[1], qkv[2], program.models[step.model].seq_dim)
+        out["output"] = _seq_chunk(program, index, result.detach(), rank)
         if step.grad:
-            upstream = _global(model, step, world, model.heads, program.dtype, 4)
-            (result * upstream).sum().backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
-            for name, t in zip(("q", "k", "v"), grads, strict=True):
+            (result * _global(program, index, 4)).sum().backward()  # type: ignore[no-untyped-call]  # Tensor.backward is untyped in torch's stubs
+            for name, t in zip(("q", "k", "v"), qkv, strict=True):
                 assert t.grad is not None
-                out[f"grad_{name}"] = _slice_seq(t.grad, model, world, rank)
+                out[f"grad_{name}"] = _seq_chunk(program, index, t.grad, rank)
         return out
-    heads = model.heads if step.tensor == "q" else model.kv_heads
     out["heads"] = _heads_of(program, index, rank, takes_kv, 1)
     if step.kind == "round-trip":
-        whole = _global(model, step, world, heads, program.dtype, 1)
-        out["back"] = _slice_seq(whole, model, world, rank)
+        out["back"] = _seq_chunk(program, index, _global(program, index, 1), rank)
     if step.grad:
-        upstream = _global(model, step, world, heads, program.dtype, 4)
-        out["grad_x"] = _slice_seq(upstream, model, world, rank)
+        out["grad_x"] = _seq_chunk(program, index, _global(program, index, 4), rank)
     return out
 
 
@@ -280,27 +264,6 @@ def ulysses_programs(
 # --- the rank side ---------------------------------------------------------------------
 
 
-class SequenceParallelMpu:
-    """The model-parallel unit a job hands ``deepspeed.initialize(mpu=...)``: a
-    sequence-parallel group of every rank, no tensor or pipeline parallelism."""
-
-    def __init__(self, group: Any) -> None:
-        self.group = group
-
-    def get_sequence_parallel_group(self) -> Any:
-        return self.group
-
-    def get_sequence_parallel_rank(self) -> int:
-        import torch.distributed as dist
-
-        return dist.get_rank(self.group)
-
-    def get_sequence_parallel_world_size(self) -> int:
-        import torch.distributed as dist
-
-        return dist.get_world_size(self.group)
-
-
 @dataclass(frozen=True)
 class Release:
     """What this DeepSpeed release's signatures take."""
@@ -337,23 +300,20 @@ def _setup(ctx: Any) -> Any:
     group = _SETUP.get("group")
     if group is None:
         import deepspeed  # untyped: Any
+        import torch.distributed as dist
         from deepspeed.utils import groups
 
         with quiet_stdout():  # its comm op's load messages (ninja's among them)
             deepspeed.init_distributed(dist_backend="gloo")
-        group = ctx.subgroup(tuple(range(ctx.world_size)))
-        groups.mpu = SequenceParallelMpu(group)  # what deepspeed.initialize(mpu=...) does
-        _SETUP["group"] = group
+        group = _SETUP["group"] = ctx.subgroup(tuple(range(ctx.world_size)))
+        # what deepspeed.initialize(mpu=...) installs: the model-parallel unit of a
+        # sequence-parallel group of every rank, no tensor or pipeline parallelism
+        groups.mpu = SimpleNamespace(
+            get_sequence_parallel_group=lambda: group,
+            get_sequence_parallel_rank=lambda: dist.get_rank(group),
+            get_sequence_parallel_world_size=lambda: dist.get_world_size(group),
+        )
     return group
-
-
-def _fresh_head_state() -> None:
-    """Clear the head count DeepSpeed keeps process-wide (before 0.19.7: ``tp_shard``'s
-    ``num_kv_heads``, set by the first uneven call), as a new job starts with it."""
-    from deepspeed.module_inject import tp_shard
-
-    if hasattr(tp_shard, "num_kv_heads"):
-        tp_shard.num_kv_heads = None
 
 
 class _Attention(torch.nn.Module):
@@ -379,11 +339,9 @@ class _Attention(torch.nn.Module):
 
 
 @dataclass(frozen=True)
-class UlyssesReport:
-    """One rank's results: per step, name -> tensor; or the step that raised."""
+class UlyssesReport(StepsReport):
+    """One rank's results (``StepsReport``), and what the judge reads of the release."""
 
-    steps: tuple[dict[str, torch.Tensor], ...] = ()
-    error: tuple[int, str, str] | None = None
     takes_kv: bool = False
     """The release's functions take ``num_kv_heads`` (the partition basis)."""
     torn: tuple[tuple[int, str], ...] = ()
@@ -393,36 +351,36 @@ class UlyssesReport:
 def run_ulysses_program(ctx: Any, program: UlyssesProgram) -> UlyssesReport:
     """Rank side: set DeepSpeed up (once per process), clear its head state, build the
     models in order, run the steps in order."""
-    from deepspeed.sequence import layer  # untyped: Any
+    from deepspeed.module_inject import tp_shard  # untyped: Any
+    from deepspeed.sequence import layer
 
     group = _setup(ctx)
-    _fresh_head_state()
+    # the head count DeepSpeed keeps process-wide (before 0.19.7: tp_shard's
+    # num_kv_heads, set by the first uneven call), cleared as a new job starts with it
+    if hasattr(tp_shard, "num_kv_heads"):
+        tp_shard.num_kv_heads = None
     rel = release()
     rank = ctx.rank
     built = []
     torn: list[tuple[int, str]] = []
     for m in program.models:
-        extra = {"num_kv_heads": m.kv_heads} if rel.attention_takes_kv and _declares(m) else {}
+        # a GQA model passes num_kv_heads where DistributedAttention takes it (0.19.7
+        # on); an MHA model leaves it to be read off the key tensor
+        gqa = rel.attention_takes_kv and m.kv_heads != m.heads
+        extra = {"num_kv_heads": m.kv_heads} if gqa else {}
         built.append(
             layer.DistributedAttention(
                 _Attention(m.seq_dim, torn), group, scatter_idx=2, gather_idx=m.seq_dim, **extra
             )
         )
-    done: list[dict[str, torch.Tensor]] = []
-    for index, step in enumerate(program.steps):
-        built[step.model].local_attn.step = index
-        try:
-            done.append(_run_step(layer, built[step.model], group, program, index, rank, rel))
-        except Exception as err:
-            error = (index, type(err).__name__, str(err))
-            return UlyssesReport(tuple(done), error, rel.single_takes_kv, tuple(torn))
-    return UlyssesReport(tuple(done), None, rel.single_takes_kv, tuple(torn))
 
+    def step(index: int) -> dict[str, torch.Tensor]:
+        attention = built[program.steps[index].model]
+        attention.local_attn.step = index
+        return _run_step(layer, attention, group, program, index, rank, rel)
 
-def _declares(model: Model) -> bool:
-    """Whether the job passes ``num_kv_heads`` to ``DistributedAttention`` (0.19.7 on):
-    a GQA model declares it, an MHA model leaves it to be read off the key tensor."""
-    return model.kv_heads != model.heads
+    done = in_turn(len(program.steps), step)
+    return UlyssesReport(done.steps, done.error, rel.single_takes_kv, tuple(torn))
 
 
 def _run_step(
@@ -436,25 +394,22 @@ def _run_step(
 ) -> dict[str, torch.Tensor]:
     step = program.steps[index]
     model = program.models[step.model]
-    world = program.world_size
     b, seq = model.batch_dim_idx, model.seq_dim
+
+    def chunk(tag: int) -> torch.Tensor:
+        return _seq_chunk(program, index, _global(program, index, tag), rank)
+
     if step.kind == "attention":
-        qkv = [
-            _slice_seq(_global(model, step, world, h, program.dtype, tag), model, world, rank)
-            for h, tag in ((model.heads, 1), (model.kv_heads, 2), (model.kv_heads, 3))
-        ]
-        inputs = [t.clone().requires_grad_(step.grad) for t in qkv]
+        inputs = [chunk(tag).clone().requires_grad_(step.grad) for tag in (1, 2, 3)]
         out = attention(*inputs, b)
         result = {"output": out.detach().clone()}
         if step.grad:
-            upstream = _global(model, step, world, model.heads, program.dtype, 4)
-            (out * _slice_seq(upstream, model, world, rank)).sum().backward()
+            (out * chunk(4)).sum().backward()
             for name, t in zip(("q", "k", "v"), inputs, strict=True):
                 if t.grad is not None:
                     result[f"grad_{name}"] = t.grad.clone()
         return result
-    heads = model.heads if step.tensor == "q" else model.kv_heads
-    x = _slice_seq(_global(model, step, world, heads, program.dtype, 1), model, world, rank)
+    x = chunk(1)
     kv = {"num_kv_heads": model.kv_heads}
     if step.grad:
         xs = x.clone().requires_grad_()
@@ -486,7 +441,7 @@ def judge_ulysses(
     if program.refusal:
         if len(errors) == len(reports):
             return []
-        raised = first_real_error({r: (e[1], e[2]) for r, e in errors.items()})
+        raised = first_real_error(errors)
         ok = sorted(set(range(len(reports))) - set(errors))
         said = f"; rank {raised[0]} raised {raised[1]}" if raised else ""
         return [
@@ -500,21 +455,18 @@ def judge_ulysses(
     for rank, rep in enumerate(reports):
         for index, message in rep.torn:
             return [("output", f"step {index} (attention), rank {rank}: {message}")]
-    failures: list[tuple[str, str]] = []
     for index, step in enumerate(program.steps):
         for rank, rep in enumerate(reports):
             want = expected_heads(program, index, rank, takes_kv)
-            got = rep.steps[index]
-            for name, tensor in want.items():
-                diff = bitwise_difference(got.get(name), tensor)
-                if diff is not None:
-                    aspect = "gradient" if name.startswith("grad") else "output"
-                    failures.append(
-                        (aspect, f"step {index} ({step.kind}), rank {rank}, {name}: {diff}")
-                    )
+            where = f"step {index} ({step.kind}), rank {rank}"
+            failures = differences(where, rep.steps[index], want, _OUTPUTS)
             if failures:
                 return failures
-    return failures
+    return []
+
+
+_OUTPUTS: Final = {"output": "output", "heads": "output", "back": "output"}
+"""The aspect of each result that is not a gradient."""
 
 
 # --- the rows --------------------------------------------------------------------------
@@ -569,7 +521,6 @@ ROWS: Final = (
         multi_worlds,
     ),
 )
-ROW_IDS: Final = tuple(row.id for row in ROWS)
 
 
 def _prepare(progress: Progress) -> tuple[str, dict[str, str]]:
@@ -589,11 +540,9 @@ def _prepare(progress: Progress) -> tuple[str, dict[str, str]]:
 
 
 TARGET: Final = ProgramTarget(
-    name="deepspeed-ulysses",
     display="deepspeed.sequence.layer",
     call="single_all_to_all / _SeqAllToAll.apply(group, x, 2, seq_dim, batch_dim_idx) / "
     "DistributedAttention(attn, group, 2, seq_dim)(q, k, v, batch_dim_idx)",
-    grad="sum",
     rows=ROWS,
     run=run_ulysses_program,
     judge=judge_ulysses,
