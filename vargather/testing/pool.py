@@ -133,9 +133,6 @@ R = TypeVar("R")
 
 
 _CLOSE_GRACE = 15.0  # seconds ranks get to leave cleanly before being killed
-_CRASH_GRACE = 0.25  # seconds to collect the survivors' replies after a rank died
-_STDERR_TAIL = 3000  # characters of a rank's stderr quoted in a failure message
-_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 # --- the parent side -----------------------------------------------------------------
@@ -620,29 +617,20 @@ def get_pool(
         ValueError: a setting out of range, named (``PoolConfig.resolve``). A world
             that cannot start raises ``PoolStartError`` from the first call.
     """
+    settings: dict[str, Any] = {
+        "collective_timeout": collective_timeout,
+        "call_timeout": call_timeout,
+        "backend": backend,
+        "start_timeout": start_timeout,
+        "start_method": start_method,
+    }
     with _POOLS_LOCK:
         pool = _POOLS.get(world_size)
         if pool is not None and not pool.closed and pool._owner_pid == os.getpid():
-            wanted = PoolConfig.resolve(
-                world_size,
-                collective_timeout=collective_timeout,
-                call_timeout=call_timeout,
-                backend=backend,
-                start_timeout=start_timeout,
-                start_method=start_method,
-            )
-            if pool.config == wanted:
+            if pool.config == PoolConfig.resolve(world_size, **settings):
                 return pool
             pool.close()
-        pool = RankPool(
-            world_size,
-            collective_timeout=collective_timeout,
-            call_timeout=call_timeout,
-            backend=backend,
-            start_timeout=start_timeout,
-            start_method=start_method,
-        )
-        _POOLS[world_size] = pool
+        pool = _POOLS[world_size] = RankPool(world_size, **settings)
         return pool
 
 

@@ -13,10 +13,7 @@ import multiprocessing
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-if TYPE_CHECKING:
-    pass
+from typing import Any, Generic, TypeVar
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_ENV",
