@@ -40,7 +40,6 @@ from .engine import run_check
 from .options import (
     CheckOptions,
     CheckUsageError,
-    OptionError,
     build_options,
     config_values,
 )
@@ -86,11 +85,7 @@ def configure(values: Mapping[str, object]) -> CheckOptions:
             # rows of its own, nothing to import or resolve
             return options
         info = resolve_options_impl(options, None)
-    except schema.OptionValueError as err:
-        raise pytest.UsageError(
-            f"vargather: {_plugin_spelling(err.spelled('--vargather-' + err.option))}"
-        ) from None
-    except OptionError as err:
+    except schema.AnyOptionError as err:  # the schema's and the options model's
         message = _plugin_spelling(err.spelled("--vargather-" + err.option))
         raise pytest.UsageError(f"vargather: {message}") from None
     except CheckUsageError as err:
