@@ -36,7 +36,7 @@ from .cases import DTYPE_NAMES
 from .catalogues import catalogue_of
 from .collectives import DEFAULT
 from .evaluate import evaluate_row, hypothesis_storage, prefer_nonempty
-from .isolated import IsolatedRun, start_isolated
+from .isolated import IsolatedRun
 from .options import CheckOptions, CheckUsageError
 from .pool import PoolFailure, RankError, RankPool, get_pool, preload
 from .progress import Progress, ProgressCallback, ProgressEvent
@@ -263,7 +263,7 @@ def _run_check(
         if _isolated(r, options) and r.not_applicable(world_sizes) is None:
             # Started now, so that the child's interpreter start and cases overlap
             # with the worlds' start and the rows run on them (waited for in turn).
-            early[r.id] = start_isolated(r, options, info)
+            early[r.id] = IsolatedRun(r, options, info)
     try:
         if needed:
             progress.phase(f"starting gloo worlds of {', '.join(map(str, needed))} rank(s)")
@@ -320,7 +320,7 @@ def _run_check(
             elif reason is not None:
                 result = PropertyResult(row_id, row.title, "n/a", reason=reason)
             elif _isolated(row, options):
-                child = early.pop(row.id) if row.id in early else start_isolated(row, options, info)
+                child = early.pop(row.id) if row.id in early else IsolatedRun(row, options, info)
                 result = child.result()
             else:
                 small = dtype in refused
