@@ -67,16 +67,10 @@ def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:
     scope["--sizes"] = options.sizes if narrowed is None else narrowed.sizes
     scope["--returns"] = options.returns
     scope["--world-sizes"] = ",".join(map(str, options.world_sizes))
-    if options.requires_init:
-        scope["--requires-init"] = "yes"
-    if options.contiguous_only:
-        scope["--contiguous-only"] = "yes"
-    if options.compile:
-        scope["--compile"] = "yes"
-    if options.emulate is not None:
-        scope["--emulate"] = options.emulate
-    if options.equal_shapes:
-        scope["--equal-shapes"] = "yes"
+    for name in ("requires_init", "contiguous_only", "compile", "emulate", "equal_shapes"):
+        value = getattr(options, name)  # a flag set, or an option given
+        if value not in (False, None):
+            scope["--" + name.replace("_", "-")] = "yes" if value is True else value
     if options.nan_payloads != "exact":
         scope["--nan-payloads"] = options.nan_payloads
     return scope

@@ -110,9 +110,7 @@ def header_lines(options: CheckOptions) -> list[str]:
     sizes = ",".join(str(w) for w in options.world_sizes)
     how = f"called as ATTR{options.call}" if options.call else f"{options.convention} convention"
     if options.op != "all_gather_v":
-        how = f"--op {options.op}, " + (
-            f"called as ATTR{options.call}" if options.call else "vargather's signature"
-        )
+        how = f"--op {options.op}, " + (how if options.call else "vargather's signature")
     return [
         f"vargather properties: {options.impl or 'vargather.' + options.op} "
         f"({how}), claimed gradient contract: {options.grad}",

@@ -12,11 +12,12 @@ before any world starts: a call that does not fit is exit 2, naming the mismatch
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Final
 
 import torch
 
@@ -86,36 +87,7 @@ class Scope:
     notes: tuple[str, ...] = ()
 
 
-class DeclaredScope(Protocol):
-    """The declared scope a call template is checked against: what ``CheckOptions``
-    holds of it (``options`` imports this module, so the type is structural)."""
-
-    @property
-    def dims(self) -> tuple[int, ...] | None: ...
-    @property
-    def sizes(self) -> str: ...
-    @property
-    def returns(self) -> str: ...
-    @property
-    def grad(self) -> str: ...
-    @property
-    def convention(self) -> str: ...
-    @property
-    def transports(self) -> str: ...
-
-
-class _DefaultScope(NamedTuple):
-    """The declared scope when no options are given: nothing declared but sizes, grad."""
-
-    sizes: str = "any"
-    grad: str = "sum"
-    dims: tuple[int, ...] | None = None
-    returns: str = "auto"
-    convention: str = "auto"
-    transports: str = "auto"
-
-
-def call_scope(template: CallTemplate, options: DeclaredScope) -> Scope:
+def call_scope(template: CallTemplate, options: CheckOptions) -> Scope:
     """What ``template`` leaves out is out of scope (never drawn); a declared scope
     that asks for what the template cannot pass is an ``OptionError``.
 
@@ -221,24 +193,18 @@ def _signature(fn: object) -> inspect.Signature | None:
     """``fn``'s call signature (an ``nn.Module``'s ``forward``; a ``Function.apply``'s
     ``forward`` less ``ctx``); ``None`` when unknown or when it takes anything
     (``*args, **kwargs``)."""
-    target = fn
+    sig: inspect.Signature | None = None
     if _is_function_apply(fn):
         sig = _function_forward(fn)
-        if sig is None:
-            return None
-        kinds = {p.kind for p in sig.parameters.values()}
-        both = {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
-        return None if both <= kinds else sig
-    if isinstance(fn, torch.nn.Module):
-        target = fn.forward
-    try:
-        sig = inspect.signature(target)  # type: ignore[arg-type]  # any callable
-    except (TypeError, ValueError):
+    else:
+        target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+        with contextlib.suppress(TypeError, ValueError):
+            sig = inspect.signature(target)  # type: ignore[arg-type]  # any callable
+    if sig is None:
         return None
     kinds = {p.kind for p in sig.parameters.values()}
-    if inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.VAR_KEYWORD in kinds:
-        return None
-    return sig
+    both = {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
+    return None if both <= kinds else sig
 
 
 def _takes(fn: object, name: str) -> bool:
@@ -434,10 +400,20 @@ def resolve_impl(
     sizes: str = "any",
     grad: str = "sum",
     call: str | None = None,
-    options: CheckOptions | None = None,
 ) -> ImplInfo:
-    """Check ``--impl`` in the parent (import, attribute, callable, the call's fit to
-    its signature) and pick how to call it.
+    """``resolve_options_impl`` for options given one by one (the rest the defaults)."""
+    from .options import CheckOptions
+
+    options = CheckOptions(
+        impl=ref, convention=convention, transports=transports, sizes=sizes, grad=grad, call=call
+    )
+    return resolve_options_impl(options, cwd)
+
+
+def resolve_options_impl(options: CheckOptions, cwd: str | None) -> ImplInfo:
+    """Check ``options.impl`` in the parent (import, attribute, callable, the call's fit
+    to its signature) and pick how to call it (the command line's and the pytest
+    plugin's one call).
 
     ``convention="auto"``: the seed's ``(t, dim, sizes)`` for a
     ``torch.autograd.Function``'s ``apply``; vargather's when ATTR accepts ``grad=`` or
@@ -448,12 +424,12 @@ def resolve_impl(
     else a comma-separated list of names.
 
     ``call``: a call template (``calls.parse_call``) instead of a convention; checked
-    against the callable here, and the scope it leaves out derived (``call_scope``,
-    from ``options``: the declared scope).
+    against the callable here, and the scope it leaves out derived (``call_scope``).
     """
-    declared: DeclaredScope = options or _DefaultScope(sizes=sizes, grad=grad)
-    if call is not None:
-        return _resolve_call(ref, call, cwd, declared)
+    ref, convention, transports = options.impl, options.convention, options.transports
+    grad = options.grad
+    if options.call is not None:
+        return _resolve_call(ref, options.call, cwd, options)
     usable, refused = gloo_transports()
     if ref is None:
         if convention == "seed":
@@ -488,7 +464,7 @@ def resolve_impl(
             convention,
             dim_in_call=not ctor_takes_dim,
             takes_grad=takes_grad,
-            sizes=sizes,
+            sizes=options.sizes,
             guessed=guessed,
         )
     except OptionError:
@@ -496,7 +472,7 @@ def resolve_impl(
         inferred = inferred_call(target) if guessed and ctor is None else None
         if inferred is None or transports not in ("auto", "none"):
             raise
-        return _resolve_call(ref, inferred, cwd, declared)
+        return _resolve_call(ref, inferred, cwd, options)
     if transports == "auto":
         takes = convention == "vargather" and _takes(target, "transport")
         chosen = usable if takes else None
@@ -516,22 +492,7 @@ def resolve_impl(
     )
 
 
-def resolve_options_impl(options: CheckOptions, cwd: str | None) -> ImplInfo:
-    """``resolve_impl`` for the implementation, call, convention, transports and scope
-    that ``options`` name (the command line's and the pytest plugin's one call)."""
-    return resolve_impl(
-        options.impl,
-        options.convention,
-        cwd,
-        options.transports,
-        sizes=options.sizes,
-        grad=options.grad,
-        call=options.call,
-        options=options,
-    )
-
-
-def _resolve_call(ref: str | None, call: str, cwd: str | None, options: DeclaredScope) -> ImplInfo:
+def _resolve_call(ref: str | None, call: str, cwd: str | None, options: CheckOptions) -> ImplInfo:
     """``resolve_impl`` for a call template."""
     if ref is None:
         raise OptionError("call", "needs --impl (vargather's own API is called as documented)")
