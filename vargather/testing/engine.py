@@ -19,6 +19,7 @@ with its own ``progress`` callback.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -186,12 +187,9 @@ def _backend_refusals(
 
 
 def _default_factory(timeout: float) -> Callable[[int], RankPool]:
-    def pool_factory(w: int) -> RankPool:
-        # forkserver: a world rebuilt after a crash forks from a server that
-        # imported torch once, instead of spawning fresh interpreters.
-        return get_pool(w, call_timeout=timeout, start_method="forkserver")
-
-    return pool_factory
+    # forkserver: a world rebuilt after a crash forks from a server that imported
+    # torch once, instead of spawning fresh interpreters.
+    return functools.partial(get_pool, call_timeout=timeout, start_method="forkserver")
 
 
 def run_check(
@@ -347,15 +345,14 @@ def _run_check(
 
 
 def _versions() -> dict[str, str]:
-    versions = {"vargather": vargather.__version__, "torch": str(torch.__version__)}
-    try:
-        import hypothesis
+    import hypothesis  # the kit's requirement (vargather.testing says so on import)
 
-        versions["hypothesis"] = hypothesis.__version__
-    except ImportError:
-        pass
-    versions["python"] = platform.python_version()
-    return versions
+    return {
+        "vargather": vargather.__version__,
+        "torch": str(torch.__version__),
+        "hypothesis": hypothesis.__version__,
+        "python": platform.python_version(),
+    }
 
 
 # --- the isolated child --------------------------------------------------------------
