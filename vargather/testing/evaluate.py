@@ -24,7 +24,7 @@ from .isolated import in_flight
 from .judge import Failure
 from .options import CheckOptions
 from .pool import RankPool
-from .progress import Progress, ProgressCallback
+from .progress import Progress
 from .properties import BATCH, Property
 from .races import is_wait, settle
 from .results import NanPayloads, PropertyFailure, PropertyResult
@@ -37,7 +37,6 @@ __all__ = [
     "CRASH_SHRINK_BUDGET",
     "FailingBatchError",
     "ShrinkBudgetSpent",
-    "evaluate",
     "evaluate_row",
     "hypothesis_storage",
     "prefer_nonempty",
@@ -355,18 +354,6 @@ def seeded_search(
             + short_traceback(err, 12),
         )
     return None
-
-
-def evaluate(
-    prop: Property,
-    options: CheckOptions,
-    world_sizes: Sequence[int],
-    factory: Callable[[int], RankPool],
-    progress: ProgressCallback | None = None,
-) -> PropertyResult:
-    """One property's seeded Hypothesis run on ``factory``'s worlds, shrinking its
-    first failure within the budget (what ``run_check`` does for every row)."""
-    return evaluate_row(prop, options, world_sizes, factory, Progress(progress, 1))
 
 
 class ShrinkBudgetSpent(BaseException):
