@@ -235,24 +235,17 @@ def _run_check(
     world_sizes = tuple(sorted(options.world_sizes))
     factory = pool_factory or _default_factory(options.timeout)
     selected = [r for r in _rows_in_scope(collective.rows(impl), options) if _selected(r, options)]
-    needed = sorted(
-        {
-            w
-            for r in selected
-            if r.initialized and r.not_applicable(world_sizes) is None
-            for w in r.worlds(world_sizes)
-        }
-    )
+    applies = [r for r in selected if r.not_applicable(world_sizes) is None]
+    on_worlds = [r for r in applies if r.initialized]
+    needed = sorted({w for r in on_worlds for w in r.worlds(world_sizes)})
     progress = Progress(progress_callback, len(selected))
-    if any(
-        r.compiled and r.initialized and r.not_applicable(world_sizes) is None for r in selected
-    ):
+    if any(r.compiled for r in on_worlds):
         # The ranks' compiled steps import dynamo and inductor on first use, seconds of
         # CPU in every rank: the forkserver the worlds fork from imports them once.
         preload(COMPILED_PRELOAD)
     early: dict[str, IsolatedRun] = {}
-    for r in selected:
-        if _isolated(r, options) and r.not_applicable(world_sizes) is None:
+    for r in applies:
+        if _isolated(r, options):
             # Started now, so that the child's interpreter start and cases overlap
             # with the worlds' start and the rows run on them (waited for in turn).
             early[r.id] = IsolatedRun(r, options, info)

@@ -366,10 +366,6 @@ NONEMPTY_EXAMPLES: Final = 20
 """Examples of the second search for a gradient counterexample without empty shards."""
 
 
-def _all_nonempty(case: Any) -> bool:
-    return all(n > 0 for n in case.sizes)
-
-
 def prefer_nonempty(
     result: PropertyResult,
     row: Property,
@@ -391,7 +387,7 @@ def prefer_nonempty(
     keep = row.keep
 
     def nonempty(case: Any) -> bool:
-        return _all_nonempty(case) and (keep is None or keep(case))
+        return all(n > 0 for n in case.sizes) and (keep is None or keep(case))
 
     second = evaluate_row(
         dataclasses.replace(row, keep=nonempty),

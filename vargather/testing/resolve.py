@@ -363,7 +363,7 @@ def _suggested_call(sig: inspect.Signature) -> str:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         name = "x" if i == 0 else p.name
-        if i > 0 and name not in ("dim", "sizes", "shapes", "group", "grad"):
+        if i > 0 and name not in _CALL_NAMES:
             if p.default is p.empty:
                 name = "..."
             else:
