@@ -4,17 +4,11 @@ Where it sits: at the top of the gate's engine in the testing kit, above ``optio
 (what to run), ``resolve`` (what ``impl`` names and how to call it), ``evaluate`` (one
 property's Hypothesis run), ``isolated`` (the row run in a child process), ``verdict``
 (the status rules), ``progress`` and ``results`` (the report). It starts the gloo worlds
-(``vargather.testing.pool``), runs every row of the catalogue of the collective
-``--op`` names (``vargather.testing.catalogues``: the rows the test suite and the
-mutant search run; one loop, whichever the collective; a built-in ``--target`` fills the options
-first, ``targets``) as a seeded Hypothesis test, shrinking a failure to a minimal
-counterexample within a budget counted in examples (a failure whose attempts cost a
-world, a timeout or a crash, gets a few attempts only), and returns a ``Report``. The
-property whose cases run without torch.distributed runs in a child process
-(``python -m vargather.testing.engine OPTIONS.json``), so a crash or hang there is
-that property's failure. Both surfaces call ``run_check``: the command line
-(``vargather._cli.check``) and the pytest plugin (``vargather.testing.plugin``), each
-with its own ``progress`` callback.
+and runs every row of ``--op``'s catalogue (``vargather.testing.catalogues``, the rows
+the test suite and the mutant search run; a built-in ``--target`` fills the options
+first) through ``evaluate``, and returns a ``Report``; ``child_main`` is the isolated
+row's child process. Both surfaces call ``run_check``: the command line
+(``vargather._cli.check``) and the pytest plugin (``vargather.testing.plugin``).
 """
 
 from __future__ import annotations
