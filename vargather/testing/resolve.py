@@ -268,60 +268,56 @@ def _check_fits(
     x = torch.zeros(1)
     head: tuple[object, ...] = (x, 0) if dim_in_call else (x,)
     how = "guessed (--convention auto)" if guessed else f"--convention {convention}"
-    attempts: list[tuple[tuple[object, ...], dict[str, object]]]
+    kwargs: dict[str, object] = {}
     if convention == "seed":
-        attempts = [((*head, None), {})]
+        args: tuple[object, ...] = (*head, None)
         shape = "ATTR(t, dim, sizes)" if dim_in_call else "ATTR(t, sizes)"
     else:
-        kw: dict[str, object] = {"grad": "sum"} if takes_grad else {}
+        args, kwargs = head, ({"grad": "sum"} if takes_grad else {})
         if sizes != "never":
-            kw["sizes"] = [1]
-        attempts = [(head, kw)]
+            kwargs["sizes"] = [1]
         shape = "ATTR(x, dim, *, " if dim_in_call else "ATTR(x, *, "
-        shape += ", ".join([*kw, "group", "transport"]) + ")"
-    for args, kwargs in attempts:
-        try:
-            bound = sig.bind(*args, **kwargs)
-        except TypeError as err:
-            hints: list[str] = []
-            params = sig.parameters
-            if convention == "vargather" and sizes != "never" and not _takes(target, "sizes"):
-                hints.append("--sizes never (ATTR takes no sizes=)")
-            if convention == "seed" and ("grad" in params or "group" in params):
-                hints.append("--convention vargather")
-            if convention == "vargather" and not ("grad" in params or "group" in params):
-                hints.append("--convention seed")
-            if dim_in_call and "dim" not in params and len(params) <= 2:
-                hints.append(
-                    "MODULE:ATTR(dim=...) if ATTR is a class configured with dim, with "
-                    "--dims naming the dims it supports"
-                )
-            hints.append(f"--call '{_suggested_call(sig)}' (the arguments ATTR takes)")
-            advice = "; pass " + " or ".join(hints) if hints else ""
-            raise OptionError(
-                "impl",
-                f"{ref}: the call convention {how} calls {shape}, which does not fit "
-                f"its signature {sig}: {err}{advice}",
-            ) from None
-        # It binds, but a positional argument may land in a parameter named otherwise
-        # (``f(x, group=None)`` called as ``f(x, dim)`` receives dim as its group).
-        names = list(bound.arguments)
-        passed = ["x", "dim"] if dim_in_call else ["x"]
-        if convention == "seed":
-            passed.append("sizes")
-        wrong = [
-            (value, name)
-            for value, name in zip(passed, names[: len(args)], strict=False)
-            if name != value and name in ("dim", "sizes", "group", "grad", "shapes", "transport")
-        ]
-        if wrong:
-            value, name = wrong[0]
-            raise OptionError(
-                "impl",
-                f"{ref}: the call convention {how} calls {shape}, which passes {value} as "
-                f"ATTR's parameter {name!r} (its signature is {sig}); pass --call "
-                f"'{_suggested_call(sig)}' (the arguments ATTR takes)",
+        shape += ", ".join([*kwargs, "group", "transport"]) + ")"
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as err:
+        hints: list[str] = []
+        params = sig.parameters
+        if convention == "vargather" and sizes != "never" and not _takes(target, "sizes"):
+            hints.append("--sizes never (ATTR takes no sizes=)")
+        if convention == "seed" and ("grad" in params or "group" in params):
+            hints.append("--convention vargather")
+        if convention == "vargather" and not ("grad" in params or "group" in params):
+            hints.append("--convention seed")
+        if dim_in_call and "dim" not in params and len(params) <= 2:
+            hints.append(
+                "MODULE:ATTR(dim=...) if ATTR is a class configured with dim, with "
+                "--dims naming the dims it supports"
             )
+        hints.append(f"--call '{_suggested_call(sig)}' (the arguments ATTR takes)")
+        raise OptionError(
+            "impl",
+            f"{ref}: the call convention {how} calls {shape}, which does not fit "
+            f"its signature {sig}: {err}; pass " + " or ".join(hints),
+        ) from None
+    # It binds, but a positional argument may land in a parameter named otherwise
+    # (``f(x, group=None)`` called as ``f(x, dim)`` receives dim as its group).
+    passed = ["x", "dim"] if dim_in_call else ["x"]
+    if convention == "seed":
+        passed.append("sizes")
+    wrong = [
+        (value, name)
+        for value, name in zip(passed, list(bound.arguments)[: len(args)], strict=False)
+        if name != value and name in ("dim", "sizes", "group", "grad", "shapes", "transport")
+    ]
+    if wrong:
+        value, name = wrong[0]
+        raise OptionError(
+            "impl",
+            f"{ref}: the call convention {how} calls {shape}, which passes {value} as "
+            f"ATTR's parameter {name!r} (its signature is {sig}); pass --call "
+            f"'{_suggested_call(sig)}' (the arguments ATTR takes)",
+        )
 
 
 _SHARD_NAMES: Final = ("x", "t", "tensor", "input")
