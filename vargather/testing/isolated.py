@@ -21,7 +21,6 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import runpy
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from .options import DEFAULT_TIMEOUT, CheckOptions
+from .pool import _describe_exit
 from .properties import Property
 from .resolve import ImplInfo
 from .results import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PropertyFailure, PropertyResult
@@ -171,7 +171,7 @@ class IsolatedRun:
             what = f"a batch did not finish within --timeout={options.timeout:g} s"
             return _child_failure(row, "hang", what, "", in_flight, started)
         if status < 0:
-            what = f"the process running it was killed by signal {_signal_name(-status)}"
+            what = f"the process running it was {_describe_exit(status)}"
             return _child_failure(row, "crash", what, tail, in_flight, started)
         what = f"the child check process exited with status {status}"
         kind = "checker" if status == EXIT_USAGE else "crash"
@@ -243,13 +243,6 @@ def _forked_main(options_path: str, stderr_path: str, env: dict[str, str]) -> No
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
 
 
 def _child_failure(
