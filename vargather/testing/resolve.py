@@ -1,7 +1,7 @@
 """Implementation resolution: what ``impl`` names and how the gate calls it.
 
 Where it sits: in the gate's engine in the testing kit, above ``options`` and
-``calls`` and beneath ``engine``. ``resolve_impl`` imports ``MODULE:ATTR`` in the
+``calls`` and beneath ``engine``. ``resolve_options_impl`` imports ``MODULE:ATTR`` in the
 checking process (through the kit's one importer, ``runner.load_callable``), builds a
 configured ``MODULE:ATTR(key=literal)`` once, picks the call (a ``call`` template, or
 the ``convention``'s), checks it against the callable's signature (an ``nn.Module``'s
@@ -36,7 +36,6 @@ __all__ = [
     "call_scope",
     "ensure_import_path",
     "load_impl",
-    "resolve_impl",
     "resolve_options_impl",
 ]
 from .usage_errors import OptionError
@@ -387,26 +386,7 @@ def _load_target(
     return ctor, target, ctor_takes_dim
 
 
-def resolve_impl(
-    ref: str | None,
-    convention: str = "auto",
-    cwd: str | None = None,
-    transports: str = "auto",
-    *,
-    sizes: str = "any",
-    grad: str = "sum",
-    call: str | None = None,
-) -> ImplInfo:
-    """``resolve_options_impl`` for options given one by one (the rest the defaults)."""
-    from .options import CheckOptions
-
-    options = CheckOptions(
-        impl=ref, convention=convention, transports=transports, sizes=sizes, grad=grad, call=call
-    )
-    return resolve_options_impl(options, cwd)
-
-
-def resolve_options_impl(options: CheckOptions, cwd: str | None) -> ImplInfo:
+def resolve_options_impl(options: CheckOptions, cwd: str | None = None) -> ImplInfo:
     """Check ``options.impl`` in the parent (import, attribute, callable, the call's fit
     to its signature) and pick how to call it (the command line's and the pytest
     plugin's one call).
@@ -489,7 +469,7 @@ def resolve_options_impl(options: CheckOptions, cwd: str | None) -> ImplInfo:
 
 
 def _resolve_call(ref: str | None, call: str, cwd: str | None, options: CheckOptions) -> ImplInfo:
-    """``resolve_impl`` for a call template."""
+    """``resolve_options_impl`` for a call template."""
     if ref is None:
         raise OptionError("call", "needs --impl (vargather's own API is called as documented)")
     if options.convention != "auto":
