@@ -1,13 +1,10 @@
 """The conformance gate's options model: ``CheckOptions``, built from the one schema.
 
 Where it sits: in the gate's engine in the testing kit, above ``schema`` (the option
-list) and beneath ``resolve`` and ``engine``. Every surface builds a ``CheckOptions``
-through here: the command line (``vargather._cli.check``) from its parsed flags, the
-pytest plugin (``vargather.testing.plugin``) from its ``--vargather-*`` values, the
-config table (``read_config``) from TOML, the isolated child (``from_json``) from the
-parent's options serialized as JSON. A bad value raises ``OptionError`` naming the
-option (``grad``), which each surface spells its own way (``--grad``,
-``--vargather-grad``, ``grad = ...`` in the table).
+list) and beneath ``resolve`` and ``engine``. Every surface ``schema`` names builds a
+``CheckOptions`` here (``build_options``, ``read_config``, ``from_json``). A bad value
+raises ``OptionError`` naming the option (``grad``), which each surface spells its own
+way (``--grad``, ``--vargather-grad``, ``grad = ...`` in the table).
 """
 
 from __future__ import annotations
