@@ -128,15 +128,13 @@ def _attempt_cost(results: Sequence[tuple[Any, Sequence[Failure]]], used: _UsedP
     out a collective's timeout (a peer never came: every further attempt costs the
     timeout again), ``_COST_WORLD`` when a world died or was discarded (a crash, a
     collective error: every further attempt costs a world rebuild), else cheap."""
-    if any(is_wait(f) for _, failures in results for f in failures):
-        # A peer waited (a timeout, a lost connection, a hang): however the waiting
-        # showed, and whether or not a refusal came with it, the same cost (races).
+    failures = [f for _, fs in results for f in fs]
+    if any(is_wait(f) or any(m in f.render() for m in _TIMEOUT_MARKS) for f in failures):
+        # A peer waited (a timeout, a lost connection, a hang), or a failure quotes a
+        # timeout: however the waiting showed, and whether or not a refusal came with
+        # it, the same cost (races).
         return _COST_TIMEOUT
-    texts = [f.render() for _, failures in results for f in failures]
-    kinds = {f.kind for _, failures in results for f in failures}
-    if "hang" in kinds or any(m in t for t in texts for m in _TIMEOUT_MARKS):
-        return _COST_TIMEOUT
-    if "crash" in kinds or used.rebuilt():
+    if any(f.kind == "crash" for f in failures) or used.rebuilt():
         return _COST_WORLD
     return _COST_CHEAP
 
