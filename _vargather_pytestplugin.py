@@ -127,11 +127,8 @@ def check_values(config: pytest.Config) -> dict[str, object] | None:
     given, ``True`` for a flag), ``config``/``no-config`` among them; ``None`` when the
     session does not ask for the properties (no ``--vargather-impl``)."""
     names = [o.name for o in plugin_options()] + list(CHECK_OPTIONS)
-    given = {
-        name: config.getoption(_dest(name))
-        for name in names
-        if config.getoption(_dest(name)) is not None
-    }
+    values = {name: config.getoption(_dest(name)) for name in names}
+    given = {name: value for name, value in values.items() if value is not None}
     if "impl" not in given and "target" not in given:
         if given:
             flags = ", ".join(f"--vargather-{name}" for name in given)

@@ -36,7 +36,7 @@ from vargather.testing.cases import GatherCase, parse_case
 from vargather.testing.engine import run_check
 from vargather.testing.evaluate import render_failures
 from vargather.testing.options import CheckOptions, CheckUsageError
-from vargather.testing.resolve import resolve_impl
+from vargather.testing.resolve import resolve_options_impl
 from vargather.testing.results import (
     EXIT_FAILED,
     EXIT_OK,
@@ -225,32 +225,47 @@ def test_an_import_error_names_the_directory_it_looked_in(
 
 
 def test_call_convention_is_detected(in_root: None) -> None:
-    seed = resolve_impl(SEED)  # AllGather.apply: (*args, **kwargs), a Function's apply
+    seed = resolve_options_impl(
+        CheckOptions(impl=SEED)
+    )  # AllGather.apply: (*args, **kwargs), a Function's apply
     assert (seed.convention, seed.takes_group, seed.transports) == ("seed", False, None)
-    assert resolve_impl("vargather.compat:all_gather").convention == "seed"
-    mine = resolve_impl("vargather:all_gather_v")
+    assert (
+        resolve_options_impl(CheckOptions(impl="vargather.compat:all_gather")).convention == "seed"
+    )
+    mine = resolve_options_impl(CheckOptions(impl="vargather:all_gather_v"))
     assert (mine.convention, mine.takes_group) == ("vargather", True)
-    assert mine.transports == resolve_impl(None).transports
+    assert mine.transports == resolve_options_impl(CheckOptions()).transports
     assert mine.transports is not None
     assert "auto" in mine.transports
-    mutant = resolve_impl("tests.mutants.rank_order:all_gather_v")  # (x, dim=0, **kwargs)
+    mutant = resolve_options_impl(
+        CheckOptions(impl="tests.mutants.rank_order:all_gather_v")
+    )  # (x, dim=0, **kwargs)
     assert (mutant.convention, mutant.transports) == ("vargather", mine.transports)
     # A convention that does not fit the signature is a usage error, before any world.
     with pytest.raises(
         CheckUsageError, match=r"does not fit its signature.*--convention vargather"
     ):
-        resolve_impl("vargather:all_gather_v", "seed")
-    forced = resolve_impl("vargather.compat:all_gather", "seed")
+        resolve_options_impl(CheckOptions(impl="vargather:all_gather_v", convention="seed"))
+    forced = resolve_options_impl(
+        CheckOptions(impl="vargather.compat:all_gather", convention="seed")
+    )
     assert (forced.convention, forced.takes_group, forced.transports) == ("seed", False, None)
-    narrowed = resolve_impl("vargather:all_gather_v", transports="padded, auto")
+    narrowed = resolve_options_impl(
+        CheckOptions(impl="vargather:all_gather_v", transports="padded, auto")
+    )
     assert narrowed.transports == ("padded", "auto")
-    assert resolve_impl("vargather:all_gather_v", transports="none").transports is None
+    assert (
+        resolve_options_impl(
+            CheckOptions(impl="vargather:all_gather_v", transports="none")
+        ).transports
+        is None
+    )
     with pytest.raises(CheckUsageError, match=r"the seed's convention .* takes no transport"):
-        resolve_impl(SEED, transports="padded")
+        resolve_options_impl(CheckOptions(impl=SEED, transports="padded"))
 
 
 def test_transports_vargather_refuses_on_gloo_are_named_not_run() -> None:
-    info = resolve_impl(None)
+    info = resolve_options_impl(CheckOptions())
     assert info.transports is not None
     for name, reason in info.refused_transports:
         assert name not in info.transports

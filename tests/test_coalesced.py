@@ -314,12 +314,13 @@ def test_the_gate_reports_a_coalesced_failure_with_the_whole_call() -> None:
     """``check``'s evaluation of the row (its Hypothesis run, shrinking included) fails
     a swapped coalesced form and prints every tensor of the failing call."""
     from vargather.testing import get_pool
-    from vargather.testing.evaluate import evaluate
+    from vargather.testing.evaluate import evaluate_row
     from vargather.testing.options import CheckOptions
+    from vargather.testing.progress import Progress
 
     options = CheckOptions(progress=False, shrink_budget=5, max_examples=10, max_payload=0)
     row = _row(_with_coalesced("swapped"))
-    result = evaluate(row, options, (2,), get_pool)
+    result = evaluate_row(row, options, (2,), get_pool, Progress(None, 1))
     assert result.status == "fail"
     assert result.failure is not None
     assert result.failure.aspect == "output"

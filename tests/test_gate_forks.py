@@ -27,7 +27,7 @@ from vargather.testing import RankPool, get_pool, runner
 from vargather.testing.cases import GatherCase, Implementation
 from vargather.testing.engine import run_check
 from vargather.testing.options import CheckOptions, CheckUsageError
-from vargather.testing.resolve import resolve_impl
+from vargather.testing.resolve import resolve_options_impl
 from vargather.testing.results import EXIT_FAILED, EXIT_USAGE, Report
 from vargather.testing.runner import ImplementationError, parse_impl_ref, run_cases
 
@@ -383,7 +383,9 @@ def test_a_convention_that_does_not_fit_is_exit_2_naming_the_options(
     err = capsys.readouterr().err
     assert "passes dim as ATTR's parameter 'group'" in err
     assert "--call '(x, group=group)'" in err
-    info = resolve_impl(ref, sizes="never", grad="local", call="(x, group=group)")
+    info = resolve_options_impl(
+        CheckOptions(impl=ref, sizes="never", grad="local", call="(x, group=group)")
+    )
     assert (info.convention, info.takes_grad, info.takes_group) == ("vargather", False, True)
 
 
@@ -411,27 +413,29 @@ def test_a_call_template_that_does_not_fit_is_exit_2_before_any_world(
 
 @pytest.mark.usefixtures("in_root")
 def test_what_a_template_leaves_out_is_out_of_scope() -> None:
-    info = resolve_impl("tests.forks.function_apply:AllGather.apply", call="(x)")
+    info = resolve_options_impl(
+        CheckOptions(impl="tests.forks.function_apply:AllGather.apply", call="(x)")
+    )
     assert info.scope is not None
     assert (info.scope.dims, info.scope.sizes, info.scope.takes_group) == ((0,), "never", False)
     listed = CheckOptions(
         impl="tests.forks.list_return:gather_all_tensors", call="(x, group=group)", returns="list"
     )
-    from vargather.testing.resolve import resolve_options_impl
-
-    scope = resolve_options_impl(listed, None).scope
+    scope = resolve_options_impl(listed).scope
     assert scope is not None
     assert (scope.dims, scope.sizes, scope.takes_group) == (None, "never", True)
     # A declared scope the call cannot reach is a usage error naming the option.
     options = CheckOptions(impl="tests.forks.dim0_only:gather_rows", call="(x)", dims=(0, 1))
     with pytest.raises(CheckUsageError) as caught:
-        resolve_options_impl(options, None)
+        resolve_options_impl(options)
     assert str(caught.value).startswith("dims 0,1: the call (x) passes no dim"), caught.value
 
 
 @pytest.mark.usefixtures("in_root")
 def test_configured_module_is_built_with_dim_per_call() -> None:
-    info = resolve_impl("tests.forks.allreduce_switch:AllGather(all_reduce_grads=True)")
+    info = resolve_options_impl(
+        CheckOptions(impl="tests.forks.allreduce_switch:AllGather(all_reduce_grads=True)")
+    )
     assert info.ctor_kwargs == (("all_reduce_grads", True),)
     assert info.ctor_takes_dim
     assert info.convention == "seed"

@@ -14,7 +14,7 @@ import torch
 from vargather.testing import get_pool
 from vargather.testing.engine import run_check
 from vargather.testing.options import CheckOptions, OptionError
-from vargather.testing.resolve import inferred_call, resolve_impl
+from vargather.testing.resolve import inferred_call, resolve_options_impl
 from vargather.testing.results import Report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ def test_the_call_is_inferred_from_the_parameter_names(fn: object, call: str | N
 
 def test_an_ambiguous_signature_exits_2_with_the_exact_call_line() -> None:
     with pytest.raises(OptionError) as info:
-        resolve_impl("tests.test_gate_hints:_ambiguous", cwd=str(ROOT))
+        resolve_options_impl(CheckOptions(impl="tests.test_gate_hints:_ambiguous"), str(ROOT))
     text = str(info.value)
     assert "--call '(x, ...)'" in text, text
 

@@ -4,21 +4,16 @@ Where it sits: at the top of the gate's engine in the testing kit, above ``optio
 (what to run), ``resolve`` (what ``impl`` names and how to call it), ``evaluate`` (one
 property's Hypothesis run), ``isolated`` (the row run in a child process), ``verdict``
 (the status rules), ``progress`` and ``results`` (the report). It starts the gloo worlds
-(``vargather.testing.pool``), runs every row of the catalogue of the collective
-``--op`` names (``vargather.testing.catalogues``: the rows the test suite and the
-mutant search run; one loop, whichever the collective; a built-in ``--target`` fills the options
-first, ``targets``) as a seeded Hypothesis test, shrinking a failure to a minimal
-counterexample within a budget counted in examples (a failure whose attempts cost a
-world, a timeout or a crash, gets a few attempts only), and returns a ``Report``. The
-property whose cases run without torch.distributed runs in a child process
-(``python -m vargather.testing.engine OPTIONS.json``), so a crash or hang there is
-that property's failure. Both surfaces call ``run_check``: the command line
-(``vargather._cli.check``) and the pytest plugin (``vargather.testing.plugin``), each
-with its own ``progress`` callback.
+and runs every row of ``--op``'s catalogue (``vargather.testing.catalogues``, the rows
+the test suite and the mutant search run; a built-in ``--target`` fills the options
+first) through ``evaluate``, and returns a ``Report``; ``child_main`` is the isolated
+row's child process. Both surfaces call ``run_check``: the command line
+(``vargather._cli.check``) and the pytest plugin (``vargather.testing.plugin``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -36,7 +31,7 @@ from .cases import DTYPE_NAMES
 from .catalogues import catalogue_of
 from .collectives import DEFAULT
 from .evaluate import evaluate_row, hypothesis_storage, prefer_nonempty
-from .isolated import IsolatedRun, start_isolated
+from .isolated import IsolatedRun
 from .options import CheckOptions, CheckUsageError
 from .pool import PoolFailure, RankError, RankPool, get_pool, preload
 from .progress import Progress, ProgressCallback, ProgressEvent
@@ -67,16 +62,10 @@ def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:
     scope["--sizes"] = options.sizes if narrowed is None else narrowed.sizes
     scope["--returns"] = options.returns
     scope["--world-sizes"] = ",".join(map(str, options.world_sizes))
-    if options.requires_init:
-        scope["--requires-init"] = "yes"
-    if options.contiguous_only:
-        scope["--contiguous-only"] = "yes"
-    if options.compile:
-        scope["--compile"] = "yes"
-    if options.emulate is not None:
-        scope["--emulate"] = options.emulate
-    if options.equal_shapes:
-        scope["--equal-shapes"] = "yes"
+    for name in ("requires_init", "contiguous_only", "compile", "emulate", "equal_shapes"):
+        value = getattr(options, name)  # a flag set, or an option given
+        if value not in (False, None):
+            scope["--" + name.replace("_", "-")] = "yes" if value is True else value
     if options.nan_payloads != "exact":
         scope["--nan-payloads"] = options.nan_payloads
     return scope
@@ -192,12 +181,9 @@ def _backend_refusals(
 
 
 def _default_factory(timeout: float) -> Callable[[int], RankPool]:
-    def pool_factory(w: int) -> RankPool:
-        # forkserver: a world rebuilt after a crash forks from a server that
-        # imported torch once, instead of spawning fresh interpreters.
-        return get_pool(w, call_timeout=timeout, start_method="forkserver")
-
-    return pool_factory
+    # forkserver: a world rebuilt after a crash forks from a server that imported
+    # torch once, instead of spawning fresh interpreters.
+    return functools.partial(get_pool, call_timeout=timeout, start_method="forkserver")
 
 
 def run_check(
@@ -243,27 +229,20 @@ def _run_check(
     world_sizes = tuple(sorted(options.world_sizes))
     factory = pool_factory or _default_factory(options.timeout)
     selected = [r for r in _rows_in_scope(collective.rows(impl), options) if _selected(r, options)]
-    needed = sorted(
-        {
-            w
-            for r in selected
-            if r.initialized and r.not_applicable(world_sizes) is None
-            for w in r.worlds(world_sizes)
-        }
-    )
+    applies = [r for r in selected if r.not_applicable(world_sizes) is None]
+    on_worlds = [r for r in applies if r.initialized]
+    needed = sorted({w for r in on_worlds for w in r.worlds(world_sizes)})
     progress = Progress(progress_callback, len(selected))
-    if any(
-        r.compiled and r.initialized and r.not_applicable(world_sizes) is None for r in selected
-    ):
+    if any(r.compiled for r in on_worlds):
         # The ranks' compiled steps import dynamo and inductor on first use, seconds of
         # CPU in every rank: the forkserver the worlds fork from imports them once.
         preload(COMPILED_PRELOAD)
     early: dict[str, IsolatedRun] = {}
-    for r in selected:
-        if _isolated(r, options) and r.not_applicable(world_sizes) is None:
+    for r in applies:
+        if _isolated(r, options):
             # Started now, so that the child's interpreter start and cases overlap
             # with the worlds' start and the rows run on them (waited for in turn).
-            early[r.id] = start_isolated(r, options, info)
+            early[r.id] = IsolatedRun(r, options, info)
     try:
         if needed:
             progress.phase(f"starting gloo worlds of {', '.join(map(str, needed))} rank(s)")
@@ -320,7 +299,7 @@ def _run_check(
             elif reason is not None:
                 result = PropertyResult(row_id, row.title, "n/a", reason=reason)
             elif _isolated(row, options):
-                child = early.pop(row.id) if row.id in early else start_isolated(row, options, info)
+                child = early.pop(row.id) if row.id in early else IsolatedRun(row, options, info)
                 result = child.result()
             else:
                 small = dtype in refused
@@ -353,15 +332,14 @@ def _run_check(
 
 
 def _versions() -> dict[str, str]:
-    versions = {"vargather": vargather.__version__, "torch": str(torch.__version__)}
-    try:
-        import hypothesis
+    import hypothesis  # the kit's requirement (vargather.testing says so on import)
 
-        versions["hypothesis"] = hypothesis.__version__
-    except ImportError:
-        pass
-    versions["python"] = platform.python_version()
-    return versions
+    return {
+        "vargather": vargather.__version__,
+        "torch": str(torch.__version__),
+        "hypothesis": hypothesis.__version__,
+        "python": platform.python_version(),
+    }
 
 
 # --- the isolated child --------------------------------------------------------------

@@ -24,7 +24,7 @@ from .isolated import in_flight
 from .judge import Failure
 from .options import CheckOptions
 from .pool import RankPool
-from .progress import Progress, ProgressCallback
+from .progress import Progress
 from .properties import BATCH, Property
 from .races import is_wait, settle
 from .results import NanPayloads, PropertyFailure, PropertyResult
@@ -37,7 +37,6 @@ __all__ = [
     "CRASH_SHRINK_BUDGET",
     "FailingBatchError",
     "ShrinkBudgetSpent",
-    "evaluate",
     "evaluate_row",
     "hypothesis_storage",
     "prefer_nonempty",
@@ -129,15 +128,13 @@ def _attempt_cost(results: Sequence[tuple[Any, Sequence[Failure]]], used: _UsedP
     out a collective's timeout (a peer never came: every further attempt costs the
     timeout again), ``_COST_WORLD`` when a world died or was discarded (a crash, a
     collective error: every further attempt costs a world rebuild), else cheap."""
-    if any(is_wait(f) for _, failures in results for f in failures):
-        # A peer waited (a timeout, a lost connection, a hang): however the waiting
-        # showed, and whether or not a refusal came with it, the same cost (races).
+    failures = [f for _, fs in results for f in fs]
+    if any(is_wait(f) or any(m in f.render() for m in _TIMEOUT_MARKS) for f in failures):
+        # A peer waited (a timeout, a lost connection, a hang), or a failure quotes a
+        # timeout: however the waiting showed, and whether or not a refusal came with
+        # it, the same cost (races).
         return _COST_TIMEOUT
-    texts = [f.render() for _, failures in results for f in failures]
-    kinds = {f.kind for _, failures in results for f in failures}
-    if "hang" in kinds or any(m in t for t in texts for m in _TIMEOUT_MARKS):
-        return _COST_TIMEOUT
-    if "crash" in kinds or used.rebuilt():
+    if any(f.kind == "crash" for f in failures) or used.rebuilt():
         return _COST_WORLD
     return _COST_CHEAP
 
@@ -357,18 +354,6 @@ def seeded_search(
     return None
 
 
-def evaluate(
-    prop: Property,
-    options: CheckOptions,
-    world_sizes: Sequence[int],
-    factory: Callable[[int], RankPool],
-    progress: ProgressCallback | None = None,
-) -> PropertyResult:
-    """One property's seeded Hypothesis run on ``factory``'s worlds, shrinking its
-    first failure within the budget (what ``run_check`` does for every row)."""
-    return evaluate_row(prop, options, world_sizes, factory, Progress(progress, 1))
-
-
 class ShrinkBudgetSpent(BaseException):
     """Raised from inside a Hypothesis test to end its shrinking: a ``BaseException``
     that is not an ``Exception``, so Hypothesis lets it through instead of recording a
@@ -377,10 +362,6 @@ class ShrinkBudgetSpent(BaseException):
 
 NONEMPTY_EXAMPLES: Final = 20
 """Examples of the second search for a gradient counterexample without empty shards."""
-
-
-def _all_nonempty(case: Any) -> bool:
-    return all(n > 0 for n in case.sizes)
 
 
 def prefer_nonempty(
@@ -404,7 +385,7 @@ def prefer_nonempty(
     keep = row.keep
 
     def nonempty(case: Any) -> bool:
-        return _all_nonempty(case) and (keep is None or keep(case))
+        return all(n > 0 for n in case.sizes) and (keep is None or keep(case))
 
     second = evaluate_row(
         dataclasses.replace(row, keep=nonempty),

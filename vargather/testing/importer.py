@@ -18,10 +18,7 @@ from collections.abc import Callable, Sequence
 
 from vargather import VarGatherError
 
-from .cases import (
-    Implementation,
-)
-from .cases import dtype_name as dtype_name
+from .cases import Implementation
 
 __all__ = [
     "ImplementationError",
@@ -167,21 +164,23 @@ def load_callable(ref: str, search_path: Sequence[str] = ()) -> Callable[..., ob
     return obj
 
 
-_RESOLVED: dict[tuple[str | None, tuple[str, ...]], Callable[..., object]] = {}
+_RESOLVED: dict[tuple[str, tuple[str, ...]], Callable[..., object]] = {}
+
+
+def _cached(ref: str, search_path: tuple[str, ...]) -> Callable[..., object]:
+    """``load_callable(ref, search_path)``, once per process."""
+    key = (ref, search_path)
+    if key not in _RESOLVED:
+        _RESOLVED[key] = load_callable(ref, search_path)
+    return _RESOLVED[key]
 
 
 def resolve_implementation(impl: Implementation) -> Callable[..., object]:
-    key = (impl.ref, impl.search_path)
-    fn = _RESOLVED.get(key)
-    if fn is None:
-        if impl.ref is None:
-            from vargather import all_gather_v_with_layout
+    if impl.ref is None:
+        from vargather import all_gather_v_with_layout
 
-            fn = all_gather_v_with_layout
-        else:
-            fn = load_callable(impl.ref, impl.search_path)
-        _RESOLVED[key] = fn
-    return fn
+        return all_gather_v_with_layout
+    return _cached(impl.ref, impl.search_path)
 
 
 def resolve_compiled(impl: Implementation) -> Callable[..., object]:
@@ -199,8 +198,4 @@ def resolve_coalesced(impl: Implementation) -> Callable[..., object]:
     ref = impl.coalesced_form
     if ref is None:
         raise ImplementationError(f"{impl.label} has no coalesced form")
-    key = (ref, impl.search_path)
-    fn = _RESOLVED.get(key)
-    if fn is None:
-        fn = _RESOLVED[key] = load_callable(ref, impl.search_path)
-    return fn
+    return _cached(ref, impl.search_path)

@@ -21,7 +21,6 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import runpy
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from .options import DEFAULT_TIMEOUT, CheckOptions
+from .pool import _describe_exit
 from .properties import Property
 from .resolve import ImplInfo
 from .results import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PropertyFailure, PropertyResult
@@ -40,8 +40,6 @@ __all__ = [
     "HUNG_EXIT",
     "IsolatedRun",
     "in_flight",
-    "run_isolated",
-    "start_isolated",
 ]
 
 CHILD_MODULE: Final = "vargather.testing.engine"
@@ -102,10 +100,10 @@ def _child_options(
 
 
 class IsolatedRun:
-    """A row's child check process, started (``start_isolated``) and not yet waited
-    for: the engine starts it before the rows that run on gloo worlds, so that the
-    child's interpreter start and its cases overlap with theirs instead of adding to
-    them; ``result()`` waits for it, ``cancel()`` kills it."""
+    """A row's child check process, started and not yet waited for: the engine starts
+    it before the rows that run on gloo worlds, so that the child's interpreter start
+    and its cases overlap with theirs instead of adding to them; ``result()`` waits for
+    it, ``cancel()`` kills it."""
 
     def __init__(self, row: Property, options: CheckOptions, info: ImplInfo) -> None:
         self.row = row
@@ -140,9 +138,6 @@ class IsolatedRun:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        self._close()
-
-    def _close(self) -> None:
         self._tmp.cleanup()
 
     def result(self) -> PropertyResult:
@@ -151,7 +146,7 @@ class IsolatedRun:
         try:
             return self._result()
         finally:
-            self._close()
+            self._tmp.cleanup()
 
     def _result(self) -> PropertyResult:
         row, options, started, in_flight = self.row, self.options, self.started, self.in_flight
@@ -166,22 +161,20 @@ class IsolatedRun:
             what = f"the child check process did not finish within {backstop:g} s"
             return _child_failure(row, "hang", what, "", in_flight, started)
         with open(self._stderr_path, encoding="utf-8", errors="replace") as f:
-            stderr = f.read()
-        proc = subprocess.CompletedProcess(self.proc.args, status, "", stderr)
-        if proc.returncode in (EXIT_OK, EXIT_FAILED) and os.path.exists(report_path):
+            tail = "\n".join(f.read().strip().splitlines()[-20:])
+        if status in (EXIT_OK, EXIT_FAILED) and os.path.exists(report_path):
             with open(report_path, encoding="utf-8") as f:
                 data = json.load(f)
             (result,) = [PropertyResult.from_json(p) for p in data["properties"]]
             return dataclasses.replace(result, seconds=time.monotonic() - started)
-        tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
-        if proc.returncode == HUNG_EXIT:
+        if status == HUNG_EXIT:
             what = f"a batch did not finish within --timeout={options.timeout:g} s"
             return _child_failure(row, "hang", what, "", in_flight, started)
-        if proc.returncode < 0:
-            what = f"the process running it was killed by signal {_signal_name(-proc.returncode)}"
+        if status < 0:
+            what = f"the process running it was {_describe_exit(status)}"
             return _child_failure(row, "crash", what, tail, in_flight, started)
-        what = f"the child check process exited with status {proc.returncode}"
-        kind = "checker" if proc.returncode == EXIT_USAGE else "crash"
+        what = f"the child check process exited with status {status}"
+        kind = "checker" if status == EXIT_USAGE else "crash"
         return _child_failure(row, kind, what, tail, in_flight, started)
 
 
@@ -215,10 +208,6 @@ class _ForkedChild:
             name="vargather-check-isolated-row",
         )
         self._process.start()
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.exitcode
 
     def poll(self) -> int | None:
         return self._process.exitcode
@@ -254,26 +243,6 @@ def _forked_main(options_path: str, stderr_path: str, env: dict[str, str]) -> No
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-
-
-def start_isolated(row: Property, options: CheckOptions, info: ImplInfo) -> IsolatedRun:
-    """Start ``row``'s child check process (``IsolatedRun``); its ``result()`` is what
-    ``run_isolated`` returns."""
-    return IsolatedRun(row, options, info)
-
-
-def run_isolated(row: Property, options: CheckOptions, info: ImplInfo) -> PropertyResult:
-    """Run a row whose cases execute in the checking process itself (torch.distributed
-    not initialized) in a child check process instead, so a crash or a hang of the
-    implementation is that row's failure, not the checker's."""
-    return start_isolated(row, options, info).result()
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
 
 
 def _child_failure(

@@ -1,13 +1,10 @@
 """The conformance gate's options model: ``CheckOptions``, built from the one schema.
 
 Where it sits: in the gate's engine in the testing kit, above ``schema`` (the option
-list) and beneath ``resolve`` and ``engine``. Every surface builds a ``CheckOptions``
-through here: the command line (``vargather._cli.check``) from its parsed flags, the
-pytest plugin (``vargather.testing.plugin``) from its ``--vargather-*`` values, the
-config table (``read_config``) from TOML, the isolated child (``from_json``) from the
-parent's options serialized as JSON. A bad value raises ``OptionError`` naming the
-option (``grad``), which each surface spells its own way (``--grad``,
-``--vargather-grad``, ``grad = ...`` in the table).
+list) and beneath ``resolve`` and ``engine``. Every surface ``schema`` names builds a
+``CheckOptions`` here (``build_options``, ``read_config``, ``from_json``). A bad value
+raises ``OptionError`` naming the option (``grad``), which each surface spells its own
+way (``--grad``, ``--vargather-grad``, ``grad = ...`` in the table).
 """
 
 from __future__ import annotations
@@ -19,11 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from vargather import CONTRACTS
-
 from . import schema
-from .cases import CONVENTIONS as CALL_CONVENTIONS
-from .cases import DTYPE_NAMES, RETURN_KINDS, SIZES_SCOPES
+from .cases import DTYPE_NAMES
 from .scale import DEFAULT_MAX_PAYLOAD
 from .usage_errors import CheckUsageError as CheckUsageError
 from .usage_errors import OptionError as OptionError
@@ -39,21 +33,9 @@ __all__ = [
     "read_config",
 ]
 
-CONVENTIONS: Final = ("auto", *CALL_CONVENTIONS)
-DEFAULT_WORLD_SIZES: Final = (1, 2, 3, 4)
 MAX_WORLD_SIZE: Final = 16
 MAX_NDIM: Final = 8
-DEFAULT_MAX_EXAMPLES: Final = 60
-DEFAULT_SEED: Final = 0
 DEFAULT_TIMEOUT: Final = 30.0
-DEFAULT_SHRINK_BUDGET: Final = 200
-"""Examples a property may run shrinking its first failure (a count, not seconds, so
-a loaded machine shrinks to the same counterexample)."""
-GRADS: Final = (*CONTRACTS, "none")
-"""``grad``: a contract, or ``none`` (not differentiable: gradient rows n/a)."""
-EMULATIONS: Final = ("nccl",)
-NAN_PAYLOADS: Final = schema.by_name("nan-payloads").choices
-"""``--nan-payloads``: what a NaN in a reduction's result must hold."""
 OPS: Final = schema.by_name("op").choices
 """The collectives ``--op`` names: ``all_gather_v`` and the family."""
 
@@ -102,9 +84,9 @@ class CheckOptions:
     db: str | None = None
     config_path: str | None = field(default=None, compare=False)
     """The config file whose ``[tool.vargather.check]`` table gave defaults, if any."""
-    world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES
-    max_examples: int = DEFAULT_MAX_EXAMPLES
-    seed: int = DEFAULT_SEED
+    world_sizes: tuple[int, ...] = (1, 2, 3, 4)
+    max_examples: int = 60
+    seed: int = 0
     xfails: frozenset[str] = frozenset()
     xfails_path: str | None = None
     json_path: str | None = None
@@ -114,7 +96,9 @@ class CheckOptions:
     transports: str = "auto"
     exitfirst: bool = False
     timeout: float = DEFAULT_TIMEOUT
-    shrink_budget: int = DEFAULT_SHRINK_BUDGET
+    shrink_budget: int = 200
+    """Examples a property may run shrinking its first failure (a count, not seconds, so
+    a loaded machine shrinks to the same counterexample)."""
     progress: bool = True
     only: tuple[str, ...] = ()
     in_flight: str | None = None
@@ -125,20 +109,12 @@ class CheckOptions:
     """Bytes a large case's shard may reach on one rank (0: small cases only)."""
 
     def __post_init__(self) -> None:
-        choices = (
-            ("grad", self.grad, GRADS),
-            ("sizes", self.sizes, SIZES_SCOPES),
-            ("returns", self.returns, RETURN_KINDS),
-            ("convention", self.convention, CONVENTIONS),
-            ("nan-payloads", self.nan_payloads, NAN_PAYLOADS),
-        )
-        for name, value, allowed in choices:
-            if value not in allowed:
-                raise OptionError(name, f"must be one of {', '.join(allowed)}, got {value!r}")
-        if self.emulate is not None and self.emulate not in EMULATIONS:
-            raise OptionError(
-                "emulate", f"must be one of {', '.join(EMULATIONS)}, got {self.emulate!r}"
-            )
+        for option in schema.OPTIONS:  # the choices: the schema's (emulate may be None)
+            value = getattr(self, option.field)
+            if option.choices and value is not None and value not in option.choices:
+                raise OptionError(
+                    option.name, f"must be one of {', '.join(option.choices)}, got {value!r}"
+                )
         dims_ok = self.dims is None or (
             bool(self.dims) and all(type(d) is int and -MAX_NDIM <= d < MAX_NDIM for d in self.dims)
         )
@@ -154,26 +130,19 @@ class CheckOptions:
                     "world-sizes",
                     f": each world size must be in [1, {MAX_WORLD_SIZE}], got {w!r}",
                 )
-        if type(self.max_examples) is not int or self.max_examples < 1:
-            raise OptionError(
-                "max-examples", f"must be a positive integer, got {self.max_examples!r}"
-            )
-        if type(self.seed) is not int or self.seed < 0:
-            raise OptionError("seed", f"must be a non-negative integer, got {self.seed!r}")
-        if type(self.shrink_budget) is not int or self.shrink_budget < 0:
-            raise OptionError(
-                "shrink-budget", f"must be a number of examples >= 0, got {self.shrink_budget!r}"
-            )
-        if type(self.max_payload) is not int or self.max_payload < 0:
-            raise OptionError(
-                "max-payload", f"must be a number of bytes >= 0, got {self.max_payload!r}"
-            )
+        counts = (
+            ("max-examples", self.max_examples, 1, "a positive integer"),
+            ("seed", self.seed, 0, "a non-negative integer"),
+            ("shrink-budget", self.shrink_budget, 0, "a number of examples >= 0"),
+            ("max-payload", self.max_payload, 0, "a number of bytes >= 0"),
+        )
+        for name, value, least, what in counts:
+            if type(value) is not int or value < least:
+                raise OptionError(name, f"must be {what}, got {value!r}")
         if not (self.timeout > 0):
             raise OptionError(
                 "timeout", f"must be a positive number of seconds, got {self.timeout!r}"
             )
-        if self.op not in OPS:
-            raise OptionError("op", f"must be one of {', '.join(OPS)}, got {self.op!r}")
         if self.call is not None:
             from .calls import NAMES, parse_call  # the template's syntax, checked here
             from .catalogues import catalogue_of

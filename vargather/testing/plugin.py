@@ -1,25 +1,13 @@
 """The pytest plugin's machinery: the conformance properties as test items, the world fixture.
 
 Where it sits: at the top of the testing kit, beside the command line: both run the
-gate's engine (``engine.run_check``) and neither imports the other; nothing here
-imports ``vargather._cli``. The plugin itself is the top-level module
-``_vargather_pytestplugin`` (the ``pytest11`` entry point ``vargather``), kept free of
-torch and Hypothesis so that a pytest session that does not use it pays nothing; it
-imports this module only when a session asks for vargather (``--vargather-impl``, or a
-test that uses the ``vargather_world`` fixture).
-
-* ``configure``: the plugin's ``--vargather-*`` values as ``CheckOptions``, built
-  directly by the options model (``options.build_options``) from the one option
-  schema (``schema``) the command line's flags come from too, with the same
-  validation; an error names the plugin's option (``--vargather-grad``);
-* ``property_items``: one ``PropertyItem`` per property of the kit's one catalogue,
-  named ``vargather::ID``; each runs ``engine.run_check`` for its property alone, so a
-  failure is the check's report (the minimal counterexample and the ``reproduce:``
-  line), n/a is a skip and an xfails entry an xfail;
-* ``WorldFactory``: what the ``vargather_world`` fixture returns;
-  ``vargather_world(3).run(fn, payload)`` runs ``fn(ctx, payload)`` on every rank of
-  the session's 3-rank gloo world (``vargather.testing.get_pool``) and turns a rank's
-  exception, crash or hang into a test failure naming the rank.
+gate's engine (``engine.run_check``) and neither imports the other. The plugin itself
+is the top-level module ``_vargather_pytestplugin`` (the ``pytest11`` entry point),
+kept free of torch and Hypothesis; it imports this module only when a session asks
+for vargather (``--vargather-impl``, or the ``vargather_world`` fixture): ``configure``
+builds the options, ``property_items`` one item per property (``vargather::ID``, its
+failure the check's report, n/a a skip, an xfails entry an xfail), ``WorldFactory``
+is what the fixture returns.
 """
 
 from __future__ import annotations
@@ -40,7 +28,6 @@ from .engine import run_check
 from .options import (
     CheckOptions,
     CheckUsageError,
-    OptionError,
     build_options,
     config_values,
 )
@@ -86,11 +73,7 @@ def configure(values: Mapping[str, object]) -> CheckOptions:
             # rows of its own, nothing to import or resolve
             return options
         info = resolve_options_impl(options, None)
-    except schema.OptionValueError as err:
-        raise pytest.UsageError(
-            f"vargather: {_plugin_spelling(err.spelled('--vargather-' + err.option))}"
-        ) from None
-    except OptionError as err:
+    except schema.AnyOptionError as err:  # the schema's and the options model's
         message = _plugin_spelling(err.spelled("--vargather-" + err.option))
         raise pytest.UsageError(f"vargather: {message}") from None
     except CheckUsageError as err:
@@ -115,9 +98,7 @@ def header_lines(options: CheckOptions) -> list[str]:
     sizes = ",".join(str(w) for w in options.world_sizes)
     how = f"called as ATTR{options.call}" if options.call else f"{options.convention} convention"
     if options.op != "all_gather_v":
-        how = f"--op {options.op}, " + (
-            f"called as ATTR{options.call}" if options.call else "vargather's signature"
-        )
+        how = f"--op {options.op}, " + (how if options.call else "vargather's signature")
     return [
         f"vargather properties: {options.impl or 'vargather.' + options.op} "
         f"({how}), claimed gradient contract: {options.grad}",

@@ -49,15 +49,9 @@ of collectives each rank has issued on it. If they differ, a rank issued a colle
 its peers did not (for example one rank raised before a collective that the others then
 timed out in): the group can no longer pair collectives correctly, so the pool rebuilds
 the world before the next call and says so in the error. ``RankPool.generation`` counts
-builds. A rank's count is the group's sequence number less the point-to-point
-operations it posted on the group: gloo's sequence number also counts each send and
-receive, on the rank that posts it, and a correctly paired exchange may post more of
-them on one rank than on another (one rank sending to two peers that each receive
-once), which is no reason to rebuild. Those operations are counted by peer (what goes
-through ``ProcessGroup.send``, ``recv`` and ``recv_anysource``, where every
-point-to-point function of ``torch.distributed`` posts), and the world is rebuilt as
-well when they do not pair up: a send that no receive took, or a receive that no send
-filled (a peer that never arrived), is left pending in the group.
+builds. Point-to-point operations, which gloo's sequence numbers count on the posting
+rank only, are counted apart, by peer (``rank_side``), and the world is rebuilt as well
+when they do not pair up (a send no receive took, a receive no send filled).
 
 ``get_pool(world_size)`` keeps one pool per world size alive for the whole process
 (closed at exit), which is what makes the suites fast. Its worlds fork from a
@@ -133,9 +127,6 @@ R = TypeVar("R")
 
 
 _CLOSE_GRACE = 15.0  # seconds ranks get to leave cleanly before being killed
-_CRASH_GRACE = 0.25  # seconds to collect the survivors' replies after a rank died
-_STDERR_TAIL = 3000  # characters of a rank's stderr quoted in a failure message
-_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 # --- the parent side -----------------------------------------------------------------
@@ -620,29 +611,20 @@ def get_pool(
         ValueError: a setting out of range, named (``PoolConfig.resolve``). A world
             that cannot start raises ``PoolStartError`` from the first call.
     """
+    settings: dict[str, Any] = {
+        "collective_timeout": collective_timeout,
+        "call_timeout": call_timeout,
+        "backend": backend,
+        "start_timeout": start_timeout,
+        "start_method": start_method,
+    }
     with _POOLS_LOCK:
         pool = _POOLS.get(world_size)
         if pool is not None and not pool.closed and pool._owner_pid == os.getpid():
-            wanted = PoolConfig.resolve(
-                world_size,
-                collective_timeout=collective_timeout,
-                call_timeout=call_timeout,
-                backend=backend,
-                start_timeout=start_timeout,
-                start_method=start_method,
-            )
-            if pool.config == wanted:
+            if pool.config == PoolConfig.resolve(world_size, **settings):
                 return pool
             pool.close()
-        pool = RankPool(
-            world_size,
-            collective_timeout=collective_timeout,
-            call_timeout=call_timeout,
-            backend=backend,
-            start_timeout=start_timeout,
-            start_method=start_method,
-        )
-        _POOLS[world_size] = pool
+        pool = _POOLS[world_size] = RankPool(world_size, **settings)
         return pool
 
 

@@ -13,10 +13,7 @@ import multiprocessing
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-if TYPE_CHECKING:
-    pass
+from typing import Any, Generic, TypeVar
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_ENV",
@@ -206,10 +203,12 @@ class PoolConfig:
         """Validate ``RankPool``'s arguments; ``collective_timeout=None`` reads
         ``$VARGATHER_POOL_COLLECTIVE_TIMEOUT`` (a positive number of seconds) or uses 10 s.
         Raises ``ValueError`` naming the bad value."""
-        if collective_timeout is None:
-            coll = _default_collective_timeout()
-        else:
+        raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "").strip()
+        if collective_timeout is not None:
             coll = _positive_seconds("collective_timeout", collective_timeout)
+        else:
+            env = f"${COLLECTIVE_TIMEOUT_ENV}"
+            coll = _positive_seconds(env, raw) if raw else DEFAULT_COLLECTIVE_TIMEOUT
         if environment and start_method == "forkserver":
             raise ValueError(
                 "environment= needs start_method='spawn': forkserver ranks are forked "
@@ -251,10 +250,3 @@ def _start_method(value: str) -> str:
     if value not in multiprocessing.get_all_start_methods():
         raise ValueError(f"start_method {value!r} is not available on this platform")
     return value
-
-
-def _default_collective_timeout() -> float:
-    raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_COLLECTIVE_TIMEOUT
-    return _positive_seconds(f"${COLLECTIVE_TIMEOUT_ENV}", raw.strip())

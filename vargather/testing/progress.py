@@ -37,8 +37,7 @@ class Progress:
 
     def __init__(self, callback: ProgressCallback | None, total: int) -> None:
         self.callback = callback
-        if callback is not None:
-            callback(ProgressEvent("total", total=total))
+        self.retotal(total)
 
     def _emit(self, event: ProgressEvent) -> None:
         if self.callback is not None:

@@ -12,10 +12,8 @@ seed gave a 4-rank timeout in one run and a 1-rank refusal in the other), so:
   timeout, a lost connection, a hang) by one fixed note whenever some rank raised a
   real error: the reported failure is the refusal, with the same message every run;
 * ``is_wait`` says what counts as waiting; ``evaluate`` stops shrinking at a failure
-  where any peer waited (each further attempt would wait again), whichever form the
-  waiting took: before, only gloo's "Timed out" or a hang stopped it, so a peer that
-  saw its refusing peer's connection drop instead let the search shrink on, to another
-  case than the run where the peer timed out.
+  where any peer waited, whichever form the waiting took (a timeout, a dropped
+  connection, a hang): each further attempt would wait again.
 
 A failure with no real error anywhere (every rank waited, or hung) is left as it is.
 """

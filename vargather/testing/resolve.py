@@ -1,7 +1,7 @@
 """Implementation resolution: what ``impl`` names and how the gate calls it.
 
 Where it sits: in the gate's engine in the testing kit, above ``options`` and
-``calls`` and beneath ``engine``. ``resolve_impl`` imports ``MODULE:ATTR`` in the
+``calls`` and beneath ``engine``. ``resolve_options_impl`` imports ``MODULE:ATTR`` in the
 checking process (through the kit's one importer, ``runner.load_callable``), builds a
 configured ``MODULE:ATTR(key=literal)`` once, picks the call (a ``call`` template, or
 the ``convention``'s), checks it against the callable's signature (an ``nn.Module``'s
@@ -12,11 +12,12 @@ before any world starts: a call that does not fit is exit 2, naming the mismatch
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Final
 
 import torch
 
@@ -35,7 +36,6 @@ __all__ = [
     "call_scope",
     "ensure_import_path",
     "load_impl",
-    "resolve_impl",
     "resolve_options_impl",
 ]
 from .usage_errors import OptionError
@@ -86,36 +86,7 @@ class Scope:
     notes: tuple[str, ...] = ()
 
 
-class DeclaredScope(Protocol):
-    """The declared scope a call template is checked against: what ``CheckOptions``
-    holds of it (``options`` imports this module, so the type is structural)."""
-
-    @property
-    def dims(self) -> tuple[int, ...] | None: ...
-    @property
-    def sizes(self) -> str: ...
-    @property
-    def returns(self) -> str: ...
-    @property
-    def grad(self) -> str: ...
-    @property
-    def convention(self) -> str: ...
-    @property
-    def transports(self) -> str: ...
-
-
-class _DefaultScope(NamedTuple):
-    """The declared scope when no options are given: nothing declared but sizes, grad."""
-
-    sizes: str = "any"
-    grad: str = "sum"
-    dims: tuple[int, ...] | None = None
-    returns: str = "auto"
-    convention: str = "auto"
-    transports: str = "auto"
-
-
-def call_scope(template: CallTemplate, options: DeclaredScope) -> Scope:
+def call_scope(template: CallTemplate, options: CheckOptions) -> Scope:
     """What ``template`` leaves out is out of scope (never drawn); a declared scope
     that asks for what the template cannot pass is an ``OptionError``.
 
@@ -221,24 +192,18 @@ def _signature(fn: object) -> inspect.Signature | None:
     """``fn``'s call signature (an ``nn.Module``'s ``forward``; a ``Function.apply``'s
     ``forward`` less ``ctx``); ``None`` when unknown or when it takes anything
     (``*args, **kwargs``)."""
-    target = fn
+    sig: inspect.Signature | None = None
     if _is_function_apply(fn):
         sig = _function_forward(fn)
-        if sig is None:
-            return None
-        kinds = {p.kind for p in sig.parameters.values()}
-        both = {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
-        return None if both <= kinds else sig
-    if isinstance(fn, torch.nn.Module):
-        target = fn.forward
-    try:
-        sig = inspect.signature(target)  # type: ignore[arg-type]  # any callable
-    except (TypeError, ValueError):
+    else:
+        target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+        with contextlib.suppress(TypeError, ValueError):
+            sig = inspect.signature(target)  # type: ignore[arg-type]  # any callable
+    if sig is None:
         return None
     kinds = {p.kind for p in sig.parameters.values()}
-    if inspect.Parameter.VAR_POSITIONAL in kinds and inspect.Parameter.VAR_KEYWORD in kinds:
-        return None
-    return sig
+    both = {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
+    return None if both <= kinds else sig
 
 
 def _takes(fn: object, name: str) -> bool:
@@ -302,60 +267,56 @@ def _check_fits(
     x = torch.zeros(1)
     head: tuple[object, ...] = (x, 0) if dim_in_call else (x,)
     how = "guessed (--convention auto)" if guessed else f"--convention {convention}"
-    attempts: list[tuple[tuple[object, ...], dict[str, object]]]
+    kwargs: dict[str, object] = {}
     if convention == "seed":
-        attempts = [((*head, None), {})]
+        args: tuple[object, ...] = (*head, None)
         shape = "ATTR(t, dim, sizes)" if dim_in_call else "ATTR(t, sizes)"
     else:
-        kw: dict[str, object] = {"grad": "sum"} if takes_grad else {}
+        args, kwargs = head, ({"grad": "sum"} if takes_grad else {})
         if sizes != "never":
-            kw["sizes"] = [1]
-        attempts = [(head, kw)]
+            kwargs["sizes"] = [1]
         shape = "ATTR(x, dim, *, " if dim_in_call else "ATTR(x, *, "
-        shape += ", ".join([*kw, "group", "transport"]) + ")"
-    for args, kwargs in attempts:
-        try:
-            bound = sig.bind(*args, **kwargs)
-        except TypeError as err:
-            hints: list[str] = []
-            params = sig.parameters
-            if convention == "vargather" and sizes != "never" and not _takes(target, "sizes"):
-                hints.append("--sizes never (ATTR takes no sizes=)")
-            if convention == "seed" and ("grad" in params or "group" in params):
-                hints.append("--convention vargather")
-            if convention == "vargather" and not ("grad" in params or "group" in params):
-                hints.append("--convention seed")
-            if dim_in_call and "dim" not in params and len(params) <= 2:
-                hints.append(
-                    "MODULE:ATTR(dim=...) if ATTR is a class configured with dim, with "
-                    "--dims naming the dims it supports"
-                )
-            hints.append(f"--call '{_suggested_call(sig)}' (the arguments ATTR takes)")
-            advice = "; pass " + " or ".join(hints) if hints else ""
-            raise OptionError(
-                "impl",
-                f"{ref}: the call convention {how} calls {shape}, which does not fit "
-                f"its signature {sig}: {err}{advice}",
-            ) from None
-        # It binds, but a positional argument may land in a parameter named otherwise
-        # (``f(x, group=None)`` called as ``f(x, dim)`` receives dim as its group).
-        names = list(bound.arguments)
-        passed = ["x", "dim"] if dim_in_call else ["x"]
-        if convention == "seed":
-            passed.append("sizes")
-        wrong = [
-            (value, name)
-            for value, name in zip(passed, names[: len(args)], strict=False)
-            if name != value and name in ("dim", "sizes", "group", "grad", "shapes", "transport")
-        ]
-        if wrong:
-            value, name = wrong[0]
-            raise OptionError(
-                "impl",
-                f"{ref}: the call convention {how} calls {shape}, which passes {value} as "
-                f"ATTR's parameter {name!r} (its signature is {sig}); pass --call "
-                f"'{_suggested_call(sig)}' (the arguments ATTR takes)",
+        shape += ", ".join([*kwargs, "group", "transport"]) + ")"
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as err:
+        hints: list[str] = []
+        params = sig.parameters
+        if convention == "vargather" and sizes != "never" and not _takes(target, "sizes"):
+            hints.append("--sizes never (ATTR takes no sizes=)")
+        if convention == "seed" and ("grad" in params or "group" in params):
+            hints.append("--convention vargather")
+        if convention == "vargather" and not ("grad" in params or "group" in params):
+            hints.append("--convention seed")
+        if dim_in_call and "dim" not in params and len(params) <= 2:
+            hints.append(
+                "MODULE:ATTR(dim=...) if ATTR is a class configured with dim, with "
+                "--dims naming the dims it supports"
             )
+        hints.append(f"--call '{_suggested_call(sig)}' (the arguments ATTR takes)")
+        raise OptionError(
+            "impl",
+            f"{ref}: the call convention {how} calls {shape}, which does not fit "
+            f"its signature {sig}: {err}; pass " + " or ".join(hints),
+        ) from None
+    # It binds, but a positional argument may land in a parameter named otherwise
+    # (``f(x, group=None)`` called as ``f(x, dim)`` receives dim as its group).
+    passed = ["x", "dim"] if dim_in_call else ["x"]
+    if convention == "seed":
+        passed.append("sizes")
+    wrong = [
+        (value, name)
+        for value, name in zip(passed, list(bound.arguments)[: len(args)], strict=False)
+        if name != value and name in ("dim", "sizes", "group", "grad", "shapes", "transport")
+    ]
+    if wrong:
+        value, name = wrong[0]
+        raise OptionError(
+            "impl",
+            f"{ref}: the call convention {how} calls {shape}, which passes {value} as "
+            f"ATTR's parameter {name!r} (its signature is {sig}); pass --call "
+            f"'{_suggested_call(sig)}' (the arguments ATTR takes)",
+        )
 
 
 _SHARD_NAMES: Final = ("x", "t", "tensor", "input")
@@ -397,7 +358,7 @@ def _suggested_call(sig: inspect.Signature) -> str:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         name = "x" if i == 0 else p.name
-        if i > 0 and name not in ("dim", "sizes", "shapes", "group", "grad"):
+        if i > 0 and name not in _CALL_NAMES:
             if p.default is p.empty:
                 name = "..."
             else:
@@ -425,19 +386,10 @@ def _load_target(
     return ctor, target, ctor_takes_dim
 
 
-def resolve_impl(
-    ref: str | None,
-    convention: str = "auto",
-    cwd: str | None = None,
-    transports: str = "auto",
-    *,
-    sizes: str = "any",
-    grad: str = "sum",
-    call: str | None = None,
-    options: CheckOptions | None = None,
-) -> ImplInfo:
-    """Check ``--impl`` in the parent (import, attribute, callable, the call's fit to
-    its signature) and pick how to call it.
+def resolve_options_impl(options: CheckOptions, cwd: str | None = None) -> ImplInfo:
+    """Check ``options.impl`` in the parent (import, attribute, callable, the call's fit
+    to its signature) and pick how to call it (the command line's and the pytest
+    plugin's one call).
 
     ``convention="auto"``: the seed's ``(t, dim, sizes)`` for a
     ``torch.autograd.Function``'s ``apply``; vargather's when ATTR accepts ``grad=`` or
@@ -448,12 +400,12 @@ def resolve_impl(
     else a comma-separated list of names.
 
     ``call``: a call template (``calls.parse_call``) instead of a convention; checked
-    against the callable here, and the scope it leaves out derived (``call_scope``,
-    from ``options``: the declared scope).
+    against the callable here, and the scope it leaves out derived (``call_scope``).
     """
-    declared: DeclaredScope = options or _DefaultScope(sizes=sizes, grad=grad)
-    if call is not None:
-        return _resolve_call(ref, call, cwd, declared)
+    ref, convention, transports = options.impl, options.convention, options.transports
+    grad = options.grad
+    if options.call is not None:
+        return _resolve_call(ref, options.call, cwd, options)
     usable, refused = gloo_transports()
     if ref is None:
         if convention == "seed":
@@ -488,7 +440,7 @@ def resolve_impl(
             convention,
             dim_in_call=not ctor_takes_dim,
             takes_grad=takes_grad,
-            sizes=sizes,
+            sizes=options.sizes,
             guessed=guessed,
         )
     except OptionError:
@@ -496,7 +448,7 @@ def resolve_impl(
         inferred = inferred_call(target) if guessed and ctor is None else None
         if inferred is None or transports not in ("auto", "none"):
             raise
-        return _resolve_call(ref, inferred, cwd, declared)
+        return _resolve_call(ref, inferred, cwd, options)
     if transports == "auto":
         takes = convention == "vargather" and _takes(target, "transport")
         chosen = usable if takes else None
@@ -516,23 +468,8 @@ def resolve_impl(
     )
 
 
-def resolve_options_impl(options: CheckOptions, cwd: str | None) -> ImplInfo:
-    """``resolve_impl`` for the implementation, call, convention, transports and scope
-    that ``options`` name (the command line's and the pytest plugin's one call)."""
-    return resolve_impl(
-        options.impl,
-        options.convention,
-        cwd,
-        options.transports,
-        sizes=options.sizes,
-        grad=options.grad,
-        call=options.call,
-        options=options,
-    )
-
-
-def _resolve_call(ref: str | None, call: str, cwd: str | None, options: DeclaredScope) -> ImplInfo:
-    """``resolve_impl`` for a call template."""
+def _resolve_call(ref: str | None, call: str, cwd: str | None, options: CheckOptions) -> ImplInfo:
+    """``resolve_options_impl`` for a call template."""
     if ref is None:
         raise OptionError("call", "needs --impl (vargather's own API is called as documented)")
     if options.convention != "auto":

@@ -11,7 +11,7 @@ parses text back: every line is rendered from fields.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final
 
 from .cases import GatherCase
@@ -88,18 +88,9 @@ class PropertyFailure:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "message": self.message,
-            "case": self.case,
-            "reproduction": self.reproduction,
-            "command": self.command,
-            "shrunk": self.shrunk,
-            "aspect": self.aspect,
-            "tries": self.tries,
-            "failed_tries": self.failed_tries,
-            "flaky": self.flaky,
-        }
+        data = asdict(self)
+        head = {k: data.pop(k) for k in ("kind", "message", "case", "reproduction")}
+        return {**head, "command": self.command, **data, "flaky": self.flaky}
 
 
 @dataclass(frozen=True)
@@ -114,7 +105,7 @@ class NanPayloads:
     reproduction: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"cases": self.cases, "message": self.message, "reproduction": self.reproduction}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -160,47 +151,20 @@ class PropertyResult:
     @staticmethod
     def from_json(data: dict[str, Any]) -> PropertyResult:
         """The inverse of ``to_json``."""
-        failure = data["failure"]
-        nans = data.get("nan_payloads")
-        return PropertyResult(
-            data["id"],
-            data["title"],
-            data["status"],
-            examples=data["examples"],
-            cases=data["cases"],
-            shrink_runs=data["shrink_runs"],
-            seconds=data.get("seconds", 0.0),
-            reason=data["reason"],
-            hint=data.get("hint"),
-            failure=None
-            if failure is None
-            else PropertyFailure(
-                failure["kind"],
-                failure["message"],
-                failure["case"],
-                failure["reproduction"],
-                failure["shrunk"],
-                failure.get("aspect"),
-                failure.get("tries", 1),
-                failure.get("failed_tries", 1),
-            ),
-            nan_payloads=None if nans is None else NanPayloads(**nans),
+        values = _fields(PropertyResult, data)
+        failure, nans = data["failure"], data.get("nan_payloads")
+        values["failure"] = (
+            None if failure is None else PropertyFailure(**_fields(PropertyFailure, failure))
         )
+        values["nan_payloads"] = None if nans is None else NanPayloads(**nans)
+        return PropertyResult(**values)
 
     def to_json(self, timings: bool = False) -> dict[str, Any]:
-        data = {
-            "id": self.id,
-            "title": self.title,
-            "status": self.status,
-            "examples": self.examples,
-            "cases": self.cases,
-            "shrink_runs": self.shrink_runs,
-            "reason": self.reason,
-            "failure": None if self.failure is None else self.failure.to_json(),
-            "hint": self.hint,
-            "nan_payloads": None if self.nan_payloads is None else self.nan_payloads.to_json(),
-        }
-        return {**data, "seconds": round(self.seconds, 3)} if timings else data
+        data = _fields(self, vars(self))
+        seconds = data.pop("seconds")
+        for key in ("failure", "nan_payloads"):
+            data[key] = None if data[key] is None else data[key].to_json()
+        return {**data, "seconds": round(seconds, 3)} if timings else data
 
 
 @dataclass
@@ -394,15 +358,12 @@ class Report:
         return "\n".join(lines) + "\n"
 
 
-_STATUS_TEXT: Final = {
-    "skipped": "skipped",
-    "pass": "pass",
-    "fail": "FAIL",
-    "xfail": "xfail",
-    "xpass": "XPASS",
-    "n/a": "n/a",
-    "unsupported": "unsupported",
-}
+_STATUS_TEXT: Final = {s: s.upper() if s in ("fail", "xpass") else s for s in STATUSES}
+
+
+def _fields(cls: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """``data``'s entries that are fields of the dataclass ``cls``, in field order."""
+    return {f.name: data[f.name] for f in fields(cls) if f.name in data}
 
 
 def _nan_text(nans: NanPayloads) -> str:

@@ -24,7 +24,3 @@ class CheckUsageError(VarGatherError, ValueError):
 class OptionError(schema.AnyOptionError, CheckUsageError):
     """A bad value of one option: ``option`` is its name, ``detail`` the rest of the
     message; ``spelled(spelling)`` is the message as a surface spells the option."""
-
-    @classmethod
-    def of(cls, err: schema.OptionValueError) -> OptionError:
-        return cls(err.option, err.detail)

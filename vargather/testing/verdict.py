@@ -100,14 +100,10 @@ def with_unsupported(result: PropertyResult, dtype: str) -> PropertyResult:
 _NOT_INITIALIZED: Final = ("not been initialized", "not initialized", "init_process_group")
 
 
-def _failed(result: PropertyResult) -> bool:
-    return result.status == "fail" and result.failure is not None
-
-
 def _hint_for(result: PropertyResult, by_id: dict[str, PropertyResult]) -> str | None:
     """The scope option that would explain ``result``'s failure, or ``None``."""
     f = result.failure
-    if f is None or not _failed(result):
+    if f is None or result.status != "fail":
         return None
     row = result.id.partition(":")[0]
     message = f.message

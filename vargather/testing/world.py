@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import pickle
 import shutil
 import tempfile
 import threading
@@ -34,11 +33,6 @@ __all__ = [
 
 _CRASH_GRACE = 0.25  # seconds to collect the survivors' replies after a rank died
 _STDERR_TAIL = 3000  # characters of a rank's stderr quoted in a failure message
-_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
-
-
-_STDERR_TAIL = 3000  # characters of a rank's stderr quoted in a failure message
-_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 _PRELOAD: list[str] = []
