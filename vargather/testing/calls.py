@@ -113,7 +113,7 @@ def _arg(node: ast.expr, text: str, names: Sequence[str]) -> Arg:
 def parse_call(text: str, names: Sequence[str] = NAMES) -> CallTemplate:
     """Parse ``"(x, sizes, dim, True, group)"``; ``ValueError`` naming what is wrong.
     ``names``: the names the template may use (the family's collectives have their
-    own: ``vargather.testing.family.FAMILY_NAMES``)."""
+    own: each ``FamilyCase``'s ``NAMES``)."""
     stripped = text.strip()
     if not (stripped.startswith("(") and stripped.endswith(")")):
         raise ValueError(f"expected an argument list in parentheses like '(x, dim)', got {text!r}")

@@ -21,7 +21,6 @@ names a collective: a case says which it is (``collective``) and how it is calle
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar
@@ -60,11 +59,9 @@ __all__ = [
     "draw_world",
     "expected",
     "fit_passed",
-    "inputs_of",
     "judge_case",
     "run_case",
     "run_sequence",
-    "upstream_of",
     "values",
 ]
 
@@ -264,17 +261,7 @@ class BlockCase(SplitCase):
         return replace(self, sizes=tuple(sizes))
 
 
-Case = FamilyCase
-"""Any family case (its old name)."""
 C = TypeVar("C", bound=FamilyCase)
-
-
-def inputs_of(case: FamilyCase) -> list[torch.Tensor]:
-    return case.inputs()
-
-
-def upstream_of(case: FamilyCase) -> list[Any]:
-    return case.upstream()
 
 
 def draw_group(draw: Any, world: int, subgroups: bool) -> tuple[int, ...] | None:
@@ -496,9 +483,6 @@ def expected(case: FamilyCase) -> tuple[list[Any], list[torch.Tensor] | None]:
     return out, grads
 
 
-_expected = expected  # the name tests/test_verdicts.py knows
-
-
 def _compare(got: object, want: Any, reduced: bool) -> tuple[str, bool] | None:
     """How ``got`` differs from the oracle's ``want`` (a tensor or a list of them), and
     whether only in NaN payloads (``reduced``: a reduction's result); ``None``: equal."""
@@ -591,31 +575,3 @@ def check_sequence(pool: RankPool, cases: Sequence[FamilyCase]) -> list[Failure]
         for i, case in enumerate(cases)
         for f in judge_case(case, [reports[i] for reports in per_rank])
     ]
-
-
-# --- names that moved to the catalogue modules ---------------------------------------------
-
-_MOVED: Final = {
-    "ReduceScatterCase": "reduce_scatter_v",
-    "reduce_scatter_cases": "reduce_scatter_v",
-    "AllToAllCase": "all_to_all_v",
-    "all_to_all_cases": "all_to_all_v",
-    "a2a_shapes": "all_to_all_v",
-    "recv_of": "all_to_all_v",
-    "joined_along": "all_to_all_v",
-    "changing_sizes_sequences": "all_to_all_v",
-    "GatherListCase": "all_gather_list",
-    "gather_list_cases": "all_gather_list",
-    "call_sequences": "",
-    "FAMILY_NAMES": "",
-}
-"""Where each collective's own names live now (``catalogues.<name>``; ``""``: the
-catalogues package), still importable from here by their old names."""
-
-
-def __getattr__(name: str) -> Any:
-    where = _MOVED.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(f"{__package__}.catalogues" + (f".{where}" if where else ""))
-    return getattr(module, name)
