@@ -20,7 +20,6 @@ names a collective: a case says which it is (``collective``) and how it is calle
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar
@@ -32,8 +31,10 @@ from vargather import COLLECTIVES as TABLE
 from vargather import oracle
 
 from .asserts import bitwise_difference, nan_payloads_only
+from .calls import bind_call
 from .cases import DTYPE_NAMES, Implementation, is_differentiable, make_values, torch_dtype
 from .collectives import FAMILY
+from .compiled import call_compiled, patient_default_group
 from .dispatch import function_of
 from .judge import Failure, without_addresses
 from .pool import RankContext, RankPool
@@ -363,23 +364,13 @@ def _call(case: FamilyCase, x: torch.Tensor, r: int, group: Any) -> Any:
     its call template (``calls.parse_call``); inside a compiled step with a backend."""
     fn = function_of(case.collective, case.impl)
     if case.call is not None:
-        from .calls import group_object, parse_call
-
-        bound: dict[str, object] = {"x": x, "group": group_object(group)}
-        if "out" in case.NAMES:
-            bound["out"] = torch.empty(case.output_shapes()[r], dtype=x.dtype, device=x.device)
-        bound.update(case.template_values(r))
-        listed, kwargs = parse_call(case.call, case.NAMES).build(bound)
-        args = tuple(listed)
+        shape, values = lambda: case.output_shapes()[r], case.template_values(r)
+        args, kwargs = bind_call(case.call, case.NAMES, x, group, shape, values)
     else:
         rest, named = case.arguments(r)
         args = (x, *rest)
         kwargs = {"group": group, "validate": case.validate, "timeout": CALL_TIMEOUT, **named}
-    if case.compile_backend is not None:
-        from .compiled import call_compiled
-
-        return call_compiled(fn, case, x, args, kwargs)
-    return fn(*args, **kwargs)
+    return call_compiled(fn, case, x, args, kwargs)
 
 
 def run_case(ctx: RankContext | Alone, case: FamilyCase) -> CallReport | None:
@@ -397,13 +388,8 @@ def run_case(ctx: RankContext | Alone, case: FamilyCase) -> CallReport | None:
     grad_wanted = case.differentiable
     if grad_wanted:
         x.requires_grad_(True)
-    patient = contextlib.nullcontext()
-    if case.compile_backend is not None:
-        from .compiled import patient_default_group
-
-        patient = patient_default_group(ctx, case)  # type: ignore[assignment]  # both context managers
     try:
-        with patient, repeatable():
+        with patient_default_group(ctx, case), repeatable():
             return _run(case, x, r, group, grad_wanted)
     except Exception as err:
         return CallReport(

@@ -10,18 +10,17 @@ gradient, and reports its output's bytes (or digest), its gradient and any excep
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Final, Protocol
 
 import torch
 
 from vargather import CollectiveError
 
-from .calls import CallTemplate, group_object, parse_call
+from .calls import NAMES, bind_call
 from .cases import (
     DIGEST_MIN_BYTES,
     GatherCase,
@@ -33,7 +32,7 @@ from .cases import (
     expected_output,
 )
 from .cases import dtype_name as dtype_name
-from .compiled import patient_default_group
+from .compiled import call_compiled, patient_default_group
 from .judge import output_mismatch
 from .repeatable import repeatable
 
@@ -132,24 +131,12 @@ def _call(
         assert callable(fn)  # checked in the parent before any world starts
     sizes = case.sizes_argument()
     if impl.call is not None:
-        template = _template(impl.call)
-        out = None
-        if template.uses("out"):  # a preallocated output the call fills
-            out = torch.empty(case.output_shape, dtype=x.dtype, device=x.device)
-        args, keywords = template.build(
-            {
-                "x": x,
-                "dim": case.dim,
-                "sizes": sizes,
-                "shapes": [list(s) for s in case.shapes],
-                "group": group_object(group),
-                "grad": case.contract,
-                "out": out,
-            }
-        )
-        result = _invoke(fn, case, x, tuple(args), dict(keywords))
+        shapes = [list(s) for s in case.shapes]
+        values = {"dim": case.dim, "sizes": sizes, "shapes": shapes, "grad": case.contract}
+        args, named = bind_call(impl.call, NAMES, x, group, lambda: case.output_shape, values)
+        result = call_compiled(fn, case, x, args, named)
     elif impl.convention == "seed":
-        result = _invoke(fn, case, x, (*head, sizes), {})
+        result = call_compiled(fn, case, x, (*head, sizes), {})
     else:
         kwargs: dict[str, object] = {"grad": case.contract} if impl.takes_grad else {}
         if sizes is not None:
@@ -158,30 +145,8 @@ def _call(
             kwargs["group"] = group
         if impl.transports is not None:
             kwargs["transport"] = case.transport
-        result = _invoke(fn, case, x, head, kwargs)
+        result = call_compiled(fn, case, x, head, kwargs)
     return _unpack(impl, case, result)
-
-
-def _invoke(
-    fn: Callable[..., object],
-    case: GatherCase,
-    x: torch.Tensor,
-    args: tuple[object, ...],
-    kwargs: dict[str, object],
-) -> object:
-    """``fn(*args, **kwargs)``, or inside the compiled step of ``case.compile_backend``
-    (``vargather.testing.compiled``; the shard ``x`` is among the arguments)."""
-    if case.compile_backend is None:
-        return fn(*args, **kwargs)
-    from .compiled import call_compiled  # torch.compile only where a case asks
-
-    return call_compiled(fn, case, x, args, kwargs)
-
-
-@functools.lru_cache(maxsize=16)
-def _template(text: str) -> CallTemplate:
-    """A call template, parsed once per process (``calls.parse_call``)."""
-    return parse_call(text)
 
 
 def _is_tensor_list(value: object) -> bool:
