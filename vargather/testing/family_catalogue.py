@@ -43,7 +43,15 @@ from typing import TYPE_CHECKING, Any, Final
 from hypothesis import strategies as st
 
 from .calls import parse_call
-from .cases import COMPILE_BACKENDS, Implementation, parse_literal
+from .cases import (
+    COMPILE_BACKENDS,
+    DTYPE_FAMILIES,
+    DTYPE_NAMES,
+    Implementation,
+    dtype_family,
+    parse_literal,
+    torch_dtype,
+)
 from .family import Alone, FamilyCase, SplitCase, judge_case, run_case, run_sequence, shape_with
 from .judge import Failure, world_failure_text
 from .misuse import MISUSE_KINDS, MisuseCase, judge_misuse, run_misuse
@@ -58,7 +66,19 @@ if TYPE_CHECKING:
 
     from .options import CheckOptions
 
-__all__ = ["FAMILY_BATCH", "LARGE_ROW", "LARGE_ROWS", "FamilyCatalogue", "shape_with"]
+__all__ = [
+    "COMMON_DTYPES",
+    "COMPILED_EXAMPLES",
+    "FAMILY_BATCH",
+    "LARGE_ROW",
+    "LARGE_ROWS",
+    "SEQUENCE_DTYPES",
+    "VALUES",
+    "FamilyCatalogue",
+    "forward_rows",
+    "scoped",
+    "shape_with",
+]
 
 FAMILY_BATCH: Final = 4
 """Calls per example: one example is one pool round trip, its calls in a row."""
@@ -67,13 +87,48 @@ LARGE_ROW: Final = 256
 LARGE_ROWS: Final = 320
 """Most rows of a payload-scale block: 320 KiB, past the fused round's 128 KiB slot."""
 COMPILED_EXAMPLES: Final = 3
-"""Examples of the ``compiled`` row per run: each costs compiles of seconds."""
+"""Examples of the ``compiled`` row per run (every catalogue's): each costs compiles of
+a few seconds per backend and shape (inductor's the most)."""
 
-_FLOAT: Final = ("float32", "float64")
-_COMMON: Final = ("float32", "float64", "int64")
+COMMON_DTYPES: Final = ("float32", "float64", "int64")
+"""The dtypes of the rows that are not about dtypes (each family has its own)."""
+SEQUENCE_DTYPES: Final = ("float32", "float64", "bfloat16", "int64", "uint8")
+"""Dtypes a call sequence switches between: widths of 8, 4, 2 and 1 bytes, so one
+shape means different byte counts from call to call."""
+VALUES: Final = frozenset({"output", "gradient", "adjoint"})
+"""The aspects of a row about the values: the output and the input gradients."""
 _ALONE: Final = ("float32", "float64", "complex64")
 _FORWARD: Final = frozenset({"output"})
-_VALUES: Final = frozenset({"output", "gradient", "adjoint"})
+
+
+def forward_rows(
+    row: Callable[[str, str, tuple[str, ...]], Property],
+    same: str,
+    fewer: Mapping[str, tuple[str, ...]] | None = None,
+) -> list[Property]:
+    """Every catalogue's forward rows, ``forward-float`` ... ``forward-bool``: one per
+    dtype family, ``row(id, title, dtypes)`` with ``same`` and the dtypes in the title,
+    every gloo dtype of the family (``fewer``: the collective's own, by family)."""
+    rows = []
+    for family in DTYPE_FAMILIES:
+        dtypes = (fewer or {}).get(family) or tuple(
+            n for n in DTYPE_NAMES if dtype_family(torch_dtype(n)) == family
+        )
+        words = "int8/16/32/64, uint8" if family == "int" else "/".join(dtypes)
+        rows.append(row(f"forward-{family}", same + words, dtypes))
+    return rows
+
+
+def scoped(row: Property, why: str | None = None) -> Property:
+    """``row`` left out (``out_of_scope``) for its catalogue's own reason ``why``, or
+    where the target's scope excludes it alike in every catalogue: the gradient rows
+    under ``--grad none``, the ``compiled`` row of a target not claimed to compile."""
+    target = row.implementation
+    if why is None and row.id in ("gradient", "adjoint") and not target.differentiable:
+        why = "--grad none: not differentiable"
+    if why is None and row.compiled and not target.claims_compile:
+        why = "not claimed to compile (--compile claims torch.compile support)"
+    return row if why is None else replace(row, out_of_scope=why)
 
 
 def large_blocks(
@@ -165,7 +220,7 @@ class FamilyCatalogue:
         return case
 
     def _scoped(self, row: Property) -> Property:
-        """``row`` left out (``out_of_scope``) where the collective declines it or the
+        """``row`` left out (``scoped``) where the collective declines it or the
         target's scope excludes it."""
         target = row.implementation
         why = self.declined.get(row.id)
@@ -180,17 +235,13 @@ class FamilyCatalogue:
                 why = "--dims 0: dim 0 only"
         elif row.id == "subgroup" and not self.passes(target, "group"):
             why = f"--call {target.call} passes no group: no subgroup"
-        elif row.id in ("gradient", "adjoint") and not target.differentiable:
-            why = "--grad none: not differentiable"
-        elif row.id == "adjoint" and "sum" not in target.contracts:
+        elif row.id == "adjoint" and target.differentiable and "sum" not in target.contracts:
             why = "an identity of grad='sum'; the claimed contract is " + ", ".join(
                 target.contracts
             )
         elif row.id == "misuse" and target.call is not None:
             why = "--call: the misuse cases call ATTR as vargather's function is (timeout= too)"
-        elif row.id == "compiled" and not target.claims_compile:
-            why = "not claimed to compile (--compile claims torch.compile support)"
-        return row if why is None else replace(row, out_of_scope=why)
+        return scoped(row, why)
 
     # -- the rows
 
@@ -212,38 +263,36 @@ class FamilyCatalogue:
         same = "forward equals the oracle bit for bit on every rank, "
         grads = ", ".join(target.contracts) if target.differentiable else "none"
         rows = [
-            row("forward-float", same + "float32/float64", _FORWARD, _FLOAT, requires_grad=False),
-            row("forward-half", same + "float16/bfloat16", _FORWARD, _HALF, requires_grad=False),
-            row(
-                "forward-complex", same + "complex64", _FORWARD, ("complex64",), requires_grad=False
+            *forward_rows(
+                lambda i, title, dtypes: row(i, title, _FORWARD, dtypes, requires_grad=False),
+                same,
+                {"complex": ("complex64",)},
             ),
-            row("forward-int", same + "int8/16/32/64, uint8", _FORWARD, _INT, requires_grad=False),
-            row("forward-bool", same + "bool", _FORWARD, ("bool",), requires_grad=False),
             row(
                 "dims",
                 "forward and gradient along dims other than 0, negative ones included",
-                _VALUES,
-                _COMMON,
+                VALUES,
+                COMMON_DTYPES,
                 shape=_nonzero_dim,
             ),
             row(
                 "empty",
                 "one rank's part empty (no block, nothing sent, no elements): forward and gradient",
-                _VALUES,
-                _COMMON,
+                VALUES,
+                COMMON_DTYPES,
                 shape=_emptied,
             ),
             row(
                 "non-contiguous",
                 "x a transposed or strided (sliced) view: forward and gradient",
-                _VALUES,
-                _COMMON,
+                VALUES,
+                COMMON_DTYPES,
                 shape=_strided,
             ),
             row(
                 "one-rank",
                 "a world of one rank: the identity, gradients flowing",
-                _VALUES,
+                VALUES,
                 _ALONE,
                 min_world=1,
                 max_world=1,
@@ -251,15 +300,15 @@ class FamilyCatalogue:
             row(
                 "uninitialized",
                 "torch.distributed not initialized: the identity, gradients flowing",
-                _VALUES,
+                VALUES,
                 _ALONE,
                 initialized=False,
             ),
             row(
                 "subgroup",
                 "group= a subgroup of the world: its members only, gradients too",
-                _VALUES,
-                _COMMON,
+                VALUES,
+                COMMON_DTYPES,
                 subgroups=True,
                 keep=lambda c: c.group is not None,
                 min_world=3,
@@ -275,7 +324,7 @@ class FamilyCatalogue:
                 "adjoint",
                 "sum_r <y_r, g_r> == sum_j <x_j, dx_j> exactly (integer values)",
                 frozenset({"gradient", "adjoint"}),
-                _FLOAT,
+                ("float32", "float64"),
                 requires_grad=True,
                 special=False,
             ),
@@ -283,7 +332,7 @@ class FamilyCatalogue:
                 "payload-scale",
                 "blocks of up to 320 KiB per rank (past the one-round payload slot): forward "
                 "and gradient",
-                _VALUES,
+                VALUES,
                 large=True,
                 batch=2,
             ),
@@ -291,8 +340,8 @@ class FamilyCatalogue:
                 "call-sequence",
                 "calls in a row on one world, shapes, dtypes, sizes and validate changing "
                 "between calls (state carried across calls)",
-                _VALUES,
-                _SEQUENCE,
+                VALUES,
+                SEQUENCE_DTYPES,
                 sequences=True,
                 subgroups=self.passes(target, "group"),
             ),
@@ -301,8 +350,8 @@ class FamilyCatalogue:
                 "the call inside a training step compiled with torch.compile(fullgraph=True) "
                 "on eager, aot_eager or inductor (sizes passed as ints): output and input "
                 "gradients equal the oracle's bit for bit (integer values)",
-                _VALUES,
-                _COMMON,
+                VALUES,
+                COMMON_DTYPES,
                 special=False,
                 compiled=True,
                 examples=COMPILED_EXAMPLES,
@@ -539,7 +588,7 @@ class FamilyCatalogue:
             Implementation(op=self.op, name=self.op),
             "repro",
             "repro",
-            _VALUES,
+            VALUES,
             catalogue=self,
             misuse=misuse,
             initialized=misuse or cases[0].initialized,
@@ -548,10 +597,7 @@ class FamilyCatalogue:
         return self.run(prop, cases, pool_factory)
 
 
-_HALF: Final = ("float16", "bfloat16")
-_INT: Final = ("int64", "int32", "int16", "int8", "uint8")
 _GRAD: Final = ("float32", "float64", "float16", "bfloat16", "complex64")
-_SEQUENCE: Final = ("float32", "float64", "bfloat16", "int64", "uint8")
 _PROPERTY_FIELDS: Final = frozenset(
     {f.name for f in dataclasses.fields(Property)} - {"implementation", "id", "title", "kwargs"}
 )

@@ -42,6 +42,14 @@ from ..cases import (
     torch_dtype,
 )
 from ..compiled import warm_backends
+from ..family_catalogue import (
+    COMMON_DTYPES,
+    COMPILED_EXAMPLES,
+    SEQUENCE_DTYPES,
+    VALUES,
+    forward_rows,
+    scoped,
+)
 from ..judge import Failure
 from ..misuse import CATALOGUE as CATALOGUE_OF_MISUSES
 from ..misuse import GatherMisuseCase, judge_gather_misuse, misuse_by_name, run_gather_misuse
@@ -115,21 +123,10 @@ def _dtypes(*families: str) -> tuple[str, ...]:
     return tuple(n for n in DTYPE_NAMES if dtype_family(torch_dtype(n)) in families)
 
 
-_COMMON: Final = ("float32", "float64", "int64")
-"""The dtypes of the properties that are not about dtypes (each family has its own)."""
-
-_SEQUENCE_DTYPES: Final = ("float32", "float64", "bfloat16", "int64", "uint8")
-"""Dtypes a call sequence switches between: widths of 8, 4, 2 and 1 bytes, so one
-shape means different byte counts from call to call."""
-
 _OUTPUT: Final = frozenset({"output"})
 _SIZES: Final = frozenset({"output", "sizes"})
 _ALL: Final = frozenset({"output", "sizes", "gradient", "adjoint"})
-_VALUES: Final = frozenset({"output", "gradient", "adjoint"})
 
-COMPILED_EXAMPLES: Final = 3
-"""Examples of the ``compiled`` property per run by default: each costs compiles of a
-few seconds per backend and shape (inductor's the most)."""
 COMPILED_SLOW_EXAMPLES: Final = 25
 COMPILED_BATCH: Final = 3
 """Cases per compiled batch: calls in a row through one compiled step per backend,
@@ -166,7 +163,7 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
     plain = ("none",) if "none" in sizes_forms_for(impl.sizes_scope) else None
     none = plain or sizes_forms_for(impl.sizes_scope)  # --sizes required: always passed
     fwd = {"sizes_forms": none, "memory": ("contiguous",), "requires_grad": False, **c}
-    common = {**fwd, "dtypes": tuple(d for d in _COMMON if d in DTYPE_NAMES)}
+    common = {**fwd, "dtypes": tuple(d for d in COMMON_DTYPES if d in DTYPE_NAMES)}
     world: dict[str, object] = {
         "sizes_forms": none,
         "dtypes": ("float32", "float64", "complex64"),
@@ -182,7 +179,7 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
     }
     # Sequences call without sizes where the scope allows (the state under test is the
     # implementation's own); with --sizes required they pass them.
-    seq = {"sizes_forms": plain or none, "dtypes": _SEQUENCE_DTYPES, **c}
+    seq = {"sizes_forms": plain or none, "dtypes": SEQUENCE_DTYPES, **c}
     coalesced = {
         "sizes_forms": sizes_forms_for(impl.sizes_scope),
         "requires_grad": None if impl.differentiable else False,
@@ -196,7 +193,7 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
         "sizes_forms": tuple(f for f in sizes_forms_for(impl.sizes_scope) if f != "tensor"),
         "memory": ("contiguous",),
         "values": ("integers",),
-        "dtypes": tuple(d for d in _COMMON if d in DTYPE_NAMES),
+        "dtypes": tuple(d for d in COMMON_DTYPES if d in DTYPE_NAMES),
         "max_payload": 0,
         **c,
     }
@@ -207,35 +204,9 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
     same = "forward equals torch.cat(x, dim) bit for bit on every rank, "
 
     rows = [
-        Property(
-            impl,
-            "forward-float",
-            same + "float32/float64",
-            _OUTPUT,
-            {**fwd, "dtypes": _dtypes("float")},
+        *forward_rows(
+            lambda i, t, dtypes: Property(impl, i, t, _OUTPUT, {**fwd, "dtypes": dtypes}), same
         ),
-        Property(
-            impl,
-            "forward-half",
-            same + "float16/bfloat16",
-            _OUTPUT,
-            {**fwd, "dtypes": _dtypes("half")},
-        ),
-        Property(
-            impl,
-            "forward-complex",
-            same + "complex64/complex128",
-            _OUTPUT,
-            {**fwd, "dtypes": _dtypes("complex")},
-        ),
-        Property(
-            impl,
-            "forward-int",
-            same + "int8/16/32/64, uint8",
-            _OUTPUT,
-            {**fwd, "dtypes": _dtypes("int")},
-        ),
-        Property(impl, "forward-bool", same + "bool", _OUTPUT, {**fwd, "dtypes": _dtypes("bool")}),
         Property(
             impl,
             "dims",
@@ -347,7 +318,7 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
             "on eager, aot_eager or inductor: output and input gradients equal eager's "
             "bit for bit (integer values), empty shards and size changes between calls; "
             "a rank that issues other collectives than its peers hangs the world",
-            _VALUES,
+            VALUES,
             compiled,
             compiled=True,
             examples=COMPILED_EXAMPLES,
@@ -360,7 +331,7 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
             "a batch of tensors gathered by one all_gather_v_coalesced call (each its own "
             "dtype, shape, dim, memory layout and sizes form): every output bit for bit, "
             f"gradients under the call's grad={claimed} after one backward over all outputs",
-            _VALUES,
+            VALUES,
             coalesced,
             coalesced=True,
         ),
@@ -379,42 +350,30 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
 
 
 def _scoped(row: Property) -> Property:
-    """``row`` within its implementation's declared scope: the property left out
-    (``out_of_scope``) when the scope excludes what it is about, else its cases
-    narrowed where a whole-row argument needs it (non-zero dims)."""
+    """``row`` within its implementation's declared scope: left out (``scoped``) where
+    the scope excludes what it is about, else its cases narrowed where a whole-row
+    argument needs it (non-zero dims)."""
     impl = row.implementation
-    if row.misuse and impl.ref is not None:
-        return replace(
-            row,
-            out_of_scope="the misuse scenarios call vargather's own all_gather_v_with_layout "
-            "(transport=, validate=, timeout= included)",
-        )
-    if row.compiled and not impl.claims_compile:
-        return replace(
-            row,
-            out_of_scope="not claimed to compile (--compile claims torch.compile support)",
-        )
-    if row.coalesced and impl.coalesced_form is None:
-        return replace(
-            row,
-            out_of_scope="ATTR has no coalesced form (vargather.all_gather_v_coalesced only)",
-        )
     forms = sizes_forms_for(impl.sizes_scope)
-    if row.id in ("sizes-list", "sizes-tensor"):
-        form = row.id.removeprefix("sizes-")
-        if form not in forms:
-            why = "never passed" if impl.sizes_scope == "never" else f"passed as {forms}"
-            return replace(row, out_of_scope=f"--sizes {impl.sizes_scope}: sizes is {why}")
-    if not impl.differentiable and row.id in ("gradient", "adjoint"):
-        return replace(row, out_of_scope="--grad none: not differentiable")
-    if row.id == "dims" and impl.dims is not None:
-        nonzero = tuple(d for d in impl.dims if d != 0)
-        if not nonzero:
-            return replace(row, out_of_scope=f"--dims {_dims_text(impl.dims)}: dim 0 only")
+    nonzero = tuple(d for d in impl.dims or () if d != 0)
+    why = None
+    if row.misuse and impl.ref is not None:
+        why = (
+            "the misuse scenarios call vargather's own all_gather_v_with_layout "
+            "(transport=, validate=, timeout= included)"
+        )
+    elif row.coalesced and impl.coalesced_form is None:
+        why = "ATTR has no coalesced form (vargather.all_gather_v_coalesced only)"
+    elif row.id in ("sizes-list", "sizes-tensor") and row.id.removeprefix("sizes-") not in forms:
+        said = "never passed" if impl.sizes_scope == "never" else f"passed as {forms}"
+        why = f"--sizes {impl.sizes_scope}: sizes is {said}"
+    elif row.id == "dims" and impl.dims is not None and not nonzero:
+        why = f"--dims {','.join(map(str, impl.dims))}: dim 0 only"
+    elif row.id == "dims" and impl.dims is not None:
         deepest = max((d + 1 for d in nonzero if d >= 0), default=1)
         kwargs = {**row.kwargs, "dims": nonzero, "max_ndim": min(8, max(4, deepest))}
         return replace(row, kwargs=kwargs)
-    return row
+    return scoped(row, why)
 
 
 EQUAL_SHAPES_ONLY: Final = "--equal-shapes: every rank's shard has the same shape"
@@ -434,10 +393,6 @@ def equal_shapes_only(row: Property) -> Property:
 def _equalized(case: GatherCase) -> GatherCase:
     """``case`` with every rank's shard of the first rank's shape."""
     return replace(case, shapes=(case.shapes[0],) * len(case.shapes))
-
-
-def _dims_text(dims: Sequence[int]) -> str:
-    return ",".join(map(str, dims))
 
 
 # --- the catalogue's hooks -------------------------------------------------------------
