@@ -52,13 +52,13 @@ from .cases import (
     parse_literal,
     torch_dtype,
 )
+from .compiled import warm_backends
 from .family import Alone, FamilyCase, SplitCase, judge_case, run_case, run_sequence, shape_with
-from .judge import Failure, world_failure_text
 from .misuse import MISUSE_KINDS, MisuseCase, judge_misuse, run_misuse
-from .pool import PoolFailure, RankError, RankPool
+from .pool import RankPool
 from .properties import Property
 from .resolve import ImplInfo, load_impl
-from .runner import Verdict, exc_kind, shell_quote
+from .runner import Verdict, judged, reproduction
 from .usage_errors import OptionError
 
 if TYPE_CHECKING:
@@ -519,30 +519,17 @@ class FamilyCatalogue:
         impl = prop.implementation
         if not prop.initialized:  # in this process, torch.distributed not initialized
             return [Verdict(c, impl, tuple(judge_case(c, [run_case(Alone(), c)]))) for c in batch]
-        results: list[Any]
-        try:
+
+        def run() -> list[Any]:
             pool = pool_factory(batch[0].world_size)
             if prop.misuse:
-                results = [pool.run(run_misuse, case) for case in batch]
-            else:
-                if prop.compiled:
-                    from .compiled import warm_backends
+                return [pool.run(run_misuse, case) for case in batch]
+            if prop.compiled:
+                pool.run(warm_backends, sorted({c.compile_backend for c in batch}))
+            per_rank = pool.run(run_sequence, tuple(batch))
+            return [[reports[i] for reports in per_rank] for i in range(len(batch))]
 
-                    pool.run(warm_backends, sorted({c.compile_backend for c in batch}))
-                per_rank = pool.run(run_sequence, tuple(batch))
-                results = [[reports[i] for reports in per_rank] for i in range(len(batch))]
-        except (PoolFailure, RankError) as err:
-            message = f"{type(err).__name__}: {world_failure_text(err)}"
-            size = batch[0].world_size
-            failure = Failure("call", exc_kind(err), message, group_size=size, call=self.op)
-            first = Verdict(batch[0], impl, (failure,))
-            rest = [Verdict(c, impl, not_run="the world failed earlier") for c in batch[1:]]
-            return [first, *rest]
-        judge: Callable[[Any, Any], list[Failure]] = judge_misuse if prop.misuse else judge_case
-        return [
-            Verdict(case, impl, tuple(judge(case, reports)))
-            for case, reports in zip(batch, results, strict=True)
-        ]
+        return judged(batch, impl, self.op, run, judge_misuse if prop.misuse else judge_case)
 
     def describe(self, prop: Property, batch: Sequence[Any], index: int) -> str:
         """The failing call and the calls before it on its world, in words, and the
@@ -553,11 +540,8 @@ class FamilyCatalogue:
             if not getattr(cases[0], "initialized", True)
             else f"on a gloo world of {cases[0].world_size} rank(s)"
         )
-        lines = [f"{len(cases)} call(s) {where}, in order:"]
-        lines += [f"  {c!r}" for c in cases]
-        args = ["python", "-m", "vargather", "repro", "--op", self.op, *map(repr, cases)]
-        lines.append("reproduce: " + " ".join(map(shell_quote, args)))
-        return "\n".join(lines)
+        head = f"{len(cases)} call(s) {where}, in order:"
+        return reproduction(head, map(repr, cases), ["--op", self.op, *map(repr, cases)])
 
     def case_data(self, case: Any) -> dict[str, Any]:
         data = dataclasses.asdict(case)

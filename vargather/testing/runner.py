@@ -19,9 +19,9 @@ import itertools
 import os
 import shlex
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import torch
 
@@ -76,11 +76,14 @@ __all__ = [
     "describe_coalesced",
     "example_counts",
     "gloo_transports",
+    "judged",
     "load_callable",
     "parse_impl_ref",
     "prepend_import_paths",
     "rank_preflight",
     "repro_args",
+    "repro_command",
+    "reproduction",
     "reset_example_counts",
     "run_cases",
     "run_coalesced",
@@ -316,6 +319,30 @@ def _in_flight_case(exc: PoolFailure, batch: int) -> int | None:
     return min(indices) if indices else None
 
 
+def judged(
+    batch: Sequence[Any],
+    impl: Implementation,
+    call: str,
+    run: Callable[[], Sequence[Any]],
+    judge_one: Callable[[Any, Any], Sequence[Failure]],
+) -> list[Verdict]:
+    """Each case of ``batch`` judged (``judge_one(case, reports)``) from ``run()``, its
+    reports case by case; a world that failed under the batch fails its first case
+    (``call``: an error, a crash or a hang, the pool's diagnosis), the rest not run."""
+    try:
+        results = run()
+    except (PoolFailure, RankError) as err:
+        message = f"{type(err).__name__}: {world_failure_text(err)}"
+        size = batch[0].world_size
+        failure = Failure("call", exc_kind(err), message, group_size=size, call=call)
+        rest = [Verdict(c, impl, not_run="the world failed earlier") for c in batch[1:]]
+        return [Verdict(batch[0], impl, (failure,)), *rest]
+    return [
+        Verdict(case, impl, tuple(judge_one(case, reports)))
+        for case, reports in zip(batch, results, strict=True)
+    ]
+
+
 def exc_kind(exc: BaseException) -> str:
     """The judge's failure kind for a pool failure: ``crash``, ``hang`` or ``error``."""
     if isinstance(exc, RankCrashed):
@@ -432,6 +459,17 @@ def repro_args(case: GatherCase, implementation: Implementation = VARGATHER) -> 
     return args
 
 
+def repro_command(args: Sequence[str]) -> str:
+    """``python -m vargather repro`` with ``args``, as a POSIX shell command line."""
+    return " ".join(map(shell_quote, ["python", "-m", "vargather", "repro", *args]))
+
+
+def reproduction(head: str, items: Iterable[str], args: Sequence[str]) -> str:
+    """``head``, each of ``items`` on an indented line, and the ``reproduce:`` line
+    (``repro_command(args)``): how a catalogue tells its failing calls."""
+    return "\n".join([head, *(f"  {item}" for item in items), f"reproduce: {repro_command(args)}"])
+
+
 def shell_quote(arg: str) -> str:
     """``arg`` for a POSIX shell, in double quotes where that is enough (a case's repr
     reads better in them than in ``shlex.quote``'s single quotes)."""
@@ -458,9 +496,7 @@ def describe(
         + (f", subgroup {list(case.members)}" if case.members is not None else "")
     )
     memory = [case.memory_of(r) for r in range(case.group_size)]
-    case_args = repro_args(case, implementation)
-    args = ["python", "-m", "vargather", "repro", *map(repr, before), *case_args]
-    command = " ".join(shell_quote(arg) for arg in args)
+    command = repro_command([*map(repr, before), *repro_args(case, implementation)])
     lines = []
     if before:
         lines.append(
@@ -499,9 +535,7 @@ def describe_coalesced(
         for i, c in enumerate(batch)
     )
     single = describe(batch[index], impl).splitlines()[:-1]  # the tensor, in words
-    args = ["python", "-m", "vargather", "repro", "--coalesced", *map(repr, batch)]
-    args += repro_args(batch[index], impl)[1:]
-    command = " ".join(shell_quote(arg) for arg in args)
+    command = repro_command(["--coalesced", *map(repr, batch), *repro_args(batch[index], impl)[1:]])
     return "\n".join([*lines, *single, f"  reproduce: {command}"])
 
 

@@ -50,7 +50,6 @@ from ..family_catalogue import (
     forward_rows,
     scoped,
 )
-from ..judge import Failure
 from ..misuse import CATALOGUE as CATALOGUE_OF_MISUSES
 from ..misuse import GatherMisuseCase, judge_gather_misuse, misuse_by_name, run_gather_misuse
 from ..options import CheckOptions
@@ -62,10 +61,11 @@ from ..runner import (
     Verdict,
     describe,
     describe_coalesced,
+    judged,
+    reproduction,
     run_cases,
     run_coalesced,
     run_on_rank,
-    shell_quote,
 )
 from ..scale import sequence_length
 
@@ -556,28 +556,19 @@ _PROBE_TOKENS = count(-1, -1)
 def _run_misuse(
     prop: Property, batch: Sequence[Any], pool_factory: Callable[[int], RankPool]
 ) -> list[Verdict]:
-    """Each misuse on its world; a world that failed fails that case (``call``)."""
-    impl = prop.implementation
-    verdicts: list[Verdict] = []
-    for case in batch:
-        try:
-            reports = pool_factory(case.world_size).run(run_gather_misuse, case)
-        except (PoolFailure, RankError) as err:
-            kind = "error" if isinstance(err, RankError) else "crash"
-            failure = Failure("call", kind, f"{type(err).__name__}: {err}", (), case.world_size)
-            verdicts.append(Verdict(case, impl, (failure,)))
-            continue
-        verdicts.append(Verdict(case, impl, tuple(judge_gather_misuse(case, reports))))
-    return verdicts
+    """Each misuse on its world (``runner.judged``)."""
+
+    def run() -> list[Any]:
+        return [pool_factory(case.world_size).run(run_gather_misuse, case) for case in batch]
+
+    return judged(batch, prop.implementation, "all_gather_v", run, judge_gather_misuse)
 
 
 def _misuse_reproduction(cases: Sequence[Any]) -> str:
     """The failing misuses in words, and a command that re-runs them."""
-    command = ["python", "-m", "vargather", "repro", *map(repr, cases)]
-    lines = [f"{len(cases)} misuse(s) on a gloo world of {cases[0].world_size} rank(s):"]
-    lines += [f"  {c!r}: {misuse_by_name(c.name).summary}" for c in cases]
-    lines.append(f"reproduce: {' '.join(map(shell_quote, command))}")
-    return "\n".join(lines)
+    head = f"{len(cases)} misuse(s) on a gloo world of {cases[0].world_size} rank(s):"
+    said = [f"{c!r}: {misuse_by_name(c.name).summary}" for c in cases]
+    return reproduction(head, said, list(map(repr, cases)))
 
 
 CATALOGUE: Final = _Gather()
