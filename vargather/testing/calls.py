@@ -33,17 +33,10 @@ from typing import Final
 
 import torch
 
-__all__ = ["CONVENTION_CALLS", "NAMES", "Arg", "CallTemplate", "bind_call", "parse_call"]
+__all__ = ["NAMES", "Arg", "CallTemplate", "bind_call", "parse_call"]
 
 NAMES: Final = ("x", "dim", "sizes", "shapes", "group", "grad", "out")
 """The names a template may use."""
-
-CONVENTION_CALLS: Final = {
-    "seed": "(x, dim, sizes)",
-    "vargather": "(x, dim, sizes=sizes, group=group, grad=grad)",
-}
-"""The template each ``--convention`` stands for (vargather's also passes
-``transport=`` when ATTR takes it, and ``sizes=``/``group=`` only when drawn)."""
 
 
 @dataclass(frozen=True)

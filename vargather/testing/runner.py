@@ -35,7 +35,6 @@ from .cases import (
     Implementation,
     RankReport,
 )
-from .cases import dtype_name as dtype_name
 
 # --- the parent side: running -----------------------------------------------------------
 from .importer import (
@@ -84,7 +83,6 @@ __all__ = [
     "repro_args",
     "repro_command",
     "reproduction",
-    "reset_example_counts",
     "run_cases",
     "run_coalesced",
     "run_coalesced_on_rank",
@@ -116,10 +114,6 @@ _TOKENS = itertools.count(1)
 def example_counts() -> dict[tuple[str, str], int]:
     """Cases run and judged in this process, by (implementation label, world)."""
     return dict(_COUNTS)
-
-
-def reset_example_counts() -> None:
-    _COUNTS.clear()
 
 
 def _world_label(case: GatherCase) -> str:

@@ -89,23 +89,6 @@ def _on_backends(cases: list[GatherCase]) -> SearchStrategy[list[GatherCase]]:
     )
 
 
-def warm_backends_for(
-    batch: Sequence[GatherCase], pool_factory: Callable[[int], RankPool] | None = None
-) -> None:
-    """Warm, on each world ``batch`` runs on, the compile backends its cases use
-    (``compiled.warm_backends``, once per rank process): a backend's one-time setup is
-    then not charged to the batch's call timeout."""
-    from ..pool import get_pool
-
-    factory = pool_factory or get_pool
-    worlds: dict[int, set[str]] = {}
-    for case in batch:
-        if case.compile_backend is not None and case.initialized:
-            worlds.setdefault(case.world_size, set()).add(case.compile_backend)
-    for world, backends in sorted(worlds.items()):
-        factory(world).run(warm_backends, sorted(backends))
-
-
 def one_call(cases: Sequence[GatherCase]) -> list[GatherCase]:
     """``cases`` as the tensors of one coalesced call: every case takes the first's
     contract and transport (the call takes them once); everything else stays each
@@ -501,8 +484,9 @@ class _Gather:
         if prop.misuse:
             return _run_misuse(prop, batch, pool_factory)
         run = run_coalesced if prop.coalesced else run_cases
-        if prop.compiled:
-            warm_backends_for(batch, pool_factory)
+        if prop.compiled and batch:  # a backend's setup not charged to the batch's timeout
+            backends = sorted({c.compile_backend for c in batch})
+            pool_factory(batch[0].world_size).run(warm_backends, backends)
         return run(batch, prop.implementation, pool_factory=pool_factory)
 
     def describe(self, prop: Property, batch: Sequence[Any], index: int) -> str:
