@@ -64,6 +64,7 @@ from .usage_errors import OptionError
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
+    from .catalogues import Catalogue
     from .options import CheckOptions
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "VALUES",
     "FamilyCatalogue",
     "forward_rows",
+    "row_builder",
     "scoped",
     "shape_with",
 ]
@@ -117,6 +119,23 @@ def forward_rows(
         words = "int8/16/32/64, uint8" if family == "int" else "/".join(dtypes)
         rows.append(row(f"forward-{family}", same + words, dtypes))
     return rows
+
+
+def row_builder(
+    target: Implementation, catalogue: Catalogue, **defaults: Any
+) -> Callable[..., Property]:
+    """How every catalogue writes its rows: ``row(id, title, aspects, dtypes, **kw)``,
+    a row of ``target`` whose ``kw`` are its ``Property`` fields (over ``defaults``)
+    and the kwargs its catalogue's ``draw`` reads (the rest, ``dtypes`` among them)."""
+
+    def row(
+        row_id: str, title: str, aspects: frozenset[str], dtypes: Sequence[str] = (), **kw: Any
+    ) -> Property:
+        fields = {**defaults, **{k: kw.pop(k) for k in list(kw) if k in _PROPERTY_FIELDS}}
+        kwargs = {"dtypes": tuple(dtypes), **kw} if dtypes else kw
+        return Property(target, row_id, title, aspects, kwargs, catalogue=catalogue, **fields)
+
+    return row
 
 
 def scoped(row: Property, why: str | None = None) -> Property:
@@ -250,15 +269,7 @@ class FamilyCatalogue:
         its result is fixed: ``returns`` is not asked)."""
         del returns
         target = implementation
-
-        def row(
-            row_id: str, title: str, aspects: frozenset[str], dtypes: Sequence[str] = (), **kw: Any
-        ) -> Property:
-            fields = {k: kw.pop(k) for k in list(kw) if k in _PROPERTY_FIELDS}
-            fields.setdefault("min_world", 2)
-            fields.setdefault("batch", FAMILY_BATCH)
-            kwargs = {"dtypes": tuple(dtypes), **kw}
-            return Property(target, row_id, title, aspects, kwargs, catalogue=self, **fields)
+        row = row_builder(target, self, min_world=2, batch=FAMILY_BATCH)
 
         same = "forward equals the oracle bit for bit on every rank, "
         grads = ", ".join(target.contracts) if target.differentiable else "none"

@@ -48,6 +48,7 @@ from ..family_catalogue import (
     SEQUENCE_DTYPES,
     VALUES,
     forward_rows,
+    row_builder,
     scoped,
 )
 from ..misuse import CATALOGUE as CATALOGUE_OF_MISUSES
@@ -130,7 +131,7 @@ def _nonzero_dim(case: GatherCase) -> bool:
     return case.dim != 0
 
 
-def _rows(implementation: Implementation, returns: str) -> list[Property]:
+def _rows(catalogue: _Gather, implementation: Implementation, returns: str) -> list[Property]:
     """Every property, in a fixed order, for ``implementation``.
 
     Cases draw the contracts it claims and the transports it takes.
@@ -186,140 +187,119 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
     claimed = ", ".join(map(repr, impl.contracts))
     same = "forward equals torch.cat(x, dim) bit for bit on every rank, "
 
+    row = row_builder(impl, catalogue)
     rows = [
-        *forward_rows(
-            lambda i, t, dtypes: Property(impl, i, t, _OUTPUT, {**fwd, "dtypes": dtypes}), same
-        ),
-        Property(
-            impl,
+        *forward_rows(lambda i, t, dtypes: row(i, t, _OUTPUT, **fwd, dtypes=dtypes), same),
+        row(
             "dims",
             "forward along dims other than 0, negative ones included",
             _OUTPUT,
-            {**common, "min_ndim": 2},
+            **common,
+            min_ndim=2,
             keep=_nonzero_dim,
         ),
-        Property(
-            impl,
+        row(
             "empty-some",
             "forward with some ranks' shards empty",
             _OUTPUT,
-            common,
+            **common,
             min_world=2,
             keep=_some_empty,
         ),
-        Property(
-            impl,
-            "empty-all",
-            "forward with every rank's shard empty",
-            _OUTPUT,
-            {**common, "max_size": 0},
-        ),
-        Property(
-            impl,
+        row("empty-all", "forward with every rank's shard empty", _OUTPUT, **common, max_size=0),
+        row(
             "non-contiguous",
             "forward from transposed and strided (sliced) views",
             _OUTPUT,
-            {**common, "memory": ("transposed", "sliced")},
+            **{**common, "memory": ("transposed", "sliced")},
         ),
-        Property(
-            impl,
+        row(
             "sizes-list",
             f"sizes passed as a list of ints: forward and returned {what}",
             _SIZES,
-            {**common, "sizes_forms": ("list",)},
+            **{**common, "sizes_forms": ("list",)},
         ),
-        Property(
-            impl,
+        row(
             "sizes-tensor",
             f"sizes passed as a 1-d int64 tensor: forward and returned {what}",
             _SIZES,
-            {**common, "sizes_forms": ("tensor",)},
+            **{**common, "sizes_forms": ("tensor",)},
         ),
-        Property(
-            impl,
+        row(
             "returned-sizes",
             f"the returned {what} equal the true ones",
             frozenset({"sizes"}),
-            common,
+            **common,
             needs_returned_sizes=True,
         ),
-        Property(
-            impl,
+        row(
             "one-rank",
             "a world of one rank: the identity, gradients flowing",
             _ALL,
-            world,
+            **world,
             max_world=1,
         ),
-        Property(
-            impl,
+        row(
             "uninitialized",
             "torch.distributed not initialized: the identity, gradients flowing",
             _ALL,
-            world,
+            **world,
             initialized=False,
         ),
-        Property(
-            impl,
+        row(
             "subgroup",
             "group= a subgroup: gathers its members only, gradients too",
             _ALL,
-            world,
+            **world,
             min_world=2,
             subgroups=True,
         ),
-        Property(
-            impl,
+        row(
             "gradient",
             f"input gradients under grad={claimed}, upstream gradients differing per rank",
             frozenset({"gradient"}),
-            grads,
+            **grads,
         ),
-        Property(
-            impl,
+        row(
             "adjoint",
             "sum_r <dx_r, x_r> == sum_j <g_j, out_j> exactly (grad='sum', integer values)",
             frozenset({"gradient", "adjoint"}),
-            {**grads, "contracts": ("sum",), "values": ("integers",), "upstream": ("integers",)},
+            **{**grads, "contracts": ("sum",), "values": ("integers",), "upstream": ("integers",)},
             min_world=2,
             needs_sum=True,
         ),
-        Property(
-            impl,
+        row(
             "call-sequence",
             "gathers repeated on one world, sizes, dtypes, shapes and payload scale "
             "changing between calls (state carried across calls)",
             _ALL,
-            {**seq, "requires_grad": None if impl.differentiable else False},
+            **{**seq, "requires_grad": None if impl.differentiable else False},
             min_world=2,
             sequences=True,
         ),
-        Property(
-            impl,
+        row(
             "compiled",
             "the call inside a training step compiled with torch.compile(fullgraph=True) "
             "on eager, aot_eager or inductor: output and input gradients equal eager's "
             "bit for bit (integer values), empty shards and size changes between calls; "
             "a rank that issues other collectives than its peers hangs the world",
             VALUES,
-            compiled,
+            **compiled,
             compiled=True,
             examples=COMPILED_EXAMPLES,
             slow_examples=COMPILED_SLOW_EXAMPLES,
             batch=COMPILED_BATCH,
         ),
-        Property(
-            impl,
+        row(
             "coalesced",
             "a batch of tensors gathered by one all_gather_v_coalesced call (each its own "
             "dtype, shape, dim, memory layout and sizes form): every output bit for bit, "
             f"gradients under the call's grad={claimed} after one backward over all outputs",
             VALUES,
-            coalesced,
+            **coalesced,
             coalesced=True,
         ),
-        Property(
-            impl,
+        row(
             "misuse",
             "one rank's arguments wrong (the kit's misuse catalogue): the same error class "
             "and message on every rank, naming that rank, and the next gather works",
@@ -421,7 +401,7 @@ class _Gather:
         )
 
     def rows(self, implementation: Implementation, returns: str = "unknown") -> list[Property]:
-        return [replace(row, catalogue=self) for row in _rows(implementation, returns)]
+        return _rows(self, implementation, returns)
 
     def draw(
         self,
