@@ -7,7 +7,9 @@ judge) and ``properties`` (the one ``Property``), beneath the catalogue modules
 class, strategy, call and signature, and ``CATALOGUE = FamilyCatalogue(...)``) and the
 engine, which runs these rows as it runs any collective's. The property suite
 (``tests/test_family_properties.py``), the mutant search and ``python -m vargather
-check --op ...`` all run these rows, so they cannot drift.
+check --op ...`` all run these rows, so they cannot drift. What every catalogue's rows
+share, the gather's included, is here too: ``row_builder``, ``forward_rows``,
+``scoped`` (the scope reasons alike in every catalogue) and the shared constants.
 
 Each row is a class of cases (``Property.kwargs``: ``dtypes``, ``requires_grad``,
 ``special``, ``memory``, ``shape`` a method fitting a drawn case, ``large``) and the

@@ -10,7 +10,9 @@ each case judged into a ``Verdict``), and it re-exports what the kit imports of 
 other two. ``run_coalesced`` runs a batch as ONE call of the implementation's coalesced
 form (each case one tensor, one backward over every output) and still judges each case
 alone. ``describe`` renders a case with the public command that re-runs it, ``python -m
-vargather repro`` (``describe_coalesced``: a tensor of a coalesced call, with the call).
+vargather repro`` (``describe_coalesced``: a tensor of a coalesced call, with the call;
+``reproduction``: the plain form the family's and the misuse rows' failures take);
+``judged`` turns those rows' reports, or their failed world, into ``Verdict``s.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), above
 ``cases`` -> ``strategies`` -> ``judge`` -> ``runner`` (the gather's case model, its
-draws, the judge and the rank side) and ``properties`` (the one ``Property``);
-beneath the engine, which runs these rows through ``CATALOGUE`` as it runs any
+draws, the judge and the rank side), ``properties`` (the one ``Property``) and
+``family_catalogue`` (the row builder, forward rows and scope reasons every catalogue
+shares); beneath the engine, which runs these rows through ``CATALOGUE`` as it runs any
 collective's.
 
 Each property varies one thing: the forward properties run contiguous shards without
