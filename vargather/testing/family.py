@@ -89,6 +89,8 @@ class _Declared:
     NAMES: ClassVar[tuple[str, ...]]
     """The names a call template (``--call``) may use (``x``, ``group``, ``out`` are
     bound here, the rest by ``template_values``)."""
+    POSITIONAL: ClassVar[tuple[str, ...]] = ()
+    """The names of ``NAMES`` that ``arguments`` passes positionally, in order."""
     shared_output: ClassVar[bool] = False
     """The oracle returns one result every rank gets (else one per rank)."""
     reduced_forward: ClassVar[bool] = False
@@ -147,8 +149,11 @@ class FamilyCase(_Declared):
         raise NotImplementedError
 
     def template_values(self, r: int) -> dict[str, object]:
-        """The names of ``NAMES`` a template may use beside ``x``, ``group``, ``out``."""
-        raise NotImplementedError
+        """The names of ``NAMES`` a template may use beside ``x``, ``group``, ``out``:
+        what ``arguments`` passes, by name (``None``: a name it leaves out)."""
+        args, kwargs = self.arguments(r)
+        passed = {**dict(zip(self.POSITIONAL, args, strict=True)), **kwargs}
+        return {n: passed.get(n) for n in self.NAMES if n not in ("x", "group", "out")}
 
     def oracle_args(self) -> dict[str, Any]:
         """The oracle's keyword arguments beside the inputs."""
