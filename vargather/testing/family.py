@@ -38,7 +38,7 @@ from .compiled import call_compiled, patient_default_group
 from .dispatch import function_of
 from .judge import Failure, without_addresses
 from .pool import RankContext, RankPool
-from .rank_runner import Alone, emulation
+from .rank_runner import Alone, emulation, join
 from .repeatable import repeatable
 from .values import _lay_out
 
@@ -382,13 +382,10 @@ def run_case(ctx: RankContext | Alone, case: FamilyCase) -> CallReport | None:
     """Rank side: build this rank's input (in its memory layout), call, backward with
     this rank's upstream gradient. ``None`` on a rank outside the case's group."""
     emulation(case.emulate)
-    group: Any = None
-    r: int | None = ctx.rank
-    if case.group is not None:
-        group = ctx.subgroup(case.group)
-        r = case.group.index(ctx.rank) if ctx.rank in case.group else None
-    if r is None:
+    joined = join(ctx, case.group)
+    if joined is None:
         return None
+    group, r = joined
     x = _lay_out(case.inputs()[r], case.memory)
     grad_wanted = case.differentiable
     if grad_wanted:

@@ -41,6 +41,7 @@ __all__ = [
     "RankContextLike",
     "emulation",
     "implementation_traceback",
+    "join",
     "rank_preflight",
     "run_coalesced_on_rank",
     "run_on_rank",
@@ -234,22 +235,27 @@ def _enter(
     the world and ``impl``; the gather group (``None``: the default group) and this
     rank's rank in it, or ``None`` when this rank is outside the case's subgroup."""
     emulation(impl.emulate)
-    group: object = None
-    grank = ctx.rank
-    if case.members is not None:
-        group = ctx.subgroup(list(case.members))  # collective: every world rank calls it
-        if ctx.rank not in case.members:
-            return None
-        grank = case.members.index(ctx.rank)
-    elif ctx.world_size != case.group_size:
+    if case.members is None and ctx.world_size != case.group_size:
         raise RuntimeError(
             f"case for {case.group_size} rank(s) sent to a world of {ctx.world_size}"
         )
+    joined = join(ctx, case.members)
+    if joined is None:
+        return None
     if case.contract not in impl.contracts:
         raise ValueError(f"{impl.label} does not claim grad={case.contract!r}")
     if impl.transports is None and case.transport != "auto":
         raise ValueError(f"{impl.label} takes no transport, but the case asks {case.transport!r}")
-    return group, grank
+    return joined
+
+
+def join(ctx: RankContextLike, members: Sequence[int] | None) -> tuple[object, int] | None:
+    """The group of ``members`` (``None``: the whole world's) and this rank's rank in it;
+    ``None`` outside it, the subgroup still created with its peers (a collective)."""
+    if members is None:
+        return None, ctx.rank
+    group = ctx.subgroup(list(members))
+    return (group, list(members).index(ctx.rank)) if ctx.rank in members else None
 
 
 def _forward_fields(
