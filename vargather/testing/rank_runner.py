@@ -20,6 +20,7 @@ import torch
 
 from vargather import CollectiveError
 
+from .asserts import bitwise_difference
 from .calls import NAMES, bind_call
 from .cases import (
     DIGEST_MIN_BYTES,
@@ -33,7 +34,6 @@ from .cases import (
 )
 from .cases import dtype_name as dtype_name
 from .compiled import call_compiled, patient_default_group
-from .judge import output_mismatch
 from .repeatable import repeatable
 
 __all__ = [
@@ -224,7 +224,7 @@ def _output_report(out: torch.Tensor, case: GatherCase, expected_digest: str | N
     mismatch = ""
     comparable = tuple(out.shape) == case.output_shape and out.dtype == case.torch_dtype
     if comparable and digest != expected_digest:
-        mismatch = output_mismatch(out.detach().cpu(), expected_output(case))
+        mismatch = bitwise_difference(out.detach().cpu(), expected_output(case)) or ""
     return TensorBytes.digested(out, mismatch)
 
 
