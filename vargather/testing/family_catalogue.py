@@ -60,7 +60,7 @@ from .misuse import MISUSE_KINDS, MisuseCase, judge_misuse, run_misuse
 from .pool import RankPool
 from .properties import Property
 from .resolve import ImplInfo, load_impl
-from .runner import Verdict, judged, reproduction
+from .runner import Verdict, judged, on_world, reproduction
 from .usage_errors import OptionError
 
 if TYPE_CHECKING:
@@ -548,11 +548,7 @@ class FamilyCatalogue:
         """The failing call and the calls before it on its world, in words, and the
         ``python -m vargather repro --op`` command that re-runs exactly them."""
         cases = list(batch[: index + 1])
-        where = (
-            "in this process, torch.distributed not initialized"
-            if not getattr(cases[0], "initialized", True)
-            else f"on a gloo world of {cases[0].world_size} rank(s)"
-        )
+        where = on_world(getattr(cases[0], "initialized", True), cases[0].world_size)
         head = f"{len(cases)} call(s) {where}, in order:"
         return reproduction(head, map(repr, cases), ["--op", self.op, *map(repr, cases)])
 

@@ -79,6 +79,7 @@ __all__ = [
     "gloo_transports",
     "judged",
     "load_callable",
+    "on_world",
     "parse_impl_ref",
     "prepend_import_paths",
     "rank_preflight",
@@ -459,6 +460,13 @@ def reproduction(head: str, items: Iterable[str], args: Sequence[str]) -> str:
     return "\n".join([head, *(f"  {item}" for item in items), f"reproduce: {repro_command(args)}"])
 
 
+def on_world(initialized: bool, world_size: int) -> str:
+    """Where a case ran, in a failure's words."""
+    if not initialized:
+        return "in this process, torch.distributed not initialized"
+    return f"on a gloo world of {world_size} rank(s)"
+
+
 def shell_quote(arg: str) -> str:
     """``arg`` for a POSIX shell, in double quotes where that is enough (a case's repr
     reads better in them than in ``shlex.quote``'s single quotes)."""
@@ -478,12 +486,8 @@ def describe(
     ``before``: the calls of its call sequence that ran before it on the same world
     (state an implementation carries between calls may be the cause); they are listed,
     and the command re-runs them first, in order."""
-    where = (
-        "in this process, torch.distributed not initialized"
-        if not case.initialized
-        else f"on a gloo world of {case.world_size} rank(s)"
-        + (f", subgroup {list(case.members)}" if case.members is not None else "")
-    )
+    where = on_world(case.initialized, case.world_size)
+    where += f", subgroup {list(case.members)}" if case.members is not None else ""
     memory = [case.memory_of(r) for r in range(case.group_size)]
     command = repro_command([*map(repr, before), *repro_args(case, implementation)])
     lines = []

@@ -64,6 +64,7 @@ from ..runner import (
     describe,
     describe_coalesced,
     judged,
+    on_world,
     reproduction,
     run_cases,
     run_coalesced,
@@ -531,7 +532,7 @@ def _run_misuse(
 
 def _misuse_reproduction(cases: Sequence[Any]) -> str:
     """The failing misuses in words, and a command that re-runs them."""
-    head = f"{len(cases)} misuse(s) on a gloo world of {cases[0].world_size} rank(s):"
+    head = f"{len(cases)} misuse(s) {on_world(True, cases[0].world_size)}:"
     said = [f"{c!r}: {misuse_by_name(c.name).summary}" for c in cases]
     return reproduction(head, said, list(map(repr, cases)))
 
