@@ -430,32 +430,6 @@ def _settled(t: Any) -> Any:
 # --- the judge ---------------------------------------------------------------------------
 
 
-_ASPECTS = {"forward": "output", "raised": "call"}
-"""The judge's words for the family's checks, as the kit's ``Failure`` spells them."""
-
-
-def failed(
-    name: str, aspect: str, ranks: Sequence[int], message: str, *, nan_payload: bool = False
-) -> Failure:
-    """A ``Failure`` of collective ``name``: ``raised`` (an exception, the ``call``
-    aspect) is an error; ``forward`` (the ``output``), ``gradient``, ``adjoint`` and
-    ``misuse`` are mismatches (``nan_payload``: in the payload bits of NaNs only)."""
-    kind = "error" if aspect == "raised" else "mismatch"
-    return Failure(
-        _ASPECTS.get(aspect, aspect),
-        kind,
-        message,
-        tuple(ranks),
-        call=name,
-        property=name,
-        nan_payload=nan_payload,
-    )
-
-
-def sized(failures: list[Failure], group_size: int) -> list[Failure]:
-    return [replace(f, group_size=group_size) for f in failures]
-
-
 def expected(case: FamilyCase) -> tuple[list[Any], list[torch.Tensor] | None]:
     """The oracle's results (one per group rank) and input gradients (``None``: no
     backward), by the functions ``COLLECTIVES[case.collective]`` names."""
@@ -507,16 +481,25 @@ def judge_case(case: FamilyCase, reports: Sequence[CallReport | None]) -> list[F
     (integer values) the adjoint identity of the gradient."""
     name = case.collective
     mine = [rep for rep in reports if rep is not None]
+
+    def failed(aspect: str, ranks: Sequence[int], message: str, nan: bool = False) -> Failure:
+        """``call`` (an exception) is an error, the rest mismatches (``nan``: in the
+        payload bits of NaNs only)."""
+        kind = "error" if aspect == "call" else "mismatch"
+        return Failure(
+            aspect, kind, message, tuple(ranks), len(mine), name, nan_payload=nan, property=name
+        )
+
     raised = [(r, rep.error) for r, rep in enumerate(mine) if rep.error is not None]
     if raised:  # rep.error is a (class name, message, ranks) triple
         text = "; ".join(f"rank {r}: {e[0]}: {without_addresses(e[1])}" for r, e in raised)
-        return sized([failed(name, "raised", tuple(r for r, _ in raised), text)], len(mine))
+        return [failed("call", tuple(r for r, _ in raised), text)]
     want, want_grads = expected(case)
     failures: list[Failure] = []
     for r, rep in enumerate(mine):
         d = _compare(rep.output, want[r], case.reduced_forward)
         if d is not None:
-            failures.append(failed(name, "forward", (r,), d[0], nan_payload=d[1]))
+            failures.append(failed("output", (r,), d[0], d[1]))
         if want_grads is None:
             continue
         d = (
@@ -525,7 +508,7 @@ def judge_case(case: FamilyCase, reports: Sequence[CallReport | None]) -> list[F
             else _compare(rep.grad, want_grads[r], case.reduced_gradient)
         )
         if d is not None:
-            failures.append(failed(name, "gradient", (r,), d[0], nan_payload=d[1]))
+            failures.append(failed("gradient", (r,), d[0], d[1]))
     if (
         want_grads is not None
         and case.adjoint_applies
@@ -540,8 +523,8 @@ def judge_case(case: FamilyCase, reports: Sequence[CallReport | None]) -> list[F
         )
         if lhs != rhs:
             message = f"expected sum_r <y_r, g_r> == sum_j <x_j, dx_j>, got {lhs} != {rhs}"
-            failures.append(failed(name, "adjoint", (), message))
-    return sized(failures, len(mine))
+            failures.append(failed("adjoint", (), message))
+    return failures
 
 
 def check_case(pool: RankPool, case: FamilyCase) -> list[Failure]:
