@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from operator import methodcaller
 from typing import TYPE_CHECKING, Any, Final
 
 from hypothesis import strategies as st
@@ -169,14 +170,6 @@ def large_blocks(
     return large
 
 
-def _nonzero_dim(case: SplitCase) -> Any:
-    return case.nonzero_dim()
-
-
-def _emptied(case: FamilyCase) -> Any:
-    return case.emptied()
-
-
 def _strided(case: Any) -> Any:
     """``case`` with ``x`` a transposed or a sliced view (by its seed)."""
     return replace(case, memory=("transposed", "sliced")[case.seed % 2])
@@ -286,14 +279,14 @@ class FamilyCatalogue:
                 "forward and gradient along dims other than 0, negative ones included",
                 VALUES,
                 COMMON_DTYPES,
-                shape=_nonzero_dim,
+                shape=methodcaller("nonzero_dim"),
             ),
             row(
                 "empty",
                 "one rank's part empty (no block, nothing sent, no elements): forward and gradient",
                 VALUES,
                 COMMON_DTYPES,
-                shape=_emptied,
+                shape=methodcaller("emptied"),
             ),
             row(
                 "non-contiguous",
