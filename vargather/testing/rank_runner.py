@@ -389,7 +389,8 @@ def implementation_traceback(exc: BaseException) -> str:
 
 def run_on_rank(
     ctx: RankContextLike,
-    job: tuple[Implementation, GatherCase, int] | tuple[Implementation, GatherCase, int, str],
+    job: tuple[Implementation, GatherCase, int]
+    | tuple[Implementation, GatherCase, int, str | None],
 ) -> object:
     """Run one case on this rank: the rank function of ``vargather.testing`` pools.
 

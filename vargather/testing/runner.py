@@ -211,13 +211,6 @@ def _discard_if_suspect(pool: RankPool, per_rank_lists: Sequence[Sequence[object
             discard(suspect)
 
 
-def _job(
-    impl: Implementation, case: GatherCase, token: int
-) -> tuple[Implementation, GatherCase, int] | tuple[Implementation, GatherCase, int, str]:
-    digest = _expected_digest(case)
-    return (impl, case, token) if digest is None else (impl, case, token, digest)
-
-
 def _expected_digest(case: GatherCase) -> str | None:
     """The oracle's output digest a rank compares a large case's output with (``None``:
     a small case, whose output bytes cross the pipe)."""
@@ -273,7 +266,7 @@ def _run_world(
     bisected on fresh worlds. After a collective error the world is discarded so the
     next call gets a fresh one."""
     token = (os.getpid() << 32) + next(_TOKENS)
-    jobs = [_job(impl, case, token) for case in cases]
+    jobs = [(impl, case, token, _expected_digest(case)) for case in cases]
     pool = factory(world)
     try:
         results = pool.run_many(run_on_rank, jobs)
