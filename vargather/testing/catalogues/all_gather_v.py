@@ -124,15 +124,6 @@ for outputs past ``DIGEST_MIN_BYTES`` and the coalesced call's small/large split
 enough that a batch of tensors costs one quick round trip."""
 
 
-def _some_empty(case: GatherCase) -> bool:
-    empty = sum(1 for n in case.sizes if n == 0)
-    return 0 < empty < case.group_size
-
-
-def _nonzero_dim(case: GatherCase) -> bool:
-    return case.dim != 0
-
-
 def _rows(catalogue: _Gather, implementation: Implementation, returns: str) -> list[Property]:
     """Every property, in a fixed order, for ``implementation``.
 
@@ -198,7 +189,7 @@ def _rows(catalogue: _Gather, implementation: Implementation, returns: str) -> l
             _OUTPUT,
             **common,
             min_ndim=2,
-            keep=_nonzero_dim,
+            keep=lambda c: c.dim != 0,
         ),
         row(
             "empty-some",
@@ -206,7 +197,7 @@ def _rows(catalogue: _Gather, implementation: Implementation, returns: str) -> l
             _OUTPUT,
             **common,
             min_world=2,
-            keep=_some_empty,
+            keep=lambda c: 0 < c.sizes.count(0) < c.group_size,
         ),
         row("empty-all", "forward with every rank's shard empty", _OUTPUT, **common, max_size=0),
         row(
@@ -464,7 +455,13 @@ class _Gather:
         self, prop: Property, batch: Sequence[Any], pool_factory: Callable[[int], RankPool]
     ) -> list[Verdict]:
         if prop.misuse:
-            return _run_misuse(prop, batch, pool_factory)
+            return judged(
+                batch,
+                prop.implementation,
+                "all_gather_v",
+                lambda: [pool_factory(c.world_size).run(run_gather_misuse, c) for c in batch],
+                judge_gather_misuse,
+            )
         run = run_coalesced if prop.coalesced else run_cases
         if prop.compiled and batch:  # a backend's setup not charged to the batch's timeout
             backends = sorted({c.compile_backend for c in batch})
@@ -473,7 +470,10 @@ class _Gather:
 
     def describe(self, prop: Property, batch: Sequence[Any], index: int) -> str:
         if prop.misuse:
-            return _misuse_reproduction(batch[: index + 1])
+            cases = batch[: index + 1]
+            head = f"{len(cases)} misuse(s) {on_world(True, cases[0].world_size)}:"
+            said = [f"{c!r}: {misuse_by_name(c.name).summary}" for c in cases]
+            return reproduction(head, said, list(map(repr, cases)))
         if prop.coalesced:  # one call of every case: it lists them all
             return describe_coalesced(batch, index, prop.implementation)
         # The calls that ran before it on the same world (state carried over).
@@ -517,24 +517,6 @@ class _Gather:
 
 
 _PROBE_TOKENS = count(-1, -1)
-
-
-def _run_misuse(
-    prop: Property, batch: Sequence[Any], pool_factory: Callable[[int], RankPool]
-) -> list[Verdict]:
-    """Each misuse on its world (``runner.judged``)."""
-
-    def run() -> list[Any]:
-        return [pool_factory(case.world_size).run(run_gather_misuse, case) for case in batch]
-
-    return judged(batch, prop.implementation, "all_gather_v", run, judge_gather_misuse)
-
-
-def _misuse_reproduction(cases: Sequence[Any]) -> str:
-    """The failing misuses in words, and a command that re-runs them."""
-    head = f"{len(cases)} misuse(s) {on_world(True, cases[0].world_size)}:"
-    said = [f"{c!r}: {misuse_by_name(c.name).summary}" for c in cases]
-    return reproduction(head, said, list(map(repr, cases)))
 
 
 CATALOGUE: Final = _Gather()
