@@ -103,6 +103,7 @@ from vargather.testing.catalogues import family_catalogues
 from vargather.testing.catalogues.all_gather_list import GatherListCase
 from vargather.testing.catalogues.all_to_all_v import AllToAllCase
 from vargather.testing.catalogues.reduce_scatter_v import ReduceScatterCase
+from vargather.testing.collectives import FAMILY
 from vargather.testing.dispatch import bind
 
 # The NaN property lives in the test suite (tests/_nan_fns.py, run by
@@ -444,7 +445,7 @@ FamilyJob = tuple[fns.Scenario, tuple[int, ...], str]
 
 
 def _in_family(scenario: fns.Scenario) -> bool:
-    return scenario.collective in family.COLLECTIVES
+    return scenario.collective in FAMILY
 
 
 def _sizes(call: fns.Call) -> Any:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 import torch
 from hypothesis import strategies as st
@@ -33,7 +33,6 @@ from vargather import oracle
 from .asserts import bitwise_difference, nan_payloads_only
 from .calls import bind_call
 from .cases import DTYPE_NAMES, Implementation, is_differentiable, make_values, torch_dtype
-from .collectives import FAMILY
 from .compiled import call_compiled, patient_default_group
 from .dispatch import function_of
 from .judge import Failure, without_addresses
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
 __all__ = [
-    "COLLECTIVES",
     "Alone",
     "BlockCase",
     "CallReport",
@@ -66,8 +64,6 @@ __all__ = [
     "values",
 ]
 
-COLLECTIVES: Final = FAMILY
-"""The family's collectives (``collectives.FAMILY``, from the library's table)."""
 CALL_TIMEOUT = 15.0
 """Seconds each collective of a case may wait for its peers (a rank that raised leaves
 its peers waiting that long)."""
@@ -432,7 +428,7 @@ def _settled(t: Any) -> Any:
 
 def expected(case: FamilyCase) -> tuple[list[Any], list[torch.Tensor] | None]:
     """The oracle's results (one per group rank) and input gradients (``None``: no
-    backward), by the functions ``COLLECTIVES[case.collective]`` names."""
+    backward), by the functions ``vargather.COLLECTIVES[case.collective]`` names."""
     entry = TABLE[case.collective]  # type: ignore[index]  # a catalogue collective's name
     xs, kw = case.inputs(), case.oracle_args()
     out = getattr(oracle, entry.oracle)(xs, **kw)
