@@ -30,9 +30,9 @@ from .cases import (
     TensorBytes,
     bytes_of,
     digest_of,
+    dtype_name,
     expected_output,
 )
-from .cases import dtype_name as dtype_name
 from .compiled import call_compiled, patient_default_group
 from .repeatable import repeatable
 
