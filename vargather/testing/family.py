@@ -1,5 +1,5 @@
 """The family's engine: the generic case base, rank runner and judge of every catalogue
-collective but the gather (``reduce_scatter_v``, ``all_to_all_v``, ``all_gather_list``).
+collective but the gather (``collectives.FAMILY``).
 
 Where it sits: in the testing kit, beneath ``family_catalogue`` (the generic rows) and
 the catalogue modules (``catalogues.<name>``), each of which holds what is particular to

@@ -3,8 +3,8 @@
 
 Where it sits: in the testing kit, above ``family`` (the case base, rank runner and
 judge) and ``properties`` (the one ``Property``), beneath the catalogue modules
-(``catalogues.reduce_scatter_v``, ``all_to_all_v``, ``all_gather_list``: each its case
-class, strategy, call and signature, and ``CATALOGUE = FamilyCatalogue(...)``) and the
+(``catalogues.<name>`` of each ``collectives.FAMILY`` name: each its case class,
+strategy, call and signature, and ``CATALOGUE = FamilyCatalogue(...)``) and the
 engine, which runs these rows as it runs any collective's. The property suite
 (``tests/test_family_properties.py``), the mutant search and ``python -m vargather
 check --op ...`` all run these rows, so they cannot drift. What every catalogue's rows
