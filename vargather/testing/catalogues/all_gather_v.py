@@ -419,28 +419,21 @@ class _Gather:
         if transports is not None:
             kwargs["transports"] = tuple(transports)
         keep = prop.keep
+        kwargs.update(initialized=prop.initialized, implementation=prop.implementation)
         drawn: SearchStrategy[list[GatherCase]]
-        if prop.sequences:
+        if prop.sequences:  # a call-sequence row: nothing below but --equal-shapes applies
+            length = max(batch, sequence_length())
             drawn = vst.call_sequences(
+                min_world_size=world, max_world_size=world, max_length=length, **kwargs
+            )
+        else:
+            drawn = vst.case_batches(
                 min_world_size=world,
                 max_world_size=world,
-                max_length=max(batch, sequence_length()),
-                initialized=prop.initialized,
-                implementation=prop.implementation,
+                max_batch=batch,
+                subgroups=prop.subgroups,
                 **kwargs,
             )
-            if prop.equal_shapes:
-                drawn = drawn.map(lambda cases: [_equalized(c) for c in cases])
-            return drawn
-        drawn = vst.case_batches(
-            min_world_size=world,
-            max_world_size=world,
-            max_batch=batch,
-            subgroups=prop.subgroups,
-            initialized=prop.initialized,
-            implementation=prop.implementation,
-            **kwargs,
-        )
         if prop.equal_shapes:
             drawn = drawn.map(lambda cases: [_equalized(c) for c in cases])
         if prop.coalesced:
