@@ -24,7 +24,7 @@ if ROOT not in sys.path:  # the test suite's NaN cases, as fuzz_multirank import
     sys.path.insert(0, ROOT)
 
 from tests._nan_fns import NanCase  # noqa: E402  # needs the sys.path entry above
-from vargather.testing import family  # noqa: E402
+from vargather.testing.catalogues.reduce_scatter_v import ReduceScatterCase  # noqa: E402
 
 NEG, POS = True, False  # a NaN's sign
 Q, S = True, False  # its quiet bit
@@ -79,7 +79,7 @@ STAGES: list[tuple[str, str, tuple[Any, ...]]] = [
 MULTIRANK: list[tuple[str, Any]] = [
     (
         "issue 36: reduce_scatter_v's NaN bits depended on the kernel path",
-        family.ReduceScatterCase(
+        ReduceScatterCase(
             world_size=3,
             sizes=(0, 1, 4),
             other=(2, 4),

@@ -100,6 +100,10 @@ from vargather.testing import misuse as fns
 from vargather.testing import strategies as vst
 from vargather.testing.cases import DTYPE_NAMES
 from vargather.testing.catalogues import family_catalogues
+from vargather.testing.catalogues.all_gather_list import GatherListCase
+from vargather.testing.catalogues.all_to_all_v import AllToAllCase
+from vargather.testing.catalogues.reduce_scatter_v import ReduceScatterCase
+from vargather.testing.collectives import FAMILY
 from vargather.testing.dispatch import bind
 
 # The NaN property lives in the test suite (tests/_nan_fns.py, run by
@@ -441,7 +445,7 @@ FamilyJob = tuple[fns.Scenario, tuple[int, ...], str]
 
 
 def _in_family(scenario: fns.Scenario) -> bool:
-    return scenario.collective in family.COLLECTIVES
+    return scenario.collective in FAMILY
 
 
 def _sizes(call: fns.Call) -> Any:
@@ -859,17 +863,17 @@ def _run_family(scenario: fns.Scenario, mutated: tuple[int, ...]) -> str:
     return judge_family(scenario, outcomes, mutated)
 
 
-def family_follow_up(collective: str, w: int) -> family.Case:
+def family_follow_up(collective: str, w: int) -> family.FamilyCase:
     """A correct call with gradients, judged against the oracle by the family's kit."""
     if collective == "reduce_scatter_v":
-        return family.ReduceScatterCase(w, (2, 0, 3)[:w], (2,), 0, "float64", seed=3)
+        return ReduceScatterCase(w, (2, 0, 3)[:w], (2,), 0, "float64", seed=3)
     if collective == "all_to_all_v":
         send = tuple(tuple((r + j) % 3 for j in range(w)) for r in range(w))
-        return family.AllToAllCase(w, send, (2,), -1, "float64", seed=3)
-    return family.GatherListCase(w, ((2, 1), (0, 3), (1, 1))[:w], "float64", seed=3)
+        return AllToAllCase(w, send, (2,), -1, "float64", seed=3)
+    return GatherListCase(w, ((2, 1), (0, 3), (1, 1))[:w], "float64", seed=3)
 
 
-def check_family_valid(case: family.Case) -> None:
+def check_family_valid(case: family.FamilyCase) -> None:
     COUNTS["family valid"] += 1
     history = _remember(case.world_size, case)
     failures = family.check_case(get_pool(case.world_size), case)

@@ -10,12 +10,8 @@ import torch
 import vargather
 from vargather import oracle
 from vargather.testing import assert_bitwise_equal, get_pool
-from vargather.testing.family import (
-    GatherListCase,
-    check_case,
-    inputs_of,
-    upstream_of,
-)
+from vargather.testing.catalogues.all_gather_list import GatherListCase
+from vargather.testing.family import check_case
 from vargather.testing.misuse import MisuseCase, check_misuse
 
 from . import _family_fns as fns
@@ -34,8 +30,8 @@ def test_done_when_shapes_and_contracts(grad: str) -> None:
     case = GatherListCase(3, DONE_WHEN, grad=grad, special=True, seed=11)
     assert check_case(get_pool(3), case) == []
     if grad == "sum":  # the sum gradient spelled out: x_r.grad = sum_j g_{j,r}
-        ups = upstream_of(case)
-        want = oracle.expected_gather_list_grads(inputs_of(case), ups, "sum")
+        ups = case.upstream()
+        want = oracle.expected_gather_list_grads(case.inputs(), ups, "sum")
         assert_bitwise_equal(want[2], ups[0][2] + ups[1][2] + ups[2][2])
 
 

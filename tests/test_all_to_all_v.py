@@ -12,10 +12,8 @@ import torch
 
 import vargather
 from vargather.testing import assert_bitwise_equal, get_pool
-from vargather.testing.family import (
-    AllToAllCase,
-    check_case,
-)
+from vargather.testing.catalogues.all_to_all_v import AllToAllCase
+from vargather.testing.family import check_case
 from vargather.testing.misuse import MisuseCase, check_misuse
 
 from . import _family_fns as fns

@@ -13,13 +13,13 @@ import shlex
 import pytest
 
 from vargather._cli import check as check_cli
+from vargather.testing.collectives import FAMILY
 from vargather.testing.engine import run_check
-from vargather.testing.family import COLLECTIVES
 from vargather.testing.options import CheckOptions, CheckUsageError, OptionError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MUTANTS = sorted(
-    p.stem for p in (ROOT / "tests" / "mutants").glob("*.py") if p.stem.startswith(COLLECTIVES)
+    p.stem for p in (ROOT / "tests" / "mutants").glob("*.py") if p.stem.startswith(FAMILY)
 )
 QUICK = {"max_examples": 15, "shrink_budget": 10, "world_sizes": (2, 3), "progress": False}
 OK = ("pass", "n/a")
@@ -57,7 +57,7 @@ def test_the_command_passes_vargather_and_writes_the_report(
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("op", COLLECTIVES)
+@pytest.mark.parametrize("op", FAMILY)
 def test_vargather_passes_every_row_of_its_own_gate(op: str) -> None:
     """Every row, on worlds of 2 and 3 with 15 examples a row: what ``check --op`` at
     default settings would say of vargather, in a fraction of the time. (A row the
@@ -73,7 +73,7 @@ def test_vargather_passes_every_row_of_its_own_gate(op: str) -> None:
 @pytest.mark.multirank
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_every_family_mutant_fails_the_gate(mutant: str, in_root: None) -> None:
-    op = next(c for c in COLLECTIVES if mutant.startswith(c))
+    op = next(c for c in FAMILY if mutant.startswith(c))
     ref = f"tests.mutants.{mutant}:{op}"
     grad = CLAIMS.get(mutant, "sum")
     report = run_check(CheckOptions(op=op, impl=ref, grad=grad, exitfirst=True, **QUICK))
@@ -219,11 +219,11 @@ def test_options_round_trip_with_the_op() -> None:
 
 
 def test_there_are_mutants_for_every_collective() -> None:
-    for op in COLLECTIVES:
+    for op in FAMILY:
         assert sum(m.startswith(op) for m in MUTANTS) >= 3, op
 
 
-@pytest.mark.parametrize("op", COLLECTIVES)
+@pytest.mark.parametrize("op", FAMILY)
 def test_the_scope_options_apply_to_every_collective(op: str) -> None:
     """--sizes required, --returns, --requires-init and --emulate nccl are a scope for
     every collective: accepted, carried into the implementation the rows run."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from vargather.testing import Implementation, catalogue, get_pool
+from vargather.testing.collectives import FAMILY
 from vargather.testing.evaluate import evaluate_row
-from vargather.testing.family import COLLECTIVES
 from vargather.testing.options import CheckOptions
 from vargather.testing.progress import Progress
 
@@ -26,7 +26,7 @@ DEFAULT_EXAMPLES = 8
 
 ROWS = [
     pytest.param(op, row.id, id=f"{op}-{row.id}")
-    for op in COLLECTIVES
+    for op in FAMILY
     for row in catalogue(Implementation(op=op, name="vargather"))
     if row.not_applicable(WORLDS) is None
 ]
@@ -58,7 +58,7 @@ def test_row_holds_for_vargather_sweep(op: str, row_id: str) -> None:
 
 
 def test_every_collective_has_the_rows() -> None:
-    for op in COLLECTIVES:
+    for op in FAMILY:
         ids = [r.id for r in catalogue(Implementation(op=op, name="vargather"))]
         assert ids[:5] == [
             "forward-float",

@@ -7,13 +7,11 @@ import pytest
 from hypothesis import given, settings
 
 from vargather.testing import get_pool
-from vargather.testing.family import (
-    GatherListCase,
-    ReduceScatterCase,
-    call_sequences,
-    changing_sizes_sequences,
-    check_sequence,
-)
+from vargather.testing.catalogues import call_sequences
+from vargather.testing.catalogues.all_gather_list import GatherListCase
+from vargather.testing.catalogues.all_to_all_v import changing_sizes_sequences
+from vargather.testing.catalogues.reduce_scatter_v import ReduceScatterCase
+from vargather.testing.family import check_sequence
 
 pytestmark = pytest.mark.multirank
 

@@ -9,11 +9,8 @@ import torch
 import vargather
 from vargather import oracle
 from vargather.testing import assert_bitwise_equal, get_pool
-from vargather.testing.family import (
-    ReduceScatterCase,
-    check_case,
-    inputs_of,
-)
+from vargather.testing.catalogues.reduce_scatter_v import ReduceScatterCase
+from vargather.testing.family import check_case
 from vargather.testing.misuse import MisuseCase, check_misuse
 
 from . import _family_fns as fns
@@ -137,7 +134,7 @@ def test_issue_36_nan_bits_do_not_depend_on_the_kernel_path() -> None:
         impl="vargather",
         call=None,
     )
-    want = oracle.expected_reduce_scatter(inputs_of(case), case.sizes, case.dim)
+    want = oracle.expected_reduce_scatter(case.inputs(), case.sizes, case.dim)
     nans = want[2][want[2].isnan()]
     assert nans.numel() > 0  # the case still reaches NaN sums
     assert set(nans.view(torch.int16).tolist()) == {0x7FC0}

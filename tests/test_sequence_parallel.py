@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import vargather
 from vargather.testing import get_pool
-from vargather.testing.family import AllToAllCase, check_case, check_sequence
+from vargather.testing.catalogues.all_to_all_v import AllToAllCase
+from vargather.testing.family import check_case, check_sequence
 from vargather.testing.misuse import MisuseCase, check_misuse
 
 from . import _cat_dim_fns as fns

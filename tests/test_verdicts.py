@@ -28,9 +28,10 @@ from vargather.testing.asserts import nan_payloads_only
 from vargather.testing.cases import Implementation
 from vargather.testing.catalogues import catalogue_of
 from vargather.testing.catalogues.all_gather_v import EQUAL_SHAPES_ONLY, equal_shapes_only
+from vargather.testing.catalogues.reduce_scatter_v import ReduceScatterCase
 from vargather.testing.engine import run_check
 from vargather.testing.evaluate import TRIES, evaluate_row
-from vargather.testing.family import CallReport, ReduceScatterCase, _expected, judge_case
+from vargather.testing.family import CallReport, expected, judge_case
 from vargather.testing.judge import Failure
 from vargather.testing.options import CheckOptions, OptionError, read_config
 from vargather.testing.progress import Progress
@@ -120,9 +121,9 @@ def test_the_family_judge_marks_a_reduction_that_differs_in_nan_payloads_only() 
         for c in [
             ReduceScatterCase(2, (2, 1), (3,), 0, requires_grad=False, special=True, seed=seed)
         ]
-        if any(bool(t.isnan().any()) for t in _expected(c)[0])
+        if any(bool(t.isnan().any()) for t in expected(c)[0])
     )
-    want = _expected(case)[0]
+    want = expected(case)[0]
     bits = [t.view(torch.int32).clone() for t in want]
     for t, b in zip(want, bits, strict=True):
         b[t.isnan()] = 0x7FC00001  # a NaN, with another payload

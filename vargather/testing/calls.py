@@ -26,21 +26,17 @@ passed.
 from __future__ import annotations
 
 import ast
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["CONVENTION_CALLS", "NAMES", "Arg", "CallTemplate", "group_object", "parse_call"]
+import torch
+
+__all__ = ["NAMES", "Arg", "CallTemplate", "bind_call", "parse_call"]
 
 NAMES: Final = ("x", "dim", "sizes", "shapes", "group", "grad", "out")
 """The names a template may use."""
-
-CONVENTION_CALLS: Final = {
-    "seed": "(x, dim, sizes)",
-    "vargather": "(x, dim, sizes=sizes, group=group, grad=grad)",
-}
-"""The template each ``--convention`` stands for (vargather's also passes
-``transport=`` when ATTR takes it, and ``sizes=``/``group=`` only when drawn)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +89,31 @@ def group_object(group: object) -> object:
     return None  # no world: nothing else to pass
 
 
+@functools.lru_cache(maxsize=16)
+def _parsed(text: str, names: tuple[str, ...]) -> CallTemplate:
+    return parse_call(text, names)
+
+
+def bind_call(
+    text: str,
+    names: Sequence[str],
+    x: torch.Tensor,
+    group: object,
+    out_shape: Callable[[], Sequence[int]],
+    values: Mapping[str, object],
+) -> tuple[tuple[object, ...], dict[str, object]]:
+    """The arguments template ``text`` (over ``names``, parsed once per process) makes
+    on a rank: ``x`` its shard, ``group`` its group (``group_object``), ``out`` (where
+    the template uses it) an empty tensor of ``out_shape()`` like ``x``, the other
+    names bound to ``values``."""
+    template = _parsed(text, tuple(names))
+    bound = {"x": x, "group": group_object(group), **values}
+    if template.uses("out"):  # a preallocated output the call fills
+        bound["out"] = torch.empty(tuple(out_shape()), dtype=x.dtype, device=x.device)
+    args, kwargs = template.build(bound)
+    return tuple(args), kwargs
+
+
 def _arg(node: ast.expr, text: str, names: Sequence[str]) -> Arg:
     if isinstance(node, ast.Name):
         if node.id not in names:
@@ -113,7 +134,7 @@ def _arg(node: ast.expr, text: str, names: Sequence[str]) -> Arg:
 def parse_call(text: str, names: Sequence[str] = NAMES) -> CallTemplate:
     """Parse ``"(x, sizes, dim, True, group)"``; ``ValueError`` naming what is wrong.
     ``names``: the names the template may use (the family's collectives have their
-    own: ``vargather.testing.family.FAMILY_NAMES``)."""
+    own: each ``FamilyCase``'s ``NAMES``)."""
     stripped = text.strip()
     if not (stripped.startswith("(") and stripped.endswith(")")):
         raise ValueError(f"expected an argument list in parentheses like '(x, dim)', got {text!r}")

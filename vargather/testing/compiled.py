@@ -121,13 +121,13 @@ def call_compiled(
     args: Sequence[object],
     kwargs: Mapping[str, object],
 ) -> object:
-    """``fn(*args, **kwargs)``, where the shard ``x`` is one of the arguments, as the
-    compiled step of ``case.compile_backend`` runs it (module docstring): what ``fn``
-    returned, for the runner to unpack. The runner runs the case (its backward too)
-    inside ``patient_default_group``."""
+    """``fn(*args, **kwargs)``, where the shard ``x`` is one of the arguments: called
+    eagerly, or for a case with a ``compile_backend`` as that backend's compiled step
+    runs it (module docstring); what ``fn`` returned, for the runner to unpack. The
+    runner runs the case (its backward too) inside ``patient_default_group``."""
     backend = case.compile_backend
     if backend is None:
-        raise ValueError("call_compiled needs a case with a compile_backend")
+        return fn(*args, **kwargs)
     _raise_dynamo_limits()
     _CALLS[0] += 1
     if _CALLS[0] % _CACHE_LIMIT == 0:

@@ -1,5 +1,5 @@
 """The family's engine: the generic case base, rank runner and judge of every catalogue
-collective but the gather (``reduce_scatter_v``, ``all_to_all_v``, ``all_gather_list``).
+collective but the gather (``collectives.FAMILY``).
 
 Where it sits: in the testing kit, beneath ``family_catalogue`` (the generic rows) and
 the catalogue modules (``catalogues.<name>``), each of which holds what is particular to
@@ -20,11 +20,9 @@ names a collective: a case says which it is (``collective``) and how it is calle
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 import torch
 from hypothesis import strategies as st
@@ -33,12 +31,13 @@ from vargather import COLLECTIVES as TABLE
 from vargather import oracle
 
 from .asserts import bitwise_difference, nan_payloads_only
+from .calls import bind_call
 from .cases import DTYPE_NAMES, Implementation, is_differentiable, make_values, torch_dtype
-from .collectives import FAMILY
+from .compiled import call_compiled, patient_default_group
 from .dispatch import function_of
 from .judge import Failure, without_addresses
 from .pool import RankContext, RankPool
-from .rank_runner import Alone, emulation
+from .rank_runner import Alone, emulation, join
 from .repeatable import repeatable
 from .values import _lay_out
 
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
 __all__ = [
-    "COLLECTIVES",
     "Alone",
     "BlockCase",
     "CallReport",
@@ -60,16 +58,12 @@ __all__ = [
     "draw_world",
     "expected",
     "fit_passed",
-    "inputs_of",
     "judge_case",
     "run_case",
     "run_sequence",
-    "upstream_of",
     "values",
 ]
 
-COLLECTIVES: Final = FAMILY
-"""The family's collectives (``collectives.FAMILY``, from the library's table)."""
 CALL_TIMEOUT = 15.0
 """Seconds each collective of a case may wait for its peers (a rank that raised leaves
 its peers waiting that long)."""
@@ -91,6 +85,8 @@ class _Declared:
     NAMES: ClassVar[tuple[str, ...]]
     """The names a call template (``--call``) may use (``x``, ``group``, ``out`` are
     bound here, the rest by ``template_values``)."""
+    POSITIONAL: ClassVar[tuple[str, ...]] = ()
+    """The names of ``NAMES`` that ``arguments`` passes positionally, in order."""
     shared_output: ClassVar[bool] = False
     """The oracle returns one result every rank gets (else one per rank)."""
     reduced_forward: ClassVar[bool] = False
@@ -149,8 +145,11 @@ class FamilyCase(_Declared):
         raise NotImplementedError
 
     def template_values(self, r: int) -> dict[str, object]:
-        """The names of ``NAMES`` a template may use beside ``x``, ``group``, ``out``."""
-        raise NotImplementedError
+        """The names of ``NAMES`` a template may use beside ``x``, ``group``, ``out``:
+        what ``arguments`` passes, by name (``None``: a name it leaves out)."""
+        args, kwargs = self.arguments(r)
+        passed = {**dict(zip(self.POSITIONAL, args, strict=True)), **kwargs}
+        return {n: passed.get(n) for n in self.NAMES if n not in ("x", "group", "out")}
 
     def oracle_args(self) -> dict[str, Any]:
         """The oracle's keyword arguments beside the inputs."""
@@ -264,17 +263,7 @@ class BlockCase(SplitCase):
         return replace(self, sizes=tuple(sizes))
 
 
-Case = FamilyCase
-"""Any family case (its old name)."""
 C = TypeVar("C", bound=FamilyCase)
-
-
-def inputs_of(case: FamilyCase) -> list[torch.Tensor]:
-    return case.inputs()
-
-
-def upstream_of(case: FamilyCase) -> list[Any]:
-    return case.upstream()
 
 
 def draw_group(draw: Any, world: int, subgroups: bool) -> tuple[int, ...] | None:
@@ -376,47 +365,29 @@ def _call(case: FamilyCase, x: torch.Tensor, r: int, group: Any) -> Any:
     its call template (``calls.parse_call``); inside a compiled step with a backend."""
     fn = function_of(case.collective, case.impl)
     if case.call is not None:
-        from .calls import group_object, parse_call
-
-        bound: dict[str, object] = {"x": x, "group": group_object(group)}
-        if "out" in case.NAMES:
-            bound["out"] = torch.empty(case.output_shapes()[r], dtype=x.dtype, device=x.device)
-        bound.update(case.template_values(r))
-        listed, kwargs = parse_call(case.call, case.NAMES).build(bound)
-        args = tuple(listed)
+        shape, values = lambda: case.output_shapes()[r], case.template_values(r)
+        args, kwargs = bind_call(case.call, case.NAMES, x, group, shape, values)
     else:
         rest, named = case.arguments(r)
         args = (x, *rest)
         kwargs = {"group": group, "validate": case.validate, "timeout": CALL_TIMEOUT, **named}
-    if case.compile_backend is not None:
-        from .compiled import call_compiled
-
-        return call_compiled(fn, case, x, args, kwargs)
-    return fn(*args, **kwargs)
+    return call_compiled(fn, case, x, args, kwargs)
 
 
 def run_case(ctx: RankContext | Alone, case: FamilyCase) -> CallReport | None:
     """Rank side: build this rank's input (in its memory layout), call, backward with
     this rank's upstream gradient. ``None`` on a rank outside the case's group."""
     emulation(case.emulate)
-    group: Any = None
-    r: int | None = ctx.rank
-    if case.group is not None:
-        group = ctx.subgroup(case.group)
-        r = case.group.index(ctx.rank) if ctx.rank in case.group else None
-    if r is None:
+    joined = join(ctx, case.group)
+    if joined is None:
         return None
+    group, r = joined
     x = _lay_out(case.inputs()[r], case.memory)
     grad_wanted = case.differentiable
     if grad_wanted:
         x.requires_grad_(True)
-    patient = contextlib.nullcontext()
-    if case.compile_backend is not None:
-        from .compiled import patient_default_group
-
-        patient = patient_default_group(ctx, case)  # type: ignore[assignment]  # both context managers
     try:
-        with patient, repeatable():
+        with patient_default_group(ctx, case), repeatable():
             return _run(case, x, r, group, grad_wanted)
     except Exception as err:
         return CallReport(
@@ -455,35 +426,9 @@ def _settled(t: Any) -> Any:
 # --- the judge ---------------------------------------------------------------------------
 
 
-_ASPECTS = {"forward": "output", "raised": "call"}
-"""The judge's words for the family's checks, as the kit's ``Failure`` spells them."""
-
-
-def failed(
-    name: str, aspect: str, ranks: Sequence[int], message: str, *, nan_payload: bool = False
-) -> Failure:
-    """A ``Failure`` of collective ``name``: ``raised`` (an exception, the ``call``
-    aspect) is an error; ``forward`` (the ``output``), ``gradient``, ``adjoint`` and
-    ``misuse`` are mismatches (``nan_payload``: in the payload bits of NaNs only)."""
-    kind = "error" if aspect == "raised" else "mismatch"
-    return Failure(
-        _ASPECTS.get(aspect, aspect),
-        kind,
-        message,
-        tuple(ranks),
-        call=name,
-        property=name,
-        nan_payload=nan_payload,
-    )
-
-
-def sized(failures: list[Failure], group_size: int) -> list[Failure]:
-    return [replace(f, group_size=group_size) for f in failures]
-
-
 def expected(case: FamilyCase) -> tuple[list[Any], list[torch.Tensor] | None]:
     """The oracle's results (one per group rank) and input gradients (``None``: no
-    backward), by the functions ``COLLECTIVES[case.collective]`` names."""
+    backward), by the functions ``vargather.COLLECTIVES[case.collective]`` names."""
     entry = TABLE[case.collective]  # type: ignore[index]  # a catalogue collective's name
     xs, kw = case.inputs(), case.oracle_args()
     out = getattr(oracle, entry.oracle)(xs, **kw)
@@ -494,9 +439,6 @@ def expected(case: FamilyCase) -> tuple[list[Any], list[torch.Tensor] | None]:
         up = case.upstream()
         grads = getattr(oracle, entry.oracle_grads)(xs, upstream=up, **kw, **case.grad_args())
     return out, grads
-
-
-_expected = expected  # the name tests/test_verdicts.py knows
 
 
 def _compare(got: object, want: Any, reduced: bool) -> tuple[str, bool] | None:
@@ -535,16 +477,25 @@ def judge_case(case: FamilyCase, reports: Sequence[CallReport | None]) -> list[F
     (integer values) the adjoint identity of the gradient."""
     name = case.collective
     mine = [rep for rep in reports if rep is not None]
+
+    def failed(aspect: str, ranks: Sequence[int], message: str, nan: bool = False) -> Failure:
+        """``call`` (an exception) is an error, the rest mismatches (``nan``: in the
+        payload bits of NaNs only)."""
+        kind = "error" if aspect == "call" else "mismatch"
+        return Failure(
+            aspect, kind, message, tuple(ranks), len(mine), name, nan_payload=nan, property=name
+        )
+
     raised = [(r, rep.error) for r, rep in enumerate(mine) if rep.error is not None]
     if raised:  # rep.error is a (class name, message, ranks) triple
         text = "; ".join(f"rank {r}: {e[0]}: {without_addresses(e[1])}" for r, e in raised)
-        return sized([failed(name, "raised", tuple(r for r, _ in raised), text)], len(mine))
+        return [failed("call", tuple(r for r, _ in raised), text)]
     want, want_grads = expected(case)
     failures: list[Failure] = []
     for r, rep in enumerate(mine):
         d = _compare(rep.output, want[r], case.reduced_forward)
         if d is not None:
-            failures.append(failed(name, "forward", (r,), d[0], nan_payload=d[1]))
+            failures.append(failed("output", (r,), d[0], d[1]))
         if want_grads is None:
             continue
         d = (
@@ -553,7 +504,7 @@ def judge_case(case: FamilyCase, reports: Sequence[CallReport | None]) -> list[F
             else _compare(rep.grad, want_grads[r], case.reduced_gradient)
         )
         if d is not None:
-            failures.append(failed(name, "gradient", (r,), d[0], nan_payload=d[1]))
+            failures.append(failed("gradient", (r,), d[0], d[1]))
     if (
         want_grads is not None
         and case.adjoint_applies
@@ -568,8 +519,8 @@ def judge_case(case: FamilyCase, reports: Sequence[CallReport | None]) -> list[F
         )
         if lhs != rhs:
             message = f"expected sum_r <y_r, g_r> == sum_j <x_j, dx_j>, got {lhs} != {rhs}"
-            failures.append(failed(name, "adjoint", (), message))
-    return sized(failures, len(mine))
+            failures.append(failed("adjoint", (), message))
+    return failures
 
 
 def check_case(pool: RankPool, case: FamilyCase) -> list[Failure]:
@@ -591,31 +542,3 @@ def check_sequence(pool: RankPool, cases: Sequence[FamilyCase]) -> list[Failure]
         for i, case in enumerate(cases)
         for f in judge_case(case, [reports[i] for reports in per_rank])
     ]
-
-
-# --- names that moved to the catalogue modules ---------------------------------------------
-
-_MOVED: Final = {
-    "ReduceScatterCase": "reduce_scatter_v",
-    "reduce_scatter_cases": "reduce_scatter_v",
-    "AllToAllCase": "all_to_all_v",
-    "all_to_all_cases": "all_to_all_v",
-    "a2a_shapes": "all_to_all_v",
-    "recv_of": "all_to_all_v",
-    "joined_along": "all_to_all_v",
-    "changing_sizes_sequences": "all_to_all_v",
-    "GatherListCase": "all_gather_list",
-    "gather_list_cases": "all_gather_list",
-    "call_sequences": "",
-    "FAMILY_NAMES": "",
-}
-"""Where each collective's own names live now (``catalogues.<name>``; ``""``: the
-catalogues package), still importable from here by their old names."""
-
-
-def __getattr__(name: str) -> Any:
-    where = _MOVED.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(f"{__package__}.catalogues" + (f".{where}" if where else ""))
-    return getattr(module, name)

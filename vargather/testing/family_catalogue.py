@@ -3,11 +3,13 @@
 
 Where it sits: in the testing kit, above ``family`` (the case base, rank runner and
 judge) and ``properties`` (the one ``Property``), beneath the catalogue modules
-(``catalogues.reduce_scatter_v``, ``all_to_all_v``, ``all_gather_list``: each its case
-class, strategy, call and signature, and ``CATALOGUE = FamilyCatalogue(...)``) and the
+(``catalogues.<name>`` of each ``collectives.FAMILY`` name: each its case class,
+strategy, call and signature, and ``CATALOGUE = FamilyCatalogue(...)``) and the
 engine, which runs these rows as it runs any collective's. The property suite
 (``tests/test_family_properties.py``), the mutant search and ``python -m vargather
-check --op ...`` all run these rows, so they cannot drift.
+check --op ...`` all run these rows, so they cannot drift. What every catalogue's rows
+share, the gather's included, is here too: ``row_builder``, ``forward_rows``,
+``scoped`` (the scope reasons alike in every catalogue) and the shared constants.
 
 Each row is a class of cases (``Property.kwargs``: ``dtypes``, ``requires_grad``,
 ``special``, ``memory``, ``shape`` a method fitting a drawn case, ``large``) and the
@@ -38,27 +40,50 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from operator import methodcaller
 from typing import TYPE_CHECKING, Any, Final
 
 from hypothesis import strategies as st
 
 from .calls import parse_call
-from .cases import COMPILE_BACKENDS, Implementation, parse_literal
+from .cases import (
+    COMPILE_BACKENDS,
+    DTYPE_FAMILIES,
+    DTYPE_NAMES,
+    Implementation,
+    dtype_family,
+    parse_literal,
+    torch_dtype,
+)
+from .compiled import warm_backends
 from .family import Alone, FamilyCase, SplitCase, judge_case, run_case, run_sequence, shape_with
-from .judge import Failure, world_failure_text
 from .misuse import MISUSE_KINDS, MisuseCase, judge_misuse, run_misuse
-from .pool import PoolFailure, RankError, RankPool
+from .pool import RankPool
 from .properties import Property
 from .resolve import ImplInfo, load_impl
-from .runner import Verdict, exc_kind, shell_quote
+from .runner import Verdict, judged, on_world, reproduction
 from .usage_errors import OptionError
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
+    from .catalogues import Catalogue
     from .options import CheckOptions
 
-__all__ = ["FAMILY_BATCH", "LARGE_ROW", "LARGE_ROWS", "FamilyCatalogue", "shape_with"]
+__all__ = [
+    "COMMON_DTYPES",
+    "COMPILED_EXAMPLES",
+    "FAMILY_BATCH",
+    "LARGE_ROW",
+    "LARGE_ROWS",
+    "SEQUENCE_DTYPES",
+    "VALUES",
+    "FamilyCatalogue",
+    "forward_rows",
+    "row_builder",
+    "scoped",
+    "shape_with",
+]
 
 FAMILY_BATCH: Final = 4
 """Calls per example: one example is one pool round trip, its calls in a row."""
@@ -67,13 +92,65 @@ LARGE_ROW: Final = 256
 LARGE_ROWS: Final = 320
 """Most rows of a payload-scale block: 320 KiB, past the fused round's 128 KiB slot."""
 COMPILED_EXAMPLES: Final = 3
-"""Examples of the ``compiled`` row per run: each costs compiles of seconds."""
+"""Examples of the ``compiled`` row per run (every catalogue's): each costs compiles of
+a few seconds per backend and shape (inductor's the most)."""
 
-_FLOAT: Final = ("float32", "float64")
-_COMMON: Final = ("float32", "float64", "int64")
+COMMON_DTYPES: Final = ("float32", "float64", "int64")
+"""The dtypes of the rows that are not about dtypes (each family has its own)."""
+SEQUENCE_DTYPES: Final = ("float32", "float64", "bfloat16", "int64", "uint8")
+"""Dtypes a call sequence switches between: widths of 8, 4, 2 and 1 bytes, so one
+shape means different byte counts from call to call."""
+VALUES: Final = frozenset({"output", "gradient", "adjoint"})
+"""The aspects of a row about the values: the output and the input gradients."""
 _ALONE: Final = ("float32", "float64", "complex64")
 _FORWARD: Final = frozenset({"output"})
-_VALUES: Final = frozenset({"output", "gradient", "adjoint"})
+
+
+def forward_rows(
+    row: Callable[[str, str, tuple[str, ...]], Property],
+    same: str,
+    fewer: Mapping[str, tuple[str, ...]] | None = None,
+) -> list[Property]:
+    """Every catalogue's forward rows, ``forward-float`` ... ``forward-bool``: one per
+    dtype family, ``row(id, title, dtypes)`` with ``same`` and the dtypes in the title,
+    every gloo dtype of the family (``fewer``: the collective's own, by family)."""
+    rows = []
+    for family in DTYPE_FAMILIES:
+        dtypes = (fewer or {}).get(family) or tuple(
+            n for n in DTYPE_NAMES if dtype_family(torch_dtype(n)) == family
+        )
+        words = "int8/16/32/64, uint8" if family == "int" else "/".join(dtypes)
+        rows.append(row(f"forward-{family}", same + words, dtypes))
+    return rows
+
+
+def row_builder(
+    target: Implementation, catalogue: Catalogue, **defaults: Any
+) -> Callable[..., Property]:
+    """How every catalogue writes its rows: ``row(id, title, aspects, dtypes, **kw)``,
+    a row of ``target`` whose ``kw`` are its ``Property`` fields (over ``defaults``)
+    and the kwargs its catalogue's ``draw`` reads (the rest, ``dtypes`` among them)."""
+
+    def row(
+        row_id: str, title: str, aspects: frozenset[str], dtypes: Sequence[str] = (), **kw: Any
+    ) -> Property:
+        fields = {**defaults, **{k: kw.pop(k) for k in list(kw) if k in _PROPERTY_FIELDS}}
+        kwargs = {"dtypes": tuple(dtypes), **kw} if dtypes else kw
+        return Property(target, row_id, title, aspects, kwargs, catalogue=catalogue, **fields)
+
+    return row
+
+
+def scoped(row: Property, why: str | None = None) -> Property:
+    """``row`` left out (``out_of_scope``) for its catalogue's own reason ``why``, or
+    where the target's scope excludes it alike in every catalogue: the gradient rows
+    under ``--grad none``, the ``compiled`` row of a target not claimed to compile."""
+    target = row.implementation
+    if why is None and row.id in ("gradient", "adjoint") and not target.differentiable:
+        why = "--grad none: not differentiable"
+    if why is None and row.compiled and not target.claims_compile:
+        why = "not claimed to compile (--compile claims torch.compile support)"
+    return row if why is None else replace(row, out_of_scope=why)
 
 
 def large_blocks(
@@ -91,14 +168,6 @@ def large_blocks(
         return case_type(world, sizes, (LARGE_ROW,), 0, *root, requires_grad=grad, seed=seed)
 
     return large
-
-
-def _nonzero_dim(case: SplitCase) -> Any:
-    return case.nonzero_dim()
-
-
-def _emptied(case: FamilyCase) -> Any:
-    return case.emptied()
 
 
 def _strided(case: Any) -> Any:
@@ -165,7 +234,7 @@ class FamilyCatalogue:
         return case
 
     def _scoped(self, row: Property) -> Property:
-        """``row`` left out (``out_of_scope``) where the collective declines it or the
+        """``row`` left out (``scoped``) where the collective declines it or the
         target's scope excludes it."""
         target = row.implementation
         why = self.declined.get(row.id)
@@ -180,17 +249,13 @@ class FamilyCatalogue:
                 why = "--dims 0: dim 0 only"
         elif row.id == "subgroup" and not self.passes(target, "group"):
             why = f"--call {target.call} passes no group: no subgroup"
-        elif row.id in ("gradient", "adjoint") and not target.differentiable:
-            why = "--grad none: not differentiable"
-        elif row.id == "adjoint" and "sum" not in target.contracts:
+        elif row.id == "adjoint" and target.differentiable and "sum" not in target.contracts:
             why = "an identity of grad='sum'; the claimed contract is " + ", ".join(
                 target.contracts
             )
         elif row.id == "misuse" and target.call is not None:
             why = "--call: the misuse cases call ATTR as vargather's function is (timeout= too)"
-        elif row.id == "compiled" and not target.claims_compile:
-            why = "not claimed to compile (--compile claims torch.compile support)"
-        return row if why is None else replace(row, out_of_scope=why)
+        return scoped(row, why)
 
     # -- the rows
 
@@ -199,51 +264,41 @@ class FamilyCatalogue:
         its result is fixed: ``returns`` is not asked)."""
         del returns
         target = implementation
-
-        def row(
-            row_id: str, title: str, aspects: frozenset[str], dtypes: Sequence[str] = (), **kw: Any
-        ) -> Property:
-            fields = {k: kw.pop(k) for k in list(kw) if k in _PROPERTY_FIELDS}
-            fields.setdefault("min_world", 2)
-            fields.setdefault("batch", FAMILY_BATCH)
-            kwargs = {"dtypes": tuple(dtypes), **kw}
-            return Property(target, row_id, title, aspects, kwargs, catalogue=self, **fields)
+        row = row_builder(target, self, min_world=2, batch=FAMILY_BATCH)
 
         same = "forward equals the oracle bit for bit on every rank, "
         grads = ", ".join(target.contracts) if target.differentiable else "none"
         rows = [
-            row("forward-float", same + "float32/float64", _FORWARD, _FLOAT, requires_grad=False),
-            row("forward-half", same + "float16/bfloat16", _FORWARD, _HALF, requires_grad=False),
-            row(
-                "forward-complex", same + "complex64", _FORWARD, ("complex64",), requires_grad=False
+            *forward_rows(
+                lambda i, title, dtypes: row(i, title, _FORWARD, dtypes, requires_grad=False),
+                same,
+                {"complex": ("complex64",)},
             ),
-            row("forward-int", same + "int8/16/32/64, uint8", _FORWARD, _INT, requires_grad=False),
-            row("forward-bool", same + "bool", _FORWARD, ("bool",), requires_grad=False),
             row(
                 "dims",
                 "forward and gradient along dims other than 0, negative ones included",
-                _VALUES,
-                _COMMON,
-                shape=_nonzero_dim,
+                VALUES,
+                COMMON_DTYPES,
+                shape=methodcaller("nonzero_dim"),
             ),
             row(
                 "empty",
                 "one rank's part empty (no block, nothing sent, no elements): forward and gradient",
-                _VALUES,
-                _COMMON,
-                shape=_emptied,
+                VALUES,
+                COMMON_DTYPES,
+                shape=methodcaller("emptied"),
             ),
             row(
                 "non-contiguous",
                 "x a transposed or strided (sliced) view: forward and gradient",
-                _VALUES,
-                _COMMON,
+                VALUES,
+                COMMON_DTYPES,
                 shape=_strided,
             ),
             row(
                 "one-rank",
                 "a world of one rank: the identity, gradients flowing",
-                _VALUES,
+                VALUES,
                 _ALONE,
                 min_world=1,
                 max_world=1,
@@ -251,15 +306,15 @@ class FamilyCatalogue:
             row(
                 "uninitialized",
                 "torch.distributed not initialized: the identity, gradients flowing",
-                _VALUES,
+                VALUES,
                 _ALONE,
                 initialized=False,
             ),
             row(
                 "subgroup",
                 "group= a subgroup of the world: its members only, gradients too",
-                _VALUES,
-                _COMMON,
+                VALUES,
+                COMMON_DTYPES,
                 subgroups=True,
                 keep=lambda c: c.group is not None,
                 min_world=3,
@@ -275,7 +330,7 @@ class FamilyCatalogue:
                 "adjoint",
                 "sum_r <y_r, g_r> == sum_j <x_j, dx_j> exactly (integer values)",
                 frozenset({"gradient", "adjoint"}),
-                _FLOAT,
+                ("float32", "float64"),
                 requires_grad=True,
                 special=False,
             ),
@@ -283,7 +338,7 @@ class FamilyCatalogue:
                 "payload-scale",
                 "blocks of up to 320 KiB per rank (past the one-round payload slot): forward "
                 "and gradient",
-                _VALUES,
+                VALUES,
                 large=True,
                 batch=2,
             ),
@@ -291,8 +346,8 @@ class FamilyCatalogue:
                 "call-sequence",
                 "calls in a row on one world, shapes, dtypes, sizes and validate changing "
                 "between calls (state carried across calls)",
-                _VALUES,
-                _SEQUENCE,
+                VALUES,
+                SEQUENCE_DTYPES,
                 sequences=True,
                 subgroups=self.passes(target, "group"),
             ),
@@ -301,8 +356,8 @@ class FamilyCatalogue:
                 "the call inside a training step compiled with torch.compile(fullgraph=True) "
                 "on eager, aot_eager or inductor (sizes passed as ints): output and input "
                 "gradients equal the oracle's bit for bit (integer values)",
-                _VALUES,
-                _COMMON,
+                VALUES,
+                COMMON_DTYPES,
                 special=False,
                 compiled=True,
                 examples=COMPILED_EXAMPLES,
@@ -470,45 +525,25 @@ class FamilyCatalogue:
         impl = prop.implementation
         if not prop.initialized:  # in this process, torch.distributed not initialized
             return [Verdict(c, impl, tuple(judge_case(c, [run_case(Alone(), c)]))) for c in batch]
-        results: list[Any]
-        try:
+
+        def run() -> list[Any]:
             pool = pool_factory(batch[0].world_size)
             if prop.misuse:
-                results = [pool.run(run_misuse, case) for case in batch]
-            else:
-                if prop.compiled:
-                    from .compiled import warm_backends
+                return [pool.run(run_misuse, case) for case in batch]
+            if prop.compiled:
+                pool.run(warm_backends, sorted({c.compile_backend for c in batch}))
+            per_rank = pool.run(run_sequence, tuple(batch))
+            return [[reports[i] for reports in per_rank] for i in range(len(batch))]
 
-                    pool.run(warm_backends, sorted({c.compile_backend for c in batch}))
-                per_rank = pool.run(run_sequence, tuple(batch))
-                results = [[reports[i] for reports in per_rank] for i in range(len(batch))]
-        except (PoolFailure, RankError) as err:
-            message = f"{type(err).__name__}: {world_failure_text(err)}"
-            size = batch[0].world_size
-            failure = Failure("call", exc_kind(err), message, group_size=size, call=self.op)
-            first = Verdict(batch[0], impl, (failure,))
-            rest = [Verdict(c, impl, not_run="the world failed earlier") for c in batch[1:]]
-            return [first, *rest]
-        judge: Callable[[Any, Any], list[Failure]] = judge_misuse if prop.misuse else judge_case
-        return [
-            Verdict(case, impl, tuple(judge(case, reports)))
-            for case, reports in zip(batch, results, strict=True)
-        ]
+        return judged(batch, impl, self.op, run, judge_misuse if prop.misuse else judge_case)
 
     def describe(self, prop: Property, batch: Sequence[Any], index: int) -> str:
         """The failing call and the calls before it on its world, in words, and the
         ``python -m vargather repro --op`` command that re-runs exactly them."""
         cases = list(batch[: index + 1])
-        where = (
-            "in this process, torch.distributed not initialized"
-            if not getattr(cases[0], "initialized", True)
-            else f"on a gloo world of {cases[0].world_size} rank(s)"
-        )
-        lines = [f"{len(cases)} call(s) {where}, in order:"]
-        lines += [f"  {c!r}" for c in cases]
-        args = ["python", "-m", "vargather", "repro", "--op", self.op, *map(repr, cases)]
-        lines.append("reproduce: " + " ".join(map(shell_quote, args)))
-        return "\n".join(lines)
+        where = on_world(getattr(cases[0], "initialized", True), cases[0].world_size)
+        head = f"{len(cases)} call(s) {where}, in order:"
+        return reproduction(head, map(repr, cases), ["--op", self.op, *map(repr, cases)])
 
     def case_data(self, case: Any) -> dict[str, Any]:
         data = dataclasses.asdict(case)
@@ -539,7 +574,7 @@ class FamilyCatalogue:
             Implementation(op=self.op, name=self.op),
             "repro",
             "repro",
-            _VALUES,
+            VALUES,
             catalogue=self,
             misuse=misuse,
             initialized=misuse or cases[0].initialized,
@@ -548,10 +583,7 @@ class FamilyCatalogue:
         return self.run(prop, cases, pool_factory)
 
 
-_HALF: Final = ("float16", "bfloat16")
-_INT: Final = ("int64", "int32", "int16", "int8", "uint8")
 _GRAD: Final = ("float32", "float64", "float16", "bfloat16", "complex64")
-_SEQUENCE: Final = ("float32", "float64", "bfloat16", "int64", "uint8")
 _PROPERTY_FIELDS: Final = frozenset(
     {f.name for f in dataclasses.fields(Property)} - {"implementation", "id", "title", "kwargs"}
 )

@@ -39,7 +39,7 @@ from .pool_types import RankCrashed
 if TYPE_CHECKING:
     from .cases import Expected
 
-__all__ = ["ASPECTS", "KINDS", "Failure", "judge", "output_mismatch", "without_addresses"]
+__all__ = ["ASPECTS", "KINDS", "Failure", "judge", "without_addresses"]
 
 ASPECTS: Final = ("output", "sizes", "gradient", "adjoint", "call")
 """What a failure is about; ``call``: the call itself did not complete (it raised, a
@@ -135,13 +135,6 @@ def world_failure_text(exc: BaseException) -> str:
 
 
 # --- comparing tensors ---------------------------------------------------------------------
-
-
-def output_mismatch(got: torch.Tensor, want: torch.Tensor) -> str:
-    """Where ``got`` differs from ``want`` bit for bit (same dtype and shape): the count
-    and the first differing element with both values; empty when they are equal. Run on
-    a rank for large outputs, which send back this text instead of their bytes."""
-    return bitwise_difference(got, want) or ""
 
 
 def _compare_grad(

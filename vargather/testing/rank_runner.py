@@ -10,18 +10,18 @@ gradient, and reports its output's bytes (or digest), its gradient and any excep
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Final, Protocol
 
 import torch
 
 from vargather import CollectiveError
 
-from .calls import CallTemplate, group_object, parse_call
+from .asserts import bitwise_difference
+from .calls import NAMES, bind_call
 from .cases import (
     DIGEST_MIN_BYTES,
     GatherCase,
@@ -30,11 +30,10 @@ from .cases import (
     TensorBytes,
     bytes_of,
     digest_of,
+    dtype_name,
     expected_output,
 )
-from .cases import dtype_name as dtype_name
-from .compiled import patient_default_group
-from .judge import output_mismatch
+from .compiled import call_compiled, patient_default_group
 from .repeatable import repeatable
 
 __all__ = [
@@ -42,6 +41,7 @@ __all__ = [
     "RankContextLike",
     "emulation",
     "implementation_traceback",
+    "join",
     "rank_preflight",
     "run_coalesced_on_rank",
     "run_on_rank",
@@ -132,24 +132,12 @@ def _call(
         assert callable(fn)  # checked in the parent before any world starts
     sizes = case.sizes_argument()
     if impl.call is not None:
-        template = _template(impl.call)
-        out = None
-        if template.uses("out"):  # a preallocated output the call fills
-            out = torch.empty(case.output_shape, dtype=x.dtype, device=x.device)
-        args, keywords = template.build(
-            {
-                "x": x,
-                "dim": case.dim,
-                "sizes": sizes,
-                "shapes": [list(s) for s in case.shapes],
-                "group": group_object(group),
-                "grad": case.contract,
-                "out": out,
-            }
-        )
-        result = _invoke(fn, case, x, tuple(args), dict(keywords))
+        shapes = [list(s) for s in case.shapes]
+        values = {"dim": case.dim, "sizes": sizes, "shapes": shapes, "grad": case.contract}
+        args, named = bind_call(impl.call, NAMES, x, group, lambda: case.output_shape, values)
+        result = call_compiled(fn, case, x, args, named)
     elif impl.convention == "seed":
-        result = _invoke(fn, case, x, (*head, sizes), {})
+        result = call_compiled(fn, case, x, (*head, sizes), {})
     else:
         kwargs: dict[str, object] = {"grad": case.contract} if impl.takes_grad else {}
         if sizes is not None:
@@ -158,30 +146,8 @@ def _call(
             kwargs["group"] = group
         if impl.transports is not None:
             kwargs["transport"] = case.transport
-        result = _invoke(fn, case, x, head, kwargs)
+        result = call_compiled(fn, case, x, head, kwargs)
     return _unpack(impl, case, result)
-
-
-def _invoke(
-    fn: Callable[..., object],
-    case: GatherCase,
-    x: torch.Tensor,
-    args: tuple[object, ...],
-    kwargs: dict[str, object],
-) -> object:
-    """``fn(*args, **kwargs)``, or inside the compiled step of ``case.compile_backend``
-    (``vargather.testing.compiled``; the shard ``x`` is among the arguments)."""
-    if case.compile_backend is None:
-        return fn(*args, **kwargs)
-    from .compiled import call_compiled  # torch.compile only where a case asks
-
-    return call_compiled(fn, case, x, args, kwargs)
-
-
-@functools.lru_cache(maxsize=16)
-def _template(text: str) -> CallTemplate:
-    """A call template, parsed once per process (``calls.parse_call``)."""
-    return parse_call(text)
 
 
 def _is_tensor_list(value: object) -> bool:
@@ -258,7 +224,7 @@ def _output_report(out: torch.Tensor, case: GatherCase, expected_digest: str | N
     mismatch = ""
     comparable = tuple(out.shape) == case.output_shape and out.dtype == case.torch_dtype
     if comparable and digest != expected_digest:
-        mismatch = output_mismatch(out.detach().cpu(), expected_output(case))
+        mismatch = bitwise_difference(out.detach().cpu(), expected_output(case)) or ""
     return TensorBytes.digested(out, mismatch)
 
 
@@ -269,22 +235,27 @@ def _enter(
     the world and ``impl``; the gather group (``None``: the default group) and this
     rank's rank in it, or ``None`` when this rank is outside the case's subgroup."""
     emulation(impl.emulate)
-    group: object = None
-    grank = ctx.rank
-    if case.members is not None:
-        group = ctx.subgroup(list(case.members))  # collective: every world rank calls it
-        if ctx.rank not in case.members:
-            return None
-        grank = case.members.index(ctx.rank)
-    elif ctx.world_size != case.group_size:
+    if case.members is None and ctx.world_size != case.group_size:
         raise RuntimeError(
             f"case for {case.group_size} rank(s) sent to a world of {ctx.world_size}"
         )
+    joined = join(ctx, case.members)
+    if joined is None:
+        return None
     if case.contract not in impl.contracts:
         raise ValueError(f"{impl.label} does not claim grad={case.contract!r}")
     if impl.transports is None and case.transport != "auto":
         raise ValueError(f"{impl.label} takes no transport, but the case asks {case.transport!r}")
-    return group, grank
+    return joined
+
+
+def join(ctx: RankContextLike, members: Sequence[int] | None) -> tuple[object, int] | None:
+    """The group of ``members`` (``None``: the whole world's) and this rank's rank in it;
+    ``None`` outside it, the subgroup still created with its peers (a collective)."""
+    if members is None:
+        return None, ctx.rank
+    group = ctx.subgroup(list(members))
+    return (group, list(members).index(ctx.rank)) if ctx.rank in members else None
 
 
 def _forward_fields(
@@ -418,7 +389,8 @@ def implementation_traceback(exc: BaseException) -> str:
 
 def run_on_rank(
     ctx: RankContextLike,
-    job: tuple[Implementation, GatherCase, int] | tuple[Implementation, GatherCase, int, str],
+    job: tuple[Implementation, GatherCase, int]
+    | tuple[Implementation, GatherCase, int, str | None],
 ) -> object:
     """Run one case on this rank: the rank function of ``vargather.testing`` pools.
 

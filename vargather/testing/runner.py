@@ -10,7 +10,9 @@ each case judged into a ``Verdict``), and it re-exports what the kit imports of 
 other two. ``run_coalesced`` runs a batch as ONE call of the implementation's coalesced
 form (each case one tensor, one backward over every output) and still judges each case
 alone. ``describe`` renders a case with the public command that re-runs it, ``python -m
-vargather repro`` (``describe_coalesced``: a tensor of a coalesced call, with the call).
+vargather repro`` (``describe_coalesced``: a tensor of a coalesced call, with the call;
+``reproduction``: the plain form the family's and the misuse rows' failures take);
+``judged`` turns those rows' reports, or their failed world, into ``Verdict``s.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import itertools
 import os
 import shlex
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import torch
 
@@ -35,7 +37,6 @@ from .cases import (
     Implementation,
     RankReport,
 )
-from .cases import dtype_name as dtype_name
 
 # --- the parent side: running -----------------------------------------------------------
 from .importer import (
@@ -76,12 +77,15 @@ __all__ = [
     "describe_coalesced",
     "example_counts",
     "gloo_transports",
+    "judged",
     "load_callable",
+    "on_world",
     "parse_impl_ref",
     "prepend_import_paths",
     "rank_preflight",
     "repro_args",
-    "reset_example_counts",
+    "repro_command",
+    "reproduction",
     "run_cases",
     "run_coalesced",
     "run_coalesced_on_rank",
@@ -113,10 +117,6 @@ _TOKENS = itertools.count(1)
 def example_counts() -> dict[tuple[str, str], int]:
     """Cases run and judged in this process, by (implementation label, world)."""
     return dict(_COUNTS)
-
-
-def reset_example_counts() -> None:
-    _COUNTS.clear()
 
 
 def _world_label(case: GatherCase) -> str:
@@ -211,13 +211,6 @@ def _discard_if_suspect(pool: RankPool, per_rank_lists: Sequence[Sequence[object
             discard(suspect)
 
 
-def _job(
-    impl: Implementation, case: GatherCase, token: int
-) -> tuple[Implementation, GatherCase, int] | tuple[Implementation, GatherCase, int, str]:
-    digest = _expected_digest(case)
-    return (impl, case, token) if digest is None else (impl, case, token, digest)
-
-
 def _expected_digest(case: GatherCase) -> str | None:
     """The oracle's output digest a rank compares a large case's output with (``None``:
     a small case, whose output bytes cross the pipe)."""
@@ -273,7 +266,7 @@ def _run_world(
     bisected on fresh worlds. After a collective error the world is discarded so the
     next call gets a fresh one."""
     token = (os.getpid() << 32) + next(_TOKENS)
-    jobs = [_job(impl, case, token) for case in cases]
+    jobs = [(impl, case, token, _expected_digest(case)) for case in cases]
     pool = factory(world)
     try:
         results = pool.run_many(run_on_rank, jobs)
@@ -314,6 +307,30 @@ def _in_flight_case(exc: PoolFailure, batch: int) -> int | None:
     in_flight = getattr(exc, "in_flight", None) or {}
     indices = [i for i in in_flight.values() if 0 <= i < batch]
     return min(indices) if indices else None
+
+
+def judged(
+    batch: Sequence[Any],
+    impl: Implementation,
+    call: str,
+    run: Callable[[], Sequence[Any]],
+    judge_one: Callable[[Any, Any], Sequence[Failure]],
+) -> list[Verdict]:
+    """Each case of ``batch`` judged (``judge_one(case, reports)``) from ``run()``, its
+    reports case by case; a world that failed under the batch fails its first case
+    (``call``: an error, a crash or a hang, the pool's diagnosis), the rest not run."""
+    try:
+        results = run()
+    except (PoolFailure, RankError) as err:
+        message = f"{type(err).__name__}: {world_failure_text(err)}"
+        size = batch[0].world_size
+        failure = Failure("call", exc_kind(err), message, group_size=size, call=call)
+        rest = [Verdict(c, impl, not_run="the world failed earlier") for c in batch[1:]]
+        return [Verdict(batch[0], impl, (failure,)), *rest]
+    return [
+        Verdict(case, impl, tuple(judge_one(case, reports)))
+        for case, reports in zip(batch, results, strict=True)
+    ]
 
 
 def exc_kind(exc: BaseException) -> str:
@@ -397,39 +414,50 @@ def repro_args(case: GatherCase, implementation: Implementation = VARGATHER) -> 
     ``implementation`` (its reference, call convention, contracts, transports and
     import path carried along)."""
     impl = implementation
-    args = [repr(case)]
-    if impl.ref is None:
-        if impl.contracts != CONTRACTS:
-            args += ["--contracts", ",".join(impl.contracts)]
-        if impl.transports != VARGATHER.transports:
-            args += ["--transports", ",".join(impl.transports or ()) or "none"]
-        if impl.emulate is not None:
-            args += ["--emulate", impl.emulate]
-        return args
     if impl == COMPAT:
-        return [*args, "--impl", "compat"]
-    args += ["--impl", impl.ref]
-    if impl.convention != "vargather":
+        return [repr(case), "--impl", "compat"]
+    fork = impl.ref is not None  # vargather's own: only what differs from its defaults
+    args = [repr(case), *(["--impl", impl.ref] if impl.ref is not None else [])]
+    if fork and impl.convention != "vargather":
         args += ["--convention", impl.convention]
     if impl.contracts != CONTRACTS:
         args += ["--contracts", ",".join(impl.contracts)]
-    if impl.transports is not None:
-        args += ["--transports", ",".join(impl.transports)]
-    if impl.convention == "vargather" and not impl.takes_group and impl.call is None:
+    if impl.transports != (None if fork else VARGATHER.transports):
+        args += ["--transports", ",".join(impl.transports or ()) or "none"]
+    plain = fork and impl.convention == "vargather" and impl.call is None
+    if plain and not impl.takes_group:
         args.append("--no-group")
-    if impl.convention == "vargather" and not impl.takes_grad and impl.call is None:
+    if plain and not impl.takes_grad:
         args.append("--no-grad-kw")
-    if impl.returns != "auto":
+    if fork and impl.returns != "auto":
         args += ["--returns", impl.returns]
-    if impl.call is not None:
+    if fork and impl.call is not None:
         args += ["--call", impl.call]
-    if impl.ctor_takes_dim:
+    if fork and impl.ctor_takes_dim:
         args.append("--ctor-dim")
     if impl.emulate is not None:
         args += ["--emulate", impl.emulate]
-    for path in impl.search_path:
+    for path in impl.search_path if fork else ():
         args += ["--path", path]
     return args
+
+
+def repro_command(args: Sequence[str]) -> str:
+    """``python -m vargather repro`` with ``args``, as a POSIX shell command line."""
+    return " ".join(map(shell_quote, ["python", "-m", "vargather", "repro", *args]))
+
+
+def reproduction(head: str, items: Iterable[str], args: Sequence[str]) -> str:
+    """``head``, each of ``items`` on an indented line, and the ``reproduce:`` line
+    (``repro_command(args)``): how a catalogue tells its failing calls."""
+    return "\n".join([head, *(f"  {item}" for item in items), f"reproduce: {repro_command(args)}"])
+
+
+def on_world(initialized: bool, world_size: int) -> str:
+    """Where a case ran, in a failure's words."""
+    if not initialized:
+        return "in this process, torch.distributed not initialized"
+    return f"on a gloo world of {world_size} rank(s)"
 
 
 def shell_quote(arg: str) -> str:
@@ -451,16 +479,10 @@ def describe(
     ``before``: the calls of its call sequence that ran before it on the same world
     (state an implementation carries between calls may be the cause); they are listed,
     and the command re-runs them first, in order."""
-    where = (
-        "in this process, torch.distributed not initialized"
-        if not case.initialized
-        else f"on a gloo world of {case.world_size} rank(s)"
-        + (f", subgroup {list(case.members)}" if case.members is not None else "")
-    )
+    where = on_world(case.initialized, case.world_size)
+    where += f", subgroup {list(case.members)}" if case.members is not None else ""
     memory = [case.memory_of(r) for r in range(case.group_size)]
-    case_args = repro_args(case, implementation)
-    args = ["python", "-m", "vargather", "repro", *map(repr, before), *case_args]
-    command = " ".join(shell_quote(arg) for arg in args)
+    command = repro_command([*map(repr, before), *repro_args(case, implementation)])
     lines = []
     if before:
         lines.append(
@@ -499,9 +521,7 @@ def describe_coalesced(
         for i, c in enumerate(batch)
     )
     single = describe(batch[index], impl).splitlines()[:-1]  # the tensor, in words
-    args = ["python", "-m", "vargather", "repro", "--coalesced", *map(repr, batch)]
-    args += repro_args(batch[index], impl)[1:]
-    command = " ".join(shell_quote(arg) for arg in args)
+    command = repro_command(["--coalesced", *map(repr, batch), *repro_args(batch[index], impl)[1:]])
     return "\n".join([*lines, *single, f"  reproduce: {command}"])
 
 

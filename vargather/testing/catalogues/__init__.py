@@ -141,9 +141,3 @@ def family_catalogues() -> list[FamilyCatalogue]:
 
     found = [catalogue_of(op) for op in FAMILY]
     return [c for c in found if isinstance(c, FamilyCatalogue)]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "FAMILY_NAMES":  # each family collective's call-template names, by name
-        return {c.op: c.names for c in family_catalogues()}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

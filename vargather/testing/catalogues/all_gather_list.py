@@ -51,9 +51,6 @@ class GatherListCase(FamilyCase):
     def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (), {"shapes": self._passed(), "grad": self.grad}
 
-    def template_values(self, r: int) -> dict[str, object]:
-        return {"shapes": self._passed(), "grad": self.grad}
-
     def oracle_args(self) -> dict[str, Any]:
         return {}
 

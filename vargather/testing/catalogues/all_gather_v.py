@@ -2,8 +2,9 @@
 
 Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), above
 ``cases`` -> ``strategies`` -> ``judge`` -> ``runner`` (the gather's case model, its
-draws, the judge and the rank side) and ``properties`` (the one ``Property``);
-beneath the engine, which runs these rows through ``CATALOGUE`` as it runs any
+draws, the judge and the rank side), ``properties`` (the one ``Property``) and
+``family_catalogue`` (the row builder, forward rows and scope reasons every catalogue
+shares); beneath the engine, which runs these rows through ``CATALOGUE`` as it runs any
 collective's.
 
 Each property varies one thing: the forward properties run contiguous shards without
@@ -42,7 +43,15 @@ from ..cases import (
     torch_dtype,
 )
 from ..compiled import warm_backends
-from ..judge import Failure
+from ..family_catalogue import (
+    COMMON_DTYPES,
+    COMPILED_EXAMPLES,
+    SEQUENCE_DTYPES,
+    VALUES,
+    forward_rows,
+    row_builder,
+    scoped,
+)
 from ..misuse import CATALOGUE as CATALOGUE_OF_MISUSES
 from ..misuse import GatherMisuseCase, judge_gather_misuse, misuse_by_name, run_gather_misuse
 from ..options import CheckOptions
@@ -54,10 +63,12 @@ from ..runner import (
     Verdict,
     describe,
     describe_coalesced,
+    judged,
+    on_world,
+    reproduction,
     run_cases,
     run_coalesced,
     run_on_rank,
-    shell_quote,
 )
 from ..scale import sequence_length
 
@@ -81,23 +92,6 @@ def _on_backends(cases: list[GatherCase]) -> SearchStrategy[list[GatherCase]]:
     )
 
 
-def warm_backends_for(
-    batch: Sequence[GatherCase], pool_factory: Callable[[int], RankPool] | None = None
-) -> None:
-    """Warm, on each world ``batch`` runs on, the compile backends its cases use
-    (``compiled.warm_backends``, once per rank process): a backend's one-time setup is
-    then not charged to the batch's call timeout."""
-    from ..pool import get_pool
-
-    factory = pool_factory or get_pool
-    worlds: dict[int, set[str]] = {}
-    for case in batch:
-        if case.compile_backend is not None and case.initialized:
-            worlds.setdefault(case.world_size, set()).add(case.compile_backend)
-    for world, backends in sorted(worlds.items()):
-        factory(world).run(warm_backends, sorted(backends))
-
-
 def one_call(cases: Sequence[GatherCase]) -> list[GatherCase]:
     """``cases`` as the tensors of one coalesced call: every case takes the first's
     contract and transport (the call takes them once); everything else stays each
@@ -115,21 +109,10 @@ def _dtypes(*families: str) -> tuple[str, ...]:
     return tuple(n for n in DTYPE_NAMES if dtype_family(torch_dtype(n)) in families)
 
 
-_COMMON: Final = ("float32", "float64", "int64")
-"""The dtypes of the properties that are not about dtypes (each family has its own)."""
-
-_SEQUENCE_DTYPES: Final = ("float32", "float64", "bfloat16", "int64", "uint8")
-"""Dtypes a call sequence switches between: widths of 8, 4, 2 and 1 bytes, so one
-shape means different byte counts from call to call."""
-
 _OUTPUT: Final = frozenset({"output"})
 _SIZES: Final = frozenset({"output", "sizes"})
 _ALL: Final = frozenset({"output", "sizes", "gradient", "adjoint"})
-_VALUES: Final = frozenset({"output", "gradient", "adjoint"})
 
-COMPILED_EXAMPLES: Final = 3
-"""Examples of the ``compiled`` property per run by default: each costs compiles of a
-few seconds per backend and shape (inductor's the most)."""
 COMPILED_SLOW_EXAMPLES: Final = 25
 COMPILED_BATCH: Final = 3
 """Cases per compiled batch: calls in a row through one compiled step per backend,
@@ -141,16 +124,7 @@ for outputs past ``DIGEST_MIN_BYTES`` and the coalesced call's small/large split
 enough that a batch of tensors costs one quick round trip."""
 
 
-def _some_empty(case: GatherCase) -> bool:
-    empty = sum(1 for n in case.sizes if n == 0)
-    return 0 < empty < case.group_size
-
-
-def _nonzero_dim(case: GatherCase) -> bool:
-    return case.dim != 0
-
-
-def _rows(implementation: Implementation, returns: str) -> list[Property]:
+def _rows(catalogue: _Gather, implementation: Implementation, returns: str) -> list[Property]:
     """Every property, in a fixed order, for ``implementation``.
 
     Cases draw the contracts it claims and the transports it takes.
@@ -166,7 +140,7 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
     plain = ("none",) if "none" in sizes_forms_for(impl.sizes_scope) else None
     none = plain or sizes_forms_for(impl.sizes_scope)  # --sizes required: always passed
     fwd = {"sizes_forms": none, "memory": ("contiguous",), "requires_grad": False, **c}
-    common = {**fwd, "dtypes": tuple(d for d in _COMMON if d in DTYPE_NAMES)}
+    common = {**fwd, "dtypes": tuple(d for d in COMMON_DTYPES if d in DTYPE_NAMES)}
     world: dict[str, object] = {
         "sizes_forms": none,
         "dtypes": ("float32", "float64", "complex64"),
@@ -182,7 +156,7 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
     }
     # Sequences call without sizes where the scope allows (the state under test is the
     # implementation's own); with --sizes required they pass them.
-    seq = {"sizes_forms": plain or none, "dtypes": _SEQUENCE_DTYPES, **c}
+    seq = {"sizes_forms": plain or none, "dtypes": SEQUENCE_DTYPES, **c}
     coalesced = {
         "sizes_forms": sizes_forms_for(impl.sizes_scope),
         "requires_grad": None if impl.differentiable else False,
@@ -196,7 +170,7 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
         "sizes_forms": tuple(f for f in sizes_forms_for(impl.sizes_scope) if f != "tensor"),
         "memory": ("contiguous",),
         "values": ("integers",),
-        "dtypes": tuple(d for d in _COMMON if d in DTYPE_NAMES),
+        "dtypes": tuple(d for d in COMMON_DTYPES if d in DTYPE_NAMES),
         "max_payload": 0,
         **c,
     }
@@ -206,166 +180,119 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
     claimed = ", ".join(map(repr, impl.contracts))
     same = "forward equals torch.cat(x, dim) bit for bit on every rank, "
 
+    row = row_builder(impl, catalogue)
     rows = [
-        Property(
-            impl,
-            "forward-float",
-            same + "float32/float64",
-            _OUTPUT,
-            {**fwd, "dtypes": _dtypes("float")},
-        ),
-        Property(
-            impl,
-            "forward-half",
-            same + "float16/bfloat16",
-            _OUTPUT,
-            {**fwd, "dtypes": _dtypes("half")},
-        ),
-        Property(
-            impl,
-            "forward-complex",
-            same + "complex64/complex128",
-            _OUTPUT,
-            {**fwd, "dtypes": _dtypes("complex")},
-        ),
-        Property(
-            impl,
-            "forward-int",
-            same + "int8/16/32/64, uint8",
-            _OUTPUT,
-            {**fwd, "dtypes": _dtypes("int")},
-        ),
-        Property(impl, "forward-bool", same + "bool", _OUTPUT, {**fwd, "dtypes": _dtypes("bool")}),
-        Property(
-            impl,
+        *forward_rows(lambda i, t, dtypes: row(i, t, _OUTPUT, **fwd, dtypes=dtypes), same),
+        row(
             "dims",
             "forward along dims other than 0, negative ones included",
             _OUTPUT,
-            {**common, "min_ndim": 2},
-            keep=_nonzero_dim,
+            **common,
+            min_ndim=2,
+            keep=lambda c: c.dim != 0,
         ),
-        Property(
-            impl,
+        row(
             "empty-some",
             "forward with some ranks' shards empty",
             _OUTPUT,
-            common,
+            **common,
             min_world=2,
-            keep=_some_empty,
+            keep=lambda c: 0 < c.sizes.count(0) < c.group_size,
         ),
-        Property(
-            impl,
-            "empty-all",
-            "forward with every rank's shard empty",
-            _OUTPUT,
-            {**common, "max_size": 0},
-        ),
-        Property(
-            impl,
+        row("empty-all", "forward with every rank's shard empty", _OUTPUT, **common, max_size=0),
+        row(
             "non-contiguous",
             "forward from transposed and strided (sliced) views",
             _OUTPUT,
-            {**common, "memory": ("transposed", "sliced")},
+            **{**common, "memory": ("transposed", "sliced")},
         ),
-        Property(
-            impl,
+        row(
             "sizes-list",
             f"sizes passed as a list of ints: forward and returned {what}",
             _SIZES,
-            {**common, "sizes_forms": ("list",)},
+            **{**common, "sizes_forms": ("list",)},
         ),
-        Property(
-            impl,
+        row(
             "sizes-tensor",
             f"sizes passed as a 1-d int64 tensor: forward and returned {what}",
             _SIZES,
-            {**common, "sizes_forms": ("tensor",)},
+            **{**common, "sizes_forms": ("tensor",)},
         ),
-        Property(
-            impl,
+        row(
             "returned-sizes",
             f"the returned {what} equal the true ones",
             frozenset({"sizes"}),
-            common,
+            **common,
             needs_returned_sizes=True,
         ),
-        Property(
-            impl,
+        row(
             "one-rank",
             "a world of one rank: the identity, gradients flowing",
             _ALL,
-            world,
+            **world,
             max_world=1,
         ),
-        Property(
-            impl,
+        row(
             "uninitialized",
             "torch.distributed not initialized: the identity, gradients flowing",
             _ALL,
-            world,
+            **world,
             initialized=False,
         ),
-        Property(
-            impl,
+        row(
             "subgroup",
             "group= a subgroup: gathers its members only, gradients too",
             _ALL,
-            world,
+            **world,
             min_world=2,
             subgroups=True,
         ),
-        Property(
-            impl,
+        row(
             "gradient",
             f"input gradients under grad={claimed}, upstream gradients differing per rank",
             frozenset({"gradient"}),
-            grads,
+            **grads,
         ),
-        Property(
-            impl,
+        row(
             "adjoint",
             "sum_r <dx_r, x_r> == sum_j <g_j, out_j> exactly (grad='sum', integer values)",
             frozenset({"gradient", "adjoint"}),
-            {**grads, "contracts": ("sum",), "values": ("integers",), "upstream": ("integers",)},
+            **{**grads, "contracts": ("sum",), "values": ("integers",), "upstream": ("integers",)},
             min_world=2,
             needs_sum=True,
         ),
-        Property(
-            impl,
+        row(
             "call-sequence",
             "gathers repeated on one world, sizes, dtypes, shapes and payload scale "
             "changing between calls (state carried across calls)",
             _ALL,
-            {**seq, "requires_grad": None if impl.differentiable else False},
+            **{**seq, "requires_grad": None if impl.differentiable else False},
             min_world=2,
             sequences=True,
         ),
-        Property(
-            impl,
+        row(
             "compiled",
             "the call inside a training step compiled with torch.compile(fullgraph=True) "
             "on eager, aot_eager or inductor: output and input gradients equal eager's "
             "bit for bit (integer values), empty shards and size changes between calls; "
             "a rank that issues other collectives than its peers hangs the world",
-            _VALUES,
-            compiled,
+            VALUES,
+            **compiled,
             compiled=True,
             examples=COMPILED_EXAMPLES,
             slow_examples=COMPILED_SLOW_EXAMPLES,
             batch=COMPILED_BATCH,
         ),
-        Property(
-            impl,
+        row(
             "coalesced",
             "a batch of tensors gathered by one all_gather_v_coalesced call (each its own "
             "dtype, shape, dim, memory layout and sizes form): every output bit for bit, "
             f"gradients under the call's grad={claimed} after one backward over all outputs",
-            _VALUES,
-            coalesced,
+            VALUES,
+            **coalesced,
             coalesced=True,
         ),
-        Property(
-            impl,
+        row(
             "misuse",
             "one rank's arguments wrong (the kit's misuse catalogue): the same error class "
             "and message on every rank, naming that rank, and the next gather works",
@@ -379,42 +306,30 @@ def _rows(implementation: Implementation, returns: str) -> list[Property]:
 
 
 def _scoped(row: Property) -> Property:
-    """``row`` within its implementation's declared scope: the property left out
-    (``out_of_scope``) when the scope excludes what it is about, else its cases
-    narrowed where a whole-row argument needs it (non-zero dims)."""
+    """``row`` within its implementation's declared scope: left out (``scoped``) where
+    the scope excludes what it is about, else its cases narrowed where a whole-row
+    argument needs it (non-zero dims)."""
     impl = row.implementation
-    if row.misuse and impl.ref is not None:
-        return replace(
-            row,
-            out_of_scope="the misuse scenarios call vargather's own all_gather_v_with_layout "
-            "(transport=, validate=, timeout= included)",
-        )
-    if row.compiled and not impl.claims_compile:
-        return replace(
-            row,
-            out_of_scope="not claimed to compile (--compile claims torch.compile support)",
-        )
-    if row.coalesced and impl.coalesced_form is None:
-        return replace(
-            row,
-            out_of_scope="ATTR has no coalesced form (vargather.all_gather_v_coalesced only)",
-        )
     forms = sizes_forms_for(impl.sizes_scope)
-    if row.id in ("sizes-list", "sizes-tensor"):
-        form = row.id.removeprefix("sizes-")
-        if form not in forms:
-            why = "never passed" if impl.sizes_scope == "never" else f"passed as {forms}"
-            return replace(row, out_of_scope=f"--sizes {impl.sizes_scope}: sizes is {why}")
-    if not impl.differentiable and row.id in ("gradient", "adjoint"):
-        return replace(row, out_of_scope="--grad none: not differentiable")
-    if row.id == "dims" and impl.dims is not None:
-        nonzero = tuple(d for d in impl.dims if d != 0)
-        if not nonzero:
-            return replace(row, out_of_scope=f"--dims {_dims_text(impl.dims)}: dim 0 only")
+    nonzero = tuple(d for d in impl.dims or () if d != 0)
+    why = None
+    if row.misuse and impl.ref is not None:
+        why = (
+            "the misuse scenarios call vargather's own all_gather_v_with_layout "
+            "(transport=, validate=, timeout= included)"
+        )
+    elif row.coalesced and impl.coalesced_form is None:
+        why = "ATTR has no coalesced form (vargather.all_gather_v_coalesced only)"
+    elif row.id in ("sizes-list", "sizes-tensor") and row.id.removeprefix("sizes-") not in forms:
+        said = "never passed" if impl.sizes_scope == "never" else f"passed as {forms}"
+        why = f"--sizes {impl.sizes_scope}: sizes is {said}"
+    elif row.id == "dims" and impl.dims is not None and not nonzero:
+        why = f"--dims {','.join(map(str, impl.dims))}: dim 0 only"
+    elif row.id == "dims" and impl.dims is not None:
         deepest = max((d + 1 for d in nonzero if d >= 0), default=1)
         kwargs = {**row.kwargs, "dims": nonzero, "max_ndim": min(8, max(4, deepest))}
         return replace(row, kwargs=kwargs)
-    return row
+    return scoped(row, why)
 
 
 EQUAL_SHAPES_ONLY: Final = "--equal-shapes: every rank's shard has the same shape"
@@ -434,10 +349,6 @@ def equal_shapes_only(row: Property) -> Property:
 def _equalized(case: GatherCase) -> GatherCase:
     """``case`` with every rank's shard of the first rank's shape."""
     return replace(case, shapes=(case.shapes[0],) * len(case.shapes))
-
-
-def _dims_text(dims: Sequence[int]) -> str:
-    return ",".join(map(str, dims))
 
 
 # --- the catalogue's hooks -------------------------------------------------------------
@@ -483,7 +394,7 @@ class _Gather:
         )
 
     def rows(self, implementation: Implementation, returns: str = "unknown") -> list[Property]:
-        return [replace(row, catalogue=self) for row in _rows(implementation, returns)]
+        return _rows(self, implementation, returns)
 
     def draw(
         self,
@@ -508,28 +419,21 @@ class _Gather:
         if transports is not None:
             kwargs["transports"] = tuple(transports)
         keep = prop.keep
+        kwargs.update(initialized=prop.initialized, implementation=prop.implementation)
         drawn: SearchStrategy[list[GatherCase]]
-        if prop.sequences:
+        if prop.sequences:  # a call-sequence row: nothing below but --equal-shapes applies
+            length = max(batch, sequence_length())
             drawn = vst.call_sequences(
+                min_world_size=world, max_world_size=world, max_length=length, **kwargs
+            )
+        else:
+            drawn = vst.case_batches(
                 min_world_size=world,
                 max_world_size=world,
-                max_length=max(batch, sequence_length()),
-                initialized=prop.initialized,
-                implementation=prop.implementation,
+                max_batch=batch,
+                subgroups=prop.subgroups,
                 **kwargs,
             )
-            if prop.equal_shapes:
-                drawn = drawn.map(lambda cases: [_equalized(c) for c in cases])
-            return drawn
-        drawn = vst.case_batches(
-            min_world_size=world,
-            max_world_size=world,
-            max_batch=batch,
-            subgroups=prop.subgroups,
-            initialized=prop.initialized,
-            implementation=prop.implementation,
-            **kwargs,
-        )
         if prop.equal_shapes:
             drawn = drawn.map(lambda cases: [_equalized(c) for c in cases])
         if prop.coalesced:
@@ -544,15 +448,25 @@ class _Gather:
         self, prop: Property, batch: Sequence[Any], pool_factory: Callable[[int], RankPool]
     ) -> list[Verdict]:
         if prop.misuse:
-            return _run_misuse(prop, batch, pool_factory)
+            return judged(
+                batch,
+                prop.implementation,
+                "all_gather_v",
+                lambda: [pool_factory(c.world_size).run(run_gather_misuse, c) for c in batch],
+                judge_gather_misuse,
+            )
         run = run_coalesced if prop.coalesced else run_cases
-        if prop.compiled:
-            warm_backends_for(batch, pool_factory)
+        if prop.compiled and batch:  # a backend's setup not charged to the batch's timeout
+            backends = sorted({c.compile_backend for c in batch})
+            pool_factory(batch[0].world_size).run(warm_backends, backends)
         return run(batch, prop.implementation, pool_factory=pool_factory)
 
     def describe(self, prop: Property, batch: Sequence[Any], index: int) -> str:
         if prop.misuse:
-            return _misuse_reproduction(batch[: index + 1])
+            cases = batch[: index + 1]
+            head = f"{len(cases)} misuse(s) {on_world(True, cases[0].world_size)}:"
+            said = [f"{c!r}: {misuse_by_name(c.name).summary}" for c in cases]
+            return reproduction(head, said, list(map(repr, cases)))
         if prop.coalesced:  # one call of every case: it lists them all
             return describe_coalesced(batch, index, prop.implementation)
         # The calls that ran before it on the same world (state carried over).
@@ -596,33 +510,6 @@ class _Gather:
 
 
 _PROBE_TOKENS = count(-1, -1)
-
-
-def _run_misuse(
-    prop: Property, batch: Sequence[Any], pool_factory: Callable[[int], RankPool]
-) -> list[Verdict]:
-    """Each misuse on its world; a world that failed fails that case (``call``)."""
-    impl = prop.implementation
-    verdicts: list[Verdict] = []
-    for case in batch:
-        try:
-            reports = pool_factory(case.world_size).run(run_gather_misuse, case)
-        except (PoolFailure, RankError) as err:
-            kind = "error" if isinstance(err, RankError) else "crash"
-            failure = Failure("call", kind, f"{type(err).__name__}: {err}", (), case.world_size)
-            verdicts.append(Verdict(case, impl, (failure,)))
-            continue
-        verdicts.append(Verdict(case, impl, tuple(judge_gather_misuse(case, reports))))
-    return verdicts
-
-
-def _misuse_reproduction(cases: Sequence[Any]) -> str:
-    """The failing misuses in words, and a command that re-runs them."""
-    command = ["python", "-m", "vargather", "repro", *map(repr, cases)]
-    lines = [f"{len(cases)} misuse(s) on a gloo world of {cases[0].world_size} rank(s):"]
-    lines += [f"  {c!r}: {misuse_by_name(c.name).summary}" for c in cases]
-    lines.append(f"reproduce: {' '.join(map(shell_quote, command))}")
-    return "\n".join(lines)
 
 
 CATALOGUE: Final = _Gather()

@@ -42,6 +42,7 @@ class AllToAllCase(SplitCase):
         "group",
         "out",
     )
+    POSITIONAL = ("send_sizes", "dim")
 
     send: tuple[tuple[int, ...], ...]
     other: tuple[int, ...]
@@ -62,11 +63,6 @@ class AllToAllCase(SplitCase):
         recv = recv_of(self, r) if self.pass_recv else None
         joined = {} if self.cat_dim is None else {"cat_dim": self.cat_dim}
         return (list(self.send[r]), self.dim), {"recv_sizes": recv, **joined}
-
-    def template_values(self, r: int) -> dict[str, object]:
-        recv = recv_of(self, r) if self.pass_recv else None
-        send = list(self.send[r])
-        return {"send_sizes": send, "recv_sizes": recv, "dim": self.dim, "cat_dim": self.cat_dim}
 
     def oracle_args(self) -> dict[str, Any]:
         return {"send_sizes": self.send, "dim": self.dim, "cat_dim": self.cat_dim}

@@ -24,6 +24,7 @@ class GatherVCase(BlockCase):
 
     collective = "gather_v"
     NAMES = ("x", "dst", "dim", "sizes", "group")
+    POSITIONAL = ("dst", "dim")
 
     dst: int = 0
     dtype: str = "float32"
@@ -42,10 +43,6 @@ class GatherVCase(BlockCase):
 
     def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (self.dst, self.dim), ({"sizes": list(self.sizes)} if self.pass_sizes else {})
-
-    def template_values(self, r: int) -> dict[str, object]:
-        sizes = list(self.sizes) if self.pass_sizes else None
-        return {"dst": self.dst, "dim": self.dim, "sizes": sizes}
 
     def oracle_args(self) -> dict[str, Any]:
         return {"dst": self.dst, "dim": self.dim}

@@ -18,6 +18,7 @@ class ReduceScatterCase(BlockCase):
 
     collective = "reduce_scatter_v"
     NAMES = ("x", "sizes", "dim", "group", "out")
+    POSITIONAL = ("sizes", "dim")
     reduced_forward = True
 
     dtype: str = "float32"
@@ -30,9 +31,6 @@ class ReduceScatterCase(BlockCase):
 
     def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (list(self.sizes), self.dim), {}
-
-    def template_values(self, r: int) -> dict[str, object]:
-        return {"sizes": list(self.sizes), "dim": self.dim}
 
     def oracle_args(self) -> dict[str, Any]:
         return {"sizes": self.sizes, "dim": self.dim}

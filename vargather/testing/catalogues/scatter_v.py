@@ -22,6 +22,7 @@ class ScatterVCase(BlockCase):
 
     collective = "scatter_v"
     NAMES = ("x", "sizes", "src", "dim", "group")
+    POSITIONAL = ("sizes", "src", "dim")
 
     src: int = 0
     placeholder: int = 0
@@ -39,9 +40,6 @@ class ScatterVCase(BlockCase):
 
     def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (list(self.sizes), self.src, self.dim), {}
-
-    def template_values(self, r: int) -> dict[str, object]:
-        return {"sizes": list(self.sizes), "src": self.src, "dim": self.dim}
 
     def oracle_args(self) -> dict[str, Any]:
         return {"sizes": self.sizes, "src": self.src, "dim": self.dim}
