@@ -44,7 +44,7 @@ The targets (the stage under test in brackets):
 ``_all_to_all``, ``_gather_list``]
     the bytes each rank's payload sends (``_outgoing``, the carriers), moved as the
     collective would, folded (``fold_slots``: NaNs canonical) or joined
-    (``cut_blocks``, ``_read_carriers``) give ``vargather.oracle``'s answer bit for bit
+    (``region_cutter``, ``_read_carriers``) give ``vargather.oracle``'s answer bit for bit
     on random bits of every gloo dtype.
 ``layout_math`` [``Layout``]
     offsets are the exclusive prefix sums, blocks tile ``[0, total)``, ``max_size``
@@ -86,6 +86,7 @@ from vargather._comm import GroupInfo
 from vargather._dtypes import dtype_name
 from vargather._exchange import validate_records
 from vargather._layout import Layout, blocks_layout
+from vargather._round_buffers import region_cutter
 from vargather._wire import RECORD_LENGTH, decode_record, encode_record, wire_text
 
 DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
@@ -586,7 +587,7 @@ def family_verdict_is_rank_independent(
     everywhere; ``all_to_all_v``: rank r's send row adding up to its rows). The base
     call, unchanged, is accepted."""
     from vargather import _all_to_all_rows, _reduce_scatter
-    from vargather._family import Row
+    from vargather._rows import Row
 
     _count("family_verdict_is_rank_independent")
     name, calls_, changed = world
@@ -661,7 +662,7 @@ def family_row_codec(
     from vargather import _all_to_all_rows, _gather_list, _reduce_scatter
     from vargather._args import saturate
     from vargather._collectives import COLLECTIVES
-    from vargather._family import _check_kinds, sizes_words
+    from vargather._rows import _check_kinds, sizes_words
     from vargather._wire import ROW_MAGIC, row_extra_words
 
     _count("family_row_codec")
@@ -759,7 +760,8 @@ def family_payload_layout(case: tuple[str, list[torch.Tensor], Any, int]) -> Non
     moving the bytes the payload collective would move: ``reduce_scatter_v``'s send
     buffer (``_outgoing``: rank j's block r for rank r) folded by ``fold_slots`` (a
     reduction: NaNs canonical, -0.0 and integer wrap-around as the oracle's);
-    ``all_to_all_v``'s blocks joined by ``cut_blocks``; ``all_gather_list``'s carriers
+    ``all_to_all_v``'s blocks cut from a round's buffer of padded slots by
+    ``region_cutter`` (closed up in place); ``all_gather_list``'s carriers
     (``_carrier``: metadata words then the elements, bool as bits) read back by
     ``_read_carriers``."""
     from vargather import _all_to_all, _all_to_all_rows, _gather_list, _reduce_scatter, oracle
@@ -799,7 +801,13 @@ def family_payload_layout(case: tuple[str, list[torch.Tensor], Any, int]) -> Non
             shape = list(xs[r].shape)
             shape[d] = sum(recv)
             lay = _all_to_all_rows.split_layout(tuple(shape), d, recv, xs[r].dtype, infos_[r])
-            got = _all_to_all.cut_blocks([sent[j][r] for j in range(w)], lay)
+            slots = [sent[j][r] for j in range(w)]
+            needs = tuple(s.numel() for s in slots)
+            starts = list(itertools.accumulate((0, *(n + 16 - n % 16 for n in needs[:-1]))))
+            buf = torch.zeros(starts[-1] + needs[-1] + 16, dtype=torch.uint8)
+            for at, s in zip(starts, slots, strict=True):
+                buf[at : at + s.numel()] = s
+            got = region_cutter(buf, starts)((lay,), needs)[0]
             assert _same_bits(got, want[r]), (r, got, want[r])
         return
     carriers = [_gather_list._carrier(x, _wire.carrier_words(tuple(x.shape), sizes)) for x in xs]

@@ -89,7 +89,6 @@ __all__ = [
     "AllToAllResult",
     "AllToAllVFunction",
     "all_to_all_eager",
-    "cut_blocks",
     "exchange_blocks",
     "plan_all_to_all",
     "receive_layout",
@@ -215,16 +214,6 @@ def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tenso
         return plain_bytes(x), [n * unit for n in send]
     layout = split_layout(tuple(int(n) for n in x.shape), d, send, x.dtype, info)
     return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in send]
-
-
-def cut_blocks(slots: Sequence[torch.Tensor], recv: Layout) -> torch.Tensor:
-    """What ``exchange_blocks`` returns, from the bytes each rank sent this rank
-    (``slots[j]``: its ``(pre, recv.sizes[j], post)`` block), joined in rank order."""
-    blocks = [
-        slot.view(recv.dtype).view(recv.pre, n, recv.post)
-        for slot, n in zip(slots, recv.sizes, strict=True)
-    ]
-    return torch.cat(blocks, dim=1).view(recv.output_shape)
 
 
 def exchange_blocks(x: torch.Tensor, send: Layout, recv: Layout, info: GroupInfo) -> torch.Tensor:

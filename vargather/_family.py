@@ -69,8 +69,6 @@ from ._round_state import (
     wide_blocks,
 )
 from ._rows import FamilyCall, Row, decode_rows
-from ._rows import _check_kinds as _check_kinds  # fuzz_stages reads it here
-from ._rows import sizes_words as sizes_words  # the same
 from ._wire import encode_row
 
 __all__ = [

@@ -233,8 +233,9 @@ def rows_changed_only_in(
     raw: bytes, last: bytes, w: int, spans: Sequence[tuple[int, int]]
 ) -> list[tuple[int, ...]] | None:
     """Per rank, the words of its row in ``raw`` (the received rows' bytes,
-    ``_landed_rows``) at ``spans`` (first word and count, in order, apart), when every
-    rank's row is its row in ``last`` but for those words; else ``None``. Rows equal
+    ``_round_buffers.landed_bytes``) at ``spans`` (first word and count, in order,
+    apart), when every rank's row is its row in ``last`` but for those words; else
+    ``None``. Rows equal
     but for a size vector and a dimension say everything ``last`` said but those (the
     same kind, flags and record otherwise: no problem where it had none)."""
     if len(raw) != len(last) or len(raw) % w:
