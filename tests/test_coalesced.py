@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 import vargather
 from vargather.testing.cases import COMPAT, VARGATHER, GatherCase, Implementation
+from vargather.testing.catalogues import catalogue
 from vargather.testing.catalogues.all_gather_v import one_call
-from vargather.testing.properties import Property, catalogue
+from vargather.testing.properties import Property
 from vargather.testing.runner import run_coalesced
 
 from ._fused_fns import Step

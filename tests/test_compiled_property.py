@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, Phase, find, settings
 
 from vargather.testing import get_pool
 from vargather.testing.cases import GatherCase, Implementation
-from vargather.testing.properties import Property, catalogue
+from vargather.testing.catalogues import catalogue
+from vargather.testing.properties import Property
 from vargather.testing.runner import describe
 
 from .mutants import REPO_ROOT

@@ -458,8 +458,8 @@ def test_the_docs_count_and_list_the_catalogues_properties() -> None:
 
 
 def test_the_family_table_lists_each_collectives_catalogue() -> None:
+    from vargather.testing.catalogues import property_ids
     from vargather.testing.collectives import FAMILY
-    from vargather.testing.properties import property_ids
 
     conformance = (ROOT / "docs" / "conformance.md").read_text(encoding="utf-8")
     listed = _table_ids(conformance, "| family id | what holds |")

@@ -26,10 +26,11 @@ from vargather._cli.check import parse_args, read_config
 from vargather.testing import RankPool, get_pool, runner
 from vargather.testing.cases import GatherCase, Implementation
 from vargather.testing.engine import run_check
+from vargather.testing.importer import ImplementationError, parse_impl_ref
 from vargather.testing.options import CheckOptions, CheckUsageError
 from vargather.testing.resolve import resolve_options_impl
 from vargather.testing.results import EXIT_FAILED, EXIT_USAGE, Report
-from vargather.testing.runner import ImplementationError, parse_impl_ref, run_cases
+from vargather.testing.runner import run_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 multirank = pytest.mark.multirank

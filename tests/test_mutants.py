@@ -5,7 +5,7 @@ each, the test
 
 1. runs the mutant's ``BENIGN`` case and requires it to pass (the mutant imports, runs
    on a gloo world and is otherwise a correct gather);
-2. runs the kit's property catalogue (``vargather.testing.properties.catalogue``: the
+2. runs the kit's property catalogue (``vargather.testing.catalogues.catalogue``: the
    same properties as ``tests/test_properties.py`` and ``python -m vargather check``),
    each on each world size, round-robin in their fixed order, a few seeded batches at a
    time, until one finds a batch on which the mutant fails **and the unbroken pipeline
@@ -28,7 +28,8 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import Flaky, NoSuchExample
 
 from vargather.testing.cases import GatherCase, Implementation
-from vargather.testing.properties import Property, catalogue
+from vargather.testing.catalogues import catalogue
+from vargather.testing.properties import Property
 from vargather.testing.runner import run_cases
 
 from .mutants import MUTANTS, RESULTS, Mutant, implementation

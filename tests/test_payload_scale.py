@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from vargather import _round_state, _transport
 from vargather.testing import strategies as vst
 from vargather.testing.cases import DIGEST_MIN_BYTES, GatherCase
-from vargather.testing.properties import catalogue
+from vargather.testing.catalogues import catalogue
 from vargather.testing.runner import describe, run_cases
 from vargather.testing.scale import (
     DEFAULT_MAX_PAYLOAD,

@@ -264,7 +264,7 @@ def test_one_item_per_property_named_by_its_id(tmp_path: Path) -> None:
 
 @pytest.mark.multirank
 def test_the_op_option_collects_and_runs_the_family_catalogue(tmp_path: Path) -> None:
-    from vargather.testing.properties import property_ids
+    from vargather.testing.catalogues import property_ids
 
     project = make_project(tmp_path)
     op = ("--vargather-op", "reduce_scatter_v", "--vargather-impl", "vargather:reduce_scatter_v")

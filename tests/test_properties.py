@@ -1,7 +1,7 @@
 """The multi-rank property suite: vargather against the single-process oracle on gloo.
 
 Each property test draws batches of ``GatherCase`` s from a property of the kit's one
-catalogue (``vargather.testing.properties``), runs every case on a real gloo world
+catalogue (``vargather.testing.catalogues``), runs every case on a real gloo world
 from ``vargather.testing`` (one pool round trip per batch) and judges the ranks'
 reports against ``vargather.oracle`` (``vargather.testing.judge``): the forward bit
 for bit, gradients under the case's contract with upstream gradients that differ per
@@ -38,7 +38,8 @@ from vargather.testing.cases import (
     make_values,
     parse_case,
 )
-from vargather.testing.properties import Property, catalogue
+from vargather.testing.catalogues import catalogue
+from vargather.testing.properties import Property
 from vargather.testing.runner import describe
 
 WORLDS = (1, 2, 3, 4)

@@ -33,15 +33,13 @@ from vargather.testing.cases import (
 )
 from vargather.testing.catalogues import catalogue_of
 from vargather.testing.collectives import DEFAULT, NAMES
+from vargather.testing.importer import ImplementationError, load_callable, parse_impl_ref
 from vargather.testing.judge import Failure
 from vargather.testing.results import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from vargather.testing.runner import (
-    ImplementationError,
     Verdict,
     describe,
     describe_coalesced,
-    load_callable,
-    parse_impl_ref,
     run_cases,
     run_coalesced,
 )
@@ -190,12 +188,12 @@ def _rerun(args: argparse.Namespace) -> int:
     if given:
         raise UsageError(f"{', '.join(given)}: the case names its implementation itself")
     if args.op == DEFAULT:  # a misuse of the gather
-        from vargather.testing.misuse import GatherMisuseCase, check_gather_misuse
+        from vargather.testing.misuse import GatherMisuseCase, check_misuse
 
         ensure_import_path()
         cases = [parse_literal(text, [GatherMisuseCase]) for text in args.case]
         print("\n".join(f"misuse: {c!r}" for c in cases))
-        failures = [check_gather_misuse(get_pool(c.world_size), c) for c in cases]
+        failures = [check_misuse(get_pool(c.world_size), c) for c in cases]
         return _verdicts([_Judged(tuple(f)) for f in failures])
     from vargather.testing.family_catalogue import FamilyCatalogue
 

@@ -36,9 +36,10 @@ from .options import CheckOptions, CheckUsageError
 from .pool import PoolFailure, RankError, RankPool, get_pool, preload
 from .progress import Progress, ProgressCallback, ProgressEvent
 from .properties import BATCH, Property
+from .rank_runner import rank_preflight
 from .resolve import ImplInfo, ensure_import_path
 from .results import EXIT_USAGE, PropertyResult, Report
-from .runner import backend_refusals, rank_preflight
+from .runner import backend_refusals
 from .targets import apply_target, preload_target, program_runner, target_refusals
 from .verdict import UNSUPPORTED_EXAMPLES, scope_hints, split_rows, with_unsupported, with_xfail
 

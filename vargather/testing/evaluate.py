@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from .importer import short_traceback
 from .isolated import in_flight
 from .judge import Failure
 from .options import CheckOptions
@@ -28,7 +29,6 @@ from .progress import Progress
 from .properties import BATCH, Property
 from .races import is_wait, settle
 from .results import NanPayloads, PropertyFailure, PropertyResult
-from .runner import short_traceback
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy

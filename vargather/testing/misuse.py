@@ -578,11 +578,6 @@ def check_misuse(pool: Any, case: MisuseCase) -> list[Failure]:
     return failures
 
 
-judge_gather_misuse: Final = judge_misuse
-run_gather_misuse: Final = run_misuse
-check_gather_misuse: Final = check_misuse
-
-
 __all__ = [
     "ABSENT_TIMEOUT",
     "CATALOGUE",
@@ -598,18 +593,15 @@ __all__ = [
     "blocks",
     "build_x",
     "call",
-    "check_gather_misuse",
     "check_misuse",
     "entries_of",
     "expected_of",
     "generic",
-    "judge_gather_misuse",
     "judge_misuse",
     "misuse_by_name",
     "misuses",
     "run_call",
     "run_follow_up",
-    "run_gather_misuse",
     "run_misuse",
     "tie",
     "upstream_for",

@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
     from .catalogues import Catalogue
-    from .catalogues import catalogue as catalogue  # still importable from here
-    from .catalogues import property_ids as property_ids
 
 __all__ = ["BATCH", "RETURNS", "Property"]
 
@@ -254,13 +252,3 @@ class Property:
             parts.append(self.describe(batch, i))
             parts.extend(f"  - {f.render()}" for f in failures)
         raise AssertionError("\n".join(parts))
-
-
-def __getattr__(name: str) -> Any:
-    """``catalogue`` and ``property_ids``, which moved to ``catalogues`` (above the rows
-    they list), by their old names here."""
-    if name in ("catalogue", "property_ids"):
-        import importlib
-
-        return getattr(importlib.import_module(f"{__package__}.catalogues"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 Where it sits: in the gate's engine in the testing kit, above ``options`` and
 ``calls`` and beneath ``engine``. ``resolve_options_impl`` imports ``MODULE:ATTR`` in the
-checking process (through the kit's one importer, ``runner.load_callable``), builds a
+checking process (through the kit's one importer, ``importer.load_callable``), builds a
 configured ``MODULE:ATTR(key=literal)`` once, picks the call (a ``call`` template, or
 the ``convention``'s), checks it against the callable's signature (an ``nn.Module``'s
 ``forward``; a ``torch.autograd.Function``'s ``apply`` against its ``forward`` minus
@@ -22,13 +22,8 @@ from typing import TYPE_CHECKING, Final
 import torch
 
 from .calls import CallTemplate, parse_call
-from .runner import (
-    ImplementationError,
-    gloo_transports,
-    load_callable,
-    parse_impl_ref,
-    prepend_import_paths,
-)
+from .importer import ImplementationError, load_callable, parse_impl_ref, prepend_import_paths
+from .runner import gloo_transports
 
 __all__ = [
     "ImplInfo",

@@ -6,8 +6,8 @@ in the parent to fail early with a clear message and in every rank process) and
 ``rank_runner`` (the rank side: ``run_on_rank``, one case on one rank, a ``RankReport``
 back), below ``properties`` and the command line. This is the parent side
 (``run_cases``: batches on ``vargather.testing`` pools, one round trip per world size,
-each case judged into a ``Verdict``), and it re-exports what the kit imports of the
-other two. ``run_coalesced`` runs a batch as ONE call of the implementation's coalesced
+each case judged into a ``Verdict``); the kit imports the other two directly.
+``run_coalesced`` runs a batch as ONE call of the implementation's coalesced
 form (each case one tensor, one backward over every output) and still judges each case
 alone. ``describe`` renders a case with the public command that re-runs it, ``python -m
 vargather repro`` (``describe_coalesced``: a tensor of a coalesced call, with the call;
@@ -39,13 +39,7 @@ from .cases import (
 )
 
 # --- the parent side: running -----------------------------------------------------------
-from .importer import (
-    ImplementationError,
-    load_callable,
-    parse_impl_ref,
-    prepend_import_paths,
-    short_traceback,
-)
+from .importer import ImplementationError
 from .judge import Failure, judge, world_failure_text
 from .pool import (
     PoolFailure,
@@ -61,7 +55,6 @@ from .rank_runner import (
     Alone,
     RankContextLike,
     _check_coalesced,
-    rank_preflight,
     run_coalesced_on_rank,
     run_on_rank,
 )
@@ -69,7 +62,6 @@ from .scale import payload_summary
 
 __all__ = [
     "ImplementationError",
-    "RankContextLike",
     "Verdict",
     "backend_refusals",
     "check_cases",
@@ -78,20 +70,13 @@ __all__ = [
     "example_counts",
     "gloo_transports",
     "judged",
-    "load_callable",
     "on_world",
-    "parse_impl_ref",
-    "prepend_import_paths",
-    "rank_preflight",
     "repro_args",
     "repro_command",
     "reproduction",
     "run_cases",
     "run_coalesced",
-    "run_coalesced_on_rank",
-    "run_on_rank",
     "shell_quote",
-    "short_traceback",
     "transport_refusals",
 ]
 

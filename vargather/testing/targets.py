@@ -294,7 +294,7 @@ def target_ids(target: Target) -> tuple[str, ...]:
     program = _program(target.name)
     if program is not None:
         return tuple(row.id for row in program.rows)
-    from .properties import property_ids
+    from .catalogues import property_ids
 
     return property_ids(target.op)
 

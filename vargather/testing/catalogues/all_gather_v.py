@@ -53,10 +53,13 @@ from ..family_catalogue import (
     scoped,
 )
 from ..misuse import CATALOGUE as CATALOGUE_OF_MISUSES
-from ..misuse import GatherMisuseCase, judge_gather_misuse, misuse_by_name, run_gather_misuse
+from ..misuse import GatherMisuseCase, misuse_by_name
+from ..misuse import judge_misuse as judge_gather_misuse
+from ..misuse import run_misuse as run_gather_misuse
 from ..options import CheckOptions
 from ..pool import PoolFailure, RankError, RankPool
 from ..properties import Property
+from ..rank_runner import run_on_rank
 from ..resolve import ImplInfo, resolve_options_impl
 from ..results import case_data
 from ..runner import (
@@ -68,7 +71,6 @@ from ..runner import (
     reproduction,
     run_cases,
     run_coalesced,
-    run_on_rank,
 )
 from ..scale import sequence_length
 
