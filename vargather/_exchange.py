@@ -56,11 +56,15 @@ from ._wire import RECORD_LENGTH, decode_record, encode_record
 
 __all__ = [
     "SIZES_SHOWN",
+    "Check",
+    "agree",
     "build_layout",
     "check_same_collective",
+    "common_checks",
     "exchange_records",
     "plan_layout",
     "raise_local",
+    "requires_grad_check",
     "trusted_layout",
     "validate_records",
 ]
@@ -218,6 +222,81 @@ def _shape_of(shape: object, *, marked: int | None = None) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+Check = tuple[type[VarGatherError], str, list[object], Callable[[object], str]]
+"""One agreement: the error class, what it is about, every rank's value, how to show one."""
+
+
+def agree(name: str, checks: Sequence[Check], full: Sequence[CallRecord] = ()) -> None:
+    """Raise the first disagreement among ``checks``, naming the odd ranks; with ``full``
+    (the gather's records), a shape outside the dimension adds every rank's full shape."""
+    for error, what, values, show in checks:
+        found = _disagreement(what, values, show)
+        if found is not None:
+            message, blamed = found
+            if full and what.startswith("shape outside"):
+                shapes = ", ".join(f"rank {r} {_shape_of(rec.shape)}" for r, rec in enumerate(full))
+                d = full[0].normalized_dim
+                message += f" (* is the gather dimension, dim={d}; full shapes: {shapes})"
+            raise error(f"{name}: {message}", ranks=blamed)
+
+
+def common_checks(
+    records: Sequence[CallRecord],
+    *,
+    dim: bool,
+    shape: str | None,
+    contract: bool = False,
+    gather: bool = False,
+) -> list[Check]:
+    """The agreements every call needs: (the same ``grad=`` where ``contract``, then
+    ``transport=``, for the ``gather``), device type, ndim, (the normalized ``dim``),
+    dtype, and the shape: ``"full"`` (every dimension), ``"other"`` (outside ``dim``;
+    the gather's marked ``*`` there) or ``None`` (any shape)."""
+
+    def each(field: str) -> list[object]:
+        return [getattr(rec, field) for rec in records]
+
+    def outside(other: object) -> str:  # the ranks agree on dim by the time shapes are compared
+        return _shape_of(other, marked=records[0].normalized_dim if gather else None)
+
+    checks: list[Check] = []
+    if contract or gather:
+        checks.append(
+            (
+                ArgumentMismatchError,
+                "gradient contract (grad=)",
+                each("contract_code"),
+                _name_in(CONTRACTS),
+            )
+        )
+    if gather:
+        checks.append(
+            (ArgumentMismatchError, "transport", each("transport_code"), _name_in(TRANSPORT_NAMES))
+        )
+    checks.append((ArgumentMismatchError, "device type", each("device_code"), _device_of))
+    checks.append((ShapeMismatchError, "ndim", each("ndim"), repr))
+    if dim:
+        what = f"{'gather ' * gather}dimension (dim, normalized)"
+        checks.append((ArgumentMismatchError, what, each("normalized_dim"), repr))
+    checks.append((DTypeMismatchError, "dtype", each("dtype_code"), _dtype_of))
+    if shape == "full":
+        checks.append((ShapeMismatchError, "shape", each("shape"), _shape_of))
+    elif shape == "other":
+        what = f"shape outside the {'gather' if gather else 'split'} dimension"
+        checks.append((ShapeMismatchError, what, each("other_dims"), outside))
+    return checks
+
+
+def requires_grad_check(records: Sequence[CallRecord], why: str) -> Check:
+    """Every rank needs a gradient, or none: the backward is a collective."""
+    return (
+        RequiresGradMismatchError,
+        f"requires_grad ({why}: every rank must take part)",
+        [rec.requires_grad for rec in records],
+        repr,
+    )
+
+
 def raise_local(name: str, records: Sequence[CallRecord]) -> None:
     """Every rank's local problems, raised on every rank (the first one's class)."""
     bad = [(r, rec.problem) for r, rec in enumerate(records) if rec.problem is not None]
@@ -248,50 +327,7 @@ def validate_records(records: Sequence[CallRecord], *, rank: int) -> Layout:
                 ranks=[r],
             )
 
-    d = records[0].normalized_dim  # the ranks agree on it by the time shapes are compared
-
-    def _outside(other: object) -> str:
-        return _shape_of(other, marked=d)
-
-    checks: list[tuple[type[VarGatherError], str, list[object], Callable[[object], str]]] = [
-        (
-            ArgumentMismatchError,
-            "gradient contract (grad=)",
-            [rec.contract_code for rec in records],
-            _name_in(CONTRACTS),
-        ),
-        (
-            ArgumentMismatchError,
-            "transport",
-            [rec.transport_code for rec in records],
-            _name_in(TRANSPORT_NAMES),
-        ),
-        (ArgumentMismatchError, "device type", [rec.device_code for rec in records], _device_of),
-        (ShapeMismatchError, "ndim", [rec.ndim for rec in records], repr),
-        (
-            ArgumentMismatchError,
-            "gather dimension (dim, normalized)",
-            [rec.normalized_dim for rec in records],
-            repr,
-        ),
-        (DTypeMismatchError, "dtype", [rec.dtype_code for rec in records], _dtype_of),
-        (
-            ShapeMismatchError,
-            "shape outside the gather dimension",
-            [rec.other_dims for rec in records],
-            _outside,
-        ),
-    ]
-    for error, what, values, show in checks:
-        found = _disagreement(what, values, show)
-        if found is not None:
-            message, blamed = found
-            if what.startswith("shape outside"):
-                full = ", ".join(
-                    f"rank {r} {_shape_of(rec.shape)}" for r, rec in enumerate(records)
-                )
-                message += f" (* is the gather dimension, dim={d}; full shapes: {full})"
-            raise error(f"all_gather_v: {message}", ranks=blamed)
+    agree("all_gather_v", common_checks(records, dim=True, shape="other", gather=True), records)
 
     true_sizes = tuple(rec.size_along_dim for rec in records)
     true_hash = sizes_hash(true_sizes)
@@ -315,13 +351,8 @@ def validate_records(records: Sequence[CallRecord], *, rank: int) -> Layout:
 
     contract = CONTRACTS[records[0].contract_code]
     if contract != "local":
-        found = _disagreement(
-            f"requires_grad (the backward of grad={contract!r} is a collective: every rank "
-            "must take part)",
-            [rec.requires_grad for rec in records],
-        )
-        if found is not None:
-            raise RequiresGradMismatchError(f"all_gather_v: {found[0]}", ranks=found[1])
+        why = f"the backward of grad={contract!r} is a collective"
+        agree("all_gather_v", [requires_grad_check(records, why)])
 
     return build_layout(records[rank], true_sizes, rank=rank)
 

@@ -6,9 +6,9 @@ the checks (``_args``), the wire (``_wire``) and the validation rules (``_exchan
 collective's module turns this rank's call into a ``FamilyCall`` (``check_tensor``, its
 own checks, its extra row words: ``sizes_words``); the round carries it as a row
 (``_wire.encode_row``) and hands every rank's back as ``Row``s (``decode_rows``, after
-``check_same_collective``), which the collective validates with the helpers here
-(``raise_local``, from ``_exchange``; ``common_checks``, ``agree``): the same error on
-every rank, or the same verdict. ``call_key`` is a steady call's key.
+``check_same_collective``), which the collective validates with ``_exchange``'s
+helpers, passed on here (``raise_local``, ``common_checks``, ``agree``): the same
+error on every rank, or the same verdict. ``call_key`` is a steady call's key.
 """
 
 from __future__ import annotations
@@ -21,25 +21,19 @@ from typing import Generic, TypeVar
 import torch
 
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
-from ._choices import CONTRACTS
 from ._collectives import COLLECTIVES, CollectiveName, by_code
 from ._comm import GroupInfo
 from ._errors import (
-    ArgumentMismatchError,
-    DTypeMismatchError,
     ProtocolMismatchError,
-    RequiresGradMismatchError,
-    ShapeMismatchError,
     SizesError,
-    VarGatherError,
 )
 from ._exchange import (
-    _device_of,
-    _disagreement,
-    _dtype_of,
-    _name_in,
+    Check,
+    agree,
     check_same_collective,
+    common_checks,
     raise_local,
+    requires_grad_check,
 )
 from ._wire import ROW_MAGIC, decode_row, row_mark
 
@@ -301,73 +295,3 @@ def call_key(x: object, *args: object) -> tuple[object, ...] | None:
         else:
             return None
     return tuple(key)
-
-
-Check = tuple[type[VarGatherError], str, list[object], Callable[[object], str]]
-
-
-def agree(name: str, checks: Sequence[Check]) -> None:
-    """Raise the first disagreement among ``checks``, naming the odd ranks."""
-    for error, what, values, show in checks:
-        found = _disagreement(what, values, show)
-        if found is not None:
-            message, blamed = found
-            raise error(f"{name}: {message}", ranks=blamed)
-
-
-def _shape(shape: object) -> str:
-    return str(tuple(shape)) if isinstance(shape, tuple) else repr(shape)
-
-
-def common_checks(
-    records: Sequence[CallRecord], *, dim: bool, shape: str | None, contract: bool = False
-) -> list[Check]:
-    """The agreements every family call needs: device type, ndim, (the normalized
-    ``dim``), dtype, and the shape: ``"full"`` (every dimension), ``"other"``
-    (outside ``dim``) or ``None`` (any shape); ``contract``: the same ``grad=``."""
-    checks: list[Check] = []
-    if contract:
-        checks.append(
-            (
-                ArgumentMismatchError,
-                "gradient contract (grad=)",
-                [rec.contract_code for rec in records],
-                _name_in(CONTRACTS),
-            )
-        )
-    checks.append(
-        (ArgumentMismatchError, "device type", [rec.device_code for rec in records], _device_of)
-    )
-    checks.append((ShapeMismatchError, "ndim", [rec.ndim for rec in records], repr))
-    if dim:
-        checks.append(
-            (
-                ArgumentMismatchError,
-                "dimension (dim, normalized)",
-                [rec.normalized_dim for rec in records],
-                repr,
-            )
-        )
-    checks.append((DTypeMismatchError, "dtype", [rec.dtype_code for rec in records], _dtype_of))
-    if shape == "full":
-        checks.append((ShapeMismatchError, "shape", [rec.shape for rec in records], _shape))
-    elif shape == "other":
-        checks.append(
-            (
-                ShapeMismatchError,
-                "shape outside the split dimension",
-                [rec.other_dims for rec in records],
-                _shape,
-            )
-        )
-    return checks
-
-
-def requires_grad_check(records: Sequence[CallRecord], why: str) -> Check:
-    """Every rank needs a gradient, or none: the backward is a collective."""
-    return (
-        RequiresGradMismatchError,
-        f"requires_grad ({why}: every rank must take part)",
-        [rec.requires_grad for rec in records],
-        repr,
-    )
