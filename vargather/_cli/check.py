@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from vargather.testing import options as _options
 from vargather.testing import schema
+from vargather.testing.collectives import DEFAULT, NAMES
 from vargather.testing.engine import ProgressEvent, run_check
 from vargather.testing.options import CheckOptions, OptionError
 from vargather.testing.results import EXIT_OK, EXIT_USAGE
@@ -183,8 +184,8 @@ def main(argv: Sequence[str]) -> int:
         sys.stdout.write(listing())
         return EXIT_OK
     if "--list" in args:
-        op = args[args.index("--op") + 1] if "--op" in args[:-1] else "all_gather_v"
-        if op not in _options.OPS:
+        op = args[args.index("--op") + 1] if "--op" in args[:-1] else DEFAULT
+        if op not in NAMES:
             print(f"vargather check: error: --op: invalid choice: {op!r}", file=sys.stderr)
             return EXIT_USAGE
         ids = _options.ids_of(op)

@@ -36,8 +36,6 @@ __all__ = [
 MAX_WORLD_SIZE: Final = 16
 MAX_NDIM: Final = 8
 DEFAULT_TIMEOUT: Final = 30.0
-OPS: Final = schema.by_name("op").choices
-"""The collectives ``--op`` names: ``all_gather_v`` and the family."""
 
 
 def ids_of(op: str) -> tuple[str, ...]:
