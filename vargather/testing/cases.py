@@ -3,7 +3,7 @@
 Where it sits: the bottom of the kit (``vargather.testing``), above the library's
 public names and ``values`` only. ``strategies`` draws cases, ``runner`` runs them on
 a rank pool, ``judge`` compares the ranks' reports with ``vargather.oracle``,
-``properties`` is the catalogue of claims. Nothing here imports another kit module
+``catalogues`` list the claims (``properties``' rows). Nothing here imports another kit module
 but ``values``.
 
 * The vocabulary (dtype names, memory layouts, sizes forms, value and upstream kinds)
@@ -377,16 +377,12 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def bytes_of(t: torch.Tensor) -> bytes:
-    if t.numel() == 0:
-        return b""
     return _flat_bytes(t).numpy().tobytes()
 
 
 def digest_of(t: torch.Tensor) -> str:
     """A digest of ``t``'s bytes in row-major order (BLAKE2b, 128 bits): equal digests,
     equal bytes (shape and dtype are compared beside it)."""
-    if t.numel() == 0:
-        return hashlib.blake2b(b"", digest_size=16).hexdigest()
     view = _flat_bytes(t).numpy().data  # a memoryview: the bytes are not copied
     return hashlib.blake2b(view, digest_size=16).hexdigest()
 
@@ -547,11 +543,8 @@ class Implementation:
     @property
     def own_ref(self) -> str:
         """vargather's own function of this collective, ``"module:attr"``."""
-        return (
-            "vargather:all_gather_v_with_layout"
-            if self.op == "all_gather_v"
-            else (f"vargather:{self.op}")
-        )
+        form = "_with_layout" if self.op == "all_gather_v" else ""
+        return f"vargather:{self.op}{form}"
 
     @property
     def claims_compile(self) -> bool:

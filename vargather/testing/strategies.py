@@ -1,7 +1,7 @@
 """Hypothesis strategies for ragged all_gather cases (public).
 
 Where it sits: in the testing kit, right above the case model (``cases``), below the
-property catalogue (``properties``) that draws its batches here. A drawn
+gather's catalogue (``catalogues.all_gather_v``) that draws its batches here. A drawn
 ``GatherCase`` describes one ragged gather (world size, per-rank shapes, ``dim``,
 dtype, contract, transport, how ``sizes`` is passed, each rank's memory layout, value
 kinds, seed) and carries its expected result: ``case.expected()`` is the oracle's
@@ -111,22 +111,6 @@ def _choices(
     return tuple(dict.fromkeys(items))
 
 
-def _bool_or_none(name: str, value: object) -> bool | None:
-    if value is not None and not isinstance(value, bool):
-        raise TypeError(f"{name}={value!r} must be True, False or None")
-    return value
-
-
-def _implementation(value: object) -> Implementation:
-    if value is None:
-        return VARGATHER
-    if not isinstance(value, Implementation):
-        raise TypeError(
-            f"implementation={value!r} must be a vargather.testing.Implementation or None"
-        )
-    return value
-
-
 # --- small strategies ------------------------------------------------------------------
 
 
@@ -179,12 +163,12 @@ def upstream_grads(
     w = _int("world_size", world_size, minimum=1)
     shape_t = tuple(_int(f"shape[{i}]", s, minimum=0) for i, s in enumerate(shape))
     name = _choices("dtype", [dtype], DTYPE_NAMES, DTYPE_NAMES)[0]
-    torch_dtype = getattr(torch, name)
-    if not (torch_dtype.is_floating_point or torch_dtype.is_complex):
+    dtype_t = torch_dtype(name)
+    if not is_differentiable(dtype_t):
         raise ValueError(f"dtype={name!r} has no gradients: expected a float or complex dtype")
     kinds = _choices("kind", None if kind is None else [kind], UPSTREAM_KINDS, UPSTREAM_KINDS)
     return st.tuples(st.sampled_from(kinds), st.integers(0, 2**32 - 1)).map(
-        lambda ks: [make_upstream(shape_t, torch_dtype, ks[1] + r, r, ks[0]) for r in range(w)]
+        lambda ks: [make_upstream(shape_t, dtype_t, ks[1] + r, r, ks[0]) for r in range(w)]
     )
 
 
@@ -197,10 +181,15 @@ def _side(max_side: int) -> SearchStrategy[int]:
 
 
 class _Config:
-    """Validated arguments shared by ``gather_cases`` and ``case_batches``."""
+    """``gather_cases``' arguments (by name; others ignored), validated: what its cases
+    and ``call_sequences``' draw."""
 
     def __init__(self, **kw: Any) -> None:
-        impl = _implementation(kw["implementation"])
+        impl = VARGATHER if kw["implementation"] is None else kw["implementation"]
+        if not isinstance(impl, Implementation):
+            raise TypeError(
+                f"implementation={impl!r} must be a vargather.testing.Implementation or None"
+            )
         self.implementation = impl
         # By default, what the implementation can be expected to carry: vargather's own
         # gathers every dtype (int16 as bytes); a plain gloo collective refuses int16.
@@ -221,7 +210,10 @@ class _Config:
         self.memory = _choices("memory", kw["memory"], MEMORY_LAYOUTS, MEMORY_LAYOUTS)
         self.values = _choices("values", kw["values"], VALUE_KINDS, VALUE_KINDS)
         self.upstream = _choices("upstream", kw["upstream"], UPSTREAM_KINDS, UPSTREAM_KINDS)
-        self.requires_grad = _bool_or_none("requires_grad", kw["requires_grad"])
+        requires_grad: object = kw["requires_grad"]
+        if requires_grad is not None and not isinstance(requires_grad, bool):
+            raise TypeError(f"requires_grad={requires_grad!r} must be True, False or None")
+        self.requires_grad = requires_grad
         dims = kw.get("dims")
         self.dims: tuple[int, ...] | None = None
         if dims is not None:
@@ -235,9 +227,7 @@ class _Config:
         if not isinstance(kw["initialized"], bool):
             raise TypeError(f"initialized={kw['initialized']!r} must be a bool")
         self.initialized: bool = kw["initialized"]
-        if self.requires_grad and not any(
-            getattr(torch, d).is_floating_point or getattr(torch, d).is_complex for d in self.dtypes
-        ):
+        if self.requires_grad and not any(is_differentiable(torch_dtype(d)) for d in self.dtypes):
             raise ValueError(
                 f"requires_grad=True needs a float or complex dtype, but dtypes={list(self.dtypes)}"
             )
@@ -376,13 +366,9 @@ class _Draws:
             sizes = draw(self.sizes(world_size))
             shapes = tuple((*common[:d], n, *common[d + 1 :]) for n in sizes)
             dtype = draw(self.dtype)
-        torch_dtype = getattr(torch, dtype)
-        if not (torch_dtype.is_floating_point or torch_dtype.is_complex):
-            requires_grad = False
-        elif cfg.requires_grad is None:
-            requires_grad = draw(self.grad_flag) != 3
-        else:
-            requires_grad = cfg.requires_grad
+        requires_grad = is_differentiable(torch_dtype(dtype)) and (
+            draw(self.grad_flag) != 3 if cfg.requires_grad is None else cfg.requires_grad
+        )
         memory_of = self.memory_nd if ndim >= 2 else self.memory_1d
         memory = tuple(draw(memory_of) for _ in range(world_size))
         return GatherCase(
@@ -486,24 +472,7 @@ def gather_cases(
         ValueError: a keyword argument out of range or contradicting another (named,
             ``min_world_size=3 is larger than max_world_size=2``), when called.
     """
-    cfg = _Config(
-        implementation=implementation,
-        min_ndim=min_ndim,
-        max_ndim=max_ndim,
-        max_side=max_side,
-        max_size=max_size,
-        max_payload=max_payload,
-        dtypes=dtypes,
-        contracts=contracts,
-        transports=transports,
-        sizes_forms=sizes_forms,
-        memory=memory,
-        values=values,
-        upstream=upstream,
-        requires_grad=requires_grad,
-        initialized=initialized,
-        dims=dims,
-    )
+    cfg = _Config(**locals())  # every argument, as given
     lo, hi = _world_bounds(world_size, min_world_size, max_world_size)
     if not isinstance(subgroups, bool):
         raise TypeError(f"subgroups={subgroups!r} must be a bool")
