@@ -1,11 +1,7 @@
 """The transports' buffer helpers: send buffers in, receive buffers out.
 
-Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
-**transport (with these buffers)** -> autograd. Pure tensor arithmetic over a
-``Layout``, no communication: ``_transport`` fills and sends what these build.
-
-A shard of shape ``lead + (n_r,) + trail`` is viewed as the block ``(pre, n_r, post)``
-(see ``_layout``).
+Pure tensor arithmetic over a ``Layout`` (a shard viewed as the block ``(pre, n_r,
+post)``), no communication: ``_transport`` fills and sends what these build.
 
 Send side (padding). The padded transport needs every rank to send the same number of
 elements, so the block is extended to ``(pre, max_r n_r, post)``; the padding rows are

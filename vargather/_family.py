@@ -1,10 +1,8 @@
 """The all_to_all pattern's round: every rank's row to every rank, blocks where they go.
 
-Where it sits: above the calls and rows (``_rows``), the state policy
-(``_round_state``) and the kept buffers (``_round_buffers``); below ``_steady`` (a
-collective's way in, ``RoundSpec`` and ``run_round``, and the steady replay) and the
-collectives that ride it (``_reduce_scatter``, ``_all_to_all``, ``_rooted``:
-``docs/architecture.md``, "Adding a collective to the round"). Rank ``j`` sends every rank its row (``_wire.encode_row``:
+Where it sits: above ``_rows``, ``_round_state`` and ``_round_buffers``; below
+``_steady`` and the collectives that ride it (``docs/architecture.md``, "Adding a
+collective to the round"). Rank ``j`` sends every rank its row (``_wire.encode_row``:
 its record, its collective's code and extra words, a flag word) and, when every block
 fits its slot and it has no local problem, block ``k`` of its payload to rank ``k``;
 every rank sends the same lengths whichever collective it called, as the lengths are

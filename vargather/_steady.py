@@ -1,10 +1,9 @@
 """A collective's way into the all_to_all-shaped round, and its steady replay.
 
-Where it sits: on the round (``_family``: ``exchange_fused``, the packed and direct
-rounds, ``settle``), the registry (``_round_state.memory``) and the kept buffers;
-below the collectives that ride the round (``_reduce_scatter``, ``_all_to_all``,
-``_rooted``), each of which hands it a ``RoundSpec``: nothing of the spec is the
-round's, nothing of the replay is the collective's.
+Where it sits: on the round (``_family``), the registry (``_round_state``) and the kept
+buffers; below the collectives that ride the round, each of which hands it a
+``RoundSpec``: nothing of the spec is the round's, nothing of the replay is the
+collective's.
 
 ``run_round`` is the full path: the round, the verdict (the same error on every rank,
 or the same verdict), the state moved (``settle``), the collective's plan and, when
