@@ -1,12 +1,9 @@
 """``all_gather_list``: plan (checks, exchange, validation), payload, autograd.
 
-Where it sits: a family collective built on ``_family`` (stages 1-3), ``_transport``
-and ``_fused`` (the
-validated call: every rank's shape words and flat run of elements, one *carrier* tensor
-of its dtype, ride in ``_fused``'s round as ``all_gather_list``, the payload in the same
-collective when it fits) and
-``_reduce_scatter`` (the ``sum``/``mean`` backward). The public face (``_api``)
-calls its ``Route``; its custom operators close the module (``# --- compiled``).
+Where it sits: a family collective on ``_family`` (stages 1-3), ``_transport``,
+``_fused`` (the validated call rides its round: every rank's shape words and flat run
+of elements as one *carrier* tensor of its dtype, the payload too when it fits) and
+``_reduce_scatter`` (the ``sum``/``mean`` backward); ``_api`` calls its ``Route``.
 
 The math, once. Rank ``r`` holds ``x_r`` of shape ``shape_r`` (the same ndim, dtype
 and device type everywhere; every dimension may differ, empties too) with
