@@ -1,9 +1,8 @@
 """``all_gather_list``: plan (checks, exchange, validation), payload, autograd.
 
 Where it sits: a family collective on ``_family`` (stages 1-3), ``_transport``,
-``_fused`` (the validated call rides its round: every rank's shape words and flat run
-of elements as one *carrier* tensor of its dtype, the payload too when it fits) and
-``_reduce_scatter`` (the ``sum``/``mean`` backward); ``_api`` calls its ``Route``.
+``_fused`` (the validated call rides its round as one *carrier* per rank: ``_carrier``)
+and ``_reduce_scatter`` (the ``sum``/``mean`` backward); ``_api`` calls its ``Route``.
 
 The math, once. Rank ``r`` holds ``x_r`` of shape ``shape_r`` (the same ndim, dtype
 and device type everywhere; every dimension may differ, empties too) with
@@ -360,10 +359,8 @@ def _fused_plan(
     requires_grad: bool | None,
 ) -> GatherListPlan:
     """The validated call through ``_fused`` (as ``all_gather_list``, one tensor): every
-    rank's *carrier*, an ``(n, 1, 1)`` tensor of ``x``'s dtype holding its metadata words
-    ``[magic, ndim, *shape, passed, hash]`` then the flat run of ``x``, in the fused
-    round when it fits (the payload rides along), else the round and one gather of the
-    carriers. One tensor, so the wide round hands back its received buffer and every
+    rank's carrier (``_carrier``), in the fused round when it fits (the payload rides
+    along), else the round and one gather of the carriers. One tensor, so the wide round hands back its received buffer and every
     rank's tensor is a view of it (two tensors would be joined with a copy each). The
     headers validate the carrier (dtype, device type, ``grad``, ``requires_grad``,
     every local problem) before any payload moves; the ndim and the passed shapes are
