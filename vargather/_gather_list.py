@@ -1,6 +1,6 @@
 """``all_gather_list``: plan (checks, exchange, validation), payload, autograd.
 
-Where it sits: a family collective on ``_family`` (stages 1-3), ``_transport``,
+Where it sits: a family collective on ``_rows`` (stages 1-3), ``_transport``,
 ``_fused`` (the validated call rides its round as one *carrier* per rank: ``_carrier``)
 and ``_reduce_scatter`` (the ``sum``/``mean`` backward); ``_api`` calls its ``Route``.
 
@@ -214,8 +214,7 @@ _BITS: Final = torch.arange(64, dtype=torch.int64)
 @functools.lru_cache(maxsize=64)
 def _head(words: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A carrier's first ``_head_elements`` elements (``_carrier``): the metadata
-    ``words`` (int64: their bytes, zero-padded to whole elements, or for ``bool`` their
-    bits) as elements of ``dtype`` on ``device``. Made once per words, dtype and device
+    ``words`` as elements of ``dtype`` on ``device``. Made once per words, dtype and device
     (a steady caller sends the same words every call) and only ever read: sent as
     they are, or copied into a carrier."""
     if dtype == torch.bool:
