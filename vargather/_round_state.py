@@ -65,11 +65,9 @@ of every one's calls.
 
 **The all_to_all-shaped round** (``advance_blocks``): the state is the same type. Its
 equal slots are ``capacity``, ``idle`` and ``idle_need`` (the bytes of the payload
-slot each rank sends every rank): a call whose every rank is eligible and whose
-largest block, ``need`` bytes, is at most ``FAMILY_FUSED_MAX`` grows the capacity to
-``block_slot(need)`` when ``4 * need`` exceeds it; any other call is idle, and after
-``SHRINK_AFTER`` idle calls in a row the capacity shrinks to the slot of the largest
-eligible small need among them (0 if none). Its wide slots are ``wide`` and its
+slot each rank sends every rank), moved by the gather round's rule with ``need`` the
+largest block, ``FAMILY_FUSED_MAX`` for ``FUSED_MAX_BYTES`` and ``block_slot`` for
+``bucket`` (``capacity_step``). Its wide slots are ``wide`` and its
 streak fields, one slot per ordered pair of ranks (``wide[j * W + k]``: rank ``j`` to
 rank ``k``), moved by the wide round's rule above with the ``W * W`` blocks for needs
 and ``need > FAMILY_FUSED_MAX`` for going wide (``wide_blocks``: the slots the round
