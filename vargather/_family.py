@@ -18,8 +18,7 @@ The round is one of two kinds, chosen from the state alone:
   ``j`` may send rank ``k``): *packed* while every slot is at most
   ``PACKED_WIDE_MAX`` (one alltoallv, each message the row and the block, each part
   rounded up to 16 bytes), else *direct* (``DirectRound``: the rows and the blocks
-  apart; on gloo two alltoallvs posted together, each block sent as it lies in
-  ``x``, received into its slot at a 16-byte boundary and closed up in place).
+  apart).
 
 ``settle`` moves the state (``_round_state.advance_blocks``, from the validated rows
 only; calls that raise change nothing) and hands back the blocks when every rank's
