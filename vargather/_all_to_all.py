@@ -1,9 +1,7 @@
 """``all_to_all_v``: plan (checks, exchange, validation), payload, autograd.
 
-Where it sits: a family collective built on ``_family`` and ``_steady`` (stages 1-3,
-its ``RoundSpec`` and steady replay, with its own resized calls), ``_layout``,
-``_buffers`` and ``_comm`` (one alltoallv). The public face (``_api``) calls its
-``Route``; its custom operators close the module (``# --- compiled``).
+Where it sits: a family collective on ``_family`` and ``_steady`` (stages 1-3),
+``_layout``, ``_buffers`` and ``_comm`` (one alltoallv); ``_api`` calls its ``Route``.
 
 The math, once. Rank ``j`` holds ``x_j`` with ``Σ_r s_{j,r}`` rows along ``dim``,
 ``s_j = send_sizes`` on rank ``j`` (the send matrix ``S``, row ``j``); block ``r`` of
@@ -267,11 +265,8 @@ def _steady_key(
 ) -> tuple[object, ...] | None:
     """Everything a validated ``all_to_all_v`` call's plan is a function of, besides its
     group (whose ``Memory.steady`` keeps it), the group's state and the peers' rows, for the
-    calls the steady path serves (``None`` for others): a plain contiguous CPU tensor
-    (cut along its first non-unit dimension its blocks lie one after the other in its
-    bytes and are sent as they lie; else each is copied once into the round, and a
-    result joined along a dim with dims before it is one copy of the received
-    blocks), ``send_sizes`` (and ``recv_sizes``, if given) a list or tuple of ints,
+    calls the steady path serves (``None`` for others): a plain contiguous CPU tensor,
+    ``send_sizes`` (and ``recv_sizes``, if given) a list or tuple of ints,
     ``validate=True``, ``timeout`` none or a number or a ``timedelta`` (the steady
     call's, which validated, is the call's), ``cat_dim`` none or an int in range. Its
     parts: ``dim`` as passed, the shape outside ``dim``, the dtype, whether a gradient
@@ -325,11 +320,9 @@ def _resized_call(
     rows and sizes (or in another state): ``None`` (the full path runs) unless the
     sizes are this rank's valid ones, every block fits its slot and the group's state
     still gives the steady call's round (its slots, and its kind: ``goes_direct``).
-    Then the round runs with this call's row (``resized_round``). When every rank's row
-    is the one it sent last time but for its sizes and its rows along ``dim``, those
-    rows say what the last ones said, which validated, but for those: they are read
-    and checked (``resized_matrix``), the state rule runs, and the result is closed
-    up; any other rows go on as the full path does after its exchange."""
+    Then the round runs with this call's row (``resized_round``); rows that
+    ``resized_matrix`` reads are checked there, any other rows go on as the full path
+    does after its exchange."""
     w, rank = info.world_size, info.rank
     cat, rows, sizes, recv_sizes = key[5:]
     assert isinstance(sizes, tuple)  # _steady_key's: a tuple of ints
@@ -422,14 +415,12 @@ _SPEC: Final = RoundSpec(
     _kept,
     lambda *a: _resized_call(*a),  # looked up per call: a script may wrap it
 )
-"""``all_to_all_v`` as the round takes it (``_steady.RoundSpec``), with its own steady
-calls joined along another dim (``_kept``) and its resized calls (``_resized_call``)."""
+"""``all_to_all_v`` as the round takes it (``_steady.RoundSpec``)."""
 
 
 class AllToAllResult(NamedTuple):
-    """An ``all_to_all_v`` result with its receive ``Layout`` (``layout.sizes`` are the
-    receive sizes, ``layout.offsets`` where each source rank's rows start) and this
-    rank's send sizes."""
+    """An ``all_to_all_v`` result with its receive ``Layout`` (``AllToAllPlan.recv``) and
+    this rank's send sizes."""
 
     tensor: torch.Tensor
     layout: Layout

@@ -1,9 +1,8 @@
 """``all_to_all_v``'s call as one row of the family's round, and every rank's rows
 validated: stages 1 and 3 of ``_all_to_all``, the part a ``cat_dim`` changes.
 
-Where it sits: above ``_family`` (the row, the checks every family call shares),
-beneath ``_all_to_all`` (the plan, the payload, the steady path), which turns what
-these functions return into its plan.
+Where it sits: above ``_family``, beneath ``_all_to_all``, which turns what these
+functions return into its plan.
 
 This rank's call (``local_call``) is its record, its send and receive sizes as words
 (``_rows.sizes_words``) and one word more: ``cat_dim`` normalized, ``dim``'s when

@@ -1,8 +1,5 @@
 """Stage 1: the local argument checks, one rank's call as a ``CallRecord``.
 
-Pipeline: **argument checks** -> wire format -> exchange and validation -> ``Layout``
--> transport -> autograd.
-
 ``check_call`` reads what this rank was called with (is it a strided tensor, ndim,
 dtype, device, full shape, ``dim``, the gradient contract, the transport, ``validate``,
 ``timeout``, caller-passed ``sizes``) and never raises, whatever the arguments: a

@@ -1,8 +1,5 @@
 """Stage 6: autograd, the gather as a differentiable function with a chosen contract.
 
-Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
-transport -> **autograd**.
-
 Forward, on rank r of W: ``out = cat(x_0, ..., x_{W-1}, dim)``, ``o_r = Σ_{s<r} n_s``.
 Every rank j then computes its own loss ``L_j`` from its ``out`` and hands back the
 upstream gradient ``g_j = dL_j/d out``. The contracts differ in which loss the

@@ -1,20 +1,14 @@
 """The transports' buffer helpers: send buffers in, receive buffers out.
 
-Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
-**transport (with these buffers)** -> autograd. Pure tensor arithmetic over a
-``Layout``, no communication: ``_transport`` fills and sends what these build.
-
-A shard of shape ``lead + (n_r,) + trail`` is viewed as the block ``(pre, n_r, post)``
-(see ``_layout``).
+Pure tensor arithmetic over a ``Layout`` (a shard viewed as the block ``(pre, n_r,
+post)``), no communication: ``_transport`` fills and sends what these build.
 
 Send side (padding). The padded transport needs every rank to send the same number of
 elements, so the block is extended to ``(pre, max_r n_r, post)``; the padding rows are
 zero-filled (they are never read back, but a buffer should not carry stale memory to
 peers). When the block already has ``max`` rows and is contiguous nothing is copied.
-The backward sends a gradient of the gathered shape ``lead + (total,) + trail`` back
-cut into rank blocks: padded (``scatter_into_padded``, ``(W, pre, max, post)``) or
-rank-major (``rank_major_gradient``, rank 0's ``(pre, n_0, post)`` block first). Both
-are views of the gradient, without copying, when its blocks are already placed so.
+The backward cuts a gradient of the gathered shape into rank blocks, in either of the
+receive side's two shapes (``scatter_into_padded``, ``rank_major_gradient``).
 
 Receive side (compaction). Two receive buffer shapes exist:
 

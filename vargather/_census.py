@@ -11,15 +11,13 @@ to complete``; ``Connection closed by peer [127.0.0.1]:31657``), so this is the 
 way to say who is missing.
 
 The store write is off the calling thread's critical path: ``arrive`` only counts and
-hands the value to this process's writer thread (``_Writer``: started at the first
-arrival, a daemon, re-created in a forked child), which writes each group's latest
-value (a value superseded before it was written is never written: coalescing) and
-then pauses ``_WRITE_INTERVAL_S``, so a process writes at most one key per group per
-pause however fast its collectives come. Writes of a group are ordered (a lock per
-group; a value older than the one written is skipped), so a key never goes back. A
+hands the value to this process's writer thread (``_Writer``), which writes each
+group's latest value (a value superseded before it was written is never written:
+coalescing; ``_WRITE_INTERVAL_S`` has the cost). Writes of a group are ordered (a lock
+per group; a value older than the one written is skipped), so a key never goes back. A
 store that raises once is not asked again (the census then names no rank). Before
-this the write (a TCPStore or FileStore round trip, 60-100 us) ran synchronously before
-every collective (``docs/misuse.md`` and ``docs/performance.md`` have the figures).
+this the write ran synchronously before every collective (``docs/misuse.md`` and
+``docs/performance.md`` have the figures).
 
 After a timeout the peers had the whole timeout to have their keys written: "never
 arrived". After a lost peer the census is read at once, and a peer's last arrival
@@ -224,8 +222,7 @@ class _Arrivals:
             return state
 
     def arrive(self, info: GroupInfo, what: str) -> int:
-        """Record that this rank enters collective ``what``; its number (0: no census).
-        The store write is the writer thread's (module doc)."""
+        """Record that this rank enters collective ``what``; its number (0: no census)."""
         if not _CENSUS_ON or not info.communicates:
             return 0
         state = self._state(info)
@@ -247,11 +244,8 @@ class _Arrivals:
     def census(
         self, info: GroupInfo, count: int, what: str, *, timed_out: bool
     ) -> tuple[list[int], str]:
-        """(ranks that had not arrived, a sentence for the error message).
-
-        After a timeout the peers had the whole timeout to arrive: "never arrived".
-        After a lost peer the census is read at once: "had not arrived".
-        """
+        """(ranks that had not arrived, a sentence for the error message), worded by
+        ``timed_out`` (module doc)."""
         state = self._state(info)
         if count == 0 or state is None:
             return [], ""

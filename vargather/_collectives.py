@@ -1,12 +1,9 @@
 """The one table of vargather's collectives: name, wire code, round, checks, oracle, catalogue.
 
 Beneath every stage, beside the other vocabularies (``_choices``): every place that
-names the collectives reads them here. The wire codec (``_wire``) and the one-round
-exchanges (``_fused``, ``_family``) send a collective's ``code`` so that every rank
-knows which collective each peer called; their error messages name it back from the
-code. The kit reads ``catalogue`` and ``oracle`` (by name: the oracle and the kit sit
-above the library), the option schema and the bench read the names. The table is
-public as ``vargather.COLLECTIVES``.
+names the collectives reads them here. The kit reads ``catalogue`` and ``oracle`` (by
+name: the oracle and the kit sit above the library), the option schema and the bench
+read the names. The table is public as ``vargather.COLLECTIVES``.
 
 This module imports the standard library only, so a tool that must not import torch
 (the pytest plugin's option schema) can load it by path.

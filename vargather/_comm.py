@@ -1,8 +1,7 @@
 """Thin layer over torch.distributed, below every stage: every collective goes here.
 
-Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
-transport -> autograd. The stages that communicate (the exchange, the transports) do
-so only through the wrappers here; nothing here knows about a ``Layout`` or padding.
+The stages that communicate do so only through the wrappers here; nothing here knows
+about a ``Layout`` or padding.
 
 Each wrapper runs one collective so that
 

@@ -296,11 +296,10 @@ def op_args(
 
 @dataclass(frozen=True)
 class Route(Generic[R]):
-    """A collective's way in, called by its face with the face's arguments.
+    """A collective's way in, called by its face with the face's arguments (module doc).
 
     ``eager``: the eager code. ``traced``: what traced code runs instead, its operators'
-    call, or ``None`` when only the eager code can run this call, which then runs
-    behind ``torch.compiler.disable`` (one graph break)."""
+    call, or ``None`` when only the eager code can run this call."""
 
     name: str
     eager: Callable[..., R]

@@ -1,10 +1,8 @@
 """The all_to_all pattern's round: every rank's row to every rank, blocks where they go.
 
-Where it sits: above the calls and rows (``_rows``), the state policy
-(``_round_state``) and the kept buffers (``_round_buffers``); below ``_steady`` (a
-collective's way in, ``RoundSpec`` and ``run_round``, and the steady replay) and the
-collectives that ride it (``_reduce_scatter``, ``_all_to_all``, ``_rooted``:
-``docs/architecture.md``, "Adding a collective to the round"). Rank ``j`` sends every rank its row (``_wire.encode_row``:
+Where it sits: above ``_rows``, ``_round_state`` and ``_round_buffers``; below
+``_steady`` and the collectives that ride it (``docs/architecture.md``, "Adding a
+collective to the round"). Rank ``j`` sends every rank its row (``_wire.encode_row``:
 its record, its collective's code and extra words, a flag word) and, when every block
 fits its slot and it has no local problem, block ``k`` of its payload to rank ``k``;
 every rank sends the same lengths whichever collective it called, as the lengths are
@@ -20,8 +18,7 @@ The round is one of two kinds, chosen from the state alone:
   ``j`` may send rank ``k``): *packed* while every slot is at most
   ``PACKED_WIDE_MAX`` (one alltoallv, each message the row and the block, each part
   rounded up to 16 bytes), else *direct* (``DirectRound``: the rows and the blocks
-  apart; on gloo two alltoallvs posted together, each block sent as it lies in
-  ``x``, received into its slot at a 16-byte boundary and closed up in place).
+  apart).
 
 ``settle`` moves the state (``_round_state.advance_blocks``, from the validated rows
 only; calls that raise change nothing) and hands back the blocks when every rank's
@@ -229,9 +226,8 @@ def _packed_splits(
 
 def goes_direct(state: FusedState, world: int) -> bool:
     """Whether the all_to_all-shaped round of ``state`` is the direct wide round
-    (``DirectRound``): gone wide with a slot past ``PACKED_WIDE_MAX``. Else its messages
-    are laid out packed, the equal round's slots too (byte for byte a packed round of
-    equal slots). A function of the state, so every rank picks the same; a remembered
+    (``DirectRound``), else packed. A function of the state, so every rank picks the
+    same; a remembered
     round is replayed only in a state that picks its kind (``_all_to_all._resized_call``:
     slots alike are not enough once ``PACKED_WIDE_MAX`` is below the equal round's)."""
     return is_wide(state, world) and max(wide_blocks(state), default=0) > PACKED_WIDE_MAX
@@ -266,9 +262,7 @@ class DirectRound:
 def direct_round(
     row: torch.Tensor, room: tuple[int, ...], rank: int, w: int, exact: bool
 ) -> DirectRound:
-    """The ``DirectRound`` of ``row`` and the slots ``room`` on ``rank``, blocks sent as
-    they lie when ``exact`` (remembered: ``row`` is ``_row_bytes``'s, itself
-    remembered)."""
+    """Remembered: ``row`` is ``_row_bytes``'s, itself remembered."""
     in_slots = tuple(room[j * w + rank] for j in range(w))
     starts = [0] * (w + 1)
     for j in range(w):
@@ -297,8 +291,8 @@ def send_round(
     found: PackedRound | DirectRound,
     blocks: Sequence[torch.Tensor] | None,
 ) -> tuple[torch.Tensor, bytes]:
-    """One round of ``found`` carrying ``blocks`` (``None``: none rides): ``run_direct``
-    or ``send_packed``, their receive buffer and the received rows' bytes."""
+    """One round of ``found`` carrying ``blocks`` (``None``: none rides): its receive
+    buffer and the received rows' bytes."""
     if isinstance(found, DirectRound):
         return run_direct(call, info, pg, found, blocks)
     return send_packed(call, info, pg, found, blocks)
@@ -313,10 +307,7 @@ def run_direct(
 ) -> tuple[torch.Tensor, bytes]:
     """One direct round of this rank's ``blocks`` (``None``: none rides): the receive
     buffer, its regions filled (this rank's own block at the start of its region), and
-    the received rows' bytes (``landed_bytes``). On a backend that takes short messages
-    (``direct.exact``) the round is two alltoallvs (``_direct_by_all_to_all``), else
-    point-to-point messages (``_direct_by_messages``); either fills ``rows`` (every
-    rank's row, rank by rank) and ``buf``."""
+    the received rows' bytes (``landed_bytes``)."""
     w = info.world_size
     device = info.default_device()
     length = direct.row.numel()
@@ -336,10 +327,8 @@ def _direct_by_all_to_all(
     rows: torch.Tensor,
     buf: torch.Tensor,
 ) -> None:
-    """The direct round on gloo: two alltoallvs posted together (``all_to_all_round``),
-    every rank's row to every rank, and this rank's blocks as they lie (one view of
-    them when they lie one after the other, as a plain tensor's do) into the peers'
-    regions, each only its bytes.
+    """The direct round when ``direct.exact`` (``DirectRound``): fills ``rows`` (every
+    rank's row, rank by rank) and ``buf``.
 
     This rank's own block rides in the second too, copied by the backend, which wants
     its receive room equal to its length ``L``: it lands at the end of its region (the
@@ -374,8 +363,8 @@ def _direct_by_all_to_all(
 
 @functools.lru_cache(maxsize=64)
 def _tiled(row: torch.Tensor, w: int) -> torch.Tensor:
-    """``row`` ``w`` times over, one copy for every rank (remembered: ``row`` is
-    ``_row_bytes``'s, itself remembered). Read only."""
+    """``row`` ``w`` times over, one copy for every rank (remembered as ``direct_round``).
+    Read only."""
     return row.repeat(w)
 
 
@@ -403,10 +392,8 @@ def _direct_by_messages(
     rows: torch.Tensor,
     buf: torch.Tensor,
 ) -> None:
-    """The direct round elsewhere (NCCL): to every peer this rank's row and its block,
-    zero-padded to the pair's slot, as two messages; every peer's received in place
-    (``send_receive``, all 4 (W - 1) in one batch), this rank's own block copied in
-    meanwhile."""
+    """The direct round when not ``direct.exact`` (``DirectRound``): fills ``rows`` and
+    ``buf`` as ``_direct_by_all_to_all``, this rank's own block copied in meanwhile."""
     w, rank = info.world_size, info.rank
     device = rows.device
     row = direct.row.to(device)

@@ -168,10 +168,8 @@ def exchange(
 ) -> Exchanged:
     """The fused round for a validated call on a communicating group (module doc).
 
-    ``kind``: the all_gather-shaped collective running it (its wire code rides in the
-    headers); ``calls``: one checked call per tensor (a call-level problem sits in
-    ``calls[0]``);
-    ``eligible``: whether the caller lets the payload ride (``transport="auto"`` and
+    ``kind``: the all_gather-shaped collective running it; ``calls``: one checked call
+    per tensor (a call-level problem sits in ``calls[0]``); ``eligible``: whether the caller lets the payload ride (``transport="auto"`` and
     not a layout-only call); ``parts``: this rank's payload as tensors whose bytes,
     one after the other, are the bytes of ``tensors`` (``all_gather_list``: its
     carrier's metadata, then its tensor), copied into the payload slot in place of
@@ -275,12 +273,9 @@ def _wide_round(
     wide: tuple[int, ...],
     steady_key: tuple[object, ...] | None = None,
 ) -> Exchanged:
-    """The wide round (module doc): every rank sends its region of one rank-major
-    buffer, its payload slot (``wide[r]`` bytes) followed by its headers, to each peer
-    and receives theirs in place; all 2 (W - 1) operations in flight at once, one
-    batch. The headers are read where they landed, then the payload regions are
-    closed up in place (``region_cutter``). With ``steady_key``, a call that leaves
-    the group's state as it found it is remembered for ``steady_exchange``."""
+    """The wide round (module doc; its bytes laid out by ``WideLayout``). With
+    ``steady_key``, a call that leaves the group's state as it found it is remembered
+    for ``steady_exchange``."""
     rank = info.rank
     records, k, flags = header_key
     head = state.slots * HEADER_BYTES
@@ -354,7 +349,7 @@ def wide_layout(wide: tuple[int, ...], head: int) -> WideLayout:
 
 def _exchange_regions(buf: torch.Tensor, lay: WideLayout, info: GroupInfo) -> None:
     """The wide round's transport: this rank's region (or slot and headers) of ``buf``
-    to every peer, every peer's received in place (``send_receive``)."""
+    to every peer, every peer's received in place, all in one batch."""
     w, head = info.world_size, lay.head
     if not lay.apart:
         ends = [*lay.payload[1:], lay.size]
@@ -448,12 +443,10 @@ def steady_exchange(
     length) one after the other (CPU memory: ``x``'s, or a carrier's parts).
 
     It sends what the full path would (the same state and key make the same headers
-    and slots): the payload's bytes, the slot's zeros and the remembered headers, in
-    the same transport. When every rank's headers are the ones they sent last time,
-    they validate alike and move the state alike (not at all): the result is cut as
-    then. Other headers go to the full path's verdict (``_decide``): the same error on
-    every rank, or the layouts and results. The registry is read here directly (no
-    helper), as this is every steady call's path.
+    and slots), in the same transport. When every rank's headers are the ones they sent
+    last time, they validate alike and move the state alike (not at all): the result is
+    cut as then; other headers go to the full path's verdict (``_decide``). The
+    registry is read here directly (no helper), as this is every steady call's path.
     """
     pg = info.group if info.group is not None else dist.group.WORLD
     group = MEMORY.get(pg) if isinstance(pg, dist.ProcessGroup) else None

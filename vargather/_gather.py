@@ -1,18 +1,11 @@
 """``all_gather_v``: plan (checks, exchange, validation), payload, autograd; and its
 coalesced form.
 
-Where it sits: one collective's module, beside ``_reduce_scatter``, ``_all_to_all``
-and ``_gather_list``; below the public face (``_api``) and the compiled route
-(``_compiled``), which both call the eager pipeline here. What is the gather's own:
-its round is the all_gather-shaped one (``_fused``, as ``all_gather_v`` or
-``all_gather_v_coalesced``), its blocks land one after the other along ``dim``
-(``Layout``), its payload moves by a transport (``_transport``) when it does not ride
-in the round, and its backward is ``GatherVFunction``'s (``_autograd``).
-
-``gather_with_layout`` = ``plan_gather`` (argument checks ``_args``, the group
-``_mesh.call_group``, the validated round ``_fused``: the ``Layout``, and the
-payload when it rode along) + ``GatherVFunction`` (``_autograd``, which moves the
-payload through a ``_transport`` when it did not).
+Where it sits: one collective's module, below ``_api`` and ``_compiled``, which both
+call the eager pipeline here: ``gather_with_layout`` = ``plan_gather`` (argument checks
+``_args``, the group ``_mesh.call_group``, the validated round ``_fused``: the
+``Layout``, and the payload when it rode along) + ``GatherVFunction`` (``_autograd``,
+which moves the payload through a ``_transport`` when it did not).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """``all_gather_list``: plan (checks, exchange, validation), payload, autograd.
 
-Where it sits: a family collective built on ``_family`` (stages 1-3), ``_transport``
-and ``_fused`` (the
-validated call: every rank's shape words and flat run of elements, one *carrier* tensor
-of its dtype, ride in ``_fused``'s round as ``all_gather_list``, the payload in the same
-collective when it fits) and
-``_reduce_scatter`` (the ``sum``/``mean`` backward). The public face (``_api``)
-calls its ``Route``; its custom operators close the module (``# --- compiled``).
+Where it sits: a family collective on ``_rows`` (stages 1-3), ``_transport``,
+``_fused`` (the validated call rides its round as one *carrier* per rank: ``_carrier``)
+and ``_reduce_scatter`` (the ``sum``/``mean`` backward); ``_api`` calls its ``Route``.
 
 The math, once. Rank ``r`` holds ``x_r`` of shape ``shape_r`` (the same ndim, dtype
 and device type everywhere; every dimension may differ, empties too) with
@@ -218,8 +214,7 @@ _BITS: Final = torch.arange(64, dtype=torch.int64)
 @functools.lru_cache(maxsize=64)
 def _head(words: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A carrier's first ``_head_elements`` elements (``_carrier``): the metadata
-    ``words`` (int64: their bytes, zero-padded to whole elements, or for ``bool`` their
-    bits) as elements of ``dtype`` on ``device``. Made once per words, dtype and device
+    ``words`` as elements of ``dtype`` on ``device``. Made once per words, dtype and device
     (a steady caller sends the same words every call) and only ever read: sent as
     they are, or copied into a carrier."""
     if dtype == torch.bool:
@@ -363,10 +358,8 @@ def _fused_plan(
     requires_grad: bool | None,
 ) -> GatherListPlan:
     """The validated call through ``_fused`` (as ``all_gather_list``, one tensor): every
-    rank's *carrier*, an ``(n, 1, 1)`` tensor of ``x``'s dtype holding its metadata words
-    ``[magic, ndim, *shape, passed, hash]`` then the flat run of ``x``, in the fused
-    round when it fits (the payload rides along), else the round and one gather of the
-    carriers. One tensor, so the wide round hands back its received buffer and every
+    rank's carrier (``_carrier``), in the fused round when it fits (the payload rides
+    along), else the round and one gather of the carriers. One tensor, so the wide round hands back its received buffer and every
     rank's tensor is a view of it (two tensors would be joined with a copy each). The
     headers validate the carrier (dtype, device type, ``grad``, ``requires_grad``,
     every local problem) before any payload moves; the ndim and the passed shapes are

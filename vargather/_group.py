@@ -3,8 +3,7 @@
 Below every stage, beside ``_comm``: ``resolve_group`` turns ``group=`` into a
 ``GroupInfo`` (this rank, the world size, the backend), the first thing a call does;
 the argument checks (``_args``) ask ``per_call_timeout_supported``, and ``_comm`` runs
-each collective under ``call_timeout`` (the call's ``timeout=`` instead of the group's
-default, restored after).
+each collective under ``call_timeout``.
 """
 
 from __future__ import annotations

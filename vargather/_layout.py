@@ -1,9 +1,7 @@
 """Stage 4: the ``Layout`` of a ragged gather, pure arithmetic, no communication.
 
-Pipeline: argument checks -> wire format -> exchange and validation -> **``Layout``**
--> transport -> autograd. Validation (``_exchange``) produces a ``Layout``; the
-transports, their buffers and autograd only read it. Every rank holds an equal ``Layout`` except for
-``rank``.
+Validation (``_exchange``) produces a ``Layout``; the later stages only read it. Every
+rank holds an equal ``Layout`` except for ``rank``.
 
 The math, once. Rank ``r`` of ``W`` contributes ``x_r`` with ``n_r = x_r.shape[dim]``.
 The result is ``out = cat(x_0, ..., x_{W-1}, dim)``, so

@@ -5,9 +5,9 @@ process groups only). Every eager call resolves its group with ``call_group``; e
 custom operator, which receives its group by name, with ``named_group``; and traced
 code names a call's group with ``group_of``, which never raises and runs no more than
 dynamo can trace (the operators' route, ``_compiled``). A ``DeviceMesh`` is resolved
-to the process group of one mesh dimension (``resolve_mesh``). As torch's functional collectives do, a 1-D mesh stands
-for its only group and a mesh of more dimensions needs ``mesh_dim`` (an index or a
-dimension name). Every problem is a ``GroupError``, raised on this rank only, like
+to the process group of one mesh dimension (``resolve_mesh``). As torch's functional
+collectives do, a 1-D mesh stands for its only group and a mesh of more dimensions
+needs ``mesh_dim`` (an index or a dimension name). Every problem is a ``GroupError``, raised on this rank only, like
 ``resolve_group``'s: a rank that cannot name its group cannot tell its peers.
 """
 
@@ -116,8 +116,7 @@ def resolve_mesh(group: object, mesh_dim: object) -> object:
 
 def call_group(group: object, mesh_dim: object = None) -> GroupInfo:
     """The group of an eager call: ``group`` (``None``: the default group; a
-    ``DeviceMesh`` with ``mesh_dim``) as this rank's ``GroupInfo``. Every problem is a
-    ``GroupError`` raised on this rank only (``resolve_mesh``, ``resolve_group``)."""
+    ``DeviceMesh`` with ``mesh_dim``) as this rank's ``GroupInfo``."""
     return resolve_group(resolve_mesh(group, mesh_dim))  # type: ignore[arg-type]  # judged there
 
 

@@ -1,10 +1,8 @@
 """``reduce_scatter_v``: plan (checks, exchange, validation), payload, autograd.
 
-Where it sits: a family collective built on ``_family`` and ``_steady`` (stages 1-3,
-its ``RoundSpec`` and steady replay), ``_layout``,
-``_buffers`` and ``_comm`` (the payload), and ``_transport`` (its backward is a gather).
-The public face (``_api``) calls its ``Route``; its custom operators close the module
-(``# --- compiled``).
+Where it sits: a family collective on ``_family`` and ``_steady`` (stages 1-3),
+``_layout``, ``_buffers`` and ``_comm`` (the payload), and ``_transport`` (its backward
+is a gather); ``_api`` calls its ``Route``.
 
 The math, once. Every rank ``j`` holds ``x_j`` with ``total = Σ_r n_r`` along ``dim``
 (the same shape everywhere), ``sizes = (n_0, ..., n_{W-1})`` the same on every rank,
@@ -15,8 +13,9 @@ The math, once. Every rank ``j`` holds ``x_j`` with ``total = Σ_r n_r`` along `
 summed **in rank order**, left to right, in the input dtype (integers wrap, bool is
 logical or), every NaN of the sum then the dtype's canonical quiet NaN (``_reduced``: the
 bits torch and the hardware give a NaN depend on the operands' memory layout), so the
-result is a function of the inputs alone, bit for bit, whatever the backend: rank ``j`` sends block ``r`` of ``x_j`` to rank ``r`` in one alltoallv
-(any dtype moves, int16 as bytes) and rank ``r`` adds the ``W`` blocks it received.
+result is a function of the inputs alone, bit for bit, whatever the backend: rank ``j``
+sends block ``r`` of ``x_j`` to rank ``r`` in one alltoallv (any dtype moves, int16 as
+bytes) and rank ``r`` adds the ``W`` blocks it received.
 The receive buffer is ``W x n_r`` rows. Gradient: ``L = Σ_r <g_r, y_r>`` gives
 ``dL/dx_j = cat_r g_r`` on every rank ``j``: the ``all_gather_v`` of the upstream
 gradients (the exact adjoint), one gather through ``_transport``'s ``auto`` choice.

@@ -1,18 +1,13 @@
 """The one round's kept buffers: bytes in and out, memmove close-up, cutters.
 
-Where it sits: beneath both rounds (``_fused``, ``_family``), above the wire codec
-(``_wire``: the headers' bytes) and the state policy (``_round_state``: the
-registries and ``within_waste``). It owns the bytes of a round on this rank: packing
-a call's tensors into a payload slot (``pack``, ``bytes_of``, ``copy_payload``),
-reading the received headers or rows where they landed (``read_headers``,
-``landed_bytes``), cutting the results back out (``unpack``, ``tensor_parts``,
-``region_cutter``, ``Round.cut``), the buffers a
-group keeps from call to call (``Round``, in the collective's ``_round_state.Memory``),
-the receive buffers handed back as results and taken again once free
-(``handed_back_buffer``, ``hand_back``: the group's ``handed``), and the in-place close-up
-of a received buffer (``move_left``: one ``memmove`` per rank on the CPU). Nothing
-here decides anything: what to send and what a call's verdict is belong to the
-rounds.
+Where it sits: beneath both rounds (``_fused``, ``_family``), above ``_wire`` and
+``_round_state``. It owns the bytes of a round on this rank: packing a call's tensors
+into a payload slot, reading the received headers or rows where they landed, cutting
+the results back out, the buffers a group keeps from call to call (``Round``), the
+receive buffers handed back as results and taken again once free, and the in-place
+close-up of a received buffer (``move_left``: one ``memmove`` per rank on the CPU).
+Nothing here decides anything: what to send and what a call's verdict is belong to
+the rounds.
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """The one round's state policy: one state type, its rules, the one per-group registry.
 
-Where it sits: beneath the one-round exchanges (``_fused``: the all_gather-shaped round
-of ``all_gather_v``, ``all_gather_v_coalesced`` and ``all_gather_list``; ``_family``:
-the all_to_all-shaped round of ``reduce_scatter_v`` and ``all_to_all_v``) and their kept
-buffers (``_round_buffers``); it imports the collective table (``_collectives``) only.
-It holds the **one state type** (``FusedState``), the size rules (``bucket``,
-``capacity_step``, the padding bounds), each round shape's ``advance`` rule, and the
-**one registry** (``MEMORY``, weakly keyed by process group: a ``Memory`` per
-collective) in which every round keeps its state, its buffers and its caches.
+Where it sits: beneath the one-round exchanges (``_fused``, ``_family``) and their kept
+buffers (``_round_buffers``); it imports ``_collectives`` only. It holds the **one state
+type** (``FusedState``), the size rules (``bucket``, ``capacity_step``, the padding
+bounds), each round shape's ``advance`` rule, and the **one registry** (``MEMORY``) in
+which every round keeps its state, its buffers and its caches.
 
 The state is kept per group and round shape (``_collectives.RoundShape``): the
 collectives sharing a round shape share one state, so a rank calling one of them
 beside a peer calling another sends the same length and gets an error, never a gloo
-abort. ``state_of(group, collective)`` reads the state of that collective's round.
+abort.
 
 **The all_gather-shaped round** (``advance``): the state rule, applied on every rank
 after a call whose headers validated (compact or full path), from the validated layouts
@@ -62,23 +59,19 @@ Calls that raise in validation change nothing (every rank raises from the same
 headers); calls with ``sizes`` and ``validate=False`` skip the round and change nothing;
 a miss on one rank only is seen by every rank in the headers, so every rank grows the
 slots alike. Errors after validation (a timeout in the payload collective) leave the
-group out of step anyway. The round's one state (subgroups apart) serves
-``all_gather_v`` with ``gather_layout`` and ``all_gather_v_with_layout``,
-``all_gather_v_coalesced`` and ``all_gather_list`` (``_fused`` names which rank called
-which); a group that mixes them pays a little padding: its capacity and header slots
-follow the largest need and tensor count of every one's calls.
+group out of step anyway. A group that mixes the collectives of this round pays a
+little padding: its capacity and header slots follow the largest need and tensor count
+of every one's calls.
 
 **The all_to_all-shaped round** (``advance_blocks``): the state is the same type. Its
 equal slots are ``capacity``, ``idle`` and ``idle_need`` (the bytes of the payload
-slot each rank sends every rank): a call whose every rank is eligible and whose
-largest block, ``need`` bytes, is at most ``FAMILY_FUSED_MAX`` grows the capacity to
-``block_slot(need)`` when ``4 * need`` exceeds it; any other call is idle, and after
-``SHRINK_AFTER`` idle calls in a row the capacity shrinks to the slot of the largest
-eligible small need among them (0 if none). Its wide slots are ``wide`` and its
+slot each rank sends every rank), moved by the gather round's rule with ``need`` the
+largest block, ``FAMILY_FUSED_MAX`` for ``FUSED_MAX_BYTES`` and ``block_slot`` for
+``bucket`` (``capacity_step``). Its wide slots are ``wide`` and its
 streak fields, one slot per ordered pair of ranks (``wide[j * W + k]``: rank ``j`` to
 rank ``k``), moved by the wide round's rule above with the ``W * W`` blocks for needs
 and ``need > FAMILY_FUSED_MAX`` for going wide (``wide_blocks``: the slots the round
-uses, at least ``capacity``). Calls that raise change nothing.
+uses, at least ``capacity``).
 """
 
 from __future__ import annotations
@@ -131,19 +124,17 @@ __all__ = [
 ]
 
 FUSED_MAX_BYTES: Final = 128 * 1024
-"""Largest payload per rank that rides in the equal-size fused round (the *gather*
-round); a group whose calls carry more switches to the *wide* round (module doc).
-512 KiB until the wide round's headers rode in its broadcasts: since then the wide
-round beats the gather round from 128 KiB per rank up (``docs/performance.md``); below,
-the two are even at 4 ranks and the gather round is one operation, not 2 (W - 1)."""
+"""Largest payload per rank that rides in the gather round (module doc). 512 KiB until
+the wide round's headers rode in its broadcasts: since then the wide round beats the
+gather round from 128 KiB per rank up (``docs/performance.md``); below, the two are even
+at 4 ranks and the gather round is one operation, not 2 (W - 1)."""
 
 WIDE_MIN_BYTES: Final = FUSED_MAX_BYTES
-"""A group switches to the wide round once a call's largest payload per rank exceeds
-this many bytes (and back after ``SHRINK_AFTER`` calls that do not)."""
+"""A call whose largest payload per rank exceeds this many bytes goes wide (module doc)."""
 
 SMALL_BYTES: Final = 128 * 1024
-"""Bytes in all that the gather round may always carry: up to ``PAD_LIMIT`` times the
-payload or this much, whichever is more (latency dominates there)."""
+"""Bytes in all that the gather round may always carry, whatever ``PAD_LIMIT`` says
+(latency dominates there)."""
 
 WASTE_LIMIT: Final = 0.5
 """The padding, as a fraction of the payload, that a result handed back with its whole
@@ -196,16 +187,14 @@ FRESH: Final = FusedState()
 
 
 PAD_LIMIT: Final = 4
-"""The gather round pads every rank's slot to the largest need; once that would carry
-more than ``PAD_LIMIT`` times the payload and more than ``SMALL_BYTES`` in all
-(``W * bucket(max n) > max(PAD_LIMIT * sum n, SMALL_BYTES)``: strong skew on many
-ranks) a group takes the wide round even for small payloads."""
+"""The most padding, as a multiple of the payload, the gather round may carry past
+``SMALL_BYTES``: a call that would carry more (strong skew on many ranks) goes wide
+even for small payloads (module doc)."""
 
 
 def within_waste(padded: int, payload: int) -> bool:
     """Whether ``padded`` bytes carry ``payload`` bytes with at most ``WASTE_LIMIT`` of
-    padding: the bound of a result handed back with its receive buffer and of the
-    family's stretched slot (``_family.rides``)."""
+    padding."""
     return padded <= (1 + WASTE_LIMIT) * payload
 
 
@@ -228,10 +217,9 @@ def _advance_wide(
     needs: Sequence[int],
     wants: Callable[[Sequence[int]], bool] = _wants_wide,
 ) -> _WideStep:
-    """The wide round's part of ``advance`` (module doc, "the wide round") and of
-    ``advance_blocks``: learned slots, one per entry of ``needs`` (a rank's payload in
-    the all_gather-shaped round, a block from one rank to one rank in the
-    all_to_all-shaped one); ``wants``: whether a call of these needs goes wide."""
+    """The wide round's rule (module doc) for ``advance`` and ``advance_blocks``: one
+    slot per entry of ``needs`` (a rank's payload, or a block from one rank to one
+    rank); ``wants``: whether a call of these needs goes wide."""
     wide, idle, most = state.wide, state.wide_idle, state.wide_max
     large = fusable and wants(needs)
     if large and len(wide) != len(needs):  # a group's first large call: its exact needs
@@ -246,10 +234,7 @@ def _advance_wide(
         return (), 0, (), 0, ()
     if large and not any(0 < c >= 2 * bucket(n) for n, c in zip(needs, wide, strict=True)):
         # in use, no slot twice too large (an empty slot for an empty block is exact:
-        # a rooted call's every other block). Slots that are not the needs themselves
-        # (grown by an earlier miss, or left from larger sizes) become them after
-        # SHRINK_AFTER calls in a row with the very same needs: a stable skew sends
-        # no padding, however it got there.
+        # a rooted call's every other block); a steady row makes the slots exact
         now = tuple(needs)
         if now == wide:
             return wide, 0, (), 0, ()
@@ -273,11 +258,8 @@ def _advance_wide(
 def capacity_step(
     current: tuple[int, int, int], *, small: bool, need: int, slot: Callable[[int], int]
 ) -> tuple[int, int, int]:
-    """One call's step of a learned capacity ``(capacity, idle, idle_need)``: a small
-    call in use (``4 * need > capacity``) grows it to ``slot(need)`` and ends the idle
-    streak; any other call is idle, and after ``SHRINK_AFTER`` idle calls in a row the
-    capacity becomes ``slot`` of the largest small need among them (the fused round's
-    rule, and the family exchange's)."""
+    """One call's step of a learned capacity ``(capacity, idle, idle_need)``: the gather
+    round's rule (module doc) with ``slot`` for ``bucket``, shared by both round shapes."""
     capacity, idle, idle_need = current
     if small and 4 * need > capacity:
         return max(capacity, slot(need)), 0, 0
@@ -297,9 +279,8 @@ def capacity_step(
 def advance(
     state: FusedState, *, fusable: bool, need: int, count: int, needs: Sequence[int] = ()
 ) -> FusedState:
-    """The state after a call that validated: a pure function of what every rank saw
-    (``need``: the largest payload of any rank; ``needs``: every rank's, for the wide
-    round; without them the wide slots only count the call as idle)."""
+    """The all_gather-shaped round's state after a call that validated, from what every
+    rank saw (without ``needs`` the wide slots only count the call as idle)."""
     capacity, idle, idle_need = capacity_step(
         (state.capacity, state.idle, state.idle_need),
         small=fusable and need <= FUSED_MAX_BYTES,
@@ -322,10 +303,8 @@ def advance(
 
 FAMILY_FUSED_MAX: Final = 16 * 1024
 """Largest block (bytes, from one rank to one rank) the all_to_all-shaped round's equal
-slots carry (``W`` slots of the capacity, at most this, from and to every rank); a call
-with a larger block makes the round go wide: one learned slot per ordered pair of
-ranks (``advance_blocks``), so no pair's message is padded to the largest block. 16
-KiB: past it equal slots send a mild skew's payload 1.4x over, the wide round (packed,
+slots carry; a call with a larger block goes wide (module doc), so no pair's message is
+padded to the largest block. 16 KiB: past it equal slots send a mild skew's payload 1.4x over, the wide round (packed,
 ``_family``) sends it once plus a row per pair, in one collective either way. On 4
 gloo ranks on 2 cores the two cost the same: CPU per call summed over the ranks,
 against one ``all_to_all_single`` with the splits known, read 2.02x (equal slots to
@@ -345,32 +324,26 @@ def block_slot(n: int) -> int:
 
 
 def _wants_wide_blocks(needs: Sequence[int]) -> bool:
-    """Whether a call of these blocks (bytes, one per ordered pair of ranks) makes a
-    group's all_to_all-shaped round go wide: its largest block is past
-    ``FAMILY_FUSED_MAX``, where the equal slots' two copies cost more than the
-    transfer they join."""
+    """Whether a call of these blocks (one per ordered pair of ranks) goes wide: past
+    ``FAMILY_FUSED_MAX`` the equal slots' two copies cost more than the transfer they
+    join."""
     return max(needs, default=0) > FAMILY_FUSED_MAX
 
 
 @functools.lru_cache(maxsize=64)
 def wide_blocks(state: FusedState) -> tuple[int, ...]:
-    """The all_to_all-shaped wide round's slot per ordered pair of ranks (``j * W +
-    k``: the bytes rank ``j`` may send rank ``k``): its learned slot, or the equal
-    round's ``capacity`` when that is larger, so a small call after large ones still
+    """The wide slots at least ``capacity``, so a small call after large ones still
     rides (on gloo only the block's own bytes travel, whatever its slot)."""
     return tuple(max(c, state.capacity) for c in state.wide)
 
 
 def is_wide(state: FusedState, world: int) -> bool:
-    """Whether the all_to_all-shaped round of ``state`` has gone wide in a world of
-    ``world`` ranks (a slot per ordered pair: ``W * W`` of them)."""
+    """Whether the all_to_all-shaped round of ``state`` has gone wide (``W * W`` slots)."""
     return len(state.wide) == world * world
 
 
 def block_room(state: FusedState, world: int) -> tuple[int, ...]:
-    """The all_to_all-shaped round's slot per ordered pair (``j * W + k``) in ``state``:
-    ``wide_blocks`` once it has gone wide (``is_wide``), else the equal round's
-    ``capacity`` for every pair."""
+    """The all_to_all-shaped round's slot per ordered pair of ranks (``j * W + k``)."""
     if is_wide(state, world):
         return wide_blocks(state)
     return (state.capacity,) * (world * world)
@@ -379,13 +352,11 @@ def block_room(state: FusedState, world: int) -> tuple[int, ...]:
 def advance_blocks(
     state: FusedState, *, fusable: bool, blocks: Sequence[int], world: int
 ) -> FusedState:
-    """The all_to_all-shaped round's state after a call that validated: a pure function
-    of what every rank saw (``fusable``: every rank eligible; ``blocks``: the bytes
-    rank ``j`` sends rank ``k`` at ``j * W + k``; ``world``: ``W``). The equal slots'
-    ``capacity`` follows ``capacity_step``; the wide slots (``wide``, ``W * W`` of
-    them) follow the wide round's rule (``_advance_wide``) with blocks for needs.
-    Remembered for recent arguments (a steady state repeats them every call), and for
-    the ``FAMILY_FUSED_MAX`` in force (a test may set another)."""
+    """The all_to_all-shaped round's state after a call that validated, from what every
+    rank saw (``fusable``: every rank eligible; ``blocks``: the bytes rank ``j`` sends
+    rank ``k`` at ``j * W + k``). Remembered for recent arguments (a steady state
+    repeats them every call), keyed by the ``FAMILY_FUSED_MAX`` in force (a test may set
+    another)."""
     after = _advance_blocks(state, fusable, tuple(blocks), world, FAMILY_FUSED_MAX)
     return state if after == state else after  # unchanged is the very state passed in
 
@@ -394,8 +365,7 @@ def advance_blocks(
 def _advance_blocks(
     state: FusedState, fusable: bool, blocks: tuple[int, ...], world: int, fused_max: int
 ) -> FusedState:
-    """``advance_blocks``, unremembered (``fused_max``: the key's ``FAMILY_FUSED_MAX``,
-    which the rules below read)."""
+    """``advance_blocks``' body (``fused_max`` only keys the cache)."""
     need = max(blocks, default=0)
     capacity, idle, idle_need = capacity_step(  # a call that goes wide is not small
         (state.capacity, state.idle, state.idle_need),
@@ -428,10 +398,9 @@ F = TypeVar("F")
 
 
 class Last(NamedTuple, Generic[S, F]):
-    """A collective's ``Memory.last``, a cache of a pure function of what every rank
-    received: ``seen`` (the rows' bytes of the all_to_all-shaped round, the headers'
-    words of the all_gather-shaped one) and what it read as, ``found`` (the same on
-    every rank; in the steady state every call receives the same)."""
+    """A collective's ``Memory.last``: what every rank received, ``seen`` (the rows'
+    bytes or the headers' words), and what it read as, ``found`` (the same on every
+    rank; in the steady state every call receives the same)."""
 
     seen: S
     found: F
@@ -473,7 +442,7 @@ takes its entry along; subgroups apart)."""
 
 
 def group_memory(pg: dist.ProcessGroup) -> GroupMemory:
-    """``pg``'s entry of ``MEMORY`` (made at its first use)."""
+    """Made at its first use."""
     found = MEMORY.get(pg)
     if found is None:
         found = MEMORY.setdefault(pg, GroupMemory())
@@ -481,8 +450,7 @@ def group_memory(pg: dist.ProcessGroup) -> GroupMemory:
 
 
 def memory(pg: dist.ProcessGroup, collective: CollectiveName) -> Memory:
-    """``pg``'s ``Memory`` of ``collective`` (made at its first use, sharing the state
-    cell of its round shape)."""
+    """Made at its first use, sharing the state cell of its round shape."""
     group = MEMORY.get(pg) or group_memory(pg)
     found = group.calls.get(collective)
     if found is None:
@@ -503,7 +471,7 @@ def state_of(
     group: dist.ProcessGroup | None = None, collective: CollectiveName = "all_gather_v"
 ) -> FusedState:
     """This process's copy of the state of ``collective``'s round on ``group`` (read
-    only; ``None``: the default group), shared by every collective of that round."""
+    only; ``None``: the default group)."""
     pg = group_key(group)
     return FRESH if pg is None else memory(pg, collective).shared.state
 
@@ -525,9 +493,8 @@ def set_state(pg: dist.ProcessGroup | None, collective: CollectiveName, state: F
 def swap_state(
     group: dist.ProcessGroup | None, state: FusedState, collective: CollectiveName = "all_gather_v"
 ) -> FusedState:
-    """Install ``state`` as the learned state of ``collective``'s round on ``group`` on
-    this rank; return the one it replaces (``FusedState()`` for a group that had none).
-    For the bench, which gives each of its call patterns on one group the state that
+    """Install ``state`` on this rank; return the one it replaces (``FRESH`` for a group
+    that had none). For the bench, which gives each of its call patterns on one group the state that
     pattern alone would have learned; every rank must swap alike, or the ranks disagree
     on the next round."""
     pg = group_key(group)
@@ -541,8 +508,7 @@ def swap_state(
 def replace_state(
     group: dist.ProcessGroup | None, collective: CollectiveName, **changes: int | tuple[int, ...]
 ) -> None:
-    """Tests only: set fields of the state of ``collective``'s round on ``group`` on
-    this rank (every rank must do the same, or the ranks disagree on the next round)."""
+    """Tests only: set fields of the state on this rank (every rank must do the same)."""
     changed = replace(state_of(group, collective), **changes)  # type: ignore[arg-type]  # each field keeps its own type; tests pass them right
     swap_state(group, changed, collective)
 
@@ -550,6 +516,5 @@ def replace_state(
 def reset_state(
     group: dist.ProcessGroup | None = None, collective: CollectiveName = "all_gather_v"
 ) -> None:
-    """Tests only: forget the state of ``collective``'s round on ``group`` on this rank
-    (every rank must do the same, or the ranks disagree on the next round's size)."""
+    """Tests only: forget the state on this rank (every rank must do the same)."""
     set_state(group_key(group), collective, FRESH)

@@ -1,24 +1,21 @@
 """A collective's way into the all_to_all-shaped round, and its steady replay.
 
-Where it sits: on the round (``_family``: ``exchange_fused``, the packed and direct
-rounds, ``settle``), the registry (``_round_state.memory``) and the kept buffers;
-below the collectives that ride the round (``_reduce_scatter``, ``_all_to_all``,
-``_rooted``), each of which hands it a ``RoundSpec``: nothing of the spec is the
-round's, nothing of the replay is the collective's.
+Where it sits: on the round (``_family``), the registry (``_round_state``) and the kept
+buffers; below the collectives that ride the round, each of which hands it a
+``RoundSpec``: nothing of the spec is the round's, nothing of the replay is the
+collective's.
 
-``run_round`` is the full path: the round, the verdict (the same error on every rank,
-or the same verdict), the state moved (``settle``), the collective's plan and, when
-every block rode, its result from the slots. A validated CPU call that the round
-answered is remembered by its key (the collective's: everything its call and plan are
-a function of, besides the group, the group's state and the peers' rows). ``replay``:
-a call whose key is the group's last steady call's of that collective, in the very
-state that call left unchanged, sends the same row and the blocks of its ``x`` in the
-same round (packed, or by direct sends); when every rank's row came back as last
-time, those rows validate alike and move the state alike (not at all), so the
-remembered plan is the plan and only its result is new; other rows go on as the full
-path does after its exchange. Any other key goes to the collective's ``resized``
-(``_all_to_all``: the same round with new sizes), else the full path runs. A peer on
-the full path and one replaying exchange the same bytes.
+``run_round`` is the full path (``answer`` says what follows the round). A validated CPU
+call that the round answered is remembered by its key (the collective's: everything its
+call and plan are a function of, besides the group, the group's state and the peers'
+rows). ``replay``: a call whose key is the group's last steady call's of that
+collective, in the very state that call left unchanged, sends the same row and the
+blocks of its ``x`` in the same round (packed, or by direct sends); when every rank's
+row came back as last time, those rows validate alike and move the state alike (not at
+all), so the remembered plan is the plan and only its result is new; other rows go on as
+the full path does after its exchange. Any other key goes to the collective's
+``resized`` (``_all_to_all``: the same round with new sizes), else the full path runs. A
+peer on the full path and one replaying exchange the same bytes.
 """
 
 from __future__ import annotations
@@ -191,12 +188,8 @@ def keep(mem: Memory, at: Key | None, steady: Steady[P]) -> None:
 
 
 def replay(spec: RoundSpec[T, P], key: Key | None, x: object, info: GroupInfo) -> P | None:
-    """The plan of a call whose key is the group's last steady call's (else
-    ``RoundSpec.resized``, or ``None``: the full path runs). The very same call in the
-    very same state replays its round: the same row and the blocks of ``x`` (the bytes
-    the full path would send), and, when every rank's row is the one it sent last
-    time, the remembered plan with this call's result; other rows go on as the full
-    path does after its exchange (``answer``). No ``key``: ``None``."""
+    """The plan of a call the steady path serves (module doc), else ``None``: the full
+    path runs (always without ``key``)."""
     pg = process_group(info) if info.communicates else None
     if pg is None or key is None:
         return None

@@ -1,8 +1,6 @@
 """Stage 5: transport, moving every rank's block into one receive buffer (and back).
 
-Pipeline: argument checks -> wire format -> exchange and validation -> ``Layout`` ->
-**transport** (with its buffer helpers, ``_buffers``) -> autograd. Every collective
-goes through ``_comm``.
+Its buffer helpers are in ``_buffers``, its collectives in ``_comm``.
 
 A transport is a pair of operations over a validated ``Layout``:
 
@@ -21,21 +19,14 @@ Transports registered here (``TRANSPORTS``; the name is what ``transport=`` forc
     as it is and the receive buffer is the result.
 ``alltoallv``
     unpadded: one ``all_to_all_single`` whose split sizes are the true block sizes;
-    the receive buffer is rank-major (the result itself when ``pre == 1``). alltoallv
-    sends a distinct slice to each peer and gloo accepts only a contiguous send buffer
-    (a stride-0 ``expand`` is refused: "Tensors must be contiguous"), so the send
+    the receive buffer is rank-major (the result itself when ``pre == 1``). The send
     buffer holds this rank's block ``W`` times: ``W x n_r`` extra memory. Backward:
-    one alltoallv sending each rank its block of the gradient, then a sum of the
-    ``W`` received blocks (in a few rounds when that would take more than twice the
-    output's memory, see ``alltoallv_rounds``).
+    one alltoallv and a local sum (``_alltoallv_blocks``).
 ``broadcast``
     unpadded and copy-free: the output is allocated once, rank-major, and each rank
     ``r`` with ``n_r > 0`` broadcasts its block straight into the view
     ``out[o_r : o_r + n_r]`` of every rank (all ``W`` broadcasts in flight at once).
-    Runs on every backend. Backward: one uneven ``reduce_scatter`` whose chunks are
-    the ranks' blocks of the gradient; on gloo below ``GLOO_REDUCE_SCATTER_MIN_BYTES``,
-    where that is slower, one alltoallv (or, when the sizes are so skewed that one
-    alltoallv round would need more than twice the output's memory, one all_reduce).
+    Runs on every backend. Backward: ``_unpadded_backward``.
 ``views``
     ``dist.all_gather(list_of_views, x)`` with the views of one rank-major output
     buffer. NCCL accepts views of different sizes (it runs them as one group of
@@ -44,8 +35,7 @@ Transports registered here (``TRANSPORTS``; the name is what ``transport=`` forc
 
 ``auto`` picks one per call from the backend, the payload size and the padding waste
 (``auto_transport_name``); every rank holds the same ``Layout`` and backend, so every
-rank picks the same one. The measurements behind the policy are in
-``docs/performance.md``.
+rank picks the same one.
 """
 
 from __future__ import annotations
@@ -164,8 +154,7 @@ def _alltoallv_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInfo
 
     Rank ``j`` sends ``g_j[o_r : o_r + n_r]`` to every rank ``r`` (the rank-major
     gradient is exactly the send buffer), then each rank sums the ``W`` blocks it
-    received. In ``alltoallv_rounds(layout)`` rounds when one would need more than
-    twice the output's memory; each round then sends piece ``c`` of every block.
+    received; in ``alltoallv_rounds`` rounds, each sending piece ``c`` of every block.
     """
     w = layout.world_size
     send = rank_major_gradient(grad_output, layout)
@@ -266,7 +255,8 @@ class AllToAllVTransport:
         w = layout.world_size
         local = as_blocks(x, layout.local_size, layout).reshape(-1)
         # Every peer gets the same block, but alltoallv wants one contiguous slice per
-        # peer (gloo refuses a stride-0 expand), so the block is repeated W times.
+        # peer (gloo refuses a stride-0 expand: "Tensors must be contiguous"), so the
+        # block is repeated W times.
         send = local.repeat(w)
         received = local.new_empty(layout.pre * layout.total * layout.post)
         all_to_all_uneven(
@@ -334,7 +324,7 @@ GLOO_SMALL_BYTES: Final = 256 * 1024
 
 GLOO_REDUCE_SCATTER_MIN_BYTES: Final = 16 * 1024 * 1024
 """From this many output bytes up, the copy-free transports' backward on gloo is an
-uneven reduce_scatter; below it, an alltoallv."""
+uneven reduce_scatter (``_unpadded_backward``)."""
 
 NCCL_SMALL_BYTES: Final = 1024 * 1024
 """Below this many output bytes NCCL's single all_gather kernel wins (not measured here)."""
@@ -349,7 +339,8 @@ def auto_transport_name(layout: Layout, backend: str) -> str:
     * gloo: below ``GLOO_SMALL_BYTES``, one collective (``padded`` when the sizes are
       equal, which then pads and copies nothing; else ``alltoallv``); above it,
       ``broadcast``, which measured at or below the equal-size all_gather of the same
-      bytes on every profile (``docs/performance.md``).
+      bytes on every profile (``docs/performance.md``, where the policy's measurements
+      are).
     * nccl: ``padded`` (NCCL's native all_gather) when the sizes are equal, the payload
       is small, or padding wastes at most ``NCCL_MAX_PADDED_WASTE``; else ``views``.
       Reasoned from NCCL's algorithms, not measured here (no GPU).

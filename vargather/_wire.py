@@ -5,9 +5,6 @@ the full record (``encode_record``), the all_gather-shaped round's compact heade
 (``encode_header``) and the all_to_all-shaped round's row (``encode_row``), plus the
 words that open an ``all_gather_list`` carrier (``carrier_words``).
 
-Pipeline: argument checks -> **wire format** -> exchange and validation -> ``Layout``
--> transport -> autograd.
-
 Every rank's record has the same length, ``RECORD_LENGTH``, so one equal-size
 all_gather carries them all (``_exchange``). The vector is a header (magic, protocol
 version), the record's integer fields, the problem (its error class as a code, its
@@ -21,18 +18,13 @@ The same module holds the fused round's **compact header** (``encode_header``,
 message text, sent with the payload on the common path (``_fused``). A header word by
 word: magic and version; flags (``FLAG_PROBLEM``, ``FLAG_LONG``: more than
 ``SHAPE_SLOTS`` dims, ``FLAG_ELIGIBLE``, ``FLAG_REQUIRES_GRAD``, and from bit
-``KIND_SHIFT`` the caller's collective as its wire code (``_collectives``: 0
-``all_gather_v``, 1 ``all_gather_v_coalesced``, 2 ``all_gather_list``), so that every
-rank knows which collective each peer called); the ndim, dtype,
-normalized dim, contract, transport and device codes, a byte each, in one word; the
-call's tensor count; the passed sizes' length and hash; ``SHAPE_SLOTS`` dims of the
-shape. A problem only sets a flag: its text travels in a full record, on the error
-path. This module is the header's only reader and writer: the round moves
-``slots`` headers as native-endian int64 bytes (``header_struct``, the bytes of a
-``torch.int64`` tensor), writes them with ``encode_headers`` and reads them with
-``split_headers`` and the accessors (``magic_mismatch``, ``header_flags``,
-``header_kind``, ``header_count``, and the word positions ``size_word_at`` and
-``sizes_len_word_at`` that the resized-call check compares in place).
+``KIND_SHIFT`` the caller's collective as its wire code (``_collectives``), so that
+every rank knows which collective each peer called); the ndim, dtype, normalized dim,
+contract, transport and device codes, a byte each, in one word; the call's tensor
+count; the passed sizes' length and hash; ``SHAPE_SLOTS`` dims of the shape. A problem
+only sets a flag: its text travels in a full record, on the error path. This module is
+the header's only reader and writer (``encode_headers``, ``split_headers`` and the
+accessors after them).
 """
 
 from __future__ import annotations
@@ -301,8 +293,8 @@ def encode_header(record: CallRecord | None, count: int, flags: int) -> list[int
 
 
 def call_flags(*, eligible: bool, kind_code: int) -> int:
-    """The flags a call passes to ``encode_header``: ``FLAG_ELIGIBLE`` when this rank
-    may take the fused transport, and the caller's kind from bit ``KIND_SHIFT``."""
+    """The flags a call passes to ``encode_header`` (``FLAG_ELIGIBLE``: this rank may
+    take the fused transport)."""
     return (FLAG_ELIGIBLE if eligible else 0) | kind_code << KIND_SHIFT
 
 
@@ -437,8 +429,7 @@ def decode_row(
 
 @functools.lru_cache(maxsize=256)
 def _decoded_record(values: tuple[int, ...], rank: int) -> CallRecord:
-    """``decode_record``, remembered for recent records (a ``CallRecord`` is immutable):
-    a caller whose sizes change every call sends the same record beside new extras."""
+    """``decode_record``, remembered for recent records (as ``_encoded_record``)."""
     return decode_record(values, rank=rank)
 
 
