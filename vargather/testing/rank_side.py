@@ -1,12 +1,9 @@
 """What each rank process of a pool runs: its context, its message loop, its pickling.
 
 Where it sits: in the testing kit, above ``pool_types`` and beneath ``world`` (which
-starts processes whose target is ``_rank_main``) and ``pool``. A rank initializes one
-``torch.distributed`` process group on a ``FileStore``, then serves ``(fn, payload)``
-requests over its pipe; after each call it reports, per group, how many collectives
-and point-to-point operations it issued (``pool``'s docstring says why). Messages are
-pickled with the standard pickler, never torch's ``ForkingPickler``: tensors travel as
-bytes, a non-leaf as a detached leaf, a view as a compact copy.
+starts processes whose target is ``_rank_main``) and ``pool``. After each call a rank
+reports, per group, how many collectives and point-to-point operations it issued
+(``pool``'s docstring says why).
 """
 
 from __future__ import annotations
