@@ -82,10 +82,11 @@ class ProgramRow:
 
 @dataclass(frozen=True)
 class ProgramTarget:
-    """A target that runs programs of its own; its name and ``--grad`` are the registry's (``targets``, in the options ``apply_target`` gave).
-    ``prepare(progress)``, run in the parent before the ranks start, gives the report's
-    header (default ``display``) and the releases to add to its versions; ``smaller(case,
-    worlds)`` the cases one edit smaller than a failing one, in a fixed order."""
+    """A target that runs programs of its own; its name and ``--grad`` are the
+    registry's (``targets``, in the options ``apply_target`` gave). ``prepare(progress)``,
+    run in the parent before the ranks start, gives the report's header (default
+    ``display``) and the releases to add to its versions; ``smaller(case, worlds)`` the
+    cases one edit smaller than a failing one, in a fixed order."""
 
     display: str
     call: str
