@@ -277,7 +277,7 @@ def _track_point_to_point(group: object) -> None:
 def _group_counts(ctx: RankContext) -> dict[tuple[int, ...], _GroupCounts]:
     """For the world group and each subgroup of this rank: the collectives this rank
     has issued on it (its sequence number less the point-to-point operations posted on
-    it) and those operations, by peer (see the module docstring)."""
+    it) and those operations, by peer."""
     import torch.distributed as dist
 
     groups: list[tuple[tuple[int, ...], Any]] = [((), dist.group.WORLD)]
