@@ -16,22 +16,22 @@ can race, and how each is settled:
   runs that. The mode as it was is put back after the case, so the bench's ranks run
   untouched.
 * **A refusal against the next collective.** gloo refuses a dtype
-  (``GLOO_REFUSED_DTYPES``) in its worker thread, not when the collective is called. Code that starts such a collective with
-  ``async_op=True`` and never waits for it has its next ``barrier`` raise the refusal
-  when the barrier starts before the worker refused, and pass when it starts after:
-  the same code, one run an error, the next a wrong value. While a case runs,
-  ``torch.distributed``'s collectives (``SETTLED``) let such a collective finish
-  refusing before they return its handle (``refusals_settled``), so the refusal never
-  races what the code does next: the code gets it where it waits for the handle
-  (``Work.wait`` raises it, every time it is called), and code that never waits reads
-  buffers nothing wrote. Of the two orders gloo allows, this is the one in which code
-  that drops a refusal is wrong, and a peer left waiting for a rank that raised is
-  seen waiting. Only refused dtypes are settled: any other collective stays as
-  asynchronous as the code made it, so an output read before its collective
-  completed is still read early. The settling functions are put in once per process
-  and switched on and off per case (as ``emulate``'s interception is, which may be
-  put in above or beneath them); a name bound with ``from torch.distributed import
-  broadcast`` before that keeps gloo's order.
+  (``GLOO_REFUSED_DTYPES``) in its worker thread, not when the collective is called.
+  Code that starts such a collective with ``async_op=True`` and never waits for it has
+  its next ``barrier`` raise the refusal when the barrier starts before the worker
+  refused, and pass when it starts after: the same code, one run an error, the next a
+  wrong value. While a case runs, ``torch.distributed``'s collectives (``SETTLED``) let
+  such a collective finish refusing before they return its handle
+  (``refusals_settled``), so the refusal never races what the code does next: the code
+  gets it where it waits for the handle (``Work.wait`` raises it, every time it is
+  called), and code that never waits reads buffers nothing wrote. Of the two orders gloo
+  allows, this is the one in which code that drops a refusal is wrong, and a peer left
+  waiting for a rank that raised is seen waiting. Only refused dtypes are settled: any
+  other collective stays as asynchronous as the code made it, so an output read before
+  its collective completed is still read early. The settling functions are put in once
+  per process and switched on and off per case (as ``emulate``'s interception is, which
+  may be put in above or beneath them); a name bound with ``from torch.distributed
+  import broadcast`` before that keeps gloo's order.
 """
 
 from __future__ import annotations

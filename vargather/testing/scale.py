@@ -50,9 +50,9 @@ class Target(NamedTuple):
 
 def library_thresholds() -> dict[str, tuple[int, str]]:
     """vargather's own byte thresholds, by name (``GLOO_SMALL_BYTES``), as the library
-    declares them (every collective's), with what each counts (``"gathered"``: the bytes of the gathered output; ``"per-rank"``: one
-    rank's payload; ``"per-block"``: the largest block one rank sends one peer, drawn
-    around as a rank's payload)."""
+    declares them (every collective's), with what each counts (``"gathered"``: the bytes
+    of the gathered output; ``"per-rank"``: one rank's payload; ``"per-block"``: the
+    largest block one rank sends one peer, drawn around as a rank's payload)."""
     from vargather.internal import THRESHOLDS
 
     return {t.name: (t.bytes, t.counts) for t in THRESHOLDS if t.bytes > 0}
