@@ -9,8 +9,7 @@ router's top-``K`` choices over experts sharded across ranks: ``dispatch`` excha
 the per-expert counts and the tokens and reorders them expert-major, ``combine``
 reverses it and sums each token's expert outputs weighted by its scores. The oracle
 regroups the tokens by expert on one process (``expected_layer``); docs/targets.md
-describes it, the rows and the backends drawn (``spmd_types`` runs under the gate's
-NCCL emulation: its list all_to_all is uneven).
+describes it, the rows and the backends drawn.
 """
 
 from __future__ import annotations
