@@ -118,12 +118,8 @@ enough that a batch of tensors costs one quick round trip."""
 
 
 def _rows(catalogue: _Gather, implementation: Implementation, returns: str) -> list[Property]:
-    """Every property, in a fixed order, for ``implementation``.
-
-    Cases draw the contracts it claims and the transports it takes.
-    ``returns`` (``sizes``, ``layout``, ``none`` or ``unknown``) only words the titles
-    of the properties about what it returns beside the tensor.
-    """
+    """Every property, in a fixed order, for ``implementation`` (``returns``: as
+    ``catalogue``'s); cases draw the contracts it claims and the transports it takes."""
     impl = implementation
     c: dict[str, object] = {"contracts": impl.contracts}
     if impl.transports is not None:
