@@ -34,9 +34,9 @@ of collectives each rank has issued on it. If they differ, a rank issued a colle
 its peers did not (for example one rank raised before a collective that the others then
 timed out in): the group can no longer pair collectives correctly, so the pool rebuilds
 the world before the next call and says so in the error. ``RankPool.generation`` counts
-builds. Point-to-point operations, which gloo's sequence numbers count on the posting
-rank only, are counted apart, by peer (``rank_side``), and the world is rebuilt as well
-when they do not pair up (a send no receive took, a receive no send filled).
+builds. Point-to-point operations are counted apart, by peer (``rank_side``), and the
+world is rebuilt as well when they do not pair up (a send no receive took, a receive no
+send filled).
 """
 
 from __future__ import annotations
