@@ -12,8 +12,8 @@ Where it sits: the second layer of the package, on top of the gather library
 * ``asserts``: bit-for-bit tensor comparison (``assert_bitwise_equal``), the judge's
   words for a difference;
 * ``judge``: a case's rank reports against ``vargather.oracle``, as ``Failure`` records;
-* ``runner``: the one importer of implementations under test, the rank side and
-  ``run_cases``;
+* ``runner``: ``run_cases``, over ``importer`` (the one importer of implementations
+  under test) and the rank side;
 * ``properties``: the one kind of row, ``Property`` (it holds its catalogue);
 * ``family`` and ``family_catalogue``: the generic case base, rank runner and judge of
   the collectives beside the gather, and their one row list;

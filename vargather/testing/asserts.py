@@ -6,11 +6,6 @@ a failing user test describe a difference in the same words). Public:
 ``vargather.testing.assert_bitwise_equal``, for tests of your own gathers, where
 ``torch.equal`` is the wrong tool: it calls two NaNs different (the strategies draw
 NaNs with payloads on purpose) and ``0.0`` equal to ``-0.0``.
-
-Two tensors are bitwise equal when they have the same dtype, the same shape and the
-same bytes, element by element, whatever their strides or devices (a tensor off the
-CPU is copied to it to be compared). bool, bfloat16, the float8 formats and complex
-are compared by their bit patterns like every other dtype.
 """
 
 from __future__ import annotations
@@ -132,7 +127,8 @@ def _not_a_tensor(name: str, value: object) -> str:
 
 def assert_bitwise_equal(actual: object, expected: object, msg: str | None = None) -> None:
     """Assert that ``actual`` and ``expected`` are tensors with the same dtype, shape and
-    bytes (NaN payloads, ``-0.0``, bfloat16, bool and complex included).
+    bytes (NaN payloads, ``-0.0``, bfloat16, bool, float8 and complex included), whatever
+    their strides or devices (a tensor off the CPU is copied to it to be compared).
 
     The ``AssertionError`` names what differs: the dtypes, the shapes, or the number of
     differing elements and the first one's index with both values (and their bits, for

@@ -17,9 +17,7 @@ values the property draws, so the judge compares the compiled step's output and
 
 Compiled steps are cached per process (one per backend and callable): cases after the
 first recompile as dynamo decides (new shapes, sizes, dims), which is part of what is
-tested. While a compiled case runs, the default group's collective timeout is
-lifted, because ranks compile at different speeds; a rank that never arrives is
-then the pool's to report, as a hang, after its call timeout.
+tested.
 """
 
 from __future__ import annotations
@@ -34,9 +32,9 @@ import torch
 __all__ = ["COMPILE_TIMEOUT_S", "call_compiled", "patient_default_group", "warm_backends"]
 
 COMPILE_TIMEOUT_S: Final = 600.0
-"""The default group's collective timeout while a compiled case runs: longer than any
-call timeout, so that a peer still compiling is waited for and a peer that never comes
-is the pool's hang."""
+"""The default group's collective timeout while a compiled case runs: ranks compile at
+different speeds, so longer than any call timeout: a peer still compiling is waited
+for and a peer that never comes is the pool's hang."""
 
 
 class CompiledCase(Protocol):
@@ -123,7 +121,7 @@ def call_compiled(
 ) -> object:
     """``fn(*args, **kwargs)``, where the shard ``x`` is one of the arguments: called
     eagerly, or for a case with a ``compile_backend`` as that backend's compiled step
-    runs it (module docstring); what ``fn`` returned, for the runner to unpack. The
+    runs it; what ``fn`` returned, for the runner to unpack. The
     runner runs the case (its backward too) inside ``patient_default_group``."""
     backend = case.compile_backend
     if backend is None:

@@ -1,8 +1,7 @@
 """One DTensor program and its single-process oracle: what every rank should hold.
 
-Where it sits: beneath the ``dtensor`` target (``dtensor_target``: the strategies that
-draw programs, the rank side that runs them, the judge). It imports torch and the kit's
-value generator only, no engine module and no Hypothesis.
+Where it sits: beneath the ``dtensor`` target (``dtensor_target``); it imports torch
+and the kit's value generator only, no engine module and no Hypothesis.
 
 A program is a small training program's state plus a path through placements:
 
@@ -73,12 +72,10 @@ FLOATS: Final = frozenset({"float32", "float64", "bfloat16", "float16"})
 
 @dataclass(frozen=True)
 class DTensorProgram:
-    """One drawn program (see the module docstring). ``mesh``: the world mesh's shape,
-    ``names`` its dim names; ``views``: the flattened views created, in order, each a
-    run ``(first, last)`` of mesh dims; ``on``: the mesh the tensor lives on, ``("world",
-    0, n-1)``, ``("flat", first, last)`` (a view in ``views``) or ``("sub", first,
-    last)``; ``entry``: ``distribute`` or ``from_local``; ``start`` and each of ``steps``:
-    one placement code per dim of ``on``."""
+    """One drawn program. ``names``: the mesh dims' names; ``views``: each a run
+    ``(first, last)`` of mesh dims; ``on``: ``("world", 0, n-1)``, ``("flat", first,
+    last)`` (a view in ``views``) or ``("sub", first, last)``; ``entry``: ``distribute``
+    or ``from_local``."""
 
     world_size: int
     mesh: tuple[int, ...]
@@ -173,8 +170,7 @@ def coords(program: DTensorProgram, rank: int) -> tuple[int, ...]:
 
 
 def _chunk(t: torch.Tensor, dim: int, parts: int, index: int) -> torch.Tensor:
-    """Piece ``index`` of ``parts`` along ``dim`` as ``torch.chunk`` cuts it: pieces of
-    ``ceil(n / parts)``, the last shorter, empty pieces after them."""
+    """Piece ``index`` of ``parts`` along ``dim`` as ``torch.chunk`` cuts it."""
     n = t.shape[dim]
     size = -(-n // parts) if n else 0
     start = min(index * size, n)
@@ -184,8 +180,7 @@ def _chunk(t: torch.Tensor, dim: int, parts: int, index: int) -> torch.Tensor:
 def local_piece(
     t: torch.Tensor, placements: Sequence[str], sizes: Sequence[int], where: Sequence[int]
 ) -> torch.Tensor:
-    """The piece of ``t`` at mesh coordinates ``where`` of a mesh of ``sizes``: plain
-    ``Shard`` dims left to right, then ``_StridedShard`` dims left to right."""
+    """The piece of ``t`` at mesh coordinates ``where`` of a mesh of ``sizes``."""
     cuts = [parse(code) for code in placements]
     for i in sorted((i for i, c in enumerate(cuts) if c[1] >= 0), key=lambda i: cuts[i][0] == "SS"):
         t = _chunk(t, cuts[i][1], sizes[i], where[i])
@@ -227,7 +222,7 @@ def contributions(program: DTensorProgram) -> dict[tuple[int, ...], torch.Tensor
 
 
 def global_tensor(program: DTensorProgram) -> torch.Tensor:
-    """``G``: the contributions' sum (``P:avg`` dims: their mean), or the drawn tensor."""
+    """``G`` (a copy of the cached one)."""
     return _global(program).clone()
 
 
@@ -246,7 +241,7 @@ def _global(program: DTensorProgram) -> torch.Tensor:
 
 
 def expected_local(program: DTensorProgram, placements: Sequence[str], rank: int) -> torch.Tensor:
-    """Rank ``rank``'s local tensor under ``placements`` (no Partial): its piece of ``G``."""
+    """Rank ``rank``'s local tensor under ``placements`` (no Partial)."""
     return local_piece(global_tensor(program), placements, on_sizes(program), coords(program, rank))
 
 
@@ -266,16 +261,14 @@ def upstream(program: DTensorProgram, step: int) -> torch.Tensor:
 
 
 def upstream_local(program: DTensorProgram, step: int, rank: int) -> torch.Tensor:
-    """Rank ``rank``'s upstream gradient of step ``step``'s local output: its piece of
-    ``H_k`` under the step's placements (different per rank wherever they shard)."""
+    """Rank ``rank``'s upstream gradient of step ``step``'s local output."""
     return local_piece(
         upstream(program, step), program.steps[step], on_sizes(program), coords(program, rank)
     )
 
 
 def expected_gradient(program: DTensorProgram, rank: int) -> torch.Tensor:
-    """Rank ``rank``'s gradient of its start local: its piece of ``sum_k H_k`` under the
-    start placements, ``Partial`` read as ``Replicate``."""
+    """Rank ``rank``'s gradient of its start local."""
     total = torch.zeros(program.shape, dtype=torch.float64)
     for k in range(len(program.steps)):
         total += upstream(program, k).to(torch.float64)

@@ -1,16 +1,13 @@
 """The ``dtensor`` target: DTensor programs as trainers run them, against an oracle.
 
-Where it sits: in the gate's engine in the testing kit, beside ``ulysses_target`` and
-``ep_dispatch_target``, above ``program_rows`` (which runs its rows: the search, the
-shrinking, the report) and ``dtensor_program`` (a program and its oracle, where the
-math is stated), beneath ``targets`` (the registry that names it). Here: the
+Where it sits: in the gate's engine, above ``program_rows`` and ``dtensor_program``
+(a program and its oracle, where the math is stated), beneath ``targets``. Here: the
 strategies and the last shrinking passes, the rank side, the judge and the rows.
 
 A case is a program: a mesh set up as trainers set it up, a tensor of uneven sizes, a
 start through ``distribute_tensor`` or ``DTensor.from_local(..., shape=, stride=)``,
-and up to 4 ``redistribute`` steps. Every state is judged bit for bit on every rank:
-its local against its ``torch.chunk`` piece, ``full_tensor()`` against the global
-tensor, and the gradient of one backward through every step against its piece.
+and up to 4 ``redistribute`` steps. Every state, and the gradient of one backward
+through every step, is judged bit for bit on every rank (``judge_program``).
 
 Every choice is drawn so that Hypothesis shrinks toward the smallest program: the
 world (ascending), the mesh (1-D before 2-D before 3-D), no flattened views, the world
@@ -462,8 +459,8 @@ class ProgramReport:
 
 def run_program(ctx: Any, program: DTensorProgram) -> ProgramReport:
     """Rank side: the start through its entry point, every step's ``redistribute``,
-    each state's ``to_local()`` and ``full_tensor()``, then one backward of
-    ``sum_k <y_k, U_k>`` with this rank's own upstream pieces ``U_k``."""
+    each state's ``to_local()`` and ``full_tensor()``, then one backward of the loss
+    ``dtensor_program`` states, with this rank's own upstream pieces."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     locals_: list[torch.Tensor | None] = []

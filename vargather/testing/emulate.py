@@ -17,15 +17,11 @@ they would on NCCL wherever gloo differs:
   ``RuntimeError: Unsupported data type for NCCL process group``).
 
 CUDA-only code runs on the CPU: ``torch.cuda.current_device()`` returns
-``torch.device("cpu")`` instead of raising on a CPU build (not 0: the mode below is not
-active inside an autograd Function's backward, where ``device=0`` would ask for an
-accelerator), and a ``torch.overrides.TorchFunctionMode`` rewrites every CUDA
-device a torch call is given (``device=0``, ``device="cuda"``, ``"cuda:1"``,
-``torch.device("cuda")``, as a keyword or as ``Tensor.to``'s positional argument) to
-the CPU, and makes ``Tensor.cuda()`` the identity. So code that allocates its outputs
-with ``device=torch.cuda.current_device()`` (Megatron-core's mappings) or
-``device="cuda"`` allocates CPU tensors, which the intercepted collectives carry over
-gloo with NCCL's semantics above.
+``torch.device("cpu")`` instead of raising on a CPU build, and ``CudaOnCpu`` moves every
+CUDA device a torch call is given to the CPU. So code that allocates its outputs with
+``device=torch.cuda.current_device()`` (Megatron-core's mappings) or ``device="cuda"``
+allocates CPU tensors, which the intercepted collectives carry over gloo with NCCL's
+semantics above.
 
 It does not emulate NCCL's timing, its asynchrony (``async_op=True`` runs the
 collective at once and returns a finished handle), streams, events or
@@ -33,8 +29,7 @@ collective at once and returns a finished handle), streams, events or
 ``tensor.is_cuda`` is ``False``, ``torch.cuda.is_available()`` stays ``False``,
 ``dist.get_backend()`` still says ``gloo``), its reduction order or numerics, nor
 collectives not listed in ``INTERCEPTED``; a name bound with ``from
-torch.distributed import ...`` before ``install`` ran keeps gloo's behaviour (the
-runner installs before importing the implementation).
+torch.distributed import ...`` before ``install`` ran keeps gloo's behaviour.
 """
 
 from __future__ import annotations
@@ -86,8 +81,9 @@ def _is_cuda(value: object) -> bool:
 
 
 class CudaOnCpu(TorchFunctionMode):
-    """Every CUDA device a torch call is given, rewritten to the CPU; ``Tensor.cuda()``
-    is the identity (the module docstring says what this does not emulate)."""
+    """Every CUDA device a torch call is given (``device=0``, ``device="cuda"``,
+    ``"cuda:1"``, ``torch.device("cuda")``, as a keyword or as ``Tensor.to``'s positional
+    argument), rewritten to the CPU; ``Tensor.cuda()`` is the identity."""
 
     def __torch_function__(
         self,

@@ -1,18 +1,15 @@
 """The ``torchtitan-ep-dispatch`` target: torchtitan's expert-parallel token dispatch.
 
-Where it sits: in the gate's engine in the testing kit, beside ``ulysses_target``,
-above ``program_rows`` (which runs its rows) and beneath ``targets`` (the registry
-that names it). torchtitan is an optional extra (``vargather[torchtitan]``, then
-torchtitan itself with ``--no-deps``), imported inside functions only and typed
-``Any``.
+Where it sits: in the gate's engine, above ``program_rows``, beneath ``targets``.
+torchtitan is an optional extra (``vargather[torchtitan]``, then torchtitan itself
+with ``--no-deps``), imported inside functions only and typed ``Any``.
 
 What it checks: ``AllToAllTokenDispatcher`` (0.3.0) as an MoE layer drives it, a
 router's top-``K`` choices over experts sharded across ranks: ``dispatch`` exchanges
 the per-expert counts and the tokens and reorders them expert-major, ``combine``
 reverses it and sums each token's expert outputs weighted by its scores. The oracle
 regroups the tokens by expert on one process (``expected_layer``); docs/targets.md
-describes it, the rows and the backends drawn (``spmd_types`` runs under the gate's
-NCCL emulation: its list all_to_all is uneven).
+describes it, the rows and the backends drawn.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """The family's engine: the generic case base, rank runner and judge of every catalogue
 collective but the gather (``collectives.FAMILY``).
 
-Where it sits: in the testing kit, beneath ``family_catalogue`` (the generic rows) and
-the catalogue modules (``catalogues.<name>``), each of which holds what is particular to
-its collective: its case class (a ``FamilyCase``), strategy and call. Nothing here
-names a collective: a case says which it is (``collective``) and how it is called.
-
-* ``FamilyCase``: what every case shares (world, dtype, values seed, group, grad,
-  memory layout, initialized) and everything derived from it: every rank's input and
-  upstream gradient (``inputs``, ``upstream``), rebuilt from the case alone;
-  ``BlockCase`` (one block per rank along ``dim``) and its strategy, ``block_cases``;
-* ``run_case``: rank side, for ``get_pool(W).run``: the implementation the case names
-  (``case.impl``, a mutant or a fork) called, backward run, a ``CallReport`` back;
-* ``judge_case``: the reports against the oracle the table names
-  (``COLLECTIVES[name].oracle`` / ``.oracle_grads`` in ``vargather.oracle``): forward
-  and gradient bit for bit, and with integer values the adjoint identity
-  ``sum_r <y_r, g_r> == sum_j <x_j, dx_j>``.
+Where it sits: in the testing kit, beneath ``family_catalogue`` and the catalogue
+modules, each of which holds what is particular to its collective (its case class, a
+``FamilyCase``; strategy; call). Nothing here names a collective: a case says which it
+is (``collective``) and how it is called; every rank's input and upstream gradient are
+rebuilt from the case alone. ``judge_case`` holds the reports against the oracle the
+table names (``COLLECTIVES[name].oracle`` / ``.oracle_grads``): forward and gradient
+bit for bit, and with integer values the adjoint identity
+``sum_r <y_r, g_r> == sum_j <x_j, dx_j>``.
 """
 
 from __future__ import annotations
@@ -362,7 +355,7 @@ class CallReport(NamedTuple):
 
 def _call(case: FamilyCase, x: torch.Tensor, r: int, group: Any) -> Any:
     """The case's call on group rank ``r``: as vargather's function is called, or by
-    its call template (``calls.parse_call``); inside a compiled step with a backend."""
+    its call template; inside a compiled step with a backend."""
     fn = function_of(case.collective, case.impl)
     if case.call is not None:
         shape, values = lambda: case.output_shapes()[r], case.template_values(r)
@@ -473,8 +466,7 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 def judge_case(case: FamilyCase, reports: Sequence[CallReport | None]) -> list[Failure]:
-    """The members' reports against the oracle: forward and gradient bit for bit, and
-    (integer values) the adjoint identity of the gradient."""
+    """The members' reports against the oracle (the module docstring's checks)."""
     name = case.collective
     mine = [rep for rep in reports if rep is not None]
 

@@ -1,38 +1,18 @@
 """The family's rows, the same for each of its collectives, and ``FamilyCatalogue``, the
 ``Catalogue`` a collective's module builds from what is its own.
 
-Where it sits: in the testing kit, above ``family`` (the case base, rank runner and
-judge) and ``properties`` (the one ``Property``), beneath the catalogue modules
-(``catalogues.<name>`` of each ``collectives.FAMILY`` name: each its case class,
-strategy, call and signature, and ``CATALOGUE = FamilyCatalogue(...)``) and the
-engine, which runs these rows as it runs any collective's. The property suite
-(``tests/test_family_properties.py``), the mutant search and ``python -m vargather
-check --op ...`` all run these rows, so they cannot drift. What every catalogue's rows
-share, the gather's included, is here too: ``row_builder``, ``forward_rows``,
-``scoped`` (the scope reasons alike in every catalogue) and the shared constants.
+Where it sits: in the testing kit, above ``family`` and ``properties``, beneath the
+catalogue modules (``catalogues.<name>``: ``CATALOGUE = FamilyCatalogue(...)``) and the
+engine. The property suite, the mutant search and ``python -m vargather check --op ...``
+all run these rows, so they cannot drift. What every catalogue's rows share, the
+gather's included, is here too: ``row_builder``, ``forward_rows``, ``scoped`` (the
+scope reasons alike in every catalogue) and the shared constants.
 
 Each row is a class of cases (``Property.kwargs``: ``dtypes``, ``requires_grad``,
-``special``, ``memory``, ``shape`` a method fitting a drawn case, ``large``) and the
-judge's aspects it counts (``call``, an exception on some rank, counts everywhere):
-
-* ``forward-float`` ... ``forward-bool``: the forward bit for bit against the oracle
-  per dtype family (NaN payloads, -0.0 and infinities among the float values);
-* ``dims``: along dims other than 0, negative ones included;
-* ``empty``: one rank's part empty (the case's ``emptied``);
-* ``non-contiguous``: ``x`` a transposed or strided view;
-* ``one-rank``, ``uninitialized``: a world of one rank, and one rank in the calling
-  process without torch.distributed: the identity, gradients flowing;
-* ``subgroup``: ``group=`` a subgroup of the world (its members only);
-* ``gradient``, ``adjoint``: input gradients bit for bit against the oracle's, and
-  with integer values ``sum_r <y_r, g_r> == sum_j <x_j, dx_j>`` exactly;
-* ``payload-scale``: blocks up to 320 KiB per rank (past the fused round's slot);
-* ``call-sequence``: calls in a row on one world, state carried from call to call;
-* ``compiled``: the call inside a ``torch.compile(fullgraph=True)`` step;
-* ``misuse``: one rank's arguments wrong (``misuse.MISUSE_KINDS`` but the absent rank,
-  which costs a timeout per case): every rank the same error, the next call works.
-
-A collective declares a row that cannot apply to it, with the reason the report
-shows (``FamilyCatalogue(declined=...)``).
+``special``, ``memory``, ``shape`` a method fitting a drawn case, ``large``), the judge's
+aspects it counts (``call``, an exception on some rank, counts everywhere) and a title
+saying what it checks (``FamilyCatalogue.rows``). A collective declares a row that
+cannot apply to it, with the reason the report shows (``FamilyCatalogue(declined=...)``).
 """
 
 from __future__ import annotations
@@ -477,6 +457,7 @@ class FamilyCatalogue:
         target = prop.implementation
         kw = prop.kwargs
         if prop.misuse:
+            # not the absent rank, which costs a timeout per case
             kinds = [k for k in MISUSE_KINDS[self.op] if k != "absent"]
             misuse = st.builds(
                 MisuseCase,

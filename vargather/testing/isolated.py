@@ -1,15 +1,12 @@
 """The isolated row: a property whose cases run in the checking process itself.
 
-Where it sits: in the gate's engine in the testing kit, beneath ``evaluate`` and
-``engine``. The ``uninitialized`` row runs its cases without torch.distributed, in the
-process that runs them; so that a crash or a hang of the implementation is that
-row's failure and not the checker's, ``engine`` runs it in a child process,
-``python -m vargather.testing.engine OPTIONS.json``, whose options are the parent's
-serialized as JSON (``CheckOptions.to_json``: no flag spelled again), or the same
-forked from this process's running forkserver (``_ForkedChild``), whose torch is
-already imported. The child
-records the batch in flight (``in_flight``) and exits with ``HUNG_EXIT`` when a batch
-outlives ``--timeout``; the parent names the case from the record.
+Where it sits: in the gate's engine, beneath ``evaluate`` and ``engine``. The
+``uninitialized`` row runs its cases without torch.distributed, in the process that
+runs them; so that a crash or a hang of the implementation is that row's failure and
+not the checker's, ``engine`` runs it in a child process, ``python -m
+vargather.testing.engine OPTIONS.json``, whose options are the parent's serialized as
+JSON (``CheckOptions.to_json``: no flag spelled again), or the same forked from this
+process's running forkserver (``_ForkedChild``).
 """
 
 from __future__ import annotations

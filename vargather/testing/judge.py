@@ -1,16 +1,8 @@
 """The testing kit's judge: the ranks' reports against the oracle, as structured failures.
 
-Where it sits: above ``cases`` (the case model, ``RankReport``), below ``runner`` (which
-calls ``judge`` on what the ranks sent back) and ``properties`` (which keeps the
+Where it sits: above ``cases``, below ``runner`` and ``properties`` (which keeps the
 failures whose ``aspect`` its claim is about). The judge returns ``Failure`` records,
 never text to be parsed back: the command line's report is rendered from their fields.
-
-A ``Failure`` says which check failed (``aspect``: ``output``, ``sizes``, ``gradient``,
-``adjoint``, or ``call`` for an exception, a crash, a hang, a missing report, which
-counts against every property), how (``kind``: ``mismatch``, a wrong value; ``error``,
-the implementation raised; ``crash``, a rank process died; ``hang``, no reply in
-time), on which group ranks, and what (``message``, plus ``detail``: a traceback).
-Ranks that failed alike are merged into one ``Failure``.
 """
 
 from __future__ import annotations

@@ -4,10 +4,9 @@ Where it sits: at the top of the testing kit, beside the command line: both run 
 gate's engine (``engine.run_check``) and neither imports the other. The plugin itself
 is the top-level module ``_vargather_pytestplugin`` (the ``pytest11`` entry point),
 kept free of torch and Hypothesis; it imports this module only when a session asks
-for vargather (``--vargather-impl``, or the ``vargather_world`` fixture): ``configure``
-builds the options, ``property_items`` one item per property (``vargather::ID``, its
-failure the check's report, n/a a skip, an xfails entry an xfail), ``WorldFactory``
-is what the fixture returns.
+for vargather (``--vargather-impl``, or the ``vargather_world`` fixture). A property is
+an item ``vargather::ID``: its failure the check's report, n/a a skip, an xfails entry
+an xfail.
 """
 
 from __future__ import annotations

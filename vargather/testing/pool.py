@@ -1,40 +1,25 @@
-"""A persistent pool of rank processes forming a real ``gloo`` world.
+"""A persistent pool of rank processes forming a real ``gloo`` world: ``RankPool``, ``get_pool``.
 
-Where it sits: the bottom of the testing kit (``vargather.testing``), beside the case
-model; it knows nothing of gathers. It is the top of four modules: ``pool_types`` (the
-errors, ``RankOutcome``, ``PoolConfig``), ``rank_side`` (what each rank process runs),
-``world`` (one generation of rank processes) and this one (``RankPool``, ``get_pool``),
-which re-exports what the kit and users import. It is the one way the kit, the property suite, the
-conformance check and the fuzzers spawn a multi-rank world. Spawning a fresh world per
-test case costs seconds; a pool started once and kept alive turns each case into a
-round trip of milliseconds (``docs/property-suite.md`` has the measured figures).
+Where it sits: the bottom of the testing kit, the top of the pool's modules (beneath it:
+``pool_types``, ``rank_side``, ``world``), re-exporting what the kit and users import.
+Spawning a fresh world per test case costs seconds; a pool started once and kept alive
+turns each case into a round trip of milliseconds (``docs/property-suite.md`` has the
+measured figures).
 
 How it works
 ------------
 ``RankPool(world_size)`` spawns ``world_size`` processes (``multiprocessing`` *spawn*
 start method, never ``torch.multiprocessing``; ``start_method="forkserver"`` instead forks
 them from a server that imported torch once, which makes building a world much cheaper:
-worth it where worlds are rebuilt often, as in a fuzzer that makes gloo abort). Each rank initializes one
-``torch.distributed`` process group, once, on a ``FileStore`` in a fresh temporary
-directory (no TCP ports, so pytest-xdist workers never collide), then serves requests
-over its own duplex ``multiprocessing`` pipe:
+worth it where worlds are rebuilt often, as in a fuzzer that makes gloo abort). Each
+rank initializes one ``torch.distributed`` process group, once, on a ``FileStore`` in a
+fresh temporary directory (no TCP ports, so pytest-xdist workers never collide), then
+serves ``run``, ``run_outcomes`` and ``run_many`` over its own duplex pipe. A Python
+exception on a rank leaves the world up: the same process group serves the next call.
 
-* ``pool.run(fn, payload)`` sends ``(fn, payload)`` to every rank; each calls
-  ``fn(ctx, payload)`` with a :class:`RankContext`, and the results come back in rank
-  order. A Python exception on any rank raises :class:`RankError` carrying every
-  failing rank's traceback; the world stays up and the same process group serves the
-  next call.
-* ``pool.run_outcomes(fn, payload)`` returns one :class:`RankOutcome` per rank instead of
-  raising for rank exceptions.
-* ``pool.run_many(fn, payloads)`` ships a batch of payloads in one message, to amortize
-  the round trip.
-
-``fn`` must be a module-level function (it is pickled by reference); payloads and
-results must be picklable. Messages are pickled with the standard pickler, not with the
-``ForkingPickler`` that ``import torch`` extends, so tensors travel as bytes rather than
-shared-memory handles that die with the rank. Tensors crossing the pipe are sent as
-detached copies with compact storage (values, dtype, shape, strides and the
-``requires_grad`` flag survive; the autograd graph does not).
+Tensors crossing the pipe are sent as detached copies with compact storage (values,
+dtype, shape, strides and the ``requires_grad`` flag survive; the autograd graph does
+not), as bytes (``rank_side._Pickler``).
 
 Failures of the world itself are :class:`PoolFailure` s: a rank that dies (``os._exit``,
 SIGKILL, a gloo SIGABRT) is seen at once through the process sentinels
@@ -49,15 +34,9 @@ of collectives each rank has issued on it. If they differ, a rank issued a colle
 its peers did not (for example one rank raised before a collective that the others then
 timed out in): the group can no longer pair collectives correctly, so the pool rebuilds
 the world before the next call and says so in the error. ``RankPool.generation`` counts
-builds. Point-to-point operations, which gloo's sequence numbers count on the posting
-rank only, are counted apart, by peer (``rank_side``), and the world is rebuilt as well
-when they do not pair up (a send no receive took, a receive no send filled).
-
-``get_pool(world_size)`` keeps one pool per world size alive for the whole process
-(closed at exit), which is what makes the suites fast. Its worlds fork from a
-forkserver where the platform has one (``DEFAULT_SHARED_START_METHOD``): a suite
-rebuilds worlds after every crash, hang or failed collective, and a forked rank costs
-milliseconds where a spawned one imports torch again (about a second of CPU).
+builds. Point-to-point operations are counted apart, by peer (``rank_side``), and the
+world is rebuilt as well when they do not pair up (a send no receive took, a receive no
+send filled).
 """
 
 from __future__ import annotations
@@ -260,7 +239,7 @@ class RankPool:
         return self._call(fn, [payload])[0]
 
     def run_many(self, fn: Callable[[RankContext, P], R], payloads: Sequence[P]) -> list[list[R]]:
-        """Run ``fn`` on each payload in turn, all shipped in one message.
+        """Run ``fn`` on each payload in turn, all shipped in one message (one round trip).
 
         Returns ``results[i][rank]``. A rank stops at its first exception; the call then
         raises :class:`RankError` for the first payload index at which any rank raised
@@ -498,9 +477,6 @@ class RankPool:
         return f"; its stderr since the previous call:\n{text}" if text else ""
 
     def _check_sequences(self, replies: dict[int, _Reply]) -> None:
-        """Mark the world stale when the ranks' collectives on a group differ in number,
-        or their point-to-point operations on it do not pair up (a send no receive
-        took, a receive no send filled: left pending in the group)."""
         keys = {key for reply in replies.values() for key in reply.seqs}
         for key in sorted(keys):
             seen = {r: reply.seqs[key] for r, reply in sorted(replies.items()) if key in reply.seqs}
@@ -600,8 +576,9 @@ def get_pool(
     start_method: str = DEFAULT_SHARED_START_METHOD,
 ) -> RankPool:
     """The process-wide pool for ``world_size``, created on first use (its ranks forked
-    from a forkserver where the platform has one: rebuilding a world after a failure
-    then costs milliseconds instead of a torch import per rank).
+    from a forkserver where the platform has one: a suite rebuilds worlds after every
+    crash, hang or failed collective, and a forked rank costs milliseconds where a
+    spawned one imports torch again, about a second of CPU).
 
     One pool per world size is kept alive until :func:`close_all_pools` or interpreter
     exit. Asking with different settings replaces (closes) the cached pool of that size.

@@ -1,9 +1,7 @@
 """The rank pool's vocabulary: its errors, what one rank produced, and its settings.
 
-Where it sits: the bottom of the testing kit, beneath ``rank_side`` (what each rank
-process runs), ``world`` (one generation of rank processes) and ``pool`` (the
-``RankPool`` the kit and users call, which re-exports these names). It knows nothing of
-gathers, and nothing here starts a process.
+Where it sits: the bottom of the testing kit, beneath the rest of the pool (``pool``
+re-exports these names). Nothing here starts a process.
 """
 
 from __future__ import annotations

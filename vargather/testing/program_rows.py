@@ -1,9 +1,7 @@
 """Rows of programs: how the gate runs a built-in target that brings its own oracle.
 
-Where it sits: in the gate's engine in the testing kit, beneath the targets that draw
-programs (``dtensor_target``, ``ulysses_target``, ``ep_dispatch_target``) and
-``targets`` (the registry, which runs a target module's ``TARGET`` with
-``run_program_check``). Such a target is not one ``MODULE:ATTR`` call: a program
+Where it sits: in the gate's engine, beneath the targets that draw programs and
+``targets`` (the registry). Such a target is not one ``MODULE:ATTR`` call: a program
 builds state (meshes, groups, models), calls the code under test several times, and
 its oracle is the global tensor sliced on one process.
 
@@ -84,11 +82,11 @@ class ProgramRow:
 
 @dataclass(frozen=True)
 class ProgramTarget:
-    """A target that runs programs of its own (see the module docstring); its name and
-    ``--grad`` are the registry's (``targets``, in the options ``apply_target`` gave).
-    ``prepare(progress)``, run in the parent before the ranks start, gives the report's
-    header (default ``display``) and the releases to add to its versions; ``smaller(case,
-    worlds)`` the cases one edit smaller than a failing one, in a fixed order."""
+    """A target that runs programs of its own; its name and ``--grad`` are the
+    registry's (``targets``, in the options ``apply_target`` gave). ``prepare(progress)``,
+    run in the parent before the ranks start, gives the report's header (default
+    ``display``) and the releases to add to its versions; ``smaller(case, worlds)`` the
+    cases one edit smaller than a failing one, in a fixed order."""
 
     display: str
     call: str
@@ -394,9 +392,8 @@ def run_program_check(
     factory: Callable[[int], RankPool],
     versions: dict[str, str],
 ) -> Report:
-    """Every row of ``target`` (``--only`` selects) as a seeded Hypothesis test on the
-    gloo worlds of ``options.world_sizes``, into the gate's ``Report``; ``options`` are
-    the target's (``apply_target``)."""
+    """``target``'s rows (``--only`` selects) on the gloo worlds of ``options.world_sizes``,
+    into the gate's ``Report``; ``options`` are the target's (``apply_target``)."""
     started = time.monotonic()
     display, releases = target.prepare(progress) if target.prepare else (target.display, {})
     world_sizes = tuple(sorted(options.world_sizes))

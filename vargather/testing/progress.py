@@ -1,9 +1,8 @@
 """The gate's progress events: what the engine tells a surface while a check runs.
 
-Where it sits: in the gate's engine in the testing kit, beneath ``evaluate`` and
-``engine`` (which emit the events) and beside ``results``. Each surface passes its own
-callback to ``engine.run_check``: the command line shows the events on stderr
-(``vargather._cli.check``), the pytest plugin passes none.
+Where it sits: in the gate's engine, beneath ``evaluate`` and ``engine`` (which emit
+the events). Each surface passes its own callback to ``engine.run_check``: the command
+line shows the events on stderr, the pytest plugin passes none.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """A failure whose ranks raced: one rank's refusal against its peers' waiting.
 
-Where it sits: in the gate's engine in the testing kit, beneath ``evaluate`` (which
-settles every failing case's failures here before it reports them and before it
-decides how far to shrink). When one rank raises (a backend refusing a dtype, a local
-check) while its peers wait for it inside a collective, what the gate sees of the peers
-depends on timing: their own timeout errors, a pool that stopped waiting (a hang),
-or nothing yet. Which is seen first must not decide the report (issue 34: the same
-seed gave a 4-rank timeout in one run and a 1-rank refusal in the other), so:
-
-* ``settle`` keeps a failing case's real errors and replaces the peers' waiting (a
-  timeout, a lost connection, a hang) by one fixed note whenever some rank raised a
-  real error: the reported failure is the refusal, with the same message every run;
-* ``is_wait`` says what counts as waiting; ``evaluate`` stops shrinking at a failure
-  where any peer waited, whichever form the waiting took (a timeout, a dropped
-  connection, a hang): each further attempt would wait again.
-
-A failure with no real error anywhere (every rank waited, or hung) is left as it is.
+Where it sits: in the gate's engine, beneath ``evaluate`` (which settles every failing
+case's failures here before it reports them and before it decides how far to shrink).
+When one rank raises (a backend refusing a dtype, a local check) while its peers wait
+for it inside a collective, what the gate sees of the peers depends on timing: their
+own timeout errors, a pool that stopped waiting (a hang), or nothing yet. Which is
+seen first must not decide the report (issue 34: the same seed gave a 4-rank timeout
+in one run and a 1-rank refusal in the other), so ``settle`` reports the refusal, with
+the same message every run. ``evaluate`` stops shrinking at a failure where any peer
+waited (``is_wait``), whichever form the waiting took: each further attempt would wait
+again.
 """
 
 from __future__ import annotations

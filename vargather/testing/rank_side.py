@@ -1,12 +1,9 @@
 """What each rank process of a pool runs: its context, its message loop, its pickling.
 
 Where it sits: in the testing kit, above ``pool_types`` and beneath ``world`` (which
-starts processes whose target is ``_rank_main``) and ``pool``. A rank initializes one
-``torch.distributed`` process group on a ``FileStore``, then serves ``(fn, payload)``
-requests over its pipe; after each call it reports, per group, how many collectives
-and point-to-point operations it issued (``pool``'s docstring says why). Messages are
-pickled with the standard pickler, never torch's ``ForkingPickler``: tensors travel as
-bytes, a non-leaf as a detached leaf, a view as a compact copy.
+starts processes whose target is ``_rank_main``) and ``pool``. After each call a rank
+reports, per group, how many collectives and point-to-point operations it issued
+(``pool``'s docstring says why).
 """
 
 from __future__ import annotations
@@ -280,7 +277,7 @@ def _track_point_to_point(group: object) -> None:
 def _group_counts(ctx: RankContext) -> dict[tuple[int, ...], _GroupCounts]:
     """For the world group and each subgroup of this rank: the collectives this rank
     has issued on it (its sequence number less the point-to-point operations posted on
-    it) and those operations, by peer (see the module docstring)."""
+    it) and those operations, by peer."""
     import torch.distributed as dist
 
     groups: list[tuple[tuple[int, ...], Any]] = [((), dist.group.WORLD)]

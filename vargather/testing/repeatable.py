@@ -1,39 +1,37 @@
 """What makes a case's run on a rank read the same every run: the two races the rank
 settles, one way every time, while the code under test runs.
 
-Where it sits: at the bottom of the testing kit, beneath the rank runners
-(``rank_runner`` for the gather, ``family`` for the other collectives), which run each
-case inside ``repeatable()``; it imports torch only. Two things code under test can
-race, and how each is settled:
+Where it sits: at the bottom of the testing kit, beneath the rank runners, which run
+each case inside ``repeatable()``; it imports torch only. Two things code under test
+can race, and how each is settled:
 
 * **Memory nothing wrote.** An output read before anything wrote it (an unwaited
   async collective's buffer) holds what the allocator last held, different on every
-  try and run. While a case runs, torch's deterministic mode fills every tensor
-  ``torch.empty`` and its kin hand out (``torch.utils.deterministic
+  try and run. While a case runs (``fresh_memory_filled``), torch's deterministic mode
+  fills every tensor ``torch.empty`` and its kin hand out (``torch.utils.deterministic
   .fill_uninitialized_memory``): NaN for a floating dtype, the largest value for an
-  integer one (an int16 reads 32767), ``True`` for bool (``fresh_memory_filled``).
+  integer one (an int16 reads 32767), ``True`` for bool.
   The mode is on warn-only (the filling needs it on): an operation torch cannot run
   deterministically warns instead of raising, and one with a deterministic variant
   runs that. The mode as it was is put back after the case, so the bench's ranks run
   untouched.
-* **A refusal against the next collective.** gloo refuses a dtype (int16 and the
-  unsigned types wider than 8 bits: ``Invalid scalar type``) in its worker thread, not
-  when the collective is called. Code that starts such a collective with
-  ``async_op=True`` and never waits for it has its next ``barrier`` raise the refusal
-  when the barrier starts before the worker refused, and pass when it starts after:
-  the same code, one run an error, the next a wrong value. While a case runs,
-  ``torch.distributed``'s collectives (``SETTLED``) let such a collective finish
-  refusing before they return its handle (``refusals_settled``), so the refusal never
-  races what the code does next: the code gets it where it waits for the handle
-  (``Work.wait`` raises it, every time it is called), and code that never waits reads
-  buffers nothing wrote. Of the two orders gloo allows, this is the one in which code
-  that drops a refusal is wrong, and a peer left waiting for a rank that raised is
-  seen waiting. Only refused dtypes are settled: any other collective stays as
-  asynchronous as the code made it, so an output read before its collective
-  completed is still read early. The settling functions are put in once per process
-  and switched on and off per case (as ``emulate``'s interception is, which may be
-  put in above or beneath them); a name bound with ``from torch.distributed import
-  broadcast`` before that keeps gloo's order.
+* **A refusal against the next collective.** gloo refuses a dtype
+  (``GLOO_REFUSED_DTYPES``) in its worker thread, not when the collective is called.
+  Code that starts such a collective with ``async_op=True`` and never waits for it has
+  its next ``barrier`` raise the refusal when the barrier starts before the worker
+  refused, and pass when it starts after: the same code, one run an error, the next a
+  wrong value. While a case runs, ``torch.distributed``'s collectives (``SETTLED``) let
+  such a collective finish refusing before they return its handle
+  (``refusals_settled``), so the refusal never races what the code does next: the code
+  gets it where it waits for the handle (``Work.wait`` raises it, every time it is
+  called), and code that never waits reads buffers nothing wrote. Of the two orders gloo
+  allows, this is the one in which code that drops a refusal is wrong, and a peer left
+  waiting for a rank that raised is seen waiting. Only refused dtypes are settled: any
+  other collective stays as asynchronous as the code made it, so an output read before
+  its collective completed is still read early. The settling functions are put in once
+  per process and switched on and off per case (as ``emulate``'s interception is, which
+  may be put in above or beneath them); a name bound with ``from torch.distributed
+  import broadcast`` before that keeps gloo's order.
 """
 
 from __future__ import annotations
@@ -81,8 +79,7 @@ _INSTALLED: list[bool] = []  # non-empty once they are put in, in this process
 
 @contextlib.contextmanager
 def fresh_memory_filled() -> Iterator[None]:
-    """While it is entered, a tensor ``torch.empty`` hands out is filled: NaN, the
-    dtype's largest integer, or ``True``."""
+    """While it is entered, a tensor ``torch.empty`` hands out is filled."""
     import torch.utils.deterministic as deterministic
 
     kept = (
@@ -102,8 +99,7 @@ def fresh_memory_filled() -> Iterator[None]:
 
 
 def _refused(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether a tensor among a collective's arguments (or in a list of them) has a
-    dtype gloo refuses."""
+    """Whether a tensor among the arguments (or in a list of them) is of a refused dtype."""
     for a in (*args, *kwargs.values()):
         items = a if isinstance(a, (list, tuple)) else (a,)
         if any(isinstance(t, torch.Tensor) and t.dtype in GLOO_REFUSED_DTYPES for t in items):
@@ -130,7 +126,6 @@ def _settling(collective: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _install() -> None:
-    """Put the settling functions in ``torch.distributed`` (once per process)."""
     if _INSTALLED:
         return
     import torch.distributed as dist
@@ -146,7 +141,7 @@ def _install() -> None:
 @contextlib.contextmanager
 def refusals_settled() -> Iterator[None]:
     """While it is entered, ``SETTLED``'s async collectives of a refused dtype return
-    their handle once the backend has refused (the module docstring says why)."""
+    their handle once the backend has refused."""
     _install()
     kept = _SETTLING[0]
     _SETTLING[0] = True

@@ -1,11 +1,9 @@
 """The conformance gate's results model and its renderings: text and JSON.
 
-Where it sits: in the gate's engine in the testing kit, beneath ``engine`` (which
-fills a ``Report``, one ``PropertyResult`` per row, from the judge's structured
-verdicts) and used by both surfaces: the command line (``vargather._cli.check``)
-prints ``Report.render()`` and writes ``to_json()``; the pytest plugin
-(``vargather.testing.plugin``) turns each row into an item's outcome. Nothing here
-parses text back: every line is rendered from fields.
+Where it sits: in the gate's engine, beneath ``engine`` (which fills a ``Report``, one
+``PropertyResult`` per row) and both surfaces: the command line prints
+``Report.render()`` and writes ``to_json()``; the pytest plugin turns each row into an
+item's outcome. Nothing here parses text back: every line is rendered from fields.
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """The testing kit's payload scale: the byte sizes large cases are drawn around.
 
 Where it sits: beside the case model (``cases``), below ``strategies``, which draws
-most cases small (a few elements: fast to run, fast to shrink) and some large, with
-every rank's shard sized around one of the targets here. Real gathers switch
-behaviour with size (chunking, bucketing, another transport above a threshold, a
-fused or cached path for small payloads), so a large case puts a rank's shard just
-below, at, or just above such a threshold: ``2^k - d``, ``2^k``, ``2^k + d`` rows for a
-small ``d`` that Hypothesis shrinks toward 0, so a failing large case shrinks to the
-smallest threshold that still fails, ``d`` rows off it.
+most cases small and some large, every rank's shard sized around one of the targets
+here. Real gathers switch behaviour with size (chunking, bucketing, another transport
+above a threshold, a fused or cached path for small payloads), so a large case puts a
+rank's shard just below, at, or just above such a threshold: ``2^k - d``, ``2^k``,
+``2^k + d`` rows for a small ``d`` that Hypothesis shrinks toward 0, so a failing large
+case shrinks to the smallest threshold that still fails, ``d`` rows off it.
 
-The targets, per rank (``per_rank_targets``):
-
-* powers of two in bytes, from ``MIN_LARGE_BYTES`` (1 KiB) up to ``max_payload``;
-* vargather's own thresholds at their real values, as the library declares them
-  (``library_thresholds``, from ``vargather.internal.THRESHOLDS``: every collective's):
-  those that count the bytes of the whole gathered output (the ``auto`` transport
-  switch, the backward switch) become the threshold divided by the group size (every
-  rank at the target: the output is the threshold itself, give or take the drawn
-  ``d``); those that count one rank's payload or one block (the one round's largest
-  payload and block) their value.
-
-``max_payload`` (``python -m vargather check --max-payload``) bounds the bytes of any
+The targets, per rank (``per_rank_targets``): powers of two in bytes, from
+``MIN_LARGE_BYTES`` up to ``max_payload``, and vargather's own thresholds at their real
+values (``library_thresholds``), one that counts the whole gathered output divided by
+the group size (every rank at the target: the output is the threshold itself, give or
+take the drawn ``d``). ``max_payload`` (``check --max-payload``) bounds the bytes of any
 one rank's shard; 0 draws no large case at all.
 """
 
@@ -58,10 +50,9 @@ class Target(NamedTuple):
 
 def library_thresholds() -> dict[str, tuple[int, str]]:
     """vargather's own byte thresholds, by name (``GLOO_SMALL_BYTES``), as the library
-    declares them (``vargather.internal.THRESHOLDS``, every collective's), with what
-    each counts (``"gathered"``: the bytes of the gathered output; ``"per-rank"``: one
-    rank's payload; ``"per-block"``: the largest block one rank sends one peer, drawn
-    around as a rank's payload)."""
+    declares them (every collective's), with what each counts (``"gathered"``: the bytes
+    of the gathered output; ``"per-rank"``: one rank's payload; ``"per-block"``: the
+    largest block one rank sends one peer, drawn around as a rank's payload)."""
     from vargather.internal import THRESHOLDS
 
     return {t.name: (t.bytes, t.counts) for t in THRESHOLDS if t.bytes > 0}

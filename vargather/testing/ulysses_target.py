@@ -1,9 +1,8 @@
 """The ``deepspeed-ulysses`` target: DeepSpeed's Ulysses sequence-parallel all-to-all.
 
-Where it sits: in the gate's engine in the testing kit, beside ``ep_dispatch_target``,
-above ``program_rows`` (which runs its rows) and beneath ``targets`` (the registry
-that names it). DeepSpeed is an optional extra (``vargather[deepspeed]``), imported
-inside functions only and typed ``Any``.
+Where it sits: in the gate's engine, above ``program_rows``, beneath ``targets``.
+DeepSpeed is an optional extra (``vargather[deepspeed]``), imported inside functions
+only and typed ``Any``.
 
 What it checks: ``single_all_to_all``, ``_SeqAllToAll.apply`` and
 ``DistributedAttention`` of ``deepspeed.sequence.layer``, which switch ``[b, S/P, H,

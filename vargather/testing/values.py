@@ -1,11 +1,9 @@
 """The kit's vocabulary of values and the deterministic values themselves.
 
-Where it sits: the bottom of the testing kit, beneath ``cases`` (the case model, which
-re-exports these names) and everything that draws or rebuilds a tensor. The
-vocabulary: dtype names (from ``vargather.GLOO_DTYPES``), memory layouts, sizes forms,
-value and upstream kinds. The values: every tensor of a case (rank r's shard ``x_r``,
-rank r's upstream gradient ``g_r``) is rebuilt from its seed, in the parent and in the
-ranks alike, so only a case's description crosses a pipe.
+Where it sits: the bottom of the testing kit, beneath ``cases`` (which re-exports
+these names). Every tensor of a case (rank r's shard ``x_r``, rank r's upstream gradient
+``g_r``) is rebuilt from its seed, in the parent and in the ranks alike, so only a
+case's description crosses a pipe.
 """
 
 from __future__ import annotations
@@ -96,12 +94,10 @@ COMPILE_BACKENDS: Final = ("eager", "aot_eager", "inductor")
 (``GatherCase.compile_backend``, ``vargather.testing.compiled``)."""
 
 VALUE_KINDS: Final = ("full", "integers")
-"""``full``: the dtype's whole bit range with special values mixed in (NaN with
-payloads, +-inf, -0.0, subnormals, extremes); ``integers``: small integers in
-[-8, 8] (sums and inner products of them are exact)."""
+"""The ``make_values`` kinds a gather's case draws."""
 
 UPSTREAM_KINDS: Final = ("integers", "real")
-"""Upstream gradients: small integers (exact sums) or real values with full mantissas."""
+"""The ``make_upstream`` kinds."""
 
 _SMALL: Final = 8  # |integer values| <= _SMALL
 
@@ -199,7 +195,8 @@ def make_values(shape: Sequence[int], dtype: torch.dtype, seed: int, kind: str) 
     payloads, subnormals) with about a third of the elements replaced by special
     values (+-0, +-inf, NaNs, subnormal and normal extremes, integer extremes, int64
     values float64 cannot hold, float64 values float32 cannot hold); complex dtypes
-    get both parts this way. ``kind="integers"``: integers in [-8, 8] (bool: 0/1).
+    get both parts this way. ``kind="integers"``: integers in [-8, 8] (bool: 0/1; their
+    sums and inner products are exact).
     ``kind="special"`` (``SPECIAL_VALUES``): those integers with, in a real float
     dtype, about three in five elements -0.0, +inf or NaN (float32's NaNs carrying
     distinct payloads): values whose sums are exact and do not depend on their order.
@@ -231,9 +228,7 @@ def make_values(shape: Sequence[int], dtype: torch.dtype, seed: int, kind: str) 
 
 
 SPECIAL_VALUES: Final = "special"
-"""``make_values``'s kind for reductions (the family's cases): small integers with
--0.0, infinities and NaNs among them; not one of ``VALUE_KINDS`` (a gather's cases
-draw those)."""
+"""``make_values``'s kind for reductions (the family's cases); not one of ``VALUE_KINDS``."""
 
 
 def _with_specials(t: torch.Tensor, seed: int) -> torch.Tensor:

@@ -1,12 +1,11 @@
 """The gate's verdict rules: how a property's run becomes its row's status.
 
-Where it sits: in the gate's engine in the testing kit, beside ``results`` (the rows)
-and beneath ``engine`` (which applies these rules to every row it runs): the xfails
-file (``PROPERTY`` covers its ``PROPERTY:DTYPE`` rows; a listed row that holds is
-``xpass``, a failure), a dtype the backend refuses split into its own row, and such a
-row that failed only because the implementation handed the dtype to the backend
-becoming ``unsupported``; and the hint beside a failure that a declared-scope option
-would explain (``scope_hints``: a note, never a status).
+Where it sits: in the gate's engine, beneath ``engine``, which applies these rules to
+every row it runs: the xfails file (``PROPERTY`` covers its ``PROPERTY:DTYPE`` rows; a
+listed row that holds is ``xpass``, a failure), a dtype the backend refuses split into
+its own row, and such a row that failed only because the implementation handed the
+dtype to the backend becoming ``unsupported``; and the hint beside a failure that a
+declared-scope option would explain (``scope_hints``: a note, never a status).
 """
 
 from __future__ import annotations

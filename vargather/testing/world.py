@@ -1,9 +1,8 @@
 """One generation of a pool's rank processes: start, exchange messages, tear down.
 
 Where it sits: in the testing kit, above ``rank_side`` (the processes' target) and
-beneath ``pool`` (``RankPool`` builds a new ``_World`` after every crash, hang or
-unpaired collective). Also the forkserver's preload list (``preload``): what the server
-the ranks fork from imports once.
+beneath ``pool``. Also the forkserver's preload list (``preload``): what the server the
+ranks fork from imports once.
 """
 
 from __future__ import annotations
@@ -41,14 +40,14 @@ _PRELOAD: list[str] = []
 
 def _server_preload() -> list[str]:
     """What the forkserver imports: torch, ``torch.distributed``, the ranks' module
-    (``rank_side``), and
-    ``preload``'s modules, except where a CUDA device is present. There, with dynamo
-    and inductor imported in the server (``check --compile``; torch 2.11 on an H200),
-    no rank forked from it could use CUDA ("Cannot re-initialize CUDA in forked
-    subprocess") or compile a step (dynamo reads the CUDA RNG state of every frame it
-    compiles where CUDA is available): every row failed. The imports alone leave CUDA
-    uninitialized (measured there), so something they set up in the server marks its
-    forks. Its ranks import those modules on first use instead (seconds of CPU each)."""
+    (``rank_side``), and ``preload``'s modules, except where a CUDA device is present.
+    There, with dynamo and inductor imported in the server (``check --compile``; torch
+    2.11 on an H200), no rank forked from it could use CUDA ("Cannot re-initialize CUDA
+    in forked subprocess") or compile a step (dynamo reads the CUDA RNG state of every
+    frame it compiles where CUDA is available): every row failed. The imports alone
+    leave CUDA uninitialized (measured there), so something they set up in the server
+    marks its forks. Its ranks import those modules on first use instead (seconds of CPU
+    each)."""
     import torch
 
     extra = [] if torch.cuda.is_available() else _PRELOAD

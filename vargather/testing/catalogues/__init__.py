@@ -1,18 +1,16 @@
 """Where each collective's property catalogue plugs into the kit: one module per collective.
 
-Where it sits: in the testing kit, between the engine (``vargather.testing.engine``,
-which runs the rows of whichever catalogue ``--op`` names, with no branch on the
-collective) and the rows' own code. A collective's catalogue is the module
-``vargather.testing.catalogues.<name>`` (``name`` as the collectives' table spells it)
-with a ``CATALOGUE`` object that satisfies ``Catalogue``: how ``--impl``/``--call``
-resolve for it, its rows (``vargather.testing.properties.Property``), how a row draws
-and runs a batch, and how a failing batch is told. A new collective is one module here:
-a collective shaped like the family builds its ``CATALOGUE`` as a
-``family_catalogue.FamilyCatalogue`` of its case class and strategy (its module sits
-above the family's engine, ``family``: the case base, rank runner and judge), and gets
-every generic row (``docs/api-testing.md``, "Adding a collective to the gate"). The
-model is pytest's plugins: the engine asks the hook, never the collective's name; every
-row holds its catalogue. ``catalogue(impl)`` and ``property_ids(op)`` list the rows.
+Where it sits: in the testing kit, between the engine (which runs the rows of
+whichever catalogue ``--op`` names, with no branch on the collective) and the rows' own
+code. A collective's catalogue is the module ``vargather.testing.catalogues.<name>``
+(``name`` as the collectives' table spells it) with a ``CATALOGUE`` object that
+satisfies ``Catalogue``: how ``--impl``/``--call`` resolve for it, its rows, how a row
+draws and runs a batch, and how a failing batch is told. A new collective is one module
+here: a collective shaped like the family builds its ``CATALOGUE`` as a
+``family_catalogue.FamilyCatalogue`` of its case class and strategy, and gets every
+generic row (``docs/api-testing.md``, "Adding a collective to the gate"). The model is
+pytest's plugins: the engine asks the hook, never the collective's name; every row
+holds its catalogue. ``catalogue(impl)`` and ``property_ids(op)`` list the rows.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""``all_gather_list``'s catalogue (a family one: ``vargather.testing.catalogues``): its
-case, strategy and call; the rows are the family's."""
+"""``all_gather_list``'s family catalogue (the family's rows): its case, strategy and call."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """``all_gather_v``'s catalogue: the claims a ragged gather must hold.
 
-Where it sits: one of the kit's catalogues (``vargather.testing.catalogues``), above
-``cases`` -> ``strategies`` -> ``judge`` -> ``runner`` (the gather's case model, its
-draws, the judge and the rank side), ``properties`` (the one ``Property``) and
-``family_catalogue`` (the row builder, forward rows and scope reasons every catalogue
-shares); beneath the engine, which runs these rows through ``CATALOGUE`` as it runs any
-collective's.
+Where it sits: one of the kit's catalogues, above the gather's own stack (``cases``,
+``strategies``, ``judge``, ``runner``), ``properties`` and ``family_catalogue``;
+beneath the engine.
 
 Each property varies one thing: the forward properties run contiguous shards without
 ``sizes`` and without backward, every dim and ragged shape (empty shards too); the
@@ -15,10 +12,6 @@ some large cases (payload scale, ``vargather.testing.scale``); ``call-sequence``
 call sequences (``strategies.call_sequences``): state carried from call to call;
 ``coalesced`` runs each batch as one ``all_gather_v_coalesced`` call (every case one
 tensor of it, ``runner.run_coalesced``), judged case by case as if each had run alone.
-Only vargather's own implementation has a coalesced form
-(``Implementation.coalesced_form``): for any other, forks and the mutants of
-``tests/mutants`` included (they rebuild the single-tensor pipeline by hand and leave
-``all_gather_v_coalesced`` untouched), the row is not applicable.
 """
 
 from __future__ import annotations
@@ -127,12 +120,8 @@ enough that a batch of tensors costs one quick round trip."""
 
 
 def _rows(catalogue: _Gather, implementation: Implementation, returns: str) -> list[Property]:
-    """Every property, in a fixed order, for ``implementation``.
-
-    Cases draw the contracts it claims and the transports it takes.
-    ``returns`` (``sizes``, ``layout``, ``none`` or ``unknown``) only words the titles
-    of the properties about what it returns beside the tensor.
-    """
+    """Every property, in a fixed order, for ``implementation`` (``returns``: as
+    ``catalogue``'s); cases draw the contracts it claims and the transports it takes."""
     impl = implementation
     c: dict[str, object] = {"contracts": impl.contracts}
     if impl.transports is not None:
@@ -321,6 +310,8 @@ def _scoped(row: Property) -> Property:
             "(transport=, validate=, timeout= included)"
         )
     elif row.coalesced and impl.coalesced_form is None:
+        # vargather's own only: forks and the mutants of tests/mutants rebuild the
+        # single-tensor pipeline by hand and leave all_gather_v_coalesced untouched
         why = "ATTR has no coalesced form (vargather.all_gather_v_coalesced only)"
     elif row.id in ("sizes-list", "sizes-tensor") and row.id.removeprefix("sizes-") not in forms:
         said = "never passed" if impl.sizes_scope == "never" else f"passed as {forms}"

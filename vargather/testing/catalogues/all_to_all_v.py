@@ -1,5 +1,4 @@
-"""``all_to_all_v``'s catalogue (a family one: ``vargather.testing.catalogues``): its
-case, strategies and call; the rows are the family's."""
+"""``all_to_all_v``'s family catalogue (the family's rows): its case, strategies and call."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``gather_v``'s catalogue (a family one: ``vargather.testing.catalogues``): its case,
-strategy, call and misuse entries; the rows are the family's."""
+"""``gather_v``'s family catalogue (the family's rows): case, strategy, call, misuse entries."""
 
 from __future__ import annotations
 

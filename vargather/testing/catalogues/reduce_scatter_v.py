@@ -1,5 +1,4 @@
-"""``reduce_scatter_v``'s catalogue (a family one: ``vargather.testing.catalogues``): its
-case, strategy and call; the rows are the family's."""
+"""``reduce_scatter_v``'s family catalogue (the family's rows): its case, strategy and call."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``scatter_v``'s catalogue (a family one: ``vargather.testing.catalogues``): its case,
-strategy, call and misuse entries; the rows are the family's."""
+"""``scatter_v``'s family catalogue (the family's rows): case, strategy, call, misuse entries."""
 
 from __future__ import annotations
 
