@@ -1,14 +1,14 @@
 """The misuse catalogue on real gloo worlds: every rank raises the same error.
 
-For every entry of ``vargather.testing.misuse.CATALOGUE``, on 2 and 3 ranks and with the offender on
-every rank: every rank raises exactly the catalogued ``VarGatherError`` subclass with
+For every entry of ``all_gather_v``'s ``MISUSES``
+(``vargather.testing.catalogues.all_gather_v``), on 2 and 3 ranks and with the offender
+on every rank: every rank raises exactly the catalogued ``VarGatherError`` subclass with
 the same message, naming the offending rank(s), the expected and the got value; no rank
-returns data, aborts or hangs; and afterwards the *same* process group (the pool was
-not rebuilt) performs a correct gather, checked against the oracle bit for bit. The
-family's entries (``vargather.testing.misuse.FAMILY_CATALOGUE``: ``reduce_scatter_v``,
-``all_to_all_v``, ``all_gather_list``) are judged alike, the follow-up being a correct
-call of the same collective; a rank that never arrives gives the named timeout on the
-others, then a rebuilt world.
+returns data, aborts or hangs; and afterwards the *same* process group (the pool was not
+rebuilt) performs a correct gather, checked against the oracle bit for bit. The other
+collectives' entries (each catalogue module's ``MISUSES``) are judged alike, the follow-
+up being a correct call of the same collective; a rank that never arrives gives the
+named timeout on the others, then a rebuilt world.
 
 The cases that are not "every rank raises" are here too, each stating why: a rank that
 is not a member of the group it passes, a group passed without torch.distributed, and

@@ -397,20 +397,6 @@ def misuse_by_name(name: str, collective: str | None = None) -> Misuse:
     raise KeyError(name)
 
 
-class _Entries(Sequence[Misuse]):
-    """A collective's entries, read from its catalogue on first use (the catalogue
-    imports this module)."""
-
-    def __init__(self, collective: str) -> None:
-        self.collective = collective
-
-    def __getitem__(self, i: Any) -> Any:
-        return entries_of(self.collective)[i]
-
-    def __len__(self) -> int:
-        return len(entries_of(self.collective))
-
-
 class _Kinds(Mapping[str, tuple[str, ...]]):
     def __getitem__(self, collective: str) -> tuple[str, ...]:
         return tuple(m.name for m in entries_of(collective))
@@ -422,8 +408,6 @@ class _Kinds(Mapping[str, tuple[str, ...]]):
         return len(NAMES)
 
 
-CATALOGUE: Final[Sequence[Misuse]] = _Entries(next(iter(COLLECTIVES)))
-"""The first collective's (``all_gather_v``'s) entries, as the gather's catalogue reads them."""
 MISUSE_KINDS: Final[Mapping[str, tuple[str, ...]]] = _Kinds()
 """Every collective's entry names."""
 
@@ -580,7 +564,6 @@ def check_misuse(pool: Any, case: MisuseCase) -> list[Failure]:
 
 __all__ = [
     "ABSENT_TIMEOUT",
-    "CATALOGUE",
     "MISUSE_KINDS",
     "Call",
     "CallOutput",

@@ -45,7 +45,6 @@ from ..family_catalogue import (
     row_builder,
     scoped,
 )
-from ..misuse import CATALOGUE as CATALOGUE_OF_MISUSES
 from ..misuse import GatherMisuseCase, misuse_by_name
 from ..misuse import judge_misuse as judge_gather_misuse
 from ..misuse import run_misuse as run_gather_misuse
@@ -398,7 +397,7 @@ class _Gather:
         max_payload: int,
     ) -> SearchStrategy[list[Any]]:
         if prop.misuse:
-            one = st.sampled_from(CATALOGUE_OF_MISUSES).flatmap(
+            one = st.sampled_from(MISUSES).flatmap(
                 lambda m: st.builds(
                     GatherMisuseCase,
                     st.just(m.name),
