@@ -39,7 +39,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple, TypeAlias
+from typing import Final, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -555,9 +555,9 @@ def _decide(
         # function of them, so it is the same (and the same on every rank).
         return _finish(state, last.found, True, mem, cut, room)
     if last is not None and mem is not None:
-        resized = _resized(last.seen, last.found[0], rows)
+        resized = _resized(last.seen, last.found.layouts, rows)
         if resized is not None:
-            verdict = (resized, last.found[1], _needs(resized, w))
+            verdict = Verdict(resized, last.found.fusable, _needs(resized, w))
             mem.last = Last(rows, verdict)
             return _finish(state, verdict, True, mem, cut, room)
     k = len(calls)
@@ -597,7 +597,7 @@ def _decide(
     compact = layouts is not None
     if layouts is None:
         layouts = _full_path(kind, calls, counts, kinds, info)
-    verdict = (layouts, fusable, _needs(layouts, w))
+    verdict = Verdict(layouts, fusable, _needs(layouts, w))
     if compact and mem is not None:
         mem.last = Last(rows, verdict)
     return _finish(state, verdict, compact, mem, cut, room)
@@ -652,8 +652,13 @@ def _advanced(state: FusedState, fusable: bool, count: int, needs: tuple[int, ..
     return advance(state, fusable=fusable, need=need, count=count, needs=needs)
 
 
-Verdict: TypeAlias = tuple[tuple[Layout, ...], bool, tuple[int, ...]]
-"""A call's layouts, whether every rank was eligible, and every rank's payload bytes."""
+class Verdict(NamedTuple):
+    """What a call's headers read as (the same on every rank): its layouts, whether
+    every rank was eligible, and every rank's payload bytes."""
+
+    layouts: tuple[Layout, ...]
+    fusable: bool
+    needs: tuple[int, ...]
 
 
 def _finish(
