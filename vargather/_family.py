@@ -262,7 +262,8 @@ class DirectRound:
 def direct_round(
     row: torch.Tensor, room: tuple[int, ...], rank: int, w: int, exact: bool
 ) -> DirectRound:
-    """Remembered: ``row`` is ``_row_bytes``'s, itself remembered."""
+    """The ``DirectRound`` of ``row`` and the slots ``room`` on ``rank`` (remembered:
+    ``row`` is ``_row_bytes``'s, itself remembered)."""
     in_slots = tuple(room[j * w + rank] for j in range(w))
     starts = [0] * (w + 1)
     for j in range(w):

@@ -169,14 +169,15 @@ def exchange(
     """The fused round for a validated call on a communicating group (module doc).
 
     ``kind``: the all_gather-shaped collective running it; ``calls``: one checked call
-    per tensor (a call-level problem sits in ``calls[0]``); ``eligible``: whether the caller lets the payload ride (``transport="auto"`` and
-    not a layout-only call); ``parts``: this rank's payload as tensors whose bytes,
-    one after the other, are the bytes of ``tensors`` (``all_gather_list``: its
-    carrier's metadata, then its tensor), copied into the payload slot in place of
-    ``tensors``' own, so that the tensor the caller joins them into is never made.
-    Raises the same error on every rank, or returns the same layouts (and, when fused,
-    the gathered tensors) on every rank. ``steady_key`` (the caller's, for a call the
-    steady path could serve): remember a steady wide round for ``steady_exchange``.
+    per tensor (a call-level problem sits in ``calls[0]``); ``eligible``: whether the
+    caller lets the payload ride (``transport="auto"`` and not a layout-only call);
+    ``parts``: this rank's payload as tensors whose bytes, one after the other, are the
+    bytes of ``tensors`` (``all_gather_list``: its carrier's metadata, then its tensor),
+    copied into the payload slot in place of ``tensors``' own, so that the tensor the
+    caller joins them into is never made. Raises the same error on every rank, or
+    returns the same layouts (and, when fused, the gathered tensors) on every rank.
+    ``steady_key`` (the caller's, for a call the steady path could serve): remember a
+    steady wide round for ``steady_exchange``.
     """
     w = info.world_size
     pg = process_group(info)

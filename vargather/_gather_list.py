@@ -359,11 +359,12 @@ def _fused_plan(
 ) -> GatherListPlan:
     """The validated call through ``_fused`` (as ``all_gather_list``, one tensor): every
     rank's carrier (``_carrier``), in the fused round when it fits (the payload rides
-    along), else the round and one gather of the carriers. One tensor, so the wide round hands back its received buffer and every
-    rank's tensor is a view of it (two tensors would be joined with a copy each). The
-    headers validate the carrier (dtype, device type, ``grad``, ``requires_grad``,
-    every local problem) before any payload moves; the ndim and the passed shapes are
-    checked from the gathered metadata, the same on every rank."""
+    along), else the round and one gather of the carriers. One tensor, so the wide round
+    hands back its received buffer and every rank's tensor is a view of it (two tensors
+    would be joined with a copy each). The headers validate the carrier (dtype, device
+    type, ``grad``, ``requires_grad``, every local problem) before any payload moves;
+    the ndim and the passed shapes are checked from the gathered metadata, the same on
+    every rank."""
     key = _steady_key(x, call, grad, validate, timeout, requires_grad)
     if key is not None and info.communicates:
         assert isinstance(x, torch.Tensor)  # a steady key is a tensor's

@@ -2,8 +2,8 @@
 
 Where it sits: beside the family's collectives, on the all_to_all-shaped round through
 ``_steady`` (``_SPECS``), ``_comm.all_to_all_uneven`` (the payload) and ``_layout``;
-``__init__`` exports the two faces. The two are each other's adjoint, so each one's payload is the other's backward
-and both live here.
+``__init__`` exports the two faces. The two are each other's adjoint, so each one's
+payload is the other's backward and both live here.
 
 The math, once. Every rank ``r`` of the group holds ``x_r``, ``n_r`` long along ``dim``
 (the other dimensions equal), ``o_r = n_0 + ... + n_{r-1}``; ``root`` is a group rank.

@@ -304,12 +304,13 @@ def advance(
 FAMILY_FUSED_MAX: Final = 16 * 1024
 """Largest block (bytes, from one rank to one rank) the all_to_all-shaped round's equal
 slots carry; a call with a larger block goes wide (module doc), so no pair's message is
-padded to the largest block. 16 KiB: past it equal slots send a mild skew's payload 1.4x over, the wide round (packed,
-``_family``) sends it once plus a row per pair, in one collective either way. On 4
-gloo ranks on 2 cores the two cost the same: CPU per call summed over the ranks,
-against one ``all_to_all_single`` with the splits known, read 2.02x (equal slots to
-128 KiB) and 1.99x (wide from 16 KiB) at 1 MiB of mild blocks (46-81 KiB), within the
-spread of one configuration; a link that pays for bytes pays less wide."""
+padded to the largest block. 16 KiB: past it equal slots send a mild skew's payload 1.4x
+over, the wide round (packed, ``_family``) sends it once plus a row per pair, in one
+collective either way. On 4 gloo ranks on 2 cores the two cost the same: CPU per call
+summed over the ranks, against one ``all_to_all_single`` with the splits known, read
+2.02x (equal slots to 128 KiB) and 1.99x (wide from 16 KiB) at 1 MiB of mild blocks
+(46-81 KiB), within the spread of one configuration; a link that pays for bytes pays
+less wide."""
 
 
 def whole_16(n: int) -> int:
@@ -442,7 +443,7 @@ takes its entry along; subgroups apart)."""
 
 
 def group_memory(pg: dist.ProcessGroup) -> GroupMemory:
-    """Made at its first use."""
+    """``pg``'s entry of ``MEMORY``, made at its first use."""
     found = MEMORY.get(pg)
     if found is None:
         found = MEMORY.setdefault(pg, GroupMemory())
@@ -450,7 +451,8 @@ def group_memory(pg: dist.ProcessGroup) -> GroupMemory:
 
 
 def memory(pg: dist.ProcessGroup, collective: CollectiveName) -> Memory:
-    """Made at its first use, sharing the state cell of its round shape."""
+    """``pg``'s ``Memory`` of ``collective``, made at its first use, sharing the state
+    cell of its round shape."""
     group = MEMORY.get(pg) or group_memory(pg)
     found = group.calls.get(collective)
     if found is None:

@@ -222,7 +222,8 @@ def contributions(program: DTensorProgram) -> dict[tuple[int, ...], torch.Tensor
 
 
 def global_tensor(program: DTensorProgram) -> torch.Tensor:
-    """``G`` (a copy of the cached one)."""
+    """``G``: the contributions' sum (``P:avg`` dims: their mean), or the drawn tensor
+    (a copy of the cached one)."""
     return _global(program).clone()
 
 

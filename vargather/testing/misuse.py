@@ -1,12 +1,13 @@
 """The kit's one misuse model: a wrong call of any collective and the error it must raise.
 
 Where it sits: in the testing kit, above ``dispatch`` (the one call dispatcher),
-``rank_runner`` (its ``emulation``) and ``judge``, beneath the catalogues: each collective's misuse entries are the
-``MISUSES`` tuple at the tail of its catalogue (``catalogues/<name>.py``), found
-through the library's table (``COLLECTIVES[name].catalogue``); the entries every
-collective shares (a rank that never arrives, an input that is no tensor) are
-``generic`` here and join each catalogue's through ``misuses``. The gate's ``misuse``
-rows, ``tests/test_misuse.py``, ``tests/test_faults.py`` and ``fuzz/`` use it.
+``rank_runner`` (its ``emulation``) and ``judge``, beneath the catalogues: each
+collective's misuse entries are the ``MISUSES`` tuple at the tail of its catalogue
+(``catalogues/<name>.py``), found through the library's table
+(``COLLECTIVES[name].catalogue``); the entries every collective shares (a rank that
+never arrives, an input that is no tensor) are ``generic`` here and join each
+catalogue's through ``misuses``. The gate's ``misuse`` rows, ``tests/test_misuse.py``,
+``tests/test_faults.py`` and ``fuzz/`` use it.
 
 The contract: one rank's arguments wrong (or a rank absent) makes every rank raise
 the same ``VarGatherError`` subclass with one message naming that rank (the named
