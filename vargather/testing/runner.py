@@ -399,30 +399,37 @@ def repro_args(case: GatherCase, implementation: Implementation = VARGATHER) -> 
     ``implementation`` (its reference, call convention, contracts, transports and
     import path carried along)."""
     impl = implementation
+    args = [repr(case)]
+    if impl.ref is None:
+        if impl.contracts != CONTRACTS:
+            args += ["--contracts", ",".join(impl.contracts)]
+        if impl.transports != VARGATHER.transports:
+            args += ["--transports", ",".join(impl.transports or ()) or "none"]
+        if impl.emulate is not None:
+            args += ["--emulate", impl.emulate]
+        return args
     if impl == COMPAT:
-        return [repr(case), "--impl", "compat"]
-    fork = impl.ref is not None  # vargather's own: only what differs from its defaults
-    args = [repr(case), *(["--impl", impl.ref] if impl.ref is not None else [])]
-    if fork and impl.convention != "vargather":
+        return [*args, "--impl", "compat"]
+    args += ["--impl", impl.ref]
+    if impl.convention != "vargather":
         args += ["--convention", impl.convention]
     if impl.contracts != CONTRACTS:
         args += ["--contracts", ",".join(impl.contracts)]
-    if impl.transports != (None if fork else VARGATHER.transports):
-        args += ["--transports", ",".join(impl.transports or ()) or "none"]
-    plain = fork and impl.convention == "vargather" and impl.call is None
-    if plain and not impl.takes_group:
+    if impl.transports is not None:
+        args += ["--transports", ",".join(impl.transports)]
+    if impl.convention == "vargather" and not impl.takes_group and impl.call is None:
         args.append("--no-group")
-    if plain and not impl.takes_grad:
+    if impl.convention == "vargather" and not impl.takes_grad and impl.call is None:
         args.append("--no-grad-kw")
-    if fork and impl.returns != "auto":
+    if impl.returns != "auto":
         args += ["--returns", impl.returns]
-    if fork and impl.call is not None:
+    if impl.call is not None:
         args += ["--call", impl.call]
-    if fork and impl.ctor_takes_dim:
+    if impl.ctor_takes_dim:
         args.append("--ctor-dim")
     if impl.emulate is not None:
         args += ["--emulate", impl.emulate]
-    for path in impl.search_path if fork else ():
+    for path in impl.search_path:
         args += ["--path", path]
     return args
 
