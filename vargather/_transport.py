@@ -1,41 +1,14 @@
 """Stage 5: transport, moving every rank's block into one receive buffer (and back).
 
-Its buffer helpers are in ``_buffers``, its collectives in ``_comm``.
-
-A transport is a pair of operations over a validated ``Layout``:
-
-* ``gather(x)``: the forward, returning ``cat_r x_r`` along ``layout.dim``;
-* ``reduce_scatter_sum(g)``: the backward of the ``sum`` contract, returning
-  ``Σ_j g_j[o_r : o_r + n_r]`` (along ``dim``) on rank ``r``, shaped like ``x_r``, in a
-  fresh tensor (never a view of ``g``, so the caller may scale it in place).
-
-Transports registered here (``TRANSPORTS``; the name is what ``transport=`` forces):
-
-``padded``
-    pad to ``max`` rows, one equal-size all_gather into a single ``W x max`` buffer,
-    compact with one ``cat``; backward: one equal-size reduce_scatter of the padded
-    gradient. Only equal-size collectives, so it runs on every backend. With equal
-    sizes and a leading ``dim`` it pads nothing and copies nothing: the input is sent
-    as it is and the receive buffer is the result.
-``alltoallv``
-    unpadded: one ``all_to_all_single`` whose split sizes are the true block sizes;
-    the receive buffer is rank-major (the result itself when ``pre == 1``). The send
-    buffer holds this rank's block ``W`` times: ``W x n_r`` extra memory. Backward:
-    one alltoallv and a local sum (``_alltoallv_blocks``).
-``broadcast``
-    unpadded and copy-free: the output is allocated once, rank-major, and each rank
-    ``r`` with ``n_r > 0`` broadcasts its block straight into the view
-    ``out[o_r : o_r + n_r]`` of every rank (all ``W`` broadcasts in flight at once).
-    Runs on every backend. Backward: ``_unpadded_backward``.
-``views``
-    ``dist.all_gather(list_of_views, x)`` with the views of one rank-major output
-    buffer. NCCL accepts views of different sizes (it runs them as one group of
-    broadcasts); gloo refuses them (``unsupported_reason``), so this path cannot run
-    on this project's CPU test machines. Backward as ``broadcast``.
-
-``auto`` picks one per call from the backend, the payload size and the padding waste
-(``auto_transport_name``); every rank holds the same ``Layout`` and backend, so every
-rank picks the same one.
+Where it sits: above ``_buffers`` (its buffer helpers) and ``_comm`` (its
+collectives), below the gathers. A ``Transport`` is a pair of operations over a
+validated ``Layout``: ``gather(x)``, the forward, ``cat_r x_r`` along ``layout.dim``;
+``reduce_scatter_sum(g)``, the backward of the ``sum`` contract, ``Σ_j g_j[o_r : o_r +
+n_r]`` (along ``dim``) on rank ``r``, shaped like ``x_r``, in a fresh tensor (never a
+view of ``g``, so the caller may scale it in place). ``TRANSPORTS`` holds one per name
+``transport=`` forces; ``auto`` picks one per call from the backend, the payload size
+and the padding waste (``auto_transport_name``): every rank holds the same ``Layout``
+and backend, so every rank picks the same one.
 """
 
 from __future__ import annotations
@@ -227,7 +200,10 @@ def _rank_major_buffer(x: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, l
 
 
 class PaddedTransport:
-    """Pad to ``max``, one equal all_gather into ``(W, pre, max, post)``, compact."""
+    """Pad to ``max``, one equal all_gather into ``(W, pre, max, post)``, compact with one
+    ``cat``; backward: one equal reduce_scatter of the padded gradient. Equal-size
+    collectives only, so it runs on every backend; with equal sizes and a leading
+    ``dim`` it pads and copies nothing (the receive buffer is the result)."""
 
     name = "padded"
 
@@ -247,7 +223,8 @@ class PaddedTransport:
 
 
 class AllToAllVTransport:
-    """Unpadded: one alltoallv with the true split sizes; rank-major receive buffer."""
+    """Unpadded: one alltoallv with the true split sizes into a rank-major receive buffer
+    (the result itself when ``pre == 1``); backward: ``_alltoallv_blocks``."""
 
     name = "alltoallv"
 
@@ -293,7 +270,8 @@ class _OneBufferTransport:
 
 
 class BroadcastTransport(_OneBufferTransport):
-    """One broadcast per rank straight into the views of one rank-major output."""
+    """One broadcast per rank with a non-empty block straight into the views of one
+    rank-major output, all ``W`` in flight at once; runs on every backend."""
 
     name = "broadcast"
 
@@ -302,7 +280,9 @@ class BroadcastTransport(_OneBufferTransport):
 
 
 class ViewsTransport(_OneBufferTransport):
-    """``dist.all_gather`` into uneven views of one rank-major output (NCCL)."""
+    """``dist.all_gather`` into uneven views of one rank-major output: NCCL runs them as
+    one group of broadcasts; gloo refuses views of different sizes
+    (``unsupported_reason``)."""
 
     name = "views"
 
