@@ -2,29 +2,18 @@
 
 Where it sits: above ``_rows``, ``_round_state`` and ``_round_buffers``; below
 ``_steady`` and the collectives that ride it (``docs/architecture.md``, "Adding a
-collective to the round"). Rank ``j`` sends every rank its row (``_wire.encode_row``:
-its record, its collective's code and extra words, a flag word) and, when every block
-fits its slot and it has no local problem, block ``k`` of its payload to rank ``k``;
-every rank sends the same lengths whichever collective it called, as the lengths are
-a function of the group's one state of this round. Nothing of a slot is read before
-the rows validated, and every rank decides from the same rows.
-
-The round is one of two kinds, chosen from the state alone:
-
-* the **equal round** (``state.wide`` empty): a packed round (below) of equal slots,
-  ``capacity`` bytes each (at most ``block_slot(FAMILY_FUSED_MAX)``, whole 16s: byte
-  for byte one equal-split all_to_all of a row and a slot);
-* the **wide round** (``W * W`` learned slots, ``wide[j * W + k]`` the bytes rank
-  ``j`` may send rank ``k``): *packed* while every slot is at most
-  ``PACKED_WIDE_MAX`` (one alltoallv, each message the row and the block, each part
-  rounded up to 16 bytes), else *direct* (``DirectRound``: the rows and the blocks
-  apart).
-
-``settle`` moves the state (``_round_state.advance_blocks``, from the validated rows
-only; calls that raise change nothing) and hands back the blocks when every rank's
-rode: one collective in all, else the collective's payload collective runs. A rank in
-this round beside one in the all_gather-shaped round issues operations the backend
-never pairs: both raise the named timeout, never a misread (``docs/misuse.md``).
+collective to the round"). ``docs/family.md`` ("One round at every size") has the
+design: rank ``j`` sends every rank its row (``_wire.encode_row``) and, when every
+block fits its slot and it has no local problem, block ``k`` of its payload to rank
+``k``, in lengths that are a function of the group's one state of this round alone, so
+every rank sends the same lengths whichever collective it called; nothing of a slot is
+read before the rows validated. The round is the **equal round** (``state.wide``
+empty: a packed round of equal slots, byte for byte one equal-split all_to_all of a row
+and a slot), or the wide round (``W * W`` learned slots), packed (``PackedRound``) or
+by direct sends (``DirectRound``). ``settle`` moves the state and hands back the blocks
+when every rank's rode. A rank in this round beside one in the all_gather-shaped round
+issues operations the backend never pairs: both raise the named timeout, never a
+misread (``docs/misuse.md``).
 """
 
 from __future__ import annotations
@@ -237,18 +226,12 @@ def goes_direct(state: FusedState, world: int) -> bool:
 class DirectRound:
     """The wide round by direct sends of one state on one rank (a pure function of the
     slots, this rank's row and the backend): to every peer ``k``, this rank's ``row``
-    and its block for ``k``, into a slot of ``wide[rank * W + k]`` bytes; every peer's
-    row and block received in place, rank ``j``'s block into its region of one buffer
-    of ``size`` bytes (``in_slots[j]`` bytes at ``starts[j]``, a 16-byte boundary: any
-    dtype views it; this rank's own block copied in) (``run_direct``).
-
-    ``exact`` (gloo, ``SHORT_MESSAGES``): the round is two alltoallvs posted together,
-    the rows and the blocks; a block is sent as it lies in the caller's tensor (no copy
-    when ``x`` is contiguous and its blocks lie one after the other) and only its
-    bytes, at most the slot: gloo receives a shorter message into a larger buffer, and
-    the row says how many bytes came. Elsewhere it is ``4 (W - 1)`` point-to-point
-    messages in one batch (``send_receive``, under ``BLOCKS_TAG``), every block message
-    exactly its slot (the block and zeros, copied)."""
+    and its block for ``k``, into a slot of ``room[rank * W + k]`` bytes; rank ``j``'s
+    block received into its region of one buffer of ``size`` bytes (``in_slots[j]``
+    bytes at ``starts[j]``, a 16-byte boundary: any dtype views it). ``exact`` (gloo,
+    ``SHORT_MESSAGES``): two alltoallvs posted together, each block only its own bytes
+    as it lies (``_direct_by_all_to_all``); else ``4 (W - 1)`` messages in one batch
+    under ``BLOCKS_TAG``, each block message exactly its slot (``_direct_by_messages``)."""
 
     row: torch.Tensor
     room: tuple[int, ...]

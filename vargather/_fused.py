@@ -3,33 +3,15 @@
 Where it sits: above ``_transport`` (which moves the payload when it does not ride),
 the state policy (``_round_state``) and the kept buffers (``_round_buffers``); below
 the collectives that run it (``all_gather_v``, ``all_gather_v_coalesced``,
-``all_gather_list``). Every validated call on a communicating group starts with one
-round whose length every rank derives from the group's ``FusedState`` (the same on
-every rank), so nothing but agreed-length bytes moves before validation, and nothing
-received is read but the compact headers (``_wire.encode_header``: what validation
-compares, a problem only a flag) until they validated. The round is one of:
-
-* the **gather round** (``state.wide`` empty): every rank sends ``slots *
-  HEADER_BYTES + capacity`` bytes (``capacity <= FUSED_MAX_BYTES``); on gloo by
-  direct sends (``_gather_blocks``), elsewhere one equal all_gather;
-* the **wide round** (``state.wide[r]``: rank r's own payload slot): rank r's region
-  of one buffer (its slot, then its headers; from ``HEADERS_APART_MIN`` the headers
-  apart, ``WideLayout``) to every peer by direct sends, every peer's received in
-  place, the result closed up in place (``region_cutter``);
-* the **steady path** (``steady_exchange``): a call that repeats the group's last
-  steady round (the caller's key, the same state) sends the same bytes without
-  re-deriving them, and when every rank's headers are the ones of last time, the
-  verdict is the last one's.
-
-Every rank then decides from the headers alone (``_decide``): **compact** (the same
-tensor count, none flagged, ``validate_records`` passes) gives the layouts; else the
-**full path** (``_full_path``: ``check_same_collective``, then the full records with
-the problem's text) raises the same error on every rank, or returns the layouts of a
-call only too wide for the compact header. **Fused** (compact, every rank eligible,
-every payload within its slot): the results are cut out of the received bytes, one
-round in all; otherwise the payload moves in a second round. The verdict of the last
-compact call is cached in the collective's ``Memory.last`` (a pure function of the
-headers; ``_resized``: only the gathered sizes changed).
+``all_gather_list``). ``docs/architecture.md`` ("The one round") has the design: every
+rank sends lengths derived from the group's ``FusedState`` alone, so nothing but
+agreed-length bytes moves before validation, and nothing received is read but the
+compact headers until they validated. The round is the **gather round** (``state.wide``
+empty: ``_gather_blocks``), the **wide round** (``_wide_round``, its bytes laid out by
+``WideLayout``) or the **steady path** (``steady_exchange``: the group's last steady
+round again). Every rank then decides from the headers alone (``_decide``): compact,
+the full path (``_full_path``), fused or not; the last compact verdict is cached in the
+collective's ``Memory.last`` (``_resized``: only the gathered sizes changed).
 """
 
 from __future__ import annotations

@@ -11,33 +11,25 @@ collectives sharing a round shape share one state, so a rank calling one of them
 beside a peer calling another sends the same length and gets an error, never a gloo
 abort.
 
-**The all_gather-shaped round** (``advance``): the state rule, applied on every rank
-after a call whose headers validated (compact or full path), from the validated layouts
-only, before any payload moves:
-
-* ``need`` = the largest payload any rank had (bytes of all its tensors), ``needs`` =
-  every rank's;
-* gather round: a call in use (every rank eligible, ``need <= FUSED_MAX_BYTES`` and
-  ``4 * need > capacity``) sets ``capacity = max(capacity, bucket(need))`` and ends any
-  idle streak; any other call is idle: after ``SHRINK_AFTER`` idle calls in a row the
-  capacity becomes ``bucket`` of the largest eligible small need among them (0 if none);
-* wide round: a call *goes wide* when every rank is eligible and, with ``padded = W *
-  bucket(need)`` (what the gather round would carry) and ``sum(needs)`` the payload:
-  ``need > WIDE_MIN_BYTES`` (128 KiB), or ``padded > max(PAD_LIMIT * sum(needs),
-  SMALL_BYTES)`` (strong skew on many ranks).
-  A group's first such call sets ``wide = needs`` exactly; a later one where some rank
-  outgrew its slot (a miss: that call took two rounds) sets every slot to
-  ``max(wide[r], bucket(needs[r]))``; a miss by an eligible call that does not go wide
-  ends the wide round at once (the gather round's capacity grew to it in the same
-  call); a call that goes wide and fits, with no slot at least twice ``bucket`` of its
-  need, ends any idle streak, and once ``SHRINK_AFTER`` such calls in a row had the
-  very same needs (calls that do not go wide between them neither count nor break
-  the row), ``wide`` becomes those needs exactly (a stable skew sends no padding,
-  whatever sizes came before it); any other call is idle, and after
-  ``SHRINK_AFTER`` idle calls in a row ``wide`` becomes the largest needs of the
-  streak's wide calls (or empty, back to the gather round, when none went wide);
-* ``slots`` grows at once to a call's tensor count and, after ``SHRINK_AFTER`` calls in
-  a row with fewer tensors, shrinks to the most among them.
+**The all_gather-shaped round** (``advance``): applied on every rank after a call whose
+headers validated, from the validated layouts only, before any payload moves; ``need``
+is the largest payload any rank had (bytes of all its tensors), ``needs`` every rank's.
+The gather round's ``capacity`` and the header ``slots`` follow ``docs/architecture.md``
+("The state"), as does which calls change nothing. The wide round: a call *goes wide*
+when every rank is eligible and, with ``padded = W * bucket(need)`` (what the gather
+round would carry) and ``sum(needs)`` the payload: ``need > WIDE_MIN_BYTES`` (128 KiB),
+or ``padded > max(PAD_LIMIT * sum(needs), SMALL_BYTES)`` (strong skew on many ranks). A
+group's first such call sets ``wide = needs`` exactly; a later one where some rank
+outgrew its slot (a miss: that call took two rounds) sets every slot to ``max(wide[r],
+bucket(needs[r]))``; a miss by an eligible call that does not go wide ends the wide
+round at once (the gather round's capacity grew to it in the same call); a call that
+goes wide and fits, with no slot at least twice ``bucket`` of its need, ends any idle
+streak, and once ``SHRINK_AFTER`` such calls in a row had the very same needs (calls
+that do not go wide between them neither count nor break the row), ``wide`` becomes
+those needs exactly (a stable skew sends no padding, whatever sizes came before it); any
+other call is idle, and after ``SHRINK_AFTER`` idle calls in a row ``wide`` becomes the
+largest needs of the streak's wide calls (or empty, back to the gather round, when none
+went wide).
 
 **Padding bound.** ``bucket(n) <= max(64, 1.125 n)``. In the wide round a rank's slot
 is its exact need from a group's first wide call while sizes stay, and again after
@@ -55,13 +47,10 @@ rank. While sizes move the capacity is ``bucket`` of the largest need of the las
 so one call's padding can exceed the bound by what its sizes fell since then;
 ``SHRINK_AFTER`` calls at the smaller sizes restore it.
 
-Calls that raise in validation change nothing (every rank raises from the same
-headers); calls with ``sizes`` and ``validate=False`` skip the round and change nothing;
-a miss on one rank only is seen by every rank in the headers, so every rank grows the
-slots alike. Errors after validation (a timeout in the payload collective) leave the
-group out of step anyway. A group that mixes the collectives of this round pays a
-little padding: its capacity and header slots follow the largest need and tensor count
-of every one's calls.
+A miss on one rank only is seen by every rank in the headers, so every rank grows the
+slots alike. A group that mixes the collectives of this round pays a little padding:
+its capacity and header slots follow the largest need and tensor count of every one's
+calls.
 
 **The all_to_all-shaped round** (``advance_blocks``): the state is the same type. Its
 equal slots are ``capacity``, ``idle`` and ``idle_need`` (the bytes of the payload
@@ -124,7 +113,7 @@ __all__ = [
 ]
 
 FUSED_MAX_BYTES: Final = 128 * 1024
-"""Largest payload per rank that rides in the gather round (module doc). 512 KiB until
+"""Largest payload per rank that rides in the gather round. 512 KiB until
 the wide round's headers rode in its broadcasts: since then the wide round beats the
 gather round from 128 KiB per rank up (``docs/performance.md``); below, the two are even
 at 4 ranks and the gather round is one operation, not 2 (W - 1)."""
@@ -259,7 +248,8 @@ def capacity_step(
     current: tuple[int, int, int], *, small: bool, need: int, slot: Callable[[int], int]
 ) -> tuple[int, int, int]:
     """One call's step of a learned capacity ``(capacity, idle, idle_need)``: the gather
-    round's rule (module doc) with ``slot`` for ``bucket``, shared by both round shapes."""
+    round's rule (``docs/architecture.md``) with ``slot`` for ``bucket``, shared by both
+    round shapes."""
     capacity, idle, idle_need = current
     if small and 4 * need > capacity:
         return max(capacity, slot(need)), 0, 0

@@ -3,19 +3,11 @@
 Where it sits: on the round (``_family``), the registry (``_round_state``) and the kept
 buffers; below the collectives that ride the round, each of which hands it a
 ``RoundSpec``: nothing of the spec is the round's, nothing of the replay is the
-collective's.
-
-``run_round`` is the full path (``answer`` says what follows the round). A validated CPU
-call that the round answered is remembered by its key (the collective's: everything its
-call and plan are a function of, besides the group, the group's state and the peers'
-rows). ``replay``: a call whose key is the group's last steady call's of that
-collective, in the very state that call left unchanged, sends the same row and the
-blocks of its ``x`` in the same round (packed, or by direct sends); when every rank's
-row came back as last time, those rows validate alike and move the state alike (not at
-all), so the remembered plan is the plan and only its result is new; other rows go on as
-the full path does after its exchange. Any other key goes to the collective's
-``resized`` (``_all_to_all``: the same round with new sizes), else the full path runs. A
-peer on the full path and one replaying exchange the same bytes.
+collective's. ``run_round`` is the full path; ``replay`` the steady path
+(``docs/family.md``, "The steady path"): a call whose key is the group's last steady
+call's, in the very state that call left unchanged, sends the same bytes, and when
+every rank's row came back as last time the remembered plan is the plan. Any other key
+goes to the collective's ``resized``, else the full path runs.
 """
 
 from __future__ import annotations
