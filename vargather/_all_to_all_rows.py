@@ -2,20 +2,17 @@
 validated: stages 1 and 3 of ``_all_to_all``, the part a ``cat_dim`` changes.
 
 Where it sits: above ``_family``, beneath ``_all_to_all``, which turns what these
-functions return into its plan.
-
-This rank's call (``local_call``) is its record, its send and receive sizes as words
-(``_rows.sizes_words``) and one word more: ``cat_dim`` normalized, ``dim``'s when
-``None`` (``-1``: unusable, with its problem in the record). Every rank validates the
-same rows alike (``validate_rows``): the checks every family call shares, the same
-``cat_dim``, the shape outside ``dim`` (and ``cat_dim``), every block a rank receives
-of one size along ``dim`` when ``cat_dim`` is another dim, passed receive sizes equal
-to the truth (``received``). The math is ``_all_to_all``'s module doc.
+functions return into its plan. This rank's call (``local_call``) is its record, its
+send and receive sizes as words (``_rows.sizes_words``) and one word more: ``cat_dim``
+normalized, ``dim``'s when ``None`` (``-1``: unusable, with its problem in the record).
+What ``validate_rows`` checks is ``docs/family.md``'s table ("What is validated"); the
+math is ``_all_to_all``'s module doc.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
@@ -241,8 +238,4 @@ def received(
 
 def row_bytes(shape: Sequence[int], d: int, itemsize: int) -> int:
     """Bytes of one row along ``d`` of a tensor of ``shape``."""
-    unit = itemsize
-    for i, n in enumerate(shape):
-        if i != d:
-            unit *= int(n)
-    return unit
+    return itemsize * math.prod(int(n) for i, n in enumerate(shape) if i != d)

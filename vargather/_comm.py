@@ -194,16 +194,12 @@ def movable(t: torch.Tensor, *, rows: bool) -> torch.Tensor:
     return as_rows if rows else as_rows.reshape(-1)
 
 
-def _all_gather_single() -> Callable[..., Any]:
-    # torch 2.13 renamed all_gather_into_tensor to all_gather_single and deprecates
-    # the old name; older torch releases only have the old one.
-    fn = getattr(dist, "all_gather_single", None)
-    return fn if fn is not None else dist.all_gather_into_tensor
-
-
-def _reduce_scatter_single() -> Callable[..., Any]:
-    fn = getattr(dist, "reduce_scatter_single", None)
-    return fn if fn is not None else dist.reduce_scatter_tensor
+def _renamed(new: str, old: str) -> Callable[..., Any]:
+    """``dist.<new>``, else ``dist.<old>``: torch 2.13 renamed ``all_gather_into_tensor``
+    and ``reduce_scatter_tensor`` to ``*_single`` and deprecates the old names; older
+    releases only have those."""
+    fn = getattr(dist, new, None)
+    return fn if fn is not None else getattr(dist, old)
 
 
 def all_gather_equal(
@@ -213,7 +209,9 @@ def all_gather_equal(
     # Flat views: backends disagree on which output shapes they accept (gloo takes
     # only the "cat along dim 0" form); 1-d is accepted everywhere.
     with translate_collective_errors(what, info):
-        _all_gather_single()(  # 1-d already (the fused round's buffers): no new views
+        _renamed(
+            "all_gather_single", "all_gather_into_tensor"
+        )(  # 1-d already (the fused round's buffers): no new views
             movable(output if output.dim() == 1 else output.view(-1), rows=False),
             movable(local if local.dim() == 1 else local.reshape(-1), rows=False),
             group=info.group,
@@ -242,7 +240,7 @@ def reduce_scatter_equal(
 ) -> None:
     """``output`` (``k``) receives the sum over ranks of chunk ``rank`` of ``full``."""
     with translate_collective_errors(what, info):
-        _reduce_scatter_single()(
+        _renamed("reduce_scatter_single", "reduce_scatter_tensor")(
             output.view(-1), full.reshape(-1), op=dist.ReduceOp.SUM, group=info.group
         )
 
@@ -468,27 +466,22 @@ def send_receive(
 ) -> None:
     """Direct sends: message ``i`` of ``outgoing[q]`` goes to rank ``q`` and lands in
     message ``i`` of rank ``q``'s ``incoming[rank]``, for every peer ``q`` (the entries
-    at this rank's own index are ignored).
+    at this rank's own index are ignored), every byte over one link once.
 
-    Every operation is posted before any is awaited, one batch
-    (``dist.batch_isend_irecv``: gloo runs them on its transport's event loop,
-    concurrently, without its collective worker threads; NCCL groups them into one
-    launch). Every byte crosses one link once, never forwarded through a third rank.
-    Message ``i`` travels under tag ``tag + i``, so a payload and a header to the
-    same peer never match each other's receive (and rounds of different shapes, given
-    tags apart, never match each other's messages). Peers are taken from the next rank up,
-    so no rank is every rank's first destination. Empty messages are skipped by both
-    sides alike: every size must be known to both sides (the same on the sender and
-    the receiver: a size mismatch is not survivable on gloo), and every received
-    message must be a contiguous buffer.
+    Every operation is posted before any is awaited, one batch (``_post``), peers taken
+    from the next rank up so that no rank is every rank's first destination. Message
+    ``i`` travels under tag ``tag + i``, so a payload and a header to the same peer (or
+    rounds given tags apart) never match each other's receive. Empty messages are
+    skipped by both sides alike: every size must be known to both (a size mismatch is
+    not survivable on gloo), every received message a contiguous buffer.
 
-    On gloo the waits take the call's timeout (``info.timeout``), else the group's,
-    explicitly: its point-to-point waits follow neither ``ProcessGroup.set_timeout``
-    nor the group's timeout, and a missing peer must raise ``CollectiveTimeoutError``
-    like a collective's. NCCL's waits stay asynchronous (a timed wait would block the
-    host until the GPU finished); its watchdog applies the group's timeout.
-    ``meanwhile``: run in the calling thread once every operation is posted, before any
-    is awaited (a copy that needs no message, overlapped with them).
+    On gloo the waits take the call's timeout, else the group's, explicitly: its
+    point-to-point waits follow neither ``ProcessGroup.set_timeout`` nor the group's
+    timeout, and a missing peer must raise ``CollectiveTimeoutError`` like a
+    collective's. NCCL's waits stay asynchronous (a timed wait would block the host
+    until the GPU finished); its watchdog applies the group's timeout. ``meanwhile``:
+    run once every operation is posted, before any is awaited (a copy that needs no
+    message, overlapped with them).
     """
     w, rank = info.world_size, info.rank
     posts: list[tuple[bool, torch.Tensor, int, int]] = []  # (sending, tensor, peer, tag)

@@ -1,32 +1,18 @@
 """Stage 3: the exchange and cross-rank validation, from records to a ``Layout``.
 
-Pipeline: argument checks -> wire format -> **exchange and validation** -> ``Layout``
--> transport -> autograd.
-
-One equal-size all_gather gives every rank the ``W x RECORD_LENGTH`` matrix of all
-records (``exchange_records``). ``validate_records`` then decides from that matrix
-alone, so every rank reaches the same verdict: either the same ``VarGatherError`` with
-the same message on every rank, before any payload moves, or the same ``Layout``.
-
-What is checked, when the exchange runs (the default, ``validate=True``):
-  * every rank's local problem (``_args``), reported on every rank;
-  * across ranks: the same ``grad``, ``transport``, normalized ``dim``, device type,
-    ndim, dtype and non-gathered dimensions; every rank's passed ``sizes`` equal to
-    the true sizes (compared through their length and a 61-bit hash; when they
-    differ every rank knows it, and one more small all_gather of the passed lists
-    makes the message show them); the same ``requires_grad`` under the
-    communicating contracts ``sum`` and ``mean``.
-
-With ``sizes`` passed and ``validate=False`` the exchange is skipped (one collective
-less, ``trusted_layout``). Then only the local checks run, and a failing one raises
-**on that rank only**: its peers cannot know and wait in the payload collective until
-the timeout (``CollectiveTimeoutError``, naming the missing rank). Everything
-cross-rank is trusted: sizes that lie about *other* ranks, different dtypes or shapes
-are then the backend's business (gloo may abort the process, or the result is silently
-wrong; see ``docs/misuse.md``). ``validate`` and whether ``sizes`` are passed must
-then agree on every rank: a rank that skips the exchange while a peer runs it issues
-a different collective. These lies cannot be detected without the exchange, which is
-what ``validate=True`` is for.
+Where it sits: between the wire format (``_wire``) and the transports; both rounds
+validate with its helpers. One equal-size all_gather gives every rank the ``W x
+RECORD_LENGTH`` matrix of all records (``exchange_records``); ``validate_records``
+decides from that matrix alone, so every rank raises the same ``VarGatherError`` with
+the same message before any payload moves, or returns the same ``Layout``: every
+rank's local problem (``_args``), then across ranks the same ``grad``, ``transport``,
+normalized ``dim``, device type, ndim, dtype and non-gathered dimensions, every passed
+``sizes`` equal to the true sizes (by length and a 61-bit hash; on a mismatch one more
+small all_gather of the passed lists makes the message show them) and the same
+``requires_grad`` under ``sum`` and ``mean``. With ``sizes`` passed and
+``validate=False`` the exchange is skipped (``trusted_layout``): local checks only,
+raised on that rank only, everything cross-rank trusted (``docs/misuse.md`` has what
+goes wrong then).
 """
 
 from __future__ import annotations

@@ -82,15 +82,10 @@ _USED: Final = 2  # flag word: the payload slot holds this rank's whole x
 
 @dataclass(frozen=True)
 class Exchanged:
-    """Every rank's row and, unread until the rows validated, the payload slots.
-
-    ``slots``: per rank ``j``, the bytes of the slot rank ``j`` sent this rank
-    (``capacity`` of them in the equal round, ``wide[j * W + rank]`` in the wide one);
-    ``flags``: every rank's flag word; ``state``: the state the round was sized from;
-    ``kind``: the collective whose round it was; ``cut``: the results cut from the
-    round's one receive buffer, whose regions are ``slots`` (``region_cutter``);
-    ``found``: the round that ran (packed, the equal round too, or by direct sends);
-    ``raw``: the received rows' bytes."""
+    """Every rank's row and flag word and, unread until the rows validated, the slot
+    each rank ``j`` sent this rank (``slots[j]``, the regions ``cut`` cuts from); the
+    state the round was sized from, the collective whose round it was, the round that
+    ran (``found``) and the received rows' bytes (``raw``)."""
 
     rows: list[Row]
     slots: Sequence[torch.Tensor]
@@ -121,12 +116,11 @@ def _eligible(call: FamilyCall, x: object, info: GroupInfo) -> bool:
 def exchange_fused(
     call: FamilyCall, info: GroupInfo, x: object = None, outgoing: Outgoing | None = None
 ) -> Exchanged:
-    """Every rank's row, in group-rank order, and this rank's slots: the round the
-    group's state gives (module doc), carrying this rank's blocks when it is eligible:
-    in the equal round only when every block fits its slot, in the wide round each cut
-    to its slot (a larger block takes a second round, which every rank reads in the
-    rows). On a communicating group. A row vargather cannot read, or one of another
-    collective of the family, raises ``ProtocolMismatchError`` on every rank."""
+    """Every rank's row and this rank's slots from the round the group's state gives,
+    carrying this rank's blocks when it is eligible: in the equal round only when every
+    block fits its slot, in the wide round each cut to its slot (a larger block takes a
+    second round, which every rank reads in the rows). A row vargather cannot read, or
+    another collective's, raises ``ProtocolMismatchError`` on every rank."""
     w, rank = info.world_size, info.rank
     pg = process_group(info)
     state = FRESH if pg is None else memory(pg, call.kind).shared.state
@@ -157,11 +151,9 @@ def exchange_fused(
 def _read_rows(
     call: FamilyCall, raw: bytes, w: int, pg: dist.ProcessGroup | None
 ) -> tuple[list[Row], tuple[int, ...]]:
-    """Every rank's row and flag word from the received rows' bytes (``raw``, rank by
-    rank: ``landed_bytes``); ``ProtocolMismatchError`` on every rank unless every rank
-    called ``call.kind``. The very bytes of the last rows read on this group give the
-    very same (cached) list, so a caller may cache what it validated from it by
-    identity."""
+    """``decode_rows`` of ``raw``; the very bytes of the last rows read on this group
+    give the very same (cached) list, so a caller may cache what it validated from it
+    by identity."""
     mem = None if pg is None else memory(pg, call.kind)
     last = None if mem is None else mem.last
     if last is not None and last.seen == raw:
@@ -215,10 +207,10 @@ def _packed_splits(
 
 def goes_direct(state: FusedState, world: int) -> bool:
     """Whether the all_to_all-shaped round of ``state`` is the direct wide round
-    (``DirectRound``), else packed. A function of the state, so every rank picks the
-    same; a remembered
-    round is replayed only in a state that picks its kind (``_all_to_all._resized_call``:
-    slots alike are not enough once ``PACKED_WIDE_MAX`` is below the equal round's)."""
+    (``DirectRound``), else packed: a function of the state, so every rank picks the
+    same; a remembered round is replayed only in a state that picks its kind
+    (``_all_to_all._resized_call``: slots alike are not enough once
+    ``PACKED_WIDE_MAX`` is below the equal round's)."""
     return is_wide(state, world) and max(wide_blocks(state), default=0) > PACKED_WIDE_MAX
 
 
@@ -257,9 +249,8 @@ def direct_round(
 def resized_round(
     found: PackedRound | DirectRound, call: FamilyCall, info: GroupInfo
 ) -> PackedRound | DirectRound:
-    """``found``'s round (its slots, packed or by direct sends) carrying ``call``'s row:
-    a call whose every block fits its slot, from a rank without a local problem (its
-    flag word says its blocks ride)."""
+    """``found``'s round carrying ``call``'s row, for a call whose every block fits its
+    slot, from a rank without a local problem (its flag word says its blocks ride)."""
     w = info.world_size
     flag = _ELIGIBLE | _USED
     row = _row_bytes(call.record, COLLECTIVES[call.kind].code, call.extras, w, flag)
@@ -290,8 +281,7 @@ def run_direct(
     blocks: Sequence[torch.Tensor] | None,
 ) -> tuple[torch.Tensor, bytes]:
     """One direct round of this rank's ``blocks`` (``None``: none rides): the receive
-    buffer, its regions filled (this rank's own block at the start of its region), and
-    the received rows' bytes (``landed_bytes``)."""
+    buffer, its regions filled, and the received rows' bytes."""
     w = info.world_size
     device = info.default_device()
     length = direct.row.numel()
@@ -413,11 +403,10 @@ def _direct_by_messages(
 
 @dataclass(frozen=True)
 class PackedRound:
-    """The packed wide round of one state on one rank (a pure function of the slots and
-    this rank's row): ``row``, its bytes; message ``k`` to rank ``k`` is ``out_bytes[k]``
-    bytes (the row in ``head`` bytes, then the block), message ``j`` from rank ``j``
-    ``in_bytes[j]``, landing at ``offsets[j]``, its block at ``starts[j]``; ``room``:
-    the slots (``wide_blocks``)."""
+    """The packed round of one state on one rank (a pure function of the slots and this
+    rank's ``row``): message ``k`` to rank ``k`` is ``out_bytes[k]`` bytes (the row in
+    ``head`` bytes, then the block), message ``j`` from rank ``j`` ``in_bytes[j]``,
+    landing at ``offsets[j]``, its block at ``starts[j]``; ``room``: the slots."""
 
     row: torch.Tensor
     out_bytes: tuple[int, ...]
@@ -443,8 +432,8 @@ def run_packed(
     packed: PackedRound,
     send: torch.Tensor,
 ) -> tuple[torch.Tensor, bytes]:
-    """One packed round of the messages in ``send`` (``fill_packed``'s): one alltoallv,
-    and the receive buffer with the received rows' bytes (``landed_bytes``)."""
+    """One packed round (one alltoallv) of the messages in ``send``: the receive buffer
+    and the received rows' bytes."""
     buf = handed_back_buffer(pg, "blocks", sum(packed.in_bytes), info.default_device())
     all_to_all_uneven(
         buf,
@@ -483,9 +472,9 @@ def send_packed(
     packed: PackedRound,
     blocks: Sequence[torch.Tensor] | None,
 ) -> tuple[torch.Tensor, bytes]:
-    """One packed round of ``packed.row`` and ``blocks`` (``None``: none rides), from
-    the group's kept send buffer filled for it (``fill_packed``; tensor copies off the
-    CPU or for blocks that are not plain): ``run_packed``'s receive buffer and rows."""
+    """``run_packed`` of ``packed.row`` and ``blocks`` (``None``: none rides), from the
+    group's kept send buffer filled for it (by tensor copies off the CPU or for blocks
+    that are not plain)."""
     row = packed.row
     send = handed_back_buffer(pg, "packed-send", sum(packed.out_bytes), info.default_device())
     if send.device.type == "cpu" and (blocks is None or all(plain(b) for b in blocks)):
@@ -554,8 +543,7 @@ def known_call(
     info: GroupInfo,
     make: Callable[[], FamilyCall],
 ) -> FamilyCall:
-    """This rank's call (``make()``: ``check_tensor`` and the collective's own checks),
-    or, on the steady path, the one ``make`` returned for the same ``key``
+    """This rank's call (``make()``), or the one ``make`` returned for the same ``key``
     (``call_key``) last time on this group: a call is a pure function of its key and
     the group (kept in the collective's ``Memory.known``)."""
     pg = process_group(info) if key is not None and info.communicates else None

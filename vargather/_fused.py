@@ -115,11 +115,8 @@ def _full_path(
     info: GroupInfo,
 ) -> tuple[Layout, ...]:
     """The exchange of full records: the same error on every rank, or the layouts.
-
-    What moves is decided from the headers alone (``counts``, ``kinds``: every rank's):
-    ranks that called different collectives raise at once (``check_same_collective``),
-    as do differing tensor counts; else one all_gather of ``count`` records, with
-    ``plan_layout``'s extra all_gather of a sizes mismatch for ``all_gather_v``."""
+    Decided from every rank's header ``counts`` and ``kinds`` alone: other collectives
+    or differing tensor counts raise at once, else one all_gather of the records."""
     check_same_collective(kinds)
     if kind == "all_gather_v":
         return (plan_layout(calls[0], info),)
@@ -148,18 +145,15 @@ def exchange(
     parts: Sequence[torch.Tensor] | None = None,
     steady_key: tuple[object, ...] | None = None,
 ) -> Exchanged:
-    """The fused round for a validated call on a communicating group (module doc).
+    """The fused round for a validated call on a communicating group: the same error on
+    every rank, or the same layouts (and, when fused, the gathered tensors).
 
-    ``kind``: the all_gather-shaped collective running it; ``calls``: one checked call
-    per tensor (a call-level problem sits in ``calls[0]``); ``eligible``: whether the
-    caller lets the payload ride (``transport="auto"`` and not a layout-only call);
-    ``parts``: this rank's payload as tensors whose bytes, one after the other, are the
-    bytes of ``tensors`` (``all_gather_list``: its carrier's metadata, then its tensor),
-    copied into the payload slot in place of ``tensors``' own, so that the tensor the
-    caller joins them into is never made. Raises the same error on every rank, or
-    returns the same layouts (and, when fused, the gathered tensors) on every rank.
-    ``steady_key`` (the caller's, for a call the steady path could serve): remember a
-    steady wide round for ``steady_exchange``.
+    ``calls``: one checked call per tensor (a call-level problem sits in ``calls[0]``);
+    ``eligible``: whether the caller lets the payload ride (``transport="auto"``, not a
+    layout-only call); ``parts``: this rank's payload as tensors whose bytes, one after
+    the other, are ``tensors``' (``all_gather_list``: its carrier's metadata, then its
+    tensor), so the tensor they would be joined into is never made; ``steady_key``: the
+    caller's key of a call ``steady_exchange`` could serve.
     """
     w = info.world_size
     pg = process_group(info)
@@ -256,9 +250,8 @@ def _wide_round(
     wide: tuple[int, ...],
     steady_key: tuple[object, ...] | None = None,
 ) -> Exchanged:
-    """The wide round (module doc; its bytes laid out by ``WideLayout``). With
-    ``steady_key``, a call that leaves the group's state as it found it is remembered
-    for ``steady_exchange``."""
+    """The wide round (its bytes laid out by ``WideLayout``), remembered for
+    ``steady_exchange`` as ``exchange`` says."""
     rank = info.rank
     records, k, flags = header_key
     head = state.slots * HEADER_BYTES
@@ -293,16 +286,12 @@ headers as a message of their own beside its payload slot (``WideLayout``)."""
 class WideLayout(NamedTuple):
     """Where the wide round's bytes lie in its one buffer of ``size`` bytes: rank r's
     payload slot at ``payload[r]`` (``wide[r]`` bytes), its ``head`` header bytes at
-    ``heads[r]``.
-
-    Below ``HEADERS_APART_MIN`` each rank's region is its slot followed by its headers,
-    one message to each peer; the result is closed up over the headers (every block
-    but rank 0's moves by one ``memmove``). From it the slots lie one after the other
-    and the headers after all of them, two messages to each peer (4 (W - 1) operations
-    in flight): nothing moves while every slot is its rank's exact need. Each message
-    costs gloo a notification round and CPU on both sides, which the close-up outweighs
-    only past several MiB (``docs/performance.md``). Every rank derives the layout from
-    the group's state alike, so the messages pair up."""
+    ``heads[r]``. Below ``HEADERS_APART_MIN`` each rank's region is its slot followed
+    by its headers, one message to each peer, closed up over the headers after (every
+    block but rank 0's moves by one ``memmove``); from it the headers lie after all
+    the slots, two messages to each peer, and nothing moves while every slot is its
+    rank's exact need. Each message costs gloo a notification round and CPU on both
+    sides, which the close-up outweighs only past several MiB (``docs/performance.md``)."""
 
     payload: tuple[int, ...]
     heads: tuple[int, ...]
@@ -313,8 +302,7 @@ class WideLayout(NamedTuple):
 
 @functools.lru_cache(maxsize=64)
 def wide_layout(wide: tuple[int, ...], head: int) -> WideLayout:
-    """The wide round's ``WideLayout`` for payload slots ``wide`` and ``head`` header
-    bytes per rank."""
+    """The ``WideLayout`` of payload slots ``wide`` and ``head`` header bytes per rank."""
     w = len(wide)
     apart = sum(wide) >= HEADERS_APART_MIN
     payload, heads, at = [], [], 0
@@ -360,12 +348,10 @@ def _exchange_regions(buf: torch.Tensor, lay: WideLayout, info: GroupInfo) -> No
 @dataclass(frozen=True)
 class _Steady:
     """A collective's last steady round on a group (its ``Memory.steady``): the caller's
-    key (everything the call's headers and payload layout are a function of), its
-    checked call, the group's state it left unchanged, this rank's payload bytes, every
-    rank's headers as received, and the verdict (the layouts, every rank's payload
-    bytes, the result's shape and dtype). A wide round's: its ``WideLayout`` and this
-    rank's headers as sent; a gather round's: its kept ``Round`` and what the headers in
-    its send buffer encode."""
+    key, its checked call, the group's state it left unchanged, this rank's payload
+    bytes, every rank's headers as received, and the verdict. A wide round's: its
+    ``WideLayout`` and this rank's headers as sent; a gather round's: its kept
+    ``Round`` and what the headers in its send buffer encode."""
 
     key: tuple[object, ...]
     call: CheckedCall
@@ -396,10 +382,8 @@ def _remember(
     rnd: Round | None = None,
 ) -> None:
     """Keep a round for ``steady_exchange`` (``mem.steady`` forgotten first) when it is
-    steady: one tensor whose rank blocks are adjacent, answered from the round (its
-    payload rode), leaving the group's state as it found it (the state rule is a pure
-    function: the same headers leave it so again). ``wide`` and ``header``: a wide
-    round's, ``rnd``: a gather round's (``_Steady``)."""
+    steady: one tensor whose rank blocks are adjacent, its payload rode, the group's
+    state left as it found it (a pure function of the headers: so again next time)."""
     mem.steady = None
     layouts = found.layouts
     if found.outputs is None or len(calls) != 1 or len(layouts) != 1 or layouts[0].pre != 1:
@@ -423,13 +407,10 @@ def steady_exchange(
 ) -> Exchanged | None:
     """The round of a call with the last steady round's key on the same group in the
     same state (else ``None``), whose payload is the bytes at ``sources`` (address,
-    length) one after the other (CPU memory: ``x``'s, or a carrier's parts).
-
-    It sends what the full path would (the same state and key make the same headers
-    and slots), in the same transport. When every rank's headers are the ones they sent
-    last time, they validate alike and move the state alike (not at all): the result is
-    cut as then; other headers go to the full path's verdict (``_decide``). The
-    registry is read here directly (no helper), as this is every steady call's path.
+    length) one after the other (CPU memory: ``x``'s, or a carrier's parts). It sends
+    what the full path would; when every rank's headers are the ones of last time, the
+    result is cut as then, else ``_decide`` reads them. The registry is read here
+    directly (no helper), as this is every steady call's path.
     """
     pg = info.group if info.group is not None else dist.group.WORLD
     group = MEMORY.get(pg) if isinstance(pg, dist.ProcessGroup) else None
@@ -476,10 +457,8 @@ def _steady_gather(
     info: GroupInfo,
 ) -> Exchanged | None:
     """``steady_exchange`` of a gather round: the payload into the kept send buffer (its
-    headers still the remembered ones), the stale bytes after it zeroed, one round, and
-    the result copied out of the kept receive buffer by one ``memmove`` per rank. Read
-    here, not by ``_round_buffers`` (as ``Round.cut``), the path entering no other
-    module."""
+    headers still the remembered ones), one round, the result copied out of the kept
+    receive buffer here, not by ``Round.cut``: the path enters no other module."""
     rnd = steady.rnd
     assert rnd is not None  # a gather round's
     if mem.round is not rnd or not rnd.lock.acquire(blocking=False):
@@ -559,20 +538,16 @@ def _decide(
     counts = [header_count(headers[0]) for headers in per_rank]
     kinds = [header_kind(headers[0]) for headers in per_rank]
     fusable = all(header_flags(headers[0]) & FLAG_ELIGIBLE for headers in per_rank)
-    compact = len(set(counts)) == 1 and k <= slots
-    if compact:
-        compact = not any(
-            header_flags(headers[i]) & (FLAG_PROBLEM | FLAG_LONG)
-            for headers in per_rank
-            for i in range(k)
-        )
+    flagged = FLAG_PROBLEM | FLAG_LONG
     layouts: tuple[Layout, ...] | None = None
-    if compact:
+    if (
+        len(set(counts)) == 1
+        and k <= slots
+        and not any(header_flags(h[i]) & flagged for h in per_rank for i in range(k))
+    ):
         try:
             layouts = tuple(
-                validate_records(
-                    [decode_header(headers[i]) for headers in per_rank], rank=info.rank
-                )
+                validate_records([decode_header(h[i]) for h in per_rank], rank=info.rank)
                 for i in range(k)
             )
         except VarGatherError:
@@ -592,12 +567,9 @@ def _resized(
     rows: tuple[tuple[int, ...], ...],
 ) -> tuple[Layout, ...] | None:
     """The layouts of ``rows`` when they are the validated headers ``before`` (whose
-    layouts are ``layouts``) with only the sizes along each gather dimension changed and
-    no rank passing ``sizes``; else ``None`` (validate them in full).
-
-    What ``validate_records`` would return for ``rows``: every field it compares is as
-    in ``before``, which passed; the new sizes are checked ``>= 0``; with no ``sizes``
-    passed (length -1 in every header) nothing else depends on the sizes.
+    layouts are ``layouts``) with only the sizes along each gather dimension changed
+    (each ``>= 0``) and no rank passing ``sizes``, else ``None``: what
+    ``validate_records`` would return, every field it compares being as in ``before``.
     """
     if len(rows) != len(before) or not layouts:
         return None

@@ -2,13 +2,9 @@
 
 Where it sits: beneath the round (``_family``) and the collectives that ride it
 (``_reduce_scatter``, ``_all_to_all``, ``_all_to_all_rows``, ``_gather_list``), above
-the checks (``_args``), the wire (``_wire``) and the validation rules (``_exchange``). A
-collective's module turns this rank's call into a ``FamilyCall`` (``check_tensor``, its
-own checks, its extra row words: ``sizes_words``); the round carries it as a row
-(``_wire.encode_row``) and hands every rank's back as ``Row``s (``decode_rows``, after
-``check_same_collective``), which the collective validates with ``_exchange``'s
-helpers, passed on here (``raise_local``, ``common_checks``, ``agree``): the same
-error on every rank, or the same verdict. ``call_key`` is a steady call's key.
+the checks (``_args``), the wire (``_wire``) and the validation rules (``_exchange``,
+whose helpers the collectives find here too). ``docs/architecture.md`` ("Adding a
+collective to the round") says how a collective uses what is here.
 """
 
 from __future__ import annotations
@@ -229,9 +225,9 @@ def rows_changed_only_in(
     """Per rank, the words of its row in ``raw`` (the received rows' bytes,
     ``_round_buffers.landed_bytes``) at ``spans`` (first word and count, in order,
     apart), when every rank's row is its row in ``last`` but for those words; else
-    ``None``. Rows equal
-    but for a size vector and a dimension say everything ``last`` said but those (the
-    same kind, flags and record otherwise: no problem where it had none)."""
+    ``None``. Rows equal but for a size vector and a dimension say everything ``last``
+    said but those (the same kind, flags and record otherwise: no problem where it had
+    none)."""
     if len(raw) != len(last) or len(raw) % w:
         return None
     n = len(raw) // w

@@ -49,15 +49,13 @@ Key = tuple[object, ...]
 
 @dataclass(frozen=True)
 class Steady(Generic[P]):
-    """A collective's last steady call on a group (its ``Memory.steady``): its key, its
-    call, the group's state it was sized from, whether it left that state unchanged
-    (``replays``: then the very same call may skip the state rule), its round (packed,
-    or by direct sends), the rows every rank sent (``raw``), its plan without a result,
-    the bytes each rank sent this rank (``needs``) and, when its blocks are ``x``'s
-    bytes as they lie (a function of the key), their lengths (``lies``). ``spare``:
-    send buffers of the packed round with every row and zero already written, only the
-    blocks left to copy in (taken out while in use, so a thread never shares one).
-    Nothing in it refers to the group, which keys it weakly."""
+    """A collective's last steady call on a group (its ``Memory.steady``): ``replays``
+    when it left the state it was sized from unchanged (the very same call may then
+    skip the state rule); ``raw``, the rows every rank sent; ``needs``, the bytes each
+    rank sent this rank; ``lies``, the blocks' lengths when they are ``x``'s bytes as
+    they lie (a function of the key); ``spare``, packed send buffers with every row and
+    zero written (taken out while in use). Nothing in it refers to the group, which
+    keys it weakly."""
 
     key: Key
     call: FamilyCall
@@ -82,10 +80,10 @@ class RoundSpec(Generic[T, P]):
     bytes rank ``j`` sends rank ``k`` at ``j * W + k``, the same on every rank;
     ``finish(plan, slots, cut)``: the plan with its result from ``slots[j]``, the block
     rank ``j`` sent this rank (``cut``: the round's cutter of its one receive buffer).
-    Steady calls are kept one per
-    collective, or, by ``kept(key)`` when it is not ``None``, up to ``JOINED_KEPT``;
-    ``resized(steady, key, x, info, pg, state)``: a call whose key is not the kept one's
-    (or in another state), the collective's own way, or ``None``."""
+    Steady calls are kept one per collective, or, by ``kept(key)`` when it is not
+    ``None``, up to ``JOINED_KEPT``; ``resized(steady, key, x, info, pg, state)``: a
+    call whose key is not the kept one's (or in another state), the collective's own
+    way, or ``None``."""
 
     name: CollectiveName
     validate: Callable[..., T]
@@ -145,10 +143,8 @@ def _remember(
     plan: P,
     slots: Sequence[torch.Tensor] | None,
 ) -> None:
-    """Keep the call for ``replay`` when its round (packed or by direct sends, on the
-    CPU) answered it, else forget the last one; ``replays`` when it left the group's
-    state as it found it (the same rows next time leave it so again: the state rule is
-    a pure function)."""
+    """Keep the call for ``replay`` when its round answered it on the CPU, else forget
+    the last one."""
     pg = process_group(info)
     if pg is None:
         return
@@ -226,8 +222,7 @@ def _replay_packed(
 ) -> tuple[torch.Tensor, bytes]:
     """The packed round of a steady call: a spare send buffer (its rows and zeros
     written when it was made: the same key sends the same blocks' lengths, so no block
-    leaves stale bytes behind it) with the blocks of ``flat``'s bytes (``sizes[k]``
-    bytes for rank ``k``, one after the other, on the CPU) copied in."""
+    leaves stale bytes behind it) with the blocks of ``flat``'s bytes copied in."""
     try:
         send: torch.Tensor | None = steady.spare.pop()
     except IndexError:  # none spare (or another thread took the last one)

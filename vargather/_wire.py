@@ -1,30 +1,16 @@
 """Stage 2: the wire format: every byte layout vargather puts on the wire.
 
-Three formats, one magic scheme (``tagged_magic``: four letters and a version):
-the full record (``encode_record``), the all_gather-shaped round's compact header
-(``encode_header``) and the all_to_all-shaped round's row (``encode_row``), plus the
-words that open an ``all_gather_list`` carrier (``carrier_words``).
-
-Every rank's record has the same length, ``RECORD_LENGTH``, so one equal-size
-all_gather carries them all (``_exchange``). The vector is a header (magic, protocol
-version), the record's integer fields, the problem (its error class as a code, its
-message as ``MESSAGE_WORDS`` words of ASCII) and the shape, zero-padded to
-``MAX_NDIM``. Integers are saturated into int64, the message is ASCII with ``?`` for
-anything else and cut at ``8 * MESSAGE_WORDS`` bytes; everything else survives the
-round trip exactly. A vector vargather cannot read raises ``ProtocolMismatchError``.
-
-The same module holds the fused round's **compact header** (``encode_header``,
-``decode_header``): ``HEADER_WORDS`` int64 carrying what validation compares and no
-message text, sent with the payload on the common path (``_fused``). A header word by
-word: magic and version; flags (``FLAG_PROBLEM``, ``FLAG_LONG``: more than
-``SHAPE_SLOTS`` dims, ``FLAG_ELIGIBLE``, ``FLAG_REQUIRES_GRAD``, and from bit
-``KIND_SHIFT`` the caller's collective as its wire code (``_collectives``), so that
-every rank knows which collective each peer called); the ndim, dtype, normalized dim,
-contract, transport and device codes, a byte each, in one word; the call's tensor
-count; the passed sizes' length and hash; ``SHAPE_SLOTS`` dims of the shape. A problem
-only sets a flag: its text travels in a full record, on the error path. This module is
-the header's only reader and writer (``encode_headers``, ``split_headers`` and the
-accessors after them).
+Where it sits: beneath the exchange (``_exchange``) and both rounds (``_fused``,
+``_family``), the only reader and writer of each format. Three formats, one magic
+scheme (``tagged_magic``): the full record (``encode_record``: ``RECORD_LENGTH`` words
+on every rank, so one equal-size all_gather carries them all; the problem's message as
+``MESSAGE_WORDS`` words of ASCII, ``?`` for anything else, cut to fit; integers
+saturated into int64, everything else exact), the all_gather-shaped round's compact
+header (``encode_header``: ``HEADER_WORDS`` words of what validation compares, a
+problem only a flag, its text left to a full record on the error path) and the
+all_to_all-shaped round's row (``encode_row``), plus the words that open an
+``all_gather_list`` carrier (``carrier_words``). A vector vargather cannot read raises
+``ProtocolMismatchError``.
 """
 
 from __future__ import annotations
@@ -253,7 +239,10 @@ _COUNT_AT: Final = 3
 _SIZES_LEN_AT: Final = 4
 _SIZES_HASH_AT: Final = 5
 _HEADER_SHAPE_AT: Final = 6
-"""Word positions in a compact header (module doc); word 0 is ``HEADER_MAGIC``."""
+"""Word positions in a compact header: ``HEADER_MAGIC``; the flags (``FLAG_*``, and from
+bit ``KIND_SHIFT`` the caller's collective's wire code); the ndim, dtype, normalized dim,
+contract, transport and device codes, a byte each, in one word; the tensor count; the
+passed sizes' length and hash; ``SHAPE_SLOTS`` dims of the shape."""
 
 
 def _byte(v: int) -> int:
