@@ -1,22 +1,13 @@
 """Thin layer over torch.distributed, below every stage: every collective goes here.
 
-The stages that communicate do so only through the wrappers here; nothing here knows
-about a ``Layout`` or padding.
-
-Each wrapper runs one collective so that
-
-* a failure surfaces as a vargather ``CollectiveError`` instead of a bare backend
-  ``RuntimeError``: ``CollectiveTimeoutError`` (a peer did not arrive in time),
-  ``PeerLostError`` (a peer's connection closed: it died), ``CollectiveError`` else;
-* a per-call ``timeout`` (``all_gather_v(..., timeout=...)``) replaces the group's
-  default timeout for the collectives of that call, and the default is restored after
-  (``_group.call_timeout``);
-* the ranks that never arrived are named, by the arrival census (``_census``);
-* data-movement collectives carry any dtype: one the backend refuses (gloo: int16,
-  uint16/32/64) travels as its bytes (``_dtypes.NATIVE_DTYPES``).
-
-``GroupInfo``, ``resolve_group`` and ``group_timeout`` (``_group``) are re-exported
-here, where the testing kit has always found them.
+Where it sits: the stages communicate only through the wrappers here; nothing here
+knows about a ``Layout`` or padding. Each wrapper runs one collective under
+``translate_collective_errors``: a backend ``RuntimeError`` surfaces as a vargather
+``CollectiveError`` (``CollectiveTimeoutError``, ``PeerLostError``) naming the ranks
+that never arrived (``_census``), under the call's own ``timeout`` if any
+(``_group.call_timeout``); and a dtype the backend refuses travels as its bytes
+(``movable``). ``GroupInfo``, ``resolve_group`` and ``group_timeout`` (``_group``) are
+re-exported here, where the testing kit has always found them.
 """
 
 from __future__ import annotations
@@ -188,9 +179,8 @@ def movable(t: torch.Tensor, *, rows: bool) -> torch.Tensor:
     if t.dtype in NATIVE_DTYPES:
         return t
     as_rows = t.unsqueeze(-1).view(torch.uint8)  # any strides: the new last one is 1
-    # Flat: a view for a contiguous buffer (so a receive lands in t); a copy for a
-    # strided send buffer (a sliced shard). Size-1 tensors may carry any stride and
-    # still report contiguous, which is why this does not go through t.view(uint8).
+    # Size-1 tensors may carry any stride and still report contiguous, which is why
+    # this does not go through t.view(uint8).
     return as_rows if rows else as_rows.reshape(-1)
 
 
@@ -198,8 +188,8 @@ def _renamed(new: str, old: str) -> Callable[..., Any]:
     """``dist.<new>``, else ``dist.<old>``: torch 2.13 renamed ``all_gather_into_tensor``
     and ``reduce_scatter_tensor`` to ``*_single`` and deprecates the old names; older
     releases only have those."""
-    fn = getattr(dist, new, None)
-    return fn if fn is not None else getattr(dist, old)
+    fn: Callable[..., Any] = getattr(dist, new, None) or getattr(dist, old)
+    return fn
 
 
 def all_gather_equal(

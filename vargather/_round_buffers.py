@@ -84,7 +84,7 @@ def unpack(regions: Sequence[torch.Tensor], layouts: Sequence[Layout]) -> list[t
 
 def _joined(
     layouts: Sequence[Layout],
-    per_tensor: Sequence[Sequence[torch.Tensor]],
+    per_tensor: Sequence[list[torch.Tensor]],
     device: torch.device | None,
 ) -> list[torch.Tensor]:
     """Each result from every rank's part of it (``tensor_parts``): one ``cat`` each (a

@@ -187,15 +187,6 @@ def _unpadded_backward(grad_output: torch.Tensor, layout: Layout, info: GroupInf
     return _reduce_scatter_blocks(grad_output, layout, info)
 
 
-def _rank_major_buffer(x: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """A flat rank-major receive buffer, its per-rank block views, and this rank's
-    block already filled with ``x`` (the one copy of the input)."""
-    flat = x.new_empty(layout.pre * layout.total * layout.post)
-    blocks = rank_major_blocks(flat, layout)
-    blocks[layout.rank].copy_(as_blocks(x, layout.local_size, layout))
-    return flat, blocks
-
-
 # --- the transports ---------------------------------------------------------------------
 
 
@@ -259,7 +250,9 @@ class _OneBufferTransport:
         raise NotImplementedError
 
     def gather(self, x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-        flat, blocks = _rank_major_buffer(x, layout)
+        flat = x.new_empty(layout.pre * layout.total * layout.post)
+        blocks = rank_major_blocks(flat, layout)
+        blocks[layout.rank].copy_(as_blocks(x, layout.local_size, layout))  # the one copy
         self._fill(blocks, layout, info)
         return compact_rank_major(flat, layout)
 

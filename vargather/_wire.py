@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import struct
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from ._args import MAX_NDIM, CallRecord, Problem, saturate
 from ._errors import (
@@ -151,23 +151,8 @@ def _encoded_record(record: CallRecord) -> tuple[int, ...]:
     about 35 us each, most of it the message's text, on every call whose record is new
     to the round: a caller whose sizes change every call sends the same record)."""
     problem = record.problem
-    values = [
-        MAGIC,
-        PROTOCOL_VERSION,
-        0 if problem is None else _PROBLEM_ERRORS.index(problem.error) + 1,
-        record.ndim,
-        record.dtype_code,
-        record.dim,
-        record.normalized_dim,
-        record.contract_code,
-        record.transport_code,
-        int(record.requires_grad),
-        record.device_code,
-        record.sizes_len,
-        record.sizes_own,
-        record.sizes_sum,
-        record.sizes_hash,
-    ]
+    code = 0 if problem is None else _PROBLEM_ERRORS.index(problem.error) + 1
+    values = [MAGIC, PROTOCOL_VERSION, code, *(int(getattr(record, n)) for n in _FIELDS[3:])]
     message = "" if problem is None else problem.message
     shape = list(record.shape[:MAX_NDIM]) + [0] * (MAX_NDIM - min(len(record.shape), MAX_NDIM))
     return (*[saturate(v) for v in values], *_encode_text(message), *shape)
@@ -184,7 +169,7 @@ def decode_record(values: Sequence[int], *, rank: int) -> CallRecord:
             "collective issued on this group?)",
             ranks=[rank],
         )
-    f = dict(zip(_FIELDS, (int(v) for v in values), strict=False))
+    f: dict[str, Any] = dict(zip(_FIELDS, (int(v) for v in values), strict=False))
     code = f["error_code"]
     if not 0 <= code <= len(_PROBLEM_ERRORS):
         raise ProtocolMismatchError(
@@ -198,21 +183,11 @@ def decode_record(values: Sequence[int], *, rank: int) -> CallRecord:
         else Problem(_PROBLEM_ERRORS[code - 1], _decode_text(values[_MESSAGE_AT:_SHAPE_AT]))
     )
     ndim = f["ndim"]
+    f["requires_grad"] = bool(f["requires_grad"])
     return CallRecord(
         problem=problem,
-        ndim=ndim,
-        dtype_code=f["dtype_code"],
-        dim=f["dim"],
-        normalized_dim=f["normalized_dim"],
-        contract_code=f["contract_code"],
-        transport_code=f["transport_code"],
-        requires_grad=bool(f["requires_grad"]),
-        device_code=f["device_code"],
-        sizes_len=f["sizes_len"],
-        sizes_own=f["sizes_own"],
-        sizes_sum=f["sizes_sum"],
-        sizes_hash=f["sizes_hash"],
         shape=tuple(int(v) for v in values[_SHAPE_AT : _SHAPE_AT + max(0, min(ndim, MAX_NDIM))]),
+        **{name: f[name] for name in _FIELDS[3:]},
     )
 
 
