@@ -184,12 +184,16 @@ def movable(t: torch.Tensor, *, rows: bool) -> torch.Tensor:
     return as_rows if rows else as_rows.reshape(-1)
 
 
-def _renamed(new: str, old: str) -> Callable[..., Any]:
-    """``dist.<new>``, else ``dist.<old>``: torch 2.13 renamed ``all_gather_into_tensor``
-    and ``reduce_scatter_tensor`` to ``*_single`` and deprecates the old names; older
-    releases only have those."""
-    fn: Callable[..., Any] = getattr(dist, new, None) or getattr(dist, old)
-    return fn
+def _all_gather_single() -> Callable[..., Any]:
+    # torch 2.13 renamed all_gather_into_tensor to all_gather_single and deprecates
+    # the old name; older torch releases only have the old one.
+    fn = getattr(dist, "all_gather_single", None)
+    return fn if fn is not None else dist.all_gather_into_tensor
+
+
+def _reduce_scatter_single() -> Callable[..., Any]:
+    fn = getattr(dist, "reduce_scatter_single", None)
+    return fn if fn is not None else dist.reduce_scatter_tensor
 
 
 def all_gather_equal(
@@ -199,9 +203,7 @@ def all_gather_equal(
     # Flat views: backends disagree on which output shapes they accept (gloo takes
     # only the "cat along dim 0" form); 1-d is accepted everywhere.
     with translate_collective_errors(what, info):
-        _renamed(
-            "all_gather_single", "all_gather_into_tensor"
-        )(  # 1-d already (the fused round's buffers): no new views
+        _all_gather_single()(  # 1-d already (the fused round's buffers): no new views
             movable(output if output.dim() == 1 else output.view(-1), rows=False),
             movable(local if local.dim() == 1 else local.reshape(-1), rows=False),
             group=info.group,
@@ -230,7 +232,7 @@ def reduce_scatter_equal(
 ) -> None:
     """``output`` (``k``) receives the sum over ranks of chunk ``rank`` of ``full``."""
     with translate_collective_errors(what, info):
-        _renamed("reduce_scatter_single", "reduce_scatter_tensor")(
+        _reduce_scatter_single()(
             output.view(-1), full.reshape(-1), op=dist.ReduceOp.SUM, group=info.group
         )
 
@@ -393,14 +395,10 @@ def broadcast_from_each(
     sources: Sequence[int] | None = None,
 ) -> None:
     """Block ``i`` of every rank receives block ``i`` of rank ``sources[i]`` (default:
-    rank ``i``), for every ``i``.
-
-    One broadcast per non-empty block, all issued asynchronously and then awaited:
-    every rank issues them in the same order, so the backend pairs them by sequence
-    number, and gloo runs them concurrently on its worker threads. Empty blocks are
-    skipped by every rank alike (every rank knows every size). Every block must be a
-    contiguous receive buffer.
-    """
+    rank ``i``): one broadcast per non-empty block (every rank knows every size), all
+    issued in the same order on every rank, so the backend pairs them by sequence
+    number and gloo runs them concurrently, then awaited. Every block must be a
+    contiguous receive buffer."""
     src = range(len(blocks)) if sources is None else sources
     with translate_collective_errors(what or f"broadcast x{len(blocks)}", info):
         works = [

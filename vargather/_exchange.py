@@ -60,13 +60,9 @@ SIZES_SHOWN: Final = 64  # entries of each rank's passed sizes shown in a mismat
 
 def exchange_records(records: Sequence[CallRecord], info: GroupInfo) -> list[list[CallRecord]]:
     """Every rank's records, ``[rank][tensor]`` in group-rank order: one equal-size
-    all_gather of ``len(records) * RECORD_LENGTH`` int64 (every rank must pass the same
-    number of records). The one function that moves full records: the single call's
-    exchange (``plan_layout``) and the fused round's full path (``_fused``) both use it.
-
-    In a world of one rank (or without torch.distributed) nothing is sent. The
-    records travel on ``info.default_device()``: the CPU except on NCCL.
-    """
+    all_gather of ``len(records) * RECORD_LENGTH`` int64 on ``info.default_device()``
+    (every rank must pass the same number of records); nothing is sent in a world of
+    one rank (or without torch.distributed)."""
     if not info.communicates:
         return [list(records)]
     k = len(records)
@@ -87,10 +83,8 @@ def exchange_records(records: Sequence[CallRecord], info: GroupInfo) -> list[lis
 def _exchange_passed_sizes(
     passed: Sequence[int] | None, info: GroupInfo
 ) -> list[tuple[int, list[int]]]:
-    """Every rank's passed sizes (length, first ``SIZES_SHOWN`` entries); -1: none.
-
-    Only on the error path, after every rank has found the same sizes mismatch.
-    """
+    """Every rank's passed sizes (length, first ``SIZES_SHOWN`` entries; -1: none), on
+    the error path only, after every rank has found the same sizes mismatch."""
     shown = min(info.world_size, SIZES_SHOWN)
     row = [-1] * (1 + shown)
     if passed is not None:
@@ -111,11 +105,8 @@ def _exchange_passed_sizes(
 def _disagreement(
     what: str, values: Sequence[object], show: Callable[[object], str] = repr
 ) -> tuple[str, list[int]] | None:
-    """``None`` when every rank agrees, else (a message, the ranks it blames).
-
-    When one value is held by more ranks than any other, it is the expected one and
-    the other ranks are blamed; on a tie (two ranks, for one) every rank is named.
-    """
+    """``None`` when every rank agrees, else (a message, the ranks it blames): the value
+    most ranks hold is the expected one, the others blamed; on a tie, every rank."""
     if not values or all(v == values[0] for v in values):  # the common case, uncounted
         return None
     counts = Counter(values)
@@ -295,11 +286,8 @@ def raise_local(name: str, records: Sequence[CallRecord]) -> None:
 
 
 def validate_records(records: Sequence[CallRecord], *, rank: int) -> Layout:
-    """The gather's ``Layout``, or the error every rank raises identically.
-
-    A pure function of ``records`` (``rank`` only picks this rank's view of the
-    layout): every rank reaches the same verdict, class and message.
-    """
+    """The gather's ``Layout``, or the error every rank raises identically: a pure
+    function of ``records`` (``rank`` only picks this rank's view of the layout)."""
     world = len(records)
     raise_local("all_gather_v", records)
 
@@ -344,11 +332,8 @@ def validate_records(records: Sequence[CallRecord], *, rank: int) -> Layout:
 
 
 def plan_layout(call: CheckedCall, info: GroupInfo) -> Layout:
-    """Exchange the records and validate them: the ``Layout`` or the common error.
-
-    On a sizes mismatch every rank takes one more small all_gather (of the sizes each
-    rank passed), so that the message shows what the lying ranks passed.
-    """
+    """Exchange the records and validate them: the ``Layout`` or the common error (on a
+    sizes mismatch with one more small all_gather, so the message shows what was passed)."""
     records = [row[0] for row in exchange_records([call.record], info)]
     try:
         return validate_records(records, rank=info.rank)

@@ -55,11 +55,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class FamilyCall:
-    """One rank's call of a family collective, as every other rank will see it.
-
-    ``sizes``: the parsed size vectors this rank passed (``None`` where absent or
-    malformed), for this rank's own use; ``extras`` is what the peers see of them.
-    """
+    """One rank's call of a family collective, as every other rank will see it:
+    ``extras``, while ``sizes`` (the parsed size vectors, ``None`` where absent or
+    malformed) are for this rank's own use."""
 
     kind: CollectiveName
     record: CallRecord

@@ -83,11 +83,8 @@ class Transport(Protocol):
 def _reduce_scatter_blocks(
     grad_output: torch.Tensor, layout: Layout, info: GroupInfo
 ) -> torch.Tensor:
-    """The sum contract's backward through one uneven ``reduce_scatter``.
-
-    The chunk for rank ``j`` is ``g[o_j : o_j + n_j]`` (a view when ``g`` is contiguous
-    and ``pre == 1``); rank ``r`` receives ``Σ_j`` of everyone's chunk ``r``.
-    """
+    """The sum contract's backward through one uneven ``reduce_scatter`` of every rank's
+    chunks ``g[o_j : o_j + n_j]`` (views when ``g`` is contiguous and ``pre == 1``)."""
     flat = rank_major_gradient(grad_output, layout)
     chunks = rank_major_blocks(flat, layout)
     received = flat.new_empty((layout.pre, layout.local_size, layout.post))
@@ -123,12 +120,9 @@ def _sum_rows(rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
 
 
 def _alltoallv_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-    """The sum contract's backward through alltoallv and a local sum.
-
-    Rank ``j`` sends ``g_j[o_r : o_r + n_r]`` to every rank ``r`` (the rank-major
-    gradient is exactly the send buffer), then each rank sums the ``W`` blocks it
-    received; in ``alltoallv_rounds`` rounds, each sending piece ``c`` of every block.
-    """
+    """The sum contract's backward through alltoallv (the rank-major gradient is exactly
+    the send buffer) and a local sum of the ``W`` blocks received, in
+    ``alltoallv_rounds`` rounds, each sending piece ``c`` of every block."""
     w = layout.world_size
     send = rank_major_gradient(grad_output, layout)
     elems = [layout.pre * n * layout.post for n in layout.sizes]
@@ -173,13 +167,10 @@ def _all_reduce_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInf
 
 
 def _unpadded_backward(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-    """Backward of the copy-free transports, chosen by measurement (``docs/performance.md``).
-
-    An uneven reduce_scatter, except on gloo below ``GLOO_REDUCE_SCATTER_MIN_BYTES``,
-    where gloo's reduce_scatter is slower than the alternatives. There: one alltoallv
-    when it fits in twice the output's memory, else one all_reduce of the gradient,
-    which beats the memory-bounded alltoallv rounds on skewed sizes.
-    """
+    """Backward of the copy-free transports, chosen by measurement (``docs/performance.md``):
+    below ``GLOO_REDUCE_SCATTER_MIN_BYTES`` gloo's reduce_scatter is slower than one
+    alltoallv (when it fits in twice the output's memory) or one all_reduce of the
+    gradient, which beats the memory-bounded alltoallv rounds on skewed sizes."""
     if info.backend == "gloo" and layout.nbytes < GLOO_REDUCE_SCATTER_MIN_BYTES:
         if alltoallv_rounds(layout) == 1:
             return _alltoallv_blocks(grad_output, layout, info)
@@ -307,18 +298,11 @@ NCCL_MAX_PADDED_WASTE: Final = 0.25
 
 
 def auto_transport_name(layout: Layout, backend: str) -> str:
-    """The transport ``auto`` runs for ``layout`` on ``backend``.
-
-    * gloo: below ``GLOO_SMALL_BYTES``, one collective (``padded`` when the sizes are
-      equal, which then pads and copies nothing; else ``alltoallv``); above it,
-      ``broadcast``, which measured at or below the equal-size all_gather of the same
-      bytes on every profile (``docs/performance.md``, where the policy's measurements
-      are).
-    * nccl: ``padded`` (NCCL's native all_gather) when the sizes are equal, the payload
-      is small, or padding wastes at most ``NCCL_MAX_PADDED_WASTE``; else ``views``.
-      Reasoned from NCCL's algorithms, not measured here (no GPU).
-    * any other backend: ``padded``, the one path that needs only equal collectives.
-    """
+    """The transport ``auto`` runs for ``layout`` on ``backend``. On gloo, past
+    ``GLOO_SMALL_BYTES``, ``broadcast`` measured at or below the equal-size all_gather
+    of the same bytes on every profile (``docs/performance.md``, where the policy's
+    measurements are); NCCL's choice is reasoned from its algorithms, not measured here
+    (no GPU); any other backend gets ``padded``, which needs only equal collectives."""
     if backend == "gloo":
         if layout.nbytes < GLOO_SMALL_BYTES:
             return "padded" if layout.is_even else "alltoallv"
