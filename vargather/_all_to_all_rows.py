@@ -21,12 +21,7 @@ import torch
 from ._args import CallRecord, Problem, as_index
 from ._collectives import CollectiveName
 from ._comm import GroupInfo
-from ._errors import (
-    ArgumentMismatchError,
-    DimError,
-    ShapeMismatchError,
-    SizesMismatchError,
-)
+from ._errors import ArgumentMismatchError, DimError, ShapeMismatchError, SizesMismatchError
 from ._exchange import _disagreement
 from ._layout import Layout, blocks_layout
 from ._rows import (
@@ -166,27 +161,16 @@ def validate_rows(rows: list[Row], *, rank: int) -> Validated:
     raise_local(NAME, records)
     checks = common_checks(records, dim=True, shape=None)
     cats = [row.extras[2 * w + 2] for row in rows]
-    checks.append(
-        (
-            ArgumentMismatchError,
-            "concatenation dimension (cat_dim, normalized; dim when None)",
-            list(cats),
-            repr,
-        )
-    )
+    what = "concatenation dimension (cat_dim, normalized; dim when None)"
+    checks.append((ArgumentMismatchError, what, list(cats), repr))
     d, c = records[0].normalized_dim, cats[0]
     if c == d:
         checks += common_checks(records, dim=False, shape="other")[-1:]
     else:
         lo, hi = min(c, d), max(c, d)
-        checks.append(
-            (
-                ShapeMismatchError,
-                f"shape outside dim {d} and cat_dim {c}",
-                [r.shape[:lo] + r.shape[lo + 1 : hi] + r.shape[hi + 1 :] for r in records],
-                lambda s: str(s),
-            )
-        )
+        others = [r.shape[:lo] + r.shape[lo + 1 : hi] + r.shape[hi + 1 :] for r in records]
+        what = f"shape outside dim {d} and cat_dim {c}"
+        checks.append((ShapeMismatchError, what, others, lambda s: str(s)))
     checks.append(requires_grad_check(records, "the backward of all_to_all_v is an all_to_all"))
     agree(NAME, checks)
     matrix = tuple(tuple(int(n) for n in row.extras[1 : 1 + w]) for row in rows)
@@ -224,10 +208,7 @@ def validate_rows(rows: list[Row], *, rank: int) -> Validated:
 
 
 def received(
-    matrix: tuple[tuple[int, ...], ...],
-    shapes: tuple[tuple[int, ...], ...] | None,
-    c: int,
-    r: int,
+    matrix: tuple[tuple[int, ...], ...], shapes: tuple[tuple[int, ...], ...] | None, c: int, r: int
 ) -> tuple[int, ...]:
     """Rank ``r``'s receive sizes: column ``r`` of the send matrix, or with ``cat_dim``
     another dim, every rank's size along it."""

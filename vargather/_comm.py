@@ -221,9 +221,7 @@ def all_gather_list(
     on NCCL, must be equal on gloo)."""
     with translate_collective_errors(what, info):
         dist.all_gather(
-            [movable(o, rows=True) for o in outputs],
-            movable(local, rows=True),
-            group=info.group,
+            [movable(o, rows=True) for o in outputs], movable(local, rows=True), group=info.group
         )
 
 
@@ -429,10 +427,7 @@ naming each other."""
 
 
 def exchange_with_each(
-    blocks: Sequence[torch.Tensor],
-    info: GroupInfo,
-    *,
-    what: str | None = None,
+    blocks: Sequence[torch.Tensor], info: GroupInfo, *, what: str | None = None
 ) -> None:
     """Block ``i`` of every rank receives block ``i`` of rank ``i``, for every ``i``:
     what ``broadcast_from_each`` does, by direct sends (``send_receive`` with this

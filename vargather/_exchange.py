@@ -238,14 +238,8 @@ def common_checks(
 
     checks: list[Check] = []
     if contract or gather:
-        checks.append(
-            (
-                ArgumentMismatchError,
-                "gradient contract (grad=)",
-                each("contract_code"),
-                _name_in(CONTRACTS),
-            )
-        )
+        grad = "gradient contract (grad=)"
+        checks.append((ArgumentMismatchError, grad, each("contract_code"), _name_in(CONTRACTS)))
     if gather:
         checks.append(
             (ArgumentMismatchError, "transport", each("transport_code"), _name_in(TRANSPORT_NAMES))
@@ -266,12 +260,8 @@ def common_checks(
 
 def requires_grad_check(records: Sequence[CallRecord], why: str) -> Check:
     """Every rank needs a gradient, or none: the backward is a collective."""
-    return (
-        RequiresGradMismatchError,
-        f"requires_grad ({why}: every rank must take part)",
-        [rec.requires_grad for rec in records],
-        repr,
-    )
+    what = f"requires_grad ({why}: every rank must take part)"
+    return (RequiresGradMismatchError, what, [rec.requires_grad for rec in records], repr)
 
 
 def raise_local(name: str, records: Sequence[CallRecord]) -> None:

@@ -54,16 +54,7 @@ from ._round_buffers import (
     round_for,
     unpack,
 )
-from ._round_state import (
-    FRESH,
-    FUSED_MAX_BYTES,
-    MEMORY,
-    FusedState,
-    Last,
-    Memory,
-    advance,
-    memory,
-)
+from ._round_state import FRESH, FUSED_MAX_BYTES, MEMORY, FusedState, Last, Memory, advance, memory
 from ._transport import Transport, choose_transport
 from ._wire import (
     FLAG_ELIGIBLE,
@@ -335,10 +326,7 @@ def _exchange_regions(buf: torch.Tensor, lay: WideLayout, info: GroupInfo) -> No
         (buf[lay.payload[r] : ends[r]], buf[lay.heads[r] : lay.heads[r] + head]) for r in range(w)
     ]
     send_receive(
-        [blocks[info.rank]] * w,
-        blocks,
-        info,
-        what=f"send/recv x{4 * (w - 1)} (metadata exchange)",
+        [blocks[info.rank]] * w, blocks, info, what=f"send/recv x{4 * (w - 1)} (metadata exchange)"
     )
 
 
@@ -395,7 +383,7 @@ def _remember(
     sent = None if rnd is None else rnd.header_key
     mem.steady = _Steady(
         key, calls[0], state, own, raw, layouts, needs, lay.output_shape, lay.dtype, wide,
-        header, rnd, sent,
+        header, rnd, sent
     )  # fmt: skip
 
 

@@ -83,9 +83,7 @@ def unpack(regions: Sequence[torch.Tensor], layouts: Sequence[Layout]) -> list[t
 
 
 def _joined(
-    layouts: Sequence[Layout],
-    per_tensor: Sequence[list[torch.Tensor]],
-    device: torch.device | None,
+    layouts: Sequence[Layout], per_tensor: Sequence[list[torch.Tensor]], device: torch.device | None
 ) -> list[torch.Tensor]:
     """Each result from every rank's part of it (``tensor_parts``): one ``cat`` each (a
     fresh empty tensor for one without elements; ``device`` ``None``: torch's default)."""

@@ -68,7 +68,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 import torch
@@ -374,14 +374,12 @@ def _advance_blocks(
 # --- the one registry: per group, per collective ---------------------------------------
 
 
+@dataclass(eq=False, slots=True)
 class StateCell:
     """The state of one round shape on one group, shared by the ``Memory`` of every
     collective of that shape (a peer calling another of them sends the same length)."""
 
-    __slots__ = ("state",)
-
-    def __init__(self) -> None:
-        self.state = FRESH
+    state: FusedState = FRESH
 
 
 S = TypeVar("S")
@@ -397,6 +395,7 @@ class Last(NamedTuple, Generic[S, F]):
     found: F
 
 
+@dataclass(eq=False, slots=True)
 class Memory:
     """Everything one group keeps for one collective's round, from call to call: the
     shared state (``shared.state``), the kept buffers (``round``: ``_round_buffers.Round``),
@@ -404,15 +403,12 @@ class Memory:
     remembered steady calls by key), this rank's last call by its key (``known``). The
     rounds own what they put in the untyped slots."""
 
-    __slots__ = ("joined", "known", "last", "round", "shared", "steady")
-
-    def __init__(self, shared: StateCell) -> None:
-        self.shared = shared
-        self.known: tuple[tuple[object, ...], object] | None = None  # a call by its key
-        self.round: object = None
-        self.last: Last[Any, Any] | None = None
-        self.steady: object = None
-        self.joined: dict[tuple[object, ...], object] = {}
+    shared: StateCell
+    known: tuple[tuple[object, ...], object] | None = None  # a call by its key
+    round: object = None
+    last: Last[Any, Any] | None = None
+    steady: object = None
+    joined: dict[tuple[object, ...], object] = field(default_factory=dict)
 
 
 class GroupMemory:

@@ -19,10 +19,7 @@ import torch
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
 from ._collectives import COLLECTIVES, CollectiveName, by_code
 from ._comm import GroupInfo
-from ._errors import (
-    ProtocolMismatchError,
-    SizesError,
-)
+from ._errors import ProtocolMismatchError, SizesError
 from ._exchange import (
     Check,
     agree,
