@@ -22,20 +22,9 @@ from ._args import CallRecord, Problem, as_index
 from ._collectives import CollectiveName
 from ._comm import GroupInfo
 from ._errors import ArgumentMismatchError, DimError, ShapeMismatchError, SizesMismatchError
-from ._exchange import _disagreement
+from ._exchange import _disagreement, agree, common_checks, raise_local, requires_grad_check
 from ._layout import Layout, blocks_layout
-from ._rows import (
-    FamilyCall,
-    Row,
-    agree,
-    block_sizes_problem,
-    check_tensor,
-    common_checks,
-    raise_local,
-    requires_grad_check,
-    sizes_words,
-    with_problem,
-)
+from ._rows import FamilyCall, Row, block_sizes_problem, check_tensor, sizes_words, with_problem
 
 __all__ = [
     "Validated",

@@ -132,8 +132,8 @@ def header_bytes(slots: int, records: Sequence[CallRecord], k: int, flags: int) 
 
 def read_headers(buf: torch.Tensor, at: Sequence[int], slots: int) -> tuple[tuple[int, ...], ...]:
     """Every rank's ``slots`` compact headers as int64 words, from the bytes of ``buf``
-    at ``at[r]`` (only the headers are read: on the CPU with ``struct`` where they
-    landed, elsewhere copied to the host together). Every round reads its headers here."""
+    at ``at[r]``: on the CPU read with ``struct`` where they landed, elsewhere copied to
+    the host together."""
     fmt = header_struct(slots)
     if buf.device.type == "cpu":
         raw = _char_array(buf.numel()).from_address(buf.data_ptr())
@@ -166,8 +166,7 @@ MOVE_CHUNK: Final = 1 << 20
 
 def move_left(buf: torch.Tensor, dst: int, src: int, n: int) -> None:
     """``buf[dst : dst + n] = buf[src : src + n]`` for ``dst < src`` (ranges may
-    overlap), ``buf`` a contiguous uint8 tensor: one ``memmove`` on the CPU (made for
-    overlapping ranges), else ``move_chunked``."""
+    overlap): one ``memmove`` on the CPU, else ``move_chunked``."""
     if buf.device.type == "cpu" and buf.is_contiguous():
         base = buf.data_ptr()
         ctypes.memmove(base + dst, base + src, n)
@@ -405,11 +404,10 @@ class Round:
         self.dirty = filled
 
     def receive(self, adjacent: bool, pg: dist.ProcessGroup | None) -> torch.Tensor:
-        """The buffer this call's round receives into: a buffer of its own for a large
-        round whose one result's rank blocks are ``adjacent`` (it becomes the result)
-        or for a round too large to keep (``pg``'s handed-back one, or fresh), else the
-        kept one (made at its first use). ``pg`` is passed, not kept: ``MEMORY`` is
-        weakly keyed by it."""
+        """The buffer this call's round receives into: one of its own (handed back, or
+        fresh) for a large round whose one result's rank blocks are ``adjacent`` (it
+        becomes the result) or one too large to keep, else the kept one. ``pg`` is
+        passed, not kept: ``MEMORY`` is weakly keyed by it."""
         size = self.world * self.block
         if (adjacent and size > _KEEP_RECV_MAX) or size > _REUSE_MAX_BYTES:
             return handed_back_buffer(pg, "gather", size, torch.device("cpu"))
@@ -455,8 +453,7 @@ class Round:
 
 def plain(t: torch.Tensor) -> bool:
     """Whether ``t``'s bytes, in row-major order, are the ``numel * element_size`` bytes
-    at ``t.data_ptr()``: a plain tensor (no subclass, no lazy conjugate or negation
-    bit), contiguous, on the CPU."""
+    at ``t.data_ptr()`` on the CPU (no subclass, no lazy bit, contiguous)."""
     return (
         (type(t) is torch.Tensor or type(t) is torch.nn.Parameter)
         and t.device.type == "cpu"
@@ -502,11 +499,10 @@ def plain_in_blocks(x: object, dim: object) -> bool:
 
 
 def _copied_out(at: Sequence[int], layouts: Sequence[Layout]) -> list[torch.Tensor]:
-    """The results of a round on the CPU whose rank r's payload (its tensors' bytes one
-    after the other) starts at address ``at[r]``, for layouts whose rank blocks are
-    adjacent in the result (``pre == 1``): each result a fresh tensor, filled by one
-    ``memmove`` per rank. With sizes changing every call this cuts no views (``parts``
-    would make 2 W of them per tensor, each a few microseconds of dispatch)."""
+    """The results of a round on the CPU whose rank r's payload starts at address
+    ``at[r]``, for layouts whose rank blocks are adjacent (``pre == 1``): each a fresh
+    tensor filled by one ``memmove`` per rank, cutting no views (``tensor_parts`` would
+    make 2 W of them per tensor, each a few microseconds of dispatch)."""
     src = list(at)
     outputs = []
     for lay in layouts:

@@ -4,12 +4,8 @@ Where it sits: beneath the one-round exchanges (``_fused``, ``_family``) and the
 buffers (``_round_buffers``); it imports ``_collectives`` only. It holds the **one state
 type** (``FusedState``), the size rules (``bucket``, ``capacity_step``, the padding
 bounds), each round shape's ``advance`` rule, and the **one registry** (``MEMORY``) in
-which every round keeps its state, its buffers and its caches.
-
-The state is kept per group and round shape (``_collectives.RoundShape``): the
-collectives sharing a round shape share one state, so a rank calling one of them
-beside a peer calling another sends the same length and gets an error, never a gloo
-abort.
+which every round keeps its state (one per group and ``_collectives.RoundShape``:
+``StateCell``), its buffers and its caches.
 
 **The all_gather-shaped round** (``advance``): applied on every rank after a call whose
 headers validated, from the validated layouts only, before any payload moves; ``need``
@@ -47,10 +43,8 @@ rank. While sizes move the capacity is ``bucket`` of the largest need of the las
 so one call's padding can exceed the bound by what its sizes fell since then;
 ``SHRINK_AFTER`` calls at the smaller sizes restore it.
 
-A miss on one rank only is seen by every rank in the headers, so every rank grows the
-slots alike. A group that mixes the collectives of this round pays a little padding:
-its capacity and header slots follow the largest need and tensor count of every one's
-calls.
+A group that mixes the collectives of this round pays a little padding: its capacity
+and header slots follow the largest need and tensor count of every one's calls.
 
 **The all_to_all-shaped round** (``advance_blocks``): the state is the same type. Its
 equal slots are ``capacity``, ``idle`` and ``idle_need`` (the bytes of the payload
