@@ -74,10 +74,8 @@ _ISSUED: MutableSequence[int] = [0]  # collectives this process has entered thro
 
 
 def collectives_issued() -> int:
-    """How many collectives this process has entered through ``_comm`` so far (every
-    wrapper counts one; ``broadcast_from_each`` and ``exchange_with_each`` count one for
-    their batch). Tests read it before and after a call to count the call's round
-    trips."""
+    """How many collectives this process has entered through ``_comm`` so far (a
+    batch counts one): tests read it before and after a call to count its round trips."""
     return _ISSUED[0]
 
 
@@ -328,14 +326,12 @@ AllToAll = tuple[torch.Tensor, torch.Tensor, Sequence[int], Sequence[int]]
 
 
 def all_to_all_round(exchanges: Sequence[AllToAll], info: GroupInfo, *, what: str) -> None:
-    """Several alltoallvs of flat uint8 buffers (``AllToAll``) as one round: every one
-    posted, in order, before any is awaited (every rank posts the same ones in the same
-    order, so they match as collectives do), then each awaited. On gloo each runs on
-    one of the group's worker threads, its sends and receives posted in C++ and its
-    own block copied there (gloo requires ``output_splits[rank] ==
-    input_splits[rank]``); a peer's message may be shorter than the room its receiver
-    gave it (gloo takes any message of at most the receive's size). One collective
-    call as the census and the issued count see it, under one timeout."""
+    """Several alltoallvs of flat uint8 buffers (``AllToAll``) as one round, one
+    collective call as the census and the issued count see it: every one posted, in
+    the same order on every rank, before any is awaited. On gloo each runs on one of
+    the group's worker threads, its own block copied there (gloo requires
+    ``output_splits[rank] == input_splits[rank]``); a peer's message may be shorter
+    than the room its receiver gave it (gloo takes any message of at most that)."""
     with translate_collective_errors(what, info):
         works = [
             _post_alltoallv(out, inp, list(outs), list(ins), info, async_op=True)
@@ -429,11 +425,9 @@ naming each other."""
 def exchange_with_each(
     blocks: Sequence[torch.Tensor], info: GroupInfo, *, what: str | None = None
 ) -> None:
-    """Block ``i`` of every rank receives block ``i`` of rank ``i``, for every ``i``:
-    what ``broadcast_from_each`` does, by direct sends (``send_receive`` with this
-    rank's block to every peer and each peer's block received in place: 2 (W - 1)
-    operations). Every block must be a contiguous receive buffer of the same size on
-    every rank."""
+    """``broadcast_from_each`` by direct sends: this rank's block to every peer, each
+    peer's received in place, 2 (W - 1) operations (``send_receive``). Every block must
+    be a contiguous receive buffer of the same size on every rank."""
     own = (blocks[info.rank],)
     send_receive([own] * len(blocks), [(b,) for b in blocks], info, what=what)
 

@@ -212,11 +212,9 @@ def exchange(
 
 def _gather_blocks(recv: torch.Tensor, send: torch.Tensor, info: GroupInfo) -> None:
     """The gather round's transport: every rank's equal ``send`` block into row r of
-    ``recv`` (``W`` blocks). On gloo by direct sends (``exchange_with_each``: this
-    rank's block copied into its own row, then sent from there to every peer, each
-    peer's received in place), which move the bytes faster than gloo's ring all_gather
-    at every size measured (``docs/performance.md``); one equal all_gather elsewhere
-    (NCCL's all_gather is one kernel)."""
+    ``recv``. On gloo by direct sends (``exchange_with_each``), faster than gloo's ring
+    all_gather at every size measured (``docs/performance.md``); elsewhere one equal
+    all_gather (NCCL's is one kernel)."""
     if info.backend != "gloo":
         all_gather_equal(recv, send, info, what="all_gather (metadata exchange)")
         return
