@@ -157,7 +157,9 @@ def validate_rows(rows: list[Row], *, rank: int) -> Validated:
         checks += common_checks(records, dim=False, shape="other")[-1:]
     else:
         lo, hi = min(c, d), max(c, d)
-        others = [r.shape[:lo] + r.shape[lo + 1 : hi] + r.shape[hi + 1 :] for r in records]
+        others: list[object] = [
+            r.shape[:lo] + r.shape[lo + 1 : hi] + r.shape[hi + 1 :] for r in records
+        ]
         what = f"shape outside dim {d} and cat_dim {c}"
         checks.append((ShapeMismatchError, what, others, lambda s: str(s)))
     checks.append(requires_grad_check(records, "the backward of all_to_all_v is an all_to_all"))
