@@ -167,9 +167,6 @@ class _Writer:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1.0)
 
-    def _after_fork(self) -> None:
-        self._reset()  # the parent's thread is gone, its pending values are the parent's
-
 
 class _Arrivals:
     """Per-process arrival counters, one per process group (weakly keyed)."""
@@ -220,7 +217,7 @@ class _Arrivals:
         self._lock = threading.Lock()
         for state in list(self._groups.values()):
             state.lock = threading.Lock()
-        self.writer._after_fork()
+        self.writer._reset()  # the parent's thread is gone, its pending values the parent's
 
     def census(
         self, info: GroupInfo, count: int, what: str, *, timed_out: bool

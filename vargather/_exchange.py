@@ -86,11 +86,8 @@ def _exchange_passed_sizes(
     """Every rank's passed sizes (length, first ``SIZES_SHOWN`` entries; -1: none), on
     the error path only, after every rank has found the same sizes mismatch."""
     shown = min(info.world_size, SIZES_SHOWN)
-    row = [-1] * (1 + shown)
-    if passed is not None:
-        row[0] = len(passed)
-        for i, n in enumerate(passed[:shown]):
-            row[1 + i] = saturate(n)
+    row = [-1] if passed is None else [len(passed), *map(saturate, passed[:shown])]
+    row += [-1] * (1 + shown - len(row))
     device = info.default_device()
     local = torch.tensor(row, dtype=torch.int64, device=device)
     gathered = torch.empty(info.world_size * (1 + shown), dtype=torch.int64, device=device)

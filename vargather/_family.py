@@ -102,17 +102,6 @@ Outgoing = Callable[[], tuple[torch.Tensor, Sequence[int]]]
 (``sizes[r]`` bytes) for rank ``r``, in rank order. Called only for an eligible call."""
 
 
-def _eligible(call: FamilyCall, x: object, info: GroupInfo) -> bool:
-    """Whether this rank's payload may ride in the round: no local problem, a strided
-    tensor on the exchange's device."""
-    return (
-        call.record.problem is None
-        and isinstance(x, torch.Tensor)
-        and x.device.type == info.default_device().type
-        and x.layout == torch.strided
-    )
-
-
 def exchange_fused(
     call: FamilyCall, info: GroupInfo, x: object = None, outgoing: Outgoing | None = None
 ) -> Exchanged:
@@ -127,8 +116,14 @@ def exchange_fused(
     room, wide = block_room(state, w), is_wide(state, w)
     flag = 0
     blocks: list[torch.Tensor] | None = None
-    if pg is not None and outgoing is not None and _eligible(call, x, info):
-        assert isinstance(x, torch.Tensor)  # an eligible call's
+    if (  # eligible: no local problem, a strided tensor on the exchange's device
+        pg is not None
+        and outgoing is not None
+        and call.record.problem is None
+        and isinstance(x, torch.Tensor)
+        and x.device.type == info.default_device().type
+        and x.layout == torch.strided
+    ):
         flag = _ELIGIBLE
         if wide or x.numel() * x.element_size() <= state.capacity * w:  # else one is larger
             flat, sizes = outgoing()

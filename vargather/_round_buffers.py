@@ -395,12 +395,11 @@ class Round:
             copy_payload(self.slot_views, own)
             filled = nbytes
         if self.dirty > filled:  # no stale memory to the peers
-            if self.dirty - filled <= len(_ZEROS):
-                self.raw_send[self.head + filled : self.head + self.dirty] = _ZEROS[
-                    : self.dirty - filled
-                ]
+            lo, hi = self.head + filled, self.head + self.dirty
+            if hi - lo <= len(_ZEROS):
+                self.raw_send[lo:hi] = _ZEROS[: hi - lo]
             else:
-                self.send[self.head + filled : self.head + self.dirty].zero_()
+                self.send[lo:hi].zero_()
         self.dirty = filled
 
     def receive(self, adjacent: bool, pg: dist.ProcessGroup | None) -> torch.Tensor:

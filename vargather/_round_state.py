@@ -424,10 +424,7 @@ takes its entry along; subgroups apart)."""
 
 def group_memory(pg: dist.ProcessGroup) -> GroupMemory:
     """``pg``'s entry of ``MEMORY``, made at its first use."""
-    found = MEMORY.get(pg)
-    if found is None:
-        found = MEMORY.setdefault(pg, GroupMemory())
-    return found
+    return MEMORY.get(pg) or MEMORY.setdefault(pg, GroupMemory())
 
 
 def memory(pg: dist.ProcessGroup, collective: CollectiveName) -> Memory:

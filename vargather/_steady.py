@@ -224,10 +224,8 @@ def _replay_packed(
     written when it was made: the same key sends the same blocks' lengths, so no block
     leaves stale bytes behind it) with the blocks of ``flat``'s bytes copied in."""
     try:
-        send: torch.Tensor | None = steady.spare.pop()
+        send = steady.spare.pop()
     except IndexError:  # none spare (or another thread took the last one)
-        send = None
-    if send is None:
         send = torch.empty(sum(packed.out_bytes), dtype=torch.uint8)
         fill_packed(send, packed.row, None, packed.out_bytes, packed.head)
     base, source = send.data_ptr() + packed.head, flat.contiguous().data_ptr()
