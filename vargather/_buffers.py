@@ -27,9 +27,6 @@ __all__ = [
 ]
 
 
-# --- send side: padding ------------------------------------------------------------
-
-
 def as_blocks(t: torch.Tensor, n: int, layout: Layout) -> torch.Tensor:
     """``t`` (``lead + (n,) + trail``) as ``(pre, n, post)``; a view when ``t`` allows."""
     return t.reshape(layout.pre, n, layout.post)
@@ -86,9 +83,6 @@ def rank_major_gradient(full: torch.Tensor, layout: Layout) -> torch.Tensor:
             out[at : at + pre * n * post].view(pre, n, post).copy_(blocks[:, layout.block(r)])
         at += pre * n * post
     return out
-
-
-# --- receive side: compaction --------------------------------------------------------
 
 
 def compact_padded(buffer: torch.Tensor, layout: Layout) -> torch.Tensor:

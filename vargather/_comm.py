@@ -56,8 +56,6 @@ def _seconds(t: timedelta) -> str:
     return f"{s:g} s" if s < 120 or not math.isfinite(s) else f"{s / 60:g} min"
 
 
-# --- error translation -------------------------------------------------------------------
-
 _TIMEOUT_PATTERN = re.compile(r"timed? ?out|timeout|deadline", re.IGNORECASE)
 _PEER_LOST_PATTERN = re.compile(
     r"connection (closed|reset|refused)|broken pipe|closed by peer|reset by peer|"
@@ -162,9 +160,6 @@ def _translate(err: RuntimeError, what: str, info: GroupInfo, count: int) -> Non
     # Anything else failed locally (a dtype the backend refuses, say), likely on
     # every rank at once: a census would only race with the peers' arrivals.
     raise CollectiveError(f"{where} failed (backend said: {text})") from err
-
-
-# --- the collectives -----------------------------------------------------------------
 
 
 def movable(t: torch.Tensor, *, rows: bool) -> torch.Tensor:

@@ -96,9 +96,6 @@ def _exchange_passed_sizes(
     return [(int(r[0]), [int(v) for v in r[1 : 1 + max(0, min(int(r[0]), shown))]]) for r in rows]
 
 
-# --- validation -------------------------------------------------------------------
-
-
 def _disagreement(
     what: str, values: Sequence[object], show: Callable[[object], str] = repr
 ) -> tuple[str, list[int]] | None:

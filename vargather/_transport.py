@@ -77,9 +77,6 @@ class Transport(Protocol):
         ...
 
 
-# --- shared pieces -------------------------------------------------------------------
-
-
 def _reduce_scatter_blocks(
     grad_output: torch.Tensor, layout: Layout, info: GroupInfo
 ) -> torch.Tensor:
@@ -176,9 +173,6 @@ def _unpadded_backward(grad_output: torch.Tensor, layout: Layout, info: GroupInf
             return _alltoallv_blocks(grad_output, layout, info)
         return _all_reduce_blocks(grad_output, layout, info)
     return _reduce_scatter_blocks(grad_output, layout, info)
-
-
-# --- the transports ---------------------------------------------------------------------
 
 
 class PaddedTransport:
@@ -280,8 +274,6 @@ TRANSPORTS: Final[Mapping[str, Transport]] = {
 }
 """Every transport by name: each name of ``TRANSPORT_NAMES`` but ``auto``."""
 
-
-# --- capabilities and the auto policy ---------------------------------------------------
 
 GLOO_SMALL_BYTES: Final = 256 * 1024
 """Below this many output bytes gloo is latency-bound: one collective beats ``W``."""
