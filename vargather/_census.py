@@ -92,13 +92,10 @@ class _GroupArrivals:
 
 class _Writer:
     """This process's census writer: a daemon thread that writes each group's latest
-    pending arrival (``submit``), then pauses ``_WRITE_INTERVAL_S``.
-
-    Started at the first ``submit``, not at import: a thread does not survive a fork,
-    so a forked child (the test pool forks its ranks) starts its own (``_after_fork``
-    forgets the parent's, whose pending values are the parent's). Where no thread can
-    be started (interpreter shutdown) the write runs on the calling thread.
-    """
+    pending arrival (``submit``), then pauses ``_WRITE_INTERVAL_S``. Started at the
+    first ``submit``, not at import: a thread does not survive a fork, so a forked child
+    (the test pool forks its ranks) starts its own after ``_reset``. Where no thread can
+    be started (interpreter shutdown) the write runs on the calling thread."""
 
     def __init__(self) -> None:
         self._reset()

@@ -79,9 +79,8 @@ def collectives_issued() -> int:
 
 def swap_issued_counter(counter: MutableSequence[int]) -> MutableSequence[int]:
     """Count the collectives entered from now on in ``counter[0]``; return the counter
-    it replaces. For the scale simulation, which plays every rank on a thread of one
-    process and so counts each thread's collectives apart (a ``counter`` whose item
-    0 is per thread); put the returned one back when done."""
+    it replaces (put it back when done). For the scale simulation, which plays every
+    rank on a thread of one process (a ``counter`` whose item 0 is per thread)."""
     global _ISSUED
     before, _ISSUED = _ISSUED, counter
     return before
@@ -345,9 +344,8 @@ def _pg_all_to_all(pg: dist.ProcessGroup) -> Callable[..., Any]:
 
 
 def gloo_group(info: GroupInfo) -> dist.ProcessGroup | None:
-    """The group's ``ProcessGroup`` when it is a real gloo one (whose methods vargather
-    may call directly: ``_post``, ``all_to_all_uneven``), else ``None`` (NCCL, MPI, a
-    simulated group without a backend of its own)."""
+    """The group's ``ProcessGroup`` when it is a real gloo one, whose methods vargather
+    may call directly, else ``None`` (NCCL, MPI, a simulated group)."""
     pg = info.group if info.group is not None else dist.group.WORLD
     if type(pg) is not dist.ProcessGroup:
         return None
@@ -479,15 +477,12 @@ def send_receive(
 
 def _post(posts: Sequence[tuple[bool, torch.Tensor, int, int]], info: GroupInfo) -> list[Any]:
     """Post the point-to-point operations ``(sending, tensor, group peer, tag)``, all
-    before any is awaited; their works.
-
-    On gloo each goes straight to the process group (``ProcessGroup.send`` /
-    ``recv``), which is what ``dist.batch_isend_irecv`` does there for each operation
-    (gloo does not coalesce) without its Python: the group lookups and checks of each
-    ``isend``/``irecv`` cost about 60 us of the calling thread's CPU per 6 operations
-    (4 ranks; a third of a 1 MiB gather's own work on top of the batch). Elsewhere (NCCL
-    groups them into one launch), and for a group without a gloo backend of its own
-    (a simulated one), one ``dist.batch_isend_irecv``."""
+    before any is awaited; their works. On gloo each goes straight to the process group
+    (``ProcessGroup.send`` / ``recv``), as ``dist.batch_isend_irecv`` does there (gloo
+    does not coalesce) without its Python: the lookups and checks of each
+    ``isend``/``irecv`` cost about 60 us of the calling thread's CPU per 6 operations (4
+    ranks; a third of a 1 MiB gather's own work). Elsewhere (NCCL groups them into one
+    launch) and for a simulated group, one ``dist.batch_isend_irecv``."""
     pg = gloo_group(info)
     if pg is not None:
         works = []

@@ -128,10 +128,9 @@ def _disagreement(
 
 def check_same_collective(codes: Sequence[int]) -> None:
     """The one check that every rank called the same collective (``codes[r]``: the wire
-    code rank r sent, ``_collectives``): else ``ProtocolMismatchError`` on every rank (a
-    pure function of what every rank received), naming the collectives and which rank
-    called which. Every round runs it on what it gathered; the all_gather-shaped round
-    only on its error path, as calls whose compact headers agree gather alike."""
+    code rank r sent): else ``ProtocolMismatchError`` on every rank, naming which rank
+    called which. The all_gather-shaped round runs it only on its error path, as calls
+    whose compact headers agree gather alike."""
     names = [name_of_code(c) for c in codes]
     found = _disagreement("collective", names)
     if found is not None:

@@ -167,7 +167,7 @@ copied into one send buffer, instead of the rows and the blocks apart (``run_dir
 apart costs a second collective, packing two copies of the blocks, which outweigh it
 from about half a MiB a block (4 gloo ranks, CPU per call against
 ``all_to_all_single``'s, packed / direct: 170 KiB blocks 1.19 / 1.28x, 670 KiB 1.40 /
-1.17x). A function of the group's state, so every rank picks the same."""
+1.17x)."""
 
 
 SHORT_MESSAGES: tuple[str, ...] = ("gloo",)
@@ -296,13 +296,11 @@ def _direct_by_all_to_all(
     rows: torch.Tensor,
     buf: torch.Tensor,
 ) -> None:
-    """The direct round when ``direct.exact`` (``DirectRound``): fills ``rows`` (every
-    rank's row, rank by rank) and ``buf``.
-
-    This rank's own block rides in the second too, copied by the backend, which wants
-    its receive room equal to its length ``L``: it lands at the end of its region (the
-    room before it goes to the previous rank's region, or is left out of the output
-    for rank 0) and is moved to the region's start after, unless it fills the region
+    """The direct round when ``direct.exact``: fills ``rows`` (every rank's row, rank by
+    rank) and ``buf``. This rank's own block rides in the second alltoallv too, copied
+    by the backend, which wants its receive room equal to its length: it lands at the
+    end of its region (the room before it goes to the previous rank's region, or is left
+    out for rank 0) and is moved to the region's start after, unless it fills the region
     (a steady state's exact slot in whole 16 bytes: nothing moves)."""
     w, rank = info.world_size, info.rank
     length = direct.row.numel()
@@ -556,10 +554,10 @@ def known_call(
 def settle(
     ex: Exchanged, info: GroupInfo, blocks: Sequence[int]
 ) -> tuple[torch.Tensor, ...] | None:
-    """After the rows of ``ex`` validated: advance the group's state (every rank alike;
-    ``blocks[j * W + k]``: the bytes rank ``j`` sends rank ``k``, from the validated
-    rows) and, when every rank's slots hold its blocks, the block each rank ``j``
-    sent this rank (``None``: the payload collective runs)."""
+    """After the rows of ``ex`` validated: advance the group's state (``blocks[j * W +
+    k]``: the bytes rank ``j`` sends rank ``k``) and, when every rank's slots hold its
+    blocks, the block each rank ``j`` sent this rank (``None``: the payload collective
+    runs)."""
     w, rank = info.world_size, info.rank
     fusable = all(f & _ELIGIBLE for f in ex.flags)
     after = advance_blocks(ex.state, fusable=fusable, blocks=blocks, world=w)

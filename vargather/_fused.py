@@ -334,10 +334,9 @@ def _exchange_regions(buf: torch.Tensor, lay: WideLayout, info: GroupInfo) -> No
 @dataclass(frozen=True)
 class _Steady:
     """A collective's last steady round on a group (its ``Memory.steady``): the caller's
-    key, its checked call, the group's state it left unchanged, this rank's payload
-    bytes, every rank's headers as received, and the verdict. A wide round's: its
-    ``WideLayout`` and this rank's headers as sent; a gather round's: its kept
-    ``Round`` and what the headers in its send buffer encode."""
+    key, its checked call, the state it left unchanged, this rank's payload bytes,
+    every rank's headers as received and the verdict; a wide round's ``WideLayout`` and
+    headers as sent, or a gather round's ``Round`` and what its send headers encode."""
 
     key: tuple[object, ...]
     call: CheckedCall
@@ -396,8 +395,7 @@ def steady_exchange(
     length) one after the other (CPU memory: ``x``'s, or a carrier's parts). It sends
     what the full path would; when every rank's headers are the ones of last time, the
     result is cut as then, else ``_decide`` reads them. The registry is read here
-    directly (no helper), as this is every steady call's path.
-    """
+    directly (no helper), as this is every steady call's path."""
     pg = info.group if info.group is not None else dist.group.WORLD
     group = MEMORY.get(pg) if isinstance(pg, dist.ProcessGroup) else None
     mem = None if group is None else group.calls.get(kind)

@@ -338,9 +338,8 @@ class Round:
     result then holds the whole receive buffer, at most ``1 + WASTE_LIMIT`` times its
     bytes plus the headers (else it is cut out as from a kept buffer).
 
-    ``lock`` keeps a second thread on the same group (already a misuse of the group)
-    from sharing the kept buffers: it takes fresh buffers instead.
-    """
+    ``lock`` keeps a second thread on the same group (already a misuse) from sharing
+    the kept buffers: it takes fresh ones."""
 
     def __init__(self, world: int, slots: int, capacity: int) -> None:
         self.key = (world, slots, capacity)
@@ -465,11 +464,9 @@ def plain(t: torch.Tensor) -> bool:
 def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst.copy_(src)`` for two uint8 ranges of the same length: one ``memmove`` on the
     CPU (both ``plain``), never torch's ``copy_`` there, which splits a large copy over
-    the intra-op threads; beside the peers' ranks on the same cores those threads wait
-    for one another (measured at 16 MiB on 4 ranks of a 2-core machine with torch's
-    default threads: ``all_to_all_v``'s steady call 4-5x one ``all_to_all_single``
-    with its own block copied by ``copy_``, 0.9x by ``memmove``). The collectives
-    themselves run on gloo's threads."""
+    the intra-op threads that, beside the peers' ranks on the same cores, wait for one
+    another (measured at 16 MiB on 4 ranks of a 2-core machine: ``all_to_all_v``'s
+    steady call 4-5x one ``all_to_all_single`` with ``copy_``, 0.9x by ``memmove``)."""
     if plain(dst) and plain(src):
         ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
     else:

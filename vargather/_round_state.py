@@ -337,11 +337,9 @@ def block_room(state: FusedState, world: int) -> tuple[int, ...]:
 def advance_blocks(
     state: FusedState, *, fusable: bool, blocks: Sequence[int], world: int
 ) -> FusedState:
-    """The all_to_all-shaped round's state after a call that validated, from what every
-    rank saw (``fusable``: every rank eligible; ``blocks``: the bytes rank ``j`` sends
-    rank ``k`` at ``j * W + k``). Remembered for recent arguments (a steady state
-    repeats them every call), keyed by the ``FAMILY_FUSED_MAX`` in force (a test may set
-    another)."""
+    """The all_to_all-shaped round's state after a call that validated (``blocks``: the
+    bytes rank ``j`` sends rank ``k`` at ``j * W + k``), remembered for recent arguments
+    keyed by the ``FAMILY_FUSED_MAX`` in force (a test may set another)."""
     after = _advance_blocks(state, fusable, tuple(blocks), world, FAMILY_FUSED_MAX)
     return state if after == state else after  # unchanged is the very state passed in
 
@@ -392,10 +390,9 @@ class Last(NamedTuple, Generic[S, F]):
 @dataclass(eq=False, slots=True)
 class Memory:
     """Everything one group keeps for one collective's round, from call to call: the
-    shared state (``shared.state``), the kept buffers (``round``: ``_round_buffers.Round``),
-    the last verdict (``last``), the steady replay (``steady``, and ``joined``: several
-    remembered steady calls by key), this rank's last call by its key (``known``). The
-    rounds own what they put in the untyped slots."""
+    shared state, the kept buffers (``round``), the last verdict (``last``), the steady
+    replay (``steady``, and ``joined``: several steady calls by key) and this rank's
+    last call by its key (``known``). The rounds own what they put in untyped slots."""
 
     shared: StateCell
     known: tuple[tuple[object, ...], object] | None = None  # a call by its key
@@ -473,9 +470,9 @@ def swap_state(
     group: dist.ProcessGroup | None, state: FusedState, collective: CollectiveName = "all_gather_v"
 ) -> FusedState:
     """Install ``state`` on this rank; return the one it replaces (``FRESH`` for a group
-    that had none). For the bench, which gives each of its call patterns on one group the state that
-    pattern alone would have learned; every rank must swap alike, or the ranks disagree
-    on the next round."""
+    that had none). For the bench, which gives each of its call patterns on one group
+    the state that pattern alone would have learned; every rank must swap alike, or the
+    ranks disagree on the next round."""
     pg = group_key(group)
     if pg is None:
         return state

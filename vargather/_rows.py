@@ -247,10 +247,9 @@ T = TypeVar("T")
 
 
 class ValidatedOnce(Generic[T]):
-    """A collective's ``validate_rows``, remembered for the very list of rows it last
-    validated (``_read_rows`` returns the same list for the same bytes, so the steady
-    state's rows are one list, validated once). A pure function of the rows and this
-    rank; an error is never remembered."""
+    """A collective's ``validate_rows`` (a pure function of the rows and this rank),
+    remembered for the very list of rows it last validated (``_read_rows`` returns the
+    same list for the same bytes); an error is never remembered."""
 
     def __init__(self, validate: Callable[..., T]) -> None:
         self._validate = validate
@@ -269,8 +268,7 @@ def call_key(x: object, *args: object) -> tuple[object, ...] | None:
     """What this rank's call of a plain strided tensor ``x`` with ``args`` is a function
     of (``None`` for other calls): ``x``'s metadata (shape, strides, dtype, device,
     whether a gradient is wanted, its lazy bits) and each argument with its type (so
-    ``validate=1`` is not ``True``), lists of ints as tuples. The steady path's key
-    (``known_call``)."""
+    ``validate=1`` is not ``True``), lists of ints as tuples: ``known_call``'s key."""
     if type(x) is not torch.Tensor or x.layout != torch.strided or x.is_nested:
         return None
     key: list[object] = [x.shape, x.stride(), x.dtype, x.device, x.is_conj(), x.is_neg()]

@@ -99,10 +99,10 @@ class RoundSpec(Generic[T, P]):
 
 JOINED_KEPT: Final = 4
 """Steady calls kept per group by ``RoundSpec.kept`` (``Memory.joined``, the oldest
-dropped): Ulysses alternates ``all_to_all_v`` calls joined along another dim of several
-shapes (Q, K and V to the heads, the output back), each of which replays its own round
-while the group's state stays the one it was sized from. Other calls keep one
-(``Memory.steady``)."""
+dropped; other calls keep one, ``Memory.steady``): Ulysses alternates ``all_to_all_v``
+calls joined along another dim of several shapes (Q, K and V to the heads, the output
+back), each replaying its own round while the group's state is the one it was sized
+from."""
 
 
 def run_round(

@@ -362,12 +362,10 @@ def encode_row(
     record: CallRecord, code: int, extras: Sequence[int], world_size: int, flag: int
 ) -> list[int]:
     """One row of the all_to_all-shaped round: ``encode_record(record) + [ROW_MAGIC,
-    code] + extras + [flag]``, the extras padded with ``-1`` to ``row_extra_words(W)``
-    and the row to an even count of words (16-byte rows: every payload slot after a
-    row starts aligned). ``code``: the caller's collective (``_collectives``); its
-    ``extras`` are its own words, which the round carries without reading them (a
-    collective's module validates them); more than ``row_extra_words(W)`` is a
-    ``ValueError``, as rows of two lengths would not pair."""
+    code] + extras + [flag]``, the extras (the caller's own words, carried unread)
+    padded with ``-1`` to ``row_extra_words(W)`` (more is a ``ValueError``: rows of two
+    lengths would not pair) and the row to an even count of words (16-byte rows: every
+    payload slot after a row starts aligned)."""
     room = row_extra_words(world_size)
     if len(extras) > room:
         raise ValueError(f"a row carries at most {room} extra words, got {len(extras)}")
