@@ -2,20 +2,17 @@
 validated: stages 1 and 3 of ``_all_to_all``, the part a ``cat_dim`` changes.
 
 Where it sits: above ``_family``, beneath ``_all_to_all``, which turns what these
-functions return into its plan.
-
-This rank's call (``local_call``) is its record, its send and receive sizes as words
-(``_rows.sizes_words``) and one word more: ``cat_dim`` normalized, ``dim``'s when
-``None`` (``-1``: unusable, with its problem in the record). Every rank validates the
-same rows alike (``validate_rows``): the checks every family call shares, the same
-``cat_dim``, the shape outside ``dim`` (and ``cat_dim``), every block a rank receives
-of one size along ``dim`` when ``cat_dim`` is another dim, passed receive sizes equal
-to the truth (``received``). The math is ``_all_to_all``'s module doc.
+functions return into its plan. This rank's call (``local_call``) is its record, its
+send and receive sizes as words (``_rows.sizes_words``) and one word more: ``cat_dim``
+normalized, ``dim``'s when ``None`` (``-1``: unusable, with its problem in the record).
+What ``validate_rows`` checks is ``docs/family.md``'s table ("What is validated"); the
+math is ``_all_to_all``'s module doc.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
@@ -24,26 +21,10 @@ import torch
 from ._args import CallRecord, Problem, as_index
 from ._collectives import CollectiveName
 from ._comm import GroupInfo
-from ._errors import (
-    ArgumentMismatchError,
-    DimError,
-    ShapeMismatchError,
-    SizesMismatchError,
-)
-from ._exchange import _disagreement
+from ._errors import ArgumentMismatchError, DimError, ShapeMismatchError, SizesMismatchError
+from ._exchange import _disagreement, agree, common_checks, raise_local, requires_grad_check
 from ._layout import Layout, blocks_layout
-from ._rows import (
-    FamilyCall,
-    Row,
-    agree,
-    block_sizes_problem,
-    check_tensor,
-    common_checks,
-    raise_local,
-    requires_grad_check,
-    sizes_words,
-    with_problem,
-)
+from ._rows import FamilyCall, Row, block_sizes_problem, check_tensor, sizes_words, with_problem
 
 __all__ = [
     "Validated",
@@ -169,27 +150,18 @@ def validate_rows(rows: list[Row], *, rank: int) -> Validated:
     raise_local(NAME, records)
     checks = common_checks(records, dim=True, shape=None)
     cats = [row.extras[2 * w + 2] for row in rows]
-    checks.append(
-        (
-            ArgumentMismatchError,
-            "concatenation dimension (cat_dim, normalized; dim when None)",
-            list(cats),
-            repr,
-        )
-    )
+    what = "concatenation dimension (cat_dim, normalized; dim when None)"
+    checks.append((ArgumentMismatchError, what, list(cats), repr))
     d, c = records[0].normalized_dim, cats[0]
     if c == d:
         checks += common_checks(records, dim=False, shape="other")[-1:]
     else:
         lo, hi = min(c, d), max(c, d)
-        checks.append(
-            (
-                ShapeMismatchError,
-                f"shape outside dim {d} and cat_dim {c}",
-                [r.shape[:lo] + r.shape[lo + 1 : hi] + r.shape[hi + 1 :] for r in records],
-                lambda s: str(s),
-            )
-        )
+        others: list[object] = [
+            r.shape[:lo] + r.shape[lo + 1 : hi] + r.shape[hi + 1 :] for r in records
+        ]
+        what = f"shape outside dim {d} and cat_dim {c}"
+        checks.append((ShapeMismatchError, what, others, lambda s: str(s)))
     checks.append(requires_grad_check(records, "the backward of all_to_all_v is an all_to_all"))
     agree(NAME, checks)
     matrix = tuple(tuple(int(n) for n in row.extras[1 : 1 + w]) for row in rows)
@@ -227,10 +199,7 @@ def validate_rows(rows: list[Row], *, rank: int) -> Validated:
 
 
 def received(
-    matrix: tuple[tuple[int, ...], ...],
-    shapes: tuple[tuple[int, ...], ...] | None,
-    c: int,
-    r: int,
+    matrix: tuple[tuple[int, ...], ...], shapes: tuple[tuple[int, ...], ...] | None, c: int, r: int
 ) -> tuple[int, ...]:
     """Rank ``r``'s receive sizes: column ``r`` of the send matrix, or with ``cat_dim``
     another dim, every rank's size along it."""
@@ -241,8 +210,4 @@ def received(
 
 def row_bytes(shape: Sequence[int], d: int, itemsize: int) -> int:
     """Bytes of one row along ``d`` of a tensor of ``shape``."""
-    unit = itemsize
-    for i, n in enumerate(shape):
-        if i != d:
-            unit *= int(n)
-    return unit
+    return itemsize * math.prod(int(n) for i, n in enumerate(shape) if i != d)

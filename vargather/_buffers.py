@@ -1,25 +1,13 @@
 """The transports' buffer helpers: send buffers in, receive buffers out.
 
-Pure tensor arithmetic over a ``Layout`` (a shard viewed as the block ``(pre, n_r,
-post)``), no communication: ``_transport`` fills and sends what these build.
-
-Send side (padding). The padded transport needs every rank to send the same number of
-elements, so the block is extended to ``(pre, max_r n_r, post)``; the padding rows are
-zero-filled (they are never read back, but a buffer should not carry stale memory to
-peers). When the block already has ``max`` rows and is contiguous nothing is copied.
-The backward cuts a gradient of the gathered shape into rank blocks, in either of the
-receive side's two shapes (``scatter_into_padded``, ``rank_major_gradient``).
-
-Receive side (compaction). Two receive buffer shapes exist:
-
-* padded, ``(W, pre, max, post)``: rank r's rows are ``buffer[r, :, :n_r]``;
-* rank-major, a flat buffer holding rank 0's ``(pre, n_0, post)`` block, then rank 1's,
-  and so on (what the ``alltoallv``, ``broadcast`` and ``views`` transports fill).
-
-Either way the result is ``cat_r block_r`` along the middle axis, reshaped to
-``lead + (total,) + trail``. That is **exactly one copy** (one ``torch.cat``), and
-**none** when the buffer already is the result: rank-major with ``pre == 1`` (the
-blocks are adjacent), or padded with ``pre == 1`` and every rank the same size.
+Where it sits: beneath ``_transport``, which fills and sends what these build; pure
+tensor arithmetic over a ``Layout`` (a shard viewed as the block ``(pre, n_r, post)``),
+no communication. Two receive buffer shapes exist: padded, ``(W, pre, max, post)``
+(rank r's rows are ``buffer[r, :, :n_r]``), and rank-major, rank 0's ``(pre, n_0,
+post)`` block, then rank 1's, and so on (what ``alltoallv``, ``broadcast`` and ``views``
+fill). Either way the result is ``cat_r block_r`` along the middle axis: **exactly one
+copy**, and **none** when the buffer already is the result (rank-major with ``pre ==
+1``, or padded with ``pre == 1`` and every rank the same size).
 """
 
 from __future__ import annotations
@@ -39,19 +27,14 @@ __all__ = [
 ]
 
 
-# --- send side: padding ------------------------------------------------------------
-
-
 def as_blocks(t: torch.Tensor, n: int, layout: Layout) -> torch.Tensor:
     """``t`` (``lead + (n,) + trail``) as ``(pre, n, post)``; a view when ``t`` allows."""
     return t.reshape(layout.pre, n, layout.post)
 
 
 def pad_blocks(blocks: torch.Tensor, max_size: int) -> torch.Tensor:
-    """``(pre, n, post)`` -> contiguous ``(pre, max_size, post)``; zero-filled tail.
-
-    Returns ``blocks`` itself when ``n == max_size`` and it is contiguous.
-    """
+    """``(pre, n, post)`` -> contiguous ``(pre, max_size, post)``, the padding zeroed (no
+    stale memory to the peers); ``blocks`` itself when it already is that."""
     pre, n, post = blocks.shape
     if n == max_size and blocks.is_contiguous():
         return blocks
@@ -100,9 +83,6 @@ def rank_major_gradient(full: torch.Tensor, layout: Layout) -> torch.Tensor:
             out[at : at + pre * n * post].view(pre, n, post).copy_(blocks[:, layout.block(r)])
         at += pre * n * post
     return out
-
-
-# --- receive side: compaction --------------------------------------------------------
 
 
 def compact_padded(buffer: torch.Tensor, layout: Layout) -> torch.Tensor:

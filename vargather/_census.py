@@ -1,33 +1,14 @@
 """The arrival census: which ranks never arrived at a collective that failed.
 
-Below every stage, under ``_comm``: before each collective a rank records one key on
-the group's store, ``vargather/arrival/<rank> = "<n> <what>"``, where ``n`` counts this
-process's vargather collectives on the group. Ranks in step are at the same ``n``.
-When a collective fails, the rank writes its own key at once (``flush``) and reads
-every peer's key: a peer at a lower ``n`` (or with no key) never arrived at this
-collective; a peer at the same ``n`` in a different collective (``what``) is out of
-step. Gloo's own messages name no rank (``Timed out waiting 3000ms for recv operation
-to complete``; ``Connection closed by peer [127.0.0.1]:31657``), so this is the only
-way to say who is missing.
-
-The store write is off the calling thread's critical path: ``arrive`` only counts and
-hands the value to this process's writer thread (``_Writer``), which writes each
-group's latest value (a value superseded before it was written is never written:
-coalescing; ``_WRITE_INTERVAL_S`` has the cost). Writes of a group are ordered (a lock
-per group; a value older than the one written is skipped), so a key never goes back. A
-store that raises once is not asked again (the census then names no rank). Before
-this the write ran synchronously before every collective (``docs/misuse.md`` and
-``docs/performance.md`` have the figures).
-
-After a timeout the peers had the whole timeout to have their keys written: "never
-arrived". After a lost peer the census is read at once, and a peer's last arrival
-may not have landed yet (its writer pauses between writes, and a peer that died may
-never have written it): "had not arrived". ``VARGATHER_ARRIVAL_CENSUS=0`` turns the
-census off. It needs the group's store (``ProcessGroup.get_group_store()``, else
-torch's private group map, each guarded); without one, errors just name no rank. The
-counters live in the store for the store's lifetime: re-creating a process group on
-the same store and prefix after a failure can make a census misattribute, so its
-verdict is a diagnosis, not a proof.
+Where it sits: below every stage, under ``_comm``. Before each collective a rank
+records ``vargather/arrival/<rank> = "<n> <what>"`` on the group's store (``n``: this
+process's vargather collectives on the group); when one fails, it writes its own key
+at once (``flush``) and reads its peers': a lower ``n`` (or no key) never arrived, the
+same ``n`` in another ``what`` is out of step. Gloo's own messages name no rank, so
+this is the only way to say who is missing (``docs/misuse.md`` has the wording, the
+costs and the limits: a diagnosis, not a proof). The store write is a writer thread's
+(``_Writer``): each group's latest value, in order, a key never going back; a store
+that raises once is not asked again.
 """
 
 from __future__ import annotations
@@ -111,13 +92,10 @@ class _GroupArrivals:
 
 class _Writer:
     """This process's census writer: a daemon thread that writes each group's latest
-    pending arrival (``submit``), then pauses ``_WRITE_INTERVAL_S``.
-
-    Started at the first ``submit``, not at import: a thread does not survive a fork,
-    so a forked child (the test pool forks its ranks) starts its own (``_after_fork``
-    forgets the parent's, whose pending values are the parent's). Where no thread can
-    be started (interpreter shutdown) the write runs on the calling thread.
-    """
+    pending arrival (``submit``), then pauses ``_WRITE_INTERVAL_S``. Started at the
+    first ``submit``, not at import: a thread does not survive a fork, so a forked child
+    (the test pool forks its ranks) starts its own after ``_reset``. Where no thread can
+    be started (interpreter shutdown) the write runs on the calling thread."""
 
     def __init__(self) -> None:
         self._reset()
@@ -186,9 +164,6 @@ class _Writer:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1.0)
 
-    def _after_fork(self) -> None:
-        self._reset()  # the parent's thread is gone, its pending values are the parent's
-
 
 class _Arrivals:
     """Per-process arrival counters, one per process group (weakly keyed)."""
@@ -239,7 +214,7 @@ class _Arrivals:
         self._lock = threading.Lock()
         for state in list(self._groups.values()):
             state.lock = threading.Lock()
-        self.writer._after_fork()
+        self.writer._reset()  # the parent's thread is gone, its pending values the parent's
 
     def census(
         self, info: GroupInfo, count: int, what: str, *, timed_out: bool

@@ -1,22 +1,13 @@
 """Thin layer over torch.distributed, below every stage: every collective goes here.
 
-The stages that communicate do so only through the wrappers here; nothing here knows
-about a ``Layout`` or padding.
-
-Each wrapper runs one collective so that
-
-* a failure surfaces as a vargather ``CollectiveError`` instead of a bare backend
-  ``RuntimeError``: ``CollectiveTimeoutError`` (a peer did not arrive in time),
-  ``PeerLostError`` (a peer's connection closed: it died), ``CollectiveError`` else;
-* a per-call ``timeout`` (``all_gather_v(..., timeout=...)``) replaces the group's
-  default timeout for the collectives of that call, and the default is restored after
-  (``_group.call_timeout``);
-* the ranks that never arrived are named, by the arrival census (``_census``);
-* data-movement collectives carry any dtype: one the backend refuses (gloo: int16,
-  uint16/32/64) travels as its bytes (``_dtypes.NATIVE_DTYPES``).
-
-``GroupInfo``, ``resolve_group`` and ``group_timeout`` (``_group``) are re-exported
-here, where the testing kit has always found them.
+Where it sits: the stages communicate only through the wrappers here; nothing here
+knows about a ``Layout`` or padding. Each wrapper runs one collective under
+``translate_collective_errors``: a backend ``RuntimeError`` surfaces as a vargather
+``CollectiveError`` (``CollectiveTimeoutError``, ``PeerLostError``) naming the ranks
+that never arrived (``_census``), under the call's own ``timeout`` if any
+(``_group.call_timeout``); and a dtype the backend refuses travels as its bytes
+(``movable``). ``GroupInfo``, ``resolve_group`` and ``group_timeout`` (``_group``) are
+re-exported here, where the testing kit has always found them.
 """
 
 from __future__ import annotations
@@ -65,8 +56,6 @@ def _seconds(t: timedelta) -> str:
     return f"{s:g} s" if s < 120 or not math.isfinite(s) else f"{s / 60:g} min"
 
 
-# --- error translation -------------------------------------------------------------------
-
 _TIMEOUT_PATTERN = re.compile(r"timed? ?out|timeout|deadline", re.IGNORECASE)
 _PEER_LOST_PATTERN = re.compile(
     r"connection (closed|reset|refused)|broken pipe|closed by peer|reset by peer|"
@@ -83,18 +72,15 @@ _ISSUED: MutableSequence[int] = [0]  # collectives this process has entered thro
 
 
 def collectives_issued() -> int:
-    """How many collectives this process has entered through ``_comm`` so far (every
-    wrapper counts one; ``broadcast_from_each`` and ``exchange_with_each`` count one for
-    their batch). Tests read it before and after a call to count the call's round
-    trips."""
+    """How many collectives this process has entered through ``_comm`` so far (a
+    batch counts one): tests read it before and after a call to count its round trips."""
     return _ISSUED[0]
 
 
 def swap_issued_counter(counter: MutableSequence[int]) -> MutableSequence[int]:
     """Count the collectives entered from now on in ``counter[0]``; return the counter
-    it replaces. For the scale simulation, which plays every rank on a thread of one
-    process and so counts each thread's collectives apart (a ``counter`` whose item
-    0 is per thread); put the returned one back when done."""
+    it replaces (put it back when done). For the scale simulation, which plays every
+    rank on a thread of one process (a ``counter`` whose item 0 is per thread)."""
     global _ISSUED
     before, _ISSUED = _ISSUED, counter
     return before
@@ -175,9 +161,6 @@ def _translate(err: RuntimeError, what: str, info: GroupInfo, count: int) -> Non
     raise CollectiveError(f"{where} failed (backend said: {text})") from err
 
 
-# --- the collectives -----------------------------------------------------------------
-
-
 def movable(t: torch.Tensor, *, rows: bool) -> torch.Tensor:
     """``t`` for a pure data-movement collective (all_gather, all_to_all, broadcast):
     itself, or its bytes when the backend may not carry its dtype. Exact, as nothing is
@@ -188,9 +171,8 @@ def movable(t: torch.Tensor, *, rows: bool) -> torch.Tensor:
     if t.dtype in NATIVE_DTYPES:
         return t
     as_rows = t.unsqueeze(-1).view(torch.uint8)  # any strides: the new last one is 1
-    # Flat: a view for a contiguous buffer (so a receive lands in t); a copy for a
-    # strided send buffer (a sliced shard). Size-1 tensors may carry any stride and
-    # still report contiguous, which is why this does not go through t.view(uint8).
+    # Size-1 tensors may carry any stride and still report contiguous, which is why
+    # this does not go through t.view(uint8).
     return as_rows if rows else as_rows.reshape(-1)
 
 
@@ -231,9 +213,7 @@ def all_gather_list(
     on NCCL, must be equal on gloo)."""
     with translate_collective_errors(what, info):
         dist.all_gather(
-            [movable(o, rows=True) for o in outputs],
-            movable(local, rows=True),
-            group=info.group,
+            [movable(o, rows=True) for o in outputs], movable(local, rows=True), group=info.group
         )
 
 
@@ -340,14 +320,12 @@ AllToAll = tuple[torch.Tensor, torch.Tensor, Sequence[int], Sequence[int]]
 
 
 def all_to_all_round(exchanges: Sequence[AllToAll], info: GroupInfo, *, what: str) -> None:
-    """Several alltoallvs of flat uint8 buffers (``AllToAll``) as one round: every one
-    posted, in order, before any is awaited (every rank posts the same ones in the same
-    order, so they match as collectives do), then each awaited. On gloo each runs on
-    one of the group's worker threads, its sends and receives posted in C++ and its
-    own block copied there (gloo requires ``output_splits[rank] ==
-    input_splits[rank]``); a peer's message may be shorter than the room its receiver
-    gave it (gloo takes any message of at most the receive's size). One collective
-    call as the census and the issued count see it, under one timeout."""
+    """Several alltoallvs of flat uint8 buffers (``AllToAll``) as one round, one
+    collective call as the census and the issued count see it: every one posted, in
+    the same order on every rank, before any is awaited. On gloo each runs on one of
+    the group's worker threads, its own block copied there (gloo requires
+    ``output_splits[rank] == input_splits[rank]``); a peer's message may be shorter
+    than the room its receiver gave it (gloo takes any message of at most that)."""
     with translate_collective_errors(what, info):
         works = [
             _post_alltoallv(out, inp, list(outs), list(ins), info, async_op=True)
@@ -366,9 +344,8 @@ def _pg_all_to_all(pg: dist.ProcessGroup) -> Callable[..., Any]:
 
 
 def gloo_group(info: GroupInfo) -> dist.ProcessGroup | None:
-    """The group's ``ProcessGroup`` when it is a real gloo one (whose methods vargather
-    may call directly: ``_post``, ``all_to_all_uneven``), else ``None`` (NCCL, MPI, a
-    simulated group without a backend of its own)."""
+    """The group's ``ProcessGroup`` when it is a real gloo one, whose methods vargather
+    may call directly, else ``None`` (NCCL, MPI, a simulated group)."""
     pg = info.group if info.group is not None else dist.group.WORLD
     if type(pg) is not dist.ProcessGroup:
         return None
@@ -405,14 +382,10 @@ def broadcast_from_each(
     sources: Sequence[int] | None = None,
 ) -> None:
     """Block ``i`` of every rank receives block ``i`` of rank ``sources[i]`` (default:
-    rank ``i``), for every ``i``.
-
-    One broadcast per non-empty block, all issued asynchronously and then awaited:
-    every rank issues them in the same order, so the backend pairs them by sequence
-    number, and gloo runs them concurrently on its worker threads. Empty blocks are
-    skipped by every rank alike (every rank knows every size). Every block must be a
-    contiguous receive buffer.
-    """
+    rank ``i``): one broadcast per non-empty block (every rank knows every size), all
+    issued in the same order on every rank, so the backend pairs them by sequence
+    number and gloo runs them concurrently, then awaited. Every block must be a
+    contiguous receive buffer."""
     src = range(len(blocks)) if sources is None else sources
     with translate_collective_errors(what or f"broadcast x{len(blocks)}", info):
         works = [
@@ -443,16 +416,11 @@ naming each other."""
 
 
 def exchange_with_each(
-    blocks: Sequence[torch.Tensor],
-    info: GroupInfo,
-    *,
-    what: str | None = None,
+    blocks: Sequence[torch.Tensor], info: GroupInfo, *, what: str | None = None
 ) -> None:
-    """Block ``i`` of every rank receives block ``i`` of rank ``i``, for every ``i``:
-    what ``broadcast_from_each`` does, by direct sends (``send_receive`` with this
-    rank's block to every peer and each peer's block received in place: 2 (W - 1)
-    operations). Every block must be a contiguous receive buffer of the same size on
-    every rank."""
+    """``broadcast_from_each`` by direct sends: this rank's block to every peer, each
+    peer's received in place, 2 (W - 1) operations (``send_receive``). Every block must
+    be a contiguous receive buffer of the same size on every rank."""
     own = (blocks[info.rank],)
     send_receive([own] * len(blocks), [(b,) for b in blocks], info, what=what)
 
@@ -468,27 +436,22 @@ def send_receive(
 ) -> None:
     """Direct sends: message ``i`` of ``outgoing[q]`` goes to rank ``q`` and lands in
     message ``i`` of rank ``q``'s ``incoming[rank]``, for every peer ``q`` (the entries
-    at this rank's own index are ignored).
+    at this rank's own index are ignored), every byte over one link once.
 
-    Every operation is posted before any is awaited, one batch
-    (``dist.batch_isend_irecv``: gloo runs them on its transport's event loop,
-    concurrently, without its collective worker threads; NCCL groups them into one
-    launch). Every byte crosses one link once, never forwarded through a third rank.
-    Message ``i`` travels under tag ``tag + i``, so a payload and a header to the
-    same peer never match each other's receive (and rounds of different shapes, given
-    tags apart, never match each other's messages). Peers are taken from the next rank up,
-    so no rank is every rank's first destination. Empty messages are skipped by both
-    sides alike: every size must be known to both sides (the same on the sender and
-    the receiver: a size mismatch is not survivable on gloo), and every received
-    message must be a contiguous buffer.
+    Every operation is posted before any is awaited, one batch (``_post``), peers taken
+    from the next rank up so that no rank is every rank's first destination. Message
+    ``i`` travels under tag ``tag + i``, so a payload and a header to the same peer (or
+    rounds given tags apart) never match each other's receive. Empty messages are
+    skipped by both sides alike: every size must be known to both (a size mismatch is
+    not survivable on gloo), every received message a contiguous buffer.
 
-    On gloo the waits take the call's timeout (``info.timeout``), else the group's,
-    explicitly: its point-to-point waits follow neither ``ProcessGroup.set_timeout``
-    nor the group's timeout, and a missing peer must raise ``CollectiveTimeoutError``
-    like a collective's. NCCL's waits stay asynchronous (a timed wait would block the
-    host until the GPU finished); its watchdog applies the group's timeout.
-    ``meanwhile``: run in the calling thread once every operation is posted, before any
-    is awaited (a copy that needs no message, overlapped with them).
+    On gloo the waits take the call's timeout, else the group's, explicitly: its
+    point-to-point waits follow neither ``ProcessGroup.set_timeout`` nor the group's
+    timeout, and a missing peer must raise ``CollectiveTimeoutError`` like a
+    collective's. NCCL's waits stay asynchronous (a timed wait would block the host
+    until the GPU finished); its watchdog applies the group's timeout. ``meanwhile``:
+    run once every operation is posted, before any is awaited (a copy that needs no
+    message, overlapped with them).
     """
     w, rank = info.world_size, info.rank
     posts: list[tuple[bool, torch.Tensor, int, int]] = []  # (sending, tensor, peer, tag)
@@ -514,15 +477,12 @@ def send_receive(
 
 def _post(posts: Sequence[tuple[bool, torch.Tensor, int, int]], info: GroupInfo) -> list[Any]:
     """Post the point-to-point operations ``(sending, tensor, group peer, tag)``, all
-    before any is awaited; their works.
-
-    On gloo each goes straight to the process group (``ProcessGroup.send`` /
-    ``recv``), which is what ``dist.batch_isend_irecv`` does there for each operation
-    (gloo does not coalesce) without its Python: the group lookups and checks of each
-    ``isend``/``irecv`` cost about 60 us of the calling thread's CPU per 6 operations
-    (4 ranks; a third of a 1 MiB gather's own work on top of the batch). Elsewhere (NCCL
-    groups them into one launch), and for a group without a gloo backend of its own
-    (a simulated one), one ``dist.batch_isend_irecv``."""
+    before any is awaited; their works. On gloo each goes straight to the process group
+    (``ProcessGroup.send`` / ``recv``), as ``dist.batch_isend_irecv`` does there (gloo
+    does not coalesce) without its Python: the lookups and checks of each
+    ``isend``/``irecv`` cost about 60 us of the calling thread's CPU per 6 operations (4
+    ranks; a third of a 1 MiB gather's own work). Elsewhere (NCCL groups them into one
+    launch) and for a simulated group, one ``dist.batch_isend_irecv``."""
     pg = gloo_group(info)
     if pg is not None:
         works = []

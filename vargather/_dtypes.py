@@ -3,14 +3,6 @@
 Below every stage: the argument checks (``_args``) refuse a dtype the backend cannot
 carry, the wire format (``_wire``) sends a dtype as its code, validation (``_exchange``)
 names a code back, and the collectives (``_comm``) send a dtype gloo refuses as bytes.
-
-* ``WIRE_DTYPES``: position + 1 is the dtype's wire code (0: none or unknown).
-  Append only: a code must mean the same dtype in every vargather version.
-* ``GLOO_DTYPES``: what vargather gathers on gloo.
-* ``NATIVE_DTYPES``: what the backends move themselves. gloo refuses int16 and the
-  unsigned types wider than 8 bits ("Invalid scalar type"), NCCL has no int16: a
-  gathered dtype outside this set travels as its bytes, which is exact because a
-  data-movement collective computes nothing.
 """
 
 from __future__ import annotations
@@ -48,15 +40,18 @@ WIRE_DTYPES: Final[tuple[torch.dtype, ...]] = (
     torch.float8_e4m3fn,
     torch.float8_e5m2,
 )
-"""Every dtype a record can name; the position + 1 is its wire code."""
+"""Every dtype a record can name; the position + 1 is its wire code (0: none or
+unknown). Append only: a code must mean the same dtype in every vargather version."""
 
 GLOO_DTYPES: Final[frozenset[torch.dtype]] = frozenset(WIRE_DTYPES[:12])
 """Dtypes vargather gathers on gloo (int16 among them, travelling as bytes)."""
 
 NATIVE_DTYPES: Final[frozenset[torch.dtype]] = GLOO_DTYPES - {torch.int16}
-"""Dtypes the backends move themselves; any other travels as its bytes. Public as
+"""Dtypes the backends move themselves; any other travels as its bytes, exact because a
+data-movement collective computes nothing (gloo refuses int16 and the unsigned types
+wider than 8 bits with "Invalid scalar type", NCCL has no int16). Public as
 ``vargather.GLOO_NATIVE_DTYPES``: what a plain gloo collective (a hand-written gather)
-carries, int16 being refused with "Invalid scalar type"."""
+carries."""
 
 
 def dtype_code(dtype: torch.dtype) -> int:

@@ -1,32 +1,18 @@
 """Stage 3: the exchange and cross-rank validation, from records to a ``Layout``.
 
-Pipeline: argument checks -> wire format -> **exchange and validation** -> ``Layout``
--> transport -> autograd.
-
-One equal-size all_gather gives every rank the ``W x RECORD_LENGTH`` matrix of all
-records (``exchange_records``). ``validate_records`` then decides from that matrix
-alone, so every rank reaches the same verdict: either the same ``VarGatherError`` with
-the same message on every rank, before any payload moves, or the same ``Layout``.
-
-What is checked, when the exchange runs (the default, ``validate=True``):
-  * every rank's local problem (``_args``), reported on every rank;
-  * across ranks: the same ``grad``, ``transport``, normalized ``dim``, device type,
-    ndim, dtype and non-gathered dimensions; every rank's passed ``sizes`` equal to
-    the true sizes (compared through their length and a 61-bit hash; when they
-    differ every rank knows it, and one more small all_gather of the passed lists
-    makes the message show them); the same ``requires_grad`` under the
-    communicating contracts ``sum`` and ``mean``.
-
-With ``sizes`` passed and ``validate=False`` the exchange is skipped (one collective
-less, ``trusted_layout``). Then only the local checks run, and a failing one raises
-**on that rank only**: its peers cannot know and wait in the payload collective until
-the timeout (``CollectiveTimeoutError``, naming the missing rank). Everything
-cross-rank is trusted: sizes that lie about *other* ranks, different dtypes or shapes
-are then the backend's business (gloo may abort the process, or the result is silently
-wrong; see ``docs/misuse.md``). ``validate`` and whether ``sizes`` are passed must
-then agree on every rank: a rank that skips the exchange while a peer runs it issues
-a different collective. These lies cannot be detected without the exchange, which is
-what ``validate=True`` is for.
+Where it sits: between the wire format (``_wire``) and the transports; both rounds
+validate with its helpers. One equal-size all_gather gives every rank the ``W x
+RECORD_LENGTH`` matrix of all records (``exchange_records``); ``validate_records``
+decides from that matrix alone, so every rank raises the same ``VarGatherError`` with
+the same message before any payload moves, or returns the same ``Layout``: every
+rank's local problem (``_args``), then across ranks the same ``grad``, ``transport``,
+normalized ``dim``, device type, ndim, dtype and non-gathered dimensions, every passed
+``sizes`` equal to the true sizes (by length and a 61-bit hash; on a mismatch one more
+small all_gather of the passed lists makes the message show them) and the same
+``requires_grad`` under ``sum`` and ``mean``. With ``sizes`` passed and
+``validate=False`` the exchange is skipped (``trusted_layout``): local checks only,
+raised on that rank only, everything cross-rank trusted (``docs/misuse.md`` has what
+goes wrong then).
 """
 
 from __future__ import annotations
@@ -74,13 +60,9 @@ SIZES_SHOWN: Final = 64  # entries of each rank's passed sizes shown in a mismat
 
 def exchange_records(records: Sequence[CallRecord], info: GroupInfo) -> list[list[CallRecord]]:
     """Every rank's records, ``[rank][tensor]`` in group-rank order: one equal-size
-    all_gather of ``len(records) * RECORD_LENGTH`` int64 (every rank must pass the same
-    number of records). The one function that moves full records: the single call's
-    exchange (``plan_layout``) and the fused round's full path (``_fused``) both use it.
-
-    In a world of one rank (or without torch.distributed) nothing is sent. The
-    records travel on ``info.default_device()``: the CPU except on NCCL.
-    """
+    all_gather of ``len(records) * RECORD_LENGTH`` int64 on ``info.default_device()``
+    (every rank must pass the same number of records); nothing is sent in a world of
+    one rank (or without torch.distributed)."""
     if not info.communicates:
         return [list(records)]
     k = len(records)
@@ -101,16 +83,11 @@ def exchange_records(records: Sequence[CallRecord], info: GroupInfo) -> list[lis
 def _exchange_passed_sizes(
     passed: Sequence[int] | None, info: GroupInfo
 ) -> list[tuple[int, list[int]]]:
-    """Every rank's passed sizes (length, first ``SIZES_SHOWN`` entries); -1: none.
-
-    Only on the error path, after every rank has found the same sizes mismatch.
-    """
+    """Every rank's passed sizes (length, first ``SIZES_SHOWN`` entries; -1: none), on
+    the error path only, after every rank has found the same sizes mismatch."""
     shown = min(info.world_size, SIZES_SHOWN)
-    row = [-1] * (1 + shown)
-    if passed is not None:
-        row[0] = len(passed)
-        for i, n in enumerate(passed[:shown]):
-            row[1 + i] = saturate(n)
+    row = [-1] if passed is None else [len(passed), *map(saturate, passed[:shown])]
+    row += [-1] * (1 + shown - len(row))
     device = info.default_device()
     local = torch.tensor(row, dtype=torch.int64, device=device)
     gathered = torch.empty(info.world_size * (1 + shown), dtype=torch.int64, device=device)
@@ -119,17 +96,11 @@ def _exchange_passed_sizes(
     return [(int(r[0]), [int(v) for v in r[1 : 1 + max(0, min(int(r[0]), shown))]]) for r in rows]
 
 
-# --- validation -------------------------------------------------------------------
-
-
 def _disagreement(
     what: str, values: Sequence[object], show: Callable[[object], str] = repr
 ) -> tuple[str, list[int]] | None:
-    """``None`` when every rank agrees, else (a message, the ranks it blames).
-
-    When one value is held by more ranks than any other, it is the expected one and
-    the other ranks are blamed; on a tie (two ranks, for one) every rank is named.
-    """
+    """``None`` when every rank agrees, else (a message, the ranks it blames): the value
+    most ranks hold is the expected one, the others blamed; on a tie, every rank."""
     if not values or all(v == values[0] for v in values):  # the common case, uncounted
         return None
     counts = Counter(values)
@@ -157,10 +128,9 @@ def _disagreement(
 
 def check_same_collective(codes: Sequence[int]) -> None:
     """The one check that every rank called the same collective (``codes[r]``: the wire
-    code rank r sent, ``_collectives``): else ``ProtocolMismatchError`` on every rank (a
-    pure function of what every rank received), naming the collectives and which rank
-    called which. Every round runs it on what it gathered; the all_gather-shaped round
-    only on its error path, as calls whose compact headers agree gather alike."""
+    code rank r sent): else ``ProtocolMismatchError`` on every rank, naming which rank
+    called which. The all_gather-shaped round runs it only on its error path, as calls
+    whose compact headers agree gather alike."""
     names = [name_of_code(c) for c in codes]
     found = _disagreement("collective", names)
     if found is not None:
@@ -261,14 +231,8 @@ def common_checks(
 
     checks: list[Check] = []
     if contract or gather:
-        checks.append(
-            (
-                ArgumentMismatchError,
-                "gradient contract (grad=)",
-                each("contract_code"),
-                _name_in(CONTRACTS),
-            )
-        )
+        grad = "gradient contract (grad=)"
+        checks.append((ArgumentMismatchError, grad, each("contract_code"), _name_in(CONTRACTS)))
     if gather:
         checks.append(
             (ArgumentMismatchError, "transport", each("transport_code"), _name_in(TRANSPORT_NAMES))
@@ -289,12 +253,8 @@ def common_checks(
 
 def requires_grad_check(records: Sequence[CallRecord], why: str) -> Check:
     """Every rank needs a gradient, or none: the backward is a collective."""
-    return (
-        RequiresGradMismatchError,
-        f"requires_grad ({why}: every rank must take part)",
-        [rec.requires_grad for rec in records],
-        repr,
-    )
+    what = f"requires_grad ({why}: every rank must take part)"
+    return (RequiresGradMismatchError, what, [rec.requires_grad for rec in records], repr)
 
 
 def raise_local(name: str, records: Sequence[CallRecord]) -> None:
@@ -309,11 +269,8 @@ def raise_local(name: str, records: Sequence[CallRecord]) -> None:
 
 
 def validate_records(records: Sequence[CallRecord], *, rank: int) -> Layout:
-    """The gather's ``Layout``, or the error every rank raises identically.
-
-    A pure function of ``records`` (``rank`` only picks this rank's view of the
-    layout): every rank reaches the same verdict, class and message.
-    """
+    """The gather's ``Layout``, or the error every rank raises identically: a pure
+    function of ``records`` (``rank`` only picks this rank's view of the layout)."""
     world = len(records)
     raise_local("all_gather_v", records)
 
@@ -358,11 +315,8 @@ def validate_records(records: Sequence[CallRecord], *, rank: int) -> Layout:
 
 
 def plan_layout(call: CheckedCall, info: GroupInfo) -> Layout:
-    """Exchange the records and validate them: the ``Layout`` or the common error.
-
-    On a sizes mismatch every rank takes one more small all_gather (of the sizes each
-    rank passed), so that the message shows what the lying ranks passed.
-    """
+    """Exchange the records and validate them: the ``Layout`` or the common error (on a
+    sizes mismatch with one more small all_gather, so the message shows what was passed)."""
     records = [row[0] for row in exchange_records([call.record], info)]
     try:
         return validate_records(records, rank=info.rank)

@@ -2,29 +2,18 @@
 
 Where it sits: above ``_rows``, ``_round_state`` and ``_round_buffers``; below
 ``_steady`` and the collectives that ride it (``docs/architecture.md``, "Adding a
-collective to the round"). Rank ``j`` sends every rank its row (``_wire.encode_row``:
-its record, its collective's code and extra words, a flag word) and, when every block
-fits its slot and it has no local problem, block ``k`` of its payload to rank ``k``;
-every rank sends the same lengths whichever collective it called, as the lengths are
-a function of the group's one state of this round. Nothing of a slot is read before
-the rows validated, and every rank decides from the same rows.
-
-The round is one of two kinds, chosen from the state alone:
-
-* the **equal round** (``state.wide`` empty): a packed round (below) of equal slots,
-  ``capacity`` bytes each (at most ``block_slot(FAMILY_FUSED_MAX)``, whole 16s: byte
-  for byte one equal-split all_to_all of a row and a slot);
-* the **wide round** (``W * W`` learned slots, ``wide[j * W + k]`` the bytes rank
-  ``j`` may send rank ``k``): *packed* while every slot is at most
-  ``PACKED_WIDE_MAX`` (one alltoallv, each message the row and the block, each part
-  rounded up to 16 bytes), else *direct* (``DirectRound``: the rows and the blocks
-  apart).
-
-``settle`` moves the state (``_round_state.advance_blocks``, from the validated rows
-only; calls that raise change nothing) and hands back the blocks when every rank's
-rode: one collective in all, else the collective's payload collective runs. A rank in
-this round beside one in the all_gather-shaped round issues operations the backend
-never pairs: both raise the named timeout, never a misread (``docs/misuse.md``).
+collective to the round"). ``docs/family.md`` ("One round at every size") has the
+design: rank ``j`` sends every rank its row (``_wire.encode_row``) and, when every
+block fits its slot and it has no local problem, block ``k`` of its payload to rank
+``k``, in lengths that are a function of the group's one state of this round alone, so
+every rank sends the same lengths whichever collective it called; nothing of a slot is
+read before the rows validated. The round is the **equal round** (``state.wide``
+empty: a packed round of equal slots, byte for byte one equal-split all_to_all of a row
+and a slot), or the wide round (``W * W`` learned slots), packed (``PackedRound``) or
+by direct sends (``DirectRound``). ``settle`` moves the state and hands back the blocks
+when every rank's rode. A rank in this round beside one in the all_gather-shaped round
+issues operations the backend never pairs: both raise the named timeout, never a
+misread (``docs/misuse.md``).
 """
 
 from __future__ import annotations
@@ -93,15 +82,10 @@ _USED: Final = 2  # flag word: the payload slot holds this rank's whole x
 
 @dataclass(frozen=True)
 class Exchanged:
-    """Every rank's row and, unread until the rows validated, the payload slots.
-
-    ``slots``: per rank ``j``, the bytes of the slot rank ``j`` sent this rank
-    (``capacity`` of them in the equal round, ``wide[j * W + rank]`` in the wide one);
-    ``flags``: every rank's flag word; ``state``: the state the round was sized from;
-    ``kind``: the collective whose round it was; ``cut``: the results cut from the
-    round's one receive buffer, whose regions are ``slots`` (``region_cutter``);
-    ``found``: the round that ran (packed, the equal round too, or by direct sends);
-    ``raw``: the received rows' bytes."""
+    """Every rank's row and flag word and, unread until the rows validated, the slot
+    each rank ``j`` sent this rank (``slots[j]``, the regions ``cut`` cuts from); the
+    state the round was sized from, the collective whose round it was, the round that
+    ran (``found``) and the received rows' bytes (``raw``)."""
 
     rows: list[Row]
     slots: Sequence[torch.Tensor]
@@ -118,34 +102,28 @@ Outgoing = Callable[[], tuple[torch.Tensor, Sequence[int]]]
 (``sizes[r]`` bytes) for rank ``r``, in rank order. Called only for an eligible call."""
 
 
-def _eligible(call: FamilyCall, x: object, info: GroupInfo) -> bool:
-    """Whether this rank's payload may ride in the round: no local problem, a strided
-    tensor on the exchange's device."""
-    return (
-        call.record.problem is None
-        and isinstance(x, torch.Tensor)
-        and x.device.type == info.default_device().type
-        and x.layout == torch.strided
-    )
-
-
 def exchange_fused(
     call: FamilyCall, info: GroupInfo, x: object = None, outgoing: Outgoing | None = None
 ) -> Exchanged:
-    """Every rank's row, in group-rank order, and this rank's slots: the round the
-    group's state gives (module doc), carrying this rank's blocks when it is eligible:
-    in the equal round only when every block fits its slot, in the wide round each cut
-    to its slot (a larger block takes a second round, which every rank reads in the
-    rows). On a communicating group. A row vargather cannot read, or one of another
-    collective of the family, raises ``ProtocolMismatchError`` on every rank."""
+    """Every rank's row and this rank's slots from the round the group's state gives,
+    carrying this rank's blocks when it is eligible: in the equal round only when every
+    block fits its slot, in the wide round each cut to its slot (a larger block takes a
+    second round, which every rank reads in the rows). A row vargather cannot read, or
+    another collective's, raises ``ProtocolMismatchError`` on every rank."""
     w, rank = info.world_size, info.rank
     pg = process_group(info)
     state = FRESH if pg is None else memory(pg, call.kind).shared.state
     room, wide = block_room(state, w), is_wide(state, w)
     flag = 0
     blocks: list[torch.Tensor] | None = None
-    if pg is not None and outgoing is not None and _eligible(call, x, info):
-        assert isinstance(x, torch.Tensor)  # an eligible call's
+    if (  # eligible: no local problem, a strided tensor on the exchange's device
+        pg is not None
+        and outgoing is not None
+        and call.record.problem is None
+        and isinstance(x, torch.Tensor)
+        and x.device.type == info.default_device().type
+        and x.layout == torch.strided
+    ):
         flag = _ELIGIBLE
         if wide or x.numel() * x.element_size() <= state.capacity * w:  # else one is larger
             flat, sizes = outgoing()
@@ -168,11 +146,9 @@ def exchange_fused(
 def _read_rows(
     call: FamilyCall, raw: bytes, w: int, pg: dist.ProcessGroup | None
 ) -> tuple[list[Row], tuple[int, ...]]:
-    """Every rank's row and flag word from the received rows' bytes (``raw``, rank by
-    rank: ``landed_bytes``); ``ProtocolMismatchError`` on every rank unless every rank
-    called ``call.kind``. The very bytes of the last rows read on this group give the
-    very same (cached) list, so a caller may cache what it validated from it by
-    identity."""
+    """``decode_rows`` of ``raw``; the very bytes of the last rows read on this group
+    give the very same (cached) list, so a caller may cache what it validated from it
+    by identity."""
     mem = None if pg is None else memory(pg, call.kind)
     last = None if mem is None else mem.last
     if last is not None and last.seen == raw:
@@ -191,7 +167,7 @@ copied into one send buffer, instead of the rows and the blocks apart (``run_dir
 apart costs a second collective, packing two copies of the blocks, which outweigh it
 from about half a MiB a block (4 gloo ranks, CPU per call against
 ``all_to_all_single``'s, packed / direct: 170 KiB blocks 1.19 / 1.28x, 670 KiB 1.40 /
-1.17x). A function of the group's state, so every rank picks the same."""
+1.17x)."""
 
 
 SHORT_MESSAGES: tuple[str, ...] = ("gloo",)
@@ -226,10 +202,10 @@ def _packed_splits(
 
 def goes_direct(state: FusedState, world: int) -> bool:
     """Whether the all_to_all-shaped round of ``state`` is the direct wide round
-    (``DirectRound``), else packed. A function of the state, so every rank picks the
-    same; a remembered
-    round is replayed only in a state that picks its kind (``_all_to_all._resized_call``:
-    slots alike are not enough once ``PACKED_WIDE_MAX`` is below the equal round's)."""
+    (``DirectRound``), else packed: a function of the state, so every rank picks the
+    same; a remembered round is replayed only in a state that picks its kind
+    (``_all_to_all._resized_call``: slots alike are not enough once
+    ``PACKED_WIDE_MAX`` is below the equal round's)."""
     return is_wide(state, world) and max(wide_blocks(state), default=0) > PACKED_WIDE_MAX
 
 
@@ -237,18 +213,12 @@ def goes_direct(state: FusedState, world: int) -> bool:
 class DirectRound:
     """The wide round by direct sends of one state on one rank (a pure function of the
     slots, this rank's row and the backend): to every peer ``k``, this rank's ``row``
-    and its block for ``k``, into a slot of ``wide[rank * W + k]`` bytes; every peer's
-    row and block received in place, rank ``j``'s block into its region of one buffer
-    of ``size`` bytes (``in_slots[j]`` bytes at ``starts[j]``, a 16-byte boundary: any
-    dtype views it; this rank's own block copied in) (``run_direct``).
-
-    ``exact`` (gloo, ``SHORT_MESSAGES``): the round is two alltoallvs posted together,
-    the rows and the blocks; a block is sent as it lies in the caller's tensor (no copy
-    when ``x`` is contiguous and its blocks lie one after the other) and only its
-    bytes, at most the slot: gloo receives a shorter message into a larger buffer, and
-    the row says how many bytes came. Elsewhere it is ``4 (W - 1)`` point-to-point
-    messages in one batch (``send_receive``, under ``BLOCKS_TAG``), every block message
-    exactly its slot (the block and zeros, copied)."""
+    and its block for ``k``, into a slot of ``room[rank * W + k]`` bytes; rank ``j``'s
+    block received into its region of one buffer of ``size`` bytes (``in_slots[j]``
+    bytes at ``starts[j]``, a 16-byte boundary: any dtype views it). ``exact`` (gloo,
+    ``SHORT_MESSAGES``): two alltoallvs posted together, each block only its own bytes
+    as it lies (``_direct_by_all_to_all``); else ``4 (W - 1)`` messages in one batch
+    under ``BLOCKS_TAG``, each block message exactly its slot (``_direct_by_messages``)."""
 
     row: torch.Tensor
     room: tuple[int, ...]
@@ -274,9 +244,8 @@ def direct_round(
 def resized_round(
     found: PackedRound | DirectRound, call: FamilyCall, info: GroupInfo
 ) -> PackedRound | DirectRound:
-    """``found``'s round (its slots, packed or by direct sends) carrying ``call``'s row:
-    a call whose every block fits its slot, from a rank without a local problem (its
-    flag word says its blocks ride)."""
+    """``found``'s round carrying ``call``'s row, for a call whose every block fits its
+    slot, from a rank without a local problem (its flag word says its blocks ride)."""
     w = info.world_size
     flag = _ELIGIBLE | _USED
     row = _row_bytes(call.record, COLLECTIVES[call.kind].code, call.extras, w, flag)
@@ -307,8 +276,7 @@ def run_direct(
     blocks: Sequence[torch.Tensor] | None,
 ) -> tuple[torch.Tensor, bytes]:
     """One direct round of this rank's ``blocks`` (``None``: none rides): the receive
-    buffer, its regions filled (this rank's own block at the start of its region), and
-    the received rows' bytes (``landed_bytes``)."""
+    buffer, its regions filled, and the received rows' bytes."""
     w = info.world_size
     device = info.default_device()
     length = direct.row.numel()
@@ -328,13 +296,11 @@ def _direct_by_all_to_all(
     rows: torch.Tensor,
     buf: torch.Tensor,
 ) -> None:
-    """The direct round when ``direct.exact`` (``DirectRound``): fills ``rows`` (every
-    rank's row, rank by rank) and ``buf``.
-
-    This rank's own block rides in the second too, copied by the backend, which wants
-    its receive room equal to its length ``L``: it lands at the end of its region (the
-    room before it goes to the previous rank's region, or is left out of the output
-    for rank 0) and is moved to the region's start after, unless it fills the region
+    """The direct round when ``direct.exact``: fills ``rows`` (every rank's row, rank by
+    rank) and ``buf``. This rank's own block rides in the second alltoallv too, copied
+    by the backend, which wants its receive room equal to its length: it lands at the
+    end of its region (the room before it goes to the previous rank's region, or is left
+    out for rank 0) and is moved to the region's start after, unless it fills the region
     (a steady state's exact slot in whole 16 bytes: nothing moves)."""
     w, rank = info.world_size, info.rank
     length = direct.row.numel()
@@ -430,11 +396,10 @@ def _direct_by_messages(
 
 @dataclass(frozen=True)
 class PackedRound:
-    """The packed wide round of one state on one rank (a pure function of the slots and
-    this rank's row): ``row``, its bytes; message ``k`` to rank ``k`` is ``out_bytes[k]``
-    bytes (the row in ``head`` bytes, then the block), message ``j`` from rank ``j``
-    ``in_bytes[j]``, landing at ``offsets[j]``, its block at ``starts[j]``; ``room``:
-    the slots (``wide_blocks``)."""
+    """The packed round of one state on one rank (a pure function of the slots and this
+    rank's ``row``): message ``k`` to rank ``k`` is ``out_bytes[k]`` bytes (the row in
+    ``head`` bytes, then the block), message ``j`` from rank ``j`` ``in_bytes[j]``,
+    landing at ``offsets[j]``, its block at ``starts[j]``; ``room``: the slots."""
 
     row: torch.Tensor
     out_bytes: tuple[int, ...]
@@ -460,8 +425,8 @@ def run_packed(
     packed: PackedRound,
     send: torch.Tensor,
 ) -> tuple[torch.Tensor, bytes]:
-    """One packed round of the messages in ``send`` (``fill_packed``'s): one alltoallv,
-    and the receive buffer with the received rows' bytes (``landed_bytes``)."""
+    """One packed round (one alltoallv) of the messages in ``send``: the receive buffer
+    and the received rows' bytes."""
     buf = handed_back_buffer(pg, "blocks", sum(packed.in_bytes), info.default_device())
     all_to_all_uneven(
         buf,
@@ -500,9 +465,9 @@ def send_packed(
     packed: PackedRound,
     blocks: Sequence[torch.Tensor] | None,
 ) -> tuple[torch.Tensor, bytes]:
-    """One packed round of ``packed.row`` and ``blocks`` (``None``: none rides), from
-    the group's kept send buffer filled for it (``fill_packed``; tensor copies off the
-    CPU or for blocks that are not plain): ``run_packed``'s receive buffer and rows."""
+    """``run_packed`` of ``packed.row`` and ``blocks`` (``None``: none rides), from the
+    group's kept send buffer filled for it (by tensor copies off the CPU or for blocks
+    that are not plain)."""
     row = packed.row
     send = handed_back_buffer(pg, "packed-send", sum(packed.out_bytes), info.default_device())
     if send.device.type == "cpu" and (blocks is None or all(plain(b) for b in blocks)):
@@ -571,8 +536,7 @@ def known_call(
     info: GroupInfo,
     make: Callable[[], FamilyCall],
 ) -> FamilyCall:
-    """This rank's call (``make()``: ``check_tensor`` and the collective's own checks),
-    or, on the steady path, the one ``make`` returned for the same ``key``
+    """This rank's call (``make()``), or the one ``make`` returned for the same ``key``
     (``call_key``) last time on this group: a call is a pure function of its key and
     the group (kept in the collective's ``Memory.known``)."""
     pg = process_group(info) if key is not None and info.communicates else None
@@ -590,10 +554,10 @@ def known_call(
 def settle(
     ex: Exchanged, info: GroupInfo, blocks: Sequence[int]
 ) -> tuple[torch.Tensor, ...] | None:
-    """After the rows of ``ex`` validated: advance the group's state (every rank alike;
-    ``blocks[j * W + k]``: the bytes rank ``j`` sends rank ``k``, from the validated
-    rows) and, when every rank's slots hold its blocks, the block each rank ``j``
-    sent this rank (``None``: the payload collective runs)."""
+    """After the rows of ``ex`` validated: advance the group's state (``blocks[j * W +
+    k]``: the bytes rank ``j`` sends rank ``k``) and, when every rank's slots hold its
+    blocks, the block each rank ``j`` sent this rank (``None``: the payload collective
+    runs)."""
     w, rank = info.world_size, info.rank
     fusable = all(f & _ELIGIBLE for f in ex.flags)
     after = advance_blocks(ex.state, fusable=fusable, blocks=blocks, world=w)

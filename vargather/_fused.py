@@ -3,33 +3,15 @@
 Where it sits: above ``_transport`` (which moves the payload when it does not ride),
 the state policy (``_round_state``) and the kept buffers (``_round_buffers``); below
 the collectives that run it (``all_gather_v``, ``all_gather_v_coalesced``,
-``all_gather_list``). Every validated call on a communicating group starts with one
-round whose length every rank derives from the group's ``FusedState`` (the same on
-every rank), so nothing but agreed-length bytes moves before validation, and nothing
-received is read but the compact headers (``_wire.encode_header``: what validation
-compares, a problem only a flag) until they validated. The round is one of:
-
-* the **gather round** (``state.wide`` empty): every rank sends ``slots *
-  HEADER_BYTES + capacity`` bytes (``capacity <= FUSED_MAX_BYTES``); on gloo by
-  direct sends (``_gather_blocks``), elsewhere one equal all_gather;
-* the **wide round** (``state.wide[r]``: rank r's own payload slot): rank r's region
-  of one buffer (its slot, then its headers; from ``HEADERS_APART_MIN`` the headers
-  apart, ``WideLayout``) to every peer by direct sends, every peer's received in
-  place, the result closed up in place (``region_cutter``);
-* the **steady path** (``steady_exchange``): a call that repeats the group's last
-  steady round (the caller's key, the same state) sends the same bytes without
-  re-deriving them, and when every rank's headers are the ones of last time, the
-  verdict is the last one's.
-
-Every rank then decides from the headers alone (``_decide``): **compact** (the same
-tensor count, none flagged, ``validate_records`` passes) gives the layouts; else the
-**full path** (``_full_path``: ``check_same_collective``, then the full records with
-the problem's text) raises the same error on every rank, or returns the layouts of a
-call only too wide for the compact header. **Fused** (compact, every rank eligible,
-every payload within its slot): the results are cut out of the received bytes, one
-round in all; otherwise the payload moves in a second round. The verdict of the last
-compact call is cached in the collective's ``Memory.last`` (a pure function of the
-headers; ``_resized``: only the gathered sizes changed).
+``all_gather_list``). ``docs/architecture.md`` ("The one round") has the design: every
+rank sends lengths derived from the group's ``FusedState`` alone, so nothing but
+agreed-length bytes moves before validation, and nothing received is read but the
+compact headers until they validated. The round is the **gather round** (``state.wide``
+empty: ``_gather_blocks``), the **wide round** (``_wide_round``, its bytes laid out by
+``WideLayout``) or the **steady path** (``steady_exchange``: the group's last steady
+round again). Every rank then decides from the headers alone (``_decide``): compact,
+the full path (``_full_path``), fused or not; the last compact verdict is cached in the
+collective's ``Memory.last`` (``_resized``: only the gathered sizes changed).
 """
 
 from __future__ import annotations
@@ -72,16 +54,7 @@ from ._round_buffers import (
     round_for,
     unpack,
 )
-from ._round_state import (
-    FRESH,
-    FUSED_MAX_BYTES,
-    MEMORY,
-    FusedState,
-    Last,
-    Memory,
-    advance,
-    memory,
-)
+from ._round_state import FRESH, FUSED_MAX_BYTES, MEMORY, FusedState, Last, Memory, advance, memory
 from ._transport import Transport, choose_transport
 from ._wire import (
     FLAG_ELIGIBLE,
@@ -133,11 +106,8 @@ def _full_path(
     info: GroupInfo,
 ) -> tuple[Layout, ...]:
     """The exchange of full records: the same error on every rank, or the layouts.
-
-    What moves is decided from the headers alone (``counts``, ``kinds``: every rank's):
-    ranks that called different collectives raise at once (``check_same_collective``),
-    as do differing tensor counts; else one all_gather of ``count`` records, with
-    ``plan_layout``'s extra all_gather of a sizes mismatch for ``all_gather_v``."""
+    Decided from every rank's header ``counts`` and ``kinds`` alone: other collectives
+    or differing tensor counts raise at once, else one all_gather of the records."""
     check_same_collective(kinds)
     if kind == "all_gather_v":
         return (plan_layout(calls[0], info),)
@@ -166,18 +136,15 @@ def exchange(
     parts: Sequence[torch.Tensor] | None = None,
     steady_key: tuple[object, ...] | None = None,
 ) -> Exchanged:
-    """The fused round for a validated call on a communicating group (module doc).
+    """The fused round for a validated call on a communicating group: the same error on
+    every rank, or the same layouts (and, when fused, the gathered tensors).
 
-    ``kind``: the all_gather-shaped collective running it; ``calls``: one checked call
-    per tensor (a call-level problem sits in ``calls[0]``); ``eligible``: whether the
-    caller lets the payload ride (``transport="auto"`` and not a layout-only call);
-    ``parts``: this rank's payload as tensors whose bytes, one after the other, are the
-    bytes of ``tensors`` (``all_gather_list``: its carrier's metadata, then its tensor),
-    copied into the payload slot in place of ``tensors``' own, so that the tensor the
-    caller joins them into is never made. Raises the same error on every rank, or
-    returns the same layouts (and, when fused, the gathered tensors) on every rank.
-    ``steady_key`` (the caller's, for a call the steady path could serve): remember a
-    steady wide round for ``steady_exchange``.
+    ``calls``: one checked call per tensor (a call-level problem sits in ``calls[0]``);
+    ``eligible``: whether the caller lets the payload ride (``transport="auto"``, not a
+    layout-only call); ``parts``: this rank's payload as tensors whose bytes, one after
+    the other, are ``tensors``' (``all_gather_list``: its carrier's metadata, then its
+    tensor), so the tensor they would be joined into is never made; ``steady_key``: the
+    caller's key of a call ``steady_exchange`` could serve.
     """
     w = info.world_size
     pg = process_group(info)
@@ -245,11 +212,9 @@ def exchange(
 
 def _gather_blocks(recv: torch.Tensor, send: torch.Tensor, info: GroupInfo) -> None:
     """The gather round's transport: every rank's equal ``send`` block into row r of
-    ``recv`` (``W`` blocks). On gloo by direct sends (``exchange_with_each``: this
-    rank's block copied into its own row, then sent from there to every peer, each
-    peer's received in place), which move the bytes faster than gloo's ring all_gather
-    at every size measured (``docs/performance.md``); one equal all_gather elsewhere
-    (NCCL's all_gather is one kernel)."""
+    ``recv``. On gloo by direct sends (``exchange_with_each``), faster than gloo's ring
+    all_gather at every size measured (``docs/performance.md``); elsewhere one equal
+    all_gather (NCCL's is one kernel)."""
     if info.backend != "gloo":
         all_gather_equal(recv, send, info, what="all_gather (metadata exchange)")
         return
@@ -274,9 +239,8 @@ def _wide_round(
     wide: tuple[int, ...],
     steady_key: tuple[object, ...] | None = None,
 ) -> Exchanged:
-    """The wide round (module doc; its bytes laid out by ``WideLayout``). With
-    ``steady_key``, a call that leaves the group's state as it found it is remembered
-    for ``steady_exchange``."""
+    """The wide round (its bytes laid out by ``WideLayout``), remembered for
+    ``steady_exchange`` as ``exchange`` says."""
     rank = info.rank
     records, k, flags = header_key
     head = state.slots * HEADER_BYTES
@@ -311,16 +275,12 @@ headers as a message of their own beside its payload slot (``WideLayout``)."""
 class WideLayout(NamedTuple):
     """Where the wide round's bytes lie in its one buffer of ``size`` bytes: rank r's
     payload slot at ``payload[r]`` (``wide[r]`` bytes), its ``head`` header bytes at
-    ``heads[r]``.
-
-    Below ``HEADERS_APART_MIN`` each rank's region is its slot followed by its headers,
-    one message to each peer; the result is closed up over the headers (every block
-    but rank 0's moves by one ``memmove``). From it the slots lie one after the other
-    and the headers after all of them, two messages to each peer (4 (W - 1) operations
-    in flight): nothing moves while every slot is its rank's exact need. Each message
-    costs gloo a notification round and CPU on both sides, which the close-up outweighs
-    only past several MiB (``docs/performance.md``). Every rank derives the layout from
-    the group's state alike, so the messages pair up."""
+    ``heads[r]``. Below ``HEADERS_APART_MIN`` each rank's region is its slot followed
+    by its headers, one message to each peer, closed up over the headers after (every
+    block but rank 0's moves by one ``memmove``); from it the headers lie after all
+    the slots, two messages to each peer, and nothing moves while every slot is its
+    rank's exact need. Each message costs gloo a notification round and CPU on both
+    sides, which the close-up outweighs only past several MiB (``docs/performance.md``)."""
 
     payload: tuple[int, ...]
     heads: tuple[int, ...]
@@ -331,8 +291,7 @@ class WideLayout(NamedTuple):
 
 @functools.lru_cache(maxsize=64)
 def wide_layout(wide: tuple[int, ...], head: int) -> WideLayout:
-    """The wide round's ``WideLayout`` for payload slots ``wide`` and ``head`` header
-    bytes per rank."""
+    """The ``WideLayout`` of payload slots ``wide`` and ``head`` header bytes per rank."""
     w = len(wide)
     apart = sum(wide) >= HEADERS_APART_MIN
     payload, heads, at = [], [], 0
@@ -365,10 +324,7 @@ def _exchange_regions(buf: torch.Tensor, lay: WideLayout, info: GroupInfo) -> No
         (buf[lay.payload[r] : ends[r]], buf[lay.heads[r] : lay.heads[r] + head]) for r in range(w)
     ]
     send_receive(
-        [blocks[info.rank]] * w,
-        blocks,
-        info,
-        what=f"send/recv x{4 * (w - 1)} (metadata exchange)",
+        [blocks[info.rank]] * w, blocks, info, what=f"send/recv x{4 * (w - 1)} (metadata exchange)"
     )
 
 
@@ -378,12 +334,9 @@ def _exchange_regions(buf: torch.Tensor, lay: WideLayout, info: GroupInfo) -> No
 @dataclass(frozen=True)
 class _Steady:
     """A collective's last steady round on a group (its ``Memory.steady``): the caller's
-    key (everything the call's headers and payload layout are a function of), its
-    checked call, the group's state it left unchanged, this rank's payload bytes, every
-    rank's headers as received, and the verdict (the layouts, every rank's payload
-    bytes, the result's shape and dtype). A wide round's: its ``WideLayout`` and this
-    rank's headers as sent; a gather round's: its kept ``Round`` and what the headers in
-    its send buffer encode."""
+    key, its checked call, the state it left unchanged, this rank's payload bytes,
+    every rank's headers as received and the verdict; a wide round's ``WideLayout`` and
+    headers as sent, or a gather round's ``Round`` and what its send headers encode."""
 
     key: tuple[object, ...]
     call: CheckedCall
@@ -414,10 +367,8 @@ def _remember(
     rnd: Round | None = None,
 ) -> None:
     """Keep a round for ``steady_exchange`` (``mem.steady`` forgotten first) when it is
-    steady: one tensor whose rank blocks are adjacent, answered from the round (its
-    payload rode), leaving the group's state as it found it (the state rule is a pure
-    function: the same headers leave it so again). ``wide`` and ``header``: a wide
-    round's, ``rnd``: a gather round's (``_Steady``)."""
+    steady: one tensor whose rank blocks are adjacent, its payload rode, the group's
+    state left as it found it (a pure function of the headers: so again next time)."""
     mem.steady = None
     layouts = found.layouts
     if found.outputs is None or len(calls) != 1 or len(layouts) != 1 or layouts[0].pre != 1:
@@ -429,7 +380,7 @@ def _remember(
     sent = None if rnd is None else rnd.header_key
     mem.steady = _Steady(
         key, calls[0], state, own, raw, layouts, needs, lay.output_shape, lay.dtype, wide,
-        header, rnd, sent,
+        header, rnd, sent
     )  # fmt: skip
 
 
@@ -441,14 +392,10 @@ def steady_exchange(
 ) -> Exchanged | None:
     """The round of a call with the last steady round's key on the same group in the
     same state (else ``None``), whose payload is the bytes at ``sources`` (address,
-    length) one after the other (CPU memory: ``x``'s, or a carrier's parts).
-
-    It sends what the full path would (the same state and key make the same headers
-    and slots), in the same transport. When every rank's headers are the ones they sent
-    last time, they validate alike and move the state alike (not at all): the result is
-    cut as then; other headers go to the full path's verdict (``_decide``). The
-    registry is read here directly (no helper), as this is every steady call's path.
-    """
+    length) one after the other (CPU memory: ``x``'s, or a carrier's parts). It sends
+    what the full path would; when every rank's headers are the ones of last time, the
+    result is cut as then, else ``_decide`` reads them. The registry is read here
+    directly (no helper), as this is every steady call's path."""
     pg = info.group if info.group is not None else dist.group.WORLD
     group = MEMORY.get(pg) if isinstance(pg, dist.ProcessGroup) else None
     mem = None if group is None else group.calls.get(kind)
@@ -494,10 +441,8 @@ def _steady_gather(
     info: GroupInfo,
 ) -> Exchanged | None:
     """``steady_exchange`` of a gather round: the payload into the kept send buffer (its
-    headers still the remembered ones), the stale bytes after it zeroed, one round, and
-    the result copied out of the kept receive buffer by one ``memmove`` per rank. Read
-    here, not by ``_round_buffers`` (as ``Round.cut``), the path entering no other
-    module."""
+    headers still the remembered ones), one round, the result copied out of the kept
+    receive buffer here, not by ``Round.cut``: the path enters no other module."""
     rnd = steady.rnd
     assert rnd is not None  # a gather round's
     if mem.round is not rnd or not rnd.lock.acquire(blocking=False):
@@ -577,20 +522,16 @@ def _decide(
     counts = [header_count(headers[0]) for headers in per_rank]
     kinds = [header_kind(headers[0]) for headers in per_rank]
     fusable = all(header_flags(headers[0]) & FLAG_ELIGIBLE for headers in per_rank)
-    compact = len(set(counts)) == 1 and k <= slots
-    if compact:
-        compact = not any(
-            header_flags(headers[i]) & (FLAG_PROBLEM | FLAG_LONG)
-            for headers in per_rank
-            for i in range(k)
-        )
+    flagged = FLAG_PROBLEM | FLAG_LONG
     layouts: tuple[Layout, ...] | None = None
-    if compact:
+    if (
+        len(set(counts)) == 1
+        and k <= slots
+        and not any(header_flags(h[i]) & flagged for h in per_rank for i in range(k))
+    ):
         try:
             layouts = tuple(
-                validate_records(
-                    [decode_header(headers[i]) for headers in per_rank], rank=info.rank
-                )
+                validate_records([decode_header(h[i]) for h in per_rank], rank=info.rank)
                 for i in range(k)
             )
         except VarGatherError:
@@ -610,12 +551,9 @@ def _resized(
     rows: tuple[tuple[int, ...], ...],
 ) -> tuple[Layout, ...] | None:
     """The layouts of ``rows`` when they are the validated headers ``before`` (whose
-    layouts are ``layouts``) with only the sizes along each gather dimension changed and
-    no rank passing ``sizes``; else ``None`` (validate them in full).
-
-    What ``validate_records`` would return for ``rows``: every field it compares is as
-    in ``before``, which passed; the new sizes are checked ``>= 0``; with no ``sizes``
-    passed (length -1 in every header) nothing else depends on the sizes.
+    layouts are ``layouts``) with only the sizes along each gather dimension changed
+    (each ``>= 0``) and no rank passing ``sizes``, else ``None``: what
+    ``validate_records`` would return, every field it compares being as in ``before``.
     """
     if len(rows) != len(before) or not layouts:
         return None

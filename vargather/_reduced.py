@@ -4,26 +4,9 @@ per component.
 Below every stage, beside ``_dtypes``: the collectives that add values across ranks
 (``reduce_scatter_v``'s forward, the ``sum`` and ``mean`` backwards of the gathers) and
 the oracle (``oracle``) pass what they computed through these helpers, so both give the
-same bits whatever the operands' memory layout, torch's kernel path or the backend.
-
-NaNs. IEEE 754 fixes the value of a sum, not the bits of a NaN it produces. torch's
-vectorized bfloat16 conversion writes ``0xffff`` for a NaN where its scalar one writes
-``0x7fc0``; x86 turns ``inf + -inf`` into a negative NaN; which operand's payload a
-sum of two NaNs keeps is the hardware's choice. So: **every NaN in the result of a
-reduction is the canonical quiet NaN of its dtype** (sign clear, quiet bit set,
-payload zero: ``0x7e00`` float16, ``0x7fc0`` bfloat16, ``0x7fc00000`` float32,
-``0x7ff8000000000000`` float64; for a complex dtype each NaN component, real or
-imaginary, is its real dtype's). Every other bit of a reduced result (``-0.0``,
-infinities, the values) stays as the arithmetic made it. Collectives that only move
-data (the gathers' forwards, ``all_to_all_v``, the backwards that are gathers or
-exchanges) never call these: their results keep every NaN payload as sent.
-
-Complex values are added and divided component by component, as the backends' sums
-add them. torch's ``add`` computes ``a + alpha * b`` with ``alpha = 1 + 0i``, and
-``(1 + 0i) * (0 + inf i)`` is ``nan + inf i``: ``0 + (inf i)`` would be ``nan + inf i``.
-``add_`` adds the real views instead. ``mean`` is the sum divided by ``W`` the same way:
-a complex division by ``W + 0i`` would spread a NaN or an infinity of one component
-into the other (and round ``a * (1/W)``, not ``a / W``).
+same bits whatever the operands' memory layout, torch's kernel path or the backend
+(the rule and why: ``docs/family.md``, "Bit for bit, and NaN results"). Collectives that
+only move data never call these: their results keep every NaN payload as sent.
 
 Cost: one ``sum`` over the result when it has no NaN (a read, no allocation; a NaN
 anywhere makes the sum a NaN, and a NaN-free sum that overflows to ``inf - inf`` only
@@ -61,8 +44,9 @@ def canonical_nans_(t: torch.Tensor) -> torch.Tensor:
 
 
 def mean_(total: torch.Tensor, world_size: int) -> torch.Tensor:
-    """``total / world_size`` in place, each component of a complex divided alone, NaNs
-    canonical: the ``mean`` contract from the ``sum`` one's result."""
+    """``total / world_size`` in place, each component of a complex divided alone (a
+    division by ``W + 0i`` would spread one component's NaN or infinity into the other),
+    NaNs canonical: the ``mean`` contract from the ``sum`` one's result."""
     real = torch.view_as_real(total) if total.is_complex() else total
     real.div_(world_size)
     return canonical_nans_(total)

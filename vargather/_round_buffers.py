@@ -1,13 +1,11 @@
 """The one round's kept buffers: bytes in and out, memmove close-up, cutters.
 
 Where it sits: beneath both rounds (``_fused``, ``_family``), above ``_wire`` and
-``_round_state``. It owns the bytes of a round on this rank: packing a call's tensors
-into a payload slot, reading the received headers or rows where they landed, cutting
-the results back out, the buffers a group keeps from call to call (``Round``), the
-receive buffers handed back as results and taken again once free, and the in-place
-close-up of a received buffer (``move_left``: one ``memmove`` per rank on the CPU).
-Nothing here decides anything: what to send and what a call's verdict is belong to
-the rounds.
+``_round_state``. It owns the bytes of a round on this rank: a call's tensors into a
+payload slot, the received headers or rows read where they landed, the results cut
+back out, the buffers a group keeps from call to call (``Round``, ``hand_back``) and
+the in-place close-up of a received buffer (``move_left``). Nothing here decides
+anything: what to send and what a call's verdict is belong to the rounds.
 """
 
 from __future__ import annotations
@@ -81,8 +79,16 @@ def unpack(regions: Sequence[torch.Tensor], layouts: Sequence[Layout]) -> list[t
     """The gathered tensors from each rank's payload bytes (``regions[r]``: rank r's
     tensors' bytes one after the other). One ``cat`` per tensor, exact for any dtype."""
     device = regions[0].device if regions else torch.device("cpu")
+    return _joined(layouts, tensor_parts(regions, layouts), device)
+
+
+def _joined(
+    layouts: Sequence[Layout], per_tensor: Sequence[list[torch.Tensor]], device: torch.device | None
+) -> list[torch.Tensor]:
+    """Each result from every rank's part of it (``tensor_parts``): one ``cat`` each (a
+    fresh empty tensor for one without elements; ``device`` ``None``: torch's default)."""
     outputs: list[torch.Tensor] = []
-    for layout, parts in zip(layouts, tensor_parts(regions, layouts), strict=True):
+    for layout, parts in zip(layouts, per_tensor, strict=True):
         if layout.pre * layout.total * layout.post == 0:
             outputs.append(torch.empty(layout.output_shape, dtype=layout.dtype, device=device))
             continue
@@ -126,8 +132,8 @@ def header_bytes(slots: int, records: Sequence[CallRecord], k: int, flags: int) 
 
 def read_headers(buf: torch.Tensor, at: Sequence[int], slots: int) -> tuple[tuple[int, ...], ...]:
     """Every rank's ``slots`` compact headers as int64 words, from the bytes of ``buf``
-    at ``at[r]`` (only the headers are read: on the CPU with ``struct`` where they
-    landed, elsewhere copied to the host together). Every round reads its headers here."""
+    at ``at[r]``: on the CPU read with ``struct`` where they landed, elsewhere copied to
+    the host together."""
     fmt = header_struct(slots)
     if buf.device.type == "cpu":
         raw = _char_array(buf.numel()).from_address(buf.data_ptr())
@@ -160,8 +166,7 @@ MOVE_CHUNK: Final = 1 << 20
 
 def move_left(buf: torch.Tensor, dst: int, src: int, n: int) -> None:
     """``buf[dst : dst + n] = buf[src : src + n]`` for ``dst < src`` (ranges may
-    overlap), ``buf`` a contiguous uint8 tensor: one ``memmove`` on the CPU (made for
-    overlapping ranges), else ``move_chunked``."""
+    overlap): one ``memmove`` on the CPU, else ``move_chunked``."""
     if buf.device.type == "cpu" and buf.is_contiguous():
         base = buf.data_ptr()
         ctypes.memmove(base + dst, base + src, n)
@@ -205,19 +210,15 @@ def handed_back_buffer(
     pg: dist.ProcessGroup | None, purpose: str, size: int, device: torch.device
 ) -> torch.Tensor:
     """A buffer of ``size`` bytes for a round whose result is a view of it: one of the
-    group's last ``_KEPT_BUFFERS`` when it is this size and its result is gone, else a
-    fresh one (kept for the next calls).
+    group's last ``_KEPT_BUFFERS`` when it is this size and its result is gone
+    (``unreferenced``: no tensor, view, saved tensor or ``numpy()`` array holds it, nor
+    gloo for a moment after a collective), else a fresh one (kept for the next calls).
+    CPU only (another device's memory may still be in use by a stream).
 
-    Why: a fresh buffer of a few MiB is often fresh pages (the allocator maps them or
-    grows its heap), about one page fault per 4 KiB touched: 1,000 for 4 MB, measured
-    at 1-3 ms a call when other allocations come between two calls, as much as the
-    collective. A result is gone when nothing holds the buffer's storage but this
-    cache: no tensor or view of it (autograd's saved tensors and ``numpy()`` arrays hold
-    it too; so does gloo for a moment after a collective), counted by the storage's use
-    count. On the CPU only (another device's memory may still be in use by a stream).
-    The cache holds at most ``_KEPT_BUFFERS`` buffers per group and purpose, the newest
-    ones, whatever their size: memory the group holds between calls (up to twice the
-    last large result's size, less what the caller still holds of them).
+    Why: a fresh buffer of a few MiB is often fresh pages, about one page fault per 4
+    KiB touched: 1,000 for 4 MB, measured at 1-3 ms a call when other allocations come
+    between two calls, as much as the collective. The group holds at most twice the
+    last large result's size between calls, less what the caller still holds of them.
     """
     if pg is None or device.type != "cpu" or size < KEEP_MIN:
         return torch.empty(size, dtype=torch.uint8, device=device)
@@ -289,13 +290,8 @@ def closing(starts: tuple[int, ...], needs: tuple[int, ...]) -> Closing:
 def closed_up(buf: torch.Tensor, how: Closing, layout: Layout) -> torch.Tensor:
     """``buf`` closed up in place (``how``) and viewed as ``layout``'s result (a fresh
     empty tensor when it has no elements)."""
-    if how.moves and buf.device.type == "cpu" and buf.is_contiguous():
-        base = buf.data_ptr()
-        for dst, src, n in how.moves:
-            ctypes.memmove(base + dst, base + src, n)
-    else:
-        for dst, src, n in how.moves:
-            move_left(buf, dst, src, n)
+    for dst, src, n in how.moves:
+        move_left(buf, dst, src, n)
     if layout.total == 0:
         return torch.empty(layout.output_shape, dtype=layout.dtype, device=buf.device)
     shape = layout.output_shape
@@ -327,31 +323,23 @@ _REUSE_MAX_BYTES: Final = 4 << 20
 
 class Round:
     """One group's send buffer (and, for a small round, its receive buffer) for the
-    round of one collective, kept from call to call (CPU only): the headers are
-    rewritten only when they change, the payload is copied into its slot in one copy
-    per tensor (a ``memmove`` from a plain tensor's bytes, ``plain``; else a typed
-    view's ``copy_``), the bytes that must be zero are cleared only where an earlier
-    payload left others, and the received headers are read with ``struct`` straight
-    from the received bytes.
+    round of one collective, kept from call to call (CPU only): the headers rewritten
+    only when they change, the payload copied into its slot in one copy per tensor (a
+    ``memmove`` of a ``plain`` tensor's bytes, else a typed view's ``copy_``), the
+    bytes that must be zero cleared only where an earlier payload left others.
 
     A round of at most ``_KEEP_RECV_MAX`` received bytes keeps its receive buffer (a
-    ``bytearray``) and cuts every result out of it as a fresh tensor (one ``memmove``
-    per rank when its rank blocks are adjacent, ``_copied_out``; else ``torch.cat`` of
-    views): nothing returned aliases the kept buffers. A larger round receives into a
-    buffer of its own per call (``receive``: fresh, or one of the group's last
-    ``_KEPT_BUFFERS`` once its result is gone, ``handed_back_buffer``) and, for one tensor whose rank blocks are
-    adjacent in the result (``pre == 1``), closes the header gaps and the unused slot
-    space up in place (``move_left``) and returns a view of it: one pass over bytes
-    that are still in cache instead of a copy into a second buffer as large. Keeping
-    the buffer and copying out of it made a 1 MiB call's working set (payload, send
-    slot, receive buffer, result) outgrow this machine's 2 MiB L2: the copy-out alone
-    cost 4x the 512 KiB one (``docs/performance.md``). The result then holds the whole
-    receive buffer, at most ``1 + WASTE_LIMIT`` times its bytes plus the headers (else
-    it is cut out by ``torch.cat`` as for a kept buffer).
+    ``bytearray``) and cuts every result out of it as a fresh tensor (``cut``): nothing
+    returned aliases the kept buffers. A larger round receives into a buffer of its own
+    per call (``receive``) and, for one tensor whose rank blocks are adjacent (``pre ==
+    1``), closes it up in place and returns a view of it (``cutter``): keeping the
+    buffer and copying out of it made a 1 MiB call's working set outgrow this machine's
+    2 MiB L2, the copy-out alone 4x the 512 KiB one's (``docs/performance.md``). The
+    result then holds the whole receive buffer, at most ``1 + WASTE_LIMIT`` times its
+    bytes plus the headers (else it is cut out as from a kept buffer).
 
-    ``lock`` keeps a second thread on the same group (already a misuse of the group)
-    from sharing the kept buffers: it takes fresh buffers instead.
-    """
+    ``lock`` keeps a second thread on the same group (already a misuse) from sharing
+    the kept buffers: it takes fresh ones."""
 
     def __init__(self, world: int, slots: int, capacity: int) -> None:
         self.key = (world, slots, capacity)
@@ -406,20 +394,18 @@ class Round:
             copy_payload(self.slot_views, own)
             filled = nbytes
         if self.dirty > filled:  # no stale memory to the peers
-            if self.dirty - filled <= len(_ZEROS):
-                self.raw_send[self.head + filled : self.head + self.dirty] = _ZEROS[
-                    : self.dirty - filled
-                ]
+            lo, hi = self.head + filled, self.head + self.dirty
+            if hi - lo <= len(_ZEROS):
+                self.raw_send[lo:hi] = _ZEROS[: hi - lo]
             else:
-                self.send[self.head + filled : self.head + self.dirty].zero_()
+                self.send[lo:hi].zero_()
         self.dirty = filled
 
     def receive(self, adjacent: bool, pg: dist.ProcessGroup | None) -> torch.Tensor:
-        """The buffer this call's round receives into: a buffer of its own for a large
-        round whose one result's rank blocks are ``adjacent`` (it becomes the result)
-        or for a round too large to keep (``pg``'s handed-back one, or fresh), else the
-        kept one (made at its first use). ``pg`` is passed, not kept: ``MEMORY`` is
-        weakly keyed by it."""
+        """The buffer this call's round receives into: one of its own (handed back, or
+        fresh) for a large round whose one result's rank blocks are ``adjacent`` (it
+        becomes the result) or one too large to keep, else the kept one. ``pg`` is
+        passed, not kept: ``MEMORY`` is weakly keyed by it."""
         size = self.world * self.block
         if (adjacent and size > _KEEP_RECV_MAX) or size > _REUSE_MAX_BYTES:
             return handed_back_buffer(pg, "gather", size, torch.device("cpu"))
@@ -460,19 +446,12 @@ class Round:
         if layouts is not self.cut_key:
             self.cut_parts = tensor_parts(self.payloads, layouts)
             self.cut_key = layouts
-        outputs = []
-        for layout, parts in zip(layouts, self.cut_parts, strict=True):
-            if layout.pre * layout.total * layout.post == 0:
-                outputs.append(torch.empty(layout.output_shape, dtype=layout.dtype))
-                continue
-            outputs.append(torch.cat(parts, dim=1).view(layout.dtype).view(layout.output_shape))
-        return outputs
+        return _joined(layouts, self.cut_parts, None)
 
 
 def plain(t: torch.Tensor) -> bool:
     """Whether ``t``'s bytes, in row-major order, are the ``numel * element_size`` bytes
-    at ``t.data_ptr()``: a plain tensor (no subclass, no lazy conjugate or negation
-    bit), contiguous, on the CPU."""
+    at ``t.data_ptr()`` on the CPU (no subclass, no lazy bit, contiguous)."""
     return (
         (type(t) is torch.Tensor or type(t) is torch.nn.Parameter)
         and t.device.type == "cpu"
@@ -485,11 +464,9 @@ def plain(t: torch.Tensor) -> bool:
 def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst.copy_(src)`` for two uint8 ranges of the same length: one ``memmove`` on the
     CPU (both ``plain``), never torch's ``copy_`` there, which splits a large copy over
-    the intra-op threads; beside the peers' ranks on the same cores those threads wait
-    for one another (measured at 16 MiB on 4 ranks of a 2-core machine with torch's
-    default threads: ``all_to_all_v``'s steady call 4-5x one ``all_to_all_single``
-    with its own block copied by ``copy_``, 0.9x by ``memmove``). The collectives
-    themselves run on gloo's threads."""
+    the intra-op threads that, beside the peers' ranks on the same cores, wait for one
+    another (measured at 16 MiB on 4 ranks of a 2-core machine: ``all_to_all_v``'s
+    steady call 4-5x one ``all_to_all_single`` with ``copy_``, 0.9x by ``memmove``)."""
     if plain(dst) and plain(src):
         ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
     else:
@@ -518,11 +495,10 @@ def plain_in_blocks(x: object, dim: object) -> bool:
 
 
 def _copied_out(at: Sequence[int], layouts: Sequence[Layout]) -> list[torch.Tensor]:
-    """The results of a round on the CPU whose rank r's payload (its tensors' bytes one
-    after the other) starts at address ``at[r]``, for layouts whose rank blocks are
-    adjacent in the result (``pre == 1``): each result a fresh tensor, filled by one
-    ``memmove`` per rank. With sizes changing every call this cuts no views (``parts``
-    would make 2 W of them per tensor, each a few microseconds of dispatch)."""
+    """The results of a round on the CPU whose rank r's payload starts at address
+    ``at[r]``, for layouts whose rank blocks are adjacent (``pre == 1``): each a fresh
+    tensor filled by one ``memmove`` per rank, cutting no views (``tensor_parts`` would
+    make 2 W of them per tensor, each a few microseconds of dispatch)."""
     src = list(at)
     outputs = []
     for lay in layouts:

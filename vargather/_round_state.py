@@ -4,40 +4,28 @@ Where it sits: beneath the one-round exchanges (``_fused``, ``_family``) and the
 buffers (``_round_buffers``); it imports ``_collectives`` only. It holds the **one state
 type** (``FusedState``), the size rules (``bucket``, ``capacity_step``, the padding
 bounds), each round shape's ``advance`` rule, and the **one registry** (``MEMORY``) in
-which every round keeps its state, its buffers and its caches.
+which every round keeps its state (one per group and ``_collectives.RoundShape``:
+``StateCell``), its buffers and its caches.
 
-The state is kept per group and round shape (``_collectives.RoundShape``): the
-collectives sharing a round shape share one state, so a rank calling one of them
-beside a peer calling another sends the same length and gets an error, never a gloo
-abort.
-
-**The all_gather-shaped round** (``advance``): the state rule, applied on every rank
-after a call whose headers validated (compact or full path), from the validated layouts
-only, before any payload moves:
-
-* ``need`` = the largest payload any rank had (bytes of all its tensors), ``needs`` =
-  every rank's;
-* gather round: a call in use (every rank eligible, ``need <= FUSED_MAX_BYTES`` and
-  ``4 * need > capacity``) sets ``capacity = max(capacity, bucket(need))`` and ends any
-  idle streak; any other call is idle: after ``SHRINK_AFTER`` idle calls in a row the
-  capacity becomes ``bucket`` of the largest eligible small need among them (0 if none);
-* wide round: a call *goes wide* when every rank is eligible and, with ``padded = W *
-  bucket(need)`` (what the gather round would carry) and ``sum(needs)`` the payload:
-  ``need > WIDE_MIN_BYTES`` (128 KiB), or ``padded > max(PAD_LIMIT * sum(needs),
-  SMALL_BYTES)`` (strong skew on many ranks).
-  A group's first such call sets ``wide = needs`` exactly; a later one where some rank
-  outgrew its slot (a miss: that call took two rounds) sets every slot to
-  ``max(wide[r], bucket(needs[r]))``; a miss by an eligible call that does not go wide
-  ends the wide round at once (the gather round's capacity grew to it in the same
-  call); a call that goes wide and fits, with no slot at least twice ``bucket`` of its
-  need, ends any idle streak, and once ``SHRINK_AFTER`` such calls in a row had the
-  very same needs (calls that do not go wide between them neither count nor break
-  the row), ``wide`` becomes those needs exactly (a stable skew sends no padding,
-  whatever sizes came before it); any other call is idle, and after
-  ``SHRINK_AFTER`` idle calls in a row ``wide`` becomes the largest needs of the
-  streak's wide calls (or empty, back to the gather round, when none went wide);
-* ``slots`` grows at once to a call's tensor count and, after ``SHRINK_AFTER`` calls in
-  a row with fewer tensors, shrinks to the most among them.
+**The all_gather-shaped round** (``advance``): applied on every rank after a call whose
+headers validated, from the validated layouts only, before any payload moves; ``need``
+is the largest payload any rank had (bytes of all its tensors), ``needs`` every rank's.
+The gather round's ``capacity`` and the header ``slots`` follow ``docs/architecture.md``
+("The state"), as does which calls change nothing. The wide round: a call *goes wide*
+when every rank is eligible and, with ``padded = W * bucket(need)`` (what the gather
+round would carry) and ``sum(needs)`` the payload: ``need > WIDE_MIN_BYTES`` (128 KiB),
+or ``padded > max(PAD_LIMIT * sum(needs), SMALL_BYTES)`` (strong skew on many ranks). A
+group's first such call sets ``wide = needs`` exactly; a later one where some rank
+outgrew its slot (a miss: that call took two rounds) sets every slot to ``max(wide[r],
+bucket(needs[r]))``; a miss by an eligible call that does not go wide ends the wide
+round at once (the gather round's capacity grew to it in the same call); a call that
+goes wide and fits, with no slot at least twice ``bucket`` of its need, ends any idle
+streak, and once ``SHRINK_AFTER`` such calls in a row had the very same needs (calls
+that do not go wide between them neither count nor break the row), ``wide`` becomes
+those needs exactly (a stable skew sends no padding, whatever sizes came before it); any
+other call is idle, and after ``SHRINK_AFTER`` idle calls in a row ``wide`` becomes the
+largest needs of the streak's wide calls (or empty, back to the gather round, when none
+went wide).
 
 **Padding bound.** ``bucket(n) <= max(64, 1.125 n)``. In the wide round a rank's slot
 is its exact need from a group's first wide call while sizes stay, and again after
@@ -55,13 +43,8 @@ rank. While sizes move the capacity is ``bucket`` of the largest need of the las
 so one call's padding can exceed the bound by what its sizes fell since then;
 ``SHRINK_AFTER`` calls at the smaller sizes restore it.
 
-Calls that raise in validation change nothing (every rank raises from the same
-headers); calls with ``sizes`` and ``validate=False`` skip the round and change nothing;
-a miss on one rank only is seen by every rank in the headers, so every rank grows the
-slots alike. Errors after validation (a timeout in the payload collective) leave the
-group out of step anyway. A group that mixes the collectives of this round pays a
-little padding: its capacity and header slots follow the largest need and tensor count
-of every one's calls.
+A group that mixes the collectives of this round pays a little padding: its capacity
+and header slots follow the largest need and tensor count of every one's calls.
 
 **The all_to_all-shaped round** (``advance_blocks``): the state is the same type. Its
 equal slots are ``capacity``, ``idle`` and ``idle_need`` (the bytes of the payload
@@ -79,7 +62,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 import torch
@@ -124,7 +107,7 @@ __all__ = [
 ]
 
 FUSED_MAX_BYTES: Final = 128 * 1024
-"""Largest payload per rank that rides in the gather round (module doc). 512 KiB until
+"""Largest payload per rank that rides in the gather round. 512 KiB until
 the wide round's headers rode in its broadcasts: since then the wide round beats the
 gather round from 128 KiB per rank up (``docs/performance.md``); below, the two are even
 at 4 ranks and the gather round is one operation, not 2 (W - 1)."""
@@ -259,7 +242,8 @@ def capacity_step(
     current: tuple[int, int, int], *, small: bool, need: int, slot: Callable[[int], int]
 ) -> tuple[int, int, int]:
     """One call's step of a learned capacity ``(capacity, idle, idle_need)``: the gather
-    round's rule (module doc) with ``slot`` for ``bucket``, shared by both round shapes."""
+    round's rule (``docs/architecture.md``) with ``slot`` for ``bucket``, shared by both
+    round shapes."""
     capacity, idle, idle_need = current
     if small and 4 * need > capacity:
         return max(capacity, slot(need)), 0, 0
@@ -353,11 +337,9 @@ def block_room(state: FusedState, world: int) -> tuple[int, ...]:
 def advance_blocks(
     state: FusedState, *, fusable: bool, blocks: Sequence[int], world: int
 ) -> FusedState:
-    """The all_to_all-shaped round's state after a call that validated, from what every
-    rank saw (``fusable``: every rank eligible; ``blocks``: the bytes rank ``j`` sends
-    rank ``k`` at ``j * W + k``). Remembered for recent arguments (a steady state
-    repeats them every call), keyed by the ``FAMILY_FUSED_MAX`` in force (a test may set
-    another)."""
+    """The all_to_all-shaped round's state after a call that validated (``blocks``: the
+    bytes rank ``j`` sends rank ``k`` at ``j * W + k``), remembered for recent arguments
+    keyed by the ``FAMILY_FUSED_MAX`` in force (a test may set another)."""
     after = _advance_blocks(state, fusable, tuple(blocks), world, FAMILY_FUSED_MAX)
     return state if after == state else after  # unchanged is the very state passed in
 
@@ -384,14 +366,12 @@ def _advance_blocks(
 # --- the one registry: per group, per collective ---------------------------------------
 
 
+@dataclass(eq=False, slots=True)
 class StateCell:
     """The state of one round shape on one group, shared by the ``Memory`` of every
     collective of that shape (a peer calling another of them sends the same length)."""
 
-    __slots__ = ("state",)
-
-    def __init__(self) -> None:
-        self.state = FRESH
+    state: FusedState = FRESH
 
 
 S = TypeVar("S")
@@ -407,22 +387,19 @@ class Last(NamedTuple, Generic[S, F]):
     found: F
 
 
+@dataclass(eq=False, slots=True)
 class Memory:
     """Everything one group keeps for one collective's round, from call to call: the
-    shared state (``shared.state``), the kept buffers (``round``: ``_round_buffers.Round``),
-    the last verdict (``last``), the steady replay (``steady``, and ``joined``: several
-    remembered steady calls by key), this rank's last call by its key (``known``). The
-    rounds own what they put in the untyped slots."""
+    shared state, the kept buffers (``round``), the last verdict (``last``), the steady
+    replay (``steady``, and ``joined``: several steady calls by key) and this rank's
+    last call by its key (``known``). The rounds own what they put in untyped slots."""
 
-    __slots__ = ("joined", "known", "last", "round", "shared", "steady")
-
-    def __init__(self, shared: StateCell) -> None:
-        self.shared = shared
-        self.known: tuple[tuple[object, ...], object] | None = None  # a call by its key
-        self.round: object = None
-        self.last: Last[Any, Any] | None = None
-        self.steady: object = None
-        self.joined: dict[tuple[object, ...], object] = {}
+    shared: StateCell
+    known: tuple[tuple[object, ...], object] | None = None  # a call by its key
+    round: object = None
+    last: Last[Any, Any] | None = None
+    steady: object = None
+    joined: dict[tuple[object, ...], object] = field(default_factory=dict)
 
 
 class GroupMemory:
@@ -444,10 +421,7 @@ takes its entry along; subgroups apart)."""
 
 def group_memory(pg: dist.ProcessGroup) -> GroupMemory:
     """``pg``'s entry of ``MEMORY``, made at its first use."""
-    found = MEMORY.get(pg)
-    if found is None:
-        found = MEMORY.setdefault(pg, GroupMemory())
-    return found
+    return MEMORY.get(pg) or MEMORY.setdefault(pg, GroupMemory())
 
 
 def memory(pg: dist.ProcessGroup, collective: CollectiveName) -> Memory:
@@ -496,9 +470,9 @@ def swap_state(
     group: dist.ProcessGroup | None, state: FusedState, collective: CollectiveName = "all_gather_v"
 ) -> FusedState:
     """Install ``state`` on this rank; return the one it replaces (``FRESH`` for a group
-    that had none). For the bench, which gives each of its call patterns on one group the state that
-    pattern alone would have learned; every rank must swap alike, or the ranks disagree
-    on the next round."""
+    that had none). For the bench, which gives each of its call patterns on one group
+    the state that pattern alone would have learned; every rank must swap alike, or the
+    ranks disagree on the next round."""
     pg = group_key(group)
     if pg is None:
         return state

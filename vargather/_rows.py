@@ -2,13 +2,9 @@
 
 Where it sits: beneath the round (``_family``) and the collectives that ride it
 (``_reduce_scatter``, ``_all_to_all``, ``_all_to_all_rows``, ``_gather_list``), above
-the checks (``_args``), the wire (``_wire``) and the validation rules (``_exchange``). A
-collective's module turns this rank's call into a ``FamilyCall`` (``check_tensor``, its
-own checks, its extra row words: ``sizes_words``); the round carries it as a row
-(``_wire.encode_row``) and hands every rank's back as ``Row``s (``decode_rows``, after
-``check_same_collective``), which the collective validates with ``_exchange``'s
-helpers, passed on here (``raise_local``, ``common_checks``, ``agree``): the same
-error on every rank, or the same verdict. ``call_key`` is a steady call's key.
+the checks (``_args``), the wire (``_wire``) and the validation rules (``_exchange``,
+whose helpers the collectives find here too). ``docs/architecture.md`` ("Adding a
+collective to the round") says how a collective uses what is here.
 """
 
 from __future__ import annotations
@@ -23,10 +19,7 @@ import torch
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
 from ._collectives import COLLECTIVES, CollectiveName, by_code
 from ._comm import GroupInfo
-from ._errors import (
-    ProtocolMismatchError,
-    SizesError,
-)
+from ._errors import ProtocolMismatchError, SizesError
 from ._exchange import (
     Check,
     agree,
@@ -59,11 +52,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class FamilyCall:
-    """One rank's call of a family collective, as every other rank will see it.
-
-    ``sizes``: the parsed size vectors this rank passed (``None`` where absent or
-    malformed), for this rank's own use; ``extras`` is what the peers see of them.
-    """
+    """One rank's call of a family collective, as every other rank will see it:
+    ``extras``, while ``sizes`` (the parsed size vectors, ``None`` where absent or
+    malformed) are for this rank's own use."""
 
     kind: CollectiveName
     record: CallRecord
@@ -229,9 +220,9 @@ def rows_changed_only_in(
     """Per rank, the words of its row in ``raw`` (the received rows' bytes,
     ``_round_buffers.landed_bytes``) at ``spans`` (first word and count, in order,
     apart), when every rank's row is its row in ``last`` but for those words; else
-    ``None``. Rows equal
-    but for a size vector and a dimension say everything ``last`` said but those (the
-    same kind, flags and record otherwise: no problem where it had none)."""
+    ``None``. Rows equal but for a size vector and a dimension say everything ``last``
+    said but those (the same kind, flags and record otherwise: no problem where it had
+    none)."""
     if len(raw) != len(last) or len(raw) % w:
         return None
     n = len(raw) // w
@@ -256,10 +247,9 @@ T = TypeVar("T")
 
 
 class ValidatedOnce(Generic[T]):
-    """A collective's ``validate_rows``, remembered for the very list of rows it last
-    validated (``_read_rows`` returns the same list for the same bytes, so the steady
-    state's rows are one list, validated once). A pure function of the rows and this
-    rank; an error is never remembered."""
+    """A collective's ``validate_rows`` (a pure function of the rows and this rank),
+    remembered for the very list of rows it last validated (``_read_rows`` returns the
+    same list for the same bytes); an error is never remembered."""
 
     def __init__(self, validate: Callable[..., T]) -> None:
         self._validate = validate
@@ -278,8 +268,7 @@ def call_key(x: object, *args: object) -> tuple[object, ...] | None:
     """What this rank's call of a plain strided tensor ``x`` with ``args`` is a function
     of (``None`` for other calls): ``x``'s metadata (shape, strides, dtype, device,
     whether a gradient is wanted, its lazy bits) and each argument with its type (so
-    ``validate=1`` is not ``True``), lists of ints as tuples. The steady path's key
-    (``known_call``)."""
+    ``validate=1`` is not ``True``), lists of ints as tuples: ``known_call``'s key."""
     if type(x) is not torch.Tensor or x.layout != torch.strided or x.is_nested:
         return None
     key: list[object] = [x.shape, x.stride(), x.dtype, x.device, x.is_conj(), x.is_neg()]

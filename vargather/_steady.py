@@ -3,19 +3,11 @@
 Where it sits: on the round (``_family``), the registry (``_round_state``) and the kept
 buffers; below the collectives that ride the round, each of which hands it a
 ``RoundSpec``: nothing of the spec is the round's, nothing of the replay is the
-collective's.
-
-``run_round`` is the full path (``answer`` says what follows the round). A validated CPU
-call that the round answered is remembered by its key (the collective's: everything its
-call and plan are a function of, besides the group, the group's state and the peers'
-rows). ``replay``: a call whose key is the group's last steady call's of that
-collective, in the very state that call left unchanged, sends the same row and the
-blocks of its ``x`` in the same round (packed, or by direct sends); when every rank's
-row came back as last time, those rows validate alike and move the state alike (not at
-all), so the remembered plan is the plan and only its result is new; other rows go on as
-the full path does after its exchange. Any other key goes to the collective's
-``resized`` (``_all_to_all``: the same round with new sizes), else the full path runs. A
-peer on the full path and one replaying exchange the same bytes.
+collective's. ``run_round`` is the full path; ``replay`` the steady path
+(``docs/family.md``, "The steady path"): a call whose key is the group's last steady
+call's, in the very state that call left unchanged, sends the same bytes, and when
+every rank's row came back as last time the remembered plan is the plan. Any other key
+goes to the collective's ``resized``, else the full path runs.
 """
 
 from __future__ import annotations
@@ -57,15 +49,13 @@ Key = tuple[object, ...]
 
 @dataclass(frozen=True)
 class Steady(Generic[P]):
-    """A collective's last steady call on a group (its ``Memory.steady``): its key, its
-    call, the group's state it was sized from, whether it left that state unchanged
-    (``replays``: then the very same call may skip the state rule), its round (packed,
-    or by direct sends), the rows every rank sent (``raw``), its plan without a result,
-    the bytes each rank sent this rank (``needs``) and, when its blocks are ``x``'s
-    bytes as they lie (a function of the key), their lengths (``lies``). ``spare``:
-    send buffers of the packed round with every row and zero already written, only the
-    blocks left to copy in (taken out while in use, so a thread never shares one).
-    Nothing in it refers to the group, which keys it weakly."""
+    """A collective's last steady call on a group (its ``Memory.steady``): ``replays``
+    when it left the state it was sized from unchanged (the very same call may then
+    skip the state rule); ``raw``, the rows every rank sent; ``needs``, the bytes each
+    rank sent this rank; ``lies``, the blocks' lengths when they are ``x``'s bytes as
+    they lie (a function of the key); ``spare``, packed send buffers with every row and
+    zero written (taken out while in use). Nothing in it refers to the group, which
+    keys it weakly."""
 
     key: Key
     call: FamilyCall
@@ -90,10 +80,10 @@ class RoundSpec(Generic[T, P]):
     bytes rank ``j`` sends rank ``k`` at ``j * W + k``, the same on every rank;
     ``finish(plan, slots, cut)``: the plan with its result from ``slots[j]``, the block
     rank ``j`` sent this rank (``cut``: the round's cutter of its one receive buffer).
-    Steady calls are kept one per
-    collective, or, by ``kept(key)`` when it is not ``None``, up to ``JOINED_KEPT``;
-    ``resized(steady, key, x, info, pg, state)``: a call whose key is not the kept one's
-    (or in another state), the collective's own way, or ``None``."""
+    Steady calls are kept one per collective, or, by ``kept(key)`` when it is not
+    ``None``, up to ``JOINED_KEPT``; ``resized(steady, key, x, info, pg, state)``: a
+    call whose key is not the kept one's (or in another state), the collective's own
+    way, or ``None``."""
 
     name: CollectiveName
     validate: Callable[..., T]
@@ -109,10 +99,10 @@ class RoundSpec(Generic[T, P]):
 
 JOINED_KEPT: Final = 4
 """Steady calls kept per group by ``RoundSpec.kept`` (``Memory.joined``, the oldest
-dropped): Ulysses alternates ``all_to_all_v`` calls joined along another dim of several
-shapes (Q, K and V to the heads, the output back), each of which replays its own round
-while the group's state stays the one it was sized from. Other calls keep one
-(``Memory.steady``)."""
+dropped; other calls keep one, ``Memory.steady``): Ulysses alternates ``all_to_all_v``
+calls joined along another dim of several shapes (Q, K and V to the heads, the output
+back), each replaying its own round while the group's state is the one it was sized
+from."""
 
 
 def run_round(
@@ -153,10 +143,8 @@ def _remember(
     plan: P,
     slots: Sequence[torch.Tensor] | None,
 ) -> None:
-    """Keep the call for ``replay`` when its round (packed or by direct sends, on the
-    CPU) answered it, else forget the last one; ``replays`` when it left the group's
-    state as it found it (the same rows next time leave it so again: the state rule is
-    a pure function)."""
+    """Keep the call for ``replay`` when its round answered it on the CPU, else forget
+    the last one."""
     pg = process_group(info)
     if pg is None:
         return
@@ -234,13 +222,10 @@ def _replay_packed(
 ) -> tuple[torch.Tensor, bytes]:
     """The packed round of a steady call: a spare send buffer (its rows and zeros
     written when it was made: the same key sends the same blocks' lengths, so no block
-    leaves stale bytes behind it) with the blocks of ``flat``'s bytes (``sizes[k]``
-    bytes for rank ``k``, one after the other, on the CPU) copied in."""
+    leaves stale bytes behind it) with the blocks of ``flat``'s bytes copied in."""
     try:
-        send: torch.Tensor | None = steady.spare.pop()
+        send = steady.spare.pop()
     except IndexError:  # none spare (or another thread took the last one)
-        send = None
-    if send is None:
         send = torch.empty(sum(packed.out_bytes), dtype=torch.uint8)
         fill_packed(send, packed.row, None, packed.out_bytes, packed.head)
     base, source = send.data_ptr() + packed.head, flat.contiguous().data_ptr()

@@ -1,41 +1,14 @@
 """Stage 5: transport, moving every rank's block into one receive buffer (and back).
 
-Its buffer helpers are in ``_buffers``, its collectives in ``_comm``.
-
-A transport is a pair of operations over a validated ``Layout``:
-
-* ``gather(x)``: the forward, returning ``cat_r x_r`` along ``layout.dim``;
-* ``reduce_scatter_sum(g)``: the backward of the ``sum`` contract, returning
-  ``Σ_j g_j[o_r : o_r + n_r]`` (along ``dim``) on rank ``r``, shaped like ``x_r``, in a
-  fresh tensor (never a view of ``g``, so the caller may scale it in place).
-
-Transports registered here (``TRANSPORTS``; the name is what ``transport=`` forces):
-
-``padded``
-    pad to ``max`` rows, one equal-size all_gather into a single ``W x max`` buffer,
-    compact with one ``cat``; backward: one equal-size reduce_scatter of the padded
-    gradient. Only equal-size collectives, so it runs on every backend. With equal
-    sizes and a leading ``dim`` it pads nothing and copies nothing: the input is sent
-    as it is and the receive buffer is the result.
-``alltoallv``
-    unpadded: one ``all_to_all_single`` whose split sizes are the true block sizes;
-    the receive buffer is rank-major (the result itself when ``pre == 1``). The send
-    buffer holds this rank's block ``W`` times: ``W x n_r`` extra memory. Backward:
-    one alltoallv and a local sum (``_alltoallv_blocks``).
-``broadcast``
-    unpadded and copy-free: the output is allocated once, rank-major, and each rank
-    ``r`` with ``n_r > 0`` broadcasts its block straight into the view
-    ``out[o_r : o_r + n_r]`` of every rank (all ``W`` broadcasts in flight at once).
-    Runs on every backend. Backward: ``_unpadded_backward``.
-``views``
-    ``dist.all_gather(list_of_views, x)`` with the views of one rank-major output
-    buffer. NCCL accepts views of different sizes (it runs them as one group of
-    broadcasts); gloo refuses them (``unsupported_reason``), so this path cannot run
-    on this project's CPU test machines. Backward as ``broadcast``.
-
-``auto`` picks one per call from the backend, the payload size and the padding waste
-(``auto_transport_name``); every rank holds the same ``Layout`` and backend, so every
-rank picks the same one.
+Where it sits: above ``_buffers`` (its buffer helpers) and ``_comm`` (its
+collectives), below the gathers. A ``Transport`` is a pair of operations over a
+validated ``Layout``: ``gather(x)``, the forward, ``cat_r x_r`` along ``layout.dim``;
+``reduce_scatter_sum(g)``, the backward of the ``sum`` contract, ``Σ_j g_j[o_r : o_r +
+n_r]`` (along ``dim``) on rank ``r``, shaped like ``x_r``, in a fresh tensor (never a
+view of ``g``, so the caller may scale it in place). ``TRANSPORTS`` holds one per name
+``transport=`` forces; ``auto`` picks one per call from the backend, the payload size
+and the padding waste (``auto_transport_name``): every rank holds the same ``Layout``
+and backend, so every rank picks the same one.
 """
 
 from __future__ import annotations
@@ -104,17 +77,11 @@ class Transport(Protocol):
         ...
 
 
-# --- shared pieces -------------------------------------------------------------------
-
-
 def _reduce_scatter_blocks(
     grad_output: torch.Tensor, layout: Layout, info: GroupInfo
 ) -> torch.Tensor:
-    """The sum contract's backward through one uneven ``reduce_scatter``.
-
-    The chunk for rank ``j`` is ``g[o_j : o_j + n_j]`` (a view when ``g`` is contiguous
-    and ``pre == 1``); rank ``r`` receives ``Σ_j`` of everyone's chunk ``r``.
-    """
+    """The sum contract's backward through one uneven ``reduce_scatter`` of every rank's
+    chunks ``g[o_j : o_j + n_j]`` (views when ``g`` is contiguous and ``pre == 1``)."""
     flat = rank_major_gradient(grad_output, layout)
     chunks = rank_major_blocks(flat, layout)
     received = flat.new_empty((layout.pre, layout.local_size, layout.post))
@@ -150,12 +117,9 @@ def _sum_rows(rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
 
 
 def _alltoallv_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-    """The sum contract's backward through alltoallv and a local sum.
-
-    Rank ``j`` sends ``g_j[o_r : o_r + n_r]`` to every rank ``r`` (the rank-major
-    gradient is exactly the send buffer), then each rank sums the ``W`` blocks it
-    received; in ``alltoallv_rounds`` rounds, each sending piece ``c`` of every block.
-    """
+    """The sum contract's backward through alltoallv (the rank-major gradient is exactly
+    the send buffer) and a local sum of the ``W`` blocks received, in
+    ``alltoallv_rounds`` rounds, each sending piece ``c`` of every block."""
     w = layout.world_size
     send = rank_major_gradient(grad_output, layout)
     elems = [layout.pre * n * layout.post for n in layout.sizes]
@@ -200,13 +164,10 @@ def _all_reduce_blocks(grad_output: torch.Tensor, layout: Layout, info: GroupInf
 
 
 def _unpadded_backward(grad_output: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-    """Backward of the copy-free transports, chosen by measurement (``docs/performance.md``).
-
-    An uneven reduce_scatter, except on gloo below ``GLOO_REDUCE_SCATTER_MIN_BYTES``,
-    where gloo's reduce_scatter is slower than the alternatives. There: one alltoallv
-    when it fits in twice the output's memory, else one all_reduce of the gradient,
-    which beats the memory-bounded alltoallv rounds on skewed sizes.
-    """
+    """Backward of the copy-free transports, chosen by measurement (``docs/performance.md``):
+    below ``GLOO_REDUCE_SCATTER_MIN_BYTES`` gloo's reduce_scatter is slower than one
+    alltoallv (when it fits in twice the output's memory) or one all_reduce of the
+    gradient, which beats the memory-bounded alltoallv rounds on skewed sizes."""
     if info.backend == "gloo" and layout.nbytes < GLOO_REDUCE_SCATTER_MIN_BYTES:
         if alltoallv_rounds(layout) == 1:
             return _alltoallv_blocks(grad_output, layout, info)
@@ -214,20 +175,11 @@ def _unpadded_backward(grad_output: torch.Tensor, layout: Layout, info: GroupInf
     return _reduce_scatter_blocks(grad_output, layout, info)
 
 
-def _rank_major_buffer(x: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """A flat rank-major receive buffer, its per-rank block views, and this rank's
-    block already filled with ``x`` (the one copy of the input)."""
-    flat = x.new_empty(layout.pre * layout.total * layout.post)
-    blocks = rank_major_blocks(flat, layout)
-    blocks[layout.rank].copy_(as_blocks(x, layout.local_size, layout))
-    return flat, blocks
-
-
-# --- the transports ---------------------------------------------------------------------
-
-
 class PaddedTransport:
-    """Pad to ``max``, one equal all_gather into ``(W, pre, max, post)``, compact."""
+    """Pad to ``max``, one equal all_gather into ``(W, pre, max, post)``, compact with one
+    ``cat``; backward: one equal reduce_scatter of the padded gradient. Equal-size
+    collectives only, so it runs on every backend; with equal sizes and a leading
+    ``dim`` it pads and copies nothing (the receive buffer is the result)."""
 
     name = "padded"
 
@@ -247,7 +199,8 @@ class PaddedTransport:
 
 
 class AllToAllVTransport:
-    """Unpadded: one alltoallv with the true split sizes; rank-major receive buffer."""
+    """Unpadded: one alltoallv with the true split sizes into a rank-major receive buffer
+    (the result itself when ``pre == 1``); backward: ``_alltoallv_blocks``."""
 
     name = "alltoallv"
 
@@ -282,7 +235,9 @@ class _OneBufferTransport:
         raise NotImplementedError
 
     def gather(self, x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-        flat, blocks = _rank_major_buffer(x, layout)
+        flat = x.new_empty(layout.pre * layout.total * layout.post)
+        blocks = rank_major_blocks(flat, layout)
+        blocks[layout.rank].copy_(as_blocks(x, layout.local_size, layout))  # the one copy
         self._fill(blocks, layout, info)
         return compact_rank_major(flat, layout)
 
@@ -293,7 +248,8 @@ class _OneBufferTransport:
 
 
 class BroadcastTransport(_OneBufferTransport):
-    """One broadcast per rank straight into the views of one rank-major output."""
+    """One broadcast per rank with a non-empty block straight into the views of one
+    rank-major output, all ``W`` in flight at once; runs on every backend."""
 
     name = "broadcast"
 
@@ -302,7 +258,9 @@ class BroadcastTransport(_OneBufferTransport):
 
 
 class ViewsTransport(_OneBufferTransport):
-    """``dist.all_gather`` into uneven views of one rank-major output (NCCL)."""
+    """``dist.all_gather`` into uneven views of one rank-major output: NCCL runs them as
+    one group of broadcasts; gloo refuses views of different sizes
+    (``unsupported_reason``)."""
 
     name = "views"
 
@@ -316,8 +274,6 @@ TRANSPORTS: Final[Mapping[str, Transport]] = {
 }
 """Every transport by name: each name of ``TRANSPORT_NAMES`` but ``auto``."""
 
-
-# --- capabilities and the auto policy ---------------------------------------------------
 
 GLOO_SMALL_BYTES: Final = 256 * 1024
 """Below this many output bytes gloo is latency-bound: one collective beats ``W``."""
@@ -334,18 +290,11 @@ NCCL_MAX_PADDED_WASTE: Final = 0.25
 
 
 def auto_transport_name(layout: Layout, backend: str) -> str:
-    """The transport ``auto`` runs for ``layout`` on ``backend``.
-
-    * gloo: below ``GLOO_SMALL_BYTES``, one collective (``padded`` when the sizes are
-      equal, which then pads and copies nothing; else ``alltoallv``); above it,
-      ``broadcast``, which measured at or below the equal-size all_gather of the same
-      bytes on every profile (``docs/performance.md``, where the policy's measurements
-      are).
-    * nccl: ``padded`` (NCCL's native all_gather) when the sizes are equal, the payload
-      is small, or padding wastes at most ``NCCL_MAX_PADDED_WASTE``; else ``views``.
-      Reasoned from NCCL's algorithms, not measured here (no GPU).
-    * any other backend: ``padded``, the one path that needs only equal collectives.
-    """
+    """The transport ``auto`` runs for ``layout`` on ``backend``. On gloo, past
+    ``GLOO_SMALL_BYTES``, ``broadcast`` measured at or below the equal-size all_gather
+    of the same bytes on every profile (``docs/performance.md``, where the policy's
+    measurements are); NCCL's choice is reasoned from its algorithms, not measured here
+    (no GPU); any other backend gets ``padded``, which needs only equal collectives."""
     if backend == "gloo":
         if layout.nbytes < GLOO_SMALL_BYTES:
             return "padded" if layout.is_even else "alltoallv"

@@ -1,30 +1,16 @@
 """Stage 2: the wire format: every byte layout vargather puts on the wire.
 
-Three formats, one magic scheme (``tagged_magic``: four letters and a version):
-the full record (``encode_record``), the all_gather-shaped round's compact header
-(``encode_header``) and the all_to_all-shaped round's row (``encode_row``), plus the
-words that open an ``all_gather_list`` carrier (``carrier_words``).
-
-Every rank's record has the same length, ``RECORD_LENGTH``, so one equal-size
-all_gather carries them all (``_exchange``). The vector is a header (magic, protocol
-version), the record's integer fields, the problem (its error class as a code, its
-message as ``MESSAGE_WORDS`` words of ASCII) and the shape, zero-padded to
-``MAX_NDIM``. Integers are saturated into int64, the message is ASCII with ``?`` for
-anything else and cut at ``8 * MESSAGE_WORDS`` bytes; everything else survives the
-round trip exactly. A vector vargather cannot read raises ``ProtocolMismatchError``.
-
-The same module holds the fused round's **compact header** (``encode_header``,
-``decode_header``): ``HEADER_WORDS`` int64 carrying what validation compares and no
-message text, sent with the payload on the common path (``_fused``). A header word by
-word: magic and version; flags (``FLAG_PROBLEM``, ``FLAG_LONG``: more than
-``SHAPE_SLOTS`` dims, ``FLAG_ELIGIBLE``, ``FLAG_REQUIRES_GRAD``, and from bit
-``KIND_SHIFT`` the caller's collective as its wire code (``_collectives``), so that
-every rank knows which collective each peer called); the ndim, dtype, normalized dim,
-contract, transport and device codes, a byte each, in one word; the call's tensor
-count; the passed sizes' length and hash; ``SHAPE_SLOTS`` dims of the shape. A problem
-only sets a flag: its text travels in a full record, on the error path. This module is
-the header's only reader and writer (``encode_headers``, ``split_headers`` and the
-accessors after them).
+Where it sits: beneath the exchange (``_exchange``) and both rounds (``_fused``,
+``_family``), the only reader and writer of each format. Three formats, one magic
+scheme (``tagged_magic``): the full record (``encode_record``: ``RECORD_LENGTH`` words
+on every rank, so one equal-size all_gather carries them all; the problem's message as
+``MESSAGE_WORDS`` words of ASCII, ``?`` for anything else, cut to fit; integers
+saturated into int64, everything else exact), the all_gather-shaped round's compact
+header (``encode_header``: ``HEADER_WORDS`` words of what validation compares, a
+problem only a flag, its text left to a full record on the error path) and the
+all_to_all-shaped round's row (``encode_row``), plus the words that open an
+``all_gather_list`` carrier (``carrier_words``). A vector vargather cannot read raises
+``ProtocolMismatchError``.
 """
 
 from __future__ import annotations
@@ -32,7 +18,7 @@ from __future__ import annotations
 import functools
 import struct
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from ._args import MAX_NDIM, CallRecord, Problem, saturate
 from ._errors import (
@@ -165,23 +151,8 @@ def _encoded_record(record: CallRecord) -> tuple[int, ...]:
     about 35 us each, most of it the message's text, on every call whose record is new
     to the round: a caller whose sizes change every call sends the same record)."""
     problem = record.problem
-    values = [
-        MAGIC,
-        PROTOCOL_VERSION,
-        0 if problem is None else _PROBLEM_ERRORS.index(problem.error) + 1,
-        record.ndim,
-        record.dtype_code,
-        record.dim,
-        record.normalized_dim,
-        record.contract_code,
-        record.transport_code,
-        int(record.requires_grad),
-        record.device_code,
-        record.sizes_len,
-        record.sizes_own,
-        record.sizes_sum,
-        record.sizes_hash,
-    ]
+    code = 0 if problem is None else _PROBLEM_ERRORS.index(problem.error) + 1
+    values = [MAGIC, PROTOCOL_VERSION, code, *(int(getattr(record, n)) for n in _FIELDS[3:])]
     message = "" if problem is None else problem.message
     shape = list(record.shape[:MAX_NDIM]) + [0] * (MAX_NDIM - min(len(record.shape), MAX_NDIM))
     return (*[saturate(v) for v in values], *_encode_text(message), *shape)
@@ -198,7 +169,7 @@ def decode_record(values: Sequence[int], *, rank: int) -> CallRecord:
             "collective issued on this group?)",
             ranks=[rank],
         )
-    f = dict(zip(_FIELDS, (int(v) for v in values), strict=False))
+    f: dict[str, Any] = dict(zip(_FIELDS, (int(v) for v in values), strict=False))
     code = f["error_code"]
     if not 0 <= code <= len(_PROBLEM_ERRORS):
         raise ProtocolMismatchError(
@@ -212,21 +183,11 @@ def decode_record(values: Sequence[int], *, rank: int) -> CallRecord:
         else Problem(_PROBLEM_ERRORS[code - 1], _decode_text(values[_MESSAGE_AT:_SHAPE_AT]))
     )
     ndim = f["ndim"]
+    f["requires_grad"] = bool(f["requires_grad"])
     return CallRecord(
         problem=problem,
-        ndim=ndim,
-        dtype_code=f["dtype_code"],
-        dim=f["dim"],
-        normalized_dim=f["normalized_dim"],
-        contract_code=f["contract_code"],
-        transport_code=f["transport_code"],
-        requires_grad=bool(f["requires_grad"]),
-        device_code=f["device_code"],
-        sizes_len=f["sizes_len"],
-        sizes_own=f["sizes_own"],
-        sizes_sum=f["sizes_sum"],
-        sizes_hash=f["sizes_hash"],
         shape=tuple(int(v) for v in values[_SHAPE_AT : _SHAPE_AT + max(0, min(ndim, MAX_NDIM))]),
+        **{name: f[name] for name in _FIELDS[3:]},
     )
 
 
@@ -253,7 +214,10 @@ _COUNT_AT: Final = 3
 _SIZES_LEN_AT: Final = 4
 _SIZES_HASH_AT: Final = 5
 _HEADER_SHAPE_AT: Final = 6
-"""Word positions in a compact header (module doc); word 0 is ``HEADER_MAGIC``."""
+"""Word positions in a compact header: ``HEADER_MAGIC``; the flags (``FLAG_*``, and from
+bit ``KIND_SHIFT`` the caller's collective's wire code); the ndim, dtype, normalized dim,
+contract, transport and device codes, a byte each, in one word; the tensor count; the
+passed sizes' length and hash; ``SHAPE_SLOTS`` dims of the shape."""
 
 
 def _byte(v: int) -> int:
@@ -398,12 +362,10 @@ def encode_row(
     record: CallRecord, code: int, extras: Sequence[int], world_size: int, flag: int
 ) -> list[int]:
     """One row of the all_to_all-shaped round: ``encode_record(record) + [ROW_MAGIC,
-    code] + extras + [flag]``, the extras padded with ``-1`` to ``row_extra_words(W)``
-    and the row to an even count of words (16-byte rows: every payload slot after a
-    row starts aligned). ``code``: the caller's collective (``_collectives``); its
-    ``extras`` are its own words, which the round carries without reading them (a
-    collective's module validates them); more than ``row_extra_words(W)`` is a
-    ``ValueError``, as rows of two lengths would not pair."""
+    code] + extras + [flag]``, the extras (the caller's own words, carried unread)
+    padded with ``-1`` to ``row_extra_words(W)`` (more is a ``ValueError``: rows of two
+    lengths would not pair) and the row to an even count of words (16-byte rows: every
+    payload slot after a row starts aligned)."""
     room = row_extra_words(world_size)
     if len(extras) > room:
         raise ValueError(f"a row carries at most {room} extra words, got {len(extras)}")
