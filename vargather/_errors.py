@@ -137,25 +137,8 @@ class PeerLostError(CollectiveError, ConnectionError):
     are the ranks that never arrived, when the arrival census could tell."""
 
 
-for _cls in (
-    VarGatherError,
-    InputTypeError,
-    InputShapeError,
-    DimError,
-    SizesError,
-    GroupError,
-    MismatchError,
-    DTypeMismatchError,
-    ShapeMismatchError,
-    SizesMismatchError,
-    ArgumentMismatchError,
-    ArgumentError,
-    SizesTypeError,
-    RequiresGradMismatchError,
-    ProtocolMismatchError,
-    CollectiveError,
-    CollectiveTimeoutError,
-    PeerLostError,
-):
+_classes: list[type[VarGatherError]] = [VarGatherError]
+for _cls in _classes:  # this module's classes: none is defined elsewhere yet
     _cls.__module__ = "vargather"  # tracebacks show the public name
-del _cls
+    _classes.extend(_cls.__subclasses__())
+del _cls, _classes
