@@ -148,20 +148,10 @@ def _is_auto(transport: object) -> bool:
     return isinstance(transport, str) and transport == "auto"
 
 
-def gather_with_layout(
-    x: Any,
-    dim: Any = 0,
-    *,
-    sizes: Any = None,
-    group: Any = None,
-    grad: Any = "sum",
-    transport: Any = "auto",
-    validate: Any = True,
-    timeout: Any = None,
-    mesh_dim: Any = None,
-) -> GatherResult:
-    """The eager ``all_gather_v_with_layout`` (its arguments unchecked: the plan judges
-    them, on every rank)."""
+def gather_with_layout(x: Any, dim: Any, sizes: Any, group: Any, *rest: Any) -> GatherResult:
+    """The eager ``all_gather_v_with_layout``, with the face's arguments in its order
+    (unchecked: the plan judges them, on every rank)."""
+    grad, transport, validate, timeout, mesh_dim = rest
     layout, info, gathered = plan_gather(
         x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim
     )
@@ -539,17 +529,9 @@ def _traced_tensor(x: object, dim: object, sizes: object, *rest: object) -> torc
     return out
 
 
-def _eager_gather(x: object, dim: object, sizes: object, *rest: object) -> GatherResult:
-    group, grad, transport, validate, timeout, mesh_dim = rest
-    keywords = {"sizes": sizes, "group": group, "grad": grad, "transport": transport}
-    return gather_with_layout(
-        x, dim, **keywords, validate=validate, timeout=timeout, mesh_dim=mesh_dim
-    )
-
-
 ALL_GATHER_V: Route[torch.Tensor] = Route(
-    "all_gather_v", lambda *args: _eager_gather(*args).tensor, _traced_tensor
+    "all_gather_v", lambda *args: gather_with_layout(*args).tensor, _traced_tensor
 )
 ALL_GATHER_V_WITH_LAYOUT: Route[GatherResult] = Route(
-    "all_gather_v_with_layout", _eager_gather, _traced_gather
+    "all_gather_v_with_layout", gather_with_layout, _traced_gather
 )
