@@ -3,34 +3,15 @@
 Where it sits: a family collective on ``_family`` and ``_steady`` (stages 1-3),
 ``_layout``, ``_buffers`` and ``_comm`` (one alltoallv); ``_api`` calls its ``Route``.
 
-The math, once. Rank ``j`` holds ``x_j`` with ``Σ_r s_{j,r}`` rows along ``dim``,
-``s_j = send_sizes`` on rank ``j`` (the send matrix ``S``, row ``j``); block ``r`` of
-``x_j`` is ``x_j[p_{j,r} : p_{j,r} + s_{j,r}]`` with ``p_{j,r} = Σ_{t<r} s_{j,t}``. Rank
-``r`` returns
-
-    y_r = cat(block r of x_0, block r of x_1, ..., block r of x_{W-1})   along dim,
-
-so its receive sizes are column ``r`` of ``S``: ``recv_sizes = (s_{0,r}, ..., s_{W-1,r})``
-(the transposed send sizes; exchanged and validated, or passed). Every dimension but
-``dim`` must agree across ranks. Gradient: ``L = Σ_r <g_r, y_r>`` gives block ``r`` of
-``dx_j`` = the rows of ``g_r`` that came from ``j``: the reverse all_to_all of the
-upstream gradients, with send sizes ``recv_sizes`` and receive sizes ``send_sizes``
-(``S^T``): the same function, pure data movement, exact.
-
-With ``cat_dim = c != dim = d`` (the Ulysses switch: split heads, join the sequence)
-the received blocks are joined along ``c`` instead:
-
-    y_r = cat(block r of x_0, ..., block r of x_{W-1})   along c,
-
-so every block rank ``r`` receives must have one size along ``d``: column ``r`` of
-``S`` is constant, ``s_{j,r} = s_{r,r}``, the result's size along ``d``; along ``c``
-rank ``j`` contributes its own size ``m_j = x_j.shape[c]`` (any, per rank), so
-``y_r.shape[c] = Σ_j m_j`` and the receive sizes are ``(m_0, ..., m_{W-1})``; every
-other dimension agrees. Each block travels as the contiguous run of its elements,
-which is also the ``(pre_c, m_j, post_c)`` block of ``y_r`` along ``c``: the receive
+The math is ``all_to_all_v``'s docstring (``_api``): rank ``r`` receives block ``r`` of
+every ``x_j`` (``s_{j,r}`` rows along ``dim``, ``S`` the send matrix), so its receive
+sizes are column ``r`` of ``S``, and the gradient is the same exchange reversed
+(``S^T``). With ``cat_dim = c != dim = d`` (the Ulysses switch) every block rank ``r``
+receives has one size along ``d`` and rank ``j`` contributes its own
+``m_j = x_j.shape[c]``. Each block travels as the contiguous run of its elements, which
+is also the ``(pre_c, m_j, post_c)`` block of ``y_r`` along ``c``: the receive
 ``Layout`` is the result cut along ``c`` by ``(m_0, ..., m_{W-1})``, the send
-``Layout`` ``x_j`` cut along ``d`` by ``s_j``, and the gradient is again the reverse
-exchange (the two layouts swapped: ``g_r`` cut along ``c``, joined along ``d``).
+``Layout`` ``x_j`` cut along ``d`` by ``s_j``, and the gradient swaps the two.
 """
 
 from __future__ import annotations

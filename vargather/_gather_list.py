@@ -4,17 +4,12 @@ Where it sits: a family collective on ``_rows`` (stages 1-3), ``_transport``,
 ``_fused`` (the validated call rides its round as one *carrier* per rank: ``_carrier``)
 and ``_reduce_scatter`` (the ``sum``/``mean`` backward); ``_api`` calls its ``Route``.
 
-The math, once. Rank ``r`` holds ``x_r`` of shape ``shape_r`` (the same ndim, dtype
-and device type everywhere; every dimension may differ, empties too) with
-``m_r = numel(x_r)`` elements. Every rank returns ``[x_0, ..., x_{W-1}]``: the flat
-run ``cat_r x_r.reshape(-1)`` is one ragged gather along dim 0 with sizes
-``(m_0, ..., m_{W-1})`` (offset ``q_r = Σ_{t<r} m_t``), cut at ``q_r`` and reshaped to
-``shape_r``. Rank ``j`` then holds upstream gradients ``g_{j,r}`` for output ``r``:
-
-* ``sum``: ``dx_r = g_{0,r} + g_{1,r} + ... + g_{W-1,r}`` (rank order), the gradient
-  of ``Σ_j L_j``: the ``reduce_scatter_v`` of the flat runs ``cat_r g_{j,r}``;
-* ``local``: ``dx_r = g_{r,r}``, no communication (right only under identical losses);
-* ``mean``: the ``sum`` gradient divided by ``W``.
+The math is ``all_gather_list``'s docstring (``_api``). Rank ``r``'s ``x_r`` (shape
+``shape_r``) has ``m_r = numel(x_r)`` elements: the flat run ``cat_r x_r.reshape(-1)`` is
+one ragged gather along dim 0 with sizes ``(m_0, ..., m_{W-1})``, cut at
+``q_r = Σ_{t<r} m_t`` and reshaped to ``shape_r``. The ``sum`` gradient
+``dx_r = g_{0,r} + ... + g_{W-1,r}`` is the ``reduce_scatter_v`` of the flat runs
+``cat_r g_{j,r}`` (``mean`` divides it by ``W``; ``local``, ``g_{r,r}``, moves nothing).
 """
 
 from __future__ import annotations

@@ -5,13 +5,8 @@ Where it sits: beside the family's collectives, on the all_to_all-shaped round t
 ``__init__`` exports the two faces. The two are each other's adjoint, so each one's
 payload is the other's backward and both live here.
 
-The math, once. Every rank ``r`` of the group holds ``x_r``, ``n_r`` long along ``dim``
-(the other dimensions equal), ``o_r = n_0 + ... + n_{r-1}``; ``root`` is a group rank.
-
-* ``gather_v``: ``y_root = cat_r x_r`` along ``dim``; every other rank's ``y`` is empty
-  (``x_r``'s shape with 0 along ``dim``). Gradient: ``dx_r = g_root[o_r : o_r + n_r]``.
-* ``scatter_v``: ``y_r = x_root[o_r : o_r + n_r]`` (``sizes`` the same on every rank,
-  ``Σ n_r = x_root.shape[dim]``). Gradient: ``dx_root = cat_r g_r``, ``dx_j = 0`` else.
+The math is ``gather_v``'s and ``scatter_v``'s docstrings (below); rank ``r``'s block
+is ``n_r`` long along ``dim``, at ``o_r = n_0 + ... + n_{r-1}``; ``root`` is a group rank.
 
 The round: every rank sends every rank its row (``_wire.encode_row``: the record, the
 root and the passed sizes as extras), so every rank validates the same rows and raises
@@ -364,14 +359,14 @@ def _gather_to_root(grad: torch.Tensor, plan: RootedPlan) -> torch.Tensor:
 _FUNCTIONS: Final = {
     GATHER: planned_function(
         "GatherVFunction",
-        """``y_root = cat_r x_r``; the backward scatters ``g_root`` back (module doc).""",
+        """``y_root = cat_r x_r``; the backward scatters ``g_root`` back (``gather_v``).""",
         lambda x, plan: gather_to(x.detach(), plan.layout, plan.root, plan.info),
         lambda g, plan: scatter_from(g, plan.layout, plan.root, plan.info),
     ),
     SCATTER: planned_function(
         "ScatterVFunction",
         """``y_r = x_root[o_r : o_r + n_r]``; the backward gathers the ``g_r`` to the
-        root, zeros elsewhere (module doc).""",
+        root, zeros elsewhere (``scatter_v``).""",
         lambda x, plan: scatter_from(x.detach(), plan.layout, plan.root, plan.info),
         _gather_to_root,
     ),
