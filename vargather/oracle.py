@@ -121,10 +121,7 @@ def expected_input_grads(
             torch.autograd.grad(torch.cat(xs, dim=dim), xs, grad_outputs=g.detach())
             for g in upstream
         ]
-        sums = [_fold([per_loss[j][r] for j in range(world)]) for r in range(world)]
-        if contract == "mean":
-            return [mean_(s, world) for s in sums]
-        return sums
+        return _summed(per_loss, contract)
     if contract == "local":
         result: list[torch.Tensor] = []
         for r in range(world):
@@ -176,6 +173,14 @@ def _fold(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
     for b in blocks[1:]:
         add_(out, b.detach())
     return canonical_nans_(out) if len(blocks) > 1 else out
+
+
+def _summed(grads: Sequence[Sequence[torch.Tensor]], contract: str) -> list[torch.Tensor]:
+    """Per rank ``r``, ``grads[0][r] + ... + grads[W-1][r]`` (``_fold``), divided by ``W``
+    under ``mean`` when ``W > 1``."""
+    w = len(grads)
+    sums = [_fold([grads[j][r] for j in range(w)]) for r in range(w)]
+    return [mean_(s, w) for s in sums] if contract == "mean" and w > 1 else sums
 
 
 def _offsets(sizes: Sequence[int]) -> list[int]:
@@ -337,10 +342,7 @@ def expected_gather_list_grads(
     if contract == "local":
         return [upstream[r][r].detach().clone() for r in range(w)]
     if contract in ("sum", "mean"):
-        sums = [_fold([upstream[j][r] for j in range(w)]) for r in range(w)]
-        if contract == "mean" and w > 1:
-            return [mean_(s, w) for s in sums]
-        return sums
+        return _summed(upstream, contract)
     raise _unknown(contract)
 
 
