@@ -386,11 +386,6 @@ def _eager(
     return out
 
 
-def _call(name: CollectiveName, x: Any, *args: Any) -> torch.Tensor:
-    """The call through its ``Route`` (``_ROUTES``, at the end of the module)."""
-    return _ROUTES[name](x, *args)
-
-
 # --- the faces -------------------------------------------------------------------------
 
 
@@ -440,7 +435,7 @@ def gather_v(
         GroupError: on this rank only, when ``group`` is unusable here.
         CollectiveTimeoutError: a peer never arrived within ``timeout``.
     """
-    return _call(GATHER, x, dst, sizes, dim, group, mesh_dim, validate, timeout)
+    return _ROUTES[GATHER](x, dst, sizes, dim, group, mesh_dim, validate, timeout)  # at the end
 
 
 def scatter_v(
@@ -489,7 +484,7 @@ def scatter_v(
         GroupError: on this rank only, when ``group`` is unusable here.
         CollectiveTimeoutError: a peer never arrived within ``timeout``.
     """
-    return _call(SCATTER, x, src, sizes, dim, group, mesh_dim, validate, timeout)
+    return _ROUTES[SCATTER](x, src, sizes, dim, group, mesh_dim, validate, timeout)
 
 
 # --- compiled: gather_v's and scatter_v's operators and routes (``_compiled``) ----------
