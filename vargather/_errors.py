@@ -6,11 +6,6 @@ validation (``_exchange``) raises it, ``_comm`` raises the collective errors.
 Each leaf also subclasses the builtin that fits it (``TypeError``, ``ValueError``,
 ``IndexError``, ``TimeoutError``, ``ConnectionError``), so ``except ValueError`` keeps
 working for callers who do not know vargather.
-
-Errors found by the exchange and validation (``_exchange``) are raised on *every* rank of
-the group with the same class and the same message, before any payload moves: each
-rank decides from the same gathered metadata. Messages name the offending rank(s),
-what was expected and what was got.
 """
 
 from __future__ import annotations
