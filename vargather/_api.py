@@ -239,15 +239,7 @@ def all_gather_v_coalesced(
         the backward runs one collective per such tensor, in order.
     """
     return gather_coalesced(
-        tensors,
-        dim,
-        sizes=sizes,
-        group=group,
-        grad=grad,
-        transport=transport,
-        validate=validate,
-        timeout=timeout,
-        mesh_dim=mesh_dim,
+        tensors, dim, sizes, group, grad, transport, validate, timeout, mesh_dim
     )
 
 
@@ -372,17 +364,8 @@ def all_to_all_v(
         The reverse exchange: the upstream gradient sent back with the sizes
         transposed (pure data movement, exact).
     """
-    return all_to_all_v_with_layout(
-        x,
-        send_sizes,
-        dim,
-        cat_dim=cat_dim,
-        recv_sizes=recv_sizes,
-        group=group,
-        mesh_dim=mesh_dim,
-        validate=validate,
-        timeout=timeout,
-    ).tensor
+    args = (x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim)
+    return ALL_TO_ALL_V(*args).tensor
 
 
 @_raises()

@@ -252,18 +252,11 @@ def _coalesced_calls(
 
 
 def gather_coalesced(
-    tensors: Any,
-    dim: Any = 0,
-    *,
-    sizes: Any = None,
-    group: Any = None,
-    grad: Any = "sum",
-    transport: Any = "auto",
-    validate: Any = True,
-    timeout: Any = None,
-    mesh_dim: Any = None,
+    tensors: Any, dim: Any, sizes: Any, group: Any, *rest: Any
 ) -> list[torch.Tensor]:
-    """The eager ``all_gather_v_coalesced`` (``_api`` has what it means)."""
+    """The eager ``all_gather_v_coalesced``, with the face's arguments in its order
+    (``_api`` has what it means)."""
+    grad, transport, validate, timeout, mesh_dim = rest
     info = call_group(group, mesh_dim)
     items, calls = _coalesced_calls(tensors, dim, sizes, grad, transport, info, validate, timeout)
     call_timeout = calls[0].timeout if calls else None
