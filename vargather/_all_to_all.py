@@ -159,7 +159,7 @@ def _plan(
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     d = call.record.normalized_dim
     if shapes is None:
-        unit = _block_unit(x, d)
+        unit = row_bytes(x.shape, d, x.element_size())
         blocks = [n * unit for s in matrix for n in s]
     else:  # each sender's rows along dim have its own size along cat_dim
         units = [row_bytes(sh, d, x.element_size()) for sh in shapes]
@@ -176,11 +176,6 @@ def _finish(plan: AllToAllPlan, slots: Sequence[torch.Tensor], cut: Cut) -> AllT
     return AllToAllPlan(plan.send, plan.recv, plan.info, result)
 
 
-def _block_unit(x: torch.Tensor, d: int) -> int:
-    """Bytes of one row of ``x`` along ``d`` (the other dimensions' product)."""
-    return row_bytes(x.shape, d, x.element_size())
-
-
 def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tensor, list[int]]:
     """This rank's payload as ``exchange_blocks`` sends it, as bytes (a problem-free
     call, whose ``x`` is a tensor)."""
@@ -188,7 +183,7 @@ def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tenso
     assert isinstance(x, torch.Tensor)
     assert send is not None
     d = call.record.normalized_dim
-    unit = _block_unit(x, d)
+    unit = row_bytes(x.shape, d, x.element_size())
     if plain_in_blocks(x, d):  # its blocks lie one after the other: its bytes as they lie
         return plain_bytes(x), [n * unit for n in send]
     layout = split_layout(tuple(int(n) for n in x.shape), d, send, x.dtype, info)
@@ -245,15 +240,11 @@ def _steady_key(
     cat_dim: object = None,
 ) -> tuple[object, ...] | None:
     """Everything a validated ``all_to_all_v`` call's plan is a function of, besides its
-    group (whose ``Memory.steady`` keeps it), the group's state and the peers' rows, for the
-    calls the steady path serves (``None`` for others): a plain contiguous CPU tensor,
-    ``send_sizes`` (and ``recv_sizes``, if given) a list or tuple of ints,
-    ``validate=True``, ``timeout`` none or a number or a ``timedelta`` (the steady
-    call's, which validated, is the call's), ``cat_dim`` none or an int in range. Its
-    parts: ``dim`` as passed, the shape outside ``dim``, the dtype, whether a gradient
-    is wanted, the timeout, ``cat_dim`` normalized, then the rows along ``dim``, the
-    send sizes and the receive sizes (``None``): a key equal but for those three is a
-    call of the same round with new sizes (``_resized_call``)."""
+    group (whose ``Memory.steady`` keeps it), the group's state and the peers' rows, for
+    the calls the steady path serves (``None`` for others, the conditions below; a
+    timeout, which the steady call validated, is the call's). A key equal but for its
+    last three parts (the rows along ``dim``, the send and the receive sizes) is a call
+    of the same round with new sizes (``_resized_call``)."""
     if (
         validate is not True
         or (timeout is not None and type(timeout) not in (int, float, timedelta))

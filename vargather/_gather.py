@@ -115,10 +115,7 @@ def _steady_key(
 ) -> tuple[object, ...] | None:
     """Everything a validated gather's headers and payload layout are a function of,
     besides its group and the group's state, for the calls the steady path serves
-    (``_fused.steady_exchange``; ``None`` for others): a plain contiguous CPU tensor
-    whose rank blocks lie one after the other in the result (no dimension before
-    ``dim`` but 1s), no ``sizes``, ``validate=True``, no per-call timeout, plain
-    ``grad`` and ``transport="auto"``."""
+    (``_fused.steady_exchange``; ``None`` for others, the conditions below)."""
     if (
         sizes is not None
         or validate is not True
@@ -305,11 +302,7 @@ def gather_coalesced(
 
 # --- compiled: all_gather_v's operators and routes (``_compiled``) -----------------------
 #
-# ``sizes`` as ints: ``vargather::all_gather_v``, whose backward ``all_gather_v_backward``
-# is the contract's eager backward. ``sizes=None`` where dynamo allows data-dependent
-# shapes (``fullgraph=True``), no ``Layout`` asked for: ``exchange_sizes`` (every rank's
-# size, validated, as an int64 tensor), then ``all_gather_v_sized_by``, of an unbacked
-# length (one operator with both outputs loses that binding in torch 2.13's inductor).
+# ``docs/compile.md`` ("How", "``sizes=None`` in one graph") says which run when, and why.
 
 from ._compiled import (  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
     OpSpec,

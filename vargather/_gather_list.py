@@ -446,8 +446,7 @@ def _steady_key(
 ) -> tuple[object, ...] | None:
     """Everything a validated call's headers and carrier are a function of, besides its
     group and the group's state, for the calls the steady path serves
-    (``_fused.steady_exchange``; ``None`` for others): a plain contiguous CPU tensor
-    with no local problem, ``validate=True``, no per-call timeout, a plain ``grad``."""
+    (``_fused.steady_exchange``; ``None`` for others, the conditions below)."""
     if (
         validate is not True
         or timeout is not None
