@@ -129,9 +129,8 @@ def all_gather_v_with_layout(
     layout saying every rank's size and offset along ``dim``.
 
     Shapes:
-        As ``all_gather_v``: ``x`` is ``lead + (n_r,) + trail``, ``tensor`` is
-        ``lead + (Σ_r n_r,) + trail``; ``layout.sizes`` and ``layout.offsets`` hold every
-        rank's ``n_r`` and ``o_r``.
+        As ``all_gather_v``; ``layout.sizes`` and ``layout.offsets`` hold every rank's
+        ``n_r`` and ``o_r``.
 
     Gradient:
         As ``all_gather_v``, under ``grad`` (the layout carries none).
@@ -330,11 +329,7 @@ def all_to_all_v(
     """Send block ``j`` of ``x`` to rank ``j``; return the blocks received, in rank order.
 
     Block ``j`` is ``send_sizes[j]`` rows along ``dim``, in order; the blocks received
-    are joined along ``cat_dim`` (``dim`` when ``None``). The receive sizes (each
-    rank's block's size along ``cat_dim``: ``send_sizes[r]`` of every rank when
-    ``cat_dim`` is ``dim``, else every rank's ``x.shape[cat_dim]``) are exchanged and
-    validated, or passed as ``recv_sizes`` (checked against the truth, or trusted with
-    ``validate=False``, which skips the exchange).
+    are joined along ``cat_dim`` (``dim`` when ``None``).
 
     Args:
         x: this rank's input (see Shapes).
@@ -345,7 +340,10 @@ def all_to_all_v(
             ``None``), negative values counted from the end. Another dim than ``dim``
             is the sequence-parallel switch (``[b, s/P, H, d]`` cut along the heads,
             joined along the sequence: ``vargather.seq_to_heads``).
-        recv_sizes: each rank's block's size along ``cat_dim``, if known.
+        recv_sizes: each rank's block's size along ``cat_dim`` (``send_sizes[r]`` of
+            every rank when ``cat_dim`` is ``dim``, else every rank's
+            ``x.shape[cat_dim]``), if known: checked against the truth, or trusted with
+            ``validate=False``; else exchanged and validated.
         group: as for ``all_gather_v`` (a process group or a ``DeviceMesh``).
         mesh_dim: as for ``all_gather_v``.
         validate: ``False`` with ``recv_sizes`` trusts them and skips the exchange.

@@ -179,10 +179,6 @@ def _is_sequence(value: object) -> bool:
     return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
 
 
-def _with_problem(call: CheckedCall, problem: Problem) -> CheckedCall:
-    return call._replace(record=replace(call.record, problem=problem))
-
-
 def _coalesced_calls(
     tensors: object,
     dim: object,
@@ -244,7 +240,7 @@ def _coalesced_calls(
         for t, d, s in zip(items, dims, each, strict=True)
     ]
     if problem is not None:
-        calls[0] = _with_problem(calls[0], problem)
+        calls[0] = calls[0]._replace(record=replace(calls[0].record, problem=problem))
     return items, calls
 
 

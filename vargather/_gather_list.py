@@ -294,7 +294,7 @@ def _read_carriers(run: torch.Tensor, sizes: Sequence[int]) -> list[tuple[list[i
     ``ProtocolMismatchError`` (every rank reads the same regions: the same error)."""
     out: list[tuple[list[int], torch.Tensor]] = []
     bad: list[int] = []
-    direct = run.dtype != torch.bool and run.device.type == "cpu" and run.is_contiguous()
+    direct = _direct(run)
     at = 0
     for r, n in enumerate(sizes):
         found = _carrier_head(run, at, n, direct)

@@ -621,6 +621,4 @@ _ROUTES: Final[dict[CollectiveName, Route[torch.Tensor]]] = {
     name: Route(name, functools.partial(_eager, name), functools.partial(_traced, name))
     for name in (GATHER, SCATTER)
 }
-"""Each collective's way in (``_compiled.Route``): the eager call, or under
-``torch.compile`` its operator (sizes known as ints), else the eager call behind one
-graph break."""
+"""Each collective's way in (``_compiled.Route``); its operator needs the sizes as ints."""

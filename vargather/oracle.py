@@ -20,6 +20,7 @@ data (the outputs, ``local``, the backwards of ``reduce_scatter_v`` and
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -183,14 +184,6 @@ def _summed(grads: Sequence[Sequence[torch.Tensor]], contract: str) -> list[torc
     return [mean_(s, w) for s in sums] if contract == "mean" and w > 1 else sums
 
 
-def _offsets(sizes: Sequence[int]) -> list[int]:
-    out, running = [], 0
-    for n in sizes:
-        out.append(running)
-        running += n
-    return out
-
-
 def expected_reduce_scatter(
     inputs: Sequence[torch.Tensor], sizes: Sequence[int], dim: int = 0
 ) -> list[torch.Tensor]:
@@ -210,7 +203,7 @@ def expected_reduce_scatter(
     Raises:
         RuntimeError: torch's, for inputs whose shapes or dtypes do not add up.
     """
-    offsets = _offsets(sizes)
+    offsets = list(itertools.accumulate(sizes, initial=0))
     return [_fold([x.narrow(dim, offsets[r], n) for x in inputs]) for r, n in enumerate(sizes)]
 
 
