@@ -276,9 +276,9 @@ def gather_coalesced(
         )
         layouts = list(found.layouts)
         outputs = found.outputs
-    if not info.communicates:
-        return [t for t in items if isinstance(t, torch.Tensor)]
     xs = [t for t in items if isinstance(t, torch.Tensor)]
+    if not info.communicates:
+        return xs
     name = "auto" if outputs is not None else str(transport)
     if outputs is None:
         outputs = _fused.gather_bytes(xs, layouts, info, name)
