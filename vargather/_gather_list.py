@@ -168,8 +168,7 @@ def plan_gather_list(
         info = info.with_timeout(call.timeout)
     trusted = validate is False and shapes is not None
     if trusted or not info.communicates:
-        problem = call.record.problem
-        raise_own_problem(NAME, problem, info, trusted=trusted)
+        raise_own_problem(NAME, call.record.problem, info, trusted=trusted)
         found = tuple(s or () for s in call.sizes) if shapes is not None else (call.record.shape,)
         assert isinstance(x, torch.Tensor)  # validated
         assert isinstance(grad, str)
