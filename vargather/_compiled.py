@@ -260,11 +260,9 @@ def op_args(
     timeout: object,
     *words: object,
 ) -> OpArgs | None:
-    """The arguments every operator takes, or ``None`` when only the eager code can say
-    what is wrong with them: ``x`` a tensor of one dimension or more, ``dim`` an int in
-    range, ``validate`` a bool, ``timeout`` a number of seconds or ``None``, each of
-    ``words`` (``grad``, ``transport``) a ``str``, ``group`` (with ``mesh_dim``) a group
-    of this rank. Keeps the collectives' order in the graph (:func:`keep_collective_order`)."""
+    """The arguments every operator takes (``words``: ``grad``, ``transport``), or ``None``
+    when only the eager code can say what is wrong with them. Keeps the collectives'
+    order in the graph (:func:`keep_collective_order`)."""
     if not (isinstance(x, torch.Tensor) and x.dim() > 0 and _is_dim(dim, x)):
         return None
     if not isinstance(validate, bool) or not all(isinstance(w, str) for w in words):

@@ -412,8 +412,7 @@ def gather_v(
             not the global rank), the same on every rank.
         dim: the dimension to join along, negative values counted from the end.
         sizes: optionally every rank's size along ``dim``, in group-rank order, the same
-            on every rank; with ``validate=False`` they are trusted and no metadata
-            round runs.
+            on every rank.
         group: as for ``all_gather_v`` (a process group or a ``DeviceMesh``).
         validate: ``False`` with ``sizes`` skips the metadata round.
         timeout: as for ``all_gather_v``.
