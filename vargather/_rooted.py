@@ -414,7 +414,7 @@ def gather_v(
         sizes: optionally every rank's size along ``dim``, in group-rank order, the same
             on every rank.
         group: as for ``all_gather_v`` (a process group or a ``DeviceMesh``).
-        validate: ``False`` with ``sizes`` skips the metadata round.
+        validate: ``False`` with ``sizes`` trusts them and skips the metadata round.
         timeout: as for ``all_gather_v``.
         mesh_dim: as for ``all_gather_v``.
 
