@@ -162,10 +162,14 @@ def plan_reduce_scatter(
 def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tensor, list[int]]:
     """This rank's payload as ``reduce_scatter_blocks`` sends it, as bytes (a
     problem-free call, whose ``x`` is a tensor)."""
-    assert call.sizes[0] is not None
-    plan, blocks = _plan(call.sizes[0], x, call, info)
+    sizes = call.sizes[0]
     assert isinstance(x, torch.Tensor)
-    return pack([rank_major_gradient(x.detach(), plan.layout)]), blocks[: info.world_size]
+    assert sizes is not None
+    layout = blocks_layout(
+        x.shape, call.record.normalized_dim, sizes, x.dtype, info.rank, info.world_size
+    )
+    unit = layout.pre * layout.post * x.element_size()
+    return pack([rank_major_gradient(x.detach(), layout)]), [n * unit for n in sizes]
 
 
 def _plan(
