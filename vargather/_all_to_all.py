@@ -3,34 +3,15 @@
 Where it sits: a family collective on ``_family`` and ``_steady`` (stages 1-3),
 ``_layout``, ``_buffers`` and ``_comm`` (one alltoallv); ``_api`` calls its ``Route``.
 
-The math, once. Rank ``j`` holds ``x_j`` with ``Σ_r s_{j,r}`` rows along ``dim``,
-``s_j = send_sizes`` on rank ``j`` (the send matrix ``S``, row ``j``); block ``r`` of
-``x_j`` is ``x_j[p_{j,r} : p_{j,r} + s_{j,r}]`` with ``p_{j,r} = Σ_{t<r} s_{j,t}``. Rank
-``r`` returns
-
-    y_r = cat(block r of x_0, block r of x_1, ..., block r of x_{W-1})   along dim,
-
-so its receive sizes are column ``r`` of ``S``: ``recv_sizes = (s_{0,r}, ..., s_{W-1,r})``
-(the transposed send sizes; exchanged and validated, or passed). Every dimension but
-``dim`` must agree across ranks. Gradient: ``L = Σ_r <g_r, y_r>`` gives block ``r`` of
-``dx_j`` = the rows of ``g_r`` that came from ``j``: the reverse all_to_all of the
-upstream gradients, with send sizes ``recv_sizes`` and receive sizes ``send_sizes``
-(``S^T``): the same function, pure data movement, exact.
-
-With ``cat_dim = c != dim = d`` (the Ulysses switch: split heads, join the sequence)
-the received blocks are joined along ``c`` instead:
-
-    y_r = cat(block r of x_0, ..., block r of x_{W-1})   along c,
-
-so every block rank ``r`` receives must have one size along ``d``: column ``r`` of
-``S`` is constant, ``s_{j,r} = s_{r,r}``, the result's size along ``d``; along ``c``
-rank ``j`` contributes its own size ``m_j = x_j.shape[c]`` (any, per rank), so
-``y_r.shape[c] = Σ_j m_j`` and the receive sizes are ``(m_0, ..., m_{W-1})``; every
-other dimension agrees. Each block travels as the contiguous run of its elements,
-which is also the ``(pre_c, m_j, post_c)`` block of ``y_r`` along ``c``: the receive
+The math is ``all_to_all_v``'s docstring (``_api``): rank ``r`` receives block ``r`` of
+every ``x_j`` (``s_{j,r}`` rows along ``dim``, ``S`` the send matrix), so its receive
+sizes are column ``r`` of ``S``, and the gradient is the same exchange reversed
+(``S^T``). With ``cat_dim = c != dim = d`` (the Ulysses switch) every block rank ``r``
+receives has one size along ``d`` and rank ``j`` contributes its own
+``m_j = x_j.shape[c]``. Each block travels as the contiguous run of its elements, which
+is also the ``(pre_c, m_j, post_c)`` block of ``y_r`` along ``c``: the receive
 ``Layout`` is the result cut along ``c`` by ``(m_0, ..., m_{W-1})``, the send
-``Layout`` ``x_j`` cut along ``d`` by ``s_j``, and the gradient is again the reverse
-exchange (the two layouts swapped: ``g_r`` cut along ``c``, joined along ``d``).
+``Layout`` ``x_j`` cut along ``d`` by ``s_j``, and the gradient swaps the two.
 """
 
 from __future__ import annotations
@@ -178,7 +159,7 @@ def _plan(
     assert isinstance(x, torch.Tensor)  # a problem-free record is a tensor's
     d = call.record.normalized_dim
     if shapes is None:
-        unit = _block_unit(x, d)
+        unit = row_bytes(x.shape, d, x.element_size())
         blocks = [n * unit for s in matrix for n in s]
     else:  # each sender's rows along dim have its own size along cat_dim
         units = [row_bytes(sh, d, x.element_size()) for sh in shapes]
@@ -195,11 +176,6 @@ def _finish(plan: AllToAllPlan, slots: Sequence[torch.Tensor], cut: Cut) -> AllT
     return AllToAllPlan(plan.send, plan.recv, plan.info, result)
 
 
-def _block_unit(x: torch.Tensor, d: int) -> int:
-    """Bytes of one row of ``x`` along ``d`` (the other dimensions' product)."""
-    return row_bytes(x.shape, d, x.element_size())
-
-
 def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tensor, list[int]]:
     """This rank's payload as ``exchange_blocks`` sends it, as bytes (a problem-free
     call, whose ``x`` is a tensor)."""
@@ -207,7 +183,7 @@ def _outgoing(x: object, call: FamilyCall, info: GroupInfo) -> tuple[torch.Tenso
     assert isinstance(x, torch.Tensor)
     assert send is not None
     d = call.record.normalized_dim
-    unit = _block_unit(x, d)
+    unit = row_bytes(x.shape, d, x.element_size())
     if plain_in_blocks(x, d):  # its blocks lie one after the other: its bytes as they lie
         return plain_bytes(x), [n * unit for n in send]
     layout = split_layout(tuple(int(n) for n in x.shape), d, send, x.dtype, info)
@@ -264,15 +240,11 @@ def _steady_key(
     cat_dim: object = None,
 ) -> tuple[object, ...] | None:
     """Everything a validated ``all_to_all_v`` call's plan is a function of, besides its
-    group (whose ``Memory.steady`` keeps it), the group's state and the peers' rows, for the
-    calls the steady path serves (``None`` for others): a plain contiguous CPU tensor,
-    ``send_sizes`` (and ``recv_sizes``, if given) a list or tuple of ints,
-    ``validate=True``, ``timeout`` none or a number or a ``timedelta`` (the steady
-    call's, which validated, is the call's), ``cat_dim`` none or an int in range. Its
-    parts: ``dim`` as passed, the shape outside ``dim``, the dtype, whether a gradient
-    is wanted, the timeout, ``cat_dim`` normalized, then the rows along ``dim``, the
-    send sizes and the receive sizes (``None``): a key equal but for those three is a
-    call of the same round with new sizes (``_resized_call``)."""
+    group (whose ``Memory.steady`` keeps it), the group's state and the peers' rows, for
+    the calls the steady path serves (``None`` for others, the conditions below; a
+    timeout, which the steady call validated, is the call's). A key equal but for its
+    last three parts (the rows along ``dim``, the send and the receive sizes) is a call
+    of the same round with new sizes (``_resized_call``)."""
     if (
         validate is not True
         or (timeout is not None and type(timeout) not in (int, float, timedelta))

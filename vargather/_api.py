@@ -53,9 +53,9 @@ _RAISES = """
     Raises:
         VarGatherError: bad input on any rank, raised on every rank of the group with
             the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
+            any payload moves{moves}; the group stays usable. The subclass says what:
             ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
+            ``SizesMismatchError``{sizes}, ... (the misuse catalogue lists each).
         GroupError: on this rank only, when ``group`` is unusable here.
         CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
             group's timeout), naming it when the arrival census can.
@@ -64,17 +64,22 @@ _RAISES = """
 F = TypeVar("F", bound=Callable[..., object])
 
 
-def _raises(face: F) -> F:
-    """``face`` with the ``Raises`` section every face but two shares, at its docstring's end."""
-    if face.__doc__ is not None:  # None under python -OO
-        face.__doc__ = f"{face.__doc__.rstrip()}\n{_RAISES}"
-    return face
+def _raises(moves: str = "", sizes: str = "") -> Callable[[F], F]:
+    """Adds the ``Raises`` section every face shares at its docstring's end, ``moves``
+    and ``sizes`` said after "payload moves" and after ``SizesMismatchError``."""
+
+    def add(face: F) -> F:
+        if face.__doc__ is not None:  # None under python -OO
+            face.__doc__ = f"{face.__doc__.rstrip()}\n{_RAISES.format(moves=moves, sizes=sizes)}"
+        return face
+
+    return add
 
 
 # --- all_gather_v and its forms ------------------------------------------------------------
 
 
-@_raises
+@_raises()
 def gather_layout(
     x: torch.Tensor,
     dim: int = 0,
@@ -105,7 +110,7 @@ def gather_layout(
     return layout
 
 
-@_raises
+@_raises()
 def all_gather_v_with_layout(
     x: torch.Tensor,
     dim: int = 0,
@@ -124,9 +129,8 @@ def all_gather_v_with_layout(
     layout saying every rank's size and offset along ``dim``.
 
     Shapes:
-        As ``all_gather_v``: ``x`` is ``lead + (n_r,) + trail``, ``tensor`` is
-        ``lead + (Σ_r n_r,) + trail``; ``layout.sizes`` and ``layout.offsets`` hold every
-        rank's ``n_r`` and ``o_r``.
+        As ``all_gather_v``; ``layout.sizes`` and ``layout.offsets`` hold every rank's
+        ``n_r`` and ``o_r``.
 
     Gradient:
         As ``all_gather_v``, under ``grad`` (the layout carries none).
@@ -136,7 +140,7 @@ def all_gather_v_with_layout(
     )
 
 
-@_raises
+@_raises()
 def all_gather_v(
     x: torch.Tensor,
     dim: int = 0,
@@ -199,6 +203,10 @@ def all_gather_v(
 # --- several tensors at once -------------------------------------------------------------
 
 
+@_raises(
+    " (the message names the tensor, ``tensor #1: ...``; a different number of tensors on"
+    " one rank is an ``ArgumentMismatchError``)"
+)
 def all_gather_v_coalesced(
     tensors: Sequence[torch.Tensor],
     dim: int | Sequence[int] = 0,
@@ -228,36 +236,18 @@ def all_gather_v_coalesced(
     Gradient:
         Every input that requires one gets ``all_gather_v``'s gradient under ``grad``;
         the backward runs one collective per such tensor, in order.
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves (the message names the tensor, ``tensor #1: ...``; a
-            different number of tensors on one rank is an ``ArgumentMismatchError``);
-            the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
     return gather_coalesced(
-        tensors,
-        dim,
-        sizes=sizes,
-        group=group,
-        grad=grad,
-        transport=transport,
-        validate=validate,
-        timeout=timeout,
-        mesh_dim=mesh_dim,
+        tensors, dim, sizes, group, grad, transport, validate, timeout, mesh_dim
     )
 
 
 # --- reduce_scatter_v, all_to_all_v, all_gather_list ---------------------------------------
 
 
+@_raises(
+    sizes=" for sizes that differ across ranks, ``SizesError`` for ``sum(sizes) != x.shape[dim]``"
+)
 def reduce_scatter_v(
     x: torch.Tensor,
     sizes: SplitSizes,
@@ -291,23 +281,11 @@ def reduce_scatter_v(
     Gradient:
         ``dx_j = cat_r g_r`` on every rank: the ``all_gather_v`` of the upstream
         gradients (the exact adjoint).
-
-    Raises:
-        VarGatherError: bad input on any rank, raised on every rank of the group with
-            the same message, naming the offending rank(s) (also as ``.ranks``), before
-            any payload moves; the group stays usable. The subclass says what:
-            ``DTypeMismatchError``, ``ShapeMismatchError``, ``DimError``,
-            ``SizesMismatchError`` for sizes that differ across ranks,
-            ``SizesError`` for ``sum(sizes) != x.shape[dim]``, ... (the misuse catalogue lists each).
-        GroupError: on this rank only, when ``group`` is unusable here.
-        CollectiveTimeoutError: a peer never arrived within ``timeout`` (or the
-            group's timeout), naming it when the arrival census can.
-        PeerLostError: a peer died mid-call, naming it when it can.
     """
     return REDUCE_SCATTER_V(x, sizes, dim, group, mesh_dim, validate, timeout)
 
 
-@_raises
+@_raises()
 def all_to_all_v_with_layout(
     x: torch.Tensor,
     send_sizes: SplitSizes,
@@ -335,7 +313,7 @@ def all_to_all_v_with_layout(
     return ALL_TO_ALL_V(x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim)
 
 
-@_raises
+@_raises()
 def all_to_all_v(
     x: torch.Tensor,
     send_sizes: SplitSizes,
@@ -351,11 +329,7 @@ def all_to_all_v(
     """Send block ``j`` of ``x`` to rank ``j``; return the blocks received, in rank order.
 
     Block ``j`` is ``send_sizes[j]`` rows along ``dim``, in order; the blocks received
-    are joined along ``cat_dim`` (``dim`` when ``None``). The receive sizes (each
-    rank's block's size along ``cat_dim``: ``send_sizes[r]`` of every rank when
-    ``cat_dim`` is ``dim``, else every rank's ``x.shape[cat_dim]``) are exchanged and
-    validated, or passed as ``recv_sizes`` (checked against the truth, or trusted with
-    ``validate=False``, which skips the exchange).
+    are joined along ``cat_dim`` (``dim`` when ``None``).
 
     Args:
         x: this rank's input (see Shapes).
@@ -366,7 +340,10 @@ def all_to_all_v(
             ``None``), negative values counted from the end. Another dim than ``dim``
             is the sequence-parallel switch (``[b, s/P, H, d]`` cut along the heads,
             joined along the sequence: ``vargather.seq_to_heads``).
-        recv_sizes: each rank's block's size along ``cat_dim``, if known.
+        recv_sizes: each rank's block's size along ``cat_dim`` (``send_sizes[r]`` of
+            every rank when ``cat_dim`` is ``dim``, else every rank's
+            ``x.shape[cat_dim]``), if known: checked against the truth, or trusted with
+            ``validate=False``; else exchanged and validated.
         group: as for ``all_gather_v`` (a process group or a ``DeviceMesh``).
         mesh_dim: as for ``all_gather_v``.
         validate: ``False`` with ``recv_sizes`` trusts them and skips the exchange.
@@ -385,20 +362,11 @@ def all_to_all_v(
         The reverse exchange: the upstream gradient sent back with the sizes
         transposed (pure data movement, exact).
     """
-    return all_to_all_v_with_layout(
-        x,
-        send_sizes,
-        dim,
-        cat_dim=cat_dim,
-        recv_sizes=recv_sizes,
-        group=group,
-        mesh_dim=mesh_dim,
-        validate=validate,
-        timeout=timeout,
-    ).tensor
+    args = (x, send_sizes, recv_sizes, dim, group, mesh_dim, validate, timeout, cat_dim)
+    return ALL_TO_ALL_V(*args).tensor
 
 
-@_raises
+@_raises()
 def all_gather_list(
     x: torch.Tensor,
     *,

@@ -1,18 +1,10 @@
 """Stage 1: the local argument checks, one rank's call as a ``CallRecord``.
 
-``check_call`` reads what this rank was called with (is it a strided tensor, ndim,
-dtype, device, full shape, ``dim``, the gradient contract, the transport, ``validate``,
-``timeout``, caller-passed ``sizes``) and never raises, whatever the arguments: a
-rank that raised here would leave its peers waiting in the exchange. The first
-problem it finds becomes a ``Problem``: the error class and the finished message,
-written here, where the offending value is at hand. The exchange (``_exchange``)
-sends the record to every rank, and every rank raises the same error for it.
-
-What is checked here: input is a strided tensor on a device the backend carries,
-ndim >= 1 and at most ``MAX_NDIM``, ``dim`` an integer in range, a dtype the backend
-carries, ``grad``/``transport``/``validate``/``timeout`` valid (the transport and a
-per-call timeout usable on this backend), caller ``sizes`` well-formed (integers,
-1-d, ``>= 0``, length ``W``, own entry equal to the local size).
+``check_call`` reads what this rank was called with and never raises, whatever the
+arguments: a rank that raised here would leave its peers waiting in the exchange. The
+first problem it finds becomes a ``Problem``: the error class and the finished message,
+written here, where the offending value is at hand. The exchange (``_exchange``) sends
+the record to every rank, and every rank raises the same error for it.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """Stage 6: autograd, the gather as a differentiable function with a chosen contract.
 
-Forward, on rank r of W: ``out = cat(x_0, ..., x_{W-1}, dim)``, ``o_r = Σ_{s<r} n_s``.
-Every rank j then computes its own loss ``L_j`` from its ``out`` and hands back the
-upstream gradient ``g_j = dL_j/d out``. The contracts differ in which loss the
-returned ``dx_r`` is the gradient of:
-
-``sum`` (default)
-    ``dL/dx_r = Σ_j g_j[o_r : o_r + n_r]``, the exact gradient of ``L = Σ_j L_j``,
-    right whatever each rank computes. One reduce-scatter.
-``local``
-    ``dx_r = g_r[o_r : o_r + n_r]``, this rank's own slice (the seed's contract). It
-    equals the gradient of ``L_r`` with respect to ``x_r`` only, so it is the gradient
-    of the common loss only when every rank computes the identical loss, and then
-    DDP's gradient averaging turns it into ``1/W`` of the ``sum`` gradient. No
-    communication.
-``mean``
-    ``dx_r = (1/W) Σ_j g_j[o_r : o_r + n_r]``, the gradient of ``(1/W) Σ_j L_j``
-    (Horovod's). Under identical losses it equals ``local``.
-
-The backward is a collective under ``sum`` and ``mean``: every rank of the group must
-run it (validation refuses ranks that disagree on ``requires_grad``).
+The contracts ``sum``, ``local`` and ``mean`` and their math are ``all_gather_v``'s
+Gradient section (``_api``; ``docs/getting-started.md`` says which loss each is the
+gradient of). The backward is a collective under ``sum`` and ``mean``: every rank of
+the group must run it (validation refuses ranks that disagree on ``requires_grad``).
 
 ``planned_function`` makes the other collectives' autograd functions, all one shape.
 """

@@ -1,16 +1,12 @@
 """torch.compile support for every collective: its custom operators and its one way in.
 
-Where it sits: below the collectives' modules, above ``_mesh``. Each collective's
-module ends with a ``# --- compiled`` block that declares, as torch's
-``_functional_collectives`` do, its operators as :class:`OpSpec` rows registered by
-:func:`define_ops` (each an ordered effect: :func:`declare_ordered`), and its
-:class:`Route`, the one dispatch its face calls: outside ``torch.compile`` the eager
-code; under it ``traced``, which calls the operators when the sizes are known as ints
-(no graph break; their implementation is the eager pipeline, opaque to dynamo), else
-the eager code behind ``torch.compiler.disable`` (one graph break). A process group
-enters an operator by name (``_mesh.group_of``, back by ``_mesh.named_group``), as in
-torch's functional collectives; the empty name stands for "no torch.distributed".
-``docs/compile.md`` says how to add a collective.
+Where it sits: below the collectives' modules, above ``_mesh``. Each collective's module
+ends with a ``# --- compiled`` block: its operators as :class:`OpSpec` rows registered
+by :func:`define_ops` (each an ordered effect: :func:`declare_ordered`), and its
+:class:`Route`, the one dispatch its face calls (``docs/compile.md``, "Adding a
+collective under torch.compile"). A process group enters an operator by name
+(``_mesh.group_of``, back by ``_mesh.named_group``); the empty name stands for "no
+torch.distributed".
 """
 
 from __future__ import annotations
@@ -43,12 +39,8 @@ R = TypeVar("R")
 
 def declare_ordered(op: Any) -> bool:
     """Declare ``op`` an ordered side effect, so no compiler may drop, merge, reorder or
-    recompute it: whether a rank issues a collective must not depend on what differs
-    between ranks (a pure operator whose output has no elements on one rank is dropped
-    there by inductor, and its peers wait forever). AOT autograd then threads an effect
-    token through the operators, in program order (``docs/compile.md``, "Every rank
-    issues the same collectives"). Returns whether it could (a torch with neither
-    registry compiles them pure).
+    recompute it (``docs/compile.md``, "Every rank issues the same collectives", says
+    why). Returns whether it could (a torch with neither registry compiles them pure).
     """
     register = getattr(op, "register_effect", None)  # CustomOpDef.register_effect, torch 2.13
     if register is not None:
@@ -70,14 +62,11 @@ def declare_ordered(op: Any) -> bool:
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One custom operator ``vargather::<name>``, as :func:`define_ops` registers it.
-
-    ``schema``: its arguments and result (``"(Tensor x, SymInt dim, ...) -> Tensor"``).
-    ``impl``: its eager implementation (a fresh, contiguous output: :func:`fresh`).
-    ``fake``: the output's shape, from the arguments alone. ``backward``: the name of
-    the operator its autograd formula calls with the output's gradient first, then
-    ``save(inputs, output)`` (tensors among them travel by ``save_for_backward``); a
-    list output's missing gradients are zeros. Without ``backward``: no gradient.
+    """One custom operator ``vargather::<name>``, as :func:`define_ops` registers it:
+    ``impl`` its eager implementation (a fresh, contiguous output: :func:`fresh`),
+    ``fake`` its output's shape from the arguments alone, and ``backward`` the operator
+    its autograd formula calls with the output's gradient, then ``save(inputs, output)``
+    (a list output's missing gradients are zeros; without ``backward``: no gradient).
     """
 
     name: str
@@ -271,11 +260,9 @@ def op_args(
     timeout: object,
     *words: object,
 ) -> OpArgs | None:
-    """The arguments every operator takes, or ``None`` when only the eager code can say
-    what is wrong with them: ``x`` a tensor of one dimension or more, ``dim`` an int in
-    range, ``validate`` a bool, ``timeout`` a number of seconds or ``None``, each of
-    ``words`` (``grad``, ``transport``) a ``str``, ``group`` (with ``mesh_dim``) a group
-    of this rank. Keeps the collectives' order in the graph (:func:`keep_collective_order`)."""
+    """The arguments every operator takes (``words``: ``grad``, ``transport``), or ``None``
+    when only the eager code can say what is wrong with them. Keeps the collectives'
+    order in the graph (:func:`keep_collective_order`)."""
     if not (isinstance(x, torch.Tensor) and x.dim() > 0 and _is_dim(dim, x)):
         return None
     if not isinstance(validate, bool) or not all(isinstance(w, str) for w in words):
@@ -296,10 +283,9 @@ def op_args(
 
 @dataclass(frozen=True)
 class Route(Generic[R]):
-    """A collective's way in, called by its face with the face's arguments (module doc).
-
-    ``eager``: the eager code. ``traced``: what traced code runs instead, its operators'
-    call, or ``None`` when only the eager code can run this call."""
+    """A collective's way in, called by its face with the face's arguments: ``eager``
+    outside ``torch.compile``; under it ``traced`` (its operators' call), or where that
+    gives ``None`` the eager code behind ``torch.compiler.disable`` (one graph break)."""
 
     name: str
     eager: Callable[..., R]

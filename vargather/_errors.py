@@ -6,11 +6,6 @@ validation (``_exchange``) raises it, ``_comm`` raises the collective errors.
 Each leaf also subclasses the builtin that fits it (``TypeError``, ``ValueError``,
 ``IndexError``, ``TimeoutError``, ``ConnectionError``), so ``except ValueError`` keeps
 working for callers who do not know vargather.
-
-Errors found by the exchange and validation (``_exchange``) are raised on *every* rank of
-the group with the same class and the same message, before any payload moves: each
-rank decides from the same gathered metadata. Messages name the offending rank(s),
-what was expected and what was got.
 """
 
 from __future__ import annotations
@@ -137,25 +132,8 @@ class PeerLostError(CollectiveError, ConnectionError):
     are the ranks that never arrived, when the arrival census could tell."""
 
 
-for _cls in (
-    VarGatherError,
-    InputTypeError,
-    InputShapeError,
-    DimError,
-    SizesError,
-    GroupError,
-    MismatchError,
-    DTypeMismatchError,
-    ShapeMismatchError,
-    SizesMismatchError,
-    ArgumentMismatchError,
-    ArgumentError,
-    SizesTypeError,
-    RequiresGradMismatchError,
-    ProtocolMismatchError,
-    CollectiveError,
-    CollectiveTimeoutError,
-    PeerLostError,
-):
+_classes: list[type[VarGatherError]] = [VarGatherError]
+for _cls in _classes:  # this module's classes: none is defined elsewhere yet
     _cls.__module__ = "vargather"  # tracebacks show the public name
-del _cls
+    _classes.extend(_cls.__subclasses__())
+del _cls, _classes

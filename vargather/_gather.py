@@ -115,10 +115,7 @@ def _steady_key(
 ) -> tuple[object, ...] | None:
     """Everything a validated gather's headers and payload layout are a function of,
     besides its group and the group's state, for the calls the steady path serves
-    (``_fused.steady_exchange``; ``None`` for others): a plain contiguous CPU tensor
-    whose rank blocks lie one after the other in the result (no dimension before
-    ``dim`` but 1s), no ``sizes``, ``validate=True``, no per-call timeout, plain
-    ``grad`` and ``transport="auto"``."""
+    (``_fused.steady_exchange``; ``None`` for others, the conditions below)."""
     if (
         sizes is not None
         or validate is not True
@@ -148,20 +145,10 @@ def _is_auto(transport: object) -> bool:
     return isinstance(transport, str) and transport == "auto"
 
 
-def gather_with_layout(
-    x: Any,
-    dim: Any = 0,
-    *,
-    sizes: Any = None,
-    group: Any = None,
-    grad: Any = "sum",
-    transport: Any = "auto",
-    validate: Any = True,
-    timeout: Any = None,
-    mesh_dim: Any = None,
-) -> GatherResult:
-    """The eager ``all_gather_v_with_layout`` (its arguments unchecked: the plan judges
-    them, on every rank)."""
+def gather_with_layout(x: Any, dim: Any, sizes: Any, group: Any, *rest: Any) -> GatherResult:
+    """The eager ``all_gather_v_with_layout``, with the face's arguments in its order
+    (unchecked: the plan judges them, on every rank)."""
+    grad, transport, validate, timeout, mesh_dim = rest
     layout, info, gathered = plan_gather(
         x, dim, sizes, group, grad, transport, validate, timeout, mesh_dim
     )
@@ -190,10 +177,6 @@ def gather_with_layout(
 
 def _is_sequence(value: object) -> bool:
     return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
-
-
-def _with_problem(call: CheckedCall, problem: Problem) -> CheckedCall:
-    return call._replace(record=replace(call.record, problem=problem))
 
 
 def _coalesced_calls(
@@ -257,23 +240,16 @@ def _coalesced_calls(
         for t, d, s in zip(items, dims, each, strict=True)
     ]
     if problem is not None:
-        calls[0] = _with_problem(calls[0], problem)
+        calls[0] = calls[0]._replace(record=replace(calls[0].record, problem=problem))
     return items, calls
 
 
 def gather_coalesced(
-    tensors: Any,
-    dim: Any = 0,
-    *,
-    sizes: Any = None,
-    group: Any = None,
-    grad: Any = "sum",
-    transport: Any = "auto",
-    validate: Any = True,
-    timeout: Any = None,
-    mesh_dim: Any = None,
+    tensors: Any, dim: Any, sizes: Any, group: Any, *rest: Any
 ) -> list[torch.Tensor]:
-    """The eager ``all_gather_v_coalesced`` (``_api`` has what it means)."""
+    """The eager ``all_gather_v_coalesced``, with the face's arguments in its order
+    (``_api`` has what it means)."""
+    grad, transport, validate, timeout, mesh_dim = rest
     info = call_group(group, mesh_dim)
     items, calls = _coalesced_calls(tensors, dim, sizes, grad, transport, info, validate, timeout)
     call_timeout = calls[0].timeout if calls else None
@@ -300,9 +276,9 @@ def gather_coalesced(
         )
         layouts = list(found.layouts)
         outputs = found.outputs
-    if not info.communicates:
-        return [t for t in items if isinstance(t, torch.Tensor)]
     xs = [t for t in items if isinstance(t, torch.Tensor)]
+    if not info.communicates:
+        return xs
     name = "auto" if outputs is not None else str(transport)
     if outputs is None:
         outputs = _fused.gather_bytes(xs, layouts, info, name)
@@ -322,11 +298,7 @@ def gather_coalesced(
 
 # --- compiled: all_gather_v's operators and routes (``_compiled``) -----------------------
 #
-# ``sizes`` as ints: ``vargather::all_gather_v``, whose backward ``all_gather_v_backward``
-# is the contract's eager backward. ``sizes=None`` where dynamo allows data-dependent
-# shapes (``fullgraph=True``), no ``Layout`` asked for: ``exchange_sizes`` (every rank's
-# size, validated, as an int64 tensor), then ``all_gather_v_sized_by``, of an unbacked
-# length (one operator with both outputs loses that binding in torch 2.13's inductor).
+# ``docs/compile.md`` ("How", "``sizes=None`` in one graph") says which run when, and why.
 
 from ._compiled import (  # noqa: E402  # this block ends the module on purpose (docs/compile.md)
     OpSpec,
@@ -539,17 +511,9 @@ def _traced_tensor(x: object, dim: object, sizes: object, *rest: object) -> torc
     return out
 
 
-def _eager_gather(x: object, dim: object, sizes: object, *rest: object) -> GatherResult:
-    group, grad, transport, validate, timeout, mesh_dim = rest
-    keywords = {"sizes": sizes, "group": group, "grad": grad, "transport": transport}
-    return gather_with_layout(
-        x, dim, **keywords, validate=validate, timeout=timeout, mesh_dim=mesh_dim
-    )
-
-
 ALL_GATHER_V: Route[torch.Tensor] = Route(
-    "all_gather_v", lambda *args: _eager_gather(*args).tensor, _traced_tensor
+    "all_gather_v", lambda *args: gather_with_layout(*args).tensor, _traced_tensor
 )
 ALL_GATHER_V_WITH_LAYOUT: Route[GatherResult] = Route(
-    "all_gather_v_with_layout", _eager_gather, _traced_gather
+    "all_gather_v_with_layout", gather_with_layout, _traced_gather
 )

@@ -4,17 +4,12 @@ Where it sits: a family collective on ``_rows`` (stages 1-3), ``_transport``,
 ``_fused`` (the validated call rides its round as one *carrier* per rank: ``_carrier``)
 and ``_reduce_scatter`` (the ``sum``/``mean`` backward); ``_api`` calls its ``Route``.
 
-The math, once. Rank ``r`` holds ``x_r`` of shape ``shape_r`` (the same ndim, dtype
-and device type everywhere; every dimension may differ, empties too) with
-``m_r = numel(x_r)`` elements. Every rank returns ``[x_0, ..., x_{W-1}]``: the flat
-run ``cat_r x_r.reshape(-1)`` is one ragged gather along dim 0 with sizes
-``(m_0, ..., m_{W-1})`` (offset ``q_r = Σ_{t<r} m_t``), cut at ``q_r`` and reshaped to
-``shape_r``. Rank ``j`` then holds upstream gradients ``g_{j,r}`` for output ``r``:
-
-* ``sum``: ``dx_r = g_{0,r} + g_{1,r} + ... + g_{W-1,r}`` (rank order), the gradient
-  of ``Σ_j L_j``: the ``reduce_scatter_v`` of the flat runs ``cat_r g_{j,r}``;
-* ``local``: ``dx_r = g_{r,r}``, no communication (right only under identical losses);
-* ``mean``: the ``sum`` gradient divided by ``W``.
+The math is ``all_gather_list``'s docstring (``_api``). Rank ``r``'s ``x_r`` (shape
+``shape_r``) has ``m_r = numel(x_r)`` elements: the flat run ``cat_r x_r.reshape(-1)`` is
+one ragged gather along dim 0 with sizes ``(m_0, ..., m_{W-1})``, cut at
+``q_r = Σ_{t<r} m_t`` and reshaped to ``shape_r``. The ``sum`` gradient
+``dx_r = g_{0,r} + ... + g_{W-1,r}`` is the ``reduce_scatter_v`` of the flat runs
+``cat_r g_{j,r}`` (``mean`` divides it by ``W``; ``local``, ``g_{r,r}``, moves nothing).
 """
 
 from __future__ import annotations
@@ -173,8 +168,7 @@ def plan_gather_list(
         info = info.with_timeout(call.timeout)
     trusted = validate is False and shapes is not None
     if trusted or not info.communicates:
-        problem = call.record.problem
-        raise_own_problem(NAME, problem, info, trusted=trusted)
+        raise_own_problem(NAME, call.record.problem, info, trusted=trusted)
         found = tuple(s or () for s in call.sizes) if shapes is not None else (call.record.shape,)
         assert isinstance(x, torch.Tensor)  # validated
         assert isinstance(grad, str)
@@ -299,7 +293,7 @@ def _read_carriers(run: torch.Tensor, sizes: Sequence[int]) -> list[tuple[list[i
     ``ProtocolMismatchError`` (every rank reads the same regions: the same error)."""
     out: list[tuple[list[int], torch.Tensor]] = []
     bad: list[int] = []
-    direct = run.dtype != torch.bool and run.device.type == "cpu" and run.is_contiguous()
+    direct = _direct(run)
     at = 0
     for r, n in enumerate(sizes):
         found = _carrier_head(run, at, n, direct)
@@ -451,8 +445,7 @@ def _steady_key(
 ) -> tuple[object, ...] | None:
     """Everything a validated call's headers and carrier are a function of, besides its
     group and the group's state, for the calls the steady path serves
-    (``_fused.steady_exchange``; ``None`` for others): a plain contiguous CPU tensor
-    with no local problem, ``validate=True``, no per-call timeout, a plain ``grad``."""
+    (``_fused.steady_exchange``; ``None`` for others, the conditions below)."""
     if (
         validate is not True
         or timeout is not None

@@ -146,10 +146,6 @@ def process_group(info: GroupInfo) -> dist.ProcessGroup | None:
     return pg if isinstance(pg, dist.ProcessGroup) else None
 
 
-def _backend_device(info: GroupInfo) -> torch.device:
-    return torch.device("cuda" if info.backend == "nccl" else "cpu")
-
-
 def group_timeout(info: GroupInfo) -> timedelta | None:
     """The group's current default timeout, or ``None`` when torch does not say.
 
@@ -160,7 +156,7 @@ def group_timeout(info: GroupInfo) -> timedelta | None:
     if pg is None:
         return None
     try:
-        backend = pg._get_backend(_backend_device(info))
+        backend = pg._get_backend(torch.device("cuda" if info.backend == "nccl" else "cpu"))
         value: object = backend.options._timeout  # private; may vanish in a later torch
     except Exception:
         return None

@@ -3,13 +3,6 @@
 Validation (``_exchange``) produces a ``Layout``; the later stages only read it. Every
 rank holds an equal ``Layout`` except for ``rank``.
 
-The math, once. Rank ``r`` of ``W`` contributes ``x_r`` with ``n_r = x_r.shape[dim]``.
-The result is ``out = cat(x_0, ..., x_{W-1}, dim)``, so
-
-    o_r   = n_0 + ... + n_{r-1}      (offset of rank r's block; o_0 = 0)
-    total = n_0 + ... + n_{W-1}
-    out.narrow(dim, o_r, n_r) == x_r
-
 Every stage views a tensor of shape ``lead + (n,) + trail`` as the 3-d block
 ``(pre, n, post)`` with ``pre = prod(lead)`` and ``post = prod(trail)``; for a
 contiguous tensor that view is free. When ``pre == 1`` the blocks of the ranks are

@@ -1,15 +1,12 @@
 """The one group resolver: ``group=`` (a process group or a ``DeviceMesh``) to a ``GroupInfo``.
 
 Where it sits: in front of every collective's pipeline, above ``_group`` (which knows
-process groups only). Every eager call resolves its group with ``call_group``; every
-custom operator, which receives its group by name, with ``named_group``; and traced code
-names a call's group with ``group_of``, which never raises and runs no more than dynamo
-can trace (the operators' route, ``_compiled``). A ``DeviceMesh`` is resolved to the
-process group of one mesh dimension (``resolve_mesh``). As torch's functional
-collectives do, a 1-D mesh stands for its only group and a mesh of more dimensions needs
-``mesh_dim`` (an index or a dimension name). Every problem is a ``GroupError``, raised
-on this rank only, like ``resolve_group``'s: a rank that cannot name its group cannot
-tell its peers.
+process groups only): eager calls resolve their group with ``call_group``, custom
+operators (which receive it by name) with ``named_group``, traced code names it with
+``group_of`` (which never raises and runs no more than dynamo can trace). As torch's functional collectives do, a 1-D mesh stands for its only
+group and a mesh of more dimensions needs ``mesh_dim`` (an index or a dimension name).
+Every problem is a ``GroupError``, raised on this rank only, like ``resolve_group``'s: a
+rank that cannot name its group cannot tell its peers.
 """
 
 from __future__ import annotations

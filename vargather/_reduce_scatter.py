@@ -4,21 +4,13 @@ Where it sits: a family collective on ``_family`` and ``_steady`` (stages 1-3),
 ``_layout``, ``_buffers`` and ``_comm`` (the payload), and ``_transport`` (its backward
 is a gather); ``_api`` calls its ``Route``.
 
-The math, once. Every rank ``j`` holds ``x_j`` with ``total = Σ_r n_r`` along ``dim``
-(the same shape everywhere), ``sizes = (n_0, ..., n_{W-1})`` the same on every rank,
-``o_r = n_0 + ... + n_{r-1}``. Rank ``r`` returns
-
-    y_r = x_0[o_r : o_r + n_r] + x_1[o_r : o_r + n_r] + ... + x_{W-1}[o_r : o_r + n_r]
-
-summed **in rank order**, left to right, in the input dtype (integers wrap, bool is
-logical or), every NaN of the sum then the dtype's canonical quiet NaN (``_reduced``: the
-bits torch and the hardware give a NaN depend on the operands' memory layout), so the
-result is a function of the inputs alone, bit for bit, whatever the backend: rank ``j``
-sends block ``r`` of ``x_j`` to rank ``r`` in one alltoallv (any dtype moves, int16 as
-bytes) and rank ``r`` adds the ``W`` blocks it received.
-The receive buffer is ``W x n_r`` rows. Gradient: ``L = Σ_r <g_r, y_r>`` gives
-``dL/dx_j = cat_r g_r`` on every rank ``j``: the ``all_gather_v`` of the upstream
-gradients (the exact adjoint), one gather through ``_transport``'s ``auto`` choice.
+The math is ``reduce_scatter_v``'s docstring (``_api``). Rank ``j`` sends block ``r``
+of ``x_j`` to rank ``r`` in one alltoallv (any dtype moves, int16 as bytes; a receive
+buffer of ``W x n_r`` rows) and rank ``r`` adds the ``W`` blocks in rank order, every
+NaN of the sum then the dtype's canonical quiet NaN (``_reduced``: the bits torch and
+the hardware give a NaN depend on the operands' memory layout), so the result is a
+function of the inputs alone, whatever the backend. The backward is one gather through
+``_transport``'s ``auto`` choice.
 """
 
 from __future__ import annotations
@@ -227,7 +219,7 @@ def fold_blocks(blocks: torch.Tensor) -> torch.Tensor:
 
 
 def reduce_scatter_blocks(x: torch.Tensor, layout: Layout, info: GroupInfo) -> torch.Tensor:
-    """The payload: this rank's ``y_r`` (module doc), a fresh tensor."""
+    """The payload: this rank's ``y_r`` (``reduce_scatter_v``), a fresh tensor."""
     r, w = layout.rank, layout.world_size
     if not info.communicates:
         return x.narrow(layout.dim, layout.local_offset, layout.local_size).clone(

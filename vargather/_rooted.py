@@ -5,13 +5,8 @@ Where it sits: beside the family's collectives, on the all_to_all-shaped round t
 ``__init__`` exports the two faces. The two are each other's adjoint, so each one's
 payload is the other's backward and both live here.
 
-The math, once. Every rank ``r`` of the group holds ``x_r``, ``n_r`` long along ``dim``
-(the other dimensions equal), ``o_r = n_0 + ... + n_{r-1}``; ``root`` is a group rank.
-
-* ``gather_v``: ``y_root = cat_r x_r`` along ``dim``; every other rank's ``y`` is empty
-  (``x_r``'s shape with 0 along ``dim``). Gradient: ``dx_r = g_root[o_r : o_r + n_r]``.
-* ``scatter_v``: ``y_r = x_root[o_r : o_r + n_r]`` (``sizes`` the same on every rank,
-  ``Σ n_r = x_root.shape[dim]``). Gradient: ``dx_root = cat_r g_r``, ``dx_j = 0`` else.
+The math is ``gather_v``'s and ``scatter_v``'s docstrings (below); rank ``r``'s block
+is ``n_r`` long along ``dim``, at ``o_r = n_0 + ... + n_{r-1}``; ``root`` is a group rank.
 
 The round: every rank sends every rank its row (``_wire.encode_row``: the record, the
 root and the passed sizes as extras), so every rank validates the same rows and raises
@@ -364,14 +359,14 @@ def _gather_to_root(grad: torch.Tensor, plan: RootedPlan) -> torch.Tensor:
 _FUNCTIONS: Final = {
     GATHER: planned_function(
         "GatherVFunction",
-        """``y_root = cat_r x_r``; the backward scatters ``g_root`` back (module doc).""",
+        """``y_root = cat_r x_r``; the backward scatters ``g_root`` back (``gather_v``).""",
         lambda x, plan: gather_to(x.detach(), plan.layout, plan.root, plan.info),
         lambda g, plan: scatter_from(g, plan.layout, plan.root, plan.info),
     ),
     SCATTER: planned_function(
         "ScatterVFunction",
         """``y_r = x_root[o_r : o_r + n_r]``; the backward gathers the ``g_r`` to the
-        root, zeros elsewhere (module doc).""",
+        root, zeros elsewhere (``scatter_v``).""",
         lambda x, plan: scatter_from(x.detach(), plan.layout, plan.root, plan.info),
         _gather_to_root,
     ),
@@ -389,11 +384,6 @@ def _eager(
     out = _FUNCTIONS[name].apply(x, plan)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch's stubs
     assert isinstance(out, torch.Tensor)
     return out
-
-
-def _call(name: CollectiveName, x: Any, *args: Any) -> torch.Tensor:
-    """The call through its ``Route`` (``_ROUTES``, at the end of the module)."""
-    return _ROUTES[name](x, *args)
 
 
 # --- the faces -------------------------------------------------------------------------
@@ -422,10 +412,9 @@ def gather_v(
             not the global rank), the same on every rank.
         dim: the dimension to join along, negative values counted from the end.
         sizes: optionally every rank's size along ``dim``, in group-rank order, the same
-            on every rank; with ``validate=False`` they are trusted and no metadata
-            round runs.
+            on every rank.
         group: as for ``all_gather_v`` (a process group or a ``DeviceMesh``).
-        validate: ``False`` with ``sizes`` skips the metadata round.
+        validate: ``False`` with ``sizes`` trusts them and skips the metadata round.
         timeout: as for ``all_gather_v``.
         mesh_dim: as for ``all_gather_v``.
 
@@ -445,7 +434,7 @@ def gather_v(
         GroupError: on this rank only, when ``group`` is unusable here.
         CollectiveTimeoutError: a peer never arrived within ``timeout``.
     """
-    return _call(GATHER, x, dst, sizes, dim, group, mesh_dim, validate, timeout)
+    return _ROUTES[GATHER](x, dst, sizes, dim, group, mesh_dim, validate, timeout)  # at the end
 
 
 def scatter_v(
@@ -494,7 +483,7 @@ def scatter_v(
         GroupError: on this rank only, when ``group`` is unusable here.
         CollectiveTimeoutError: a peer never arrived within ``timeout``.
     """
-    return _call(SCATTER, x, src, sizes, dim, group, mesh_dim, validate, timeout)
+    return _ROUTES[SCATTER](x, src, sizes, dim, group, mesh_dim, validate, timeout)
 
 
 # --- compiled: gather_v's and scatter_v's operators and routes (``_compiled``) ----------
@@ -631,6 +620,4 @@ _ROUTES: Final[dict[CollectiveName, Route[torch.Tensor]]] = {
     name: Route(name, functools.partial(_eager, name), functools.partial(_traced, name))
     for name in (GATHER, SCATTER)
 }
-"""Each collective's way in (``_compiled.Route``): the eager call, or under
-``torch.compile`` its operator (sizes known as ints), else the eager call behind one
-graph break."""
+"""Each collective's way in (``_compiled.Route``); its operator needs the sizes as ints."""

@@ -6,27 +6,18 @@ the work; ``__init__`` re-exports the names. Nothing here communicates but throu
 so every check of ``all_to_all_v`` holds (the same error on every rank, the gradient,
 ``torch.compile``).
 
-The math, once. ``W`` ranks each hold a chunk of the sequence with every head:
-rank ``r`` has ``x_r`` of ``[b, s_r, H, d]`` (``s_r`` may differ per rank). Before
-attention, ``seq_to_heads`` gives rank ``r`` the whole sequence for its heads:
+The math, once. ``W`` ranks each hold a chunk of the sequence with every head: rank
+``r`` has ``x_r`` of ``[b, s_r, H, d]`` (``s_r`` may differ per rank). ``seq_to_heads``
+gives rank ``r`` the whole sequence of its ``head_split(H, W)[r]`` heads (split along
+the heads, joined along the sequence); ``heads_to_seq`` is its inverse, and each is the
+other's gradient (the reverse exchange).
 
-    y_r = cat(x_0[:, :, H_r], x_1[:, :, H_r], ..., x_{W-1}[:, :, H_r])   along the sequence,
-
-``H_r`` the ``h_r`` heads from ``Σ_{t<r} h_t``, with ``h = head_split(H, W)``:
-DeepSpeed's rule (``deepspeed/module_inject/tp_shard.py``, ``get_shard_size``):
-``H // W`` heads each, the first ``H % W`` ranks one more. ``heads_to_seq`` is its
-inverse, ``all_to_all_v`` split along the sequence by ``(s_0, ..., s_{W-1})`` and
-joined along the heads. Each is the other's gradient (the reverse exchange).
-
-Grouped-query attention (``H_q = g · H_kv`` query heads): splitting the key/value heads
-by the same rule would give rank ``r`` key/value heads its query heads do not use
-(``H_q = 8``, ``H_kv = 2``, ``W = 4``: rank 1's query heads 2, 3 use key/value head
-0, which the rule gives rank 0). ``seq_to_heads(kv, q_heads=H_q)`` first repeats each
-key/value head ``k`` times in place (``repeat_interleave``, as ``repeat_kv`` does, the
-smallest ``k`` dividing ``g`` with ``k · H_kv`` a multiple of ``W``, else ``k = g``),
-so that the query heads split by the rule and the key/value heads split by the rule
-line up: rank ``r``'s query heads use exactly the key/value heads it receives, ``g /
-k`` query heads each. The gradient of the repeat sums the copies' gradients.
+Grouped-query attention: splitting the key/value heads by the same rule would give rank
+``r`` key/value heads its query heads do not use (``H_q = 8``, ``H_kv = 2``, ``W = 4``:
+rank 1's query heads 2, 3 use key/value head 0, which the rule gives rank 0), so
+``seq_to_heads(kv, q_heads=H_q)`` first repeats each key/value head ``kv_repeats`` times
+in place (``repeat_interleave``, as ``repeat_kv`` does): rank ``r``'s query heads then
+use exactly the key/value heads it receives. The gradient of the repeat sums the copies'.
 """
 
 from __future__ import annotations

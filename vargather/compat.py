@@ -4,23 +4,16 @@ Same names and conventions::
 
     from vargather.compat import all_gather, all_gather_variable_dim, AllGather
 
-* ``all_gather_variable_dim(t, dim=0, sizes=None) -> (tensor, sizes)``: like the seed,
-  not differentiable (the seed's plain ``dist.all_gather`` cuts the graph).
-* ``AllGather.apply(x, dim, sizes) -> (tensor, sizes)`` and ``all_gather =
-  AllGather.apply``: differentiable with the seed's ``"local"`` contract (this rank's
-  own slice of its own upstream gradient), so existing training does not change
-  silently. Without torch.distributed, or in a one-rank world, returns ``(x, None)``
-  as the seed does.
-* ``pad_dim_to`` and ``exists``, the helpers the seed imported but never defined.
+Each name does what the seed's did (its docstring says what it returns), and
+``pad_dim_to`` and ``exists`` are the helpers the seed imported but never defined.
+Unlike the seed, every call is validated across ranks (dtype, ndim, other dims, sizes)
+and raises the same ``VarGatherError`` on every rank instead of aborting, hanging or
+reinterpreting bits.
 
-Unlike the seed, every call is validated across ranks (dtype, ndim, other dims,
-sizes) and raises the same ``VarGatherError`` on every rank instead of aborting,
-hanging or reinterpreting bits. ``sizes`` is returned as a 1-d int64 tensor on the
-input's device, as the seed's was.
-
-``"local"`` is the right gradient only when every rank computes the identical loss
-from the gathered tensor; switch to ``vargather.all_gather_v(x, dim, grad="sum")``
-when each rank computes its own loss (the gradient contracts of the getting-started guide).
+``AllGather``'s ``"local"`` gradient is the right one only when every rank computes the
+identical loss from the gathered tensor; switch to ``vargather.all_gather_v(x, dim,
+grad="sum")`` when each rank computes its own loss (the getting-started guide's
+gradient contracts).
 """
 
 from __future__ import annotations
@@ -94,10 +87,7 @@ def all_gather_variable_dim(
 
 
 class AllGather:
-    """The seed's autograd gather: ``AllGather.apply(x, dim, sizes) -> (tensor, sizes)``.
-
-    Backward (the seed's ``"local"`` contract): ``dx_r = g_r[o_r : o_r + n_r]``.
-    """
+    """The seed's autograd gather: ``AllGather.apply(x, dim, sizes) -> (tensor, sizes)``."""
 
     @staticmethod
     def apply(

@@ -1,14 +1,10 @@
 """What the kit, the bench and the scale simulation may use of the internals; not a stable API.
 
 The testing kit (``vargather.testing``), the command line and its bench
-(``vargather._cli``) and the scripts that measure vargather (``scripts/scale_sim.py``)
-need a few things the public API does not offer: which transport ``auto`` picks, the
-byte thresholds at which vargather changes its code path (to draw sizes around them),
-the learned per-group state of the one-round exchange (to give each measured pattern
-its own), and the count of collectives a call entered. They import them from here and
-from no private module, so the library may move its modules freely: a move updates the
-imports below, and these names stay. Nothing here is promised to users; it changes
-with the library, in the same release.
+(``vargather._cli``) and ``scripts/scale_sim.py`` import what the public API does not
+offer from here and from no private module, so the library may move its modules freely:
+a move updates the imports below, and these names stay. Nothing here is promised to
+users; it changes with the library, in the same release.
 
 Where it sits: at the top of the library, beside ``__init__`` (it imports private
 modules, and no library module imports it).

@@ -5,22 +5,14 @@ shard and every rank's upstream gradient at once, and it computes with ``torch.c
 and autograd only, no hand-written slicing. Tests run the real gather on a
 multi-process world and compare against it.
 
-For ranks ``r = 0..W-1`` with shards ``x_r`` and upstream gradients ``g_r``
-(``g_r`` is ``dL_r/d out`` on rank r):
+Each function's docstring states its definition; gradients are vector-Jacobian
+products (``grad_outputs=g``), so complex dtypes follow torch's convention without a
+hand-made real loss.
 
-* output: ``torch.cat(x, dim)``, the same on every rank;
-* ``sum``: the gradient of ``Σ_j <g_j, cat(x)>`` with respect to each ``x_r``;
-* ``local``: for each r, the gradient of ``<g_r, cat(x)>`` with respect to ``x_r``;
-* ``mean``: the gradient of ``(1/W) Σ_j <g_j, cat(x)>``, the ``sum`` one divided by
-  ``W`` component by component.
-
-(``<g, y>`` is the vector-Jacobian product autograd computes for ``grad_outputs=g``,
-so complex dtypes follow torch's convention without a hand-made real loss.)
-
-NaNs: what a reduction gives (``sum`` and ``mean`` above and ``reduce_scatter_v``
-below, in a group of two ranks or more) has every NaN set to its dtype's canonical
-quiet NaN by the helpers the collectives use (``vargather._reduced``), so
-the oracle's bits are those semantics' and not torch's kernel path's. What only moves
+NaNs: what a reduction gives (the ``sum`` and ``mean`` gradients and
+``reduce_scatter_v``, in a group of two ranks or more) has every NaN set to its dtype's
+canonical quiet NaN by the helpers the collectives use (``vargather._reduced``), so the
+oracle's bits are those semantics' and not torch's kernel path's. What only moves
 data (the outputs, ``local``, the backwards of ``reduce_scatter_v`` and
 ``all_to_all_v``) keeps every bit, NaN payloads and ``-0.0`` included.
 """
@@ -28,6 +20,7 @@ data (the outputs, ``local``, the backwards of ``reduce_scatter_v`` and
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -77,6 +70,12 @@ def expected_output(shards: Sequence[torch.Tensor], dim: int = 0) -> torch.Tenso
     return torch.cat([s.detach() for s in shards], dim=dim)
 
 
+def _unknown(contract: str) -> ValueError:
+    return ValueError(
+        f"oracle: contract must be one of {', '.join(map(repr, CONTRACTS))}, got {contract!r}"
+    )
+
+
 def _leaves(shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     for r, s in enumerate(shards):
         if not (s.is_floating_point() or s.is_complex()):
@@ -123,10 +122,7 @@ def expected_input_grads(
             torch.autograd.grad(torch.cat(xs, dim=dim), xs, grad_outputs=g.detach())
             for g in upstream
         ]
-        sums = [_fold([per_loss[j][r] for j in range(world)]) for r in range(world)]
-        if contract == "mean":
-            return [mean_(s, world) for s in sums]
-        return sums
+        return _summed(per_loss, contract)
     if contract == "local":
         result: list[torch.Tensor] = []
         for r in range(world):
@@ -134,9 +130,7 @@ def expected_input_grads(
             (g,) = torch.autograd.grad(out_r, xs[r], grad_outputs=upstream[r].detach())
             result.append(g)
         return result
-    raise ValueError(
-        f"oracle: contract must be one of {', '.join(map(repr, CONTRACTS))}, got {contract!r}"
-    )
+    raise _unknown(contract)
 
 
 def expected(
@@ -166,16 +160,10 @@ def expected(
 
 # --- the ragged collective family ------------------------------------------------------
 #
-# reduce_scatter_v: rank r receives x_0[o_r:o_r+n_r] + ... + x_{W-1}[o_r:o_r+n_r] (along
-# dim, o_r = n_0 + ... + n_{r-1}), added left to right in rank order in the input dtype:
-# that order is part of the definition, so the oracle and the collective agree bit for
-# bit on every float (-0.0, and every NaN the canonical one) and wrap alike on integers.
-# all_to_all_v: rank r receives cat_j (block r of x_j), block r of x_j being
-# send_sizes[j][r] rows along dim. all_gather_list: every rank receives [x_0, ...].
-# Gradients come from autograd over these definitions (all_gather_list's sum and mean:
-# the rank-order sum of the upstream gradients, as the collective adds them, NaNs
-# canonical). reduce_scatter_v's backward moves data only: split's backward is a cat,
-# with no zero-filled slice added to the gradient (which would turn -0.0 into +0.0).
+# reduce_scatter_v's order of addition (rank order, left to right, in the input dtype) is
+# part of its definition, so the oracle and the collective agree bit for bit on every
+# float and wrap alike on integers. Its backward moves data only: split's backward is a
+# cat, with no zero-filled slice added to the gradient (which would turn -0.0 into +0.0).
 
 
 def _fold(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -188,12 +176,12 @@ def _fold(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
     return canonical_nans_(out) if len(blocks) > 1 else out
 
 
-def _offsets(sizes: Sequence[int]) -> list[int]:
-    out, running = [], 0
-    for n in sizes:
-        out.append(running)
-        running += n
-    return out
+def _summed(grads: Sequence[Sequence[torch.Tensor]], contract: str) -> list[torch.Tensor]:
+    """Per rank ``r``, ``grads[0][r] + ... + grads[W-1][r]`` (``_fold``), divided by ``W``
+    under ``mean`` when ``W > 1``."""
+    w = len(grads)
+    sums = [_fold([grads[j][r] for j in range(w)]) for r in range(w)]
+    return [mean_(s, w) for s in sums] if contract == "mean" and w > 1 else sums
 
 
 def expected_reduce_scatter(
@@ -215,7 +203,7 @@ def expected_reduce_scatter(
     Raises:
         RuntimeError: torch's, for inputs whose shapes or dtypes do not add up.
     """
-    offsets = _offsets(sizes)
+    offsets = list(itertools.accumulate(sizes, initial=0))
     return [_fold([x.narrow(dim, offsets[r], n) for x in inputs]) for r, n in enumerate(sizes)]
 
 
@@ -247,6 +235,15 @@ def _blocks(x: torch.Tensor, sizes: Sequence[int], dim: int) -> list[torch.Tenso
     return list(torch.split(x, list(sizes), dim=dim))
 
 
+def _exchanged(
+    xs: Sequence[torch.Tensor], send_sizes: Sequence[Sequence[int]], dim: int, cat_dim: int | None
+) -> list[torch.Tensor]:
+    """Rank ``r``'s block of every ``xs[j]``, joined in rank order along ``cat_dim``."""
+    split = [_blocks(x, s, dim) for x, s in zip(xs, send_sizes, strict=True)]
+    along = dim if cat_dim is None else cat_dim
+    return [torch.cat([split[j][r] for j in range(len(xs))], dim=along) for r in range(len(xs))]
+
+
 def expected_all_to_all(
     inputs: Sequence[torch.Tensor],
     send_sizes: Sequence[Sequence[int]],
@@ -272,11 +269,7 @@ def expected_all_to_all(
         ValueError: ``len(send_sizes) != len(inputs)``.
         RuntimeError: torch's, for sizes that do not split an input.
     """
-    split = [_blocks(x.detach(), s, dim) for x, s in zip(inputs, send_sizes, strict=True)]
-    along = dim if cat_dim is None else cat_dim
-    return [
-        torch.cat([split[j][r] for j in range(len(inputs))], dim=along) for r in range(len(inputs))
-    ]
+    return _exchanged([x.detach() for x in inputs], send_sizes, dim, cat_dim)
 
 
 def expected_all_to_all_grads(
@@ -300,10 +293,7 @@ def expected_all_to_all_grads(
         ValueError: ``len(send_sizes) != len(inputs)``.
     """
     xs = _leaves(inputs)
-    w = len(xs)
-    split = [_blocks(x, s, dim) for x, s in zip(xs, send_sizes, strict=True)]
-    along = dim if cat_dim is None else cat_dim
-    outs = [torch.cat([split[j][r] for j in range(w)], dim=along) for r in range(w)]
+    outs = _exchanged(xs, send_sizes, dim, cat_dim)
     return list(torch.autograd.grad(outs, xs, grad_outputs=[g.detach() for g in upstream]))
 
 
@@ -345,13 +335,8 @@ def expected_gather_list_grads(
     if contract == "local":
         return [upstream[r][r].detach().clone() for r in range(w)]
     if contract in ("sum", "mean"):
-        sums = [_fold([upstream[j][r] for j in range(w)]) for r in range(w)]
-        if contract == "mean" and w > 1:
-            return [mean_(s, w) for s in sums]
-        return sums
-    raise ValueError(
-        f"oracle: contract must be one of {', '.join(map(repr, CONTRACTS))}, got {contract!r}"
-    )
+        return _summed(upstream, contract)
+    raise _unknown(contract)
 
 
 def expected_gather_v(inputs: Sequence[torch.Tensor], dst: int, dim: int = 0) -> list[torch.Tensor]:
