@@ -17,16 +17,9 @@ import torch
 
 from .asserts import bitwise_difference
 from .asserts import mismatch_detail as _mismatch_detail
-from .cases import (
-    GatherCase,
-    Implementation,
-    RankReport,
-    TensorBytes,
-    as_real,
-    dtype_name,
-    real_dtype,
-)
+from .cases import GatherCase, Implementation, RankReport, TensorBytes, as_real
 from .pool_types import RankCrashed
+from .values import dtype_name, real_dtype
 
 if TYPE_CHECKING:
     from .cases import Expected

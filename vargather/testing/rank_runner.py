@@ -30,11 +30,11 @@ from .cases import (
     TensorBytes,
     bytes_of,
     digest_of,
-    dtype_name,
     expected_output,
 )
 from .compiled import call_compiled, patient_default_group
 from .repeatable import repeatable
+from .values import dtype_name
 
 __all__ = [
     "Alone",

@@ -35,21 +35,19 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from .cases import (
+from .cases import VARGATHER, GatherCase, Implementation
+from .scale import DEFAULT_MAX_PAYLOAD, MIN_LARGE_BYTES, Target, per_rank_targets
+from .values import (
     DTYPE_NAMES,
     MEMORY_LAYOUTS,
     PLAIN_DTYPE_NAMES,
     SIZES_FORMS,
     UPSTREAM_KINDS,
     VALUE_KINDS,
-    VARGATHER,
-    GatherCase,
-    Implementation,
     is_differentiable,
     make_upstream,
     torch_dtype,
 )
-from .scale import DEFAULT_MAX_PAYLOAD, MIN_LARGE_BYTES, Target, per_rank_targets
 
 __all__ = [
     "DTYPE_NAMES",

@@ -25,16 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 from hypothesis import strategies as st
 
 from .. import strategies as vst
-from ..cases import (
-    COMPILE_BACKENDS,
-    DTYPE_NAMES,
-    GatherCase,
-    Implementation,
-    RankReport,
-    dtype_family,
-    sizes_forms_for,
-    torch_dtype,
-)
+from ..cases import GatherCase, Implementation, RankReport, sizes_forms_for
 from ..compiled import warm_backends
 from ..family_catalogue import (
     COMMON_DTYPES,
@@ -65,6 +56,7 @@ from ..runner import (
     run_coalesced,
 )
 from ..scale import sequence_length
+from ..values import COMPILE_BACKENDS, DTYPE_NAMES, dtype_family, torch_dtype
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
