@@ -35,6 +35,7 @@ from .values import (
     SIZES_FORMS,
     UPSTREAM_KINDS,
     VALUE_KINDS,
+    _check_choice,
     _lay_out,
     _seed,
     dtype_name,
@@ -72,11 +73,6 @@ _T = TypeVar("_T")
 
 def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_choice(name: str, value: object, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {tuple(choices)}")
 
 
 @dataclass(frozen=True)
@@ -432,24 +428,17 @@ class Implementation:
     Declared scope (``python -m vargather check``'s options; defaults: no limit):
     ``dims`` the literal ``dim`` values it supports (``None``: every one);
     ``differentiable`` whether it claims gradients at all; ``sizes_scope`` how it
-    takes ``sizes`` (``any``, ``tensor``, ``required``, ``never``); ``returns``
-    what it returns (``auto``, ``tensor``, ``tuple``, ``list``: per-rank tensors the
-    runner concatenates along ``dim``); ``takes_grad`` whether a vargather-style call
-    passes ``grad=``; ``ctor_kwargs`` (``MODULE:ATTR(key=literal, ...)``): ATTR is
-    constructed with them per call (plus ``dim=`` when ``ctor_takes_dim``) and the
-    object it returns is called; ``emulate`` ``"nccl"`` intercepts torch.distributed's
-    collectives in the ranks to behave as NCCL does (``vargather.testing.emulate``).
+    takes ``sizes`` (``SIZES_SCOPES``); ``returns`` what it returns (``RETURN_KINDS``);
+    ``takes_grad`` whether a vargather-style call passes ``grad=``; ``ctor_kwargs``
+    (``MODULE:ATTR(key=literal, ...)``): ATTR is constructed with them per call (plus
+    ``dim=`` when ``ctor_takes_dim``) and the object it returns is called; ``emulate``
+    ``"nccl"`` intercepts torch.distributed's collectives in the ranks to behave as
+    NCCL does (``vargather.testing.emulate``).
 
-    ``compiles``: whether it claims to work inside ``torch.compile(fullgraph=True)``,
-    which the ``compiled`` property checks (``None``: vargather's own does, nothing
-    else unless it says so: ``check --compile``); see ``claims_compile``.
-
-    ``coalesced_ref`` (``"module:attr"``): its coalesced form, called as
-    ``fn(tensors, dims, *, sizes=None, grad=contract[, transport=name])`` and
-    returning the gathered tensors in order, which the ``coalesced`` property runs
-    (``coalesced_form``). vargather's own (``ref=None``) defaults to
-    ``vargather:all_gather_v_coalesced``; any other implementation has none unless
-    it is given.
+    ``compiles``: whether it claims to work inside ``torch.compile(fullgraph=True)``
+    (``claims_compile``). ``coalesced_ref`` (``"module:attr"``): its coalesced form,
+    called as ``fn(tensors, dims, *, sizes=None, grad=contract[, transport=name])``
+    and returning the gathered tensors in order (``coalesced_form``).
     """
 
     ref: str | None = None

@@ -19,7 +19,7 @@ from .asserts import bitwise_difference
 from .asserts import mismatch_detail as _mismatch_detail
 from .cases import GatherCase, Implementation, RankReport, TensorBytes, as_real
 from .pool_types import RankCrashed
-from .values import dtype_name, real_dtype
+from .values import _check_choice, dtype_name, real_dtype
 
 if TYPE_CHECKING:
     from .cases import Expected
@@ -57,10 +57,8 @@ class Failure:
     nan_payload: bool = False
 
     def __post_init__(self) -> None:
-        if self.aspect not in ASPECTS:
-            raise ValueError(f"aspect={self.aspect!r} is not one of {ASPECTS}")
-        if self.kind not in KINDS:
-            raise ValueError(f"kind={self.kind!r} is not one of {KINDS}")
+        _check_choice("aspect", self.aspect, ASPECTS)
+        _check_choice("kind", self.kind, KINDS)
 
     @property
     def where(self) -> str:

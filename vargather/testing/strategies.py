@@ -2,14 +2,9 @@
 
 Where it sits: in the testing kit, right above the case model (``cases``), below the
 gather's catalogue (``catalogues.all_gather_v``) that draws its batches here. A drawn
-``GatherCase`` describes one ragged gather (world size, per-rank shapes, ``dim``,
-dtype, contract, transport, how ``sizes`` is passed, each rank's memory layout, value
-kinds, seed) and carries its expected result: ``case.expected()`` is the oracle's
-output and input gradients, like ``BroadcastableShapes`` carries ``result_shape``.
-The tensors themselves are rebuilt from ``case.seed`` wherever they are needed (in
-the rank processes too), covering each dtype's full range: NaN with payloads,
-+-inf, -0.0, subnormals, integer extremes, int64 values float64 cannot hold, float64
-values float32 cannot hold, complex numbers with special parts.
+``GatherCase`` carries its expected result (``case.expected()``, the oracle's output
+and input gradients), like ``BroadcastableShapes`` carries ``result_shape``; its
+tensors are rebuilt from ``case.seed`` wherever they are needed.
 
 Every strategy takes keyword-only arguments and validates them when called, with
 messages that name the argument (``min_world_size=3 is larger than
@@ -147,11 +142,8 @@ def upstream_grads(
     world_size: int,
     kind: str | None = None,
 ) -> SearchStrategy[list[torch.Tensor]]:
-    """One upstream gradient per rank, each of ``shape``, no two ranks' equal (when the
-    shape is not empty): ``kind="integers"`` (exact sums) or ``"real"``.
-
-    Shapes:
-        Every drawn gradient has ``shape`` and ``dtype``, one per rank.
+    """One upstream gradient per rank, each of ``shape`` and ``dtype``, no two ranks'
+    equal (when the shape is not empty): ``kind="integers"`` (exact sums) or ``"real"``.
 
     Raises:
         TypeError: a ``world_size`` or ``shape`` entry that is not an int.
@@ -269,7 +261,10 @@ class _Draws:
         flat = [m for m in cfg.memory if m != "transposed"] or ["contiguous"]
         self.memory_1d = st.sampled_from(flat)
         self.memory_nd = st.sampled_from(cfg.memory)
-        self._dims: dict[int, SearchStrategy[int]] = {}
+        self.dims = {  # every ndim drawn, large cases' too
+            n: st.integers(-n, n - 1) if cfg.dims is None else st.sampled_from(cfg.dims_for(n))
+            for n in range(cfg.min_ndim, cfg.max_ndim + 1)
+        }
         self._sizes: dict[int, SearchStrategy[tuple[int, ...]]] = {}
         # Large cases: none when every shard must be empty (max_size=0).
         self.large_on = cfg.max_payload > 0 and cfg.max_size > 0
@@ -283,14 +278,6 @@ class _Draws:
         self._targets: dict[int, tuple[Target, ...]] = {}
         self._target_index: dict[int, SearchStrategy[int]] = {}
         self._members: dict[tuple[int, int], SearchStrategy[list[int]]] = {}
-
-    def dim(self, ndim: int) -> SearchStrategy[int]:
-        if ndim not in self._dims:
-            if self.cfg.dims is None:
-                self._dims[ndim] = st.integers(-ndim, ndim - 1)
-            else:
-                self._dims[ndim] = st.sampled_from(self.cfg.dims_for(ndim))
-        return self._dims[ndim]
 
     def sizes(self, world_size: int) -> SearchStrategy[tuple[int, ...]]:
         if world_size not in self._sizes:
@@ -326,7 +313,7 @@ class _Draws:
         # and the index shrinks toward the smallest threshold that still fails.
         target = targets[min(draw(index), draw(index))].bytes
         ndim = draw(self.large_ndim)
-        dim = draw(self.dim(ndim))
+        dim = draw(self.dims[ndim])
         d = dim % ndim
         common = [draw(self.large_side) for _ in range(ndim)]
         row_bytes = torch_dtype(dtype).itemsize * math.prod(common[:d] + common[d + 1 :])
@@ -358,7 +345,7 @@ class _Draws:
             ndim = len(shapes[0])
         else:
             ndim = draw(self.ndim)
-            dim = draw(self.dim(ndim))
+            dim = draw(self.dims[ndim])
             d = dim % ndim
             common = [draw(self.side) for _ in range(ndim)]
             sizes = draw(self.sizes(world_size))

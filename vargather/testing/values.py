@@ -102,6 +102,11 @@ UPSTREAM_KINDS: Final = ("integers", "real")
 _SMALL: Final = 8  # |integer values| <= _SMALL
 
 
+def _check_choice(name: str, value: object, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {tuple(choices)}")
+
+
 def torch_dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
@@ -203,8 +208,7 @@ def make_values(shape: Sequence[int], dtype: torch.dtype, seed: int, kind: str) 
     """
     if kind == SPECIAL_VALUES:
         return _with_specials(make_values(shape, dtype, seed, "integers"), seed)
-    if kind not in VALUE_KINDS:
-        raise ValueError(f"kind={kind!r} is not one of {VALUE_KINDS}")
+    _check_choice("kind", kind, VALUE_KINDS)
     gen = torch.Generator().manual_seed(seed)
     numel = math.prod(shape)
     real = real_dtype(dtype)
@@ -259,8 +263,7 @@ def make_upstream(
     2^k, k in [-3, 3], with full mantissas. Element 0 is ``rank + 1`` so that no two
     ranks' gradients are equal whenever the output is not empty.
     """
-    if kind not in UPSTREAM_KINDS:
-        raise ValueError(f"kind={kind!r} is not one of {UPSTREAM_KINDS}")
+    _check_choice("kind", kind, UPSTREAM_KINDS)
     if not is_differentiable(dtype):
         raise ValueError(f"dtype {dtype} has no gradients")
     gen = torch.Generator().manual_seed(seed)
@@ -281,14 +284,13 @@ def make_upstream(
 
 def _lay_out(values: torch.Tensor, memory: str) -> torch.Tensor:
     """``values`` (contiguous) in the memory layout ``memory``, same logical content."""
+    _check_choice("memory", memory, MEMORY_LAYOUTS)
     if memory == "contiguous":
         return values
     if memory == "transposed":
         order = list(range(values.ndim))[::-1]
         return values.permute(order).contiguous().permute(order)
-    if memory == "sliced":
-        base = torch.zeros([2 * s + 1 for s in values.shape], dtype=values.dtype)
-        view = base[tuple(slice(1, None, 2) for _ in values.shape)]
-        view.copy_(values)
-        return view
-    raise ValueError(f"memory={memory!r} is not one of {MEMORY_LAYOUTS}")
+    base = torch.zeros([2 * s + 1 for s in values.shape], dtype=values.dtype)  # sliced
+    view = base[tuple(slice(1, None, 2) for _ in values.shape)]
+    view.copy_(values)
+    return view
