@@ -227,13 +227,11 @@ class _Config:
             )
 
     def dims_for(self, ndim: int) -> list[int]:
-        """The dims drawn for ``ndim``-d shapes (every one when ``dims`` is None)."""
-        if self.dims is None:
-            return list(range(-ndim, ndim))
-        return [d for d in self.dims if -ndim <= d < ndim]
+        """Those of ``dims`` that fit ``ndim``-d shapes."""
+        return [d for d in self.dims or () if -ndim <= d < ndim]
 
     def ndims(self) -> list[int]:
-        """The ndims drawn: those some allowed dim fits."""
+        """The ndims drawn: those some dim of ``dims`` fits."""
         return [n for n in range(self.min_ndim, self.max_ndim + 1) if self.dims_for(n)]
 
 
@@ -275,8 +273,7 @@ class _Draws:
         self.rank_kind = st.integers(0, 7)
         self.delta = st.integers(-_DELTA, _DELTA)
         self.small_size = st.integers(0, cfg.max_size)
-        self._targets: dict[int, tuple[Target, ...]] = {}
-        self._target_index: dict[int, SearchStrategy[int]] = {}
+        self._targets: dict[int, tuple[tuple[Target, ...], SearchStrategy[int]]] = {}
         self._members: dict[tuple[int, int], SearchStrategy[list[int]]] = {}
 
     def sizes(self, world_size: int) -> SearchStrategy[tuple[int, ...]]:
@@ -294,21 +291,20 @@ class _Draws:
             )
         return self._members[key]
 
-    def targets(self, world_size: int) -> tuple[Target, ...]:
+    def targets(self, world_size: int) -> tuple[tuple[Target, ...], SearchStrategy[int]]:
+        """The payload targets of a ``world_size``-rank case, and an index into them."""
         if world_size not in self._targets:
             found = per_rank_targets(world_size, self.cfg.max_payload)
-            self._targets[world_size] = found
-            self._target_index[world_size] = st.integers(0, max(len(found) - 1, 0))
+            self._targets[world_size] = (found, st.integers(0, max(len(found) - 1, 0)))
         return self._targets[world_size]
 
     def large_shapes(
         self, draw: st.DrawFn, world_size: int, dtype: str
     ) -> tuple[int, tuple[tuple[int, ...], ...]] | None:
         """``(dim, shapes)`` of a large case, or None when no target fits."""
-        targets = self.targets(world_size)
+        targets, index = self.targets(world_size)
         if not targets:
             return None
-        index = self._target_index[world_size]
         # The smaller of two draws: cheap targets are drawn more often than MiB ones,
         # and the index shrinks toward the smallest threshold that still fails.
         target = targets[min(draw(index), draw(index))].bytes
@@ -432,25 +428,19 @@ def gather_cases(
     the other dims shared, in ``[1, max_side]`` and occasionally 0.
 
     Payload scale: about one case in ``LARGE_ONE_IN`` is large (at most 2 dims unless
-    ``min_ndim`` asks more): each rank's shard is ``target ± d`` rows (``|d| <= 2``,
-    shrinking to 0), empty, or small, where the target is one of
-    ``vargather.testing.scale.per_rank_targets``: powers of two from 1 KiB and
-    vargather's own size thresholds, none above ``max_payload`` bytes per rank
-    (default 4 MiB; 0: no large case). Smaller targets are drawn more often, and a
-    failing large case shrinks toward the smallest target that still fails.
+    ``min_ndim`` asks more): each rank's shard is ``target ± d`` rows (``|d| <= 2``),
+    empty, or small, the target one of ``vargather.testing.scale.per_rank_targets`` up
+    to ``max_payload`` bytes per rank (0: no large case).
 
     The rest is drawn from the given choices (default: all): ``dtypes`` (names or
-    torch dtypes; default what a plain gloo collective carries, ``PLAIN_DTYPE_NAMES``:
-    every dtype of ``vargather.GLOO_NATIVE_DTYPES``, int16 left out because gloo
-    refuses it; with ``implementation`` vargather's own, every dtype vargather gathers,
-    ``DTYPE_NAMES``), ``contracts``, ``transports``
-    (default those ``implementation`` takes), ``sizes_forms`` (``none``, ``list``,
-    ``tensor``), ``memory`` (per rank: ``contiguous``, ``transposed``, ``sliced``),
-    ``values`` (``full``: the whole range with special values; ``integers``),
+    torch dtypes; default ``PLAIN_DTYPE_NAMES``, what a plain gloo collective carries;
+    with ``implementation`` vargather's own, ``DTYPE_NAMES``), ``contracts`` and
+    ``transports`` (default those ``implementation``, default vargather, claims),
+    ``sizes_forms`` (``none``, ``list``, ``tensor``), ``memory`` (per rank:
+    ``contiguous``, ``transposed``, ``sliced``), ``values`` (``full``, ``integers``),
     ``upstream`` (``integers``, ``real``); ``requires_grad`` (None: mostly True where
-    the dtype allows). ``implementation`` (default vargather) limits contracts and
-    transports to what it claims. ``dims``: the literal ``dim`` values drawn (default:
-    every dim of the drawn ndim; ndims no given dim fits are not drawn).
+    the dtype allows). ``dims``: the literal ``dim`` values drawn (default: every dim
+    of the drawn ndim; ndims no given dim fits are not drawn).
 
     Raises:
         TypeError: a keyword argument of the wrong type (named), when called.
