@@ -19,7 +19,7 @@ from .asserts import bitwise_difference
 from .asserts import mismatch_detail as _mismatch_detail
 from .cases import GatherCase, Implementation, RankReport, TensorBytes, as_real
 from .pool_types import RankCrashed
-from .values import _check_choice, dtype_name, real_dtype
+from .values import _check_choice, dtype_name
 
 if TYPE_CHECKING:
     from .cases import Expected
@@ -128,7 +128,7 @@ def _compare_grad(
             return None
         bad = (got != want) | (got.isnan() & ~want.isnan())
         return "differs from the oracle (exact comparison) " + _mismatch_detail(got, want, bad)
-    info = torch.finfo(real_dtype(case.torch_dtype))
+    info = torch.finfo(case.torch_dtype.to_real())
     w = case.group_size
     tol = (w + 1) * info.eps * bound + w * info.tiny * info.eps
     diff = (as_real(got).to(torch.float64) - as_real(want).to(torch.float64)).abs()

@@ -239,9 +239,8 @@ class _Draws:
     """Strategies built once per configuration and reused for every draw (building a
     strategy per draw costs Hypothesis a source inspection each time)."""
 
-    def __init__(self, cfg: _Config, scale: str = "mixed") -> None:
+    def __init__(self, cfg: _Config) -> None:
         self.cfg = cfg
-        self.mode = scale  # "mixed" (about one case in LARGE_ONE_IN large), "small", "large"
         self.side = _side(cfg.max_side)
         self.ndim = (
             st.integers(cfg.min_ndim, cfg.max_ndim)
@@ -327,12 +326,16 @@ class _Draws:
             sizes.append(n)
         return dim, tuple((*common[:d], n, *common[d + 1 :]) for n in sizes)
 
-    def case(self, draw: st.DrawFn, world_size: int, pool_size: int, subgroup: bool) -> GatherCase:
+    def case(
+        self, draw: st.DrawFn, world_size: int, pool_size: int, subgroup: bool, mode: str = "mixed"
+    ) -> GatherCase:
+        """A case; ``mode``: ``"mixed"`` (about one in ``LARGE_ONE_IN`` large), ``"small"``
+        or ``"large"``."""
         cfg = self.cfg
         members = tuple(sorted(draw(self.members(world_size, pool_size)))) if subgroup else None
         large = None
         if self.large_on and (
-            self.mode == "large" or (self.mode == "mixed" and draw(self.scale) == LARGE_ONE_IN - 1)
+            mode == "large" or (mode == "mixed" and draw(self.scale) == LARGE_ONE_IN - 1)
         ):
             dtype = draw(self.dtype)
             large = self.large_shapes(draw, world_size, dtype)
@@ -616,31 +619,30 @@ def call_sequences(
     given = inspect.signature(gather_cases).bind(**kwargs)
     given.apply_defaults()  # gather_cases' defaults for what kwargs leaves out
     cfg = _Config(**given.arguments)
-    mixed, small, large = (_Draws(cfg, scale) for scale in ("mixed", "small", "large"))
+    draws = _Draws(cfg)
     worlds = st.integers(lo, hi)
     steps = st.sampled_from(SEQUENCE_STEPS)
     lengths = st.integers(2, n)
     seeds = st.integers(0, 2**32 - 1)
-    dtype_names = st.sampled_from(cfg.dtypes)
 
     @st.composite
     def draw_sequence(draw: st.DrawFn) -> list[GatherCase]:
         w = draw(worlds)
-        case = mixed.case(draw, w, w, False)
+        case = draws.case(draw, w, w, False)
         sequence = [case]
         for _ in range(draw(lengths) - 1):
             step = draw(steps)
             if step == "resize-one":
                 case = _resize_one(draw, case, cfg.max_size)
             elif step == "dtype":
-                dtype = draw(dtype_names)
+                dtype = draw(draws.dtype)
                 grad = case.requires_grad and is_differentiable(torch_dtype(dtype))
                 case = replace(case, dtype=dtype, requires_grad=grad)
             elif step == "reshape":
                 case = _reshape(draw, case, cfg.max_side)
             elif step == "rescale":
-                other = small if max(case.shard_bytes) >= MIN_LARGE_BYTES else large
-                case = other.case(draw, w, w, False)
+                other = "small" if max(case.shard_bytes) >= MIN_LARGE_BYTES else "large"
+                case = draws.case(draw, w, w, False, other)
             case = replace(case, seed=draw(seeds))
             sequence.append(case)
         return sequence

@@ -33,7 +33,6 @@ __all__ = [
     "is_differentiable",
     "make_upstream",
     "make_values",
-    "real_dtype",
     "torch_dtype",
 ]
 
@@ -66,11 +65,9 @@ def _simplest_first(dtype: torch.dtype) -> tuple[int, int, bool, bool]:
     return (DTYPE_FAMILIES.index(family), width, dtype == torch.bfloat16, not dtype.is_signed)
 
 
-def _gloo_dtype_names() -> tuple[str, ...]:
-    return tuple(dtype_name(d) for d in sorted(GLOO_DTYPES, key=_simplest_first))
-
-
-DTYPE_NAMES: Final[tuple[str, ...]] = _gloo_dtype_names()
+DTYPE_NAMES: Final[tuple[str, ...]] = tuple(
+    dtype_name(d) for d in sorted(GLOO_DTYPES, key=_simplest_first)
+)
 """Every dtype vargather gathers on gloo, simplest first (Hypothesis shrinks toward
 ``float32``)."""
 
@@ -185,14 +182,6 @@ def _seed(seed: int, stream: int) -> int:
     return mixed & ((1 << 63) - 1)
 
 
-def real_dtype(dtype: torch.dtype) -> torch.dtype:
-    if dtype == torch.complex64:
-        return torch.float32
-    if dtype == torch.complex128:
-        return torch.float64
-    return dtype
-
-
 def make_values(shape: Sequence[int], dtype: torch.dtype, seed: int, kind: str) -> torch.Tensor:
     """A contiguous tensor of ``shape``, deterministic in ``seed``.
 
@@ -211,7 +200,7 @@ def make_values(shape: Sequence[int], dtype: torch.dtype, seed: int, kind: str) 
     _check_choice("kind", kind, VALUE_KINDS)
     gen = torch.Generator().manual_seed(seed)
     numel = math.prod(shape)
-    real = real_dtype(dtype)
+    real = dtype.to_real()
     count = numel * (2 if dtype.is_complex else 1)
     if dtype == torch.bool:
         flat = torch.randint(0, 2, (count,), generator=gen).to(torch.bool)
@@ -276,7 +265,7 @@ def make_upstream(
         flat = torch.randn(count, generator=gen, dtype=torch.float64) * scale
     if count:
         flat[0] = rank + 1
-    flat = flat.to(real_dtype(dtype))
+    flat = flat.to(dtype.to_real())
     if dtype.is_complex:
         flat = torch.view_as_complex(flat.view(numel, 2))
     return flat.view(tuple(shape))
