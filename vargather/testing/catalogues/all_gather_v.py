@@ -48,7 +48,7 @@ from ..runner import (
     run_coalesced,
 )
 from ..scale import sequence_length
-from ..values import COMPILE_BACKENDS, DTYPE_NAMES, dtype_family, torch_dtype
+from ..values import COMPILE_BACKENDS, DTYPE_NAMES, is_differentiable, torch_dtype
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -81,10 +81,6 @@ def one_call(cases: Sequence[GatherCase]) -> list[GatherCase]:
 
 
 # --- the catalogue ----------------------------------------------------------------------
-
-
-def _dtypes(*families: str) -> tuple[str, ...]:
-    return tuple(n for n in DTYPE_NAMES if dtype_family(torch_dtype(n)) in families)
 
 
 _OUTPUT: Final = frozenset({"output"})
@@ -120,7 +116,7 @@ def _rows(catalogue: _Gather, implementation: Implementation, returns: str) -> l
     grads = {
         "sizes_forms": none,
         "requires_grad": True,
-        "dtypes": _dtypes("float", "half", "complex"),
+        "dtypes": tuple(n for n in DTYPE_NAMES if is_differentiable(torch_dtype(n))),
         **c,
     }
     # Sequences call without sizes where the scope allows (the state under test is the
