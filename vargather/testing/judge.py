@@ -206,11 +206,12 @@ def judge(
     if len(reports) == w and case.adjoint_applies() and not failures:
         lhs = rhs = 0.0
         for r in range(w):
-            lhs += _inner(_grad_of(reports[r]), case.shard_values(r))
-            out = reports[r].out
-            assert out is not None  # judged above without failure
+            report = reports[r]
+            assert report.out is not None  # judged above without failure
+            assert report.grad is not None
+            lhs += _inner(report.grad.to_tensor(), case.shard_values(r))
             # A digested output equalled the oracle's (judged above): use that.
-            got = exp.output if out.digest else out.to_tensor()
+            got = exp.output if report.out.digest else report.out.to_tensor()
             rhs += _inner(case.upstream_grad(r), got)
         if lhs != rhs:
             failures.append(
@@ -223,11 +224,6 @@ def judge(
                 )
             )
     return failures
-
-
-def _grad_of(rep: RankReport) -> torch.Tensor:
-    assert rep.grad is not None  # only called when every rank passed its gradient check
-    return rep.grad.to_tensor()
 
 
 _Problem = tuple[str, str, str, str]  # (aspect, kind, message, detail)
