@@ -95,8 +95,13 @@ def example_counts() -> dict[tuple[str, str], int]:
     return dict(_COUNTS)
 
 
-def _world_label(case: GatherCase) -> str:
-    return "uninitialized" if not case.initialized else f"W={case.world_size}"
+def _counted(impl: Implementation, verdicts: list[Verdict]) -> list[Verdict]:
+    """``verdicts``, each case run counted in ``example_counts``."""
+    for v in verdicts:
+        if not v.not_run:
+            world = "uninitialized" if not v.case.initialized else f"W={v.case.world_size}"
+            _COUNTS[(impl.label, world)] += 1
+    return verdicts
 
 
 def run_cases(
@@ -122,11 +127,7 @@ def run_cases(
     for world, indices in by_world.items():
         for i, verdict in _run_world(factory, world, [cases[i] for i in indices], implementation):
             verdicts[indices[i]] = verdict
-    done = [v for v in verdicts if v is not None]
-    for v in done:
-        if not v.not_run:
-            _COUNTS[(implementation.label, _world_label(v.case))] += 1
-    return done
+    return _counted(implementation, [v for v in verdicts if v is not None])
 
 
 def run_coalesced(
@@ -165,9 +166,7 @@ def run_coalesced(
         Verdict(c, impl, tuple(judge(c, impl, reports, call=_coalesced_call(impl, i, c))))
         for i, (c, reports) in enumerate(zip(cases, per_case, strict=True))
     ]
-    for v in verdicts:
-        _COUNTS[(impl.label, _world_label(v.case))] += 1
-    return verdicts
+    return _counted(impl, verdicts)
 
 
 def _coalesced_call(impl: Implementation, index: int, case: GatherCase) -> str:
