@@ -131,8 +131,7 @@ class GatherCase:
         if not -ndim <= self.dim < ndim:
             raise ValueError(f"dim={self.dim} is out of range for {ndim}-d shapes")
         d = self.dim % ndim
-        others = {s[:d] + s[d + 1 :] for s in shapes}
-        if len(others) != 1:
+        if len({s[:d] + s[d + 1 :] for s in shapes}) != 1:
             raise ValueError(f"shapes={shapes!r} differ outside dim={self.dim}")
         _check_choice("dtype", self.dtype, DTYPE_NAMES)
         _check_choice("contract", self.contract, CONTRACTS)

@@ -1,9 +1,8 @@
 """The kit's vocabulary of values and the deterministic values themselves.
 
-Where it sits: the bottom of the testing kit, beneath ``cases`` (which re-exports
-these names). Every tensor of a case (rank r's shard ``x_r``, rank r's upstream gradient
-``g_r``) is rebuilt from its seed, in the parent and in the ranks alike, so only a
-case's description crosses a pipe.
+Where it sits: the bottom of the testing kit, beneath ``cases``. Every tensor of a
+case (rank r's shard ``x_r``, rank r's upstream gradient ``g_r``) is rebuilt from its
+seed, in the parent and in the ranks alike, so only a case's description crosses a pipe.
 """
 
 from __future__ import annotations
