@@ -98,13 +98,13 @@ from vargather.testing import (
 )
 from vargather.testing import misuse as fns
 from vargather.testing import strategies as vst
-from vargather.testing.cases import DTYPE_NAMES
 from vargather.testing.catalogues import family_catalogues
 from vargather.testing.catalogues.all_gather_list import GatherListCase
 from vargather.testing.catalogues.all_to_all_v import AllToAllCase
 from vargather.testing.catalogues.reduce_scatter_v import ReduceScatterCase
 from vargather.testing.collectives import FAMILY
 from vargather.testing.dispatch import bind
+from vargather.testing.values import DTYPE_NAMES
 
 # The NaN property lives in the test suite (tests/_nan_fns.py, run by
 # tests/test_nan_semantics.py); the repository root makes it importable as a module.

@@ -51,7 +51,7 @@ import torch.multiprocessing as mp
 import vargather
 from vargather import GradContract, oracle
 from vargather.testing.asserts import bitwise_difference
-from vargather.testing.cases import make_upstream, make_values
+from vargather.testing.values import make_upstream, make_values
 
 OPS = ("all_gather_v", "reduce_scatter_v", "all_to_all_v", "all_gather_list")
 DTYPES = (

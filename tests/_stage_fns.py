@@ -12,7 +12,7 @@ from vargather._args import CallRecord, check_call
 from vargather._comm import GroupInfo
 from vargather._layout import Layout
 from vargather.testing import strategies as vst
-from vargather.testing.cases import DTYPE_NAMES
+from vargather.testing.values import DTYPE_NAMES
 
 try:  # the case model's home once the testing kit is a subpackage
     from vargather.testing.cases import GatherCase

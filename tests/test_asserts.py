@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vargather.testing import assert_bitwise_equal, bitwise_difference
-from vargather.testing.cases import DTYPE_NAMES, make_values, torch_dtype
+from vargather.testing.values import DTYPE_NAMES, make_values, torch_dtype
 
 
 def _bits(pattern: int, dtype: torch.dtype, int_dtype: torch.dtype) -> torch.Tensor:

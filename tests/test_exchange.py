@@ -14,7 +14,7 @@ from vargather._comm import GroupInfo
 from vargather._exchange import validate_records
 from vargather._layout import Layout
 from vargather.testing import strategies as vst
-from vargather.testing.cases import DTYPE_NAMES
+from vargather.testing.values import DTYPE_NAMES
 
 from ._stage_fns import calls
 

@@ -28,19 +28,11 @@ from hypothesis import strategies as st
 import vargather
 from vargather.testing import property_ids
 from vargather.testing import strategies as vst
-from vargather.testing.cases import (
-    COMPAT,
-    DTYPE_NAMES,
-    VARGATHER,
-    GatherCase,
-    Implementation,
-    make_upstream,
-    make_values,
-    parse_case,
-)
+from vargather.testing.cases import COMPAT, VARGATHER, GatherCase, Implementation, parse_case
 from vargather.testing.catalogues import catalogue
 from vargather.testing.properties import Property
 from vargather.testing.runner import describe
+from vargather.testing.values import DTYPE_NAMES, make_upstream, make_values
 
 WORLDS = (1, 2, 3, 4)
 MULTI = [2, 3, 4]

@@ -134,9 +134,6 @@ def assert_bitwise_equal(actual: object, expected: object, msg: str | None = Non
     differing elements and the first one's index with both values (and their bits, for
     floating-point and complex dtypes). ``msg`` is put in front of it.
 
-    Shapes:
-        Any: a shape difference is one of the differences it reports.
-
     Raises:
         AssertionError: the two differ (the message says how), or either is not a tensor.
     """

@@ -1,33 +1,17 @@
 """The testing kit's case model: what one ragged gather under test is.
 
 Where it sits: the bottom of the kit (``vargather.testing``), above the library's
-public names and ``values`` only. ``strategies`` draws cases, ``runner`` runs them on
+public names and ``values`` only (the vocabulary and the deterministic values every
+tensor of a case is rebuilt from). ``strategies`` draws cases, ``runner`` runs them on
 a rank pool, ``judge`` compares the ranks' reports with ``vargather.oracle``,
-``catalogues`` list the claims (``properties``' rows). Nothing here imports another kit module
-but ``values``.
+``catalogues`` list the claims (``properties``' rows).
 
-* The vocabulary (dtype names, memory layouts, sizes forms, value and upstream kinds)
-  and the deterministic values every tensor of a case is rebuilt from live in
-  ``values``, beneath this module, which re-exports them; contracts and transports are
-  ``vargather.CONTRACTS`` and ``vargather.TRANSPORT_NAMES``.
-* ``GatherCase``: a small, picklable, frozen description of one gather;
-  ``case.expected()`` is the oracle's answer, computed lazily in the parent.
-* ``Implementation``: which gather is under test and how to call it (the runner
-  imports it).
-* ``TensorBytes`` and ``RankReport``: what a rank sends back about one case.
-
-Comparison rules (``docs/property-suite.md`` has the table):
-
-* forward: bit for bit (the bytes of ``out`` and of ``torch.cat(x, dim)``), so NaN
-  payloads, -0.0 and bfloat16 bits count; dtype, shape and device exactly;
-* gradients, with ``g_j`` different on every rank: exact (``torch.equal``) for
-  ``local``, for ``W = 1``, and when ``g`` holds small integers (``sum``, and ``mean``
-  when ``W`` is a power of two); otherwise elementwise
-  ``|dx - oracle| <= (W + 1) * eps(dtype) * B + W * s`` where ``B`` is the oracle's
-  gradient for ``|g|`` (the floating-point error bound of a sum of ``W`` terms) and
-  ``s`` the dtype's smallest subnormal;
-* the adjoint identity ``Σ_r <dx_r, x_r> = Σ_j <g_j, out_j>`` (``sum`` contract,
-  small-integer values, computed exactly in float64).
+Comparison rules (``docs/property-suite.md`` has the table): forward bit for bit;
+gradients exact for ``local``, ``W = 1`` and small-integer ``g`` (``sum``, and
+``mean`` when ``W`` is a power of two), else elementwise
+``|dx - oracle| <= (W + 1) * eps(dtype) * B + W * s`` (``B`` the oracle's gradient for
+``|g|``, ``s`` the smallest subnormal); the adjoint identity
+``Σ_r <dx_r, x_r> = Σ_j <g_j, out_j>`` exactly (``sum``, small-integer values).
 """
 
 from __future__ import annotations
@@ -46,39 +30,28 @@ from vargather import CONTRACTS, TRANSPORT_NAMES, oracle
 
 from .values import (
     COMPILE_BACKENDS,
-    DTYPE_FAMILIES,
     DTYPE_NAMES,
     MEMORY_LAYOUTS,
-    PLAIN_DTYPE_NAMES,
     SIZES_FORMS,
     UPSTREAM_KINDS,
     VALUE_KINDS,
+    _check_choice,
     _lay_out,
     _seed,
-    dtype_family,
     dtype_name,
     is_differentiable,
     make_upstream,
     make_values,
-    real_dtype,
     torch_dtype,
 )
 
 __all__ = [
     "COALESCED_REF",
     "COMPAT",
-    "COMPILE_BACKENDS",
     "CONVENTIONS",
     "DIGEST_MIN_BYTES",
-    "DTYPE_FAMILIES",
-    "DTYPE_NAMES",
-    "MEMORY_LAYOUTS",
-    "PLAIN_DTYPE_NAMES",
     "RETURN_KINDS",
-    "SIZES_FORMS",
     "SIZES_SCOPES",
-    "UPSTREAM_KINDS",
-    "VALUE_KINDS",
     "VARGATHER",
     "Expected",
     "GatherCase",
@@ -86,17 +59,10 @@ __all__ = [
     "RankReport",
     "TensorBytes",
     "digest_of",
-    "dtype_family",
-    "dtype_name",
     "expected_output",
-    "is_differentiable",
-    "make_upstream",
-    "make_values",
     "parse_case",
     "parse_literal",
-    "real_dtype",
     "sizes_forms_for",
-    "torch_dtype",
 ]
 
 
@@ -107,11 +73,6 @@ _T = TypeVar("_T")
 
 def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_choice(name: str, value: object, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {tuple(choices)}")
 
 
 @dataclass(frozen=True)
@@ -170,8 +131,7 @@ class GatherCase:
         if not -ndim <= self.dim < ndim:
             raise ValueError(f"dim={self.dim} is out of range for {ndim}-d shapes")
         d = self.dim % ndim
-        others = {s[:d] + s[d + 1 :] for s in shapes}
-        if len(others) != 1:
+        if len({s[:d] + s[d + 1 :] for s in shapes}) != 1:
             raise ValueError(f"shapes={shapes!r} differ outside dim={self.dim}")
         _check_choice("dtype", self.dtype, DTYPE_NAMES)
         _check_choice("contract", self.contract, CONTRACTS)
@@ -467,24 +427,17 @@ class Implementation:
     Declared scope (``python -m vargather check``'s options; defaults: no limit):
     ``dims`` the literal ``dim`` values it supports (``None``: every one);
     ``differentiable`` whether it claims gradients at all; ``sizes_scope`` how it
-    takes ``sizes`` (``any``, ``tensor``, ``required``, ``never``); ``returns``
-    what it returns (``auto``, ``tensor``, ``tuple``, ``list``: per-rank tensors the
-    runner concatenates along ``dim``); ``takes_grad`` whether a vargather-style call
-    passes ``grad=``; ``ctor_kwargs`` (``MODULE:ATTR(key=literal, ...)``): ATTR is
-    constructed with them per call (plus ``dim=`` when ``ctor_takes_dim``) and the
-    object it returns is called; ``emulate`` ``"nccl"`` intercepts torch.distributed's
-    collectives in the ranks to behave as NCCL does (``vargather.testing.emulate``).
+    takes ``sizes`` (``SIZES_SCOPES``); ``returns`` what it returns (``RETURN_KINDS``);
+    ``takes_grad`` whether a vargather-style call passes ``grad=``; ``ctor_kwargs``
+    (``MODULE:ATTR(key=literal, ...)``): ATTR is constructed with them per call (plus
+    ``dim=`` when ``ctor_takes_dim``) and the object it returns is called; ``emulate``
+    ``"nccl"`` intercepts torch.distributed's collectives in the ranks to behave as
+    NCCL does (``vargather.testing.emulate``).
 
-    ``compiles``: whether it claims to work inside ``torch.compile(fullgraph=True)``,
-    which the ``compiled`` property checks (``None``: vargather's own does, nothing
-    else unless it says so: ``check --compile``); see ``claims_compile``.
-
-    ``coalesced_ref`` (``"module:attr"``): its coalesced form, called as
-    ``fn(tensors, dims, *, sizes=None, grad=contract[, transport=name])`` and
-    returning the gathered tensors in order, which the ``coalesced`` property runs
-    (``coalesced_form``). vargather's own (``ref=None``) defaults to
-    ``vargather:all_gather_v_coalesced``; any other implementation has none unless
-    it is given.
+    ``compiles``: whether it claims to work inside ``torch.compile(fullgraph=True)``
+    (``claims_compile``). ``coalesced_ref`` (``"module:attr"``): its coalesced form,
+    called as ``fn(tensors, dims, *, sizes=None, grad=contract[, transport=name])``
+    and returning the gathered tensors in order (``coalesced_form``).
     """
 
     ref: str | None = None

@@ -49,7 +49,7 @@ from typing import Final
 
 import torch
 
-from .cases import make_values, torch_dtype
+from .values import make_values, torch_dtype
 
 __all__ = [
     "FLOATS",

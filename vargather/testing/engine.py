@@ -27,7 +27,6 @@ import torch
 import vargather
 
 from .calls import parse_call
-from .cases import DTYPE_NAMES
 from .catalogues import catalogue_of
 from .collectives import DEFAULT
 from .evaluate import evaluate_row, hypothesis_storage, prefer_nonempty
@@ -41,6 +40,7 @@ from .resolve import ImplInfo, ensure_import_path
 from .results import EXIT_USAGE, PropertyResult, Report
 from .runner import backend_refusals
 from .targets import apply_target, preload_target, program_runner, target_refusals
+from .values import DTYPE_NAMES
 from .verdict import UNSUPPORTED_EXAMPLES, scope_hints, split_rows, with_unsupported, with_xfail
 
 __all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]

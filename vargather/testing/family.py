@@ -25,14 +25,14 @@ from vargather import oracle
 
 from .asserts import bitwise_difference, nan_payloads_only
 from .calls import bind_call
-from .cases import DTYPE_NAMES, Implementation, is_differentiable, make_values, torch_dtype
+from .cases import Implementation
 from .compiled import call_compiled, patient_default_group
 from .dispatch import function_of
 from .judge import Failure, without_addresses
 from .pool import RankContext, RankPool
 from .rank_runner import Alone, emulation, join
 from .repeatable import repeatable
-from .values import _lay_out
+from .values import DTYPE_NAMES, _lay_out, is_differentiable, make_values, torch_dtype
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -65,7 +65,7 @@ its peers waiting that long)."""
 def values(shape: Sequence[int], dtype: str, seed: int, special: bool) -> torch.Tensor:
     """Small integer values of ``dtype`` (exact sums in every float format), and with
     ``special`` NaNs with distinct payloads, -0.0 and infinities among them
-    (``cases.make_values``, the kit's one value generator)."""
+    (``values.make_values``, the kit's one value generator)."""
     return make_values(tuple(shape), torch_dtype(dtype), seed, "special" if special else "integers")
 
 

@@ -26,15 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 from hypothesis import strategies as st
 
 from .calls import parse_call
-from .cases import (
-    COMPILE_BACKENDS,
-    DTYPE_FAMILIES,
-    DTYPE_NAMES,
-    Implementation,
-    dtype_family,
-    parse_literal,
-    torch_dtype,
-)
+from .cases import Implementation, parse_literal
 from .compiled import warm_backends
 from .family import Alone, FamilyCase, SplitCase, judge_case, run_case, run_sequence, shape_with
 from .misuse import MISUSE_KINDS, MisuseCase, judge_misuse, run_misuse
@@ -43,6 +35,7 @@ from .properties import Property
 from .resolve import ImplInfo, load_impl
 from .runner import Verdict, judged, on_world, reproduction
 from .usage_errors import OptionError
+from .values import COMPILE_BACKENDS, DTYPE_FAMILIES, DTYPE_NAMES, dtype_family, torch_dtype
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy

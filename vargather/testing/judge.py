@@ -17,16 +17,9 @@ import torch
 
 from .asserts import bitwise_difference
 from .asserts import mismatch_detail as _mismatch_detail
-from .cases import (
-    GatherCase,
-    Implementation,
-    RankReport,
-    TensorBytes,
-    as_real,
-    dtype_name,
-    real_dtype,
-)
+from .cases import GatherCase, Implementation, RankReport, TensorBytes, as_real
 from .pool_types import RankCrashed
+from .values import _check_choice, dtype_name
 
 if TYPE_CHECKING:
     from .cases import Expected
@@ -64,10 +57,8 @@ class Failure:
     nan_payload: bool = False
 
     def __post_init__(self) -> None:
-        if self.aspect not in ASPECTS:
-            raise ValueError(f"aspect={self.aspect!r} is not one of {ASPECTS}")
-        if self.kind not in KINDS:
-            raise ValueError(f"kind={self.kind!r} is not one of {KINDS}")
+        _check_choice("aspect", self.aspect, ASPECTS)
+        _check_choice("kind", self.kind, KINDS)
 
     @property
     def where(self) -> str:
@@ -137,7 +128,7 @@ def _compare_grad(
             return None
         bad = (got != want) | (got.isnan() & ~want.isnan())
         return "differs from the oracle (exact comparison) " + _mismatch_detail(got, want, bad)
-    info = torch.finfo(real_dtype(case.torch_dtype))
+    info = torch.finfo(case.torch_dtype.to_real())
     w = case.group_size
     tol = (w + 1) * info.eps * bound + w * info.tiny * info.eps
     diff = (as_real(got).to(torch.float64) - as_real(want).to(torch.float64)).abs()
@@ -215,11 +206,12 @@ def judge(
     if len(reports) == w and case.adjoint_applies() and not failures:
         lhs = rhs = 0.0
         for r in range(w):
-            lhs += _inner(_grad_of(reports[r]), case.shard_values(r))
-            out = reports[r].out
-            assert out is not None  # judged above without failure
+            report = reports[r]
+            assert report.out is not None  # judged above without failure
+            assert report.grad is not None
+            lhs += _inner(report.grad.to_tensor(), case.shard_values(r))
             # A digested output equalled the oracle's (judged above): use that.
-            got = exp.output if out.digest else out.to_tensor()
+            got = exp.output if report.out.digest else report.out.to_tensor()
             rhs += _inner(case.upstream_grad(r), got)
         if lhs != rhs:
             failures.append(
@@ -232,11 +224,6 @@ def judge(
                 )
             )
     return failures
-
-
-def _grad_of(rep: RankReport) -> torch.Tensor:
-    assert rep.grad is not None  # only called when every rank passed its gradient check
-    return rep.grad.to_tensor()
 
 
 _Problem = tuple[str, str, str, str]  # (aspect, kind, message, detail)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from . import schema
-from .cases import DTYPE_NAMES
 from .scale import DEFAULT_MAX_PAYLOAD
 from .usage_errors import CheckUsageError as CheckUsageError
 from .usage_errors import OptionError as OptionError
+from .values import DTYPE_NAMES
 
 __all__ = [
     "CONFIG_TABLE",

@@ -2,10 +2,8 @@
 
 Where it sits: in the testing kit, above ``importer`` and ``cases``, beneath ``runner``
 (the parent side, which sends ``run_on_rank`` / ``run_coalesced_on_rank`` to a pool:
-module-level functions, so the pool pickles them by reference). A rank calls the
-implementation as its call template says, runs the backward with the case's upstream
-gradient, and reports its output's bytes (or digest), its gradient and any exception.
-``emulation`` (the backend a rank emulates) serves the family's and the misuse runners too.
+module-level functions, so the pool pickles them by reference). ``emulation`` serves
+the family's and the misuse runners too, ``Alone`` and ``join`` the family's.
 """
 
 from __future__ import annotations
@@ -30,11 +28,12 @@ from .cases import (
     TensorBytes,
     bytes_of,
     digest_of,
-    dtype_name,
     expected_output,
 )
 from .compiled import call_compiled, patient_default_group
+from .importer import load_callable, resolve_coalesced, resolve_compiled, resolve_implementation
 from .repeatable import repeatable
+from .values import dtype_name
 
 __all__ = [
     "Alone",
@@ -46,14 +45,6 @@ __all__ = [
     "run_coalesced_on_rank",
     "run_on_rank",
 ]
-from .importer import (
-    load_callable,
-    resolve_coalesced,
-    resolve_compiled,
-    resolve_implementation,
-)
-
-# --- the rank side ------------------------------------------------------------------------
 
 
 class RankContextLike(Protocol):
@@ -436,14 +427,10 @@ def run_coalesced_on_rank(
 ) -> list[RankReport]:
     """Run a coalesced batch on this rank: the rank function of ``run_coalesced``.
 
-    ``job`` is ``(implementation, cases, digests)``: every case's shard is built,
-    the implementation's coalesced form is called once with all of them (each case
-    one tensor: its own dtype, shape, ``dim``, memory layout and ``sizes`` form; the
-    batch's one contract and transport), and when some case requires grad, one
-    backward runs over every output, each with its case's upstream gradient on this
-    rank. One ``RankReport`` per case comes back, as if the case had run alone
-    (``digests[i]``: the oracle's output digest for a large case, else ``None``). An
-    exception becomes this rank's report for every case of the batch.
+    ``job`` is ``(implementation, cases, digests)`` (``digests[i]``: the oracle's output
+    digest for a large case, else ``None``): one coalesced call of every case's shard,
+    then one backward over every output. One ``RankReport`` per case comes back, as if
+    the case had run alone; an exception becomes this rank's report for every case.
     """
     impl, cases, digests = job
     try:

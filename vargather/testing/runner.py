@@ -1,18 +1,11 @@
 """The testing kit's runner: runs cases on an implementation and judges each one.
 
 Where it sits: above ``cases`` (what to run), ``judge`` (whether the answer is right),
-``importer`` (the kit's one importer of implementations under test: ``load_callable``,
-in the parent to fail early with a clear message and in every rank process) and
-``rank_runner`` (the rank side: ``run_on_rank``, one case on one rank, a ``RankReport``
-back), below ``properties`` and the command line. This is the parent side
-(``run_cases``: batches on ``vargather.testing`` pools, one round trip per world size,
-each case judged into a ``Verdict``); the kit imports the other two directly.
-``run_coalesced`` runs a batch as ONE call of the implementation's coalesced
-form (each case one tensor, one backward over every output) and still judges each case
-alone. ``describe`` renders a case with the public command that re-runs it, ``python -m
-vargather repro`` (``describe_coalesced``: a tensor of a coalesced call, with the call;
-``reproduction``: the plain form the family's and the misuse rows' failures take);
-``judged`` turns those rows' reports, or their failed world, into ``Verdict``s.
+``importer`` (the kit's one importer of implementations under test) and
+``rank_runner`` (the rank side), below ``properties`` and the command line. This is
+the parent side: batches on ``vargather.testing`` pools, one round trip per world
+size, each case judged into a ``Verdict`` and described with the public command that
+re-runs it, ``python -m vargather repro``.
 """
 
 from __future__ import annotations
@@ -37,8 +30,6 @@ from .cases import (
     Implementation,
     RankReport,
 )
-
-# --- the parent side: running -----------------------------------------------------------
 from .importer import ImplementationError
 from .judge import Failure, judge, world_failure_text
 from .pool import (
@@ -104,8 +95,13 @@ def example_counts() -> dict[tuple[str, str], int]:
     return dict(_COUNTS)
 
 
-def _world_label(case: GatherCase) -> str:
-    return "uninitialized" if not case.initialized else f"W={case.world_size}"
+def _counted(impl: Implementation, verdicts: list[Verdict]) -> list[Verdict]:
+    """``verdicts``, each case run counted in ``example_counts``."""
+    for v in verdicts:
+        if not v.not_run:
+            world = "uninitialized" if not v.case.initialized else f"W={v.case.world_size}"
+            _COUNTS[(impl.label, world)] += 1
+    return verdicts
 
 
 def run_cases(
@@ -131,11 +127,7 @@ def run_cases(
     for world, indices in by_world.items():
         for i, verdict in _run_world(factory, world, [cases[i] for i in indices], implementation):
             verdicts[indices[i]] = verdict
-    done = [v for v in verdicts if v is not None]
-    for v in done:
-        if not v.not_run:
-            _COUNTS[(implementation.label, _world_label(v.case))] += 1
-    return done
+    return _counted(implementation, [v for v in verdicts if v is not None])
 
 
 def run_coalesced(
@@ -144,15 +136,13 @@ def run_coalesced(
     *,
     pool_factory: Callable[[int], RankPool] | None = None,
 ) -> list[Verdict]:
-    """Run ``batch`` as ONE coalesced call on every rank and judge each case alone.
+    """Run ``batch`` as ONE coalesced call on every rank (each case one tensor of it)
+    and judge each case alone: its own ``Verdict``, as if it had run alone.
 
-    Each case is one tensor of the call (``run_coalesced_on_rank``); one job crosses to
-    the pool. Every case gets its own ``Verdict`` from the judge, as if it had run
-    alone (forward bit for bit, gradients under the batch's contract). When the world
-    crashes or hangs, every case of the call fails with the pool's diagnosis (there is
-    no smaller call to blame: the tensors were gathered together). The cases must share
-    the world size, contract and transport (``ValueError`` otherwise), and
-    ``implementation`` must have a coalesced form (``Implementation.coalesced_form``).
+    When the world crashes or hangs, every case of the call fails with the pool's
+    diagnosis (the tensors were gathered together: no smaller call to blame).
+    ``ValueError`` unless the cases share the world size, contract and transport and
+    ``implementation`` has a coalesced form.
     """
     cases = list(batch)
     if not cases:
@@ -176,9 +166,7 @@ def run_coalesced(
         Verdict(c, impl, tuple(judge(c, impl, reports, call=_coalesced_call(impl, i, c))))
         for i, (c, reports) in enumerate(zip(cases, per_case, strict=True))
     ]
-    for v in verdicts:
-        _COUNTS[(impl.label, _world_label(v.case))] += 1
-    return verdicts
+    return _counted(impl, verdicts)
 
 
 def _coalesced_call(impl: Implementation, index: int, case: GatherCase) -> str:
@@ -577,9 +565,6 @@ def transport_refusals(names: Sequence[str], *, world_size: int = 2) -> dict[str
         ):
             refused[name] = f"{type(first).__name__}: {first}"
     return refused
-
-
-# --- the properties ---------------------------------------------------------------------------
 
 
 def gloo_transports() -> tuple[tuple[str, ...], dict[str, str]]:

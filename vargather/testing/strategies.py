@@ -2,14 +2,9 @@
 
 Where it sits: in the testing kit, right above the case model (``cases``), below the
 gather's catalogue (``catalogues.all_gather_v``) that draws its batches here. A drawn
-``GatherCase`` describes one ragged gather (world size, per-rank shapes, ``dim``,
-dtype, contract, transport, how ``sizes`` is passed, each rank's memory layout, value
-kinds, seed) and carries its expected result: ``case.expected()`` is the oracle's
-output and input gradients, like ``BroadcastableShapes`` carries ``result_shape``.
-The tensors themselves are rebuilt from ``case.seed`` wherever they are needed (in
-the rank processes too), covering each dtype's full range: NaN with payloads,
-+-inf, -0.0, subnormals, integer extremes, int64 values float64 cannot hold, float64
-values float32 cannot hold, complex numbers with special parts.
+``GatherCase`` carries its expected result (``case.expected()``, the oracle's output
+and input gradients), like ``BroadcastableShapes`` carries ``result_shape``; its
+tensors are rebuilt from ``case.seed`` wherever they are needed.
 
 Every strategy takes keyword-only arguments and validates them when called, with
 messages that name the argument (``min_world_size=3 is larger than
@@ -35,21 +30,19 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from .cases import (
+from .cases import VARGATHER, GatherCase, Implementation
+from .scale import DEFAULT_MAX_PAYLOAD, MIN_LARGE_BYTES, Target, per_rank_targets
+from .values import (
     DTYPE_NAMES,
     MEMORY_LAYOUTS,
     PLAIN_DTYPE_NAMES,
     SIZES_FORMS,
     UPSTREAM_KINDS,
     VALUE_KINDS,
-    VARGATHER,
-    GatherCase,
-    Implementation,
     is_differentiable,
     make_upstream,
     torch_dtype,
 )
-from .scale import DEFAULT_MAX_PAYLOAD, MIN_LARGE_BYTES, Target, per_rank_targets
 
 __all__ = [
     "DTYPE_NAMES",
@@ -149,11 +142,8 @@ def upstream_grads(
     world_size: int,
     kind: str | None = None,
 ) -> SearchStrategy[list[torch.Tensor]]:
-    """One upstream gradient per rank, each of ``shape``, no two ranks' equal (when the
-    shape is not empty): ``kind="integers"`` (exact sums) or ``"real"``.
-
-    Shapes:
-        Every drawn gradient has ``shape`` and ``dtype``, one per rank.
+    """One upstream gradient per rank, each of ``shape`` and ``dtype``, no two ranks'
+    equal (when the shape is not empty): ``kind="integers"`` (exact sums) or ``"real"``.
 
     Raises:
         TypeError: a ``world_size`` or ``shape`` entry that is not an int.
@@ -237,13 +227,11 @@ class _Config:
             )
 
     def dims_for(self, ndim: int) -> list[int]:
-        """The dims drawn for ``ndim``-d shapes (every one when ``dims`` is None)."""
-        if self.dims is None:
-            return list(range(-ndim, ndim))
-        return [d for d in self.dims if -ndim <= d < ndim]
+        """Those of ``dims`` that fit ``ndim``-d shapes."""
+        return [d for d in self.dims or () if -ndim <= d < ndim]
 
     def ndims(self) -> list[int]:
-        """The ndims drawn: those some allowed dim fits."""
+        """The ndims drawn: those some dim of ``dims`` fits."""
         return [n for n in range(self.min_ndim, self.max_ndim + 1) if self.dims_for(n)]
 
 
@@ -251,9 +239,8 @@ class _Draws:
     """Strategies built once per configuration and reused for every draw (building a
     strategy per draw costs Hypothesis a source inspection each time)."""
 
-    def __init__(self, cfg: _Config, scale: str = "mixed") -> None:
+    def __init__(self, cfg: _Config) -> None:
         self.cfg = cfg
-        self.mode = scale  # "mixed" (about one case in LARGE_ONE_IN large), "small", "large"
         self.side = _side(cfg.max_side)
         self.ndim = (
             st.integers(cfg.min_ndim, cfg.max_ndim)
@@ -271,7 +258,10 @@ class _Draws:
         flat = [m for m in cfg.memory if m != "transposed"] or ["contiguous"]
         self.memory_1d = st.sampled_from(flat)
         self.memory_nd = st.sampled_from(cfg.memory)
-        self._dims: dict[int, SearchStrategy[int]] = {}
+        self.dims = {  # every ndim drawn, large cases' too
+            n: st.integers(-n, n - 1) if cfg.dims is None else st.sampled_from(cfg.dims_for(n))
+            for n in range(cfg.min_ndim, cfg.max_ndim + 1)
+        }
         self._sizes: dict[int, SearchStrategy[tuple[int, ...]]] = {}
         # Large cases: none when every shard must be empty (max_size=0).
         self.large_on = cfg.max_payload > 0 and cfg.max_size > 0
@@ -282,17 +272,8 @@ class _Draws:
         self.rank_kind = st.integers(0, 7)
         self.delta = st.integers(-_DELTA, _DELTA)
         self.small_size = st.integers(0, cfg.max_size)
-        self._targets: dict[int, tuple[Target, ...]] = {}
-        self._target_index: dict[int, SearchStrategy[int]] = {}
+        self._targets: dict[int, tuple[tuple[Target, ...], SearchStrategy[int]]] = {}
         self._members: dict[tuple[int, int], SearchStrategy[list[int]]] = {}
-
-    def dim(self, ndim: int) -> SearchStrategy[int]:
-        if ndim not in self._dims:
-            if self.cfg.dims is None:
-                self._dims[ndim] = st.integers(-ndim, ndim - 1)
-            else:
-                self._dims[ndim] = st.sampled_from(self.cfg.dims_for(ndim))
-        return self._dims[ndim]
 
     def sizes(self, world_size: int) -> SearchStrategy[tuple[int, ...]]:
         if world_size not in self._sizes:
@@ -309,26 +290,25 @@ class _Draws:
             )
         return self._members[key]
 
-    def targets(self, world_size: int) -> tuple[Target, ...]:
+    def targets(self, world_size: int) -> tuple[tuple[Target, ...], SearchStrategy[int]]:
+        """The payload targets of a ``world_size``-rank case, and an index into them."""
         if world_size not in self._targets:
             found = per_rank_targets(world_size, self.cfg.max_payload)
-            self._targets[world_size] = found
-            self._target_index[world_size] = st.integers(0, max(len(found) - 1, 0))
+            self._targets[world_size] = (found, st.integers(0, max(len(found) - 1, 0)))
         return self._targets[world_size]
 
     def large_shapes(
         self, draw: st.DrawFn, world_size: int, dtype: str
     ) -> tuple[int, tuple[tuple[int, ...], ...]] | None:
         """``(dim, shapes)`` of a large case, or None when no target fits."""
-        targets = self.targets(world_size)
+        targets, index = self.targets(world_size)
         if not targets:
             return None
-        index = self._target_index[world_size]
         # The smaller of two draws: cheap targets are drawn more often than MiB ones,
         # and the index shrinks toward the smallest threshold that still fails.
         target = targets[min(draw(index), draw(index))].bytes
         ndim = draw(self.large_ndim)
-        dim = draw(self.dim(ndim))
+        dim = draw(self.dims[ndim])
         d = dim % ndim
         common = [draw(self.large_side) for _ in range(ndim)]
         row_bytes = torch_dtype(dtype).itemsize * math.prod(common[:d] + common[d + 1 :])
@@ -346,12 +326,16 @@ class _Draws:
             sizes.append(n)
         return dim, tuple((*common[:d], n, *common[d + 1 :]) for n in sizes)
 
-    def case(self, draw: st.DrawFn, world_size: int, pool_size: int, subgroup: bool) -> GatherCase:
+    def case(
+        self, draw: st.DrawFn, world_size: int, pool_size: int, subgroup: bool, mode: str = "mixed"
+    ) -> GatherCase:
+        """A case; ``mode``: ``"mixed"`` (about one in ``LARGE_ONE_IN`` large), ``"small"``
+        or ``"large"``."""
         cfg = self.cfg
         members = tuple(sorted(draw(self.members(world_size, pool_size)))) if subgroup else None
         large = None
         if self.large_on and (
-            self.mode == "large" or (self.mode == "mixed" and draw(self.scale) == LARGE_ONE_IN - 1)
+            mode == "large" or (mode == "mixed" and draw(self.scale) == LARGE_ONE_IN - 1)
         ):
             dtype = draw(self.dtype)
             large = self.large_shapes(draw, world_size, dtype)
@@ -360,7 +344,7 @@ class _Draws:
             ndim = len(shapes[0])
         else:
             ndim = draw(self.ndim)
-            dim = draw(self.dim(ndim))
+            dim = draw(self.dims[ndim])
             d = dim % ndim
             common = [draw(self.side) for _ in range(ndim)]
             sizes = draw(self.sizes(world_size))
@@ -447,25 +431,19 @@ def gather_cases(
     the other dims shared, in ``[1, max_side]`` and occasionally 0.
 
     Payload scale: about one case in ``LARGE_ONE_IN`` is large (at most 2 dims unless
-    ``min_ndim`` asks more): each rank's shard is ``target ± d`` rows (``|d| <= 2``,
-    shrinking to 0), empty, or small, where the target is one of
-    ``vargather.testing.scale.per_rank_targets``: powers of two from 1 KiB and
-    vargather's own size thresholds, none above ``max_payload`` bytes per rank
-    (default 4 MiB; 0: no large case). Smaller targets are drawn more often, and a
-    failing large case shrinks toward the smallest target that still fails.
+    ``min_ndim`` asks more): each rank's shard is ``target ± d`` rows (``|d| <= 2``),
+    empty, or small, the target one of ``vargather.testing.scale.per_rank_targets`` up
+    to ``max_payload`` bytes per rank (0: no large case).
 
     The rest is drawn from the given choices (default: all): ``dtypes`` (names or
-    torch dtypes; default what a plain gloo collective carries, ``PLAIN_DTYPE_NAMES``:
-    every dtype of ``vargather.GLOO_NATIVE_DTYPES``, int16 left out because gloo
-    refuses it; with ``implementation`` vargather's own, every dtype vargather gathers,
-    ``DTYPE_NAMES``), ``contracts``, ``transports``
-    (default those ``implementation`` takes), ``sizes_forms`` (``none``, ``list``,
-    ``tensor``), ``memory`` (per rank: ``contiguous``, ``transposed``, ``sliced``),
-    ``values`` (``full``: the whole range with special values; ``integers``),
+    torch dtypes; default ``PLAIN_DTYPE_NAMES``, what a plain gloo collective carries;
+    with ``implementation`` vargather's own, ``DTYPE_NAMES``), ``contracts`` and
+    ``transports`` (default those ``implementation``, default vargather, claims),
+    ``sizes_forms`` (``none``, ``list``, ``tensor``), ``memory`` (per rank:
+    ``contiguous``, ``transposed``, ``sliced``), ``values`` (``full``, ``integers``),
     ``upstream`` (``integers``, ``real``); ``requires_grad`` (None: mostly True where
-    the dtype allows). ``implementation`` (default vargather) limits contracts and
-    transports to what it claims. ``dims``: the literal ``dim`` values drawn (default:
-    every dim of the drawn ndim; ndims no given dim fits are not drawn).
+    the dtype allows). ``dims``: the literal ``dim`` values drawn (default: every dim
+    of the drawn ndim; ndims no given dim fits are not drawn).
 
     Raises:
         TypeError: a keyword argument of the wrong type (named), when called.
@@ -641,31 +619,30 @@ def call_sequences(
     given = inspect.signature(gather_cases).bind(**kwargs)
     given.apply_defaults()  # gather_cases' defaults for what kwargs leaves out
     cfg = _Config(**given.arguments)
-    mixed, small, large = (_Draws(cfg, scale) for scale in ("mixed", "small", "large"))
+    draws = _Draws(cfg)
     worlds = st.integers(lo, hi)
     steps = st.sampled_from(SEQUENCE_STEPS)
     lengths = st.integers(2, n)
     seeds = st.integers(0, 2**32 - 1)
-    dtype_names = st.sampled_from(cfg.dtypes)
 
     @st.composite
     def draw_sequence(draw: st.DrawFn) -> list[GatherCase]:
         w = draw(worlds)
-        case = mixed.case(draw, w, w, False)
+        case = draws.case(draw, w, w, False)
         sequence = [case]
         for _ in range(draw(lengths) - 1):
             step = draw(steps)
             if step == "resize-one":
                 case = _resize_one(draw, case, cfg.max_size)
             elif step == "dtype":
-                dtype = draw(dtype_names)
+                dtype = draw(draws.dtype)
                 grad = case.requires_grad and is_differentiable(torch_dtype(dtype))
                 case = replace(case, dtype=dtype, requires_grad=grad)
             elif step == "reshape":
                 case = _reshape(draw, case, cfg.max_side)
             elif step == "rescale":
-                other = small if max(case.shard_bytes) >= MIN_LARGE_BYTES else large
-                case = other.case(draw, w, w, False)
+                other = "small" if max(case.shard_bytes) >= MIN_LARGE_BYTES else "large"
+                case = draws.case(draw, w, w, False, other)
             case = replace(case, seed=draw(seeds))
             sequence.append(case)
         return sequence

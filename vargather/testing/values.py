@@ -1,9 +1,8 @@
 """The kit's vocabulary of values and the deterministic values themselves.
 
-Where it sits: the bottom of the testing kit, beneath ``cases`` (which re-exports
-these names). Every tensor of a case (rank r's shard ``x_r``, rank r's upstream gradient
-``g_r``) is rebuilt from its seed, in the parent and in the ranks alike, so only a
-case's description crosses a pipe.
+Where it sits: the bottom of the testing kit, beneath ``cases``. Every tensor of a
+case (rank r's shard ``x_r``, rank r's upstream gradient ``g_r``) is rebuilt from its
+seed, in the parent and in the ranks alike, so only a case's description crosses a pipe.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ __all__ = [
     "is_differentiable",
     "make_upstream",
     "make_values",
-    "real_dtype",
     "torch_dtype",
 ]
 
@@ -66,11 +64,9 @@ def _simplest_first(dtype: torch.dtype) -> tuple[int, int, bool, bool]:
     return (DTYPE_FAMILIES.index(family), width, dtype == torch.bfloat16, not dtype.is_signed)
 
 
-def _gloo_dtype_names() -> tuple[str, ...]:
-    return tuple(dtype_name(d) for d in sorted(GLOO_DTYPES, key=_simplest_first))
-
-
-DTYPE_NAMES: Final[tuple[str, ...]] = _gloo_dtype_names()
+DTYPE_NAMES: Final[tuple[str, ...]] = tuple(
+    dtype_name(d) for d in sorted(GLOO_DTYPES, key=_simplest_first)
+)
 """Every dtype vargather gathers on gloo, simplest first (Hypothesis shrinks toward
 ``float32``)."""
 
@@ -100,6 +96,11 @@ UPSTREAM_KINDS: Final = ("integers", "real")
 """The ``make_upstream`` kinds."""
 
 _SMALL: Final = 8  # |integer values| <= _SMALL
+
+
+def _check_choice(name: str, value: object, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {tuple(choices)}")
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -180,14 +181,6 @@ def _seed(seed: int, stream: int) -> int:
     return mixed & ((1 << 63) - 1)
 
 
-def real_dtype(dtype: torch.dtype) -> torch.dtype:
-    if dtype == torch.complex64:
-        return torch.float32
-    if dtype == torch.complex128:
-        return torch.float64
-    return dtype
-
-
 def make_values(shape: Sequence[int], dtype: torch.dtype, seed: int, kind: str) -> torch.Tensor:
     """A contiguous tensor of ``shape``, deterministic in ``seed``.
 
@@ -203,11 +196,10 @@ def make_values(shape: Sequence[int], dtype: torch.dtype, seed: int, kind: str) 
     """
     if kind == SPECIAL_VALUES:
         return _with_specials(make_values(shape, dtype, seed, "integers"), seed)
-    if kind not in VALUE_KINDS:
-        raise ValueError(f"kind={kind!r} is not one of {VALUE_KINDS}")
+    _check_choice("kind", kind, VALUE_KINDS)
     gen = torch.Generator().manual_seed(seed)
     numel = math.prod(shape)
-    real = real_dtype(dtype)
+    real = dtype.to_real()
     count = numel * (2 if dtype.is_complex else 1)
     if dtype == torch.bool:
         flat = torch.randint(0, 2, (count,), generator=gen).to(torch.bool)
@@ -259,8 +251,7 @@ def make_upstream(
     2^k, k in [-3, 3], with full mantissas. Element 0 is ``rank + 1`` so that no two
     ranks' gradients are equal whenever the output is not empty.
     """
-    if kind not in UPSTREAM_KINDS:
-        raise ValueError(f"kind={kind!r} is not one of {UPSTREAM_KINDS}")
+    _check_choice("kind", kind, UPSTREAM_KINDS)
     if not is_differentiable(dtype):
         raise ValueError(f"dtype {dtype} has no gradients")
     gen = torch.Generator().manual_seed(seed)
@@ -273,7 +264,7 @@ def make_upstream(
         flat = torch.randn(count, generator=gen, dtype=torch.float64) * scale
     if count:
         flat[0] = rank + 1
-    flat = flat.to(real_dtype(dtype))
+    flat = flat.to(dtype.to_real())
     if dtype.is_complex:
         flat = torch.view_as_complex(flat.view(numel, 2))
     return flat.view(tuple(shape))
@@ -281,14 +272,13 @@ def make_upstream(
 
 def _lay_out(values: torch.Tensor, memory: str) -> torch.Tensor:
     """``values`` (contiguous) in the memory layout ``memory``, same logical content."""
+    _check_choice("memory", memory, MEMORY_LAYOUTS)
     if memory == "contiguous":
         return values
     if memory == "transposed":
         order = list(range(values.ndim))[::-1]
         return values.permute(order).contiguous().permute(order)
-    if memory == "sliced":
-        base = torch.zeros([2 * s + 1 for s in values.shape], dtype=values.dtype)
-        view = base[tuple(slice(1, None, 2) for _ in values.shape)]
-        view.copy_(values)
-        return view
-    raise ValueError(f"memory={memory!r} is not one of {MEMORY_LAYOUTS}")
+    base = torch.zeros([2 * s + 1 for s in values.shape], dtype=values.dtype)  # sliced
+    view = base[tuple(slice(1, None, 2) for _ in values.shape)]
+    view.copy_(values)
+    return view

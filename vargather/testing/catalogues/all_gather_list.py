@@ -8,9 +8,10 @@ from typing import Any, ClassVar, Final
 
 from hypothesis import strategies as st
 
-from ..cases import DTYPE_NAMES, Implementation
+from ..cases import Implementation
 from ..family import FamilyCase, draw_world, fit_passed
 from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue
+from ..values import DTYPE_NAMES
 
 __all__ = ["CATALOGUE", "GatherListCase", "gather_list_cases"]
 

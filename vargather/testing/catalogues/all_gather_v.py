@@ -2,16 +2,8 @@
 
 Where it sits: one of the kit's catalogues, above the gather's own stack (``cases``,
 ``strategies``, ``judge``, ``runner``), ``properties`` and ``family_catalogue``;
-beneath the engine.
-
-Each property varies one thing: the forward properties run contiguous shards without
-``sizes`` and without backward, every dim and ragged shape (empty shards too); the
-structural ones use the common dtypes; the world ones (one rank, uninitialized,
-subgroup) use float32/float64/complex64 and mostly run backward. Every property draws
-some large cases (payload scale, ``vargather.testing.scale``); ``call-sequence`` draws
-call sequences (``strategies.call_sequences``): state carried from call to call;
-``coalesced`` runs each batch as one ``all_gather_v_coalesced`` call (every case one
-tensor of it, ``runner.run_coalesced``), judged case by case as if each had run alone.
+beneath the engine. Each property varies one thing (``docs/property-suite.md`` has
+the table); every property draws some large cases (``vargather.testing.scale``).
 """
 
 from __future__ import annotations
@@ -25,16 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 from hypothesis import strategies as st
 
 from .. import strategies as vst
-from ..cases import (
-    COMPILE_BACKENDS,
-    DTYPE_NAMES,
-    GatherCase,
-    Implementation,
-    RankReport,
-    dtype_family,
-    sizes_forms_for,
-    torch_dtype,
-)
+from ..cases import GatherCase, Implementation, RankReport, sizes_forms_for
 from ..compiled import warm_backends
 from ..family_catalogue import (
     COMMON_DTYPES,
@@ -65,6 +48,7 @@ from ..runner import (
     run_coalesced,
 )
 from ..scale import sequence_length
+from ..values import COMPILE_BACKENDS, DTYPE_NAMES, is_differentiable, torch_dtype
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -99,10 +83,6 @@ def one_call(cases: Sequence[GatherCase]) -> list[GatherCase]:
 # --- the catalogue ----------------------------------------------------------------------
 
 
-def _dtypes(*families: str) -> tuple[str, ...]:
-    return tuple(n for n in DTYPE_NAMES if dtype_family(torch_dtype(n)) in families)
-
-
 _OUTPUT: Final = frozenset({"output"})
 _SIZES: Final = frozenset({"output", "sizes"})
 _ALL: Final = frozenset({"output", "sizes", "gradient", "adjoint"})
@@ -131,17 +111,12 @@ def _rows(catalogue: _Gather, implementation: Implementation, returns: str) -> l
     none = plain or sizes_forms_for(impl.sizes_scope)  # --sizes required: always passed
     fwd = {"sizes_forms": none, "memory": ("contiguous",), "requires_grad": False, **c}
     common = {**fwd, "dtypes": tuple(d for d in COMMON_DTYPES if d in DTYPE_NAMES)}
-    world: dict[str, object] = {
-        "sizes_forms": none,
-        "dtypes": ("float32", "float64", "complex64"),
-        **c,
-    }
-    if not impl.differentiable:
-        world["requires_grad"] = False
+    no_grad = {} if impl.differentiable else {"requires_grad": False}
+    world = {"sizes_forms": none, "dtypes": ("float32", "float64", "complex64"), **c, **no_grad}
     grads = {
         "sizes_forms": none,
         "requires_grad": True,
-        "dtypes": _dtypes("float", "half", "complex"),
+        "dtypes": tuple(n for n in DTYPE_NAMES if is_differentiable(torch_dtype(n))),
         **c,
     }
     # Sequences call without sizes where the scope allows (the state under test is the
@@ -163,9 +138,8 @@ def _rows(catalogue: _Gather, implementation: Implementation, returns: str) -> l
         "dtypes": tuple(d for d in COMMON_DTYPES if d in DTYPE_NAMES),
         "max_payload": 0,
         **c,
+        **no_grad,
     }
-    if not impl.differentiable:
-        compiled["requires_grad"] = False
     what = "layout" if returns == "layout" else "sizes"
     claimed = ", ".join(map(repr, impl.contracts))
     same = "forward equals torch.cat(x, dim) bit for bit on every rank, "
