@@ -145,6 +145,20 @@ def call(collective: str, *args: object, **kwargs: object) -> Call:
     return Call(collective, args, kwargs)
 
 
+def spec_call(
+    collective: str,
+    rows: int,
+    *args: object,
+    trail: tuple[int, ...] = (2,),
+    dtype: str = "float32",
+    requires_grad: bool = False,
+    **kwargs: object,
+) -> Call:
+    """``call(collective, x, *args, **kwargs)`` with ``x`` a ``(rows, *trail)`` tensor:
+    each catalogue's base call."""
+    return call(collective, TensorSpec((rows, *trail), dtype, requires_grad), *args, **kwargs)
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One ``Call`` per rank of a ``collective`` call (a rank may call another one:

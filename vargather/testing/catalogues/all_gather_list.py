@@ -123,7 +123,7 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, TensorSpec, call, misuses  # noqa: E402
+from ..misuse import Call, Misuse, call, misuses, spec_call  # noqa: E402
 
 
 def list_shape(r: int) -> tuple[int, int]:
@@ -135,16 +135,9 @@ def list_shapes(w: int) -> list[list[int]]:
     return [list(list_shape(r)) for r in range(w)]
 
 
-def _list(
-    r: int,
-    w: int,
-    *,
-    extra: tuple[int, ...] = (),
-    dtype: str = "float32",
-    requires_grad: bool = False,
-    **kw: Any,
-) -> Call:
-    return call("all_gather_list", TensorSpec((*list_shape(r), *extra), dtype, requires_grad), **kw)
+def _list(r: int, w: int, *, extra: tuple[int, ...] = (), **kw: Any) -> Call:
+    rows, cols = list_shape(r)
+    return spec_call("all_gather_list", rows, trail=(cols, *extra), **kw)
 
 
 def _lie(w: int, o: int, extra_dim: bool = False) -> list[list[int]]:

@@ -219,7 +219,7 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, TensorSpec, blocks, call, misuses, tie  # noqa: E402
+from ..misuse import Call, Misuse, TensorSpec, blocks, call, misuses, spec_call, tie  # noqa: E402
 
 
 def a2a_send(w: int, r: int) -> list[int]:
@@ -232,19 +232,9 @@ def a2a_recv(w: int, r: int) -> list[int]:
     return [a2a_send(w, j)[r] for j in range(w)]
 
 
-def _a2a(
-    r: int,
-    w: int,
-    *,
-    extra_rows: int = 0,
-    trail: tuple[int, ...] = (2,),
-    dtype: str = "float32",
-    requires_grad: bool = False,
-    **kw: Any,
-) -> Call:
+def _a2a(r: int, w: int, *, extra_rows: int = 0, **kw: Any) -> Call:
     send = kw.pop("send", a2a_send(w, r))
-    spec = TensorSpec((sum(a2a_send(w, r)) + extra_rows, *trail), dtype, requires_grad)
-    return call("all_to_all_v", spec, send, **kw)
+    return spec_call("all_to_all_v", sum(a2a_send(w, r)) + extra_rows, send, **kw)
 
 
 def _lie(w: int, o: int) -> list[int]:
