@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, replace
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 from hypothesis import strategies as st
 
@@ -22,7 +22,6 @@ class GatherListCase(FamilyCase):
     collective = "all_gather_list"
     NAMES = ("x", "shapes", "group", "grad")
     shared_output = True
-    has_dim: ClassVar[bool] = False
 
     shapes: tuple[tuple[int, ...], ...]
     dtype: str = "float32"
