@@ -2,13 +2,11 @@
 collective but the gather (``collectives.FAMILY``).
 
 Where it sits: in the testing kit, beneath ``family_catalogue`` and the catalogue
-modules, each of which holds what is particular to its collective (its case class, a
-``FamilyCase``; strategy; call). Nothing here names a collective: a case says which it
-is (``collective``) and how it is called; every rank's input and upstream gradient are
-rebuilt from the case alone. ``judge_case`` holds the reports against the oracle the
-table names (``COLLECTIVES[name].oracle`` / ``.oracle_grads``): forward and gradient
-bit for bit, and with integer values the adjoint identity
-``sum_r <y_r, g_r> == sum_j <x_j, dx_j>``.
+modules, each of which holds its collective's case class (a ``FamilyCase``), strategy
+and call: nothing here names a collective. Every rank's input and upstream gradient
+are rebuilt from the case alone. ``judge_case`` holds the reports against the oracle
+the table names: forward and gradient bit for bit, and with integer values the
+adjoint identity ``sum_r <y_r, g_r> == sum_j <x_j, dx_j>``.
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ __all__ = [
     "block_cases",
     "check_case",
     "check_sequence",
-    "draw_group",
     "draw_shared",
     "draw_world",
     "expected",
@@ -63,9 +60,8 @@ its peers waiting that long)."""
 
 
 def values(shape: Sequence[int], dtype: str, seed: int, special: bool) -> torch.Tensor:
-    """Small integer values of ``dtype`` (exact sums in every float format), and with
-    ``special`` NaNs with distinct payloads, -0.0 and infinities among them
-    (``cases.make_values``, the kit's one value generator)."""
+    """Small integer values of ``dtype`` (exact sums in every float format); with
+    ``special``, NaNs with distinct payloads, -0.0 and infinities among them."""
     return make_values(tuple(shape), torch_dtype(dtype), seed, "special" if special else "integers")
 
 
@@ -90,17 +86,14 @@ class _Declared:
 
 @dataclass(frozen=True, repr=False)
 class FamilyCase(_Declared):
-    """What every family case is and shares: ``world_size`` (positional, first),
-    ``dtype`` (declared by each case after its own positional fields) and these
-    keyword-only fields: ``requires_grad``, ``special`` (NaN payloads, -0.0, inf among
-    the values), ``seed``, ``group`` (the world's ranks forming the group),
-    ``validate``, ``memory`` (``x``'s layout: ``contiguous``, ``transposed`` or
-    ``sliced``), ``initialized`` (``False``: one rank in the calling process,
-    torch.distributed not initialized), ``impl``, ``call`` (a ``--call`` template),
-    ``emulate`` (``"nccl"``: the ranks' torch.distributed behaves as NCCL) and
-    ``compile_backend`` (one of ``COMPILE_BACKENDS``: the call inside a compiled step,
-    ``compiled``). A subclass, a ``@dataclass(frozen=True, repr=False)``, says how its
-    call is made and what the oracle needs, and sets ``_Declared``'s class attributes."""
+    """What every family case shares: ``world_size`` (positional, first), ``dtype``
+    (after each case's own positional fields) and keyword-only fields: ``special``
+    (NaN payloads, -0.0, inf among the values), ``group`` (the world's ranks forming
+    it), ``memory`` (``x``'s layout: ``contiguous``, ``transposed`` or ``sliced``),
+    ``initialized`` (``False``: one rank in the calling process), ``call`` (a
+    ``--call`` template), ``emulate`` (``"nccl"``) and ``compile_backend`` (the call
+    inside a compiled step). A subclass, a ``@dataclass(frozen=True, repr=False)``,
+    says how its call is made and what the oracle needs."""
 
     world_size: int
     _: KW_ONLY
@@ -259,14 +252,6 @@ class BlockCase(SplitCase):
 C = TypeVar("C", bound=FamilyCase)
 
 
-def draw_group(draw: Any, world: int, subgroups: bool) -> tuple[int, ...] | None:
-    """A drawn subgroup of a world of ``world`` ranks (``None``: the whole world)."""
-    if not subgroups or world < 3 or not draw(st.booleans()):
-        return None
-    ranks = draw(st.lists(st.integers(0, world - 1), min_size=2, max_size=world - 1, unique=True))
-    return tuple(sorted(ranks))
-
-
 def draw_dims(draw: Any, most: int) -> tuple[int, ...]:
     """The dims besides the one split or joined along: up to two, each up to ``most``."""
     return tuple(draw(st.lists(st.integers(0, most), max_size=2)))
@@ -275,10 +260,12 @@ def draw_dims(draw: Any, most: int) -> tuple[int, ...]:
 def draw_world(
     draw: Any, world_sizes: Sequence[int], subgroups: bool
 ) -> tuple[int, tuple[int, ...] | None, int]:
-    """A drawn world size, its subgroup (``draw_group``) and the group's size."""
+    """A drawn world size, its subgroup (``None``: the whole world) and the group's size."""
     world = draw(st.sampled_from(list(world_sizes)))
-    group = draw_group(draw, world, subgroups)
-    return world, group, len(group) if group is not None else world
+    if not subgroups or world < 3 or not draw(st.booleans()):
+        return world, None, world
+    ranks = draw(st.lists(st.integers(0, world - 1), min_size=2, max_size=world - 1, unique=True))
+    return world, tuple(sorted(ranks)), len(ranks)
 
 
 def draw_shared(
@@ -335,10 +322,9 @@ def fit_passed(
     """``case`` with its ``flag`` (its call passes the optional ``name``) as ``target``
     takes it: off (and ``off``'s fields set) where the target's call does not pass
     ``name`` or its sizes scope is ``never``; on where it is ``required`` or ``list``."""
-    on: dict[str, Any] = {flag: True}
     if not passes(name) or target.sizes_scope == "never":
         return replace(case, **{**off, flag: False})
-    return replace(case, **on) if target.sizes_scope in ("required", "list") else case
+    return replace(case, **{flag: True}) if target.sizes_scope in ("required", "list") else case
 
 
 # --- the rank runner ---------------------------------------------------------------------
@@ -398,9 +384,8 @@ def _run(case: FamilyCase, x: torch.Tensor, r: int, group: Any, grad_wanted: boo
         else:
             out.backward(up)
     # Waiting for an async result is part of the call (its errors are the call's).
-    if isinstance(out, (list, tuple)):
-        return CallReport([_settled(o) for o in out], _settled(x.grad), None)
-    return CallReport(_settled(out), _settled(x.grad), None)
+    output = [_settled(o) for o in out] if isinstance(out, (list, tuple)) else _settled(out)
+    return CallReport(output, _settled(x.grad), None)
 
 
 def _settled(t: Any) -> Any:
@@ -471,8 +456,7 @@ def judge_case(case: FamilyCase, reports: Sequence[CallReport | None]) -> list[F
     mine = [rep for rep in reports if rep is not None]
 
     def failed(aspect: str, ranks: Sequence[int], message: str, nan: bool = False) -> Failure:
-        """``call`` (an exception) is an error, the rest mismatches (``nan``: in the
-        payload bits of NaNs only)."""
+        """``call`` (an exception) is an error, the rest mismatches."""
         kind = "error" if aspect == "call" else "mismatch"
         return Failure(
             aspect, kind, message, tuple(ranks), len(mine), name, nan_payload=nan, property=name

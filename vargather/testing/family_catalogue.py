@@ -5,14 +5,8 @@ Where it sits: in the testing kit, above ``family`` and ``properties``, beneath 
 catalogue modules (``catalogues.<name>``: ``CATALOGUE = FamilyCatalogue(...)``) and the
 engine. The property suite, the mutant search and ``python -m vargather check --op ...``
 all run these rows, so they cannot drift. What every catalogue's rows share, the
-gather's included, is here too: ``row_builder``, ``forward_rows``, ``scoped`` (the
-scope reasons alike in every catalogue) and the shared constants.
-
-Each row is a class of cases (``Property.kwargs``: ``dtypes``, ``requires_grad``,
-``special``, ``memory``, ``shape`` a method fitting a drawn case, ``large``), the judge's
-aspects it counts (``call``, an exception on some rank, counts everywhere) and a title
-saying what it checks (``FamilyCatalogue.rows``). A collective declares a row that
-cannot apply to it, with the reason the report shows (``FamilyCatalogue(declined=...)``).
+gather's included, is here too: ``row_builder``, ``forward_rows``, ``scoped`` and the
+shared constants.
 """
 
 from __future__ import annotations
@@ -91,9 +85,9 @@ def forward_rows(
     same: str,
     fewer: Mapping[str, tuple[str, ...]] | None = None,
 ) -> list[Property]:
-    """Every catalogue's forward rows, ``forward-float`` ... ``forward-bool``: one per
-    dtype family, ``row(id, title, dtypes)`` with ``same`` and the dtypes in the title,
-    every gloo dtype of the family (``fewer``: the collective's own, by family)."""
+    """Every catalogue's forward rows, ``forward-float`` ... ``forward-bool``: one
+    ``row(id, same + dtypes, dtypes)`` per dtype family, of every gloo dtype of the
+    family (``fewer``: the collective's own, by family)."""
     rows = []
     for family in DTYPE_FAMILIES:
         dtypes = (fewer or {}).get(family) or tuple(
@@ -157,12 +151,11 @@ def _strided(case: Any) -> Any:
 
 class FamilyCatalogue:
     """The ``Catalogue`` of one collective of the family, from what is its own:
-    ``case_type`` (its ``FamilyCase``), ``cases`` (its strategy: ``world_sizes``,
-    ``dtypes``, ``subgroups``), ``large`` (one payload-scale case on a world),
+    ``cases`` (its strategy), ``large`` (one payload-scale case on a world),
     ``signature`` (how a fork is called without ``--call``), ``sizes_name`` (the
-    argument ``--sizes`` is about), ``sizes_required`` (always passed), ``returns``
+    argument ``--sizes`` is about; ``sizes_required``: always passed), ``returns``
     (``tensor`` or ``list``), ``contracts`` (the ``--grad`` values it takes) and
-    ``declined`` (row id: why that row cannot apply to it)."""
+    ``declined`` (row id: why that row cannot apply to it, as the report shows)."""
 
     def __init__(
         self,
@@ -192,7 +185,7 @@ class FamilyCatalogue:
     # -- scope
 
     def passes(self, target: Implementation, name: str) -> bool:
-        """Whether ``target``'s call passes ``name`` (vargather's own passes every name)."""
+        """Whether ``target``'s call passes ``name`` (vargather's own: every name)."""
         return target.call is None or parse_call(target.call, self.names).uses(name)
 
     def _fitted(self, target: Implementation, case: Any) -> Any:
