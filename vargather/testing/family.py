@@ -66,9 +66,8 @@ def values(shape: Sequence[int], dtype: str, seed: int, special: bool) -> torch.
 
 
 class _Declared:
-    """What each case class declares itself: its ``dtype`` (a field after its own
-    positional ones: callers pass it positionally) and the class attributes below
-    (set unannotated, so they are not dataclass fields)."""
+    """What each case class declares itself: its ``dtype`` field (after its own
+    positional ones) and these class attributes (set unannotated: not fields)."""
 
     collective: ClassVar[str]
     NAMES: ClassVar[tuple[str, ...]]
@@ -126,8 +125,8 @@ class FamilyCase(_Declared):
         raise NotImplementedError
 
     def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Group rank ``r``'s arguments after ``x`` (``group=``, ``validate=`` and
-        ``timeout=`` are added by the runner)."""
+        """Group rank ``r``'s arguments after ``x`` (the runner adds ``group=``,
+        ``validate=``, ``timeout=``)."""
         raise NotImplementedError
 
     def template_values(self, r: int) -> dict[str, object]:
@@ -191,15 +190,12 @@ class FamilyCase(_Declared):
     def upstream(self) -> list[Any]:
         """Each group rank's upstream gradient: integer-valued, different on every rank
         (a list, one per output, for a list result)."""
-        out: list[Any] = []
-        for r, s in enumerate(self.output_shapes()):
-            if self.shared_output:
-                out.append(
-                    [values(t, self.dtype, 7000 + 97 * r + k, False) for k, t in enumerate(s)]
-                )
-            else:
-                out.append(values(s, self.dtype, 7000 + 97 * r, False))
-        return out
+        return [
+            [values(t, self.dtype, 7000 + 97 * r + k, False) for k, t in enumerate(s)]
+            if self.shared_output
+            else values(s, self.dtype, 7000 + 97 * r, False)
+            for r, s in enumerate(self.output_shapes())
+        ]
 
 
 class SplitCase(FamilyCase):

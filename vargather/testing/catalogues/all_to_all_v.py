@@ -32,15 +32,7 @@ class AllToAllCase(SplitCase):
     sends rank ``r`` as many rows along ``dim``)."""
 
     collective = "all_to_all_v"
-    NAMES = (
-        "x",
-        "send_sizes",
-        "recv_sizes",
-        "dim",
-        "cat_dim",
-        "group",
-        "out",
-    )
+    NAMES = ("x", "send_sizes", "recv_sizes", "dim", "cat_dim", "group", "out")
     POSITIONAL = ("send_sizes", "dim")
 
     send: tuple[tuple[int, ...], ...]
@@ -167,12 +159,10 @@ def changing_sizes_sequences(
     draw: Any, world_size: int = 3, max_calls: int = 8, most: int = 4
 ) -> list[AllToAllCase]:
     """``all_to_all_v`` calls on one world whose send sizes change from call to call
-    while the rest stays (dtype, the other dimensions, ``dim``, the gradient): each
-    call, each rank keeps its sizes, moves a row from one block to another, or draws
-    new ones (its length changes); validated, receive sizes unknown, usually cut along
-    the first dimension. What MoE dispatch does every layer, and the calls that
-    ``all_to_all_v`` answers by its learned round with new sizes (the full path where
-    a block outgrows its slot)."""
+    while the rest stays: each call, each rank keeps its sizes, moves a row from one
+    block to another, or draws new ones; validated, receive sizes unknown. What MoE
+    dispatch does every layer, answered by the learned round with new sizes (the full
+    path where a block outgrows its slot)."""
     base = draw(
         all_to_all_cases(world_sizes=(world_size,), subgroups=False, most=most, joined=False)
     )
