@@ -163,33 +163,22 @@ class Property:
         kept = _BUILT.get(key)
         if kept is not None and kept[0] is self:  # an id is reused only once its object is gone
             return kept[1]
-        built = self._build(world_sizes, batch, transports, max_payload)
-        _BUILT[key] = (self, built)
-        while len(_BUILT) > _BUILT_MAX:
-            del _BUILT[next(iter(_BUILT))]
-        return built
-
-    def _build(
-        self,
-        world_sizes: Sequence[int],
-        batch: int,
-        transports: Sequence[str] | None,
-        max_payload: int,
-    ) -> SearchStrategy[list[Any]]:
-        """``strategy`` without the memo."""
         plugin = self.plugin
         if self.batch is not None:
             batch = min(batch, self.batch)
-
         worlds = self.worlds(world_sizes)
         if not worlds:
             raise ValueError(f"{self.id}: no world size of {list(world_sizes)} applies")
         # built once per world, not per example (a flatmap's function runs on every draw,
         # and building a case strategy costs milliseconds of the parent's CPU)
         per_world = {w: plugin.draw(self, w, batch, transports, max_payload) for w in worlds}
-        if len(worlds) == 1:
-            return per_world[worlds[0]]
-        return st.sampled_from(worlds).flatmap(per_world.__getitem__)
+        built = per_world[worlds[0]]
+        if len(worlds) > 1:
+            built = st.sampled_from(worlds).flatmap(per_world.__getitem__)
+        _BUILT[key] = (self, built)
+        while len(_BUILT) > _BUILT_MAX:
+            del _BUILT[next(iter(_BUILT))]
+        return built
 
     def counted(self, verdict: Verdict) -> list[Failure]:
         """The verdict's failures this property is about, labelled with its id."""

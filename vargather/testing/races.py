@@ -44,10 +44,6 @@ def is_wait(failure: Failure) -> bool:
     return any(mark in text for mark in WAIT_MARKS)
 
 
-def _real(failure: Failure) -> bool:
-    return failure.kind == "error" and not is_wait(failure)
-
-
 PEERS_WAITED: Final = (
     "its peers waited for it in the collective until they timed out (or the pool stopped "
     "waiting for them)"
@@ -68,4 +64,5 @@ def settle(failures: Sequence[Failure]) -> list[Failure]:
 def raced(failures: Sequence[Failure]) -> bool:
     """Whether ``settle`` drops something from ``failures``: a real error on some rank
     while others waited."""
-    return any(_real(f) for f in failures) and any(is_wait(f) for f in failures)
+    real = any(f.kind == "error" and not is_wait(f) for f in failures)
+    return real and any(is_wait(f) for f in failures)
