@@ -132,10 +132,9 @@ def call_compiled(
 
 
 def warm_backends(ctx: object, backends: Sequence[str]) -> list[str]:
-    """Compile and run a gather-free step on each backend not yet warm in this rank
-    process (inductor's one-time setup costs seconds to tens of seconds), so a compiled
-    batch's call timeout measures its own steps: the rank function a ``compiled``
-    property sends before its batch. Returns the backends it warmed."""
+    """The backends it warmed: each not yet warm in this rank process, by a gather-free
+    compiled step (inductor's one-time setup costs seconds to tens of seconds), so a
+    compiled batch's call timeout measures its own steps."""
     warmed = []
     for backend in backends:
         if backend in _WARM:

@@ -267,8 +267,7 @@ def draw_world(
 def draw_shared(
     draw: Any, dtypes: Sequence[str], world: int, group: tuple[int, ...] | None
 ) -> dict[str, Any]:
-    """A drawn case's shared fields on ``world`` ranks (``group`` among them): its
-    ``dtype``, ``requires_grad``, ``special`` and values ``seed`` drawn, in this order."""
+    """A drawn case's shared fields on ``world`` ranks (``group`` among them)."""
     return {
         "world_size": world,
         "group": group,
@@ -284,10 +283,8 @@ def block_cases(
     own: Callable[[Any, int], dict[str, Any]] = lambda draw, w: {},
     flags: Callable[[Any], dict[str, Any]] = lambda draw: {},
 ) -> Callable[..., SearchStrategy[Any]]:
-    """A ``BlockCase`` type's strategy, ``(world_sizes, dtypes, subgroups, most)``: in
-    this order its world and group (``draw_world``), ``other``, ``sizes`` (each up to
-    ``most``) and ``dim`` (negative ones too), its ``own(draw, w)`` fields on a group
-    of ``w`` ranks, the shared ones (``draw_shared``), its ``flags`` and ``validate``."""
+    """A ``BlockCase`` type's strategy ``(world_sizes, dtypes, subgroups, most)``, its
+    ``own(draw, w)`` fields (on a group of ``w`` ranks) and ``flags`` drawn too."""
 
     @st.composite
     def cases(
@@ -336,8 +333,7 @@ class CallReport(NamedTuple):
 
 
 def _call(case: FamilyCase, x: torch.Tensor, r: int, group: Any) -> Any:
-    """The case's call on group rank ``r``: as vargather's function is called, or by
-    its call template; inside a compiled step with a backend."""
+    """The case's call on group rank ``r``, as documented or by its call template."""
     fn = function_of(case.collective, case.impl)
     if case.call is not None:
         shape, values = lambda: case.output_shapes()[r], case.template_values(r)
@@ -350,8 +346,7 @@ def _call(case: FamilyCase, x: torch.Tensor, r: int, group: Any) -> Any:
 
 
 def run_case(ctx: RankContext | Alone, case: FamilyCase) -> CallReport | None:
-    """Rank side: build this rank's input (in its memory layout), call, backward with
-    this rank's upstream gradient. ``None`` on a rank outside the case's group."""
+    """Rank side: this rank's call and backward (``None`` outside the case's group)."""
     emulation(case.emulate)
     joined = join(ctx, case.group)
     if joined is None:
@@ -401,8 +396,8 @@ def _settled(t: Any) -> Any:
 
 
 def expected(case: FamilyCase) -> tuple[list[Any], list[torch.Tensor] | None]:
-    """The oracle's results (one per group rank) and input gradients (``None``: no
-    backward), by the functions ``vargather.COLLECTIVES[case.collective]`` names."""
+    """The table's oracle's results (one per group rank) and input gradients
+    (``None``: no backward)."""
     entry = TABLE[case.collective]  # type: ignore[index]  # a catalogue collective's name
     xs, kw = case.inputs(), case.oracle_args()
     out = getattr(oracle, entry.oracle)(xs, **kw)

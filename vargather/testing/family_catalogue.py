@@ -117,8 +117,7 @@ def row_builder(
 
 def scoped(row: Property, why: str | None = None) -> Property:
     """``row`` left out (``out_of_scope``) for its catalogue's own reason ``why``, or
-    where the target's scope excludes it alike in every catalogue: the gradient rows
-    under ``--grad none``, the ``compiled`` row of a target not claimed to compile."""
+    where the target's scope excludes it alike in every catalogue."""
     target = row.implementation
     if why is None and row.id in ("gradient", "adjoint") and not target.differentiable:
         why = "--grad none: not differentiable"
@@ -233,8 +232,7 @@ class FamilyCatalogue:
     # -- the rows
 
     def rows(self, implementation: Implementation, returns: str = "unknown") -> list[Property]:
-        """Every row, in a fixed order, for ``implementation`` (what it returns beside
-        its result is fixed: ``returns`` is not asked)."""
+        """Every row, in a fixed order, for ``implementation`` (``returns`` is fixed)."""
         del returns
         target = implementation
         row = row_builder(target, self, min_world=2, batch=FAMILY_BATCH)
