@@ -370,8 +370,8 @@ def generic(base: Build) -> tuple[Misuse, ...]:
 
 def misuses(base: Build, *entries: Misuse, without: Mapping[str, str] = {}) -> tuple[Misuse, ...]:
     """A catalogue's ``MISUSES``: its own ``entries`` (peers calling ``base`` unless
-    an entry says otherwise), then the ``generic`` ones but those ``without`` names,
-    each with why it does not apply."""
+    an entry says otherwise; a table, two lines an entry: name, summary, error; bad
+    call, fragments, options), then the ``generic`` ones but ``without``'s (name: why)."""
     shared = tuple(e for e in generic(base) if e.name not in without)
     return tuple(e if e.good is not None else replace(e, good=base) for e in entries + shared)
 

@@ -145,7 +145,6 @@ def _lie(w: int, o: int, extra_dim: bool = False) -> list[list[int]]:
     return lie
 
 
-# A table, two lines an entry: name, summary, error; bad call, fragments, options.
 # fmt: off
 MISUSES: Final = misuses(
     _list,

@@ -238,7 +238,6 @@ def _joined(r: int, w: int, send: list[int] | None = None, cat_dim: int = 1) -> 
     return call("all_to_all_v", TensorSpec((w, 2 + r)), send or [1] * w, 0, cat_dim=cat_dim)
 
 
-# A table, two lines an entry: name, summary, error; bad call, fragments, options.
 # fmt: off
 MISUSES: Final = misuses(
     _a2a,

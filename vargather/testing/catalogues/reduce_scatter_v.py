@@ -67,7 +67,6 @@ def _reversed(w: int) -> list[int]:
     return list(reversed(blocks(w)))
 
 
-# A table, two lines an entry: name, summary, error; bad call, fragments, options.
 # fmt: off
 MISUSES: Final = misuses(
     _rs,

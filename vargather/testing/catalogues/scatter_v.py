@@ -98,7 +98,6 @@ def _other_sizes(w: int) -> list[int]:
     return sizes
 
 
-# A table, two lines an entry: name, summary, error; bad call, fragments, options.
 # fmt: off
 MISUSES: Final = misuses(
     _sv,
