@@ -518,10 +518,7 @@ class FamilyCatalogue:
         return reproduction(head, map(repr, cases), ["--op", self.op, *map(repr, cases)])
 
     def case_data(self, case: Any) -> dict[str, Any]:
-        data = dataclasses.asdict(case)
-        data["collective"] = case.collective
-        data["repr"] = repr(case)
-        return data
+        return {**dataclasses.asdict(case), "collective": case.collective, "repr": repr(case)}
 
     def probe_returns(
         self,

@@ -334,8 +334,16 @@ def generic(base: Build) -> tuple[Misuse, ...]:
     """The misuses of every collective, from its valid call ``base``."""
     name = base(0, 2).collective
 
-    def x_is(x: object) -> Build:
-        return lambda r, w: replace(base(r, w), args=(x, *base(r, w).args[1:]))
+    def x_is(kind: str, x: object, what: str) -> Misuse:
+        """One rank passes ``x``, no tensor, as its input."""
+        got = type(x).__name__
+        return Misuse(
+            kind,
+            f"one rank passes {what}",
+            vargather.InputTypeError,
+            lambda r, w: replace(base(r, w), args=(x, *base(r, w).args[1:])),
+            lambda w, o: (f"rank {o}: expected a torch.Tensor, got {got}",),
+        )
 
     return (
         Misuse(
@@ -351,20 +359,8 @@ def generic(base: Build) -> tuple[Misuse, ...]:
             ),
             good=lambda r, w: base(r, w).with_(timeout=ABSENT_TIMEOUT),
         ),
-        Misuse(
-            "not-a-tensor",
-            "one rank passes a list",
-            vargather.InputTypeError,
-            x_is([1.0, 2.0]),
-            lambda w, o: (f"rank {o}: expected a torch.Tensor, got list",),
-        ),
-        Misuse(
-            "none-input",
-            "one rank passes None",
-            vargather.InputTypeError,
-            x_is(None),
-            lambda w, o: (f"rank {o}: expected a torch.Tensor, got NoneType",),
-        ),
+        x_is("not-a-tensor", [1.0, 2.0], "a list"),
+        x_is("none-input", None, "None"),
     )
 
 
