@@ -25,11 +25,10 @@ __all__ = [
 
 @dataclass(frozen=True, repr=False)
 class AllToAllCase(SplitCase):
-    """``all_to_all_v(x_j, send[j], dim, cat_dim=cat_dim)`` on group rank ``j``.
-
-    ``cat``: with ``cat_dim`` another dim than ``dim``, each rank's size along it (its
-    entry of ``other`` there is unused), and ``send``'s columns constant (every rank
-    sends rank ``r`` as many rows along ``dim``)."""
+    """``all_to_all_v(x_j, send[j], dim, cat_dim=cat_dim)`` on group rank ``j``; ``cat``:
+    with ``cat_dim`` another dim than ``dim``, each rank's size along it (its entry of
+    ``other`` there unused), ``send``'s columns then constant (every rank sends rank
+    ``r`` as many rows)."""
 
     collective = "all_to_all_v"
     NAMES = ("x", "send_sizes", "recv_sizes", "dim", "cat_dim", "group", "out")
