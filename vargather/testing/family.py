@@ -315,9 +315,10 @@ def fit_passed(
     """``case`` with its ``flag`` (its call passes the optional ``name``) as ``target``
     takes it: off (and ``off``'s fields set) where the target's call does not pass
     ``name`` or its sizes scope is ``never``; on where it is ``required`` or ``list``."""
+    on: dict[str, Any] = {flag: True}
     if not passes(name) or target.sizes_scope == "never":
         return replace(case, **{**off, flag: False})
-    return replace(case, **{flag: True}) if target.sizes_scope in ("required", "list") else case
+    return replace(case, **on) if target.sizes_scope in ("required", "list") else case
 
 
 # --- the rank runner ---------------------------------------------------------------------
