@@ -294,7 +294,7 @@ class FamilyCatalogue:
                 "gradient",
                 f"input gradients (claimed: {grads}), upstream gradients differing per rank",
                 frozenset({"gradient"}),
-                _GRAD,
+                ("float32", "float64", "float16", "bfloat16", "complex64"),
                 requires_grad=True,
             ),
             row(
@@ -552,7 +552,6 @@ class FamilyCatalogue:
         return self.run(prop, cases, pool_factory)
 
 
-_GRAD: Final = ("float32", "float64", "float16", "bfloat16", "complex64")
 _PROPERTY_FIELDS: Final = frozenset(
     {f.name for f in dataclasses.fields(Property)} - {"implementation", "id", "title", "kwargs"}
 )
