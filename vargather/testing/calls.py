@@ -2,25 +2,10 @@
 
 Where it sits: in the testing kit, beneath ``runner`` (which builds each rank's call
 from a template) and ``resolve`` (which checks a template against the callable before
-any world starts). ``--call "(x, group=group)"`` is Python call syntax over the names
-
-* ``x``: this rank's shard; ``dim``: the gather dim; ``sizes``: every rank's size
-  along ``dim`` (as the case passes it: ``None``, a list, or a 1-d int64 tensor);
-  ``shapes``: every rank's full shape, a list of lists of ints; ``group``: the process
-  group object the case runs on (the world group, ``dist.group.WORLD``, for a
-  whole-world case; never ``None``); ``grad``: the claimed contract's name; ``out``:
-  a preallocated output, an empty tensor of the output's shape, dtype and device,
-  which the implementation fills (and may return);
-
-and literals (numbers, strings, ``True``/``False``/``None``, tuples, lists and dicts of
-them). It is parsed with ``ast`` and never evaluated: a name outside the list, a
-call, an attribute, ``*args`` or ``**kwargs`` is refused.
-
-What a template leaves out is out of the implementation's scope and never drawn:
-no ``dim``, dim 0 only (unless it returns per-rank lists, which the gate
-concatenates along any dim); no ``sizes``, sizes never passed; no ``group``, no
-subgroup cases (whole-world cases only); no ``grad``, the contract is claimed but not
-passed.
+any world starts). ``--call "(x, group=group)"`` is Python call syntax over ``NAMES``
+and literals, parsed with ``ast`` and never evaluated; what each name is bound to, and
+what a template that leaves one out puts out of scope: ``docs/conformance.md``, "Call
+templates".
 """
 
 from __future__ import annotations
@@ -46,9 +31,6 @@ class Arg:
     name: str | None
     value: object = None
 
-    def text(self) -> str:
-        return self.name if self.name is not None else repr(self.value)
-
 
 @dataclass(frozen=True)
 class CallTemplate:
@@ -69,11 +51,6 @@ class CallTemplate:
             return values[arg.name] if arg.name is not None else arg.value
 
         return [value(a) for a in self.args], {k: value(v) for k, v in self.kwargs}
-
-    def shape(self, attr: str = "ATTR") -> str:
-        """``ATTR(x, group=group)``: how reports show the call."""
-        parts = [a.text() for a in self.args] + [f"{k}={v.text()}" for k, v in self.kwargs]
-        return f"{attr}({', '.join(parts)})"
 
 
 def group_object(group: object) -> object:
@@ -143,9 +120,9 @@ def parse_call(text: str, names: Sequence[str] = NAMES) -> CallTemplate:
     except SyntaxError as err:
         raise ValueError(f"{text!r} is not Python call syntax: {err.msg}") from None
     call = tree.body
-    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
-        raise ValueError(f"expected one argument list like '(x, dim)', got {text!r}")
-    if call.func.id != "ATTR":
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)) or (
+        call.func.id != "ATTR"
+    ):
         raise ValueError(f"expected one argument list like '(x, dim)', got {text!r}")
     args: list[Arg] = []
     for node in call.args:

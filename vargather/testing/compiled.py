@@ -1,23 +1,15 @@
 """The testing kit's compiled path: a case's call inside a ``torch.compile``d step.
 
-Where it sits: beside ``runner``, on the rank side. ``runner`` calls the implementation
-here instead of directly when the case has a ``compile_backend`` (the ``compiled``
-property of ``properties``). The step compiled with ``fullgraph=True`` is
-
-    step(x) = ATTR(x * w, dim, ...)        w = ones((), requires_grad like x)
-
-so the gather sits between compiled arithmetic on both sides of autograd: in the
-backward, ``w``'s gradient ``Σ grad_h · x`` reads the gather's input gradient, and on a
-rank whose shard is empty that read has zero elements. A compiler that treats the
-gather's backward as a value it may drop (nothing reads a zero-element buffer) leaves
-that rank one collective short and its peers waiting: the class of bug this path
-exists to find (a hang, reported with the case). ``x * 1`` is exact for the integer
-values the property draws, so the judge compares the compiled step's output and
-``x``'s gradient with the oracle bit for bit on every backend.
-
-Compiled steps are cached per process (one per backend and callable): cases after the
-first recompile as dynamo decides (new shapes, sizes, dims), which is part of what is
-tested.
+Where it sits: beside ``runner``, on the rank side, for a case with a
+``compile_backend`` (the ``compiled`` rows). The step, compiled with
+``fullgraph=True``, is ``step(x) = ATTR(x * w, dim, ...)`` with ``w = ones(())``
+requiring grad like ``x``: in the backward, ``w``'s gradient ``Σ grad_h · x`` reads the
+gather's input gradient, which on a rank whose shard is empty has zero elements. A
+compiler that drops the gather's backward there (nothing reads a zero-element buffer)
+leaves that rank one collective short and its peers waiting: the hang this path
+exists to find. ``x * 1`` is exact for the integer values drawn, so results are
+compared bit for bit on every backend. Steps are cached per process (per backend and
+callable); later cases recompile as dynamo decides, which is part of what is tested.
 """
 
 from __future__ import annotations
@@ -95,13 +87,10 @@ def patient_default_group(ctx: object, case: CompiledCase) -> Iterator[None]:
     import torch.distributed as dist
 
     restore = getattr(ctx, "collective_timeout", None)
-    if case.compile_backend is None or not (
-        isinstance(restore, timedelta) and dist.is_available() and dist.is_initialized()
-    ):
-        yield
-        return
-    group = dist.group.WORLD
-    set_timeout = getattr(group, "set_timeout", None)
+    live = isinstance(restore, timedelta) and dist.is_available() and dist.is_initialized()
+    set_timeout = None
+    if case.compile_backend is not None and live:
+        set_timeout = getattr(dist.group.WORLD, "set_timeout", None)
     if set_timeout is None:
         yield
         return
@@ -119,10 +108,8 @@ def call_compiled(
     args: Sequence[object],
     kwargs: Mapping[str, object],
 ) -> object:
-    """``fn(*args, **kwargs)``, where the shard ``x`` is one of the arguments: called
-    eagerly, or for a case with a ``compile_backend`` as that backend's compiled step
-    runs it; what ``fn`` returned, for the runner to unpack. The
-    runner runs the case (its backward too) inside ``patient_default_group``."""
+    """What ``fn(*args, **kwargs)`` returns (the shard ``x`` among the arguments),
+    called eagerly or, for a case with a ``compile_backend``, in its compiled step."""
     backend = case.compile_backend
     if backend is None:
         return fn(*args, **kwargs)
@@ -145,10 +132,9 @@ def call_compiled(
 
 
 def warm_backends(ctx: object, backends: Sequence[str]) -> list[str]:
-    """Compile and run a gather-free step on each backend not yet warm in this rank
-    process (inductor's one-time setup costs seconds to tens of seconds), so a compiled
-    batch's call timeout measures its own steps: the rank function a ``compiled``
-    property sends before its batch. Returns the backends it warmed."""
+    """The backends it warmed: each not yet warm in this rank process, by a gather-free
+    compiled step (inductor's one-time setup costs seconds to tens of seconds), so a
+    compiled batch's call timeout measures its own steps."""
     warmed = []
     for backend in backends:
         if backend in _WARM:

@@ -3,10 +3,6 @@
 Where it sits: at the bottom of the testing kit, beside ``collectives`` (it reads the
 library's table only); the misuse engine (``misuse``), the fuzzers and any rank
 runner call a collective through it instead of a ladder over the collectives' names.
-``name`` is a collective of ``vargather.COLLECTIVES`` or one of its public forms
-(``all_gather_v_with_layout``: a name of ``vargather`` that starts with a table
-name); ``impl`` names another implementation (``MODULE`` whose attribute ``name`` is
-called, or ``MODULE:ATTR``), imported by the kit's one importer.
 """
 
 from __future__ import annotations
@@ -21,7 +17,9 @@ __all__ = ["bind", "call_collective", "function_of"]
 
 
 def function_of(name: str, impl: str = "vargather") -> Callable[..., Any]:
-    """The function that collective ``name`` (or its form) is under ``impl``."""
+    """The function that collective ``name`` (or a public form of it, such as
+    ``all_gather_v_with_layout``) is under ``impl`` (``MODULE``, whose attribute
+    ``name`` it is, or ``MODULE:ATTR``)."""
     if not any(name.startswith(c) for c in vargather.COLLECTIVES) or name not in dir(vargather):
         raise ValueError(f"{name!r} is not a collective of vargather.COLLECTIVES nor its form")
     if impl == "vargather":

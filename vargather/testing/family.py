@@ -2,13 +2,11 @@
 collective but the gather (``collectives.FAMILY``).
 
 Where it sits: in the testing kit, beneath ``family_catalogue`` and the catalogue
-modules, each of which holds what is particular to its collective (its case class, a
-``FamilyCase``; strategy; call). Nothing here names a collective: a case says which it
-is (``collective``) and how it is called; every rank's input and upstream gradient are
-rebuilt from the case alone. ``judge_case`` holds the reports against the oracle the
-table names (``COLLECTIVES[name].oracle`` / ``.oracle_grads``): forward and gradient
-bit for bit, and with integer values the adjoint identity
-``sum_r <y_r, g_r> == sum_j <x_j, dx_j>``.
+modules, each of which holds its collective's case class (a ``FamilyCase``), strategy
+and call: nothing here names a collective. Every rank's input and upstream gradient
+are rebuilt from the case alone. ``judge_case`` holds the reports against the oracle
+the table names: forward and gradient bit for bit, and with integer values the
+adjoint identity ``sum_r <y_r, g_r> == sum_j <x_j, dx_j>``.
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ __all__ = [
     "block_cases",
     "check_case",
     "check_sequence",
-    "draw_group",
     "draw_shared",
     "draw_world",
     "expected",
@@ -63,16 +60,14 @@ its peers waiting that long)."""
 
 
 def values(shape: Sequence[int], dtype: str, seed: int, special: bool) -> torch.Tensor:
-    """Small integer values of ``dtype`` (exact sums in every float format), and with
-    ``special`` NaNs with distinct payloads, -0.0 and infinities among them
-    (``values.make_values``, the kit's one value generator)."""
+    """Small integer values of ``dtype`` (exact sums in every float format); with
+    ``special``, NaNs with distinct payloads, -0.0 and infinities among them."""
     return make_values(tuple(shape), torch_dtype(dtype), seed, "special" if special else "integers")
 
 
 class _Declared:
-    """What each case class declares itself: its ``dtype`` (a field after its own
-    positional ones: callers pass it positionally) and the class attributes below
-    (set unannotated, so they are not dataclass fields)."""
+    """What each case class declares itself: its ``dtype`` field (after its own
+    positional ones) and these class attributes (set unannotated: not fields)."""
 
     collective: ClassVar[str]
     NAMES: ClassVar[tuple[str, ...]]
@@ -90,17 +85,14 @@ class _Declared:
 
 @dataclass(frozen=True, repr=False)
 class FamilyCase(_Declared):
-    """What every family case is and shares: ``world_size`` (positional, first),
-    ``dtype`` (declared by each case after its own positional fields) and these
-    keyword-only fields: ``requires_grad``, ``special`` (NaN payloads, -0.0, inf among
-    the values), ``seed``, ``group`` (the world's ranks forming the group),
-    ``validate``, ``memory`` (``x``'s layout: ``contiguous``, ``transposed`` or
-    ``sliced``), ``initialized`` (``False``: one rank in the calling process,
-    torch.distributed not initialized), ``impl``, ``call`` (a ``--call`` template),
-    ``emulate`` (``"nccl"``: the ranks' torch.distributed behaves as NCCL) and
-    ``compile_backend`` (one of ``COMPILE_BACKENDS``: the call inside a compiled step,
-    ``compiled``). A subclass, a ``@dataclass(frozen=True, repr=False)``, says how its
-    call is made and what the oracle needs, and sets ``_Declared``'s class attributes."""
+    """What every family case shares: ``world_size`` (positional, first), ``dtype``
+    (after each case's own positional fields) and keyword-only fields: ``special``
+    (NaN payloads, -0.0, inf among the values), ``group`` (the world's ranks forming
+    it), ``memory`` (``x``'s layout: ``contiguous``, ``transposed`` or ``sliced``),
+    ``initialized`` (``False``: one rank in the calling process), ``call`` (a
+    ``--call`` template), ``emulate`` (``"nccl"``) and ``compile_backend`` (the call
+    inside a compiled step). A subclass, a ``@dataclass(frozen=True, repr=False)``,
+    says how its call is made and what the oracle needs."""
 
     world_size: int
     _: KW_ONLY
@@ -133,8 +125,8 @@ class FamilyCase(_Declared):
         raise NotImplementedError
 
     def arguments(self, r: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Group rank ``r``'s arguments after ``x`` (``group=``, ``validate=`` and
-        ``timeout=`` are added by the runner)."""
+        """Group rank ``r``'s arguments after ``x`` (the runner adds ``group=``,
+        ``validate=``, ``timeout=``)."""
         raise NotImplementedError
 
     def template_values(self, r: int) -> dict[str, object]:
@@ -198,15 +190,12 @@ class FamilyCase(_Declared):
     def upstream(self) -> list[Any]:
         """Each group rank's upstream gradient: integer-valued, different on every rank
         (a list, one per output, for a list result)."""
-        out: list[Any] = []
-        for r, s in enumerate(self.output_shapes()):
-            if self.shared_output:
-                out.append(
-                    [values(t, self.dtype, 7000 + 97 * r + k, False) for k, t in enumerate(s)]
-                )
-            else:
-                out.append(values(s, self.dtype, 7000 + 97 * r, False))
-        return out
+        return [
+            [values(t, self.dtype, 7000 + 97 * r + k, False) for k, t in enumerate(s)]
+            if self.shared_output
+            else values(s, self.dtype, 7000 + 97 * r, False)
+            for r, s in enumerate(self.output_shapes())
+        ]
 
 
 class SplitCase(FamilyCase):
@@ -259,14 +248,6 @@ class BlockCase(SplitCase):
 C = TypeVar("C", bound=FamilyCase)
 
 
-def draw_group(draw: Any, world: int, subgroups: bool) -> tuple[int, ...] | None:
-    """A drawn subgroup of a world of ``world`` ranks (``None``: the whole world)."""
-    if not subgroups or world < 3 or not draw(st.booleans()):
-        return None
-    ranks = draw(st.lists(st.integers(0, world - 1), min_size=2, max_size=world - 1, unique=True))
-    return tuple(sorted(ranks))
-
-
 def draw_dims(draw: Any, most: int) -> tuple[int, ...]:
     """The dims besides the one split or joined along: up to two, each up to ``most``."""
     return tuple(draw(st.lists(st.integers(0, most), max_size=2)))
@@ -275,17 +256,18 @@ def draw_dims(draw: Any, most: int) -> tuple[int, ...]:
 def draw_world(
     draw: Any, world_sizes: Sequence[int], subgroups: bool
 ) -> tuple[int, tuple[int, ...] | None, int]:
-    """A drawn world size, its subgroup (``draw_group``) and the group's size."""
+    """A drawn world size, its subgroup (``None``: the whole world) and the group's size."""
     world = draw(st.sampled_from(list(world_sizes)))
-    group = draw_group(draw, world, subgroups)
-    return world, group, len(group) if group is not None else world
+    if not subgroups or world < 3 or not draw(st.booleans()):
+        return world, None, world
+    ranks = draw(st.lists(st.integers(0, world - 1), min_size=2, max_size=world - 1, unique=True))
+    return world, tuple(sorted(ranks)), len(ranks)
 
 
 def draw_shared(
     draw: Any, dtypes: Sequence[str], world: int, group: tuple[int, ...] | None
 ) -> dict[str, Any]:
-    """A drawn case's shared fields on ``world`` ranks (``group`` among them): its
-    ``dtype``, ``requires_grad``, ``special`` and values ``seed`` drawn, in this order."""
+    """A drawn case's shared fields on ``world`` ranks (``group`` among them)."""
     return {
         "world_size": world,
         "group": group,
@@ -301,10 +283,8 @@ def block_cases(
     own: Callable[[Any, int], dict[str, Any]] = lambda draw, w: {},
     flags: Callable[[Any], dict[str, Any]] = lambda draw: {},
 ) -> Callable[..., SearchStrategy[Any]]:
-    """A ``BlockCase`` type's strategy, ``(world_sizes, dtypes, subgroups, most)``: in
-    this order its world and group (``draw_world``), ``other``, ``sizes`` (each up to
-    ``most``) and ``dim`` (negative ones too), its ``own(draw, w)`` fields on a group
-    of ``w`` ranks, the shared ones (``draw_shared``), its ``flags`` and ``validate``."""
+    """A ``BlockCase`` type's strategy ``(world_sizes, dtypes, subgroups, most)``, its
+    ``own(draw, w)`` fields (on a group of ``w`` ranks) and ``flags`` drawn too."""
 
     @st.composite
     def cases(
@@ -354,8 +334,7 @@ class CallReport(NamedTuple):
 
 
 def _call(case: FamilyCase, x: torch.Tensor, r: int, group: Any) -> Any:
-    """The case's call on group rank ``r``: as vargather's function is called, or by
-    its call template; inside a compiled step with a backend."""
+    """The case's call on group rank ``r``, as documented or by its call template."""
     fn = function_of(case.collective, case.impl)
     if case.call is not None:
         shape, values = lambda: case.output_shapes()[r], case.template_values(r)
@@ -368,8 +347,7 @@ def _call(case: FamilyCase, x: torch.Tensor, r: int, group: Any) -> Any:
 
 
 def run_case(ctx: RankContext | Alone, case: FamilyCase) -> CallReport | None:
-    """Rank side: build this rank's input (in its memory layout), call, backward with
-    this rank's upstream gradient. ``None`` on a rank outside the case's group."""
+    """Rank side: this rank's call and backward (``None`` outside the case's group)."""
     emulation(case.emulate)
     joined = join(ctx, case.group)
     if joined is None:
@@ -398,9 +376,8 @@ def _run(case: FamilyCase, x: torch.Tensor, r: int, group: Any, grad_wanted: boo
         else:
             out.backward(up)
     # Waiting for an async result is part of the call (its errors are the call's).
-    if isinstance(out, (list, tuple)):
-        return CallReport([_settled(o) for o in out], _settled(x.grad), None)
-    return CallReport(_settled(out), _settled(x.grad), None)
+    output = [_settled(o) for o in out] if isinstance(out, (list, tuple)) else _settled(out)
+    return CallReport(output, _settled(x.grad), None)
 
 
 def _settled(t: Any) -> Any:
@@ -420,8 +397,8 @@ def _settled(t: Any) -> Any:
 
 
 def expected(case: FamilyCase) -> tuple[list[Any], list[torch.Tensor] | None]:
-    """The oracle's results (one per group rank) and input gradients (``None``: no
-    backward), by the functions ``vargather.COLLECTIVES[case.collective]`` names."""
+    """The table's oracle's results (one per group rank) and input gradients
+    (``None``: no backward)."""
     entry = TABLE[case.collective]  # type: ignore[index]  # a catalogue collective's name
     xs, kw = case.inputs(), case.oracle_args()
     out = getattr(oracle, entry.oracle)(xs, **kw)
@@ -471,8 +448,7 @@ def judge_case(case: FamilyCase, reports: Sequence[CallReport | None]) -> list[F
     mine = [rep for rep in reports if rep is not None]
 
     def failed(aspect: str, ranks: Sequence[int], message: str, nan: bool = False) -> Failure:
-        """``call`` (an exception) is an error, the rest mismatches (``nan``: in the
-        payload bits of NaNs only)."""
+        """``call`` (an exception) is an error, the rest mismatches."""
         kind = "error" if aspect == "call" else "mismatch"
         return Failure(
             aspect, kind, message, tuple(ranks), len(mine), name, nan_payload=nan, property=name

@@ -5,14 +5,8 @@ Where it sits: in the testing kit, above ``family`` and ``properties``, beneath 
 catalogue modules (``catalogues.<name>``: ``CATALOGUE = FamilyCatalogue(...)``) and the
 engine. The property suite, the mutant search and ``python -m vargather check --op ...``
 all run these rows, so they cannot drift. What every catalogue's rows share, the
-gather's included, is here too: ``row_builder``, ``forward_rows``, ``scoped`` (the
-scope reasons alike in every catalogue) and the shared constants.
-
-Each row is a class of cases (``Property.kwargs``: ``dtypes``, ``requires_grad``,
-``special``, ``memory``, ``shape`` a method fitting a drawn case, ``large``), the judge's
-aspects it counts (``call``, an exception on some rank, counts everywhere) and a title
-saying what it checks (``FamilyCatalogue.rows``). A collective declares a row that
-cannot apply to it, with the reason the report shows (``FamilyCatalogue(declined=...)``).
+gather's included, is here too: ``row_builder``, ``forward_rows``, ``scoped`` and the
+shared constants.
 """
 
 from __future__ import annotations
@@ -84,9 +78,9 @@ def forward_rows(
     same: str,
     fewer: Mapping[str, tuple[str, ...]] | None = None,
 ) -> list[Property]:
-    """Every catalogue's forward rows, ``forward-float`` ... ``forward-bool``: one per
-    dtype family, ``row(id, title, dtypes)`` with ``same`` and the dtypes in the title,
-    every gloo dtype of the family (``fewer``: the collective's own, by family)."""
+    """Every catalogue's forward rows, ``forward-float`` ... ``forward-bool``: one
+    ``row(id, same + dtypes, dtypes)`` per dtype family, of every gloo dtype of the
+    family (``fewer``: the collective's own, by family)."""
     rows = []
     for family in DTYPE_FAMILIES:
         dtypes = (fewer or {}).get(family) or tuple(
@@ -116,8 +110,7 @@ def row_builder(
 
 def scoped(row: Property, why: str | None = None) -> Property:
     """``row`` left out (``out_of_scope``) for its catalogue's own reason ``why``, or
-    where the target's scope excludes it alike in every catalogue: the gradient rows
-    under ``--grad none``, the ``compiled`` row of a target not claimed to compile."""
+    where the target's scope excludes it alike in every catalogue."""
     target = row.implementation
     if why is None and row.id in ("gradient", "adjoint") and not target.differentiable:
         why = "--grad none: not differentiable"
@@ -150,12 +143,11 @@ def _strided(case: Any) -> Any:
 
 class FamilyCatalogue:
     """The ``Catalogue`` of one collective of the family, from what is its own:
-    ``case_type`` (its ``FamilyCase``), ``cases`` (its strategy: ``world_sizes``,
-    ``dtypes``, ``subgroups``), ``large`` (one payload-scale case on a world),
+    ``cases`` (its strategy), ``large`` (one payload-scale case on a world),
     ``signature`` (how a fork is called without ``--call``), ``sizes_name`` (the
-    argument ``--sizes`` is about), ``sizes_required`` (always passed), ``returns``
+    argument ``--sizes`` is about; ``sizes_required``: always passed), ``returns``
     (``tensor`` or ``list``), ``contracts`` (the ``--grad`` values it takes) and
-    ``declined`` (row id: why that row cannot apply to it)."""
+    ``declined`` (row id: why that row cannot apply to it, as the report shows)."""
 
     def __init__(
         self,
@@ -185,7 +177,7 @@ class FamilyCatalogue:
     # -- scope
 
     def passes(self, target: Implementation, name: str) -> bool:
-        """Whether ``target``'s call passes ``name`` (vargather's own passes every name)."""
+        """Whether ``target``'s call passes ``name`` (vargather's own: every name)."""
         return target.call is None or parse_call(target.call, self.names).uses(name)
 
     def _fitted(self, target: Implementation, case: Any) -> Any:
@@ -233,8 +225,7 @@ class FamilyCatalogue:
     # -- the rows
 
     def rows(self, implementation: Implementation, returns: str = "unknown") -> list[Property]:
-        """Every row, in a fixed order, for ``implementation`` (what it returns beside
-        its result is fixed: ``returns`` is not asked)."""
+        """Every row, in a fixed order, for ``implementation`` (``returns`` is fixed)."""
         del returns
         target = implementation
         row = row_builder(target, self, min_world=2, batch=FAMILY_BATCH)
@@ -296,7 +287,7 @@ class FamilyCatalogue:
                 "gradient",
                 f"input gradients (claimed: {grads}), upstream gradients differing per rank",
                 frozenset({"gradient"}),
-                _GRAD,
+                ("float32", "float64", "float16", "bfloat16", "complex64"),
                 requires_grad=True,
             ),
             row(
@@ -520,10 +511,7 @@ class FamilyCatalogue:
         return reproduction(head, map(repr, cases), ["--op", self.op, *map(repr, cases)])
 
     def case_data(self, case: Any) -> dict[str, Any]:
-        data = dataclasses.asdict(case)
-        data["collective"] = case.collective
-        data["repr"] = repr(case)
-        return data
+        return {**dataclasses.asdict(case), "collective": case.collective, "repr": repr(case)}
 
     def probe_returns(
         self,
@@ -557,7 +545,6 @@ class FamilyCatalogue:
         return self.run(prop, cases, pool_factory)
 
 
-_GRAD: Final = ("float32", "float64", "float16", "bfloat16", "complex64")
 _PROPERTY_FIELDS: Final = frozenset(
     {f.name for f in dataclasses.fields(Property)} - {"implementation", "id", "title", "kwargs"}
 )

@@ -1,22 +1,12 @@
 """The kit's one misuse model: a wrong call of any collective and the error it must raise.
 
-Where it sits: in the testing kit, above ``dispatch`` (the one call dispatcher),
-``rank_runner`` (its ``emulation``) and ``judge``, beneath the catalogues: each
-collective's misuse entries are the ``MISUSES`` tuple at the tail of its catalogue
-(``catalogues/<name>.py``), found through the library's table
-(``COLLECTIVES[name].catalogue``); the entries every collective shares (a rank that
-never arrives, an input that is no tensor) are ``generic`` here and join each
-catalogue's through ``misuses``. The gate's ``misuse`` rows, ``tests/test_misuse.py``,
-``tests/test_faults.py`` and ``fuzz/`` use it.
-
-The contract: one rank's arguments wrong (or a rank absent) makes every rank raise
-the same ``VarGatherError`` subclass with one message naming that rank (the named
-timeout on the others, for an absent rank), and the next call on the same group is
-right, bit for bit against ``vargather.oracle``.
-
-A ``Call`` is one rank's call (a collective by name, args, kwargs), a ``Scenario`` one
-per rank: frozen dataclasses that pickle to the ranks, tensors as descriptions
-(``TensorSpec``, ``SizesTensor``) rebuilt alike on the rank and in the parent.
+Where it sits: in the testing kit, above ``dispatch``, ``rank_runner`` and ``judge``,
+beneath the catalogues: each collective's entries are the ``MISUSES`` at the tail of
+its catalogue module, the ones every collective shares are ``generic`` here. The
+contract (``docs/misuse.md``): one rank's arguments wrong makes every rank raise the
+same ``VarGatherError`` subclass with one message naming that rank, and the next call
+on the group is right. Calls pickle to the ranks with their tensors as descriptions
+(``TensorSpec``, ``SizesTensor``), rebuilt alike on the rank and in the parent.
 """
 
 from __future__ import annotations
@@ -90,8 +80,8 @@ class SizesTensor:
 
 
 def build_x(value: object, rank: int) -> Any:
-    """``value`` as rank ``rank`` passes it: descriptions rebuilt (in lists and tuples
-    too), anything else as is."""
+    """``value`` as rank ``rank`` passes it: descriptions (in lists and tuples too)
+    rebuilt."""
     if isinstance(value, TensorSpec):
         return value.build(rank)
     if isinstance(value, SizesTensor):
@@ -105,11 +95,9 @@ def build_x(value: object, rank: int) -> Any:
 
 @dataclass(frozen=True)
 class Call:
-    """Rank's call of ``collective`` (a name of ``vargather``) with ``args`` and
-    ``kwargs``, any object in them (misuse is the point). ``subgroup``: world ranks
-    of a subgroup passed as ``group=`` (created on every rank, as ``new_group``
-    requires); ``backward``: the rank then backpropagates ``upstream_for`` into its
-    outputs and reports its input's gradient."""
+    """A rank's call of ``collective`` (a name of ``vargather``), any object in its
+    arguments. ``subgroup``: world ranks passed as ``group=`` (created on every rank,
+    as ``new_group`` requires); ``backward``: then backpropagate ``upstream_for``."""
 
     collective: str
     args: tuple[object, ...] = ()
@@ -118,8 +106,7 @@ class Call:
     backward: bool = False
 
     def get(self, name: str) -> Any:
-        """Argument ``name`` (its default when not passed; ``None`` where the collective
-        has no such parameter), however it was passed."""
+        """Argument ``name``, however passed (its default; ``None``: no such parameter)."""
         return bind(self.collective, self.args, self.kwargs).arguments.get(name)
 
     def with_(self, **changes: object) -> Call:
@@ -136,7 +123,7 @@ class Call:
 
     @property
     def x(self) -> Any:
-        """The first argument: the input (a description, or whatever the rank passes)."""
+        """The first argument: the input."""
         return self.args[0]
 
 
@@ -145,10 +132,24 @@ def call(collective: str, *args: object, **kwargs: object) -> Call:
     return Call(collective, args, kwargs)
 
 
+def spec_call(
+    collective: str,
+    rows: int,
+    *args: object,
+    trail: tuple[int, ...] = (2,),
+    dtype: str = "float32",
+    requires_grad: bool = False,
+    **kwargs: object,
+) -> Call:
+    """``call(collective, x, *args, **kwargs)`` with ``x`` a ``(rows, *trail)`` tensor:
+    each catalogue's base call."""
+    return call(collective, TensorSpec((rows, *trail), dtype, requires_grad), *args, **kwargs)
+
+
 @dataclass(frozen=True)
 class Scenario:
-    """One ``Call`` per rank of a ``collective`` call (a rank may call another one:
-    a mixed call); ``absent``: a rank that makes no call."""
+    """One ``Call`` per rank (a rank may call another collective); ``absent``: a rank
+    that makes no call."""
 
     collective: str
     calls: tuple[Call, ...]
@@ -161,8 +162,7 @@ class Scenario:
 
 @dataclass(frozen=True)
 class CallOutput:
-    """What a rank's call returned: its output detached (a list of tensors for a list),
-    its input's gradient, and the layout's sizes of a ``*_with_layout`` form."""
+    """A rank's output detached, its input's gradient, a ``*_with_layout`` form's sizes."""
 
     output: Any
     grad: torch.Tensor | None
@@ -186,8 +186,8 @@ def _upstream(out: Any, rank: int) -> Any:
 
 
 def run_call(ctx: Any, scenario: Scenario, impl: str = "vargather") -> CallOutput | None:
-    """Rank ``ctx.rank`` makes its call of ``scenario`` (``None`` on the absent rank),
-    of ``impl``'s collective where it is the scenario's; raises what the call raises."""
+    """Rank ``ctx.rank``'s call of ``scenario`` (``impl``'s where it is the scenario's
+    collective; ``None`` on the absent rank); raises what the call raises."""
     if ctx.rank == scenario.absent:
         return None
     c = scenario.calls[ctx.rank]
@@ -231,9 +231,8 @@ def _plain(value: Any) -> Any:
 
 
 def expected_of(scenario: Scenario) -> tuple[list[Any], list[torch.Tensor | None]]:
-    """The oracle's output of every rank of a valid scenario, and every rank's input
-    gradient where the calls backpropagate (``upstream_for``), else ``None``s. The
-    collective's oracle functions are those its row of the table names."""
+    """The table's oracle's output of every rank of a valid scenario, and every rank's
+    input gradient where the calls backpropagate (else ``None``s)."""
     row = COLLECTIVES[scenario.collective]  # type: ignore[index]  # a table name, by contract
     xs = [build_x(c.x, r).detach() for r, c in enumerate(scenario.calls)]
     fn = getattr(oracle, row.oracle)
@@ -254,15 +253,12 @@ Build = Callable[[int, int], Call]  # a rank's call from (rank, world size)
 
 @dataclass(frozen=True)
 class Misuse:
-    """One class of misuse of a collective.
-
-    ``bad(rank, world)`` is the offending rank's call (every rank's, ``all_ranks``;
-    ``None``: it never calls), ``good`` its peers' (filled by ``misuses`` with the
-    catalogue's valid call where ``None``). ``error`` is the class every rank must
-    raise, ``fragments(world, offender)`` what its message must contain, and
-    ``blamed`` the ranks it must blame (default: the offender; both of two ranks for a
-    mismatch without a majority; every rank when all err).
-    """
+    """One class of misuse of a collective: ``bad(rank, world)`` the offending rank's
+    call (every rank's, ``all_ranks``; ``None``: it never calls), ``good`` its peers'
+    (``misuses`` fills in the valid call), ``error`` the class every rank must raise,
+    ``fragments(world, offender)`` what its message must contain, ``blamed`` the ranks
+    it must blame (default: the offender; both of two for a mismatch without a
+    majority; every rank when all err)."""
 
     name: str
     summary: str
@@ -303,7 +299,7 @@ class Misuse:
 
     def follow_up(self, world_size: int) -> Scenario:
         """The next call on the group: the peers' valid call on every rank, its input
-        float64 and differentiable, with a backward (the group's other collectives)."""
+        float64 and differentiable, with a backward."""
         assert self.good is not None
         calls = []
         for r in range(world_size):
@@ -316,8 +312,7 @@ class Misuse:
 
 
 def valid_scenario(collective: str, world_size: int) -> Scenario:
-    """A valid call of ``collective`` on every rank: its catalogue's, float64, with a
-    backward (``Misuse.follow_up``)."""
+    """A valid call of ``collective`` on every rank (``Misuse.follow_up``)."""
     return misuse_by_name("none-input", collective).follow_up(world_size)
 
 
@@ -339,8 +334,16 @@ def generic(base: Build) -> tuple[Misuse, ...]:
     """The misuses of every collective, from its valid call ``base``."""
     name = base(0, 2).collective
 
-    def x_is(x: object) -> Build:
-        return lambda r, w: replace(base(r, w), args=(x, *base(r, w).args[1:]))
+    def x_is(kind: str, x: object, what: str) -> Misuse:
+        """One rank passes ``x``, no tensor, as its input."""
+        got = type(x).__name__
+        return Misuse(
+            kind,
+            f"one rank passes {what}",
+            vargather.InputTypeError,
+            lambda r, w: replace(base(r, w), args=(x, *base(r, w).args[1:])),
+            lambda w, o: (f"rank {o}: expected a torch.Tensor, got {got}",),
+        )
 
     return (
         Misuse(
@@ -356,27 +359,15 @@ def generic(base: Build) -> tuple[Misuse, ...]:
             ),
             good=lambda r, w: base(r, w).with_(timeout=ABSENT_TIMEOUT),
         ),
-        Misuse(
-            "not-a-tensor",
-            "one rank passes a list",
-            vargather.InputTypeError,
-            x_is([1.0, 2.0]),
-            lambda w, o: (f"rank {o}: expected a torch.Tensor, got list",),
-        ),
-        Misuse(
-            "none-input",
-            "one rank passes None",
-            vargather.InputTypeError,
-            x_is(None),
-            lambda w, o: (f"rank {o}: expected a torch.Tensor, got NoneType",),
-        ),
+        x_is("not-a-tensor", [1.0, 2.0], "a list"),
+        x_is("none-input", None, "None"),
     )
 
 
 def misuses(base: Build, *entries: Misuse, without: Mapping[str, str] = {}) -> tuple[Misuse, ...]:
     """A catalogue's ``MISUSES``: its own ``entries`` (peers calling ``base`` unless
-    an entry says otherwise), then the ``generic`` ones but those ``without`` names,
-    each with why it does not apply."""
+    an entry says otherwise; a table, two lines an entry: name, summary, error; bad
+    call, fragments, options), then the ``generic`` ones but ``without``'s (name: why)."""
     shared = tuple(e for e in generic(base) if e.name not in without)
     return tuple(e if e.good is not None else replace(e, good=base) for e in entries + shared)
 
@@ -419,7 +410,7 @@ MISUSE_KINDS: Final[Mapping[str, tuple[str, ...]]] = _Kinds()
 @dataclass(frozen=True)
 class MisuseCase:
     """Entry ``kind`` of ``collective`` on ``world_size`` ranks, rank ``odd`` wrong,
-    the collective ``impl``'s (``MODULE`` or ``MODULE:ATTR``), ``emulate`` a backend."""
+    ``impl``'s collective (``MODULE`` or ``MODULE:ATTR``) under ``emulate``."""
 
     collective: str
     kind: str
@@ -465,8 +456,7 @@ def run_follow_up(ctx: Any, case: MisuseCase) -> CallOutput | str | None:
 
 
 def run_misuse(ctx: Any, case: MisuseCase) -> Report:
-    """Rank side: the misused call, then (unless a rank was absent: the group is out of
-    step) the next call on the same group."""
+    """Rank side: the misused call, then (unless a rank was absent) the next call."""
     emulation(case.emulate)
     error: RaisedError | None = None
     try:
@@ -477,9 +467,8 @@ def run_misuse(ctx: Any, case: MisuseCase) -> Report:
 
 
 def judge_misuse(case: MisuseCase, reports: Sequence[Report]) -> list[Failure]:
-    """Every rank the entry's error class, with one message holding its fragments and
-    naming its blamed ranks (an absent rank: nothing raised there, the named timeout on
-    the others); every next call right against the oracle, bit for bit."""
+    """The entry's failures: every rank its error class, with one message holding its
+    fragments and naming its blamed ranks; every next call right, bit for bit."""
     entry, w, o = case.entry, case.world_size, case.odd
     expected, blamed = entry.error.__name__, entry.blamed_ranks(w, o)
     failures: list[Failure] = []
@@ -548,8 +537,8 @@ def judge_follow_up(case: MisuseCase, afters: Sequence[CallOutput | str | None])
 
 
 def check_misuse(pool: Any, case: MisuseCase) -> list[Failure]:
-    """The misuse property on ``pool`` (``case.world_size`` ranks); on the same world
-    (its generation unchanged), except after an absent rank: then a rebuilt one."""
+    """The misuse property on ``pool``: on the same world (its generation unchanged),
+    except after an absent rank: then a rebuilt one."""
     generation = pool.generation
     reports = pool.run(run_misuse, case)
     if case.entry.absent:

@@ -4,16 +4,9 @@ Where it sits: above ``cases`` -> ``judge`` -> ``runner``, beneath each collecti
 catalogue (``vargather.testing.catalogues.<name>``), which lists its rows, each holding
 the catalogue: nothing here looks a collective up. ``tests/`` (pytest), the mutant
 search and ``python -m vargather check`` all run the rows ``catalogues.catalogue()``
-returns, so the gate and the suite cannot drift.
-
-A ``Property`` is a class of cases (keyword arguments for its collective's case
-strategy plus a world-size range, and a ``keep`` filter where no strategy argument
-narrows enough) and the aspects of the judge's checks it is about (``Failure.aspect``):
-a forward property does not fail on returned sizes, which have a property of their
-own. A failure of the call itself (``call``: an exception, a crash, a hang) counts
-against every property. How a batch is drawn, run and told is its collective's
-catalogue's (``Property.catalogue``: ``draw``, ``run``, ``describe``): the row itself
-is the same kind for every collective.
+returns, so the gate and the suite cannot drift. A failure of the call itself
+(``call``: an exception, a crash, a hang) counts against every row; how a batch is
+drawn, run and told is its catalogue's (``draw``, ``run``, ``describe``).
 """
 
 from __future__ import annotations
@@ -98,14 +91,11 @@ class Property:
     batch: int | None = None
     """Cases per batch at most (``None``: the caller's)."""
     equal_shapes: bool = False
-    """Draw equal shapes only (``--equal-shapes``): every rank's shard has the shape of
-    the first rank's."""
+    """Every rank's shard drawn with the first rank's shape (``--equal-shapes``)."""
     misuse: bool = False
-    """Its cases are misuses (``vargather.testing.misuse``): one rank's arguments
-    wrong, every rank to raise the same error, the group usable after."""
+    """Its cases are misuses (``vargather.testing.misuse``)."""
     catalogue: Catalogue | None = field(default=None, compare=False, repr=False)
-    """The catalogue that listed it, which draws, runs and tells its batches (the row
-    holds it: nothing here looks a collective up)."""
+    """The catalogue that listed it, which draws, runs and tells its batches."""
 
     @property
     def plugin(self) -> Catalogue:
@@ -160,10 +150,9 @@ class Property:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
     ) -> SearchStrategy[list[Any]]:
         """Batches of up to ``batch`` cases, all on one world size drawn from
-        ``world_sizes`` (restricted to the property's range). ``transports`` narrows
-        the transports drawn (default: every one the implementation takes);
-        ``max_payload`` bounds a large case's bytes per rank (0: small cases only).
-        The same arguments on the same property give the same strategy object."""
+        ``world_sizes`` (restricted to the property's range); ``transports``: those
+        drawn (default: every one it takes); ``max_payload``: a large case's bytes per
+        rank (0: small cases only). Memoized: the same arguments, the same object."""
         key = (
             id(self),
             tuple(world_sizes),
@@ -174,33 +163,22 @@ class Property:
         kept = _BUILT.get(key)
         if kept is not None and kept[0] is self:  # an id is reused only once its object is gone
             return kept[1]
-        built = self._build(world_sizes, batch, transports, max_payload)
-        _BUILT[key] = (self, built)
-        while len(_BUILT) > _BUILT_MAX:
-            del _BUILT[next(iter(_BUILT))]
-        return built
-
-    def _build(
-        self,
-        world_sizes: Sequence[int],
-        batch: int,
-        transports: Sequence[str] | None,
-        max_payload: int,
-    ) -> SearchStrategy[list[Any]]:
-        """``strategy`` without the memo."""
         plugin = self.plugin
         if self.batch is not None:
             batch = min(batch, self.batch)
-
         worlds = self.worlds(world_sizes)
         if not worlds:
             raise ValueError(f"{self.id}: no world size of {list(world_sizes)} applies")
         # built once per world, not per example (a flatmap's function runs on every draw,
         # and building a case strategy costs milliseconds of the parent's CPU)
         per_world = {w: plugin.draw(self, w, batch, transports, max_payload) for w in worlds}
-        if len(worlds) == 1:
-            return per_world[worlds[0]]
-        return st.sampled_from(worlds).flatmap(per_world.__getitem__)
+        built = per_world[worlds[0]]
+        if len(worlds) > 1:
+            built = st.sampled_from(worlds).flatmap(per_world.__getitem__)
+        _BUILT[key] = (self, built)
+        while len(_BUILT) > _BUILT_MAX:
+            del _BUILT[next(iter(_BUILT))]
+        return built
 
     def counted(self, verdict: Verdict) -> list[Failure]:
         """The verdict's failures this property is about, labelled with its id."""
@@ -211,13 +189,9 @@ class Property:
         ]
 
     def run(
-        self,
-        batch: Sequence[Any],
-        *,
-        pool_factory: Callable[[int], RankPool] | None = None,
+        self, batch: Sequence[Any], *, pool_factory: Callable[[int], RankPool] | None = None
     ) -> list[tuple[Verdict, list[Failure]]]:
-        """Run ``batch`` and pair every verdict with the failures that count here (a
-        coalesced property runs the batch as one coalesced call)."""
+        """Run ``batch`` and pair every verdict with the failures that count here."""
         if pool_factory is None:
             from .pool import get_pool
 
@@ -227,7 +201,7 @@ class Property:
 
     def describe(self, batch: Sequence[Any], index: int) -> str:
         """Case ``index`` of ``batch`` (it failed) in words, with the command that
-        re-runs it (after the calls before it, where they share its world)."""
+        re-runs it."""
         return self.plugin.describe(self, batch, index)
 
     def case_data(self, case: Any) -> dict[str, Any]:

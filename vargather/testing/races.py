@@ -1,15 +1,13 @@
 """A failure whose ranks raced: one rank's refusal against its peers' waiting.
 
-Where it sits: in the gate's engine, beneath ``evaluate`` (which settles every failing
-case's failures here before it reports them and before it decides how far to shrink).
-When one rank raises (a backend refusing a dtype, a local check) while its peers wait
-for it inside a collective, what the gate sees of the peers depends on timing: their
-own timeout errors, a pool that stopped waiting (a hang), or nothing yet. Which is
-seen first must not decide the report (issue 34: the same seed gave a 4-rank timeout
-in one run and a 1-rank refusal in the other), so ``settle`` reports the refusal, with
-the same message every run. ``evaluate`` stops shrinking at a failure where any peer
-waited (``is_wait``), whichever form the waiting took: each further attempt would wait
-again.
+Where it sits: in the gate's engine, beneath ``evaluate``, which settles every failing
+case's failures here before it reports them and decides how far to shrink. When one
+rank raises (a backend refusing a dtype, a local check) while its peers wait for it
+inside a collective, what the gate sees of the peers depends on timing (their timeout
+errors, a hang, or nothing yet); that must not decide the report (issue 34: the same
+seed gave a 4-rank timeout in one run and a 1-rank refusal in the other), so ``settle``
+reports the refusal, the same every run. ``evaluate`` stops shrinking at a failure
+where any peer waited (``is_wait``): each further attempt would wait again.
 """
 
 from __future__ import annotations
@@ -44,10 +42,6 @@ def is_wait(failure: Failure) -> bool:
     return any(mark in text for mark in WAIT_MARKS)
 
 
-def _real(failure: Failure) -> bool:
-    return failure.kind == "error" and not is_wait(failure)
-
-
 PEERS_WAITED: Final = (
     "its peers waited for it in the collective until they timed out (or the pool stopped "
     "waiting for them)"
@@ -68,4 +62,5 @@ def settle(failures: Sequence[Failure]) -> list[Failure]:
 def raced(failures: Sequence[Failure]) -> bool:
     """Whether ``settle`` drops something from ``failures``: a real error on some rank
     while others waited."""
-    return any(_real(f) for f in failures) and any(is_wait(f) for f in failures)
+    real = any(f.kind == "error" and not is_wait(f) for f in failures)
+    return real and any(is_wait(f) for f in failures)

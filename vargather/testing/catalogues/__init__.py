@@ -3,14 +3,10 @@
 Where it sits: in the testing kit, between the engine (which runs the rows of
 whichever catalogue ``--op`` names, with no branch on the collective) and the rows' own
 code. A collective's catalogue is the module ``vargather.testing.catalogues.<name>``
-(``name`` as the collectives' table spells it) with a ``CATALOGUE`` object that
-satisfies ``Catalogue``: how ``--impl``/``--call`` resolve for it, its rows, how a row
-draws and runs a batch, and how a failing batch is told. A new collective is one module
-here: a collective shaped like the family builds its ``CATALOGUE`` as a
+(``name`` as the collectives' table spells it) with a ``CATALOGUE`` that satisfies
+``Catalogue``. A collective shaped like the family builds it as a
 ``family_catalogue.FamilyCatalogue`` of its case class and strategy, and gets every
-generic row (``docs/api-testing.md``, "Adding a collective to the gate"). The model is
-pytest's plugins: the engine asks the hook, never the collective's name; every row
-holds its catalogue. ``catalogue(impl)`` and ``property_ids(op)`` list the rows.
+generic row (``docs/api-testing.md``, "Adding a collective to the gate").
 """
 
 from __future__ import annotations
@@ -50,11 +46,10 @@ class Catalogue(Protocol):
     @property
     def default_call(self) -> str | None:
         """The call the report names when no ``--call`` is given (``None``: the
-        convention's, which the report names itself)."""
+        convention's)."""
 
     def resolve(self, options: CheckOptions, cwd: str) -> ImplInfo:
-        """What ``--impl``/``--call`` name for this collective (``OptionError`` for an
-        option that cannot apply to it, saying why)."""
+        """What ``--impl``/``--call`` name (``OptionError`` for one that cannot apply)."""
 
     def implementation(self, info: ImplInfo, options: CheckOptions, cwd: str) -> Implementation:
         """The implementation the rows run: the resolved one with its declared scope."""
@@ -105,36 +100,29 @@ def catalogue_of(op: str) -> Catalogue:
 def catalogue(
     implementation: Implementation = VARGATHER, *, returns: str = "unknown"
 ) -> list[Property]:
-    """Every row of ``implementation``'s collective (``implementation.op``), in a fixed
-    order, each holding its catalogue. ``returns`` (``sizes``, ``layout``, ``none`` or
-    ``unknown``) only words the titles of the rows about what it returns beside its
-    result.
-
-    Raises:
-        ValueError: ``returns`` is none of ``sizes``, ``layout``, ``none``, ``unknown``.
-    """
+    """Every row of ``implementation``'s collective, in a fixed order; ``returns`` (one
+    of ``RETURNS``, else ``ValueError``) only words the titles of the rows about what
+    it returns beside its result."""
     if returns not in RETURNS:
         raise ValueError(f"returns={returns!r} is not one of {RETURNS}")
     return catalogue_of(implementation.op).rows(implementation, returns)
 
 
 def property_ids(op: str = DEFAULT) -> tuple[str, ...]:
-    """The ids of ``op``'s catalogue, in order (what an xfails file or ``--only`` may
-    name)."""
+    """The ids of ``op``'s catalogue, in order."""
     return tuple(p.id for p in catalogue(replace(VARGATHER, op=op)))
 
 
 def call_sequences(
     world_size: int = 3, max_calls: int = 6, most: int = 4
 ) -> SearchStrategy[list[Any]]:
-    """Mixed sequences of every family collective's calls on one world of
-    ``world_size`` ranks (each drawn by its catalogue's strategy)."""
+    """Mixed sequences of every family collective's calls on one world."""
     drawn = [c.cases(world_sizes=(world_size,), most=most) for c in family_catalogues()]
     return st.lists(st.one_of(*drawn), min_size=2, max_size=max_calls)
 
 
 def family_catalogues() -> list[FamilyCatalogue]:
-    """The catalogues of the family's collectives (``collectives.FAMILY``)."""
+    """The catalogues of ``collectives.FAMILY``."""
     from ..family_catalogue import FamilyCatalogue
 
     found = [catalogue_of(op) for op in FAMILY]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, replace
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 from hypothesis import strategies as st
 
@@ -23,7 +23,6 @@ class GatherListCase(FamilyCase):
     collective = "all_gather_list"
     NAMES = ("x", "shapes", "group", "grad")
     shared_output = True
-    has_dim: ClassVar[bool] = False
 
     shapes: tuple[tuple[int, ...], ...]
     dtype: str = "float32"
@@ -124,7 +123,7 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, TensorSpec, call, misuses  # noqa: E402
+from ..misuse import Call, Misuse, call, misuses, spec_call  # noqa: E402
 
 
 def list_shape(r: int) -> tuple[int, int]:
@@ -136,16 +135,9 @@ def list_shapes(w: int) -> list[list[int]]:
     return [list(list_shape(r)) for r in range(w)]
 
 
-def _list(
-    r: int,
-    w: int,
-    *,
-    extra: tuple[int, ...] = (),
-    dtype: str = "float32",
-    requires_grad: bool = False,
-    **kw: Any,
-) -> Call:
-    return call("all_gather_list", TensorSpec((*list_shape(r), *extra), dtype, requires_grad), **kw)
+def _list(r: int, w: int, *, extra: tuple[int, ...] = (), **kw: Any) -> Call:
+    rows, cols = list_shape(r)
+    return spec_call("all_gather_list", rows, trail=(cols, *extra), **kw)
 
 
 def _lie(w: int, o: int, extra_dim: bool = False) -> list[list[int]]:
@@ -154,7 +146,6 @@ def _lie(w: int, o: int, extra_dim: bool = False) -> list[list[int]]:
     return lie
 
 
-# A table, two lines an entry: name, summary, error; bad call, fragments, options.
 # fmt: off
 MISUSES: Final = misuses(
     _list,

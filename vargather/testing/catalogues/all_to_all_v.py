@@ -26,22 +26,13 @@ __all__ = [
 
 @dataclass(frozen=True, repr=False)
 class AllToAllCase(SplitCase):
-    """``all_to_all_v(x_j, send[j], dim, cat_dim=cat_dim)`` on group rank ``j``.
-
-    ``cat``: with ``cat_dim`` another dim than ``dim``, each rank's size along it (its
-    entry of ``other`` there is unused), and ``send``'s columns constant (every rank
-    sends rank ``r`` as many rows along ``dim``)."""
+    """``all_to_all_v(x_j, send[j], dim, cat_dim=cat_dim)`` on group rank ``j``; ``cat``:
+    with ``cat_dim`` another dim than ``dim``, each rank's size along it (its entry of
+    ``other`` there unused), ``send``'s columns then constant (every rank sends rank
+    ``r`` as many rows)."""
 
     collective = "all_to_all_v"
-    NAMES = (
-        "x",
-        "send_sizes",
-        "recv_sizes",
-        "dim",
-        "cat_dim",
-        "group",
-        "out",
-    )
+    NAMES = ("x", "send_sizes", "recv_sizes", "dim", "cat_dim", "group", "out")
     POSITIONAL = ("send_sizes", "dim")
 
     send: tuple[tuple[int, ...], ...]
@@ -168,12 +159,10 @@ def changing_sizes_sequences(
     draw: Any, world_size: int = 3, max_calls: int = 8, most: int = 4
 ) -> list[AllToAllCase]:
     """``all_to_all_v`` calls on one world whose send sizes change from call to call
-    while the rest stays (dtype, the other dimensions, ``dim``, the gradient): each
-    call, each rank keeps its sizes, moves a row from one block to another, or draws
-    new ones (its length changes); validated, receive sizes unknown, usually cut along
-    the first dimension. What MoE dispatch does every layer, and the calls that
-    ``all_to_all_v`` answers by its learned round with new sizes (the full path where
-    a block outgrows its slot)."""
+    while the rest stays: each call, each rank keeps its sizes, moves a row from one
+    block to another, or draws new ones; validated, receive sizes unknown. What MoE
+    dispatch does every layer, answered by the learned round with new sizes (the full
+    path where a block outgrows its slot)."""
     base = draw(
         all_to_all_cases(world_sizes=(world_size,), subgroups=False, most=most, joined=False)
     )
@@ -220,7 +209,7 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, TensorSpec, blocks, call, misuses, tie  # noqa: E402
+from ..misuse import Call, Misuse, TensorSpec, blocks, call, misuses, spec_call, tie  # noqa: E402
 
 
 def a2a_send(w: int, r: int) -> list[int]:
@@ -233,19 +222,9 @@ def a2a_recv(w: int, r: int) -> list[int]:
     return [a2a_send(w, j)[r] for j in range(w)]
 
 
-def _a2a(
-    r: int,
-    w: int,
-    *,
-    extra_rows: int = 0,
-    trail: tuple[int, ...] = (2,),
-    dtype: str = "float32",
-    requires_grad: bool = False,
-    **kw: Any,
-) -> Call:
+def _a2a(r: int, w: int, *, extra_rows: int = 0, **kw: Any) -> Call:
     send = kw.pop("send", a2a_send(w, r))
-    spec = TensorSpec((sum(a2a_send(w, r)) + extra_rows, *trail), dtype, requires_grad)
-    return call("all_to_all_v", spec, send, **kw)
+    return spec_call("all_to_all_v", sum(a2a_send(w, r)) + extra_rows, send, **kw)
 
 
 def _lie(w: int, o: int) -> list[int]:
@@ -259,7 +238,6 @@ def _joined(r: int, w: int, send: list[int] | None = None, cat_dim: int = 1) -> 
     return call("all_to_all_v", TensorSpec((w, 2 + r)), send or [1] * w, 0, cat_dim=cat_dim)
 
 
-# A table, two lines an entry: name, summary, error; bad call, fragments, options.
 # fmt: off
 MISUSES: Final = misuses(
     _a2a,

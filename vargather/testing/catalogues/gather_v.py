@@ -76,25 +76,14 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, SizesTensor, TensorSpec, blocks, call, misuses, tie  # noqa: E402
+from ..misuse import Call, Misuse, SizesTensor, TensorSpec, blocks, call, misuses, spec_call, tie  # noqa: E402
 
 DST: Final = 1
 """The base call's root (a group rank)."""
 
 
-def _gv(
-    r: int,
-    w: int,
-    *,
-    rows: int | None = None,
-    trail: tuple[int, ...] = (2,),
-    dtype: str = "float32",
-    requires_grad: bool = False,
-    dst: object = DST,
-    **kw: Any,
-) -> Call:
-    n = blocks(w)[r] if rows is None else rows
-    return call("gather_v", TensorSpec((n, *trail), dtype, requires_grad), dst, 0, **kw)
+def _gv(r: int, w: int, *, dst: object = DST, **kw: Any) -> Call:
+    return spec_call("gather_v", blocks(w)[r], dst, 0, **kw)
 
 
 def _other_sizes(w: int, r: int) -> list[int]:
@@ -105,7 +94,6 @@ def _other_sizes(w: int, r: int) -> list[int]:
     return sizes
 
 
-# A table, two lines an entry: name, summary, error; bad call, fragments, options.
 # fmt: off
 MISUSES: Final = misuses(
     _gv,

@@ -55,29 +55,18 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, SizesTensor, TensorSpec, blocks, call, misuses, tie  # noqa: E402
+from ..misuse import Call, Misuse, SizesTensor, TensorSpec, blocks, call, misuses, spec_call, tie  # noqa: E402
 
 
-def _rs(
-    r: int,
-    w: int,
-    *,
-    rows: int | None = None,
-    trail: tuple[int, ...] = (2,),
-    dtype: str = "float32",
-    requires_grad: bool = False,
-    **kw: Any,
-) -> Call:
+def _rs(r: int, w: int, *, rows: int | None = None, **kw: Any) -> Call:
     n = sum(blocks(w)) if rows is None else rows
-    sizes = kw.pop("sizes", blocks(w))
-    return call("reduce_scatter_v", TensorSpec((n, *trail), dtype, requires_grad), sizes, **kw)
+    return spec_call("reduce_scatter_v", n, kw.pop("sizes", blocks(w)), **kw)
 
 
 def _reversed(w: int) -> list[int]:
     return list(reversed(blocks(w)))
 
 
-# A table, two lines an entry: name, summary, error; bad call, fragments, options.
 # fmt: off
 MISUSES: Final = misuses(
     _rs,

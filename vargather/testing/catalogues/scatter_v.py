@@ -68,27 +68,15 @@ CATALOGUE: Final = FamilyCatalogue(
 
 import vargather  # noqa: E402
 
-from ..misuse import Call, Misuse, SizesTensor, TensorSpec, blocks, call, misuses, tie  # noqa: E402
+from ..misuse import Call, Misuse, SizesTensor, TensorSpec, blocks, call, misuses, spec_call, tie  # noqa: E402
 
 SRC: Final = 1
 """The base call's root (a group rank)."""
 
 
-def _sv(
-    r: int,
-    w: int,
-    *,
-    rows: int | None = None,
-    trail: tuple[int, ...] = (2,),
-    dtype: str = "float32",
-    requires_grad: bool = False,
-    sizes: object = None,
-    src: object = SRC,
-    **kw: Any,
-) -> Call:
+def _sv(r: int, w: int, *, rows: int | None = None, src: object = SRC, **kw: Any) -> Call:
     n = (sum(blocks(w)) if r == SRC else 0) if rows is None else rows
-    sizes = blocks(w) if sizes is None else sizes
-    return call("scatter_v", TensorSpec((n, *trail), dtype, requires_grad), sizes, src, 0, **kw)
+    return spec_call("scatter_v", n, kw.pop("sizes", blocks(w)), src, 0, **kw)
 
 
 def _alt(w: int) -> int:
@@ -110,7 +98,6 @@ def _other_sizes(w: int) -> list[int]:
     return sizes
 
 
-# A table, two lines an entry: name, summary, error; bad call, fragments, options.
 # fmt: off
 MISUSES: Final = misuses(
     _sv,
