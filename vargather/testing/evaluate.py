@@ -69,22 +69,6 @@ def render_failures(failures: Sequence[Failure], limit: int = 4) -> str:
     return "\n".join(lines)
 
 
-def _property_failure(
-    failures: Sequence[Failure], case_data: dict[str, Any], reproduction: str
-) -> PropertyFailure:
-    """A property's failure on a case, from the judge's records (the first one's kind
-    and aspect; a crash or a hang anywhere is the property's kind)."""
-    kinds = {f.kind for f in failures}
-    kind = next((k for k in ("crash", "hang") if k in kinds), failures[0].kind)
-    return PropertyFailure(
-        kind,
-        render_failures(failures),
-        case_data,
-        reproduction,
-        aspect=failures[0].aspect,
-    )
-
-
 class FailingBatchError(AssertionError):
     """Raised inside the Hypothesis test body: the batch has a failing case."""
 
@@ -184,10 +168,7 @@ def evaluate_row(
     row_id: str | None = None,
     max_examples: int | None = None,
 ) -> PropertyResult:
-    """Run one property as a Hypothesis test; shrink its first failure to a minimal case.
-
-    Deterministic for a given seed: examples and shrinking are budgeted by count, never
-    by time, so a loaded machine runs the same examples."""
+    """Run one property as a Hypothesis test; shrink its first failure to a minimal case."""
     started = time.monotonic()
     state = _PropertyState()
     strategy: SearchStrategy[list[Any]] = prop.strategy(
@@ -233,7 +214,12 @@ def evaluate_row(
                 shown = prop.describe(batch, index)
                 # A refusal racing its peers' waiting reads the same every run (races).
                 settled = settle(failures)
-                return _property_failure(settled, prop.case_data(verdict.case), shown)
+                # The first record's kind and aspect; a crash or a hang anywhere is the kind.
+                kinds = {f.kind for f in settled}
+                kind = next((k for k in ("crash", "hang") if k in kinds), settled[0].kind)
+                data = prop.case_data(verdict.case)
+                message = render_failures(settled)
+                return PropertyFailure(kind, message, data, shown, aspect=settled[0].aspect)
         return None
 
     def run(batch: list[Any]) -> PropertyFailure | None:
@@ -272,7 +258,11 @@ def evaluate_row(
     if failure is not None and last is not None and failure.message.startswith(last.message):
         # the note of a failure that did not reproduce on Hypothesis's replay, if any
         note = failure.message[len(last.message) :]
-        settled = _reported(state, lambda b: attempt(b, False))
+        # The counterexample run until it has TRIES tries (once only after a timeout).
+        tries = state.tries.setdefault(state.last_key, [last])
+        while len(tries) < TRIES and state.cost != _COST_TIMEOUT:
+            tries.append(attempt(list(state.last_key), False))
+        settled = _settle_tries(tries)
         failure = dataclasses.replace(settled, message=settled.message + note)
     seconds = time.monotonic() - started
     if failure is None and state.cases == 0:
@@ -291,18 +281,6 @@ def evaluate_row(
     )
 
 
-def _reported(
-    state: _PropertyState, attempt: Callable[[list[Any]], PropertyFailure | None]
-) -> PropertyFailure:
-    """The counterexample's failure as reported: its batch (``state.last_key``) run
-    until it has ``TRIES`` tries (once only when a try waits out a timeout), and the
-    failure its tries settle on, with how many of them failed."""
-    tries = state.tries.setdefault(state.last_key, [state.last])
-    while len(tries) < TRIES and state.cost != _COST_TIMEOUT:
-        tries.append(attempt(list(state.last_key)))
-    return _settle_tries(tries)
-
-
 def seeded_search(
     strategy: SearchStrategy[Any],
     body: Callable[[Any], None],
@@ -313,14 +291,15 @@ def seeded_search(
     """``body`` over ``strategy`` as a seeded Hypothesis test of ``max_examples``
     examples: the failure ``body`` raised (``FailingBatchError``; after
     ``ShrinkBudgetSpent`` ended the shrinking, ``last()``, the smallest seen), or
-    ``None``. Examples and shrinking are budgeted by count (``body`` counts), so a
-    given seed gives the same run on any machine."""
+    ``None``."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
 
+    db = None if options.db is None else DirectoryBasedExampleDatabase(options.db)
     test = settings(
         max_examples=max_examples,
         derandomize=False,  # the seed below makes a run reproducible
-        database=_database(options.db),  # nothing written into the caller's checkout
+        database=db,  # nothing written into the caller's checkout
         deadline=None,  # no timed verdicts: a slow machine is not a failure
         verbosity=Verbosity.quiet,  # the report prints the counterexample, not Hypothesis
         print_blob=False,
@@ -405,15 +384,6 @@ def prefer_nonempty(
         shrink_runs=result.shrink_runs + second.examples + second.shrink_runs,
         failure=dataclasses.replace(g, message=g.message + note),
     )
-
-
-def _database(path: str | None) -> Any:
-    """Hypothesis's example database: none, or ``--db PATH``."""
-    if path is None:
-        return None
-    from hypothesis.database import DirectoryBasedExampleDatabase
-
-    return DirectoryBasedExampleDatabase(path)
 
 
 _STORAGE_ENV: Final = "HYPOTHESIS_STORAGE_DIRECTORY"
