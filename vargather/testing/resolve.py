@@ -2,12 +2,9 @@
 
 Where it sits: in the gate's engine in the testing kit, above ``options`` and
 ``calls`` and beneath ``engine``. ``resolve_options_impl`` imports ``MODULE:ATTR`` in the
-checking process (through the kit's one importer, ``importer.load_callable``), builds a
-configured ``MODULE:ATTR(key=literal)`` once, picks the call (a ``call`` template, or
-the ``convention``'s), checks it against the callable's signature (an ``nn.Module``'s
-``forward``; a ``torch.autograd.Function``'s ``apply`` against its ``forward`` minus
-``ctx``) and derives what the call leaves out of scope. Everything here happens
-before any world starts: a call that does not fit is exit 2, naming the mismatch.
+checking process (through the kit's one importer, ``importer.load_callable``), picks
+the call and checks it against the callable's signature before any world starts: a
+call that does not fit is exit 2, naming the mismatch.
 """
 
 from __future__ import annotations
@@ -71,14 +68,12 @@ class ImplInfo:
 @dataclass(frozen=True)
 class Scope:
     """The declared scope as a call template narrows it: ``dims`` (``None``: every
-    dim), ``sizes`` (``--sizes``), ``takes_group``, ``takes_grad``; ``notes`` say what
-    the template left out, for the report."""
+    dim), ``sizes`` (``--sizes``), ``takes_group``, ``takes_grad``."""
 
     dims: tuple[int, ...] | None
     sizes: str
     takes_group: bool
     takes_grad: bool
-    notes: tuple[str, ...] = ()
 
 
 def call_scope(template: CallTemplate, options: CheckOptions) -> Scope:
@@ -88,7 +83,6 @@ def call_scope(template: CallTemplate, options: CheckOptions) -> Scope:
     No ``dim``: dim 0 only, unless ATTR returns per-rank lists (``returns='list'``,
     concatenated by the gate along any dim). No ``sizes``: ``sizes='never'``. No
     ``group``: no subgroup cases. No ``grad``: the contract is not passed."""
-    notes: list[str] = []
     dims = options.dims
     if not template.uses("dim") and options.returns != "list":
         if dims is not None and any(d != 0 for d in dims):
@@ -98,20 +92,14 @@ def call_scope(template: CallTemplate, options: CheckOptions) -> Scope:
                 "only dim 0 can be checked (or --returns list, concatenated by the gate)",
             )
         dims = (0,)
-        notes.append("no dim: dim 0 only")
     sizes = options.sizes
     if not template.uses("sizes"):
         if sizes not in ("any", "never"):
             raise OptionError(
                 "sizes", f"{sizes}: the call {template.text} passes no sizes (use --sizes never)"
             )
-        if sizes != "never":
-            notes.append("no sizes: --sizes never")
         sizes = "never"
-    takes_group = template.uses("group")
-    if not takes_group:
-        notes.append("no group: no subgroup cases")
-    return Scope(dims, sizes, takes_group, template.uses("grad"), tuple(notes))
+    return Scope(dims, sizes, template.uses("group"), template.uses("grad"))
 
 
 _PROBE_VALUES: dict[str, object] = {
@@ -121,23 +109,6 @@ _PROBE_VALUES: dict[str, object] = {
     "group": None,
     "grad": "sum",
 }
-
-
-def _check_call_fits(ref: str, target: object, template: CallTemplate) -> None:
-    """``OptionError`` naming the mismatch when ``template`` does not bind to
-    ``target``'s signature (before any world starts)."""
-    sig = _signature(target)
-    if sig is None:
-        return
-    args, kwargs = template.build({"x": torch.zeros(1), **_PROBE_VALUES})
-    try:
-        sig.bind(*args, **kwargs)
-    except TypeError as err:
-        where = "its forward, less ctx," if _is_function_apply(target) else "its signature"
-        raise OptionError(
-            "call",
-            f"{template.text} does not fit {ref}: {where} is {sig}: {err}",
-        ) from None
 
 
 def ensure_import_path(cwd: str | None = None) -> str:
@@ -158,21 +129,6 @@ def load_impl(ref: str, cwd: str | None = None) -> Callable[..., object]:
         raise OptionError("impl", str(err)) from None
 
 
-def _function_forward(fn: object) -> inspect.Signature | None:
-    """A ``torch.autograd.Function``'s ``apply``: the signature of its ``forward``
-    without ``ctx`` (a ``forward`` with a separate ``setup_context`` takes no ctx)."""
-    owner = getattr(fn, "__self__", None)
-    assert isinstance(owner, type)  # _is_function_apply said so
-    try:
-        sig = inspect.signature(getattr(owner, "forward"))  # noqa: B009  # a Function subclass's
-    except (TypeError, ValueError):
-        return None
-    params = list(sig.parameters.values())
-    if not _overrides_setup_context(owner) and params:
-        params = params[1:]
-    return sig.replace(parameters=params)
-
-
 def _overrides_setup_context(owner: type) -> bool:
     """Whether a class of ``owner``'s own (not torch's) defines ``setup_context``."""
     for klass in owner.__mro__:
@@ -189,7 +145,13 @@ def _signature(fn: object) -> inspect.Signature | None:
     (``*args, **kwargs``)."""
     sig: inspect.Signature | None = None
     if _is_function_apply(fn):
-        sig = _function_forward(fn)
+        # its forward without ctx (a forward with a separate setup_context takes no ctx)
+        owner = getattr(fn, "__self__")  # noqa: B009  # a Function subclass
+        with contextlib.suppress(TypeError, ValueError):
+            sig = inspect.signature(owner.forward)
+            params = list(sig.parameters.values())
+            if not _overrides_setup_context(owner) and params:
+                sig = sig.replace(parameters=params[1:])
     else:
         target = fn.forward if isinstance(fn, torch.nn.Module) else fn
         with contextlib.suppress(TypeError, ValueError):
@@ -480,7 +442,16 @@ def _resolve_call(ref: str | None, call: str, cwd: str | None, options: CheckOpt
     ctor, target, ctor_takes_dim = _load_target(ref, cwd)
     if ctor_takes_dim and template.uses("dim"):
         ctor_takes_dim = False  # the template passes dim to the call instead
-    _check_call_fits(ref, target, template)
+    sig = _signature(target)
+    if sig is not None:  # the template must bind to it
+        args, kwargs = template.build({"x": torch.zeros(1), **_PROBE_VALUES})
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as err:
+            where = "its forward, less ctx," if _is_function_apply(target) else "its signature"
+            raise OptionError(
+                "call", f"{template.text} does not fit {ref}: {where} is {sig}: {err}"
+            ) from None
     scope = call_scope(template, options)
     if ctor_takes_dim:  # dim= goes to the constructor: every dim can be asked for
         scope = Scope(options.dims, scope.sizes, scope.takes_group, scope.takes_grad)
