@@ -28,9 +28,9 @@ __all__ = [
     "CheckUsageError",
     "OptionError",
     "build_options",
-    "config_values",
     "load_xfails",
     "read_config",
+    "surface_options",
 ]
 
 MAX_WORLD_SIZE: Final = 16
@@ -59,25 +59,18 @@ class CheckOptions:
     """A built-in target (``--target``, ``vargather.testing.targets``): the engine
     fills ``op``, ``impl``, ``call`` and the scope from it."""
     op: str = "all_gather_v"
-    """The collective checked: ``all_gather_v`` or one of the family (``--op``)."""
     impl: str | None = None
     call: str | None = None
-    """A call template, ``"(x, group=group)"`` (``resolve.parse_call``); ``None``: the
-    convention's."""
     grad: str = "sum"
     dims: tuple[int, ...] | None = None
     requires_init: bool = False
     contiguous_only: bool = False
-    """It takes contiguous tensors only (``--contiguous-only``): ``non-contiguous`` is n/a."""
     compile: bool = False
     sizes: str = "any"
     returns: str = "auto"
     emulate: str | None = None
     equal_shapes: bool = False
-    """It gathers equal shapes only (``--equal-shapes``): unequal shapes are not drawn."""
     nan_payloads: str = "exact"
-    """``--nan-payloads``: ``exact`` (a reduction's NaNs bit for bit) or ``backend`` (a NaN
-    where the oracle has one is equal; a payload difference fails only under ``strict``)."""
     strict: bool = False
     db: str | None = None
     config_path: str | None = field(default=None, compare=False)
@@ -89,14 +82,11 @@ class CheckOptions:
     xfails_path: str | None = None
     json_path: str | None = None
     timings: bool = False
-    """``--timings``: the JSON report holds the ``seconds`` fields."""
     convention: str = "auto"
     transports: str = "auto"
     exitfirst: bool = False
     timeout: float = DEFAULT_TIMEOUT
     shrink_budget: int = 200
-    """Examples a property may run shrinking its first failure (a count, not seconds, so
-    a loaded machine shrinks to the same counterexample)."""
     progress: bool = True
     only: tuple[str, ...] = ()
     in_flight: str | None = None
@@ -104,7 +94,6 @@ class CheckOptions:
     the file where it records the batch in flight, for the parent to name a crash or
     hang."""
     max_payload: int = DEFAULT_MAX_PAYLOAD
-    """Bytes a large case's shard may reach on one rank (0: small cases only)."""
 
     def __post_init__(self) -> None:
         for option in schema.OPTIONS:  # the choices: the schema's (emulate may be None)
@@ -264,21 +253,24 @@ def read_config(path: str) -> dict[str, object]:
     return values
 
 
-def config_values(
-    config: str | None, no_config: bool, cwd: str | None = None
-) -> tuple[dict[str, object], str | None]:
-    """The config file's option values: ``config``, else ``./pyproject.toml`` when it
-    exists, none with ``no_config``; and the file's absolute path when it gave any."""
-    if no_config:
-        return {}, None
-    path = config
-    if path is None:
-        candidate = os.path.join(cwd or os.getcwd(), "pyproject.toml")
-        if not os.path.isfile(candidate):
-            return {}, None
-        path = candidate
-    values = read_config(path)
-    return values, (os.path.abspath(path) if values else None)
+def surface_options(
+    surface: str, given: Mapping[str, object], config: str | None, no_config: bool, **extra: Any
+) -> CheckOptions:
+    """``build_options`` from a surface's values (option name -> the text given, ``True``
+    for a flag) over the config file's: ``config``, else ``./pyproject.toml`` when it
+    exists, none with ``no_config``; ``config_path`` is the file when it gave any."""
+    values: dict[str, object] = {}
+    config_path = None
+    if not no_config:
+        path = config if config is not None else os.path.join(os.getcwd(), "pyproject.toml")
+        if config is not None or os.path.isfile(path):
+            values = read_config(path)
+            config_path = os.path.abspath(path) if values else None
+    for option in schema.on(surface):
+        raw = given.get(option.name)
+        if raw is not None:
+            values[option.name] = True if option.is_flag else option.parse_text(str(raw))
+    return build_options(values, config_path=config_path, **extra)
 
 
 # --- xfails --------------------------------------------------------------------------

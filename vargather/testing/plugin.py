@@ -24,12 +24,7 @@ from . import schema
 from .cases import VARGATHER
 from .catalogues import catalogue
 from .engine import run_check
-from .options import (
-    CheckOptions,
-    CheckUsageError,
-    build_options,
-    config_values,
-)
+from .options import CheckOptions, CheckUsageError, surface_options
 from .pool import PoolFailure, RankContext, RankError, RankPool, get_pool
 from .resolve import resolve_options_impl
 from .results import PropertyResult, Report
@@ -58,16 +53,10 @@ def configure(values: Mapping[str, object]) -> CheckOptions:
     validated by the options model, with the implementation imported once here;
     ``pytest.UsageError`` naming the plugin's option otherwise."""
     try:
-        table, config_path = config_values(
-            None if values.get("config") is None else str(values["config"]),
-            bool(values.get("no-config")),
-        )
-        given = dict(table)
-        for option in schema.on(schema.PLUGIN):
-            raw = values.get(option.name)
-            if raw is not None:
-                given[option.name] = True if option.is_flag else option.parse_text(str(raw))
-        options = apply_target(build_options(given, config_path=config_path, progress=False))
+        config = None if values.get("config") is None else str(values["config"])
+        no_config = bool(values.get("no-config"))
+        options = surface_options(schema.PLUGIN, values, config, no_config, progress=False)
+        options = apply_target(options)
         if program_rows(options.target) is not None:
             # rows of its own, nothing to import or resolve
             return options

@@ -185,15 +185,12 @@ class Report:
     scope: dict[str, str] = field(default_factory=dict)
     """The declared scope (``--grad``, ``--dims``, ``--sizes``, ...), option -> value."""
     strict: bool = False
-    """``--strict``: an ``unsupported`` row (the backend refused a dtype) fails too."""
     call: str | None = None
     """The call template ATTR is called with (``None``: the convention's)."""
     op: str = "all_gather_v"
-    """The collective checked (``--op``)."""
     batch: int = BATCH
     """Calls per example at most (the header says so)."""
     timings: bool = False
-    """``--timings``: the JSON holds the ``seconds`` fields (which differ every run)."""
 
     @property
     def exit_status(self) -> int:

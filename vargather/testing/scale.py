@@ -7,13 +7,6 @@ above a threshold, a fused or cached path for small payloads), so a large case p
 rank's shard just below, at, or just above such a threshold: ``2^k - d``, ``2^k``,
 ``2^k + d`` rows for a small ``d`` that Hypothesis shrinks toward 0, so a failing large
 case shrinks to the smallest threshold that still fails, ``d`` rows off it.
-
-The targets, per rank (``per_rank_targets``): powers of two in bytes, from
-``MIN_LARGE_BYTES`` up to ``max_payload``, and vargather's own thresholds at their real
-values (``library_thresholds``), one that counts the whole gathered output divided by
-the group size (every rank at the target: the output is the threshold itself, give or
-take the drawn ``d``). ``max_payload`` (``check --max-payload``) bounds the bytes of any
-one rank's shard; 0 draws no large case at all.
 """
 
 from __future__ import annotations
@@ -68,8 +61,10 @@ def sequence_length() -> int:
 
 
 def per_rank_targets(group_size: int, max_payload: int) -> tuple[Target, ...]:
-    """The per-rank byte targets of a group of ``group_size`` ranks, ascending, none
-    above ``max_payload`` (empty when it is below ``MIN_LARGE_BYTES``)."""
+    """The per-rank byte targets of a group of ``group_size`` ranks, ascending: powers of
+    two from ``MIN_LARGE_BYTES``, and vargather's own thresholds at their real values (one
+    that counts the gathered output divided by the group size), none above
+    ``max_payload`` (``check --max-payload``; empty when it is below ``MIN_LARGE_BYTES``)."""
     if max_payload < MIN_LARGE_BYTES:
         return ()
     targets: dict[int, str] = {}
