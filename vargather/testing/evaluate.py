@@ -16,6 +16,7 @@ import dataclasses
 import os
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -99,11 +100,11 @@ class _UsedPools:
         return pool
 
     def rebuilt(self) -> bool:
-        for pool, generation in self.pools.values():
-            # A discarded world is rebuilt on the next call; the pool says "stale".
-            if getattr(pool, "generation", 0) != generation or "stale" in repr(pool):
-                return True
-        return False
+        # A discarded world is rebuilt on the next call; the pool says "stale".
+        return any(
+            getattr(pool, "generation", 0) != generation or "stale" in repr(pool)
+            for pool, generation in self.pools.values()
+        )
 
 
 def _attempt_cost(results: Sequence[tuple[Any, Sequence[Failure]]], used: _UsedPools) -> int:
@@ -146,9 +147,7 @@ def _settle_tries(tries: Sequence[PropertyFailure | None]) -> PropertyFailure:
     """The failure to report of a counterexample's ``tries`` (at least one failed):
     the same whichever try failed first, with how many of them failed."""
     failing = [t for t in tries if t is not None]
-    counts: dict[str, int] = {}
-    for t in failing:
-        counts[t.message] = counts.get(t.message, 0) + 1
+    counts = Counter(t.message for t in failing)
 
     def order(t: PropertyFailure) -> tuple[int, int, str]:
         rank = _KIND_ORDER.index(t.kind) if t.kind in _KIND_ORDER else len(_KIND_ORDER)

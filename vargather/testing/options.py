@@ -2,9 +2,8 @@
 
 Where it sits: in the gate's engine in the testing kit, above ``schema`` (the option
 list) and beneath ``resolve`` and ``engine``. Every surface ``schema`` names builds a
-``CheckOptions`` here (``build_options``, ``read_config``, ``from_json``). A bad value
-raises ``OptionError`` naming the option (``grad``), which each surface spells its own
-way (``--grad``, ``--vargather-grad``, ``grad = ...`` in the table).
+``CheckOptions`` here (``surface_options``, ``from_json``); a bad value raises
+``OptionError`` naming the option, which each surface spells its own way.
 """
 
 from __future__ import annotations

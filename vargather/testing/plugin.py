@@ -164,18 +164,14 @@ class PropertyCollector(pytest.Collector):
         self.options = options
 
     def collect(self) -> list[pytest.Item]:
+        rows = program_rows(self.options.target)  # a target's programs, if it runs its own
+        if rows is None:
+            impl = dataclasses.replace(VARGATHER, op=self.options.op)
+            rows = [(row.id, row.title) for row in catalogue(impl)]
         return [
             PropertyItem.from_parent(self, name=row_id, title=title, options=self.options)
-            for row_id, title in _rows(self.options.op, self.options.target)
+            for row_id, title in rows
         ]
-
-
-def _rows(op: str, target: str | None = None) -> list[tuple[str, str]]:
-    """The (id, title) of every row of ``op``'s catalogue (a program target's own)."""
-    programs = program_rows(target)
-    if programs is not None:  # a target that runs programs of its own
-        return programs
-    return [(row.id, row.title) for row in catalogue(dataclasses.replace(VARGATHER, op=op))]
 
 
 def property_items(session: pytest.Session, options: CheckOptions) -> list[pytest.Item]:

@@ -293,9 +293,8 @@ class Report:
             label = {"fail": "FAILED", "xfail": "failed as expected (xfail)"}.get(
                 r.status, r.status
             )
-            lines.append("")
             how = ", ".join(t for t in (r.failure.kind, r.failure.tries_text) if t)
-            lines.append(f"=== {r.id}: {label} ({how}) ===")
+            lines += ["", f"=== {r.id}: {label} ({how}) ==="]
             lines.extend(r.failure.message.rstrip().splitlines())
             if r.hint:
                 lines.append(f"hint: {r.hint}")
@@ -310,8 +309,7 @@ class Report:
                 lines.append("counterexample: " + describe_case_dict(r.failure.case))
         for r in self.results:
             if r.nan_payloads is not None:
-                lines.append("")
-                lines.append(f"=== {r.id}: {_nan_text(r.nan_payloads)} ===")
+                lines += ["", f"=== {r.id}: {_nan_text(r.nan_payloads)} ==="]
                 lines.extend(r.nan_payloads.message.rstrip().splitlines())
                 if r.nan_payloads.reproduction:
                     lines.append("the first such case:")
@@ -320,29 +318,26 @@ class Report:
                     )
         for r in self.results:
             if r.status == "xpass":
-                lines.append("")
-                lines.append(
+                lines += [
+                    "",
                     f"=== {r.id}: XPASS ===\nlisted in {self.xfails_path} as expected to fail, "
-                    f"but it held on {r.cases} cases: remove it from the xfails file"
-                )
+                    f"but it held on {r.cases} cases: remove it from the xfails file",
+                ]
         return lines
 
     def summary_line(self) -> str:
         c = self.counts()
-        failed = c["fail"] + c["xpass"] + (c["unsupported"] if self.strict else 0)
-        verdict = "FAILED" if failed else "PASSED"
+        verdict = "FAILED" if self.exit_status else "PASSED"
+        strict = " (--strict: a failure)" if self.strict else ""
+        words = {
+            "xfail": "xfailed",
+            "xpass": "xpassed (strict: a failure)",
+            "unsupported": f"unsupported by the backend{strict}",
+            "n/a": "not applicable",
+            "skipped": "skipped",
+        }
         parts = [f"{c['pass']} passed", f"{c['fail']} failed"]
-        if c["xfail"]:
-            parts.append(f"{c['xfail']} xfailed")
-        if c["xpass"]:
-            parts.append(f"{c['xpass']} xpassed (strict: a failure)")
-        if c["unsupported"]:
-            strict = " (--strict: a failure)" if self.strict else ""
-            parts.append(f"{c['unsupported']} unsupported by the backend{strict}")
-        if c["n/a"]:
-            parts.append(f"{c['n/a']} not applicable")
-        if c["skipped"]:
-            parts.append(f"{c['skipped']} skipped")
+        parts += [f"{c[status]} {word}" for status, word in words.items() if c[status]]
         # the seconds the JSON report holds (3 decimals), so both read alike once rounded
         seconds = round(self.seconds, 3)
         return f"{verdict}: {', '.join(parts)} of {len(self.results)} properties in {seconds:.1f} s"

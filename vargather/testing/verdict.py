@@ -1,11 +1,9 @@
 """The gate's verdict rules: how a property's run becomes its row's status.
 
 Where it sits: in the gate's engine, beneath ``engine``, which applies these rules to
-every row it runs: the xfails file (``PROPERTY`` covers its ``PROPERTY:DTYPE`` rows; a
-listed row that holds is ``xpass``, a failure), a dtype the backend refuses split into
-its own row, and such a row that failed only because the implementation handed the
-dtype to the backend becoming ``unsupported``; and the hint beside a failure that a
-declared-scope option would explain (``scope_hints``: a note, never a status).
+every row it runs: the xfails file, a dtype the backend refuses split into its own row
+(``unsupported`` when only the backend's refusal failed it), and the hint beside a
+failure that a declared-scope option would explain (a note, never a status).
 """
 
 from __future__ import annotations
