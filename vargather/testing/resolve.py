@@ -296,15 +296,8 @@ def inferred_call(target: object) -> str | None:
     params = [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if not params or params[0].name not in _SHARD_NAMES or params[0].kind is params[0].KEYWORD_ONLY:
         return None
-    parts = ["x"]
-    for p in params[1:]:
-        if p.name not in _CALL_NAMES:
-            if p.default is p.empty:
-                return None  # a required argument the gate has no value for
-            continue
-        keyword = p.kind is p.KEYWORD_ONLY or p.default is not p.empty
-        parts.append(f"{p.name}={p.name}" if keyword else p.name)
-    return "(" + ", ".join(parts) + ")"
+    call = _suggested_call(sig)
+    return None if "..." in call else call  # ...: a required argument the gate cannot pass
 
 
 def _suggested_call(sig: inspect.Signature) -> str:
@@ -331,16 +324,11 @@ def _load_target(
     """``MODULE:ATTR[(ctor)]`` imported: its constructor arguments (or ``None``), what
     is called (the constructed object, or the callable itself) and whether the
     constructor takes ``dim``; ``OptionError`` naming a bad reference."""
-    try:
-        _, ctor = parse_impl_ref(ref)
-    except ImplementationError as err:
-        raise OptionError("impl", str(err)) from None
-    fn = load_impl(ref, cwd)
-    target: object = fn
-    ctor_takes_dim = False
-    if ctor is not None:
-        target, ctor_takes_dim = _construct(ref, fn, ctor)
-    return ctor, target, ctor_takes_dim
+    fn = load_impl(ref, cwd)  # an OptionError for a malformed reference too
+    ctor = parse_impl_ref(ref)[1]
+    if ctor is None:
+        return None, fn, False
+    return (ctor, *_construct(ref, fn, ctor))
 
 
 def resolve_options_impl(options: CheckOptions, cwd: str | None = None) -> ImplInfo:
