@@ -38,17 +38,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ImplInfo:
-    """What ``--impl`` names, as resolved in the parent.
-
-    ``ref`` is ``None`` for vargather's own ``all_gather_v``. ``convention`` is
-    ``"seed"`` (``ATTR(t, dim, sizes)``) or ``"vargather"``
-    (``ATTR(x, dim, *, sizes=None, group=None, grad=...)``). ``transports``: the
-    ``transport=`` names it is called with (``None``: it is not passed);
-    ``refused_transports``: vargather's names left out, with the reason.
-    ``takes_grad``: whether ``grad=`` is passed; ``ctor_kwargs``/``ctor_takes_dim``:
-    ``MODULE:ATTR(key=literal, ...)``, constructed per call (with ``dim=`` too when
-    ATTR takes it and the reference does not set it).
-    """
+    """What ``--impl`` names, as resolved in the parent: the fields of the
+    ``cases.Implementation`` it becomes (``ref`` is ``None`` for vargather's own
+    ``all_gather_v``), and ``refused_transports``: vargather's transports left out,
+    with the reason."""
 
     ref: str | None
     display: str

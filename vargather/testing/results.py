@@ -39,20 +39,11 @@ STATUSES: Final = ("pass", "fail", "xfail", "xpass", "unsupported", "n/a", "skip
 
 @dataclass(frozen=True)
 class PropertyFailure:
-    """Why a property failed, on its minimal counterexample.
-
-    ``kind``: ``mismatch`` (a wrong output, sizes or gradient), ``error`` (the
-    implementation raised), ``crash`` (a rank process died: a gloo abort, a segfault),
-    ``hang`` (no reply within ``--timeout``), ``checker`` (the check itself could not
-    run the property; never the implementation's fault, never a pass). ``aspect``: the
-    judge's aspect of the first failure (``output``, ``sizes``, ``gradient``,
-    ``adjoint``, ``call``; ``None`` when no case was judged).
-    ``case`` is the counterexample as plain data (world size, per-rank shapes, dim,
-    dtype, contract, ...); ``reproduction`` the case in words with the
-    ``python -m vargather repro`` command that re-runs it. ``tries``: how often the
-    counterexample was run, ``failed_tries`` in how many of them it failed (fewer than
-    ``tries``: ``flaky``, a failure that does not reproduce on every try).
-    """
+    """Why a property failed, on its minimal counterexample: the JSON report's
+    ``failure`` (its kinds and aspects: docs/conformance.md). ``reproduction`` is the
+    case in words with the ``python -m vargather repro`` command that re-runs it;
+    ``tries`` how often the counterexample was run, ``failed_tries`` in how many of them
+    it failed."""
 
     kind: str
     message: str
@@ -108,17 +99,12 @@ class NanPayloads:
 
 @dataclass(frozen=True)
 class PropertyResult:
-    """One row of the table.
-
-    ``examples`` counts the Hypothesis examples run before the verdict (for a failure:
-    up to and including the first failing one), ``cases`` the gathers they held (an
-    example is a batch of up to ``BATCH`` cases on one world, one pool round trip);
-    ``shrink_runs`` the further examples Hypothesis ran shrinking a failure. ``status``:
-    pass, fail, xfail (failed and listed in the xfails file), xpass (listed but held: a
-    failure, xfails are strict), ``n/a`` (does not apply to this implementation or these
-    world sizes; ``reason`` says why). ``seconds`` is in the JSON only with ``timings``
-    (``--timings``): without it a seed's JSON is the same bytes every run.
-    """
+    """One row of the table, as the JSON report's ``properties`` (its statuses:
+    docs/conformance.md). ``examples`` counts the Hypothesis examples run before the
+    verdict (for a failure: up to and including the first failing one), ``cases`` the
+    gathers they held (an example is a batch of up to ``BATCH`` cases on one world, one
+    pool round trip); ``shrink_runs`` the further examples Hypothesis ran shrinking a
+    failure."""
 
     id: str
     title: str
