@@ -50,11 +50,9 @@ CRASH_SHRINK_BUDGET: Final = 4
 crash, or a collective that failed (the world is rebuilt after each)."""
 
 TRIES: Final = 3
-"""How often a failing batch is run: the row's first failing example (does it fail
-every time?), every shrinking candidate of a row whose first failure did not (a
-candidate fails when it fails in any of its tries), and the counterexample reported
-(how many of its tries failed). A passing example runs once; a failure that waits out
-a timeout is run once."""
+"""How often a failing batch is run (docs/conformance.md, "Flaky failures"): the row's
+first failing example, every shrinking candidate of a row whose first failure did not
+fail every time, and the counterexample reported."""
 
 _KIND_ORDER: Final = ("mismatch", "error", "crash", "hang", "checker")
 """Which of a flaky counterexample's failing tries the report shows: the first kind

@@ -326,19 +326,10 @@ def _load_target(
 
 def resolve_options_impl(options: CheckOptions, cwd: str | None = None) -> ImplInfo:
     """Check ``options.impl`` in the parent (import, attribute, callable, the call's fit
-    to its signature) and pick how to call it (the command line's and the pytest
-    plugin's one call).
-
-    ``convention="auto"``: the seed's ``(t, dim, sizes)`` for a
-    ``torch.autograd.Function``'s ``apply``; vargather's when ATTR accepts ``grad=`` or
-    ``group=`` (by name or through ``**kwargs``); the seed's otherwise. ``grad=`` is
-    passed only to an ATTR that takes it (and never under ``--grad none``).
-    ``transports="auto"``: a vargather-style ATTR that accepts ``transport=`` is called
-    with each of vargather's transports that run on gloo; ``"none"``: never passed;
-    else a comma-separated list of names.
-
-    ``call``: a call template (``calls.parse_call``) instead of a convention; checked
-    against the callable here, and the scope it leaves out derived (``call_scope``).
+    to its signature) and pick how to call it: ``--convention`` and ``--transports``
+    as docs/conformance.md says (``grad=`` passed only to an ATTR that takes it, never
+    under ``--grad none``), or a ``call`` template with the scope it leaves out
+    (``call_scope``).
     """
     ref, convention, transports = options.impl, options.convention, options.transports
     grad = options.grad
