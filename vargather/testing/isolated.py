@@ -196,8 +196,7 @@ class IsolatedRun:
 def _forkserver_running() -> bool:
     """Whether this process's forkserver (the one its gloo worlds fork from, torch
     already imported) is running: the child is then forked from it instead of started
-    as a fresh interpreter that imports torch (seconds of CPU). A check that has not
-    built a world yet starts the child as an interpreter, as before. Read from
+    as a fresh interpreter that imports torch (seconds of CPU). Read from
     multiprocessing's private state: guarded."""
     server = getattr(multiprocessing.forkserver, "_forkserver", None)
     return (

@@ -296,10 +296,8 @@ def load_xfails(path: str, op: str = "all_gather_v", *, checked: bool = True) ->
                 "xfails", f": {path}:{number}: expected one property id per line, got {text!r}"
             )
         prop, colon, dtype = text.partition(":")
-        if colon and prop in known and dtype in DTYPE_NAMES:
-            ids.add(text)
-            continue
-        if text not in known and checked:
+        dtype_row = colon and prop in known and dtype in DTYPE_NAMES
+        if checked and text not in known and not dtype_row:
             raise OptionError(
                 "xfails",
                 f": {path}:{number}: unknown property id {text!r}; known ids: "

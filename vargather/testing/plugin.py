@@ -1,12 +1,10 @@
 """The pytest plugin's machinery: the conformance properties as test items, the world fixture.
 
 Where it sits: at the top of the testing kit, beside the command line: both run the
-gate's engine (``engine.run_check``) and neither imports the other. The plugin itself
-is the top-level module ``_vargather_pytestplugin`` (the ``pytest11`` entry point),
-kept free of torch and Hypothesis; it imports this module only when a session asks
-for vargather (``--vargather-impl``, or the ``vargather_world`` fixture). A property is
-an item ``vargather::ID``: its failure the check's report, n/a a skip, an xfails entry
-an xfail.
+gate's engine (``engine.run_check``) and neither imports the other. The plugin itself,
+``_vargather_pytestplugin``, imports this module only when a session asks for
+vargather. A property is an item ``vargather::ID``: its failure the check's report, n/a
+a skip, an xfails entry an xfail.
 """
 
 from __future__ import annotations

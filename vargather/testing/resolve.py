@@ -277,12 +277,10 @@ _CALL_NAMES: Final = ("dim", "sizes", "shapes", "group", "grad")
 
 
 def inferred_call(target: object) -> str | None:
-    """The call template ``target``'s parameter names spell out, or ``None`` when they
-    do not: the first parameter named like a shard (``x``, ``t``, ``tensor``,
-    ``input``), every other required one among ``dim``, ``sizes``, ``shapes``,
-    ``group``, ``grad`` (optional parameters of those names are passed by keyword,
-    others left at their defaults). ``all_gather(x, dim)`` -> ``(x, dim)``;
-    ``gather(tensor, group=None)`` -> ``(x, group=group)``."""
+    """The call template ``target``'s parameter names spell out (docs/conformance.md,
+    "The call inferred from parameter names"), or ``None`` when they do not:
+    ``all_gather(x, dim)`` -> ``(x, dim)``; ``gather(tensor, group=None)`` -> ``(x,
+    group=group)``."""
     sig = _signature(target)
     if sig is None:
         return None

@@ -74,8 +74,7 @@ def per_rank_targets(group_size: int, max_payload: int) -> tuple[Target, ...]:
         gathered = counts == "gathered" and group_size > 1
         per_rank = -(-value // group_size) if gathered else value
         if MIN_LARGE_BYTES <= per_rank <= max_payload:
-            where = name
-            label = f"{where} / {group_size} ranks" if gathered else where
+            label = f"{name} / {group_size} ranks" if gathered else name
             targets[per_rank] = f"{targets[per_rank]}, {label}" if per_rank in targets else label
     return tuple(Target(b, s) for b, s in sorted(targets.items()))
 

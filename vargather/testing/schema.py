@@ -2,11 +2,9 @@
 
 Where it sits: at the bottom of the gate's engine in the testing kit, beneath
 ``options`` (the options model built from it). Every surface derives its options from
-``OPTIONS`` here and nowhere else: the command line's argparse options
-(``vargather._cli.check``), the keys of a fork's ``[tool.vargather.check]`` table, the
-pytest plugin's ``--vargather-*`` options (``_vargather_pytestplugin``) and the options
-the isolated child receives (``options.CheckOptions.to_json``). Adding an option is one
-``Option`` entry here plus its field in ``options.CheckOptions``.
+``OPTIONS`` here and nowhere else (the command line's flags, the config table's keys,
+the plugin's ``--vargather-*`` options). Adding an option is one ``Option`` entry here
+plus its field in ``options.CheckOptions``.
 
 This module imports nothing but the standard library, and nothing of ``vargather``:
 the pytest plugin loads it by file path in every pytest session, where importing
