@@ -172,14 +172,6 @@ def evaluate_row(
         world_sizes, batch=BATCH, max_payload=options.max_payload
     )
 
-    def out_of_budget() -> bool:
-        if state.failed_at is None:
-            return False
-        budget = options.shrink_budget
-        if state.cost == _COST_WORLD:  # every such attempt costs a world restart
-            budget = min(budget, CRASH_SHRINK_BUDGET)
-        return state.cost == _COST_TIMEOUT or state.shrink_runs >= budget
-
     set_nans_aside = options.nan_payloads == "backend" and not options.strict
 
     def attempt(batch: list[Any], first_try: bool) -> PropertyFailure | None:
@@ -222,7 +214,10 @@ def evaluate_row(
     def run(batch: list[Any]) -> PropertyFailure | None:
         first = state.failed_at is None
         if not first:
-            if out_of_budget():
+            budget = options.shrink_budget
+            if state.cost == _COST_WORLD:  # every such attempt costs a world restart
+                budget = min(budget, CRASH_SHRINK_BUDGET)
+            if state.cost == _COST_TIMEOUT or state.shrink_runs >= budget:
                 # End the search: past the budget Hypothesis would propose a thousand
                 # more shrinks, each drawing a whole batch to be turned away here.
                 raise ShrinkBudgetSpent
@@ -261,7 +256,6 @@ def evaluate_row(
             tries.append(attempt(list(state.last_key), False))
         settled = _settle_tries(tries)
         failure = dataclasses.replace(settled, message=settled.message + note)
-    seconds = time.monotonic() - started
     if failure is None and state.cases == 0:
         failure = PropertyFailure("checker", "no case ran (every drawn case was filtered out)")
     nans = state.nan_first
@@ -272,7 +266,7 @@ def evaluate_row(
         examples=state.examples,
         cases=state.cases,
         shrink_runs=state.shrink_runs,
-        seconds=seconds,
+        seconds=time.monotonic() - started,
         failure=failure,
         nan_payloads=None if nans is None else dataclasses.replace(nans, cases=state.nan_cases),
     )
