@@ -85,11 +85,9 @@ def _split_ref(ref: str) -> tuple[str, str]:
 
 
 def _where(paths: Sequence[str]) -> str:
-    pythonpath = os.environ.get("PYTHONPATH", "")
+    pythonpath = os.environ.get("PYTHONPATH") or "not set"
     here = f"the current directory ({paths[0]})" if paths else "sys.path"
-    return f"MODULE is imported from {here}" + (
-        f" and PYTHONPATH ({pythonpath})" if pythonpath else " and PYTHONPATH (not set)"
-    )
+    return f"MODULE is imported from {here} and PYTHONPATH ({pythonpath})"
 
 
 def short_traceback(err: BaseException, limit: int = 6) -> str:

@@ -184,10 +184,7 @@ class Report:
         return EXIT_FAILED if failed else EXIT_OK
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(STATUSES, 0)
-        for r in self.results:
-            out[r.status] += 1
-        return out
+        return {s: sum(r.status == s for r in self.results) for s in STATUSES}
 
     def to_json(self) -> dict[str, Any]:
         data = {
