@@ -184,11 +184,10 @@ def build_options(values: Mapping[str, object], **extra: Any) -> CheckOptions:
     the schema's parsers give them; loads the xfails file. ``extra``: bookkeeping
     fields (``config_path``, ``progress``, ...)."""
     fields: dict[str, Any] = dict(extra)
+    by_name = {o.name: o for o in schema.OPTIONS}
     for name, value in values.items():
-        if value is None:
-            continue
-        option = schema.by_name(name)
-        fields[option.field] = value
+        if value is not None:
+            fields[by_name[name].field] = value
     path = fields.get("xfails_path")
     if path is not None:
         target = fields.get("target")

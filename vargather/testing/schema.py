@@ -27,7 +27,6 @@ __all__ = [
     "AnyOptionError",
     "Option",
     "OptionValueError",
-    "by_name",
     "parse_bytes",
 ]
 
@@ -389,13 +388,6 @@ OPTIONS: Final[tuple[Option, ...]] = (
     ),
 )
 """Every option of the gate, in the order ``--help`` lists them."""
-
-_BY_NAME: Final = {o.name: o for o in OPTIONS}
-
-
-def by_name(name: str) -> Option:
-    """The option called ``name`` (``KeyError`` otherwise)."""
-    return _BY_NAME[name]
 
 
 def on(surface: str) -> tuple[Option, ...]:
