@@ -204,26 +204,21 @@ def build_options(values: Mapping[str, object], **extra: Any) -> CheckOptions:
 # --- the config table ----------------------------------------------------------------
 
 
-def _load_toml(path: str) -> dict[str, Any]:
+def read_config(path: str) -> dict[str, object]:
+    """The ``[tool.vargather.check]`` table of ``path`` as option values (option name
+    -> parsed value, ``xfails`` made absolute against the file's folder); unknown keys
+    and wrong types are usage errors. A file without the table gives ``{}``."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - the backport on 3.10
         import tomli as tomllib  # type: ignore[import-not-found, no-redef, unused-ignore]  # the backport, absent on 3.11+
     try:
         with open(path, "rb") as f:
-            data: dict[str, Any] = tomllib.load(f)
+            table: object = tomllib.load(f)
     except OSError as err:
         raise OptionError("config", f": cannot read {path!r}: {err.strerror or err}") from None
     except tomllib.TOMLDecodeError as err:
         raise OptionError("config", f": {path} is not valid TOML: {err}") from None
-    return data
-
-
-def read_config(path: str) -> dict[str, object]:
-    """The ``[tool.vargather.check]`` table of ``path`` as option values (option name
-    -> parsed value, ``xfails`` made absolute against the file's folder); unknown keys
-    and wrong types are usage errors. A file without the table gives ``{}``."""
-    table: object = _load_toml(path)
     for key in CONFIG_TABLE:
         table = table.get(key, {}) if isinstance(table, dict) else None
     where = f"{path} [{'.'.join(CONFIG_TABLE)}]"

@@ -217,6 +217,7 @@ def _check_fits(
     x = torch.zeros(1)
     head: tuple[object, ...] = (x, 0) if dim_in_call else (x,)
     how = "guessed (--convention auto)" if guessed else f"--convention {convention}"
+    suggested = f"--call '{_suggested_call(sig)}' (the arguments ATTR takes)"
     kwargs: dict[str, object] = {}
     if convention == "seed":
         args: tuple[object, ...] = (*head, None)
@@ -243,7 +244,7 @@ def _check_fits(
                 "MODULE:ATTR(dim=...) if ATTR is a class configured with dim, with "
                 "--dims naming the dims it supports"
             )
-        hints.append(f"--call '{_suggested_call(sig)}' (the arguments ATTR takes)")
+        hints.append(suggested)
         raise OptionError(
             "impl",
             f"{ref}: the call convention {how} calls {shape}, which does not fit "
@@ -264,8 +265,7 @@ def _check_fits(
         raise OptionError(
             "impl",
             f"{ref}: the call convention {how} calls {shape}, which passes {value} as "
-            f"ATTR's parameter {name!r} (its signature is {sig}); pass --call "
-            f"'{_suggested_call(sig)}' (the arguments ATTR takes)",
+            f"ATTR's parameter {name!r} (its signature is {sig}); pass {suggested}",
         )
 
 

@@ -81,9 +81,8 @@ def with_unsupported(result: PropertyResult, dtype: str) -> PropertyResult:
     f = result.failure
     if result.status != "fail" or f is None or f.kind != "error":
         return result
-    if f.aspect not in ("call", "raised"):  # raised: the family's aspect of an error
-        return result
-    if not any(mark in f.message for mark in _BACKEND_MARKS):
+    # raised: the family's aspect of an error
+    if f.aspect not in ("call", "raised") or not any(m in f.message for m in _BACKEND_MARKS):
         return result
     return dataclasses.replace(
         result,
