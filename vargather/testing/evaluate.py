@@ -388,8 +388,7 @@ def hypothesis_storage(db: str | None) -> Iterator[None]:
     ``--db`` the database lives where asked and the rest beside it."""
     from hypothesis import configuration
 
-    key = "__hypothesis_home_directory"
-    before_home = getattr(configuration, key, None)
+    before_home = getattr(configuration, "__hypothesis_home_directory", None)
     before_env = os.environ.get(_STORAGE_ENV)
     with tempfile.TemporaryDirectory(prefix="vargather-hypothesis-") as tmp:
         home = os.path.join(os.path.abspath(db), ".hypothesis") if db is not None else tmp

@@ -154,28 +154,18 @@ class CheckOptions:
     def to_json(self) -> dict[str, Any]:
         """Every field as JSON data (``from_json`` inverts it): how the isolated child
         gets its options, without any flag spelled again."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, frozenset):
-                value = sorted(value)
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[f.name] = value
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in out.items():
+            if isinstance(value, (frozenset, tuple)):
+                out[name] = sorted(value) if isinstance(value, frozenset) else list(value)
         return out
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> CheckOptions:
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(CheckOptions):
-            if f.name not in data:
-                continue
-            value = data[f.name]
-            if f.name == "xfails":
-                value = frozenset(value)
-            elif isinstance(value, list):
-                value = tuple(value)
-            values[f.name] = value
+        values = {f.name: data[f.name] for f in dataclasses.fields(CheckOptions) if f.name in data}
+        for name, value in values.items():
+            if isinstance(value, list):
+                values[name] = frozenset(value) if name == "xfails" else tuple(value)
         return CheckOptions(**values)
 
 
