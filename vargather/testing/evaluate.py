@@ -3,10 +3,8 @@
 Where it sits: in the gate's engine in the testing kit, beneath ``engine`` (which runs
 every row through ``evaluate``) and above ``results``, ``progress`` and ``isolated``.
 Examples and shrinking are budgeted by count, never by time, so a loaded machine runs
-the same examples; a failing attempt's cost sets how far it is shrunk: a timeout
-waited out (a hang, or ranks left in a collective until the group's timeout) ends the
-search at once, a world rebuilt (a crash, a collective error) allows a few attempts,
-anything else the whole ``shrink_budget``.
+the same examples; a failing attempt's cost (``_attempt_cost``) sets how far it is
+shrunk (docs/conformance.md, "Budget and determinism").
 """
 
 from __future__ import annotations

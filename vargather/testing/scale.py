@@ -1,12 +1,9 @@
 """The testing kit's payload scale: the byte sizes large cases are drawn around.
 
 Where it sits: beside the case model (``cases``), below ``strategies``, which draws
-most cases small and some large, every rank's shard sized around one of the targets
-here. Real gathers switch behaviour with size (chunking, bucketing, another transport
-above a threshold, a fused or cached path for small payloads), so a large case puts a
-rank's shard just below, at, or just above such a threshold: ``2^k - d``, ``2^k``,
-``2^k + d`` rows for a small ``d`` that Hypothesis shrinks toward 0, so a failing large
-case shrinks to the smallest threshold that still fails, ``d`` rows off it.
+most cases small and some large, every rank's shard just below, at, or just above one
+of the targets here: real gathers switch behaviour with size (docs/property-suite.md,
+"Payload scale").
 """
 
 from __future__ import annotations
