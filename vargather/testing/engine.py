@@ -57,12 +57,11 @@ def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:
     scope["--sizes"] = options.sizes if narrowed is None else narrowed.sizes
     scope["--returns"] = options.returns
     scope["--world-sizes"] = ",".join(map(str, options.world_sizes))
-    for name in ("requires_init", "contiguous_only", "compile", "emulate", "equal_shapes"):
-        value = getattr(options, name)  # a flag set, or an option given
-        if value not in (False, None):
+    flags = ("requires_init", "contiguous_only", "compile", "emulate", "equal_shapes")
+    for name in (*flags, "nan_payloads"):
+        value = getattr(options, name)  # a flag set, or an option given (not its default)
+        if value not in (False, None, "exact"):
             scope["--" + name.replace("_", "-")] = "yes" if value is True else value
-    if options.nan_payloads != "exact":
-        scope["--nan-payloads"] = options.nan_payloads
     return scope
 
 
