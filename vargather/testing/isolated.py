@@ -135,36 +135,33 @@ class IsolatedRun:
         """Wait for the child and read its row's result (a failure of the row if the
         child hung, crashed or could not run)."""
         try:
-            return self._result()
+            options, started = self.options, self.started
+            # Backstop only: the child's own watchdog reports a hung batch after --timeout.
+            backstop = 120.0 + 2 * options.timeout + options.shrink_budget + options.max_examples
+            try:
+                status = self.proc.wait(timeout=max(1.0, backstop - (time.monotonic() - started)))
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                what = f"the child check process did not finish within {backstop:g} s"
+                return self._failure("hang", what)
+            with open(self._stderr_path, encoding="utf-8", errors="replace") as f:
+                tail = "\n".join(f.read().strip().splitlines()[-20:])
+            if status in (EXIT_OK, EXIT_FAILED) and os.path.exists(self.report_path):
+                with open(self.report_path, encoding="utf-8") as f:
+                    data = json.load(f)
+                (result,) = [PropertyResult.from_json(p) for p in data["properties"]]
+                return dataclasses.replace(result, seconds=time.monotonic() - started)
+            if status == HUNG_EXIT:
+                what = f"a batch did not finish within --timeout={options.timeout:g} s"
+                return self._failure("hang", what)
+            if status < 0:
+                what = f"the process running it was {_describe_exit(status)}"
+                return self._failure("crash", what, tail)
+            what = f"the child check process exited with status {status}"
+            return self._failure("checker" if status == EXIT_USAGE else "crash", what, tail)
         finally:
             self._tmp.cleanup()
-
-    def _result(self) -> PropertyResult:
-        options, started = self.options, self.started
-        # Backstop only: the child's own watchdog reports a hung batch after --timeout.
-        backstop = 120.0 + 2 * options.timeout + options.shrink_budget + options.max_examples
-        try:
-            status = self.proc.wait(timeout=max(1.0, backstop - (time.monotonic() - started)))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            what = f"the child check process did not finish within {backstop:g} s"
-            return self._failure("hang", what)
-        with open(self._stderr_path, encoding="utf-8", errors="replace") as f:
-            tail = "\n".join(f.read().strip().splitlines()[-20:])
-        if status in (EXIT_OK, EXIT_FAILED) and os.path.exists(self.report_path):
-            with open(self.report_path, encoding="utf-8") as f:
-                data = json.load(f)
-            (result,) = [PropertyResult.from_json(p) for p in data["properties"]]
-            return dataclasses.replace(result, seconds=time.monotonic() - started)
-        if status == HUNG_EXIT:
-            what = f"a batch did not finish within --timeout={options.timeout:g} s"
-            return self._failure("hang", what)
-        if status < 0:
-            what = f"the process running it was {_describe_exit(status)}"
-            return self._failure("crash", what, tail)
-        what = f"the child check process exited with status {status}"
-        return self._failure("checker" if status == EXIT_USAGE else "crash", what, tail)
 
     def _failure(self, kind: str, what: str, stderr: str = "") -> PropertyResult:
         case: dict[str, Any] | None = None
