@@ -264,14 +264,12 @@ def _run_check(
                 reason = "--requires-init: needs an initialized torch.distributed"
             if reason is None and row.id == "non-contiguous" and options.contiguous_only:
                 reason = "--contiguous-only: takes contiguous tensors only"
-            stopped = options.exitfirst and any(r.failed for r in report.results)
+            status = "n/a"
+            if options.exitfirst and any(r.failed for r in report.results):
+                status, reason = "skipped", "--exitfirst: an earlier property failed"
             dtype = row_id.partition(":")[2]
-            if stopped:
-                result = PropertyResult(
-                    row_id, row.title, "skipped", reason="--exitfirst: an earlier property failed"
-                )
-            elif reason is not None:
-                result = PropertyResult(row_id, row.title, "n/a", reason=reason)
+            if reason is not None:
+                result = PropertyResult(row_id, row.title, status, reason=reason)
             elif _isolated(row, options):
                 child = early.pop(row.id) if row.id in early else IsolatedRun(row, options, info)
                 result = child.result()
