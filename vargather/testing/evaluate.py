@@ -355,14 +355,10 @@ def prefer_nonempty(
     def nonempty(case: Any) -> bool:
         return all(n > 0 for n in case.sizes) and (keep is None or keep(case))
 
+    narrowed = dataclasses.replace(row, keep=nonempty)
+    examples = min(options.max_examples, NONEMPTY_EXAMPLES)
     second = evaluate_row(
-        dataclasses.replace(row, keep=nonempty),
-        options,
-        world_sizes,
-        factory,
-        progress,
-        row_id=result.id,
-        max_examples=min(options.max_examples, NONEMPTY_EXAMPLES),
+        narrowed, options, world_sizes, factory, progress, row_id=result.id, max_examples=examples
     )
     g = second.failure
     if second.status != "fail" or g is None or g.aspect not in ("gradient", "adjoint"):
