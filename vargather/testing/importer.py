@@ -36,9 +36,6 @@ class ImplementationError(VarGatherError, ValueError):
     not import, has no such attribute, or is not callable."""
 
 
-# --- the one importer --------------------------------------------------------------------
-
-
 def parse_impl_ref(ref: str) -> tuple[str, tuple[tuple[str, object], ...] | None]:
     """``MODULE:ATTR`` or ``MODULE:ATTR(key=literal, ...)`` split into the reference and
     the constructor's keyword arguments (``None``: plain). Only keyword values that

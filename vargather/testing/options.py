@@ -149,8 +149,6 @@ class CheckOptions:
                     f": unknown property id(s) {', '.join(unknown)}; known: " + ", ".join(known),
                 )
 
-    # -- the isolated child's options
-
     def to_json(self) -> dict[str, Any]:
         """Every field as JSON data (``from_json`` inverts it): how the isolated child
         gets its options, without any flag spelled again."""
@@ -189,9 +187,6 @@ def build_options(values: Mapping[str, object], **extra: Any) -> CheckOptions:
     if "dims" in fields:
         fields["dims"] = tuple(dict.fromkeys(fields["dims"]))
     return CheckOptions(**fields)
-
-
-# --- the config table ----------------------------------------------------------------
 
 
 def read_config(path: str) -> dict[str, object]:
@@ -254,9 +249,6 @@ def surface_options(
         if raw is not None:
             values[option.name] = True if option.is_flag else option.parse_text(str(raw))
     return build_options(values, config_path=config_path, **extra)
-
-
-# --- xfails --------------------------------------------------------------------------
 
 
 def load_xfails(path: str, op: str = "all_gather_v", *, checked: bool = True) -> frozenset[str]:

@@ -42,9 +42,6 @@ P = TypeVar("P")
 R = TypeVar("R")
 
 
-# --- the conformance properties as test items ----------------------------------------
-
-
 def configure(values: Mapping[str, object]) -> CheckOptions:
     """The check's options from the plugin's values (option name -> the text given,
     ``True`` for a flag; ``config``/``no-config`` say where the config table is),
@@ -180,9 +177,6 @@ def property_items(session: pytest.Session, options: CheckOptions) -> list[pytes
         session, name="vargather", nodeid="vargather", path=session.config.rootpath, options=options
     )
     return list(session.genitems(collector))
-
-
-# --- the world fixture ---------------------------------------------------------------
 
 
 class World:

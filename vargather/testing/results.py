@@ -215,8 +215,6 @@ class Report:
             json.dump(self.to_json(), f, indent=2)
             f.write("\n")
 
-    # -- text
-
     def header_lines(self) -> list[str]:
         if self.convention in ("dtensor", "program"):  # a target's own rows
             convention = f"called as {self.call}"

@@ -91,8 +91,6 @@ def with_unsupported(result: PropertyResult, dtype: str) -> PropertyResult:
     )
 
 
-# --- what a failure says about the declared scope -----------------------------------------
-
 _NOT_INITIALIZED: Final = ("not been initialized", "not initialized", "init_process_group")
 
 
