@@ -101,7 +101,6 @@ def _hint_for(result: PropertyResult, by_id: dict[str, PropertyResult]) -> str |
         return None
     row = result.id.partition(":")[0]
     message = f.message
-    case = f.case or {}
     if row == "sizes-list" and by_id.get("sizes-tensor", result).status == "pass":
         return (
             "sizes-list fails while sizes-tensor passes: if your callers pass sizes as a "
@@ -124,7 +123,7 @@ def _hint_for(result: PropertyResult, by_id: dict[str, PropertyResult]) -> str |
             "no gradient at all reached the input: if it is not differentiable, declare "
             "--grad none (the gradient rows are then out of scope)"
         )
-    dim = case.get("dim")
+    dim = (f.case or {}).get("dim")
     if f.kind == "error" and isinstance(dim, int) and dim != 0:
         return (
             f"the minimal failing case raised along dim={dim} (Hypothesis found no failure "
