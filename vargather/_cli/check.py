@@ -116,13 +116,9 @@ def parse_args(argv: Sequence[str]) -> CheckOptions:
     """
     args = _parser().parse_args(list(argv))
     try:
-        values, config_path = _options.config_values(args.config, bool(args.no_config))
-        for option in schema.on(schema.CLI):
-            raw = getattr(args, option.field)
-            if raw is not None:
-                values[option.name] = True if option.is_flag else option.parse_text(raw)
-        return _options.build_options(
-            values, config_path=config_path, progress=not args.no_progress
+        given = {o.name: getattr(args, o.field) for o in schema.on(schema.CLI)}
+        return _options.surface_options(
+            schema.CLI, given, args.config, bool(args.no_config), progress=not args.no_progress
         )
     except schema.OptionValueError as err:
         raise FlagUsageError(err.spelled("--" + err.option)) from None

@@ -2,26 +2,8 @@
 
 Where it sits: the second layer of the package, on top of the gather library
 (``vargather``), which never imports it. It needs the ``test`` extra
-(``pip install 'vargather[test]'``: Hypothesis). Its modules, bottom up:
-
-* ``pool``: persistent multi-rank gloo worlds (``get_pool(2).run(fn, payload)``, where
-  ``fn(ctx, payload)`` is a module-level function run on every rank);
-* ``cases``: ``GatherCase`` (one ragged gather, reproducible from its seed), the value
-  generators and ``Implementation`` (the gather under test);
-* ``strategies``: public Hypothesis strategies of cases;
-* ``asserts``: bit-for-bit tensor comparison (``assert_bitwise_equal``), the judge's
-  words for a difference;
-* ``judge``: a case's rank reports against ``vargather.oracle``, as ``Failure`` records;
-* ``runner``: ``run_cases``, over ``importer`` (the one importer of implementations
-  under test) and the rank side;
-* ``properties``: the one kind of row, ``Property`` (it holds its catalogue);
-* ``family`` and ``family_catalogue``: the generic case base, rank runner and judge of
-  the collectives beside the gather, and their one row list;
-* ``catalogues``: one plugin module per collective (its case, strategy and call), and
-  ``catalogue(impl)``: the rows of ``impl.op``'s, which pytest, the mutant search and
-  ``python -m vargather check`` run;
-* ``reference_seed``: a faithful re-implementation of the seed ``distributed.py``, the
-  implementation the benchmark and the conformance tests measure against.
+(``pip install 'vargather[test]'``: Hypothesis). Its modules, bottom up, are listed
+in ``docs/architecture.md``.
 """
 
 from __future__ import annotations

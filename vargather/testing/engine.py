@@ -3,12 +3,9 @@
 Where it sits: at the top of the gate's engine in the testing kit, above ``options``
 (what to run), ``resolve`` (what ``impl`` names and how to call it), ``evaluate`` (one
 property's Hypothesis run), ``isolated`` (the row run in a child process), ``verdict``
-(the status rules), ``progress`` and ``results`` (the report). It starts the gloo worlds
-and runs every row of ``--op``'s catalogue (``vargather.testing.catalogues``, the rows
-the test suite and the mutant search run; a built-in ``--target`` fills the options
-first) through ``evaluate``, and returns a ``Report``; ``child_main`` is the isolated
-row's child process. Both surfaces call ``run_check``: the command line
-(``vargather._cli.check``) and the pytest plugin (``vargather.testing.plugin``).
+(the status rules), ``progress`` and ``results`` (the report). Both surfaces call
+``run_check``: the command line (``vargather._cli.check``) and the pytest plugin
+(``vargather.testing.plugin``); ``child_main`` is the isolated row's child process.
 """
 
 from __future__ import annotations
@@ -46,9 +43,6 @@ from .verdict import UNSUPPORTED_EXAMPLES, scope_hints, split_rows, with_unsuppo
 __all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]
 
 
-# --- running a check -----------------------------------------------------------------
-
-
 def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:
     """The declared scope for the report (every option that limits what is drawn, as
     the call template narrowed it)."""
@@ -63,20 +57,20 @@ def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:
     scope["--sizes"] = options.sizes if narrowed is None else narrowed.sizes
     scope["--returns"] = options.returns
     scope["--world-sizes"] = ",".join(map(str, options.world_sizes))
-    for name in ("requires_init", "contiguous_only", "compile", "emulate", "equal_shapes"):
-        value = getattr(options, name)  # a flag set, or an option given
-        if value not in (False, None):
+    flags = ("requires_init", "contiguous_only", "compile", "emulate", "equal_shapes")
+    for name in (*flags, "nan_payloads"):
+        value = getattr(options, name)  # a flag set, or an option given (not its default)
+        if value not in (False, None, "exact"):
             scope["--" + name.replace("_", "-")] = "yes" if value is True else value
-    if options.nan_payloads != "exact":
-        scope["--nan-payloads"] = options.nan_payloads
     return scope
 
 
 def _rows_in_scope(rows: Sequence[Property], options: CheckOptions) -> list[Property]:
-    """``rows`` within the scope that no catalogue's own rows know: ``--equal-shapes``
-    (all_gather_v's only; the family's collectives refuse it)."""
+    """``rows`` that ``--only`` selects, within the scope that no catalogue's own rows
+    know: ``--equal-shapes`` (all_gather_v's only; the family's collectives refuse it)."""
+    rows = [r for r in rows if not options.only or r.id in options.only]
     if not options.equal_shapes:
-        return list(rows)
+        return rows
     from .catalogues.all_gather_v import equal_shapes_only
 
     return [equal_shapes_only(r) for r in rows]
@@ -151,10 +145,6 @@ def _isolated(row: Property, options: CheckOptions) -> bool:
     return not (row.id == "uninitialized" and options.requires_init)
 
 
-def _selected(row: Property, options: CheckOptions) -> bool:
-    return not options.only or row.id in options.only
-
-
 def _backend_refusals(
     factory: Callable[[int], RankPool], worlds: Sequence[int], emulate: str | None
 ) -> tuple[str, ...]:
@@ -167,24 +157,13 @@ def _backend_refusals(
     multi = [w for w in worlds if w >= 2]
     if not multi:
         return ()
-    found: list[object] = []
     for _attempt in range(2):  # once more on a fresh world: the rows must not depend on luck
         try:
             found = factory(min(multi)).run(backend_refusals, tuple(DTYPE_NAMES))
-            break
         except (PoolFailure, RankError):
             continue
-    if not found:
-        return ()
-    first = found[0]
-    assert isinstance(first, tuple)  # what backend_refusals returns
-    return tuple(str(d) for d in first)
-
-
-def _default_factory(timeout: float) -> Callable[[int], RankPool]:
-    # forkserver: a world rebuilt after a crash forks from a server that imported
-    # torch once, instead of spawning fresh interpreters.
-    return functools.partial(get_pool, call_timeout=timeout, start_method="forkserver")
+        return tuple(str(d) for d in found[0]) if found else ()
+    return ()
 
 
 def run_check(
@@ -193,8 +172,8 @@ def run_check(
     progress: ProgressCallback | None = None,
     pool_factory: Callable[[int], RankPool] | None = None,
 ) -> Report:
-    """Run the check ``options`` describe and return its ``Report`` (what the command
-    line and the pytest plugin both call; they only build the options and render).
+    """Run the check ``options`` describe (a built-in ``--target`` fills them first) and
+    return its ``Report``.
 
     ``progress(event)`` is told what runs (``ProgressEvent``); ``pool_factory(world_size)``
     gives the rank pool for a world size (default: ``vargather.testing.get_pool`` with
@@ -218,18 +197,20 @@ def _run_check(
     started = time.monotonic()
     _check_json_path(options.json_path)
     cwd = ensure_import_path()
+    # forkserver: a world rebuilt after a crash forks from a server that imported
+    # torch once, instead of spawning fresh interpreters.
+    factory = pool_factory or functools.partial(
+        get_pool, call_timeout=options.timeout, start_method="forkserver"
+    )
     program = program_runner(options.target)
     if program is not None:  # a target with programs and an oracle of its own
-        factory = pool_factory or _default_factory(options.timeout)
         report: Report = program(options, Progress(progress_callback, 0), factory, _versions())
         return report
     collective = catalogue_of(options.op)
     info = collective.resolve(options, cwd)
     impl = collective.implementation(info, options, cwd)
-    transports = info.transports
     world_sizes = tuple(sorted(options.world_sizes))
-    factory = pool_factory or _default_factory(options.timeout)
-    selected = [r for r in _rows_in_scope(collective.rows(impl), options) if _selected(r, options)]
+    selected = _rows_in_scope(collective.rows(impl), options)
     applies = [r for r in selected if r.not_applicable(world_sizes) is None]
     on_worlds = [r for r in applies if r.initialized]
     needed = sorted({w for r in on_worlds for w in r.worlds(world_sizes)})
@@ -255,33 +236,25 @@ def _run_check(
             returns = collective.probe_returns(impl, needed, factory)
         refused = _backend_refusals(factory, needed, options.emulate) if needed else ()
         refused = (*refused, *(d for d in target_refusals(options) if d not in refused))
-    except BaseException:
-        progress.close()
-        for child in early.values():
-            child.cancel()
-        raise
-    rows = [
-        r for r in _rows_in_scope(collective.rows(impl, returns), options) if _selected(r, options)
-    ]
-    report = Report(
-        impl=info.ref,
-        impl_display=info.display,
-        convention=info.convention,
-        grad=options.grad,
-        world_sizes=world_sizes,
-        max_examples=options.max_examples,
-        seed=options.seed,
-        xfails_path=options.xfails_path,
-        versions=_versions(),
-        transports=transports,
-        refused_transports=dict(info.refused_transports),
-        scope=_scope_text(options, info),
-        strict=options.strict,
-        call=info.call if info.call is not None else collective.default_call,
-        op=options.op,
-        batch=max((r.batch or BATCH for r in rows), default=BATCH),
-    )
-    try:
+        rows = _rows_in_scope(collective.rows(impl, returns), options)
+        report = Report(
+            impl=info.ref,
+            impl_display=info.display,
+            convention=info.convention,
+            grad=options.grad,
+            world_sizes=world_sizes,
+            max_examples=options.max_examples,
+            seed=options.seed,
+            xfails_path=options.xfails_path,
+            versions=_versions(),
+            transports=info.transports,
+            refused_transports=dict(info.refused_transports),
+            scope=_scope_text(options, info),
+            strict=options.strict,
+            call=info.call if info.call is not None else collective.default_call,
+            op=options.op,
+            batch=max((r.batch or BATCH for r in rows), default=BATCH),
+        )
         split = list(split_rows(rows, refused, options.xfails))
         progress.retotal(len(split))  # a refused dtype is a row of its own
         for row_id, row in split:
@@ -291,14 +264,12 @@ def _run_check(
                 reason = "--requires-init: needs an initialized torch.distributed"
             if reason is None and row.id == "non-contiguous" and options.contiguous_only:
                 reason = "--contiguous-only: takes contiguous tensors only"
-            stopped = options.exitfirst and any(r.failed for r in report.results)
+            status = "n/a"
+            if options.exitfirst and any(r.failed for r in report.results):
+                status, reason = "skipped", "--exitfirst: an earlier property failed"
             dtype = row_id.partition(":")[2]
-            if stopped:
-                result = PropertyResult(
-                    row_id, row.title, "skipped", reason="--exitfirst: an earlier property failed"
-                )
-            elif reason is not None:
-                result = PropertyResult(row_id, row.title, "n/a", reason=reason)
+            if reason is not None:
+                result = PropertyResult(row_id, row.title, status, reason=reason)
             elif _isolated(row, options):
                 child = early.pop(row.id) if row.id in early else IsolatedRun(row, options, info)
                 result = child.result()
@@ -329,9 +300,6 @@ def _run_check(
     return report
 
 
-# --- entry point ---------------------------------------------------------------------
-
-
 def _versions() -> dict[str, str]:
     import hypothesis  # the kit's requirement (vargather.testing says so on import)
 
@@ -341,9 +309,6 @@ def _versions() -> dict[str, str]:
         "hypothesis": hypothesis.__version__,
         "python": platform.python_version(),
     }
-
-
-# --- the isolated child --------------------------------------------------------------
 
 
 def child_main(argv: Sequence[str]) -> int:

@@ -3,10 +3,8 @@
 Where it sits: in the gate's engine in the testing kit, beneath ``engine`` (which runs
 every row through ``evaluate``) and above ``results``, ``progress`` and ``isolated``.
 Examples and shrinking are budgeted by count, never by time, so a loaded machine runs
-the same examples; a failing attempt's cost sets how far it is shrunk: a timeout
-waited out (a hang, or ranks left in a collective until the group's timeout) ends the
-search at once, a world rebuilt (a crash, a collective error) allows a few attempts,
-anything else the whole ``shrink_budget``.
+the same examples; a failing attempt's cost (``_attempt_cost``) sets how far it is
+shrunk (docs/conformance.md, "Budget and determinism").
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import dataclasses
 import os
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -49,11 +48,9 @@ CRASH_SHRINK_BUDGET: Final = 4
 crash, or a collective that failed (the world is rebuilt after each)."""
 
 TRIES: Final = 3
-"""How often a failing batch is run: the row's first failing example (does it fail
-every time?), every shrinking candidate of a row whose first failure did not (a
-candidate fails when it fails in any of its tries), and the counterexample reported
-(how many of its tries failed). A passing example runs once; a failure that waits out
-a timeout is run once."""
+"""How often a failing batch is run (docs/conformance.md, "Flaky failures"): the row's
+first failing example, every shrinking candidate of a row whose first failure did not
+fail every time, and the counterexample reported."""
 
 _KIND_ORDER: Final = ("mismatch", "error", "crash", "hang", "checker")
 """Which of a flaky counterexample's failing tries the report shows: the first kind
@@ -67,22 +64,6 @@ def render_failures(failures: Sequence[Failure], limit: int = 4) -> str:
     if len(failures) > limit:
         lines.append(f"... and {len(failures) - limit} more distinct failure(s)")
     return "\n".join(lines)
-
-
-def _property_failure(
-    failures: Sequence[Failure], case_data: dict[str, Any], reproduction: str
-) -> PropertyFailure:
-    """A property's failure on a case, from the judge's records (the first one's kind
-    and aspect; a crash or a hang anywhere is the property's kind)."""
-    kinds = {f.kind for f in failures}
-    kind = next((k for k in ("crash", "hang") if k in kinds), failures[0].kind)
-    return PropertyFailure(
-        kind,
-        render_failures(failures),
-        case_data,
-        reproduction,
-        aspect=failures[0].aspect,
-    )
 
 
 class FailingBatchError(AssertionError):
@@ -115,11 +96,11 @@ class _UsedPools:
         return pool
 
     def rebuilt(self) -> bool:
-        for pool, generation in self.pools.values():
-            # A discarded world is rebuilt on the next call; the pool says "stale".
-            if getattr(pool, "generation", 0) != generation or "stale" in repr(pool):
-                return True
-        return False
+        # A discarded world is rebuilt on the next call; the pool says "stale".
+        return any(
+            getattr(pool, "generation", 0) != generation or "stale" in repr(pool)
+            for pool, generation in self.pools.values()
+        )
 
 
 def _attempt_cost(results: Sequence[tuple[Any, Sequence[Failure]]], used: _UsedPools) -> int:
@@ -162,9 +143,7 @@ def _settle_tries(tries: Sequence[PropertyFailure | None]) -> PropertyFailure:
     """The failure to report of a counterexample's ``tries`` (at least one failed):
     the same whichever try failed first, with how many of them failed."""
     failing = [t for t in tries if t is not None]
-    counts: dict[str, int] = {}
-    for t in failing:
-        counts[t.message] = counts.get(t.message, 0) + 1
+    counts = Counter(t.message for t in failing)
 
     def order(t: PropertyFailure) -> tuple[int, int, str]:
         rank = _KIND_ORDER.index(t.kind) if t.kind in _KIND_ORDER else len(_KIND_ORDER)
@@ -184,23 +163,12 @@ def evaluate_row(
     row_id: str | None = None,
     max_examples: int | None = None,
 ) -> PropertyResult:
-    """Run one property as a Hypothesis test; shrink its first failure to a minimal case.
-
-    Deterministic for a given seed: examples and shrinking are budgeted by count, never
-    by time, so a loaded machine runs the same examples."""
+    """Run one property as a Hypothesis test; shrink its first failure to a minimal case."""
     started = time.monotonic()
     state = _PropertyState()
     strategy: SearchStrategy[list[Any]] = prop.strategy(
         world_sizes, batch=BATCH, max_payload=options.max_payload
     )
-
-    def out_of_budget() -> bool:
-        if state.failed_at is None:
-            return False
-        budget = options.shrink_budget
-        if state.cost == _COST_WORLD:  # every such attempt costs a world restart
-            budget = min(budget, CRASH_SHRINK_BUDGET)
-        return state.cost == _COST_TIMEOUT or state.shrink_runs >= budget
 
     set_nans_aside = options.nan_payloads == "backend" and not options.strict
 
@@ -233,13 +201,21 @@ def evaluate_row(
                 shown = prop.describe(batch, index)
                 # A refusal racing its peers' waiting reads the same every run (races).
                 settled = settle(failures)
-                return _property_failure(settled, prop.case_data(verdict.case), shown)
+                # The first record's kind and aspect; a crash or a hang anywhere is the kind.
+                kinds = {f.kind for f in settled}
+                kind = next((k for k in ("crash", "hang") if k in kinds), settled[0].kind)
+                data = prop.case_data(verdict.case)
+                message = render_failures(settled)
+                return PropertyFailure(kind, message, data, shown, aspect=settled[0].aspect)
         return None
 
     def run(batch: list[Any]) -> PropertyFailure | None:
         first = state.failed_at is None
         if not first:
-            if out_of_budget():
+            budget = options.shrink_budget
+            if state.cost == _COST_WORLD:  # every such attempt costs a world restart
+                budget = min(budget, CRASH_SHRINK_BUDGET)
+            if state.cost == _COST_TIMEOUT or state.shrink_runs >= budget:
                 # End the search: past the budget Hypothesis would propose a thousand
                 # more shrinks, each drawing a whole batch to be turned away here.
                 raise ShrinkBudgetSpent
@@ -272,9 +248,12 @@ def evaluate_row(
     if failure is not None and last is not None and failure.message.startswith(last.message):
         # the note of a failure that did not reproduce on Hypothesis's replay, if any
         note = failure.message[len(last.message) :]
-        settled = _reported(state, lambda b: attempt(b, False))
+        # The counterexample run until it has TRIES tries (once only after a timeout).
+        tries = state.tries.setdefault(state.last_key, [last])
+        while len(tries) < TRIES and state.cost != _COST_TIMEOUT:
+            tries.append(attempt(list(state.last_key), False))
+        settled = _settle_tries(tries)
         failure = dataclasses.replace(settled, message=settled.message + note)
-    seconds = time.monotonic() - started
     if failure is None and state.cases == 0:
         failure = PropertyFailure("checker", "no case ran (every drawn case was filtered out)")
     nans = state.nan_first
@@ -285,22 +264,10 @@ def evaluate_row(
         examples=state.examples,
         cases=state.cases,
         shrink_runs=state.shrink_runs,
-        seconds=seconds,
+        seconds=time.monotonic() - started,
         failure=failure,
         nan_payloads=None if nans is None else dataclasses.replace(nans, cases=state.nan_cases),
     )
-
-
-def _reported(
-    state: _PropertyState, attempt: Callable[[list[Any]], PropertyFailure | None]
-) -> PropertyFailure:
-    """The counterexample's failure as reported: its batch (``state.last_key``) run
-    until it has ``TRIES`` tries (once only when a try waits out a timeout), and the
-    failure its tries settle on, with how many of them failed."""
-    tries = state.tries.setdefault(state.last_key, [state.last])
-    while len(tries) < TRIES and state.cost != _COST_TIMEOUT:
-        tries.append(attempt(list(state.last_key)))
-    return _settle_tries(tries)
 
 
 def seeded_search(
@@ -313,14 +280,15 @@ def seeded_search(
     """``body`` over ``strategy`` as a seeded Hypothesis test of ``max_examples``
     examples: the failure ``body`` raised (``FailingBatchError``; after
     ``ShrinkBudgetSpent`` ended the shrinking, ``last()``, the smallest seen), or
-    ``None``. Examples and shrinking are budgeted by count (``body`` counts), so a
-    given seed gives the same run on any machine."""
+    ``None``."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
 
+    db = None if options.db is None else DirectoryBasedExampleDatabase(options.db)
     test = settings(
         max_examples=max_examples,
         derandomize=False,  # the seed below makes a run reproducible
-        database=_database(options.db),  # nothing written into the caller's checkout
+        database=db,  # nothing written into the caller's checkout
         deadline=None,  # no timed verdicts: a slow machine is not a failure
         verbosity=Verbosity.quiet,  # the report prints the counterexample, not Hypothesis
         print_blob=False,
@@ -387,14 +355,10 @@ def prefer_nonempty(
     def nonempty(case: Any) -> bool:
         return all(n > 0 for n in case.sizes) and (keep is None or keep(case))
 
+    narrowed = dataclasses.replace(row, keep=nonempty)
+    examples = min(options.max_examples, NONEMPTY_EXAMPLES)
     second = evaluate_row(
-        dataclasses.replace(row, keep=nonempty),
-        options,
-        world_sizes,
-        factory,
-        progress,
-        row_id=result.id,
-        max_examples=min(options.max_examples, NONEMPTY_EXAMPLES),
+        narrowed, options, world_sizes, factory, progress, row_id=result.id, max_examples=examples
     )
     g = second.failure
     if second.status != "fail" or g is None or g.aspect not in ("gradient", "adjoint"):
@@ -405,15 +369,6 @@ def prefer_nonempty(
         shrink_runs=result.shrink_runs + second.examples + second.shrink_runs,
         failure=dataclasses.replace(g, message=g.message + note),
     )
-
-
-def _database(path: str | None) -> Any:
-    """Hypothesis's example database: none, or ``--db PATH``."""
-    if path is None:
-        return None
-    from hypothesis.database import DirectoryBasedExampleDatabase
-
-    return DirectoryBasedExampleDatabase(path)
 
 
 _STORAGE_ENV: Final = "HYPOTHESIS_STORAGE_DIRECTORY"
@@ -427,8 +382,7 @@ def hypothesis_storage(db: str | None) -> Iterator[None]:
     ``--db`` the database lives where asked and the rest beside it."""
     from hypothesis import configuration
 
-    key = "__hypothesis_home_directory"
-    before_home = getattr(configuration, key, None)
+    before_home = getattr(configuration, "__hypothesis_home_directory", None)
     before_env = os.environ.get(_STORAGE_ENV)
     with tempfile.TemporaryDirectory(prefix="vargather-hypothesis-") as tmp:
         home = os.path.join(os.path.abspath(db), ".hypothesis") if db is not None else tmp

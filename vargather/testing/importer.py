@@ -2,14 +2,13 @@
 
 Where it sits: in the testing kit, beneath ``rank_runner`` (every rank process resolves
 the implementation it runs here) and ``runner`` (the parent resolves it first, to fail
-early with a clear message). ``load_callable`` reads ``MODULE:ATTR`` (or a path), with
-the search path an implementation names; ``ImplementationError`` says what could not
-be imported and where it was looked for.
+early with a clear message), through ``load_callable``.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import os
 import sys
@@ -35,9 +34,6 @@ __all__ = [
 class ImplementationError(VarGatherError, ValueError):
     """The implementation under test cannot be used: ``MODULE:ATTR`` is malformed, does
     not import, has no such attribute, or is not callable."""
-
-
-# --- the one importer --------------------------------------------------------------------
 
 
 def parse_impl_ref(ref: str) -> tuple[str, tuple[tuple[str, object], ...] | None]:
@@ -86,11 +82,9 @@ def _split_ref(ref: str) -> tuple[str, str]:
 
 
 def _where(paths: Sequence[str]) -> str:
-    pythonpath = os.environ.get("PYTHONPATH", "")
+    pythonpath = os.environ.get("PYTHONPATH") or "not set"
     here = f"the current directory ({paths[0]})" if paths else "sys.path"
-    return f"MODULE is imported from {here}" + (
-        f" and PYTHONPATH ({pythonpath})" if pythonpath else " and PYTHONPATH (not set)"
-    )
+    return f"MODULE is imported from {here} and PYTHONPATH ({pythonpath})"
 
 
 def short_traceback(err: BaseException, limit: int = 6) -> str:
@@ -121,8 +115,8 @@ def load_callable(ref: str, search_path: Sequence[str] = ()) -> Callable[..., ob
     ``ATTR`` (dotted within the module allowed: ``mod:AllGather.apply``).
 
     Raises ``ImplementationError`` saying what went wrong (after ``ref``, except for a
-    malformed ``ref``): no such module (and where it was looked for), an import that raised (with
-    the tail of its traceback), no such attribute, not a callable.
+    malformed ``ref``): no such module (and where it was looked for), an import that
+    raised (with the tail of its traceback), no such attribute, not a callable.
     """
     module_name, attr = _split_ref(ref)
     prepend_import_paths(search_path)
@@ -164,15 +158,7 @@ def load_callable(ref: str, search_path: Sequence[str] = ()) -> Callable[..., ob
     return obj
 
 
-_RESOLVED: dict[tuple[str, tuple[str, ...]], Callable[..., object]] = {}
-
-
-def _cached(ref: str, search_path: tuple[str, ...]) -> Callable[..., object]:
-    """``load_callable(ref, search_path)``, once per process."""
-    key = (ref, search_path)
-    if key not in _RESOLVED:
-        _RESOLVED[key] = load_callable(ref, search_path)
-    return _RESOLVED[key]
+_cached = functools.cache(load_callable)  # once per process for each (ref, search path)
 
 
 def resolve_implementation(impl: Implementation) -> Callable[..., object]:

@@ -73,29 +73,6 @@ def in_flight(path: str | None, batch: Sequence[Any], row: Property) -> Iterator
 _CHILD_TIMEOUT_ENV: Final = "VARGATHER_CHECK_BATCH_TIMEOUT"
 
 
-def _child_options(
-    row: Property, options: CheckOptions, info: ImplInfo, report: str, in_flight: str
-) -> CheckOptions:
-    """The isolated child's options: the parent's, resolved (the convention and
-    transports it picked), for this row alone; xfails stay with the parent."""
-    transports = "none" if info.transports is None else ",".join(info.transports)
-    return dataclasses.replace(
-        options,
-        only=(row.id,),
-        convention="auto" if info.call is not None else info.convention,
-        transports=("auto" if info.call is not None else transports)
-        if info.ref is not None
-        else options.transports,
-        json_path=report,
-        progress=False,
-        in_flight=in_flight,
-        xfails=frozenset(),
-        xfails_path=None,
-        exitfirst=False,
-        config_path=None,
-    )
-
-
 class IsolatedRun:
     """A row's child check process, started and not yet waited for: the engine starts
     it before the rows that run on gloo worlds, so that the child's interpreter start
@@ -111,7 +88,24 @@ class IsolatedRun:
         self.report_path = os.path.join(tmp, "report.json")
         self.in_flight = os.path.join(tmp, "in-flight.json")
         options_path = os.path.join(tmp, "options.json")
-        child = _child_options(row, options, info, self.report_path, self.in_flight)
+        # The child's options: the parent's, resolved (the convention and transports it
+        # picked), for this row alone; xfails stay with the parent.
+        transports = "none" if info.transports is None else ",".join(info.transports)
+        child = dataclasses.replace(
+            options,
+            only=(row.id,),
+            convention="auto" if info.call is not None else info.convention,
+            transports=("auto" if info.call is not None else transports)
+            if info.ref is not None
+            else options.transports,
+            json_path=self.report_path,
+            progress=False,
+            in_flight=self.in_flight,
+            xfails=frozenset(),
+            xfails_path=None,
+            exitfirst=False,
+            config_path=None,
+        )
         with open(options_path, "w", encoding="utf-8") as f:
             json.dump(child.to_json(), f)
         command = [sys.executable, "-m", CHILD_MODULE, options_path]
@@ -141,45 +135,65 @@ class IsolatedRun:
         """Wait for the child and read its row's result (a failure of the row if the
         child hung, crashed or could not run)."""
         try:
-            return self._result()
+            options, started = self.options, self.started
+            # Backstop only: the child's own watchdog reports a hung batch after --timeout.
+            backstop = 120.0 + 2 * options.timeout + options.shrink_budget + options.max_examples
+            try:
+                status = self.proc.wait(timeout=max(1.0, backstop - (time.monotonic() - started)))
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                what = f"the child check process did not finish within {backstop:g} s"
+                return self._failure("hang", what)
+            with open(self._stderr_path, encoding="utf-8", errors="replace") as f:
+                tail = "\n".join(f.read().strip().splitlines()[-20:])
+            if status in (EXIT_OK, EXIT_FAILED) and os.path.exists(self.report_path):
+                with open(self.report_path, encoding="utf-8") as f:
+                    data = json.load(f)
+                (result,) = [PropertyResult.from_json(p) for p in data["properties"]]
+                return dataclasses.replace(result, seconds=time.monotonic() - started)
+            if status == HUNG_EXIT:
+                what = f"a batch did not finish within --timeout={options.timeout:g} s"
+                return self._failure("hang", what)
+            if status < 0:
+                what = f"the process running it was {_describe_exit(status)}"
+                return self._failure("crash", what, tail)
+            what = f"the child check process exited with status {status}"
+            return self._failure("checker" if status == EXIT_USAGE else "crash", what, tail)
         finally:
             self._tmp.cleanup()
 
-    def _result(self) -> PropertyResult:
-        row, options, started, in_flight = self.row, self.options, self.started, self.in_flight
-        report_path = self.report_path
-        # Backstop only: the child's own watchdog reports a hung batch after --timeout.
-        backstop = 120.0 + 2 * options.timeout + options.shrink_budget + options.max_examples
+    def _failure(self, kind: str, what: str, stderr: str = "") -> PropertyResult:
+        case: dict[str, Any] | None = None
+        reproduction: str | None = None
+        cases = 0
         try:
-            status = self.proc.wait(timeout=max(1.0, backstop - (time.monotonic() - started)))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            what = f"the child check process did not finish within {backstop:g} s"
-            return _child_failure(row, "hang", what, "", in_flight, started)
-        with open(self._stderr_path, encoding="utf-8", errors="replace") as f:
-            tail = "\n".join(f.read().strip().splitlines()[-20:])
-        if status in (EXIT_OK, EXIT_FAILED) and os.path.exists(report_path):
-            with open(report_path, encoding="utf-8") as f:
-                data = json.load(f)
-            (result,) = [PropertyResult.from_json(p) for p in data["properties"]]
-            return dataclasses.replace(result, seconds=time.monotonic() - started)
-        if status == HUNG_EXIT:
-            what = f"a batch did not finish within --timeout={options.timeout:g} s"
-            return _child_failure(row, "hang", what, "", in_flight, started)
-        if status < 0:
-            what = f"the process running it was {_describe_exit(status)}"
-            return _child_failure(row, "crash", what, tail, in_flight, started)
-        what = f"the child check process exited with status {status}"
-        kind = "checker" if status == EXIT_USAGE else "crash"
-        return _child_failure(row, kind, what, tail, in_flight, started)
+            with open(self.in_flight, encoding="utf-8") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            record = None
+        if record is not None and record["cases"]:
+            cases = len(record["cases"])
+            case = record["cases"][0]
+            reproduction = record["reproduction"]
+            what += f", running a batch of {cases} case(s) (the first is shown)"
+        message = f"torch.distributed not initialized, in a child process: {what}"
+        if stderr:
+            message += f"\nits stderr:\n{stderr}"
+        return PropertyResult(
+            self.row.id,
+            self.row.title,
+            "fail",
+            cases=cases,
+            seconds=time.monotonic() - self.started,
+            failure=PropertyFailure(kind, message, case, reproduction, shrunk=False, aspect="call"),
+        )
 
 
 def _forkserver_running() -> bool:
     """Whether this process's forkserver (the one its gloo worlds fork from, torch
     already imported) is running: the child is then forked from it instead of started
-    as a fresh interpreter that imports torch (seconds of CPU). A check that has not
-    built a world yet starts the child as an interpreter, as before. Read from
+    as a fresh interpreter that imports torch (seconds of CPU). Read from
     multiprocessing's private state: guarded."""
     server = getattr(multiprocessing.forkserver, "_forkserver", None)
     return (
@@ -240,32 +254,3 @@ def _forked_main(options_path: str, stderr_path: str, env: dict[str, str]) -> No
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-
-
-def _child_failure(
-    row: Property, kind: str, what: str, stderr: str, in_flight: str, started: float
-) -> PropertyResult:
-    case: dict[str, Any] | None = None
-    reproduction: str | None = None
-    cases = 0
-    try:
-        with open(in_flight, encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        record = None
-    if record is not None and record["cases"]:
-        cases = len(record["cases"])
-        case = record["cases"][0]
-        reproduction = record["reproduction"]
-        what += f", running a batch of {cases} case(s) (the first is shown)"
-    message = f"torch.distributed not initialized, in a child process: {what}"
-    if stderr:
-        message += f"\nits stderr:\n{stderr}"
-    return PropertyResult(
-        row.id,
-        row.title,
-        "fail",
-        cases=cases,
-        seconds=time.monotonic() - started,
-        failure=PropertyFailure(kind, message, case, reproduction, shrunk=False, aspect="call"),
-    )

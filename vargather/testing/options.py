@@ -2,9 +2,8 @@
 
 Where it sits: in the gate's engine in the testing kit, above ``schema`` (the option
 list) and beneath ``resolve`` and ``engine``. Every surface ``schema`` names builds a
-``CheckOptions`` here (``build_options``, ``read_config``, ``from_json``). A bad value
-raises ``OptionError`` naming the option (``grad``), which each surface spells its own
-way (``--grad``, ``--vargather-grad``, ``grad = ...`` in the table).
+``CheckOptions`` here (``surface_options``, ``from_json``); a bad value raises
+``OptionError`` naming the option, which each surface spells its own way.
 """
 
 from __future__ import annotations
@@ -28,9 +27,9 @@ __all__ = [
     "CheckUsageError",
     "OptionError",
     "build_options",
-    "config_values",
     "load_xfails",
     "read_config",
+    "surface_options",
 ]
 
 MAX_WORLD_SIZE: Final = 16
@@ -59,25 +58,18 @@ class CheckOptions:
     """A built-in target (``--target``, ``vargather.testing.targets``): the engine
     fills ``op``, ``impl``, ``call`` and the scope from it."""
     op: str = "all_gather_v"
-    """The collective checked: ``all_gather_v`` or one of the family (``--op``)."""
     impl: str | None = None
     call: str | None = None
-    """A call template, ``"(x, group=group)"`` (``resolve.parse_call``); ``None``: the
-    convention's."""
     grad: str = "sum"
     dims: tuple[int, ...] | None = None
     requires_init: bool = False
     contiguous_only: bool = False
-    """It takes contiguous tensors only (``--contiguous-only``): ``non-contiguous`` is n/a."""
     compile: bool = False
     sizes: str = "any"
     returns: str = "auto"
     emulate: str | None = None
     equal_shapes: bool = False
-    """It gathers equal shapes only (``--equal-shapes``): unequal shapes are not drawn."""
     nan_payloads: str = "exact"
-    """``--nan-payloads``: ``exact`` (a reduction's NaNs bit for bit) or ``backend`` (a NaN
-    where the oracle has one is equal; a payload difference fails only under ``strict``)."""
     strict: bool = False
     db: str | None = None
     config_path: str | None = field(default=None, compare=False)
@@ -89,14 +81,11 @@ class CheckOptions:
     xfails_path: str | None = None
     json_path: str | None = None
     timings: bool = False
-    """``--timings``: the JSON report holds the ``seconds`` fields."""
     convention: str = "auto"
     transports: str = "auto"
     exitfirst: bool = False
     timeout: float = DEFAULT_TIMEOUT
     shrink_budget: int = 200
-    """Examples a property may run shrinking its first failure (a count, not seconds, so
-    a loaded machine shrinks to the same counterexample)."""
     progress: bool = True
     only: tuple[str, ...] = ()
     in_flight: str | None = None
@@ -104,7 +93,6 @@ class CheckOptions:
     the file where it records the batch in flight, for the parent to name a crash or
     hang."""
     max_payload: int = DEFAULT_MAX_PAYLOAD
-    """Bytes a large case's shard may reach on one rank (0: small cases only)."""
 
     def __post_init__(self) -> None:
         for option in schema.OPTIONS:  # the choices: the schema's (emulate may be None)
@@ -161,33 +149,21 @@ class CheckOptions:
                     f": unknown property id(s) {', '.join(unknown)}; known: " + ", ".join(known),
                 )
 
-    # -- the isolated child's options
-
     def to_json(self) -> dict[str, Any]:
         """Every field as JSON data (``from_json`` inverts it): how the isolated child
         gets its options, without any flag spelled again."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, frozenset):
-                value = sorted(value)
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[f.name] = value
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in out.items():
+            if isinstance(value, (frozenset, tuple)):
+                out[name] = sorted(value) if isinstance(value, frozenset) else list(value)
         return out
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> CheckOptions:
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(CheckOptions):
-            if f.name not in data:
-                continue
-            value = data[f.name]
-            if f.name == "xfails":
-                value = frozenset(value)
-            elif isinstance(value, list):
-                value = tuple(value)
-            values[f.name] = value
+        values = {f.name: data[f.name] for f in dataclasses.fields(CheckOptions) if f.name in data}
+        for name, value in values.items():
+            if isinstance(value, list):
+                values[name] = frozenset(value) if name == "xfails" else tuple(value)
         return CheckOptions(**values)
 
 
@@ -196,11 +172,10 @@ def build_options(values: Mapping[str, object], **extra: Any) -> CheckOptions:
     the schema's parsers give them; loads the xfails file. ``extra``: bookkeeping
     fields (``config_path``, ``progress``, ...)."""
     fields: dict[str, Any] = dict(extra)
+    by_name = {o.name: o for o in schema.OPTIONS}
     for name, value in values.items():
-        if value is None:
-            continue
-        option = schema.by_name(name)
-        fields[option.field] = value
+        if value is not None:
+            fields[by_name[name].field] = value
     path = fields.get("xfails_path")
     if path is not None:
         target = fields.get("target")
@@ -214,29 +189,21 @@ def build_options(values: Mapping[str, object], **extra: Any) -> CheckOptions:
     return CheckOptions(**fields)
 
 
-# --- the config table ----------------------------------------------------------------
-
-
-def _load_toml(path: str) -> dict[str, Any]:
+def read_config(path: str) -> dict[str, object]:
+    """The ``[tool.vargather.check]`` table of ``path`` as option values (option name
+    -> parsed value, ``xfails`` made absolute against the file's folder); unknown keys
+    and wrong types are usage errors. A file without the table gives ``{}``."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - the backport on 3.10
         import tomli as tomllib  # type: ignore[import-not-found, no-redef, unused-ignore]  # the backport, absent on 3.11+
     try:
         with open(path, "rb") as f:
-            data: dict[str, Any] = tomllib.load(f)
+            table: object = tomllib.load(f)
     except OSError as err:
         raise OptionError("config", f": cannot read {path!r}: {err.strerror or err}") from None
     except tomllib.TOMLDecodeError as err:
         raise OptionError("config", f": {path} is not valid TOML: {err}") from None
-    return data
-
-
-def read_config(path: str) -> dict[str, object]:
-    """The ``[tool.vargather.check]`` table of ``path`` as option values (option name
-    -> parsed value, ``xfails`` made absolute against the file's folder); unknown keys
-    and wrong types are usage errors. A file without the table gives ``{}``."""
-    table: object = _load_toml(path)
     for key in CONFIG_TABLE:
         table = table.get(key, {}) if isinstance(table, dict) else None
     where = f"{path} [{'.'.join(CONFIG_TABLE)}]"
@@ -264,24 +231,24 @@ def read_config(path: str) -> dict[str, object]:
     return values
 
 
-def config_values(
-    config: str | None, no_config: bool, cwd: str | None = None
-) -> tuple[dict[str, object], str | None]:
-    """The config file's option values: ``config``, else ``./pyproject.toml`` when it
-    exists, none with ``no_config``; and the file's absolute path when it gave any."""
-    if no_config:
-        return {}, None
-    path = config
-    if path is None:
-        candidate = os.path.join(cwd or os.getcwd(), "pyproject.toml")
-        if not os.path.isfile(candidate):
-            return {}, None
-        path = candidate
-    values = read_config(path)
-    return values, (os.path.abspath(path) if values else None)
-
-
-# --- xfails --------------------------------------------------------------------------
+def surface_options(
+    surface: str, given: Mapping[str, object], config: str | None, no_config: bool, **extra: Any
+) -> CheckOptions:
+    """``build_options`` from a surface's values (option name -> the text given, ``True``
+    for a flag) over the config file's: ``config``, else ``./pyproject.toml`` when it
+    exists, none with ``no_config``; ``config_path`` is the file when it gave any."""
+    values: dict[str, object] = {}
+    config_path = None
+    if not no_config:
+        path = config if config is not None else os.path.join(os.getcwd(), "pyproject.toml")
+        if config is not None or os.path.isfile(path):
+            values = read_config(path)
+            config_path = os.path.abspath(path) if values else None
+    for option in schema.on(surface):
+        raw = given.get(option.name)
+        if raw is not None:
+            values[option.name] = True if option.is_flag else option.parse_text(str(raw))
+    return build_options(values, config_path=config_path, **extra)
 
 
 def load_xfails(path: str, op: str = "all_gather_v", *, checked: bool = True) -> frozenset[str]:
@@ -305,10 +272,8 @@ def load_xfails(path: str, op: str = "all_gather_v", *, checked: bool = True) ->
                 "xfails", f": {path}:{number}: expected one property id per line, got {text!r}"
             )
         prop, colon, dtype = text.partition(":")
-        if colon and prop in known and dtype in DTYPE_NAMES:
-            ids.add(text)
-            continue
-        if text not in known and checked:
+        dtype_row = colon and prop in known and dtype in DTYPE_NAMES
+        if checked and text not in known and not dtype_row:
             raise OptionError(
                 "xfails",
                 f": {path}:{number}: unknown property id {text!r}; known ids: "

@@ -1,12 +1,10 @@
 """The pytest plugin's machinery: the conformance properties as test items, the world fixture.
 
 Where it sits: at the top of the testing kit, beside the command line: both run the
-gate's engine (``engine.run_check``) and neither imports the other. The plugin itself
-is the top-level module ``_vargather_pytestplugin`` (the ``pytest11`` entry point),
-kept free of torch and Hypothesis; it imports this module only when a session asks
-for vargather (``--vargather-impl``, or the ``vargather_world`` fixture). A property is
-an item ``vargather::ID``: its failure the check's report, n/a a skip, an xfails entry
-an xfail.
+gate's engine (``engine.run_check``) and neither imports the other. The plugin itself,
+``_vargather_pytestplugin``, imports this module only when a session asks for
+vargather. A property is an item ``vargather::ID``: its failure the check's report, n/a
+a skip, an xfails entry an xfail.
 """
 
 from __future__ import annotations
@@ -24,12 +22,7 @@ from . import schema
 from .cases import VARGATHER
 from .catalogues import catalogue
 from .engine import run_check
-from .options import (
-    CheckOptions,
-    CheckUsageError,
-    build_options,
-    config_values,
-)
+from .options import CheckOptions, CheckUsageError, surface_options
 from .pool import PoolFailure, RankContext, RankError, RankPool, get_pool
 from .resolve import resolve_options_impl
 from .results import PropertyResult, Report
@@ -49,25 +42,16 @@ P = TypeVar("P")
 R = TypeVar("R")
 
 
-# --- the conformance properties as test items ----------------------------------------
-
-
 def configure(values: Mapping[str, object]) -> CheckOptions:
     """The check's options from the plugin's values (option name -> the text given,
     ``True`` for a flag; ``config``/``no-config`` say where the config table is),
     validated by the options model, with the implementation imported once here;
     ``pytest.UsageError`` naming the plugin's option otherwise."""
     try:
-        table, config_path = config_values(
-            None if values.get("config") is None else str(values["config"]),
-            bool(values.get("no-config")),
-        )
-        given = dict(table)
-        for option in schema.on(schema.PLUGIN):
-            raw = values.get(option.name)
-            if raw is not None:
-                given[option.name] = True if option.is_flag else option.parse_text(str(raw))
-        options = apply_target(build_options(given, config_path=config_path, progress=False))
+        config = None if values.get("config") is None else str(values["config"])
+        no_config = bool(values.get("no-config"))
+        options = surface_options(schema.PLUGIN, values, config, no_config, progress=False)
+        options = apply_target(options)
         if program_rows(options.target) is not None:
             # rows of its own, nothing to import or resolve
             return options
@@ -175,18 +159,14 @@ class PropertyCollector(pytest.Collector):
         self.options = options
 
     def collect(self) -> list[pytest.Item]:
+        rows = program_rows(self.options.target)  # a target's programs, if it runs its own
+        if rows is None:
+            impl = dataclasses.replace(VARGATHER, op=self.options.op)
+            rows = [(row.id, row.title) for row in catalogue(impl)]
         return [
             PropertyItem.from_parent(self, name=row_id, title=title, options=self.options)
-            for row_id, title in _rows(self.options.op, self.options.target)
+            for row_id, title in rows
         ]
-
-
-def _rows(op: str, target: str | None = None) -> list[tuple[str, str]]:
-    """The (id, title) of every row of ``op``'s catalogue (a program target's own)."""
-    programs = program_rows(target)
-    if programs is not None:  # a target that runs programs of its own
-        return programs
-    return [(row.id, row.title) for row in catalogue(dataclasses.replace(VARGATHER, op=op))]
 
 
 def property_items(session: pytest.Session, options: CheckOptions) -> list[pytest.Item]:
@@ -197,9 +177,6 @@ def property_items(session: pytest.Session, options: CheckOptions) -> list[pytes
         session, name="vargather", nodeid="vargather", path=session.config.rootpath, options=options
     )
     return list(session.genitems(collector))
-
-
-# --- the world fixture ---------------------------------------------------------------
 
 
 class World:
@@ -244,12 +221,9 @@ class WorldRunError(AssertionError):
     test failure and Hypothesis shrinks the example that caused it)."""
 
 
-_REFUSALS: Final = ("Invalid scalar type",)
-
-
 def _refusal_note(text: str) -> str:
     """What to do when the ranks' error is the backend refusing a dtype."""
-    if not any(r in text for r in _REFUSALS):
+    if "Invalid scalar type" not in text:  # gloo's refusal
         return ""
     return (
         "\n(the backend refused the dtype: gloo's own collectives carry the dtypes of "

@@ -1,37 +1,26 @@
 """What makes a case's run on a rank read the same every run: the two races the rank
-settles, one way every time, while the code under test runs.
+settles, one way every time, while the code under test runs (docs/targets.md tells
+how each showed up in a fork's runs).
 
 Where it sits: at the bottom of the testing kit, beneath the rank runners, which run
-each case inside ``repeatable()``; it imports torch only. Two things code under test
-can race, and how each is settled:
+each case inside ``repeatable()``; it imports torch only.
 
-* **Memory nothing wrote.** An output read before anything wrote it (an unwaited
-  async collective's buffer) holds what the allocator last held, different on every
-  try and run. While a case runs (``fresh_memory_filled``), torch's deterministic mode
-  fills every tensor ``torch.empty`` and its kin hand out (``torch.utils.deterministic
-  .fill_uninitialized_memory``): NaN for a floating dtype, the largest value for an
-  integer one (an int16 reads 32767), ``True`` for bool.
-  The mode is on warn-only (the filling needs it on): an operation torch cannot run
-  deterministically warns instead of raising, and one with a deterministic variant
-  runs that. The mode as it was is put back after the case, so the bench's ranks run
-  untouched.
+* **Memory nothing wrote** (an unwaited async collective's buffer). While a case runs
+  (``fresh_memory_filled``), torch's deterministic mode fills every tensor
+  ``torch.empty`` and its kin hand out: NaN for a floating dtype, the largest value for
+  an integer one (an int16 reads 32767), ``True`` for bool. The mode is on warn-only
+  (an operation torch cannot run deterministically warns instead of raising) and put
+  back after the case, so the bench's ranks run untouched.
 * **A refusal against the next collective.** gloo refuses a dtype
-  (``GLOO_REFUSED_DTYPES``) in its worker thread, not when the collective is called.
-  Code that starts such a collective with ``async_op=True`` and never waits for it has
-  its next ``barrier`` raise the refusal when the barrier starts before the worker
-  refused, and pass when it starts after: the same code, one run an error, the next a
-  wrong value. While a case runs, ``torch.distributed``'s collectives (``SETTLED``) let
-  such a collective finish refusing before they return its handle
-  (``refusals_settled``), so the refusal never races what the code does next: the code
-  gets it where it waits for the handle (``Work.wait`` raises it, every time it is
-  called), and code that never waits reads buffers nothing wrote. Of the two orders gloo
-  allows, this is the one in which code that drops a refusal is wrong, and a peer left
-  waiting for a rank that raised is seen waiting. Only refused dtypes are settled: any
-  other collective stays as asynchronous as the code made it, so an output read before
-  its collective completed is still read early. The settling functions are put in once
-  per process and switched on and off per case (as ``emulate``'s interception is, which
-  may be put in above or beneath them); a name bound with ``from torch.distributed
-  import broadcast`` before that keeps gloo's order.
+  (``GLOO_REFUSED_DTYPES``) in its worker thread, not when the collective is called,
+  so an unwaited one made the next ``barrier`` raise or pass by timing. While a case
+  runs, ``SETTLED``'s collectives of such a dtype hand back their handle once it has
+  refused (``refusals_settled``): the code gets the refusal where it waits for the
+  handle (``Work.wait``), and code that never waits reads buffers nothing wrote. Any
+  other collective stays as asynchronous as the code made it. The settling functions
+  are put in once per process and switched on and off per case (as ``emulate``'s
+  interception is, which may be put in above or beneath them); a name bound with
+  ``from torch.distributed import broadcast`` before that keeps gloo's order.
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 
 Where it sits: in the gate's engine in the testing kit, above ``options`` and
 ``calls`` and beneath ``engine``. ``resolve_options_impl`` imports ``MODULE:ATTR`` in the
-checking process (through the kit's one importer, ``importer.load_callable``), builds a
-configured ``MODULE:ATTR(key=literal)`` once, picks the call (a ``call`` template, or
-the ``convention``'s), checks it against the callable's signature (an ``nn.Module``'s
-``forward``; a ``torch.autograd.Function``'s ``apply`` against its ``forward`` minus
-``ctx``) and derives what the call leaves out of scope. Everything here happens
-before any world starts: a call that does not fit is exit 2, naming the mismatch.
+checking process (through the kit's one importer, ``importer.load_callable``), picks
+the call and checks it against the callable's signature before any world starts: a
+call that does not fit is exit 2, naming the mismatch.
 """
 
 from __future__ import annotations
@@ -41,17 +38,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ImplInfo:
-    """What ``--impl`` names, as resolved in the parent.
-
-    ``ref`` is ``None`` for vargather's own ``all_gather_v``. ``convention`` is
-    ``"seed"`` (``ATTR(t, dim, sizes)``) or ``"vargather"``
-    (``ATTR(x, dim, *, sizes=None, group=None, grad=...)``). ``transports``: the
-    ``transport=`` names it is called with (``None``: it is not passed);
-    ``refused_transports``: vargather's names left out, with the reason.
-    ``takes_grad``: whether ``grad=`` is passed; ``ctor_kwargs``/``ctor_takes_dim``:
-    ``MODULE:ATTR(key=literal, ...)``, constructed per call (with ``dim=`` too when
-    ATTR takes it and the reference does not set it).
-    """
+    """What ``--impl`` names, as resolved in the parent: the fields of the
+    ``cases.Implementation`` it becomes (``ref`` is ``None`` for vargather's own
+    ``all_gather_v``), and ``refused_transports``: vargather's transports left out,
+    with the reason."""
 
     ref: str | None
     display: str
@@ -71,14 +61,12 @@ class ImplInfo:
 @dataclass(frozen=True)
 class Scope:
     """The declared scope as a call template narrows it: ``dims`` (``None``: every
-    dim), ``sizes`` (``--sizes``), ``takes_group``, ``takes_grad``; ``notes`` say what
-    the template left out, for the report."""
+    dim), ``sizes`` (``--sizes``), ``takes_group``, ``takes_grad``."""
 
     dims: tuple[int, ...] | None
     sizes: str
     takes_group: bool
     takes_grad: bool
-    notes: tuple[str, ...] = ()
 
 
 def call_scope(template: CallTemplate, options: CheckOptions) -> Scope:
@@ -88,7 +76,6 @@ def call_scope(template: CallTemplate, options: CheckOptions) -> Scope:
     No ``dim``: dim 0 only, unless ATTR returns per-rank lists (``returns='list'``,
     concatenated by the gate along any dim). No ``sizes``: ``sizes='never'``. No
     ``group``: no subgroup cases. No ``grad``: the contract is not passed."""
-    notes: list[str] = []
     dims = options.dims
     if not template.uses("dim") and options.returns != "list":
         if dims is not None and any(d != 0 for d in dims):
@@ -98,20 +85,14 @@ def call_scope(template: CallTemplate, options: CheckOptions) -> Scope:
                 "only dim 0 can be checked (or --returns list, concatenated by the gate)",
             )
         dims = (0,)
-        notes.append("no dim: dim 0 only")
     sizes = options.sizes
     if not template.uses("sizes"):
         if sizes not in ("any", "never"):
             raise OptionError(
                 "sizes", f"{sizes}: the call {template.text} passes no sizes (use --sizes never)"
             )
-        if sizes != "never":
-            notes.append("no sizes: --sizes never")
         sizes = "never"
-    takes_group = template.uses("group")
-    if not takes_group:
-        notes.append("no group: no subgroup cases")
-    return Scope(dims, sizes, takes_group, template.uses("grad"), tuple(notes))
+    return Scope(dims, sizes, template.uses("group"), template.uses("grad"))
 
 
 _PROBE_VALUES: dict[str, object] = {
@@ -121,23 +102,6 @@ _PROBE_VALUES: dict[str, object] = {
     "group": None,
     "grad": "sum",
 }
-
-
-def _check_call_fits(ref: str, target: object, template: CallTemplate) -> None:
-    """``OptionError`` naming the mismatch when ``template`` does not bind to
-    ``target``'s signature (before any world starts)."""
-    sig = _signature(target)
-    if sig is None:
-        return
-    args, kwargs = template.build({"x": torch.zeros(1), **_PROBE_VALUES})
-    try:
-        sig.bind(*args, **kwargs)
-    except TypeError as err:
-        where = "its forward, less ctx," if _is_function_apply(target) else "its signature"
-        raise OptionError(
-            "call",
-            f"{template.text} does not fit {ref}: {where} is {sig}: {err}",
-        ) from None
 
 
 def ensure_import_path(cwd: str | None = None) -> str:
@@ -158,21 +122,6 @@ def load_impl(ref: str, cwd: str | None = None) -> Callable[..., object]:
         raise OptionError("impl", str(err)) from None
 
 
-def _function_forward(fn: object) -> inspect.Signature | None:
-    """A ``torch.autograd.Function``'s ``apply``: the signature of its ``forward``
-    without ``ctx`` (a ``forward`` with a separate ``setup_context`` takes no ctx)."""
-    owner = getattr(fn, "__self__", None)
-    assert isinstance(owner, type)  # _is_function_apply said so
-    try:
-        sig = inspect.signature(getattr(owner, "forward"))  # noqa: B009  # a Function subclass's
-    except (TypeError, ValueError):
-        return None
-    params = list(sig.parameters.values())
-    if not _overrides_setup_context(owner) and params:
-        params = params[1:]
-    return sig.replace(parameters=params)
-
-
 def _overrides_setup_context(owner: type) -> bool:
     """Whether a class of ``owner``'s own (not torch's) defines ``setup_context``."""
     for klass in owner.__mro__:
@@ -189,7 +138,13 @@ def _signature(fn: object) -> inspect.Signature | None:
     (``*args, **kwargs``)."""
     sig: inspect.Signature | None = None
     if _is_function_apply(fn):
-        sig = _function_forward(fn)
+        # its forward without ctx (a forward with a separate setup_context takes no ctx)
+        owner = getattr(fn, "__self__")  # noqa: B009  # a Function subclass
+        with contextlib.suppress(TypeError, ValueError):
+            sig = inspect.signature(owner.forward)
+            params = list(sig.parameters.values())
+            if not _overrides_setup_context(owner) and params:
+                sig = sig.replace(parameters=params[1:])
     else:
         target = fn.forward if isinstance(fn, torch.nn.Module) else fn
         with contextlib.suppress(TypeError, ValueError):
@@ -262,6 +217,7 @@ def _check_fits(
     x = torch.zeros(1)
     head: tuple[object, ...] = (x, 0) if dim_in_call else (x,)
     how = "guessed (--convention auto)" if guessed else f"--convention {convention}"
+    suggested = f"--call '{_suggested_call(sig)}' (the arguments ATTR takes)"
     kwargs: dict[str, object] = {}
     if convention == "seed":
         args: tuple[object, ...] = (*head, None)
@@ -288,7 +244,7 @@ def _check_fits(
                 "MODULE:ATTR(dim=...) if ATTR is a class configured with dim, with "
                 "--dims naming the dims it supports"
             )
-        hints.append(f"--call '{_suggested_call(sig)}' (the arguments ATTR takes)")
+        hints.append(suggested)
         raise OptionError(
             "impl",
             f"{ref}: the call convention {how} calls {shape}, which does not fit "
@@ -309,8 +265,7 @@ def _check_fits(
         raise OptionError(
             "impl",
             f"{ref}: the call convention {how} calls {shape}, which passes {value} as "
-            f"ATTR's parameter {name!r} (its signature is {sig}); pass --call "
-            f"'{_suggested_call(sig)}' (the arguments ATTR takes)",
+            f"ATTR's parameter {name!r} (its signature is {sig}); pass {suggested}",
         )
 
 
@@ -322,27 +277,18 @@ _CALL_NAMES: Final = ("dim", "sizes", "shapes", "group", "grad")
 
 
 def inferred_call(target: object) -> str | None:
-    """The call template ``target``'s parameter names spell out, or ``None`` when they
-    do not: the first parameter named like a shard (``x``, ``t``, ``tensor``,
-    ``input``), every other required one among ``dim``, ``sizes``, ``shapes``,
-    ``group``, ``grad`` (optional parameters of those names are passed by keyword,
-    others left at their defaults). ``all_gather(x, dim)`` -> ``(x, dim)``;
-    ``gather(tensor, group=None)`` -> ``(x, group=group)``."""
+    """The call template ``target``'s parameter names spell out (docs/conformance.md,
+    "The call inferred from parameter names"), or ``None`` when they do not:
+    ``all_gather(x, dim)`` -> ``(x, dim)``; ``gather(tensor, group=None)`` -> ``(x,
+    group=group)``."""
     sig = _signature(target)
     if sig is None:
         return None
     params = [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if not params or params[0].name not in _SHARD_NAMES or params[0].kind is params[0].KEYWORD_ONLY:
         return None
-    parts = ["x"]
-    for p in params[1:]:
-        if p.name not in _CALL_NAMES:
-            if p.default is p.empty:
-                return None  # a required argument the gate has no value for
-            continue
-        keyword = p.kind is p.KEYWORD_ONLY or p.default is not p.empty
-        parts.append(f"{p.name}={p.name}" if keyword else p.name)
-    return "(" + ", ".join(parts) + ")"
+    call = _suggested_call(sig)
+    return None if "..." in call else call  # ...: a required argument the gate cannot pass
 
 
 def _suggested_call(sig: inspect.Signature) -> str:
@@ -369,33 +315,19 @@ def _load_target(
     """``MODULE:ATTR[(ctor)]`` imported: its constructor arguments (or ``None``), what
     is called (the constructed object, or the callable itself) and whether the
     constructor takes ``dim``; ``OptionError`` naming a bad reference."""
-    try:
-        _, ctor = parse_impl_ref(ref)
-    except ImplementationError as err:
-        raise OptionError("impl", str(err)) from None
-    fn = load_impl(ref, cwd)
-    target: object = fn
-    ctor_takes_dim = False
-    if ctor is not None:
-        target, ctor_takes_dim = _construct(ref, fn, ctor)
-    return ctor, target, ctor_takes_dim
+    fn = load_impl(ref, cwd)  # an OptionError for a malformed reference too
+    ctor = parse_impl_ref(ref)[1]
+    if ctor is None:
+        return None, fn, False
+    return (ctor, *_construct(ref, fn, ctor))
 
 
 def resolve_options_impl(options: CheckOptions, cwd: str | None = None) -> ImplInfo:
     """Check ``options.impl`` in the parent (import, attribute, callable, the call's fit
-    to its signature) and pick how to call it (the command line's and the pytest
-    plugin's one call).
-
-    ``convention="auto"``: the seed's ``(t, dim, sizes)`` for a
-    ``torch.autograd.Function``'s ``apply``; vargather's when ATTR accepts ``grad=`` or
-    ``group=`` (by name or through ``**kwargs``); the seed's otherwise. ``grad=`` is
-    passed only to an ATTR that takes it (and never under ``--grad none``).
-    ``transports="auto"``: a vargather-style ATTR that accepts ``transport=`` is called
-    with each of vargather's transports that run on gloo; ``"none"``: never passed;
-    else a comma-separated list of names.
-
-    ``call``: a call template (``calls.parse_call``) instead of a convention; checked
-    against the callable here, and the scope it leaves out derived (``call_scope``).
+    to its signature) and pick how to call it: ``--convention`` and ``--transports``
+    as docs/conformance.md says (``grad=`` passed only to an ATTR that takes it, never
+    under ``--grad none``), or a ``call`` template with the scope it leaves out
+    (``call_scope``).
     """
     ref, convention, transports = options.impl, options.convention, options.transports
     grad = options.grad
@@ -480,7 +412,16 @@ def _resolve_call(ref: str | None, call: str, cwd: str | None, options: CheckOpt
     ctor, target, ctor_takes_dim = _load_target(ref, cwd)
     if ctor_takes_dim and template.uses("dim"):
         ctor_takes_dim = False  # the template passes dim to the call instead
-    _check_call_fits(ref, target, template)
+    sig = _signature(target)
+    if sig is not None:  # the template must bind to it
+        args, kwargs = template.build({"x": torch.zeros(1), **_PROBE_VALUES})
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as err:
+            where = "its forward, less ctx," if _is_function_apply(target) else "its signature"
+            raise OptionError(
+                "call", f"{template.text} does not fit {ref}: {where} is {sig}: {err}"
+            ) from None
     scope = call_scope(template, options)
     if ctor_takes_dim:  # dim= goes to the constructor: every dim can be asked for
         scope = Scope(options.dims, scope.sizes, scope.takes_group, scope.takes_grad)

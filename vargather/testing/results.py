@@ -39,20 +39,11 @@ STATUSES: Final = ("pass", "fail", "xfail", "xpass", "unsupported", "n/a", "skip
 
 @dataclass(frozen=True)
 class PropertyFailure:
-    """Why a property failed, on its minimal counterexample.
-
-    ``kind``: ``mismatch`` (a wrong output, sizes or gradient), ``error`` (the
-    implementation raised), ``crash`` (a rank process died: a gloo abort, a segfault),
-    ``hang`` (no reply within ``--timeout``), ``checker`` (the check itself could not
-    run the property; never the implementation's fault, never a pass). ``aspect``: the
-    judge's aspect of the first failure (``output``, ``sizes``, ``gradient``,
-    ``adjoint``, ``call``; ``None`` when no case was judged).
-    ``case`` is the counterexample as plain data (world size, per-rank shapes, dim,
-    dtype, contract, ...); ``reproduction`` the case in words with the
-    ``python -m vargather repro`` command that re-runs it. ``tries``: how often the
-    counterexample was run, ``failed_tries`` in how many of them it failed (fewer than
-    ``tries``: ``flaky``, a failure that does not reproduce on every try).
-    """
+    """Why a property failed, on its minimal counterexample: the JSON report's
+    ``failure`` (its kinds and aspects: docs/conformance.md). ``reproduction`` is the
+    case in words with the ``python -m vargather repro`` command that re-runs it;
+    ``tries`` how often the counterexample was run, ``failed_tries`` in how many of them
+    it failed."""
 
     kind: str
     message: str
@@ -108,17 +99,12 @@ class NanPayloads:
 
 @dataclass(frozen=True)
 class PropertyResult:
-    """One row of the table.
-
-    ``examples`` counts the Hypothesis examples run before the verdict (for a failure:
-    up to and including the first failing one), ``cases`` the gathers they held (an
-    example is a batch of up to ``BATCH`` cases on one world, one pool round trip);
-    ``shrink_runs`` the further examples Hypothesis ran shrinking a failure. ``status``:
-    pass, fail, xfail (failed and listed in the xfails file), xpass (listed but held: a
-    failure, xfails are strict), ``n/a`` (does not apply to this implementation or these
-    world sizes; ``reason`` says why). ``seconds`` is in the JSON only with ``timings``
-    (``--timings``): without it a seed's JSON is the same bytes every run.
-    """
+    """One row of the table, as the JSON report's ``properties`` (its statuses:
+    docs/conformance.md). ``examples`` counts the Hypothesis examples run before the
+    verdict (for a failure: up to and including the first failing one), ``cases`` the
+    gathers they held (an example is a batch of up to ``BATCH`` cases on one world, one
+    pool round trip); ``shrink_runs`` the further examples Hypothesis ran shrinking a
+    failure."""
 
     id: str
     title: str
@@ -185,15 +171,12 @@ class Report:
     scope: dict[str, str] = field(default_factory=dict)
     """The declared scope (``--grad``, ``--dims``, ``--sizes``, ...), option -> value."""
     strict: bool = False
-    """``--strict``: an ``unsupported`` row (the backend refused a dtype) fails too."""
     call: str | None = None
     """The call template ATTR is called with (``None``: the convention's)."""
     op: str = "all_gather_v"
-    """The collective checked (``--op``)."""
     batch: int = BATCH
     """Calls per example at most (the header says so)."""
     timings: bool = False
-    """``--timings``: the JSON holds the ``seconds`` fields (which differ every run)."""
 
     @property
     def exit_status(self) -> int:
@@ -201,10 +184,7 @@ class Report:
         return EXIT_FAILED if failed else EXIT_OK
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(STATUSES, 0)
-        for r in self.results:
-            out[r.status] += 1
-        return out
+        return {s: sum(r.status == s for r in self.results) for s in STATUSES}
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -234,8 +214,6 @@ class Report:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.to_json(), f, indent=2)
             f.write("\n")
-
-    # -- text
 
     def header_lines(self) -> list[str]:
         if self.convention in ("dtensor", "program"):  # a target's own rows
@@ -296,9 +274,8 @@ class Report:
             label = {"fail": "FAILED", "xfail": "failed as expected (xfail)"}.get(
                 r.status, r.status
             )
-            lines.append("")
             how = ", ".join(t for t in (r.failure.kind, r.failure.tries_text) if t)
-            lines.append(f"=== {r.id}: {label} ({how}) ===")
+            lines += ["", f"=== {r.id}: {label} ({how}) ==="]
             lines.extend(r.failure.message.rstrip().splitlines())
             if r.hint:
                 lines.append(f"hint: {r.hint}")
@@ -313,8 +290,7 @@ class Report:
                 lines.append("counterexample: " + describe_case_dict(r.failure.case))
         for r in self.results:
             if r.nan_payloads is not None:
-                lines.append("")
-                lines.append(f"=== {r.id}: {_nan_text(r.nan_payloads)} ===")
+                lines += ["", f"=== {r.id}: {_nan_text(r.nan_payloads)} ==="]
                 lines.extend(r.nan_payloads.message.rstrip().splitlines())
                 if r.nan_payloads.reproduction:
                     lines.append("the first such case:")
@@ -323,29 +299,26 @@ class Report:
                     )
         for r in self.results:
             if r.status == "xpass":
-                lines.append("")
-                lines.append(
+                lines += [
+                    "",
                     f"=== {r.id}: XPASS ===\nlisted in {self.xfails_path} as expected to fail, "
-                    f"but it held on {r.cases} cases: remove it from the xfails file"
-                )
+                    f"but it held on {r.cases} cases: remove it from the xfails file",
+                ]
         return lines
 
     def summary_line(self) -> str:
         c = self.counts()
-        failed = c["fail"] + c["xpass"] + (c["unsupported"] if self.strict else 0)
-        verdict = "FAILED" if failed else "PASSED"
+        verdict = "FAILED" if self.exit_status else "PASSED"
+        strict = " (--strict: a failure)" if self.strict else ""
+        words = {
+            "xfail": "xfailed",
+            "xpass": "xpassed (strict: a failure)",
+            "unsupported": f"unsupported by the backend{strict}",
+            "n/a": "not applicable",
+            "skipped": "skipped",
+        }
         parts = [f"{c['pass']} passed", f"{c['fail']} failed"]
-        if c["xfail"]:
-            parts.append(f"{c['xfail']} xfailed")
-        if c["xpass"]:
-            parts.append(f"{c['xpass']} xpassed (strict: a failure)")
-        if c["unsupported"]:
-            strict = " (--strict: a failure)" if self.strict else ""
-            parts.append(f"{c['unsupported']} unsupported by the backend{strict}")
-        if c["n/a"]:
-            parts.append(f"{c['n/a']} not applicable")
-        if c["skipped"]:
-            parts.append(f"{c['skipped']} skipped")
+        parts += [f"{c[status]} {word}" for status, word in words.items() if c[status]]
         # the seconds the JSON report holds (3 decimals), so both read alike once rounded
         seconds = round(self.seconds, 3)
         return f"{verdict}: {', '.join(parts)} of {len(self.results)} properties in {seconds:.1f} s"

@@ -1,19 +1,9 @@
 """The testing kit's payload scale: the byte sizes large cases are drawn around.
 
 Where it sits: beside the case model (``cases``), below ``strategies``, which draws
-most cases small and some large, every rank's shard sized around one of the targets
-here. Real gathers switch behaviour with size (chunking, bucketing, another transport
-above a threshold, a fused or cached path for small payloads), so a large case puts a
-rank's shard just below, at, or just above such a threshold: ``2^k - d``, ``2^k``,
-``2^k + d`` rows for a small ``d`` that Hypothesis shrinks toward 0, so a failing large
-case shrinks to the smallest threshold that still fails, ``d`` rows off it.
-
-The targets, per rank (``per_rank_targets``): powers of two in bytes, from
-``MIN_LARGE_BYTES`` up to ``max_payload``, and vargather's own thresholds at their real
-values (``library_thresholds``), one that counts the whole gathered output divided by
-the group size (every rank at the target: the output is the threshold itself, give or
-take the drawn ``d``). ``max_payload`` (``check --max-payload``) bounds the bytes of any
-one rank's shard; 0 draws no large case at all.
+most cases small and some large, every rank's shard just below, at, or just above one
+of the targets here: real gathers switch behaviour with size (docs/property-suite.md,
+"Payload scale").
 """
 
 from __future__ import annotations
@@ -68,8 +58,10 @@ def sequence_length() -> int:
 
 
 def per_rank_targets(group_size: int, max_payload: int) -> tuple[Target, ...]:
-    """The per-rank byte targets of a group of ``group_size`` ranks, ascending, none
-    above ``max_payload`` (empty when it is below ``MIN_LARGE_BYTES``)."""
+    """The per-rank byte targets of a group of ``group_size`` ranks, ascending: powers of
+    two from ``MIN_LARGE_BYTES``, and vargather's own thresholds at their real values (one
+    that counts the gathered output divided by the group size), none above
+    ``max_payload`` (``check --max-payload``; empty when it is below ``MIN_LARGE_BYTES``)."""
     if max_payload < MIN_LARGE_BYTES:
         return ()
     targets: dict[int, str] = {}
@@ -79,8 +71,7 @@ def per_rank_targets(group_size: int, max_payload: int) -> tuple[Target, ...]:
         gathered = counts == "gathered" and group_size > 1
         per_rank = -(-value // group_size) if gathered else value
         if MIN_LARGE_BYTES <= per_rank <= max_payload:
-            where = name
-            label = f"{where} / {group_size} ranks" if gathered else where
+            label = f"{name} / {group_size} ranks" if gathered else name
             targets[per_rank] = f"{targets[per_rank]}, {label}" if per_rank in targets else label
     return tuple(Target(b, s) for b, s in sorted(targets.items()))
 

@@ -2,11 +2,9 @@
 
 Where it sits: at the bottom of the gate's engine in the testing kit, beneath
 ``options`` (the options model built from it). Every surface derives its options from
-``OPTIONS`` here and nowhere else: the command line's argparse options
-(``vargather._cli.check``), the keys of a fork's ``[tool.vargather.check]`` table, the
-pytest plugin's ``--vargather-*`` options (``_vargather_pytestplugin``) and the options
-the isolated child receives (``options.CheckOptions.to_json``). Adding an option is one
-``Option`` entry here plus its field in ``options.CheckOptions``.
+``OPTIONS`` here and nowhere else (the command line's flags, the config table's keys,
+the plugin's ``--vargather-*`` options). Adding an option is one ``Option`` entry here
+plus its field in ``options.CheckOptions``.
 
 This module imports nothing but the standard library, and nothing of ``vargather``:
 the pytest plugin loads it by file path in every pytest session, where importing
@@ -18,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -30,7 +27,6 @@ __all__ = [
     "AnyOptionError",
     "Option",
     "OptionValueError",
-    "by_name",
     "parse_bytes",
 ]
 
@@ -77,23 +73,6 @@ def parse_bytes(name: str, text: str) -> int:
     return int(digits) * _UNITS[unit]
 
 
-def _ints(name: str, text: str, example: str, items: str) -> tuple[int, ...]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    try:
-        values = tuple(int(p) for p in parts)
-    except ValueError:
-        raise OptionValueError(
-            name, f": expected comma-separated {items} like {example}, got {text!r}"
-        ) from None
-    if not values:
-        raise OptionValueError(name, f": expected at least one value, got {text!r}")
-    return values
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
-
-
 @dataclass(frozen=True)
 class Option:
     """One gate option.
@@ -104,8 +83,7 @@ class Option:
     (a boolean, a flag on the command line), ``ints`` (a comma-separated list, or a
     TOML list of integers), ``names`` (the same for names, kept as text), ``ids``
     (names, as a tuple), ``bytes`` (``4MiB``), ``path`` (a file; in the config table
-    relative to the config file). ``surfaces``: where it can be set. ``default`` is
-    the model's default (``None``: not set).
+    relative to the config file). ``surfaces``: where it can be set.
     """
 
     name: str
@@ -128,31 +106,46 @@ class Option:
 
     def parse_text(self, text: str) -> object:
         """The value from its text (the command line's, the plugin's)."""
-        converters: dict[str, Callable[[str], object]] = {
-            "str": lambda t: t,
-            "path": lambda t: t,
-            "names": lambda t: t,
-            "choice": self._choice,
-            "int": self._int,
-            "float": self._float,
-            "ints": lambda t: _ints(self.name, t, self.example or "0,1", self.items),
-            "ids": _names,
-            "bytes": lambda t: parse_bytes(self.name, t),
-        }
-        if self.kind == "flag":
+        kind, name = self.kind, self.name
+        if kind == "flag":
             return True
-        return converters[self.kind](text)
+        if kind == "choice" and text not in self.choices:
+            choices = ", ".join(map(repr, self.choices))
+            raise OptionValueError(name, f": invalid choice: {text!r} (choose from {choices})")
+        if kind in ("int", "float"):
+            try:
+                return int(text) if kind == "int" else float(text)
+            except ValueError:
+                what = "an integer" if kind == "int" else "a number"
+                raise OptionValueError(name, f": expected {what}, got {text!r}") from None
+        if kind == "bytes":
+            return parse_bytes(name, text)
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if kind == "ids":
+            return tuple(dict.fromkeys(parts))
+        if kind != "ints":
+            return text  # str, path, names, choice: the text itself
+        try:
+            values = tuple(int(p) for p in parts)
+        except ValueError:
+            example = self.example or "0,1"
+            raise OptionValueError(
+                name, f": expected comma-separated {self.items} like {example}, got {text!r}"
+            ) from None
+        if not values:
+            raise OptionValueError(name, f": expected at least one value, got {text!r}")
+        return values
 
     def parse_toml(self, value: object, where: str) -> object:
         """The value from a TOML value of the config table; ``OptionValueError`` for a
         wrong type (``where`` names the file and table)."""
         wrong = OptionValueError(self.name, f"= {value!r} has the wrong type ({where})")
-        if self.kind == "flag":
-            if not isinstance(value, bool):
-                raise wrong
-            return value
-        if isinstance(value, bool):
+        if isinstance(value, bool) != (self.kind == "flag"):
             raise wrong
+        if self.kind == "float" and isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, {"flag": bool, "int": int, "bytes": int}.get(self.kind, ())):
+            return value  # a bool only for a flag (above)
         if self.kind in ("ints", "names", "ids") and isinstance(value, list):
             item = int if self.kind == "ints" else str
             if not all(isinstance(v, item) and not isinstance(v, bool) for v in value):
@@ -160,39 +153,9 @@ class Option:
             return self.parse_text(",".join(str(v) for v in value))
         if self.kind == "ints" and type(value) is int:
             return (value,)
-        if self.kind == "int":
-            if type(value) is not int:
-                raise wrong
-            return value
-        if self.kind == "float":
-            if not isinstance(value, (int, float)):
-                raise wrong
-            return float(value)
-        if self.kind == "bytes" and type(value) is int:
-            return value
-        if not isinstance(value, str):
+        if self.kind in ("flag", "int", "float") or not isinstance(value, str):
             raise wrong
         return self.parse_text(value)
-
-    def _choice(self, text: str) -> str:
-        if text not in self.choices:
-            raise OptionValueError(
-                self.name,
-                f": invalid choice: {text!r} (choose from {', '.join(map(repr, self.choices))})",
-            )
-        return text
-
-    def _int(self, text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:
-            raise OptionValueError(self.name, f": expected an integer, got {text!r}") from None
-
-    def _float(self, text: str) -> float:
-        try:
-            return float(text)
-        except ValueError:
-            raise OptionValueError(self.name, f": expected a number, got {text!r}") from None
 
 
 def _collectives_with_a_catalogue() -> tuple[str, ...]:
@@ -425,13 +388,6 @@ OPTIONS: Final[tuple[Option, ...]] = (
     ),
 )
 """Every option of the gate, in the order ``--help`` lists them."""
-
-_BY_NAME: Final = {o.name: o for o in OPTIONS}
-
-
-def by_name(name: str) -> Option:
-    """The option called ``name`` (``KeyError`` otherwise)."""
-    return _BY_NAME[name]
 
 
 def on(surface: str) -> tuple[Option, ...]:

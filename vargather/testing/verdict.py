@@ -1,11 +1,9 @@
 """The gate's verdict rules: how a property's run becomes its row's status.
 
 Where it sits: in the gate's engine, beneath ``engine``, which applies these rules to
-every row it runs: the xfails file (``PROPERTY`` covers its ``PROPERTY:DTYPE`` rows; a
-listed row that holds is ``xpass``, a failure), a dtype the backend refuses split into
-its own row, and such a row that failed only because the implementation handed the
-dtype to the backend becoming ``unsupported``; and the hint beside a failure that a
-declared-scope option would explain (``scope_hints``: a note, never a status).
+every row it runs: the xfails file, a dtype the backend refuses split into its own row
+(``unsupported`` when only the backend's refusal failed it), and the hint beside a
+failure that a declared-scope option would explain (a note, never a status).
 """
 
 from __future__ import annotations
@@ -83,9 +81,8 @@ def with_unsupported(result: PropertyResult, dtype: str) -> PropertyResult:
     f = result.failure
     if result.status != "fail" or f is None or f.kind != "error":
         return result
-    if f.aspect not in ("call", "raised"):  # raised: the family's aspect of an error
-        return result
-    if not any(mark in f.message for mark in _BACKEND_MARKS):
+    # raised: the family's aspect of an error
+    if f.aspect not in ("call", "raised") or not any(m in f.message for m in _BACKEND_MARKS):
         return result
     return dataclasses.replace(
         result,
@@ -93,8 +90,6 @@ def with_unsupported(result: PropertyResult, dtype: str) -> PropertyResult:
         reason=f"the backend refuses {dtype}; the implementation hands it to the backend",
     )
 
-
-# --- what a failure says about the declared scope -----------------------------------------
 
 _NOT_INITIALIZED: Final = ("not been initialized", "not initialized", "init_process_group")
 
@@ -106,7 +101,6 @@ def _hint_for(result: PropertyResult, by_id: dict[str, PropertyResult]) -> str |
         return None
     row = result.id.partition(":")[0]
     message = f.message
-    case = f.case or {}
     if row == "sizes-list" and by_id.get("sizes-tensor", result).status == "pass":
         return (
             "sizes-list fails while sizes-tensor passes: if your callers pass sizes as a "
@@ -129,7 +123,7 @@ def _hint_for(result: PropertyResult, by_id: dict[str, PropertyResult]) -> str |
             "no gradient at all reached the input: if it is not differentiable, declare "
             "--grad none (the gradient rows are then out of scope)"
         )
-    dim = case.get("dim")
+    dim = (f.case or {}).get("dim")
     if f.kind == "error" and isinstance(dim, int) and dim != 0:
         return (
             f"the minimal failing case raised along dim={dim} (Hypothesis found no failure "
