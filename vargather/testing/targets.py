@@ -3,19 +3,11 @@
 Where it sits: in the gate's engine in the testing kit, beneath ``engine`` (which
 turns ``--target NAME`` into the options it stands for with ``apply_target`` before
 anything else runs) and above the targets that run programs of their own
-(``dtensor_target``, ``ulysses_target``, ``ep_dispatch_target``). ``python -m vargather
-check --target NAME`` runs a target; ``--target list`` prints ``listing()``. Every
-target declares what a fork declares in its ``[tool.vargather.check]`` table: the
-collective (``--op``), the implementation (``--impl``), the call template (``--call``,
-the function's own signature, no adapter) and its scope (docs/targets.md gives the
-reason for each). A user may still set the run's budget (``--max-examples``,
-``--seed``, ``--timeout``, ``--world-sizes`` within the target's) but not what the
-target declares: a different ``--impl`` or scope is a usage error, not a silent
-override.
+(``dtensor_target``, ``ulysses_target``, ``ep_dispatch_target``). docs/targets.md gives
+each target's declared scope and the reason for it.
 
 This module imports only the standard library at import time: ``--target list``
-asks whether each target's modules are installed (``importlib.util.find_spec``)
-without importing them.
+asks whether each target's modules are installed without importing them.
 """
 
 from __future__ import annotations
@@ -57,12 +49,9 @@ class Target:
     that runs programs of its own, whose ``TARGET`` is a ``program_rows.ProgramTarget``;
     ``scope``: the ``CheckOptions`` fields it declares; ``requires``: (module, what to
     install when it is missing); ``preload``: modules the rank processes import before
-    their first call (``pool.preload``): what the code imports on first use, seconds
-    per rank, which would otherwise count against the first example's timeout;
-    ``refuses``: dtypes the backend refuses on this code path though
-    ``torch.distributed``'s own functions carry them (they convert; this code hands the
-    tensor to the backend as is): each runs as its own ``PROPERTY:DTYPE`` row,
-    ``unsupported`` unless ``--strict``."""
+    their first call (``pool.preload``; ``_DYNAMO`` says why); ``refuses``: dtypes the
+    backend refuses on this code path though ``torch.distributed``'s own functions carry
+    them (they convert): each runs as its own ``PROPERTY:DTYPE`` row."""
 
     name: str
     title: str
@@ -285,7 +274,15 @@ def apply_target(options: CheckOptions) -> CheckOptions:
             f"{name} declares {spelled} {_text(value) if value is not None else '(none)'}; "
             f"got {spelled} {_text(given)} (a target's implementation and scope are its own)",
         )
-    _check_ids(name, target, options)
+    known = target_ids(target)
+    for option, ids in (("only", options.only), ("xfails", tuple(options.xfails))):
+        unknown = sorted({i for i in ids if i.partition(":")[0] not in known})
+        if unknown:
+            raise OptionError(
+                option,
+                f": unknown property id(s) {', '.join(unknown)} of --target {name}; known: "
+                + ", ".join(known),
+            )
     return replace(options, **wanted)
 
 
@@ -327,20 +324,6 @@ def program_rows(name: str | None) -> list[tuple[str, str]] | None:
     of its own (the pytest plugin's items), else ``None``."""
     program = _program(name)
     return None if program is None else [(row.id, row.title) for row in program.rows]
-
-
-def _check_ids(name: str, target: Target, options: CheckOptions) -> None:
-    from .options import OptionError
-
-    known = target_ids(target)
-    for option, ids in (("only", options.only), ("xfails", tuple(options.xfails))):
-        unknown = sorted({i for i in ids if i.partition(":")[0] not in known})
-        if unknown:
-            raise OptionError(
-                option,
-                f": unknown property id(s) {', '.join(unknown)} of --target {name}; known: "
-                + ", ".join(known),
-            )
 
 
 def preload_target(options: CheckOptions) -> None:
