@@ -132,9 +132,7 @@ def _evenly_strided(start: Sequence[str], sizes: Sequence[int], shape: Sequence[
 
 
 @st.composite
-def program_on(
-    draw: Any, world: int, kind: str = "programs", dtypes: Sequence[str] = DTYPES
-) -> DTensorProgram:
+def program_on(draw: Any, world: int, kind: str) -> DTensorProgram:
     """A ``DTensorProgram`` of ``kind`` (one of ``KINDS``) on a world of ``world`` ranks."""
     shapes = mesh_shapes(world)
     if kind == "flattened":  # where a view can merge collectives: two dims of size > 1
@@ -160,7 +158,7 @@ def program_on(
     sizes = (math.prod(mesh[a : b + 1]),) if kind_ == "flat" else mesh[a : b + 1]
     ndim = draw(st.integers(1, 3))
     shape = tuple(draw(st.lists(st.integers(0, MAX_ROWS), min_size=ndim, max_size=ndim)))
-    pool = [d for d in dtypes if d in FLOATS] if kind == "gradient" else list(dtypes)
+    pool = [d for d in DTYPES if d in FLOATS] if kind == "gradient" else list(DTYPES)
     dtype = draw(st.sampled_from(pool))
     reductions: tuple[str, ...] = ()
     if dtype in FLOATS:
@@ -196,12 +194,12 @@ def program_on(
 
 @st.composite
 def dtensor_programs(
-    draw: Any, world_sizes: Sequence[int], kind: str = "programs", dtypes: Sequence[str] = DTYPES
+    draw: Any, world_sizes: Sequence[int], kind: str = "programs"
 ) -> DTensorProgram:
     """A ``DTensorProgram`` of ``kind`` (one of ``KINDS``) on a world of
     ``world_sizes`` (1 to 4 ranks), smaller worlds first."""
     world = draw(st.sampled_from(worlds_for(kind, world_sizes)))
-    program: DTensorProgram = draw(program_on(world, kind, dtypes))
+    program: DTensorProgram = draw(program_on(world, kind))
     return program
 
 
@@ -489,9 +487,6 @@ def run_program(ctx: Any, program: DTensorProgram) -> ProgramReport:
         )
 
 
-# --- the judge -------------------------------------------------------------------------
-
-
 def _both(got: torch.Tensor | None, want: torch.Tensor) -> str:
     """Both tensors in full, when small enough to read."""
     if got is None or max(got.numel(), want.numel()) > 16:
@@ -535,9 +530,6 @@ def judge_program(
             if diff is not None:
                 failures.append(("gradient", f"rank {r}: start gradient differs: {diff}"))
     return failures
-
-
-# --- the rows --------------------------------------------------------------------------
 
 
 def _row(row: str, kind: str, title: str) -> ProgramRow:

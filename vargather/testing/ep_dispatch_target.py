@@ -255,9 +255,6 @@ def _run_layer(
     return result
 
 
-# --- the judge -------------------------------------------------------------------------
-
-
 def judge_dispatch(
     program: DispatchProgram, reports: Sequence[StepsReport]
 ) -> list[tuple[str, str]]:
@@ -281,9 +278,6 @@ def judge_dispatch(
         if failures:
             return failures
     return []
-
-
-# --- the rows --------------------------------------------------------------------------
 
 
 ROWS: Final = (

@@ -363,21 +363,20 @@ def _smallest(
     """The last shrinking passes, after Hypothesis's: the failing program alone, then
     ``smaller``'s candidates in their fixed order, taking the first that fails the same
     way (the same aspect) and starting over, until none does or the budget is spent
-    (``attempt`` raises ``ShrinkBudgetSpent``). The same candidates in the same order
-    every run."""
+    (``attempt`` raises ``ShrinkBudgetSpent``)."""
     try:
         alone = attempt(case)
         if alone is None or alone.aspect != failure.aspect:
             return failure
         failure = alone
-        shrinking = True
-        while shrinking:
-            shrinking = False
+        while True:
             for candidate in smaller(case, worlds):
                 found = attempt(candidate)
                 if found is not None and found.aspect == failure.aspect:
-                    case, failure, shrinking = candidate, found, True
+                    case, failure = candidate, found
                     break
+            else:
+                return failure
     except ShrinkBudgetSpent:
         pass
     return failure

@@ -407,9 +407,6 @@ def run_ulysses_program(ctx: Any, program: UlyssesProgram) -> UlyssesReport:
     return UlyssesReport(done.steps, done.error, rel.single_takes_kv, tuple(torn))
 
 
-# --- the judge -------------------------------------------------------------------------
-
-
 def judge_ulysses(
     program: UlyssesProgram, reports: Sequence[UlyssesReport]
 ) -> list[tuple[str, str]]:
@@ -443,9 +440,6 @@ def judge_ulysses(
 
 _OUTPUTS: Final = {"output": "output", "heads": "output", "back": "output"}
 """The aspect of each result that is not a gradient."""
-
-
-# --- the rows --------------------------------------------------------------------------
 
 
 ROWS: Final = (
