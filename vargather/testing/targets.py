@@ -75,9 +75,8 @@ _DYNAMO: Final = ("torch._dynamo",)
 """What torch's functional collectives, DTensor and the deprecated nn collectives
 import on first use (about 10 s of CPU per process, measured on the 2-core machine).
 Megatron-core's mappings are preloaded too (importing megatron.core took over 30 s per
-rank on the loaded 2-core machine); its module-level aliases of torch.distributed's
-functions (``dist_all_gather_func``, ``dist_reduce_scatter_func``, used for equal
-splits only, which the targets' templates never ask for) then keep gloo's behaviour."""
+rank on the loaded 2-core machine; docs/targets.md says what its aliases bound then
+keep)."""
 _MAPPINGS: Final = "megatron.core.tensor_parallel.mappings"
 _DEEPSPEED_MISSING: Final = (
     "deepspeed is not installed (DS_BUILD_OPS=0 pip install -c constraints.txt "
@@ -242,8 +241,9 @@ def apply_target(options: CheckOptions) -> CheckOptions:
     """``options`` with the target they name filled in (unchanged without one).
 
     ``OptionError`` (``target``) for an unknown or unavailable target, or for an
-    option the user set that contradicts what the target declares. Applying twice
-    gives the same options (the isolated child gets them applied already)."""
+    option the user set that contradicts what the target declares; (``only``,
+    ``xfails``) for a row id the target lacks. Applying twice gives the same options
+    (the isolated child gets them applied already)."""
     from .options import CheckOptions, OptionError
 
     name = options.target
@@ -274,14 +274,14 @@ def apply_target(options: CheckOptions) -> CheckOptions:
             f"{name} declares {spelled} {_text(value) if value is not None else '(none)'}; "
             f"got {spelled} {_text(given)} (a target's implementation and scope are its own)",
         )
-    known = target_ids(target)
+    rows = target_ids(target)
     for option, ids in (("only", options.only), ("xfails", tuple(options.xfails))):
-        unknown = sorted({i for i in ids if i.partition(":")[0] not in known})
+        unknown = sorted({i for i in ids if i.partition(":")[0] not in rows})
         if unknown:
             raise OptionError(
                 option,
                 f": unknown property id(s) {', '.join(unknown)} of --target {name}; known: "
-                + ", ".join(known),
+                + ", ".join(rows),
             )
     return replace(options, **wanted)
 
