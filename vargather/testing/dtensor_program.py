@@ -3,19 +3,11 @@
 Where it sits: beneath the ``dtensor`` target (``dtensor_target``); it imports torch
 and the kit's value generator only, no engine module and no Hypothesis.
 
-A program is a small training program's state plus a path through placements:
-
-* the mesh as trainers build it (torchtitan's ``ParallelDims``, FSDP2 with TP): one
-  world mesh of ``mesh`` with named dims, then its flattened views (``views``: runs of
-  adjacent mesh dims, ``mesh["a", "b"]._flatten()``) in the order they were created,
-  every one kept alive, and the mesh the tensor lives on (``on``: the world mesh, one of
-  the flattened views, or a submesh of adjacent dims);
-* a global tensor ``G`` of ``shape`` (uneven sizes, empty shards included);
-* a start placement (``start``, one code per dim of ``on``) reached through an entry
-  point (``entry``: ``distribute_tensor(G, ...)``, or ``DTensor.from_local`` of each
-  rank's local with ``shape=`` and ``stride=``), then ``steps``: each a
-  ``redistribute`` to the next placement. Each state is read back with ``to_local()``
-  and ``full_tensor()``.
+A program is a small training program's state plus a path through placements
+(``DTensorProgram``; docs/targets.md lists what is drawn): a mesh as trainers build it,
+a global tensor ``G`` of uneven sizes, a start placement reached through an entry point,
+then ``redistribute`` steps, each state read back with ``to_local()`` and
+``full_tensor()``.
 
 Placement codes: ``R`` (``Replicate()``), ``S<d>`` (``Shard(d)``), ``SS<d>/<k>``
 (``_StridedShard(d, split_factor=k)``, drawn only as FSDP2 with TP makes it: its tensor
@@ -72,10 +64,13 @@ FLOATS: Final = frozenset({"float32", "float64", "bfloat16", "float16"})
 
 @dataclass(frozen=True)
 class DTensorProgram:
-    """One drawn program. ``names``: the mesh dims' names; ``views``: each a run
-    ``(first, last)`` of mesh dims; ``on``: ``("world", 0, n-1)``, ``("flat", first,
-    last)`` (a view in ``views``) or ``("sub", first, last)``; ``entry``: ``distribute``
-    or ``from_local``."""
+    """One drawn program. ``mesh``/``names``: the world mesh and its dims' names;
+    ``views``: its flattened views in the order created (each a run ``(first, last)`` of
+    adjacent mesh dims, ``mesh["a", "b"]._flatten()``), every one kept alive; ``on``:
+    the mesh the tensor lives on, ``("world", 0, n-1)``, ``("flat", first, last)`` (a
+    view in ``views``) or ``("sub", first, last)``; ``start``: one code per dim of
+    ``on``, reached through ``entry`` (``distribute`` or ``from_local`` with ``shape=``
+    and ``stride=``); ``steps``: each a ``redistribute`` to the next placement."""
 
     world_size: int
     mesh: tuple[int, ...]

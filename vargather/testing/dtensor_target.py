@@ -4,11 +4,6 @@ Where it sits: in the gate's engine, above ``program_rows`` and ``dtensor_progra
 (a program and its oracle, where the math is stated), beneath ``targets``. Here: the
 strategies and the last shrinking passes, the rank side, the judge and the rows.
 
-A case is a program: a mesh set up as trainers set it up, a tensor of uneven sizes, a
-start through ``distribute_tensor`` or ``DTensor.from_local(..., shape=, stride=)``,
-and up to 4 ``redistribute`` steps. Every state, and the gradient of one backward
-through every step, is judged bit for bit on every rank (``judge_program``).
-
 Every choice is drawn so that Hypothesis shrinks toward the smallest program: the
 world (ascending), the mesh (1-D before 2-D before 3-D), no flattened views, the world
 mesh before its views and submeshes, fewer tensor dims and rows, ``float32``, fewer
@@ -92,9 +87,9 @@ def worlds_for(kind: str, world_sizes: Sequence[int]) -> list[int]:
     return worlds
 
 
-def view_runs(ndim: int) -> list[tuple[int, int]]:
-    """The runs of two or more adjacent mesh dims a view can flatten, shortest first."""
-    return [(a, a + n - 1) for n in range(2, ndim + 1) for a in range(ndim - n + 1)]
+def _adjacent(ndim: int, lengths: range) -> list[tuple[int, int]]:
+    """The runs ``(first, last)`` of ``lengths`` adjacent dims of ``ndim``, shortest first."""
+    return [(a, a + n - 1) for n in lengths for a in range(ndim - n + 1)]
 
 
 @st.composite
@@ -137,16 +132,14 @@ def _evenly_strided(start: Sequence[str], sizes: Sequence[int], shape: Sequence[
 
 
 @st.composite
-def program_on(
-    draw: Any, world: int, kind: str = "programs", dtypes: Sequence[str] = DTYPES
-) -> DTensorProgram:
+def program_on(draw: Any, world: int, kind: str) -> DTensorProgram:
     """A ``DTensorProgram`` of ``kind`` (one of ``KINDS``) on a world of ``world`` ranks."""
     shapes = mesh_shapes(world)
     if kind == "flattened":  # where a view can merge collectives: two dims of size > 1
         shapes = [m for m in shapes if _merging(m)] or [m for m in shapes if len(m) > 1]
     mesh = draw(st.sampled_from(shapes))
     names = draw(st.sampled_from(_NAMES[len(mesh)]))
-    runs = view_runs(len(mesh))
+    runs = _adjacent(len(mesh), range(2, len(mesh) + 1))  # what a view can flatten
     views = tuple(
         dict.fromkeys(  # unique, in the order drawn
             draw(st.lists(st.sampled_from(runs), unique=True, min_size=int(kind == "flattened")))
@@ -154,9 +147,7 @@ def program_on(
             else ()
         )
     )
-    subs = [
-        (a, a + n - 1) for n in range(1, len(mesh)) for a in range(len(mesh) - n + 1)
-    ]  # proper submeshes of adjacent dims
+    subs = _adjacent(len(mesh), range(1, len(mesh)))  # proper submeshes
     # the kind of mesh first (the world mesh as likely as all views, as all submeshes)
     ons: dict[str, list[tuple[str, int, int]]] = {"world": [("world", 0, len(mesh) - 1)]}
     ons["flat"] = [("flat", a, b) for a, b in views]
@@ -167,7 +158,7 @@ def program_on(
     sizes = (math.prod(mesh[a : b + 1]),) if kind_ == "flat" else mesh[a : b + 1]
     ndim = draw(st.integers(1, 3))
     shape = tuple(draw(st.lists(st.integers(0, MAX_ROWS), min_size=ndim, max_size=ndim)))
-    pool = [d for d in dtypes if d in FLOATS] if kind == "gradient" else list(dtypes)
+    pool = [d for d in DTYPES if d in FLOATS] if kind == "gradient" else list(DTYPES)
     dtype = draw(st.sampled_from(pool))
     reductions: tuple[str, ...] = ()
     if dtype in FLOATS:
@@ -203,12 +194,12 @@ def program_on(
 
 @st.composite
 def dtensor_programs(
-    draw: Any, world_sizes: Sequence[int], kind: str = "programs", dtypes: Sequence[str] = DTYPES
+    draw: Any, world_sizes: Sequence[int], kind: str = "programs"
 ) -> DTensorProgram:
     """A ``DTensorProgram`` of ``kind`` (one of ``KINDS``) on a world of
     ``world_sizes`` (1 to 4 ranks), smaller worlds first."""
     world = draw(st.sampled_from(worlds_for(kind, world_sizes)))
-    program: DTensorProgram = draw(program_on(world, kind, dtypes))
+    program: DTensorProgram = draw(program_on(world, kind))
     return program
 
 
@@ -310,7 +301,7 @@ def smaller_programs(
     size 1 (a smaller world among ``worlds``), a size-1 mesh dim gone, a view the
     tensor does not live on gone, a tensor dim no placement shards gone, fewer rows
     (half, or one fewer), a placement made ``Replicate``, then plainer values."""
-    out: list[DTensorProgram] = []
+    out: list[DTensorProgram | None] = []
     if len(program.steps) > (1 if program.requires_grad else 0):
         steps = program.steps
         out += [replace(program, steps=steps[:k] + steps[k + 1 :]) for k in range(len(steps))]
@@ -322,17 +313,11 @@ def smaller_programs(
     for d in range(len(program.mesh)):
         if program.mesh[d] > 1 and program.world_size // program.mesh[d] in worlds:
             out.append(_with_mesh_dim_of_one(program, d))
-    for d in range(len(program.mesh)):
-        smaller = _without_mesh_dim(program, d)
-        if smaller is not None:
-            out.append(smaller)
+    out += [_without_mesh_dim(program, d) for d in range(len(program.mesh))]
     for v in program.views:
         if ("flat", *v) != program.on:
             out.append(replace(program, views=tuple(w for w in program.views if w != v)))
-    for i in range(len(program.shape)):
-        fewer = _without_tensor_dim(program, i)
-        if fewer is not None:
-            out.append(fewer)
+    out += [_without_tensor_dim(program, i) for i in range(len(program.shape))]
     for i, n in enumerate(program.shape):
         for smaller_n in sorted({n // 2, n - 1} - {n, -1}):
             shape = (*program.shape[:i], smaller_n, *program.shape[i + 1 :])
@@ -354,7 +339,7 @@ def smaller_programs(
         replace(program, entry="distribute"),
     )
     out += [p for p in plainer if p != program]
-    return [p for p in out if _valid(p)]
+    return [p for p in out if p is not None and _valid(p)]
 
 
 def split_after(codes: Sequence[str], i: int, sizes: Sequence[int]) -> int | None:
@@ -379,17 +364,15 @@ def _valid(program: DTensorProgram) -> bool:
     sizes = on_sizes(program)
     if not all(strided_consistent(c, sizes) for c in (program.start, *program.steps)):
         return False
-    if program.entry == "distribute":
-        partial = any(p.startswith("P") for p in program.start)
-        return not partial and _evenly_strided(program.start, on_sizes(program), program.shape)
-    return True
+    return program.entry != "distribute" or (
+        not any(p.startswith("P") for p in program.start)
+        and _evenly_strided(program.start, sizes, program.shape)
+    )
 
 
 # --- the rank side ---------------------------------------------------------------------
-# A world mesh is built once per rank process for each (shape, dim names), and each
-# flattened view once (``mesh[dims]._flatten(name)``); before a program runs, the world
-# mesh's ``_flatten_mapping`` (the registry ``redistribute`` consults) is set to exactly
-# its views, in its order. A fresh mesh per setup would create thousands of gloo groups.
+# Meshes and views are cached per rank process (``_setup``): a fresh mesh per setup
+# would create thousands of gloo groups.
 
 _ROOTS: dict[tuple[Any, ...], Any] = {}
 """The world meshes built in this rank process, by (shape, dim names)."""
@@ -399,7 +382,8 @@ _VIEWS: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 def _setup(program: DTensorProgram) -> Any:
     """The mesh the program's tensor lives on, its world mesh holding exactly the
-    program's flattened views, in the program's order."""
+    program's flattened views, in the program's order (its ``_flatten_mapping``, the
+    registry ``redistribute`` consults, reset to them; each view created once)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     key = (program.mesh, program.names)
@@ -503,9 +487,6 @@ def run_program(ctx: Any, program: DTensorProgram) -> ProgramReport:
         )
 
 
-# --- the judge -------------------------------------------------------------------------
-
-
 def _both(got: torch.Tensor | None, want: torch.Tensor) -> str:
     """Both tensors in full, when small enough to read."""
     if got is None or max(got.numel(), want.numel()) > 16:
@@ -549,9 +530,6 @@ def judge_program(
             if diff is not None:
                 failures.append(("gradient", f"rank {r}: start gradient differs: {diff}"))
     return failures
-
-
-# --- the rows --------------------------------------------------------------------------
 
 
 def _row(row: str, kind: str, title: str) -> ProgramRow:

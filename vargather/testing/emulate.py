@@ -2,34 +2,15 @@
 
 Where it sits: in the testing kit, beside the runner. ``python -m vargather check
 --emulate nccl`` (and ``repro --emulate nccl``) marks the implementation under test;
-the runner calls ``install("nccl")`` in every rank process before it imports or calls
-that implementation, so the implementation's ``torch.distributed`` calls behave as
-they would on NCCL wherever gloo differs:
-
-* accepted as NCCL accepts them (gloo refuses them): ``all_gather`` into a list of
-  tensors of unequal sizes (carried out by one broadcast per rank, as torch's NCCL
-  process group does), ``all_to_all`` with lists of tensors (carried out by
-  broadcasts after one all_gather of the sizes), ``reduce_scatter`` and
-  ``reduce_scatter_tensor`` (carried out by all_reduce);
-* refused as NCCL refuses them (gloo accepts them): a non-contiguous tensor in any
-  intercepted collective (``RuntimeError: Tensors must be contiguous``), and a dtype
-  outside NCCL's type table (``int16``, ``uint16``, ``uint32``, ``uint64``:
-  ``RuntimeError: Unsupported data type for NCCL process group``).
-
-CUDA-only code runs on the CPU: ``torch.cuda.current_device()`` returns
-``torch.device("cpu")`` instead of raising on a CPU build, and ``CudaOnCpu`` moves every
-CUDA device a torch call is given to the CPU. So code that allocates its outputs with
-``device=torch.cuda.current_device()`` (Megatron-core's mappings) or ``device="cuda"``
-allocates CPU tensors, which the intercepted collectives carry over gloo with NCCL's
-semantics above.
-
-It does not emulate NCCL's timing, its asynchrony (``async_op=True`` runs the
-collective at once and returns a finished handle), streams, events or
-``torch.cuda.synchronize``, device placement (the tensors stay on the CPU:
-``tensor.is_cuda`` is ``False``, ``torch.cuda.is_available()`` stays ``False``,
-``dist.get_backend()`` still says ``gloo``), its reduction order or numerics, nor
-collectives not listed in ``INTERCEPTED``; a name bound with ``from
-torch.distributed import ...`` before ``install`` ran keeps gloo's behaviour.
+the rank runner calls ``activate("nccl")`` in every rank process before it imports or
+calls that implementation, so its ``torch.distributed`` calls behave as they would on
+NCCL wherever gloo differs: what NCCL accepts and gloo refuses (uneven list
+``all_gather``, list ``all_to_all``, ``reduce_scatter``) is carried out by broadcasts
+and all_reduce, what NCCL refuses and gloo accepts (a non-contiguous tensor, a dtype in
+``NCCL_REFUSED_DTYPES``) raises NCCL's error, and CUDA-only code runs on the CPU
+(``CudaOnCpu``, ``torch.cuda.current_device()``). docs/conformance.md lists what is
+emulated and what is not; a name bound with ``from torch.distributed import ...``
+before the emulation was installed keeps gloo's behaviour.
 """
 
 from __future__ import annotations
@@ -45,8 +26,6 @@ __all__ = [
     "NCCL_REFUSED_DTYPES",
     "CudaOnCpu",
     "activate",
-    "install",
-    "installed",
     "refused_dtypes",
 ]
 
@@ -64,8 +43,8 @@ INTERCEPTED: Final = (
     "reduce_scatter_tensor",
 )
 
-_INSTALLED: list[str] = []
-_ACTIVE: list[bool] = []
+_INSTALLED: list[bool] = []
+_ACTIVE: list[bool] = [False]
 _MODES: list[TorchFunctionMode] = []  # the CUDA-to-CPU mode, while it is pushed
 
 
@@ -108,7 +87,7 @@ class CudaOnCpu(TorchFunctionMode):
 
 def _current_device(original: Callable[[], int]) -> Callable[[], Any]:
     def current_device() -> Any:
-        if _ACTIVE and _ACTIVE[0]:
+        if _ACTIVE[0]:
             # The CPU itself, not 0: an autograd Function's backward runs without the
             # torch-function mode, where device=0 would ask for an accelerator.
             return torch.device("cpu")
@@ -118,28 +97,11 @@ def _current_device(original: Callable[[], int]) -> Callable[[], Any]:
     return current_device
 
 
-def _push_mode() -> None:
-    if not _MODES:
-        mode = CudaOnCpu()
-        mode.__enter__()  # type: ignore[no-untyped-call]  # TorchFunctionMode's dunder is untyped in torch
-        _MODES.append(mode)
-
-
-def _pop_mode() -> None:
-    if _MODES:
-        _MODES.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]  # as __enter__
-
-
 def refused_dtypes(backend: str) -> tuple[str, ...]:
     """The dtype names the emulated ``backend`` refuses."""
     if backend != "nccl":
         raise ValueError(f"no emulation of {backend!r}; known: nccl")
     return NCCL_REFUSED_DTYPES
-
-
-def installed() -> str | None:
-    """The backend emulated in this process now, if any."""
-    return _INSTALLED[0] if _INSTALLED and _ACTIVE and _ACTIVE[0] else None
 
 
 class _Done:
@@ -168,11 +130,9 @@ def _done(async_op: bool) -> Any:
     return _Done() if async_op else None
 
 
-def install(backend: str) -> None:
-    """Intercept ``torch.distributed``'s collectives in this process (idempotent)."""
-    refused_dtypes(backend)
-    if _INSTALLED:
-        return
+def _install() -> None:
+    """Intercept ``torch.distributed``'s collectives in this process, once; each call goes
+    to the emulation while ``_ACTIVE[0]``, to gloo's own function otherwise."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -282,14 +242,12 @@ def install(backend: str) -> None:
         setattr(dist, name, dispatch)
         setattr(c10d, name, dispatch)
     torch.cuda.current_device = _current_device(torch.cuda.current_device)
-    _INSTALLED.append(backend)
-    _ACTIVE[:] = [True]
-    _push_mode()
+    _INSTALLED.append(True)
 
 
 def _dispatcher(emulated: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
     def dispatch(*args: Any, **kwargs: Any) -> Any:
-        fn = emulated if _ACTIVE and _ACTIVE[0] else original
+        fn = emulated if _ACTIVE[0] else original
         return fn(*args, **kwargs)
 
     dispatch.__name__ = original.__name__
@@ -302,10 +260,15 @@ def activate(backend: str | None) -> None:
     first use), or, with ``None``, let the intercepted collectives behave as gloo's
     again (a shared rank pool serves emulated and plain checks alike)."""
     if backend is None:
-        if _ACTIVE:
-            _ACTIVE[0] = False
-        _pop_mode()
+        _ACTIVE[0] = False
+        if _MODES:
+            _MODES.pop().__exit__(None, None, None)  # type: ignore[no-untyped-call]  # untyped in torch
         return
-    install(backend)
-    _ACTIVE[:] = [True]
-    _push_mode()
+    refused_dtypes(backend)
+    if not _INSTALLED:
+        _install()
+    _ACTIVE[0] = True
+    if not _MODES:
+        mode = CudaOnCpu()
+        mode.__enter__()  # type: ignore[no-untyped-call]  # TorchFunctionMode's dunder is untyped in torch
+        _MODES.append(mode)

@@ -2,14 +2,10 @@
 
 Where it sits: in the gate's engine, above ``program_rows``, beneath ``targets``.
 torchtitan is an optional extra (``vargather[torchtitan]``, then torchtitan itself
-with ``--no-deps``), imported inside functions only and typed ``Any``.
-
-What it checks: ``AllToAllTokenDispatcher`` (0.3.0) as an MoE layer drives it, a
-router's top-``K`` choices over experts sharded across ranks: ``dispatch`` exchanges
-the per-expert counts and the tokens and reorders them expert-major, ``combine``
-reverses it and sums each token's expert outputs weighted by its scores. The oracle
-regroups the tokens by expert on one process (``expected_layer``); docs/targets.md
-describes it, the rows and the backends drawn.
+with ``--no-deps``), imported inside functions only and typed ``Any``. Programs drive
+``AllToAllTokenDispatcher`` (0.3.0) as MoE layers drive it; the oracle regroups the
+tokens by expert on one process (``expected_layer``). docs/targets.md describes it, the
+rows and the backends drawn.
 """
 
 from __future__ import annotations
@@ -259,9 +255,6 @@ def _run_layer(
     return result
 
 
-# --- the judge -------------------------------------------------------------------------
-
-
 def judge_dispatch(
     program: DispatchProgram, reports: Sequence[StepsReport]
 ) -> list[tuple[str, str]]:
@@ -285,9 +278,6 @@ def judge_dispatch(
         if failures:
             return failures
     return []
-
-
-# --- the rows --------------------------------------------------------------------------
 
 
 ROWS: Final = (

@@ -5,11 +5,10 @@ Where it sits: in the gate's engine, beneath the targets that draw programs and
 builds state (meshes, groups, models), calls the code under test several times, and
 its oracle is the global tensor sliced on one process.
 
-``run_program_check`` runs every row as a seeded Hypothesis test: cases drawn in the
-parent, sent to the ranks in batches, shrunk within ``--shrink-budget`` (a count,
-never time; a world that died gets a few attempts, a hang none), then by the target's
-own fixed-order passes, if it has them; each failure carries a ``reproduce:`` line.
-Crashes and waits are told in a fixed form, so a seed gives the same JSON every run.
+``run_program_check`` runs every row as a seeded Hypothesis test (cases drawn in the
+parent, run on the ranks in batches, shrunk within ``--shrink-budget``, a count, never
+time); crashes and waits are told in a fixed form, so a seed gives the same JSON every
+run.
 """
 
 from __future__ import annotations
@@ -212,10 +211,11 @@ def _in_flight(err: PoolFailure, count: int) -> int | None:
     return index if 0 <= index < count else None
 
 
-def _reproduction(
+def _counterexample(
     target: ProgramTarget, row: str, options: CheckOptions, batch: Sequence[Any]
-) -> str:
-    """The programs in words and as data, and the command that re-runs the search."""
+) -> dict[str, Any]:
+    """A failure's ``case`` (the last program of ``batch`` as data) and ``reproduction``
+    (the programs in words and as data, and the command that re-runs the search)."""
     listed = "\n".join(f"  {target.describe(c)}\n  {c!r}" for c in batch)
     command = (
         f"python -m vargather check --target {options.target} --only {row} --seed {options.seed} "
@@ -225,10 +225,11 @@ def _reproduction(
         command += f" --world-sizes {','.join(map(str, sorted(options.world_sizes)))}"
     if options.shrink_budget != CheckOptions().shrink_budget:
         command += f" --shrink-budget {options.shrink_budget}"
-    return (
+    reproduction = (
         f"{len(batch)} program(s) on a gloo world of {batch[0].world_size} rank(s), in "
         f"order:\n{listed}\n  reproduce: {command}"
     )
+    return {"case": {**asdict(batch[-1]), "repr": repr(batch[-1])}, "reproduction": reproduction}
 
 
 @dataclass
@@ -272,9 +273,7 @@ def _run_batch(
         message = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
         failure = PropertyFailure("checker", message, aspect="call")
     if failure is not None:
-        case = {**asdict(batch[-1]), "repr": repr(batch[-1])}
-        reproduction = _reproduction(target, row.id, options, batch)
-        return replace(failure, case=case, reproduction=reproduction), None
+        return replace(failure, **_counterexample(target, row.id, options, batch)), None
     for i, (case, reports) in enumerate(zip(batch, results, strict=True)):
         failures = target.judge(case, reports)
         if failures:
@@ -289,9 +288,8 @@ def _run_batch(
             found = PropertyFailure(
                 "error" if aspect == "raised" else "mismatch",
                 "\n".join(f"[{a}] {m}" for a, m in failures[:4]),
-                {**asdict(case), "repr": repr(case)},
-                _reproduction(target, row.id, options, batch[: i + 1]),
                 aspect=aspect,
+                **_counterexample(target, row.id, options, batch[: i + 1]),
             )
             return found, case
     return None, None
@@ -365,21 +363,20 @@ def _smallest(
     """The last shrinking passes, after Hypothesis's: the failing program alone, then
     ``smaller``'s candidates in their fixed order, taking the first that fails the same
     way (the same aspect) and starting over, until none does or the budget is spent
-    (``attempt`` raises ``ShrinkBudgetSpent``). The same candidates in the same order
-    every run."""
+    (``attempt`` raises ``ShrinkBudgetSpent``)."""
     try:
         alone = attempt(case)
         if alone is None or alone.aspect != failure.aspect:
             return failure
         failure = alone
-        shrinking = True
-        while shrinking:
-            shrinking = False
+        while True:
             for candidate in smaller(case, worlds):
                 found = attempt(candidate)
                 if found is not None and found.aspect == failure.aspect:
-                    case, failure, shrinking = candidate, found, True
+                    case, failure = candidate, found
                     break
+            else:
+                return failure
     except ShrinkBudgetSpent:
         pass
     return failure

@@ -6,16 +6,8 @@ Where it sits: in the testing kit, never part of its pipeline: it is the impleme
 vargather check --impl vargather.testing.reference_seed:all_gather --grad local``), and
 the baseline ``python -m vargather bench`` times vargather against.
 
-The seed's algorithm, step by step, unchanged:
-
-1. unless ``sizes`` is given, exchange every rank's ``n_r = t.shape[dim]`` with a
-   ``dist.all_gather`` of W 0-d int64 tensors, stacked into ``sizes``;
-2. zero-pad ``t`` along ``dim`` to ``max_r n_r``;
-3. ``dist.all_gather`` the padded tensors into a list and ``cat`` them along ``dim``
-   (rank r's padded block is ``[r * max, (r + 1) * max)``);
-4. keep the positions ``r * max + i`` with ``i < n_r`` (a ``(W, max)`` mask flattened
-   rank-major) with ``index_select(dim, indices)``.
-
+The seed's algorithm, unchanged: exchange the sizes (unless given), zero-pad to the
+largest, ``dist.all_gather`` the padded tensors, and keep each rank's rows with a mask.
 ``AllGather`` (``all_gather = AllGather.apply``) makes it differentiable with the seed's
 "local" contract: rank r's input gradient is ``g_r[o_r : o_r + n_r]``, the slice of its
 *own* upstream gradient (``grads.split(sizes, dim)[rank]``). Outside torch.distributed,

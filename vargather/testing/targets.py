@@ -3,19 +3,11 @@
 Where it sits: in the gate's engine in the testing kit, beneath ``engine`` (which
 turns ``--target NAME`` into the options it stands for with ``apply_target`` before
 anything else runs) and above the targets that run programs of their own
-(``dtensor_target``, ``ulysses_target``, ``ep_dispatch_target``). ``python -m vargather
-check --target NAME`` runs a target; ``--target list`` prints ``listing()``. Every
-target declares what a fork declares in its ``[tool.vargather.check]`` table: the
-collective (``--op``), the implementation (``--impl``), the call template (``--call``,
-the function's own signature, no adapter) and its scope (docs/targets.md gives the
-reason for each). A user may still set the run's budget (``--max-examples``,
-``--seed``, ``--timeout``, ``--world-sizes`` within the target's) but not what the
-target declares: a different ``--impl`` or scope is a usage error, not a silent
-override.
+(``dtensor_target``, ``ulysses_target``, ``ep_dispatch_target``). docs/targets.md gives
+each target's declared scope and the reason for it.
 
 This module imports only the standard library at import time: ``--target list``
-asks whether each target's modules are installed (``importlib.util.find_spec``)
-without importing them.
+asks whether each target's modules are installed without importing them.
 """
 
 from __future__ import annotations
@@ -57,12 +49,9 @@ class Target:
     that runs programs of its own, whose ``TARGET`` is a ``program_rows.ProgramTarget``;
     ``scope``: the ``CheckOptions`` fields it declares; ``requires``: (module, what to
     install when it is missing); ``preload``: modules the rank processes import before
-    their first call (``pool.preload``): what the code imports on first use, seconds
-    per rank, which would otherwise count against the first example's timeout;
-    ``refuses``: dtypes the backend refuses on this code path though
-    ``torch.distributed``'s own functions carry them (they convert; this code hands the
-    tensor to the backend as is): each runs as its own ``PROPERTY:DTYPE`` row,
-    ``unsupported`` unless ``--strict``."""
+    their first call (``pool.preload``; ``_DYNAMO`` says why); ``refuses``: dtypes the
+    backend refuses on this code path though ``torch.distributed``'s own functions carry
+    them (they convert): each runs as its own ``PROPERTY:DTYPE`` row."""
 
     name: str
     title: str
@@ -86,9 +75,8 @@ _DYNAMO: Final = ("torch._dynamo",)
 """What torch's functional collectives, DTensor and the deprecated nn collectives
 import on first use (about 10 s of CPU per process, measured on the 2-core machine).
 Megatron-core's mappings are preloaded too (importing megatron.core took over 30 s per
-rank on the loaded 2-core machine); its module-level aliases of torch.distributed's
-functions (``dist_all_gather_func``, ``dist_reduce_scatter_func``, used for equal
-splits only, which the targets' templates never ask for) then keep gloo's behaviour."""
+rank on the loaded 2-core machine; docs/targets.md says what its aliases bound then
+keep)."""
 _MAPPINGS: Final = "megatron.core.tensor_parallel.mappings"
 _DEEPSPEED_MISSING: Final = (
     "deepspeed is not installed (DS_BUILD_OPS=0 pip install -c constraints.txt "
@@ -253,8 +241,9 @@ def apply_target(options: CheckOptions) -> CheckOptions:
     """``options`` with the target they name filled in (unchanged without one).
 
     ``OptionError`` (``target``) for an unknown or unavailable target, or for an
-    option the user set that contradicts what the target declares. Applying twice
-    gives the same options (the isolated child gets them applied already)."""
+    option the user set that contradicts what the target declares; (``only``,
+    ``xfails``) for a row id the target lacks. Applying twice gives the same options
+    (the isolated child gets them applied already)."""
     from .options import CheckOptions, OptionError
 
     name = options.target
@@ -285,7 +274,15 @@ def apply_target(options: CheckOptions) -> CheckOptions:
             f"{name} declares {spelled} {_text(value) if value is not None else '(none)'}; "
             f"got {spelled} {_text(given)} (a target's implementation and scope are its own)",
         )
-    _check_ids(name, target, options)
+    rows = target_ids(target)
+    for option, ids in (("only", options.only), ("xfails", tuple(options.xfails))):
+        unknown = sorted({i for i in ids if i.partition(":")[0] not in rows})
+        if unknown:
+            raise OptionError(
+                option,
+                f": unknown property id(s) {', '.join(unknown)} of --target {name}; known: "
+                + ", ".join(rows),
+            )
     return replace(options, **wanted)
 
 
@@ -327,20 +324,6 @@ def program_rows(name: str | None) -> list[tuple[str, str]] | None:
     of its own (the pytest plugin's items), else ``None``."""
     program = _program(name)
     return None if program is None else [(row.id, row.title) for row in program.rows]
-
-
-def _check_ids(name: str, target: Target, options: CheckOptions) -> None:
-    from .options import OptionError
-
-    known = target_ids(target)
-    for option, ids in (("only", options.only), ("xfails", tuple(options.xfails))):
-        unknown = sorted({i for i in ids if i.partition(":")[0] not in known})
-        if unknown:
-            raise OptionError(
-                option,
-                f": unknown property id(s) {', '.join(unknown)} of --target {name}; known: "
-                + ", ".join(known),
-            )
 
 
 def preload_target(options: CheckOptions) -> None:

@@ -2,16 +2,10 @@
 
 Where it sits: in the gate's engine, above ``program_rows``, beneath ``targets``.
 DeepSpeed is an optional extra (``vargather[deepspeed]``), imported inside functions
-only and typed ``Any``.
-
-What it checks: ``single_all_to_all``, ``_SeqAllToAll.apply`` and
-``DistributedAttention`` of ``deepspeed.sequence.layer``, which switch ``[b, S/P, H,
-d]`` (sequence sharded) to ``[b, S, H/P, d]`` (heads sharded) and back, in programs:
-models with their own head counts built in one process, then calls on them in order.
-The oracle is the global tensor on one process, its heads split as DeepSpeed splits
-them (``head_split``), the attention exact (``local_attention``). docs/targets.md
-describes the rows, the oracle and what the target relies on (DeepSpeed set up as a
-job sets it up, each release's signatures read, not assumed).
+only and typed ``Any``. Programs build models with their own head counts in one
+process, then call ``deepspeed.sequence.layer`` on them in order; the oracle is the
+global tensor on one process. docs/targets.md describes the rows, the oracle and what
+the target relies on.
 """
 
 from __future__ import annotations
@@ -373,60 +367,44 @@ def run_ulysses_program(ctx: Any, program: UlyssesProgram) -> UlyssesReport:
             )
         )
 
-    def step(index: int) -> dict[str, torch.Tensor]:
-        attention = built[program.steps[index].model]
+    def run_step(index: int) -> dict[str, torch.Tensor]:
+        step = program.steps[index]
+        model = program.models[step.model]
+        b, seq = model.batch_dim_idx, model.seq_dim
+        attention = built[step.model]
         attention.local_attn.step = index
-        return _run_step(layer, attention, group, program, index, rank, rel)
 
-    done = in_turn(len(program.steps), step)
-    return UlyssesReport(done.steps, done.error, rel.single_takes_kv, tuple(torn))
+        def chunk(tag: int) -> torch.Tensor:
+            return _seq_chunk(program, index, _global(program, index, tag), rank)
 
-
-def _run_step(
-    layer: Any,
-    attention: Any,
-    group: Any,
-    program: UlyssesProgram,
-    index: int,
-    rank: int,
-    rel: Release,
-) -> dict[str, torch.Tensor]:
-    step = program.steps[index]
-    model = program.models[step.model]
-    b, seq = model.batch_dim_idx, model.seq_dim
-
-    def chunk(tag: int) -> torch.Tensor:
-        return _seq_chunk(program, index, _global(program, index, tag), rank)
-
-    if step.kind == "attention":
-        inputs = [chunk(tag).clone().requires_grad_(step.grad) for tag in (1, 2, 3)]
-        out = attention(*inputs, b)
-        result = {"output": out.detach().clone()}
+        if step.kind == "attention":
+            inputs = [chunk(tag).clone().requires_grad_(step.grad) for tag in (1, 2, 3)]
+            out = attention(*inputs, b)
+            result = {"output": out.detach().clone()}
+            if step.grad:
+                (out * chunk(4)).sum().backward()
+                for name, t in zip(("q", "k", "v"), inputs, strict=True):
+                    if t.grad is not None:
+                        result[f"grad_{name}"] = t.grad.clone()
+            return result
+        x = chunk(1)
         if step.grad:
-            (out * chunk(4)).sum().backward()
-            for name, t in zip(("q", "k", "v"), inputs, strict=True):
-                if t.grad is not None:
-                    result[f"grad_{name}"] = t.grad.clone()
+            xs = x.clone().requires_grad_()
+            args = (None, None, None, True, model.kv_heads) if rel.apply_takes_kv else ()
+            y = layer._SeqAllToAll.apply(group, xs, 2, seq, b, *args)
+            (y * _heads_of(program, index, rank, rel.single_takes_kv, 4)).sum().backward()
+            grad = xs.grad if xs.grad is not None else torch.zeros(0)
+            return {"heads": y.detach().clone(), "grad_x": grad.clone()}
+        extra = {"num_kv_heads": model.kv_heads} if rel.single_takes_kv else {}
+        y = layer.single_all_to_all(x, 2, seq, b, group, **extra)
+        result = {"heads": y.detach().clone()}
+        if step.kind == "round-trip":
+            z = layer.single_all_to_all(y, seq, 2, b, group, **extra)
+            result["back"] = z.detach().clone()
         return result
-    x = chunk(1)
-    kv = {"num_kv_heads": model.kv_heads}
-    if step.grad:
-        xs = x.clone().requires_grad_()
-        args = (None, None, None, True, model.kv_heads) if rel.apply_takes_kv else ()
-        y = layer._SeqAllToAll.apply(group, xs, 2, seq, b, *args)
-        (y * _heads_of(program, index, rank, rel.single_takes_kv, 4)).sum().backward()
-        grad = xs.grad if xs.grad is not None else torch.zeros(0)
-        return {"heads": y.detach().clone(), "grad_x": grad.clone()}
-    extra = kv if rel.single_takes_kv else {}
-    y = layer.single_all_to_all(x, 2, seq, b, group, **extra)
-    result = {"heads": y.detach().clone()}
-    if step.kind == "round-trip":
-        z = layer.single_all_to_all(y, seq, 2, b, group, **extra)
-        result["back"] = z.detach().clone()
-    return result
 
-
-# --- the judge -------------------------------------------------------------------------
+    done = in_turn(len(program.steps), run_step)
+    return UlyssesReport(done.steps, done.error, rel.single_takes_kv, tuple(torn))
 
 
 def judge_ulysses(
@@ -443,12 +421,8 @@ def judge_ulysses(
         raised = first_real_error(errors)
         ok = sorted(set(range(len(reports))) - set(errors))
         said = f"; rank {raised[0]} raised {raised[1]}" if raised else ""
-        return [
-            (
-                "raised",
-                f"fewer key/value heads than ranks: ranks {ok} did not refuse{said}",
-            )
-        ]
+        message = f"fewer key/value heads than ranks: ranks {ok} did not refuse{said}"
+        return [("raised", message)]
     if errors:
         return [("raised", raised_message(errors, "step"))]
     for rank, rep in enumerate(reports):
@@ -466,9 +440,6 @@ def judge_ulysses(
 
 _OUTPUTS: Final = {"output": "output", "heads": "output", "back": "output"}
 """The aspect of each result that is not a gradient."""
-
-
-# --- the rows --------------------------------------------------------------------------
 
 
 ROWS: Final = (
@@ -533,9 +504,8 @@ def _prepare(progress: Progress) -> tuple[str, dict[str, str]]:
     with quiet_stdout():
         importlib.import_module("deepspeed.comm.torch").build_shm_op()  # untyped: Any
     takes = "takes num_kv_heads" if rel.single_takes_kv else "no num_kv_heads"
-    return f"DeepSpeed {rel.version} Ulysses: {TARGET.display} ({takes})", {
-        "deepspeed": rel.version
-    }
+    header = f"DeepSpeed {rel.version} Ulysses: {TARGET.display} ({takes})"
+    return header, {"deepspeed": rel.version}
 
 
 TARGET: Final = ProgramTarget(
