@@ -119,6 +119,14 @@ class _Reply:
     error_index: int = 0
     seqs: dict[tuple[int, ...], _GroupCounts] = field(default_factory=dict)
 
+    def outcome(self, index: int) -> RankOutcome[Any]:
+        if index < len(self.values):
+            return RankOutcome(self.rank, self.values[index])
+        if self.error is None or index != self.error_index:
+            return RankOutcome(self.rank, None)  # the rank stopped at an earlier payload
+        _, type_name, _, tb = self.error
+        return RankOutcome(self.rank, None, _exception_from(self.error), type_name, tb)
+
 
 def _describe_exit(code: int | None) -> str:
     if code is None:
@@ -258,6 +266,9 @@ class RankPool:
         """Stop the ranks (cleanly, kill after a grace period) and start a fresh world."""
         with self._lock:
             self._check_usable()
+            if self._world is not None:
+                with contextlib.suppress(Exception):
+                    self._world.request_stop()
             self._stop_world(graceful=True)
             self._world = self._new_world()
 
@@ -274,7 +285,7 @@ class RankPool:
         """Stop the ranks: each destroys its process group and exits with code 0;
         stragglers are killed after a grace period. Idempotent."""
         self._begin_close()
-        self._end_close()
+        self._stop_world(graceful=True)
 
     # -- internals
 
@@ -289,12 +300,6 @@ class RankPool:
             with contextlib.suppress(Exception):
                 world.request_stop()
 
-    def _end_close(self) -> None:
-        world, self._world = self._world, None
-        if world is not None and os.getpid() == self._owner_pid:
-            world.wait_stopped(_CLOSE_GRACE)
-            self._last_exitcodes = world.exitcodes
-
     def _check_usable(self) -> None:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
@@ -307,15 +312,14 @@ class RankPool:
     def _new_world(self) -> _World:
         self._generation += 1
         self._stale = None
-        return _World(self.config, self._generation)
+        return _World(self.config)
 
     def _stop_world(self, *, graceful: bool) -> None:
+        """``graceful``: wait for ranks already asked to stop, kill them after a grace period."""
         world, self._world = self._world, None
-        if world is None:
+        if world is None or os.getpid() != self._owner_pid:
             return
         if graceful:
-            with contextlib.suppress(Exception):
-                world.request_stop()
             world.wait_stopped(_CLOSE_GRACE)
         else:
             world.kill()
@@ -379,7 +383,7 @@ class RankPool:
                 # are unaccounted for, so this world cannot be trusted any more.
                 self._stop_world(graceful=False)
                 raise
-        return self._outcomes(replies, len(payloads))
+        return [[reply.outcome(i) for reply in replies] for i in range(len(payloads))]
 
     def _exchange(self, world: _World, fn: object, request: bytes) -> list[_Reply]:
         deadline = time.monotonic() + self.config.call_timeout
@@ -390,9 +394,7 @@ class RankPool:
         waiting = set(range(self.world_size)) - broken
         messages, dead, silent = world.receive(waiting, deadline)
         dead |= broken
-        replies: dict[int, _Reply] = {}
-        for rank, data in messages.items():
-            replies[rank] = self._decode(rank, data)
+        replies = {rank: self._decode(rank, data) for rank, data in messages.items()}
         if dead or silent:
             self._fail(world, fn, replies, dead, silent)
         world.mark_stderr()  # failure messages quote what a rank wrote after this point
@@ -483,42 +485,20 @@ class RankPool:
             group = "the world group" if not key else f"subgroup {list(key)}"
             if len({c[0] for c in seen.values()}) > 1:
                 counts = ", ".join(f"rank {r}: {c[0]}" for r, c in seen.items())
-                self._stale = (
+                problem = (
                     f"the ranks' collective counts for {group} differ ({counts}): "
-                    "a rank issued a collective its peers did not, so the group is out of "
-                    "step; the pool rebuilds the world before the next call"
+                    "a rank issued a collective its peers did not, so the group is out of step"
                 )
-                return
-            unpaired = _unpaired(list(key) if key else list(range(self.world_size)), seen)
-            if unpaired is not None:
-                self._stale = (
+            else:
+                unpaired = _unpaired(list(key) if key else list(range(self.world_size)), seen)
+                if unpaired is None:
+                    continue
+                problem = (
                     f"the ranks' point-to-point operations on {group} do not pair up "
-                    f"({unpaired}): a message or a receive is left pending in the group; "
-                    "the pool rebuilds the world before the next call"
+                    f"({unpaired}): a message or a receive is left pending in the group"
                 )
-                return
-
-    def _outcomes(self, replies: list[_Reply], count: int) -> list[list[RankOutcome[Any]]]:
-        per_payload: list[list[RankOutcome[Any]]] = []
-        for index in range(count):
-            outcomes: list[RankOutcome[Any]] = []
-            for reply in replies:
-                if index < len(reply.values):
-                    outcomes.append(RankOutcome(reply.rank, reply.values[index]))
-                elif reply.error is not None and index == reply.error_index:
-                    outcomes.append(
-                        RankOutcome(
-                            reply.rank,
-                            None,
-                            _exception_from(reply.error),
-                            reply.error[1],
-                            reply.error[3],
-                        )
-                    )
-                else:  # the rank stopped at an earlier payload
-                    outcomes.append(RankOutcome(reply.rank, None))
-            per_payload.append(outcomes)
-        return per_payload
+            self._stale = f"{problem}; the pool rebuilds the world before the next call"
+            return
 
     def _rank_error(
         self, fn: object, outcomes: Sequence[RankOutcome[Any]], index: int | None
@@ -615,7 +595,7 @@ def close_all_pools() -> None:
     for pool in pools:
         pool._begin_close()
     for pool in pools:
-        pool._end_close()
+        pool._stop_world(graceful=True)
 
 
 atexit.register(close_all_pools)

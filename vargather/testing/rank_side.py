@@ -19,7 +19,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -202,27 +202,14 @@ def _watch_parent(lifeline: Connection) -> None:
     os._exit(1)
 
 
-@dataclass
-class _PointToPoint:
-    """The point-to-point operations a rank posted on one group: by the group rank of
-    the peer (``_ANY_SOURCE`` for a receive from any peer)."""
-
-    sent: dict[int, int] = field(default_factory=dict)
-    received: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return sum(self.sent.values()) + sum(self.received.values())
-
-
 _ANY_SOURCE = -1
-"""The peer ``_PointToPoint`` files a receive from any peer (or from a peer it cannot
-read) under."""
+"""The peer a receive from any peer (or from a peer not read) is counted under."""
 
-_P2P_OPS: dict[int, _PointToPoint] = {}
+_P2P_OPS: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
 """In a rank: the point-to-point operations posted so far on each group the pool tracks
 (the world group and the context's subgroups, all alive as long as the world, so their
-``id`` is theirs), by the group's ``id``."""
+``id`` is theirs), by the group's ``id``: (sent, received), each by the group rank of
+the peer."""
 
 # (counts of one group on one rank): collectives issued, then the point-to-point
 # operations by peer: sent, received (see _group_counts)
@@ -257,7 +244,7 @@ def _counted(original: Callable[..., Any], *, received: bool) -> Callable[..., A
             if not anysource:
                 raw = args[1] if len(args) > 1 else kwargs.get("srcRank", kwargs.get("dstRank"))
                 peer = raw if isinstance(raw, int) else _ANY_SOURCE
-            book = counts.received if received else counts.sent
+            book = counts[1] if received else counts[0]
             book[peer] = book.get(peer, 0) + 1
         return work
 
@@ -271,7 +258,7 @@ def _track_point_to_point(group: object) -> None:
     """Count the point-to-point operations posted on ``group`` from now on (not on a
     rank outside it, which gets ``NON_GROUP_MEMBER``)."""
     if not isinstance(group, int):
-        _P2P_OPS.setdefault(id(group), _PointToPoint())
+        _P2P_OPS.setdefault(id(group), ({}, {}))
 
 
 def _group_counts(ctx: RankContext) -> dict[tuple[int, ...], _GroupCounts]:
@@ -287,9 +274,10 @@ def _group_counts(ctx: RankContext) -> dict[tuple[int, ...], _GroupCounts]:
         get = getattr(group, "_get_sequence_number_for_group", None)
         if get is None:
             continue
-        p2p = _P2P_OPS.get(id(group), _PointToPoint())
+        sent, received = _P2P_OPS.get(id(group), ({}, {}))
         try:
-            counts[key] = (int(get()) - p2p.total, dict(p2p.sent), dict(p2p.received))
+            issued = int(get()) - sum(sent.values()) - sum(received.values())
+            counts[key] = (issued, dict(sent), dict(received))
         except Exception:
             continue
     return counts

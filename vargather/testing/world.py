@@ -87,9 +87,7 @@ def _child_environment(overrides: dict[str, str]) -> Iterator[None]:
 class _World:
     """One generation of rank processes and their process group."""
 
-    def __init__(self, config: PoolConfig, generation: int) -> None:
-        self.config = config
-        self.generation = generation
+    def __init__(self, config: PoolConfig) -> None:
         self.dir = tempfile.mkdtemp(prefix=f"vargather-pool-w{config.world_size}-")
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
@@ -100,18 +98,17 @@ class _World:
         self.stderr_marks = [0] * config.world_size
         self.ready = False
         self.exitcodes: tuple[int | None, ...] = ()  # filled in when the world is torn down
-        self.progress: Any = None  # the ranks' in-flight payload indices (see _serve)
         mp: SpawnContext | ForkServerContext
         if config.start_method == "forkserver":
             mp = multiprocessing.get_context("forkserver")
-            # The server imports torch once; each rank is then a fork of it instead of a
-            # process that imports torch itself. Takes effect when
-            # this process's forkserver starts, and replaces any earlier preload list.
+            # Takes effect when this process's forkserver starts, and replaces any
+            # earlier preload list.
             mp.set_forkserver_preload(_server_preload())
         else:
             mp = multiprocessing.get_context("spawn")
         try:
-            self.progress = mp.RawArray("q", [-1] * config.world_size)
+            # the ranks' in-flight payload indices (see _serve)
+            self.progress: Any = mp.RawArray("q", [-1] * config.world_size)
             with _child_environment({"OMP_NUM_THREADS": "1", **dict(config.environment)}):
                 for rank in range(config.world_size):
                     parent_end, child_end = mp.Pipe(duplex=True)
@@ -161,8 +158,6 @@ class _World:
 
     def in_flight(self) -> dict[int, int]:
         """The payload index each rank is running now (ranks between payloads absent)."""
-        if self.progress is None:
-            return {}
         return {r: int(i) for r, i in enumerate(self.progress) if i >= 0}
 
     def exitcode(self, rank: int) -> int | None:
