@@ -6,28 +6,13 @@ Spawning a fresh world per test case costs seconds; a pool started once and kept
 turns each case into a round trip of milliseconds (``docs/property-suite.md`` has the
 measured figures).
 
-How it works
-------------
-``RankPool(world_size)`` spawns ``world_size`` processes (``multiprocessing`` *spawn*
-start method, never ``torch.multiprocessing``; ``start_method="forkserver"`` instead forks
-them from a server that imported torch once, which makes building a world much cheaper:
-worth it where worlds are rebuilt often, as in a fuzzer that makes gloo abort). Each
-rank initializes one ``torch.distributed`` process group, once, on a ``FileStore`` in a
-fresh temporary directory (no TCP ports, so pytest-xdist workers never collide), then
-serves ``run``, ``run_outcomes`` and ``run_many`` over its own duplex pipe. A Python
-exception on a rank leaves the world up: the same process group serves the next call.
-
-Tensors crossing the pipe are sent as detached copies with compact storage (values,
-dtype, shape, strides and the ``requires_grad`` flag survive; the autograd graph does
-not), as bytes (``rank_side._Pickler``).
-
-Failures of the world itself are :class:`PoolFailure` s: a rank that dies (``os._exit``,
-SIGKILL, a gloo SIGABRT) is seen at once through the process sentinels
-(:class:`RankCrashed`); a call that outlives ``call_timeout`` raises :class:`RankHung`.
-Either way every rank process is killed and a fresh world (new temporary directory, new
-``FileStore``) is started on the next call. A rank's stderr is written to a file in the
-pool's directory; its tail is quoted in failure messages (gloo's abort text, for one)
-and is otherwise not shown.
+Each rank initializes one ``torch.distributed`` process group, once, on a ``FileStore``
+in a fresh temporary directory (no TCP ports, so pytest-xdist workers never collide),
+then serves calls over its own duplex pipe. A Python exception on a rank leaves the
+world up: the same process group serves the next call. A rank that dies is seen at once
+through the process sentinels. After a :class:`PoolFailure` every rank process has been
+killed and the next call starts a fresh world (new directory, new ``FileStore``). A
+rank's stderr goes to a file in the world's directory; failure messages quote its tail.
 
 After each call the pool compares, for the world group and every subgroup, the number
 of collectives each rank has issued on it. If they differ, a rank issued a collective
@@ -151,10 +136,12 @@ class RankPool:
     never joins fails with gloo's timeout error on the waiting ranks after this long.
     ``None`` reads ``$VARGATHER_POOL_COLLECTIVE_TIMEOUT`` or uses 10 s.
     ``call_timeout`` bounds each call (``RankHung`` past it); ``start_timeout`` bounds
-    building a world. ``start_method`` is ``"spawn"`` (default) or ``"forkserver"`` (see
-    the module docstring). ``environment``: variables the rank processes start with
-    (besides ``OMP_NUM_THREADS=1``). Processes are spawned at construction; the first call waits for
-    them to be ready. One call runs at a time (a lock serializes calls from threads).
+    building a world. ``start_method``: ``"spawn"`` (``multiprocessing``'s, never
+    ``torch.multiprocessing``'s) or ``"forkserver"``, which forks the ranks from a server
+    that imported torch once: much cheaper where worlds are rebuilt often (a fuzzer that
+    makes gloo abort). ``environment``: variables the rank processes start with (besides
+    ``OMP_NUM_THREADS=1``). Processes are spawned at construction; the first call waits
+    for them to be ready. One call runs at a time (a lock serializes calls from threads).
     Close the pool (or use ``with``); pools still open at interpreter exit are closed
     then. A pool belongs to the process that made it: a forked child must make its own.
     """

@@ -140,11 +140,6 @@ def _dumps(obj: object) -> bytes:
     return buf.getvalue()
 
 
-def _type_name(cls: type) -> str:
-    module = cls.__module__
-    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
-
-
 # (pickled exception or None, qualified type name, message, traceback text)
 _ErrInfo = tuple[bytes | None, str, str, str]
 
@@ -154,7 +149,9 @@ def _error_info(exc: BaseException, *, skip_frames: int = 0) -> _ErrInfo:
     for _ in range(skip_frames):  # drop the harness's own frames
         if tb_obj is not None and tb_obj.tb_next is not None:
             tb_obj = tb_obj.tb_next
-    tb = "".join(traceback.format_exception(type(exc), exc, tb_obj))
+    cls, module = type(exc), type(exc).__module__
+    tb = "".join(traceback.format_exception(cls, exc, tb_obj))
+    name = cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
     try:
         message = str(exc)
     except Exception:
@@ -165,7 +162,7 @@ def _error_info(exc: BaseException, *, skip_frames: int = 0) -> _ErrInfo:
         pickle.loads(data)  # a class that pickles but cannot be rebuilt falls back too
     except Exception:
         data = None
-    return (data, _type_name(type(exc)), message, tb)
+    return (data, name, message, tb)
 
 
 def _exception_from(info: _ErrInfo) -> BaseException:
@@ -317,10 +314,8 @@ def _encode_reply(
     """``("ok", values, seqs)`` or ``("err", index, values, info, seqs)``; a result that
     does not pickle becomes the error, at its own payload index."""
     message = ("ok", values, seqs) if info is None else ("err", index, values, info, seqs)
-    try:
+    with contextlib.suppress(BaseException):
         return _dumps(message)
-    except BaseException:
-        pass
     for bad, value in enumerate(values):  # find the first result that does not pickle
         try:
             _dumps(value)
@@ -340,11 +335,9 @@ INDUCTOR_RANK_DEFAULTS: dict[str, str] = {
     "TORCHINDUCTOR_COMPILE_THREADS": "1",
 }
 """inductor's settings in a rank process, where the environment does not set them:
-scalar C++ kernels (no probe of the CPU's vector instruction sets, which compiles and
-loads six test programs: about 10 s of CPU on a fresh machine and 1.3 s per process
-after) and compiling in the rank itself (no pool of compile workers beside ranks that
-already run one thread each). What a compiled step issues and returns does not depend on
-either; the kit compiles many small graphs in fresh processes, where both are the cost."""
+scalar C++ kernels (no probe of the CPU's vector units) and compiling in the rank itself
+(no compile workers beside ranks that run one thread each). What a compiled step issues
+and returns depends on neither; ``docs/property-suite.md`` has the CPU time each saves."""
 
 
 def set_inductor_rank_defaults() -> None:

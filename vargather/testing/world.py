@@ -40,14 +40,11 @@ _PRELOAD: list[str] = []
 
 def _server_preload() -> list[str]:
     """What the forkserver imports: torch, ``torch.distributed``, the ranks' module
-    (``rank_side``), and ``preload``'s modules, except where a CUDA device is present.
-    There, with dynamo and inductor imported in the server (``check --compile``; torch
-    2.11 on an H200), no rank forked from it could use CUDA ("Cannot re-initialize CUDA
-    in forked subprocess") or compile a step (dynamo reads the CUDA RNG state of every
-    frame it compiles where CUDA is available): every row failed. The imports alone
-    leave CUDA uninitialized (measured there), so something they set up in the server
-    marks its forks. Its ranks import those modules on first use instead (seconds of CPU
-    each)."""
+    (``rank_side``), and ``preload``'s modules, except where a CUDA device is present:
+    there no rank forked from a server that imported dynamo and inductor could use CUDA
+    ("Cannot re-initialize CUDA in forked subprocess", though the imports leave CUDA
+    uninitialized: ``docs/compile.md``) or compile a step (dynamo reads the CUDA RNG
+    state of every frame it compiles), so its ranks import them on first use."""
     import torch
 
     extra = [] if torch.cuda.is_available() else _PRELOAD
