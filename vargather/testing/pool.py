@@ -93,9 +93,6 @@ R = TypeVar("R")
 _CLOSE_GRACE = 15.0  # seconds ranks get to leave cleanly before being killed
 
 
-# --- the parent side -----------------------------------------------------------------
-
-
 @dataclass
 class _Reply:
     rank: int
@@ -177,8 +174,6 @@ class RankPool:
         with _LIVE_LOCK:
             _LIVE_POOLS.add(self)
 
-    # -- properties
-
     @property
     def world_size(self) -> int:
         return self.config.world_size
@@ -215,8 +210,6 @@ class RankPool:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    # -- calls
 
     def run(self, fn: Callable[[RankContext, P], R], payload: P) -> list[R]:
         """Call ``fn(ctx, payload)`` on every rank; the results in rank order.
@@ -273,8 +266,6 @@ class RankPool:
         stragglers are killed after a grace period. Idempotent."""
         self._begin_close()
         self._stop_world(graceful=True)
-
-    # -- internals
 
     def _begin_close(self) -> None:
         if self._closed:
@@ -526,8 +517,6 @@ def _unpaired(members: list[int], seen: dict[int, _GroupCounts]) -> str | None:
                 )
     return None
 
-
-# --- the per-process cache -----------------------------------------------------------
 
 _POOLS: dict[int, RankPool] = {}
 _POOLS_LOCK = threading.Lock()

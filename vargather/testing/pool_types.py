@@ -44,9 +44,6 @@ DEFAULT_SHARED_START_METHOD = (
 """How ``get_pool``'s shared worlds start their ranks (``RankPool`` itself: spawn)."""
 
 
-# --- errors ------------------------------------------------------------------------
-
-
 class RemoteException(Exception):  # noqa: N818  # the project's chosen public name
     """Stands in for a rank's exception that could not be pickled back.
 
@@ -145,9 +142,6 @@ class RankHung(PoolFailure):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.ranks, self.timeout, self.in_flight))
-
-
-# --- results -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

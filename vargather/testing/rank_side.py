@@ -100,9 +100,6 @@ def _rank_index(value: object, world_size: int) -> int:
     return rank
 
 
-# --- pickling ------------------------------------------------------------------------
-
-
 def _rebuild_tensor(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     return tensor.requires_grad_(requires_grad) if requires_grad else tensor
 
@@ -176,9 +173,6 @@ def _exception_from(info: _ErrInfo) -> BaseException:
             if isinstance(exc, BaseException):
                 return exc
     return RemoteException(type_name, message)
-
-
-# --- the rank process ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -135,8 +135,6 @@ class _World:
             self.kill()
             raise
 
-    # -- bookkeeping
-
     def mark_stderr(self) -> None:
         for rank, path in enumerate(self.stderr_paths):
             try:
@@ -161,8 +159,6 @@ class _World:
         proc = self.procs[rank]
         proc.join(1.0)
         return proc.exitcode
-
-    # -- the exchange
 
     def receive(
         self, ranks: set[int], deadline: float
@@ -210,8 +206,6 @@ class _World:
             except OSError:
                 broken.add(rank)
         return broken
-
-    # -- teardown
 
     def kill(self) -> None:
         for proc in self.procs:
