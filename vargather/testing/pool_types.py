@@ -206,8 +206,9 @@ class PoolConfig:
                 "environment= needs start_method='spawn': forkserver ranks are forked "
                 "from a server started earlier, whose environment they keep"
             )
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        size: object = world_size  # checked as any object: callers are not all typed
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"world_size must be a positive int, got {size!r}")
         call = _positive_seconds("call_timeout", call_timeout)
         start = _positive_seconds("start_timeout", start_timeout)
         if start_method not in ("spawn", "forkserver"):
@@ -218,7 +219,7 @@ class PoolConfig:
         if start_method not in multiprocessing.get_all_start_methods():
             raise ValueError(f"start_method {start_method!r} is not available on this platform")
         pairs = tuple(sorted((str(k), str(v)) for k, v in (environment or {}).items()))
-        return cls(world_size, coll, call, str(backend), start, start_method, pairs)
+        return cls(size, coll, call, str(backend), start, start_method, pairs)
 
 
 def _positive_seconds(name: str, value: object) -> float:

@@ -84,10 +84,11 @@ class RankContext:
         if key not in self._groups:
             import torch.distributed as dist
 
-            self._groups[key] = dist.new_group(list(key), timeout=self._timeout)
-            _track_point_to_point(self._groups[key])
-        group: ProcessGroup | int = self._groups[key]
-        return group
+            group = dist.new_group(list(key), timeout=self._timeout)
+            if not isinstance(group, int):  # NON_GROUP_MEMBER on a rank outside it
+                _P2P_OPS.setdefault(id(group), ({}, {}))  # counted from now on
+            self._groups[key] = group
+        return self._groups[key]
 
 
 def _rank_index(value: object, world_size: int) -> int:
@@ -245,13 +246,6 @@ def _counted(original: Callable[..., Any], *, received: bool) -> Callable[..., A
     return method
 
 
-def _track_point_to_point(group: object) -> None:
-    """Count the point-to-point operations posted on ``group`` from now on (not on a
-    rank outside it, which gets ``NON_GROUP_MEMBER``)."""
-    if not isinstance(group, int):
-        _P2P_OPS.setdefault(id(group), ({}, {}))
-
-
 def _group_counts(ctx: RankContext) -> dict[tuple[int, ...], _GroupCounts]:
     """For the world group and each subgroup of this rank: the collectives this rank
     has issued on it (its sequence number less the point-to-point operations posted on
@@ -384,7 +378,7 @@ def _rank_main(spec: _RankSpec) -> None:
         if set_timeout is not None:
             set_timeout(timedelta(seconds=config.collective_timeout))
         _install_point_to_point_counter()
-        _track_point_to_point(dist.group.WORLD)
+        _P2P_OPS.setdefault(id(dist.group.WORLD), ({}, {}))
     except BaseException as exc:
         conn.send_bytes(_dumps(("init_error", _error_info(exc))))
         return
