@@ -169,8 +169,7 @@ class RankPool:
         self._generation = 0
         self._stale: str | None = None
         self._last_exitcodes: tuple[int | None, ...] = ()
-        self._world: _World | None = None
-        self._world = self._new_world()
+        self._world: _World | None = self._new_world()
         with _LIVE_LOCK:
             _LIVE_POOLS.add(self)
 
@@ -531,10 +530,9 @@ def get_pool(
     start_timeout: float = DEFAULT_START_TIMEOUT,
     start_method: str = DEFAULT_SHARED_START_METHOD,
 ) -> RankPool:
-    """The process-wide pool for ``world_size``, created on first use (its ranks forked
-    from a forkserver where the platform has one: a suite rebuilds worlds after every
-    crash, hang or failed collective, and a forked rank costs milliseconds where a
-    spawned one imports torch again, about a second of CPU).
+    """The process-wide pool for ``world_size``, created on first use, its ranks forked
+    from a forkserver where the platform has one (a suite rebuilds worlds after every
+    crash, hang or failed collective; a forked rank costs milliseconds, not a second).
 
     One pool per world size is kept alive until :func:`close_all_pools` or interpreter
     exit. Asking with different settings replaces (closes) the cached pool of that size.

@@ -149,10 +149,8 @@ class RankOutcome(Generic[R]):
     """What one rank produced for one payload.
 
     ``exception`` is the rank's exception object, re-created in the parent when it
-    pickles, else a :class:`RemoteException` with its type name and message; it carries
-    no ``__traceback__`` (the rank's traceback text is in ``traceback``).
-    ``exc_type_name`` is the qualified type name (``vargather.DTypeMismatchError``;
-    builtins unqualified).
+    pickles, else a :class:`RemoteException`; it carries no ``__traceback__`` (the rank's
+    traceback text is in ``traceback``). ``exc_type_name``: as ``RemoteException.type_name``.
     """
 
     rank: int

@@ -37,9 +37,6 @@ __all__ = [
 ]
 
 
-_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
-
-
 class RankContext:
     """What a rank function gets as its first argument.
 
@@ -134,7 +131,7 @@ class _Pickler(pickle.Pickler):
 
 def _dumps(obj: object) -> bytes:
     buf = io.BytesIO()
-    _Pickler(buf, protocol=_PICKLE_PROTOCOL).dump(obj)
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buf.getvalue()
 
 
