@@ -184,15 +184,14 @@ class _World:
                 if rank not in pending:
                     continue
                 conn = self.conns[rank]
+                pending.discard(rank)
                 if isinstance(obj, int) and not conn.poll():
                     dead.add(rank)
-                    pending.discard(rank)
                     continue
                 try:
                     messages[rank] = conn.recv_bytes()
                 except (EOFError, OSError):
                     dead.add(rank)
-                pending.discard(rank)
             if dead:
                 deadline = min(deadline, time.monotonic() + _CRASH_GRACE)
         return messages, dead, pending
@@ -219,11 +218,9 @@ class _World:
             self.send_all(_dumps(("stop", None, None)))
 
     def wait_stopped(self, grace: float) -> None:
-        if not self.ready:  # never served a call (may still be importing torch): no ceremony
-            self.kill()
-            return
         deadline = time.monotonic() + grace
-        alive = [p for p in self.procs if p.exitcode is None]
+        # a world that never served a call (may still be importing torch): no ceremony
+        alive = [p for p in self.procs if p.exitcode is None] if self.ready else []
         while alive:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
