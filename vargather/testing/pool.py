@@ -6,28 +6,13 @@ Spawning a fresh world per test case costs seconds; a pool started once and kept
 turns each case into a round trip of milliseconds (``docs/property-suite.md`` has the
 measured figures).
 
-How it works
-------------
-``RankPool(world_size)`` spawns ``world_size`` processes (``multiprocessing`` *spawn*
-start method, never ``torch.multiprocessing``; ``start_method="forkserver"`` instead forks
-them from a server that imported torch once, which makes building a world much cheaper:
-worth it where worlds are rebuilt often, as in a fuzzer that makes gloo abort). Each
-rank initializes one ``torch.distributed`` process group, once, on a ``FileStore`` in a
-fresh temporary directory (no TCP ports, so pytest-xdist workers never collide), then
-serves ``run``, ``run_outcomes`` and ``run_many`` over its own duplex pipe. A Python
-exception on a rank leaves the world up: the same process group serves the next call.
-
-Tensors crossing the pipe are sent as detached copies with compact storage (values,
-dtype, shape, strides and the ``requires_grad`` flag survive; the autograd graph does
-not), as bytes (``rank_side._Pickler``).
-
-Failures of the world itself are :class:`PoolFailure` s: a rank that dies (``os._exit``,
-SIGKILL, a gloo SIGABRT) is seen at once through the process sentinels
-(:class:`RankCrashed`); a call that outlives ``call_timeout`` raises :class:`RankHung`.
-Either way every rank process is killed and a fresh world (new temporary directory, new
-``FileStore``) is started on the next call. A rank's stderr is written to a file in the
-pool's directory; its tail is quoted in failure messages (gloo's abort text, for one)
-and is otherwise not shown.
+Each rank initializes one ``torch.distributed`` process group, once, on a ``FileStore``
+in a fresh temporary directory (no TCP ports, so pytest-xdist workers never collide),
+then serves calls over its own duplex pipe. A Python exception on a rank leaves the
+world up: the same process group serves the next call. A rank that dies is seen at once
+through the process sentinels. After a :class:`PoolFailure` every rank process has been
+killed and the next call starts a fresh world (new directory, new ``FileStore``). A
+rank's stderr goes to a file in the world's directory; failure messages quote its tail.
 
 After each call the pool compares, for the world group and every subgroup, the number
 of collectives each rank has issued on it. If they differ, a rank issued a collective
@@ -108,9 +93,6 @@ R = TypeVar("R")
 _CLOSE_GRACE = 15.0  # seconds ranks get to leave cleanly before being killed
 
 
-# --- the parent side -----------------------------------------------------------------
-
-
 @dataclass
 class _Reply:
     rank: int
@@ -118,6 +100,14 @@ class _Reply:
     error: _ErrInfo | None = None
     error_index: int = 0
     seqs: dict[tuple[int, ...], _GroupCounts] = field(default_factory=dict)
+
+    def outcome(self, index: int) -> RankOutcome[Any]:
+        if index < len(self.values):
+            return RankOutcome(self.rank, self.values[index])
+        if self.error is None or index != self.error_index:
+            return RankOutcome(self.rank, None)  # the rank stopped at an earlier payload
+        _, type_name, _, tb = self.error
+        return RankOutcome(self.rank, None, _exception_from(self.error), type_name, tb)
 
 
 def _describe_exit(code: int | None) -> str:
@@ -143,10 +133,12 @@ class RankPool:
     never joins fails with gloo's timeout error on the waiting ranks after this long.
     ``None`` reads ``$VARGATHER_POOL_COLLECTIVE_TIMEOUT`` or uses 10 s.
     ``call_timeout`` bounds each call (``RankHung`` past it); ``start_timeout`` bounds
-    building a world. ``start_method`` is ``"spawn"`` (default) or ``"forkserver"`` (see
-    the module docstring). ``environment``: variables the rank processes start with
-    (besides ``OMP_NUM_THREADS=1``). Processes are spawned at construction; the first call waits for
-    them to be ready. One call runs at a time (a lock serializes calls from threads).
+    building a world. ``start_method``: ``"spawn"`` (``multiprocessing``'s, never
+    ``torch.multiprocessing``'s) or ``"forkserver"``, which forks the ranks from a server
+    that imported torch once: much cheaper where worlds are rebuilt often (a fuzzer that
+    makes gloo abort). ``environment``: variables the rank processes start with (besides
+    ``OMP_NUM_THREADS=1``). Processes are spawned at construction; the first call waits
+    for them to be ready. One call runs at a time (a lock serializes calls from threads).
     Close the pool (or use ``with``); pools still open at interpreter exit are closed
     then. A pool belongs to the process that made it: a forked child must make its own.
     """
@@ -177,12 +169,9 @@ class RankPool:
         self._generation = 0
         self._stale: str | None = None
         self._last_exitcodes: tuple[int | None, ...] = ()
-        self._world: _World | None = None
-        self._world = self._new_world()
+        self._world: _World | None = self._new_world()
         with _LIVE_LOCK:
             _LIVE_POOLS.add(self)
-
-    # -- properties
 
     @property
     def world_size(self) -> int:
@@ -221,8 +210,6 @@ class RankPool:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- calls
-
     def run(self, fn: Callable[[RankContext, P], R], payload: P) -> list[R]:
         """Call ``fn(ctx, payload)`` on every rank; the results in rank order.
 
@@ -258,6 +245,9 @@ class RankPool:
         """Stop the ranks (cleanly, kill after a grace period) and start a fresh world."""
         with self._lock:
             self._check_usable()
+            if self._world is not None:
+                with contextlib.suppress(Exception):
+                    self._world.request_stop()
             self._stop_world(graceful=True)
             self._world = self._new_world()
 
@@ -274,9 +264,7 @@ class RankPool:
         """Stop the ranks: each destroys its process group and exits with code 0;
         stragglers are killed after a grace period. Idempotent."""
         self._begin_close()
-        self._end_close()
-
-    # -- internals
+        self._stop_world(graceful=True)
 
     def _begin_close(self) -> None:
         if self._closed:
@@ -288,12 +276,6 @@ class RankPool:
         if world is not None and os.getpid() == self._owner_pid:
             with contextlib.suppress(Exception):
                 world.request_stop()
-
-    def _end_close(self) -> None:
-        world, self._world = self._world, None
-        if world is not None and os.getpid() == self._owner_pid:
-            world.wait_stopped(_CLOSE_GRACE)
-            self._last_exitcodes = world.exitcodes
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -307,15 +289,14 @@ class RankPool:
     def _new_world(self) -> _World:
         self._generation += 1
         self._stale = None
-        return _World(self.config, self._generation)
+        return _World(self.config)
 
     def _stop_world(self, *, graceful: bool) -> None:
+        """``graceful``: wait for ranks already asked to stop, kill them after a grace period."""
         world, self._world = self._world, None
-        if world is None:
+        if world is None or os.getpid() != self._owner_pid:
             return
         if graceful:
-            with contextlib.suppress(Exception):
-                world.request_stop()
             world.wait_stopped(_CLOSE_GRACE)
         else:
             world.kill()
@@ -379,7 +360,7 @@ class RankPool:
                 # are unaccounted for, so this world cannot be trusted any more.
                 self._stop_world(graceful=False)
                 raise
-        return self._outcomes(replies, len(payloads))
+        return [[reply.outcome(i) for reply in replies] for i in range(len(payloads))]
 
     def _exchange(self, world: _World, fn: object, request: bytes) -> list[_Reply]:
         deadline = time.monotonic() + self.config.call_timeout
@@ -390,9 +371,7 @@ class RankPool:
         waiting = set(range(self.world_size)) - broken
         messages, dead, silent = world.receive(waiting, deadline)
         dead |= broken
-        replies: dict[int, _Reply] = {}
-        for rank, data in messages.items():
-            replies[rank] = self._decode(rank, data)
+        replies = {rank: self._decode(rank, data) for rank, data in messages.items()}
         if dead or silent:
             self._fail(world, fn, replies, dead, silent)
         world.mark_stderr()  # failure messages quote what a rank wrote after this point
@@ -483,42 +462,20 @@ class RankPool:
             group = "the world group" if not key else f"subgroup {list(key)}"
             if len({c[0] for c in seen.values()}) > 1:
                 counts = ", ".join(f"rank {r}: {c[0]}" for r, c in seen.items())
-                self._stale = (
+                problem = (
                     f"the ranks' collective counts for {group} differ ({counts}): "
-                    "a rank issued a collective its peers did not, so the group is out of "
-                    "step; the pool rebuilds the world before the next call"
+                    "a rank issued a collective its peers did not, so the group is out of step"
                 )
-                return
-            unpaired = _unpaired(list(key) if key else list(range(self.world_size)), seen)
-            if unpaired is not None:
-                self._stale = (
+            else:
+                unpaired = _unpaired(list(key) if key else list(range(self.world_size)), seen)
+                if unpaired is None:
+                    continue
+                problem = (
                     f"the ranks' point-to-point operations on {group} do not pair up "
-                    f"({unpaired}): a message or a receive is left pending in the group; "
-                    "the pool rebuilds the world before the next call"
+                    f"({unpaired}): a message or a receive is left pending in the group"
                 )
-                return
-
-    def _outcomes(self, replies: list[_Reply], count: int) -> list[list[RankOutcome[Any]]]:
-        per_payload: list[list[RankOutcome[Any]]] = []
-        for index in range(count):
-            outcomes: list[RankOutcome[Any]] = []
-            for reply in replies:
-                if index < len(reply.values):
-                    outcomes.append(RankOutcome(reply.rank, reply.values[index]))
-                elif reply.error is not None and index == reply.error_index:
-                    outcomes.append(
-                        RankOutcome(
-                            reply.rank,
-                            None,
-                            _exception_from(reply.error),
-                            reply.error[1],
-                            reply.error[3],
-                        )
-                    )
-                else:  # the rank stopped at an earlier payload
-                    outcomes.append(RankOutcome(reply.rank, None))
-            per_payload.append(outcomes)
-        return per_payload
+            self._stale = f"{problem}; the pool rebuilds the world before the next call"
+            return
 
     def _rank_error(
         self, fn: object, outcomes: Sequence[RankOutcome[Any]], index: int | None
@@ -560,8 +517,6 @@ def _unpaired(members: list[int], seen: dict[int, _GroupCounts]) -> str | None:
     return None
 
 
-# --- the per-process cache -----------------------------------------------------------
-
 _POOLS: dict[int, RankPool] = {}
 _POOLS_LOCK = threading.Lock()
 
@@ -575,10 +530,9 @@ def get_pool(
     start_timeout: float = DEFAULT_START_TIMEOUT,
     start_method: str = DEFAULT_SHARED_START_METHOD,
 ) -> RankPool:
-    """The process-wide pool for ``world_size``, created on first use (its ranks forked
-    from a forkserver where the platform has one: a suite rebuilds worlds after every
-    crash, hang or failed collective, and a forked rank costs milliseconds where a
-    spawned one imports torch again, about a second of CPU).
+    """The process-wide pool for ``world_size``, created on first use, its ranks forked
+    from a forkserver where the platform has one (a suite rebuilds worlds after every
+    crash, hang or failed collective; a forked rank costs milliseconds, not a second).
 
     One pool per world size is kept alive until :func:`close_all_pools` or interpreter
     exit. Asking with different settings replaces (closes) the cached pool of that size.
@@ -615,7 +569,7 @@ def close_all_pools() -> None:
     for pool in pools:
         pool._begin_close()
     for pool in pools:
-        pool._end_close()
+        pool._stop_world(graceful=True)
 
 
 atexit.register(close_all_pools)

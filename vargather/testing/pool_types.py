@@ -44,9 +44,6 @@ DEFAULT_SHARED_START_METHOD = (
 """How ``get_pool``'s shared worlds start their ranks (``RankPool`` itself: spawn)."""
 
 
-# --- errors ------------------------------------------------------------------------
-
-
 class RemoteException(Exception):  # noqa: N818  # the project's chosen public name
     """Stands in for a rank's exception that could not be pickled back.
 
@@ -147,18 +144,13 @@ class RankHung(PoolFailure):
         return (type(self), (str(self), self.ranks, self.timeout, self.in_flight))
 
 
-# --- results -------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class RankOutcome(Generic[R]):
     """What one rank produced for one payload.
 
     ``exception`` is the rank's exception object, re-created in the parent when it
-    pickles, else a :class:`RemoteException` with its type name and message; it carries
-    no ``__traceback__`` (the rank's traceback text is in ``traceback``).
-    ``exc_type_name`` is the qualified type name (``vargather.DTypeMismatchError``;
-    builtins unqualified).
+    pickles, else a :class:`RemoteException`; it carries no ``__traceback__`` (the rank's
+    traceback text is in ``traceback``). ``exc_type_name``: as ``RemoteException.type_name``.
     """
 
     rank: int
@@ -212,15 +204,20 @@ class PoolConfig:
                 "environment= needs start_method='spawn': forkserver ranks are forked "
                 "from a server started earlier, whose environment they keep"
             )
-        return cls(
-            world_size=_positive_int("world_size", world_size),
-            collective_timeout=coll,
-            call_timeout=_positive_seconds("call_timeout", call_timeout),
-            backend=str(backend),
-            start_timeout=_positive_seconds("start_timeout", start_timeout),
-            start_method=_start_method(start_method),
-            environment=tuple(sorted((str(k), str(v)) for k, v in (environment or {}).items())),
-        )
+        size: object = world_size  # checked as any object: callers are not all typed
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"world_size must be a positive int, got {size!r}")
+        call = _positive_seconds("call_timeout", call_timeout)
+        start = _positive_seconds("start_timeout", start_timeout)
+        if start_method not in ("spawn", "forkserver"):
+            raise ValueError(
+                f"start_method must be 'spawn' or 'forkserver', got {start_method!r} ('fork' is "
+                "refused: forking a process that may run torch's threads can deadlock)"
+            )
+        if start_method not in multiprocessing.get_all_start_methods():
+            raise ValueError(f"start_method {start_method!r} is not available on this platform")
+        pairs = tuple(sorted((str(k), str(v)) for k, v in (environment or {}).items()))
+        return cls(size, coll, call, str(backend), start, start_method, pairs)
 
 
 def _positive_seconds(name: str, value: object) -> float:
@@ -231,20 +228,3 @@ def _positive_seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     return seconds
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _start_method(value: str) -> str:
-    if value not in ("spawn", "forkserver"):
-        raise ValueError(
-            f"start_method must be 'spawn' or 'forkserver', got {value!r} ('fork' is refused: "
-            "forking a process that may run torch's threads can deadlock)"
-        )
-    if value not in multiprocessing.get_all_start_methods():
-        raise ValueError(f"start_method {value!r} is not available on this platform")
-    return value

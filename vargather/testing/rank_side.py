@@ -19,7 +19,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -35,9 +35,6 @@ __all__ = [
     "RankContext",
     "set_inductor_rank_defaults",
 ]
-
-
-_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 class RankContext:
@@ -84,10 +81,11 @@ class RankContext:
         if key not in self._groups:
             import torch.distributed as dist
 
-            self._groups[key] = dist.new_group(list(key), timeout=self._timeout)
-            _track_point_to_point(self._groups[key])
-        group: ProcessGroup | int = self._groups[key]
-        return group
+            group = dist.new_group(list(key), timeout=self._timeout)
+            if not isinstance(group, int):  # NON_GROUP_MEMBER on a rank outside it
+                _P2P_OPS.setdefault(id(group), ({}, {}))  # counted from now on
+            self._groups[key] = group
+        return self._groups[key]
 
 
 def _rank_index(value: object, world_size: int) -> int:
@@ -98,9 +96,6 @@ def _rank_index(value: object, world_size: int) -> int:
     if isinstance(value, bool) or not 0 <= rank < world_size:
         raise ValueError(f"subgroup rank {value!r} is not a rank of a world of {world_size}")
     return rank
-
-
-# --- pickling ------------------------------------------------------------------------
 
 
 def _rebuild_tensor(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
@@ -136,13 +131,8 @@ class _Pickler(pickle.Pickler):
 
 def _dumps(obj: object) -> bytes:
     buf = io.BytesIO()
-    _Pickler(buf, protocol=_PICKLE_PROTOCOL).dump(obj)
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buf.getvalue()
-
-
-def _type_name(cls: type) -> str:
-    module = cls.__module__
-    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
 # (pickled exception or None, qualified type name, message, traceback text)
@@ -154,7 +144,9 @@ def _error_info(exc: BaseException, *, skip_frames: int = 0) -> _ErrInfo:
     for _ in range(skip_frames):  # drop the harness's own frames
         if tb_obj is not None and tb_obj.tb_next is not None:
             tb_obj = tb_obj.tb_next
-    tb = "".join(traceback.format_exception(type(exc), exc, tb_obj))
+    cls, module = type(exc), type(exc).__module__
+    tb = "".join(traceback.format_exception(cls, exc, tb_obj))
+    name = cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
     try:
         message = str(exc)
     except Exception:
@@ -165,7 +157,7 @@ def _error_info(exc: BaseException, *, skip_frames: int = 0) -> _ErrInfo:
         pickle.loads(data)  # a class that pickles but cannot be rebuilt falls back too
     except Exception:
         data = None
-    return (data, _type_name(type(exc)), message, tb)
+    return (data, name, message, tb)
 
 
 def _exception_from(info: _ErrInfo) -> BaseException:
@@ -179,9 +171,6 @@ def _exception_from(info: _ErrInfo) -> BaseException:
             if isinstance(exc, BaseException):
                 return exc
     return RemoteException(type_name, message)
-
-
-# --- the rank process ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -202,27 +191,14 @@ def _watch_parent(lifeline: Connection) -> None:
     os._exit(1)
 
 
-@dataclass
-class _PointToPoint:
-    """The point-to-point operations a rank posted on one group: by the group rank of
-    the peer (``_ANY_SOURCE`` for a receive from any peer)."""
-
-    sent: dict[int, int] = field(default_factory=dict)
-    received: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return sum(self.sent.values()) + sum(self.received.values())
-
-
 _ANY_SOURCE = -1
-"""The peer ``_PointToPoint`` files a receive from any peer (or from a peer it cannot
-read) under."""
+"""The peer a receive from any peer (or from a peer not read) is counted under."""
 
-_P2P_OPS: dict[int, _PointToPoint] = {}
+_P2P_OPS: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
 """In a rank: the point-to-point operations posted so far on each group the pool tracks
 (the world group and the context's subgroups, all alive as long as the world, so their
-``id`` is theirs), by the group's ``id``."""
+``id`` is theirs), by the group's ``id``: (sent, received), each by the group rank of
+the peer."""
 
 # (counts of one group on one rank): collectives issued, then the point-to-point
 # operations by peer: sent, received (see _group_counts)
@@ -257,7 +233,7 @@ def _counted(original: Callable[..., Any], *, received: bool) -> Callable[..., A
             if not anysource:
                 raw = args[1] if len(args) > 1 else kwargs.get("srcRank", kwargs.get("dstRank"))
                 peer = raw if isinstance(raw, int) else _ANY_SOURCE
-            book = counts.received if received else counts.sent
+            book = counts[1] if received else counts[0]
             book[peer] = book.get(peer, 0) + 1
         return work
 
@@ -265,13 +241,6 @@ def _counted(original: Callable[..., Any], *, received: bool) -> Callable[..., A
     method.__name__ = getattr(original, "__name__", "method")
     method.__doc__ = getattr(original, "__doc__", None)
     return method
-
-
-def _track_point_to_point(group: object) -> None:
-    """Count the point-to-point operations posted on ``group`` from now on (not on a
-    rank outside it, which gets ``NON_GROUP_MEMBER``)."""
-    if not isinstance(group, int):
-        _P2P_OPS.setdefault(id(group), _PointToPoint())
 
 
 def _group_counts(ctx: RankContext) -> dict[tuple[int, ...], _GroupCounts]:
@@ -287,9 +256,10 @@ def _group_counts(ctx: RankContext) -> dict[tuple[int, ...], _GroupCounts]:
         get = getattr(group, "_get_sequence_number_for_group", None)
         if get is None:
             continue
-        p2p = _P2P_OPS.get(id(group), _PointToPoint())
+        sent, received = _P2P_OPS.get(id(group), ({}, {}))
         try:
-            counts[key] = (int(get()) - p2p.total, dict(p2p.sent), dict(p2p.received))
+            issued = int(get()) - sum(sent.values()) - sum(received.values())
+            counts[key] = (issued, dict(sent), dict(received))
         except Exception:
             continue
     return counts
@@ -329,10 +299,8 @@ def _encode_reply(
     """``("ok", values, seqs)`` or ``("err", index, values, info, seqs)``; a result that
     does not pickle becomes the error, at its own payload index."""
     message = ("ok", values, seqs) if info is None else ("err", index, values, info, seqs)
-    try:
+    with contextlib.suppress(BaseException):
         return _dumps(message)
-    except BaseException:
-        pass
     for bad, value in enumerate(values):  # find the first result that does not pickle
         try:
             _dumps(value)
@@ -352,11 +320,9 @@ INDUCTOR_RANK_DEFAULTS: dict[str, str] = {
     "TORCHINDUCTOR_COMPILE_THREADS": "1",
 }
 """inductor's settings in a rank process, where the environment does not set them:
-scalar C++ kernels (no probe of the CPU's vector instruction sets, which compiles and
-loads six test programs: about 10 s of CPU on a fresh machine and 1.3 s per process
-after) and compiling in the rank itself (no pool of compile workers beside ranks that
-already run one thread each). What a compiled step issues and returns does not depend on
-either; the kit compiles many small graphs in fresh processes, where both are the cost."""
+scalar C++ kernels (no probe of the CPU's vector units) and compiling in the rank itself
+(no compile workers beside ranks that run one thread each). What a compiled step issues
+and returns depends on neither; ``docs/property-suite.md`` has the CPU time each saves."""
 
 
 def set_inductor_rank_defaults() -> None:
@@ -409,7 +375,7 @@ def _rank_main(spec: _RankSpec) -> None:
         if set_timeout is not None:
             set_timeout(timedelta(seconds=config.collective_timeout))
         _install_point_to_point_counter()
-        _track_point_to_point(dist.group.WORLD)
+        _P2P_OPS.setdefault(id(dist.group.WORLD), ({}, {}))
     except BaseException as exc:
         conn.send_bytes(_dumps(("init_error", _error_info(exc))))
         return

@@ -40,14 +40,11 @@ _PRELOAD: list[str] = []
 
 def _server_preload() -> list[str]:
     """What the forkserver imports: torch, ``torch.distributed``, the ranks' module
-    (``rank_side``), and ``preload``'s modules, except where a CUDA device is present.
-    There, with dynamo and inductor imported in the server (``check --compile``; torch
-    2.11 on an H200), no rank forked from it could use CUDA ("Cannot re-initialize CUDA
-    in forked subprocess") or compile a step (dynamo reads the CUDA RNG state of every
-    frame it compiles where CUDA is available): every row failed. The imports alone
-    leave CUDA uninitialized (measured there), so something they set up in the server
-    marks its forks. Its ranks import those modules on first use instead (seconds of CPU
-    each)."""
+    (``rank_side``), and ``preload``'s modules, except where a CUDA device is present:
+    there no rank forked from a server that imported dynamo and inductor could use CUDA
+    ("Cannot re-initialize CUDA in forked subprocess", though the imports leave CUDA
+    uninitialized: ``docs/compile.md``) or compile a step (dynamo reads the CUDA RNG
+    state of every frame it compiles), so its ranks import them on first use."""
     import torch
 
     extra = [] if torch.cuda.is_available() else _PRELOAD
@@ -87,9 +84,7 @@ def _child_environment(overrides: dict[str, str]) -> Iterator[None]:
 class _World:
     """One generation of rank processes and their process group."""
 
-    def __init__(self, config: PoolConfig, generation: int) -> None:
-        self.config = config
-        self.generation = generation
+    def __init__(self, config: PoolConfig) -> None:
         self.dir = tempfile.mkdtemp(prefix=f"vargather-pool-w{config.world_size}-")
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
@@ -100,18 +95,17 @@ class _World:
         self.stderr_marks = [0] * config.world_size
         self.ready = False
         self.exitcodes: tuple[int | None, ...] = ()  # filled in when the world is torn down
-        self.progress: Any = None  # the ranks' in-flight payload indices (see _serve)
         mp: SpawnContext | ForkServerContext
         if config.start_method == "forkserver":
             mp = multiprocessing.get_context("forkserver")
-            # The server imports torch once; each rank is then a fork of it instead of a
-            # process that imports torch itself. Takes effect when
-            # this process's forkserver starts, and replaces any earlier preload list.
+            # Takes effect when this process's forkserver starts, and replaces any
+            # earlier preload list.
             mp.set_forkserver_preload(_server_preload())
         else:
             mp = multiprocessing.get_context("spawn")
         try:
-            self.progress = mp.RawArray("q", [-1] * config.world_size)
+            # the ranks' in-flight payload indices (see _serve)
+            self.progress: Any = mp.RawArray("q", [-1] * config.world_size)
             with _child_environment({"OMP_NUM_THREADS": "1", **dict(config.environment)}):
                 for rank in range(config.world_size):
                     parent_end, child_end = mp.Pipe(duplex=True)
@@ -141,8 +135,6 @@ class _World:
             self.kill()
             raise
 
-    # -- bookkeeping
-
     def mark_stderr(self) -> None:
         for rank, path in enumerate(self.stderr_paths):
             try:
@@ -161,16 +153,12 @@ class _World:
 
     def in_flight(self) -> dict[int, int]:
         """The payload index each rank is running now (ranks between payloads absent)."""
-        if self.progress is None:
-            return {}
         return {r: int(i) for r, i in enumerate(self.progress) if i >= 0}
 
     def exitcode(self, rank: int) -> int | None:
         proc = self.procs[rank]
         proc.join(1.0)
         return proc.exitcode
-
-    # -- the exchange
 
     def receive(
         self, ranks: set[int], deadline: float
@@ -196,15 +184,14 @@ class _World:
                 if rank not in pending:
                     continue
                 conn = self.conns[rank]
+                pending.discard(rank)
                 if isinstance(obj, int) and not conn.poll():
                     dead.add(rank)
-                    pending.discard(rank)
                     continue
                 try:
                     messages[rank] = conn.recv_bytes()
                 except (EOFError, OSError):
                     dead.add(rank)
-                pending.discard(rank)
             if dead:
                 deadline = min(deadline, time.monotonic() + _CRASH_GRACE)
         return messages, dead, pending
@@ -219,8 +206,6 @@ class _World:
                 broken.add(rank)
         return broken
 
-    # -- teardown
-
     def kill(self) -> None:
         for proc in self.procs:
             if proc.exitcode is None:
@@ -233,11 +218,9 @@ class _World:
             self.send_all(_dumps(("stop", None, None)))
 
     def wait_stopped(self, grace: float) -> None:
-        if not self.ready:  # never served a call (may still be importing torch): no ceremony
-            self.kill()
-            return
         deadline = time.monotonic() + grace
-        alive = [p for p in self.procs if p.exitcode is None]
+        # a world that never served a call (may still be importing torch): no ceremony
+        alive = [p for p in self.procs if p.exitcode is None] if self.ready else []
         while alive:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
