@@ -82,8 +82,8 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 import vargather
+from vargather._choices import unsupported_reason
 from vargather._round_state import SHRINK_AFTER, WIDE_MIN_BYTES
-from vargather._transport import unsupported_reason
 from vargather.testing import (
     COLLECTIVE_TIMEOUT_ENV,
     GatherCase,

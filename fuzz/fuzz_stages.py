@@ -82,9 +82,9 @@ from vargather._args import (
     check_call,
 )
 from vargather._choices import unsupported_reason
-from vargather._comm import GroupInfo
 from vargather._dtypes import dtype_name
 from vargather._exchange import validate_records
+from vargather._group import GroupInfo
 from vargather._layout import Layout, blocks_layout
 from vargather._round_buffers import region_cutter
 from vargather._wire import RECORD_LENGTH, decode_record, encode_record, wire_text

@@ -12,7 +12,7 @@ from torch.nn import functional
 import vargather
 from vargather import oracle
 from vargather.internal import collectives_issued
-from vargather.testing.pool import RankContext
+from vargather.testing.rank_side import RankContext
 
 
 def compiled_all_to_all_v(

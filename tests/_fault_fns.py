@@ -93,7 +93,7 @@ def backward_on_one_rank(ctx: Any, job: tuple[int, Scenario]) -> object:
 
 def group_timeout_seconds(ctx: Any, payload: object) -> float | None:
     """The world group's current timeout, as vargather reads it."""
-    from vargather._comm import group_timeout, resolve_group
+    from vargather._group import group_timeout, resolve_group
 
     t = group_timeout(resolve_group(None))
     return None if t is None else t.total_seconds()
@@ -106,7 +106,7 @@ def run_with_group_object(ctx: Any, group: object) -> object:
 
 def metadata_device(ctx: Any, payload: object) -> str:
     """The device the metadata exchange uses in this world."""
-    from vargather._comm import resolve_group
+    from vargather._group import resolve_group
 
     return resolve_group(None).default_device().type
 

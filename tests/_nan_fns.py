@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import vargather
 from vargather import oracle
-from vargather._transport import unsupported_reason
+from vargather._choices import unsupported_reason
 from vargather.testing import RankContext, assert_bitwise_equal, get_pool
 
 Atom = Union[int, str, tuple[bool, bool, int]]  # noqa: UP007  # a runtime alias, Python 3.10

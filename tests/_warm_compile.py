@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch._dynamo
 
-from vargather.testing.pool import set_inductor_rank_defaults
+from vargather.testing.rank_side import set_inductor_rank_defaults
 
 set_inductor_rank_defaults()
 

@@ -109,7 +109,8 @@ def pytest_configure(config: pytest.Config) -> None:
         # is imported here, not at the top of this file, so that the controller starts
         # the workers without importing torch first.
         from vargather.testing.engine import COMPILED_PRELOAD
-        from vargather.testing.pool import preload, set_inductor_rank_defaults
+        from vargather.testing.rank_side import set_inductor_rank_defaults
+        from vargather.testing.world import preload
 
         # The rank pools' inductor settings in this process and in everything it starts
         # (the tests that compile in-process, the commands run as subprocesses): scalar
@@ -236,7 +237,7 @@ def _transport_names() -> tuple[str, ...]:
 def _gloo_transport_names() -> tuple[str, ...]:
     """The transports vargather declares gloo can run (the others are refused on gloo
     with a message; ``test_declared_refusals_are_the_real_ones`` asks the ranks)."""
-    from vargather._transport import unsupported_reason
+    from vargather._choices import unsupported_reason
 
     return tuple(t for t in _transport_names() if unsupported_reason(t, "gloo") is None)
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import vargather
 from vargather._args import MAX_NDIM, Problem, check_call, parse_sizes, parse_timeout
-from vargather._comm import GroupInfo
+from vargather._group import GroupInfo
 
 from ._stage_fns import calls
 

@@ -26,7 +26,7 @@ import vargather
 from vargather._cli import bench as _bench
 from vargather._cli.bench import _config, _tables, _variants
 from vargather.testing import RankPool
-from vargather.testing.pool import DEFAULT_SHARED_START_METHOD
+from vargather.testing.pool_types import DEFAULT_SHARED_START_METHOD
 
 from . import _bench_fns
 

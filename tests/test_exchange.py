@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import vargather
 from vargather._args import check_call
-from vargather._comm import GroupInfo
 from vargather._exchange import validate_records
+from vargather._group import GroupInfo
 from vargather._layout import Layout
 from vargather.testing import strategies as vst
 from vargather.testing.values import DTYPE_NAMES

@@ -95,7 +95,7 @@ def test_declared_refusals_are_the_real_ones(refused_transports: dict[str, str])
     """The transports a gloo world refuses when asked are exactly those the library
     declares refused on gloo, with the declared message: so parametrizing by the
     declaration (``conftest._gloo_transport_names``) leaves none out and adds none."""
-    from vargather._transport import unsupported_reason
+    from vargather._choices import unsupported_reason
 
     declared = {
         t: unsupported_reason(t, "gloo")

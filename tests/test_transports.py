@@ -44,6 +44,7 @@ import vargather._round_state as round_state_module
 import vargather._transport as transport_module
 from vargather import oracle
 from vargather._buffers import rank_major_gradient, scatter_into_padded
+from vargather._choices import unsupported_reason
 from vargather._layout import Layout
 from vargather._transport import (
     GLOO_SMALL_BYTES,
@@ -51,7 +52,6 @@ from vargather._transport import (
     TRANSPORTS,
     alltoallv_rounds,
     auto_transport_name,
-    unsupported_reason,
 )
 from vargather.testing import RankContext, assert_bitwise_equal, get_pool
 

@@ -158,7 +158,7 @@ def test_a_long_or_foreign_message_arrives_as_ascii_cut_to_fit() -> None:
 
 def _any_record() -> CallRecord:
     from vargather._args import check_call
-    from vargather._comm import GroupInfo
+    from vargather._group import GroupInfo
 
     return check_call(
         torch.zeros(2, 3),

@@ -19,7 +19,6 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from . import _errors
-from ._api import GatherResult as GatherResult
 from ._api import all_gather_v as all_gather_v
 from ._api import all_gather_v_coalesced as all_gather_v_coalesced
 from ._api import all_gather_v_with_layout as all_gather_v_with_layout
@@ -52,6 +51,7 @@ from ._errors import SizesError as SizesError
 from ._errors import SizesMismatchError as SizesMismatchError
 from ._errors import SizesTypeError as SizesTypeError
 from ._errors import VarGatherError as VarGatherError
+from ._gather import GatherResult as GatherResult
 from ._layout import Layout as Layout
 
 try:
@@ -81,7 +81,7 @@ __all__ = [
 __all__ += _errors.__all__
 
 # The ragged collective family (docs/family.md).
-from ._api import AllToAllResult as AllToAllResult  # noqa: E402
+from ._all_to_all import AllToAllResult as AllToAllResult  # noqa: E402
 from ._api import all_gather_list as all_gather_list  # noqa: E402
 from ._api import all_to_all_v as all_to_all_v  # noqa: E402
 from ._api import all_to_all_v_with_layout as all_to_all_v_with_layout  # noqa: E402

@@ -37,7 +37,7 @@ from ._args import MAX_NDIM, Problem
 from ._autograd import planned_function
 from ._buffers import compact_rank_major, rank_major_gradient
 from ._collectives import CollectiveName
-from ._comm import GroupInfo, all_to_all_uneven
+from ._comm import all_to_all_uneven
 from ._errors import (
     SizesMismatchError,
 )
@@ -48,6 +48,7 @@ from ._family import (
     resized_round,
     send_round,
 )
+from ._group import GroupInfo
 from ._layout import Layout
 from ._mesh import call_group
 from ._round_buffers import (
@@ -62,19 +63,6 @@ from ._round_state import FusedState, advance_blocks, block_room, memory, set_st
 from ._rows import FamilyCall, ValidatedOnce, check_tensor, raise_own_problem, rows_changed_only_in
 from ._steady import RoundSpec, Steady, answer, keep, run_round
 from ._wire import RECORD_SHAPE_AT, ROW_EXTRAS_AT
-
-__all__ = [
-    "AllToAllPlan",
-    "AllToAllResult",
-    "AllToAllVFunction",
-    "all_to_all_eager",
-    "exchange_blocks",
-    "plan_all_to_all",
-    "receive_layout",
-    "resized_matrix",
-    "split_layout",
-    "validate_rows",
-]
 
 NAME: Final[CollectiveName] = "all_to_all_v"
 

@@ -20,21 +20,11 @@ import torch
 
 from ._args import CallRecord, Problem, as_index
 from ._collectives import CollectiveName
-from ._comm import GroupInfo
 from ._errors import ArgumentMismatchError, DimError, ShapeMismatchError, SizesMismatchError
 from ._exchange import _disagreement, agree, common_checks, raise_local, requires_grad_check
+from ._group import GroupInfo
 from ._layout import Layout, blocks_layout
 from ._rows import FamilyCall, Row, block_sizes_problem, check_tensor, sizes_words, with_problem
-
-__all__ = [
-    "Validated",
-    "local_call",
-    "receive_layout",
-    "received",
-    "row_bytes",
-    "split_layout",
-    "validate_rows",
-]
 
 NAME: Final[CollectiveName] = "all_to_all_v"
 

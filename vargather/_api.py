@@ -29,21 +29,6 @@ from ._layout import Layout
 from ._mesh import GroupLike, MeshDim
 from ._reduce_scatter import REDUCE_SCATTER_V
 
-__all__ = [
-    "AllToAllResult",
-    "GatherResult",
-    "GradContract",
-    "TransportName",
-    "all_gather_list",
-    "all_gather_v",
-    "all_gather_v_coalesced",
-    "all_gather_v_with_layout",
-    "all_to_all_v",
-    "all_to_all_v_with_layout",
-    "gather_layout",
-    "reduce_scatter_v",
-]
-
 Sizes: TypeAlias = "Sequence[int] | torch.Tensor | None"
 SplitSizes: TypeAlias = "Sequence[int] | torch.Tensor"
 Timeout: TypeAlias = "float | timedelta | None"

@@ -37,22 +37,6 @@ from ._errors import (
 )
 from ._group import GroupInfo, per_call_timeout_supported
 
-__all__ = [
-    "INT64_MAX",
-    "INT64_MIN",
-    "MAX_NDIM",
-    "CallRecord",
-    "CheckedCall",
-    "Problem",
-    "as_index",
-    "check_call",
-    "parse_sizes",
-    "parse_timeout",
-    "saturate",
-    "show_int",
-    "sizes_hash",
-]
-
 MAX_NDIM: Final = 32
 INT64_MIN: Final = -(1 << 63)
 INT64_MAX: Final = (1 << 63) - 1

@@ -23,15 +23,6 @@ from ._layout import Layout
 from ._reduced import canonical_nans_, mean_
 from ._transport import Transport
 
-__all__ = [
-    "CoalescedFunction",
-    "CoalescedPlan",
-    "GatherPlan",
-    "GatherVFunction",
-    "contract_backward",
-    "planned_function",
-]
-
 
 @dataclass(frozen=True)
 class GatherPlan:

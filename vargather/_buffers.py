@@ -16,16 +16,6 @@ import torch
 
 from ._layout import Layout
 
-__all__ = [
-    "as_blocks",
-    "compact_padded",
-    "compact_rank_major",
-    "pad_blocks",
-    "rank_major_blocks",
-    "rank_major_gradient",
-    "scatter_into_padded",
-]
-
 
 def as_blocks(t: torch.Tensor, n: int, layout: Layout) -> torch.Tensor:
     """``t`` (``lead + (n,) + trail``) as ``(pre, n, post)``; a view when ``t`` allows."""

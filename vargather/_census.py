@@ -26,8 +26,6 @@ import torch.distributed as dist
 
 from ._group import GroupInfo
 
-__all__ = ["ARRIVALS", "CENSUS_ENV", "arrival_census_enabled"]
-
 CENSUS_ENV: Final = "VARGATHER_ARRIVAL_CENSUS"
 _CENSUS_VALUES: Final = {"1": True, "0": False, "": True}
 

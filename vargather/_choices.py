@@ -14,16 +14,6 @@ import typing
 from collections.abc import Mapping
 from typing import Final, Literal, TypeAlias
 
-__all__ = [
-    "BACKEND_DEVICES",
-    "CONTRACTS",
-    "DEVICE_TYPES",
-    "TRANSPORT_NAMES",
-    "GradContract",
-    "TransportName",
-    "unsupported_reason",
-]
-
 GradContract: TypeAlias = Literal["sum", "local", "mean"]
 """The gradient contracts ``grad=`` accepts (see ``_autograd``)."""
 

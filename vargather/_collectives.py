@@ -20,16 +20,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal, TypeAlias
 
-__all__ = [
-    "COLLECTIVES",
-    "COLLECTIVE_NAMES",
-    "Collective",
-    "CollectiveName",
-    "RoundShape",
-    "by_code",
-    "name_of_code",
-]
-
 CollectiveName: TypeAlias = Literal[
     "all_gather_v",
     "all_gather_v_coalesced",
@@ -56,8 +46,8 @@ class Collective:
 
     ``code``: what its calls send on the wire so that a peer calling another
     collective is named in the error (position in ``COLLECTIVE_NAMES``). ``round``:
-    which exchange carries its validated one round. ``validates``: what every rank
-    checks across ranks before any payload moves (one sentence). ``oracle`` and
+    which exchange carries its validated one round (what every rank checks across
+    ranks is its face's docstring, in ``_api``). ``oracle`` and
     ``oracle_grads``: the names of its functions in ``vargather.oracle`` (the forward
     result, and every rank's input gradient). ``catalogue``: the name of its property
     catalogue in the testing kit (``None``: checked within another's catalogue, named
@@ -67,7 +57,6 @@ class Collective:
     name: CollectiveName
     code: int
     round: RoundShape
-    validates: str
     oracle: str
     oracle_grads: str
     catalogue: str | None
@@ -80,11 +69,6 @@ def _table() -> Mapping[CollectiveName, Collective]:
             name="all_gather_v",
             code=0,
             round="all_gather",
-            validates=(
-                "every rank's tensor has the same dtype, device type, ndim, requires_grad "
-                "and size off dim, every rank passed the same dim, grad, transport and "
-                "sizes, and the passed sizes are the tensors' sizes along dim"
-            ),
             oracle="expected_output",
             oracle_grads="expected_input_grads",
             catalogue="all_gather_v",
@@ -94,10 +78,6 @@ def _table() -> Mapping[CollectiveName, Collective]:
             name="all_gather_v_coalesced",
             code=1,
             round="all_gather",
-            validates=(
-                "every rank passed the same number of tensors, and tensor i agrees "
-                "across ranks as all_gather_v's tensor does"
-            ),
             oracle="expected_output",
             oracle_grads="expected_input_grads",
             catalogue=None,
@@ -107,11 +87,6 @@ def _table() -> Mapping[CollectiveName, Collective]:
             name="all_gather_list",
             code=2,
             round="all_gather",
-            validates=(
-                "every rank's tensor has the same dtype, device type, ndim and "
-                "requires_grad, every rank passed the same grad, and the passed shapes "
-                "are every rank's tensor's shape"
-            ),
             oracle="expected_gather_list",
             oracle_grads="expected_gather_list_grads",
             catalogue="all_gather_list",
@@ -121,11 +96,6 @@ def _table() -> Mapping[CollectiveName, Collective]:
             name="reduce_scatter_v",
             code=3,
             round="all_to_all",
-            validates=(
-                "every rank's tensor has the same dtype, device type, shape and "
-                "requires_grad, every rank passed the same dim and sizes, and the sizes "
-                "sum to the tensor's size along dim"
-            ),
             oracle="expected_reduce_scatter",
             oracle_grads="expected_reduce_scatter_grads",
             catalogue="reduce_scatter_v",
@@ -135,11 +105,6 @@ def _table() -> Mapping[CollectiveName, Collective]:
             name="all_to_all_v",
             code=4,
             round="all_to_all",
-            validates=(
-                "every rank's tensor has the same dtype, device type, ndim, "
-                "requires_grad and size off dim, every rank passed the same dim, and "
-                "what each rank sends a peer is what that peer expects to receive"
-            ),
             oracle="expected_all_to_all",
             oracle_grads="expected_all_to_all_grads",
             catalogue="all_to_all_v",
@@ -149,11 +114,6 @@ def _table() -> Mapping[CollectiveName, Collective]:
             name="gather_v",
             code=5,
             round="all_to_all",
-            validates=(
-                "every rank's tensor has the same dtype, device type, ndim, requires_grad "
-                "and size off dim, every rank passed the same dst, dim and sizes, and the "
-                "passed sizes are the tensors' sizes along dim"
-            ),
             oracle="expected_gather_v",
             oracle_grads="expected_gather_v_grads",
             catalogue="gather_v",
@@ -163,11 +123,6 @@ def _table() -> Mapping[CollectiveName, Collective]:
             name="scatter_v",
             code=6,
             round="all_to_all",
-            validates=(
-                "every rank's tensor has the same dtype, device type, ndim, requires_grad "
-                "and size off dim, every rank passed the same src, dim and sizes, and the "
-                "sizes sum to src's tensor's size along dim"
-            ),
             oracle="expected_scatter_v",
             oracle_grads="expected_scatter_v_grads",
             catalogue="scatter_v",

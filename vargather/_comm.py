@@ -26,29 +26,7 @@ import torch.distributed as dist
 from ._census import ARRIVALS
 from ._dtypes import NATIVE_DTYPES
 from ._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
-from ._group import GroupInfo, call_timeout, group_timeout, resolve_group
-
-__all__ = [
-    "BLOCKS_TAG",
-    "GroupInfo",
-    "all_gather_equal",
-    "all_gather_list",
-    "all_reduce_sum",
-    "all_to_all_round",
-    "all_to_all_uneven",
-    "broadcast_from_each",
-    "collectives_issued",
-    "exchange_with_each",
-    "gloo_group",
-    "group_timeout",
-    "movable",
-    "reduce_scatter_equal",
-    "reduce_scatter_uneven",
-    "resolve_group",
-    "send_receive",
-    "swap_issued_counter",
-    "translate_collective_errors",
-]
+from ._group import GroupInfo, call_timeout, group_timeout
 
 
 def _seconds(t: timedelta) -> str:

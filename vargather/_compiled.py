@@ -19,21 +19,6 @@ import torch
 
 from ._mesh import group_named, group_of
 
-__all__ = [
-    "OpArgs",
-    "OpSpec",
-    "Route",
-    "declare_ordered",
-    "define_ops",
-    "fresh",
-    "keep_collective_order",
-    "op_args",
-    "plain_sizes",
-    "rank_of",
-    "resized",
-    "unbacked_sizes_allowed_here",
-]
-
 R = TypeVar("R")
 
 

@@ -11,15 +11,6 @@ from typing import Final
 
 import torch
 
-__all__ = [
-    "GLOO_DTYPES",
-    "NATIVE_DTYPES",
-    "WIRE_DTYPES",
-    "dtype_code",
-    "dtype_from_code",
-    "dtype_name",
-]
-
 WIRE_DTYPES: Final[tuple[torch.dtype, ...]] = (
     torch.bool,
     torch.uint8,

@@ -26,7 +26,7 @@ import torch
 from ._args import MAX_NDIM, CallRecord, CheckedCall, saturate, show_int, sizes_hash
 from ._choices import CONTRACTS, DEVICE_TYPES, TRANSPORT_NAMES
 from ._collectives import COLLECTIVE_NAMES, name_of_code
-from ._comm import GroupInfo, all_gather_equal
+from ._comm import all_gather_equal
 from ._dtypes import WIRE_DTYPES, dtype_from_code
 from ._errors import (
     ArgumentMismatchError,
@@ -37,23 +37,9 @@ from ._errors import (
     SizesMismatchError,
     VarGatherError,
 )
+from ._group import GroupInfo
 from ._layout import Layout, blocks_layout
 from ._wire import RECORD_LENGTH, decode_record, encode_record
-
-__all__ = [
-    "SIZES_SHOWN",
-    "Check",
-    "agree",
-    "build_layout",
-    "check_same_collective",
-    "common_checks",
-    "exchange_records",
-    "plan_layout",
-    "raise_local",
-    "requires_grad_check",
-    "trusted_layout",
-    "validate_records",
-]
 
 SIZES_SHOWN: Final = 64  # entries of each rank's passed sizes shown in a mismatch message
 

@@ -30,8 +30,8 @@ import torch.distributed as dist
 
 from ._args import CallRecord
 from ._collectives import COLLECTIVES, CollectiveName
-from ._comm import BLOCKS_TAG, GroupInfo, all_to_all_round, all_to_all_uneven, send_receive
-from ._group import process_group
+from ._comm import BLOCKS_TAG, all_to_all_round, all_to_all_uneven, send_receive
+from ._group import GroupInfo, process_group
 from ._round_buffers import (
     Cut,
     copy_bytes,
@@ -56,25 +56,6 @@ from ._round_state import (
 )
 from ._rows import FamilyCall, Row, decode_rows
 from ._wire import encode_row
-
-__all__ = [
-    "DirectRound",
-    "Exchanged",
-    "PackedRound",
-    "direct_round",
-    "exchange_fused",
-    "fill_packed",
-    "goes_direct",
-    "known_call",
-    "landed",
-    "resized_round",
-    "run_direct",
-    "run_packed",
-    "send_packed",
-    "send_round",
-    "settle",
-]
-
 
 _ELIGIBLE: Final = 1  # flag word: no local problem, x on the exchange's device
 _USED: Final = 2  # flag word: the payload slot holds this rank's whole x

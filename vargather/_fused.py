@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from ._args import CallRecord, CheckedCall
 from ._collectives import COLLECTIVES, CollectiveName
-from ._comm import GroupInfo, all_gather_equal, exchange_with_each, send_receive
+from ._comm import all_gather_equal, exchange_with_each, send_receive
 from ._errors import ArgumentMismatchError, ProtocolMismatchError, VarGatherError
 from ._exchange import (
     _disagreement,
@@ -37,7 +37,7 @@ from ._exchange import (
     plan_layout,
     validate_records,
 )
-from ._group import process_group
+from ._group import GroupInfo, process_group
 from ._layout import Layout
 from ._round_buffers import (
     Cut,
@@ -72,15 +72,6 @@ from ._wire import (
     sizes_len_word_at,
     split_headers,
 )
-
-__all__ = [
-    "Exchanged",
-    "Prefetched",
-    "exchange",
-    "gather_bytes",
-    "named",
-    "steady_exchange",
-]
 
 
 @dataclass(frozen=True)

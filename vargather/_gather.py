@@ -35,13 +35,6 @@ from ._mesh import call_group
 from ._round_buffers import plain_in_blocks
 from ._transport import Transport, choose_transport
 
-__all__ = [
-    "GatherResult",
-    "gather_coalesced",
-    "gather_with_layout",
-    "plan_gather",
-]
-
 
 class GatherResult(NamedTuple):
     """A gathered tensor with the ``Layout`` that says where each rank's block is."""

@@ -29,7 +29,7 @@ from torch.autograd.function import once_differentiable
 from . import _fused
 from ._args import CallRecord, CheckedCall, Problem, check_call, saturate, sizes_hash
 from ._collectives import CollectiveName
-from ._comm import GroupInfo, all_gather_equal
+from ._comm import all_gather_equal
 from ._errors import (
     ProtocolMismatchError,
     ShapeMismatchError,
@@ -38,24 +38,17 @@ from ._errors import (
     SizesTypeError,
     VarGatherError,
 )
+from ._exchange import agree
 from ._gather import _autograd_needed
+from ._group import GroupInfo
 from ._layout import Layout, blocks_layout
 from ._mesh import call_group
 from ._reduce_scatter import reduce_scatter_blocks
 from ._reduced import mean_
 from ._round_buffers import plain, row_major_strides
-from ._rows import FamilyCall, agree, check_tensor, raise_own_problem, with_problem
+from ._rows import FamilyCall, check_tensor, raise_own_problem, with_problem
 from ._transport import choose_transport
 from ._wire import carrier_ndim, carrier_words
-
-__all__ = [
-    "GatherListFunction",
-    "GatherListPlan",
-    "flat_layout",
-    "gather_list_eager",
-    "parse_shapes",
-    "plan_gather_list",
-]
 
 NAME: Final[CollectiveName] = "all_gather_list"
 

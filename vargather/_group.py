@@ -20,15 +20,6 @@ import torch.distributed as dist
 
 from ._errors import GroupError
 
-__all__ = [
-    "GroupInfo",
-    "call_timeout",
-    "group_timeout",
-    "per_call_timeout_supported",
-    "process_group",
-    "resolve_group",
-]
-
 
 @dataclass(frozen=True)
 class GroupInfo:

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Layout", "blocks_layout"]
-
 
 def _size_fields(sizes: tuple[int, ...]) -> dict[str, int | tuple[int, ...]]:
     """The fields that follow from the sizes: ``offsets`` (``o_r``, the exclusive

@@ -23,18 +23,6 @@ from ._group import GroupInfo, per_call_timeout_supported, resolve_group
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = [
-    "NO_GROUP",
-    "GroupLike",
-    "MeshDim",
-    "call_group",
-    "group_named",
-    "group_of",
-    "is_device_mesh",
-    "named_group",
-    "resolve_mesh",
-]
-
 GroupLike: TypeAlias = "dist.ProcessGroup | DeviceMesh | None"
 """What ``group=`` accepts: a process group, a device mesh, or ``None`` (the world)."""
 

@@ -25,9 +25,11 @@ from . import _steady
 from ._autograd import planned_function
 from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
-from ._comm import GroupInfo, all_to_all_uneven
+from ._comm import all_to_all_uneven
 from ._errors import SizesMismatchError
+from ._exchange import agree, common_checks, raise_local, requires_grad_check
 from ._family import known_call
+from ._group import GroupInfo
 from ._layout import Layout, blocks_layout
 from ._mesh import call_group
 from ._reduced import add_, canonical_nans_
@@ -36,29 +38,15 @@ from ._rows import (
     FamilyCall,
     Row,
     ValidatedOnce,
-    agree,
     block_sizes_problem,
     call_key,
     check_tensor,
-    common_checks,
-    raise_local,
     raise_own_problem,
-    requires_grad_check,
     sizes_words,
     with_problem,
 )
 from ._steady import RoundSpec, run_round
 from ._transport import choose_transport
-
-__all__ = [
-    "ReduceScatterPlan",
-    "ReduceScatterVFunction",
-    "fold_blocks",
-    "fold_slots",
-    "plan_reduce_scatter",
-    "reduce_scatter_blocks",
-    "reduce_scatter_eager",
-]
 
 NAME: Final[CollectiveName] = "reduce_scatter_v"
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["add_", "canonical_nans_", "mean_"]
-
 
 def add_(out: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``out += other`` in place, a complex one component by component; ``out``."""

@@ -32,30 +32,25 @@ from ._args import Problem
 from ._autograd import planned_function
 from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
-from ._comm import GroupInfo, all_to_all_uneven
+from ._comm import all_to_all_uneven
 from ._errors import ArgumentError, ArgumentMismatchError, SizesError, SizesMismatchError
+from ._exchange import Check, agree, common_checks, raise_local, requires_grad_check
+from ._group import GroupInfo
 from ._layout import Layout, blocks_layout
 from ._mesh import GroupLike, MeshDim, call_group
 from ._round_buffers import bytes_of
 from ._rows import (
-    Check,
     FamilyCall,
     Row,
     ValidatedOnce,
-    agree,
     block_sizes_problem,
     call_key,
     check_tensor,
-    common_checks,
-    raise_local,
     raise_own_problem,
-    requires_grad_check,
     sizes_words,
     with_problem,
 )
 from ._steady import RoundSpec, run_round
-
-__all__ = ["RootedPlan", "gather_v", "scatter_v"]
 
 GATHER: Final[CollectiveName] = "gather_v"
 SCATTER: Final[CollectiveName] = "scatter_v"

@@ -24,36 +24,6 @@ from ._layout import Layout
 from ._round_state import SMALL_BYTES, Memory, group_memory, within_waste
 from ._wire import HEADER_BYTES, encode_headers, header_struct
 
-__all__ = [
-    "KEEP_MIN",
-    "MOVE_CHUNK",
-    "Closing",
-    "Cut",
-    "Round",
-    "bytes_of",
-    "closed_up",
-    "closing",
-    "copy_bytes",
-    "copy_payload",
-    "hand_back",
-    "handed_back_buffer",
-    "header_bytes",
-    "landed_bytes",
-    "move_left",
-    "pack",
-    "payload_views",
-    "plain",
-    "plain_bytes",
-    "plain_in_blocks",
-    "read_headers",
-    "region_cutter",
-    "round_for",
-    "row_major_strides",
-    "tensor_parts",
-    "unpack",
-    "unreferenced",
-]
-
 
 def bytes_of(t: torch.Tensor) -> torch.Tensor:
     """``t``'s elements in row-major order, as flat bytes: a view when ``t`` is

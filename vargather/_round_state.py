@@ -70,42 +70,6 @@ import torch.distributed as dist
 
 from ._collectives import COLLECTIVES, CollectiveName
 
-__all__ = [
-    "FAMILY_FUSED_MAX",
-    "FRESH",
-    "FUSED_MAX_BYTES",
-    "MEMORY",
-    "PAD_LIMIT",
-    "SHRINK_AFTER",
-    "SMALL_BYTES",
-    "WASTE_LIMIT",
-    "WIDE_MIN_BYTES",
-    "FusedState",
-    "GroupMemory",
-    "Last",
-    "Memory",
-    "StateCell",
-    "advance",
-    "advance_blocks",
-    "block_room",
-    "block_slot",
-    "bucket",
-    "capacity_of",
-    "capacity_step",
-    "group_key",
-    "group_memory",
-    "is_wide",
-    "memory",
-    "replace_state",
-    "reset_state",
-    "set_state",
-    "state_of",
-    "swap_state",
-    "whole_16",
-    "wide_blocks",
-    "within_waste",
-]
-
 FUSED_MAX_BYTES: Final = 128 * 1024
 """Largest payload per rank that rides in the gather round. 512 KiB until
 the wide round's headers rode in its broadcasts: since then the wide round beats the
@@ -450,13 +414,6 @@ def state_of(
     only; ``None``: the default group)."""
     pg = group_key(group)
     return FRESH if pg is None else memory(pg, collective).shared.state
-
-
-def capacity_of(
-    group: dist.ProcessGroup | None = None, collective: CollectiveName = "all_gather_v"
-) -> int:
-    """The payload bytes per rank the next round of ``collective`` on ``group`` reserves."""
-    return state_of(group, collective).capacity
 
 
 def set_state(pg: dist.ProcessGroup | None, collective: CollectiveName, state: FusedState) -> None:

@@ -18,36 +18,12 @@ import torch
 
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
 from ._collectives import COLLECTIVES, CollectiveName, by_code
-from ._comm import GroupInfo
 from ._errors import ProtocolMismatchError, SizesError
 from ._exchange import (
-    Check,
-    agree,
     check_same_collective,
-    common_checks,
-    raise_local,
-    requires_grad_check,
 )
+from ._group import GroupInfo
 from ._wire import ROW_MAGIC, decode_row, row_mark
-
-__all__ = [
-    "Check",
-    "FamilyCall",
-    "Row",
-    "ValidatedOnce",
-    "agree",
-    "block_sizes_problem",
-    "call_key",
-    "check_tensor",
-    "common_checks",
-    "decode_rows",
-    "raise_local",
-    "raise_own_problem",
-    "requires_grad_check",
-    "rows_changed_only_in",
-    "sizes_words",
-    "with_problem",
-]
 
 
 @dataclass(frozen=True)

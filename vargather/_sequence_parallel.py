@@ -31,8 +31,6 @@ from ._api import all_to_all_v
 from ._errors import ArgumentError
 from ._mesh import GroupLike, MeshDim, call_group
 
-__all__ = ["SequenceLayout", "head_split", "heads_to_seq", "kv_repeats", "seq_to_heads"]
-
 SequenceLayout = Literal["bshd", "sbhd"]
 """Where the sequence and heads lie: ``[batch, seq, heads, head_dim]`` or ``[seq,
 batch, heads, head_dim]`` (DeepSpeed's ``batch_dim_idx`` 0 and 1)."""

@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from ._collectives import CollectiveName
-from ._comm import GroupInfo
 from ._family import (
     DirectRound,
     Exchanged,
@@ -34,12 +33,10 @@ from ._family import (
     run_packed,
     settle,
 )
-from ._group import process_group
+from ._group import GroupInfo, process_group
 from ._round_buffers import Cut, plain, plain_bytes, region_cutter
 from ._round_state import FusedState, Memory, memory
 from ._rows import FamilyCall
-
-__all__ = ["JOINED_KEPT", "RoundSpec", "Steady", "answer", "keep", "replay", "run_round"]
 
 T = TypeVar("T")
 P = TypeVar("P")

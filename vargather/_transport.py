@@ -28,9 +28,7 @@ from ._buffers import (
     rank_major_gradient,
     scatter_into_padded,
 )
-from ._choices import TRANSPORT_NAMES, unsupported_reason
 from ._comm import (
-    GroupInfo,
     all_gather_equal,
     all_gather_list,
     all_reduce_sum,
@@ -39,26 +37,9 @@ from ._comm import (
     reduce_scatter_equal,
     reduce_scatter_uneven,
 )
+from ._group import GroupInfo
 from ._layout import Layout
 from ._reduced import add_
-
-__all__ = [
-    "GLOO_REDUCE_SCATTER_MIN_BYTES",
-    "GLOO_SMALL_BYTES",
-    "NCCL_MAX_PADDED_WASTE",
-    "NCCL_SMALL_BYTES",
-    "TRANSPORTS",
-    "TRANSPORT_NAMES",
-    "AllToAllVTransport",
-    "BroadcastTransport",
-    "PaddedTransport",
-    "Transport",
-    "ViewsTransport",
-    "alltoallv_rounds",
-    "auto_transport_name",
-    "choose_transport",
-    "unsupported_reason",
-]
 
 
 class Transport(Protocol):

@@ -32,46 +32,6 @@ from ._errors import (
     VarGatherError,
 )
 
-__all__ = [
-    "CARRIER_MAGIC",
-    "FLAG_ELIGIBLE",
-    "FLAG_LONG",
-    "FLAG_PROBLEM",
-    "FLAG_REQUIRES_GRAD",
-    "HEADER_BYTES",
-    "HEADER_MAGIC",
-    "HEADER_WORDS",
-    "KIND_SHIFT",
-    "MESSAGE_WORDS",
-    "RECORD_LENGTH",
-    "RECORD_SHAPE_AT",
-    "ROW_EXTRAS_AT",
-    "ROW_MAGIC",
-    "SHAPE_SLOTS",
-    "call_flags",
-    "carrier_ndim",
-    "carrier_words",
-    "decode_header",
-    "decode_record",
-    "decode_row",
-    "encode_header",
-    "encode_headers",
-    "encode_record",
-    "encode_row",
-    "header_count",
-    "header_flags",
-    "header_kind",
-    "header_struct",
-    "magic_mismatch",
-    "row_extra_words",
-    "row_mark",
-    "size_word_at",
-    "sizes_len_word_at",
-    "split_headers",
-    "tagged_magic",
-    "wire_text",
-]
-
 
 def tagged_magic(tag: str, version: int) -> int:
     """The one magic scheme of every format on the wire: four ASCII letters naming the

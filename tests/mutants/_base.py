@@ -17,7 +17,7 @@ import torch
 
 import vargather
 from vargather._autograd import GatherPlan, GatherVFunction
-from vargather._comm import resolve_group
+from vargather._group import resolve_group
 from vargather._layout import Layout
 from vargather._transport import Transport, choose_transport
 

@@ -18,8 +18,6 @@ from typing import Any, Final, NoReturn
 
 from vargather import VarGatherError, __version__
 
-__all__ = ["COMMANDS", "ArgumentParser", "UsageError", "main"]
-
 
 class UsageError(VarGatherError, ValueError):
     """A command cannot start: a bad option or argument. Printed, exit status 2."""

@@ -27,14 +27,13 @@ from typing import Any, Final
 from vargather.testing import options as _options
 from vargather.testing import schema
 from vargather.testing.collectives import DEFAULT, NAMES
-from vargather.testing.engine import ProgressEvent, run_check
+from vargather.testing.engine import run_check
 from vargather.testing.options import CheckOptions, OptionError
+from vargather.testing.progress import ProgressEvent
 from vargather.testing.results import EXIT_OK, EXIT_USAGE
 
 from . import ArgumentParser, UsageError
 from .display import StreamProgress
-
-__all__ = ["FlagUsageError", "load_xfails", "main", "parse_args", "read_config"]
 
 
 class FlagUsageError(UsageError, _options.CheckUsageError):

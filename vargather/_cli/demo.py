@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from vargather.testing import RankContext
 
-__all__ = ["main"]
-
 _Result = tuple[list[list[float]], list[int], list[list[float]]]
 """What a rank sends back: its output, the layout's sizes, its shard's gradient."""
 
@@ -60,7 +58,7 @@ def main(argv: Sequence[str]) -> int:
 
     from vargather.oracle import expected
     from vargather.testing import PoolFailure, RankError, RankPool
-    from vargather.testing.pool import DEFAULT_SHARED_START_METHOD
+    from vargather.testing.pool_types import DEFAULT_SHARED_START_METHOD
 
     try:
         with RankPool(

@@ -14,8 +14,6 @@ if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress
     from rich.progress import TaskID
 
-__all__ = ["StreamProgress"]
-
 
 # --- progress---------------------------------------------------------------------
 

@@ -46,8 +46,6 @@ from vargather.testing.runner import (
 
 from . import ArgumentParser, UsageError
 
-__all__ = ["main"]
-
 
 def _parser() -> ArgumentParser:
     parser = ArgumentParser(

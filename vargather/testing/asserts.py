@@ -15,14 +15,6 @@ from typing import Final
 
 import torch
 
-__all__ = [
-    "assert_bitwise_equal",
-    "bit_patterns",
-    "bitwise_difference",
-    "mismatch_detail",
-    "nan_payloads_only",
-]
-
 _INT_OF_WIDTH: Final = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 

@@ -18,8 +18,6 @@ from typing import Final
 
 import torch
 
-__all__ = ["NAMES", "Arg", "CallTemplate", "bind_call", "parse_call"]
-
 NAMES: Final = ("x", "dim", "sizes", "shapes", "group", "grad", "out")
 """The names a template may use."""
 

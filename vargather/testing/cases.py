@@ -45,27 +45,6 @@ from .values import (
     torch_dtype,
 )
 
-__all__ = [
-    "COALESCED_REF",
-    "COMPAT",
-    "CONVENTIONS",
-    "DIGEST_MIN_BYTES",
-    "RETURN_KINDS",
-    "SIZES_SCOPES",
-    "VARGATHER",
-    "Expected",
-    "GatherCase",
-    "Implementation",
-    "RankReport",
-    "TensorBytes",
-    "digest_of",
-    "expected_output",
-    "parse_case",
-    "parse_literal",
-    "sizes_forms_for",
-]
-
-
 _T = TypeVar("_T")
 
 # --- the case --------------------------------------------------------------------------

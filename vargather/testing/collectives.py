@@ -12,8 +12,6 @@ from typing import Final
 
 from vargather import COLLECTIVES
 
-__all__ = ["DEFAULT", "FAMILY", "NAMES"]
-
 NAMES: Final[tuple[str, ...]] = tuple(
     c.catalogue for c in COLLECTIVES.values() if c.catalogue is not None
 )

@@ -21,8 +21,6 @@ from typing import Any, Final, Protocol
 
 import torch
 
-__all__ = ["COMPILE_TIMEOUT_S", "call_compiled", "patient_default_group", "warm_backends"]
-
 COMPILE_TIMEOUT_S: Final = 600.0
 """The default group's collective timeout while a compiled case runs: ranks compile at
 different speeds, so longer than any call timeout: a peer still compiling is waited

@@ -13,8 +13,6 @@ from typing import Any
 
 import vargather
 
-__all__ = ["bind", "call_collective", "function_of"]
-
 
 def function_of(name: str, impl: str = "vargather") -> Callable[..., Any]:
     """The function that collective ``name`` (or a public form of it, such as

@@ -43,22 +43,6 @@ import torch
 
 from .values import make_values, torch_dtype
 
-__all__ = [
-    "FLOATS",
-    "DTensorProgram",
-    "contributions",
-    "coords",
-    "expected_gradient",
-    "expected_local",
-    "global_tensor",
-    "local_piece",
-    "on_sizes",
-    "parse",
-    "start_local",
-    "upstream",
-    "upstream_local",
-]
-
 FLOATS: Final = frozenset({"float32", "float64", "bfloat16", "float16"})
 
 

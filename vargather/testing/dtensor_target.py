@@ -34,18 +34,6 @@ from .dtensor_program import (
 )
 from .program_rows import ProgramRow, ProgramTarget, all_worlds
 
-__all__ = [
-    "KINDS",
-    "ROWS",
-    "TARGET",
-    "ProgramReport",
-    "dtensor_programs",
-    "judge_program",
-    "run_program",
-    "smaller_programs",
-    "torch_placements",
-]
-
 # --- the strategies ------------------------------------------------------------------
 
 DTYPES: Final = ("float32", "float64", "bfloat16", "float16", "int64", "int32", "bool", "uint8")

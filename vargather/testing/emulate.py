@@ -21,14 +21,6 @@ from typing import Any, Final
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = [
-    "INTERCEPTED",
-    "NCCL_REFUSED_DTYPES",
-    "CudaOnCpu",
-    "activate",
-    "refused_dtypes",
-]
-
 NCCL_REFUSED_DTYPES: Final = ("int16", "uint16", "uint32", "uint64")
 """torch dtypes outside NCCL's type table (torch maps bool to NCCL's uint8)."""
 

@@ -29,8 +29,9 @@ from .collectives import DEFAULT
 from .evaluate import evaluate_row, hypothesis_storage, prefer_nonempty
 from .isolated import IsolatedRun
 from .options import CheckOptions, CheckUsageError
-from .pool import PoolFailure, RankError, RankPool, get_pool, preload
-from .progress import Progress, ProgressCallback, ProgressEvent
+from .pool import RankPool, get_pool
+from .pool_types import PoolFailure, RankError
+from .progress import Progress, ProgressCallback
 from .properties import BATCH, Property
 from .rank_runner import rank_preflight
 from .resolve import ImplInfo, ensure_import_path
@@ -39,8 +40,7 @@ from .runner import backend_refusals
 from .targets import apply_target, preload_target, program_runner, target_refusals
 from .values import DTYPE_NAMES
 from .verdict import UNSUPPORTED_EXAMPLES, scope_hints, split_rows, with_unsupported, with_xfail
-
-__all__ = ["ProgressCallback", "ProgressEvent", "child_main", "run_check"]
+from .world import preload
 
 
 def _scope_text(options: CheckOptions, info: ImplInfo) -> dict[str, str]:

@@ -33,16 +33,6 @@ from .program_rows import (
 )
 from .progress import Progress
 
-__all__ = [
-    "ROWS",
-    "TARGET",
-    "DispatchProgram",
-    "Layer",
-    "expected_layer",
-    "judge_dispatch",
-    "run_dispatch_program",
-]
-
 BACKENDS: Final = ("spmd_types", "partial_dtensor")
 
 

@@ -32,17 +32,6 @@ from .results import NanPayloads, PropertyFailure, PropertyResult
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-__all__ = [
-    "CRASH_SHRINK_BUDGET",
-    "FailingBatchError",
-    "ShrinkBudgetSpent",
-    "evaluate_row",
-    "hypothesis_storage",
-    "prefer_nonempty",
-    "render_failures",
-    "seeded_search",
-]
-
 CRASH_SHRINK_BUDGET: Final = 4
 """At most this many shrinking examples once a property's failure costs a world: a
 crash, or a collective that failed (the world is rebuilt after each)."""

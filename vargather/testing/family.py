@@ -27,32 +27,14 @@ from .cases import Implementation
 from .compiled import call_compiled, patient_default_group
 from .dispatch import function_of
 from .judge import Failure, without_addresses
-from .pool import RankContext, RankPool
+from .pool import RankPool
 from .rank_runner import Alone, emulation, join
+from .rank_side import RankContext
 from .repeatable import repeatable
 from .values import DTYPE_NAMES, _lay_out, is_differentiable, make_values, torch_dtype
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
-
-__all__ = [
-    "Alone",
-    "BlockCase",
-    "CallReport",
-    "FamilyCase",
-    "SplitCase",
-    "block_cases",
-    "check_case",
-    "check_sequence",
-    "draw_shared",
-    "draw_world",
-    "expected",
-    "fit_passed",
-    "judge_case",
-    "run_case",
-    "run_sequence",
-    "values",
-]
 
 CALL_TIMEOUT = 15.0
 """Seconds each collective of a case may wait for its peers (a rank that raised leaves

@@ -22,10 +22,11 @@ from hypothesis import strategies as st
 from .calls import parse_call
 from .cases import Implementation, parse_literal
 from .compiled import warm_backends
-from .family import Alone, FamilyCase, SplitCase, judge_case, run_case, run_sequence, shape_with
+from .family import FamilyCase, SplitCase, judge_case, run_case, run_sequence
 from .misuse import MISUSE_KINDS, MisuseCase, judge_misuse, run_misuse
 from .pool import RankPool
 from .properties import Property
+from .rank_runner import Alone
 from .resolve import ImplInfo, load_impl
 from .runner import Verdict, judged, on_world, reproduction
 from .usage_errors import OptionError
@@ -36,21 +37,6 @@ if TYPE_CHECKING:
 
     from .catalogues import Catalogue
     from .options import CheckOptions
-
-__all__ = [
-    "COMMON_DTYPES",
-    "COMPILED_EXAMPLES",
-    "FAMILY_BATCH",
-    "LARGE_ROW",
-    "LARGE_ROWS",
-    "SEQUENCE_DTYPES",
-    "VALUES",
-    "FamilyCatalogue",
-    "forward_rows",
-    "row_builder",
-    "scoped",
-    "shape_with",
-]
 
 FAMILY_BATCH: Final = 4
 """Calls per example: one example is one pool round trip, its calls in a row."""

@@ -19,17 +19,6 @@ from vargather import VarGatherError
 
 from .cases import Implementation
 
-__all__ = [
-    "ImplementationError",
-    "load_callable",
-    "parse_impl_ref",
-    "prepend_import_paths",
-    "resolve_coalesced",
-    "resolve_compiled",
-    "resolve_implementation",
-    "short_traceback",
-]
-
 
 class ImplementationError(VarGatherError, ValueError):
     """The implementation under test cannot be used: ``MODULE:ATTR`` is malformed, does

@@ -32,13 +32,6 @@ from .properties import Property
 from .resolve import ImplInfo
 from .results import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PropertyFailure, PropertyResult
 
-__all__ = [
-    "CHILD_MODULE",
-    "HUNG_EXIT",
-    "IsolatedRun",
-    "in_flight",
-]
-
 CHILD_MODULE: Final = "vargather.testing.engine"
 """The module the child runs (``python -m``): the engine's ``child_main``."""
 

@@ -24,8 +24,6 @@ from .values import _check_choice, dtype_name
 if TYPE_CHECKING:
     from .cases import Expected
 
-__all__ = ["ASPECTS", "KINDS", "Failure", "judge", "without_addresses"]
-
 ASPECTS: Final = ("output", "sizes", "gradient", "adjoint", "call")
 """What a failure is about; ``call``: the call itself did not complete (it raised, a
 rank crashed or hung, a rank sent no report), which counts against every property."""

@@ -550,33 +550,3 @@ def check_misuse(pool: Any, case: MisuseCase) -> list[Failure]:
     if pool.generation != generation:
         failures.append(Failure("call", "crash", "the pool rebuilt its world", (), case.world_size))
     return failures
-
-
-__all__ = [
-    "ABSENT_TIMEOUT",
-    "MISUSE_KINDS",
-    "Call",
-    "CallOutput",
-    "GatherMisuseCase",
-    "Misuse",
-    "MisuseCase",
-    "Scenario",
-    "SizesTensor",
-    "TensorSpec",
-    "blocks",
-    "build_x",
-    "call",
-    "check_misuse",
-    "entries_of",
-    "expected_of",
-    "generic",
-    "judge_misuse",
-    "misuse_by_name",
-    "misuses",
-    "run_call",
-    "run_follow_up",
-    "run_misuse",
-    "tie",
-    "upstream_for",
-    "valid_scenario",
-]

@@ -21,17 +21,6 @@ from .usage_errors import CheckUsageError as CheckUsageError
 from .usage_errors import OptionError as OptionError
 from .values import DTYPE_NAMES
 
-__all__ = [
-    "CONFIG_TABLE",
-    "CheckOptions",
-    "CheckUsageError",
-    "OptionError",
-    "build_options",
-    "load_xfails",
-    "read_config",
-    "surface_options",
-]
-
 MAX_WORLD_SIZE: Final = 16
 MAX_NDIM: Final = 8
 DEFAULT_TIMEOUT: Final = 30.0

@@ -23,20 +23,12 @@ from .cases import VARGATHER
 from .catalogues import catalogue
 from .engine import run_check
 from .options import CheckOptions, CheckUsageError, surface_options
-from .pool import PoolFailure, RankContext, RankError, RankPool, get_pool
+from .pool import RankPool, get_pool
+from .pool_types import PoolFailure, RankError
+from .rank_side import RankContext
 from .resolve import resolve_options_impl
 from .results import PropertyResult, Report
 from .targets import apply_target, program_rows
-
-__all__ = [
-    "PropertyFailedError",
-    "PropertyItem",
-    "World",
-    "WorldFactory",
-    "configure",
-    "header_lines",
-    "property_items",
-]
 
 P = TypeVar("P")
 R = TypeVar("R")

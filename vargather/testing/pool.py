@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 from .pool_types import (
-    COLLECTIVE_TIMEOUT_ENV,
     DEFAULT_CALL_TIMEOUT,
     DEFAULT_SHARED_START_METHOD,
     DEFAULT_START_TIMEOUT,
@@ -49,11 +48,9 @@ from .pool_types import (
     RankError,
     RankHung,
     RankOutcome,
-    RemoteException,
 )
 from .rank_side import (
     _ANY_SOURCE,
-    INDUCTOR_RANK_DEFAULTS,
     RankContext,
     _dumps,
     _ErrInfo,
@@ -61,30 +58,8 @@ from .rank_side import (
     _exception_from,
     _fn_name,
     _GroupCounts,
-    set_inductor_rank_defaults,
 )
-from .world import _World, preload
-
-__all__ = [
-    "COLLECTIVE_TIMEOUT_ENV",
-    "DEFAULT_SHARED_START_METHOD",
-    "INDUCTOR_RANK_DEFAULTS",
-    "PoolConfig",
-    "PoolFailure",
-    "PoolStartError",
-    "RankContext",
-    "RankCrashed",
-    "RankError",
-    "RankHung",
-    "RankOutcome",
-    "RankPool",
-    "RemoteException",
-    "close_all_pools",
-    "get_pool",
-    "preload",
-    "set_inductor_rank_defaults",
-]
-
+from .world import _World
 
 P = TypeVar("P")
 R = TypeVar("R")

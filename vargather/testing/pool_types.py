@@ -13,23 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = [
-    "COLLECTIVE_TIMEOUT_ENV",
-    "DEFAULT_CALL_TIMEOUT",
-    "DEFAULT_COLLECTIVE_TIMEOUT",
-    "DEFAULT_SHARED_START_METHOD",
-    "DEFAULT_START_TIMEOUT",
-    "PoolConfig",
-    "PoolFailure",
-    "PoolStartError",
-    "RankCrashed",
-    "RankError",
-    "RankHung",
-    "RankOutcome",
-    "RemoteException",
-]
-
-
 R = TypeVar("R")
 
 

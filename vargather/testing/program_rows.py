@@ -27,26 +27,12 @@ from hypothesis import strategies as st
 from .asserts import bitwise_difference
 from .evaluate import FailingBatchError, ShrinkBudgetSpent, seeded_search
 from .options import CheckOptions
-from .pool import PoolFailure, RankCrashed, RankError, RankHung, RankPool
+from .pool import RankPool
+from .pool_types import PoolFailure, RankCrashed, RankError, RankHung
 from .progress import Progress
 from .races import WAIT_MARKS
 from .results import PropertyFailure, PropertyResult, Report
 from .verdict import with_xfail
-
-__all__ = [
-    "FLOAT_DTYPES",
-    "ProgramRow",
-    "ProgramTarget",
-    "StepsReport",
-    "all_worlds",
-    "differences",
-    "first_real_error",
-    "in_turn",
-    "multi_worlds",
-    "quiet_stdout",
-    "raised_message",
-    "run_program_check",
-]
 
 BATCH: Final = 3
 """Programs per example (one pool round trip on one world), unless the target says."""

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 
 from .results import PropertyResult
 
-__all__ = ["Progress", "ProgressCallback", "ProgressEvent"]
-
 
 @dataclass(frozen=True)
 class ProgressEvent:

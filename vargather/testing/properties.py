@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 
     from .catalogues import Catalogue
 
-__all__ = ["BATCH", "RETURNS", "Property"]
-
 BATCH: Final = 6
 """Cases per example by default: one example is one pool round trip (``run_many``)."""
 

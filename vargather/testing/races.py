@@ -17,8 +17,6 @@ from typing import Final
 
 from .judge import Failure
 
-__all__ = ["PEERS_WAITED", "WAIT_MARKS", "is_wait", "raced", "settle"]
-
 WAIT_MARKS: Final = (
     "Timed out",
     "timed out",

@@ -35,17 +35,6 @@ from .importer import load_callable, resolve_coalesced, resolve_compiled, resolv
 from .repeatable import repeatable
 from .values import dtype_name
 
-__all__ = [
-    "Alone",
-    "RankContextLike",
-    "emulation",
-    "implementation_traceback",
-    "join",
-    "rank_preflight",
-    "run_coalesced_on_rank",
-    "run_on_rank",
-]
-
 
 class RankContextLike(Protocol):
     """What ``run_on_rank`` needs from ``vargather.testing.RankContext``."""

@@ -30,12 +30,6 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
-__all__ = [
-    "INDUCTOR_RANK_DEFAULTS",
-    "RankContext",
-    "set_inductor_rank_defaults",
-]
-
 
 class RankContext:
     """What a rank function gets as its first argument.

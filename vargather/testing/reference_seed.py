@@ -28,8 +28,6 @@ from einops import rearrange
 from torch.autograd import Function
 from torch.nn import functional
 
-__all__ = ["AllGather", "all_gather", "all_gather_variable_dim", "exists", "pad_dim_to"]
-
 
 def exists(val: object) -> bool:
     """``val is not None``."""

@@ -32,14 +32,6 @@ from typing import Any, Final
 
 import torch
 
-__all__ = [
-    "GLOO_REFUSED_DTYPES",
-    "SETTLED",
-    "fresh_memory_filled",
-    "refusals_settled",
-    "repeatable",
-]
-
 GLOO_REFUSED_DTYPES: Final = frozenset({torch.int16, torch.uint16, torch.uint32, torch.uint64})
 """The dtypes gloo's collectives refuse (``RuntimeError: Invalid scalar type``)."""
 

@@ -21,15 +21,6 @@ import torch
 from .calls import CallTemplate, parse_call
 from .importer import ImplementationError, load_callable, parse_impl_ref, prepend_import_paths
 from .runner import gloo_transports
-
-__all__ = [
-    "ImplInfo",
-    "Scope",
-    "call_scope",
-    "ensure_import_path",
-    "load_impl",
-    "resolve_options_impl",
-]
 from .usage_errors import OptionError
 
 if TYPE_CHECKING:

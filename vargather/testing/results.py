@@ -15,20 +15,6 @@ from typing import Any, Final
 from .cases import GatherCase
 from .properties import BATCH
 
-__all__ = [
-    "EXIT_FAILED",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "REPORT_SCHEMA",
-    "STATUSES",
-    "NanPayloads",
-    "PropertyFailure",
-    "PropertyResult",
-    "Report",
-    "case_data",
-    "describe_case_dict",
-]
-
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2

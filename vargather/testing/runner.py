@@ -30,17 +30,9 @@ from .cases import (
     Implementation,
     RankReport,
 )
-from .importer import ImplementationError
 from .judge import Failure, judge, world_failure_text
-from .pool import (
-    PoolFailure,
-    PoolStartError,
-    RankCrashed,
-    RankError,
-    RankHung,
-    RankPool,
-    get_pool,
-)
+from .pool import RankPool, get_pool
+from .pool_types import PoolFailure, PoolStartError, RankCrashed, RankError, RankHung
 from .rank_runner import (
     _POISONED,
     Alone,
@@ -50,26 +42,6 @@ from .rank_runner import (
     run_on_rank,
 )
 from .scale import payload_summary
-
-__all__ = [
-    "ImplementationError",
-    "Verdict",
-    "backend_refusals",
-    "check_cases",
-    "describe",
-    "describe_coalesced",
-    "example_counts",
-    "gloo_transports",
-    "judged",
-    "on_world",
-    "repro_args",
-    "repro_command",
-    "reproduction",
-    "run_cases",
-    "run_coalesced",
-    "shell_quote",
-    "transport_refusals",
-]
 
 
 @dataclass(frozen=True)

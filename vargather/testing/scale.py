@@ -12,17 +12,6 @@ import math
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
-__all__ = [
-    "DEFAULT_MAX_PAYLOAD",
-    "MIN_LARGE_BYTES",
-    "Target",
-    "format_bytes",
-    "library_thresholds",
-    "payload_summary",
-    "per_rank_targets",
-    "sequence_length",
-]
-
 DEFAULT_MAX_PAYLOAD: Final = 4 * 1024 * 1024
 """Bytes per rank's shard a large case may reach by default (4 MiB: with 4 ranks the
 gathered output reaches vargather's 16 MiB backward switch)."""

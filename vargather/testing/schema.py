@@ -19,17 +19,6 @@ import sys
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = [
-    "CLI",
-    "CONFIG",
-    "OPTIONS",
-    "PLUGIN",
-    "AnyOptionError",
-    "Option",
-    "OptionValueError",
-    "parse_bytes",
-]
-
 CLI: Final = "cli"
 CONFIG: Final = "config"
 PLUGIN: Final = "plugin"

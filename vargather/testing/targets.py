@@ -23,21 +23,6 @@ if TYPE_CHECKING:
     from .program_rows import ProgramTarget
     from .results import Report
 
-__all__ = [
-    "LIST",
-    "TARGETS",
-    "Target",
-    "apply_target",
-    "by_name",
-    "listing",
-    "preload_target",
-    "program_rows",
-    "program_runner",
-    "target_ids",
-    "target_refusals",
-    "unavailable",
-]
-
 LIST: Final = "list"
 """``--target list``: print the targets and exit."""
 
@@ -331,7 +316,7 @@ def preload_target(options: CheckOptions) -> None:
     on first use (``Target.preload``)."""
     target = _BY_NAME.get(options.target or "")
     if target is not None and unavailable(target) is None:
-        from .pool import preload
+        from .world import preload
 
         preload(target.preload)
 

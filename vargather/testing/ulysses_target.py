@@ -34,19 +34,6 @@ from .program_rows import (
 )
 from .progress import Progress
 
-__all__ = [
-    "ROWS",
-    "TARGET",
-    "Model",
-    "Step",
-    "UlyssesProgram",
-    "expected_heads",
-    "head_split",
-    "judge_ulysses",
-    "local_attention",
-    "run_ulysses_program",
-]
-
 KINDS: Final = ("seq-to-heads", "round-trip", "attention")
 
 

@@ -12,8 +12,6 @@ from vargather import VarGatherError
 
 from . import schema
 
-__all__ = ["CheckUsageError", "OptionError"]
-
 
 class CheckUsageError(VarGatherError, ValueError):
     """The check cannot start: a bad option, an unreadable xfails file, or an

@@ -16,26 +16,6 @@ import torch
 
 from vargather import GLOO_DTYPES, GLOO_NATIVE_DTYPES
 
-__all__ = [
-    "COMPILE_BACKENDS",
-    "DTYPE_FAMILIES",
-    "DTYPE_NAMES",
-    "FLOAT_FORMATS",
-    "MEMORY_LAYOUTS",
-    "PLAIN_DTYPE_NAMES",
-    "SIZES_FORMS",
-    "SPECIAL_VALUES",
-    "UPSTREAM_KINDS",
-    "VALUE_KINDS",
-    "dtype_family",
-    "dtype_name",
-    "is_differentiable",
-    "make_upstream",
-    "make_values",
-    "torch_dtype",
-]
-
-
 # --- vocabulary ----------------------------------------------------------------------
 
 DTYPE_FAMILIES: Final = ("float", "half", "complex", "int", "bool")

@@ -15,14 +15,6 @@ from typing import Final
 from .properties import Property
 from .results import PropertyResult
 
-__all__ = [
-    "UNSUPPORTED_EXAMPLES",
-    "scope_hints",
-    "split_rows",
-    "with_unsupported",
-    "with_xfail",
-]
-
 
 def with_xfail(result: PropertyResult, xfails: frozenset[str]) -> PropertyResult:
     """Apply the xfails file: ``PROPERTY`` covers the row and its ``PROPERTY:DTYPE``

@@ -25,10 +25,6 @@ if TYPE_CHECKING:
     from multiprocessing.context import ForkServerContext, SpawnContext
     from multiprocessing.process import BaseProcess
 
-__all__ = [
-    "preload",
-]
-
 
 _CRASH_GRACE = 0.25  # seconds to collect the survivors' replies after a rank died
 _STDERR_TAIL = 3000  # characters of a rank's stderr quoted in a failure message

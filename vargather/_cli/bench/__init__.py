@@ -180,7 +180,7 @@ def _pool_calls(
     """Run ``jobs`` (label, rank function, argument) one pool call each, on a pool of
     their own started with ``environment``; rank 0's records, in order."""
     from vargather.testing import PoolFailure, RankError, RankPool
-    from vargather.testing.pool import DEFAULT_SHARED_START_METHOD
+    from vargather.testing.pool_types import DEFAULT_SHARED_START_METHOD
 
     records: list[dict[str, Any]] = []
     try:

@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from ..resolve import ImplInfo
     from ..runner import Verdict
 
-__all__ = ["Catalogue", "catalogue", "catalogue_of", "property_ids"]
-
 
 class Catalogue(Protocol):
     """What the engine and ``Property`` ask of one collective's catalogue."""

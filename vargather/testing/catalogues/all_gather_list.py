@@ -13,8 +13,6 @@ from ..family import FamilyCase, draw_world, fit_passed
 from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue
 from ..values import DTYPE_NAMES
 
-__all__ = ["CATALOGUE", "GatherListCase", "gather_list_cases"]
-
 
 @dataclass(frozen=True, repr=False)
 class GatherListCase(FamilyCase):

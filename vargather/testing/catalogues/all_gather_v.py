@@ -32,7 +32,8 @@ from ..misuse import GatherMisuseCase, misuse_by_name
 from ..misuse import judge_misuse as judge_gather_misuse
 from ..misuse import run_misuse as run_gather_misuse
 from ..options import CheckOptions
-from ..pool import PoolFailure, RankError, RankPool
+from ..pool import RankPool
+from ..pool_types import PoolFailure, RankError
 from ..properties import Property
 from ..rank_runner import run_on_rank
 from ..resolve import ImplInfo, resolve_options_impl
@@ -52,14 +53,6 @@ from ..values import COMPILE_BACKENDS, DTYPE_NAMES, is_differentiable, torch_dty
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
-
-__all__ = [
-    "CATALOGUE",
-    "COALESCED_MAX_PAYLOAD",
-    "EQUAL_SHAPES_ONLY",
-    "equal_shapes_only",
-    "one_call",
-]
 
 
 def _on_backends(cases: list[GatherCase]) -> SearchStrategy[list[GatherCase]]:

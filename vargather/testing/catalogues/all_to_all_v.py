@@ -9,19 +9,9 @@ from typing import Any, Final
 from hypothesis import strategies as st
 
 from ..cases import Implementation
-from ..family import SplitCase, draw_dims, draw_shared, draw_world, fit_passed
-from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue, shape_with
+from ..family import SplitCase, draw_dims, draw_shared, draw_world, fit_passed, shape_with
+from ..family_catalogue import LARGE_ROW, LARGE_ROWS, FamilyCatalogue
 from ..values import DTYPE_NAMES
-
-__all__ = [
-    "CATALOGUE",
-    "AllToAllCase",
-    "a2a_shapes",
-    "all_to_all_cases",
-    "changing_sizes_sequences",
-    "joined_along",
-    "recv_of",
-]
 
 
 @dataclass(frozen=True, repr=False)

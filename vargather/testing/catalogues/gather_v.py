@@ -12,8 +12,6 @@ from ..cases import Implementation
 from ..family import BlockCase, block_cases, fit_passed, shape_with
 from ..family_catalogue import FamilyCatalogue, large_blocks
 
-__all__ = ["CATALOGUE", "GatherVCase", "gather_v_cases"]
-
 
 @dataclass(frozen=True, repr=False)
 class GatherVCase(BlockCase):

@@ -8,8 +8,6 @@ from typing import Any, Final
 from ..family import BlockCase, block_cases, shape_with
 from ..family_catalogue import FamilyCatalogue, large_blocks
 
-__all__ = ["CATALOGUE", "ReduceScatterCase", "reduce_scatter_cases"]
-
 
 @dataclass(frozen=True, repr=False)
 class ReduceScatterCase(BlockCase):

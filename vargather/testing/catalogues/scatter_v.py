@@ -10,8 +10,6 @@ from hypothesis import strategies as st
 from ..family import BlockCase, block_cases, shape_with
 from ..family_catalogue import FamilyCatalogue, large_blocks
 
-__all__ = ["CATALOGUE", "ScatterVCase", "scatter_v_cases"]
-
 
 @dataclass(frozen=True, repr=False)
 class ScatterVCase(BlockCase):
