@@ -182,6 +182,16 @@ Check = tuple[type[VarGatherError], str, list[object], Callable[[object], str]]
 """One agreement: the error class, what it is about, every rank's value, how to show one."""
 
 
+def show_sizes(value: object) -> str:
+    """A row's sizes extras ``(n, size_0, ...)`` as an error shows them (``n < 0``: none
+    passed; entries the row had no room for counted, not listed)."""
+    if not isinstance(value, tuple) or not value or value[0] < 0:
+        return "no sizes"
+    n, entries = value[0], value[1:]
+    shown = list(entries[: min(n, len(entries))])
+    return f"sizes={shown}" + (f" + {n - len(shown)} more" if n > len(shown) else "")
+
+
 def agree(name: str, checks: Sequence[Check], full: Sequence[CallRecord] = ()) -> None:
     """Raise the first disagreement among ``checks``, naming the odd ranks; with ``full``
     (the gather's records), a shape outside the dimension adds every rank's full shape."""

@@ -27,7 +27,7 @@ from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import all_to_all_uneven
 from ._errors import SizesMismatchError
-from ._exchange import agree, common_checks, raise_local, requires_grad_check
+from ._exchange import agree, common_checks, raise_local, requires_grad_check, show_sizes
 from ._family import known_call
 from ._group import GroupInfo
 from ._layout import Layout, blocks_layout
@@ -86,23 +86,13 @@ def _local_call(
     return FamilyCall(NAME, record, tuple(words), (own,), call_timeout)
 
 
-def _show_sizes(value: object) -> str:
-    if not isinstance(value, tuple) or not value:
-        return repr(value)
-    n, entries = value[0], value[1:]
-    if n < 0:
-        return "no sizes"
-    shown = list(entries[: min(n, len(entries))])
-    return f"sizes={shown}" + (f" + {n - len(shown)} more" if n > len(shown) else "")
-
-
 def validate_rows(rows: list[Row], *, rank: int) -> tuple[int, ...]:
     """The validated sizes, or the error every rank raises alike (a pure function of
     ``rows``)."""
     records = [row.record for row in rows]
     raise_local(NAME, records)
     checks = common_checks(records, dim=True, shape="full")
-    checks.append((SizesMismatchError, "sizes", [row.extras for row in rows], _show_sizes))
+    checks.append((SizesMismatchError, "sizes", [row.extras for row in rows], show_sizes))
     checks.append(requires_grad_check(records, "the backward of reduce_scatter_v is a gather"))
     agree(NAME, checks)
     extras = rows[rank].extras

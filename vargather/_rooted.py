@@ -34,7 +34,7 @@ from ._buffers import rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import all_to_all_uneven
 from ._errors import ArgumentError, ArgumentMismatchError, SizesError, SizesMismatchError
-from ._exchange import Check, agree, common_checks, raise_local, requires_grad_check
+from ._exchange import Check, agree, common_checks, raise_local, requires_grad_check, show_sizes
 from ._group import GroupInfo
 from ._layout import Layout, blocks_layout
 from ._mesh import GroupLike, MeshDim, call_group
@@ -134,12 +134,6 @@ def _local_call(
     return FamilyCall(name, with_problem(record, problem), (own_root, *words), (own,), call_timeout)
 
 
-def _show_sizes(value: object) -> str:
-    if not isinstance(value, tuple) or not value or value[0] < 0:
-        return "no sizes"
-    return f"sizes={list(value[1 : 1 + value[0]])}"
-
-
 def _validate(name: CollectiveName, rows: list[Row], *, rank: int) -> tuple[int, tuple[int, ...]]:
     """The root and every rank's block size, or the error every rank raises alike (a
     pure function of ``rows``)."""
@@ -150,7 +144,7 @@ def _validate(name: CollectiveName, rows: list[Row], *, rank: int) -> tuple[int,
     checks.append(
         (ArgumentMismatchError, f"{what} (a group rank)", [r.extras[0] for r in rows], repr)
     )
-    checks.append((SizesMismatchError, "sizes", [row.extras[1:] for row in rows], _show_sizes))
+    checks.append((SizesMismatchError, "sizes", [row.extras[1:] for row in rows], show_sizes))
     backward = "scatter from dst" if name == GATHER else "gather to src"
     checks.append(requires_grad_check(records, f"the backward of {name} is a {backward}"))
     agree(name, checks)
