@@ -477,15 +477,15 @@ def test_ranks_default_inductor_to_scalar_kernels_compiled_in_process(
     the environment sets (even empty) is the user's and stays."""
     from types import SimpleNamespace
 
-    from vargather.testing import pool as pool_module
+    from vargather.testing import rank_side
 
-    for name in pool_module.INDUCTOR_RANK_DEFAULTS:
+    for name in rank_side.INDUCTOR_RANK_DEFAULTS:
         monkeypatch.delenv(name, raising=False)
     config = SimpleNamespace(cpp=SimpleNamespace(vec_isa_ok=None), compile_threads=2)
     monkeypatch.setitem(sys.modules, "torch._inductor.config", config)
-    pool_module.set_inductor_rank_defaults()
+    rank_side.set_inductor_rank_defaults()
     assert (config.cpp.vec_isa_ok, config.compile_threads) == (False, 1)
-    assert {n: os.environ[n] for n in pool_module.INDUCTOR_RANK_DEFAULTS} == {
+    assert {n: os.environ[n] for n in rank_side.INDUCTOR_RANK_DEFAULTS} == {
         "TORCHINDUCTOR_VEC_ISA_OK": "0",
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
     }
@@ -494,7 +494,7 @@ def test_ranks_default_inductor_to_scalar_kernels_compiled_in_process(
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "2")
     config = SimpleNamespace(cpp=SimpleNamespace(vec_isa_ok=None), compile_threads=2)
     monkeypatch.setitem(sys.modules, "torch._inductor.config", config)
-    pool_module.set_inductor_rank_defaults()
+    rank_side.set_inductor_rank_defaults()
     assert (config.cpp.vec_isa_ok, config.compile_threads) == (None, 2)
     assert os.environ["TORCHINDUCTOR_VEC_ISA_OK"] == ""
 

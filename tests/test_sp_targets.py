@@ -261,14 +261,25 @@ def test_list_with_a_program_target_prints_its_rows(capsys: pytest.CaptureFixtur
     assert capsys.readouterr().out.split() == [r.id for r in ep.ROWS]
 
 
-def test_the_plugin_collects_a_program_targets_rows() -> None:
+def test_the_plugin_collects_a_program_targets_rows(tmp_path: Path) -> None:
+    """``pytest --vargather-target T --collect-only``: one item per row of the target's own
+    programs (nothing imported or resolved); a target whose package is missing stops the
+    session with the install line as pip spells it (``--no-build-isolation`` is pip's,
+    not a plugin option); a MODULE:ATTR target has no programs of its own."""
+    from tests.test_plugin import make_project, output, run_pytest
     from vargather.testing import dtensor_target as dt
-    from vargather.testing.plugin import _rows
     from vargather.testing.targets import program_rows
 
-    assert [row for row, _ in _rows("all_to_all_v", "deepspeed-ulysses")] == [r.id for r in ul.ROWS]
+    project = make_project(tmp_path)
+    for target, rows in (("dtensor", dt.ROWS), ("deepspeed-ulysses", ul.ROWS)):
+        proc = run_pytest(project, "--vargather-target", target, "--collect-only", "-q")
+        if target == "deepspeed-ulysses" and importlib.util.find_spec("deepspeed") is None:
+            assert proc.returncode == 4, output(proc)
+            assert "pip install -c constraints.txt --no-build-isolation" in proc.stderr
+            continue
+        items = [line for line in proc.stdout.splitlines() if line.startswith("vargather::")]
+        assert items == [f"vargather::{r.id}" for r in rows], output(proc)
     assert program_rows("torchtitan-ep-dispatch") == [(r.id, r.title) for r in ep.ROWS]
-    assert [row for row, _ in _rows("all_gather_v", "dtensor")] == [r.id for r in dt.ROWS]
     assert program_rows("funcol-all-to-all") is None  # a MODULE:ATTR call: the catalogue's rows
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -60,12 +60,15 @@ def configure(values: Mapping[str, object]) -> CheckOptions:
 
 
 def _plugin_spelling(message: str) -> str:
-    """Other options a message names (``pass --sizes never``) as the plugin's."""
-    return _OPTION.sub(r"--vargather-\1", message)
+    """The check's options a message names (``pass --sizes never``) as the plugin's
+    (``--grad`` is ``--vargather-grad``); another tool's (pip's ``--no-build-isolation``)
+    stays as it is."""
+    names = {option.name for option in schema.on(schema.PLUGIN)}
 
+    def spell(m: re.Match[str]) -> str:
+        return f"--vargather-{m[1]}" if m[1] in names else m[0]
 
-_OPTION: Final = re.compile(r"(?<![\w-])--(?!vargather-)([a-z][a-z-]*)")
-"""A check option named in a message: ``--grad`` is the plugin's ``--vargather-grad``."""
+    return re.sub(r"(?<![\w-])--([a-z][a-z-]*)", spell, message)
 
 
 def header_lines(options: CheckOptions) -> list[str]:
