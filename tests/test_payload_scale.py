@@ -111,6 +111,15 @@ def test_the_library_threshold_is_crossed_from_both_sides() -> None:
     assert below.output_nbytes < t <= above.output_nbytes
 
 
+@pytest.mark.parametrize("dims", [[3], [-1, 2], [0]])
+def test_large_cases_keep_to_the_dims_asked(dims: list[int]) -> None:
+    """A large case's ndim is one some asked dim fits, past the large cases' usual ndim
+    cap where no smaller one does (dims=[3] drew ndim 1 or 2 and raised InvalidArgument)."""
+    strategy = vst.gather_cases(world_size=2, dims=dims, max_ndim=4)
+    case = find(strategy, lambda c: _largest(c) >= 4096, settings=FIND)
+    assert case.dim in dims
+
+
 @pytest.mark.parametrize("max_payload", [0, 3000, 100_000])
 def test_no_shard_exceeds_max_payload(max_payload: int) -> None:
     small_cap = 5 * 3**4 * 16  # small cases: 5 rows of up to 3^4 complex128 elements
