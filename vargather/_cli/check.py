@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import sys
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 from vargather.testing import options as _options
 from vargather.testing import schema
@@ -208,6 +208,3 @@ def main(argv: Sequence[str]) -> int:
         report.timings = options.timings
         report.write_json(options.json_path)
     return report.exit_status
-
-
-CONFIG_TABLE: Final = _options.CONFIG_TABLE
