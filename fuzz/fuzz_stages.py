@@ -73,14 +73,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 import vargather
 from vargather import CONTRACTS, GLOO_DTYPES, TRANSPORT_NAMES, _buffers, _wire
-from vargather._args import (
-    INT64_MAX,
-    INT64_MIN,
-    MAX_NDIM,
-    CallRecord,
-    Problem,
-    check_call,
-)
+from vargather._args import INT64_MAX, INT64_MIN, MAX_NDIM, CallRecord, Problem, check_call
 from vargather._choices import unsupported_reason
 from vargather._dtypes import dtype_name
 from vargather._exchange import validate_records

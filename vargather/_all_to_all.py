@@ -38,27 +38,12 @@ from ._autograd import planned_function
 from ._buffers import compact_rank_major, rank_major_gradient
 from ._collectives import CollectiveName
 from ._comm import all_to_all_uneven
-from ._errors import (
-    SizesMismatchError,
-)
-from ._family import (
-    DirectRound,
-    goes_direct,
-    landed,
-    resized_round,
-    send_round,
-)
+from ._errors import SizesMismatchError
+from ._family import DirectRound, goes_direct, landed, resized_round, send_round
 from ._group import GroupInfo
 from ._layout import Layout
 from ._mesh import call_group
-from ._round_buffers import (
-    Cut,
-    pack,
-    plain,
-    plain_bytes,
-    plain_in_blocks,
-    region_cutter,
-)
+from ._round_buffers import Cut, pack, plain, plain_bytes, plain_in_blocks, region_cutter
 from ._round_state import FusedState, advance_blocks, block_room, memory, set_state
 from ._rows import FamilyCall, ValidatedOnce, check_tensor, raise_own_problem, rows_changed_only_in
 from ._steady import RoundSpec, Steady, answer, keep, run_round

@@ -18,13 +18,7 @@ from typing import Final, NamedTuple
 
 import torch
 
-from ._choices import (
-    BACKEND_DEVICES,
-    CONTRACTS,
-    DEVICE_TYPES,
-    TRANSPORT_NAMES,
-    unsupported_reason,
-)
+from ._choices import BACKEND_DEVICES, CONTRACTS, DEVICE_TYPES, TRANSPORT_NAMES, unsupported_reason
 from ._dtypes import GLOO_DTYPES, dtype_code, dtype_from_code, dtype_name
 from ._errors import (
     ArgumentError,

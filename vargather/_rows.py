@@ -19,9 +19,7 @@ import torch
 from ._args import CallRecord, Problem, check_call, parse_sizes, saturate
 from ._collectives import COLLECTIVES, CollectiveName, by_code
 from ._errors import ProtocolMismatchError, SizesError
-from ._exchange import (
-    check_same_collective,
-)
+from ._exchange import check_same_collective
 from ._group import GroupInfo
 from ._wire import ROW_MAGIC, decode_row, row_mark
 

@@ -36,13 +36,7 @@ from vargather.testing.collectives import DEFAULT, NAMES
 from vargather.testing.importer import ImplementationError, load_callable, parse_impl_ref
 from vargather.testing.judge import Failure
 from vargather.testing.results import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from vargather.testing.runner import (
-    Verdict,
-    describe,
-    describe_coalesced,
-    run_cases,
-    run_coalesced,
-)
+from vargather.testing.runner import Verdict, describe, describe_coalesced, run_cases, run_coalesced
 
 from . import ArgumentParser, UsageError
 

@@ -22,14 +22,7 @@ import torch
 
 from vargather import CONTRACTS, CollectiveError, VarGatherError
 
-from .cases import (
-    COMPAT,
-    DIGEST_MIN_BYTES,
-    VARGATHER,
-    GatherCase,
-    Implementation,
-    RankReport,
-)
+from .cases import COMPAT, DIGEST_MIN_BYTES, VARGATHER, GatherCase, Implementation, RankReport
 from .judge import Failure, judge, world_failure_text
 from .pool import RankPool, get_pool
 from .pool_types import PoolFailure, PoolStartError, RankCrashed, RankError, RankHung
