@@ -343,11 +343,14 @@ def test_seed_algorithm_holds_local_within_its_scope(
     with ``--sizes tensor`` and fails without it."""
     report = check(impl=SEED, grad="local", max_examples=6, only=only or ())
     assert {k for k, v in statuses(report).items() if v == "fail"} == {"sizes-list"}
+    # misuse: its scenarios call vargather's own signature, which the seed's is not
+    misuse = {"misuse"} if only is None else set()
     assert {k for k, v in statuses(report).items() if v == "n/a"} == {
         "subgroup",
         "adjoint",
         "coalesced",
         "compiled",
+        *misuse,
     }
     if only is None:
         assert statuses(report)["forward-int"] == "pass"
