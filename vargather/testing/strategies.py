@@ -267,12 +267,11 @@ class _Draws:
         self.large_on = cfg.max_payload > 0 and cfg.max_size > 0
         self.scale = st.sampled_from(range(LARGE_ONE_IN))
         top = max(cfg.min_ndim, min(cfg.max_ndim, _LARGE_MAX_NDIM))
-        fitting = cfg.ndims()  # with dims: only the ndims one of them fits
-        self.large_ndim = (
-            st.integers(cfg.min_ndim, top)
-            if cfg.dims is None
-            else st.sampled_from([n for n in fitting if n <= top] or fitting[:1])
-        )
+        if cfg.dims is None:
+            self.large_ndim = st.integers(cfg.min_ndim, top)
+        else:  # the ndims an asked dim fits; past the cap only when none below it does
+            fitting = cfg.ndims()
+            self.large_ndim = st.sampled_from([n for n in fitting if n <= top] or fitting[:1])
         self.large_side = st.integers(1, cfg.max_side)
         self.rank_kind = st.integers(0, 7)
         self.delta = st.integers(-_DELTA, _DELTA)
