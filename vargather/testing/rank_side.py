@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .pool_types import PoolConfig, RemoteException
 
@@ -77,7 +77,7 @@ class RankContext:
 
             group = dist.new_group(list(key), timeout=self._timeout)
             if not isinstance(group, int):  # NON_GROUP_MEMBER on a rank outside it
-                _P2P_OPS.setdefault(id(group), ({}, {}))  # counted from now on
+                _P2P_OPS.setdefault(id(group), _PointToPoint({}, {}))  # counted from now on
             self._groups[key] = group
         return self._groups[key]
 
@@ -188,11 +188,18 @@ def _watch_parent(lifeline: Connection) -> None:
 _ANY_SOURCE = -1
 """The peer a receive from any peer (or from a peer not read) is counted under."""
 
-_P2P_OPS: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
+
+class _PointToPoint(NamedTuple):
+    """The point-to-point operations posted on one group, by the group rank of the peer."""
+
+    sent: dict[int, int]
+    received: dict[int, int]
+
+
+_P2P_OPS: dict[int, _PointToPoint] = {}
 """In a rank: the point-to-point operations posted so far on each group the pool tracks
 (the world group and the context's subgroups, all alive as long as the world, so their
-``id`` is theirs), by the group's ``id``: (sent, received), each by the group rank of
-the peer."""
+``id`` is theirs), by the group's ``id``."""
 
 # (counts of one group on one rank): collectives issued, then the point-to-point
 # operations by peer: sent, received (see _group_counts)
@@ -227,7 +234,7 @@ def _counted(original: Callable[..., Any], *, received: bool) -> Callable[..., A
             if not anysource:
                 raw = args[1] if len(args) > 1 else kwargs.get("srcRank", kwargs.get("dstRank"))
                 peer = raw if isinstance(raw, int) else _ANY_SOURCE
-            book = counts[1] if received else counts[0]
+            book = counts.received if received else counts.sent
             book[peer] = book.get(peer, 0) + 1
         return work
 
@@ -250,7 +257,7 @@ def _group_counts(ctx: RankContext) -> dict[tuple[int, ...], _GroupCounts]:
         get = getattr(group, "_get_sequence_number_for_group", None)
         if get is None:
             continue
-        sent, received = _P2P_OPS.get(id(group), ({}, {}))
+        sent, received = _P2P_OPS.get(id(group), _PointToPoint({}, {}))
         try:
             issued = int(get()) - sum(sent.values()) - sum(received.values())
             counts[key] = (issued, dict(sent), dict(received))
@@ -369,7 +376,7 @@ def _rank_main(spec: _RankSpec) -> None:
         if set_timeout is not None:
             set_timeout(timedelta(seconds=config.collective_timeout))
         _install_point_to_point_counter()
-        _P2P_OPS.setdefault(id(dist.group.WORLD), ({}, {}))
+        _P2P_OPS.setdefault(id(dist.group.WORLD), _PointToPoint({}, {}))
     except BaseException as exc:
         conn.send_bytes(_dumps(("init_error", _error_info(exc))))
         return
